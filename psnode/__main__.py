@@ -1,0 +1,33 @@
+"""``python -m psnode``: run the scheduler or a server, as PSNODE_ROLE says (see config.py)."""
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+
+from psnode.config import NodeConfig, Role
+from psnode.errors import PSError
+
+
+def main() -> int:
+    try:
+        cfg = NodeConfig.from_env()
+    except PSError as exc:
+        print(f"psnode: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=cfg.log_level, stream=sys.stderr,
+                        format=f"%(asctime)s {cfg.role.value} %(name)s %(levelname)s: %(message)s")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if cfg.role is Role.SCHEDULER:
+        from psnode import scheduler
+        return scheduler.main(cfg)
+    if cfg.role is Role.SERVER:
+        from psnode import server
+        return server.main(cfg)
+    print("psnode: PSNODE_ROLE=worker is for training scripts (psnode.kv.create), "
+          "not for `python -m psnode`", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

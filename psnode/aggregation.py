@@ -1,0 +1,358 @@
+"""Server-side key store: sync rounds, async apply, parked pulls, dense and row_sparse.
+
+Pure logic (no sockets): :meth:`Store.handle` takes one operation from one worker and returns
+the replies it causes (possibly to other workers, e.g. pulls parked until a round completed).
+
+Semantics (per key part held by this server):
+
+* ``init``: the first init carrying an array (rank 0's) creates the key; inits of other workers
+  carry only dtype and shape and are answered once the key exists.  Every init reply holds the
+  stored value, so all workers end up with rank 0's array.  Another shape or dtype is an error.
+* ``push`` with per-(worker, key) sequence number ``q`` (1, 2, ...):
+  - sync: push ``q`` belongs to round ``q``.  A push for a later round than the one being
+    aggregated waits (a fast worker never leaks into the current round).  When every active
+    worker has contributed, the round completes: sum, divided by the number of contributors for
+    ``average``; then the optimizer, or the value becomes the aggregate.
+  - async: applied on arrival (the optimizer, or the value becomes the push).
+  - a push whose ``q`` was already accepted is a duplicate: acknowledged, not applied again.
+* ``pull`` with ``after = n``: answered once the worker's push ``n`` has been applied (sync: round
+  ``n`` completed), so a pull after a push always sees it.  ``rows`` selects rows (row_sparse).
+* row_sparse pushes carry (row ids, rows); rows are combined per round (duplicates summed),
+  averaged over the contributors as if missing rows were zero, and applied lazily: only rows
+  present change (without an optimizer those rows take the aggregate; others keep their value).
+* Workers leave (``set_active``): rounds then complete over the workers still active.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from psnode import optimizer as opt_mod
+
+Key = tuple[Any, int]  # (user key, part index)
+
+
+@dataclass
+class Reply:
+    worker: int
+    result: dict[str, Any]
+    arrays: list[np.ndarray] = field(default_factory=list)
+    entry: Entry | None = None  # the entry whose value is sent (for send tracking)
+
+
+@dataclass
+class Entry:
+    value: np.ndarray
+    sparse: bool
+    sync: bool
+    average: bool
+    round: int = 0
+    merged: np.ndarray | None = None
+    contributors: set[int] = field(default_factory=set)
+    sparse_parts: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    early: dict[int, list[tuple[int, int, np.ndarray, np.ndarray | None]]] = field(default_factory=dict)
+    pushed: dict[int, int] = field(default_factory=dict)
+    pulls: list[tuple[int, int, int, np.ndarray | None]] = field(default_factory=list)
+    state: Any = None
+    inflight: list[Any] = field(default_factory=list)  # send trackers holding ``value``
+    skipped: int = 0
+
+
+class OpError(Exception):
+    """A request refused; ``kind`` names the exception the worker raises."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def _fmt(key: Any, part: int) -> str:
+    return f"key {key!r}" + (f" part {part}" if part else "")
+
+
+class Store:
+    """All key parts of one server."""
+
+    def __init__(self, num_workers: int, check_finite: bool = False) -> None:
+        self.entries: dict[Key, Entry] = {}
+        self.active: set[int] = set(range(num_workers))
+        self.optimizer: opt_mod.Optimizer | None = None
+        self.check_finite = check_finite
+        self.waiting_inits: dict[Key, list[tuple[int, int, str, list[int]]]] = {}
+        self.pushes = 0
+        self.pulls = 0
+        self.rounds = 0
+        self.events: list[str] = []  # human-readable notices (e.g. skipped non-finite rounds)
+
+    # ---------------------------------------------------------------- dispatch
+    def handle(self, worker: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
+        rid = op.get("id")
+        try:
+            kind = op.get("op")
+            fn: Callable[..., list[Reply]] | None = getattr(self, f"_op_{kind}", None)
+            if not isinstance(kind, str) or fn is None:
+                raise OpError("ProtocolError", f"unknown operation {str(kind)[:32]!r}")
+            return fn(worker, rid, op, arrays)
+        except OpError as exc:
+            return [Reply(worker, {"id": rid, "err": str(exc), "kind": exc.kind})]
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            return [Reply(worker, {"id": rid, "err": f"malformed request: {exc}",
+                                   "kind": "ProtocolError"})]
+
+    def _array(self, op: dict[str, Any], arrays: list[np.ndarray], field_name: str = "a") -> np.ndarray:
+        idx = op[field_name]
+        if not isinstance(idx, int) or not 0 <= idx < len(arrays):
+            raise OpError("ProtocolError", f"array index {idx!r} out of range")
+        return arrays[idx]
+
+    def _entry(self, op: dict[str, Any]) -> tuple[Key, Entry]:
+        key = (op["k"], int(op.get("p", 0)))
+        entry = self.entries.get(key)
+        if entry is None:
+            raise OpError("KeyNotInitialized",
+                          f"{_fmt(*key)} is not initialised on this server: call kv.init first")
+        return key, entry
+
+    # ---------------------------------------------------------------- init
+    def _op_init(self, worker: int, rid: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
+        key = (op["k"], int(op.get("p", 0)))
+        dtype, shape = str(op["dtype"]), [int(d) for d in op["shape"]]
+        entry = self.entries.get(key)
+        if entry is not None:
+            self._check_meta(key, entry, dtype, shape)
+            return [Reply(worker, {"id": rid, "a": 0}, [entry.value], entry)]
+        if "a" not in op:
+            self.waiting_inits.setdefault(key, []).append((worker, rid, dtype, shape))
+            return []
+        value = np.array(self._array(op, arrays), copy=True)
+        if value.dtype.name != dtype or list(value.shape) != shape:
+            raise OpError("ShapeMismatch", f"{_fmt(*key)}: init array does not match its description")
+        entry = Entry(value=value, sparse=bool(op.get("sparse", False)),
+                      sync=bool(op.get("sync", True)), average=op.get("agg", "average") == "average")
+        if self.optimizer is not None:
+            entry.state = self.optimizer.create_state(entry.value)
+        self.entries[key] = entry
+        out = [Reply(worker, {"id": rid, "a": 0}, [entry.value], entry)]
+        for w, r, dt, shp in self.waiting_inits.pop(key, []):
+            try:
+                self._check_meta(key, entry, dt, shp)
+                out.append(Reply(w, {"id": r, "a": 0}, [entry.value], entry))
+            except OpError as exc:
+                out.append(Reply(w, {"id": r, "err": str(exc), "kind": exc.kind}))
+        return out
+
+    @staticmethod
+    def _check_meta(key: Key, entry: Entry, dtype: str, shape: list[int]) -> None:
+        if entry.value.dtype.name != dtype or list(entry.value.shape) != shape:
+            raise OpError("ShapeMismatch",
+                          f"{_fmt(*key)} was initialised as {entry.value.dtype.name}"
+                          f"{list(entry.value.shape)}, not {dtype}{shape}")
+
+    # ---------------------------------------------------------------- push
+    def _op_push(self, worker: int, rid: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
+        key, entry = self._entry(op)
+        seq = int(op["q"])
+        data = self._array(op, arrays)
+        rows = self._array(op, arrays, "rows") if "rows" in op else None
+        self._validate_push(key, entry, data, rows)
+        ack = Reply(worker, {"id": rid})
+        if seq <= entry.pushed.get(worker, 0) or any(s == seq for s, *_ in entry.early.get(worker, [])):
+            return [ack]  # duplicate: applied once
+        self.pushes += 1
+        if not entry.sync:
+            self._apply(key, entry, data, rows, 1, average=False)
+            entry.pushed[worker] = seq
+            return [ack, *self._answer_pulls(entry)]
+        if seq != entry.round + 1 or worker in entry.contributors:
+            entry.early.setdefault(worker, []).append((seq, rid, data, rows))
+            return [ack]
+        self._contribute(entry, worker, seq, data, rows)
+        return [ack, *self._maybe_complete(key, entry)]
+
+    def _validate_push(self, key: Key, entry: Entry, data: np.ndarray, rows: np.ndarray | None) -> None:
+        want = entry.value
+        if data.dtype != want.dtype:
+            raise OpError("ShapeMismatch", f"{_fmt(*key)} holds {want.dtype.name}, push sent {data.dtype.name}")
+        if rows is None:
+            if data.shape != want.shape:
+                raise OpError("ShapeMismatch", f"{_fmt(*key)} has shape {list(want.shape)}, push sent {list(data.shape)}")
+            return
+        if not entry.sparse:
+            raise OpError("ShapeMismatch", f"{_fmt(*key)} is dense; a row_sparse push was sent")
+        if rows.ndim != 1 or rows.dtype.kind not in "iu" or data.shape != (len(rows),) + want.shape[1:]:
+            raise OpError("ShapeMismatch", f"{_fmt(*key)}: row_sparse push with {len(rows)} ids and data {list(data.shape)}")
+        if len(rows) and (rows.min() < 0 or rows.max() >= want.shape[0]):
+            raise OpError("ShapeMismatch", f"{_fmt(*key)}: row id out of range 0..{want.shape[0] - 1}")
+
+    def _contribute(self, entry: Entry, worker: int, seq: int, data: np.ndarray, rows: np.ndarray | None) -> None:
+        entry.contributors.add(worker)
+        entry.pushed[worker] = seq
+        if rows is not None or entry.sparse:
+            if rows is None:  # a dense push to a row_sparse key: every row
+                rows = np.arange(entry.value.shape[0])
+            entry.sparse_parts.append((rows, data))
+        elif len(entry.contributors) == 1:
+            if entry.merged is None or entry.merged.shape != data.shape:
+                entry.merged = np.empty_like(entry.value)
+            np.copyto(entry.merged, data)
+        else:
+            np.add(entry.merged, data, out=entry.merged)
+
+    def _maybe_complete(self, key: Key, entry: Entry) -> list[Reply]:
+        out: list[Reply] = []
+        while entry.contributors and self.active <= entry.contributors:
+            n = len(entry.contributors)
+            if entry.sparse:
+                rows, data = _combine_rows(entry.sparse_parts)
+                self._apply(key, entry, data, rows, n, entry.average)
+            else:
+                self._apply(key, entry, entry.merged, None, n, entry.average)
+            entry.round += 1
+            self.rounds += 1
+            entry.contributors.clear()
+            entry.sparse_parts.clear()
+            out.extend(self._answer_pulls(entry))
+            for w, queue in list(entry.early.items()):  # pushes waiting for this round
+                for item in list(queue):
+                    if item[0] == entry.round + 1 and w not in entry.contributors:
+                        queue.remove(item)
+                        self._contribute(entry, w, item[0], item[2], item[3])
+                if not queue:
+                    del entry.early[w]
+        return out
+
+    def _apply(self, key: Key, entry: Entry, data: np.ndarray, rows: np.ndarray | None, n: int,
+               average: bool) -> None:
+        """Fold an aggregate into the value (in place, after pending sends of it finished)."""
+        if self.check_finite and not np.isfinite(data).all():
+            entry.skipped += 1
+            self.events.append(f"{_fmt(*key)}: round {entry.round + 1} skipped: non-finite gradient")
+            return
+        self._wait_sent(entry)
+        if average and n > 1:
+            if data is entry.merged:
+                np.multiply(data, 1.0 / n, out=data, casting="unsafe")
+            else:
+                data = data / n
+        if rows is not None and not entry.sparse:
+            rows = None
+        if self.optimizer is None:
+            if rows is None:
+                np.copyto(entry.value, data)
+            elif len(rows):
+                entry.value[rows] = data
+            return
+        if entry.state is None:
+            entry.state = self.optimizer.create_state(entry.value)
+        if rows is None:
+            self.optimizer.update(entry.value, data, entry.state)
+        elif len(rows):
+            self.optimizer.update_rows(entry.value, np.asarray(rows, np.int64), data, entry.state)
+
+    @staticmethod
+    def _wait_sent(entry: Entry) -> None:
+        """Zero-copy sends still reading ``value``: wait briefly, else switch to a copy."""
+        pending = [t for t in entry.inflight if not t.done]
+        for t in pending:
+            try:
+                t.wait(1.0)
+            except Exception:  # noqa: BLE001 - a tracker that timed out
+                pass
+        if any(not t.done for t in pending):
+            entry.value = entry.value.copy()
+        entry.inflight.clear()
+
+    # ---------------------------------------------------------------- pull
+    def _op_pull(self, worker: int, rid: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
+        key, entry = self._entry(op)
+        after = int(op.get("after", 0))
+        rows = self._array(op, arrays, "rows") if "rows" in op else None
+        if rows is not None and (rows.ndim != 1 or rows.dtype.kind not in "iu"
+                                 or (len(rows) and (rows.min() < 0 or rows.max() >= entry.value.shape[0]))):
+            raise OpError("ShapeMismatch", f"{_fmt(*key)}: row ids must be in 0..{entry.value.shape[0] - 1}")
+        self.pulls += 1
+        entry.pulls.append((worker, rid, after, rows))
+        return self._answer_pulls(entry)
+
+    def _answer_pulls(self, entry: Entry) -> list[Reply]:
+        out, keep = [], []
+        for worker, rid, after, rows in entry.pulls:
+            done = entry.round if entry.sync else entry.pushed.get(worker, 0)
+            if done >= after or (entry.sync and worker not in self.active and after > done):
+                value = entry.value if rows is None else entry.value[rows]
+                out.append(Reply(worker, {"id": rid, "a": 0}, [value], entry if rows is None else None))
+            else:
+                keep.append((worker, rid, after, rows))
+        entry.pulls = keep
+        return out
+
+    # ---------------------------------------------------------------- optimizer
+    def _op_opt(self, worker: int, rid: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
+        try:
+            optimizer = opt_mod.from_spec(op["spec"])
+        except Exception as exc:  # noqa: BLE001 - validation errors go back to the worker
+            raise OpError("ConfigError", str(exc)) from None
+        if self.optimizer is None or self.optimizer.to_spec() != optimizer.to_spec():
+            self.optimizer = optimizer
+            for entry in self.entries.values():
+                entry.state = optimizer.create_state(entry.value)
+        return [Reply(worker, {"id": rid})]
+
+    def _op_states(self, worker: int, rid: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
+        """Every key part's optimizer state, as named arrays (for save_optimizer_states)."""
+        names, out = [], []
+        for (key, part), entry in self.entries.items():
+            if entry.state is None:
+                continue
+            for name, arr in opt_mod.state_to_arrays(entry.state).items():
+                names.append([key, part, name])
+                out.append(np.array(arr, copy=True))
+        return [Reply(worker, {"id": rid, "names": names}, out)]
+
+    def _op_load_states(self, worker: int, rid: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
+        if self.optimizer is None:
+            raise OpError("ConfigError", "no optimizer is set: call kv.set_optimizer first")
+        grouped: dict[Key, dict[str, np.ndarray]] = {}
+        for i, (key, part, name) in enumerate(op["names"]):
+            grouped.setdefault((key, int(part)), {})[str(name)] = np.array(self._array({"a": i}, arrays))
+        for key, named in grouped.items():
+            entry = self.entries.get(key)
+            if entry is None:
+                raise OpError("KeyNotInitialized", f"{_fmt(*key)} in the state file is not initialised")
+            entry.state = opt_mod.state_from_arrays(named)
+        return [Reply(worker, {"id": rid})]
+
+    # ---------------------------------------------------------------- membership
+    def set_active(self, workers: set[int]) -> list[Reply]:
+        """The workers still taking part; completes rounds that only waited for leavers."""
+        self.active = set(workers)
+        out: list[Reply] = []
+        for key, entry in self.entries.items():
+            if entry.sync:
+                out.extend(self._maybe_complete(key, entry))
+                out.extend(self._answer_pulls(entry))
+        return out
+
+
+def _combine_rows(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Sum row_sparse parts: sorted unique rows and the summed data (a fresh array)."""
+    if len(parts) == 1:
+        rows, data = parts[0]
+        if len(rows) <= 1 or bool(np.all(rows[1:] > rows[:-1])):
+            return rows.astype(np.int64, copy=False), np.array(data, copy=True)
+    rows = np.concatenate([p[0] for p in parts]).astype(np.int64, copy=False)
+    data = np.concatenate([p[1] for p in parts])
+    if not len(rows):
+        return rows, data
+    order = np.argsort(rows, kind="stable")
+    rows, data = rows[order], data[order]
+    starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+    return rows[starts], np.add.reduceat(data, starts, axis=0)
+
+
+def total_bytes(entries: dict[Key, Entry]) -> int:
+    return sum(math.prod(e.value.shape) * e.value.itemsize for e in entries.values())

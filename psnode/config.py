@@ -1,0 +1,249 @@
+"""The environment contract: how a launcher configures every psnode process.
+
+``mxdist launch`` (or any other launcher, or a user by hand) configures each process of a job
+only through these environment variables; :meth:`NodeConfig.to_env` writes them and
+:meth:`NodeConfig.from_env` reads and validates them.  Bad values raise :class:`ConfigError`
+naming the variable, the value and what is accepted.
+
+=================================  ==========================================================
+variable                           meaning (default)
+=================================  ==========================================================
+``PSNODE_ROLE``                    ``scheduler``, ``server`` or ``worker`` (required)
+``PSNODE_SCHEDULER``               scheduler address ``host:port`` (required)
+``PSNODE_HOST``                    address this node binds to and is reached at (scheduler's
+                                   host for the scheduler; ``127.0.0.1``)
+``PSNODE_PORT``                    port a server binds (``0``: any free port)
+``PSNODE_NUM_WORKERS``             number of workers in the job (required, >= 1)
+``PSNODE_NUM_SERVERS``             number of servers in the job (required, >= 0)
+``PSNODE_JOB_ID``                  job id; frames of another job are dropped (required)
+``PSNODE_RANK``                    requested rank of this node (stable across restarts; none)
+``PSNODE_HEARTBEAT_INTERVAL``      seconds between heartbeats (``1.0``)
+``PSNODE_HEARTBEAT_LIVENESS``      missed intervals before a node is declared dead (``5``)
+``PSNODE_REGISTER_TIMEOUT``        seconds to wait for the whole job to register (``120``)
+``PSNODE_BIG_ARRAY_BOUND``         arrays with more elements are sliced over all servers
+                                   (``1000000``)
+``PSNODE_DISTRIBUTION``            ``data``, ``param`` or ``hybrid`` (``hybrid``)
+``PSNODE_KEY_FILE``                file (mode 0600) with the job's CURVE keys; unset: plain TCP
+``PSNODE_MAX_MESSAGE_BYTES``       largest frame accepted (``4294967296``)
+``PSNODE_CHECKPOINT_DIR``          servers checkpoint their shards here (none)
+``PSNODE_CHECKPOINT_INTERVAL``     seconds between server checkpoints (``0``: only on request)
+``PSNODE_RESUME``                  ``1``: servers load their shards from the checkpoint dir
+``PSNODE_MAX_RESTARTS``            restarts the launcher allows per worker (``0``)
+``PSNODE_RESTART_COUNT``           how many times this process was restarted (``0``)
+``PSNODE_LOG_LEVEL``               ``DEBUG``, ``INFO``, ``WARNING``, ``ERROR`` (``WARNING``)
+=================================  ==========================================================
+
+Workers additionally receive the torch.distributed variables ``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` from the launcher; psnode itself does not
+read them.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from enum import Enum
+
+from psnode.errors import ConfigError
+
+
+class Role(str, Enum):
+    SCHEDULER = "scheduler"
+    SERVER = "server"
+    WORKER = "worker"
+
+
+class Distribution(str, Enum):
+    """How work is split: by instance (data), by parameter (param), or both (hybrid)."""
+
+    DATA = "data"
+    PARAM = "param"
+    HYBRID = "hybrid"
+
+
+_PREFIX = "PSNODE_"
+_JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_HOST_RE = re.compile(r"^[A-Za-z0-9_.:\[\]-]{1,253}$")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def parse_address(text: str, what: str) -> tuple[str, int]:
+    """Split ``host:port`` (``[v6]:port`` too); raise ConfigError naming ``what``."""
+    host, sep, port_s = text.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"{what}={text!r} is not host:port (example: 127.0.0.1:9091)")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    check_host(host, what)
+    return host, _port(port_s, what, allow_zero=False)
+
+
+def check_host(host: str, what: str) -> str:
+    """A host name or address with no shell or zmq metacharacters; never a wildcard."""
+    if not _HOST_RE.match(host) or host.startswith("-"):
+        raise ConfigError(f"{what}: {host!r} is not a valid host name or address")
+    if host in ("*", "0.0.0.0", "::"):
+        raise ConfigError(f"{what}: {host!r} is a wildcard; give the host's own address")
+    return host
+
+
+def _port(text: str, what: str, allow_zero: bool) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise ConfigError(f"{what}: port {text!r} is not a number") from None
+    low = 0 if allow_zero else 1
+    if not low <= port <= 65535:
+        raise ConfigError(f"{what}: port {port} is outside {low}..65535")
+    return port
+
+
+def _int(env: Mapping[str, str], name: str, default: int | None, low: int) -> int | None:
+    raw = env.get(_PREFIX + name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{_PREFIX}{name}={raw!r} is not an integer") from None
+    if value < low:
+        raise ConfigError(f"{_PREFIX}{name}={value} must be >= {low}")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float, positive: bool = True) -> float:
+    raw = env.get(_PREFIX + name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{_PREFIX}{name}={raw!r} is not a number") from None
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ConfigError(f"{_PREFIX}{name}={raw!r} must be a finite number > 0")
+    return value
+
+
+def _enum(env: Mapping[str, str], name: str, cls: type[Enum], default: Enum | None) -> Enum:
+    raw = env.get(_PREFIX + name)
+    if raw is None or raw == "":
+        if default is None:
+            raise ConfigError(f"{_PREFIX}{name} is not set")
+        return default
+    try:
+        return cls(raw.lower())
+    except ValueError:
+        accepted = ", ".join(m.value for m in cls)  # type: ignore[attr-defined]
+        raise ConfigError(f"{_PREFIX}{name}={raw!r} is not one of: {accepted}") from None
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Everything a psnode process needs to join a job (see the module docstring)."""
+
+    role: Role
+    scheduler_host: str
+    scheduler_port: int
+    num_workers: int
+    num_servers: int
+    job_id: str
+    host: str = "127.0.0.1"
+    port: int = 0
+    rank: int | None = None
+    heartbeat_interval: float = 1.0
+    heartbeat_liveness: int = 5
+    register_timeout: float = 120.0
+    big_array_bound: int = 1_000_000
+    distribution: Distribution = Distribution.HYBRID
+    key_file: str | None = None
+    max_message_bytes: int = 4 * 2**30
+    checkpoint_dir: str | None = None
+    checkpoint_interval: float = 0.0
+    resume: bool = False
+    max_restarts: int = 0
+    restart_count: int = 0
+    log_level: str = "WARNING"
+
+    def __post_init__(self) -> None:
+        if not _JOB_ID_RE.match(self.job_id):
+            raise ConfigError(
+                f"{_PREFIX}JOB_ID={self.job_id!r}: use 1-64 letters, digits, '.', '_' or '-'"
+            )
+        check_host(self.host, f"{_PREFIX}HOST")
+        check_host(self.scheduler_host, f"{_PREFIX}SCHEDULER")
+        if self.num_workers < 1:
+            raise ConfigError(f"{_PREFIX}NUM_WORKERS={self.num_workers} must be >= 1")
+        if self.num_servers < 0:
+            raise ConfigError(f"{_PREFIX}NUM_SERVERS={self.num_servers} must be >= 0")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"{_PREFIX}LOG_LEVEL={self.log_level!r} is not one of {LOG_LEVELS}")
+
+    @property
+    def scheduler_address(self) -> str:
+        """The scheduler's ``host:port``."""
+        return f"{self.scheduler_host}:{self.scheduler_port}"
+
+    @property
+    def dead_after(self) -> float:
+        """Seconds of silence after which a peer is declared dead."""
+        return self.heartbeat_interval * self.heartbeat_liveness
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> NodeConfig:
+        """Read and validate the ``PSNODE_*`` variables of ``env`` (default: os.environ)."""
+        env = os.environ if env is None else env
+        role = _enum(env, "ROLE", Role, None)
+        sched = env.get(_PREFIX + "SCHEDULER")
+        if not sched:
+            raise ConfigError(f"{_PREFIX}SCHEDULER is not set")
+        s_host, s_port = parse_address(sched, _PREFIX + "SCHEDULER")
+        job_id = env.get(_PREFIX + "JOB_ID")
+        if not job_id:
+            raise ConfigError(f"{_PREFIX}JOB_ID is not set")
+        num_workers = _int(env, "NUM_WORKERS", None, 1)
+        num_servers = _int(env, "NUM_SERVERS", None, 0)
+        if num_workers is None or num_servers is None:
+            raise ConfigError(f"{_PREFIX}NUM_WORKERS and {_PREFIX}NUM_SERVERS must both be set")
+        host = env.get(_PREFIX + "HOST") or (s_host if role is Role.SCHEDULER else "127.0.0.1")
+        port_raw = env.get(_PREFIX + "PORT") or "0"
+        port = s_port if role is Role.SCHEDULER else _port(port_raw, _PREFIX + "PORT", True)
+        return cls(
+            role=role,  # type: ignore[arg-type]
+            scheduler_host=s_host,
+            scheduler_port=s_port,
+            num_workers=num_workers,
+            num_servers=num_servers,
+            job_id=job_id,
+            host=host,
+            port=port,
+            rank=_int(env, "RANK", None, 0),
+            heartbeat_interval=_float(env, "HEARTBEAT_INTERVAL", 1.0),
+            heartbeat_liveness=_int(env, "HEARTBEAT_LIVENESS", 5, 1) or 5,
+            register_timeout=_float(env, "REGISTER_TIMEOUT", 120.0),
+            big_array_bound=_int(env, "BIG_ARRAY_BOUND", 1_000_000, 1) or 1_000_000,
+            distribution=_enum(env, "DISTRIBUTION", Distribution, Distribution.HYBRID),  # type: ignore[arg-type]
+            key_file=env.get(_PREFIX + "KEY_FILE") or None,
+            max_message_bytes=_int(env, "MAX_MESSAGE_BYTES", 4 * 2**30, 1024) or 4 * 2**30,
+            checkpoint_dir=env.get(_PREFIX + "CHECKPOINT_DIR") or None,
+            checkpoint_interval=_float(env, "CHECKPOINT_INTERVAL", 0.0, positive=False),
+            resume=env.get(_PREFIX + "RESUME", "0") not in ("", "0", "false", "no"),
+            max_restarts=_int(env, "MAX_RESTARTS", 0, 0) or 0,
+            restart_count=_int(env, "RESTART_COUNT", 0, 0) or 0,
+            log_level=(env.get(_PREFIX + "LOG_LEVEL") or "WARNING").upper(),
+        )
+
+    def to_env(self) -> dict[str, str]:
+        """The ``PSNODE_*`` variables that make ``from_env`` return this config."""
+        out: dict[str, str] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("scheduler_host", "scheduler_port") or value is None:
+                continue
+            if isinstance(value, Enum):
+                value = value.value
+            elif isinstance(value, bool):
+                value = "1" if value else "0"
+            out[_PREFIX + f.name.upper()] = str(value)
+        out[_PREFIX + "SCHEDULER"] = self.scheduler_address
+        return out

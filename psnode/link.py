@@ -1,0 +1,58 @@
+"""A node's link to the scheduler: registration, heartbeats, scheduler liveness.
+
+Used by servers and by the worker's I/O thread (inside the thread that owns the sockets).
+The node registers, then heartbeats every ``heartbeat_interval`` seconds with its counters;
+the scheduler acknowledges each heartbeat.  No acknowledgement for ``dead_after`` seconds
+means the scheduler is gone: :meth:`SchedulerLink.check` raises :class:`PeerLost`.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+from psnode.config import NodeConfig
+from psnode.errors import PeerLost
+from psnode.protocol import Command, Message
+from psnode.transport import Channel, Transport
+
+
+class SchedulerLink:
+    def __init__(self, t: Transport, cfg: NodeConfig, role: str, port: int,
+                 stats: Callable[[], dict[str, Any]]) -> None:
+        self.cfg = cfg
+        self.chan: Channel = t.dealer(cfg.scheduler_host, cfg.scheduler_port,
+                                      f"{role}-{os.getpid()}-{secrets.token_hex(4)}")
+        self._stats = stats
+        self._next_beat = 0.0
+        self.last_ack = time.monotonic()
+        self.chan.send(Command.REGISTER, {"role": role, "host": cfg.host, "port": port,
+                                          "pid": os.getpid(), "rank": cfg.rank})
+
+    def tick(self, now: float) -> None:
+        """Heartbeat when due; raise PeerLost when the scheduler has been silent too long."""
+        if now >= self._next_beat:
+            self.chan.send(Command.HEARTBEAT, {"stats": self._stats()})
+            self._next_beat = now + self.cfg.heartbeat_interval
+        silent = now - self.last_ack
+        if silent > self.cfg.dead_after:
+            raise PeerLost(f"the scheduler at {self.cfg.scheduler_address} stopped responding "
+                           f"({silent:.1f} s without a heartbeat reply)")
+
+    def timeout(self, now: float) -> float:
+        """Seconds until the next heartbeat is due."""
+        return max(0.0, min(self._next_beat - now, self.cfg.heartbeat_interval))
+
+    def recv(self) -> Message | None:
+        got = self.chan.recv()
+        if got is None:
+            return None
+        self.last_ack = time.monotonic()
+        return got[1]
+
+
+def lost_message(msg: Message) -> str:
+    """The user-facing text of a PEER_LOST or failed SHUTDOWN."""
+    return str(msg.body.get("reason", "the job ended"))

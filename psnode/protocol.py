@@ -1,0 +1,162 @@
+"""The wire format: every psnode message, and its validation.
+
+A message is one ZeroMQ multipart message (a ROUTER socket prepends the peer's identity)::
+
+    frame 0   VERSION (b"PSN1")
+    frame 1   header: UTF-8 JSON object
+                {"c": command, "j": job id, "s": sender ("worker:0", "server:1", ...),
+                 "b": body (a JSON object, command specific),
+                 "a": [[dtype, [dim, ...]], ...]   one entry per array frame}
+    frame 2.. raw C-order array buffers, sent and received without copies
+
+Data messages (``DATA`` worker -> server, ``DATA_REPLY`` server -> worker) carry a batch of
+operations in ``body["ops"]``; each op is a JSON object with a request id ``"id"`` and the
+indices of its arrays in ``"a"``.  Replies echo the request id.  Several small keys bound for
+one server travel in one message.
+
+:func:`decode` checks everything before a byte of array data is interpreted: version, JSON,
+job id, command, that every declared array has a known dtype, a sane shape and exactly the
+number of bytes its frame holds, and the size limits.  Any violation raises
+:class:`ProtocolError`; receivers log it and drop the message.  Nothing is ever unpickled.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Protocol
+
+import numpy as np
+
+from psnode.errors import ProtocolError
+
+VERSION = b"PSN1"
+MAX_HEADER_BYTES = 16 * 2**20
+MAX_NDIM = 32
+
+#: dtypes allowed on the wire (no object, no structured dtypes).
+DTYPES = frozenset(
+    "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 float32 float64".split()
+)
+
+
+class Command(str, Enum):
+    # membership (node <-> scheduler)
+    REGISTER = "register"          # node -> scheduler: role, host, port, pid, rank wish
+    WELCOME = "welcome"            # scheduler -> node: rank and the address book
+    HEARTBEAT = "heartbeat"        # node -> scheduler, with counters
+    HEARTBEAT_ACK = "heartbeat_ack"
+    BARRIER = "barrier"            # worker -> scheduler
+    BARRIER_DONE = "barrier_done"
+    FINISH = "finish"              # worker -> scheduler: this worker is done
+    FINISH_ACK = "finish_ack"
+    MEMBERSHIP = "membership"      # scheduler -> servers: the active workers
+    PEER_LOST = "peer_lost"        # scheduler -> all: a node died; the job ends
+    SHUTDOWN = "shutdown"          # scheduler -> all: end now (body: reason, ok)
+    BYE = "bye"                    # server -> scheduler: shut down cleanly
+    # control (mxdist status / stop -> scheduler)
+    STATUS = "status"
+    STATUS_REPLY = "status_reply"
+    STOP = "stop"
+    STOP_ACK = "stop_ack"
+    # data (worker <-> server)
+    DATA = "data"
+    DATA_REPLY = "data_reply"
+
+
+class Buffer(Protocol):
+    """Anything exposing the buffer protocol (bytes, memoryview, zmq.Frame.buffer)."""
+
+
+@dataclass
+class Message:
+    """A decoded message.  ``arrays`` are read-only views of the received frames."""
+
+    cmd: Command
+    job: str
+    sender: str
+    body: dict[str, Any] = field(default_factory=dict)
+    arrays: list[np.ndarray] = field(default_factory=list)
+
+
+def encode(msg: Message) -> list[Any]:
+    """Frames for ``msg``: the arrays are passed as buffers (no copy if C-contiguous)."""
+    metas = []
+    bufs = []
+    for arr in msg.arrays:
+        arr = np.ascontiguousarray(arr)
+        if arr.dtype.name not in DTYPES:
+            raise ProtocolError(f"dtype {arr.dtype} cannot be sent (allowed: {sorted(DTYPES)})")
+        metas.append([arr.dtype.name, list(arr.shape)])
+        bufs.append(arr.reshape(-1).view(np.uint8) if arr.size else b"")
+    header = {"c": msg.cmd.value, "j": msg.job, "s": msg.sender, "b": msg.body, "a": metas}
+    return [VERSION, json.dumps(header, separators=(",", ":")).encode(), *bufs]
+
+
+def _buffer(frame: Any) -> memoryview:
+    buf = getattr(frame, "buffer", None)
+    return memoryview(frame) if buf is None else buf
+
+
+def decode(frames: list[Any], job_id: str | None, max_bytes: int) -> Message:
+    """Validate and decode ``frames`` (identity already removed).
+
+    ``job_id`` None accepts any job (used only by tools that list jobs).  Raises
+    ProtocolError with a short reason on any violation.
+    """
+    if len(frames) < 2:
+        raise ProtocolError(f"{len(frames)} frame(s); a message has at least 2")
+    if bytes(_buffer(frames[0])) != VERSION:
+        raise ProtocolError(f"bad version tag {bytes(_buffer(frames[0]))[:16]!r}")
+    raw = _buffer(frames[1])
+    if raw.nbytes > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header of {raw.nbytes} bytes exceeds {MAX_HEADER_BYTES}")
+    try:
+        header = json.loads(bytes(raw))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolError(f"header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError("header is not a JSON object")
+    try:
+        cmd = Command(header.get("c"))
+    except ValueError:
+        raise ProtocolError(f"unknown command {header.get('c')!r}") from None
+    job, sender, body, metas = header.get("j"), header.get("s"), header.get("b"), header.get("a")
+    if not isinstance(job, str) or not isinstance(sender, str) or not isinstance(body, dict):
+        raise ProtocolError("header lacks a string job id, a string sender or an object body")
+    if job_id is not None and job != job_id:
+        raise ProtocolError(f"frame of job {job[:64]!r} (this is job {job_id!r})")
+    if not isinstance(metas, list) or len(metas) != len(frames) - 2:
+        raise ProtocolError("array list does not match the number of array frames")
+    arrays = [_array(meta, frames[i + 2], max_bytes) for i, meta in enumerate(metas)]
+    return Message(cmd=cmd, job=job, sender=sender, body=body, arrays=arrays)
+
+
+def _array(meta: Any, frame: Any, max_bytes: int) -> np.ndarray:
+    if not (isinstance(meta, list) and len(meta) == 2 and isinstance(meta[1], list)):
+        raise ProtocolError(f"bad array description {str(meta)[:80]}")
+    dtype_name, shape = meta
+    if dtype_name not in DTYPES:
+        raise ProtocolError(f"dtype {str(dtype_name)[:32]!r} is not allowed")
+    if len(shape) > MAX_NDIM or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise ProtocolError(f"bad shape {str(shape)[:80]}")
+    dtype = np.dtype(dtype_name)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > max_bytes:
+        raise ProtocolError(f"array of {nbytes} bytes exceeds the limit of {max_bytes}")
+    buf = _buffer(frame)
+    if buf.nbytes != nbytes:
+        raise ProtocolError(f"array declared {shape} {dtype_name} ({nbytes} bytes) has {buf.nbytes}")
+    if nbytes == 0:
+        return np.zeros(shape, dtype=dtype)
+    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+
+
+def check_key(key: Any) -> int | str:
+    """A key is an int or a short str (JSON keeps the type); raise ProtocolError otherwise."""
+    if isinstance(key, bool) or not isinstance(key, (int, str)):
+        raise ProtocolError(f"key {str(key)[:40]!r} is neither an int nor a str")
+    if isinstance(key, str) and len(key) > 256:
+        raise ProtocolError(f"key {key[:40]!r}... is longer than 256 characters")
+    return key

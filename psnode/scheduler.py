@@ -1,0 +1,295 @@
+"""The scheduler role: registration, ranks, address book, barriers, liveness, shutdown.
+
+Life of a job as the scheduler sees it:
+
+1. Every node sends REGISTER (role, host, port, pid, wished rank) and then heartbeats.  When
+   ``num_workers`` workers and ``num_servers`` servers have registered, each gets WELCOME with
+   its rank and the servers' addresses.  Ranks honour the wish (the launcher's rank), else the
+   lowest free one.  Not complete within ``register_timeout``: everyone is told and the
+   scheduler exits 1.
+2. BARRIER completes when every active (not finished) worker has entered it.
+3. A worker sends FINISH when done (``kv.close()`` or interpreter exit).  Servers are told the
+   active set (MEMBERSHIP) so sync rounds go on over the workers still active.  When every
+   worker has finished, servers get SHUTDOWN, answer BYE, and the scheduler exits 0.
+4. A node silent for ``heartbeat_interval * heartbeat_liveness`` seconds is dead.  Everyone else
+   gets PEER_LOST naming it (role, rank, host, pid, seconds silent) and the scheduler exits 1 --
+   unless it is a worker and restarts are allowed (``max_restarts``): then the job waits up to
+   ``register_timeout`` for a replacement registering with the same rank.
+5. STATUS (from ``mxdist status``) is answered with the node table; STOP ends the job.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from psnode.config import NodeConfig
+from psnode.protocol import Command, Message
+from psnode.transport import CurveKeys, Poller, Transport
+
+log = logging.getLogger("psnode.scheduler")
+
+
+class NodeState(str, Enum):
+    REGISTERED = "registered"
+    ALIVE = "alive"
+    FINISHED = "finished"
+    DEAD = "dead"
+    EXITED = "exited"
+
+
+@dataclass
+class Node:
+    role: str
+    host: str
+    port: int
+    pid: int
+    ident: bytes
+    wish: int | None
+    rank: int = -1
+    state: NodeState = NodeState.REGISTERED
+    started: float = field(default_factory=time.monotonic)
+    last_seen: float = field(default_factory=time.monotonic)
+    stats: dict[str, Any] = field(default_factory=dict)
+    restarts: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.role} {self.rank} on {self.host} (pid {self.pid})"
+
+    def row(self, now: float) -> dict[str, Any]:
+        return {"role": self.role, "rank": self.rank, "host": self.host, "pid": self.pid,
+                "state": self.state.value, "heartbeat_age": round(now - self.last_seen, 3),
+                "uptime": round(now - self.started, 3), "restarts": self.restarts,
+                "pushes": int(self.stats.get("pushes", 0)), "pulls": int(self.stats.get("pulls", 0)),
+                "bytes_in": int(self.stats.get("bytes_in", 0)),
+                "bytes_out": int(self.stats.get("bytes_out", 0))}
+
+
+class Scheduler:
+    def __init__(self, cfg: NodeConfig) -> None:
+        self.cfg = cfg
+        keys = CurveKeys.load(cfg.key_file) if cfg.key_file else None
+        self.t = Transport(cfg.job_id, "scheduler", 2**20, keys)
+        self.chan, _ = self.t.router(cfg.host, cfg.scheduler_port)
+        self.nodes: dict[bytes, Node] = {}
+        self.started = False
+        self.t0 = time.monotonic()
+        self.barrier: set[bytes] = set()
+        self.exit_code: int | None = None
+        self.shutdown_deadline: float | None = None
+        self.waiting_replacement: dict[int, float] = {}  # worker rank -> deadline
+
+    # ------------------------------------------------------------ helpers
+    def _send(self, node: Node | bytes, cmd: Command, body: dict[str, Any] | None = None) -> None:
+        ident = node.ident if isinstance(node, Node) else node
+        self.chan.send(cmd, body, to=ident)
+
+    def _live(self, role: str | None = None) -> list[Node]:
+        return [n for n in self.nodes.values()
+                if n.state in (NodeState.REGISTERED, NodeState.ALIVE) and (role is None or n.role == role)]
+
+    def _workers(self) -> list[Node]:
+        return [n for n in self.nodes.values() if n.role == "worker"]
+
+    def _book(self) -> list[list[Any]]:
+        servers = sorted((n for n in self.nodes.values() if n.role == "server"
+                          and n.state != NodeState.DEAD), key=lambda n: n.rank)
+        return [[n.rank, n.host, n.port] for n in servers]
+
+    def _active_workers(self) -> list[int]:
+        return sorted(n.rank for n in self._workers() if n.state == NodeState.ALIVE)
+
+    # ------------------------------------------------------------ registration
+    def _on_register(self, ident: bytes, body: dict[str, Any]) -> None:
+        role = body.get("role")
+        if role not in ("worker", "server"):
+            log.warning("registration with bad role %r dropped", role)
+            return
+        wish = body.get("rank")
+        node = Node(role=role, host=str(body.get("host", "?")), port=int(body.get("port", 0)),
+                    pid=int(body.get("pid", 0)), ident=ident,
+                    wish=wish if isinstance(wish, int) else None)
+        if self.started:
+            self._late_register(node)
+            return
+        count = sum(1 for n in self.nodes.values() if n.role == role)
+        limit = self.cfg.num_workers if role == "worker" else self.cfg.num_servers
+        if count >= limit:
+            self._send(ident, Command.SHUTDOWN, {"ok": False, "reason":
+                       f"the job already has {limit} {role}s; this one (pid {node.pid}) is extra"})
+            return
+        self.nodes[ident] = node
+        if len(self._workers()) == self.cfg.num_workers and \
+                sum(1 for n in self.nodes.values() if n.role == "server") == self.cfg.num_servers:
+            self._start()
+
+    def _assign(self, role: str) -> None:
+        group = [n for n in self.nodes.values() if n.role == role]
+        limit = len(group)
+        taken: set[int] = set()
+        for n in group:
+            if n.wish is not None and 0 <= n.wish < limit and n.wish not in taken:
+                n.rank = n.wish
+                taken.add(n.rank)
+        free = iter(r for r in range(limit) if r not in taken)
+        for n in group:
+            if n.rank < 0:
+                n.rank = next(free)
+
+    def _start(self) -> None:
+        self._assign("worker")
+        self._assign("server")
+        self.started = True
+        book = self._book()
+        for n in self.nodes.values():
+            n.state = NodeState.ALIVE
+        for n in self.nodes.values():
+            self._welcome(n, book)
+        log.info("job %s started: %d workers, %d servers", self.cfg.job_id,
+                 self.cfg.num_workers, self.cfg.num_servers)
+
+    def _welcome(self, n: Node, book: list[list[Any]]) -> None:
+        self._send(n, Command.WELCOME, {"rank": n.rank, "servers": book,
+                                         "num_workers": self.cfg.num_workers,
+                                         "num_servers": self.cfg.num_servers,
+                                         "active": self._active_workers(),
+                                         "restarts": n.restarts})
+
+    def _late_register(self, node: Node) -> None:
+        """A restarted worker taking over its dead predecessor's rank."""
+        old = next((n for n in self._workers() if n.rank == node.wish and n.state == NodeState.DEAD), None)
+        if node.role != "worker" or old is None or node.wish not in self.waiting_replacement:
+            self._send(node.ident, Command.SHUTDOWN, {"ok": False, "reason":
+                       f"{node.role} pid {node.pid} cannot join: the job is already running"})
+            return
+        del self.waiting_replacement[node.wish]
+        del self.nodes[old.ident]
+        node.rank, node.state, node.restarts = old.rank, NodeState.ALIVE, old.restarts + 1
+        node.stats = old.stats
+        self.nodes[node.ident] = node
+        self._welcome(node, self._book())
+        self._membership()
+        log.warning("worker %d rejoined (restart %d)", node.rank, node.restarts)
+
+    # ------------------------------------------------------------ barrier / finish
+    def _check_barrier(self) -> None:
+        active = {n.ident for n in self._workers() if n.state == NodeState.ALIVE}
+        if self.barrier and active <= self.barrier and not self.waiting_replacement:
+            for ident in self.barrier:
+                if ident in self.nodes:
+                    self._send(ident, Command.BARRIER_DONE)
+            self.barrier.clear()
+
+    def _membership(self) -> None:
+        active = self._active_workers()
+        for n in self._live("server"):
+            self._send(n, Command.MEMBERSHIP, {"active": active})
+
+    def _on_finish(self, node: Node) -> None:
+        node.state = NodeState.FINISHED
+        self._send(node, Command.FINISH_ACK)
+        self.barrier.discard(node.ident)
+        self._membership()
+        self._check_barrier()
+        if all(n.state == NodeState.FINISHED for n in self._workers()):
+            self._end(ok=True, reason="every worker finished")
+
+    def _end(self, ok: bool, reason: str, cmd: Command = Command.SHUTDOWN,
+             extra: dict[str, Any] | None = None) -> None:
+        if self.exit_code is not None:
+            return
+        self.exit_code = 0 if ok else 1
+        for n in self._live():
+            self._send(n, cmd, {"ok": ok, "reason": reason, **(extra or {})})
+        self.shutdown_deadline = time.monotonic() + (5.0 if ok else 1.0)
+        (log.info if ok else log.error)("job %s ending: %s", self.cfg.job_id, reason)
+
+    # ------------------------------------------------------------ liveness
+    def _check_liveness(self, now: float) -> None:
+        limit = self.cfg.dead_after
+        if not self.started and now - self.t0 > self.cfg.register_timeout:
+            w = len(self._workers())
+            s = len(self.nodes) - w
+            self._end(False, f"only {w} of {self.cfg.num_workers} workers and {s} of "
+                             f"{self.cfg.num_servers} servers registered within "
+                             f"{self.cfg.register_timeout:g} s")
+            return
+        for rank, deadline in list(self.waiting_replacement.items()):
+            if now > deadline:
+                self._end(False, f"worker {rank} was not restarted within {self.cfg.register_timeout:g} s",
+                          Command.PEER_LOST)
+                return
+        for n in list(self.nodes.values()):
+            if n.state not in (NodeState.ALIVE, NodeState.REGISTERED) or now - n.last_seen <= limit:
+                continue
+            n.state = NodeState.DEAD
+            silent = now - n.last_seen
+            if n.role == "worker" and self.started and n.restarts < self.cfg.max_restarts:
+                log.warning("%s silent for %.1f s; waiting for its restart", n.name, silent)
+                self.waiting_replacement[n.rank] = now + self.cfg.register_timeout
+                continue
+            if self.exit_code is not None:
+                continue
+            self._end(False, f"{n.name} stopped responding ({silent:.1f} s without a heartbeat)",
+                      Command.PEER_LOST, {"node": n.row(now)})
+
+    # ------------------------------------------------------------ main loop
+    def _dispatch(self, ident: bytes, msg: Message) -> None:
+        node = self.nodes.get(ident)
+        if node is not None:
+            node.last_seen = time.monotonic()
+        cmd = msg.cmd
+        if cmd is Command.REGISTER and node is None:
+            self._on_register(ident, msg.body)
+        elif cmd is Command.STATUS:
+            now = time.monotonic()
+            self._send(ident, Command.STATUS_REPLY, {
+                "job": self.cfg.job_id, "uptime": round(now - self.t0, 3), "started": self.started,
+                "nodes": [n.row(now) for n in sorted(self.nodes.values(), key=lambda n: (n.role, n.rank))]})
+        elif cmd is Command.STOP:
+            self._send(ident, Command.STOP_ACK)
+            self._end(True, str(msg.body.get("reason", "stopped by mxdist stop")))
+            self.exit_code = 0
+        elif node is None:
+            log.debug("%s from an unregistered peer dropped", cmd.value)
+        elif cmd is Command.HEARTBEAT:
+            if isinstance(msg.body.get("stats"), dict):
+                node.stats = msg.body["stats"]
+            self._send(node, Command.HEARTBEAT_ACK)
+        elif cmd is Command.BARRIER and node.role == "worker":
+            self.barrier.add(ident)
+            self._check_barrier()
+        elif cmd is Command.FINISH and node.role == "worker":
+            self._on_finish(node)
+        elif cmd is Command.BYE:
+            node.state = NodeState.EXITED
+
+    def run(self) -> int:
+        poller = Poller()
+        poller.add(self.chan)
+        tick = min(self.cfg.heartbeat_interval, 0.5)
+        while True:
+            if poller.poll(tick):
+                while (got := self.chan.recv(routed=True)) is not None:
+                    self._dispatch(got[0] or b"", got[1])
+            now = time.monotonic()
+            if self.exit_code is None:
+                self._check_liveness(now)
+            elif not self._live("server") or (self.shutdown_deadline and now > self.shutdown_deadline):
+                break
+        self.t.close(linger_ms=500)
+        return self.exit_code or 0
+
+
+def main(cfg: NodeConfig) -> int:
+    code = Scheduler(cfg).run()
+    if code:
+        print(f"psnode scheduler: job {cfg.job_id} failed", file=sys.stderr)
+    return code
+
+
+__all__ = ["Node", "NodeState", "Scheduler", "main"]

@@ -1,0 +1,149 @@
+"""The server role: one poll loop over the workers' ROUTER and the scheduler link.
+
+A server binds its ROUTER to the configured host (never a wildcard), registers with the
+scheduler, and serves DATA messages through :class:`psnode.aggregation.Store`.  Workers
+connect with the routing identity ``w<rank>``.  Malformed messages and operations are answered
+with an error or dropped, never fatal.  The loop ends when the scheduler says SHUTDOWN (exit 0,
+after a final checkpoint if configured), PEER_LOST, or goes silent (exit 1).
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any
+
+from psnode import checkpoint
+from psnode.aggregation import Reply, Store
+from psnode.config import NodeConfig
+from psnode.errors import PeerLost, PSError
+from psnode.link import SchedulerLink, lost_message
+from psnode.protocol import Command, Message
+from psnode.transport import CurveKeys, Poller, Transport
+
+log = logging.getLogger("psnode.server")
+
+_TRACK_BYTES = 65536  # smaller frames are copied by zmq anyway
+
+
+class Server:
+    def __init__(self, cfg: NodeConfig) -> None:
+        self.cfg = cfg
+        keys = CurveKeys.load(cfg.key_file) if cfg.key_file else None
+        self.t = Transport(cfg.job_id, "server", cfg.max_message_bytes, keys)
+        self.chan, self.port = self.t.router(cfg.host, cfg.port)
+        self.store = Store(cfg.num_workers, check_finite=False)
+        self.link = SchedulerLink(self.t, cfg, "server", self.port, self._stats)
+        self.rank = -1
+        self.next_checkpoint = float("inf")
+
+    def _stats(self) -> dict[str, Any]:
+        return {"pushes": self.store.pushes, "pulls": self.store.pulls,
+                "bytes_in": self.chan.bytes_in, "bytes_out": self.chan.bytes_out,
+                "rounds": self.store.rounds, "dropped": self.t.dropped, "refused": self.t.refused}
+
+    # ------------------------------------------------------------ data
+    def _on_data(self, ident: bytes, msg: Message) -> None:
+        if msg.cmd is not Command.DATA or not ident.startswith(b"w") or not ident[1:].isdigit():
+            log.warning("dropped %s from %r: not a worker data message", msg.cmd.value, ident)
+            return
+        ops = msg.body.get("ops")
+        if not isinstance(ops, list):
+            log.warning("dropped data message from %r without an op list", ident)
+            return
+        worker = int(ident[1:])
+        replies: list[Reply] = []
+        for op in ops:
+            if isinstance(op, dict):
+                replies.extend(self.store.handle(worker, op, msg.arrays))
+        self._send(replies)
+
+    def _send(self, replies: list[Reply]) -> None:
+        by_worker: dict[int, list[Reply]] = {}
+        for r in replies:
+            by_worker.setdefault(r.worker, []).append(r)
+        for worker, group in by_worker.items():
+            results, arrays, entries = [], [], []
+            for r in group:
+                res = dict(r.result)
+                if r.arrays:
+                    res["a"], res["n"] = len(arrays), len(r.arrays)
+                    arrays.extend(r.arrays)
+                    if r.entry is not None and r.arrays[0].nbytes >= _TRACK_BYTES:
+                        entries.append(r.entry)
+                results.append(res)
+            tracker = self.chan.send(Command.DATA_REPLY, {"ops": results}, arrays,
+                                     to=f"w{worker}".encode(), track=bool(entries))
+            if tracker is not None:
+                for e in entries:
+                    e.inflight.append(tracker)
+
+    # ------------------------------------------------------------ scheduler
+    def _on_scheduler(self, msg: Message) -> int | None:
+        if msg.cmd is Command.WELCOME:
+            self.rank = int(msg.body["rank"])
+            self.t.sender = f"server:{self.rank}"
+            self._send(self.store.set_active(set(msg.body.get("active", []))))
+            if self.cfg.checkpoint_dir and self.cfg.resume:
+                checkpoint.load_server(self.cfg.checkpoint_dir, self.rank, self.store)
+            if self.cfg.checkpoint_dir and self.cfg.checkpoint_interval > 0:
+                self.next_checkpoint = time.monotonic() + self.cfg.checkpoint_interval
+        elif msg.cmd is Command.MEMBERSHIP:
+            self._send(self.store.set_active(set(msg.body.get("active", []))))
+        elif msg.cmd is Command.SHUTDOWN:
+            if msg.body.get("ok"):
+                self._checkpoint()
+                self.link.chan.send(Command.BYE)
+                return 0
+            raise PeerLost(lost_message(msg))
+        elif msg.cmd is Command.PEER_LOST:
+            raise PeerLost(lost_message(msg))
+        return None
+
+    def _checkpoint(self) -> None:
+        if self.cfg.checkpoint_dir and self.rank >= 0:
+            checkpoint.save_server(self.cfg.checkpoint_dir, self.rank, self.store)
+
+    # ------------------------------------------------------------ loop
+    def run(self) -> int:
+        poller = Poller()
+        poller.add(self.chan)
+        poller.add(self.link.chan)
+        sched_sock = self.link.chan.sock
+        try:
+            while True:
+                now = time.monotonic()
+                self.link.tick(now)
+                if now >= self.next_checkpoint:
+                    self._checkpoint()
+                    self.next_checkpoint = now + self.cfg.checkpoint_interval
+                ready = poller.poll(self.link.timeout(now))
+                if sched_sock in ready:
+                    while (m := self.link.recv()) is not None:
+                        code = self._on_scheduler(m)
+                        if code is not None:
+                            return code
+                if self.chan.sock in ready and self.rank >= 0:
+                    for _ in range(64):  # bounded, so heartbeats keep flowing
+                        got = self.chan.recv(routed=True)
+                        if got is None:
+                            break
+                        self._on_data(got[0] or b"", got[1])
+        except PeerLost as exc:
+            print(f"psnode server {self.rank}: {exc}", file=sys.stderr, flush=True)
+            return 1
+        finally:
+            for e in self.store.events:
+                log.warning("%s", e)
+            self.t.close(linger_ms=200)
+
+
+def main(cfg: NodeConfig) -> int:
+    try:
+        return Server(cfg).run()
+    except PSError as exc:
+        print(f"psnode server: {exc}", file=sys.stderr, flush=True)
+        return 1
+
+
+__all__ = ["Server", "main"]

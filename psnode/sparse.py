@@ -1,0 +1,66 @@
+"""Row-sparse values: a few rows of a big table (embedding gradients, row_sparse pulls).
+
+``row_sparse_array((data, row_ids), shape=(N, ...))`` holds ``data[i]`` as row ``row_ids[i]`` of
+an ``N``-row array; every other row is zero.  ``todense()`` materialises it.  Row ids may be
+unsorted or repeated (repeats add up when densified or pushed).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from psnode.errors import ShapeMismatch
+
+
+@dataclass
+class RowSparseArray:
+    data: np.ndarray
+    indices: np.ndarray
+    shape: tuple[int, ...]
+
+    stype = "row_sparse"
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.data.dtype
+
+    def todense(self) -> np.ndarray:
+        out = np.zeros(self.shape, dtype=self.data.dtype)
+        np.add.at(out, self.indices, self.data)
+        return out
+
+    def __repr__(self) -> str:
+        return f"<RowSparseArray {self.shape} {self.dtype} with {len(self.indices)} rows>"
+
+
+def row_sparse_array(arg: Any, shape: tuple[int, ...] | None = None,
+                     dtype: Any = None) -> RowSparseArray:
+    """Build from ``(data, row_ids)`` (MXNet's form) or from a dense array (non-zero rows kept)."""
+    if isinstance(arg, tuple) and len(arg) == 2:
+        data = np.asarray(arg[0], dtype=dtype)
+        ids = np.asarray(arg[1]).astype(np.int64, copy=False).reshape(-1)
+        if shape is None:
+            raise ShapeMismatch("row_sparse_array((data, row_ids)) needs shape=(rows, ...)")
+        shape = tuple(int(d) for d in shape)
+        if data.ndim == len(shape) - 1 and len(ids) == 1:
+            data = data.reshape((1,) + data.shape)
+        if data.shape != (len(ids),) + shape[1:]:
+            raise ShapeMismatch(f"row_sparse data of shape {list(data.shape)} does not hold "
+                                f"{len(ids)} rows of {list(shape[1:])}")
+        if len(ids) and (ids.min() < 0 or ids.max() >= shape[0]):
+            raise ShapeMismatch(f"row id {int(ids.max() if ids.max() >= shape[0] else ids.min())} "
+                                f"is outside 0..{shape[0] - 1}")
+        return RowSparseArray(np.ascontiguousarray(data), ids, shape)
+    dense = np.asarray(arg, dtype=dtype)
+    if dense.ndim < 1:
+        raise ShapeMismatch("a row_sparse array needs at least one dimension")
+    ids = np.flatnonzero(dense.reshape(dense.shape[0], -1).any(axis=1))
+    return RowSparseArray(np.ascontiguousarray(dense[ids]), ids.astype(np.int64), dense.shape)
+
+
+def zeros(shape: tuple[int, ...], dtype: Any = np.float32) -> RowSparseArray:
+    """A row_sparse array with no rows present."""
+    shape = tuple(int(d) for d in shape)
+    return RowSparseArray(np.zeros((0,) + shape[1:], dtype=dtype), np.zeros(0, np.int64), shape)

@@ -1,0 +1,319 @@
+"""The worker's I/O engine: one thread owns every socket; requests become futures.
+
+The user's thread (the KVStore API) calls :meth:`Engine.submit` with an operation for one
+server; the request goes into a priority queue (higher ``priority`` first, then submission
+order) and the I/O thread is woken through an eventfd.  The I/O thread sends queued requests
+in that order, fusing requests bound for the same server into one message, within a window of
+bytes in flight per server (so a later high-priority request overtakes queued low-priority
+ones).  Replies resolve futures by request id; a reply's ``on_reply`` callback (e.g. copying a
+pulled array into the caller's ``out``) runs in the I/O thread before the future is set.
+
+The I/O thread also registers with the scheduler, heartbeats, and watches the scheduler's
+liveness.  When the job fails (a peer lost, the scheduler silent or gone) every pending and
+later request raises :class:`PeerLost`; if the user's thread does not come back to psnode
+within a few seconds, the process exits with status 1 so no worker outlives its job.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from psnode import errors
+from psnode.config import NodeConfig
+from psnode.errors import PeerLost, PSError
+from psnode.link import SchedulerLink, lost_message
+from psnode.protocol import Command, Message
+from psnode.transport import Channel, CurveKeys, Poller, Transport
+
+log = logging.getLogger("psnode.worker")
+
+WINDOW_BYTES = 64 * 2**20      # bytes in flight per server before requests wait in the queue
+BATCH_BYTES = 512 * 2**10      # fuse small requests up to this size per message
+BATCH_OPS = 512
+EXIT_GRACE = 5.0               # seconds the user's thread has to notice a failed job
+
+_ERRORS: dict[str, type[PSError]] = {
+    "KeyNotInitialized": errors.KeyNotInitialized, "ShapeMismatch": errors.ShapeMismatch,
+    "ConfigError": errors.ConfigError, "ProtocolError": errors.ProtocolError,
+}
+
+
+class Future:
+    """The outcome of one request; ``wait`` raises the request's error."""
+
+    __slots__ = ("_event", "result", "arrays", "error", "on_reply")
+
+    def __init__(self, on_reply: Callable[[dict[str, Any], list[np.ndarray]], None] | None = None) -> None:
+        self._event = threading.Event()
+        self.result: dict[str, Any] = {}
+        self.arrays: list[np.ndarray] = []
+        self.error: BaseException | None = None
+        self.on_reply = on_reply
+
+    def set(self, result: dict[str, Any], arrays: list[np.ndarray]) -> None:
+        try:
+            if self.on_reply is not None:
+                self.on_reply(result, arrays)
+            self.result, self.arrays = result, arrays
+        except Exception as exc:  # noqa: BLE001 - e.g. a bad array in a reply
+            self.error = exc
+        self._event.set()
+
+    def fail(self, exc: BaseException) -> None:
+        if not self._event.is_set():
+            self.error = exc
+            self._event.set()
+
+    @property
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> dict[str, Any]:
+        if not self._event.wait(timeout):
+            raise PeerLost(f"no answer within {timeout:g} s")
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+@dataclass(order=True)
+class _Request:
+    order: tuple[int, int]
+    server: int = field(compare=False)
+    op: dict[str, Any] = field(compare=False)
+    arrays: list[np.ndarray] = field(compare=False)
+    nbytes: int = field(compare=False)
+    future: Future = field(compare=False)
+
+
+class Engine:
+    """Connection of one worker process to its job."""
+
+    def __init__(self, cfg: NodeConfig) -> None:
+        self.cfg = cfg
+        self.rank = -1
+        self.num_servers = cfg.num_servers
+        self.fatal: PSError | None = None
+        self._ids = itertools.count(1)
+        self._order = itertools.count()
+        self._lock = threading.Lock()
+        self._queue: list[_Request] = []
+        self._control: deque[tuple[Command, dict[str, Any], Future]] = deque()
+        self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._welcome = Future()
+        self._closing = False
+        self.stats = {"pushes": 0, "pulls": 0, "bytes_in": 0, "bytes_out": 0}
+        self._thread = threading.Thread(target=self._run, name="psnode-io", daemon=True)
+        self._thread.start()
+        try:
+            body = self._welcome.wait(cfg.register_timeout + 5)
+        except PeerLost as exc:
+            raise PeerLost(f"could not join job {cfg.job_id} through the scheduler at "
+                           f"{cfg.scheduler_address}: {exc}") from None
+        self.rank = int(body["rank"])
+        self.restarts = int(body.get("restarts", 0))
+
+    # ------------------------------------------------------------ user side
+    def submit(self, server: int, op: dict[str, Any], arrays: list[np.ndarray], nbytes: int,
+               priority: int = 0, on_reply: Callable[..., None] | None = None) -> Future:
+        """Queue one operation for ``server``; returns its future (thread-safe)."""
+        self.check()
+        fut = Future(on_reply)
+        op["id"] = next(self._ids)
+        req = _Request((-priority, next(self._order)), server, op, arrays, nbytes, fut)
+        with self._lock:
+            heapq.heappush(self._queue, req)
+        os.eventfd_write(self._efd, 1)
+        return fut
+
+    def control(self, cmd: Command, body: dict[str, Any] | None = None) -> Future:
+        """Send a message to the scheduler; the future resolves on its answer."""
+        self.check()
+        fut = Future()
+        with self._lock:
+            self._control.append((cmd, body or {}, fut))
+        os.eventfd_write(self._efd, 1)
+        return fut
+
+    def wait(self, fut: Future) -> dict[str, Any]:
+        """Wait for ``fut``; liveness (not a clock) bounds the wait."""
+        while not fut.done:
+            fut._event.wait(0.5)
+            if self.fatal is not None and not fut.done:
+                raise self.fatal
+        return fut.wait(0)
+
+    def check(self) -> None:
+        if self.fatal is not None:
+            raise self.fatal
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Tell the scheduler this worker is done, then stop the I/O thread."""
+        if self._closing:
+            return
+        try:
+            if self.fatal is None:
+                fut = self.control(Command.FINISH)
+                fut.wait(timeout)
+        except PSError:
+            pass
+        finally:
+            self._closing = True
+            os.eventfd_write(self._efd, 1)
+            self._thread.join(timeout)
+
+    # ------------------------------------------------------------ I/O thread
+    def _run(self) -> None:
+        keys = CurveKeys.load(self.cfg.key_file) if self.cfg.key_file else None
+        t = Transport(self.cfg.job_id, "worker", self.cfg.max_message_bytes, keys)
+        servers: list[Channel] = []
+        inflight: list[int] = []
+        pending: dict[int, tuple[Future, int, int]] = {}
+        barrier_waiters: deque[Future] = deque()
+        finish: list[Future] = []
+        try:
+            link = SchedulerLink(t, self.cfg, "worker", 0, lambda: self.stats)
+            poller = Poller()
+            poller.add(self._efd)
+            poller.add(link.chan)
+            sched = link.chan.sock
+            while not self._closing:
+                now = time.monotonic()
+                link.tick(now)
+                ready = poller.poll(link.timeout(now))
+                if self._efd in ready:
+                    try:
+                        os.eventfd_read(self._efd)
+                    except BlockingIOError:
+                        pass
+                if sched in ready:
+                    while (msg := link.recv()) is not None:
+                        if msg.cmd is Command.WELCOME and not servers:
+                            self.rank = int(msg.body["rank"])
+                            t.sender = f"worker:{self.rank}"
+                            for _, host, port in msg.body["servers"]:
+                                ch = t.dealer(host, int(port), f"w{self.rank}")
+                                servers.append(ch)
+                                inflight.append(0)
+                                poller.add(ch)
+                            self._welcome.set(msg.body, [])
+                        elif msg.cmd is Command.BARRIER_DONE and barrier_waiters:
+                            barrier_waiters.popleft().set({}, [])
+                        elif msg.cmd is Command.FINISH_ACK and finish:
+                            finish.pop(0).set({}, [])
+                        elif msg.cmd in (Command.PEER_LOST, Command.SHUTDOWN):
+                            raise PeerLost(f"job {self.cfg.job_id} ended: {lost_message(msg)}")
+                for i, ch in enumerate(servers):
+                    if ch.sock in ready:
+                        self._on_replies(ch, i, pending, inflight)
+                with self._lock:
+                    control = list(self._control)
+                    self._control.clear()
+                for cmd, body, fut in control:
+                    link.chan.send(cmd, body)
+                    (barrier_waiters if cmd is Command.BARRIER else finish).append(fut)
+                if servers:
+                    self._flush(servers, inflight, pending)
+                self.stats["bytes_in"] = sum(c.bytes_in for c in servers)
+                self.stats["bytes_out"] = sum(c.bytes_out for c in servers)
+        except PSError as exc:
+            self._die(exc, pending, barrier_waiters, finish)
+        except Exception as exc:  # noqa: BLE001 - never let the I/O thread vanish silently
+            self._die(PSError(f"psnode I/O thread failed: {exc!r}"), pending, barrier_waiters, finish)
+        finally:
+            t.close(linger_ms=500 if self.fatal is None else 0)
+            if self.fatal is None:
+                self.fatal = PSError("this KVStore is closed")
+            for fut, *_ in pending.values():
+                fut.fail(self.fatal)
+
+    def _die(self, exc: PSError, pending: dict[int, tuple[Future, int, int]],
+             *waiters: Any) -> None:
+        self.fatal = exc
+        self._welcome.fail(exc)
+        for fut, *_ in pending.values():
+            fut.fail(exc)
+        for group in waiters:
+            for fut in group:
+                fut.fail(exc)
+        with self._lock:
+            for req in self._queue:
+                req.future.fail(exc)
+            for *_, fut in self._control:
+                fut.fail(exc)
+        print(f"psnode worker {self.rank}: {exc}", file=sys.stderr, flush=True)
+        threading.Thread(target=self._exit_later, daemon=True).start()
+
+    def _exit_later(self) -> None:
+        """A failed job must not leave this process running: exit if the user doesn't."""
+        time.sleep(EXIT_GRACE)
+        if not self._closing:
+            print(f"psnode worker {self.rank}: exiting: the job failed", file=sys.stderr, flush=True)
+            os._exit(1)
+
+    def _on_replies(self, ch: Channel, server: int, pending: dict[int, tuple[Future, int, int]],
+                    inflight: list[int]) -> None:
+        while (got := ch.recv()) is not None:
+            msg: Message = got[1]
+            if msg.cmd is not Command.DATA_REPLY or not isinstance(msg.body.get("ops"), list):
+                continue
+            for res in msg.body["ops"]:
+                entry = pending.pop(res.get("id"), None) if isinstance(res, dict) else None
+                if entry is None:
+                    continue
+                fut, srv, nbytes = entry
+                inflight[srv] -= nbytes
+                if "err" in res:
+                    cls = _ERRORS.get(str(res.get("kind")), errors.RemoteError)
+                    fut.fail(cls(f"server {server}: {res['err']}"))
+                    continue
+                idx = res.get("a")
+                count = res.get("n", 1)
+                arrays = msg.arrays[idx:idx + count] if isinstance(idx, int) and isinstance(count, int) else []
+                fut.set(res, arrays)
+
+    def _flush(self, servers: list[Channel], inflight: list[int],
+               pending: dict[int, tuple[Future, int, int]]) -> None:
+        with self._lock:
+            if not self._queue:
+                return
+            ready: list[_Request] = []
+            held: list[_Request] = []
+            while self._queue:
+                req = heapq.heappop(self._queue)
+                s = req.server
+                if inflight[s] > 0 and inflight[s] + req.nbytes > WINDOW_BYTES:
+                    held.append(req)
+                    continue
+                inflight[s] += req.nbytes
+                ready.append(req)
+            for req in held:
+                heapq.heappush(self._queue, req)
+        batches: dict[int, tuple[list[dict[str, Any]], list[np.ndarray], list[int]]] = {}
+        for req in ready:
+            ops, arrays, size = batches.setdefault(req.server, ([], [], [0]))
+            op = dict(req.op)
+            base = len(arrays)
+            for name in ("a", "rows"):
+                if name in op:
+                    op[name] += base
+            ops.append(op)
+            arrays.extend(req.arrays)
+            size[0] += sum(a.nbytes for a in req.arrays)
+            pending[op["id"]] = (req.future, req.server, req.nbytes)
+            if size[0] >= BATCH_BYTES or len(ops) >= BATCH_OPS:
+                servers[req.server].send(Command.DATA, {"ops": ops}, arrays)
+                del batches[req.server]
+        for server, (ops, arrays, _) in batches.items():
+            servers[server].send(Command.DATA, {"ops": ops}, arrays)
