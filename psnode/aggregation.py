@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from psnode import optimizer as opt_mod
+from psnode.errors import PSError
 
 Key = tuple[Any, int]  # (user key, part index)
 
@@ -99,8 +100,10 @@ class Store:
             return fn(worker, rid, op, arrays)
         except OpError as exc:
             return [Reply(worker, {"id": rid, "err": str(exc), "kind": exc.kind})]
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
-            return [Reply(worker, {"id": rid, "err": f"malformed request: {exc}",
+        except PSError as exc:  # e.g. ShapeMismatch from an optimizer
+            return [Reply(worker, {"id": rid, "err": str(exc), "kind": type(exc).__name__})]
+        except Exception as exc:  # noqa: BLE001 - a bad request never kills the server
+            return [Reply(worker, {"id": rid, "err": f"malformed request: {exc!r}",
                                    "kind": "ProtocolError"})]
 
     def _array(self, op: dict[str, Any], arrays: list[np.ndarray], field_name: str = "a") -> np.ndarray:

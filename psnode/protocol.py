@@ -85,7 +85,9 @@ def encode(msg: Message) -> list[Any]:
     metas = []
     bufs = []
     for arr in msg.arrays:
-        arr = np.ascontiguousarray(arr)
+        arr = np.asarray(arr)
+        if not arr.flags.c_contiguous:
+            arr = arr.copy(order="C")  # (np.ascontiguousarray would make 0-d arrays 1-d)
         if arr.dtype.name not in DTYPES:
             raise ProtocolError(f"dtype {arr.dtype} cannot be sent (allowed: {sorted(DTYPES)})")
         metas.append([arr.dtype.name, list(arr.shape)])

@@ -267,6 +267,9 @@ class Scheduler:
             self._on_finish(node)
         elif cmd is Command.BYE:
             node.state = NodeState.EXITED
+            if msg.body.get("error") and self.exit_code is None:
+                self._end(False, f"{node.name} failed: {str(msg.body['error'])[:500]}",
+                          Command.PEER_LOST, {"node": node.row(time.monotonic())})
 
     def run(self) -> int:
         poller = Poller()

@@ -132,6 +132,9 @@ class Server:
         except PeerLost as exc:
             print(f"psnode server {self.rank}: {exc}", file=sys.stderr, flush=True)
             return 1
+        except Exception as exc:  # a bug: tell the scheduler now rather than go silent
+            self.link.chan.send(Command.BYE, {"error": f"{type(exc).__name__}: {exc}"})
+            raise
         finally:
             for e in self.store.events:
                 log.warning("%s", e)
