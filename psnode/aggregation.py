@@ -167,6 +167,8 @@ class Store:
             return [ack]  # duplicate: applied once
         self.pushes += 1
         if not entry.sync:
+            if rows is not None:
+                rows, data = _combine_rows([(rows, data)])
             self._apply(key, entry, data, rows, 1, average=False)
             entry.pushed[worker] = seq
             return [ack, *self._answer_pulls(entry)]
