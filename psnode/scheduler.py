@@ -61,12 +61,13 @@ class Node:
         return f"{self.role} {self.rank} on {self.host} (pid {self.pid})"
 
     def row(self, now: float) -> dict[str, Any]:
-        return {"role": self.role, "rank": self.rank, "host": self.host, "pid": self.pid,
+        return {"role": self.role, "rank": self.rank, "host": self.host, "port": self.port, "pid": self.pid,
                 "state": self.state.value, "heartbeat_age": round(now - self.last_seen, 3),
                 "uptime": round(now - self.started, 3), "restarts": self.restarts,
                 "pushes": int(self.stats.get("pushes", 0)), "pulls": int(self.stats.get("pulls", 0)),
                 "bytes_in": int(self.stats.get("bytes_in", 0)),
-                "bytes_out": int(self.stats.get("bytes_out", 0))}
+                "bytes_out": int(self.stats.get("bytes_out", 0)),
+                "dropped": int(self.stats.get("dropped", 0)), "refused": int(self.stats.get("refused", 0))}
 
 
 class Scheduler:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import zmq
+from zmq.utils import z85
 
 from psnode.errors import ConfigError, ProtocolError
 from psnode.protocol import Message, decode, encode
@@ -69,7 +70,7 @@ class _ZapHandler(threading.Thread):
     def __init__(self, ctx: zmq.Context, allowed: bytes) -> None:
         super().__init__(name="psnode-zap", daemon=True)
         self._ctx = ctx
-        self._allowed = zmq.utils.z85.decode(allowed)
+        self._allowed = z85.decode(allowed)
         self.refused = 0
         self._ready = threading.Event()
 
@@ -107,10 +108,6 @@ class Transport:
         self.ctx = zmq.Context()
         self.dropped = 0
         self._zap: _ZapHandler | None = None
-        if keys is not None:
-            self._zap = _ZapHandler(self.ctx, keys.public)
-            self._zap.start()
-            self._zap._ready.wait(5)
 
     @property
     def refused(self) -> int:
@@ -129,6 +126,10 @@ class Transport:
         sock = self._socket(zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         if self.keys is not None:
+            if self._zap is None:  # the authenticator, started before the first bind
+                self._zap = _ZapHandler(self.ctx, self.keys.public)
+                self._zap.start()
+                self._zap._ready.wait(5)
             sock.curve_server = True
             sock.curve_secretkey = self.keys.secret
             sock.zap_domain = b"psnode"

@@ -42,6 +42,7 @@ class Proc:
 class Job:
     job_id: str
     procs: list[Proc] = field(default_factory=list)
+    scheduler: str = ""
 
     def by_role(self, role: str) -> list[Proc]:
         return [p for p in self.procs if p.role == role]
@@ -68,6 +69,7 @@ def start_job(script: str, num_workers: int, num_servers: int, env: dict[str, st
     """Start scheduler, servers and ``num_workers`` copies of ``script`` (Python source)."""
     job = Job(job_id=f"t{uuid.uuid4().hex[:10]}")
     port = free_port()
+    job.scheduler = f"127.0.0.1:{port}"
     base = dict(os.environ)
     base["PYTHONPATH"] = str(ROOT) + os.pathsep + base.get("PYTHONPATH", "")
     base.setdefault("PSNODE_HEARTBEAT_INTERVAL", "0.2")

@@ -1,0 +1,108 @@
+"""CURVE authentication, loopback-only binds, no pickle: against a real running job."""
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import time
+
+import zmq
+
+from harness import start_job, wait_job
+from psnode.control import query_status
+from psnode.transport import CurveKeys
+from test_kvstore_cluster import ok
+
+TRAIN = """
+import numpy as np, psnode, sys, time
+kv = psnode.kv.create('dist_sync')
+kv.init('w', np.zeros(4, np.float32))
+kv.barrier()
+while not __import__('os').path.exists(sys.argv[1]):   # the test attacks meanwhile
+    time.sleep(0.05)
+kv.push('w', np.full(4, kv.rank + 1, np.float32))
+assert (kv.pull('w') == 1.5).all()
+kv.close()
+print("OK")
+"""
+
+
+class Canary:
+    """A pickle whose unpickling would create a file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def _status(job, keyfile: str | None, deadline: float = 15.0) -> dict:
+    end = time.monotonic() + deadline
+    while True:
+        try:
+            st = query_status(job.scheduler, job.job_id, key_file=keyfile, timeout=1.0)
+            if st["started"]:
+                return st
+        except Exception:
+            if time.monotonic() > end:
+                raise
+        time.sleep(0.1)
+
+
+def _attack(host: str, port: int, keys: CurveKeys | None, server_key: bytes, frames: list[bytes]) -> None:
+    ctx = zmq.Context()
+    try:
+        s = ctx.socket(zmq.DEALER)
+        s.linger = 0
+        if keys is not None:
+            s.curve_serverkey, s.curve_publickey, s.curve_secretkey = server_key, keys.public, keys.secret
+        s.connect(f"tcp://{host}:{port}")
+        s.send_multipart(frames)
+        assert s.poll(500) == 0          # never answered
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_curve_refuses_outsiders_and_the_job_still_trains(tmp_path) -> None:
+    keyfile = tmp_path / "job.key"
+    keys = CurveKeys.generate()
+    keys.save(str(keyfile))
+    assert oct(os.stat(keyfile).st_mode & 0o777) == "0o600"
+    go = tmp_path / "go"
+    canary = tmp_path / "canary"
+    job = start_job(TRAIN, 2, 1, env={"PSNODE_KEY_FILE": str(keyfile)}, args=[str(go)])
+    try:
+        st = _status(job, str(keyfile))
+        server = next(n for n in st["nodes"] if n["role"] == "server")
+        sched_host, sched_port = job.scheduler.rsplit(":", 1)
+        payload = pickle.dumps(Canary(str(canary)))
+        bad_frames = [b"PSN1", payload, payload]
+        other_job = CurveKeys.generate()
+        for host, port in ((server["host"], server["port"]), (sched_host, int(sched_port))):
+            _attack(host, port, None, keys.public, bad_frames)              # no key at all
+            _attack(host, port, other_job, keys.public, bad_frames)         # another job's key
+            _attack(host, port, other_job, other_job.public, bad_frames)    # wrong server key
+        # the status query itself without the key gets no answer
+        try:
+            query_status(job.scheduler, job.job_id, key_file=None, timeout=0.5)
+            raise AssertionError("an unauthenticated status query was answered")
+        except Exception as exc:  # PeerLost
+            assert "did not answer" in str(exc)
+        time.sleep(0.5)   # let a heartbeat carry the server's counters
+        st2 = _status(job, str(keyfile))
+        srv2 = next(n for n in st2["nodes"] if n["role"] == "server")
+        assert srv2["pushes"] == server["pushes"] and srv2["pulls"] == server["pulls"]
+        assert srv2["dropped"] == 0 and srv2["refused"] == 1   # the foreign key, refused by ZAP: never decoded
+        # nothing of the job listens on a wildcard address
+        pids = {str(p.popen.pid) for p in job.procs}
+        listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
+        mine = [l for l in listening.splitlines() if any(f"pid={pid}," in l for pid in pids)]
+        assert mine and all("127.0.0.1:" in l.split()[3] for l in mine), mine
+        go.write_text("go")
+        wait_job(job, 30)
+    finally:
+        go.write_text("go")
+    ok(job)
+    assert all("OK" in w.out for w in job.workers)
+    assert not canary.exists()
