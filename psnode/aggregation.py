@@ -125,9 +125,10 @@ class Store:
         key = (op["k"], int(op.get("p", 0)))
         dtype, shape = str(op["dtype"]), [int(d) for d in op["shape"]]
         entry = self.entries.get(key)
-        if entry is not None:
+        if entry is not None:  # (also a restarted worker: it resumes its push count)
             self._check_meta(key, entry, dtype, shape)
-            return [Reply(worker, {"id": rid, "a": 0}, [entry.value], entry)]
+            return [Reply(worker, {"id": rid, "a": 0, "q": self._accepted(entry, worker)},
+                          [entry.value], entry)]
         if "a" not in op:
             self.waiting_inits.setdefault(key, []).append((worker, rid, dtype, shape))
             return []
@@ -147,6 +148,12 @@ class Store:
             except OpError as exc:
                 out.append(Reply(w, {"id": r, "err": str(exc), "kind": exc.kind}))
         return out
+
+    @staticmethod
+    def _accepted(entry: Entry, worker: int) -> int:
+        """How many pushes of ``worker`` this key part has taken (applied or waiting)."""
+        early = [seq for seq, *_ in entry.early.get(worker, [])]
+        return max([entry.pushed.get(worker, 0), *early])
 
     @staticmethod
     def _check_meta(key: Key, entry: Entry, dtype: str, shape: list[int]) -> None:

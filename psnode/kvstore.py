@@ -143,6 +143,14 @@ class KVStore:
         """How many times this worker was restarted (0 on a first run)."""
         return self._engine.restarts
 
+    def num_pushes(self, key: Any) -> int:
+        """Pushes of ``key`` by this worker's rank that the servers have taken.
+
+        0 in a fresh job.  A restarted worker (``mxdist launch --max-restarts``) gets its
+        predecessor's count after ``init``, so a script can resume its loop at that step.
+        """
+        return self._info(key).seq
+
     # ------------------------------------------------------------ helpers
     def _wait(self, futs: Sequence[Future]) -> None:
         first: BaseException | None = None
@@ -218,10 +226,14 @@ class KVStore:
             if self.rank == 0:
                 op["a"] = 0
                 arrays = [np.array(self._region(arr, info, part.lo, part.hi), copy=True)]
-            cb = None
-            if dest is not None:
-                cb = self._copier(dest, info, part.lo, part.hi)
-            futs.append(self._submit(part.server, op, arrays, 0, 1 << 30, cb))
+            copy = self._copier(dest, info, part.lo, part.hi) if dest is not None else None
+
+            def on_init(result: dict[str, Any], arrays: list[np.ndarray], copy: Any = copy,
+                        info: KeyInfo = info) -> None:
+                info.seq = max(info.seq, int(result.get("q", 0)))  # > 0 after a restart
+                if copy is not None:
+                    copy(result, arrays)
+            futs.append(self._submit(part.server, op, arrays, 0, 1 << 30, on_init))
         return futs
 
     @staticmethod

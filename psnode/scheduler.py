@@ -161,13 +161,17 @@ class Scheduler:
                                          "restarts": n.restarts})
 
     def _late_register(self, node: Node) -> None:
-        """A restarted worker taking over its dead predecessor's rank."""
-        old = next((n for n in self._workers() if n.rank == node.wish and n.state == NodeState.DEAD), None)
-        if node.role != "worker" or old is None or node.wish not in self.waiting_replacement:
+        """A restarted worker taking over its predecessor's rank (dead, or about to be)."""
+        old = next((n for n in self._workers() if n.rank == node.wish
+                    and n.state in (NodeState.DEAD, NodeState.ALIVE)), None)
+        allowed = old is not None and node.role == "worker" and (
+            old.rank in self.waiting_replacement or
+            (old.state == NodeState.ALIVE and old.restarts < self.cfg.max_restarts))
+        if not allowed or old is None:
             self._send(node.ident, Command.SHUTDOWN, {"ok": False, "reason":
                        f"{node.role} pid {node.pid} cannot join: the job is already running"})
             return
-        del self.waiting_replacement[node.wish]
+        self.waiting_replacement.pop(old.rank, None)
         del self.nodes[old.ident]
         node.rank, node.state, node.restarts = old.rank, NodeState.ALIVE, old.restarts + 1
         node.stats = old.stats

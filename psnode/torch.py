@@ -21,9 +21,10 @@ Contract
   ``model.named_parameters()`` (shared parameters appear once).  The constructor calls
   ``kv.init`` for every key in that order on every worker, so rank 0's initial weights are
   stored and copied in place into every worker's parameters: all workers start equal.
-  With ``broadcast_buffers=True`` (default) the module's buffers (e.g. BatchNorm running
-  statistics) are copied from rank 0 the same way, once, under the key ``prefix + "buffer:" +
-  name``; afterwards buffers stay local to each worker.
+  With ``broadcast_buffers=True`` (default) the module's floating-point buffers (e.g.
+  BatchNorm running statistics) are copied from rank 0 the same way, once, under the key
+  ``prefix + "buffer:" + name``; afterwards buffers stay local to each worker.  Integer
+  buffers (``num_batches_tracked``) are not sent: they count steps, equal on every worker.
 * ``optimizer``: a :class:`psnode.optimizer.Optimizer` or its spec dict is sent to the servers
   with ``kv.set_optimizer`` (None: keep what the kvstore already has).  There is no local torch
   optimizer: with ``dist_sync`` + ``average`` a step applies the optimizer to the mean of all
@@ -105,7 +106,8 @@ class DistributedTrainer:
         self._zeros: dict[int, np.ndarray] = {}
         kv.init(self.keys, self._weights)
         if broadcast_buffers:
-            bufs = [(prefix + "buffer:" + n, b) for n, b in model.named_buffers() if b.numel()]
+            bufs = [(prefix + "buffer:" + n, b) for n, b in model.named_buffers()
+                    if b.numel() and b.is_floating_point()]
             if bufs:
                 kv.init([k for k, _ in bufs], [numpy_view(b.data, f"buffer {k!r}") for k, b in bufs])
 

@@ -30,6 +30,8 @@ class Proc:
     role: str
     rank: int
     popen: subprocess.Popen
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
     out: str = ""
     err: str = ""
 
@@ -92,7 +94,7 @@ def start_job(script: str, num_workers: int, num_servers: int, env: dict[str, st
     def spawn(role: str, rank: int, argv: list[str], e: dict[str, str]) -> None:
         p = subprocess.Popen(argv, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, start_new_session=True)
-        job.procs.append(Proc(role, rank, p))
+        job.procs.append(Proc(role, rank, p, argv, e))
 
     spawn("scheduler", 0, [sys.executable, "-m", "psnode"], cfg(Role.SCHEDULER, None))
     for s in range(num_servers):
@@ -102,6 +104,18 @@ def start_job(script: str, num_workers: int, num_servers: int, env: dict[str, st
         e.update((worker_env or {}).get(w, {}))
         spawn("worker", w, [sys.executable, str(path), *(args or [])], e)
     return job
+
+
+def restart_worker(job: Job, rank: int, count: int) -> Proc:
+    """Start a replacement for worker ``rank`` (its predecessor must have exited)."""
+    old = next(p for p in reversed(job.workers) if p.rank == rank)
+    old.out, old.err = old.popen.communicate(timeout=10)
+    env = dict(old.env, PSNODE_RESTART_COUNT=str(count))
+    p = subprocess.Popen(old.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    new = Proc("worker", rank, p, old.argv, env)
+    job.procs.append(new)
+    return new
 
 
 def wait_job(job: Job, timeout: float = 60.0) -> Job:
