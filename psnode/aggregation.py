@@ -60,6 +60,7 @@ class Entry:
     pulls: list[tuple[int, int, int, np.ndarray | None]] = field(default_factory=list)
     state: Any = None
     inflight: list[Any] = field(default_factory=list)  # send trackers holding ``value``
+    nonfinite: set[int] = field(default_factory=set)   # workers whose push this round was bad
     skipped: int = 0
 
 
@@ -174,6 +175,11 @@ class Store:
             return [ack]  # duplicate: applied once
         self.pushes += 1
         if not entry.sync:
+            if self.check_finite and data.dtype.kind == "f" and not np.isfinite(data).all():
+                entry.skipped += 1
+                self.events.append(f"{_fmt(*key)}: push {seq} of worker {worker} skipped: non-finite")
+                entry.pushed[worker] = seq
+                return [ack, *self._answer_pulls(entry)]
             if rows is not None:
                 rows, data = _combine_rows([(rows, data)])
             self._apply(key, entry, data, rows, 1, average=False)
@@ -202,6 +208,8 @@ class Store:
 
     def _contribute(self, entry: Entry, worker: int, seq: int, data: np.ndarray, rows: np.ndarray | None) -> None:
         entry.contributors.add(worker)
+        if self.check_finite and data.dtype.kind == "f" and not np.isfinite(data).all():
+            entry.nonfinite.add(worker)
         entry.pushed[worker] = seq
         if rows is not None or entry.sparse:
             if rows is None:  # a dense push to a row_sparse key: every row
@@ -218,7 +226,12 @@ class Store:
         out: list[Reply] = []
         while entry.contributors and self.active <= entry.contributors:
             n = len(entry.contributors)
-            if entry.sparse:
+            if entry.nonfinite:
+                entry.skipped += 1
+                self.events.append(f"{_fmt(*key)}: round {entry.round + 1} skipped: non-finite "
+                                   f"gradient from worker(s) {sorted(entry.nonfinite)}")
+                entry.nonfinite.clear()
+            elif entry.sparse:
                 rows, data = _combine_rows(entry.sparse_parts)
                 self._apply(key, entry, data, rows, n, entry.average)
             else:
@@ -240,10 +253,6 @@ class Store:
     def _apply(self, key: Key, entry: Entry, data: np.ndarray, rows: np.ndarray | None, n: int,
                average: bool) -> None:
         """Fold an aggregate into the value (in place, after pending sends of it finished)."""
-        if self.check_finite and not np.isfinite(data).all():
-            entry.skipped += 1
-            self.events.append(f"{_fmt(*key)}: round {entry.round + 1} skipped: non-finite gradient")
-            return
         self._wait_sent(entry)
         if average and n > 1:
             if data is entry.merged:

@@ -26,8 +26,12 @@ variable                           meaning (default)
 ``PSNODE_KEY_FILE``                file (mode 0600) with the job's CURVE keys; unset: plain TCP
 ``PSNODE_MAX_MESSAGE_BYTES``       largest frame accepted (``4294967296``)
 ``PSNODE_CHECKPOINT_DIR``          servers checkpoint their shards here (none)
-``PSNODE_CHECKPOINT_INTERVAL``     seconds between server checkpoints (``0``: only on request)
+``PSNODE_CHECKPOINT_INTERVAL``     seconds between server checkpoints (``0``: none by time)
+``PSNODE_CHECKPOINT_ROUNDS``       completed rounds between server checkpoints (``0``: none by
+                                   rounds); a server also checkpoints when the job ends well
 ``PSNODE_RESUME``                  ``1``: servers load their shards from the checkpoint dir
+``PSNODE_SKIP_NONFINITE``          ``1``: a round whose gradient holds NaN/Inf is skipped whole and
+                                   reported with key and worker (``0``)
 ``PSNODE_MAX_RESTARTS``            restarts the launcher allows per worker (``0``)
 ``PSNODE_RESTART_COUNT``           how many times this process was restarted (``0``)
 ``PSNODE_LOG_LEVEL``               ``DEBUG``, ``INFO``, ``WARNING``, ``ERROR`` (``WARNING``)
@@ -125,6 +129,13 @@ def _float(env: Mapping[str, str], name: str, default: float, positive: bool = T
     return value
 
 
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    raw = (env.get(_PREFIX + name) or "0").lower()
+    if raw not in ("0", "1", "true", "false", "yes", "no"):
+        raise ConfigError(f"{_PREFIX}{name}={raw!r}: use 1 or 0")
+    return raw in ("1", "true", "yes")
+
+
 def _enum(env: Mapping[str, str], name: str, cls: type[Enum], default: Enum | None) -> Enum:
     raw = env.get(_PREFIX + name)
     if raw is None or raw == "":
@@ -160,7 +171,9 @@ class NodeConfig:
     max_message_bytes: int = 4 * 2**30
     checkpoint_dir: str | None = None
     checkpoint_interval: float = 0.0
+    checkpoint_rounds: int = 0
     resume: bool = False
+    skip_nonfinite: bool = False
     max_restarts: int = 0
     restart_count: int = 0
     log_level: str = "WARNING"
@@ -227,7 +240,9 @@ class NodeConfig:
             max_message_bytes=_int(env, "MAX_MESSAGE_BYTES", 4 * 2**30, 1024) or 4 * 2**30,
             checkpoint_dir=env.get(_PREFIX + "CHECKPOINT_DIR") or None,
             checkpoint_interval=_float(env, "CHECKPOINT_INTERVAL", 0.0, positive=False),
-            resume=env.get(_PREFIX + "RESUME", "0") not in ("", "0", "false", "no"),
+            checkpoint_rounds=_int(env, "CHECKPOINT_ROUNDS", 0, 0) or 0,
+            resume=_flag(env, "RESUME"),
+            skip_nonfinite=_flag(env, "SKIP_NONFINITE"),
             max_restarts=_int(env, "MAX_RESTARTS", 0, 0) or 0,
             restart_count=_int(env, "RESTART_COUNT", 0, 0) or 0,
             log_level=(env.get(_PREFIX + "LOG_LEVEL") or "WARNING").upper(),

@@ -32,7 +32,8 @@ class Server:
         keys = CurveKeys.load(cfg.key_file) if cfg.key_file else None
         self.t = Transport(cfg.job_id, "server", cfg.max_message_bytes, keys)
         self.chan, self.port = self.t.router(cfg.host, cfg.port)
-        self.store = Store(cfg.num_workers, check_finite=False)
+        self.store = Store(cfg.num_workers, check_finite=cfg.skip_nonfinite)
+        self.checkpointed_rounds = 0
         self.link = SchedulerLink(self.t, cfg, "server", self.port, self._stats)
         self.rank = -1
         self.next_checkpoint = float("inf")
@@ -57,6 +58,11 @@ class Server:
             if isinstance(op, dict):
                 replies.extend(self.store.handle(worker, op, msg.arrays))
         self._send(replies)
+        while self.store.events:
+            log.warning("%s", self.store.events.pop(0))
+        every = self.cfg.checkpoint_rounds
+        if every and self.store.rounds - self.checkpointed_rounds >= every:
+            self._checkpoint()
 
     def _send(self, replies: list[Reply]) -> None:
         by_worker: dict[int, list[Reply]] = {}
@@ -103,6 +109,7 @@ class Server:
     def _checkpoint(self) -> None:
         if self.cfg.checkpoint_dir and self.rank >= 0:
             checkpoint.save_server(self.cfg.checkpoint_dir, self.rank, self.store)
+            self.checkpointed_rounds = self.store.rounds
 
     # ------------------------------------------------------------ loop
     def run(self) -> int:
@@ -136,8 +143,6 @@ class Server:
             self.link.chan.send(Command.BYE, {"error": f"{type(exc).__name__}: {exc}"})
             raise
         finally:
-            for e in self.store.events:
-                log.warning("%s", e)
             self.t.close(linger_ms=200)
 
 
