@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -497,5 +498,18 @@ def create(name: str = "local", num_workers: int | None = None, aggregator: str 
         raise ConfigError("this job has no servers (-s 0); launch with -s 1 or more to use a KVStore")
     engine = Engine(cfg)
     kv = KVStore(name, engine, cfg, aggregator)
+    _report_uncaught(engine)
     atexit.register(kv.close)
     return kv
+
+
+def _report_uncaught(engine: Engine) -> None:
+    """An uncaught exception fails the job (naming this worker) instead of counting as done."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+        try:
+            engine.fail(f"worker {engine.rank} (pid {os.getpid()}) failed: {kind.__name__}: {exc}")
+        finally:
+            previous(kind, exc, tb)
+    sys.excepthook = hook

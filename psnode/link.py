@@ -27,6 +27,7 @@ class SchedulerLink:
                                       f"{role}-{os.getpid()}-{secrets.token_hex(4)}")
         self._stats = stats
         self._next_beat = 0.0
+        self.scheduler_pid: int | None = None
         self.last_ack = time.monotonic()
         self.chan.send(Command.REGISTER, {"role": role, "host": cfg.host, "port": port,
                                           "pid": os.getpid(), "rank": cfg.rank})
@@ -38,7 +39,8 @@ class SchedulerLink:
             self._next_beat = now + self.cfg.heartbeat_interval
         silent = now - self.last_ack
         if silent > self.cfg.dead_after:
-            raise PeerLost(f"the scheduler at {self.cfg.scheduler_address} stopped responding "
+            pid = f" (pid {self.scheduler_pid})" if self.scheduler_pid else ""
+            raise PeerLost(f"the scheduler{pid} at {self.cfg.scheduler_address} stopped responding "
                            f"({silent:.1f} s without a heartbeat reply)")
 
     def timeout(self, now: float) -> float:
@@ -50,7 +52,14 @@ class SchedulerLink:
         if got is None:
             return None
         self.last_ack = time.monotonic()
-        return got[1]
+        msg = got[1]
+        if msg.cmd is Command.WELCOME and isinstance(msg.body.get("pid"), int):
+            self.scheduler_pid = msg.body["pid"]
+        return msg
+
+    def fail(self, reason: str) -> None:
+        """Tell the scheduler this node failed (the job then ends, naming it)."""
+        self.chan.send(Command.BYE, {"error": reason})
 
 
 def lost_message(msg: Message) -> str:

@@ -116,8 +116,8 @@ def decode(frames: list[Any], job_id: str | None, max_bytes: int) -> Message:
         raise ProtocolError(f"header of {raw.nbytes} bytes exceeds {MAX_HEADER_BYTES}")
     try:
         header = json.loads(bytes(raw))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ProtocolError(f"header is not JSON: {exc}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ProtocolError(f"header is not JSON: {str(exc)[:80]}") from None
     if not isinstance(header, dict):
         raise ProtocolError("header is not a JSON object")
     try:
@@ -141,7 +141,7 @@ def _array(meta: Any, frame: Any, max_bytes: int) -> np.ndarray:
     dtype_name, shape = meta
     if dtype_name not in DTYPES:
         raise ProtocolError(f"dtype {str(dtype_name)[:32]!r} is not allowed")
-    if len(shape) > MAX_NDIM or not all(isinstance(d, int) and d >= 0 for d in shape):
+    if len(shape) > MAX_NDIM or not all(type(d) is int and 0 <= d <= max_bytes for d in shape):
         raise ProtocolError(f"bad shape {str(shape)[:80]}")
     dtype = np.dtype(dtype_name)
     nbytes = math.prod(shape) * dtype.itemsize

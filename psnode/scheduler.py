@@ -20,6 +20,7 @@ Life of a job as the scheduler sees it:
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -31,6 +32,10 @@ from psnode.protocol import Command, Message
 from psnode.transport import CurveKeys, Poller, Transport
 
 log = logging.getLogger("psnode.scheduler")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
 
 
 class NodeState(str, Enum):
@@ -67,6 +72,7 @@ class Node:
                 "pushes": int(self.stats.get("pushes", 0)), "pulls": int(self.stats.get("pulls", 0)),
                 "bytes_in": int(self.stats.get("bytes_in", 0)),
                 "bytes_out": int(self.stats.get("bytes_out", 0)),
+                "rounds": int(self.stats.get("rounds", 0)),
                 "dropped": int(self.stats.get("dropped", 0)), "refused": int(self.stats.get("refused", 0))}
 
 
@@ -110,10 +116,12 @@ class Scheduler:
         if role not in ("worker", "server"):
             log.warning("registration with bad role %r dropped", role)
             return
-        wish = body.get("rank")
-        node = Node(role=role, host=str(body.get("host", "?")), port=int(body.get("port", 0)),
-                    pid=int(body.get("pid", 0)), ident=ident,
-                    wish=wish if isinstance(wish, int) else None)
+        wish, host, port, pid = body.get("rank"), body.get("host"), body.get("port"), body.get("pid")
+        if not (isinstance(host, str) and len(host) < 256 and _is_int(port) and _is_int(pid)
+                and (wish is None or _is_int(wish))):
+            log.warning("registration with a malformed body dropped: %.200s", body)
+            return
+        node = Node(role=role, host=host, port=port, pid=pid, ident=ident, wish=wish)
         if self.started:
             self._late_register(node)
             return
@@ -154,7 +162,7 @@ class Scheduler:
                  self.cfg.num_workers, self.cfg.num_servers)
 
     def _welcome(self, n: Node, book: list[list[Any]]) -> None:
-        self._send(n, Command.WELCOME, {"rank": n.rank, "servers": book,
+        self._send(n, Command.WELCOME, {"rank": n.rank, "servers": book, "pid": os.getpid(),
                                          "num_workers": self.cfg.num_workers,
                                          "num_servers": self.cfg.num_servers,
                                          "active": self._active_workers(),
@@ -283,7 +291,10 @@ class Scheduler:
         while True:
             if poller.poll(tick):
                 while (got := self.chan.recv(routed=True)) is not None:
-                    self._dispatch(got[0] or b"", got[1])
+                    try:
+                        self._dispatch(got[0] or b"", got[1])
+                    except Exception as exc:  # noqa: BLE001 - a bad message never kills the job
+                        log.warning("dropped %s from %r: %r", got[1].cmd.value, got[0], exc)
             now = time.monotonic()
             if self.exit_code is None:
                 self._check_liveness(now)

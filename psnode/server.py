@@ -48,11 +48,15 @@ class Server:
         if msg.cmd is not Command.DATA or not ident.startswith(b"w") or not ident[1:].isdigit():
             log.warning("dropped %s from %r: not a worker data message", msg.cmd.value, ident)
             return
+        worker = int(ident[1:])
+        if worker >= self.cfg.num_workers:
+            self.t.dropped += 1
+            log.warning("dropped data from %r: no such worker in a job of %d", ident, self.cfg.num_workers)
+            return
         ops = msg.body.get("ops")
         if not isinstance(ops, list):
             log.warning("dropped data message from %r without an op list", ident)
             return
-        worker = int(ident[1:])
         replies: list[Reply] = []
         for op in ops:
             if isinstance(op, dict):
@@ -140,7 +144,7 @@ class Server:
             print(f"psnode server {self.rank}: {exc}", file=sys.stderr, flush=True)
             return 1
         except Exception as exc:  # a bug: tell the scheduler now rather than go silent
-            self.link.chan.send(Command.BYE, {"error": f"{type(exc).__name__}: {exc}"})
+            self.link.fail(f"{type(exc).__name__}: {exc}")
             raise
         finally:
             self.t.close(linger_ms=200)

@@ -202,9 +202,10 @@ class Channel:
         self.bytes_in += sum(len(f) for f in frames)
         try:
             return ident, decode(frames, self.t.job_id, self.t.max_bytes)
-        except ProtocolError as exc:
+        except Exception as exc:  # noqa: BLE001 - ProtocolError, or a decoder bug: never fatal
             self.t.dropped += 1
-            log.warning("dropped a message from %r: %s", ident, exc)
+            reason = exc if isinstance(exc, ProtocolError) else repr(exc)[:200]
+            log.warning("dropped a message from %r: %s", ident, reason)
             return None
 
     def close(self) -> None:

@@ -113,6 +113,7 @@ class Engine:
         self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._welcome = Future()
         self._closing = False
+        self._failed = False
         self.stats = {"pushes": 0, "pulls": 0, "bytes_in": 0, "bytes_out": 0}
         self._thread = threading.Thread(target=self._run, name="psnode-io", daemon=True)
         self._thread.start()
@@ -158,12 +159,22 @@ class Engine:
         if self.fatal is not None:
             raise self.fatal
 
+    def fail(self, reason: str) -> None:
+        """Report this worker as failed (e.g. an uncaught exception): the job ends, naming it."""
+        if self.fatal is not None or self._closing or self._failed:
+            return
+        self._failed = True
+        try:
+            self.control(Command.BYE, {"error": reason}).wait(2.0)
+        except PSError:
+            pass
+
     def close(self, timeout: float = 30.0) -> None:
         """Tell the scheduler this worker is done, then stop the I/O thread."""
         if self._closing:
             return
         try:
-            if self.fatal is None:
+            if self.fatal is None and not self._failed:
                 fut = self.control(Command.FINISH)
                 fut.wait(timeout)
         except PSError:
@@ -222,7 +233,10 @@ class Engine:
                     self._control.clear()
                 for cmd, body, fut in control:
                     link.chan.send(cmd, body)
-                    (barrier_waiters if cmd is Command.BARRIER else finish).append(fut)
+                    if cmd is Command.BYE:
+                        fut.set({}, [])
+                    else:
+                        (barrier_waiters if cmd is Command.BARRIER else finish).append(fut)
                 if servers:
                     self._flush(servers, inflight, pending)
                 self.stats["bytes_in"] = sum(c.bytes_in for c in servers)
