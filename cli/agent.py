@@ -1,0 +1,208 @@
+"""The host agent: the few operations a launcher needs on a host, for every backend.
+
+Self-contained (standard library only, imports nothing from ``cli``) because the SSH backend
+sends this file's source to the remote Python on stdin (``python -``) followed by one call to
+:func:`_main` with a JSON request; the local backend calls the same functions in-process.
+Sending it on stdin keeps command lines short and secrets (the processes' environment) off
+them.
+
+Process model: :func:`spawn` starts each process as ``python -c REAPER RCFILE -- ARGV...`` in
+a new session (so pid == pgid and the whole group can be signalled), with stdout+stderr
+appended to a log file and stdin from /dev/null.  The reaper runs the user's command, waits
+for it and writes its exit status to RCFILE (``-N`` for signal N); it survives TERM/INT/HUP
+itself so that a signalled command still gets its status written.  The process outlives the
+launcher (``--detach``) and the SSH session.
+
+Liveness reads ``/proc``: a process in state ``Z`` (zombie, not yet reaped) counts as dead.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+REAPER = (
+    "import os,signal,subprocess,sys\n"
+    "for s in (signal.SIGTERM,signal.SIGINT,signal.SIGHUP):signal.signal(s,lambda *a:None)\n"
+    "rc_file=sys.argv[1];argv=sys.argv[3:]\n"
+    "try:\n"
+    " rc=subprocess.Popen(argv).wait()\n"
+    "except OSError as e:\n"
+    " print('mxdist: cannot run %r: %s'%(argv[0],e),flush=True);rc=127\n"
+    "tmp=rc_file+'.tmp'\n"
+    "with open(tmp,'w') as f:f.write(str(rc))\n"
+    "os.replace(tmp,rc_file)\n"
+)
+
+
+def _expand(path: str) -> str:
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def check(workdir: str, modules: list[str], env: dict | None = None) -> dict:
+    """Preflight: Python version, the workdir, and whether ``modules`` import there with ``env``."""
+    out: dict = {"python": sys.version.split()[0], "executable": sys.executable, "errors": []}
+    workdir = _expand(workdir)
+    if not os.path.isdir(workdir):
+        out["errors"].append(f"working directory {workdir} does not exist")
+        return out
+    for module in modules:
+        proc = subprocess.run(
+            [sys.executable, "-c", f"import {module}"],
+            cwd=workdir, capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})},
+        )
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+            out["errors"].append(f"python cannot import {module} in {workdir}: {last}")
+    return out
+
+
+def spawn(workdir: str, run_dir: str, python: str, procs: list[dict]) -> list[dict]:
+    """Start each ``{"name", "argv", "env"}`` under a reaper; return ``{"name", "pid", "log", "rc"}``."""
+    run_dir = _expand(run_dir)
+    os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    workdir = _expand(workdir)
+    started = []
+    for spec in procs:
+        log = os.path.join(run_dir, spec["name"] + ".log")
+        rc = os.path.join(run_dir, spec["name"] + ".rc")
+        for stale in (rc, rc + ".tmp"):
+            if os.path.exists(stale):
+                os.unlink(stale)
+        env = dict(os.environ)
+        env.update(spec["env"])
+        with open(log, "ab") as out, open(os.devnull, "rb") as devnull:
+            proc = subprocess.Popen(
+                [python, "-c", REAPER, rc, "--", *spec["argv"]],
+                cwd=workdir, env=env, stdin=devnull, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True, close_fds=True,
+            )
+        started.append({"name": spec["name"], "pid": proc.pid, "log": log, "rc": rc})
+    return started
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, pgid) of a live pid, or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read().decode()
+    except OSError:
+        return None
+    fields = data[data.rindex(")") + 2 :].split()
+    return fields[0], int(fields[2])
+
+
+def group_members(pgids: list[int]) -> dict[int, list[int]]:
+    """Live (non-zombie) pids of each process group in ``pgids``."""
+    wanted = set(pgids)
+    found: dict[int, list[int]] = {g: [] for g in pgids}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        st = _stat(int(entry))
+        if st and st[1] in wanted and st[0] != "Z":
+            found[st[1]].append(int(entry))
+    return found
+
+
+def read_rc(rc_file: str) -> int | None:
+    try:
+        with open(_expand(rc_file)) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def status(procs: list[dict]) -> list[dict]:
+    """For ``{"pid", "rc"}`` items: ``{"alive": bool, "members": [...], "rc": int | None}``."""
+    members = group_members([p["pid"] for p in procs])
+    return [
+        {"alive": bool(members[p["pid"]]), "members": members[p["pid"]], "rc": read_rc(p["rc"])}
+        for p in procs
+    ]
+
+
+def signal_groups(pgids: list[int], signum: int) -> None:
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def stop(pgids: list[int], grace: float) -> dict:
+    """TERM every group, wait up to ``grace`` s, KILL what is left; report what survived."""
+    live = [g for g, m in group_members(pgids).items() if m]
+    signal_groups(live, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while live and time.monotonic() < deadline:
+        time.sleep(0.1)
+        live = [g for g, m in group_members(live).items() if m]
+    killed = list(live)
+    signal_groups(live, signal.SIGKILL)
+    end = time.monotonic() + 5.0
+    left: dict[int, list[int]] = {}
+    while time.monotonic() < end:
+        left = {g: m for g, m in group_members(pgids).items() if m}
+        if not left:
+            break
+        time.sleep(0.1)
+    return {"killed": killed, "left": {str(g): m for g, m in left.items()}}
+
+
+def follow(log: str, rc_file: str, pid: int, offset: int, wait: bool,
+           emit: Callable[[bytes], None], poll: float = 0.2) -> dict:
+    """Copy ``log`` from ``offset`` to ``emit``; with ``wait`` keep going until the process ends.
+
+    Returns ``{"rc": int | None, "offset": int}``: ``rc`` None means the process is gone without
+    a recorded status (killed with its reaper) or, without ``wait``, still running.
+    """
+    log, rc_file = _expand(log), _expand(rc_file)
+    handle = None
+    while True:
+        if handle is None and os.path.exists(log):
+            handle = open(log, "rb")
+            handle.seek(offset)
+        chunk = handle.read(65536) if handle else b""
+        if chunk:
+            offset += len(chunk)
+            emit(chunk)
+            continue
+        rc = read_rc(rc_file)
+        if not wait:
+            break
+        st = _stat(pid)
+        if rc is not None or st is None or st[0] == "Z":
+            # the process ended: drain what it wrote last, then report
+            rest = handle.read() if handle else b""
+            if rest:
+                offset += len(rest)
+                emit(rest)
+            return {"rc": read_rc(rc_file), "offset": offset}
+        time.sleep(poll)
+    if handle:
+        handle.close()
+    return {"rc": rc, "offset": offset}
+
+
+def _main(request: dict) -> int:
+    """Entry point when run remotely: one operation, JSON result on stderr's last line."""
+    op = request.pop("op")
+    if op == "follow":
+        out = sys.stdout.buffer
+
+        def emit(data: bytes) -> None:
+            out.write(data)
+            out.flush()
+
+        result = follow(emit=emit, **request)
+    else:
+        result = {"check": check, "spawn": spawn, "status": status, "stop": stop,
+                  "signal": signal_groups}[op](**request)
+    sys.stderr.write("\n" + json.dumps({"result": result}) + "\n")
+    sys.stderr.flush()
+    return 0

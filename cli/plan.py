@@ -1,0 +1,235 @@
+"""Placement: who runs where, on which ports, with which argv and environment.
+
+Pure: no I/O.  The caller gives hosts (already resolved: ``Host.address`` is where a process
+binds), the command, counts and ports; :func:`make_plan` returns every process to start.
+
+Rules:
+
+* the scheduler runs on the first host, or on ``scheduler_host`` (a host's name or label);
+* servers are spread over the hosts round-robin (default: one per host; 0 is allowed);
+* workers fill the hosts' slots in order (host 1's slots, then host 2's, ...); more workers than
+  slots wrap around round-robin and the plan carries a warning;
+* every process gets ``NodeConfig(...).to_env()``; workers also get RANK, WORLD_SIZE,
+  LOCAL_RANK, MASTER_ADDR (the scheduler's address) and MASTER_PORT;
+* a command ending in ``.py`` runs with ``python``; anything else runs as given; arguments are
+  kept as separate words (never joined into a shell string here).
+
+Environment of every process = allowlisted variables of the launcher's environment
+(:data:`PASSTHROUGH`) + the user's ``-e K=V`` + ``PYTHONUNBUFFERED=1`` + the psnode and torch
+variables (which win).
+"""
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from psnode.config import NodeConfig, Role
+
+from cli.hosts import Host, HostsError, check_env_name
+
+#: Variables copied from the launcher's environment to every process (shell-style patterns).
+PASSTHROUGH: tuple[str, ...] = (
+    "PYTHONPATH",
+    "PYTHONHASHSEED",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "CUDA_VISIBLE_DEVICES",
+    "NCCL_*",
+    "GLOO_*",
+    "TORCH_*",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+)
+
+_SECRET_RE = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.I)
+
+
+class PlanError(ValueError):
+    """Options that cannot be placed (too few hosts, bad counts, unknown scheduler host...)."""
+
+
+@dataclass(frozen=True)
+class ProcSpec:
+    """One process of the job: where it runs and exactly what it runs."""
+
+    role: Role
+    rank: int | None
+    host: Host
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    local_rank: int = 0
+
+    @property
+    def name(self) -> str:
+        """``scheduler``, ``server-0``, ``worker-3``: unique in a job; names its log file."""
+        return self.role.value if self.rank is None else f"{self.role.value}-{self.rank}"
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """Everything :func:`make_plan` needs; built by the CLI from options."""
+
+    job_id: str
+    command: Sequence[str]
+    hosts: Sequence[Host]
+    python: str
+    scheduler_port: int
+    master_port: int
+    num_workers: int | None = None
+    num_servers: int | None = None
+    scheduler_host: str | None = None
+    user_env: Mapping[str, str] = field(default_factory=dict)
+    base_env: Mapping[str, str] = field(default_factory=dict)
+    heartbeat_interval: float = 1.0
+    heartbeat_liveness: int = 5
+    log_level: str = "WARNING"
+    key_file: str | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The processes to start, in start order: scheduler, servers, workers."""
+
+    job_id: str
+    hosts: tuple[Host, ...]
+    procs: tuple[ProcSpec, ...]
+    scheduler_address: str
+    num_workers: int
+    num_servers: int
+    warnings: tuple[str, ...] = ()
+
+    def of_role(self, role: Role) -> list[ProcSpec]:
+        return [p for p in self.procs if p.role is role]
+
+
+def parse_env_assignments(items: Sequence[str]) -> dict[str, str]:
+    """``["K=V", ...]`` -> dict; names are validated, values kept verbatim."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq:
+            raise PlanError(f"-e {item!r}: expected NAME=VALUE")
+        try:
+            check_env_name(name, "-e")
+        except HostsError as exc:
+            raise PlanError(str(exc)) from None
+        out[name] = value
+    return out
+
+
+def passthrough_env(environ: Mapping[str, str], patterns: Sequence[str] = PASSTHROUGH) -> dict[str, str]:
+    """The variables of ``environ`` whose names match an allowlist pattern."""
+    return {
+        k: v for k, v in environ.items() if any(fnmatch.fnmatchcase(k, p) for p in patterns)
+    }
+
+
+def is_secret(name: str) -> bool:
+    """Names that look like credentials: their values are never printed."""
+    return bool(_SECRET_RE.search(name))
+
+
+def command_argv(command: Sequence[str], python: str) -> tuple[str, ...]:
+    """A ``.py`` script runs with ``python``; anything else runs as given."""
+    if not command:
+        raise PlanError("no command given (example: mxdist launch train.py --epochs 3)")
+    if command[0].endswith(".py"):
+        return (python, *command)
+    return tuple(command)
+
+
+def _find_host(hosts: Sequence[Host], wanted: str) -> Host:
+    for host in hosts:
+        if wanted in (host.name, host.label, host.address):
+            return host
+    names = ", ".join(h.label for h in hosts)
+    raise PlanError(f"--scheduler {wanted!r} is not one of the hosts ({names})")
+
+
+def place_workers(hosts: Sequence[Host], count: int) -> tuple[list[Host], bool]:
+    """Fill slots in order; wrap round-robin past the total. Returns (host per rank, wrapped)."""
+    order = [h for h in hosts for _ in range(h.slots)]
+    if count <= len(order):
+        return order[:count], False
+    extra = [hosts[i % len(hosts)] for i in range(count - len(order))]
+    return order + extra, True
+
+
+def make_plan(req: PlanRequest) -> Plan:
+    """Compute every process of the job (see the module docstring for the rules)."""
+    hosts = tuple(req.hosts)
+    if not hosts:
+        raise PlanError("no hosts")
+    total = sum(h.slots for h in hosts)
+    workers = total if req.num_workers is None else req.num_workers
+    servers = len(hosts) if req.num_servers is None else req.num_servers
+    if workers < 1:
+        raise PlanError(f"-n {workers}: a job needs at least one worker")
+    if servers < 0:
+        raise PlanError(f"-s {servers}: the number of servers cannot be negative")
+    if not 1 <= req.scheduler_port <= 65535 or not 1 <= req.master_port <= 65535:
+        raise PlanError("ports must be in 1..65535")
+    if req.scheduler_port == req.master_port:
+        raise PlanError("the scheduler port and MASTER_PORT must differ")
+    sched = _find_host(hosts, req.scheduler_host) if req.scheduler_host else hosts[0]
+    warnings: list[str] = []
+    worker_hosts, wrapped = place_workers(hosts, workers)
+    if wrapped:
+        warnings.append(
+            f"{workers} workers but the hosts have {total} slots: some hosts run more workers "
+            "than slots (set slots=N in the hosts file)"
+        )
+
+    common = dict(
+        scheduler_host=sched.address,
+        scheduler_port=req.scheduler_port,
+        num_workers=workers,
+        num_servers=servers,
+        job_id=req.job_id,
+        heartbeat_interval=req.heartbeat_interval,
+        heartbeat_liveness=req.heartbeat_liveness,
+        log_level=req.log_level,
+        key_file=req.key_file,
+    )
+    base = {**req.base_env, **req.user_env, "PYTHONUNBUFFERED": "1"}
+    node_argv = (req.python, "-m", "psnode")
+
+    def node_env(role: Role, host: Host, rank: int | None, port: int) -> dict[str, str]:
+        cfg = NodeConfig(role=role, host=host.address, port=port, rank=rank, **common)  # type: ignore[arg-type]
+        return {**base, **cfg.to_env()}
+
+    procs: list[ProcSpec] = [
+        ProcSpec(Role.SCHEDULER, None, sched, node_argv,
+                 node_env(Role.SCHEDULER, sched, None, req.scheduler_port))
+    ]
+    for rank in range(servers):
+        host = hosts[rank % len(hosts)]
+        procs.append(ProcSpec(Role.SERVER, rank, host, node_argv, node_env(Role.SERVER, host, rank, 0)))
+    argv = command_argv(req.command, req.python)
+    local_ranks: dict[str, int] = {}
+    for rank, host in enumerate(worker_hosts):
+        local = local_ranks.get(host.name, 0)
+        local_ranks[host.name] = local + 1
+        env = node_env(Role.WORKER, host, rank, 0)
+        env.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(workers),
+            LOCAL_RANK=str(local),
+            MASTER_ADDR=sched.address,
+            MASTER_PORT=str(req.master_port),
+        )
+        procs.append(ProcSpec(Role.WORKER, rank, host, argv, env, local_rank=local))
+    return Plan(
+        job_id=req.job_id,
+        hosts=hosts,
+        procs=tuple(procs),
+        scheduler_address=f"{sched.address}:{req.scheduler_port}",
+        num_workers=workers,
+        num_servers=servers,
+        warnings=tuple(warnings),
+    )

@@ -1,0 +1,327 @@
+"""SshBackend: run the job's processes on remote hosts over SSH (the only module importing paramiko).
+
+Connection: ``~/.ssh/config`` (or ``ssh_config``) is honoured for HostName, User, Port,
+IdentityFile and IdentitiesOnly; the ssh agent and the default keys are tried unless
+IdentitiesOnly is set.  Explicit ``user@host:port`` in the hosts list wins over the config.
+
+Host keys are checked against ``known_hosts`` (``~/.ssh/known_hosts`` or ``known_hosts``):
+an unknown key is refused unless ``accept_new_host_keys`` (then it is appended to the file);
+a changed key is always refused.
+
+Every remote operation is one ``exec_command`` of ``<python> -`` (a quoted argv, never an
+interpolated string) whose stdin carries :mod:`cli.agent`'s source and the JSON request, so
+environment values (possibly secrets) never appear on a command line.  One connection per
+host is kept and shared by all threads (paramiko channels are thread-safe).
+"""
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import shlex
+import socket
+import stat
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import paramiko
+
+from cli import agent
+from cli.backends import BackendError, ExitStatus, HostProblem, ProcStatus, Started, run_per_host
+from cli.hosts import Host, HostsError, check_hostname, check_user
+from cli.jobs import ProcRecord
+from cli.plan import ProcSpec
+
+_AGENT_SOURCE = Path(agent.__file__).read_text()
+_KNOWN_HOSTS_LOCK = threading.Lock()
+
+
+class UnknownHostKey(paramiko.SSHException):
+    def __init__(self, name: str, key: paramiko.PKey) -> None:
+        super().__init__(f"unknown host key for {name}")
+        self.name = name
+        self.key = key
+
+
+class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
+    """Refuse unknown keys, or (opt-in) record them in the known_hosts file."""
+
+    def __init__(self, accept_new: bool, known_hosts: str) -> None:
+        self.accept_new = accept_new
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        if not self.accept_new:
+            raise UnknownHostKey(hostname, key)
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        with _KNOWN_HOSTS_LOCK:
+            Path(self.known_hosts).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            with open(self.known_hosts, "a") as f:
+                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+class SshBackend:
+    """Hosts reached over SSH; see the module docstring."""
+
+    name = "ssh"
+
+    def __init__(self, workdir: str, python: str, ssh_config: str | None = None,
+                 known_hosts: str | None = None, accept_new_host_keys: bool = False,
+                 connect_timeout: float = 10.0, **_: Any) -> None:
+        self.workdir = workdir
+        self.python = python
+        self.ssh_config = ssh_config or str(Path("~/.ssh/config").expanduser())
+        self.known_hosts = known_hosts or str(Path("~/.ssh/known_hosts").expanduser())
+        self.accept_new_host_keys = accept_new_host_keys
+        self.connect_timeout = connect_timeout
+        self._config = paramiko.SSHConfig()
+        if os.path.isfile(self.ssh_config):
+            self._config = paramiko.SSHConfig.from_path(self.ssh_config)
+        self._clients: dict[str, paramiko.SSHClient] = {}
+        self._lock = threading.Lock()
+
+    def options(self) -> dict[str, Any]:
+        return {
+            "workdir": self.workdir, "python": self.python, "ssh_config": self.ssh_config,
+            "known_hosts": self.known_hosts, "accept_new_host_keys": self.accept_new_host_keys,
+            "connect_timeout": self.connect_timeout,
+        }
+
+    # -- connections -------------------------------------------------------------------------
+
+    def resolve(self, host: Host) -> Host:
+        """Set ``address`` from the ssh config's HostName; validate what the config gives."""
+        address, _, _ = self.endpoint(host)
+        return replace(host, address=address)
+
+    def endpoint(self, host: Host) -> tuple[str, int, str]:
+        """(address, port, user) to connect to: explicit values, then the ssh config, then defaults."""
+        cfg = self._config.lookup(host.name)
+        address = cfg.get("hostname", host.name)
+        user = host.user or cfg.get("user") or getpass.getuser()
+        try:
+            check_hostname(address, f"ssh config HostName for {host.name}")
+            check_user(user, f"ssh config User for {host.name}")
+            port = host.port or int(cfg.get("port", 22))
+        except (HostsError, ValueError) as exc:
+            raise BackendError(str(exc)) from None
+        return address.strip("[]"), port, user
+
+    def _connect(self, host: Host) -> paramiko.SSHClient:
+        cfg = self._config.lookup(host.name)
+        address, port, user = self.endpoint(host)
+        only = str(cfg.get("identitiesonly", "no")).lower() == "yes"
+        keys = [os.path.expanduser(k) for k in cfg.get("identityfile", [])]
+        client = paramiko.SSHClient()
+        if os.path.isfile(self.known_hosts):
+            client.load_host_keys(self.known_hosts)
+        client.set_missing_host_key_policy(_HostKeyPolicy(self.accept_new_host_keys, self.known_hosts))
+        client.connect(
+            hostname=address, port=port, username=user,
+            key_filename=[k for k in keys if os.path.isfile(k)] or None,
+            allow_agent=not only, look_for_keys=not only, timeout=self.connect_timeout,
+            banner_timeout=self.connect_timeout, auth_timeout=self.connect_timeout,
+        )
+        return client
+
+    def _client(self, host: Host) -> paramiko.SSHClient:
+        with self._lock:
+            client = self._clients.get(host.label)
+            transport = client.get_transport() if client else None
+            if client is None or transport is None or not transport.is_active():
+                client = self._connect(host)
+                self._clients[host.label] = client
+            return client
+
+    def _agent(self, host: Host, request: dict[str, Any], emit: Callable[[bytes], None] | None = None,
+               timeout: float | None = 120.0) -> Any:
+        """Run one agent operation on ``host``; stream its stdout to ``emit``; return its result."""
+        transport = self._client(host).get_transport()
+        if transport is None:
+            raise BackendError(f"{host.label}: SSH connection lost")
+        chan = transport.open_session(timeout=self.connect_timeout)
+        try:
+            chan.settimeout(timeout)
+            chan.exec_command(shlex.join([self.python, "-"]))
+            script = f"{_AGENT_SOURCE}\nimport json as _j, sys as _s\n_s.exit(_main(_j.loads({json.dumps(request)!r})))\n"
+            chan.sendall(script.encode())
+            chan.shutdown_write()
+            while True:
+                data = chan.recv(65536)
+                if not data:
+                    break
+                if emit:
+                    emit(data)
+            err = b""
+            while True:
+                data = chan.recv_stderr(65536)
+                if not data:
+                    break
+                err += data
+            code = chan.recv_exit_status()
+        except socket.timeout:
+            raise BackendError(f"{host.label}: no answer within {timeout:.0f} s") from None
+        finally:
+            chan.close()
+        text = err.decode(errors="replace").strip()
+        last = text.splitlines()[-1] if text else ""
+        if last.startswith('{"result"'):
+            return json.loads(last)["result"]
+        if code == 127:
+            raise BackendError(f"{host.label}: {self.python} not found (pass --python PATH)")
+        raise BackendError(f"{host.label}: remote agent failed (exit {code}): {text[-500:]}")
+
+    # -- the Backend protocol -------------------------------------------------------------------
+
+    def preflight(self, hosts: Sequence[Host], modules: Sequence[str],
+                  env: Mapping[str, str]) -> list[HostProblem]:
+        def one(host: Host) -> Any:
+            return self._agent(host, {"op": "check", "workdir": self.workdir, "modules": list(modules),
+                                      "env": dict(env)})
+
+        problems = []
+        for label, result in run_per_host(hosts, one).items():
+            if isinstance(result, Exception):
+                problems.append(self.explain(label, next(h for h in hosts if h.label == label), result))
+                continue
+            for err in result["errors"]:
+                fix = ("create it, pass --workdir, or copy the project with --sync"
+                       if "directory" in err else
+                       "install it on that host (pip install ...), set PYTHONPATH, or --sync the project")
+                problems.append(HostProblem(label, err, fix))
+        return problems
+
+    def explain(self, label: str, host: Host, exc: BaseException) -> HostProblem:
+        """Turn a connection error into a reason and a fix for the user."""
+        try:
+            address, port, user = self.endpoint(host)
+        except BackendError as err:
+            return HostProblem(label, str(err), "fix the ssh config")
+        where = f"{address}:{port}"
+        if isinstance(exc, UnknownHostKey):
+            return HostProblem(label, f"unknown host key ({exc.key.get_name()} "
+                               f"{exc.key.fingerprint}) for {exc.name}, not in {self.known_hosts}",
+                               f"verify it, then add it: ssh-keyscan -p {port} "
+                               f"{address} >> {self.known_hosts}; or pass --accept-new-host-keys")
+        if isinstance(exc, paramiko.BadHostKeyException):
+            return HostProblem(label, f"host key of {where} CHANGED (expected "
+                               f"{exc.expected_key.get_base64()[:16]}..., got {exc.key.get_base64()[:16]}...)",
+                               "if the host was reinstalled remove the old key: ssh-keygen -f "
+                               f"{self.known_hosts} -R '[{address}]:{port}'; "
+                               "otherwise someone may be intercepting the connection")
+        if isinstance(exc, paramiko.AuthenticationException):
+            return HostProblem(label, f"authentication failed for {user}@{where}",
+                               "add your public key to ~/.ssh/authorized_keys on the host (ssh-copy-id), "
+                               "load it into ssh-agent, or set IdentityFile in the ssh config")
+        if isinstance(exc, socket.gaierror):
+            return HostProblem(label, f"unknown host name {address}",
+                               "check the spelling, DNS, or HostName in the ssh config")
+        if isinstance(exc, (socket.timeout, TimeoutError)):
+            return HostProblem(label, f"connection to {where} timed out",
+                               "is the host up and reachable? (firewall, --connect-timeout)")
+        if isinstance(exc, (paramiko.ssh_exception.NoValidConnectionsError, ConnectionError, OSError)):
+            return HostProblem(label, f"cannot connect to {where}: {exc}",
+                               "is sshd running there and listening on that port? "
+                               "(host:port in the hosts file, or Port in the ssh config)")
+        if isinstance(exc, BackendError):
+            return HostProblem(label, str(exc), "check --python and the remote Python installation")
+        return HostProblem(label, f"{type(exc).__name__}: {exc}", "see the message")
+
+    def start(self, host: Host, procs: Sequence[ProcSpec], run_dir: str) -> list[Started]:
+        items = [{"name": p.name, "argv": list(p.argv), "env": dict(p.env)} for p in procs]
+        started = self._agent(host, {"op": "spawn", "workdir": self.workdir, "run_dir": run_dir,
+                                     "python": self.python, "procs": items})
+        return [Started(s["name"], s["pid"], s["log"], s["rc"]) for s in started]
+
+    def follow(self, host: Host, proc: ProcRecord, emit: Callable[[bytes], None],
+               wait: bool = True, offset: int = 0) -> ExitStatus | None:
+        result = self._agent(host, {"op": "follow", "log": proc.run_log, "rc_file": proc.rc_file,
+                                    "pid": proc.pid, "offset": offset, "wait": wait},
+                             emit=emit, timeout=None if wait else 60.0)
+        if not wait and result["rc"] is None:
+            return None
+        return ExitStatus(result["rc"])
+
+    def status(self, host: Host, procs: Sequence[ProcRecord]) -> list[ProcStatus]:
+        items = self._agent(host, {"op": "status", "procs": [{"pid": p.pid, "rc": p.rc_file} for p in procs]})
+        return [ProcStatus(i["alive"], tuple(i["members"]), i["rc"]) for i in items]
+
+    def signal(self, host: Host, procs: Sequence[ProcRecord], signum: int) -> None:
+        self._agent(host, {"op": "signal", "pgids": [p.pid for p in procs if p.pid], "signum": signum})
+
+    def stop(self, host: Host, procs: Sequence[ProcRecord], grace: float) -> list[int]:
+        result = self._agent(host, {"op": "stop", "pgids": [p.pid for p in procs if p.pid], "grace": grace},
+                             timeout=grace + 30)
+        return sorted(pid for pids in result["left"].values() for pid in pids)
+
+    def sync(self, host: Host, local_dir: str, remote_dir: str,
+             progress: Callable[[int], None]) -> tuple[int, int]:
+        """Copy ``local_dir`` to ``remote_dir`` over SFTP, skipping files of equal size and mtime.
+
+        Returns (files copied, files skipped).  ``progress`` receives byte counts as they go.
+        """
+        sftp = self._client(host).open_sftp()  # connection errors propagate as they are
+        try:
+            return self._sync_tree(sftp, local_dir, remote_dir, progress)
+        except OSError as exc:
+            raise BackendError(f"{host.label}: sync of {local_dir} to {remote_dir} failed: {exc}") from None
+        finally:
+            sftp.close()
+
+    @staticmethod
+    def _sync_tree(sftp: paramiko.SFTPClient, local_dir: str, remote_dir: str,
+                   progress: Callable[[int], None]) -> tuple[int, int]:
+        copied = skipped = 0
+        for root, dirs, files in os.walk(local_dir):
+            dirs[:] = [d for d in dirs if d not in (".git", "__pycache__")]
+            rel = os.path.relpath(root, local_dir)
+            target = remote_dir if rel == "." else f"{remote_dir}/{rel}"
+            _mkdirs(sftp, target)
+            for fname in files:
+                src = os.path.join(root, fname)
+                st = os.stat(src)
+                dst = f"{target}/{fname}"
+                try:
+                    rst = sftp.stat(dst)
+                    if rst.st_size == st.st_size and int(rst.st_mtime or 0) == int(st.st_mtime):
+                        skipped += 1
+                        progress(st.st_size)
+                        continue
+                except FileNotFoundError:
+                    pass
+                sftp.put(src, dst, callback=_delta(progress))
+                sftp.chmod(dst, stat.S_IMODE(st.st_mode))
+                sftp.utime(dst, (st.st_atime, st.st_mtime))
+                copied += 1
+        return copied, skipped
+
+    def close(self) -> None:
+        with self._lock:
+            for client in self._clients.values():
+                client.close()
+            self._clients.clear()
+
+
+def _mkdirs(sftp: paramiko.SFTPClient, path: str) -> None:
+    parts = path.split("/")
+    for i in range(1, len(parts) + 1):
+        sub = "/".join(parts[:i])
+        if not sub:
+            continue
+        try:
+            sftp.stat(sub)
+        except FileNotFoundError:
+            sftp.mkdir(sub)
+
+
+def _delta(progress: Callable[[int], None]) -> Callable[[int, int], None]:
+    last = [0]
+
+    def callback(done: int, total: int) -> None:
+        progress(done - last[0])
+        last[0] = done
+
+    return callback

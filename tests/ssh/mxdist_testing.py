@@ -1,0 +1,110 @@
+"""Helpers for tests that run the ``mxdist`` CLI as a user would (a subprocess) and check
+that nothing of a job is left running.  Used by tests/ssh and tests/cluster/test_launch*.py.
+
+Every wait is bounded; a timeout fails the test with what was awaited.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+
+
+def cli_env(home: Path, **extra: str) -> dict[str, str]:
+    """Environment for the CLI: a private MXDIST_HOME, the project importable, wide output."""
+    env = dict(os.environ)
+    env.update(MXDIST_HOME=str(home), PYTHONPATH=str(ROOT), COLUMNS="200", NO_COLOR="1",
+               PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+def run_cli(args: list[str], env: dict[str, str], timeout: float = 90.0) -> subprocess.CompletedProcess[str]:
+    """Run ``mxdist ARGS`` to completion (bounded); stdout and stderr captured as text."""
+    return subprocess.run([PY, "-m", "cli.main", *args], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def start_cli(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen([PY, "-m", "cli.main", *args], env=env, cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def wait_for(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def records(home: Path) -> list[dict[str, Any]]:
+    jobs = home / "jobs"
+    if not jobs.is_dir():
+        return []
+    out = [json.loads(p.read_text()) for p in jobs.glob("*.json")]
+    return sorted(out, key=lambda r: r["created"])
+
+
+def latest(home: Path) -> dict[str, Any]:
+    recs = records(home)
+    assert recs, f"no job recorded in {home}"
+    return recs[-1]
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) pids whose process group is ``pgid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            data = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = data[data.rindex(")") + 2:].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            found.append(int(entry))
+    return found
+
+
+def job_pids(home: Path) -> list[int]:
+    return [p["pid"] for r in records(home) for p in r["procs"] if p.get("pid")]
+
+
+def left_over(home: Path) -> dict[int, list[int]]:
+    return {g: m for g in job_pids(home) if (m := group_members(g))}
+
+
+def assert_nothing_left(home: Path, timeout: float = 10.0) -> None:
+    """Every process group of every job recorded in ``home`` is gone (zombies count as gone).
+
+    On timeout the survivors are killed (so later tests are not disturbed) and the test fails.
+    """
+    deadline = time.monotonic() + timeout
+    while (left := left_over(home)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if left:
+        for pgid in left:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except OSError:
+                pass
+        raise AssertionError(f"processes of the job still running: {left}")
+
+
+def kill_cli(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)

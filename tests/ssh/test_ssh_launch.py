@@ -1,0 +1,216 @@
+"""mxdist over real SSH: three sshd "hosts" on 127.0.0.2-4 (see conftest.py).
+
+Every test ends by checking that no process of the job remains on any host.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import textwrap
+from pathlib import Path
+
+from mxdist_testing import (
+    assert_nothing_left, kill_cli, latest, records, run_cli, start_cli, wait_for,
+)
+
+TRAIN = textwrap.dedent("""
+    import numpy as np, psnode.kv
+    kv = psnode.kv.create('dist_sync')
+    kv.init(3, np.zeros((2, 3), np.float32))
+    kv.push(3, np.full((2, 3), kv.rank + 1, np.float32))
+    out = np.empty((2, 3), np.float32); kv.pull(3, out=out)
+    assert (out == sum(range(1, kv.num_workers + 1)) / kv.num_workers).all(), out
+    print("rank", kv.rank, "of", kv.num_workers, "ok", float(out[0, 0]))
+    kv.close()
+""")
+
+SHOW = textwrap.dedent("""
+    import json, os, sys
+    keys = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "PSNODE_HOST", "MY_VAR"]
+    print("ARGS " + json.dumps(sys.argv[1:]))
+    print("ENV " + json.dumps({k: os.environ.get(k) for k in keys}))
+""")
+
+SLEEPER = textwrap.dedent("""
+    import os, time
+    print("started rank", os.environ["RANK"], flush=True)
+    time.sleep(300)
+""")
+
+FAILING = textwrap.dedent("""
+    import os, sys, time
+    if os.environ["RANK"] == "1":
+        print("rank 1 gives up"); sys.exit(3)
+    time.sleep(300)
+""")
+
+
+def script(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_psnode_job_over_three_hosts(ssh_cluster, home, tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("# three fake hosts\nnode1 slots=2\n\nnode2\nnode3\n")
+    train = script(tmp_path, "train.py", TRAIN)
+    res = run_cli(["launch", "-H", str(hosts), "-n", "4", "-s", "2", train], ssh_cluster.env(home), timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    for rank, host in ((0, "node1"), (1, "node1"), (2, "node2"), (3, "node3")):
+        assert f"[worker {rank} @ {host}] rank {rank} of 4 ok 2.5" in res.stdout
+    rec = latest(home)
+    assert rec["state"] == "succeeded" and rec["backend"] == "ssh"
+    assert {p["address"] for p in rec["procs"]} == set(ssh_cluster.addresses)
+    assert "ok 2.5" in Path(rec["procs"][-1]["log"]).read_text()  # local copy of a remote log
+    assert_nothing_left(home)
+
+
+def test_arguments_and_env_reach_remote_workers(ssh_cluster, home, tmp_path):
+    show = script(tmp_path, "show.py", SHOW)
+    args = ["a b", "it's", 'say "hi"', "x;touch /tmp/mxdist-pwned", "$(id)"]
+    res = run_cli(["launch", "-H", "node2,node3", "-s", "0", "-e", "MY_VAR=v w;$HOME", show, *args],
+                  ssh_cluster.env(home))
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = [line.split("] ", 1)[1] for line in res.stdout.splitlines() if "] " in line]
+    assert [json.loads(l[5:]) for l in lines if l.startswith("ARGS ")] == [args, args]
+    envs = sorted((json.loads(l[4:]) for l in lines if l.startswith("ENV ")), key=lambda e: e["RANK"])
+    assert [(e["RANK"], e["PSNODE_HOST"], e["LOCAL_RANK"]) for e in envs] == [
+        ("0", "127.0.0.3", "0"), ("1", "127.0.0.4", "0")]
+    assert all(e["WORLD_SIZE"] == "2" and e["MASTER_ADDR"] == "127.0.0.3" for e in envs)
+    assert all(e["MY_VAR"] == "v w;$HOME" for e in envs)
+    assert not Path("/tmp/mxdist-pwned").exists()
+    assert "v w;$HOME" not in (home / "jobs" / f"{latest(home)['id']}.json").read_text()
+    assert_nothing_left(home)
+
+
+def test_detach_status_logs_stop(ssh_cluster, home, tmp_path):
+    sleeper = script(tmp_path, "sleeper.py", SLEEPER)
+    env = ssh_cluster.env(home)
+    res = run_cli(["launch", "-d", "-H", "node1,node2", "-s", "0", sleeper], env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    job = res.stdout.strip().splitlines()[-1]
+    assert job == latest(home)["id"]
+    wait_for(lambda: "started rank 1" in run_cli(["logs", job, "--role", "worker", "--rank", "1"], env).stdout,
+             30, "worker 1's first line")
+    status = run_cli(["status", "--json"], env)
+    assert status.returncode == 0, status.stderr
+    view = json.loads(status.stdout)
+    assert view["id"] == job
+    workers = [n for n in view["nodes"] if n["role"] == "worker"]
+    assert sorted(n["host"] for n in workers) == ["node1", "node2"]
+    assert all(n["state"] == "running" for n in workers)
+    table = run_cli(["status", job], env)
+    assert "worker" in table.stdout and "node2" in table.stdout
+    stop = run_cli(["stop", job], env)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert "node1: nothing of the job left" in stop.stderr
+    assert "node2: nothing of the job left" in stop.stderr
+    assert_nothing_left(home)
+    again = run_cli(["stop", job], env)
+    assert again.returncode == 0, again.stderr
+    assert latest(home)["state"] == "stopped"
+
+
+def test_ctrl_c_stops_every_host(ssh_cluster, home, tmp_path):
+    sleeper = script(tmp_path, "sleeper.py", SLEEPER)
+    proc = start_cli(["launch", "-H", "node1,node2,node3", "-s", "1", sleeper], ssh_cluster.env(home))
+    try:
+        seen: list[str] = []
+
+        def three_started() -> bool:
+            line = proc.stdout.readline()
+            seen.append(line)
+            return sum("started rank" in s for s in seen) == 3
+
+        wait_for(three_started, 60, "three workers to start", interval=0)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 130, out
+    finally:
+        kill_cli(proc)
+    assert latest(home)["state"] == "stopped"
+    assert_nothing_left(home)
+
+
+def test_failing_worker_stops_the_job(ssh_cluster, home, tmp_path):
+    failing = script(tmp_path, "failing.py", FAILING)
+    res = run_cli(["launch", "-H", "node1,node2,node3", "-s", "1", "--grace", "2", failing],
+                  ssh_cluster.env(home))
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "worker 1 on node2 failed: exit code 3" in res.stderr
+    assert "rank 1 gives up" in res.stderr  # the tail of its log
+    rec = latest(home)
+    assert rec["state"] == "failed"
+    assert_nothing_left(home)
+
+
+def test_unreachable_host_is_reported_and_nothing_starts(ssh_cluster, home, tmp_path):
+    show = script(tmp_path, "show.py", SHOW)
+    res = run_cli(["launch", "-H", "node1,127.0.0.5", "-s", "0", "--connect-timeout", "3", show],
+                  ssh_cluster.env(home))
+    assert res.returncode == 3, res.stdout + res.stderr
+    assert "preflight failed" in res.stderr and "127.0.0.5" in res.stderr
+    assert "cannot connect" in res.stderr
+    assert all(p["pid"] is None for r in records(home) for p in r["procs"])
+    assert_nothing_left(home)
+
+
+def test_unknown_and_changed_host_keys_are_refused(ssh_cluster, home, tmp_path):
+    show = script(tmp_path, "show.py", SHOW)
+    known = tmp_path / "known_hosts"
+    # node2's key missing, node3's key replaced by another host's key
+    known.write_text(ssh_cluster.known_hosts_line("127.0.0.2")
+                     + ssh_cluster.known_hosts_line("127.0.0.2").replace("127.0.0.2", "127.0.0.4"))
+    env = ssh_cluster.env(home, MXDIST_KNOWN_HOSTS=str(known))
+    res = run_cli(["launch", "-H", "node1,node2,node3", "-s", "0", show], env)
+    assert res.returncode == 3, res.stdout + res.stderr
+    assert "unknown host key" in res.stderr and "CHANGED" in res.stderr
+    assert "--accept-new-host-keys" in res.stderr
+    assert all(p["pid"] is None for r in records(home) for p in r["procs"])
+
+    # explicit opt-in: the unknown key is recorded, the changed one is still refused
+    res = run_cli(["launch", "-H", "node1,node2", "-s", "0", "--accept-new-host-keys", show], env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"[127.0.0.3]:{ssh_cluster.port} {ssh_cluster.host_pubkeys['127.0.0.3']}" in known.read_text()
+    res = run_cli(["launch", "-H", "node3", "-s", "0", "--accept-new-host-keys", show], env)
+    assert res.returncode == 3 and "CHANGED" in res.stderr
+    assert_nothing_left(home)
+
+
+def test_sync_copies_a_directory_and_skips_unchanged_files(ssh_cluster, home, tmp_path):
+    src = tmp_path / "project"
+    (src / "pkg").mkdir(parents=True)
+    (src / "show.py").write_text(SHOW)
+    (src / "pkg" / "data.bin").write_bytes(b"x" * 100_000)
+    dest = tmp_path / "remote-copy"
+    env = ssh_cluster.env(home)
+    res = run_cli(["launch", "-H", "node1", "-s", "0", "--sync", f"{src}:{dest}", "--workdir", str(dest),
+                   "show.py", "synced"], env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert 'ARGS ["synced"]' in res.stdout
+    assert (dest / "pkg" / "data.bin").read_bytes() == b"x" * 100_000
+    assert "sync" in res.stderr  # the progress bar's description
+
+    from cli.hosts import Host
+    from cli.ssh import SshBackend
+
+    backend = SshBackend(workdir=str(dest), python="python3", ssh_config=str(ssh_cluster.ssh_config),
+                         known_hosts=str(ssh_cluster.known_hosts))
+    try:
+        host = backend.resolve(Host("node1"))
+        assert backend.sync(host, str(src), str(dest), lambda n: None) == (0, 2)
+        (src / "show.py").write_text(SHOW + "\n# changed\n")
+        assert backend.sync(host, str(src), str(dest), lambda n: None) == (1, 1)
+    finally:
+        backend.close()
+    assert_nothing_left(home)
+
+
+def test_missing_remote_python_is_reported_per_host(ssh_cluster, home, tmp_path):
+    show = script(tmp_path, "show.py", SHOW)
+    res = run_cli(["launch", "-H", "node1,node2", "-s", "0", "--python", "/nonexistent/python3", show],
+                  ssh_cluster.env(home))
+    assert res.returncode == 3, res.stdout + res.stderr
+    assert res.stderr.count("/nonexistent/python3 not found") == 2 and "--python" in res.stderr
+    assert all(p["pid"] is None for r in records(home) for p in r["procs"])

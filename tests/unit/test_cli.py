@@ -1,0 +1,171 @@
+"""The mxdist CLI through typer's CliRunner: parsing, plans and errors (no process started)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli import jobs
+from cli.jobs import JobRecord, JobState, ProcRecord
+from cli.main import app
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    path = tmp_path / "home"
+    monkeypatch.setenv("MXDIST_HOME", str(path))
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.delenv("MXDIST_SSH_CONFIG", raising=False)
+    return path
+
+
+@pytest.fixture
+def ssh_config(tmp_path, monkeypatch):
+    config = tmp_path / "ssh_config"
+    config.write_text("Host n1\n  HostName 10.1.0.1\n  User alice\n  Port 2200\nHost *\n  User bob\n")
+    monkeypatch.setenv("MXDIST_SSH_CONFIG", str(config))
+    return config
+
+
+def invoke(*args: str):
+    result = runner.invoke(app, list(args))
+    assert "Traceback" not in result.output
+    return result
+
+
+def test_local_dry_run_prints_the_plan_and_starts_nothing(home):
+    result = invoke("launch", "--dry-run", "-n", "2", "-e", "WANDB_API_KEY=hunter2", "-e", "FOO=bar",
+                    "train.py", "--lr", "0.1", "a b")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    for word in ("scheduler", "server", "worker", "127.0.0.1", "RANK=1", "WORLD_SIZE=2", "FOO=bar",
+                 "PSNODE_NUM_WORKERS=2", "train.py --lr 0.1 'a b'"):
+        assert word in out, word
+    assert "hunter2" not in out and "WANDB_API_KEY=****" in out
+    assert not (home / "jobs").exists() or not list((home / "jobs").iterdir())
+
+
+def test_ssh_dry_run_resolves_hosts_without_connecting(home, ssh_config):
+    result = invoke("launch", "--dry-run", "-H", "n1,n2:2222,carol@n3", "-s", "0", "--port", "23000",
+                    "--python", "/opt/py/bin/python3", "train.py")
+    assert result.exit_code == 0, result.output
+    assert "10.1.0.1:23000" in result.output            # the scheduler on n1's HostName
+    assert "MASTER_PORT=23001" in result.output
+    assert "/opt/py/bin/python3 train.py" in result.output
+    assert "server" not in result.output.split("environment")[0]
+
+
+def test_hosts_file_errors_name_file_and_line(home, tmp_path):
+    hosts = tmp_path / "cluster.hosts"
+    hosts.write_text("node1\nnode2 slots=two\n")
+    result = invoke("launch", "-H", str(hosts), "train.py")
+    assert result.exit_code == 2
+    assert f"{hosts}:2" in result.output and "node2 slots=two" in result.output
+
+
+@pytest.mark.parametrize("spec", ["h;touch /tmp/mxdist-x", "$(id)", "`id`", "-oProxyCommand=touch_x",
+                                  "a,b c", "$(id)@h", "h:99999"])
+def test_dangerous_hosts_rejected_before_any_connection(home, spec):
+    result = invoke("launch", "-H", spec, "train.py")
+    assert result.exit_code == 2, result.output
+    assert "invalid launch options" in result.output
+    assert not Path("/tmp/mxdist-x").exists()
+
+
+def test_missing_hosts_file(home):
+    result = invoke("launch", "-H", "./nope.hosts", "train.py")
+    assert result.exit_code == 2 and "no such hosts file" in result.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-e", "BAD-NAME=1"], "not a valid environment variable name"),
+    (["-e", "NOVALUE"], "expected NAME=VALUE"),
+    (["--launcher", "local", "-H", "a"], "drop -H"),
+    (["--launcher", "ssh"], "needs hosts"),
+    (["--launcher", "slurm"], "choose local or ssh"),
+    (["-n", "0"], "at least one worker"),
+    (["--sync", "/definitely/not/here", "-H", "a"], "not a directory"),
+])
+def test_option_errors(home, args, message):
+    result = invoke("launch", "--dry-run", *args, "train.py")
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_arguments_after_the_command_belong_to_it(home):
+    result = invoke("launch", "--dry-run", "-n", "1", "train.py", "-n", "5", "--dry-run", "x;y")
+    assert result.exit_code == 0, result.output
+    assert "train.py -n 5 --dry-run 'x;y'" in result.output
+    assert "WORLD_SIZE=1" in result.output
+
+
+def test_no_command_is_a_usage_error(home):
+    result = invoke("launch")
+    assert result.exit_code == 2
+
+
+def _record(job_id: str, state: JobState, created: float) -> JobRecord:
+    rec = JobRecord(id=job_id, command=["t.py"], backend="local", scheduler="127.0.0.1:1",
+                    workdir=os.getcwd(), hosts=[{"name": "localhost", "address": "127.0.0.1"}],
+                    options={"workdir": os.getcwd(), "python": "python3"},
+                    procs=[ProcRecord(name="worker-0", role="worker", rank=0, host="localhost",
+                                      address="127.0.0.1", log="/nonexistent.log", pid=2**22 + 7,
+                                      run_log="/nonexistent.log", rc_file="/nonexistent.rc")],
+                    state=state, created=created)
+    jobs.save(rec)
+    return rec
+
+
+def test_status_and_logs_without_jobs(home):
+    assert invoke("status").exit_code == 1
+    result = invoke("logs", "nope")
+    assert result.exit_code == 1 and "no job 'nope'" in result.output
+    result = invoke("stop", "--all")
+    assert result.exit_code == 0 and "no running jobs" in result.output
+
+
+def test_status_lists_jobs_when_several_run(home):
+    _record("job-a", JobState.RUNNING, 1.0)
+    _record("job-b", JobState.RUNNING, 2.0)
+    _record("job-c", JobState.SUCCEEDED, 3.0)
+    result = invoke("status")
+    assert result.exit_code == 0, result.output
+    assert "2 jobs running" in result.output and "job-a" in result.output and "job-b" in result.output
+    result = invoke("status", "--json")
+    assert {j["id"] for j in json.loads(result.output)["jobs"]} == {"job-a", "job-b"}
+
+
+def test_status_of_a_dead_job_falls_back_to_the_processes(home):
+    _record("job-a", JobState.RUNNING, 1.0)
+    result = invoke("status", "job-a", "--json")
+    assert result.exit_code == 0, result.output
+    view = json.loads(result.output)
+    assert view["nodes"][0]["state"] == "lost" and "checked over local" in view["source"]
+
+
+def test_stop_is_idempotent(home):
+    _record("job-a", JobState.RUNNING, 1.0)
+    for _ in range(2):
+        result = invoke("stop", "job-a")
+        assert result.exit_code == 0, result.output
+        assert "localhost: nothing of the job left" in result.output
+    assert jobs.load("job-a").state is JobState.STOPPED
+
+
+def test_logs_filters_by_role_and_rank(home):
+    _record("job-a", JobState.RUNNING, 1.0)
+    result = invoke("logs", "job-a", "--role", "server")
+    assert result.exit_code == 2 and "no process" in result.output
+
+
+def test_record_round_trip(home):
+    rec = _record("job-z", JobState.STARTING, 5.0)
+    loaded = jobs.load("job-z")
+    assert loaded == rec
+    assert jobs.resolve(None).id == "job-z"
+    assert not list((home / "jobs").glob(".*tmp"))

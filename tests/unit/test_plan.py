@@ -1,0 +1,113 @@
+"""cli.plan: placement, ports, argv and environment of every process (pure)."""
+from __future__ import annotations
+
+import pytest
+
+from psnode.config import NodeConfig, Role
+
+from cli.hosts import Host
+from cli.plan import (
+    PlanError, PlanRequest, command_argv, is_secret, make_plan, parse_env_assignments, passthrough_env,
+)
+
+HOSTS = [Host("a", address="10.0.0.1", slots=2), Host("b", address="10.0.0.2"), Host("c", address="10.0.0.3")]
+
+
+def request(**kw):
+    base = dict(job_id="job-1", command=["train.py", "--lr", "0.1"], hosts=HOSTS, python="/usr/bin/python3",
+                scheduler_port=9000, master_port=9001)
+    base.update(kw)
+    return PlanRequest(**base)
+
+
+def test_defaults_one_server_per_host_workers_fill_slots():
+    plan = make_plan(request())
+    assert plan.num_workers == 4 and plan.num_servers == 3
+    assert [p.name for p in plan.procs] == [
+        "scheduler", "server-0", "server-1", "server-2", "worker-0", "worker-1", "worker-2", "worker-3"]
+    assert [p.host.name for p in plan.of_role(Role.SERVER)] == ["a", "b", "c"]
+    assert [(p.host.name, p.local_rank) for p in plan.of_role(Role.WORKER)] == [
+        ("a", 0), ("a", 1), ("b", 0), ("c", 0)]
+    assert plan.procs[0].host.name == "a" and plan.scheduler_address == "10.0.0.1:9000"
+    assert not plan.warnings
+
+
+def test_env_round_trips_through_node_config():
+    plan = make_plan(request())
+    for proc in plan.procs:
+        cfg = NodeConfig.from_env(proc.env)
+        assert cfg.role is proc.role and cfg.job_id == "job-1"
+        assert cfg.scheduler_address == "10.0.0.1:9000"
+        assert cfg.num_workers == 4 and cfg.num_servers == 3
+        assert cfg.host == proc.host.address
+        assert cfg.rank == proc.rank
+    server = plan.of_role(Role.SERVER)[1]
+    assert server.env["PSNODE_PORT"] == "0"
+
+
+def test_workers_get_torch_variables():
+    plan = make_plan(request())
+    w = plan.of_role(Role.WORKER)[3]
+    assert {k: w.env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")} == {
+        "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "9001"}
+    assert w.env["PYTHONUNBUFFERED"] == "1"
+    assert "RANK" not in plan.procs[0].env
+
+
+def test_counts_scheduler_choice_and_zero_servers():
+    plan = make_plan(request(num_workers=2, num_servers=0, scheduler_host="c"))
+    assert plan.num_servers == 0 and not plan.of_role(Role.SERVER)
+    assert plan.procs[0].host.name == "c" and plan.scheduler_address == "10.0.0.3:9000"
+    assert plan.of_role(Role.WORKER)[0].env["MASTER_ADDR"] == "10.0.0.3"
+    assert [p.host.name for p in plan.of_role(Role.WORKER)] == ["a", "a"]
+
+
+def test_more_workers_than_slots_wraps_with_a_warning():
+    plan = make_plan(request(num_workers=6))
+    assert [p.host.name for p in plan.of_role(Role.WORKER)] == ["a", "a", "b", "c", "a", "b"]
+    assert [p.local_rank for p in plan.of_role(Role.WORKER)] == [0, 1, 0, 0, 2, 1]
+    assert plan.warnings and "slots" in plan.warnings[0]
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"num_workers": 0}, "at least one worker"),
+    ({"num_servers": -1}, "negative"),
+    ({"scheduler_host": "zz"}, "not one of the hosts"),
+    ({"master_port": 9000}, "must differ"),
+    ({"scheduler_port": 70000}, "1..65535"),
+    ({"command": []}, "no command"),
+    ({"hosts": []}, "no hosts"),
+])
+def test_plan_errors(kw, message):
+    with pytest.raises(PlanError, match=message):
+        make_plan(request(**kw))
+
+
+def test_command_argv_keeps_words():
+    assert command_argv(["t.py", "a b", "it's", "x;y"], "/py") == ("/py", "t.py", "a b", "it's", "x;y")
+    assert command_argv(["bash", "-c", "echo $RANK"], "/py") == ("bash", "-c", "echo $RANK")
+
+
+def test_environment_layers():
+    environ = {"PYTHONPATH": "/p", "OMP_NUM_THREADS": "2", "NCCL_DEBUG": "INFO", "HOME": "/root",
+               "AWS_SECRET_ACCESS_KEY": "s", "PATH": "/bin"}
+    base = passthrough_env(environ)
+    assert base == {"PYTHONPATH": "/p", "OMP_NUM_THREADS": "2", "NCCL_DEBUG": "INFO"}
+    user = parse_env_assignments(["A=1", "B=x=y", "C="])
+    assert user == {"A": "1", "B": "x=y", "C": ""}
+    plan = make_plan(request(base_env=base, user_env={**user, "OMP_NUM_THREADS": "4", "PSNODE_ROLE": "x"}))
+    w = plan.of_role(Role.WORKER)[0]
+    assert w.env["OMP_NUM_THREADS"] == "4" and w.env["PYTHONPATH"] == "/p" and w.env["B"] == "x=y"
+    assert w.env["PSNODE_ROLE"] == "worker"  # psnode variables always win
+    assert "HOME" not in w.env and "AWS_SECRET_ACCESS_KEY" not in w.env
+
+
+@pytest.mark.parametrize("item", ["NOEQUALS", "1A=2", "A-B=1", "$(id)=1", "=v"])
+def test_bad_env_assignments(item):
+    with pytest.raises(PlanError):
+        parse_env_assignments([item])
+
+
+def test_secret_names():
+    assert is_secret("WANDB_API_KEY") and is_secret("HF_TOKEN") and is_secret("DB_PASSWORD")
+    assert not is_secret("OMP_NUM_THREADS")
