@@ -35,9 +35,10 @@ Contract
 * ``step()``: pushes every gradient (a parameter without ``.grad`` pushes zeros, so sync rounds
   still complete, like DDP's ``find_unused_parameters``), then pulls every parameter and
   returns when the new weights are in the model.  Priority follows layer order: the parameter
-  of layer ``i`` (position in ``named_parameters()``) is pushed with priority ``-i`` and pulls
-  are issued in layer order, so the first layers - the ones the next forward pass needs
-  first - are sent and answered first.
+  of layer ``i`` (position in ``named_parameters()``) is pushed with priority ``-i``, and the
+  pulls are issued in layer order at priority ``-n`` (below every push of the step, so a pull
+  never overtakes a push it waits for), so the first layers - the ones the next forward pass
+  needs first - are sent and answered first.
 * ``step`` does not clear gradients; call ``zero_grad()`` (or the model's) as with torch.
 
 This module is imported only on request (``import psnode.torch``); without torch installed the
@@ -134,7 +135,7 @@ class DistributedTrainer:
 
     def pull(self) -> None:
         """Fetch every parameter into the model's memory, in layer order (blocks)."""
-        self.kv.pull(self.keys, out=self._weights, priority=0)
+        self.kv.pull(self.keys, out=self._weights, priority=-len(self.keys))
 
     def step(self) -> None:
         """One training step after ``loss.backward()``: push gradients, pull new weights."""
