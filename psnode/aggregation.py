@@ -39,10 +39,25 @@ Key = tuple[Any, int]  # (user key, part index)
 
 @dataclass
 class Reply:
+    """An answer to one operation.  With ``entry``, ``arrays[0]`` is that entry's value: the
+    sender must call :func:`sent` once the send was issued (with its tracker, if any)."""
+
     worker: int
     result: dict[str, Any]
     arrays: list[np.ndarray] = field(default_factory=list)
-    entry: Entry | None = None  # the entry whose value is sent (for send tracking)
+    entry: Entry | None = None
+
+    def __post_init__(self) -> None:
+        if self.entry is not None:
+            self.entry.value_sends.append(UNSENT)
+
+
+def sent(entry: Entry, tracker: Any | None) -> None:
+    """A reply carrying ``entry.value`` went out; ``tracker`` tells when zmq is done with it."""
+    if UNSENT in entry.value_sends:
+        entry.value_sends.remove(UNSENT)
+    if tracker is not None:
+        entry.value_sends.append(tracker)
 
 
 @dataclass
@@ -52,16 +67,27 @@ class Entry:
     sync: bool
     average: bool
     round: int = 0
-    merged: np.ndarray | None = None
+    first: np.ndarray | None = None   # the round's first dense push, by reference
+    spare: np.ndarray | None = None   # buffer the next aggregate is summed into
+    spare_sends: list[Any] = field(default_factory=list)
     contributors: set[int] = field(default_factory=set)
     sparse_parts: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     early: dict[int, list[tuple[int, int, np.ndarray, np.ndarray | None]]] = field(default_factory=dict)
     pushed: dict[int, int] = field(default_factory=dict)
     pulls: list[tuple[int, int, int, np.ndarray | None]] = field(default_factory=list)
     state: Any = None
-    inflight: list[Any] = field(default_factory=list)  # send trackers holding ``value``
+    value_sends: list[Any] = field(default_factory=list)  # zero-copy sends reading ``value``
     nonfinite: set[int] = field(default_factory=set)   # workers whose push this round was bad
     skipped: int = 0
+
+
+class _Unsent:
+    """Marks a value referenced by a reply not sent yet: it must not be written."""
+
+    done = False
+
+
+UNSENT = _Unsent()
 
 
 class OpError(Exception):
@@ -138,8 +164,9 @@ class Store:
             raise OpError("ShapeMismatch", f"{_fmt(*key)}: init array does not match its description")
         entry = Entry(value=value, sparse=bool(op.get("sparse", False)),
                       sync=bool(op.get("sync", True)), average=op.get("agg", "average") == "average")
-        if self.optimizer is not None:
-            entry.state = self.optimizer.create_state(entry.value)
+        optimizer = self._optimizer_for(entry)
+        if optimizer is not None:
+            entry.state = optimizer.create_state(entry.value)
         self.entries[key] = entry
         out = [Reply(worker, {"id": rid, "a": 0}, [entry.value], entry)]
         for w, r, dt, shp in self.waiting_inits.pop(key, []):
@@ -170,26 +197,26 @@ class Store:
         data = self._array(op, arrays)
         rows = self._array(op, arrays, "rows") if "rows" in op else None
         self._validate_push(key, entry, data, rows)
-        ack = Reply(worker, {"id": rid})
+        acks = [] if op.get("na") else [Reply(worker, {"id": rid})]
         if seq <= entry.pushed.get(worker, 0) or any(s == seq for s, *_ in entry.early.get(worker, [])):
-            return [ack]  # duplicate: applied once
+            return acks  # duplicate: applied once
         self.pushes += 1
         if not entry.sync:
             if self.check_finite and data.dtype.kind == "f" and not np.isfinite(data).all():
                 entry.skipped += 1
                 self.events.append(f"{_fmt(*key)}: push {seq} of worker {worker} skipped: non-finite")
                 entry.pushed[worker] = seq
-                return [ack, *self._answer_pulls(entry)]
+                return [*acks, *self._answer_pulls(entry)]
             if rows is not None:
                 rows, data = _combine_rows([(rows, data)])
             self._apply(key, entry, data, rows, 1, average=False)
             entry.pushed[worker] = seq
-            return [ack, *self._answer_pulls(entry)]
+            return [*acks, *self._answer_pulls(entry)]
         if seq != entry.round + 1 or worker in entry.contributors:
             entry.early.setdefault(worker, []).append((seq, rid, data, rows))
-            return [ack]
+            return acks
         self._contribute(entry, worker, seq, data, rows)
-        return [ack, *self._maybe_complete(key, entry)]
+        return [*acks, *self._maybe_complete(key, entry)]
 
     def _validate_push(self, key: Key, entry: Entry, data: np.ndarray, rows: np.ndarray | None) -> None:
         want = entry.value
@@ -216,11 +243,14 @@ class Store:
                 rows = np.arange(entry.value.shape[0])
             entry.sparse_parts.append((rows, data))
         elif len(entry.contributors) == 1:
-            if entry.merged is None or entry.merged.shape != data.shape:
-                entry.merged = np.empty_like(entry.value)
-            np.copyto(entry.merged, data)
+            entry.first = data
+        elif entry.first is not None:
+            entry.spare = _fresh(entry.spare, entry.spare_sends, entry.value)
+            entry.spare_sends = []
+            np.add(entry.first, data, out=entry.spare)
+            entry.first = None
         else:
-            np.add(entry.merged, data, out=entry.merged)
+            np.add(entry.spare, data, out=entry.spare)
 
     def _maybe_complete(self, key: Key, entry: Entry) -> list[Reply]:
         out: list[Reply] = []
@@ -235,7 +265,9 @@ class Store:
                 rows, data = _combine_rows(entry.sparse_parts)
                 self._apply(key, entry, data, rows, n, entry.average)
             else:
-                self._apply(key, entry, entry.merged, None, n, entry.average)
+                agg = entry.first if entry.first is not None else entry.spare
+                entry.first = None
+                self._apply(key, entry, agg, None, n, entry.average)
             entry.round += 1
             self.rounds += 1
             entry.contributors.clear()
@@ -252,40 +284,41 @@ class Store:
 
     def _apply(self, key: Key, entry: Entry, data: np.ndarray, rows: np.ndarray | None, n: int,
                average: bool) -> None:
-        """Fold an aggregate into the value (in place, after pending sends of it finished)."""
-        self._wait_sent(entry)
+        """Fold an aggregate into the value.
+
+        ``data`` is either the entry's spare buffer (a sum of several pushes: scaled in place,
+        then swapped with the value when there is no optimizer), a fresh array, or a received
+        read-only push.  The value is never written while a zero-copy send still reads it.
+        """
         if average and n > 1:
-            if data is entry.merged:
+            if data is entry.spare:
                 np.multiply(data, 1.0 / n, out=data, casting="unsafe")
             else:
                 data = data / n
         if rows is not None and not entry.sparse:
             rows = None
-        if self.optimizer is None:
+        optimizer = self._optimizer_for(entry)
+        if optimizer is None and rows is None and data is entry.spare:
+            entry.value, entry.spare = entry.spare, entry.value
+            entry.spare_sends, entry.value_sends = entry.value_sends, []
+            return
+        value = _own(entry)
+        if optimizer is None:
             if rows is None:
-                np.copyto(entry.value, data)
+                np.copyto(value, data)
             elif len(rows):
-                entry.value[rows] = data
+                value[rows] = data
             return
         if entry.state is None:
-            entry.state = self.optimizer.create_state(entry.value)
+            entry.state = optimizer.create_state(value)
         if rows is None:
-            self.optimizer.update(entry.value, data, entry.state)
+            optimizer.update(value, data, entry.state)
         elif len(rows):
-            self.optimizer.update_rows(entry.value, np.asarray(rows, np.int64), data, entry.state)
+            optimizer.update_rows(value, np.asarray(rows, np.int64), data, entry.state)
 
-    @staticmethod
-    def _wait_sent(entry: Entry) -> None:
-        """Zero-copy sends still reading ``value``: wait briefly, else switch to a copy."""
-        pending = [t for t in entry.inflight if not t.done]
-        for t in pending:
-            try:
-                t.wait(1.0)
-            except Exception:  # noqa: BLE001 - a tracker that timed out
-                pass
-        if any(not t.done for t in pending):
-            entry.value = entry.value.copy()
-        entry.inflight.clear()
+    def _optimizer_for(self, entry: Entry) -> opt_mod.Optimizer | None:
+        """Optimizers update floating-point keys; other keys take the aggregate as is."""
+        return self.optimizer if entry.value.dtype.kind == "f" else None
 
     # ---------------------------------------------------------------- pull
     def _op_pull(self, worker: int, rid: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
@@ -311,6 +344,10 @@ class Store:
         entry.pulls = keep
         return out
 
+    def _op_flush(self, worker: int, rid: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
+        """Answered at once: every earlier request of this worker has been handled."""
+        return [Reply(worker, {"id": rid})]
+
     # ---------------------------------------------------------------- optimizer
     def _op_opt(self, worker: int, rid: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
         try:
@@ -320,7 +357,7 @@ class Store:
         if self.optimizer is None or self.optimizer.to_spec() != optimizer.to_spec():
             self.optimizer = optimizer
             for entry in self.entries.values():
-                entry.state = optimizer.create_state(entry.value)
+                entry.state = optimizer.create_state(entry.value) if entry.value.dtype.kind == "f" else None
         return [Reply(worker, {"id": rid})]
 
     def _op_states(self, worker: int, rid: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
@@ -357,6 +394,21 @@ class Store:
                 out.extend(self._maybe_complete(key, entry))
                 out.extend(self._answer_pulls(entry))
         return out
+
+
+def _fresh(buf: np.ndarray | None, sends: list[Any], like: np.ndarray) -> np.ndarray:
+    """``buf`` if it is writable and no send still reads it; else a new array like ``like``."""
+    if buf is not None and buf.flags.writeable and buf.shape == like.shape and all(t.done for t in sends):
+        return buf
+    return np.empty_like(like)
+
+
+def _own(entry: Entry) -> np.ndarray:
+    """The entry's value, safe to write in place (copied if a send still reads it)."""
+    if not entry.value.flags.writeable or not all(t.done for t in entry.value_sends):
+        entry.value = entry.value.copy()
+    entry.value_sends = []
+    return entry.value
 
 
 def _combine_rows(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:

@@ -34,12 +34,13 @@ import numpy as np
 
 from psnode import initializer as init_mod
 from psnode import optimizer as opt_mod
-from psnode.aggregation import Store
+from psnode.aggregation import Store, sent
 from psnode.config import Distribution, NodeConfig, Role
 from psnode.errors import ConfigError, KeyNotInitialized, PSError, ShapeMismatch
 from psnode.protocol import Command, check_key
 from psnode.sharding import Placement, Placer
 from psnode.sparse import RowSparseArray
+from psnode.worker import ERRORS
 from psnode.worker import Engine, Future
 
 TYPES = ("local", "dist_sync", "dist_async")
@@ -56,16 +57,22 @@ class LocalEngine:
         self.restarts = 0
 
     def submit(self, server: int, op: dict[str, Any], arrays: list[np.ndarray], nbytes: int,
-               priority: int = 0, on_reply: Callable[..., None] | None = None) -> Future:
+               priority: int = 0, on_reply: Callable[..., None] | None = None,
+               reply: bool = True) -> Future | None:
         fut = Future(on_reply)
         op["id"] = 0
-        for reply in self.store.handle(0, op, arrays):
-            if "err" in reply.result:
-                from psnode.worker import _ERRORS
-                cls = _ERRORS.get(str(reply.result.get("kind")), PSError)
-                fut.fail(cls(str(reply.result["err"])))
+        for answer in self.store.handle(0, op, arrays):
+            if "err" in answer.result:
+                cls = ERRORS.get(str(answer.result.get("kind")), PSError)
+                fut.fail(cls(str(answer.result["err"])))
             else:
-                fut.set(reply.result, reply.arrays)
+                fut.set(answer.result, answer.arrays)
+            if answer.entry is not None:
+                sent(answer.entry, None)  # the reply's value was copied out already
+        if not reply:
+            if fut.error is not None:
+                raise fut.error
+            return None
         return fut
 
     def wait(self, fut: Future) -> dict[str, Any]:
@@ -118,7 +125,6 @@ class KVStore:
         bound = None if cfg is None or cfg.distribution is Distribution.DATA else cfg.big_array_bound
         self._placer = Placer(max(1, engine.num_servers), bound)
         self._keys: dict[Any, KeyInfo] = {}
-        self._acks: list[Future] = []
         self._closed = False
         self._optimizer: opt_mod.Optimizer | None = None
 
@@ -164,11 +170,8 @@ class KVStore:
             raise first
 
     def _check_acks(self) -> None:
+        """Raise an error a server reported for an earlier push."""
         self._engine.check()
-        if len(self._acks) > 64 or any(f.done and f.error for f in self._acks):
-            done = [f for f in self._acks if f.done]
-            self._acks = [f for f in self._acks if not f.done]
-            self._wait(done)
 
     def _info(self, key: Any) -> KeyInfo:
         info = self._keys.get(key)
@@ -181,6 +184,12 @@ class KVStore:
         if self._closed:
             raise PSError("this KVStore is closed")
         return self._engine.submit(server, op, arrays, nbytes, priority, on_reply)
+
+    def _send(self, server: int, op: dict[str, Any], arrays: list[np.ndarray], priority: int) -> None:
+        """Fire and forget (pushes): a failure is raised by a later call."""
+        if self._closed:
+            raise PSError("this KVStore is closed")
+        self._engine.submit(server, op, arrays, 0, priority, None, reply=False)
 
     # ------------------------------------------------------------ init
     def init(self, key: Any, value: Any, initializer: Any = None, stype: str | None = None) -> None:
@@ -267,7 +276,7 @@ class KVStore:
                     op["rows"] = 1
                 else:
                     arrays = [np.array(self._region(v, info, part.lo, part.hi), copy=True)]
-                self._acks.append(self._submit(part.server, op, arrays, 0, priority))
+                self._send(part.server, op, arrays, priority)
 
     def _prepare(self, key: Any, info: KeyInfo, value: Any) -> np.ndarray | RowSparseArray:
         if isinstance(value, (list, tuple)):
@@ -437,9 +446,12 @@ class KVStore:
 
     # ------------------------------------------------------------ sync points
     def wait_all(self) -> None:
-        """Wait until every push so far was accepted by its server (raising its error)."""
-        acks, self._acks = self._acks, []
-        self._wait(acks)
+        """Wait until every server has handled this worker's pushes (raising their errors)."""
+        if self._closed:
+            return
+        futs = [self._submit(s, {"op": "flush"}, [], 0, -(1 << 30)) for s in range(max(1, self.num_servers))]
+        self._wait(futs)
+        self._engine.check()
 
     def barrier(self) -> None:
         """Block until every active worker has called barrier()."""

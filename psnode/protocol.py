@@ -6,8 +6,10 @@ A message is one ZeroMQ multipart message (a ROUTER socket prepends the peer's i
     frame 1   header: UTF-8 JSON object
                 {"c": command, "j": job id, "s": sender ("worker:0", "server:1", ...),
                  "b": body (a JSON object, command specific),
-                 "a": [[dtype, [dim, ...]], ...]   one entry per array frame}
-    frame 2.. raw C-order array buffers, sent and received without copies
+                 "a": [[dtype, [dim, ...], frame, offset], ...]   one entry per array}
+    frame 2.. raw C-order array buffers: an array of 64 KiB or more has a frame of its own
+              (sent and received without copies); smaller arrays share one frame, each at
+              its byte offset (one frame for hundreds of small keys)
 
 Data messages (``DATA`` worker -> server, ``DATA_REPLY`` server -> worker) carry a batch of
 operations in ``body["ops"]``; each op is a JSON object with a request id ``"id"`` and the
@@ -34,6 +36,7 @@ from psnode.errors import ProtocolError
 VERSION = b"PSN1"
 MAX_HEADER_BYTES = 16 * 2**20
 MAX_NDIM = 32
+PACK_BYTES = 65536  # arrays below this share one frame
 
 #: dtypes allowed on the wire (no object, no structured dtypes).
 DTYPES = frozenset(
@@ -81,17 +84,38 @@ class Message:
 
 
 def encode(msg: Message) -> list[Any]:
-    """Frames for ``msg``: the arrays are passed as buffers (no copy if C-contiguous)."""
-    metas = []
-    bufs = []
+    """Frames for ``msg``.
+
+    Arrays of at least PACK_BYTES travel as their own frame, without a copy.  Smaller ones are
+    copied into one shared frame (16-byte aligned offsets): one frame instead of hundreds when
+    many small keys are fused into a message.
+    """
+    metas: list[list[Any]] = []
+    bufs: list[Any] = []
+    small: list[tuple[int, np.ndarray]] = []
+    pack_size = 0
     for arr in msg.arrays:
         arr = np.asarray(arr)
         if not arr.flags.c_contiguous:
             arr = arr.copy(order="C")  # (np.ascontiguousarray would make 0-d arrays 1-d)
         if arr.dtype.name not in DTYPES:
             raise ProtocolError(f"dtype {arr.dtype} cannot be sent (allowed: {sorted(DTYPES)})")
-        metas.append([arr.dtype.name, list(arr.shape)])
-        bufs.append(arr.reshape(-1).view(np.uint8) if arr.size else b"")
+        meta = [arr.dtype.name, list(arr.shape), 0, 0]
+        if arr.nbytes >= PACK_BYTES:
+            meta[2] = len(bufs)
+            bufs.append(arr.reshape(-1).view(np.uint8))
+        else:
+            meta[3] = pack_size
+            small.append((len(metas), arr))
+            pack_size += -(-arr.nbytes // 16) * 16
+        metas.append(meta)
+    if small:
+        pack = np.empty(pack_size, np.uint8)
+        for i, arr in small:
+            off = metas[i][3]
+            pack[off:off + arr.nbytes] = arr.reshape(-1).view(np.uint8)
+            metas[i][2] = len(bufs)
+        bufs.append(pack)
     header = {"c": msg.cmd.value, "j": msg.job, "s": msg.sender, "b": msg.body, "a": metas}
     return [VERSION, json.dumps(header, separators=(",", ":")).encode(), *bufs]
 
@@ -123,22 +147,27 @@ def decode(frames: list[Any], job_id: str | None, max_bytes: int) -> Message:
     try:
         cmd = Command(header.get("c"))
     except ValueError:
-        raise ProtocolError(f"unknown command {header.get('c')!r}") from None
+        raise ProtocolError(f"unknown command {str(header.get('c'))[:32]!r}") from None
     job, sender, body, metas = header.get("j"), header.get("s"), header.get("b"), header.get("a")
     if not isinstance(job, str) or not isinstance(sender, str) or not isinstance(body, dict):
         raise ProtocolError("header lacks a string job id, a string sender or an object body")
     if job_id is not None and job != job_id:
         raise ProtocolError(f"frame of job {job[:64]!r} (this is job {job_id!r})")
-    if not isinstance(metas, list) or len(metas) != len(frames) - 2:
-        raise ProtocolError("array list does not match the number of array frames")
-    arrays = [_array(meta, frames[i + 2], max_bytes) for i, meta in enumerate(metas)]
+    if not isinstance(metas, list):
+        raise ProtocolError("header has no array list")
+    bufs = [_buffer(f) for f in frames[2:]]
+    arrays = [_array(meta, bufs, max_bytes) for meta in metas]
+    used = {meta[2] for meta in metas}
+    if len(used) != len(bufs):
+        raise ProtocolError(f"{len(bufs)} array frames but {len(used)} referenced")
     return Message(cmd=cmd, job=job, sender=sender, body=body, arrays=arrays)
 
 
-def _array(meta: Any, frame: Any, max_bytes: int) -> np.ndarray:
-    if not (isinstance(meta, list) and len(meta) == 2 and isinstance(meta[1], list)):
+def _array(meta: Any, bufs: list[memoryview], max_bytes: int) -> np.ndarray:
+    if not (isinstance(meta, list) and len(meta) == 4 and isinstance(meta[1], list)
+            and type(meta[2]) is int and type(meta[3]) is int):
         raise ProtocolError(f"bad array description {str(meta)[:80]}")
-    dtype_name, shape = meta
+    dtype_name, shape, index, offset = meta
     if dtype_name not in DTYPES:
         raise ProtocolError(f"dtype {str(dtype_name)[:32]!r} is not allowed")
     if len(shape) > MAX_NDIM or not all(type(d) is int and 0 <= d <= max_bytes for d in shape):
@@ -147,12 +176,15 @@ def _array(meta: Any, frame: Any, max_bytes: int) -> np.ndarray:
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes > max_bytes:
         raise ProtocolError(f"array of {nbytes} bytes exceeds the limit of {max_bytes}")
-    buf = _buffer(frame)
-    if buf.nbytes != nbytes:
-        raise ProtocolError(f"array declared {shape} {dtype_name} ({nbytes} bytes) has {buf.nbytes}")
+    if not 0 <= index < len(bufs):
+        raise ProtocolError(f"array frame {index} does not exist ({len(bufs)} frames)")
+    buf = bufs[index]
+    if offset < 0 or offset + nbytes > buf.nbytes:
+        raise ProtocolError(f"array declared {shape} {dtype_name} ({nbytes} bytes at {offset}) "
+                            f"does not fit its frame of {buf.nbytes} bytes")
     if nbytes == 0:
         return np.zeros(shape, dtype=dtype)
-    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+    return np.frombuffer(buf, dtype=dtype, count=nbytes // dtype.itemsize, offset=offset).reshape(shape)
 
 
 def check_key(key: Any) -> int | str:

@@ -14,16 +14,14 @@ import time
 from typing import Any
 
 from psnode import checkpoint
-from psnode.aggregation import Reply, Store
+from psnode.aggregation import Reply, Store, sent
 from psnode.config import NodeConfig
 from psnode.errors import PeerLost, PSError
 from psnode.link import SchedulerLink, lost_message
-from psnode.protocol import Command, Message
+from psnode.protocol import PACK_BYTES, Command, Message
 from psnode.transport import CurveKeys, Poller, Transport
 
 log = logging.getLogger("psnode.server")
-
-_TRACK_BYTES = 65536  # smaller frames are copied by zmq anyway
 
 
 class Server:
@@ -69,24 +67,26 @@ class Server:
             self._checkpoint()
 
     def _send(self, replies: list[Reply]) -> None:
+        """One DATA_REPLY per worker; big values go zero-copy and are tracked."""
         by_worker: dict[int, list[Reply]] = {}
         for r in replies:
             by_worker.setdefault(r.worker, []).append(r)
         for worker, group in by_worker.items():
             results, arrays, entries = [], [], []
+            track = False
             for r in group:
                 res = dict(r.result)
                 if r.arrays:
                     res["a"], res["n"] = len(arrays), len(r.arrays)
                     arrays.extend(r.arrays)
-                    if r.entry is not None and r.arrays[0].nbytes >= _TRACK_BYTES:
-                        entries.append(r.entry)
+                if r.entry is not None:
+                    entries.append(r.entry)
+                    track = track or r.arrays[0].nbytes >= PACK_BYTES
                 results.append(res)
             tracker = self.chan.send(Command.DATA_REPLY, {"ops": results}, arrays,
-                                     to=f"w{worker}".encode(), track=bool(entries))
-            if tracker is not None:
-                for e in entries:
-                    e.inflight.append(tracker)
+                                     to=f"w{worker}".encode(), track=track)
+            for e in entries:
+                sent(e, tracker if track else None)
 
     # ------------------------------------------------------------ scheduler
     def _on_scheduler(self, msg: Message) -> int | None:

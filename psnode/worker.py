@@ -24,7 +24,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,7 +43,7 @@ BATCH_BYTES = 512 * 2**10      # fuse small requests up to this size per message
 BATCH_OPS = 512
 EXIT_GRACE = 5.0               # seconds the user's thread has to notice a failed job
 
-_ERRORS: dict[str, type[PSError]] = {
+ERRORS: dict[str, type[PSError]] = {
     "KeyNotInitialized": errors.KeyNotInitialized, "ShapeMismatch": errors.ShapeMismatch,
     "ConfigError": errors.ConfigError, "ProtocolError": errors.ProtocolError,
 }
@@ -87,14 +87,13 @@ class Future:
         return self.result
 
 
-@dataclass(order=True)
+@dataclass
 class _Request:
-    order: tuple[int, int]
-    server: int = field(compare=False)
-    op: dict[str, Any] = field(compare=False)
-    arrays: list[np.ndarray] = field(compare=False)
-    nbytes: int = field(compare=False)
-    future: Future = field(compare=False)
+    server: int
+    op: dict[str, Any]
+    arrays: list[np.ndarray]
+    nbytes: int          # bytes this request will bring back (pulls); 0: not windowed
+    future: Future | None  # None: fire and forget (a push); errors still come back
 
 
 class Engine:
@@ -108,7 +107,9 @@ class Engine:
         self._ids = itertools.count(1)
         self._order = itertools.count()
         self._lock = threading.Lock()
-        self._queue: list[_Request] = []
+        self._queue: list[tuple[int, int, _Request]] = []  # (-priority, order, request)
+        self._woken = False
+        self._deferred: list[PSError] = []  # errors of requests nobody waits for (pushes)
         self._control: deque[tuple[Command, dict[str, Any], Future]] = deque()
         self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._welcome = Future()
@@ -127,15 +128,24 @@ class Engine:
 
     # ------------------------------------------------------------ user side
     def submit(self, server: int, op: dict[str, Any], arrays: list[np.ndarray], nbytes: int,
-               priority: int = 0, on_reply: Callable[..., None] | None = None) -> Future:
-        """Queue one operation for ``server``; returns its future (thread-safe)."""
+               priority: int = 0, on_reply: Callable[..., None] | None = None,
+               reply: bool = True) -> Future | None:
+        """Queue one operation for ``server`` (thread-safe).
+
+        Returns its future, or None with ``reply=False``: the server then answers only if the
+        operation fails, and that error is raised by the next call into the engine.
+        """
         self.check()
-        fut = Future(on_reply)
+        fut = Future(on_reply) if reply else None
         op["id"] = next(self._ids)
-        req = _Request((-priority, next(self._order)), server, op, arrays, nbytes, fut)
+        if not reply:
+            op["na"] = 1
+        req = _Request(server, op, arrays, nbytes, fut)
         with self._lock:
-            heapq.heappush(self._queue, req)
-        os.eventfd_write(self._efd, 1)
+            heapq.heappush(self._queue, (-priority, next(self._order), req))
+            wake, self._woken = not self._woken, True
+        if wake:
+            os.eventfd_write(self._efd, 1)
         return fut
 
     def control(self, cmd: Command, body: dict[str, Any] | None = None) -> Future:
@@ -156,8 +166,13 @@ class Engine:
         return fut.wait(0)
 
     def check(self) -> None:
+        """Raise the job's failure, or the first error of a request nobody waited for."""
         if self.fatal is not None:
             raise self.fatal
+        if self._deferred:
+            with self._lock:
+                errors_, self._deferred = self._deferred, []
+            raise errors_[0]
 
     def fail(self, reason: str) -> None:
         """Report this worker as failed (e.g. an uncaught exception): the job ends, naming it."""
@@ -190,7 +205,7 @@ class Engine:
         t = Transport(self.cfg.job_id, "worker", self.cfg.max_message_bytes, keys)
         servers: list[Channel] = []
         inflight: list[int] = []
-        pending: dict[int, tuple[Future, int, int]] = {}
+        pending: dict[int, tuple[Future, int, int]] = {}  # request id -> (future, server, bytes)
         barrier_waiters: deque[Future] = deque()
         finish: list[Future] = []
         try:
@@ -204,6 +219,8 @@ class Engine:
                 link.tick(now)
                 ready = poller.poll(link.timeout(now))
                 if self._efd in ready:
+                    with self._lock:
+                        self._woken = False
                     try:
                         os.eventfd_read(self._efd)
                     except BlockingIOError:
@@ -283,14 +300,22 @@ class Engine:
             if msg.cmd is not Command.DATA_REPLY or not isinstance(msg.body.get("ops"), list):
                 continue
             for res in msg.body["ops"]:
-                entry = pending.pop(res.get("id"), None) if isinstance(res, dict) else None
+                if not isinstance(res, dict):
+                    continue
+                entry = pending.pop(res.get("id"), None)
+                error = None
+                if "err" in res:
+                    cls = ERRORS.get(str(res.get("kind")), errors.RemoteError)
+                    error = cls(f"server {server}: {res['err']}")
                 if entry is None:
+                    if error is not None:  # a fire-and-forget request failed
+                        with self._lock:
+                            self._deferred.append(error)
                     continue
                 fut, srv, nbytes = entry
                 inflight[srv] -= nbytes
-                if "err" in res:
-                    cls = _ERRORS.get(str(res.get("kind")), errors.RemoteError)
-                    fut.fail(cls(f"server {server}: {res['err']}"))
+                if error is not None:
+                    fut.fail(error)
                     continue
                 idx = res.get("a")
                 count = res.get("n", 1)
@@ -305,15 +330,16 @@ class Engine:
             ready: list[_Request] = []
             held: list[_Request] = []
             while self._queue:
-                req = heapq.heappop(self._queue)
+                item = heapq.heappop(self._queue)
+                req = item[2]
                 s = req.server
-                if inflight[s] > 0 and inflight[s] + req.nbytes > WINDOW_BYTES:
-                    held.append(req)
+                if req.nbytes and inflight[s] > 0 and inflight[s] + req.nbytes > WINDOW_BYTES:
+                    held.append(item)  # a big pull waits; pushes never do (no deadlock)
                     continue
                 inflight[s] += req.nbytes
                 ready.append(req)
-            for req in held:
-                heapq.heappush(self._queue, req)
+            for item in held:
+                heapq.heappush(self._queue, item)
         batches: dict[int, tuple[list[dict[str, Any]], list[np.ndarray], list[int]]] = {}
         for req in ready:
             ops, arrays, size = batches.setdefault(req.server, ([], [], [0]))
@@ -325,7 +351,8 @@ class Engine:
             ops.append(op)
             arrays.extend(req.arrays)
             size[0] += sum(a.nbytes for a in req.arrays)
-            pending[op["id"]] = (req.future, req.server, req.nbytes)
+            if req.future is not None:
+                pending[op["id"]] = (req.future, req.server, req.nbytes)
             if size[0] >= BATCH_BYTES or len(ops) >= BATCH_OPS:
                 servers[req.server].send(Command.DATA, {"ops": ops}, arrays)
                 del batches[req.server]

@@ -52,9 +52,12 @@ def _frames(msg: Message) -> list[bytes]:
 
 def test_wire_round_trip_arrays_and_zero_d() -> None:
     arrays = [np.arange(12, dtype=np.float32).reshape(3, 4), np.array(7, np.int64),
-              np.zeros((0, 5), np.float64), np.arange(10, dtype=np.int32)[::2]]
+              np.zeros((0, 5), np.float64), np.arange(10, dtype=np.int32)[::2],
+              np.arange(40000, dtype=np.float32), np.ones(3, np.uint8)]
     msg = Message(Command.DATA, "j", "worker:0", {"ops": [{"id": 1}]}, arrays)
-    got = decode(_frames(msg), "j", 2**20)
+    frames = _frames(msg)
+    assert len(frames) == 4          # the big array alone, the five small ones packed
+    got = decode(frames, "j", 2**20)
     assert got.cmd is Command.DATA and got.body == {"ops": [{"id": 1}]}
     for a, b in zip(arrays, got.arrays):
         assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
@@ -73,11 +76,14 @@ def _header(**kw) -> bytes:
     ([VERSION, b"[1, 2]"], "object"),
     ([VERSION, _header(c="rm -rf")], "unknown command"),
     ([VERSION, _header(j="other-job")], "other-job"),
-    ([VERSION, _header(a=[["float32", [4]]]), b"\x00" * 8], "bytes"),
-    ([VERSION, _header(a=[["object", [1]]]), b"\x00" * 8], "not allowed"),
-    ([VERSION, _header(a=[["float32", [-1]]]), b""], "shape"),
-    ([VERSION, _header(a=[["float32", [2**40]]]), b""], "exceeds"),
-    ([VERSION, _header(a=[["float32", [1]]])], "match"),
+    ([VERSION, _header(a=[["float32", [4], 0, 0]]), b"\x00" * 8], "does not fit"),
+    ([VERSION, _header(a=[["float32", [2], 0, 4]]), b"\x00" * 8], "does not fit"),
+    ([VERSION, _header(a=[["object", [1], 0, 0]]), b"\x00" * 8], "not allowed"),
+    ([VERSION, _header(a=[["float32", [-1], 0, 0]]), b""], "shape"),
+    ([VERSION, _header(a=[["float32", [2**20, 2**20], 0, 0]]), b""], "exceeds"),
+    ([VERSION, _header(a=[["float32", [1], 0, 0]])], "does not exist"),
+    ([VERSION, _header(a=[["float32", [1]]]), b"\x00" * 4], "description"),
+    ([VERSION, _header(a=[]), b"\x00" * 4], "referenced"),
 ])
 def test_bad_frames_are_rejected_with_a_reason(frames: list[bytes], reason: str) -> None:
     with pytest.raises(ProtocolError, match=reason):
@@ -199,3 +205,25 @@ def test_bad_operations_are_answered_not_raised() -> None:
         (reply,) = s.handle(0, op, arrays)
         assert reply.result["id"] == op["id"] and reply.result["err"], reply
     assert s.entries[("k", 0)].round == 0
+
+
+def test_integer_keys_live_beside_an_optimizer() -> None:
+    import psnode
+
+    kv = psnode.kv.create("local")
+    kv.set_optimizer(psnode.optimizer.create("sgd", learning_rate=0.5))
+    kv.init("steps", np.zeros((), np.int64))
+    kv.init("w", np.ones(2, np.float32))
+    kv.push(["steps", "w"], [np.array(7, np.int64), np.ones(2, np.float32)])
+    assert kv.pull("steps") == 7                       # not an optimizer's business
+    assert np.array_equal(kv.pull("w"), [0.5, 0.5])
+
+
+def test_values_referenced_by_unsent_replies_are_never_overwritten() -> None:
+    s = Store(1)
+    _init(s, "k", np.zeros(100_000, np.float32))
+    _push(s, 0, "k", 1, np.ones(100_000, np.float32))
+    (reply,) = _pull(s, 0, "k", 1)                     # not sent yet
+    _push(s, 0, "k", 2, np.full(100_000, 2, np.float32))
+    assert (reply.arrays[0] == 1).all()                # still round 1's value
+    assert (s.entries[("k", 0)].value == 2).all()
