@@ -44,6 +44,10 @@ DTYPES = frozenset(
 )
 
 
+_NAMES = {np.dtype(n): n for n in DTYPES}   # dtype -> wire name (dtype.name is slow)
+_BY_NAME = {n: np.dtype(n) for n in DTYPES}
+
+
 class Command(str, Enum):
     # membership (node <-> scheduler)
     REGISTER = "register"          # node -> scheduler: role, host, port, pid, rank wish
@@ -98,9 +102,10 @@ def encode(msg: Message) -> list[Any]:
         arr = np.asarray(arr)
         if not arr.flags.c_contiguous:
             arr = arr.copy(order="C")  # (np.ascontiguousarray would make 0-d arrays 1-d)
-        if arr.dtype.name not in DTYPES:
+        name = _NAMES.get(arr.dtype)
+        if name is None:
             raise ProtocolError(f"dtype {arr.dtype} cannot be sent (allowed: {sorted(DTYPES)})")
-        meta = [arr.dtype.name, list(arr.shape), 0, 0]
+        meta = [name, list(arr.shape), 0, 0]
         if arr.nbytes >= PACK_BYTES:
             meta[2] = len(bufs)
             bufs.append(arr.reshape(-1).view(np.uint8))
@@ -172,7 +177,7 @@ def _array(meta: Any, bufs: list[memoryview], max_bytes: int) -> np.ndarray:
         raise ProtocolError(f"dtype {str(dtype_name)[:32]!r} is not allowed")
     if len(shape) > MAX_NDIM or not all(type(d) is int and 0 <= d <= max_bytes for d in shape):
         raise ProtocolError(f"bad shape {str(shape)[:80]}")
-    dtype = np.dtype(dtype_name)
+    dtype = _BY_NAME[dtype_name]
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes > max_bytes:
         raise ProtocolError(f"array of {nbytes} bytes exceeds the limit of {max_bytes}")

@@ -23,11 +23,27 @@ import zmq
 from zmq.utils import z85
 
 from psnode.errors import ConfigError, ProtocolError
-from psnode.protocol import Message, decode, encode
+from psnode.protocol import PACK_BYTES, Message, decode, encode
 
 log = logging.getLogger("psnode.transport")
 
 _HWM = 0  # unbounded queues: flow control is done by the roles
+# plain ints: pyzmq's enum flags cost microseconds per operation on the hot path
+_NOBLOCK, _SNDMORE, _RCVMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE), int(zmq.RCVMORE)
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
+
+
+class Sent:
+    """Trackers of one message's zero-copy frames: ``done`` once zmq released them all."""
+
+    __slots__ = ("_trackers",)
+
+    def __init__(self, trackers: list[Any]) -> None:
+        self._trackers = trackers
+
+    @property
+    def done(self) -> bool:
+        return all(t.done for t in self._trackers)
 
 
 @dataclass(frozen=True)
@@ -175,30 +191,48 @@ class Channel:
 
     def send(self, cmd: Any, body: dict[str, Any] | None = None, arrays: list[Any] | None = None,
              to: bytes | None = None, track: bool = False) -> Any:
-        """Send a message; with ``track`` return a tracker telling when zmq is done with
-        the array buffers (they are sent without copies and must not change before)."""
+        """Send a message.  Frames of PACK_BYTES or more go without a copy; with ``track``
+        the result tells when zmq is done reading them (they must not change before)."""
         msg = Message(cmd=cmd, job=self.t.job_id, sender=self.t.sender,
                       body=body or {}, arrays=arrays or [])
         frames = encode(msg)
         if to is not None:
             frames.insert(0, to)
-        self.bytes_out += sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
+        sock, last = self.sock, len(frames) - 1
+        trackers = []
         try:
-            return self.sock.send_multipart(frames, copy=False, track=track)
+            for i, frame in enumerate(frames):
+                flags = 0 if i == last else _SNDMORE
+                size = len(frame) if isinstance(frame, bytes) else frame.nbytes
+                self.bytes_out += size
+                if size < PACK_BYTES:
+                    sock.send(frame, flags, copy=True)
+                elif track:
+                    trackers.append(sock.send(frame, flags, copy=False, track=True))
+                else:
+                    sock.send(frame, flags, copy=False)
         except zmq.ZMQError as exc:  # e.g. EHOSTUNREACH: peer gone; liveness will tell
             log.debug("send failed: %s", exc)
-            return None
+        return Sent(trackers) if track else None
 
     def recv(self, routed: bool = False) -> tuple[bytes | None, Message] | None:
         """Receive one message if one is waiting; None if none, or if it was dropped."""
+        sock = self.sock
+        if not sock.get(_EVENTS) & _POLLIN:
+            return None
         try:
-            frames = self.sock.recv_multipart(copy=False, flags=zmq.NOBLOCK)
+            head = [sock.recv(_NOBLOCK)]
+            small = 3 if routed else 2          # identity, version, header: copied
+            frames: list[Any] = []
+            while sock.get(_RCVMORE):
+                if len(head) < small:
+                    head.append(sock.recv())
+                else:
+                    frames.append(sock.recv(copy=False))
         except zmq.Again:
             return None
-        ident = None
-        if routed:
-            ident = frames[0].bytes
-            frames = frames[1:]
+        ident = head.pop(0) if routed else None
+        frames[:0] = head
         self.bytes_in += sum(len(f) for f in frames)
         try:
             return ident, decode(frames, self.t.job_id, self.t.max_bytes)

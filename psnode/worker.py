@@ -115,7 +115,7 @@ class Engine:
         self._welcome = Future()
         self._closing = False
         self._failed = False
-        self.stats = {"pushes": 0, "pulls": 0, "bytes_in": 0, "bytes_out": 0}
+        self._channels: list[Channel] = []  # the I/O thread's server channels (counters only)
         self._thread = threading.Thread(target=self._run, name="psnode-io", daemon=True)
         self._thread.start()
         try:
@@ -203,7 +203,7 @@ class Engine:
     def _run(self) -> None:
         keys = CurveKeys.load(self.cfg.key_file) if self.cfg.key_file else None
         t = Transport(self.cfg.job_id, "worker", self.cfg.max_message_bytes, keys)
-        servers: list[Channel] = []
+        servers: list[Channel] = self._channels
         inflight: list[int] = []
         pending: dict[int, tuple[Future, int, int]] = {}  # request id -> (future, server, bytes)
         barrier_waiters: deque[Future] = deque()
@@ -219,12 +219,7 @@ class Engine:
                 link.tick(now)
                 ready = poller.poll(link.timeout(now))
                 if self._efd in ready:
-                    with self._lock:
-                        self._woken = False
-                    try:
-                        os.eventfd_read(self._efd)
-                    except BlockingIOError:
-                        pass
+                    self._read_wake()
                 if sched in ready:
                     while (msg := link.recv()) is not None:
                         if msg.cmd is Command.WELCOME and not servers:
@@ -256,8 +251,6 @@ class Engine:
                         (barrier_waiters if cmd is Command.BARRIER else finish).append(fut)
                 if servers:
                     self._flush(servers, inflight, pending)
-                self.stats["bytes_in"] = sum(c.bytes_in for c in servers)
-                self.stats["bytes_out"] = sum(c.bytes_out for c in servers)
         except PSError as exc:
             self._die(exc, pending, barrier_waiters, finish)
         except Exception as exc:  # noqa: BLE001 - never let the I/O thread vanish silently
@@ -268,6 +261,20 @@ class Engine:
                 self.fatal = PSError("this KVStore is closed")
             for fut, *_ in pending.values():
                 fut.fail(self.fatal)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Bytes this worker sent to and received from servers (read from any thread)."""
+        chans = list(self._channels)
+        return {"bytes_in": sum(c.bytes_in for c in chans), "bytes_out": sum(c.bytes_out for c in chans)}
+
+    def _read_wake(self) -> None:
+        with self._lock:
+            self._woken = False
+        try:
+            os.eventfd_read(self._efd)
+        except BlockingIOError:
+            pass
 
     def _die(self, exc: PSError, pending: dict[int, tuple[Future, int, int]],
              *waiters: Any) -> None:
