@@ -324,7 +324,7 @@ def wire_corpus(job_id: str) -> list[list[bytes]]:
 
 def ops_corpus(job_id: str) -> list[list[bytes]]:
     """Valid frames (sent as worker rank 7 of a 2-worker job) carrying bad operations."""
-    arr = lambda dt, shape: [[dt, list(shape)]]  # noqa: E731
+    arr = lambda dt, shape: [[dt, list(shape), 0, 0]]  # noqa: E731  (dtype, shape, frame, offset)
     d = lambda ops, arrays=None: [VERSION, header("data", job_id, {"ops": ops}, arrays)]  # noqa: E731
     f32 = np.zeros(1000, np.float32).tobytes()
     return [
