@@ -14,6 +14,10 @@ itself so that a signalled command still gets its status written.  The process o
 launcher (``--detach``) and the SSH session.
 
 Liveness reads ``/proc``: a process in state ``Z`` (zombie, not yet reaped) counts as dead.
+
+Job keys: :func:`put_key` writes the job's CURVE key pair (received inside the request, i.e.
+on stdin over SSH) to ``<run_dir>/job.key`` with mode 0600 and returns the absolute path;
+:func:`remove_files` deletes it when the job is over.
 """
 from __future__ import annotations
 
@@ -83,6 +87,37 @@ def spawn(workdir: str, run_dir: str, python: str, procs: list[dict]) -> list[di
             )
         started.append({"name": spec["name"], "pid": proc.pid, "log": log, "rc": rc})
     return started
+
+
+def put_key(run_dir: str, key: str) -> str:
+    """Write ``key`` to ``<run_dir>/job.key`` (mode 0600, atomic); return its absolute path."""
+    run_dir = _expand(run_dir)
+    os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    path = os.path.join(run_dir, "job.key")
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(key)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def remove_files(paths: list[str]) -> list[str]:
+    """Delete ``paths`` (missing ones are fine); return those that could not be removed."""
+    failed = []
+    for path in paths:
+        try:
+            os.unlink(_expand(path))
+        except FileNotFoundError:
+            pass
+        except OSError:
+            failed.append(path)
+    return failed
 
 
 def _stat(pid: int) -> tuple[str, int] | None:
@@ -202,7 +237,8 @@ def _main(request: dict) -> int:
         result = follow(emit=emit, **request)
     else:
         result = {"check": check, "spawn": spawn, "status": status, "stop": stop,
-                  "signal": signal_groups}[op](**request)
+                  "signal": signal_groups, "put_key": put_key,
+                  "remove_files": remove_files}[op](**request)
     sys.stderr.write("\n" + json.dumps({"result": result}) + "\n")
     sys.stderr.flush()
     return 0

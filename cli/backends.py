@@ -5,8 +5,8 @@ implements it for one way of reaching machines:
 
 * :class:`LocalBackend` (here): this machine, in-process calls to :mod:`cli.agent`;
 * :class:`cli.ssh.SshBackend`: remote hosts over SSH (paramiko), the same agent run remotely;
-* a future ``SlurmBackend`` (``--launcher slurm``): add a module and one line in
-  :func:`make_backend`.
+* :class:`cli.slurm.SlurmBackend` (``--launcher slurm``): job steps of a Slurm allocation
+  (``srun`` runs here under the agent's reaper; the process itself runs under slurmstepd).
 
 Process identity: every process leads its own process group (pid == pgid); a backend signals
 groups, never single pids, so a worker's children go with it.  Exit status: ``int`` exit code,
@@ -167,14 +167,18 @@ class LocalBackend:
 
 
 def make_backend(name: str, options: dict[str, Any]) -> Backend:
-    """Build a backend by name (``local``, ``ssh``) from :meth:`Backend.options`-style options."""
+    """Build a backend by name (``local``, ``ssh``, ``slurm``) from :meth:`Backend.options`-style options."""
     if name == "local":
         return LocalBackend(**options)
     if name == "ssh":
         from cli.ssh import SshBackend  # paramiko is imported only when SSH is used
 
         return SshBackend(**options)
-    raise BackendError(f"unknown launcher {name!r} (choose local or ssh)")
+    if name == "slurm":
+        from cli.slurm import SlurmBackend
+
+        return SlurmBackend(**options)
+    raise BackendError(f"unknown launcher {name!r} (choose local, ssh or slurm)")
 
 
 def run_per_host(hosts: Sequence[Host], fn: Callable[[Host], Any]) -> dict[str, Any]:

@@ -8,9 +8,13 @@ answer, it checks every process over the backend (alive, or its recorded exit co
 
 Stop is idempotent: ask the scheduler for a graceful shutdown, then TERM every process group
 that is still alive, KILL after the grace period, and report per host that nothing is left.
+It also deletes the job's key files (on the hosts and the local copy).
+
+A job with CURVE keys is asked with the local copy of its key pair (``record.key_file``).
 """
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -56,6 +60,26 @@ def stop_processes(backend: Backend, hosts: Mapping[str, Host], procs: Sequence[
     return run_per_host(targets, lambda h: backend.stop(h, groups[h.label], grace))
 
 
+def key_file_of(record: JobRecord) -> str | None:
+    """The local copy of the job's CURVE keys, if the job has one and it still exists."""
+    return record.key_file if record.key_file and os.path.exists(record.key_file) else None
+
+
+def remove_job_keys(record: JobRecord, backend: Backend) -> None:
+    """Delete the job's key files on its hosts and the local copy (best effort, idempotent)."""
+    remove = getattr(backend, "remove_files", None)
+    if record.remote_keys and remove is not None:
+        hosts = hosts_of(record)
+        targets = [hosts[label] for label in record.remote_keys if label in hosts]
+        run_per_host(targets, lambda h: remove(h, [record.remote_keys[h.label]]))
+    record.remote_keys = {}
+    if record.key_file:
+        try:
+            os.unlink(record.key_file)
+        except OSError:
+            pass
+
+
 def state_of(status_alive: bool, code: int | None, recorded: ProcState) -> ProcState:
     if status_alive:
         return ProcState.RUNNING
@@ -97,7 +121,8 @@ def job_status(record: JobRecord, timeout: float = 2.0) -> dict[str, Any]:
     control = _psnode_control()
     if control is not None and record.state.active:
         try:
-            answer = control.query_status(record.scheduler, record.id, timeout=timeout)
+            answer = control.query_status(record.scheduler, record.id, key_file=key_file_of(record),
+                                          timeout=timeout)
             live = match_nodes(record.procs, answer.get("nodes", []))
             view["uptime"] = answer.get("uptime")
         except (PSError, OSError):
@@ -165,16 +190,19 @@ def stop_job(record: JobRecord, grace: float, timeout: float = 2.0) -> dict[str,
         control = _psnode_control()
         if control is not None:
             try:
-                if control.request_stop(record.scheduler, record.id, timeout=timeout):
+                if control.request_stop(record.scheduler, record.id, key_file=key_file_of(record),
+                                        timeout=timeout):
                     _wait_gone(record, grace)
             except (PSError, OSError):
                 pass
     backend = backend_for(record)
     try:
         result = stop_processes(backend, hosts_of(record), record.procs, grace)
+        record = load(record.id)
+        if not any(result.values()):
+            remove_job_keys(record, backend)
     finally:
         backend.close()
-    record = load(record.id)
     for p in record.procs:
         if p.state in (ProcState.RUNNING, ProcState.PENDING):
             p.state = ProcState.STOPPED

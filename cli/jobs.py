@@ -4,11 +4,14 @@ Layout under ``MXDIST_HOME`` (default ``~/.mxdist``)::
 
     jobs/<id>.json          the record (written atomically: tmp file + os.replace)
     jobs/<id>/<name>.log    one log per process (name: scheduler, server-0, worker-3, ...)
+    jobs/<id>/job.key       the job's CURVE key pair (mode 0600; multi-host jobs unless --insecure)
 
 The record holds: id, creation time, state, backend name and its connection options (no
 secrets), hosts, the scheduler address, the command, the working directory, and per process
 its role, rank, host, pid/pgid (the same: every process leads its own group), log paths
-(local, and where it runs), rc file, state and exit code.  Environment values are never stored.
+(local, and where it runs), rc file, state, exit code and how often the launcher restarted it.
+Environment values and key material are never stored: the record names the local key file
+(``key_file``), which ``status`` and ``stop`` pass to ``psnode.control``.
 """
 from __future__ import annotations
 
@@ -58,6 +61,7 @@ class ProcRecord:
     rc_file: str = ""
     state: ProcState = ProcState.PENDING
     exit_code: int | None = None
+    restarts: int = 0         # times the launcher restarted it (--max-restarts)
 
     @property
     def pgid(self) -> int | None:
@@ -80,6 +84,8 @@ class JobRecord:
     created: float = field(default_factory=time.time)
     ended: float | None = None
     launcher_pid: int = field(default_factory=os.getpid)
+    key_file: str | None = None   # local copy of the job's CURVE keys (path only)
+    remote_keys: dict[str, str] = field(default_factory=dict)  # host label -> key file path there
 
     def proc(self, name: str) -> ProcRecord:
         for p in self.procs:
@@ -116,6 +122,11 @@ def new_job_id() -> str:
 
 def log_dir(job_id: str) -> Path:
     return jobs_dir() / job_id
+
+
+def key_path(job_id: str) -> Path:
+    """Where the launcher keeps the job's CURVE key pair on this machine."""
+    return log_dir(job_id) / "job.key"
 
 
 def save(record: JobRecord) -> Path:

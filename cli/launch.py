@@ -3,22 +3,33 @@
 Sequence:
 
 1. record the job (state ``starting``);
-2. preflight every host in parallel; any problem -> :class:`PreflightFailed`, nothing started;
-3. optional ``--sync`` of directories (SFTP, unchanged files skipped);
-4. start the scheduler, then the servers, then the workers (each stage per host in parallel);
+2. optional ``--sync`` of directories (SFTP, unchanged files skipped);
+3. preflight every host in parallel; any problem -> :class:`PreflightFailed`, nothing started;
+4. jobs with CURVE (``settings.secure``: any non-local host, unless ``--insecure``): generate the
+   job's key pair, keep it in ``MXDIST_HOME/jobs/<id>/job.key`` (0600) and deliver it to every
+   host over the backend's channel (``install_key``: stdin over SSH, never a command line) as a
+   0600 file in the run directory; every process gets ``PSNODE_KEY_FILE`` = the path on its host;
+5. start the scheduler, then the servers, then the workers (each stage per host in parallel);
 5. ``--detach``: return; else stream every process's output (prefixed, and saved to
    ``MXDIST_HOME/jobs/<id>/<name>.log``) and wait for exits:
 
    * every worker exited 0 -> the job succeeded: the scheduler and servers get ``finish_grace``
      seconds to exit by themselves (with ``-s 0`` none: nothing tells the scheduler the
      workers are done), then the rest is stopped; exit 0;
+   * a worker failed and has restarts left (``--max-restarts N``, counted per worker): start it
+     again on the same host with the same rank and env plus ``PSNODE_RESTART_COUNT=k``; the job
+     goes on (the scheduler, told ``PSNODE_MAX_RESTARTS``, waits for the replacement);
    * any process failed first (non-zero, signal, vanished) -> stop everything on every host,
      report that first failure with the tail of its log; exit 1;
    * Ctrl-C (or SIGTERM to the launcher) -> stop everything; exit 130;
    * ``mxdist stop`` from elsewhere -> exit 143.
 
 Stopping is TERM to every process group, KILL after ``grace`` seconds, then a check per host
-that nothing is left.
+that nothing is left.  When an attached job is over, the key files are deleted on every host.
+
+The processes never depend on the launcher (own sessions, logs in files): a launcher killed with
+``kill -9`` leaves a job that still ends by itself -- the workers finish, or psnode's heartbeats
+fail it -- and ``mxdist stop`` cleans up whatever is left.
 """
 from __future__ import annotations
 
@@ -33,13 +44,14 @@ from pathlib import Path
 from typing import Any
 
 from psnode.config import Role
+from psnode.transport import CurveKeys
 
 from cli import ui
 from cli.backends import Backend, BackendError, ExitStatus, HostProblem, run_per_host
-from cli.control import stop_processes
+from cli.control import remove_job_keys, stop_processes
 from cli.hosts import Host
-from cli.jobs import JobRecord, JobState, ProcRecord, ProcState, load, save
-from cli.plan import Plan, ProcSpec
+from cli.jobs import JobRecord, JobState, ProcRecord, ProcState, key_path, load, save
+from cli.plan import Plan, ProcSpec, restarted, with_key_files
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_STOPPED = 0, 1, 130, 143
 
@@ -61,6 +73,8 @@ class LaunchSettings:
     quiet: bool = False
     sync: list[tuple[str, str]] = field(default_factory=list)  # (local dir, remote dir)
     check_modules: tuple[str, ...] = ("psnode",)
+    max_restarts: int = 0            # per worker (--max-restarts)
+    secure: bool = False             # CURVE: generate and deliver the job's keys
 
 
 class Launcher:
@@ -88,7 +102,10 @@ class Launcher:
             problems = self.backend.preflight(list(self.plan.hosts), self.settings.check_modules, base_env)
             if problems:
                 raise PreflightFailed(problems)
+            if self.settings.secure:
+                self._install_keys()
         except PreflightFailed:
+            remove_job_keys(self.record, self.backend)
             self._finish(JobState.FAILED)
             self.backend.close()
             raise
@@ -111,7 +128,35 @@ class Launcher:
             return EXIT_INTERRUPTED
         finally:
             signal.signal(signal.SIGTERM, previous)
+            if not self.settings.detach:
+                remove_job_keys(self.record, self.backend)
+                self._save()
             self.backend.close()
+
+    def _install_keys(self) -> None:
+        """Generate the job's CURVE keys, keep a local copy, deliver them to every host."""
+        install = getattr(self.backend, "install_key", None)
+        if install is None:
+            raise PreflightFailed([HostProblem(
+                h.label, f"the {self.backend.name} launcher cannot deliver the job's CURVE keys",
+                "pass --insecure to run without authentication and encryption") for h in self.plan.hosts])
+        keys = CurveKeys.generate()
+        local = key_path(self.record.id)
+        local.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        keys.save(str(local))
+        self.record.key_file = str(local)
+        self._save()
+        text = keys.public + b"\n" + keys.secret + b"\n"
+        results = run_per_host(list(self.plan.hosts), lambda h: install(h, self.settings.run_dir, text))
+        problems = [HostProblem(label, f"could not write the job's key file: {result}",
+                                "check that the remote run directory (--remote-dir) is writable")
+                    for label, result in results.items() if isinstance(result, Exception)]
+        self.record.remote_keys = {label: path for label, path in results.items()
+                                   if not isinstance(path, Exception)}
+        self._save()
+        if problems:
+            raise PreflightFailed(problems)
+        self.plan = with_key_files(self.plan, self.record.remote_keys)
 
     def _sync(self, local: str, remote: str) -> None:
         total = sum(f.stat().st_size for f in Path(local).rglob("*") if f.is_file())
@@ -159,7 +204,7 @@ class Launcher:
         self.record.state = JobState.RUNNING
         self._save()
 
-    def _follow_in_thread(self, rec: ProcRecord) -> None:
+    def _follow_in_thread(self, rec: ProcRecord, offset: int = 0) -> None:
         host = self.hosts[rec.host]
         copy_log = rec.log != rec.run_log  # remote: keep a local copy of the output
 
@@ -173,7 +218,7 @@ class Launcher:
                 self.printer.feed(rec.name, rec.role, rec.rank, host.label, data)
 
             try:
-                status = self.backend.follow(host, rec, emit, wait=True) or ExitStatus(None)
+                status = self.backend.follow(host, rec, emit, wait=True, offset=offset) or ExitStatus(None)
             except Exception as exc:  # connection lost: the process's fate is unknown here
                 emit(f"mxdist: lost the output stream of {rec.name}: {exc}\n".encode())
                 status = ExitStatus(None)
@@ -205,6 +250,10 @@ class Launcher:
                 return EXIT_STOPPED
             self._set_exit(rec, status)
             if rec.name in workers:
+                if not status.ok and finish_by is None and rec.restarts < self.settings.max_restarts:
+                    if self._restart(rec, status):
+                        running.add(rec.name)
+                        continue
                 workers.discard(rec.name)
                 if not status.ok:
                     return self._fail(rec, status)
@@ -219,10 +268,34 @@ class Launcher:
         self._finish(JobState.SUCCEEDED)
         return EXIT_OK
 
+    def _restart(self, rec: ProcRecord, status: ExitStatus) -> bool:
+        """Start worker ``rec`` again (same host, rank, env + PSNODE_RESTART_COUNT); False if that failed."""
+        count = rec.restarts + 1
+        ui.warn(f"{rec.name} on {rec.host} {status.describe()}: restarting it with rank {rec.rank} "
+                f"(restart {count} of {self.settings.max_restarts})")
+        spec = restarted(next(p for p in self.plan.procs if p.name == rec.name), count)
+        try:
+            offset = os.path.getsize(rec.log)  # the local log (or local copy) holds all output so far
+        except OSError:
+            offset = 0
+        try:
+            started = self.backend.start(self.hosts[rec.host], [spec], self.settings.run_dir)[0]
+        except Exception as exc:  # noqa: BLE001 - reported, then the failure counts as final
+            ui.warn(f"could not restart {rec.name} on {rec.host}: {exc}")
+            return False
+        rec.pid, rec.run_log, rec.rc_file = started.pid, started.run_log, started.rc_file
+        rec.restarts, rec.state, rec.exit_code = count, ProcState.RUNNING, None
+        self._save()
+        self._follow_in_thread(rec, offset)
+        return True
+
     def _fail(self, rec: ProcRecord, status: ExitStatus) -> int:
         self._stop_all(ProcState.STOPPED)
         self._finish(JobState.FAILED)
-        ui.failure_panel(rec.role, rec.rank, rec.host, status.describe(), rec.log, _tail(rec.log))
+        how = status.describe()
+        if rec.restarts:
+            how += f" (after {rec.restarts} restart{'s' if rec.restarts > 1 else ''})"
+        ui.failure_panel(rec.role, rec.rank, rec.host, how, rec.log, _tail(rec.log))
         return EXIT_FAILED
 
     # -- helpers ---------------------------------------------------------------------------------

@@ -45,7 +45,8 @@ def launch(
     num_servers: Optional[int] = typer.Option(None, "-s", "--num-servers",
                                               help="servers (default: one per host; 0 allowed)"),
     launcher: Optional[str] = typer.Option(None, "--launcher",
-                                           help="local or ssh (default: local without -H, ssh with)"),
+                                           help="local, ssh or slurm (default: local without -H, ssh "
+                                                "with; slurm: inside salloc/sbatch, nodes from the allocation)"),
     python: str = typer.Option(sys.executable, "--python", help="Python on remote hosts"),
     env: list[str] = typer.Option([], "-e", "--env", help="K=V for every process (repeatable)"),
     workdir: Optional[str] = typer.Option(None, "--workdir",
@@ -71,7 +72,24 @@ def launch(
                                               help="trust and record unknown host keys"),
     connect_timeout: float = typer.Option(10.0, "--connect-timeout"),
     remote_dir: str = typer.Option("~/.mxdist/run", "--remote-dir", envvar="MXDIST_REMOTE_DIR",
-                                   help="where remote processes keep logs"),
+                                   help="where remote processes keep logs (and the job's key file)"),
+    distribution: str = typer.Option("hybrid", "--distribution", metavar="data|param|hybrid",
+                                     help="how work is split (scripts see kv.distribution)"),
+    max_restarts: int = typer.Option(0, "--max-restarts", metavar="N",
+                                     help="restart a failed worker (same rank and host) up to N times; "
+                                          "the job keeps running meanwhile"),
+    checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", metavar="DIR",
+                                                 help="servers write DIR/server-<rank>.npz (on their "
+                                                      "host; relative to --workdir), also when the job ends well"),
+    checkpoint_interval: float = typer.Option(0.0, "--checkpoint-interval", metavar="SECONDS",
+                                              help="checkpoint every SECONDS (0: not by time)"),
+    checkpoint_rounds: int = typer.Option(0, "--checkpoint-rounds", metavar="N",
+                                          help="checkpoint every N completed rounds (0: not by rounds)"),
+    resume: bool = typer.Option(False, "--resume", help="servers start from the checkpoints in --checkpoint-dir"),
+    skip_nonfinite: bool = typer.Option(False, "--skip-nonfinite",
+                                        help="skip a round whose gradient holds NaN/Inf (reported)"),
+    insecure: bool = typer.Option(False, "--insecure",
+                                  help="multi-host jobs without CURVE keys (plain TCP; trusted networks only)"),
 ) -> None:
     """Start a job: scheduler, servers and workers running COMMAND."""
     from cli.options import LaunchOptions, prepare

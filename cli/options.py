@@ -3,6 +3,12 @@
 This is the glue between the typer command (:mod:`cli.main`) and the pure modules: it reads
 the hosts file, picks the launcher, resolves hosts through the backend (ssh config), chooses
 ports, and computes the plan.  No process is started here.
+
+Options that become psnode configuration (``--distribution``, ``--max-restarts``,
+``--checkpoint-*``, ``--resume``, ``--skip-nonfinite``) are validated here and in
+:func:`cli.plan.check_node_options`; every error is a :class:`PlanError` (exit 2, no traceback).
+CURVE is on for every job that is not confined to this machine (``--launcher`` other than local)
+unless ``--insecure``; a local job binds to 127.0.0.1 only and runs without keys.
 """
 from __future__ import annotations
 
@@ -50,6 +56,14 @@ class LaunchOptions:
     accept_new_host_keys: bool = False
     connect_timeout: float = 10.0
     remote_dir: str = "~/.mxdist/run"
+    distribution: str = "hybrid"
+    max_restarts: int = 0
+    checkpoint_dir: str | None = None
+    checkpoint_interval: float = 0.0
+    checkpoint_rounds: int = 0
+    resume: bool = False
+    skip_nonfinite: bool = False
+    insecure: bool = False
 
 
 @dataclass
@@ -106,12 +120,37 @@ def _sync_pairs(items: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
+def checkpoint_dir(opts: LaunchOptions, workdir: str, local: bool) -> str | None:
+    """``--checkpoint-dir`` as an absolute path on the hosts (relative: under the workdir)."""
+    if not opts.checkpoint_dir:
+        return None
+    path = opts.checkpoint_dir
+    if path.startswith("~"):
+        if not local:
+            raise PlanError(f"--checkpoint-dir {path}: give an absolute path (or one relative to "
+                            "--workdir): the remote home directory is not known here")
+        path = os.path.expanduser(path)
+    return os.path.normpath(os.path.join(workdir, path))
+
+
+def check_resume(plan: Plan, directory: str) -> None:
+    """Local ``--resume``: every server's checkpoint file must exist before anything starts."""
+    missing = [f"server-{r}.npz" for r in range(plan.num_servers)
+               if not os.path.isfile(os.path.join(directory, f"server-{r}.npz"))]
+    if plan.num_servers == 0:
+        raise PlanError("--resume loads the servers' checkpoints: the job has no servers (-s 0)")
+    if missing:
+        raise PlanError(f"--resume: no checkpoint {', '.join(missing)} in {directory} "
+                        f"(resume with the same -s as the job that wrote it)")
+
+
 def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepared:
     """Validate options and compute everything a launch needs; raise HostsError/PlanError."""
     environ = dict(os.environ if environ is None else environ)
     launcher = opts.launcher or ("ssh" if opts.hosts else "local")
-    if launcher not in ("local", "ssh"):
-        raise PlanError(f"--launcher {launcher!r}: choose local or ssh")
+    if launcher not in ("local", "ssh", "slurm"):
+        raise PlanError(f"--launcher {launcher!r}: choose local, ssh or slurm")
+    job_id = jobs.new_job_id()
     user_env = parse_env_assignments(opts.env)
     workdir = os.path.abspath(opts.workdir or os.getcwd())
     if launcher == "local":
@@ -123,6 +162,14 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
         hosts = [Host("localhost", address="127.0.0.1", slots=slots)]
         backend = make_backend("local", {"workdir": workdir, "python": sys.executable})
         python = sys.executable
+    elif launcher == "slurm":
+        from cli.slurm import from_allocation
+
+        if opts.hosts or opts.sync:
+            raise PlanError("--launcher slurm runs on the nodes of the Slurm allocation, which share "
+                            "the file system: drop -H and --sync")
+        backend, hosts = from_allocation(environ, workdir, opts.python, job_id)
+        python = opts.python
     else:
         if not opts.hosts:
             raise PlanError("--launcher ssh needs hosts: -H host1,host2 or -H hostsfile")
@@ -134,7 +181,11 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
         hosts = [backend.resolve(h) for h in parsed]  # type: ignore[attr-defined]
         python = opts.python
     scheduler_port, master_port = _ports(opts, launcher == "local")
-    job_id = jobs.new_job_id()
+    # slurm: srun runs here and writes the logs here; the nodes share the file system
+    run_dir = (str(jobs.log_dir(job_id)) if launcher in ("local", "slurm")
+               else f"{opts.remote_dir.rstrip('/')}/{job_id}")
+    secure = launcher != "local" and not opts.insecure
+    ckpt = checkpoint_dir(opts, workdir, launcher == "local")
     plan = make_plan(PlanRequest(
         job_id=job_id, command=opts.command, hosts=hosts, python=python,
         scheduler_port=scheduler_port, master_port=master_port,
@@ -142,10 +193,16 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
         scheduler_host=opts.scheduler, user_env=user_env, base_env=passthrough_env(environ),
         heartbeat_interval=opts.heartbeat_interval, heartbeat_liveness=opts.heartbeat_liveness,
         log_level=opts.log_level.upper(),
+        key_files={h.label: f"{run_dir}/job.key" for h in hosts} if secure else {},
+        distribution=opts.distribution, checkpoint_dir=ckpt,
+        checkpoint_interval=opts.checkpoint_interval, checkpoint_rounds=opts.checkpoint_rounds,
+        resume=opts.resume, skip_nonfinite=opts.skip_nonfinite, max_restarts=opts.max_restarts,
     ))
+    if opts.resume and ckpt and launcher == "local":
+        check_resume(plan, ckpt)
     log_dir = jobs.log_dir(job_id)
-    run_dir = str(log_dir) if launcher == "local" else f"{opts.remote_dir.rstrip('/')}/{job_id}"
     record = new_record(plan, backend, opts.command, workdir, log_dir)
     settings = LaunchSettings(run_dir=run_dir, grace=opts.grace, finish_grace=opts.finish_grace,
-                              detach=opts.detach, quiet=opts.quiet, sync=_sync_pairs(opts.sync))
+                              detach=opts.detach, quiet=opts.quiet, sync=_sync_pairs(opts.sync),
+                              max_restarts=opts.max_restarts, secure=secure)
     return Prepared(plan, backend, record, settings)

@@ -16,16 +16,24 @@ Rules:
 
 Environment of every process = allowlisted variables of the launcher's environment
 (:data:`PASSTHROUGH`) + the user's ``-e K=V`` + ``PYTHONUNBUFFERED=1`` + the psnode and torch
-variables (which win).
+variables (which win).  ``-e PSNODE_*`` is refused (:func:`parse_env_assignments`): every psnode
+variable comes from an ``mxdist launch`` option through ``NodeConfig.to_env()``.
+
+Job keys (CURVE): ``key_files`` maps a host label to the key file's path on that host (the
+launcher writes the file there before starting anything; see :mod:`cli.launch`); hosts without
+an entry get ``key_file`` (None: plain TCP).  A path may still start with ``~`` at planning time:
+:func:`with_key_files` puts the path each host resolved into the plan.
 """
 from __future__ import annotations
 
 import fnmatch
+import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from psnode.config import NodeConfig, Role
+from psnode.config import Distribution, NodeConfig, Role
+from psnode.errors import ConfigError
 
 from cli.hosts import Host, HostsError, check_env_name
 
@@ -47,6 +55,27 @@ PASSTHROUGH: tuple[str, ...] = (
 )
 
 _SECRET_RE = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.I)
+#: Names matching _SECRET_RE whose values are paths, not secrets.
+_NOT_SECRET = frozenset({"PSNODE_KEY_FILE"})
+
+#: The ``mxdist launch`` option that sets each psnode variable (``-e`` may not set them).
+PSNODE_OPTION: dict[str, str] = {
+    "PSNODE_DISTRIBUTION": "--distribution",
+    "PSNODE_MAX_RESTARTS": "--max-restarts",
+    "PSNODE_CHECKPOINT_DIR": "--checkpoint-dir",
+    "PSNODE_CHECKPOINT_INTERVAL": "--checkpoint-interval",
+    "PSNODE_CHECKPOINT_ROUNDS": "--checkpoint-rounds",
+    "PSNODE_RESUME": "--resume",
+    "PSNODE_SKIP_NONFINITE": "--skip-nonfinite",
+    "PSNODE_KEY_FILE": "--insecure (mxdist generates the job's keys)",
+    "PSNODE_HEARTBEAT_INTERVAL": "--heartbeat-interval",
+    "PSNODE_HEARTBEAT_LIVENESS": "--heartbeat-liveness",
+    "PSNODE_LOG_LEVEL": "--log-level",
+    "PSNODE_NUM_WORKERS": "-n/--num-workers",
+    "PSNODE_NUM_SERVERS": "-s/--num-servers",
+    "PSNODE_SCHEDULER": "--scheduler and --port",
+    "PSNODE_PORT": "--port",
+}
 
 
 class PlanError(ValueError):
@@ -89,6 +118,14 @@ class PlanRequest:
     heartbeat_liveness: int = 5
     log_level: str = "WARNING"
     key_file: str | None = None
+    key_files: Mapping[str, str] = field(default_factory=dict)   # host label -> key file there
+    distribution: str = "hybrid"
+    checkpoint_dir: str | None = None
+    checkpoint_interval: float = 0.0
+    checkpoint_rounds: int = 0
+    resume: bool = False
+    skip_nonfinite: bool = False
+    max_restarts: int = 0
 
 
 @dataclass(frozen=True)
@@ -108,7 +145,7 @@ class Plan:
 
 
 def parse_env_assignments(items: Sequence[str]) -> dict[str, str]:
-    """``["K=V", ...]`` -> dict; names are validated, values kept verbatim."""
+    """``["K=V", ...]`` -> dict; names are validated, values kept verbatim; PSNODE_* refused."""
     out: dict[str, str] = {}
     for item in items:
         name, eq, value = item.partition("=")
@@ -118,8 +155,33 @@ def parse_env_assignments(items: Sequence[str]) -> dict[str, str]:
             check_env_name(name, "-e")
         except HostsError as exc:
             raise PlanError(str(exc)) from None
+        if name.upper().startswith("PSNODE_"):
+            option = PSNODE_OPTION.get(name.upper())
+            how = f"use {option} instead" if option else "no option changes this one"
+            raise PlanError(f"-e {name}: PSNODE_* variables are set by mxdist; {how}")
         out[name] = value
     return out
+
+
+def check_node_options(req: PlanRequest) -> Distribution:
+    """Validate the psnode options of a request; return the distribution."""
+    try:
+        distribution = Distribution(req.distribution.lower())
+    except ValueError:
+        raise PlanError(f"--distribution {req.distribution!r}: choose data, param or hybrid") from None
+    if req.max_restarts < 0:
+        raise PlanError(f"--max-restarts {req.max_restarts}: must be 0 or more")
+    if not math.isfinite(req.checkpoint_interval) or req.checkpoint_interval < 0:
+        raise PlanError(f"--checkpoint-interval {req.checkpoint_interval:g}: must be seconds >= 0")
+    if req.checkpoint_rounds < 0:
+        raise PlanError(f"--checkpoint-rounds {req.checkpoint_rounds}: must be 0 or more")
+    if not req.checkpoint_dir:
+        used = [flag for flag, on in (("--checkpoint-interval", req.checkpoint_interval > 0),
+                                      ("--checkpoint-rounds", req.checkpoint_rounds > 0),
+                                      ("--resume", req.resume)) if on]
+        if used:
+            raise PlanError(f"{' and '.join(used)} need{'s' if len(used) == 1 else ''} --checkpoint-dir DIR")
+    return distribution
 
 
 def passthrough_env(environ: Mapping[str, str], patterns: Sequence[str] = PASSTHROUGH) -> dict[str, str]:
@@ -131,7 +193,7 @@ def passthrough_env(environ: Mapping[str, str], patterns: Sequence[str] = PASSTH
 
 def is_secret(name: str) -> bool:
     """Names that look like credentials: their values are never printed."""
-    return bool(_SECRET_RE.search(name))
+    return name not in _NOT_SECRET and bool(_SECRET_RE.search(name))
 
 
 def command_argv(command: Sequence[str], python: str) -> tuple[str, ...]:
@@ -176,6 +238,7 @@ def make_plan(req: PlanRequest) -> Plan:
         raise PlanError("ports must be in 1..65535")
     if req.scheduler_port == req.master_port:
         raise PlanError("the scheduler port and MASTER_PORT must differ")
+    distribution = check_node_options(req)
     sched = _find_host(hosts, req.scheduler_host) if req.scheduler_host else hosts[0]
     warnings: list[str] = []
     worker_hosts, wrapped = place_workers(hosts, workers)
@@ -194,13 +257,24 @@ def make_plan(req: PlanRequest) -> Plan:
         heartbeat_interval=req.heartbeat_interval,
         heartbeat_liveness=req.heartbeat_liveness,
         log_level=req.log_level,
-        key_file=req.key_file,
+        distribution=distribution,
+        checkpoint_dir=req.checkpoint_dir or None,
+        checkpoint_interval=float(req.checkpoint_interval),
+        checkpoint_rounds=req.checkpoint_rounds,
+        resume=req.resume,
+        skip_nonfinite=req.skip_nonfinite,
+        max_restarts=req.max_restarts,
     )
     base = {**req.base_env, **req.user_env, "PYTHONUNBUFFERED": "1"}
     node_argv = (req.python, "-m", "psnode")
 
     def node_env(role: Role, host: Host, rank: int | None, port: int) -> dict[str, str]:
-        cfg = NodeConfig(role=role, host=host.address, port=port, rank=rank, **common)  # type: ignore[arg-type]
+        key_file = req.key_files.get(host.label, req.key_file)
+        try:
+            cfg = NodeConfig(role=role, host=host.address, port=port, rank=rank,  # type: ignore[arg-type]
+                             key_file=key_file, **common)
+        except ConfigError as exc:
+            raise PlanError(str(exc)) from None
         return {**base, **cfg.to_env()}
 
     procs: list[ProcSpec] = [
@@ -233,3 +307,22 @@ def make_plan(req: PlanRequest) -> Plan:
         num_servers=servers,
         warnings=tuple(warnings),
     )
+
+
+def _with_config(env: Mapping[str, str], **changes: object) -> dict[str, str]:
+    """``env`` with its psnode variables rewritten through NodeConfig (from_env -> replace -> to_env)."""
+    cfg = replace(NodeConfig.from_env(env), **changes)  # type: ignore[arg-type]
+    rest = {k: v for k, v in env.items() if not k.startswith("PSNODE_")}
+    return {**rest, **cfg.to_env()}
+
+
+def restarted(spec: ProcSpec, count: int) -> ProcSpec:
+    """The same process (rank, host, argv, env) with ``PSNODE_RESTART_COUNT=count``."""
+    return replace(spec, env=_with_config(spec.env, restart_count=count))
+
+
+def with_key_files(plan: Plan, paths: Mapping[str, str]) -> Plan:
+    """The plan with ``PSNODE_KEY_FILE`` set to ``paths[host label]`` on every process of those hosts."""
+    procs = tuple(replace(p, env=_with_config(p.env, key_file=paths[p.host.label]))
+                  if p.host.label in paths else p for p in plan.procs)
+    return replace(plan, procs=procs)

@@ -12,6 +12,9 @@ Every remote operation is one ``exec_command`` of ``<python> -`` (a quoted argv,
 interpolated string) whose stdin carries :mod:`cli.agent`'s source and the JSON request, so
 environment values (possibly secrets) never appear on a command line.  One connection per
 host is kept and shared by all threads (paramiko channels are thread-safe).
+
+Job keys travel the same way: :meth:`SshBackend.install_key` sends the key pair inside the
+agent request on stdin; the agent writes it to a 0600 file in the remote run directory.
 """
 from __future__ import annotations
 
@@ -256,6 +259,14 @@ class SshBackend:
         result = self._agent(host, {"op": "stop", "pgids": [p.pid for p in procs if p.pid], "grace": grace},
                              timeout=grace + 30)
         return sorted(pid for pids in result["left"].values() for pid in pids)
+
+    def install_key(self, host: Host, run_dir: str, key: bytes) -> str:
+        """Write the job's key pair to ``<run_dir>/job.key`` (0600) on ``host``; its absolute path."""
+        return str(self._agent(host, {"op": "put_key", "run_dir": run_dir, "key": key.decode()}))
+
+    def remove_files(self, host: Host, paths: Sequence[str]) -> list[str]:
+        """Delete files on ``host``; return those that could not be removed."""
+        return list(self._agent(host, {"op": "remove_files", "paths": list(paths)}))
 
     def sync(self, host: Host, local_dir: str, remote_dir: str,
              progress: Callable[[int], None]) -> tuple[int, int]:

@@ -1,5 +1,14 @@
-"""psnode: a parameter server for Python (MXNet-KVStore-style API over ZeroMQ)."""
+"""psnode: a parameter server for Python (MXNet-KVStore-style API over ZeroMQ).
+
+Public names: ``psnode.kv`` (``create``), ``psnode.init`` (initializers), ``psnode.optimizer``,
+``psnode.sparse`` (row_sparse values), ``psnode.data`` (data-parallel sharding),
+``psnode.torch`` (PyTorch glue, needs torch) and the error types below.  Submodules load on
+first use, so ``import psnode`` stays cheap (the ``mxdist`` CLI imports it for every command).
+"""
 from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from psnode.errors import (
     ConfigError,
@@ -11,18 +20,19 @@ from psnode.errors import (
     ShapeMismatch,
 )
 
-from psnode import data, initializer, kv, optimizer, sparse
-from psnode import init
-
 __version__ = "0.1.0"
 
+_SUBMODULES = {"kv", "init", "initializer", "optimizer", "sparse", "data", "torch", "config",
+               "control", "kvstore"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"psnode.{name}")
+    raise AttributeError(f"module 'psnode' has no attribute {name!r}")
+
+
 __all__ = [
-    "data",
-    "init",
-    "initializer",
-    "kv",
-    "optimizer",
-    "sparse",
     "ConfigError",
     "KeyNotInitialized",
     "PeerLost",
@@ -31,4 +41,10 @@ __all__ = [
     "RemoteError",
     "ShapeMismatch",
     "__version__",
+    "data",
+    "init",
+    "initializer",
+    "kv",
+    "optimizer",
+    "sparse",
 ]

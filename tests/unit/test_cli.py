@@ -87,7 +87,7 @@ def test_missing_hosts_file(home):
     (["-e", "NOVALUE"], "expected NAME=VALUE"),
     (["--launcher", "local", "-H", "a"], "drop -H"),
     (["--launcher", "ssh"], "needs hosts"),
-    (["--launcher", "slurm"], "choose local or ssh"),
+    (["--launcher", "slurm"], "SLURM_JOB_ID is not set"),
     (["-n", "0"], "at least one worker"),
     (["--sync", "/definitely/not/here", "-H", "a"], "not a directory"),
 ])
@@ -169,3 +169,80 @@ def test_record_round_trip(home):
     assert loaded == rec
     assert jobs.resolve(None).id == "job-z"
     assert not list((home / "jobs").glob(".*tmp"))
+
+
+# -- psnode options (--distribution, --max-restarts, checkpoints, --skip-nonfinite, --insecure) --
+
+def test_node_options_in_the_dry_run(home):
+    result = invoke("launch", "--dry-run", "-n", "2", "--distribution", "param", "--max-restarts", "2",
+                    "--checkpoint-dir", "ck", "--checkpoint-rounds", "3", "--checkpoint-interval", "1.5",
+                    "--skip-nonfinite", "train.py")
+    assert result.exit_code == 0, result.output
+    for word in ("PSNODE_DISTRIBUTION=param", "PSNODE_MAX_RESTARTS=2", "PSNODE_CHECKPOINT_ROUNDS=3",
+                 "PSNODE_CHECKPOINT_INTERVAL=1.5", "PSNODE_SKIP_NONFINITE=1", "PSNODE_RESUME=0",
+                 f"PSNODE_CHECKPOINT_DIR={os.path.join(os.getcwd(), 'ck')}"):
+        assert word in result.output, word
+    assert "PSNODE_KEY_FILE" not in result.output      # a local job runs without keys
+
+
+def test_ssh_dry_run_plans_job_keys_unless_insecure(home, ssh_config):
+    result = invoke("launch", "--dry-run", "-H", "n1,n2", "-s", "0", "train.py")
+    assert result.exit_code == 0, result.output
+    assert "PSNODE_KEY_FILE=~/.mxdist/run/" in result.output and "/job.key" in result.output
+    result = invoke("launch", "--dry-run", "-H", "n1,n2", "-s", "0", "--insecure", "train.py")
+    assert result.exit_code == 0, result.output
+    assert "PSNODE_KEY_FILE" not in result.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--distribution", "model"], "--distribution 'model': choose data, param or hybrid"),
+    (["--max-restarts", "-1"], "--max-restarts -1: must be 0 or more"),
+    (["--resume"], "--resume needs --checkpoint-dir"),
+    (["--checkpoint-rounds", "5"], "--checkpoint-rounds needs --checkpoint-dir"),
+    (["--checkpoint-dir", "c", "--checkpoint-interval", "-2"], "--checkpoint-interval -2"),
+    (["--checkpoint-dir", "c", "--checkpoint-interval", "inf"], "--checkpoint-interval inf"),
+    (["--checkpoint-dir", "/nonexistent/ck", "--resume"], "no checkpoint server-0.npz in /nonexistent/ck"),
+    (["-s", "0", "--checkpoint-dir", "/tmp", "--resume"], "the job has no servers"),
+    (["-e", "PSNODE_DISTRIBUTION=data"], "use --distribution instead"),
+    (["-e", "PSNODE_MAX_RESTARTS=3"], "use --max-restarts instead"),
+    (["-e", "PSNODE_KEY_FILE=/k"], "--insecure"),
+    (["--max-restarts", "x"], "--max-restarts"),
+    (["--checkpoint-rounds", "1.5"], "--checkpoint-rounds"),
+])
+def test_node_option_errors(home, args, message):
+    result = invoke("launch", "--dry-run", *args, "train.py")
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_ssh_checkpoint_dir_under_home_is_refused(home, ssh_config):
+    result = invoke("launch", "--dry-run", "-H", "n1", "--checkpoint-dir", "~/ck", "train.py")
+    assert result.exit_code == 2 and "give an absolute path" in result.output
+
+
+def test_status_and_stop_pass_the_local_key_file(home, monkeypatch):
+    from cli import control
+
+    calls = []
+
+    class FakeControl:
+        @staticmethod
+        def query_status(scheduler, job_id, key_file=None, timeout=2.0):
+            calls.append(("status", key_file))
+            raise OSError("no scheduler")
+
+        @staticmethod
+        def request_stop(scheduler, job_id, key_file=None, timeout=2.0):
+            calls.append(("stop", key_file))
+            return False
+
+    monkeypatch.setattr(control, "_psnode_control", lambda: FakeControl)
+    rec = _record("job-k", JobState.RUNNING, 1.0)
+    key = jobs.key_path("job-k")
+    key.write_text("k\n")
+    rec.key_file = str(key)
+    jobs.save(rec)
+    assert invoke("status", "job-k", "--json").exit_code == 0
+    assert invoke("stop", "job-k").exit_code == 0
+    assert calls == [("status", str(key)), ("stop", str(key))]
+    assert not key.exists()                 # stop deletes the job's keys once nothing is left

@@ -111,3 +111,83 @@ def test_bad_env_assignments(item):
 def test_secret_names():
     assert is_secret("WANDB_API_KEY") and is_secret("HF_TOKEN") and is_secret("DB_PASSWORD")
     assert not is_secret("OMP_NUM_THREADS")
+
+
+# -- psnode options, restarts, job keys -------------------------------------------------------
+
+def test_node_options_reach_every_process_through_node_config():
+    from psnode.config import Distribution
+
+    plan = make_plan(request(distribution="data", checkpoint_dir="/ck", checkpoint_interval=2.5,
+                             checkpoint_rounds=3, resume=True, skip_nonfinite=True, max_restarts=2))
+    for proc in plan.procs:
+        cfg = NodeConfig.from_env(proc.env)
+        assert cfg.distribution is Distribution.DATA and cfg.checkpoint_dir == "/ck"
+        assert (cfg.checkpoint_interval, cfg.checkpoint_rounds) == (2.5, 3)
+        assert cfg.resume and cfg.skip_nonfinite and cfg.max_restarts == 2 and cfg.restart_count == 0
+        assert cfg.key_file is None
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(distribution="model"), "choose data, param or hybrid"),
+    (dict(max_restarts=-1), "--max-restarts -1"),
+    (dict(checkpoint_interval=-1.0, checkpoint_dir="/c"), "--checkpoint-interval"),
+    (dict(checkpoint_interval=float("nan"), checkpoint_dir="/c"), "--checkpoint-interval"),
+    (dict(checkpoint_rounds=-2, checkpoint_dir="/c"), "--checkpoint-rounds -2"),
+    (dict(resume=True), "--resume needs --checkpoint-dir"),
+    (dict(checkpoint_rounds=1, checkpoint_interval=1.0), "need --checkpoint-dir"),
+])
+def test_node_option_errors(kw, message):
+    with pytest.raises(PlanError, match=message.replace("-", r"\-").replace("(", r"\(")):
+        make_plan(request(**kw))
+
+
+@pytest.mark.parametrize("name, hint", [
+    ("PSNODE_DISTRIBUTION", "--distribution"), ("PSNODE_MAX_RESTARTS", "--max-restarts"),
+    ("PSNODE_CHECKPOINT_DIR", "--checkpoint-dir"), ("PSNODE_RESUME", "--resume"),
+    ("PSNODE_SKIP_NONFINITE", "--skip-nonfinite"), ("PSNODE_KEY_FILE", "--insecure"),
+    ("psnode_log_level", "--log-level"), ("PSNODE_REGISTER_TIMEOUT", "no option"),
+])
+def test_env_cannot_set_psnode_variables(name, hint):
+    with pytest.raises(PlanError) as err:
+        parse_env_assignments([f"{name}=1"])
+    assert name in str(err.value) and hint in str(err.value)
+
+
+def test_key_files_per_host_and_resolution():
+    from cli.plan import with_key_files
+
+    plan = make_plan(request(key_files={h.label: "~/run/job-1/job.key" for h in HOSTS}))
+    assert {NodeConfig.from_env(p.env).key_file for p in plan.procs} == {"~/run/job-1/job.key"}
+    resolved = with_key_files(plan, {"a": "/root/run/job-1/job.key", "b": "/home/b/run/job.key",
+                                     "c": "/c/job.key"})
+    want = {"a": "/root/run/job-1/job.key", "b": "/home/b/run/job.key", "c": "/c/job.key"}
+    for before, p in zip(plan.procs, resolved.procs):
+        assert p.env["PSNODE_KEY_FILE"] == want[p.host.label]
+        assert {k: v for k, v in p.env.items() if k != "PSNODE_KEY_FILE"} == {
+            k: v for k, v in before.env.items() if k != "PSNODE_KEY_FILE"}
+    assert not is_secret("PSNODE_KEY_FILE")
+
+
+def test_restarted_worker_keeps_rank_host_argv_and_env():
+    from cli.plan import restarted
+
+    plan = make_plan(request(max_restarts=2))
+    spec = plan.of_role(Role.WORKER)[1]
+    again = restarted(spec, 2)
+    assert (again.rank, again.host, again.argv, again.name) == (spec.rank, spec.host, spec.argv, spec.name)
+    assert again.env["PSNODE_RESTART_COUNT"] == "2"
+    assert {k: v for k, v in again.env.items() if k != "PSNODE_RESTART_COUNT"} == {
+        k: v for k, v in spec.env.items() if k != "PSNODE_RESTART_COUNT"}
+
+
+def test_local_plan_binds_to_loopback_only(monkeypatch, tmp_path):
+    from cli.options import LaunchOptions, prepare
+
+    monkeypatch.setenv("MXDIST_HOME", str(tmp_path))
+    prepared = prepare(LaunchOptions(command=["t.py"], num_workers=2, num_servers=2))
+    assert prepared.plan.scheduler_address.startswith("127.0.0.1:")
+    for p in prepared.plan.procs:
+        cfg = NodeConfig.from_env(p.env)
+        assert cfg.host == "127.0.0.1" and cfg.scheduler_host == "127.0.0.1" and cfg.key_file is None
+    assert not prepared.settings.secure
