@@ -165,6 +165,8 @@ expect(ShapeMismatch, ["'a'", "[2, 2]", "[3]"], lambda: kv.push('a', np.zeros(3,
 expect(ShapeMismatch, ["'a'", "float32", "float64"], lambda: kv.push('a', np.zeros((2, 2))))
 expect(ShapeMismatch, ["'a'", "re-init"], lambda: kv.init('a', np.zeros((5,), np.float32)))
 expect(ConfigError, ["'rmsprop_x'"], lambda: psnode.optimizer.create('rmsprop_x'))
+expect(ConfigError, [f"num_workers={W + 1}", f"{W} workers"], lambda: psnode.kv.create('dist_sync', num_workers=W + 1))
+expect(ConfigError, ["'dist_syncc'"], lambda: psnode.kv.create('dist_syncc'))
 expect(ConfigError, ["'momentun'"], lambda: kv.set_optimizer({'name': 'sgd', 'params': {'momentun': 0.9}}))
 kv.push('a', np.full((2, 2), r + 1, np.float32))
 check(kv.pull('a'), np.full((2, 2), (1 + W) / 2, np.float32), "still serving")
