@@ -106,3 +106,35 @@ def test_curve_refuses_outsiders_and_the_job_still_trains(tmp_path) -> None:
     ok(job)
     assert all("OK" in w.out for w in job.workers)
     assert not canary.exists()
+
+
+def test_oversize_frames_are_refused_and_the_server_survives(tmp_path) -> None:
+    """A frame above PSNODE_MAX_MESSAGE_BYTES is cut off by ZeroMQ (MAXMSGSIZE) from its
+    declared length, before a buffer for it exists; a declared array size that does not match
+    its bytes is dropped by the decoder (tests/unit: test_bad_frames_are_rejected_with_a_reason)."""
+    go = tmp_path / "go"
+    job = start_job(TRAIN, 2, 1, env={"PSNODE_MAX_MESSAGE_BYTES": str(2**20)}, args=[str(go)])
+    try:
+        st = _status(job, None)
+        server = next(n for n in st["nodes"] if n["role"] == "server")
+        big = b"\0" * (8 * 2**20)
+        ctx = zmq.Context()
+        try:
+            s = ctx.socket(zmq.DEALER)
+            s.linger = 1000
+            s.identity = b"w0x"
+            s.connect(f"tcp://{server['host']}:{server['port']}")
+            s.send_multipart([b"PSN1", b"{}", big])
+            time.sleep(0.5)
+        finally:
+            ctx.destroy(linger=1000)
+        time.sleep(0.5)
+        st2 = _status(job, None)
+        srv2 = next(n for n in st2["nodes"] if n["role"] == "server")
+        assert srv2["state"] == "alive" and srv2["bytes_in"] < server["bytes_in"] + 2**20
+        go.write_text("go")
+        wait_job(job, 30)
+    finally:
+        go.write_text("go")
+    ok(job)
+    assert all("OK" in w.out for w in job.workers)
