@@ -134,7 +134,7 @@ def checkpoint_dir(opts: LaunchOptions, workdir: str, local: bool) -> str | None
 
 
 def check_resume(plan: Plan, directory: str) -> None:
-    """Local ``--resume``: every server's checkpoint file must exist before anything starts."""
+    """``--resume`` on this machine's file system (local, slurm): every server's checkpoint file must exist before anything starts."""
     missing = [f"server-{r}.npz" for r in range(plan.num_servers)
                if not os.path.isfile(os.path.join(directory, f"server-{r}.npz"))]
     if plan.num_servers == 0:
@@ -185,7 +185,8 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
     run_dir = (str(jobs.log_dir(job_id)) if launcher in ("local", "slurm")
                else f"{opts.remote_dir.rstrip('/')}/{job_id}")
     secure = launcher != "local" and not opts.insecure
-    ckpt = checkpoint_dir(opts, workdir, launcher == "local")
+    shared_fs = launcher in ("local", "slurm")   # paths here are the paths the processes see
+    ckpt = checkpoint_dir(opts, workdir, shared_fs)
     plan = make_plan(PlanRequest(
         job_id=job_id, command=opts.command, hosts=hosts, python=python,
         scheduler_port=scheduler_port, master_port=master_port,
@@ -198,7 +199,7 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
         checkpoint_interval=opts.checkpoint_interval, checkpoint_rounds=opts.checkpoint_rounds,
         resume=opts.resume, skip_nonfinite=opts.skip_nonfinite, max_restarts=opts.max_restarts,
     ))
-    if opts.resume and ckpt and launcher == "local":
+    if opts.resume and ckpt and shared_fs:
         check_resume(plan, ckpt)
     log_dir = jobs.log_dir(job_id)
     record = new_record(plan, backend, opts.command, workdir, log_dir)

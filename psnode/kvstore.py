@@ -510,18 +510,23 @@ def create(name: str = "local", num_workers: int | None = None, aggregator: str 
         raise ConfigError("this job has no servers (-s 0); launch with -s 1 or more to use a KVStore")
     engine = Engine(cfg)
     kv = KVStore(name, engine, cfg, aggregator)
-    _report_uncaught(engine)
+    _report_uncaught(engine, cfg)
     atexit.register(kv.close)
     return kv
 
 
-def _report_uncaught(engine: Engine) -> None:
-    """An uncaught exception fails the job (naming this worker) instead of counting as done."""
+def _report_uncaught(engine: Engine, cfg: NodeConfig) -> None:
+    """An uncaught exception never counts as a finished worker.
+
+    With restarts left (``mxdist launch --max-restarts``) the worker leaves quietly and the job
+    waits for its replacement; otherwise the job fails, naming this worker.
+    """
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
         try:
-            engine.fail(f"worker {engine.rank} (pid {os.getpid()}) failed: {kind.__name__}: {exc}")
+            reason = f"worker {engine.rank} (pid {os.getpid()}) failed: {kind.__name__}: {exc}"
+            engine.fail(reason, restart=cfg.restart_count < cfg.max_restarts)
         finally:
             previous(kind, exc, tb)
     sys.excepthook = hook

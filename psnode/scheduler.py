@@ -278,6 +278,11 @@ class Scheduler:
             self._check_barrier()
         elif cmd is Command.FINISH and node.role == "worker":
             self._on_finish(node)
+        elif cmd is Command.BYE and msg.body.get("restart") and node.role == "worker" \
+                and node.restarts < self.cfg.max_restarts and node.state == NodeState.ALIVE:
+            node.state = NodeState.DEAD  # the launcher restarts it: wait, do not fail the job
+            self.waiting_replacement[node.rank] = time.monotonic() + self.cfg.register_timeout
+            log.warning("%s failed (%s); waiting for its restart", node.name, str(msg.body["restart"])[:200])
         elif cmd is Command.BYE:
             node.state = NodeState.EXITED
             if msg.body.get("error") and self.exit_code is None:

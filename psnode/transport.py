@@ -97,20 +97,23 @@ class _ZapHandler(threading.Thread):
             sock.bind("inproc://zeromq.zap.01")
         finally:
             self._ready.set()
-        while True:
-            try:
-                frames = sock.recv_multipart()
-            except zmq.ZMQError:
-                return
-            version, request_id, _domain, address, _identity, mechanism = frames[:6]
-            creds = frames[6:]
-            ok = mechanism == b"CURVE" and len(creds) == 1 and creds[0] == self._allowed
-            if not ok:
-                self.refused += 1
-                log.warning("refused %s connection from %s: not a key of this job",
-                            mechanism.decode(errors="replace"), address.decode(errors="replace"))
-            sock.send_multipart([version, request_id, b"200" if ok else b"400",
-                                 b"OK" if ok else b"not a key of this job", b"", b""])
+        try:
+            while True:
+                try:
+                    frames = sock.recv_multipart()
+                except zmq.ZMQError:  # ETERM: the transport is closing
+                    return
+                version, request_id, _domain, address, _identity, mechanism = frames[:6]
+                creds = frames[6:]
+                ok = mechanism == b"CURVE" and len(creds) == 1 and creds[0] == self._allowed
+                if not ok:
+                    self.refused += 1
+                    log.warning("refused %s connection from %s: not a key of this job",
+                                mechanism.decode(errors="replace"), address.decode(errors="replace"))
+                sock.send_multipart([version, request_id, b"200" if ok else b"400",
+                                     b"OK" if ok else b"not a key of this job", b"", b""])
+        finally:
+            sock.close()  # by the thread that owns it (ctx.destroy from another thread aborts)
 
 
 class Transport:
@@ -124,6 +127,7 @@ class Transport:
         self.ctx = zmq.Context()
         self.dropped = 0
         self._zap: _ZapHandler | None = None
+        self._socks: list[zmq.Socket] = []
 
     @property
     def refused(self) -> int:
@@ -131,6 +135,7 @@ class Transport:
 
     def _socket(self, kind: int) -> zmq.Socket:
         sock = self.ctx.socket(kind)
+        self._socks.append(sock)
         sock.linger = 0
         sock.sndhwm = _HWM
         sock.rcvhwm = _HWM
@@ -173,7 +178,16 @@ class Transport:
 
     def close(self, linger_ms: int = 0) -> None:
         """Close every socket; wait up to ``linger_ms`` for queued messages to leave."""
-        self.ctx.destroy(linger=linger_ms)
+        if self._zap is None:
+            self.ctx.destroy(linger=linger_ms)
+            return
+        # ctx.destroy() would close the ZAP thread's socket from this thread (libzmq aborts:
+        # "pfd.revents & POLLIN"); close ours, then term(): the ZAP thread gets ETERM and closes its own
+        for sock in list(self._socks):
+            if not sock.closed:
+                sock.close(linger=linger_ms)
+        self.ctx.term()
+        self._zap.join(5)
 
 
 def _bracket(host: str) -> str:

@@ -174,13 +174,14 @@ class Engine:
                 errors_, self._deferred = self._deferred, []
             raise errors_[0]
 
-    def fail(self, reason: str) -> None:
-        """Report this worker as failed (e.g. an uncaught exception): the job ends, naming it."""
+    def fail(self, reason: str, restart: bool = False) -> None:
+        """Report this worker as failed (e.g. an uncaught exception): the job ends, naming it;
+        with ``restart`` the scheduler waits for a replacement with this rank instead."""
         if self.fatal is not None or self._closing or self._failed:
             return
         self._failed = True
         try:
-            self.control(Command.BYE, {"error": reason}).wait(2.0)
+            self.control(Command.BYE, {"restart": reason} if restart else {"error": reason}).wait(2.0)
         except PSError:
             pass
 

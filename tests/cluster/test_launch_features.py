@@ -1,0 +1,181 @@
+"""mxdist launch options that become psnode configuration, end to end with real processes:
+--distribution, --skip-nonfinite, --max-restarts, --checkpoint-* / --resume, and a launcher
+killed with kill -9 mid-job.  Every test ends by checking that no process of the job is left.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ssh"))
+
+from mxdist_testing import (  # noqa: E402
+    assert_nothing_left, cli_env, kill_cli, latest, left_over, run_cli, start_cli, wait_for,
+)
+
+OPTIONS = textwrap.dedent("""
+    import os, numpy as np, psnode
+    kv = psnode.kv.create('dist_sync')
+    kv.init('w', np.ones(3, np.float32))
+    kv.push('w', np.full(3, np.nan if kv.rank == 1 else 5.0, np.float32))
+    skipped = (kv.pull('w') == 1).all()
+    print("DIST", kv.distribution, "SKIPPED", bool(skipped), "KEY", os.environ.get("PSNODE_KEY_FILE"))
+    kv.close()
+""")
+
+# tests/cluster/test_restart.py's script: rank 1 crashes (exit 9) at step 3 of its first run
+RESTART = textwrap.dedent("""
+    import os, numpy as np, psnode
+    kv = psnode.kv.create('dist_sync')
+    kv.set_optimizer(psnode.optimizer.create('sgd', learning_rate=0.125))
+    kv.init('w', np.zeros(3, np.float32))
+    start = kv.num_pushes('w')
+    print("START", start, "RESTARTS", kv.restarts, flush=True)
+    for step in range(start, 6):
+        if kv.rank == 1 and step == 3 and os.environ.get('PSNODE_RESTART_COUNT', '0') == '0':
+            print("crashing at step", step, flush=True)
+            os._exit(9)
+        kv.push('w', np.full(3, (kv.rank + 1) * (step + 1), np.float32))
+        kv.pull('w')
+    print("FINAL", kv.pull('w').tolist(), flush=True)
+    kv.close()
+""")
+
+FIRST = textwrap.dedent("""
+    import numpy as np, psnode
+    kv = psnode.kv.create('dist_sync')
+    kv.set_optimizer(psnode.optimizer.create('sgd', learning_rate=0.5))
+    kv.init('w', np.zeros(4, np.float32))
+    for s in range(3):
+        kv.push('w', np.full(4, kv.rank + 1, np.float32))
+        kv.pull('w')
+    print("W", kv.pull('w').tolist())
+    kv.close()
+""")
+
+SECOND = textwrap.dedent("""
+    import numpy as np, psnode
+    kv = psnode.kv.create('dist_sync')
+    w = np.full(4, 99, np.float32)
+    kv.init('w', w)                    # the checkpoint wins over init
+    print("W", w.tolist())
+    kv.close()
+""")
+
+SLOW = textwrap.dedent("""
+    import sys, time, numpy as np, psnode
+    kv = psnode.kv.create('dist_sync')
+    kv.init('w', np.zeros(2, np.float32))
+    for step in range(40):
+        kv.push('w', np.ones(2, np.float32)); kv.pull('w')
+        if step == 2:
+            print("TRAINING", flush=True)
+        time.sleep(0.1)
+    print("DONE", kv.pull('w').tolist(), flush=True)
+    kv.close()
+""")
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    return tmp_path / "mxdist-home"
+
+
+def script(tmp_path: Path, text: str, name: str = "job.py") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def lines(out: str, tag: str) -> list[str]:
+    return [line.split("] ", 1)[1] for line in out.splitlines() if "] " in line and f"] {tag}" in line]
+
+
+def test_distribution_and_skip_nonfinite_reach_the_scripts(home, tmp_path):
+    res = run_cli(["launch", "-n", "2", "-s", "1", "--distribution", "data", "--skip-nonfinite",
+                   script(tmp_path, OPTIONS)], cli_env(home))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert lines(res.stdout, "DIST") == ["DIST data SKIPPED True KEY None"] * 2
+    server_log = Path(next(p["log"] for p in latest(home)["procs"] if p["name"] == "server-0")).read_text()
+    assert "non-finite gradient from worker(s) [1]" in server_log
+    assert_nothing_left(home)
+
+
+def test_failed_worker_is_restarted_and_the_job_ends_exactly(home, tmp_path):
+    res = run_cli(["launch", "-n", "2", "-s", "2", "--max-restarts", "1", script(tmp_path, RESTART)],
+                  cli_env(home), timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "worker-1 on localhost exit code 9: restarting it with rank 1 (restart 1 of 1)" in res.stderr
+    want = [-0.125 * 1.5 * sum(range(1, 7))] * 3        # the uninterrupted closed form
+    assert sorted(lines(res.stdout, "FINAL")) == [f"FINAL {want}"] * 2
+    assert "[worker 1 @ localhost] START 3 RESTARTS 1" in res.stdout
+    assert res.stdout.count("[worker 1 @ localhost] crashing at step 3") == 1   # no replayed output
+    rec = latest(home)
+    assert rec["state"] == "succeeded"
+    w1 = next(p for p in rec["procs"] if p["name"] == "worker-1")
+    assert w1["restarts"] == 1 and w1["state"] == "exited"
+    assert_nothing_left(home)
+
+
+def test_without_restarts_the_same_crash_fails_the_job(home, tmp_path):
+    res = run_cli(["launch", "-n", "2", "-s", "2", "--grace", "2", script(tmp_path, RESTART)],
+                  cli_env(home), timeout=120)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "worker 1 on localhost failed: exit code 9" in res.stderr
+    assert "crashing at step 3" in res.stderr            # the tail of its log in the panel
+    assert "restarting" not in res.stderr
+    assert latest(home)["state"] == "failed"
+    assert_nothing_left(home)
+
+
+def test_checkpoint_then_resume_in_a_new_launch(home, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    env = cli_env(home)
+    first = run_cli(["launch", "-n", "2", "-s", "2", "--checkpoint-dir", str(ckpt),
+                     "--checkpoint-rounds", "1", script(tmp_path, FIRST, "first.py")], env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert sorted(os.listdir(ckpt)) == ["server-0.npz", "server-1.npz"]
+    saved = lines(first.stdout, "W")
+    assert saved == ["W [-2.25, -2.25, -2.25, -2.25]"] * 2     # 3 rounds of -0.5 * 1.5
+    second = run_cli(["launch", "-n", "2", "-s", "2", "--checkpoint-dir", str(ckpt), "--resume",
+                      script(tmp_path, SECOND, "second.py")], env)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert lines(second.stdout, "W") == saved
+    missing = run_cli(["launch", "-n", "2", "-s", "3", "--checkpoint-dir", str(ckpt), "--resume",
+                       script(tmp_path, SECOND, "second.py")], env)
+    assert missing.returncode == 2 and "no checkpoint server-2.npz" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    assert_nothing_left(home)
+
+
+def test_killed_launcher_leaves_a_job_that_ends_by_itself(home, tmp_path):
+    env = cli_env(home)
+    proc = start_cli(["launch", "-n", "2", "-s", "1", "--heartbeat-interval", "0.5",
+                      script(tmp_path, SLOW)], env)
+    try:
+        seen: list[str] = []
+        wait_for(lambda: seen.append(proc.stdout.readline()) or any("TRAINING" in s for s in seen),
+                 60, "training to start", interval=0)
+        rec = latest(home)
+        pgids = [p["pid"] for p in rec["procs"]]
+        assert len(pgids) == 4 and all(pgids)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        kill_cli(proc)
+    t0 = time.monotonic()
+    wait_for(lambda: not left_over(home), 30, "the job's processes to end without the launcher")
+    assert time.monotonic() - t0 < 30
+    logs = {p["name"]: Path(p["log"]).read_text() for p in rec["procs"]}
+    assert all("DONE [" in logs[f"worker-{r}"] for r in range(2)), logs
+    stop = run_cli(["stop", rec["id"]], env)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert "localhost: nothing of the job left" in stop.stderr
+    assert latest(home)["state"] == "stopped"
+    assert_nothing_left(home)
