@@ -142,11 +142,24 @@ def job_status(record: JobRecord, timeout: float = 2.0) -> dict[str, Any]:
         view["source"] = "live from the scheduler"
     else:
         view["source"] = f"checked over {record.backend}"
+    extra, per_proc = backend_details(record)
     nodes = []
     for p in record.procs:
         row = live.get((p.role, p.rank))
-        nodes.append({**row, "host": p.host} if row else checked[f"{p.role}-{p.rank}"])
-    return {**view, "nodes": nodes}
+        node = {**row, "host": p.host} if row else checked[f"{p.role}-{p.rank}"]
+        nodes.append({**node, **per_proc.get(p.name, {})})
+    return {**view, **extra, "nodes": nodes}
+
+
+def backend_details(record: JobRecord) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """What a backend adds to the status view: job-level fields and fields per process name
+    (Slurm: ``slurm_job``, and the ``step`` id of each running process)."""
+    backend = backend_for(record)
+    try:
+        describe = getattr(backend, "describe", None)
+        return describe(record.procs) if describe is not None else ({}, {})
+    finally:
+        backend.close()
 
 
 def match_nodes(procs: Sequence[ProcRecord], rows: Sequence[dict[str, Any]]

@@ -157,8 +157,12 @@ def _bytes(n: int | None) -> str:
 def status_table(job: Mapping[str, Any]) -> Table:
     """A job's processes; ``job['source']`` says where the rows came from."""
     title = f"job {job['id']}  {job['state']}  scheduler {job['scheduler']}  ({job['source']})"
+    if job.get("slurm_job"):
+        title += f"  Slurm job {job['slurm_job']}"
+    steps = any(n.get("step") for n in job["nodes"])  # Slurm: step id of each running process
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     headers = ("role", "rank", "host", "pid", "state", "hb age", "push", "pull", "in/out", "up")
+    headers += ("step",) if steps else ()
     for col in headers:
         table.add_column(col, no_wrap=True, min_width=9 if col == "host" else None,
                          justify="right" if col in ("rank", "pid", "push", "pull") else "left")
@@ -169,7 +173,7 @@ def status_table(job: Mapping[str, Any]) -> Table:
             "" if n.get("rank") is None else str(n["rank"]), Text(str(n["host"])),
             str(n.get("pid") or "-"), Text(n["state"], style=STATE_STYLE.get(n["state"], "")),
             _age(n.get("heartbeat_age")), str(n.get("pushes", "-")), str(n.get("pulls", "-")),
-            io, _age(n.get("uptime")),
+            io, _age(n.get("uptime")), *([str(n.get("step") or "-")] if steps else []),
         )
     return table
 

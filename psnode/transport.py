@@ -110,8 +110,11 @@ class _ZapHandler(threading.Thread):
                     self.refused += 1
                     log.warning("refused %s connection from %s: not a key of this job",
                                 mechanism.decode(errors="replace"), address.decode(errors="replace"))
-                sock.send_multipart([version, request_id, b"200" if ok else b"400",
-                                     b"OK" if ok else b"not a key of this job", b"", b""])
+                try:
+                    sock.send_multipart([version, request_id, b"200" if ok else b"400",
+                                         b"OK" if ok else b"not a key of this job", b"", b""])
+                except zmq.ZMQError:  # ETERM while answering: closing
+                    return
         finally:
             sock.close()  # by the thread that owns it (ctx.destroy from another thread aborts)
 
