@@ -24,7 +24,6 @@ Semantics (per key part held by this server):
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -425,7 +424,3 @@ def _combine_rows(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarra
     rows, data = rows[order], data[order]
     starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
     return rows[starts], np.add.reduceat(data, starts, axis=0)
-
-
-def total_bytes(entries: dict[Key, Entry]) -> int:
-    return sum(math.prod(e.value.shape) * e.value.itemsize for e in entries.values())

@@ -27,7 +27,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -70,10 +70,6 @@ class Command(str, Enum):
     # data (worker <-> server)
     DATA = "data"
     DATA_REPLY = "data_reply"
-
-
-class Buffer(Protocol):
-    """Anything exposing the buffer protocol (bytes, memoryview, zmq.Frame.buffer)."""
 
 
 @dataclass

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -278,7 +277,3 @@ class Poller:
     def poll(self, timeout: float) -> set[Any]:
         """Ready sockets/fds within ``timeout`` seconds (sockets as zmq sockets)."""
         return {s for s, _ in self._poller.poll(max(0, int(timeout * 1000)))}
-
-
-def monotonic() -> float:
-    return time.monotonic()
