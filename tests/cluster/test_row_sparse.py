@@ -1,7 +1,6 @@
 """row_sparse keys with real processes: exact values, lazy updates, bytes on the wire."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from harness import run_job

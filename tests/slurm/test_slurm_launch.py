@@ -86,7 +86,7 @@ def mxdist_steps(cluster) -> list[str]:
 
 def assert_nothing_left(cluster, job_id: str, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
-    while (steps := mxdist_steps(cluster)) or (pids := job_processes(job_id)):
+    while (steps := mxdist_steps(cluster)) or job_processes(job_id):
         if time.monotonic() > deadline:
             for pid in job_processes(job_id):
                 try:
