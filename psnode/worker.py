@@ -270,12 +270,14 @@ class Engine:
         return {"bytes_in": sum(c.bytes_in for c in chans), "bytes_out": sum(c.bytes_out for c in chans)}
 
     def _read_wake(self) -> None:
-        with self._lock:
-            self._woken = False
+        """Drain the eventfd, then re-arm: in the other order a submit between the two would
+        leave ``_woken`` set with the eventfd empty, and its wake-up would be lost."""
         try:
             os.eventfd_read(self._efd)
         except BlockingIOError:
             pass
+        with self._lock:
+            self._woken = False
 
     def _die(self, exc: PSError, pending: dict[int, tuple[Future, int, int]],
              *waiters: Any) -> None:
