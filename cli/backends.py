@@ -138,9 +138,19 @@ class LocalBackend:
             for err in result["errors"]
         ]
 
+    # hooks a backend that runs processes through a local launcher command (slurm) overrides
+    def _argv(self, host: Host, proc: ProcSpec) -> list[str]:
+        return list(proc.argv)
+
+    def _reaper_python(self) -> str:
+        return self.python
+
+    def _exit_code(self, rc: int | None, proc: ProcRecord) -> int | None:
+        return rc
+
     def start(self, host: Host, procs: Sequence[ProcSpec], run_dir: str) -> list[Started]:
-        items = [{"name": p.name, "argv": list(p.argv), "env": dict(p.env)} for p in procs]
-        started = agent.spawn(self.workdir, run_dir, self.python, items)
+        items = [{"name": p.name, "argv": self._argv(host, p), "env": dict(p.env)} for p in procs]
+        started = agent.spawn(self.workdir, run_dir, self._reaper_python(), items)
         return [Started(s["name"], s["pid"], s["log"], s["rc"]) for s in started]
 
     def follow(self, host: Host, proc: ProcRecord, emit: Callable[[bytes], None],
@@ -149,7 +159,7 @@ class LocalBackend:
         result = agent.follow(proc.run_log, proc.rc_file, proc.pid, offset, wait, emit)
         if not wait and result["rc"] is None:
             return None
-        return ExitStatus(result["rc"])
+        return ExitStatus(self._exit_code(result["rc"], proc))
 
     def status(self, host: Host, procs: Sequence[ProcRecord]) -> list[ProcStatus]:
         items = agent.status([{"pid": p.pid, "rc": p.rc_file} for p in procs])

@@ -42,11 +42,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cli import agent
-from cli.backends import BackendError, ExitStatus, HostProblem, ProcStatus, Started
+from cli.backends import BackendError, HostProblem, LocalBackend, ProcStatus
 from cli.hosts import Host
 from cli.jobs import ProcRecord
 from cli.plan import ProcSpec
@@ -118,7 +118,7 @@ def _tail(path: str, size: int = 4096) -> str:
         return ""
 
 
-class SlurmBackend:
+class SlurmBackend(LocalBackend):
     """Processes as steps of Slurm job ``job_id``; see the module docstring."""
 
     name = "slurm"
@@ -285,19 +285,15 @@ class SlurmBackend:
                 problems.append(HostProblem(node, msg, fix))
         return problems
 
-    def start(self, host: Host, procs: Sequence[ProcSpec], run_dir: str) -> list[Started]:
-        items = [{"name": p.name, "env": dict(p.env),
-                  "argv": self.srun_argv(host.name, step_name(self.tag, p.name), p.argv)} for p in procs]
-        started = agent.spawn(self.workdir, run_dir, sys.executable, items)
-        return [Started(s["name"], s["pid"], s["log"], s["rc"]) for s in started]
+    # start/follow are LocalBackend's: srun runs here, under the agent's reaper
+    def _argv(self, host: Host, proc: ProcSpec) -> list[str]:
+        return self.srun_argv(host.name, step_name(self.tag, proc.name), proc.argv)
 
-    def follow(self, host: Host, proc: ProcRecord, emit: Callable[[bytes], None],
-               wait: bool = True, offset: int = 0) -> ExitStatus | None:
-        assert proc.pid is not None
-        result = agent.follow(proc.run_log, proc.rc_file, proc.pid, offset, wait, emit)
-        if not wait and result["rc"] is None:
-            return None
-        return ExitStatus(exit_code(result["rc"], _tail(proc.run_log)))
+    def _reaper_python(self) -> str:
+        return sys.executable
+
+    def _exit_code(self, rc: int | None, proc: ProcRecord) -> int | None:
+        return exit_code(rc, _tail(proc.run_log))
 
     def status(self, host: Host, procs: Sequence[ProcRecord]) -> list[ProcStatus]:
         steps = self.steps()
@@ -359,8 +355,6 @@ class SlurmBackend:
         with self._key_lock:
             return agent.remove_files(list(paths))
 
-    def close(self) -> None:
-        pass
 
 
 def _per_node(spec: str | None, count: int, default: int) -> list[int]:
