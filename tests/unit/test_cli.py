@@ -74,6 +74,7 @@ def test_dangerous_hosts_rejected_before_any_connection(home, spec):
     result = invoke("launch", "-H", spec, "train.py")
     assert result.exit_code == 2, result.output
     assert "invalid launch options" in result.output
+    assert "no such hosts file" not in result.output           # the bad value itself is named
     assert not Path("/tmp/mxdist-x").exists()
 
 
