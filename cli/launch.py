@@ -16,9 +16,11 @@ Sequence:
    * every worker exited 0 -> the job succeeded: the scheduler and servers get ``finish_grace``
      seconds to exit by themselves (with ``-s 0`` none: nothing tells the scheduler the
      workers are done), then the rest is stopped; exit 0;
-   * a worker failed and has restarts left (``--max-restarts N``, counted per worker): start it
+   * a worker failed and has restarts left (``--max-restarts N``, counted per process): start it
      again on the same host with the same rank and env plus ``PSNODE_RESTART_COUNT=k``; the job
-     goes on (the scheduler, told ``PSNODE_MAX_RESTARTS``, waits for the replacement);
+     goes on (the scheduler, told ``PSNODE_MAX_RESTARTS``, waits for the replacement).  The same
+     for a server when servers checkpoint (``--checkpoint-dir``): the replacement restores its
+     shard and optimizer state from its last checkpoint and the workers resend what it missed;
    * any process failed first (non-zero, signal, vanished) -> stop everything on every host,
      report that first failure with the tail of its log; exit 1;
    * Ctrl-C (or SIGTERM to the launcher) -> stop everything; exit 130;
@@ -73,7 +75,7 @@ class LaunchSettings:
     quiet: bool = False
     sync: list[tuple[str, str]] = field(default_factory=list)  # (local dir, remote dir)
     check_modules: tuple[str, ...] = ("psnode",)
-    max_restarts: int = 0            # per worker (--max-restarts)
+    max_restarts: int = 0            # per worker, and per server with checkpoints (--max-restarts)
     secure: bool = False             # CURVE: generate and deliver the job's keys
 
 
@@ -261,6 +263,10 @@ class Launcher:
                     grace = 0.0 if self.plan.num_servers == 0 else self.settings.finish_grace
                     finish_by = time.monotonic() + grace
             elif not status.ok:
+                if finish_by is None and self._server_restartable(rec):
+                    if self._restart(rec, status):
+                        running.add(rec.name)
+                        continue
                 if finish_by is None:
                     return self._fail(rec, status)
                 ui.warn(f"{rec.name} on {rec.host} {status.describe()} after the workers finished")
@@ -268,8 +274,16 @@ class Launcher:
         self._finish(JobState.SUCCEEDED)
         return EXIT_OK
 
+    def _server_restartable(self, rec: ProcRecord) -> bool:
+        """A failed server is restarted when restarts are left and servers checkpoint (the
+        replacement restores its shard from the last checkpoint)."""
+        if rec.role != Role.SERVER.value or rec.restarts >= self.settings.max_restarts:
+            return False
+        spec = next((p for p in self.plan.procs if p.name == rec.name), None)
+        return spec is not None and bool(spec.env.get("PSNODE_CHECKPOINT_DIR"))
+
     def _restart(self, rec: ProcRecord, status: ExitStatus) -> bool:
-        """Start worker ``rec`` again (same host, rank, env + PSNODE_RESTART_COUNT); False if that failed."""
+        """Start ``rec`` again (same host, rank, env + PSNODE_RESTART_COUNT); False if that failed."""
         count = rec.restarts + 1
         ui.warn(f"{rec.name} on {rec.host} {status.describe()}: restarting it with rank {rec.rank} "
                 f"(restart {count} of {self.settings.max_restarts})")

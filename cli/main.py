@@ -76,8 +76,9 @@ def launch(
     distribution: str = typer.Option("hybrid", "--distribution", metavar="data|param|hybrid",
                                      help="how work is split (scripts see kv.distribution)"),
     max_restarts: int = typer.Option(0, "--max-restarts", metavar="N",
-                                     help="restart a failed worker (same rank and host) up to N times; "
-                                          "the job keeps running meanwhile"),
+                                     help="restart a failed worker (same rank and host) up to N times, and a "
+                                          "failed server too when --checkpoint-dir is set (it restores "
+                                          "its shard from the last checkpoint); the job keeps running"),
     checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", metavar="DIR",
                                                  help="servers write DIR/server-<rank>.npz (on their "
                                                       "host; relative to --workdir), also when the job ends well"),

@@ -15,8 +15,14 @@ Semantics (per key part held by this server):
     ``average``; then the optimizer, or the value becomes the aggregate.
   - async: applied on arrival (the optimizer, or the value becomes the push).
   - a push whose ``q`` was already accepted is a duplicate: acknowledged, not applied again.
+    (Workers resend pushes a lost message or a restarted server may have missed; async pushes
+    arriving out of order are applied once each, and ``pushed`` counts only the contiguous ones.)
 * ``pull`` with ``after = n``: answered once the worker's push ``n`` has been applied (sync: round
   ``n`` completed), so a pull after a push always sees it.  ``rows`` selects rows (row_sparse).
+  A resent pull (``re``) still parked is answered ``wait`` (the server holds it; nothing lost).
+* :meth:`Store.rebase` after a server restored its shard from a checkpoint: each key part's
+  round becomes the later of the checkpoint's and the workers' confirmed rounds, so pushes the
+  workers resend are applied once, and rounds the checkpoint already holds are not applied twice.
 * row_sparse pushes carry (row ids, rows); rows are combined per round (duplicates summed),
   averaged over the contributors as if missing rows were zero, and applied lazily: only rows
   present change (without an optimizer those rows take the aggregate; others keep their value).
@@ -73,6 +79,7 @@ class Entry:
     sparse_parts: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     early: dict[int, list[tuple[int, int, np.ndarray, np.ndarray | None]]] = field(default_factory=dict)
     pushed: dict[int, int] = field(default_factory=dict)
+    ahead: dict[int, set[int]] = field(default_factory=dict)  # async: applied beyond a gap
     pulls: list[tuple[int, int, int, np.ndarray | None]] = field(default_factory=list)
     state: Any = None
     value_sends: list[Any] = field(default_factory=list)  # zero-copy sends reading ``value``
@@ -119,18 +126,27 @@ class Store:
     def handle(self, worker: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
         rid = op.get("id")
         try:
+            return self._dispatch(worker, rid, op, arrays)
+        except Exception as exc:  # noqa: BLE001 - a bad request never kills the server
+            return [Reply(worker, {"id": rid, "err": f"malformed request: {exc!r}",
+                                   "kind": "ProtocolError"})]
+
+    def _dispatch(self, worker: int, rid: Any, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
+        try:
             kind = op.get("op")
             fn: Callable[..., list[Reply]] | None = getattr(self, f"_op_{kind}", None)
             if not isinstance(kind, str) or fn is None:
                 raise OpError("ProtocolError", f"unknown operation {str(kind)[:32]!r}")
             return fn(worker, rid, op, arrays)
         except OpError as exc:
-            return [Reply(worker, {"id": rid, "err": str(exc), "kind": exc.kind})]
+            err = {"id": rid, "err": str(exc), "kind": exc.kind}
         except PSError as exc:  # e.g. ShapeMismatch from an optimizer
-            return [Reply(worker, {"id": rid, "err": str(exc), "kind": type(exc).__name__})]
+            err = {"id": rid, "err": str(exc), "kind": type(exc).__name__}
         except Exception as exc:  # noqa: BLE001 - a bad request never kills the server
-            return [Reply(worker, {"id": rid, "err": f"malformed request: {exc!r}",
-                                   "kind": "ProtocolError"})]
+            err = {"id": rid, "err": f"malformed request: {exc!r}", "kind": "ProtocolError"}
+        if op.get("na"):
+            err["na"] = 1  # nobody waits for it: the worker raises it at its next call
+        return [Reply(worker, err)]
 
     def _array(self, op: dict[str, Any], arrays: list[np.ndarray], field_name: str = "a") -> np.ndarray:
         idx = op[field_name]
@@ -156,7 +172,10 @@ class Store:
             return [Reply(worker, {"id": rid, "a": 0, "q": self._accepted(entry, worker)},
                           [entry.value], entry)]
         if "a" not in op:
-            self.waiting_inits.setdefault(key, []).append((worker, rid, dtype, shape))
+            waiting = self.waiting_inits.setdefault(key, [])
+            if op.get("re") and any(w == worker and r == rid for w, r, *_ in waiting):
+                return [Reply(worker, {"id": rid, "wait": 1})]
+            waiting.append((worker, rid, dtype, shape))
             return []
         value = np.array(self._array(op, arrays), copy=True)
         if value.dtype.name != dtype or list(value.shape) != shape:
@@ -180,7 +199,7 @@ class Store:
     def _accepted(entry: Entry, worker: int) -> int:
         """How many pushes of ``worker`` this key part has taken (applied or waiting)."""
         early = [seq for seq, *_ in entry.early.get(worker, [])]
-        return max([entry.pushed.get(worker, 0), *early])
+        return max([entry.pushed.get(worker, 0), *early, *entry.ahead.get(worker, ())])
 
     @staticmethod
     def _check_meta(key: Key, entry: Entry, dtype: str, shape: list[int]) -> None:
@@ -197,19 +216,18 @@ class Store:
         rows = self._array(op, arrays, "rows") if "rows" in op else None
         self._validate_push(key, entry, data, rows)
         acks = [] if op.get("na") else [Reply(worker, {"id": rid})]
-        if seq <= entry.pushed.get(worker, 0) or any(s == seq for s, *_ in entry.early.get(worker, [])):
+        if _received(entry, worker, seq):
             return acks  # duplicate: applied once
         self.pushes += 1
         if not entry.sync:
             if self.check_finite and data.dtype.kind == "f" and not np.isfinite(data).all():
                 entry.skipped += 1
                 self.events.append(f"{_fmt(*key)}: push {seq} of worker {worker} skipped: non-finite")
-                entry.pushed[worker] = seq
-                return [*acks, *self._answer_pulls(entry)]
-            if rows is not None:
-                rows, data = _combine_rows([(rows, data)])
-            self._apply(key, entry, data, rows, 1, average=False)
-            entry.pushed[worker] = seq
+            else:
+                if rows is not None:
+                    rows, data = _combine_rows([(rows, data)])
+                self._apply(key, entry, data, rows, 1, average=False)
+            _mark_async(entry, worker, seq)
             return [*acks, *self._answer_pulls(entry)]
         if seq != entry.round + 1 or worker in entry.contributors:
             entry.early.setdefault(worker, []).append((seq, rid, data, rows))
@@ -327,6 +345,8 @@ class Store:
         if rows is not None and (rows.ndim != 1 or rows.dtype.kind not in "iu"
                                  or (len(rows) and (rows.min() < 0 or rows.max() >= entry.value.shape[0]))):
             raise OpError("ShapeMismatch", f"{_fmt(*key)}: row ids must be in 0..{entry.value.shape[0] - 1}")
+        if op.get("re") and any(w == worker and r == rid for w, r, *_ in entry.pulls):
+            return [Reply(worker, {"id": rid, "wait": 1})]  # still parked: nothing was lost
         self.pulls += 1
         entry.pulls.append((worker, rid, after, rows))
         return self._answer_pulls(entry)
@@ -343,9 +363,24 @@ class Store:
         entry.pulls = keep
         return out
 
+    def _op_resync(self, worker: int, rid: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
+        """Only a restored server waits for resyncs (psnode.server); elsewhere a no-op."""
+        return []
+
     def _op_flush(self, worker: int, rid: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
-        """Answered at once: every earlier request of this worker has been handled."""
-        return [Reply(worker, {"id": rid})]
+        """Answered at once: every earlier request of this worker that arrived has been handled.
+
+        ``check`` lists ``[key, part, [seq, ...]]`` pushes the worker sent; the answer names
+        under ``missing`` those never received (lost on the way), for the worker to send again.
+        """
+        missing = []
+        for key, part, seqs in op.get("check") or []:
+            entry = self.entries.get((key, int(part)))
+            if entry is not None:
+                lost = [int(q) for q in seqs if not _received(entry, worker, int(q))]
+                if lost:
+                    missing.append([key, part, lost])
+        return [Reply(worker, {"id": rid, "missing": missing} if missing else {"id": rid})]
 
     # ---------------------------------------------------------------- optimizer
     def _op_opt(self, worker: int, rid: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
@@ -383,6 +418,38 @@ class Store:
             entry.state = opt_mod.state_from_arrays(named)
         return [Reply(worker, {"id": rid})]
 
+    # ---------------------------------------------------------------- restore
+    def rebase(self, confirmed: dict[Key, dict[int, int]], num_workers: int) -> list[str]:
+        """Align restored key parts with the workers' push counts (see the module docstring).
+
+        ``confirmed[key][w]``: the last push of worker ``w`` it knows applied (its pull after it
+        returned).  Returns notices for rounds the checkpoint did not hold (lost with the server).
+        """
+        notices = []
+        for key, entry in self.entries.items():
+            seen = confirmed.get(key, {})
+            latest = max(seen.values(), default=0)
+            if entry.sync:
+                if latest > entry.round:
+                    notices.append(f"{_fmt(*key)}: rounds {entry.round + 1}..{latest} were not in the "
+                                   f"checkpoint; the value is that of round {entry.round}")
+                entry.round = max(entry.round, latest)
+                entry.pushed = {w: entry.round for w in range(num_workers)}
+            else:
+                for w in range(num_workers):
+                    mine = max(entry.pushed.get(w, 0), seen.get(w, 0))
+                    if seen.get(w, 0) > entry.pushed.get(w, 0):
+                        notices.append(f"{_fmt(*key)}: pushes {entry.pushed.get(w, 0) + 1}..{mine} of worker "
+                                       f"{w} were not in the checkpoint")
+                    entry.pushed[w] = mine
+            entry.ahead.clear()
+            entry.early.clear()
+            entry.contributors.clear()
+            entry.sparse_parts.clear()
+            entry.first = None
+            entry.pulls = []
+        return notices
+
     # ---------------------------------------------------------------- membership
     def set_active(self, workers: set[int]) -> list[Reply]:
         """The workers still taking part; completes rounds that only waited for leavers."""
@@ -393,6 +460,25 @@ class Store:
                 out.extend(self._maybe_complete(key, entry))
                 out.extend(self._answer_pulls(entry))
         return out
+
+
+def _received(entry: Entry, worker: int, seq: int) -> bool:
+    return (seq <= entry.pushed.get(worker, 0) or seq in entry.ahead.get(worker, ())
+            or any(s == seq for s, *_ in entry.early.get(worker, [])))
+
+
+def _mark_async(entry: Entry, worker: int, seq: int) -> None:
+    """Record async push ``seq`` of ``worker`` as applied; ``pushed`` stays contiguous."""
+    done = entry.pushed.get(worker, 0)
+    if seq != done + 1:
+        entry.ahead.setdefault(worker, set()).add(seq)
+        return
+    done = seq
+    ahead = entry.ahead.get(worker)
+    while ahead and done + 1 in ahead:
+        ahead.discard(done + 1)
+        done += 1
+    entry.pushed[worker] = done
 
 
 def _fresh(buf: np.ndarray | None, sends: list[Any], like: np.ndarray) -> np.ndarray:

@@ -38,7 +38,8 @@ def save_server(directory: str, rank: int, store: Store) -> str:
                 arrays[f"s{i}_{name}"] = arr
                 names.append(name)
         index.append({"key": key, "part": part, "sparse": entry.sparse, "sync": entry.sync,
-                      "average": entry.average, "round": entry.round, "state": names})
+                      "average": entry.average, "round": entry.round, "state": names,
+                      "pushed": {str(w): q for w, q in entry.pushed.items()}})
     meta = {"index": index, "optimizer": store.optimizer.to_spec() if store.optimizer else None}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     fd, tmp = tempfile.mkstemp(prefix=f".server-{rank}.", suffix=".tmp", dir=directory)
@@ -56,8 +57,13 @@ def save_server(directory: str, rank: int, store: Store) -> str:
     return final
 
 
-def load_server(directory: str, rank: int, store: Store) -> int:
-    """Restore ``store`` from the checkpoint; returns the number of key parts loaded."""
+def load_server(directory: str, rank: int, store: Store, same_job: bool = False) -> int:
+    """Restore ``store`` from the checkpoint; returns the number of key parts loaded.
+
+    A new job (``--resume``) starts counting rounds and pushes at 0; a server restarted inside
+    its job (``same_job``) keeps the checkpoint's counts, which :meth:`Store.rebase` then aligns
+    with the workers'.
+    """
     from psnode.aggregation import Entry
 
     path = path_for(directory, rank)
@@ -69,6 +75,9 @@ def load_server(directory: str, rank: int, store: Store) -> int:
             for i, item in enumerate(meta["index"]):
                 entry = Entry(value=np.array(data[f"v{i}"]), sparse=item["sparse"],
                               sync=item["sync"], average=item["average"])
+                if same_job:
+                    entry.round = int(item.get("round", 0))
+                    entry.pushed = {int(w): int(q) for w, q in item.get("pushed", {}).items()}
                 if item["state"]:
                     entry.state = opt_mod.state_from_arrays(
                         {n: np.array(data[f"s{i}_{n}"]) for n in item["state"]})

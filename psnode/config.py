@@ -20,6 +20,11 @@ variable                           meaning (default)
 ``PSNODE_HEARTBEAT_INTERVAL``      seconds between heartbeats (``1.0``)
 ``PSNODE_HEARTBEAT_LIVENESS``      missed intervals before a node is declared dead (``5``)
 ``PSNODE_REGISTER_TIMEOUT``        seconds to wait for the whole job to register (``120``)
+``PSNODE_RETRY_TIMEOUT``           seconds a worker waits for a server's answer before it sends
+                                   the request again (``2``); a request still parked on a live
+                                   server (a sync round waiting for others) is not a loss
+``PSNODE_MAX_RETRIES``             resends of one request before the worker gives up with an
+                                   error naming the server (``3``)
 ``PSNODE_BIG_ARRAY_BOUND``         arrays with more elements are sliced over all servers
                                    (``1000000``)
 ``PSNODE_DISTRIBUTION``            ``data``, ``param`` or ``hybrid`` (``hybrid``)
@@ -32,7 +37,8 @@ variable                           meaning (default)
 ``PSNODE_RESUME``                  ``1``: servers load their shards from the checkpoint dir
 ``PSNODE_SKIP_NONFINITE``          ``1``: a round whose gradient holds NaN/Inf is skipped whole and
                                    reported with key and worker (``0``)
-``PSNODE_MAX_RESTARTS``            restarts the launcher allows per worker (``0``)
+``PSNODE_MAX_RESTARTS``            restarts the launcher allows per worker, and per server when
+                                   servers checkpoint (``PSNODE_CHECKPOINT_DIR``) (``0``)
 ``PSNODE_RESTART_COUNT``           how many times this process was restarted (``0``)
 ``PSNODE_LOG_LEVEL``               ``DEBUG``, ``INFO``, ``WARNING``, ``ERROR`` (``WARNING``)
 =================================  ==========================================================
@@ -165,6 +171,8 @@ class NodeConfig:
     heartbeat_interval: float = 1.0
     heartbeat_liveness: int = 5
     register_timeout: float = 120.0
+    retry_timeout: float = 2.0
+    max_retries: int = 3
     big_array_bound: int = 1_000_000
     distribution: Distribution = Distribution.HYBRID
     key_file: str | None = None
@@ -234,6 +242,8 @@ class NodeConfig:
             heartbeat_interval=_float(env, "HEARTBEAT_INTERVAL", 1.0),
             heartbeat_liveness=_int(env, "HEARTBEAT_LIVENESS", 5, 1) or 5,
             register_timeout=_float(env, "REGISTER_TIMEOUT", 120.0),
+            retry_timeout=_float(env, "RETRY_TIMEOUT", 2.0),
+            max_retries=_int(env, "MAX_RETRIES", 3, 0) or 0,
             big_array_bound=_int(env, "BIG_ARRAY_BOUND", 1_000_000, 1) or 1_000_000,
             distribution=_enum(env, "DISTRIBUTION", Distribution, Distribution.HYBRID),  # type: ignore[arg-type]
             key_file=env.get(_PREFIX + "KEY_FILE") or None,

@@ -57,9 +57,10 @@ class SchedulerLink:
             self.scheduler_pid = msg.body["pid"]
         return msg
 
-    def fail(self, reason: str) -> None:
-        """Tell the scheduler this node failed (the job then ends, naming it)."""
-        self.chan.send(Command.BYE, {"error": reason})
+    def fail(self, reason: str, restart: bool = False) -> None:
+        """Tell the scheduler this node failed: the job then ends, naming it, or with
+        ``restart`` waits for the launcher's replacement."""
+        self.chan.send(Command.BYE, {"restart": reason} if restart else {"error": reason})
 
 
 def lost_message(msg: Message) -> str:

@@ -61,7 +61,9 @@ class Command(str, Enum):
     MEMBERSHIP = "membership"      # scheduler -> servers: the active workers
     PEER_LOST = "peer_lost"        # scheduler -> all: a node died; the job ends
     SHUTDOWN = "shutdown"          # scheduler -> all: end now (body: reason, ok)
-    BYE = "bye"                    # server -> scheduler: shut down cleanly
+    BYE = "bye"                    # node -> scheduler: leaving (body: error, or restart)
+    SERVERS = "servers"            # scheduler -> workers: a server is down ("down": rank) or
+                                   # was replaced ("servers": address book, "restored": rank)
     # control (mxdist status / stop -> scheduler)
     STATUS = "status"
     STATUS_REPLY = "status_reply"

@@ -13,8 +13,12 @@ Life of a job as the scheduler sees it:
    worker has finished, servers get SHUTDOWN, answer BYE, and the scheduler exits 0.
 4. A node silent for ``heartbeat_interval * heartbeat_liveness`` seconds is dead.  Everyone else
    gets PEER_LOST naming it (role, rank, host, pid, seconds silent) and the scheduler exits 1 --
-   unless it is a worker and restarts are allowed (``max_restarts``): then the job waits up to
-   ``register_timeout`` for a replacement registering with the same rank.
+   unless restarts are allowed (``max_restarts``; for a server, only when servers checkpoint):
+   then the job waits up to ``register_timeout`` for a replacement registering with the same
+   rank.  Workers are told a server is down (SERVERS ``down``: their requests to it wait) and,
+   when its replacement registered, the new address book (SERVERS ``restored``): they reconnect
+   and resend what the restored server may have missed.  The replacement's WELCOME says
+   ``restore``: it loads its shard from the last checkpoint.
 5. STATUS (from ``mxdist status``) is answered with the node table; STOP ends the job.
 """
 from __future__ import annotations
@@ -88,7 +92,7 @@ class Scheduler:
         self.barrier: set[bytes] = set()
         self.exit_code: int | None = None
         self.shutdown_deadline: float | None = None
-        self.waiting_replacement: dict[int, float] = {}  # worker rank -> deadline
+        self.waiting_replacement: dict[tuple[str, int], float] = {}  # (role, rank) -> deadline
 
     # ------------------------------------------------------------ helpers
     def _send(self, node: Node | bytes, cmd: Command, body: dict[str, Any] | None = None) -> None:
@@ -103,8 +107,7 @@ class Scheduler:
         return [n for n in self.nodes.values() if n.role == "worker"]
 
     def _book(self) -> list[list[Any]]:
-        servers = sorted((n for n in self.nodes.values() if n.role == "server"
-                          and n.state != NodeState.DEAD), key=lambda n: n.rank)
+        servers = sorted((n for n in self.nodes.values() if n.role == "server"), key=lambda n: n.rank)
         return [[n.rank, n.host, n.port] for n in servers]
 
     def _active_workers(self) -> list[int]:
@@ -161,32 +164,50 @@ class Scheduler:
         log.info("job %s started: %d workers, %d servers", self.cfg.job_id,
                  self.cfg.num_workers, self.cfg.num_servers)
 
-    def _welcome(self, n: Node, book: list[list[Any]]) -> None:
+    def _welcome(self, n: Node, book: list[list[Any]], restore: bool = False) -> None:
         self._send(n, Command.WELCOME, {"rank": n.rank, "servers": book, "pid": os.getpid(),
                                          "num_workers": self.cfg.num_workers,
                                          "num_servers": self.cfg.num_servers,
                                          "active": self._active_workers(),
-                                         "restarts": n.restarts})
+                                         "restarts": n.restarts, "restore": restore})
+
+    def _restartable(self, n: Node) -> bool:
+        """May ``n`` be replaced instead of failing the job?  Servers only when they checkpoint."""
+        return self.started and n.restarts < self.cfg.max_restarts and (
+            n.role == "worker" or bool(self.cfg.checkpoint_dir))
 
     def _late_register(self, node: Node) -> None:
-        """A restarted worker taking over its predecessor's rank (dead, or about to be)."""
-        old = next((n for n in self._workers() if n.rank == node.wish
+        """A restarted node taking over its predecessor's rank (dead, or about to be)."""
+        old = next((n for n in self.nodes.values() if n.role == node.role and n.rank == node.wish
                     and n.state in (NodeState.DEAD, NodeState.ALIVE)), None)
-        allowed = old is not None and node.role == "worker" and (
-            old.rank in self.waiting_replacement or
-            (old.state == NodeState.ALIVE and old.restarts < self.cfg.max_restarts))
+        allowed = old is not None and (
+            (old.role, old.rank) in self.waiting_replacement or
+            (old.state == NodeState.ALIVE and self._restartable(old)))
         if not allowed or old is None:
             self._send(node.ident, Command.SHUTDOWN, {"ok": False, "reason":
                        f"{node.role} pid {node.pid} cannot join: the job is already running"})
             return
-        self.waiting_replacement.pop(old.rank, None)
+        self.waiting_replacement.pop((old.role, old.rank), None)
         del self.nodes[old.ident]
         node.rank, node.state, node.restarts = old.rank, NodeState.ALIVE, old.restarts + 1
         node.stats = old.stats
         self.nodes[node.ident] = node
-        self._welcome(node, self._book())
-        self._membership()
-        log.warning("worker %d rejoined (restart %d)", node.rank, node.restarts)
+        if node.role == "server":
+            self._welcome(node, self._book(), restore=True)
+            for w in self._live("worker"):
+                self._send(w, Command.SERVERS, {"servers": self._book(), "restored": node.rank})
+        else:
+            self._welcome(node, self._book())
+            self._membership()
+        log.warning("%s %d rejoined (restart %d)", node.role, node.rank, node.restarts)
+
+    def _await_replacement(self, n: Node, why: str) -> None:
+        n.state = NodeState.DEAD
+        self.waiting_replacement[(n.role, n.rank)] = time.monotonic() + self.cfg.register_timeout
+        log.warning("%s %s; waiting for its restart", n.name, why)
+        if n.role == "server":
+            for w in self._live("worker"):
+                self._send(w, Command.SERVERS, {"down": n.rank})
 
     # ------------------------------------------------------------ barrier / finish
     def _check_barrier(self) -> None:
@@ -231,20 +252,19 @@ class Scheduler:
                              f"{self.cfg.num_servers} servers registered within "
                              f"{self.cfg.register_timeout:g} s")
             return
-        for rank, deadline in list(self.waiting_replacement.items()):
+        for (role, rank), deadline in list(self.waiting_replacement.items()):
             if now > deadline:
-                self._end(False, f"worker {rank} was not restarted within {self.cfg.register_timeout:g} s",
+                self._end(False, f"{role} {rank} was not restarted within {self.cfg.register_timeout:g} s",
                           Command.PEER_LOST)
                 return
         for n in list(self.nodes.values()):
             if n.state not in (NodeState.ALIVE, NodeState.REGISTERED) or now - n.last_seen <= limit:
                 continue
-            n.state = NodeState.DEAD
             silent = now - n.last_seen
-            if n.role == "worker" and self.started and n.restarts < self.cfg.max_restarts:
-                log.warning("%s silent for %.1f s; waiting for its restart", n.name, silent)
-                self.waiting_replacement[n.rank] = now + self.cfg.register_timeout
+            if self._restartable(n) and self.exit_code is None:
+                self._await_replacement(n, f"silent for {silent:.1f} s")
                 continue
+            n.state = NodeState.DEAD
             if self.exit_code is not None:
                 continue
             self._end(False, f"{n.name} stopped responding ({silent:.1f} s without a heartbeat)",
@@ -278,11 +298,10 @@ class Scheduler:
             self._check_barrier()
         elif cmd is Command.FINISH and node.role == "worker":
             self._on_finish(node)
-        elif cmd is Command.BYE and msg.body.get("restart") and node.role == "worker" \
-                and node.restarts < self.cfg.max_restarts and node.state == NodeState.ALIVE:
-            node.state = NodeState.DEAD  # the launcher restarts it: wait, do not fail the job
-            self.waiting_replacement[node.rank] = time.monotonic() + self.cfg.register_timeout
-            log.warning("%s failed (%s); waiting for its restart", node.name, str(msg.body["restart"])[:200])
+        elif cmd is Command.BYE and msg.body.get("restart") and self._restartable(node) \
+                and node.state == NodeState.ALIVE:
+            # the launcher restarts it: wait, do not fail the job
+            self._await_replacement(node, f"failed ({str(msg.body['restart'])[:200]})")
         elif cmd is Command.BYE:
             node.state = NodeState.EXITED
             if msg.body.get("error") and self.exit_code is None:

@@ -5,6 +5,13 @@ scheduler, and serves DATA messages through :class:`psnode.aggregation.Store`.  
 connect with the routing identity ``w<rank>``.  Malformed messages and operations are answered
 with an error or dropped, never fatal.  The loop ends when the scheduler says SHUTDOWN (exit 0,
 after a final checkpoint if configured), PEER_LOST, or goes silent (exit 1).
+
+A server restarted inside its job (``mxdist launch --max-restarts`` with ``--checkpoint-dir``)
+gets WELCOME with ``restore``: it loads its last checkpoint, then waits until every active worker
+has sent its ``resync`` (the last push per key part each worker knows applied), holding other
+data until then; :meth:`Store.rebase` aligns the rounds, and the pushes and requests the workers
+resend are served as usual.  With ``checkpoint_rounds`` the checkpoint is written before the
+round's replies leave, so a round a worker saw complete is always in the checkpoint.
 """
 from __future__ import annotations
 
@@ -16,7 +23,7 @@ from typing import Any
 from psnode import checkpoint
 from psnode.aggregation import Reply, Store, sent
 from psnode.config import NodeConfig
-from psnode.errors import PeerLost, PSError
+from psnode.errors import ConfigError, PeerLost, PSError
 from psnode.link import SchedulerLink, lost_message
 from psnode.protocol import PACK_BYTES, Command, Message
 from psnode.transport import CurveKeys, Poller, Transport
@@ -35,6 +42,9 @@ class Server:
         self.link = SchedulerLink(self.t, cfg, "server", self.port, self._stats)
         self.rank = -1
         self.next_checkpoint = float("inf")
+        self.restoring: set[int] | None = None  # workers whose resync is awaited after a restore
+        self.held: list[tuple[bytes, Message]] = []
+        self.confirmed: dict[Any, dict[int, int]] = {}
 
     def _stats(self) -> dict[str, Any]:
         return {"pushes": self.store.pushes, "pulls": self.store.pulls,
@@ -55,16 +65,70 @@ class Server:
         if not isinstance(ops, list):
             log.warning("dropped data message from %r without an op list", ident)
             return
+        if self.restoring is not None:
+            self._while_restoring(ident, worker, msg, ops)
+            return
         replies: list[Reply] = []
         for op in ops:
             if isinstance(op, dict):
                 replies.extend(self.store.handle(worker, op, msg.arrays))
-        self._send(replies)
         while self.store.events:
             log.warning("%s", self.store.events.pop(0))
         every = self.cfg.checkpoint_rounds
         if every and self.store.rounds - self.checkpointed_rounds >= every:
-            self._checkpoint()
+            self._checkpoint()  # before the replies: a round seen complete is checkpointed
+        self._send(replies)
+
+    # ------------------------------------------------------------ restore
+    def _restore(self) -> None:
+        """Load the last checkpoint of this rank and wait for the workers' resyncs."""
+        where = self.cfg.checkpoint_dir
+        if not where:
+            raise ConfigError(f"server {self.rank} was restarted, but the job has no checkpoint "
+                              "directory to restore its shard from (mxdist launch --checkpoint-dir)")
+        try:
+            parts = checkpoint.load_server(where, self.rank, self.store, same_job=True)
+        except ConfigError as exc:
+            raise ConfigError(f"server {self.rank} was restarted but cannot restore its shard: {exc}; "
+                              "checkpoint more often (--checkpoint-rounds) so one exists") from None
+        self.restoring = set(self.store.active)
+        log.warning("server %d restored %d key parts from %s; waiting for workers %s to resync",
+                    self.rank, parts, checkpoint.path_for(where, self.rank), sorted(self.restoring))
+        self._maybe_restored()
+
+    def _while_restoring(self, ident: bytes, worker: int, msg: Message, ops: list[Any]) -> None:
+        assert self.restoring is not None
+        first = ops[0] if ops and isinstance(ops[0], dict) else {}
+        if first.get("op") != "resync":
+            self.held.append((ident, msg))
+            return
+        missing = []
+        for item in first.get("parts", []):
+            if not (isinstance(item, list) and len(item) == 3 and isinstance(item[2], int)):
+                continue
+            key = (item[0], int(item[1]))
+            if key not in self.store.entries:
+                missing.append(item[0])
+            self.confirmed.setdefault(key, {})[worker] = item[2]
+        if missing:
+            self._send([Reply(worker, {"id": first.get("id"), "na": 1, "kind": "KeyNotInitialized",
+                                       "err": f"server {self.rank} was restarted and restored from its "
+                                              f"last checkpoint, which does not hold key(s) {missing[:5]} "
+                                              "(initialised after it was written); checkpoint more often "
+                                              "(--checkpoint-rounds)"})])
+        self.restoring.discard(worker)
+        self._maybe_restored()
+
+    def _maybe_restored(self) -> None:
+        if self.restoring:
+            return
+        for notice in self.store.rebase(self.confirmed, self.cfg.num_workers):
+            log.warning("server %d restored: %s", self.rank, notice)
+        self.restoring, self.confirmed = None, {}
+        held, self.held = self.held, []
+        log.warning("server %d: every worker resynced; serving again", self.rank)
+        for ident, msg in held:
+            self._on_data(ident, msg)
 
     def _send(self, replies: list[Reply]) -> None:
         """One DATA_REPLY per worker; big values go zero-copy and are tracked."""
@@ -93,11 +157,19 @@ class Server:
         if msg.cmd is Command.WELCOME:
             self.rank = int(msg.body["rank"])
             self.t.sender = f"server:{self.rank}"
-            self._send(self.store.set_active(set(msg.body.get("active", []))))
-            if self.cfg.checkpoint_dir and self.cfg.resume:
+            if msg.body.get("restore"):
+                self.store.active = set(msg.body.get("active", []))
+                self._restore()
+            else:
+                self._send(self.store.set_active(set(msg.body.get("active", []))))
+            if self.cfg.checkpoint_dir and self.cfg.resume and not msg.body.get("restore"):
                 checkpoint.load_server(self.cfg.checkpoint_dir, self.rank, self.store)
             if self.cfg.checkpoint_dir and self.cfg.checkpoint_interval > 0:
                 self.next_checkpoint = time.monotonic() + self.cfg.checkpoint_interval
+        elif msg.cmd is Command.MEMBERSHIP and self.restoring is not None:
+            self.store.active = set(msg.body.get("active", []))
+            self.restoring &= self.store.active
+            self._maybe_restored()
         elif msg.cmd is Command.MEMBERSHIP:
             self._send(self.store.set_active(set(msg.body.get("active", []))))
         elif msg.cmd is Command.SHUTDOWN:
@@ -143,8 +215,13 @@ class Server:
         except PeerLost as exc:
             print(f"psnode server {self.rank}: {exc}", file=sys.stderr, flush=True)
             return 1
+        except ConfigError as exc:  # e.g. nothing to restore from: the job fails, naming it
+            self.link.fail(str(exc))
+            print(f"psnode server {self.rank}: {exc}", file=sys.stderr, flush=True)
+            return 1
         except Exception as exc:  # a bug: tell the scheduler now rather than go silent
-            self.link.fail(f"{type(exc).__name__}: {exc}")
+            restart = bool(self.cfg.checkpoint_dir) and self.cfg.restart_count < self.cfg.max_restarts
+            self.link.fail(f"server {self.rank} failed: {type(exc).__name__}: {exc}", restart=restart)
             raise
         finally:
             self.t.close(linger_ms=200)

@@ -164,7 +164,7 @@ class Transport:
         except zmq.ZMQError as exc:
             sock.close()
             raise ConfigError(f"cannot bind {host}:{port}: {exc}") from None
-        return Channel(self, sock), port
+        return Channel(self, sock, f"{host}:{port}"), port
 
     def dealer(self, host: str, port: int, identity: str) -> Channel:
         """A DEALER connected to ``host:port`` with a routing identity."""
@@ -176,7 +176,7 @@ class Transport:
             sock.curve_publickey = self.keys.public
             sock.curve_secretkey = self.keys.secret
         sock.connect(f"tcp://{_bracket(host)}:{port}")
-        return Channel(self, sock)
+        return Channel(self, sock, f"{host}:{port}")
 
     def close(self, linger_ms: int = 0) -> None:
         """Close every socket; wait up to ``linger_ms`` for queued messages to leave."""
@@ -199,9 +199,10 @@ def _bracket(host: str) -> str:
 class Channel:
     """One socket; send and receive psnode messages on it."""
 
-    def __init__(self, transport: Transport, sock: zmq.Socket) -> None:
+    def __init__(self, transport: Transport, sock: zmq.Socket, address: str = "") -> None:
         self.t = transport
         self.sock = sock
+        self.address = address  # host:port bound or connected to
         self.bytes_in = 0
         self.bytes_out = 0
 

@@ -8,6 +8,19 @@ bytes in flight per server (so a later high-priority request overtakes queued lo
 ones).  Replies resolve futures by request id; a reply's ``on_reply`` callback (e.g. copying a
 pulled array into the caller's ``out``) runs in the I/O thread before the future is set.
 
+Nothing a worker sent is assumed delivered (a connection can break and lose messages):
+
+* a request with no answer within ``retry_timeout`` is sent again with ``re`` (servers apply
+  it once: pushes carry sequence numbers, the other operations are idempotent, and a pull still
+  parked is answered ``wait``, which restarts the clock); after ``max_retries`` resends without a
+  sign of life it fails with :class:`PeerLost` naming the server;
+* pushes (sent without acknowledgement) stay in a small per-key journal until a pull after them
+  returns; a resent pull carries them again, and a ``flush`` (``kv.wait_all``, barrier, close)
+  lists them so the server names any it never received, which are then resent;
+* when a server is replaced (SERVERS ``restored``), the worker reconnects, sends ``resync`` (its
+  last confirmed push per key part on that server), then its journal and every unanswered
+  request; while the scheduler reports the server down, its requests wait without retries.
+
 The I/O thread also registers with the scheduler, heartbeats, and watches the scheduler's
 liveness.  When the job fails (a peer lost, the scheduler silent or gone) every pending and
 later request raises :class:`PeerLost`; if the user's thread does not come back to psnode
@@ -42,6 +55,7 @@ WINDOW_BYTES = 64 * 2**20      # bytes in flight per server before requests wait
 BATCH_BYTES = 512 * 2**10      # fuse small requests up to this size per message
 BATCH_OPS = 512
 EXIT_GRACE = 5.0               # seconds the user's thread has to notice a failed job
+JOURNAL_DEPTH = 4              # unconfirmed pushes kept per key part for resending
 
 ERRORS: dict[str, type[PSError]] = {
     "KeyNotInitialized": errors.KeyNotInitialized, "ShapeMismatch": errors.ShapeMismatch,
@@ -96,6 +110,36 @@ class _Request:
     future: Future | None  # None: fire and forget (a push); errors still come back
 
 
+@dataclass
+class _Pending:
+    """A sent request waiting for its answer (kept whole so it can be sent again)."""
+
+    future: Future
+    server: int
+    nbytes: int
+    op: dict[str, Any]
+    arrays: list[np.ndarray]
+    sent: float
+    tries: int = 0
+
+
+@dataclass
+class _Journal:
+    """Pushes of one key part not yet known applied: (seq, op, arrays), oldest first."""
+
+    server: int
+    confirmed: int = 0
+    pushes: deque[tuple[int, dict[str, Any], list[np.ndarray]]] = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        self.pushes = deque()
+
+    def confirm(self, seq: int) -> None:
+        self.confirmed = max(self.confirmed, seq)
+        while self.pushes and self.pushes[0][0] <= seq:
+            self.pushes.popleft()
+
+
 class Engine:
     """Connection of one worker process to its job."""
 
@@ -116,6 +160,10 @@ class Engine:
         self._closing = False
         self._failed = False
         self._channels: list[Channel] = []  # the I/O thread's server channels (counters only)
+        self._journal: dict[tuple[Any, int], _Journal] = {}  # (key, part) -> unconfirmed pushes
+        self._down: set[int] = set()       # servers the scheduler reports down (being replaced)
+        self._next_scan = 0.0
+        self.retries = 0                   # requests sent again (lost messages)
         self._thread = threading.Thread(target=self._run, name="psnode-io", daemon=True)
         self._thread.start()
         try:
@@ -206,7 +254,7 @@ class Engine:
         t = Transport(self.cfg.job_id, "worker", self.cfg.max_message_bytes, keys)
         servers: list[Channel] = self._channels
         inflight: list[int] = []
-        pending: dict[int, tuple[Future, int, int]] = {}  # request id -> (future, server, bytes)
+        pending: dict[int, _Pending] = {}  # request id -> request waiting for its answer
         barrier_waiters: deque[Future] = deque()
         finish: list[Future] = []
         try:
@@ -236,6 +284,8 @@ class Engine:
                             barrier_waiters.popleft().set({}, [])
                         elif msg.cmd is Command.FINISH_ACK and finish:
                             finish.pop(0).set({}, [])
+                        elif msg.cmd is Command.SERVERS:
+                            self._on_servers(msg.body, t, poller, servers, pending)
                         elif msg.cmd in (Command.PEER_LOST, Command.SHUTDOWN):
                             raise PeerLost(f"job {self.cfg.job_id} ended: {lost_message(msg)}")
                 for i, ch in enumerate(servers):
@@ -252,6 +302,9 @@ class Engine:
                         (barrier_waiters if cmd is Command.BARRIER else finish).append(fut)
                 if servers:
                     self._flush(servers, inflight, pending)
+                    if pending and now >= self._next_scan:
+                        self._next_scan = now + max(0.02, self.cfg.retry_timeout / 4)
+                        self._retry(now, servers, inflight, pending)
         except PSError as exc:
             self._die(exc, pending, barrier_waiters, finish)
         except Exception as exc:  # noqa: BLE001 - never let the I/O thread vanish silently
@@ -260,8 +313,8 @@ class Engine:
             t.close(linger_ms=500 if self.fatal is None else 0)
             if self.fatal is None:
                 self.fatal = PSError("this KVStore is closed")
-            for fut, *_ in pending.values():
-                fut.fail(self.fatal)
+            for p in pending.values():
+                p.future.fail(self.fatal)
 
     @property
     def stats(self) -> dict[str, int]:
@@ -279,12 +332,11 @@ class Engine:
         with self._lock:
             self._woken = False
 
-    def _die(self, exc: PSError, pending: dict[int, tuple[Future, int, int]],
-             *waiters: Any) -> None:
+    def _die(self, exc: PSError, pending: dict[int, _Pending], *waiters: Any) -> None:
         self.fatal = exc
         self._welcome.fail(exc)
-        for fut, *_ in pending.values():
-            fut.fail(exc)
+        for p in pending.values():
+            p.future.fail(exc)
         for group in waiters:
             for fut in group:
                 fut.fail(exc)
@@ -303,7 +355,7 @@ class Engine:
             print(f"psnode worker {self.rank}: exiting: the job failed", file=sys.stderr, flush=True)
             os._exit(1)
 
-    def _on_replies(self, ch: Channel, server: int, pending: dict[int, tuple[Future, int, int]],
+    def _on_replies(self, ch: Channel, server: int, pending: dict[int, _Pending],
                     inflight: list[int]) -> None:
         while (got := ch.recv()) is not None:
             msg: Message = got[1]
@@ -312,28 +364,36 @@ class Engine:
             for res in msg.body["ops"]:
                 if not isinstance(res, dict):
                     continue
-                entry = pending.pop(res.get("id"), None)
+                rid = res.get("id")
+                if "wait" in res or "missing" in res:
+                    self._on_notice(rid, res, server, pending)
+                    continue
+                entry = pending.pop(rid, None)
                 error = None
                 if "err" in res:
                     cls = ERRORS.get(str(res.get("kind")), errors.RemoteError)
                     error = cls(f"server {server}: {res['err']}")
                 if entry is None:
-                    if error is not None:  # a fire-and-forget request failed
+                    if error is not None and res.get("na"):  # a fire-and-forget request failed
                         with self._lock:
                             self._deferred.append(error)
-                    continue
-                fut, srv, nbytes = entry
-                inflight[srv] -= nbytes
+                    continue  # (or a second answer to a request sent again)
+                fut = entry.future
+                inflight[entry.server] -= entry.nbytes
                 if error is not None:
                     fut.fail(error)
                     continue
+                if entry.op.get("op") == "pull":
+                    journal = self._journal.get((entry.op["k"], entry.op.get("p", 0)))
+                    if journal is not None:
+                        journal.confirm(int(entry.op.get("after", 0)))
                 idx = res.get("a")
                 count = res.get("n", 1)
                 arrays = msg.arrays[idx:idx + count] if isinstance(idx, int) and isinstance(count, int) else []
                 fut.set(res, arrays)
 
     def _flush(self, servers: list[Channel], inflight: list[int],
-               pending: dict[int, tuple[Future, int, int]]) -> None:
+               pending: dict[int, _Pending]) -> None:
         with self._lock:
             if not self._queue:
                 return
@@ -362,9 +422,139 @@ class Engine:
             arrays.extend(req.arrays)
             size[0] += sum(a.nbytes for a in req.arrays)
             if req.future is not None:
-                pending[op["id"]] = (req.future, req.server, req.nbytes)
+                pending[op["id"]] = _Pending(req.future, req.server, req.nbytes, req.op, req.arrays,
+                                             time.monotonic())
+            if req.op.get("op") == "push":
+                self._remember(req.server, req.op, req.arrays)
+            elif req.op.get("op") == "flush":
+                req.op["check"] = self._check_list(req.server)
+                op["check"] = req.op["check"]
             if size[0] >= BATCH_BYTES or len(ops) >= BATCH_OPS:
                 servers[req.server].send(Command.DATA, {"ops": ops}, arrays)
                 del batches[req.server]
         for server, (ops, arrays, _) in batches.items():
             servers[server].send(Command.DATA, {"ops": ops}, arrays)
+
+    # ------------------------------------------------------------ lost messages, restored servers
+    def _remember(self, server: int, op: dict[str, Any], arrays: list[np.ndarray]) -> None:
+        """Keep a sent push until a pull after it returns (bounded: JOURNAL_DEPTH per key part)."""
+        key = (op["k"], op.get("p", 0))
+        journal = self._journal.get(key)
+        if journal is None:
+            journal = self._journal[key] = _Journal(server)
+        journal.pushes.append((int(op["q"]), op, arrays))
+        if len(journal.pushes) > JOURNAL_DEPTH:
+            journal.pushes.popleft()
+
+    def _check_list(self, server: int) -> list[list[Any]]:
+        """For a flush: the unconfirmed pushes per key part on ``server``, so it can name gaps."""
+        return [[k, p, [q for q, *_ in j.pushes]] for (k, p), j in self._journal.items()
+                if j.server == server and j.pushes]
+
+    def _replay(self, server: int, keys: Any = None) -> list[tuple[dict[str, Any], list[np.ndarray]]]:
+        """Journal pushes for ``server`` (all its key parts, or those in ``keys``) to send again."""
+        out = []
+        for key, j in self._journal.items():
+            if j.server != server or (keys is not None and key not in keys):
+                continue
+            for q, op, arrays in j.pushes:
+                if keys is None or q in keys[key]:
+                    out.append((op, arrays))
+        return out
+
+    def _on_notice(self, rid: Any, res: dict[str, Any], server: int, pending: dict[int, _Pending]) -> None:
+        """``wait``: the server holds the request (alive, nothing lost).  ``missing``: a flush
+        found pushes the server never received: send them, then the flush again."""
+        entry = pending.get(rid)
+        if entry is None:
+            return
+        entry.sent, entry.tries = time.monotonic(), 0
+        if "missing" in res:
+            wanted: dict[tuple[Any, int], set[int]] = {}
+            for item in res["missing"] if isinstance(res["missing"], list) else []:
+                if isinstance(item, list) and len(item) == 3 and isinstance(item[2], list):
+                    wanted[(item[0], int(item[1]))] = {int(q) for q in item[2]}
+            batch = self._replay(server, wanted)
+            entry.op["check"] = self._check_list(server)
+            batch.append(({**entry.op, "re": 1}, entry.arrays))
+            self.retries += len(batch) - 1
+            self._send_batch(server, batch)
+
+    def _send_batch(self, server: int, batch: list[tuple[dict[str, Any], list[np.ndarray]]]) -> None:
+        ops: list[dict[str, Any]] = []
+        arrays: list[np.ndarray] = []
+        for op, arrs in batch:
+            op = dict(op)
+            for name in ("a", "rows"):
+                if name in op:
+                    op[name] += len(arrays)
+            ops.append(op)
+            arrays.extend(arrs)
+        self._channels[server].send(Command.DATA, {"ops": ops}, arrays)
+
+    def _retry(self, now: float, servers: list[Channel], inflight: list[int],
+               pending: dict[int, _Pending]) -> None:
+        """Send again what got no answer in time; give up after ``max_retries`` resends."""
+        limit = self.cfg.retry_timeout
+        resend: dict[int, list[tuple[dict[str, Any], list[np.ndarray]]]] = {}
+        for rid, p in list(pending.items()):
+            if p.server in self._down or now - p.sent < limit:
+                continue
+            if p.tries >= self.cfg.max_retries:
+                del pending[rid]
+                inflight[p.server] -= p.nbytes
+                what = p.op.get("op", "request") + (f" of key {p.op['k']!r}" if "k" in p.op else "")
+                p.future.fail(PeerLost(
+                    f"server {p.server} at {servers[p.server].address} did not answer the {what} "
+                    f"(request {rid}) after {p.tries} resends over {p.tries * limit + limit:.1f} s; "
+                    "it is alive for the scheduler but unreachable from this worker (network?)"))
+                continue
+            p.tries += 1
+            p.sent = now
+            batch = resend.setdefault(p.server, [])
+            if p.op.get("op") == "pull":
+                key = (p.op["k"], p.op.get("p", 0))
+                if key in self._journal:
+                    batch.extend(self._replay(p.server, {key: {q for q, *_ in self._journal[key].pushes}}))
+            batch.append(({**p.op, "re": 1}, p.arrays))
+        for server, batch in resend.items():
+            self.retries += len(batch)
+            log.warning("worker %d: %d request(s) to server %d got no answer in %.1f s; sending again",
+                        self.rank, len(batch), server, limit)
+            self._send_batch(server, batch)
+
+    def _on_servers(self, body: dict[str, Any], t: Transport, poller: Poller, servers: list[Channel],
+                    pending: dict[int, _Pending]) -> None:
+        """A server is down (its requests wait) or was replaced (reconnect, resync, resend)."""
+        if isinstance(body.get("down"), int):
+            self._down.add(body["down"])
+            log.warning("worker %d: server %d is down; waiting for its replacement", self.rank, body["down"])
+            return
+        rank = body.get("restored")
+        book = body.get("servers")
+        if not isinstance(rank, int) or not isinstance(book, list) or not 0 <= rank < len(servers):
+            return
+        row = next((r for r in book if isinstance(r, list) and len(r) == 3 and r[0] == rank), None)
+        if row is None:
+            return
+        old = servers[rank]
+        poller.remove(old)
+        old.close()
+        ch = t.dealer(str(row[1]), int(row[2]), f"w{self.rank}")
+        ch.bytes_in, ch.bytes_out = old.bytes_in, old.bytes_out
+        servers[rank] = ch
+        poller.add(ch)
+        self._down.discard(rank)
+        parts = [[k, p, j.confirmed] for (k, p), j in self._journal.items() if j.server == rank]
+        ch.send(Command.DATA, {"ops": [{"op": "resync", "id": 0, "parts": parts}]})
+        batch = self._replay(rank)
+        now = time.monotonic()
+        for rid in sorted(pending):
+            p = pending[rid]
+            if p.server == rank:
+                p.sent, p.tries = now, 0
+                batch.append(({**p.op, "re": 1}, p.arrays))
+        log.warning("worker %d: server %d restarted at %s:%s; resending %d request(s)",
+                    self.rank, rank, row[1], row[2], len(batch))
+        if batch:
+            self._send_batch(rank, batch)

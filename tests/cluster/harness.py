@@ -106,16 +106,24 @@ def start_job(script: str, num_workers: int, num_servers: int, env: dict[str, st
     return job
 
 
-def restart_worker(job: Job, rank: int, count: int) -> Proc:
-    """Start a replacement for worker ``rank`` (its predecessor must have exited)."""
-    old = next(p for p in reversed(job.workers) if p.rank == rank)
+def restart_worker(job: Job, rank: int, count: int, role: str = "worker") -> Proc:
+    """Start a replacement for ``role`` ``rank`` (its predecessor must have exited)."""
+    old = next(p for p in reversed(job.by_role(role)) if p.rank == rank)
     old.out, old.err = old.popen.communicate(timeout=10)
     env = dict(old.env, PSNODE_RESTART_COUNT=str(count))
     p = subprocess.Popen(old.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, start_new_session=True)
-    new = Proc("worker", rank, p, old.argv, env)
+    new = Proc(role, rank, p, old.argv, env)
     job.procs.append(new)
     return new
+
+
+def wait_for_file(path: Path, timeout: float = 30.0) -> None:
+    """Wait (bounded) until a worker script creates ``path``."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} did not appear within {timeout} s"
+        time.sleep(0.02)
 
 
 def wait_job(job: Job, timeout: float = 60.0) -> Job:

@@ -1,0 +1,124 @@
+"""A server killed mid-job is restarted, restores its shard and optimizer state from its last
+checkpoint, and the job ends with exactly the values of an uninterrupted run.
+
+Worker 0 pushes round 5 and waits in its pull; worker 1 has not pushed round 5 yet.  The test
+kills server 1 (kill -9) right then, starts its replacement (as ``mxdist launch --max-restarts``
+does), and only then lets worker 1 go on.  Pushes sent to the dead server, the parked pull and
+the round in progress are all recovered by the workers' resync and resend.
+"""
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+
+import psnode
+from harness import alive, restart_worker, start_job, wait_for_file, wait_job
+
+STEPS = 8
+KEYS = ["a", "b", "c", "d", "big"]
+
+SCRIPT = """
+import os, sys, time, pathlib, numpy as np, psnode
+flags = pathlib.Path(sys.argv[1])
+kv = psnode.kv.create('dist_sync')
+kv.set_optimizer(psnode.optimizer.create('sgd', learning_rate=0.25, momentum=0.5))
+keys = ['a', 'b', 'c', 'd', 'big']
+shapes = {'a': 4, 'b': 4, 'c': 4, 'd': 4, 'big': 16}
+for k in keys:
+    kv.init(k, np.zeros(shapes[k], np.float32))
+for step in range(8):
+    if kv.rank == 1 and step == 5:
+        deadline = time.monotonic() + 60
+        while not (flags / 'go').exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    for i, k in enumerate(keys):
+        kv.push(k, np.arange(shapes[k], dtype=np.float32) * (kv.rank + 1) + step + i)
+    if kv.rank == 0 and step == 5:
+        (flags / 'pushed').touch()
+    for k in keys:
+        kv.pull(k)
+for k in keys:
+    print('FINAL', k, kv.pull(k).tolist(), flush=True)
+kv.close()
+"""
+
+
+def reference() -> dict[str, list[float]]:
+    """The same training on a 'local' store fed the workers' average gradient."""
+    kv = psnode.kv.create("local")
+    kv.set_optimizer(psnode.optimizer.create("sgd", learning_rate=0.25, momentum=0.5))
+    shapes = {"a": 4, "b": 4, "c": 4, "d": 4, "big": 16}
+    for k in KEYS:
+        kv.init(k, np.zeros(shapes[k], np.float32))
+    for step in range(STEPS):
+        for i, k in enumerate(KEYS):
+            g = [np.arange(shapes[k], dtype=np.float32) * (r + 1) + step + i for r in (0, 1)]
+            kv.push(k, (g[0] + g[1]) * np.float32(0.5))
+    return {k: kv.pull(k).tolist() for k in KEYS}
+
+
+def test_killed_server_restores_from_checkpoint_and_the_job_ends_exactly(tmp_path) -> None:
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    env = {"PSNODE_MAX_RESTARTS": "1", "PSNODE_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
+           "PSNODE_CHECKPOINT_ROUNDS": "1", "PSNODE_BIG_ARRAY_BOUND": "8",
+           "PSNODE_RETRY_TIMEOUT": "1"}
+    job = start_job(SCRIPT, 2, 2, env=env, args=[str(flags)], tmp=tmp_path)
+    try:
+        wait_for_file(flags / "pushed", 60)
+        server = next(p for p in job.by_role("server") if p.rank == 1)
+        os.kill(server.popen.pid, signal.SIGKILL)
+        server.popen.wait(10)
+        restart_worker(job, 1, 1, role="server")
+        (flags / "go").touch()
+    finally:
+        wait_job(job, 90)
+    codes = sorted((p.role, p.rank, p.code) for p in job.procs)
+    assert codes == [("scheduler", 0, 0), ("server", 0, 0), ("server", 1, -9), ("server", 1, 0),
+                     ("worker", 0, 0), ("worker", 1, 0)], job.describe()
+    want = reference()
+    for w in job.workers:
+        finals = {line.split()[1]: line.split(" ", 2)[2] for line in w.out.splitlines()
+                  if line.startswith("FINAL")}
+        assert finals == {k: str(v) for k, v in want.items()}, job.describe()
+    for w in job.workers:
+        assert "server 1 restarted at" in w.err, w.err   # reconnected, resynced, resent
+    restored = job.by_role("server")[-1]
+    assert "restored" in restored.err and "every worker resynced" in restored.err, restored.err
+    assert not [p.popen.pid for p in job.procs if alive(p.popen.pid)]
+
+
+NO_CHECKPOINT = """
+import sys, time, pathlib, numpy as np, psnode
+kv = psnode.kv.create('dist_sync')
+kv.init('w', np.zeros(2, np.float32))
+kv.push('w', np.ones(2, np.float32))
+kv.pull('w')
+pathlib.Path(sys.argv[1]).touch()
+time.sleep(60)
+"""
+
+
+def test_server_restarted_without_a_checkpoint_fails_the_job_naming_why(tmp_path) -> None:
+    env = {"PSNODE_MAX_RESTARTS": "1", "PSNODE_CHECKPOINT_DIR": str(tmp_path / "empty"),
+           "PSNODE_CHECKPOINT_ROUNDS": "1000"}
+    ready = tmp_path / "ready"
+    job = start_job(NO_CHECKPOINT, 1, 1, env=env, args=[str(ready)], tmp=tmp_path)
+    try:
+        wait_for_file(ready, 30)
+        server = job.by_role("server")[0]
+        os.kill(server.popen.pid, signal.SIGKILL)
+        server.popen.wait(10)
+        restart_worker(job, 0, 1, role="server")
+    finally:
+        wait_job(job, 60)
+    replacement = job.by_role("server")[-1]
+    assert replacement.code == 1
+    assert "cannot restore its shard" in replacement.err and "checkpoint more often" in replacement.err
+    assert job.by_role("scheduler")[0].code == 1
+    worker = job.workers[0]
+    assert worker.code == 1 and "cannot restore its shard" in worker.err, job.describe()
+    assert not [p.popen.pid for p in job.procs if alive(p.popen.pid)]

@@ -1,0 +1,129 @@
+"""Pure parts of lost-message recovery and server restore: the Store answers resent requests
+exactly once, names pushes it never received, and rebases restored rounds."""
+from __future__ import annotations
+
+import numpy as np
+
+from psnode import checkpoint
+from psnode.aggregation import Store
+from psnode.config import NodeConfig
+
+F = np.float32
+
+
+def _init(s: Store, key, value, sync: bool = True) -> None:
+    v = np.asarray(value)
+    s.handle(0, {"op": "init", "id": 0, "k": key, "a": 0, "dtype": v.dtype.name,
+                 "shape": list(v.shape), "sync": sync, "agg": "average"}, [v])
+
+
+def _push(s: Store, w: int, key, seq: int, value) -> list:
+    return s.handle(w, {"op": "push", "id": 100 + seq, "k": key, "q": seq, "a": 0, "na": 1},
+                    [np.asarray(value, F)])
+
+
+def _pull(s: Store, w: int, key, after: int, rid: int = 7, re: bool = False) -> list:
+    op = {"op": "pull", "id": rid, "k": key, "after": after}
+    if re:
+        op["re"] = 1
+    return s.handle(w, op, [])
+
+
+def test_resent_pull_still_parked_is_answered_wait_and_not_parked_twice() -> None:
+    s = Store(2)
+    _init(s, "k", np.zeros(2, F))
+    _push(s, 0, "k", 1, [2, 2])
+    assert _pull(s, 0, "k", 1) == []
+    assert [r.result for r in _pull(s, 0, "k", 1, re=True)] == [{"id": 7, "wait": 1}]
+    out = _push(s, 1, "k", 1, [4, 4])
+    assert [(r.worker, r.arrays[0].tolist()) for r in out] == [(0, [3.0, 3.0])]  # answered once
+
+
+def test_resent_pull_whose_answer_was_lost_is_answered_again() -> None:
+    s = Store(1)
+    _init(s, "k", np.zeros(2, F))
+    _push(s, 0, "k", 1, [5, 5])
+    assert _pull(s, 0, "k", 1)[0].arrays[0].tolist() == [5, 5]
+    assert _pull(s, 0, "k", 1, re=True)[0].arrays[0].tolist() == [5, 5]
+
+
+def test_flush_names_pushes_never_received_and_a_resent_push_counts_once() -> None:
+    s = Store(1)
+    _init(s, "k", np.zeros(1, F))
+    _push(s, 0, "k", 1, [1])
+    # push 2 was lost on the way; 3 arrived and waits for round 3
+    _push(s, 0, "k", 3, [3])
+    flush = s.handle(0, {"op": "flush", "id": 9, "check": [["k", 0, [1, 2, 3]]]}, [])
+    assert flush[0].result == {"id": 9, "missing": [["k", 0, [2]]]}
+    _push(s, 0, "k", 2, [2])
+    _push(s, 0, "k", 2, [2])  # sent twice: applied once
+    assert s.entries[("k", 0)].round == 3 and s.entries[("k", 0)].value.tolist() == [3]
+    assert s.handle(0, {"op": "flush", "id": 9, "check": [["k", 0, [2, 3]]]}, [])[0].result == {"id": 9}
+
+
+def test_async_pushes_out_of_order_apply_once_and_pulls_wait_for_the_gap() -> None:
+    s = Store(1)
+    _init(s, "k", np.zeros(1, F), sync=False)
+    s.handle(0, {"op": "opt", "id": 1, "spec": {"name": "sgd", "params": {"learning_rate": 1.0}}}, [])
+    _push(s, 0, "k", 1, [1])
+    _push(s, 0, "k", 3, [4])          # 2 lost for now
+    assert _pull(s, 0, "k", 3) == []  # push 2 not applied yet: the pull waits
+    out = _push(s, 0, "k", 2, [2])
+    assert [r.arrays[0].tolist() for r in out if r.arrays] == [[-7.0]]
+    _push(s, 0, "k", 3, [4])          # a resend of 3: not applied again
+    assert s.entries[("k", 0)].value.tolist() == [-7] and s.entries[("k", 0)].pushed[0] == 3
+
+
+def test_error_of_a_fire_and_forget_request_is_marked_so() -> None:
+    s = Store(1)
+    out = _push(s, 0, "nokey", 1, [1])
+    assert out[0].result["kind"] == "KeyNotInitialized" and out[0].result["na"] == 1
+
+
+def test_restore_keeps_checkpointed_rounds_and_rebase_applies_each_round_once(tmp_path) -> None:
+    s = Store(2)
+    _init(s, "k", np.zeros(1, F))
+    s.handle(0, {"op": "opt", "id": 1, "spec": {"name": "sgd", "params": {"learning_rate": 1.0, "momentum": 0.5}}}, [])
+    for q in (1, 2):
+        _push(s, 0, "k", q, [q])
+        _push(s, 1, "k", q, [q])
+    checkpoint.save_server(str(tmp_path), 0, s)       # written after round 2, before its replies
+    want_value = s.entries[("k", 0)].value.copy()
+
+    fresh = Store(2)
+    assert checkpoint.load_server(str(tmp_path), 0, fresh, same_job=True) == 1
+    entry = fresh.entries[("k", 0)]
+    assert entry.round == 2 and np.array_equal(entry.value, want_value)
+    # worker 0 saw round 1 complete, worker 1 only round 0; both resend push 2 (never confirmed)
+    assert fresh.rebase({("k", 0): {0: 1, 1: 0}}, 2) == []
+    _push(fresh, 0, "k", 2, [2])
+    _push(fresh, 1, "k", 2, [2])
+    assert entry.round == 2 and np.array_equal(entry.value, want_value)  # not applied twice
+    assert _pull(fresh, 1, "k", 2)[0].arrays[0].tolist() == want_value.tolist()
+    _push(fresh, 0, "k", 3, [3])
+    _push(fresh, 1, "k", 3, [3])
+    s_ref = s
+    _push(s_ref, 0, "k", 3, [3])
+    _push(s_ref, 1, "k", 3, [3])
+    assert entry.round == 3 and np.array_equal(entry.value, s_ref.entries[("k", 0)].value)
+
+
+def test_rebase_reports_rounds_the_checkpoint_lacks(tmp_path) -> None:
+    s = Store(1)
+    _init(s, "k", np.zeros(1, F))
+    checkpoint.save_server(str(tmp_path), 0, s)
+    fresh = Store(1)
+    checkpoint.load_server(str(tmp_path), 0, fresh, same_job=True)
+    notes = fresh.rebase({("k", 0): {0: 4}}, 1)
+    assert notes == ["key 'k': rounds 1..4 were not in the checkpoint; the value is that of round 0"]
+    assert fresh.entries[("k", 0)].round == 4
+    assert _push(fresh, 0, "k", 5, [1]) == [] and fresh.entries[("k", 0)].round == 5
+
+
+def test_retry_settings_are_part_of_the_env_contract() -> None:
+    env = {"PSNODE_ROLE": "worker", "PSNODE_SCHEDULER": "127.0.0.1:9", "PSNODE_NUM_WORKERS": "1",
+           "PSNODE_NUM_SERVERS": "1", "PSNODE_JOB_ID": "j", "PSNODE_RETRY_TIMEOUT": "0.5",
+           "PSNODE_MAX_RETRIES": "7"}
+    cfg = NodeConfig.from_env(env)
+    assert (cfg.retry_timeout, cfg.max_retries) == (0.5, 7)
+    assert NodeConfig.from_env(cfg.to_env()) == cfg
