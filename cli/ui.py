@@ -161,11 +161,12 @@ def status_table(job: Mapping[str, Any]) -> Table:
         title += f"  Slurm job {job['slurm_job']}"
     steps = any(n.get("step") for n in job["nodes"])  # Slurm: step id of each running process
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    headers = ("role", "rank", "host", "pid", "state", "hb age", "push", "pull", "in/out", "up")
+    headers = ("role", "rank", "host", "pid", "state", "hb age", "push", "pull", "in/out", "resent",
+               "restarts", "up")
     headers += ("step",) if steps else ()
     for col in headers:
         table.add_column(col, no_wrap=True, min_width=9 if col == "host" else None,
-                         justify="right" if col in ("rank", "pid", "push", "pull") else "left")
+                         justify="right" if col in ("rank", "pid", "push", "pull", "resent", "restarts") else "left")
     for n in job["nodes"]:
         io = "-" if n.get("bytes_in") is None else f"{_bytes(n['bytes_in'])}/{_bytes(n.get('bytes_out'))}"
         table.add_row(
@@ -173,7 +174,8 @@ def status_table(job: Mapping[str, Any]) -> Table:
             "" if n.get("rank") is None else str(n["rank"]), Text(str(n["host"])),
             str(n.get("pid") or "-"), Text(n["state"], style=STATE_STYLE.get(n["state"], "")),
             _age(n.get("heartbeat_age")), str(n.get("pushes", "-")), str(n.get("pulls", "-")),
-            io, _age(n.get("uptime")), *([str(n.get("step") or "-")] if steps else []),
+            io, str(n.get("retries", "-")), str(n.get("restarts", "-")), _age(n.get("uptime")),
+            *([str(n.get("step") or "-")] if steps else []),
         )
     return table
 

@@ -77,7 +77,8 @@ class Node:
                 "bytes_in": int(self.stats.get("bytes_in", 0)),
                 "bytes_out": int(self.stats.get("bytes_out", 0)),
                 "rounds": int(self.stats.get("rounds", 0)),
-                "dropped": int(self.stats.get("dropped", 0)), "refused": int(self.stats.get("refused", 0))}
+                "dropped": int(self.stats.get("dropped", 0)), "refused": int(self.stats.get("refused", 0)),
+                "retries": int(self.stats.get("retries", 0))}
 
 
 class Scheduler:

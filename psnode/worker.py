@@ -320,7 +320,8 @@ class Engine:
     def stats(self) -> dict[str, int]:
         """Bytes this worker sent to and received from servers (read from any thread)."""
         chans = list(self._channels)
-        return {"bytes_in": sum(c.bytes_in for c in chans), "bytes_out": sum(c.bytes_out for c in chans)}
+        return {"bytes_in": sum(c.bytes_in for c in chans), "bytes_out": sum(c.bytes_out for c in chans),
+                "retries": self.retries}
 
     def _read_wake(self) -> None:
         """Drain the eventfd, then re-arm: in the other order a submit between the two would

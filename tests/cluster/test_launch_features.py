@@ -179,3 +179,67 @@ def test_killed_launcher_leaves_a_job_that_ends_by_itself(home, tmp_path):
     assert "localhost: nothing of the job left" in stop.stderr
     assert latest(home)["state"] == "stopped"
     assert_nothing_left(home)
+
+
+SERVER_KILLED = textwrap.dedent("""
+    import sys, time, pathlib, numpy as np, psnode
+    flags = pathlib.Path(sys.argv[1])
+    kv = psnode.kv.create('dist_sync')
+    kv.set_optimizer(psnode.optimizer.create('adam', learning_rate=0.125))
+    for k in ('a', 'b', 'c'):
+        kv.init(k, np.zeros(4, np.float32))
+    for step in range(6):
+        if kv.rank == 1 and step == 3:
+            deadline = time.monotonic() + 60
+            while not (flags / 'go').exists():
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+        for k in ('a', 'b', 'c'):
+            kv.push(k, np.full(4, (kv.rank + 1) * (step + 1), np.float32))
+        if kv.rank == 0 and step == 3:
+            (flags / 'pushed').touch()
+        for k in ('a', 'b', 'c'):
+            kv.pull(k)
+    print("FINAL", [kv.pull(k).tolist() for k in ('a', 'b', 'c')], flush=True)
+    kv.close()
+""")
+
+
+def test_killed_server_is_restarted_from_its_checkpoint_and_the_job_ends_exactly(home, tmp_path):
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    env = cli_env(home)
+    proc = start_cli(["launch", "-n", "2", "-s", "2", "--max-restarts", "1", "--checkpoint-dir",
+                      str(tmp_path / "ckpt"), "--checkpoint-rounds", "1",
+                      script(tmp_path, SERVER_KILLED), str(flags)], env)
+    try:
+        wait_for(lambda: (flags / "pushed").exists(), 60, "worker 0 to push round 4")
+        reaper = next(p["pid"] for p in latest(home)["procs"] if p["name"] == "server-1")
+        children = Path(f"/proc/{reaper}/task/{reaper}/children").read_text().split()
+        os.kill(int(children[0]), signal.SIGKILL)         # the psnode server under its reaper
+        wait_for(lambda: next(p for p in latest(home)["procs"] if p["name"] == "server-1")["restarts"] == 1,
+                 30, "the launcher to restart server-1")
+        (flags / "go").touch()
+        out, _ = proc.communicate(timeout=90)            # (stderr goes to out)
+    finally:
+        kill_cli(proc)
+    assert proc.returncode == 0, out
+    assert "server-1 on localhost killed by SIGKILL: restarting it with rank 1 (restart 1 of 1)" in out, out
+    # the uninterrupted run, on a 'local' store fed the workers' average gradient
+    import numpy as np
+    import psnode
+    kv = psnode.kv.create("local")
+    kv.set_optimizer(psnode.optimizer.create("adam", learning_rate=0.125))
+    for k in ("a", "b", "c"):
+        kv.init(k, np.zeros(4, np.float32))
+    for step in range(6):
+        for k in ("a", "b", "c"):
+            kv.push(k, np.full(4, 1.5 * (step + 1), np.float32))
+    want = [kv.pull(k).tolist() for k in ("a", "b", "c")]
+    assert sorted(lines(out, "FINAL")) == [f"FINAL {want}"] * 2, out
+    rec = latest(home)
+    assert rec["state"] == "succeeded"
+    assert next(p for p in rec["procs"] if p["name"] == "server-1")["restarts"] == 1
+    server_log = Path(next(p["log"] for p in rec["procs"] if p["name"] == "server-1")).read_text()
+    assert "restored 2 key parts" in server_log or "restored 1 key parts" in server_log, server_log
+    assert_nothing_left(home)
