@@ -43,6 +43,7 @@ DDP = textwrap.dedent("""
     grad = model.module.weight.grad.item()   # mean over ranks of (rank + 1)
     assert grad == sum(range(1, world + 1)) / world, grad
     print("ddp rank", rank, "grad", grad)
+    del model                     # DDP before its group: torch 2.13 may abort at exit otherwise
     dist.destroy_process_group()
 """)
 
