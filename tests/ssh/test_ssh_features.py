@@ -172,3 +172,59 @@ def test_remote_worker_is_restarted_on_its_host_with_the_job_keys(ssh_cluster, h
     assert rec["state"] == "succeeded"
     assert next(p for p in rec["procs"] if p["name"] == "worker-1")["restarts"] == 1
     assert_nothing_left(home)
+
+
+SERVER_CRASH = textwrap.dedent("""
+    import sys, time, pathlib, numpy as np, psnode
+    flags = pathlib.Path(sys.argv[1])
+    kv = psnode.kv.create('dist_sync')
+    kv.set_optimizer(psnode.optimizer.create('sgd', learning_rate=0.125, momentum=0.5))
+    for k in ('a', 'b'):
+        kv.init(k, np.zeros(3, np.float32))
+    for step in range(5):
+        if kv.rank == 1 and step == 2:
+            deadline = time.monotonic() + 60
+            while not (flags / 'go').exists():
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+        for k in ('a', 'b'):
+            kv.push(k, np.full(3, (kv.rank + 1) * (step + 1), np.float32))
+        if kv.rank == 0 and step == 2:
+            (flags / 'pushed').touch()
+        for k in ('a', 'b'):
+            kv.pull(k)
+    print("FINAL", [kv.pull(k).tolist() for k in ('a', 'b')], flush=True)
+    kv.close()
+""")
+
+
+def test_remote_server_killed_is_restarted_from_its_checkpoint(ssh_cluster, home, tmp_path):
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    proc = start_cli(["launch", "-H", "node1,node2", "-s", "2", "--max-restarts", "1",
+                      "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-rounds", "1",
+                      script(tmp_path, SERVER_CRASH), str(flags)], ssh_cluster.env(home))
+    try:
+        wait_for(lambda: (flags / "pushed").exists(), 90, "worker 0 to push round 3")
+        rec = latest(home)
+        server = next(p for p in rec["procs"] if p["name"] == "server-1")
+        assert server["host"] == "node2"
+        children = Path(f"/proc/{server['pid']}/task/{server['pid']}/children").read_text().split()
+        os.kill(int(children[0]), 9)                   # the psnode server under its reaper, on node2
+        wait_for(lambda: next(p for p in latest(home)["procs"] if p["name"] == "server-1")["restarts"] == 1,
+                 60, "the launcher to restart server-1 on node2")
+        (flags / "go").touch()
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        kill_cli(proc)
+    assert proc.returncode == 0, out
+    assert "server-1 on node2 killed by SIGKILL: restarting it with rank 1 (restart 1 of 1)" in out, out
+    # the uninterrupted run: sgd with momentum on the mean gradient 1.5 (step + 1)
+    w, mom = 0.0, 0.0
+    for step in range(5):
+        mom = 0.5 * mom - 0.125 * 1.5 * (step + 1)
+        w += mom
+    finals = [line.split("FINAL ", 1)[1] for line in out.splitlines() if "] FINAL " in line]
+    assert finals == [str([[w] * 3, [w] * 3])] * 2, out
+    assert latest(home)["state"] == "succeeded"
+    assert_nothing_left(home)
