@@ -346,7 +346,11 @@ class Store:
                                  or (len(rows) and (rows.min() < 0 or rows.max() >= entry.value.shape[0]))):
             raise OpError("ShapeMismatch", f"{_fmt(*key)}: row ids must be in 0..{entry.value.shape[0] - 1}")
         if op.get("re") and any(w == worker and r == rid for w, r, *_ in entry.pulls):
-            return [Reply(worker, {"id": rid, "wait": 1})]  # still parked: nothing was lost
+            notice = {"id": rid, "wait": 1}  # still parked: the pull was not lost
+            gap = _first_gap(entry, worker)
+            if gap <= after:  # ... but it waits for a push of this worker that never came
+                notice["gap"] = gap
+            return [Reply(worker, notice)]
         self.pulls += 1
         entry.pulls.append((worker, rid, after, rows))
         return self._answer_pulls(entry)
@@ -465,6 +469,15 @@ class Store:
 def _received(entry: Entry, worker: int, seq: int) -> bool:
     return (seq <= entry.pushed.get(worker, 0) or seq in entry.ahead.get(worker, ())
             or any(s == seq for s, *_ in entry.early.get(worker, [])))
+
+
+def _first_gap(entry: Entry, worker: int) -> int:
+    """The first push sequence number of ``worker`` this key part has not received."""
+    have = {s for s, *_ in entry.early.get(worker, [])} | entry.ahead.get(worker, set())
+    seq = entry.pushed.get(worker, 0) + 1
+    while seq in have:
+        seq += 1
+    return seq
 
 
 def _mark_async(entry: Entry, worker: int, seq: int) -> None:

@@ -367,7 +367,7 @@ class Engine:
                     continue
                 rid = res.get("id")
                 if "wait" in res or "missing" in res:
-                    self._on_notice(rid, res, server, pending)
+                    self._on_notice(rid, res, server, pending, inflight)
                     continue
                 entry = pending.pop(rid, None)
                 error = None
@@ -463,13 +463,30 @@ class Engine:
                     out.append((op, arrays))
         return out
 
-    def _on_notice(self, rid: Any, res: dict[str, Any], server: int, pending: dict[int, _Pending]) -> None:
-        """``wait``: the server holds the request (alive, nothing lost).  ``missing``: a flush
-        found pushes the server never received: send them, then the flush again."""
+    def _on_notice(self, rid: Any, res: dict[str, Any], server: int, pending: dict[int, _Pending],
+                   inflight: list[int]) -> None:
+        """``wait``: the server holds the request (alive, nothing lost); with ``gap``, the pull
+        waits for a push of ours the server never received: resend it, or fail if the journal no
+        longer has it.  ``missing``: a flush found pushes the server never received: send them,
+        then the flush again."""
         entry = pending.get(rid)
         if entry is None:
             return
         entry.sent, entry.tries = time.monotonic(), 0
+        gap = res.get("gap")
+        if isinstance(gap, int) and entry.op.get("op") == "pull":
+            key = (entry.op["k"], entry.op.get("p", 0))
+            journal = self._journal.get(key)
+            if journal is not None and any(q == gap for q, *_ in journal.pushes):
+                self.retries += 1
+                self._send_batch(server, self._replay(server, {key: {gap}}))
+                return
+            del pending[rid]
+            inflight[entry.server] -= entry.nbytes
+            entry.future.fail(PeerLost(
+                f"push {gap} of key {key[0]!r} to server {server} was lost and can no longer be sent "
+                f"again (more than {JOURNAL_DEPTH} pushes of that key without a pull in between)"))
+            return
         if "missing" in res:
             wanted: dict[tuple[Any, int], set[int]] = {}
             for item in res["missing"] if isinstance(res["missing"], list) else []:

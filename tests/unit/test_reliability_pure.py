@@ -127,3 +127,15 @@ def test_retry_settings_are_part_of_the_env_contract() -> None:
     cfg = NodeConfig.from_env(env)
     assert (cfg.retry_timeout, cfg.max_retries) == (0.5, 7)
     assert NodeConfig.from_env(cfg.to_env()) == cfg
+
+
+def test_resent_pull_waiting_for_a_lost_push_of_its_own_worker_names_the_gap() -> None:
+    s = Store(2)
+    _init(s, "k", np.zeros(1, F))
+    _push(s, 0, "k", 1, [1])
+    _push(s, 1, "k", 1, [1])
+    _push(s, 0, "k", 3, [3])           # push 2 of worker 0 lost; 3 waits as early
+    assert _pull(s, 0, "k", 3) == []
+    assert [r.result for r in _pull(s, 0, "k", 3, re=True)] == [{"id": 7, "wait": 1, "gap": 2}]
+    _push(s, 0, "k", 2, [2])           # resent: now the pull waits only for worker 1
+    assert [r.result for r in _pull(s, 0, "k", 3, re=True)] == [{"id": 7, "wait": 1}]
