@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -327,7 +328,7 @@ class KVStore:
                 fixups.append((o, dest))
             for part in info.placement.parts:
                 op = {"op": "pull", "k": k, "p": part.index, "after": info.seq}
-                nbytes = int(np.prod(info.part_shape(part.lo, part.hi))) * info.dtype.itemsize
+                nbytes = math.prod(info.part_shape(part.lo, part.hi)) * info.dtype.itemsize
                 futs.append(self._submit(part.server, op, [], nbytes, priority,
                                          self._copier(dest, info, part.lo, part.hi)))
             results.append(o)
