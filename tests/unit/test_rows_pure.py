@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from psnode.aggregation import _combine_rows
+from psnode.kvstore import _unique
 
 
 def _reference(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
@@ -37,3 +38,11 @@ def test_combine_rows_is_bit_identical_to_reduceat(dtype: type) -> None:
         assert rows.dtype == want_rows.dtype and np.array_equal(rows, want_rows)
         assert data.dtype == want.dtype and data.shape == want.shape
         assert np.array_equal(data.view(np.uint8), want.view(np.uint8))
+
+
+def test_unique_matches_numpy() -> None:
+    rng = np.random.default_rng(4)
+    for n in (0, 1, 2, 7, 1000):
+        ids = rng.integers(-3, 40, n)
+        got, want = _unique(ids), np.unique(ids)
+        assert got.dtype == want.dtype and np.array_equal(got, want)
