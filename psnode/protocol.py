@@ -48,6 +48,7 @@ _BY_NAME = {n: np.dtype(n) for n in DTYPES}
 _PAD = bytes(16)
 # headers are plain trees of dicts, lists, strings and numbers: no cycle check needed (faster)
 _JSON = json.JSONEncoder(separators=(",", ":"), check_circular=False)
+_JSON_DEC = json.JSONDecoder()
 
 
 class Command(str, Enum):
@@ -132,6 +133,20 @@ def _buffer(frame: Any) -> memoryview:
     return memoryview(frame) if buf is None else buf
 
 
+_COMMANDS = {c.value: c for c in Command}
+
+
+def _parse(raw: bytes) -> Any:
+    """json.loads(raw): the UTF-8 text directly when it is plain UTF-8 (json.loads of bytes
+    guesses the encoding first, in Python); anything else goes the way of json.loads."""
+    if raw[:1] in (b"{", b"["):
+        try:
+            return _JSON_DEC.decode(raw.decode())
+        except ValueError:  # (UnicodeDecodeError too) e.g. UTF-16 text: json.loads decides
+            pass
+    return json.loads(raw)
+
+
 def decode(frames: list[Any], job_id: str | None, max_bytes: int) -> Message:
     """Validate and decode ``frames`` (identity already removed).
 
@@ -140,21 +155,22 @@ def decode(frames: list[Any], job_id: str | None, max_bytes: int) -> Message:
     """
     if len(frames) < 2:
         raise ProtocolError(f"{len(frames)} frame(s); a message has at least 2")
-    if bytes(_buffer(frames[0])) != VERSION:
+    tag = frames[0]
+    if (tag if type(tag) is bytes else bytes(_buffer(tag))) != VERSION:
         raise ProtocolError(f"bad version tag {bytes(_buffer(frames[0]))[:16]!r}")
-    raw = _buffer(frames[1])
-    if raw.nbytes > MAX_HEADER_BYTES:
-        raise ProtocolError(f"header of {raw.nbytes} bytes exceeds {MAX_HEADER_BYTES}")
+    raw = frames[1] if type(frames[1]) is bytes else bytes(_buffer(frames[1]))
+    if len(raw) > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header of {len(raw)} bytes exceeds {MAX_HEADER_BYTES}")
     try:
-        header = json.loads(bytes(raw))
+        header = _parse(raw)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ProtocolError(f"header is not JSON: {str(exc)[:80]}") from None
     if not isinstance(header, dict):
         raise ProtocolError("header is not a JSON object")
-    try:
-        cmd = Command(header.get("c"))
-    except ValueError:
-        raise ProtocolError(f"unknown command {str(header.get('c'))[:32]!r}") from None
+    c = header.get("c")
+    cmd = _COMMANDS.get(c) if type(c) is str else None
+    if cmd is None:
+        raise ProtocolError(f"unknown command {str(header.get('c'))[:32]!r}")
     job, sender, body, metas = header.get("j"), header.get("s"), header.get("b"), header.get("a")
     if not isinstance(job, str) or not isinstance(sender, str) or not isinstance(body, dict):
         raise ProtocolError("header lacks a string job id, a string sender or an object body")
