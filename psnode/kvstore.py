@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -268,11 +269,14 @@ class KVStore:
             info = self._info(k)
             v = self._prepare(k, info, v)
             info.seq += 1
+            if isinstance(v, RowSparseArray):  # rows sorted once (stable): each part is a slice
+                order = np.argsort(v.indices, kind="stable")
+                ids, rows_data = v.indices[order], v.data[order]  # copies: the caller may reuse v
             for part in info.placement.parts:
                 op: dict[str, Any] = {"op": "push", "k": k, "p": part.index, "q": info.seq, "a": 0}
                 if isinstance(v, RowSparseArray):
-                    mask = (v.indices >= part.lo) & (v.indices < part.hi)
-                    arrays = [np.ascontiguousarray(v.data[mask]), v.indices[mask] - part.lo]
+                    a, b = np.searchsorted(ids, (part.lo, part.hi))
+                    arrays = [rows_data[a:b], ids[a:b] - part.lo]
                     op["rows"] = 1
                 else:
                     arrays = [np.array(self._region(v, info, part.lo, part.hi), copy=True)]
@@ -327,7 +331,7 @@ class KVStore:
                 fixups.append((o, dest))
             for part in info.placement.parts:
                 op = {"op": "pull", "k": k, "p": part.index, "after": info.seq}
-                nbytes = int(np.prod(info.part_shape(part.lo, part.hi))) * info.dtype.itemsize
+                nbytes = math.prod(info.part_shape(part.lo, part.hi)) * info.dtype.itemsize
                 futs.append(self._submit(part.server, op, [], nbytes, priority,
                                          self._copier(dest, info, part.lo, part.hi)))
             results.append(o)
@@ -354,7 +358,7 @@ class KVStore:
             ids = np.asarray(ids).reshape(-1)
             if ids.dtype.kind not in "iu" and len(ids):
                 raise ConfigError(f"row_ids for key {k!r} must be integers, not {ids.dtype}")
-            uniq = np.unique(ids.astype(np.int64))
+            uniq = _unique(ids.astype(np.int64))
             if len(uniq) and (uniq[0] < 0 or uniq[-1] >= info.shape[0]):
                 bad = int(uniq[0] if uniq[0] < 0 else uniq[-1])
                 raise ShapeMismatch(f"row id {bad} of key {k!r} is outside 0..{info.shape[0] - 1}")
@@ -478,6 +482,12 @@ class KVStore:
     def __repr__(self) -> str:
         return (f"<KVStore {self.type} rank {self.rank}/{self.num_workers} "
                 f"servers {self.num_servers} {self._aggregator}>")
+
+
+def _unique(ids: np.ndarray) -> np.ndarray:
+    """np.unique of a 1-d array (sorted, distinct), without its overhead (several times faster)."""
+    ids = np.sort(ids)
+    return ids[np.r_[True, ids[1:] != ids[:-1]]] if len(ids) else ids
 
 
 def check_key_user(key: Any) -> Any:

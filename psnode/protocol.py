@@ -24,7 +24,6 @@ number of bytes its frame holds, and the size limits.  Any violation raises
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -46,6 +45,10 @@ DTYPES = frozenset(
 
 _NAMES = {np.dtype(n): n for n in DTYPES}   # dtype -> wire name (dtype.name is slow)
 _BY_NAME = {n: np.dtype(n) for n in DTYPES}
+_PAD = bytes(16)
+# headers are plain trees of dicts, lists, strings and numbers: no cycle check needed (faster)
+_JSON = json.JSONEncoder(separators=(",", ":"), check_circular=False)
+_JSON_DEC = json.JSONDecoder()
 
 
 class Command(str, Enum):
@@ -94,38 +97,56 @@ def encode(msg: Message) -> list[Any]:
     """
     metas: list[list[Any]] = []
     bufs: list[Any] = []
-    small: list[tuple[int, np.ndarray]] = []
+    small: list[Any] = []        # the pack's pieces: arrays and padding
+    packed: list[list[Any]] = []  # their metas (frame index set at the end)
     pack_size = 0
     for arr in msg.arrays:
-        arr = np.asarray(arr)
+        if type(arr) is not np.ndarray:
+            arr = np.asarray(arr)
         if not arr.flags.c_contiguous:
             arr = arr.copy(order="C")  # (np.ascontiguousarray would make 0-d arrays 1-d)
         name = _NAMES.get(arr.dtype)
         if name is None:
             raise ProtocolError(f"dtype {arr.dtype} cannot be sent (allowed: {sorted(DTYPES)})")
-        meta = [name, list(arr.shape), 0, 0]
-        if arr.nbytes >= PACK_BYTES:
-            meta[2] = len(bufs)
+        nbytes = arr.nbytes
+        if nbytes >= PACK_BYTES:
+            metas.append([name, list(arr.shape), len(bufs), 0])
             bufs.append(arr.reshape(-1).view(np.uint8))
         else:
-            meta[3] = pack_size
-            small.append((len(metas), arr))
-            pack_size += -(-arr.nbytes // 16) * 16
-        metas.append(meta)
-    if small:
-        pack = np.empty(pack_size, np.uint8)
-        for i, arr in small:
-            off = metas[i][3]
-            pack[off:off + arr.nbytes] = arr.reshape(-1).view(np.uint8)
-            metas[i][2] = len(bufs)
-        bufs.append(pack)
+            meta = [name, list(arr.shape), 0, pack_size]
+            metas.append(meta)
+            packed.append(meta)
+            if nbytes:
+                small.append(arr.data if arr.ndim else arr.reshape(1).data)
+            pad = -nbytes % 16
+            if pad:
+                small.append(_PAD[:pad])
+            pack_size += nbytes + pad
+    if packed:
+        for meta in packed:
+            meta[2] = len(bufs)
+        bufs.append(b"".join(small))  # one copy of every small array, 16-byte aligned offsets
     header = {"c": msg.cmd.value, "j": msg.job, "s": msg.sender, "b": msg.body, "a": metas}
-    return [VERSION, json.dumps(header, separators=(",", ":")).encode(), *bufs]
+    return [VERSION, _JSON.encode(header).encode(), *bufs]
 
 
 def _buffer(frame: Any) -> memoryview:
     buf = getattr(frame, "buffer", None)
     return memoryview(frame) if buf is None else buf
+
+
+_COMMANDS = {c.value: c for c in Command}
+
+
+def _parse(raw: bytes) -> Any:
+    """json.loads(raw): the UTF-8 text directly when it is plain UTF-8 (json.loads of bytes
+    guesses the encoding first, in Python); anything else goes the way of json.loads."""
+    if raw[:1] in (b"{", b"["):
+        try:
+            return _JSON_DEC.decode(raw.decode())
+        except ValueError:  # (UnicodeDecodeError too) e.g. UTF-16 text: json.loads decides
+            pass
+    return json.loads(raw)
 
 
 def decode(frames: list[Any], job_id: str | None, max_bytes: int) -> Message:
@@ -136,21 +157,22 @@ def decode(frames: list[Any], job_id: str | None, max_bytes: int) -> Message:
     """
     if len(frames) < 2:
         raise ProtocolError(f"{len(frames)} frame(s); a message has at least 2")
-    if bytes(_buffer(frames[0])) != VERSION:
+    tag = frames[0]
+    if (tag if type(tag) is bytes else bytes(_buffer(tag))) != VERSION:
         raise ProtocolError(f"bad version tag {bytes(_buffer(frames[0]))[:16]!r}")
-    raw = _buffer(frames[1])
-    if raw.nbytes > MAX_HEADER_BYTES:
-        raise ProtocolError(f"header of {raw.nbytes} bytes exceeds {MAX_HEADER_BYTES}")
+    raw = frames[1] if type(frames[1]) is bytes else bytes(_buffer(frames[1]))
+    if len(raw) > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header of {len(raw)} bytes exceeds {MAX_HEADER_BYTES}")
     try:
-        header = json.loads(bytes(raw))
+        header = _parse(raw)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ProtocolError(f"header is not JSON: {str(exc)[:80]}") from None
     if not isinstance(header, dict):
         raise ProtocolError("header is not a JSON object")
-    try:
-        cmd = Command(header.get("c"))
-    except ValueError:
-        raise ProtocolError(f"unknown command {str(header.get('c'))[:32]!r}") from None
+    c = header.get("c")
+    cmd = _COMMANDS.get(c) if type(c) is str else None
+    if cmd is None:
+        raise ProtocolError(f"unknown command {str(header.get('c'))[:32]!r}")
     job, sender, body, metas = header.get("j"), header.get("s"), header.get("b"), header.get("a")
     if not isinstance(job, str) or not isinstance(sender, str) or not isinstance(body, dict):
         raise ProtocolError("header lacks a string job id, a string sender or an object body")
@@ -167,16 +189,21 @@ def decode(frames: list[Any], job_id: str | None, max_bytes: int) -> Message:
 
 
 def _array(meta: Any, bufs: list[memoryview], max_bytes: int) -> np.ndarray:
-    if not (isinstance(meta, list) and len(meta) == 4 and isinstance(meta[1], list)
+    if not (type(meta) is list and len(meta) == 4 and type(meta[1]) is list
             and type(meta[2]) is int and type(meta[3]) is int):
         raise ProtocolError(f"bad array description {str(meta)[:80]}")
     dtype_name, shape, index, offset = meta
-    if dtype_name not in DTYPES:
+    dtype = _BY_NAME.get(dtype_name) if type(dtype_name) is str else None
+    if dtype is None:
         raise ProtocolError(f"dtype {str(dtype_name)[:32]!r} is not allowed")
-    if len(shape) > MAX_NDIM or not all(type(d) is int and 0 <= d <= max_bytes for d in shape):
+    if len(shape) > MAX_NDIM:
         raise ProtocolError(f"bad shape {str(shape)[:80]}")
-    dtype = _BY_NAME[dtype_name]
-    nbytes = math.prod(shape) * dtype.itemsize
+    count = 1
+    for d in shape:
+        if type(d) is not int or not 0 <= d <= max_bytes:
+            raise ProtocolError(f"bad shape {str(shape)[:80]}")
+        count *= d
+    nbytes = count * dtype.itemsize
     if nbytes > max_bytes:
         raise ProtocolError(f"array of {nbytes} bytes exceeds the limit of {max_bytes}")
     if not 0 <= index < len(bufs):
@@ -187,7 +214,8 @@ def _array(meta: Any, bufs: list[memoryview], max_bytes: int) -> np.ndarray:
                             f"does not fit its frame of {buf.nbytes} bytes")
     if nbytes == 0:
         return np.zeros(shape, dtype=dtype)
-    return np.frombuffer(buf, dtype=dtype, count=nbytes // dtype.itemsize, offset=offset).reshape(shape)
+    arr = np.frombuffer(buf, dtype=dtype, count=count, offset=offset)
+    return arr if len(shape) == 1 else arr.reshape(shape)
 
 
 def check_key(key: Any) -> int | str:

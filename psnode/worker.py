@@ -64,37 +64,55 @@ ERRORS: dict[str, type[PSError]] = {
 
 
 class Future:
-    """The outcome of one request; ``wait`` raises the request's error."""
+    """The outcome of one request; ``wait`` raises the request's error.
 
-    __slots__ = ("_event", "result", "arrays", "error", "on_reply")
+    Resolved once, by one thread (the I/O thread; a second ``set``/``fail`` is ignored).  A
+    lock held until then is cheaper than a threading.Event (one per request)."""
+
+    __slots__ = ("_lock", "_done", "result", "arrays", "error", "on_reply")
 
     def __init__(self, on_reply: Callable[[dict[str, Any], list[np.ndarray]], None] | None = None) -> None:
-        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._lock.acquire()  # released when resolved
+        self._done = False
         self.result: dict[str, Any] = {}
         self.arrays: list[np.ndarray] = []
         self.error: BaseException | None = None
         self.on_reply = on_reply
 
     def set(self, result: dict[str, Any], arrays: list[np.ndarray]) -> None:
+        if self._done:
+            return
         try:
             if self.on_reply is not None:
                 self.on_reply(result, arrays)
             self.result, self.arrays = result, arrays
         except Exception as exc:  # noqa: BLE001 - e.g. a bad array in a reply
             self.error = exc
-        self._event.set()
+        self._done = True
+        self._lock.release()
 
     def fail(self, exc: BaseException) -> None:
-        if not self._event.is_set():
+        if not self._done:
             self.error = exc
-            self._event.set()
+            self._done = True
+            self._lock.release()
 
     @property
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._done
+
+    def _wait(self, timeout: float | None) -> bool:
+        """True once resolved (within ``timeout`` seconds; None: no limit)."""
+        if self._done:
+            return True
+        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+            return False
+        self._lock.release()  # let other waiters through too
+        return True
 
     def wait(self, timeout: float | None = None) -> dict[str, Any]:
-        if not self._event.wait(timeout):
+        if not self._wait(timeout):
             raise PeerLost(f"no answer within {timeout:g} s")
         if self.error is not None:
             raise self.error
@@ -208,7 +226,7 @@ class Engine:
     def wait(self, fut: Future) -> dict[str, Any]:
         """Wait for ``fut``; liveness (not a clock) bounds the wait."""
         while not fut.done:
-            fut._event.wait(0.5)
+            fut._wait(0.5)
             if self.fatal is not None and not fut.done:
                 raise self.fatal
         return fut.wait(0)
