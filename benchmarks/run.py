@@ -321,7 +321,7 @@ def parse_configs(values: list[str]) -> list[tuple[int, int]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 run, W2S2 only, few rounds")
-    ap.add_argument("--cases", help=f"comma list of cases (default all): {','.join(ALL)}")
+    ap.add_argument("--cases", help=f"comma list of cases (default all): {','.join(ALL)}".replace('%', '%%'))
     ap.add_argument("--configs", nargs="+", help="W,S configurations (default: 1,1 2,1 2,2; --quick: 2,2)")
     ap.add_argument("--runs", type=int, help="interleaved runs (default 3; --quick: 1)")
     ap.add_argument("--peers", default="zmq,gloo", help="peers to run: zmq,gloo (gloo only if torch imports)")

@@ -14,9 +14,11 @@ Nothing a worker sent is assumed delivered (a connection can break and lose mess
   it once: pushes carry sequence numbers, the other operations are idempotent, and a pull still
   parked is answered ``wait``, which restarts the clock); after ``max_retries`` resends without a
   sign of life it fails with :class:`PeerLost` naming the server;
-* pushes (sent without acknowledgement) stay in a small per-key journal until a pull after them
-  returns; a resent pull carries them again, and a ``flush`` (``kv.wait_all``, barrier, close)
-  lists them so the server names any it never received, which are then resent;
+* pushes (sent without acknowledgement) stay in a small per-key journal (the last
+  ``JOURNAL_DEPTH``; the arrays are the push's own copies) until a pull after them returns; a
+  resent pull still parked is answered ``wait`` with the ``gap`` (a push of ours the server never
+  received, which is then resent), and a ``flush`` (``kv.wait_all``, barrier, close) lists them
+  so the server names any it never received;
 * when a server is replaced (SERVERS ``restored``), the worker reconnects, sends ``resync`` (its
   last confirmed push per key part on that server), then its journal and every unanswered
   request; while the scheduler reports the server down, its requests wait without retries.
@@ -55,7 +57,7 @@ WINDOW_BYTES = 64 * 2**20      # bytes in flight per server before requests wait
 BATCH_BYTES = 512 * 2**10      # fuse small requests up to this size per message
 BATCH_OPS = 512
 EXIT_GRACE = 5.0               # seconds the user's thread has to notice a failed job
-JOURNAL_DEPTH = 4              # unconfirmed pushes kept per key part for resending
+JOURNAL_DEPTH = 2              # unconfirmed pushes kept per key part for resending
 
 ERRORS: dict[str, type[PSError]] = {
     "KeyNotInitialized": errors.KeyNotInitialized, "ShapeMismatch": errors.ShapeMismatch,
@@ -547,12 +549,9 @@ class Engine:
                 continue
             p.tries += 1
             p.sent = now
-            batch = resend.setdefault(p.server, [])
-            if p.op.get("op") == "pull":
-                key = (p.op["k"], p.op.get("p", 0))
-                if key in self._journal:
-                    batch.extend(self._replay(p.server, {key: {q for q, *_ in self._journal[key].pushes}}))
-            batch.append(({**p.op, "re": 1}, p.arrays))
+            # a pull goes again alone: if it waits for a push of ours the server never got, the
+            # server's "wait" names that gap and only that push is sent again (_on_notice)
+            resend.setdefault(p.server, []).append(({**p.op, "re": 1}, p.arrays))
         for server, batch in resend.items():
             self.retries += len(batch)
             log.warning("worker %d: %d request(s) to server %d got no answer in %.1f s; sending again",
