@@ -155,28 +155,41 @@ def _bytes(n: int | None) -> str:
 
 
 def status_table(job: Mapping[str, Any]) -> Table:
-    """A job's processes; ``job['source']`` says where the rows came from."""
+    """A job's processes; ``job['source']`` says where the rows came from.  Below 110 columns
+    of terminal the byte counts go, below 95 also resends and restarts (``--json`` has all)."""
     title = f"job {job['id']}  {job['state']}  scheduler {job['scheduler']}  ({job['source']})"
     if job.get("slurm_job"):
         title += f"  Slurm job {job['slurm_job']}"
     steps = any(n.get("step") for n in job["nodes"])  # Slurm: step id of each running process
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    headers = ("role", "rank", "host", "pid", "state", "hb age", "push", "pull", "in/out", "resent",
-               "restarts", "up")
-    headers += ("step",) if steps else ()
-    for col in headers:
-        table.add_column(col, no_wrap=True, min_width=9 if col == "host" else None,
-                         justify="right" if col in ("rank", "pid", "push", "pull", "resent", "restarts") else "left")
+
+    def io(n: Mapping[str, Any]) -> str:
+        return "-" if n.get("bytes_in") is None else f"{_bytes(n['bytes_in'])}/{_bytes(n.get('bytes_out'))}"
+
+    columns: list[tuple[str, Any]] = [
+        ("node", lambda n: Text(n["role"] if n.get("rank") is None else f"{n['role']} {n['rank']}",
+                                style=ROLE_STYLE.get(n["role"], ""))),
+        ("host", lambda n: Text(str(n["host"]))),
+        ("pid", lambda n: str(n.get("pid") or "-")),
+        ("state", lambda n: Text(n["state"], style=STATE_STYLE.get(n["state"], ""))),
+        ("hb", lambda n: _age(n.get("heartbeat_age"))),
+        ("push/pull", lambda n: "-" if n.get("pushes") is None else f"{n['pushes']}/{n.get('pulls', 0)}"),
+        ("in/out", io),
+        ("resent", lambda n: str(n.get("retries", "-"))),
+        ("rst", lambda n: str(n.get("restarts", "-"))),
+        ("up", lambda n: _age(n.get("uptime"))),
+    ]
+    if steps:
+        columns.append(("step", lambda n: str(n.get("step") or "-")))
+    # a narrow terminal drops the least needed columns rather than squeezing every one
+    width = out.width
+    drop = (() if width >= 110 else ("in/out",) if width >= 95 else ("in/out", "resent", "rst"))
+    columns = [c for c in columns if c[0] not in drop]
+    for name, _ in columns:
+        table.add_column(name, no_wrap=name != "host", overflow="fold",
+                         justify="right" if name in ("pid", "push/pull", "resent", "rst") else "left")
     for n in job["nodes"]:
-        io = "-" if n.get("bytes_in") is None else f"{_bytes(n['bytes_in'])}/{_bytes(n.get('bytes_out'))}"
-        table.add_row(
-            Text(n["role"], style=ROLE_STYLE.get(n["role"], "")),
-            "" if n.get("rank") is None else str(n["rank"]), Text(str(n["host"])),
-            str(n.get("pid") or "-"), Text(n["state"], style=STATE_STYLE.get(n["state"], "")),
-            _age(n.get("heartbeat_age")), str(n.get("pushes", "-")), str(n.get("pulls", "-")),
-            io, str(n.get("retries", "-")), str(n.get("restarts", "-")), _age(n.get("uptime")),
-            *([str(n.get("step") or "-")] if steps else []),
-        )
+        table.add_row(*(fn(n) for _, fn in columns))
     return table
 
 
