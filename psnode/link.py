@@ -1,7 +1,8 @@
 """A node's link to the scheduler: registration, heartbeats, scheduler liveness.
 
 Used by servers and by the worker's I/O thread (inside the thread that owns the sockets).
-The node registers, then heartbeats every ``heartbeat_interval`` seconds with its counters;
+The node registers (again with each heartbeat until WELCOME arrives), then heartbeats every
+``heartbeat_interval`` seconds with its counters;
 the scheduler acknowledges each heartbeat.  No acknowledgement for ``dead_after`` seconds
 means the scheduler is gone: :meth:`SchedulerLink.check` raises :class:`PeerLost`.
 """
@@ -29,12 +30,16 @@ class SchedulerLink:
         self._next_beat = 0.0
         self.scheduler_pid: int | None = None
         self.last_ack = time.monotonic()
-        self.chan.send(Command.REGISTER, {"role": role, "host": cfg.host, "port": port,
-                                          "pid": os.getpid(), "rank": cfg.rank})
+        self.welcomed = False
+        self._register = {"role": role, "host": cfg.host, "port": port, "pid": os.getpid(), "rank": cfg.rank}
+        self.chan.send(Command.REGISTER, self._register)
 
     def tick(self, now: float) -> None:
-        """Heartbeat when due; raise PeerLost when the scheduler has been silent too long."""
+        """Heartbeat when due (and register again until welcomed: a REGISTER or its WELCOME can
+        be lost with a connection); raise PeerLost when the scheduler has been silent too long."""
         if now >= self._next_beat:
+            if not self.welcomed:
+                self.chan.send(Command.REGISTER, self._register)
             self.chan.send(Command.HEARTBEAT, {"stats": self._stats()})
             self._next_beat = now + self.cfg.heartbeat_interval
         silent = now - self.last_ack
@@ -53,8 +58,10 @@ class SchedulerLink:
             return None
         self.last_ack = time.monotonic()
         msg = got[1]
-        if msg.cmd is Command.WELCOME and isinstance(msg.body.get("pid"), int):
-            self.scheduler_pid = msg.body["pid"]
+        if msg.cmd is Command.WELCOME:
+            self.welcomed = True
+            if isinstance(msg.body.get("pid"), int):
+                self.scheduler_pid = msg.body["pid"]
         return msg
 
     def fail(self, reason: str, restart: bool = False) -> None:

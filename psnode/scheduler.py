@@ -7,7 +7,9 @@ Life of a job as the scheduler sees it:
    its rank and the servers' addresses.  Ranks honour the wish (the launcher's rank), else the
    lowest free one.  Not complete within ``register_timeout``: everyone is told and the
    scheduler exits 1.
-2. BARRIER completes when every active (not finished) worker has entered it.
+2. BARRIER completes when every active (not finished) worker has entered it.  Workers number
+   their barriers and send BARRIER (and FINISH) again until answered: a repeat of a completed
+   barrier (or of FINISH) is answered again, never counted twice.
 3. A worker sends FINISH when done (``kv.close()`` or interpreter exit).  Servers are told the
    active set (MEMBERSHIP) so sync rounds go on over the workers still active.  When every
    worker has finished, servers get SHUTDOWN, answer BYE, and the scheduler exits 0.
@@ -64,6 +66,7 @@ class Node:
     last_seen: float = field(default_factory=time.monotonic)
     stats: dict[str, Any] = field(default_factory=dict)
     restarts: int = 0
+    barrier_done: int = 0  # number of this worker's last completed barrier
 
     @property
     def name(self) -> str:
@@ -90,9 +93,10 @@ class Scheduler:
         self.nodes: dict[bytes, Node] = {}
         self.started = False
         self.t0 = time.monotonic()
-        self.barrier: set[bytes] = set()
+        self.barrier: dict[bytes, int] = {}  # worker ident -> the number of the barrier it entered
         self.exit_code: int | None = None
         self.shutdown_deadline: float | None = None
+        self.ending: tuple[Command, dict[str, Any]] | None = None  # what _end told everyone
         self.waiting_replacement: dict[tuple[str, int], float] = {}  # (role, rank) -> deadline
 
     # ------------------------------------------------------------ helpers
@@ -213,10 +217,11 @@ class Scheduler:
     # ------------------------------------------------------------ barrier / finish
     def _check_barrier(self) -> None:
         active = {n.ident for n in self._workers() if n.state == NodeState.ALIVE}
-        if self.barrier and active <= self.barrier and not self.waiting_replacement:
-            for ident in self.barrier:
+        if self.barrier and active <= self.barrier.keys() and not self.waiting_replacement:
+            for ident, n in self.barrier.items():
                 if ident in self.nodes:
-                    self._send(ident, Command.BARRIER_DONE)
+                    self.nodes[ident].barrier_done = n
+                    self._send(ident, Command.BARRIER_DONE, {"n": n})
             self.barrier.clear()
 
     def _membership(self) -> None:
@@ -227,7 +232,7 @@ class Scheduler:
     def _on_finish(self, node: Node) -> None:
         node.state = NodeState.FINISHED
         self._send(node, Command.FINISH_ACK)
-        self.barrier.discard(node.ident)
+        self.barrier.pop(node.ident, None)
         self._membership()
         self._check_barrier()
         if all(n.state == NodeState.FINISHED for n in self._workers()):
@@ -238,8 +243,9 @@ class Scheduler:
         if self.exit_code is not None:
             return
         self.exit_code = 0 if ok else 1
+        self.ending = (cmd, {"ok": ok, "reason": reason, **(extra or {})})
         for n in self._live():
-            self._send(n, cmd, {"ok": ok, "reason": reason, **(extra or {})})
+            self._send(n, *self.ending)
         self.shutdown_deadline = time.monotonic() + (5.0 if ok else 1.0)
         (log.info if ok else log.error)("job %s ending: %s", self.cfg.job_id, reason)
 
@@ -279,6 +285,9 @@ class Scheduler:
         cmd = msg.cmd
         if cmd is Command.REGISTER and node is None:
             self._on_register(ident, msg.body)
+        elif cmd is Command.REGISTER:
+            if self.started and node.state == NodeState.ALIVE:  # its WELCOME was lost: again
+                self._welcome(node, self._book(), restore=node.role == "server" and node.restarts > 0)
         elif cmd is Command.STATUS:
             now = time.monotonic()
             self._send(ident, Command.STATUS_REPLY, {
@@ -295,8 +304,15 @@ class Scheduler:
                 node.stats = msg.body["stats"]
             self._send(node, Command.HEARTBEAT_ACK)
         elif cmd is Command.BARRIER and node.role == "worker":
-            self.barrier.add(ident)
+            n = msg.body.get("n")
+            n = n if _is_int(n) else node.barrier_done + 1
+            if n <= node.barrier_done:  # sent again: its answer was lost
+                self._send(node, Command.BARRIER_DONE, {"n": node.barrier_done})
+                return
+            self.barrier[ident] = n
             self._check_barrier()
+        elif cmd is Command.FINISH and node.role == "worker" and node.state == NodeState.FINISHED:
+            self._send(node, Command.FINISH_ACK)  # sent again: its answer was lost
         elif cmd is Command.FINISH and node.role == "worker":
             self._on_finish(node)
         elif cmd is Command.BYE and msg.body.get("restart") and self._restartable(node) \
@@ -313,6 +329,7 @@ class Scheduler:
         poller = Poller()
         poller.add(self.chan)
         tick = min(self.cfg.heartbeat_interval, 0.5)
+        resend_at = 0.0
         while True:
             if poller.poll(tick):
                 while (got := self.chan.recv(routed=True)) is not None:
@@ -325,6 +342,10 @@ class Scheduler:
                 self._check_liveness(now)
             elif not self._live("server") or (self.shutdown_deadline and now > self.shutdown_deadline):
                 break
+            elif self.ending is not None and now >= resend_at:
+                resend_at = now + tick
+                for n in self._live():  # until they answer BYE: the first one may have been lost
+                    self._send(n, *self.ending)
         self.t.close(linger_ms=500)
         return self.exit_code or 0
 

@@ -154,7 +154,9 @@ class Server:
 
     # ------------------------------------------------------------ scheduler
     def _on_scheduler(self, msg: Message) -> int | None:
-        if msg.cmd is Command.WELCOME:
+        if msg.cmd is Command.WELCOME and self.rank >= 0:
+            pass  # a repeat (this server registered again before the first one arrived)
+        elif msg.cmd is Command.WELCOME:
             self.rank = int(msg.body["rank"])
             self.t.sender = f"server:{self.rank}"
             if msg.body.get("restore"):

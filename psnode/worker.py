@@ -183,6 +183,8 @@ class Engine:
         self._journal: dict[tuple[Any, int], _Journal] = {}  # (key, part) -> unconfirmed pushes
         self._down: set[int] = set()       # servers the scheduler reports down (being replaced)
         self._next_scan = 0.0
+        self._next_ctrl = 0.0
+        self._barriers = 0                 # barriers this worker entered (numbers them)
         self.retries = 0                   # requests sent again (lost messages)
         self._thread = threading.Thread(target=self._run, name="psnode-io", daemon=True)
         self._thread.start()
@@ -275,8 +277,9 @@ class Engine:
         servers: list[Channel] = self._channels
         inflight: list[int] = []
         pending: dict[int, _Pending] = {}  # request id -> request waiting for its answer
-        barrier_waiters: deque[Future] = deque()
-        finish: list[Future] = []
+        # control requests to the scheduler awaiting their answer: (command, n) -> (future, body,
+        # sent); sent again every retry_timeout (the scheduler answers duplicates, applies once)
+        ctrl: dict[tuple[Command, int], list[Any]] = {}
         try:
             link = SchedulerLink(t, self.cfg, "worker", 0, lambda: self.stats)
             poller = Poller()
@@ -300,10 +303,13 @@ class Engine:
                                 inflight.append(0)
                                 poller.add(ch)
                             self._welcome.set(msg.body, [])
-                        elif msg.cmd is Command.BARRIER_DONE and barrier_waiters:
-                            barrier_waiters.popleft().set({}, [])
-                        elif msg.cmd is Command.FINISH_ACK and finish:
-                            finish.pop(0).set({}, [])
+                        elif msg.cmd is Command.BARRIER_DONE:
+                            done = msg.body.get("n")
+                            for key in [k for k in ctrl if k[0] is Command.BARRIER
+                                        and (not isinstance(done, int) or k[1] <= done)]:
+                                ctrl.pop(key)[0].set({}, [])
+                        elif msg.cmd is Command.FINISH_ACK and (Command.FINISH, 0) in ctrl:
+                            ctrl.pop((Command.FINISH, 0))[0].set({}, [])
                         elif msg.cmd is Command.SERVERS:
                             self._on_servers(msg.body, t, poller, servers, pending)
                         elif msg.cmd in (Command.PEER_LOST, Command.SHUTDOWN):
@@ -315,20 +321,30 @@ class Engine:
                     control = list(self._control)
                     self._control.clear()
                 for cmd, body, fut in control:
+                    if cmd is Command.BARRIER:
+                        self._barriers += 1
+                        body["n"] = self._barriers
                     link.chan.send(cmd, body)
                     if cmd is Command.BYE:
                         fut.set({}, [])
                     else:
-                        (barrier_waiters if cmd is Command.BARRIER else finish).append(fut)
+                        ctrl[(cmd, body.get("n", 0))] = [fut, body, now]
+                for item in ctrl.items() if ctrl and now >= self._next_ctrl else ():
+                    (cmd, _), entry = item
+                    if now - entry[2] >= self.cfg.retry_timeout:
+                        link.chan.send(cmd, entry[1])  # lost on the way, or still waiting: harmless
+                        entry[2] = now
+                if ctrl and now >= self._next_ctrl:
+                    self._next_ctrl = now + max(0.02, self.cfg.retry_timeout / 4)
                 if servers:
                     self._flush(servers, inflight, pending)
                     if pending and now >= self._next_scan:
                         self._next_scan = now + max(0.02, self.cfg.retry_timeout / 4)
                         self._retry(now, servers, inflight, pending)
         except PSError as exc:
-            self._die(exc, pending, barrier_waiters, finish)
+            self._die(exc, pending, [e[0] for e in ctrl.values()])
         except Exception as exc:  # noqa: BLE001 - never let the I/O thread vanish silently
-            self._die(PSError(f"psnode I/O thread failed: {exc!r}"), pending, barrier_waiters, finish)
+            self._die(PSError(f"psnode I/O thread failed: {exc!r}"), pending, [e[0] for e in ctrl.values()])
         finally:
             t.close(linger_ms=500 if self.fatal is None else 0)
             if self.fatal is None:
@@ -545,7 +561,7 @@ class Engine:
                 p.future.fail(PeerLost(
                     f"server {p.server} at {servers[p.server].address} did not answer the {what} "
                     f"(request {rid}) after {p.tries} resends over {p.tries * limit + limit:.1f} s; "
-                    "it is alive for the scheduler but unreachable from this worker (network?)"))
+                    "the server is dead or unreachable from this worker"))
                 continue
             p.tries += 1
             p.sent = now

@@ -123,6 +123,39 @@ def test_connections_cut_again_and_again_lose_messages_yet_async_values_are_exac
     assert not [p.popen.pid for p in job.procs if alive(p.popen.pid)]
 
 
+BARRIERS = """
+import numpy as np, psnode
+kv = psnode.kv.create('dist_sync')
+kv.init('w', np.zeros(2, np.float32))
+for step in range(40):
+    kv.push('w', np.full(2, step, np.float32))
+    kv.barrier()
+    kv.pull('w')
+print('W', kv.pull('w').tolist(), flush=True)
+kv.close()
+"""
+
+
+def test_barriers_survive_cut_connections_to_the_scheduler(tmp_path) -> None:
+    env = {"PSNODE_RETRY_TIMEOUT": "0.3", "PSNODE_HEARTBEAT_INTERVAL": "0.2", "PSNODE_HEARTBEAT_LIVENESS": "50"}
+    job = start_job(BARRIERS, 3, 1, env=env, tmp=tmp_path)
+    stop, cuts = threading.Event(), [0]
+    try:
+        port = int(job.scheduler.rsplit(":", 1)[1])
+        cutter = threading.Thread(target=_cut, args=([port], stop, cuts), daemon=True)
+        cutter.start()
+        for w in job.workers:
+            w.popen.wait(120)
+    finally:
+        stop.set()
+        wait_job(job, 60)
+    assert [p.code for p in job.procs] == [0] * 5, job.describe()
+    assert cuts[0] > 0
+    for w in job.workers:   # no optimizer: the value is the last round's average
+        assert "W [39.0, 39.0]" in w.out, job.describe()
+    assert not [p.popen.pid for p in job.procs if alive(p.popen.pid)]
+
+
 STUCK = """
 import sys, pathlib, numpy as np, psnode
 kv = psnode.kv.create('dist_sync')
