@@ -14,8 +14,8 @@ Nothing a worker sent is assumed delivered (a connection can break and lose mess
   it once: pushes carry sequence numbers, the other operations are idempotent, and a pull still
   parked is answered ``wait``, which restarts the clock); after ``max_retries`` resends without a
   sign of life it fails with :class:`PeerLost` naming the server;
-* pushes (sent without acknowledgement) stay in a small per-key journal (the last
-  ``JOURNAL_DEPTH``; the arrays are the push's own copies) until a pull after them returns; a
+* pushes (sent without acknowledgement) stay in a :class:`psnode.journal.PushJournal` (the
+  last ``JOURNAL_DEPTH`` per key part) until a pull after them returns; a
   resent pull still parked is answered ``wait`` with the ``gap`` (a push of ours the server never
   received, which is then resent), and a ``flush`` (``kv.wait_all``, barrier, close) lists them
   so the server names any it never received;
@@ -23,8 +23,9 @@ Nothing a worker sent is assumed delivered (a connection can break and lose mess
   last confirmed push per key part on that server), then its journal and every unanswered
   request; while the scheduler reports the server down, its requests wait without retries.
 
-The I/O thread also registers with the scheduler, heartbeats, and watches the scheduler's
-liveness.  When the job fails (a peer lost, the scheduler silent or gone) every pending and
+Control requests to the scheduler (BARRIER, FINISH) are numbered and sent again every
+``retry_timeout`` until answered.  The I/O thread also registers with the scheduler,
+heartbeats, and watches the scheduler's liveness.  When the job fails (a peer lost, the scheduler silent or gone) every pending and
 later request raises :class:`PeerLost`; if the user's thread does not come back to psnode
 within a few seconds, the process exits with status 1 so no worker outlives its job.
 """
@@ -47,6 +48,7 @@ import numpy as np
 from psnode import errors
 from psnode.config import NodeConfig
 from psnode.errors import PeerLost, PSError
+from psnode.journal import Op, Pending, PushJournal
 from psnode.link import SchedulerLink, lost_message
 from psnode.protocol import Command, Message
 from psnode.transport import Channel, CurveKeys, Poller, Transport
@@ -130,36 +132,6 @@ class _Request:
     future: Future | None  # None: fire and forget (a push); errors still come back
 
 
-@dataclass
-class _Pending:
-    """A sent request waiting for its answer (kept whole so it can be sent again)."""
-
-    future: Future
-    server: int
-    nbytes: int
-    op: dict[str, Any]
-    arrays: list[np.ndarray]
-    sent: float
-    tries: int = 0
-
-
-@dataclass
-class _Journal:
-    """Pushes of one key part not yet known applied: (seq, op, arrays), oldest first."""
-
-    server: int
-    confirmed: int = 0
-    pushes: deque[tuple[int, dict[str, Any], list[np.ndarray]]] = None  # type: ignore[assignment]
-
-    def __post_init__(self) -> None:
-        self.pushes = deque()
-
-    def confirm(self, seq: int) -> None:
-        self.confirmed = max(self.confirmed, seq)
-        while self.pushes and self.pushes[0][0] <= seq:
-            self.pushes.popleft()
-
-
 class Engine:
     """Connection of one worker process to its job."""
 
@@ -180,7 +152,7 @@ class Engine:
         self._closing = False
         self._failed = False
         self._channels: list[Channel] = []  # the I/O thread's server channels (counters only)
-        self._journal: dict[tuple[Any, int], _Journal] = {}  # (key, part) -> unconfirmed pushes
+        self._journal = PushJournal(JOURNAL_DEPTH)  # pushes sent, not yet known applied
         self._down: set[int] = set()       # servers the scheduler reports down (being replaced)
         self._next_scan = 0.0
         self._next_ctrl = 0.0
@@ -276,7 +248,7 @@ class Engine:
         t = Transport(self.cfg.job_id, "worker", self.cfg.max_message_bytes, keys)
         servers: list[Channel] = self._channels
         inflight: list[int] = []
-        pending: dict[int, _Pending] = {}  # request id -> request waiting for its answer
+        pending: dict[int, Pending] = {}  # request id -> request waiting for its answer
         # control requests to the scheduler awaiting their answer: (command, n) -> (future, body,
         # sent); sent again every retry_timeout (the scheduler answers duplicates, applies once)
         ctrl: dict[tuple[Command, int], list[Any]] = {}
@@ -369,7 +341,7 @@ class Engine:
         with self._lock:
             self._woken = False
 
-    def _die(self, exc: PSError, pending: dict[int, _Pending], *waiters: Any) -> None:
+    def _die(self, exc: PSError, pending: dict[int, Pending], *waiters: Any) -> None:
         self.fatal = exc
         self._welcome.fail(exc)
         for p in pending.values():
@@ -392,7 +364,7 @@ class Engine:
             print(f"psnode worker {self.rank}: exiting: the job failed", file=sys.stderr, flush=True)
             os._exit(1)
 
-    def _on_replies(self, ch: Channel, server: int, pending: dict[int, _Pending],
+    def _on_replies(self, ch: Channel, server: int, pending: dict[int, Pending],
                     inflight: list[int]) -> None:
         while (got := ch.recv()) is not None:
             msg: Message = got[1]
@@ -421,16 +393,14 @@ class Engine:
                     fut.fail(error)
                     continue
                 if entry.op.get("op") == "pull":
-                    journal = self._journal.get((entry.op["k"], entry.op.get("p", 0)))
-                    if journal is not None:
-                        journal.confirm(int(entry.op.get("after", 0)))
+                    self._journal.confirm(PushJournal.key_of(entry.op), int(entry.op.get("after", 0)))
                 idx = res.get("a")
                 count = res.get("n", 1)
                 arrays = msg.arrays[idx:idx + count] if isinstance(idx, int) and isinstance(count, int) else []
                 fut.set(res, arrays)
 
     def _flush(self, servers: list[Channel], inflight: list[int],
-               pending: dict[int, _Pending]) -> None:
+               pending: dict[int, Pending]) -> None:
         with self._lock:
             if not self._queue:
                 return
@@ -459,12 +429,12 @@ class Engine:
             arrays.extend(req.arrays)
             size[0] += sum(a.nbytes for a in req.arrays)
             if req.future is not None:
-                pending[op["id"]] = _Pending(req.future, req.server, req.nbytes, req.op, req.arrays,
+                pending[op["id"]] = Pending(req.future, req.server, req.nbytes, req.op, req.arrays,
                                              time.monotonic())
             if req.op.get("op") == "push":
-                self._remember(req.server, req.op, req.arrays)
+                self._journal.remember(req.server, req.op, req.arrays)
             elif req.op.get("op") == "flush":
-                req.op["check"] = self._check_list(req.server)
+                req.op["check"] = self._journal.check_list(req.server)
                 op["check"] = req.op["check"]
             if size[0] >= BATCH_BYTES or len(ops) >= BATCH_OPS:
                 servers[req.server].send(Command.DATA, {"ops": ops}, arrays)
@@ -473,33 +443,7 @@ class Engine:
             servers[server].send(Command.DATA, {"ops": ops}, arrays)
 
     # ------------------------------------------------------------ lost messages, restored servers
-    def _remember(self, server: int, op: dict[str, Any], arrays: list[np.ndarray]) -> None:
-        """Keep a sent push until a pull after it returns (bounded: JOURNAL_DEPTH per key part)."""
-        key = (op["k"], op.get("p", 0))
-        journal = self._journal.get(key)
-        if journal is None:
-            journal = self._journal[key] = _Journal(server)
-        journal.pushes.append((int(op["q"]), op, arrays))
-        if len(journal.pushes) > JOURNAL_DEPTH:
-            journal.pushes.popleft()
-
-    def _check_list(self, server: int) -> list[list[Any]]:
-        """For a flush: the unconfirmed pushes per key part on ``server``, so it can name gaps."""
-        return [[k, p, [q for q, *_ in j.pushes]] for (k, p), j in self._journal.items()
-                if j.server == server and j.pushes]
-
-    def _replay(self, server: int, keys: Any = None) -> list[tuple[dict[str, Any], list[np.ndarray]]]:
-        """Journal pushes for ``server`` (all its key parts, or those in ``keys``) to send again."""
-        out = []
-        for key, j in self._journal.items():
-            if j.server != server or (keys is not None and key not in keys):
-                continue
-            for q, op, arrays in j.pushes:
-                if keys is None or q in keys[key]:
-                    out.append((op, arrays))
-        return out
-
-    def _on_notice(self, rid: Any, res: dict[str, Any], server: int, pending: dict[int, _Pending],
+    def _on_notice(self, rid: Any, res: dict[str, Any], server: int, pending: dict[int, Pending],
                    inflight: list[int]) -> None:
         """``wait``: the server holds the request (alive, nothing lost); with ``gap``, the pull
         waits for a push of ours the server never received: resend it, or fail if the journal no
@@ -511,11 +455,10 @@ class Engine:
         entry.sent, entry.tries = time.monotonic(), 0
         gap = res.get("gap")
         if isinstance(gap, int) and entry.op.get("op") == "pull":
-            key = (entry.op["k"], entry.op.get("p", 0))
-            journal = self._journal.get(key)
-            if journal is not None and any(q == gap for q, *_ in journal.pushes):
+            key = PushJournal.key_of(entry.op)
+            if self._journal.holds(key, gap):
                 self.retries += 1
-                self._send_batch(server, self._replay(server, {key: {gap}}))
+                self._send_batch(server, self._journal.replay(server, {key: {gap}}))
                 return
             del pending[rid]
             inflight[entry.server] -= entry.nbytes
@@ -528,13 +471,13 @@ class Engine:
             for item in res["missing"] if isinstance(res["missing"], list) else []:
                 if isinstance(item, list) and len(item) == 3 and isinstance(item[2], list):
                     wanted[(item[0], int(item[1]))] = {int(q) for q in item[2]}
-            batch = self._replay(server, wanted)
-            entry.op["check"] = self._check_list(server)
+            batch = self._journal.replay(server, wanted)
+            entry.op["check"] = self._journal.check_list(server)
             batch.append(({**entry.op, "re": 1}, entry.arrays))
             self.retries += len(batch) - 1
             self._send_batch(server, batch)
 
-    def _send_batch(self, server: int, batch: list[tuple[dict[str, Any], list[np.ndarray]]]) -> None:
+    def _send_batch(self, server: int, batch: list[Op]) -> None:
         ops: list[dict[str, Any]] = []
         arrays: list[np.ndarray] = []
         for op, arrs in batch:
@@ -547,10 +490,10 @@ class Engine:
         self._channels[server].send(Command.DATA, {"ops": ops}, arrays)
 
     def _retry(self, now: float, servers: list[Channel], inflight: list[int],
-               pending: dict[int, _Pending]) -> None:
+               pending: dict[int, Pending]) -> None:
         """Send again what got no answer in time; give up after ``max_retries`` resends."""
         limit = self.cfg.retry_timeout
-        resend: dict[int, list[tuple[dict[str, Any], list[np.ndarray]]]] = {}
+        resend: dict[int, list[Op]] = {}
         for rid, p in list(pending.items()):
             if p.server in self._down or now - p.sent < limit:
                 continue
@@ -575,7 +518,7 @@ class Engine:
             self._send_batch(server, batch)
 
     def _on_servers(self, body: dict[str, Any], t: Transport, poller: Poller, servers: list[Channel],
-                    pending: dict[int, _Pending]) -> None:
+                    pending: dict[int, Pending]) -> None:
         """A server is down (its requests wait) or was replaced (reconnect, resync, resend)."""
         if isinstance(body.get("down"), int):
             self._down.add(body["down"])
@@ -596,9 +539,9 @@ class Engine:
         servers[rank] = ch
         poller.add(ch)
         self._down.discard(rank)
-        parts = [[k, p, j.confirmed] for (k, p), j in self._journal.items() if j.server == rank]
+        parts = self._journal.resync_parts(rank)
         ch.send(Command.DATA, {"ops": [{"op": "resync", "id": 0, "parts": parts}]})
-        batch = self._replay(rank)
+        batch = self._journal.replay(rank)
         now = time.monotonic()
         for rid in sorted(pending):
             p = pending[rid]

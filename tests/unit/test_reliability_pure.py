@@ -139,3 +139,21 @@ def test_resent_pull_waiting_for_a_lost_push_of_its_own_worker_names_the_gap() -
     assert [r.result for r in _pull(s, 0, "k", 3, re=True)] == [{"id": 7, "wait": 1, "gap": 2}]
     _push(s, 0, "k", 2, [2])           # resent: now the pull waits only for worker 1
     assert [r.result for r in _pull(s, 0, "k", 3, re=True)] == [{"id": 7, "wait": 1}]
+
+
+def test_push_journal_keeps_unconfirmed_pushes_per_key_part_bounded() -> None:
+    from psnode.journal import PushJournal
+
+    j = PushJournal(depth=2)
+    for q in (1, 2, 3):
+        j.remember(0, {"op": "push", "k": "w", "p": 0, "q": q, "a": 0}, [np.full(1, q, F)])
+    j.remember(1, {"op": "push", "k": "w", "p": 1, "q": 1, "a": 0}, [np.zeros(1, F)])
+    assert j.check_list(0) == [["w", 0, [2, 3]]]          # push 1 fell out (depth 2)
+    assert not j.holds(("w", 0), 1) and j.holds(("w", 0), 3)
+    assert [op["q"] for op, _ in j.replay(0)] == [2, 3]
+    assert [op["q"] for op, _ in j.replay(0, {("w", 0): [3]})] == [3]
+    j.confirm(("w", 0), 2)                                # a pull after push 2 returned
+    assert j.check_list(0) == [["w", 0, [3]]]
+    assert j.resync_parts(0) == [["w", 0, 2]] and j.resync_parts(1) == [["w", 1, 0]]
+    j.confirm(("w", 0), 3)
+    assert j.check_list(0) == [] and j.replay(0) == []
