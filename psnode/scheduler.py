@@ -189,8 +189,13 @@ class Scheduler:
             (old.role, old.rank) in self.waiting_replacement or
             (old.state == NodeState.ALIVE and self._restartable(old)))
         if not allowed or old is None:
+            done = any(n.role == node.role and n.rank == node.wish and n.state == NodeState.FINISHED
+                       for n in self.nodes.values())
+            why = (f"{node.role} {node.wish} already finished (kv.close(), or its script ended, e.g. "
+                   "with sys.exit) and cannot rejoin; to be restarted, a failing script must raise "
+                   "(or crash) instead of calling sys.exit(n)") if done else "the job is already running"
             self._send(node.ident, Command.SHUTDOWN, {"ok": False, "reason":
-                       f"{node.role} pid {node.pid} cannot join: the job is already running"})
+                       f"{node.role} pid {node.pid} cannot join: {why}"})
             return
         self.waiting_replacement.pop((old.role, old.rank), None)
         del self.nodes[old.ident]

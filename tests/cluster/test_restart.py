@@ -45,3 +45,32 @@ def test_restarted_worker_rejoins_with_the_same_final_values(crash: str, code: i
     finals = [line for p in job.workers for line in p.out.splitlines() if line.startswith("FINAL")]
     assert finals == [f"FINAL {want}"] * 2, job.describe()
     assert "START 3 RESTARTS 1" in job.workers[-1].out
+
+
+EXITS = """
+import os, sys, numpy as np, psnode
+kv = psnode.kv.create('dist_sync')
+kv.init('w', np.zeros(1, np.float32))
+kv.push('w', np.ones(1, np.float32)); kv.pull('w')
+if kv.rank == 1 and os.environ.get('PSNODE_RESTART_COUNT', '0') == '0':
+    sys.exit(3)                                      # counts as finished: cannot be restarted
+import time, pathlib
+deadline = time.monotonic() + 30                     # rank 0 keeps the job alive meanwhile
+while not pathlib.Path(sys.argv[1]).exists() and time.monotonic() < deadline:
+    time.sleep(0.02)
+kv.close()
+"""
+
+
+def test_a_worker_that_called_sys_exit_is_told_why_it_cannot_rejoin(tmp_path) -> None:
+    done = tmp_path / "done"
+    job = start_job(EXITS, 2, 1, env={"PSNODE_MAX_RESTARTS": "1"}, args=[str(done)], tmp=tmp_path)
+    first = next(p for p in job.workers if p.rank == 1)
+    first.popen.wait(30)
+    assert first.popen.returncode == 3
+    again = restart_worker(job, 1, 1)
+    again.popen.wait(30)
+    done.touch()
+    wait_job(job, 60)
+    assert again.code == 1
+    assert "worker 1 already finished" in again.err and "instead of calling sys.exit(n)" in again.err, again.err
