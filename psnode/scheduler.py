@@ -202,12 +202,12 @@ class Scheduler:
         node.rank, node.state, node.restarts = old.rank, NodeState.ALIVE, old.restarts + 1
         node.stats = old.stats
         self.nodes[node.ident] = node
+        book = self._book()
+        self._welcome(node, book, restore=node.role == "server")
         if node.role == "server":
-            self._welcome(node, self._book(), restore=True)
             for w in self._live("worker"):
-                self._send(w, Command.SERVERS, {"servers": self._book(), "restored": node.rank})
+                self._send(w, Command.SERVERS, {"servers": book, "restored": node.rank})
         else:
-            self._welcome(node, self._book())
             self._membership()
         log.warning("%s %d rejoined (restart %d)", node.role, node.rank, node.restarts)
 

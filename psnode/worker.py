@@ -25,9 +25,10 @@ Nothing a worker sent is assumed delivered (a connection can break and lose mess
 
 Control requests to the scheduler (BARRIER, FINISH) are numbered and sent again every
 ``retry_timeout`` until answered.  The I/O thread also registers with the scheduler,
-heartbeats, and watches the scheduler's liveness.  When the job fails (a peer lost, the scheduler silent or gone) every pending and
-later request raises :class:`PeerLost`; if the user's thread does not come back to psnode
-within a few seconds, the process exits with status 1 so no worker outlives its job.
+heartbeats, and watches the scheduler's liveness.  When the job fails (a peer lost, the
+scheduler silent or gone) every pending and later request raises :class:`PeerLost`; if the
+user's thread does not come back to psnode within a few seconds, the process exits with
+status 1 so no worker outlives its job.
 """
 from __future__ import annotations
 
@@ -130,6 +131,15 @@ class _Request:
     arrays: list[np.ndarray]
     nbytes: int          # bytes this request will bring back (pulls); 0: not windowed
     future: Future | None  # None: fire and forget (a push); errors still come back
+
+
+def _placed(op: dict[str, Any], base: int) -> dict[str, Any]:
+    """A copy of ``op`` whose array indices count from ``base`` (its arrays follow others')."""
+    op = dict(op)
+    for name in ("a", "rows"):
+        if name in op:
+            op[name] += base
+    return op
 
 
 class Engine:
@@ -301,13 +311,9 @@ class Engine:
                         fut.set({}, [])
                     else:
                         ctrl[(cmd, body.get("n", 0))] = [fut, body, now]
-                for item in ctrl.items() if ctrl and now >= self._next_ctrl else ():
-                    (cmd, _), entry = item
-                    if now - entry[2] >= self.cfg.retry_timeout:
-                        link.chan.send(cmd, entry[1])  # lost on the way, or still waiting: harmless
-                        entry[2] = now
                 if ctrl and now >= self._next_ctrl:
                     self._next_ctrl = now + max(0.02, self.cfg.retry_timeout / 4)
+                    self._resend_control(link, ctrl, now)
                 if servers:
                     self._flush(servers, inflight, pending)
                     if pending and now >= self._next_scan:
@@ -420,11 +426,7 @@ class Engine:
         batches: dict[int, tuple[list[dict[str, Any]], list[np.ndarray], list[int]]] = {}
         for req in ready:
             ops, arrays, size = batches.setdefault(req.server, ([], [], [0]))
-            op = dict(req.op)
-            base = len(arrays)
-            for name in ("a", "rows"):
-                if name in op:
-                    op[name] += base
+            op = _placed(req.op, len(arrays))
             ops.append(op)
             arrays.extend(req.arrays)
             size[0] += sum(a.nbytes for a in req.arrays)
@@ -481,13 +483,18 @@ class Engine:
         ops: list[dict[str, Any]] = []
         arrays: list[np.ndarray] = []
         for op, arrs in batch:
-            op = dict(op)
-            for name in ("a", "rows"):
-                if name in op:
-                    op[name] += len(arrays)
-            ops.append(op)
+            ops.append(_placed(op, len(arrays)))
             arrays.extend(arrs)
         self._channels[server].send(Command.DATA, {"ops": ops}, arrays)
+
+    def _resend_control(self, link: SchedulerLink, ctrl: dict[tuple[Command, int], list[Any]],
+                        now: float) -> None:
+        """Send BARRIER/FINISH again when unanswered for ``retry_timeout`` (lost on the way, or
+        still waiting: the scheduler answers a repeat and never counts it twice)."""
+        for (cmd, _), entry in ctrl.items():
+            if now - entry[2] >= self.cfg.retry_timeout:
+                link.chan.send(cmd, entry[1])
+                entry[2] = now
 
     def _retry(self, now: float, servers: list[Channel], inflight: list[int],
                pending: dict[int, Pending]) -> None:

@@ -77,18 +77,24 @@ def _server_ports(job) -> list[int]:
     return ports
 
 
-def test_connections_cut_again_and_again_lose_messages_yet_sync_values_are_exact(tmp_path) -> None:
-    env = {"PSNODE_RETRY_TIMEOUT": "0.5", "PSNODE_MAX_RETRIES": "20", "PSNODE_BIG_ARRAY_BOUND": "100000"}
-    job = start_job(CHAOS, 2, 2, env=env, args=["dist_sync"], tmp=tmp_path)
+def _run_cutting(job, ports) -> list[int]:
+    """Cut every connection to ``ports(job)`` again and again until the workers exit; then wait
+    for the whole job.  Returns ``[number of connections cut]``."""
     stop, cuts = threading.Event(), [0]
     try:
-        cutter = threading.Thread(target=_cut, args=(_server_ports(job), stop, cuts), daemon=True)
-        cutter.start()
+        threading.Thread(target=_cut, args=(ports(job), stop, cuts), daemon=True).start()
         for w in job.workers:
             w.popen.wait(120)
     finally:
         stop.set()
         wait_job(job, 60)
+    return cuts
+
+
+def test_connections_cut_again_and_again_lose_messages_yet_sync_values_are_exact(tmp_path) -> None:
+    env = {"PSNODE_RETRY_TIMEOUT": "0.5", "PSNODE_MAX_RETRIES": "20", "PSNODE_BIG_ARRAY_BOUND": "100000"}
+    job = start_job(CHAOS, 2, 2, env=env, args=["dist_sync"], tmp=tmp_path)
+    cuts = _run_cutting(job, _server_ports)
     assert [p.code for p in job.procs] == [0] * 5, job.describe()
     assert cuts[0] > 0
     outs = [w.out.split() for w in job.workers]
@@ -104,15 +110,7 @@ def test_connections_cut_again_and_again_lose_messages_yet_sync_values_are_exact
 def test_connections_cut_again_and_again_lose_messages_yet_async_values_are_exact(tmp_path) -> None:
     env = {"PSNODE_RETRY_TIMEOUT": "0.5", "PSNODE_MAX_RETRIES": "20", "PSNODE_BIG_ARRAY_BOUND": "100000"}
     job = start_job(CHAOS, 2, 2, env=env, args=["dist_async"], tmp=tmp_path)
-    stop, cuts = threading.Event(), [0]
-    try:
-        cutter = threading.Thread(target=_cut, args=(_server_ports(job), stop, cuts), daemon=True)
-        cutter.start()
-        for w in job.workers:
-            w.popen.wait(120)
-    finally:
-        stop.set()
-        wait_job(job, 60)
+    _run_cutting(job, _server_ports)
     assert [p.code for p in job.procs] == [0] * 5, job.describe()
     outs = {w.rank: w.out.split() for w in job.workers}
     assert all(int(o[3]) > 0 for o in outs.values())     # every worker lost and resent something
@@ -139,16 +137,7 @@ kv.close()
 def test_barriers_survive_cut_connections_to_the_scheduler(tmp_path) -> None:
     env = {"PSNODE_RETRY_TIMEOUT": "0.3", "PSNODE_HEARTBEAT_INTERVAL": "0.2", "PSNODE_HEARTBEAT_LIVENESS": "50"}
     job = start_job(BARRIERS, 3, 1, env=env, tmp=tmp_path)
-    stop, cuts = threading.Event(), [0]
-    try:
-        port = int(job.scheduler.rsplit(":", 1)[1])
-        cutter = threading.Thread(target=_cut, args=([port], stop, cuts), daemon=True)
-        cutter.start()
-        for w in job.workers:
-            w.popen.wait(120)
-    finally:
-        stop.set()
-        wait_job(job, 60)
+    cuts = _run_cutting(job, lambda j: [int(j.scheduler.rsplit(":", 1)[1])])
     assert [p.code for p in job.procs] == [0] * 5, job.describe()
     assert cuts[0] > 0
     for w in job.workers:   # no optimizer: the value is the last round's average
