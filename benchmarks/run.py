@@ -1,8 +1,9 @@
-"""Run the performance.md workload on psnode, raw pyzmq and torch gloo, interleaved; print a table.
+"""Run the performance.md workload on psnode, raw pyzmq, torch gloo and a bare PS, interleaved; print a table.
 
     python benchmarks/run.py                 # full: 3 interleaved runs, every case and config
     python benchmarks/run.py --quick         # smoke run (~20 s): 1 run, W2S2 only, few rounds
     python benchmarks/run.py --cases 1x4KiB,1x1MiB --configs 2,2 --runs 3 --json out.json
+    python benchmarks/run.py --quick --peers bare --no-launch   # psnode vs the bare pyzmq+numpy PS only
 
 See benchmarks/README.md for what is measured and how.
 """
@@ -146,6 +147,46 @@ def run_zmq(cases, quick: bool, timeout: float) -> list[dict]:
             srv.wait()
 
 
+def run_bare(W: int, S: int, cases, quick: bool, timeout: float) -> list[dict]:
+    """The bare PS (benchmarks/peers.py) with S servers and W workers on free ports; its records.
+
+    Waits for every process within ``timeout`` seconds in all; on timeout, or when a worker
+    fails, kills the processes it started (and only those)."""
+    ports: list[int] = []
+    while len(ports) < S:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    py = [sys.executable, "-m", "benchmarks.peers"]
+
+    def spawn(argv: list[str]) -> subprocess.Popen:
+        return subprocess.Popen(py + argv, cwd=ROOT, env=child_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    servers = [spawn(["bare-server", str(port), str(W)]) for port in ports]
+    workers = [spawn(["bare-worker", str(r), str(W), ",".join(map(str, ports)), encode_cases(cases),
+                      "1" if quick else "0"]) for r in range(W)]
+    deadline = time.monotonic() + timeout
+    out: list[dict] = []
+    try:
+        for name, procs in (("worker", workers), ("server", servers)):
+            for i, p in enumerate(procs):
+                so, se = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+                if p.returncode != 0:
+                    print(f"  bare W{W}S{S} {name} {i} exited {p.returncode}:\n{tail(se)}", file=sys.stderr)
+                out.extend(parse_results(so))
+            if any(p.returncode != 0 for p in workers):
+                break            # the servers would wait for QUITs that do not come
+    except subprocess.TimeoutExpired:
+        print(f"  bare W{W}S{S} timed out after {timeout} s", file=sys.stderr)
+        out = []
+    finally:
+        for p in servers + workers:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    return out
+
+
 def torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
@@ -212,7 +253,8 @@ def table(stats: dict, cases, configs, print_fn=print) -> dict:
     summary: dict = {"dense": [], "sparse": [], "launch": []}
     dense = [c for c in cases if c.kind == "dense" and c.name != "densetable"]
     if dense:
-        hdr = ("case", "W,S", "psnode MiB/s", "raw zmq MiB/s", "gloo MiB/s", "psnode/zmq", "psnode/gloo")
+        hdr = ("case", "W,S", "psnode MiB/s", "raw zmq MiB/s", "gloo MiB/s", "bare PS MiB/s",
+               "psnode/zmq", "psnode/gloo", "psnode/bare")
         rows = []
         for c in dense:
             nb = 2 * c.keys * c.nbytes
@@ -220,40 +262,55 @@ def table(stats: dict, cases, configs, print_fn=print) -> dict:
             g = stats.get(("gloo", "2", c.name), {})
             for W, S in configs:
                 p = stats.get(("psnode", f"{W},{S}", c.name), {})
+                b = stats.get(("bare", f"{W},{S}", c.name), {})
                 thr = lambda t, nb=nb: mibs(t, nb)  # noqa: E731
                 row = (c.name, f"{W},{S}", fmt_range([thr(v) for v in p.values()]),
                        fmt_range([thr(v) for v in z.values()]), fmt_range([thr(v) for v in g.values()]),
+                       fmt_range([thr(v) for v in b.values()]),
                        fmt_range(ratios(p, z, lambda t: 1 / t), ".2f"),
-                       fmt_range(ratios(p, g, lambda t: 1 / t), ".2f"))
+                       fmt_range(ratios(p, g, lambda t: 1 / t), ".2f"),
+                       fmt_range(ratios(p, b, lambda t: 1 / t), ".2f"))
                 rows.append(row)
                 summary["dense"].append(dict(zip(hdr, row)))
             if c.name == "1x4KiB":
                 for W, S in configs:
                     p = stats.get(("psnode", f"{W},{S}", c.name), {})
+                    b = stats.get(("bare", f"{W},{S}", c.name), {})
                     us = lambda t: t * 1e6  # noqa: E731
                     row = ("1x4KiB round us", f"{W},{S}", fmt_range([us(v) for v in p.values()]),
                            fmt_range([us(v) for v in z.values()]), fmt_range([us(v) for v in g.values()]),
-                           fmt_range(ratios(p, z, us), ".2f"), fmt_range(ratios(p, g, us), ".2f"))
+                           fmt_range([us(v) for v in b.values()]),
+                           fmt_range(ratios(p, z, us), ".2f"), fmt_range(ratios(p, g, us), ".2f"),
+                           fmt_range(ratios(p, b, us), ".2f"))
                     rows.append(row)
                     summary["dense"].append(dict(zip(hdr, row)))
         print_fn("\nDense push+pull, per-worker MiB/s (4 KiB also as round time in us; for the us rows a\n"
-                 "ratio > 1 means psnode is slower).  median [min-max] over runs; ratios are per run.")
+                 "ratio > 1 means psnode is slower).  median [min-max] over runs; ratios are per run.\n"
+                 "bare PS: pyzmq + numpy parameter server, same W,S and placement (ceiling for big keys).")
         _print_table(hdr, rows, print_fn)
     sp = [c.name for c in cases if c.name in ("rowsparse1%", "densetable")]
     if sp:
-        hdr = ("W,S", "row_sparse 1% ms/round", "dense table ms/round", "dense/sparse", "sparse MiB/s")
+        hdr = ("W,S", "row_sparse 1% ms/round", "dense table ms/round", "dense/sparse", "sparse MiB/s",
+               "bare PS row_sparse ms", "bare PS dense table ms", "bare dense/sparse", "psnode/bare (time)")
         rows = []
         for W, S in configs:
             s = stats.get(("psnode", f"{W},{S}", "rowsparse1%"), {})
             d = stats.get(("psnode", f"{W},{S}", "densetable"), {})
+            bs = stats.get(("bare", f"{W},{S}", "rowsparse1%"), {})
+            b = stats.get(("bare", f"{W},{S}", "densetable"), {})
             nb = 2 * 2000 * 64 * 4
             row = (f"{W},{S}", fmt_range([v * 1e3 for v in s.values()], ".2f"),
                    fmt_range([v * 1e3 for v in d.values()], ".1f"),
-                   fmt_range(ratios(d, s, lambda t: t), ".1f"), fmt_range([mibs(v, nb) for v in s.values()]))
+                   fmt_range(ratios(d, s, lambda t: t), ".1f"), fmt_range([mibs(v, nb) for v in s.values()]),
+                   fmt_range([v * 1e3 for v in bs.values()], ".2f"),
+                   fmt_range([v * 1e3 for v in b.values()], ".1f"),
+                   fmt_range(ratios(b, bs, lambda t: t), ".1f"),
+                   fmt_range(ratios(s, bs, lambda t: t), ".2f"))
             rows.append(row)
             summary["sparse"].append(dict(zip(hdr, row)))
         print_fn("\nRow-sparse: table 200,000 x 64 float32, every worker pushes 1% random rows (fresh each\n"
-                 "round) and row_sparse-pulls them; vs dense push+pull of the whole table (psnode only).")
+                 "round) and row_sparse-pulls them; vs dense push+pull of the whole table; the same for\n"
+                 "the bare PS (its dense table is a flat key of the same size).")
         _print_table(hdr, rows, print_fn)
     launch = [k for k in stats if k[2] == "launch"]
     if launch:
@@ -281,13 +338,21 @@ def _print_table(hdr, rows, print_fn) -> None:
         print_fn(line(r))
 
 
+MIBS_TARGETS = (("1x1MiB", 2 * MiB, 2000), ("1x16MiB", 32 * MiB, 2000), ("200x16KiB", 400 * 16384, 1000))
+"""(case, bytes per round, target per-worker MiB/s at W=2, S=2)."""
+
+
+def _median_at(stats: dict, system: str, config: str, case: str) -> float | None:
+    v = stats.get((system, config, case), {})
+    return statistics.median(v.values()) if v else None
+
+
 def targets(stats: dict, print_fn=print) -> list[dict]:
     """The issue's targets at W=2, S=2 (per worker)."""
     def med(case):
-        v = stats.get(("psnode", "2,2", case), {})
-        return statistics.median(v.values()) if v else None
+        return _median_at(stats, "psnode", "2,2", case)
     checks = []
-    for case, nb, goal in (("1x1MiB", 2 * MiB, 2000), ("1x16MiB", 32 * MiB, 2000), ("200x16KiB", 400 * 16384, 1000)):
+    for case, nb, goal in MIBS_TARGETS:
         t = med(case)
         if t is not None:
             checks.append((f"{case} >= {goal} MiB/s", f"{mibs(t, nb):.0f} MiB/s", mibs(t, nb) >= goal))
@@ -304,6 +369,38 @@ def targets(stats: dict, print_fn=print) -> list[dict]:
         for what, got, ok in checks:
             print_fn(f"  {'PASS' if ok else 'MISS'}  {what:36s} measured {got}")
     return [{"target": w, "measured": g, "pass": ok} for w, g, ok in checks]
+
+
+def bare_ceilings(stats: dict, print_fn=print) -> list[dict]:
+    """For each MiB/s target: does the bare PS itself reach it at W=2, S=2?  A target above the
+    bare PS is above what a Python PS over ZeroMQ TCP reaches on this machine."""
+    out = []
+    for case, nb, goal in MIBS_TARGETS:
+        t = _median_at(stats, "bare", "2,2", case)
+        if t is None:
+            continue
+        got = mibs(t, nb)
+        verdict = "the bare PS reaches it" if got >= goal else "above the bare PS"
+        print_fn(f"  bare PS at W2S2: {case} {got:.0f} MiB/s (target {goal}: {verdict})")
+        out.append({"case": case, "bare_mibs": round(got, 1), "target": goal, "bare_reaches": got >= goal})
+    t = _median_at(stats, "bare", "2,2", "1x4KiB")
+    if t is not None:
+        ok = t * 1e6 < 250
+        print_fn(f"  bare PS at W2S2: 4 KiB round {t * 1e6:.0f} us (target < 250 us: "
+                 f"{'the bare PS reaches it' if ok else 'above the bare PS'})")
+        out.append({"case": "1x4KiB", "bare_us": round(t * 1e6, 1), "target_us": 250, "bare_reaches": ok})
+    s, d = _median_at(stats, "bare", "2,2", "rowsparse1%"), _median_at(stats, "bare", "2,2", "densetable")
+    if s is not None:
+        ok = s * 1e3 <= 7.3 / 3
+        print_fn(f"  bare PS at W2S2: row_sparse 1% {s * 1e3:.2f} ms (target <= 2.43 ms: "
+                 f"{'the bare PS reaches it' if ok else 'above the bare PS'})")
+        out.append({"case": "rowsparse1%", "bare_ms": round(s * 1e3, 3), "target_ms": 2.43, "bare_reaches": ok})
+        if d is not None:
+            ok = d / s >= 30
+            print_fn(f"  bare PS at W2S2: dense table / row_sparse {d / s:.1f}x (target >= 30x: "
+                     f"{'the bare PS reaches it' if ok else 'above the bare PS'})")
+            out.append({"case": "dense/sparse", "bare_ratio": round(d / s, 2), "target": 30, "bare_reaches": ok})
+    return out
 
 
 # ---------------------------------------------------------------- main
@@ -324,7 +421,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", help=f"comma list of cases (default all): {','.join(ALL)}".replace('%', '%%'))
     ap.add_argument("--configs", nargs="+", help="W,S configurations (default: 1,1 2,1 2,2; --quick: 2,2)")
     ap.add_argument("--runs", type=int, help="interleaved runs (default 3; --quick: 1)")
-    ap.add_argument("--peers", default="zmq,gloo", help="peers to run: zmq,gloo (gloo only if torch imports)")
+    ap.add_argument("--peers", default="zmq,gloo,bare",
+                    help="peers to run: zmq,gloo,bare (gloo only if torch imports; bare = pyzmq+numpy PS "
+                         "on each W,S config)")
     ap.add_argument("--no-launch", action="store_true", help="skip the launch-to-first-pull measurement")
     ap.add_argument("--launch-via", choices=("auto", "harness", "mxdist"),
                     help="auto (default): mxdist launch when the CLI works, else the test harness; "
@@ -357,15 +456,20 @@ def main(argv: list[str] | None = None) -> int:
     lw, ls = (2, 2) if (2, 2) in configs or not configs else configs[-1]
 
     print(f"psnode benchmark: {platform.python_version()} on {os.cpu_count()} cpu(s); runs={runs} "
-          f"quick={a.quick} configs={configs} cases={[c.name for c in cases]} gloo={gloo}")
+          f"quick={a.quick} configs={configs} cases={[c.name for c in cases]} gloo={gloo} "
+          f"bare={'bare' in peers}")
     if not a.no_launch:
         print(f"launch to first pull via {launch_note}")
     records: list[dict] = []
     t_all = time.monotonic()
     for run in range(runs):
-        steps = [(f"psnode W{W}S{S}", lambda W=W, S=S: [dict(r, config=f"{W},{S}")
-                                                         for r in run_psnode(h, W, S, cases, a.quick, a.timeout)])
-                 for W, S in configs]
+        steps = []
+        for W, S in configs:               # the bare PS right after psnode on the same config
+            steps.append((f"psnode W{W}S{S}", lambda W=W, S=S: [
+                dict(r, config=f"{W},{S}") for r in run_psnode(h, W, S, cases, a.quick, a.timeout)]))
+            if "bare" in peers:
+                steps.append((f"bare W{W}S{S}", lambda W=W, S=S: [
+                    dict(r, config=f"{W},{S}") for r in run_bare(W, S, cases, a.quick, a.timeout)]))
         if "zmq" in peers:
             steps.append(("raw zmq", lambda: [dict(r, config="1,1") for r in run_zmq(cases, a.quick, a.timeout)]))
         if gloo:
@@ -388,11 +492,13 @@ def main(argv: list[str] | None = None) -> int:
     stats = collect(records)
     summary = table(stats, cases, configs)
     checks = targets(stats)
+    ceilings = bare_ceilings(stats)
     print(f"\ntotal {time.monotonic() - t_all:.0f} s")
     if a.json:
         Path(a.json).write_text(json.dumps({
             "argv": sys.argv, "python": platform.python_version(), "cpus": os.cpu_count(),
             "launch_via": launch_note, "records": records, "summary": summary, "targets": checks,
+            "bare_ceilings": ceilings,
         }, indent=1))
         print(f"wrote {a.json}")
     return 0
