@@ -26,6 +26,7 @@ T_START = time.time()
 
 import numpy as np  # noqa: E402
 
+from psnode.sharding import split_ranges  # noqa: E402  (psnode's placement rule)
 from benchmarks.cases import (SPARSE_COLS, SPARSE_FRACTION, SPARSE_ROWS, Case, KiB, decode_cases,  # noqa: E402
                               fail, report, summarize)
 
@@ -131,17 +132,6 @@ class BarePart:
     hi: int
 
 
-def split_ranges(n: int, k: int) -> list[tuple[int, int]]:
-    """``k`` contiguous ranges covering ``[0, n)``, the first ``n % k`` one longer (np.array_split's)."""
-    base, extra = divmod(n, k)
-    out, lo = [], 0
-    for i in range(k):
-        hi = lo + base + (1 if i < extra else 0)
-        out.append((lo, hi))
-        lo = hi
-    return out
-
-
 def bare_parts(case_index: int, c: Case, S: int) -> list[BarePart]:
     """Placement, psnode's rule: a key of more than BIG_ARRAY_BOUND elements is cut into S
     contiguous slices, slice i on server i; a smaller key lives whole on server key % S.
@@ -164,6 +154,21 @@ def _poll_or_fail(poller, who: str) -> list:
     if not ready:
         fail(f"{who}: nothing heard for {IDLE_SECONDS:.0f} s")
     return ready
+
+
+def _receive(poller, who: str, count: int, handle) -> None:
+    """Receive ``count`` replies [pid, data] from any of the sockets in ``poller`` and call
+    ``handle(sock, pid, data)`` for each (bounded: fail() after IDLE_SECONDS of silence)."""
+    import zmq
+    while count:
+        for sock, _ in _poll_or_fail(poller, who):
+            while True:
+                try:
+                    pid, data = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                handle(sock, pid.bytes, data)
+                count -= 1
 
 
 @dataclass
@@ -317,7 +322,6 @@ def bare_sparse_case(socks: list, poller, case_index: int, c: Case, rank: int, W
     outside the timing; sorted and cut per server inside it, as psnode's push does) and copies
     the returned rows into the worker's table.  Check round: every worker pushes rank+1 on the
     same rows and must get exactly the mean of 1..W back."""
-    import zmq
     who = f"bare-worker {rank} {c.name}"
     R, C = SPARSE_ROWS, SPARSE_COLS
     n = int(R * SPARSE_FRACTION)
@@ -338,17 +342,9 @@ def bare_sparse_case(socks: list, poller, case_index: int, c: Case, rank: int, W
             rows = sdata[a:b]
             sock.send_multipart([pids[i], local, rows], copy=rows.nbytes < ZERO_COPY_BYTES)
             sent.append(sids[a:b])
-        left = S
-        while left:
-            for sock, _ in _poll_or_fail(poller, who):
-                while True:
-                    try:
-                        pid, got = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                    except zmq.Again:
-                        break
-                    i = socks.index(sock)
-                    table[sent[i]] = np.frombuffer(got, np.float32).reshape(-1, C)
-                    left -= 1
+        def store(sock, pid: bytes, got) -> None:
+            table[sent[socks.index(sock)]] = np.frombuffer(got, np.float32).reshape(-1, C)
+        _receive(poller, who, S, store)
 
     rng = np.random.default_rng(7)
     ids = rng.choice(R, n, replace=False)                # check round: same rows everywhere
@@ -386,26 +382,19 @@ def _bare_round(slots: list[BareSlot], by_pid: dict[bytes, BareSlot], poller, wh
 
     Reusing a send buffer next round is safe: the reply to a part comes after the server read
     all W pushes of it, so zmq has finished reading this worker's buffer."""
-    import zmq
     pending: dict[object, int] = {}
     for s in slots:
         np.copyto(s.send, s.grad)
         s.sock.send_multipart([s.part.pid, s.send], copy=not s.big)
         pending[s.sock] = pending.get(s.sock, 0) + 1
-    left = len(slots)
-    while left:
-        for sock, _ in _poll_or_fail(poller, who):
-            while True:
-                try:
-                    pid, data = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                s = by_pid.get(pid.bytes)
-                if s is None or s.sock is not sock or not pending.get(sock):
-                    fail(f"{who}: unexpected reply for part {pid.bytes!r}")
-                np.copyto(s.out, np.frombuffer(data, np.float32))
-                pending[sock] -= 1
-                left -= 1
+
+    def store(sock, pid: bytes, data) -> None:
+        s = by_pid.get(pid)
+        if s is None or s.sock is not sock or not pending.get(sock):
+            fail(f"{who}: unexpected reply for part {pid!r}")
+        np.copyto(s.out, np.frombuffer(data, np.float32))
+        pending[sock] -= 1
+    _receive(poller, who, len(slots), store)
 
 
 def bare_case(socks: list, poller, case_index: int, c: Case, rank: int, W: int, quick: bool) -> None:
