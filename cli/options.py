@@ -28,7 +28,12 @@ from cli.jobs import JobRecord
 from cli.launch import LaunchSettings, new_record
 from cli.plan import Plan, PlanError, PlanRequest, make_plan, parse_env_assignments, passthrough_env
 
-REMOTE_PORT_RANGE = (20000, 40000)
+# Ports a job listens on are chosen where the kernel never puts the source port of an outgoing
+# connection (its ephemeral range: 32768-60999 on Linux by default), so nothing can take a port
+# between the launcher choosing it and the scheduler or rank 0's torch store binding it.
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+DEFAULT_EPHEMERAL = (32768, 60999)
+REMOTE_PORT_RANGE = (20000, 32000)   # below the default ephemeral range of the remote hosts
 
 
 @dataclass
@@ -98,15 +103,54 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def ephemeral_range(path: str = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
+    """This machine's range of ports for outgoing connections (the Linux default if unknown)."""
+    try:
+        with open(path) as fh:
+            lo, hi = (int(x) for x in fh.read().split())
+    except (OSError, ValueError):
+        return DEFAULT_EPHEMERAL
+    return (lo, hi) if 1 <= lo <= hi <= 65535 else DEFAULT_EPHEMERAL
+
+
+def listen_range(ephemeral: tuple[int, int]) -> tuple[int, int]:
+    """Ports to listen on outside ``ephemeral`` (at least 1000 of them): below it from 20000
+    when there is room, else above it; the whole unprivileged range if it leaves no room."""
+    lo, hi = ephemeral
+    if lo - 20000 >= 1000:
+        return 20000, lo - 1
+    if 65535 - hi >= 1000:
+        return hi + 1, 65535
+    return 1024, 65535
+
+
+def free_listen_port(host: str = "127.0.0.1", avoid: frozenset[int] = frozenset(),
+                     rng: random.Random | None = None) -> int:
+    """A port free on this machine now, outside its ephemeral range and not in ``avoid``."""
+    rng = rng or random.Random()
+    low, high = listen_range(ephemeral_range())
+    for _ in range(200):
+        port = rng.randint(low, high)
+        if port in avoid:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        return port
+    port = free_port(host)   # a crowded range: fall back to any free port
+    while port in avoid:
+        port = free_port(host)
+    return port
+
+
 def _ports(opts: LaunchOptions, local: bool) -> tuple[int, int]:
     if opts.port is not None:
         return opts.port, opts.port + 1
     if local:
-        first = free_port()
-        second = free_port()
-        while second == first:
-            second = free_port()
-        return first, second
+        first = free_listen_port()
+        return first, free_listen_port(avoid=frozenset({first}))
     low, high = REMOTE_PORT_RANGE
     port = random.randrange(low, high - 1)
     return port, port + 1

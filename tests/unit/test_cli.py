@@ -247,3 +247,36 @@ def test_status_and_stop_pass_the_local_key_file(home, monkeypatch):
     assert invoke("stop", "job-k").exit_code == 0
     assert calls == [("status", str(key)), ("stop", str(key))]
     assert not key.exists()                 # stop deletes the job's keys once nothing is left
+
+
+# ---------------------------------------------------------------- listening ports
+def test_listen_range_avoids_the_ephemeral_range() -> None:
+    from cli.options import listen_range
+    assert listen_range((32768, 60999)) == (20000, 32767)       # Linux's default
+    assert listen_range((15000, 60000)) == (60001, 65535)       # no room below: above
+    assert listen_range((1024, 65000)) == (1024, 65535)         # no room at all: anywhere
+    assert listen_range((21000, 65535)) == (20000, 20999)
+
+
+def test_ephemeral_range_read_or_default(tmp_path: Path) -> None:
+    from cli.options import DEFAULT_EPHEMERAL, ephemeral_range
+    f = tmp_path / "range"
+    f.write_text("40000\t50000\n")
+    assert ephemeral_range(str(f)) == (40000, 50000)
+    f.write_text("garbage")
+    assert ephemeral_range(str(f)) == DEFAULT_EPHEMERAL
+    assert ephemeral_range(str(tmp_path / "missing")) == DEFAULT_EPHEMERAL
+
+
+def test_local_ports_are_free_distinct_and_outside_the_ephemeral_range() -> None:
+    import socket
+    from cli.options import ephemeral_range, free_listen_port
+    lo, hi = ephemeral_range()
+    for _ in range(20):
+        first = free_listen_port()
+        second = free_listen_port(avoid=frozenset({first}))
+        assert first != second
+        for port in (first, second):
+            assert not lo <= port <= hi, (port, lo, hi)
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port))   # really free
