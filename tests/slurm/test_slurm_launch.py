@@ -17,7 +17,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from mxdist_testing import ROOT, cli_env, latest, wait_for
+from mxdist_testing import ROOT, cli_env, latest, records, wait_for
 
 MXDIST = [sys.executable, "-m", "cli.main"]
 
@@ -156,7 +156,7 @@ def test_detach_status_and_stop(slurm3, home, tmp_path):
     env = env_for(slurm3, home)  # outside the allocation: no SLURM_JOB_ID
     slurm_job = None
     try:
-        rec = wait_for(lambda: (home / "jobs").is_dir() and latest(home), 30, "the job record")
+        rec = wait_for(lambda: records(home), 30, "the job record")[-1]  # (the dir comes before it)
         job = rec["id"]
         slurm_job = rec["options"]["job_id"]
 
