@@ -124,13 +124,11 @@ def listen_range(ephemeral: tuple[int, int]) -> tuple[int, int]:
     return 1024, 65535
 
 
-def free_listen_port(host: str = "127.0.0.1", avoid: frozenset[int] = frozenset(),
-                     rng: random.Random | None = None) -> int:
+def free_listen_port(host: str = "127.0.0.1", avoid: frozenset[int] = frozenset()) -> int:
     """A port free on this machine now, outside its ephemeral range and not in ``avoid``."""
-    rng = rng or random.Random()
     low, high = listen_range(ephemeral_range())
     for _ in range(200):
-        port = rng.randint(low, high)
+        port = random.randint(low, high)
         if port in avoid:
             continue
         with socket.socket() as s:
