@@ -21,6 +21,7 @@ on stdin over SSH) to ``<run_dir>/job.key`` with mode 0600 and returns the absol
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 REAPER = (
     "import os,signal,subprocess,sys\n"
@@ -163,10 +165,8 @@ def status(procs: list[dict]) -> list[dict]:
 
 def signal_groups(pgids: list[int], signum: int) -> None:
     for pgid in pgids:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def stop(pgids: list[int], grace: float) -> dict:
@@ -200,7 +200,7 @@ def follow(log: str, rc_file: str, pid: int, offset: int, wait: bool,
     handle = None
     while True:
         if handle is None and os.path.exists(log):
-            handle = open(log, "rb")
+            handle = open(log, "rb")  # noqa: SIM115 - kept open across polls, closed below
             handle.seek(offset)
         chunk = handle.read(65536) if handle else b""
         if chunk:
@@ -236,9 +236,10 @@ def _main(request: dict) -> int:
 
         result = follow(emit=emit, **request)
     else:
-        result = {"check": check, "spawn": spawn, "status": status, "stop": stop,
-                  "signal": signal_groups, "put_key": put_key,
-                  "remove_files": remove_files}[op](**request)
+        ops: dict[str, Callable[..., Any]] = {
+            "check": check, "spawn": spawn, "status": status, "stop": stop,
+            "signal": signal_groups, "put_key": put_key, "remove_files": remove_files}
+        result = ops[op](**request)
     sys.stderr.write("\n" + json.dumps({"result": result}) + "\n")
     sys.stderr.flush()
     return 0

@@ -198,7 +198,7 @@ def run_per_host(hosts: Sequence[Host], fn: Callable[[Host], Any]) -> dict[str, 
     def one(host: Host) -> None:
         try:
             results[host.label] = fn(host)
-        except Exception as exc:  # reported per host by the caller
+        except Exception as exc:  # noqa: BLE001 - reported per host by the caller
             results[host.label] = exc
 
     threads = [threading.Thread(target=one, args=(h,), daemon=True) for h in hosts]

@@ -14,16 +14,17 @@ A job with CURVE keys is asked with the local copy of its key pair (``record.key
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
-
-from psnode.errors import PSError
 
 from cli.backends import Backend, ExitStatus, make_backend, run_per_host
 from cli.hosts import Host
 from cli.jobs import JobRecord, JobState, ProcRecord, ProcState, load, save
+from psnode.errors import PSError
 
 
 def _psnode_control() -> Any:
@@ -74,10 +75,8 @@ def remove_job_keys(record: JobRecord, backend: Backend) -> None:
         run_per_host(targets, lambda h: remove(h, [record.remote_keys[h.label]]))
     record.remote_keys = {}
     if record.key_file:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(record.key_file)
-        except OSError:
-            pass
 
 
 def state_of(status_alive: bool, code: int | None, recorded: ProcState) -> ProcState:
@@ -175,7 +174,7 @@ def match_nodes(procs: Sequence[ProcRecord], rows: Sequence[dict[str, Any]]
     pending = []
     for row in rows:
         key = (row.get("role"), row.get("rank"))
-        if key in known and (key[1] is not None and key[1] >= 0 or key[0] == "scheduler"):
+        if key in known and ((key[1] is not None and key[1] >= 0) or key[0] == "scheduler"):
             out[key] = row  # type: ignore[index]
         else:
             pending.append(row)
@@ -272,7 +271,7 @@ def stream_logs(record: JobRecord, procs: Sequence[ProcRecord], follow: bool,
         else:
             for p in procs:
                 if p.pid:
-                    backend.follow(hosts[p.host], p, lambda d, p=p: emit(p, d), wait=False)
+                    backend.follow(hosts[p.host], p, partial(emit, p), wait=False)
                     done(p)
     finally:
         backend.close()

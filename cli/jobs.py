@@ -150,7 +150,7 @@ def load(job_id: str) -> JobRecord:
 
 def all_jobs() -> list[JobRecord]:
     """Every recorded job, oldest first (unreadable records are skipped)."""
-    out = []
+    out: list[JobRecord] = []
     directory = jobs_dir()
     if not directory.is_dir():
         return out

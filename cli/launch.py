@@ -42,18 +42,18 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from psnode.config import Role
-from psnode.transport import CurveKeys
-
 from cli import ui
-from cli.backends import Backend, BackendError, ExitStatus, HostProblem, run_per_host
+from cli.backends import Backend, BackendError, ExitStatus, HostProblem, Started, run_per_host
 from cli.control import remove_job_keys, stop_processes
 from cli.hosts import Host
 from cli.jobs import JobRecord, JobState, ProcRecord, ProcState, key_path, load, save
 from cli.plan import Plan, ProcSpec, restarted, with_key_files
+from psnode.config import Role
+from psnode.transport import CurveKeys
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_STOPPED = 0, 1, 130, 143
 
@@ -186,8 +186,7 @@ class Launcher:
             per_host: dict[str, list[ProcSpec]] = {}
             for spec in specs:
                 per_host.setdefault(spec.host.label, []).append(spec)
-            results = run_per_host([self.hosts[h] for h in per_host],
-                                   lambda h: self.backend.start(h, per_host[h.label], self.settings.run_dir))
+            results = run_per_host([self.hosts[h] for h in per_host], partial(self._start_on, per_host))
             errors = []
             for label, result in results.items():
                 if isinstance(result, Exception):
@@ -206,12 +205,15 @@ class Launcher:
         self.record.state = JobState.RUNNING
         self._save()
 
+    def _start_on(self, per_host: dict[str, list[ProcSpec]], host: Host) -> list[Started]:
+        return self.backend.start(host, per_host[host.label], self.settings.run_dir)
+
     def _follow_in_thread(self, rec: ProcRecord, offset: int = 0) -> None:
         host = self.hosts[rec.host]
         copy_log = rec.log != rec.run_log  # remote: keep a local copy of the output
 
         def run() -> None:
-            sink = open(rec.log, "ab") if copy_log else None
+            sink = open(rec.log, "ab") if copy_log else None  # noqa: SIM115 - closed in finally
 
             def emit(data: bytes) -> None:
                 if sink:
@@ -221,7 +223,7 @@ class Launcher:
 
             try:
                 status = self.backend.follow(host, rec, emit, wait=True, offset=offset) or ExitStatus(None)
-            except Exception as exc:  # connection lost: the process's fate is unknown here
+            except Exception as exc:  # noqa: BLE001 - connection lost: the process's fate is unknown here
                 emit(f"mxdist: lost the output stream of {rec.name}: {exc}\n".encode())
                 status = ExitStatus(None)
             finally:
@@ -252,10 +254,10 @@ class Launcher:
                 return EXIT_STOPPED
             self._set_exit(rec, status)
             if rec.name in workers:
-                if not status.ok and finish_by is None and rec.restarts < self.settings.max_restarts:
-                    if self._restart(rec, status):
-                        running.add(rec.name)
-                        continue
+                if (not status.ok and finish_by is None and rec.restarts < self.settings.max_restarts
+                        and self._restart(rec, status)):
+                    running.add(rec.name)
+                    continue
                 workers.discard(rec.name)
                 if not status.ok:
                     return self._fail(rec, status)
@@ -263,10 +265,9 @@ class Launcher:
                     grace = 0.0 if self.plan.num_servers == 0 else self.settings.finish_grace
                     finish_by = time.monotonic() + grace
             elif not status.ok:
-                if finish_by is None and self._server_restartable(rec):
-                    if self._restart(rec, status):
-                        running.add(rec.name)
-                        continue
+                if finish_by is None and self._server_restartable(rec) and self._restart(rec, status):
+                    running.add(rec.name)
+                    continue
                 if finish_by is None:
                     return self._fail(rec, status)
                 ui.warn(f"{rec.name} on {rec.host} {status.describe()} after the workers finished")
@@ -337,7 +338,7 @@ class Launcher:
     def _stopped_elsewhere(self) -> bool:
         try:
             return load(self.record.id).state is JobState.STOPPED
-        except Exception:
+        except Exception:  # noqa: BLE001 - an unreadable record says nothing
             return False
 
     def _finish(self, state: JobState) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 import sys
 import time
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -38,22 +38,22 @@ def _fail(title: str, message: str, fix: str | None, code: int) -> typer.Exit:
 def launch(
     command: list[str] = typer.Argument(..., metavar="COMMAND [ARGS]...",
                                         help="a .py script (run with Python) or any program"),
-    hosts: Optional[str] = typer.Option(None, "-H", "--hosts",
+    hosts: str | None = typer.Option(None, "-H", "--hosts",
                                         help="hosts file, or inline list a,b:2222,user@c"),
-    num_workers: Optional[int] = typer.Option(None, "-n", "--num-workers",
+    num_workers: int | None = typer.Option(None, "-n", "--num-workers",
                                               help="workers (default: total slots)"),
-    num_servers: Optional[int] = typer.Option(None, "-s", "--num-servers",
+    num_servers: int | None = typer.Option(None, "-s", "--num-servers",
                                               help="servers (default: one per host; 0 allowed)"),
-    launcher: Optional[str] = typer.Option(None, "--launcher",
+    launcher: str | None = typer.Option(None, "--launcher",
                                            help="local, ssh or slurm (default: local without -H, ssh "
                                                 "with; slurm: inside salloc/sbatch, nodes from the allocation)"),
     python: str = typer.Option(sys.executable, "--python", help="Python on remote hosts"),
     env: list[str] = typer.Option([], "-e", "--env", help="K=V for every process (repeatable)"),
-    workdir: Optional[str] = typer.Option(None, "--workdir",
+    workdir: str | None = typer.Option(None, "--workdir",
                                           help="working directory (default: the current one)"),
     sync: list[str] = typer.Option([], "--sync", help="DIR[:REMOTE_DIR] to copy to every host first"),
-    scheduler: Optional[str] = typer.Option(None, "--scheduler", help="host running the scheduler"),
-    port: Optional[int] = typer.Option(None, "--port", help="scheduler port (MASTER_PORT = port+1)"),
+    scheduler: str | None = typer.Option(None, "--scheduler", help="host running the scheduler"),
+    port: int | None = typer.Option(None, "--port", help="scheduler port (MASTER_PORT = port+1)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan, start nothing"),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="do not stream output (logs still saved)"),
     detach: bool = typer.Option(False, "-d", "--detach", help="start the job and return"),
@@ -64,9 +64,9 @@ def launch(
     heartbeat_liveness: int = typer.Option(5, "--heartbeat-liveness",
                                            help="missed heartbeats before a node is dead"),
     log_level: str = typer.Option("WARNING", "--log-level", help="psnode log level"),
-    ssh_config: Optional[str] = typer.Option(None, "--ssh-config", envvar="MXDIST_SSH_CONFIG",
+    ssh_config: str | None = typer.Option(None, "--ssh-config", envvar="MXDIST_SSH_CONFIG",
                                              help="ssh config file (default ~/.ssh/config)"),
-    known_hosts: Optional[str] = typer.Option(None, "--known-hosts", envvar="MXDIST_KNOWN_HOSTS",
+    known_hosts: str | None = typer.Option(None, "--known-hosts", envvar="MXDIST_KNOWN_HOSTS",
                                               help="known_hosts file (default ~/.ssh/known_hosts)"),
     accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys",
                                               help="trust and record unknown host keys"),
@@ -79,7 +79,7 @@ def launch(
                                      help="restart a failed worker (same rank and host) up to N times, and a "
                                           "failed server too when --checkpoint-dir is set (it restores "
                                           "its shard from the last checkpoint); the job keeps running"),
-    checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", metavar="DIR",
+    checkpoint_dir: str | None = typer.Option(None, "--checkpoint-dir", metavar="DIR",
                                                  help="servers write DIR/server-<rank>.npz (on their "
                                                       "host; relative to --workdir), also when the job ends well"),
     checkpoint_interval: float = typer.Option(0.0, "--checkpoint-interval", metavar="SECONDS",
@@ -136,7 +136,7 @@ def _show_plan(plan: Plan) -> None:
     envs = [dict(p.env) for p in plan.procs]
     common = {k: v for k, v in envs[0].items() if all(e.get(k) == v for e in envs)}
     rows: list[dict[str, Any]] = []
-    for p, env in zip(plan.procs, envs):
+    for p, env in zip(plan.procs, envs, strict=False):
         address = plan.scheduler_address if p.rank is None else (
             f"{p.host.address}:auto" if p.role.value == "server" else p.host.address)
         own = {k: v for k, v in env.items() if k not in common}
@@ -154,7 +154,7 @@ def _load(job: str | None) -> jobs.JobRecord:
 
 @app.command()
 def status(
-    job: Optional[str] = typer.Argument(None, help="job id (default: the latest)"),
+    job: str | None = typer.Argument(None, help="job id (default: the latest)"),
     watch: bool = typer.Option(False, "-w", "--watch", help="refresh until Ctrl-C"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
     interval: float = typer.Option(1.0, "--interval", help="seconds between refreshes"),
@@ -188,7 +188,7 @@ def status(
 
 @app.command()
 def stop(
-    job: Optional[str] = typer.Argument(None, help="job id (default: the latest)"),
+    job: str | None = typer.Argument(None, help="job id (default: the latest)"),
     all_jobs: bool = typer.Option(False, "--all", help="stop every running job"),
     grace: float = typer.Option(5.0, "--grace", help="seconds between TERM and KILL"),
 ) -> None:
@@ -210,9 +210,9 @@ def stop(
 
 @app.command()
 def logs(
-    job: Optional[str] = typer.Argument(None, help="job id (default: the latest)"),
-    role: Optional[str] = typer.Option(None, "--role", help="scheduler, server or worker"),
-    rank: Optional[int] = typer.Option(None, "--rank", help="rank within the role"),
+    job: str | None = typer.Argument(None, help="job id (default: the latest)"),
+    role: str | None = typer.Option(None, "--role", help="scheduler, server or worker"),
+    rank: int | None = typer.Option(None, "--rank", help="rank within the role"),
     follow: bool = typer.Option(False, "-f", "--follow", help="keep printing until the processes end"),
 ) -> None:
     """Print the logs of a job's processes (from the hosts where they run)."""

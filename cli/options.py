@@ -12,10 +12,9 @@ unless ``--insecure``; a local job binds to 127.0.0.1 only and runs without keys
 """
 from __future__ import annotations
 
-import re
-
 import os
 import random
+import re
 import socket
 import sys
 from dataclasses import dataclass, field
@@ -179,7 +178,8 @@ def checkpoint_dir(opts: LaunchOptions, workdir: str, local: bool) -> str | None
 
 
 def check_resume(plan: Plan, directory: str) -> None:
-    """``--resume`` on this machine's file system (local, slurm): every server's checkpoint file must exist before anything starts."""
+    """``--resume`` on this machine's file system (local, slurm): every server's checkpoint file
+    must exist before anything starts."""
     missing = [f"server-{r}.npz" for r in range(plan.num_servers)
                if not os.path.isfile(os.path.join(directory, f"server-{r}.npz"))]
     if plan.num_servers == 0:

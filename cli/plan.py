@@ -31,11 +31,11 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-
-from psnode.config import Distribution, NodeConfig, Role
-from psnode.errors import ConfigError
+from typing import Any
 
 from cli.hosts import Host, HostsError, check_env_name
+from psnode.config import Distribution, NodeConfig, Role
+from psnode.errors import ConfigError
 
 #: Variables copied from the launcher's environment to every process (shell-style patterns).
 PASSTHROUGH: tuple[str, ...] = (
@@ -248,23 +248,23 @@ def make_plan(req: PlanRequest) -> Plan:
             "than slots (set slots=N in the hosts file)"
         )
 
-    common = dict(
-        scheduler_host=sched.address,
-        scheduler_port=req.scheduler_port,
-        num_workers=workers,
-        num_servers=servers,
-        job_id=req.job_id,
-        heartbeat_interval=req.heartbeat_interval,
-        heartbeat_liveness=req.heartbeat_liveness,
-        log_level=req.log_level,
-        distribution=distribution,
-        checkpoint_dir=req.checkpoint_dir or None,
-        checkpoint_interval=float(req.checkpoint_interval),
-        checkpoint_rounds=req.checkpoint_rounds,
-        resume=req.resume,
-        skip_nonfinite=req.skip_nonfinite,
-        max_restarts=req.max_restarts,
-    )
+    common: dict[str, Any] = {
+        "scheduler_host": sched.address,
+        "scheduler_port": req.scheduler_port,
+        "num_workers": workers,
+        "num_servers": servers,
+        "job_id": req.job_id,
+        "heartbeat_interval": req.heartbeat_interval,
+        "heartbeat_liveness": req.heartbeat_liveness,
+        "log_level": req.log_level,
+        "distribution": distribution,
+        "checkpoint_dir": req.checkpoint_dir or None,
+        "checkpoint_interval": float(req.checkpoint_interval),
+        "checkpoint_rounds": req.checkpoint_rounds,
+        "resume": req.resume,
+        "skip_nonfinite": req.skip_nonfinite,
+        "max_restarts": req.max_restarts,
+    }
     base = {**req.base_env, **req.user_env, "PYTHONUNBUFFERED": "1"}
     node_argv = (req.python, "-m", "psnode")
 

@@ -198,9 +198,9 @@ class SlurmBackend(LocalBackend):
             raise SlurmError(f"the allocation's node list {nodelist!r} is empty")
         cpus = _per_node(environ.get("SLURM_JOB_CPUS_PER_NODE"), len(nodes), 1)
         slots = _per_node(environ.get("SLURM_TASKS_PER_NODE"), len(nodes), 0) or cpus
-        self.cpus = dict(zip(nodes, cpus))
+        self.cpus = dict(zip(nodes, cpus, strict=False))
         addresses = self.addresses(nodes)
-        return [Host(name=n, address=addresses[n], slots=max(1, s)) for n, s in zip(nodes, slots)]
+        return [Host(name=n, address=addresses[n], slots=max(1, s)) for n, s in zip(nodes, slots, strict=False)]
 
     def addresses(self, nodes: Sequence[str]) -> dict[str, str]:
         """Node name -> IP address to bind to: the name if it is one, else its NodeAddr, resolved."""
@@ -211,10 +211,10 @@ class SlurmBackend(LocalBackend):
         res = self._run(["scontrol", "-o", "show", "node", ",".join(rest)])
         node_addr = {}
         for line in res.stdout.splitlines():
-            name = re.search(r"(?:^|\s)NodeName=(\S+)", line)
-            addr = re.search(r"(?:^|\s)NodeAddr=(\S+)", line)
-            if name and addr:
-                node_addr[name.group(1)] = addr.group(1)
+            name_m = re.search(r"(?:^|\s)NodeName=(\S+)", line)
+            addr_m = re.search(r"(?:^|\s)NodeAddr=(\S+)", line)
+            if name_m and addr_m:
+                node_addr[name_m.group(1)] = addr_m.group(1)
         for node in rest:
             addr = node_addr.get(node, node)
             if not _is_ip(addr):
@@ -300,7 +300,7 @@ class SlurmBackend(LocalBackend):
         items = agent.status([{"pid": p.pid, "rc": p.rc_file} for p in procs])
         return [ProcStatus(p.name in steps or i["alive"], tuple(i["members"]),
                            exit_code(i["rc"], _tail(p.run_log)))
-                for p, i in zip(procs, items)]
+                for p, i in zip(procs, items, strict=False)]
 
     def describe(self, procs: Sequence[ProcRecord]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
         """For ``mxdist status``: the Slurm job id, and the step id of each running process."""

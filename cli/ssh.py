@@ -149,7 +149,8 @@ class SshBackend:
         try:
             chan.settimeout(timeout)
             chan.exec_command(shlex.join([self.python, "-"]))
-            script = f"{_AGENT_SOURCE}\nimport json as _j, sys as _s\n_s.exit(_main(_j.loads({json.dumps(request)!r})))\n"
+            call = f"_s.exit(_main(_j.loads({json.dumps(request)!r})))"
+            script = f"{_AGENT_SOURCE}\nimport json as _j, sys as _s\n{call}\n"
             chan.sendall(script.encode())
             chan.shutdown_write()
             while True:
@@ -165,7 +166,7 @@ class SshBackend:
                     break
                 err += data
             code = chan.recv_exit_status()
-        except socket.timeout:
+        except TimeoutError:
             raise BackendError(f"{host.label}: no answer within {timeout:.0f} s") from None
         finally:
             chan.close()

@@ -35,9 +35,9 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ConfigError",
     "KeyNotInitialized",
+    "PSError",
     "PeerLost",
     "ProtocolError",
-    "PSError",
     "RemoteError",
     "ShapeMismatch",
     "__version__",

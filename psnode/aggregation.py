@@ -241,12 +241,14 @@ class Store:
             raise OpError("ShapeMismatch", f"{_fmt(*key)} holds {want.dtype.name}, push sent {data.dtype.name}")
         if rows is None:
             if data.shape != want.shape:
-                raise OpError("ShapeMismatch", f"{_fmt(*key)} has shape {list(want.shape)}, push sent {list(data.shape)}")
+                raise OpError("ShapeMismatch",
+                              f"{_fmt(*key)} has shape {list(want.shape)}, push sent {list(data.shape)}")
             return
         if not entry.sparse:
             raise OpError("ShapeMismatch", f"{_fmt(*key)} is dense; a row_sparse push was sent")
-        if rows.ndim != 1 or rows.dtype.kind not in "iu" or data.shape != (len(rows),) + want.shape[1:]:
-            raise OpError("ShapeMismatch", f"{_fmt(*key)}: row_sparse push with {len(rows)} ids and data {list(data.shape)}")
+        if rows.ndim != 1 or rows.dtype.kind not in "iu" or data.shape != (len(rows), *want.shape[1:]):
+            raise OpError("ShapeMismatch",
+                          f"{_fmt(*key)}: row_sparse push with {len(rows)} ids and data {list(data.shape)}")
         if len(rows) and (rows.min() < 0 or rows.max() >= want.shape[0]):
             raise OpError("ShapeMismatch", f"{_fmt(*key)}: row id out of range 0..{want.shape[0] - 1}")
 
@@ -267,6 +269,7 @@ class Store:
             np.add(entry.first, data, out=entry.spare)
             entry.first = None
         else:
+            assert entry.spare is not None
             np.add(entry.spare, data, out=entry.spare)
 
     def _maybe_complete(self, key: Key, entry: Entry) -> list[Reply]:
@@ -283,6 +286,7 @@ class Store:
                 self._apply(key, entry, data, rows, n, entry.average)
             else:
                 agg = entry.first if entry.first is not None else entry.spare
+                assert agg is not None
                 entry.first = None
                 self._apply(key, entry, agg, None, n, entry.average)
             entry.round += 1
@@ -438,7 +442,7 @@ class Store:
                     notices.append(f"{_fmt(*key)}: rounds {entry.round + 1}..{latest} were not in the "
                                    f"checkpoint; the value is that of round {entry.round}")
                 entry.round = max(entry.round, latest)
-                entry.pushed = {w: entry.round for w in range(num_workers)}
+                entry.pushed = dict.fromkeys(range(num_workers), entry.round)
             else:
                 for w in range(num_workers):
                     mine = max(entry.pushed.get(w, 0), seen.get(w, 0))

@@ -45,7 +45,7 @@ def save_server(directory: str, rank: int, store: Store) -> str:
     fd, tmp = tempfile.mkstemp(prefix=f".server-{rank}.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)
+            np.savez(fh, **arrays)  # type: ignore[arg-type]
             fh.flush()
             os.fsync(fh.fileno())
         final = path_for(directory, rank)

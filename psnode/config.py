@@ -41,6 +41,10 @@ variable                           meaning (default)
                                    servers checkpoint (``PSNODE_CHECKPOINT_DIR``) (``0``)
 ``PSNODE_RESTART_COUNT``           how many times this process was restarted (``0``)
 ``PSNODE_LOG_LEVEL``               ``DEBUG``, ``INFO``, ``WARNING``, ``ERROR`` (``WARNING``)
+``PSNODE_SHM``                     ``1``: workers and servers on the same host exchange data
+                                   through shared memory; ``0``: always over TCP (``1``)
+``PSNODE_ERROR_FILE``              where this process writes its failure record (JSON) when it
+                                   fails, for the launcher to name the root cause (none)
 =================================  ==========================================================
 
 Workers additionally receive the torch.distributed variables ``RANK``, ``WORLD_SIZE``,
@@ -135,8 +139,8 @@ def _float(env: Mapping[str, str], name: str, default: float, positive: bool = T
     return value
 
 
-def _flag(env: Mapping[str, str], name: str) -> bool:
-    raw = (env.get(_PREFIX + name) or "0").lower()
+def _flag(env: Mapping[str, str], name: str, default: bool = False) -> bool:
+    raw = (env.get(_PREFIX + name) or ("1" if default else "0")).lower()
     if raw not in ("0", "1", "true", "false", "yes", "no"):
         raise ConfigError(f"{_PREFIX}{name}={raw!r}: use 1 or 0")
     return raw in ("1", "true", "yes")
@@ -185,6 +189,8 @@ class NodeConfig:
     max_restarts: int = 0
     restart_count: int = 0
     log_level: str = "WARNING"
+    shm: bool = True
+    error_file: str | None = None
 
     def __post_init__(self) -> None:
         if not _JOB_ID_RE.match(self.job_id):
@@ -256,6 +262,8 @@ class NodeConfig:
             max_restarts=_int(env, "MAX_RESTARTS", 0, 0) or 0,
             restart_count=_int(env, "RESTART_COUNT", 0, 0) or 0,
             log_level=(env.get(_PREFIX + "LOG_LEVEL") or "WARNING").upper(),
+            shm=_flag(env, "SHM", default=True),
+            error_file=env.get(_PREFIX + "ERROR_FILE") or None,
         )
 
     def to_env(self) -> dict[str, str]:

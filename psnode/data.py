@@ -26,14 +26,21 @@ Pure apart from reading two environment variables in :func:`resolve_world`.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 
 from psnode.errors import ConfigError
 
-__all__ = ["shard_indices", "shard_size", "resolve_world", "ShardSampler", "shard_arrays",
-           "iterate_minibatches"]
+__all__ = [
+    "ShardSampler",
+    "iterate_minibatches",
+    "resolve_world",
+    "shard_arrays",
+    "shard_indices",
+    "shard_size",
+]
 
 
 def _int(name: str, value: Any, low: int, high: int | None = None) -> int:
@@ -65,10 +72,7 @@ def shard_indices(n: int, num_parts: int, part: int, epoch: int = 0, seed: int =
     epoch = _int("epoch", epoch, 0)
     seed = _int("seed", seed, 0)
     shuffle, drop_last = _bool("shuffle", shuffle), _bool("drop_last", drop_last)
-    if shuffle:
-        order = np.random.default_rng([seed, epoch]).permutation(n)
-    else:
-        order = np.arange(n, dtype=np.int64)
+    order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n, dtype=np.int64)
     total = shard_size(n, num_parts, drop_last) * num_parts
     order = order[:total] if total <= n else np.resize(order, total)  # resize wraps around
     return np.ascontiguousarray(order[part::num_parts], dtype=np.int64)

@@ -32,8 +32,16 @@ import numpy as np
 from psnode.errors import ConfigError
 
 __all__ = [
-    "Initializer", "Zero", "One", "Constant", "Uniform", "Normal", "Xavier",
-    "create", "from_spec", "registered",
+    "Constant",
+    "Initializer",
+    "Normal",
+    "One",
+    "Uniform",
+    "Xavier",
+    "Zero",
+    "create",
+    "from_spec",
+    "registered",
 ]
 
 _FAST_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -243,10 +251,7 @@ def _number(owner: str, key: str, value: Any, check: Any, accepted: str,
     ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
         value, (bool, np.bool_))
     if ok:
-        if keep_int and isinstance(value, (int, np.integer)):
-            value = int(value)
-        else:
-            value = float(value)
+        value = int(value) if keep_int and isinstance(value, (int, np.integer)) else float(value)
         ok = math.isfinite(value) and check(value)
     if not ok:
         raise ConfigError(f"initializer {owner!r}: bad value {value!r} for parameter "

@@ -41,8 +41,7 @@ from psnode.errors import ConfigError, KeyNotInitialized, PSError, ShapeMismatch
 from psnode.protocol import Command, check_key
 from psnode.sharding import Placement, Placer
 from psnode.sparse import RowSparseArray
-from psnode.worker import ERRORS
-from psnode.worker import Engine, Future
+from psnode.worker import ERRORS, Engine, Future
 
 TYPES = ("local", "dist_sync", "dist_async")
 AGGREGATORS = ("average", "sum")
@@ -102,7 +101,7 @@ class KeyInfo:
     def part_shape(self, lo: int, hi: int) -> tuple[int, ...]:
         if not self.placement.split:
             return self.shape
-        return (hi - lo,) + self.shape[1:] if self.placement.by_rows else (hi - lo,)
+        return (hi - lo, *self.shape[1:]) if self.placement.by_rows else (hi - lo,)
 
 
 def _as_list(key: Any, value: Any) -> tuple[list[Any], list[Any], bool]:
@@ -199,7 +198,7 @@ class KVStore:
         if isinstance(initializer, dict):
             initializer = init_mod.from_spec(initializer)
         futs: list[Future] = []
-        for k, v in zip(keys, values):
+        for k, v in zip(keys, values, strict=False):
             futs.extend(self._init_one(check_key_user(k), v, initializer, stype))
         self._wait(futs)
 
@@ -265,7 +264,7 @@ class KVStore:
         """Send gradients (see the module docstring)."""
         self._check_acks()
         keys, values, _ = _as_list(key, value)
-        for k, v in zip(keys, values):
+        for k, v in zip(keys, values, strict=False):
             info = self._info(k)
             v = self._prepare(k, info, v)
             info.seq += 1
@@ -319,7 +318,7 @@ class KVStore:
         keys, outs, many = _as_list(key, out)
         futs: list[Future] = []
         results, fixups = [], []
-        for k, o in zip(keys, outs):
+        for k, o in zip(keys, outs, strict=False):
             info = self._info(k)
             if o is None:
                 o = np.empty(info.shape, info.dtype)
@@ -351,7 +350,7 @@ class KVStore:
         ids_list = row_ids if isinstance(row_ids, (list, tuple)) and many else [row_ids] * len(keys)
         futs: list[Future] = []
         results = []
-        for k, o, ids in zip(keys, outs, ids_list):
+        for k, o, ids in zip(keys, outs, ids_list, strict=False):
             info = self._info(k)
             if ids is None:
                 raise ConfigError(f"row_sparse_pull of key {k!r} needs row_ids")
@@ -362,7 +361,7 @@ class KVStore:
             if len(uniq) and (uniq[0] < 0 or uniq[-1] >= info.shape[0]):
                 bad = int(uniq[0] if uniq[0] < 0 else uniq[-1])
                 raise ShapeMismatch(f"row id {bad} of key {k!r} is outside 0..{info.shape[0] - 1}")
-            data = np.empty((len(uniq),) + info.shape[1:], info.dtype)
+            data = np.empty((len(uniq), *info.shape[1:]), info.dtype)
             for part in info.placement.parts:
                 lo, hi = (part.lo, part.hi) if info.placement.by_rows else (0, info.shape[0])
                 a, b = np.searchsorted(uniq, [lo, hi])
@@ -380,7 +379,7 @@ class KVStore:
                 futs.append(self._submit(part.server, op, [rows], region.nbytes, priority, copy))
             results.append((k, o, uniq, data, info))
         self._wait(futs)
-        final = []
+        final: list[Any] = []
         for k, o, uniq, data, info in results:
             if isinstance(o, np.ndarray):
                 self._check_shape(k, info, o.shape, o.dtype)
@@ -418,16 +417,16 @@ class KVStore:
         futs = [self._submit(s, {"op": "states"}, [], 0, 1 << 30) for s in range(max(1, self.num_servers))]
         self._wait(futs)
         arrays: dict[str, np.ndarray] = {}
-        names = []
+        names: list[list[Any]] = []
         for s, fut in enumerate(futs):
-            for (key, part, name), arr in zip(fut.result.get("names", []), fut.arrays):
+            for (key, part, name), arr in zip(fut.result.get("names", []), fut.arrays, strict=False):
                 arrays[f"a{len(names)}"] = np.array(arr)
                 names.append([s, key, part, name])
         meta = {"names": names, "optimizer": self._optimizer.to_spec() if self._optimizer else None}
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
         tmp = f"{fname}.tmp{os.getpid()}"
         with open(tmp, "wb") as fh:
-            np.savez(fh, **arrays)
+            np.savez(fh, **arrays)  # type: ignore[arg-type]
         os.replace(tmp, fname)
 
     def load_optimizer_states(self, fname: str) -> None:

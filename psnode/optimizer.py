@@ -39,16 +39,25 @@ Pure module: numpy only, no I/O, no threads.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from psnode.errors import ConfigError, ShapeMismatch
 
 __all__ = [
-    "Optimizer", "OptState", "SGD", "Adam", "AdaGrad",
-    "create", "from_spec", "registered", "state_to_arrays", "state_from_arrays",
+    "SGD",
+    "AdaGrad",
+    "Adam",
+    "OptState",
+    "Optimizer",
+    "create",
+    "from_spec",
+    "registered",
+    "state_from_arrays",
+    "state_to_arrays",
 ]
 
 #: elements per chunk of the dense kernels (256 KiB of float32: stays in L2 cache).
@@ -238,7 +247,7 @@ class SGD(Optimizer):
     """SGD, optionally with momentum (MXNet ``sgd_update`` / ``sgd_mom_update``)."""
 
     name = "sgd"
-    PARAMS = {
+    PARAMS: ClassVar[dict[str, Param]] = {
         "learning_rate": Param(0.01, "positive"),
         "momentum": Param(0.0, "unit"),
     }
@@ -270,7 +279,7 @@ class Adam(Optimizer):
 
     name = "adam"
     STATE = ("mean", "var")
-    PARAMS = {
+    PARAMS: ClassVar[dict[str, Param]] = {
         "learning_rate": Param(0.001, "positive"),
         "beta1": Param(0.9, "unit"),
         "beta2": Param(0.999, "unit"),
@@ -311,7 +320,7 @@ class AdaGrad(Optimizer):
 
     name = "adagrad"
     STATE = ("history",)
-    PARAMS = {
+    PARAMS: ClassVar[dict[str, Param]] = {
         "learning_rate": Param(0.01, "positive"),
         "eps": Param(1e-7, "positive"),
     }
@@ -426,7 +435,7 @@ def _check_rows(weight: np.ndarray, rows: np.ndarray, grad_rows: np.ndarray,
                             f"{rows.dtype}{list(rows.shape)}")
     if weight.ndim == 0:
         raise ShapeMismatch(f"{owner}: update_rows needs a weight with at least 1 dim")
-    want = (rows.size,) + weight.shape[1:]
+    want = (rows.size, *weight.shape[1:])
     if grad_rows.shape != want:
         raise ShapeMismatch(f"{owner}: grad_rows shape {grad_rows.shape} should be {want} "
                             f"for {rows.size} rows of weight {weight.shape}")

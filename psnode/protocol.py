@@ -39,7 +39,7 @@ PACK_BYTES = 65536  # arrays below this share one frame
 
 #: dtypes allowed on the wire (no object, no structured dtypes).
 DTYPES = frozenset(
-    "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 float32 float64".split()
+    ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64"]
 )
 
 

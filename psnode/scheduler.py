@@ -129,6 +129,7 @@ class Scheduler:
                 and (wish is None or _is_int(wish))):
             log.warning("registration with a malformed body dropped: %.200s", body)
             return
+        assert isinstance(port, int) and isinstance(pid, int)
         node = Node(role=role, host=host, port=port, pid=pid, ident=ident, wish=wish)
         if self.started:
             self._late_register(node)
@@ -291,6 +292,7 @@ class Scheduler:
         if cmd is Command.REGISTER and node is None:
             self._on_register(ident, msg.body)
         elif cmd is Command.REGISTER:
+            assert node is not None
             if self.started and node.state == NodeState.ALIVE:  # its WELCOME was lost: again
                 self._welcome(node, self._book(), restore=node.role == "server" and node.restarts > 0)
         elif cmd is Command.STATUS:
@@ -300,8 +302,7 @@ class Scheduler:
                 "nodes": [n.row(now) for n in sorted(self.nodes.values(), key=lambda n: (n.role, n.rank))]})
         elif cmd is Command.STOP:
             self._send(ident, Command.STOP_ACK)
-            self._end(True, str(msg.body.get("reason", "stopped by mxdist stop")))
-            self.exit_code = 0
+            self._end(True, str(msg.body.get("reason", "stopped by mxdist stop")))  # a failed job stays failed
         elif node is None:
             log.debug("%s from an unregistered peer dropped", cmd.value)
         elif cmd is Command.HEARTBEAT:
@@ -309,8 +310,8 @@ class Scheduler:
                 node.stats = msg.body["stats"]
             self._send(node, Command.HEARTBEAT_ACK)
         elif cmd is Command.BARRIER and node.role == "worker":
-            n = msg.body.get("n")
-            n = n if _is_int(n) else node.barrier_done + 1
+            raw = msg.body.get("n")
+            n: int = raw if isinstance(raw, int) and _is_int(raw) else node.barrier_done + 1
             if n <= node.barrier_done:  # sent again: its answer was lost
                 self._send(node, Command.BARRIER_DONE, {"n": node.barrier_done})
                 return

@@ -136,7 +136,9 @@ class Server:
         for r in replies:
             by_worker.setdefault(r.worker, []).append(r)
         for worker, group in by_worker.items():
-            results, arrays, entries = [], [], []
+            results: list[dict[str, Any]] = []
+            arrays: list[Any] = []
+            entries: list[Any] = []
             track = False
             for r in group:
                 res = dict(r.result)

@@ -45,8 +45,8 @@ def row_sparse_array(arg: Any, shape: tuple[int, ...] | None = None,
             raise ShapeMismatch("row_sparse_array((data, row_ids)) needs shape=(rows, ...)")
         shape = tuple(int(d) for d in shape)
         if data.ndim == len(shape) - 1 and len(ids) == 1:
-            data = data.reshape((1,) + data.shape)
-        if data.shape != (len(ids),) + shape[1:]:
+            data = data.reshape((1, *data.shape))
+        if data.shape != (len(ids), *shape[1:]):
             raise ShapeMismatch(f"row_sparse data of shape {list(data.shape)} does not hold "
                                 f"{len(ids)} rows of {list(shape[1:])}")
         if len(ids) and (ids.min() < 0 or ids.max() >= shape[0]):
@@ -63,4 +63,4 @@ def row_sparse_array(arg: Any, shape: tuple[int, ...] | None = None,
 def zeros(shape: tuple[int, ...], dtype: Any = np.float32) -> RowSparseArray:
     """A row_sparse array with no rows present."""
     shape = tuple(int(d) for d in shape)
-    return RowSparseArray(np.zeros((0,) + shape[1:], dtype=dtype), np.zeros(0, np.int64), shape)
+    return RowSparseArray(np.zeros((0, *shape[1:]), dtype=dtype), np.zeros(0, np.int64), shape)

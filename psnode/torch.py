@@ -59,7 +59,7 @@ import numpy as np
 from psnode import optimizer as opt_mod
 from psnode.errors import ConfigError
 
-__all__ = ["DistributedTrainer", "wrap", "numpy_view"]
+__all__ = ["DistributedTrainer", "numpy_view", "wrap"]
 
 
 def numpy_view(tensor: Any, what: str = "tensor") -> np.ndarray:
@@ -103,7 +103,7 @@ class DistributedTrainer:
         if not self.params:
             raise ConfigError("the model has no parameters that require a gradient")
         self.keys = list(self.names)
-        self._weights = [numpy_view(p.data, f"parameter {n!r}") for n, p in zip(self.names, self.params)]
+        self._weights = [numpy_view(p.data, f"parameter {n!r}") for n, p in zip(self.names, self.params, strict=False)]
         self._zeros: dict[int, np.ndarray] = {}
         kv.init(self.keys, self._weights)
         if broadcast_buffers:

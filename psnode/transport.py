@@ -235,7 +235,7 @@ class Channel:
     def recv(self, routed: bool = False) -> tuple[bytes | None, Message] | None:
         """Receive one message if one is waiting; None if none, or if it was dropped."""
         sock = self.sock
-        if not sock.get(_EVENTS) & _POLLIN:
+        if not int(sock.get(_EVENTS)) & _POLLIN:
             return None
         try:
             head = [sock.recv(_NOBLOCK)]

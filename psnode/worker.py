@@ -32,6 +32,7 @@ status 1 so no worker outlives its job.
 """
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import logging
@@ -74,7 +75,7 @@ class Future:
     Resolved once, by one thread (the I/O thread; a second ``set``/``fail`` is ignored).  A
     lock held until then is cheaper than a threading.Event (one per request)."""
 
-    __slots__ = ("_lock", "_done", "result", "arrays", "error", "on_reply")
+    __slots__ = ("_done", "_lock", "arrays", "error", "on_reply", "result")
 
     def __init__(self, on_reply: Callable[[dict[str, Any], list[np.ndarray]], None] | None = None) -> None:
         self._lock = threading.Lock()
@@ -232,10 +233,8 @@ class Engine:
         if self.fatal is not None or self._closing or self._failed:
             return
         self._failed = True
-        try:
+        with contextlib.suppress(PSError):
             self.control(Command.BYE, {"restart": reason} if restart else {"error": reason}).wait(2.0)
-        except PSError:
-            pass
 
     def close(self, timeout: float = 30.0) -> None:
         """Tell the scheduler this worker is done, then stop the I/O thread."""
@@ -340,10 +339,8 @@ class Engine:
     def _read_wake(self) -> None:
         """Drain the eventfd, then re-arm: in the other order a submit between the two would
         leave ``_woken`` set with the eventfd empty, and its wake-up would be lost."""
-        try:
+        with contextlib.suppress(BlockingIOError):
             os.eventfd_read(self._efd)
-        except BlockingIOError:
-            pass
         with self._lock:
             self._woken = False
 
@@ -356,8 +353,10 @@ class Engine:
             for fut in group:
                 fut.fail(exc)
         with self._lock:
-            for req in self._queue:
-                req.future.fail(exc)
+            for *_, req in self._queue:  # (-priority, order, request) entries
+                if req.future is not None:
+                    req.future.fail(exc)
+            self._queue.clear()
             for *_, fut in self._control:
                 fut.fail(exc)
         print(f"psnode worker {self.rank}: {exc}", file=sys.stderr, flush=True)
@@ -383,7 +382,7 @@ class Engine:
                 if "wait" in res or "missing" in res:
                     self._on_notice(rid, res, server, pending, inflight)
                     continue
-                entry = pending.pop(rid, None)
+                entry = pending.pop(rid, None) if isinstance(rid, int) else None
                 error = None
                 if "err" in res:
                     cls = ERRORS.get(str(res.get("kind")), errors.RemoteError)
@@ -411,7 +410,7 @@ class Engine:
             if not self._queue:
                 return
             ready: list[_Request] = []
-            held: list[_Request] = []
+            held: list[tuple[int, int, _Request]] = []
             while self._queue:
                 item = heapq.heappop(self._queue)
                 req = item[2]
