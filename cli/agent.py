@@ -16,14 +16,24 @@ launcher (``--detach``) and the SSH session.
 Liveness reads ``/proc``: a process in state ``Z`` (zombie, not yet reaped) counts as dead.
 
 Job keys: :func:`put_key` writes the job's CURVE key pair (received inside the request, i.e.
-on stdin over SSH) to ``<run_dir>/job.key`` with mode 0600 and returns the absolute path;
-:func:`remove_files` deletes it when the job is over.
+on stdin over SSH) to ``<run_dir>/job.key`` with mode 0600 and returns the absolute path.
+
+Privacy: run directories (and missing parents) are created 0700, logs and keys 0600.
+
+After a job: :func:`collect` reads what each process left (exit status and when it was
+written, its failure record ``<run_dir>/<name>.failure.json``, the last exception line of a
+Python traceback at the end of its log); :func:`cleanup` removes the job's key file, the run
+directory when it is a remote one, and the job's shared-memory segments
+(``/dev/shm/psnode.<job_id>.*``).
 """
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,7 +50,7 @@ REAPER = (
     "except OSError as e:\n"
     " print('mxdist: cannot run %r: %s'%(argv[0],e),flush=True);rc=127\n"
     "tmp=rc_file+'.tmp'\n"
-    "with open(tmp,'w') as f:f.write(str(rc))\n"
+    "with os.fdopen(os.open(tmp,os.O_WRONLY|os.O_CREAT|os.O_TRUNC,0o600),'w') as f:f.write(str(rc))\n"
     "os.replace(tmp,rc_file)\n"
 )
 
@@ -67,21 +77,37 @@ def check(workdir: str, modules: list[str], env: dict | None = None) -> dict:
     return out
 
 
+def private_dirs(path: str) -> str:
+    """Create ``path`` and its missing parents with mode 0700; ``path`` itself is made 0700."""
+    path = _expand(path)
+    missing = []
+    head = path
+    while head and not os.path.isdir(head):
+        missing.append(head)
+        head = os.path.dirname(head)
+    for d in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(d, 0o700)
+    if os.stat(path).st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
 def spawn(workdir: str, run_dir: str, python: str, procs: list[dict]) -> list[dict]:
     """Start each ``{"name", "argv", "env"}`` under a reaper; return ``{"name", "pid", "log", "rc"}``."""
-    run_dir = _expand(run_dir)
-    os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    run_dir = private_dirs(run_dir)
     workdir = _expand(workdir)
     started = []
     for spec in procs:
         log = os.path.join(run_dir, spec["name"] + ".log")
         rc = os.path.join(run_dir, spec["name"] + ".rc")
-        for stale in (rc, rc + ".tmp"):
+        for stale in (rc, rc + ".tmp", os.path.join(run_dir, spec["name"] + ".failure.json")):
             if os.path.exists(stale):
                 os.unlink(stale)
         env = dict(os.environ)
         env.update(spec["env"])
-        with open(log, "ab") as out, open(os.devnull, "rb") as devnull:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "ab") as out, open(os.devnull, "rb") as devnull:
             proc = subprocess.Popen(
                 [python, "-c", REAPER, rc, "--", *spec["argv"]],
                 cwd=workdir, env=env, stdin=devnull, stdout=out, stderr=subprocess.STDOUT,
@@ -93,8 +119,7 @@ def spawn(workdir: str, run_dir: str, python: str, procs: list[dict]) -> list[di
 
 def put_key(run_dir: str, key: str) -> str:
     """Write ``key`` to ``<run_dir>/job.key`` (mode 0600, atomic); return its absolute path."""
-    run_dir = _expand(run_dir)
-    os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    run_dir = private_dirs(run_dir)
     path = os.path.join(run_dir, "job.key")
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -120,6 +145,73 @@ def remove_files(paths: list[str]) -> list[str]:
         except OSError:
             failed.append(path)
     return failed
+
+
+_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*)(: .*)?$")
+
+
+def last_exception(log: str, size: int = 16384) -> str | None:
+    """``Type: message`` of the last Python traceback at the end of ``log``, or None."""
+    try:
+        with open(_expand(log), "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - size))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    if not starts:
+        return None
+    found = None
+    for line in lines[starts[-1] + 1:]:
+        if line and not line[0].isspace():
+            m = _EXC_LINE.match(line.rstrip())
+            if m:
+                found = line.rstrip()
+                break
+    return found[:500] if found else None
+
+
+def collect(run_dir: str, procs: list[dict]) -> list[dict]:
+    """For ``{"name", "rc", "log"}`` items: ``{"rc", "rc_time", "failure", "exception"}``."""
+    out = []
+    run_dir = _expand(run_dir)
+    for p in procs:
+        rc_file = _expand(p["rc"]) if p.get("rc") else ""
+        try:
+            rc_time = os.stat(rc_file).st_mtime if rc_file else None
+        except OSError:
+            rc_time = None
+        failure = None
+        try:
+            with open(os.path.join(run_dir, p["name"] + ".failure.json")) as f:
+                failure = json.load(f)
+        except (OSError, ValueError):
+            pass
+        out.append({"rc": read_rc(rc_file) if rc_file else None, "rc_time": rc_time,
+                    "failure": failure if isinstance(failure, dict) else None,
+                    "exception": last_exception(p["log"]) if p.get("log") else None})
+    return out
+
+
+def cleanup(run_dir: str, job_id: str, remove_dir: bool) -> dict:
+    """Remove the job's key file, the run directory (``remove_dir``: only a directory named
+    after the job), and ``/dev/shm/psnode.<job_id>.*``; report what could not be removed."""
+    failed = []
+    run_dir = _expand(run_dir)
+    targets = [os.path.join(run_dir, "job.key")]
+    if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", job_id):
+        targets += glob.glob(f"/dev/shm/psnode.{job_id}.*")
+    for path in targets:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            failed.append(f"{path}: {exc.strerror}")
+    if remove_dir and os.path.basename(run_dir.rstrip("/")) == job_id and os.path.isdir(run_dir):
+        shutil.rmtree(run_dir, onerror=lambda fn, path, exc: failed.append(f"{path}: {exc[1]}"))
+    return {"failed": failed}
 
 
 def _stat(pid: int) -> tuple[str, int] | None:
@@ -224,6 +316,10 @@ def follow(log: str, rc_file: str, pid: int, offset: int, wait: bool,
     return {"rc": rc, "offset": offset}
 
 
+def ping() -> bool:
+    return True
+
+
 def _main(request: dict) -> int:
     """Entry point when run remotely: one operation, JSON result on stderr's last line."""
     op = request.pop("op")
@@ -237,8 +333,9 @@ def _main(request: dict) -> int:
         result = follow(emit=emit, **request)
     else:
         ops: dict[str, Callable[..., Any]] = {
-            "check": check, "spawn": spawn, "status": status, "stop": stop,
-            "signal": signal_groups, "put_key": put_key, "remove_files": remove_files}
+            "check": check, "spawn": spawn, "status": status, "stop": stop, "ping": ping,
+            "signal": signal_groups, "put_key": put_key, "remove_files": remove_files,
+            "collect": collect, "cleanup": cleanup}
         result = ops[op](**request)
     sys.stderr.write("\n" + json.dumps({"result": result}) + "\n")
     sys.stderr.flush()

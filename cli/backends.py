@@ -1,12 +1,20 @@
-"""Backends: how processes are started, watched, signalled and checked on a host.
+"""Backends: how processes are started, watched, signalled, checked and cleaned up on a host.
 
-:class:`Backend` is the contract :mod:`cli.launch` and :mod:`cli.control` depend on; a backend
-implements it for one way of reaching machines:
+:class:`Backend` is the contract the supervisor (:mod:`cli.launch`) and :mod:`cli.control`
+depend on; a backend implements it for one way of reaching machines:
 
-* :class:`LocalBackend` (here): this machine, in-process calls to :mod:`cli.agent`;
+* :class:`LocalBackend` (here): this machine, through a :class:`LocalRunner`;
 * :class:`cli.ssh.SshBackend`: remote hosts over SSH (paramiko), the same agent run remotely;
 * :class:`cli.slurm.SlurmBackend` (``--launcher slurm``): job steps of a Slurm allocation
-  (``srun`` runs here under the agent's reaper; the process itself runs under slurmstepd).
+  (``srun`` runs here under a :class:`LocalRunner`; the process itself runs under slurmstepd).
+
+:mod:`cli.registry` builds a backend by name (breaking the import cycle between this module
+and the backends that use it).
+
+**Capabilities.**  What only some backends can do is declared, not probed: each backend lists
+its :class:`Capability` values in ``capabilities``, and an accessor per capability
+(:func:`key_installer`, :func:`syncer`, :func:`explainer`, :func:`resolver`, :func:`describer`)
+returns it typed as that capability's small protocol, or None.
 
 Process identity: every process leads its own process group (pid == pgid); a backend signals
 groups, never single pids, so a worker's children go with it.  Exit status: ``int`` exit code,
@@ -19,9 +27,11 @@ from __future__ import annotations
 
 import signal as _signal
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from enum import Enum
+from typing import Any, Protocol, cast
 
 from cli import agent
 from cli.hosts import Host
@@ -76,26 +86,50 @@ class ProcStatus:
     code: int | None
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """What a process left behind on its host, for the root cause: its exit status and when
+    it was written (``rc_time``), its failure record (:mod:`psnode.failure`), and the last
+    exception line of a Python traceback at the end of its log (``exception``)."""
+
+    code: int | None
+    rc_time: float | None
+    failure: dict[str, Any] | None
+    exception: str | None
+
+
 class BackendError(RuntimeError):
     """A host could not be reached or refused an operation; the message says which and why."""
 
 
+class Capability(str, Enum):
+    KEYS = "keys"          # KeyInstaller: deliver the job's key file to a host
+    SYNC = "sync"          # Syncer: copy a directory to a host
+    EXPLAIN = "explain"    # Explainer: turn a connection error into a reason and a fix
+    RESOLVE = "resolve"    # Resolver: a host's address from the backend's configuration
+    DESCRIBE = "describe"  # Describer: backend fields for the status view
+
+
 class Backend(Protocol):
-    """What a launcher needs from a way of running processes on hosts.
+    """What a supervisor needs from a way of running processes on hosts.
 
     Host-level methods take all processes of one host at once so that remote backends can
-    batch them in a single round trip; the launcher calls them per host, in parallel.
+    batch them in a single round trip; callers run them per host, in parallel.
     """
 
     name: str
+    capabilities: frozenset[Capability]
 
     def options(self) -> dict[str, Any]:
-        """JSON-able options that :func:`make_backend` accepts to rebuild this backend."""
+        """JSON-able options that :func:`cli.registry.make_backend` accepts to rebuild this backend."""
 
     def preflight(self, hosts: Sequence[Host], modules: Sequence[str],
                   env: Mapping[str, str]) -> list[HostProblem]:
         """Check every host (in parallel): reachable, authenticated, Python imports ``modules``
         (in the working directory, with ``env`` added to the host's environment)."""
+
+    def reachable(self, host: Host, timeout: float) -> None:
+        """Return within about ``timeout`` seconds if the host answers; raise BackendError if not."""
 
     def start(self, host: Host, procs: Sequence[ProcSpec], run_dir: str) -> list[Started]:
         """Start ``procs`` on ``host`` detached, each in its own group, logging under ``run_dir``."""
@@ -113,18 +147,125 @@ class Backend(Protocol):
     def stop(self, host: Host, procs: Sequence[ProcRecord], grace: float) -> list[int]:
         """TERM each group, KILL after ``grace`` s; return the pids still alive afterwards."""
 
+    def collect(self, host: Host, procs: Sequence[ProcRecord], run_dir: str) -> list[Evidence]:
+        """What each process left on the host (exit status, failure record, last exception)."""
+
+    def cleanup(self, host: Host, job_id: str, run_dir: str) -> None:
+        """Remove the job's secrets, run files and shared-memory segments from the host."""
+
     def close(self) -> None:
         """Release connections."""
 
 
+class KeyInstaller(Protocol):
+    def install_key(self, host: Host, run_dir: str, key: bytes) -> str:
+        """Write the job's key pair to a 0600 file in ``run_dir`` on ``host``; its absolute path."""
+
+
+class Syncer(Protocol):
+    def sync(self, host: Host, local_dir: str, remote_dir: str, progress: Callable[[int], None]) -> Any:
+        """Copy ``local_dir`` to ``remote_dir`` on ``host``."""
+
+
+class Explainer(Protocol):
+    def explain(self, label: str, host: Host, exc: BaseException) -> HostProblem:
+        """A connection error as a reason and a fix."""
+
+
+class Resolver(Protocol):
+    def resolve(self, host: Host) -> Host:
+        """The host with its address from the backend's configuration."""
+
+
+class Describer(Protocol):
+    def describe(self, procs: Sequence[ProcRecord]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+        """Job-level fields and fields per process name for the status view."""
+
+
+def _has(backend: Backend, capability: Capability) -> bool:
+    return capability in backend.capabilities
+
+
+def key_installer(backend: Backend) -> KeyInstaller | None:
+    return cast(KeyInstaller, backend) if _has(backend, Capability.KEYS) else None
+
+
+def syncer(backend: Backend) -> Syncer | None:
+    return cast(Syncer, backend) if _has(backend, Capability.SYNC) else None
+
+
+def explainer(backend: Backend) -> Explainer | None:
+    return cast(Explainer, backend) if _has(backend, Capability.EXPLAIN) else None
+
+
+def resolver(backend: Backend) -> Resolver | None:
+    return cast(Resolver, backend) if _has(backend, Capability.RESOLVE) else None
+
+
+def describer(backend: Backend) -> Describer | None:
+    return cast(Describer, backend) if _has(backend, Capability.DESCRIBE) else None
+
+
+class LocalRunner:
+    """Processes on this machine under :mod:`cli.agent`'s reaper: the part of a backend that
+    starts, follows, checks, stops and cleans up local processes.
+
+    ``argv`` turns a process spec into the command actually run (Slurm: an ``srun`` line);
+    ``exit_code`` turns a recorded exit status into the process's (Slurm: srun's 128+N).
+    """
+
+    def __init__(self, workdir: str, reaper_python: str,
+                 argv: Callable[[Host, ProcSpec], list[str]] | None = None,
+                 exit_code: Callable[[int | None, ProcRecord], int | None] | None = None) -> None:
+        self.workdir = workdir
+        self.reaper_python = reaper_python
+        self._argv = argv or (lambda host, spec: list(spec.argv))
+        self._exit_code = exit_code or (lambda rc, proc: rc)
+
+    def start(self, host: Host, procs: Sequence[ProcSpec], run_dir: str) -> list[Started]:
+        items = [{"name": p.name, "argv": self._argv(host, p), "env": dict(p.env)} for p in procs]
+        started = agent.spawn(self.workdir, run_dir, self.reaper_python, items)
+        return [Started(s["name"], s["pid"], s["log"], s["rc"]) for s in started]
+
+    def follow(self, proc: ProcRecord, emit: Callable[[bytes], None], wait: bool = True,
+               offset: int = 0) -> ExitStatus | None:
+        assert proc.pid is not None
+        result = agent.follow(proc.run_log, proc.rc_file, proc.pid, offset, wait, emit)
+        if not wait and result["rc"] is None:
+            return None
+        return ExitStatus(self._exit_code(result["rc"], proc))
+
+    def status(self, procs: Sequence[ProcRecord]) -> list[ProcStatus]:
+        items = agent.status([{"pid": p.pid, "rc": p.rc_file} for p in procs])
+        return [ProcStatus(i["alive"], tuple(i["members"]), self._exit_code(i["rc"], p))
+                for i, p in zip(items, procs, strict=True)]
+
+    def signal(self, procs: Sequence[ProcRecord], signum: int) -> None:
+        agent.signal_groups([p.pid for p in procs if p.pid], signum)
+
+    def stop(self, procs: Sequence[ProcRecord], grace: float) -> list[int]:
+        result = agent.stop([p.pid for p in procs if p.pid], grace)
+        return sorted(pid for pids in result["left"].values() for pid in pids)
+
+    def collect(self, procs: Sequence[ProcRecord], run_dir: str) -> list[Evidence]:
+        items = agent.collect(run_dir, [{"name": p.name, "rc": p.rc_file, "log": p.run_log} for p in procs])
+        return [Evidence(self._exit_code(i["rc"], p), i["rc_time"], i["failure"], i["exception"])
+                for i, p in zip(items, procs, strict=True)]
+
+    def cleanup(self, job_id: str, run_dir: str) -> None:
+        agent.cleanup(run_dir, job_id, remove_dir=False)
+
+
 class LocalBackend:
-    """This machine: the agent's functions called in-process."""
+    """This machine: a :class:`LocalRunner`, no connections."""
 
     name = "local"
+    capabilities: frozenset[Capability] = frozenset()
 
     def __init__(self, workdir: str, python: str, **_: Any) -> None:
         self.workdir = workdir
         self.python = python
+        self.runner = LocalRunner(workdir, python)
 
     def options(self) -> dict[str, Any]:
         return {"workdir": self.workdir, "python": self.python}
@@ -133,77 +274,74 @@ class LocalBackend:
                   env: Mapping[str, str]) -> list[HostProblem]:
         # the launcher itself imports psnode; only the working directory can be wrong here
         result = agent.check(self.workdir, [])
-        return [
-            HostProblem("localhost", err, "create it or pass --workdir")
-            for err in result["errors"]
-        ]
+        return [HostProblem("localhost", err, "create it or pass --workdir") for err in result["errors"]]
 
-    # hooks a backend that runs processes through a local launcher command (slurm) overrides
-    def _argv(self, host: Host, proc: ProcSpec) -> list[str]:
-        return list(proc.argv)
-
-    def _reaper_python(self) -> str:
-        return self.python
-
-    def _exit_code(self, rc: int | None, proc: ProcRecord) -> int | None:
-        return rc
+    def reachable(self, host: Host, timeout: float) -> None:
+        pass
 
     def start(self, host: Host, procs: Sequence[ProcSpec], run_dir: str) -> list[Started]:
-        items = [{"name": p.name, "argv": self._argv(host, p), "env": dict(p.env)} for p in procs]
-        started = agent.spawn(self.workdir, run_dir, self._reaper_python(), items)
-        return [Started(s["name"], s["pid"], s["log"], s["rc"]) for s in started]
+        return self.runner.start(host, procs, run_dir)
 
     def follow(self, host: Host, proc: ProcRecord, emit: Callable[[bytes], None],
                wait: bool = True, offset: int = 0) -> ExitStatus | None:
-        assert proc.pid is not None
-        result = agent.follow(proc.run_log, proc.rc_file, proc.pid, offset, wait, emit)
-        if not wait and result["rc"] is None:
-            return None
-        return ExitStatus(self._exit_code(result["rc"], proc))
+        return self.runner.follow(proc, emit, wait, offset)
 
     def status(self, host: Host, procs: Sequence[ProcRecord]) -> list[ProcStatus]:
-        items = agent.status([{"pid": p.pid, "rc": p.rc_file} for p in procs])
-        return [ProcStatus(i["alive"], tuple(i["members"]), i["rc"]) for i in items]
+        return self.runner.status(procs)
 
     def signal(self, host: Host, procs: Sequence[ProcRecord], signum: int) -> None:
-        agent.signal_groups([p.pid for p in procs if p.pid], signum)
+        self.runner.signal(procs, signum)
 
     def stop(self, host: Host, procs: Sequence[ProcRecord], grace: float) -> list[int]:
-        result = agent.stop([p.pid for p in procs if p.pid], grace)
-        return sorted(pid for pids in result["left"].values() for pid in pids)
+        return self.runner.stop(procs, grace)
+
+    def collect(self, host: Host, procs: Sequence[ProcRecord], run_dir: str) -> list[Evidence]:
+        return self.runner.collect(procs, run_dir)
+
+    def cleanup(self, host: Host, job_id: str, run_dir: str) -> None:
+        self.runner.cleanup(job_id, run_dir)
 
     def close(self) -> None:
         pass
 
 
-def make_backend(name: str, options: dict[str, Any]) -> Backend:
-    """Build a backend by name (``local``, ``ssh``, ``slurm``) from :meth:`Backend.options`-style options."""
-    if name == "local":
-        return LocalBackend(**options)
-    if name == "ssh":
-        from cli.ssh import SshBackend  # paramiko is imported only when SSH is used
-
-        return SshBackend(**options)
-    if name == "slurm":
-        from cli.slurm import SlurmBackend
-
-        return SlurmBackend(**options)
-    raise BackendError(f"unknown launcher {name!r} (choose local, ssh or slurm)")
+class HostTimeout(BackendError):
+    """A host did not answer within the time given to it."""
 
 
-def run_per_host(hosts: Sequence[Host], fn: Callable[[Host], Any]) -> dict[str, Any]:
-    """Run ``fn(host)`` for every host in parallel threads; map label -> result or exception."""
+def run_per_host(hosts: Sequence[Host], fn: Callable[[Host], Any], timeout: float | None = None,
+                 cancelled: Callable[[], bool] | None = None) -> dict[str, Any]:
+    """Run ``fn(host)`` for every host in parallel threads; map label -> result or exception.
+
+    With ``timeout``, a host that has not answered after that many seconds maps to a
+    :class:`HostTimeout` (its thread is abandoned); ``cancelled`` is polled while waiting, and
+    when it returns True the hosts still running map to HostTimeout at once.
+    """
     results: dict[str, Any] = {}
+    lock = threading.Lock()
 
     def one(host: Host) -> None:
         try:
-            results[host.label] = fn(host)
+            value = fn(host)
         except Exception as exc:  # noqa: BLE001 - reported per host by the caller
-            results[host.label] = exc
+            value = exc
+        with lock:
+            results.setdefault(host.label, value)
 
-    threads = [threading.Thread(target=one, args=(h,), daemon=True) for h in hosts]
+    threads = [threading.Thread(target=one, args=(h,), daemon=True, name=f"host-{h.label}") for h in hosts]
     for t in threads:
         t.start()
+    deadline = None if timeout is None else time.monotonic() + timeout
     for t in threads:
-        t.join()
-    return results
+        while t.is_alive():
+            left = 0.2 if deadline is None else min(0.2, deadline - time.monotonic())
+            if left <= 0 or (cancelled is not None and cancelled()):
+                break
+            t.join(left)
+    with lock:
+        for h in hosts:
+            if h.label not in results:
+                why = "cancelled" if deadline is None or time.monotonic() < deadline else \
+                    f"no answer within {timeout:g} s"
+                results[h.label] = HostTimeout(f"{h.label}: {why}")
+        return dict(results)

@@ -1,28 +1,53 @@
-"""The job record: what ``status``, ``stop`` and ``logs`` need to find a job again.
+"""The job record: what ``status``, ``stop``, ``logs``, ``jobs`` and ``clean`` need to find a job.
 
-Layout under ``MXDIST_HOME`` (default ``~/.mxdist``)::
+Layout under ``MXDIST_HOME`` (default ``~/.mxdist``), private to its owner (directories 0700,
+files 0600, here and in the run directories on remote hosts)::
 
-    jobs/<id>.json          the record (written atomically: tmp file + os.replace)
-    jobs/<id>/<name>.log    one log per process (name: scheduler, server-0, worker-3, ...)
-    jobs/<id>/job.key       the job's CURVE key pair (mode 0600; multi-host jobs unless --insecure)
+    jobs/<id>.json              the record (written atomically: tmp file + os.replace)
+    jobs/<id>/<name>.log        one log per process (name: scheduler, server-0, worker-3, ...)
+    jobs/<id>/job.key           the job's CURVE key pair (multi-host jobs unless --insecure)
+    jobs/<id>/supervisor.lock   held (flock) by the job's supervisor for as long as it lives
+    jobs/<id>/stop.request      written by ``mxdist stop`` for the supervisor to act on
+    jobs/<id>/supervisor.log    the output of a detached supervisor (``launch -d``)
 
-The record holds: id, creation time, state, backend name and its connection options (no
-secrets), hosts, the scheduler address, the command, the working directory, and per process
-its role, rank, host, pid/pgid (the same: every process leads its own group), log paths
-(local, and where it runs), rc file, state, exit code and how often the launcher restarted it.
+**One writer.**  A job's record is written by its supervisor only (the attached ``mxdist
+launch``, or the same supervisor detached with ``-d``).  Everyone else asks it (a stop
+request) and writes the record only when the supervisor is provably gone: its lock can be
+taken (the kernel drops a flock when its holder dies, ``kill -9`` included) -- and, for
+records of older versions that have no lock, when the recorded pid is dead or belongs to a
+process started after the record (pid + start time, never a bare pid).  Whoever takes over
+holds the lock while it writes (:func:`takeover`), so two commands never finalise one job.
+
+**Final states** are written once: ``succeeded``, ``failed`` (with the root cause),
+``stopped``; with the exit code, the end time (duration = ended - created), and, when the
+supervisor died first, ``supervisor_lost``.  Hosts whose processes or clean-up could not be
+checked at the end are listed in ``unverified`` (host -> reason); ``status`` and ``stop`` check
+them again.
+
+**Tolerant reading.**  Records of older versions, partial records (fields missing) and
+unknown fields load with defaults; a record that is not JSON or not an object raises
+:class:`DamagedRecord` naming the file and the problem, never a traceback.
+
 Environment values and key material are never stored: the record names the local key file
 (``key_file``), which ``status`` and ``stop`` pass to ``psnode.control``.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import secrets
+import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from pathlib import Path
 from typing import Any
+
+RECORD_VERSION = 2
+_home: Path | None = None
 
 
 class JobState(str, Enum):
@@ -38,12 +63,13 @@ class JobState(str, Enum):
 
 
 class ProcState(str, Enum):
-    PENDING = "pending"
+    PENDING = "pending"      # not started (yet)
     RUNNING = "running"
-    EXITED = "exited"      # exit code 0
-    FAILED = "failed"      # non-zero exit code or signal
-    STOPPED = "stopped"    # ended by the launcher or `mxdist stop`
-    LOST = "lost"          # gone without a recorded exit status
+    EXITED = "exited"        # exit code 0
+    FAILED = "failed"        # non-zero exit code or signal, on its own
+    STOPPED = "stopped"      # ended by the supervisor or `mxdist stop`
+    LOST = "lost"            # gone without a recorded exit status
+    UNKNOWN = "unknown"      # its host could not be reached: not verified
 
 
 @dataclass
@@ -54,18 +80,30 @@ class ProcRecord:
     role: str
     rank: int | None
     host: str                 # host label (key into JobRecord.hosts)
-    address: str
-    log: str                  # local log file
+    address: str = ""
+    log: str = ""             # local log file (a copy, for remote processes)
     pid: int | None = None    # also the process group id
     run_log: str = ""         # log file on the host where it runs
     rc_file: str = ""
     state: ProcState = ProcState.PENDING
     exit_code: int | None = None
-    restarts: int = 0         # times the launcher restarted it (--max-restarts)
+    restarts: int = 0         # times the supervisor restarted it (--max-restarts)
+    ended: float | None = None
 
     @property
     def pgid(self) -> int | None:
         return self.pid
+
+
+@dataclass
+class Supervisor:
+    """Who owns the job: pid, its start time (clock ticks since boot, /proc/PID/stat field 22)
+    and host; ``detached`` for ``launch -d``."""
+
+    pid: int
+    start_ticks: int | None
+    host: str
+    detached: bool = False
 
 
 @dataclass
@@ -75,17 +113,27 @@ class JobRecord:
     id: str
     command: list[str]
     backend: str
-    scheduler: str
-    workdir: str
-    hosts: list[dict[str, Any]]
+    scheduler: str = ""
+    workdir: str = ""
+    hosts: list[dict[str, Any]] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
     procs: list[ProcRecord] = field(default_factory=list)
     state: JobState = JobState.STARTING
     created: float = field(default_factory=time.time)
     ended: float | None = None
-    launcher_pid: int = field(default_factory=os.getpid)
-    key_file: str | None = None   # local copy of the job's CURVE keys (path only)
+    exit_code: int | None = None
+    version: int = RECORD_VERSION
+    supervisor: Supervisor | None = None
+    launcher_pid: int | None = None      # version 1 records only
+    run_dir: str = ""                    # on every host (may start with ~ on remote ones)
+    key_file: str | None = None          # local copy of the job's CURVE keys (path only)
     remote_keys: dict[str, str] = field(default_factory=dict)  # host label -> key file path there
+    root_cause: dict[str, Any] | None = None
+    consequences: list[str] = field(default_factory=list)
+    stopped_by: str | None = None
+    supervisor_lost: bool = False
+    unverified: dict[str, str] = field(default_factory=dict)   # host label -> why not checked
+    notes: list[str] = field(default_factory=list)
 
     def proc(self, name: str) -> ProcRecord:
         for p in self.procs:
@@ -93,22 +141,75 @@ class JobRecord:
                 return p
         raise KeyError(name)
 
+    @property
+    def duration(self) -> float | None:
+        return None if self.ended is None else max(0.0, self.ended - self.created)
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, default=lambda o: o.value)
 
     @classmethod
-    def from_json(cls, text: str) -> JobRecord:
-        data = json.loads(text)
-        procs = [ProcRecord(**{**p, "state": ProcState(p["state"])}) for p in data.pop("procs")]
-        return cls(**{**data, "procs": procs, "state": JobState(data["state"])})
+    def from_json(cls, text: str, where: str = "record") -> JobRecord:
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise DamagedRecord(f"{where}: not valid JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise DamagedRecord(f"{where}: not a JSON object")
+        try:
+            return cls._from_dict(data)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise DamagedRecord(f"{where}: {type(exc).__name__}: {exc}") from None
+
+    @classmethod
+    def _from_dict(cls, data: dict[str, Any]) -> JobRecord:
+        known = {f.name for f in fields(cls)}
+        raw = {k: v for k, v in data.items() if k in known}
+        for required in ("id", "backend"):
+            if not isinstance(raw.get(required), str) or not raw[required]:
+                raise ValueError(f"field {required!r} is missing")
+        raw.setdefault("command", [])
+        raw["version"] = int(raw.get("version") or 1)
+        procs = []
+        proc_fields = {f.name for f in fields(ProcRecord)}
+        for item in raw.get("procs") or []:
+            p = {k: v for k, v in item.items() if k in proc_fields}
+            p["state"] = _enum(ProcState, p.get("state"), ProcState.UNKNOWN)
+            procs.append(ProcRecord(**p))
+        raw["procs"] = procs
+        raw["state"] = _enum(JobState, raw.get("state"), JobState.RUNNING)
+        sup = raw.get("supervisor")
+        raw["supervisor"] = Supervisor(**sup) if isinstance(sup, dict) else None
+        return cls(**raw)
+
+
+def _enum(cls: type[Enum], value: Any, fallback: Enum) -> Any:
+    try:
+        return cls(value)
+    except ValueError:
+        return fallback
 
 
 class JobNotFound(LookupError):
     pass
 
 
+class DamagedRecord(ValueError):
+    """A record that cannot be read as one (bad JSON, missing fields); the message names it."""
+
+
+# -- places ------------------------------------------------------------------------------------
+
+def use_home(path: str | os.PathLike[str] | None) -> None:
+    """Set MXDIST_HOME for this process (the CLI does, from --home / MXDIST_HOME)."""
+    global _home
+    _home = Path(path).expanduser().absolute() if path else None
+
+
 def home() -> Path:
-    return Path(os.environ.get("MXDIST_HOME") or Path.home() / ".mxdist").expanduser().absolute()
+    if _home is not None:
+        return _home
+    return (Path.home() / ".mxdist").absolute()
 
 
 def jobs_dir() -> Path:
@@ -124,50 +225,165 @@ def log_dir(job_id: str) -> Path:
     return jobs_dir() / job_id
 
 
+def record_path(job_id: str) -> Path:
+    return jobs_dir() / f"{job_id}.json"
+
+
 def key_path(job_id: str) -> Path:
     """Where the launcher keeps the job's CURVE key pair on this machine."""
     return log_dir(job_id) / "job.key"
 
 
+def stop_request_path(job_id: str) -> Path:
+    return log_dir(job_id) / "stop.request"
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` and its missing parents under MXDIST_HOME with mode 0700; tighten
+    MXDIST_HOME and the jobs directory to 0700 if they were looser."""
+    base = home()
+    for d in (base, base / "jobs"):
+        if path == d or d in path.parents:
+            d.mkdir(mode=0o700, exist_ok=True, parents=d == base)
+            if d.stat().st_mode & 0o077:
+                os.chmod(d, 0o700)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically with mode 0600."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(3)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def save(record: JobRecord) -> Path:
-    """Write the record atomically; create the job's log directory."""
-    directory = jobs_dir()
-    (directory / record.id).mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = directory / f"{record.id}.json"
-    tmp = path.with_name(f".{record.id}.{os.getpid()}.tmp")
-    tmp.write_text(record.to_json())
-    os.replace(tmp, path)
+    """Write the record atomically (0600); create the job's private directory."""
+    private_dir(log_dir(record.id))
+    path = record_path(record.id)
+    write_private(path, record.to_json())
     return path
 
 
 def load(job_id: str) -> JobRecord:
-    path = jobs_dir() / f"{job_id}.json"
+    path = record_path(job_id)
     try:
-        return JobRecord.from_json(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
-        raise JobNotFound(f"no job {job_id!r} in {jobs_dir()} (mxdist status lists jobs)") from None
+        raise JobNotFound(f"no job {job_id!r} in {jobs_dir()} (mxdist jobs lists them)") from None
+    except PermissionError:
+        raise JobNotFound(f"cannot read {path}: permission denied (another user's job?)") from None
+    return JobRecord.from_json(text, str(path))
+
+
+def listing() -> list[tuple[str, JobRecord | DamagedRecord]]:
+    """Every record, oldest first: (job id, record or why it cannot be read)."""
+    directory = jobs_dir()
+    try:
+        paths = sorted(directory.glob("*.json"))
+    except PermissionError:
+        raise JobNotFound(f"cannot read {directory}: permission denied (another user's?)") from None
+    out: list[tuple[str, JobRecord | DamagedRecord]] = []
+    for path in paths:
+        try:
+            out.append((path.stem, JobRecord.from_json(path.read_text(), str(path))))
+        except DamagedRecord as exc:
+            out.append((path.stem, exc))
+        except OSError as exc:
+            out.append((path.stem, DamagedRecord(f"{path}: {exc.strerror or exc}")))
+
+    def key(item: tuple[str, JobRecord | DamagedRecord]) -> tuple[float, str]:
+        rec = item[1]
+        return (rec.created if isinstance(rec, JobRecord) else _mtime(directory / f"{item[0]}.json"), item[0])
+
+    return sorted(out, key=key)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def all_jobs() -> list[JobRecord]:
-    """Every recorded job, oldest first (unreadable records are skipped)."""
-    out: list[JobRecord] = []
-    directory = jobs_dir()
-    if not directory.is_dir():
-        return out
-    for path in sorted(directory.glob("*.json")):
-        try:
-            out.append(JobRecord.from_json(path.read_text()))
-        except (ValueError, TypeError, KeyError, OSError):
-            continue
-    out.sort(key=lambda r: (r.created, r.id))
-    return out
+    """Every readable record, oldest first."""
+    if not jobs_dir().is_dir():
+        return []
+    return [rec for _, rec in listing() if isinstance(rec, JobRecord)]
 
 
 def resolve(job_id: str | None) -> JobRecord:
-    """The named job, or the latest one."""
+    """The named job, or the latest one (damaged records raise DamagedRecord)."""
     if job_id:
         return load(job_id)
-    jobs = all_jobs()
-    if not jobs:
+    if not jobs_dir().is_dir():
         raise JobNotFound(f"no jobs recorded in {jobs_dir()} (start one with mxdist launch)")
-    return jobs[-1]
+    items = listing()
+    if not items:
+        raise JobNotFound(f"no jobs recorded in {jobs_dir()} (start one with mxdist launch)")
+    rec = items[-1][1]
+    if isinstance(rec, DamagedRecord):
+        raise rec
+    return rec
+
+
+def remove(job_id: str) -> None:
+    """Delete a job's record and directory here (logs, keys)."""
+    with contextlib.suppress(FileNotFoundError):
+        record_path(job_id).unlink()
+    shutil.rmtree(log_dir(job_id), ignore_errors=True)
+
+
+# -- the supervisor's lock -----------------------------------------------------------------------
+
+def lock_path(job_id: str) -> Path:
+    return log_dir(job_id) / "supervisor.lock"
+
+
+class Lock:
+    """An exclusive flock on a job's lock file, held until :meth:`release` (or process death)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = -1
+
+
+def try_lock(job_id: str) -> Lock | None:
+    """Take the job's lock without waiting; None if someone (its supervisor) holds it."""
+    private_dir(log_dir(job_id))
+    fd = os.open(lock_path(job_id), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return Lock(fd)
+
+
+@contextlib.contextmanager
+def takeover(job_id: str) -> Iterator[JobRecord | None]:
+    """The record, for a writer other than the supervisor: yields it while holding the job's
+    lock, or None when the supervisor holds the lock (then it owns the record)."""
+    lock = try_lock(job_id)
+    if lock is None:
+        yield None
+        return
+    try:
+        yield load(job_id)
+    finally:
+        lock.release()

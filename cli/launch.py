@@ -1,67 +1,86 @@
-"""Orchestration of ``mxdist launch``: preflight, start in order, watch, first failure, stop.
+"""The job's supervisor: the one owner of a job's life and the only writer of its record.
 
-Sequence:
+``mxdist launch`` is the supervisor (attached); ``mxdist launch -d`` runs the same supervisor
+detached (:func:`detach`: its own session, output to ``jobs/<id>/supervisor.log``).  It holds
+the job's lock (:mod:`cli.jobs`) for as long as it lives.
 
-1. record the job (state ``starting``);
-2. optional ``--sync`` of directories (SFTP, unchanged files skipped);
-3. preflight every host in parallel; any problem -> :class:`PreflightFailed`, nothing started;
-4. jobs with CURVE (``settings.secure``: any non-local host, unless ``--insecure``): generate the
-   job's key pair, keep it in ``MXDIST_HOME/jobs/<id>/job.key`` (0600) and deliver it to every
-   host over the backend's channel (``install_key``: stdin over SSH, never a command line) as a
-   0600 file in the run directory; every process gets ``PSNODE_KEY_FILE`` = the path on its host;
-5. start the scheduler, then the servers, then the workers (each stage per host in parallel);
-5. ``--detach``: return; else stream every process's output (prefixed, and saved to
-   ``MXDIST_HOME/jobs/<id>/<name>.log``) and wait for exits:
+Sequence (:meth:`Supervisor.run`):
 
-   * every worker exited 0 -> the job succeeded: the scheduler and servers get ``finish_grace``
-     seconds to exit by themselves (with ``-s 0`` none: nothing tells the scheduler the
-     workers are done), then the rest is stopped; exit 0;
-   * a worker failed and has restarts left (``--max-restarts N``, counted per process): start it
-     again on the same host with the same rank and env plus ``PSNODE_RESTART_COUNT=k``; the job
-     goes on (the scheduler, told ``PSNODE_MAX_RESTARTS``, waits for the replacement).  The same
-     for a server when servers checkpoint (``--checkpoint-dir``): the replacement restores its
-     shard and optimizer state from its last checkpoint and the workers resend what it missed;
-   * any process failed first (non-zero, signal, vanished) -> stop everything on every host,
-     report that first failure with the tail of its log; exit 1;
-   * Ctrl-C (or SIGTERM to the launcher) -> stop everything; exit 130;
-   * ``mxdist stop`` from elsewhere -> exit 143.
+1. record the job (``starting``) with who supervises it (pid, start time, host);
+2. ``--sync``, preflight of every host, and (multi-host jobs with CURVE) the job's keys: any
+   problem -> ``failed`` with the reason per host, exit 3, nothing started;
+3. start the scheduler, the servers, the workers (each stage per host in parallel); stream
+   every process's output (prefixed; ``--ranks`` filters; every line saved to
+   ``jobs/<id>/<name>.log``);
+4. watch: process exits go through the rules of :mod:`cli.lifecycle` (restart, fail, wind
+   down); a stop request (``mxdist stop``: ``jobs/<id>/stop.request``) or a signal ends it;
+5. the end, always the same way (:meth:`Supervisor._conclude`): stop what still runs on every
+   host (TERM, ``--grace``, KILL; a host that does not answer within seconds is *not
+   verified*, never waited on), collect what the processes left, name the root cause
+   (:mod:`cli.rootcause`), remove the job's secrets, run files and shared-memory segments on
+   every host, write the final state once, print the closing line.
 
-Stopping is TERM to every process group, KILL after ``grace`` seconds, then a check per host
-that nothing is left.  When an attached job is over, the key files are deleted on every host.
+Exit codes and final states:
 
-The processes never depend on the launcher (own sessions, logs in files): a launcher killed with
-``kill -9`` leaves a job that still ends by itself -- the workers finish, or psnode's heartbeats
-fail it -- and ``mxdist stop`` cleans up whatever is left.
+=====  ===========  =========================================================================
+code   state        when
+=====  ===========  =========================================================================
+0      succeeded    every worker exited 0 (with ``-d``: the job was started)
+1      failed       a process failed (the root cause is named) or could not be restarted
+3      failed       preflight or start failed (per host, with the reason and the fix)
+129    stopped      SIGHUP: the terminal closed
+130    stopped      SIGINT: Ctrl-C
+143    stopped      SIGTERM, or ``mxdist stop``
+=====  ===========  =========================================================================
+
+Supervision never depends on the terminal: output to a closed pipe or terminal is dropped
+(:mod:`cli.ui`), the job runs on and ends as it would have; signals only set a flag that the
+loop acts on.  Job processes run in their own sessions, so the terminal's signals reach the
+supervisor only.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
+import socket
+import sys
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from cli import ui
-from cli.backends import Backend, BackendError, ExitStatus, HostProblem, Started, run_per_host
-from cli.control import remove_job_keys, stop_processes
+from cli import jobs, teardown, ui
+from cli.backends import (
+    Backend,
+    BackendError,
+    ExitStatus,
+    HostProblem,
+    Started,
+    explainer,
+    key_installer,
+    run_per_host,
+    syncer,
+)
 from cli.hosts import Host
-from cli.jobs import JobRecord, JobState, ProcRecord, ProcState, key_path, load, save
+from cli.jobs import JobRecord, JobState, ProcRecord, ProcState
+from cli.lifecycle import Action, Supervision
 from cli.plan import Plan, ProcSpec, restarted, with_key_files
+from cli.rootcause import RootCause, decide, describe_code
 from psnode.config import Role
 from psnode.transport import CurveKeys
 
-EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_STOPPED = 0, 1, 130, 143
-
-
-class PreflightFailed(Exception):
-    def __init__(self, problems: Sequence[HostProblem]) -> None:
-        super().__init__(f"{len(problems)} preflight problem(s)")
-        self.problems = list(problems)
+EXIT_OK, EXIT_FAILED, EXIT_PREFLIGHT = 0, 1, 3
+EXIT_HANGUP, EXIT_INTERRUPTED, EXIT_STOPPED = 129, 130, 143
+SIGNAL_EXIT = {signal.SIGHUP: (EXIT_HANGUP, "hangup (the terminal closed)"),
+               signal.SIGINT: (EXIT_INTERRUPTED, "Ctrl-C"),
+               signal.SIGTERM: (EXIT_STOPPED, "SIGTERM")}
+POLL = 0.2
+STATUS_TIMEOUT = 0.5     # asking the scheduler whether psnode started, when the workers are done
 
 
 @dataclass
@@ -70,17 +89,39 @@ class LaunchSettings:
 
     run_dir: str                     # where processes write logs and rc files, on their host
     grace: float = 5.0               # TERM -> KILL
-    finish_grace: float = 10.0       # after all workers succeeded
+    finish_grace: float = 10.0       # at most this long for servers to end after the workers
     detach: bool = False
     quiet: bool = False
+    ranks: frozenset[int] | None = None   # stream only these workers
     sync: list[tuple[str, str]] = field(default_factory=list)  # (local dir, remote dir)
     check_modules: tuple[str, ...] = ("psnode",)
-    max_restarts: int = 0            # per worker, and per server with checkpoints (--max-restarts)
     secure: bool = False             # CURVE: generate and deliver the job's keys
 
 
-class Launcher:
-    """Runs one job; :meth:`run` returns the process exit code."""
+class PreflightFailed(Exception):
+    def __init__(self, problems: Sequence[HostProblem]) -> None:
+        super().__init__(f"{len(problems)} preflight problem(s)")
+        self.problems = list(problems)
+
+
+@dataclass(frozen=True)
+class EndRequest:
+    code: int
+    why: str      # "Ctrl-C", "mxdist stop", ...
+    grace: float | None = None
+
+
+def proc_start_ticks(pid: int) -> int | None:
+    """A process's start time in clock ticks since boot (/proc/PID/stat field 22), or None."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_text()
+        return int(data[data.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class Supervisor:
+    """Runs one job to its end; :meth:`run` returns the exit code (module docstring)."""
 
     def __init__(self, plan: Plan, backend: Backend, record: JobRecord, settings: LaunchSettings) -> None:
         self.plan = plan
@@ -88,68 +129,103 @@ class Launcher:
         self.record = record
         self.settings = settings
         self.hosts: dict[str, Host] = {h.label: h for h in plan.hosts}
-        self.events: queue.Queue[tuple[ProcRecord, ExitStatus]] = queue.Queue()
-        self.printer = ui.LogPrinter(quiet=settings.quiet)
+        self.events: queue.Queue[tuple[str, ExitStatus]] = queue.Queue()
+        self.printer = ui.LogPrinter(quiet=settings.quiet, ranks=settings.ranks)
         self.threads: list[threading.Thread] = []
-        self._lock = threading.Lock()
+        self._signal: int | None = None
+        self._lock: jobs.Lock | None = None
+        self._stopped: set[str] = set()
 
-    # -- phases ----------------------------------------------------------------------------------
+    # -- the whole life -------------------------------------------------------------------------
 
     def run(self) -> int:
-        save(self.record)
+        self._lock = jobs.try_lock(self.record.id)
+        if self._lock is None:
+            raise BackendError(f"job {self.record.id} already has a supervisor")
+        pid = os.getpid()
+        self.record.supervisor = jobs.Supervisor(pid, proc_start_ticks(pid), socket.gethostname(),
+                                                 self.settings.detach)
+        self.record.run_dir = self.settings.run_dir
+        self._save()
+        previous = {s: signal.signal(s, self._on_signal) for s in SIGNAL_EXIT}
         try:
-            for local, remote in self.settings.sync:  # first: the workdir may be what it copies
-                self._sync(local, remote)
-            base_env = {k: v for k, v in self.plan.procs[0].env.items() if not k.startswith("PSNODE_")}
-            problems = self.backend.preflight(list(self.plan.hosts), self.settings.check_modules, base_env)
-            if problems:
-                raise PreflightFailed(problems)
-            if self.settings.secure:
-                self._install_keys()
-        except PreflightFailed:
-            remove_job_keys(self.record, self.backend)
-            self._finish(JobState.FAILED)
-            self.backend.close()
-            raise
-        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-        try:
-            try:
-                self._start_all()
-            except BackendError:
-                self._stop_all(ProcState.STOPPED)
-                self._finish(JobState.FAILED)
-                raise
-            if self.settings.detach:
-                self._finish(JobState.RUNNING)
-                return EXIT_OK
-            return self._watch()
-        except KeyboardInterrupt:
-            ui.warn("interrupted: stopping the job on every host")
-            self._stop_all(ProcState.STOPPED)
-            self._finish(JobState.STOPPED)
-            return EXIT_INTERRUPTED
+            return self._life()
         finally:
-            signal.signal(signal.SIGTERM, previous)
-            if not self.settings.detach:
-                remove_job_keys(self.record, self.backend)
-                self._save()
+            for s, handler in previous.items():
+                with contextlib.suppress(ValueError, TypeError):
+                    signal.signal(s, handler)
+            with contextlib.suppress(OSError):
+                jobs.stop_request_path(self.record.id).unlink()
             self.backend.close()
+            self._lock.release()
+
+    def _life(self) -> int:
+        try:
+            problems = self._in_background(self._preflight)
+        except PreflightFailed as exc:
+            problems = exc.problems
+        if (req := self._end_request()) is not None:
+            return self._conclude(JobState.STOPPED, req.code, stopped_by=req.why)
+        if problems:
+            ui.preflight_panel(problems)
+            cause = "; ".join(f"{p.host}: {p.reason}" for p in problems)
+            return self._conclude(JobState.FAILED, EXIT_PREFLIGHT, headline=f"preflight failed: {cause}")
+        try:
+            self._start_all()
+        except BackendError as exc:
+            ui.error_panel("launch failed", str(exc), "see the message; the job is being stopped")
+            return self._conclude(JobState.FAILED, EXIT_PREFLIGHT, headline=f"start failed: {exc}")
+        if (req := self._end_request()) is not None:
+            return self._conclude(JobState.STOPPED, req.code, stopped_by=req.why, grace=req.grace)
+        return self._watch()
+
+    # -- preflight ------------------------------------------------------------------------------
+
+    def _in_background(self, fn: Callable[[], list[HostProblem]]) -> list[HostProblem]:
+        """Run ``fn`` in a thread; return early (nothing started yet) if the job is ended meanwhile."""
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                box["value"] = fn()
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                box["error"] = exc
+
+        thread = threading.Thread(target=target, name="preflight", daemon=True)
+        thread.start()
+        while thread.is_alive() and self._end_request(peek=True) is None:
+            thread.join(POLL)
+        if "error" in box:
+            raise box["error"]
+        return box.get("value", [])
+
+    def _preflight(self) -> list[HostProblem]:
+        for local, remote in self.settings.sync:  # first: the workdir may be what it copies
+            self._sync(local, remote)
+        base_env = {k: v for k, v in self.plan.procs[0].env.items() if not k.startswith("PSNODE_")}
+        hosts = self.plan.busy_hosts
+        with ui.spinner(f"preflight: checking {len(hosts)} host(s)"):
+            problems = self.backend.preflight(hosts, self.settings.check_modules, base_env)
+        if not problems and self.settings.secure:
+            self._install_keys()
+        return problems
 
     def _install_keys(self) -> None:
         """Generate the job's CURVE keys, keep a local copy, deliver them to every host."""
-        install = getattr(self.backend, "install_key", None)
-        if install is None:
+        installer = key_installer(self.backend)
+        hosts = self.plan.busy_hosts
+        if installer is None:
             raise PreflightFailed([HostProblem(
                 h.label, f"the {self.backend.name} launcher cannot deliver the job's CURVE keys",
-                "pass --insecure to run without authentication and encryption") for h in self.plan.hosts])
+                "pass --insecure to run without authentication and encryption") for h in hosts])
         keys = CurveKeys.generate()
-        local = key_path(self.record.id)
-        local.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        local = jobs.key_path(self.record.id)
+        jobs.private_dir(local.parent)
         keys.save(str(local))
         self.record.key_file = str(local)
         self._save()
         text = keys.public + b"\n" + keys.secret + b"\n"
-        results = run_per_host(list(self.plan.hosts), lambda h: install(h, self.settings.run_dir, text))
+        results = run_per_host(hosts, lambda h: installer.install_key(h, self.settings.run_dir, text))
         problems = [HostProblem(label, f"could not write the job's key file: {result}",
                                 "check that the remote run directory (--remote-dir) is writable")
                     for label, result in results.items() if isinstance(result, Exception)]
@@ -161,30 +237,32 @@ class Launcher:
         self.plan = with_key_files(self.plan, self.record.remote_keys)
 
     def _sync(self, local: str, remote: str) -> None:
-        total = sum(f.stat().st_size for f in Path(local).rglob("*") if f.is_file())
-        sync = getattr(self.backend, "sync", None)
+        sync = syncer(self.backend)
         if sync is None:
             return
-        with ui.progress_bar(f"sync {local} -> {remote}", total * len(self.hosts)) as advance:
-            results = run_per_host(list(self.plan.hosts), lambda h: sync(h, local, remote, advance))
-        explain = getattr(self.backend, "explain", None)
+        total = sum(f.stat().st_size for f in Path(local).rglob("*") if f.is_file())
+        hosts = self.plan.busy_hosts
+        with ui.progress_bar(f"sync {local} -> {remote}", total * len(hosts)) as advance:
+            results = run_per_host(hosts, lambda h: sync.sync(h, local, remote, advance))
+        explain = explainer(self.backend)
         problems = []
         for label, result in results.items():
             if not isinstance(result, Exception):
                 continue
             if explain is not None and not isinstance(result, BackendError):  # could not connect
-                problems.append(explain(label, self.hosts[label], result))
+                problems.append(explain.explain(label, self.hosts[label], result))
             else:
                 problems.append(HostProblem(label, f"sync of {local} to {remote} failed: {result}",
                                             "check the remote path and its permissions"))
         if problems:
             raise PreflightFailed(problems)
 
+    # -- start ----------------------------------------------------------------------------------
+
     def _start_all(self) -> None:
         for role in (Role.SCHEDULER, Role.SERVER, Role.WORKER):
-            specs = self.plan.of_role(role)
             per_host: dict[str, list[ProcSpec]] = {}
-            for spec in specs:
+            for spec in self.plan.of_role(role):
                 per_host.setdefault(spec.host.label, []).append(spec)
             results = run_per_host([self.hosts[h] for h in per_host], partial(self._start_on, per_host))
             errors = []
@@ -193,27 +271,31 @@ class Launcher:
                     errors.append(f"{label}: {result}")
                     continue
                 for started in result:
-                    rec = self.record.proc(started.name)
-                    rec.pid, rec.run_log, rec.rc_file = started.pid, started.run_log, started.rc_file
-                    rec.state = ProcState.RUNNING
+                    self._started(self.record.proc(started.name), started)
             self._save()
             if errors:
                 raise BackendError("could not start processes: " + "; ".join(errors))
-            if not self.settings.detach:
-                for spec in specs:
-                    self._follow_in_thread(self.record.proc(spec.name))
         self.record.state = JobState.RUNNING
         self._save()
 
     def _start_on(self, per_host: dict[str, list[ProcSpec]], host: Host) -> list[Started]:
         return self.backend.start(host, per_host[host.label], self.settings.run_dir)
 
-    def _follow_in_thread(self, rec: ProcRecord, offset: int = 0) -> None:
+    def _started(self, rec: ProcRecord, started: Started, offset: int = 0) -> None:
+        rec.pid, rec.run_log, rec.rc_file = started.pid, started.run_log, started.rc_file
+        rec.state, rec.exit_code, rec.ended = ProcState.RUNNING, None, None
+        self._follow(rec, offset)
+
+    def _follow(self, rec: ProcRecord, offset: int = 0) -> None:
+        """A thread streams the process's output (and copies a remote log here), then reports its exit."""
         host = self.hosts[rec.host]
-        copy_log = rec.log != rec.run_log  # remote: keep a local copy of the output
+        copy_log = rec.log != rec.run_log
 
         def run() -> None:
-            sink = open(rec.log, "ab") if copy_log else None  # noqa: SIM115 - closed in finally
+            sink = None
+            if copy_log:
+                fd = os.open(rec.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                sink = os.fdopen(fd, "ab")
 
             def emit(data: bytes) -> None:
                 if sink:
@@ -223,71 +305,79 @@ class Launcher:
 
             try:
                 status = self.backend.follow(host, rec, emit, wait=True, offset=offset) or ExitStatus(None)
-            except Exception as exc:  # noqa: BLE001 - connection lost: the process's fate is unknown here
+            except Exception as exc:  # noqa: BLE001 - connection lost: its fate is checked at the end
                 emit(f"mxdist: lost the output stream of {rec.name}: {exc}\n".encode())
                 status = ExitStatus(None)
             finally:
                 if sink:
                     sink.close()
                 self.printer.flush(rec.name, rec.role, rec.rank, host.label)
-            self.events.put((rec, status))
+            self.events.put((rec.name, status))
 
         thread = threading.Thread(target=run, name=f"follow-{rec.name}", daemon=True)
         thread.start()
         self.threads.append(thread)
 
-    def _watch(self) -> int:
-        workers = {p.name for p in self.record.procs if p.role == Role.WORKER.value}
-        running = {p.name for p in self.record.procs}
-        finish_by: float | None = None
-        while running:
-            try:
-                rec, status = self.events.get(timeout=0.2)
-            except queue.Empty:
-                if finish_by is not None and time.monotonic() > finish_by:
-                    break
-                continue
-            running.discard(rec.name)
-            if self._stopped_elsewhere():
-                ui.warn("the job was stopped with mxdist stop")
-                self._stop_all(ProcState.STOPPED)
-                return EXIT_STOPPED
-            self._set_exit(rec, status)
-            if rec.name in workers:
-                if (not status.ok and finish_by is None and rec.restarts < self.settings.max_restarts
-                        and self._restart(rec, status)):
-                    running.add(rec.name)
-                    continue
-                workers.discard(rec.name)
-                if not status.ok:
-                    return self._fail(rec, status)
-                if not workers:
-                    grace = 0.0 if self.plan.num_servers == 0 else self.settings.finish_grace
-                    finish_by = time.monotonic() + grace
-            elif not status.ok:
-                if finish_by is None and self._server_restartable(rec) and self._restart(rec, status):
-                    running.add(rec.name)
-                    continue
-                if finish_by is None:
-                    return self._fail(rec, status)
-                ui.warn(f"{rec.name} on {rec.host} {status.describe()} after the workers finished")
-        self._stop_all(ProcState.STOPPED)
-        self._finish(JobState.SUCCEEDED)
-        return EXIT_OK
+    # -- watch ----------------------------------------------------------------------------------
 
-    def _server_restartable(self, rec: ProcRecord) -> bool:
-        """A failed server is restarted when restarts are left and servers checkpoint (the
-        replacement restores its shard from the last checkpoint)."""
-        if rec.role != Role.SERVER.value or rec.restarts >= self.settings.max_restarts:
+    def _watch(self) -> int:
+        rules = Supervision.of(((p.name, p.role) for p in self.record.procs if p.pid),
+                               self.plan.node.max_restarts, self.plan.node.servers_restart)
+        wind_down_by: float | None = None
+        while True:
+            if (req := self._end_request()) is not None:
+                if rules.winding_down:
+                    return self._conclude(JobState.SUCCEEDED, EXIT_OK)
+                return self._conclude(JobState.STOPPED, req.code, stopped_by=req.why, grace=req.grace)
+            try:
+                name, status = self.events.get(timeout=POLL)
+            except queue.Empty:
+                if wind_down_by is not None and time.monotonic() >= wind_down_by:
+                    return self._conclude(JobState.SUCCEEDED, EXIT_OK)
+                continue
+            rec = self.record.proc(name)
+            self._exited(rec, status)
+            action = rules.exited(name, status.ok)
+            if action is Action.RESTART and not self._restart(rec, status):
+                action = rules.restart_failed(name)
+            if action is Action.FAIL:
+                return self._conclude(JobState.FAILED, EXIT_FAILED, first_seen=name)
+            if action is Action.DONE:
+                return self._conclude(JobState.SUCCEEDED, EXIT_OK)
+            if action is Action.WIND_DOWN:
+                wait = rules.wait_for_rest(self._psnode_started())
+                wind_down_by = time.monotonic() + (self.settings.finish_grace if wait else 0.0)
+            elif rules.winding_down and not status.ok:
+                ui.warn(f"{rec.name} on {rec.host} {status.describe()} after the workers finished")
+
+    def _exited(self, rec: ProcRecord, status: ExitStatus) -> None:
+        rec.exit_code = status.code
+        rec.ended = time.time()
+        rec.state = (ProcState.EXITED if status.ok else
+                     ProcState.LOST if status.code is None else ProcState.FAILED)
+        self._save()
+
+    def _psnode_started(self) -> bool | None:
+        """Did the job use psnode?  The scheduler exited 0 (it ended a psnode job), or it says so."""
+        sched = next((p for p in self.record.procs if p.role == Role.SCHEDULER.value), None)
+        if sched is None or self.plan.num_servers == 0:
             return False
-        spec = next((p for p in self.plan.procs if p.name == rec.name), None)
-        return spec is not None and bool(spec.env.get("PSNODE_CHECKPOINT_DIR"))
+        if sched.state is ProcState.EXITED:
+            return True
+        try:
+            from psnode import control
+
+            answer = control.query_status(self.record.scheduler, self.record.id, key_file=self.record.key_file,
+                                          timeout=STATUS_TIMEOUT)
+        except Exception:  # noqa: BLE001 - no answer: nothing to wait for
+            return None
+        return bool(answer.get("started"))
 
     def _restart(self, rec: ProcRecord, status: ExitStatus) -> bool:
         """Start ``rec`` again (same host, rank, env + PSNODE_RESTART_COUNT); False if that failed."""
         count = rec.restarts + 1
         ui.warn(f"{rec.name} on {rec.host} {status.describe()}: restarting it with rank {rec.rank} "
-                f"(restart {count} of {self.settings.max_restarts})")
+                f"(restart {count} of {self.plan.node.max_restarts})")
         spec = restarted(next(p for p in self.plan.procs if p.name == rec.name), count)
         try:
             offset = os.path.getsize(rec.log)  # the local log (or local copy) holds all output so far
@@ -298,62 +388,105 @@ class Launcher:
         except Exception as exc:  # noqa: BLE001 - reported, then the failure counts as final
             ui.warn(f"could not restart {rec.name} on {rec.host}: {exc}")
             return False
-        rec.pid, rec.run_log, rec.rc_file = started.pid, started.run_log, started.rc_file
-        rec.restarts, rec.state, rec.exit_code = count, ProcState.RUNNING, None
+        rec.restarts = count
+        self._started(rec, started, offset)
         self._save()
-        self._follow_in_thread(rec, offset)
         return True
 
-    def _fail(self, rec: ProcRecord, status: ExitStatus) -> int:
-        self._stop_all(ProcState.STOPPED)
-        self._finish(JobState.FAILED)
-        how = status.describe()
-        if rec.restarts:
-            how += f" (after {rec.restarts} restart{'s' if rec.restarts > 1 else ''})"
-        ui.failure_panel(rec.role, rec.rank, rec.host, how, rec.log, _tail(rec.log))
-        return EXIT_FAILED
+    # -- the end --------------------------------------------------------------------------------
 
-    # -- helpers ---------------------------------------------------------------------------------
-
-    def _set_exit(self, rec: ProcRecord, status: ExitStatus) -> None:
-        rec.exit_code = status.code
-        rec.state = (ProcState.EXITED if status.ok else
-                     ProcState.LOST if status.code is None else ProcState.FAILED)
+    def _conclude(self, state: JobState, code: int, stopped_by: str | None = None,
+                  first_seen: str | None = None, headline: str | None = None,
+                  grace: float | None = None) -> int:
+        """Stop, collect, name the root cause, clean up on every host; write the final state once."""
+        if stopped_by:
+            ui.warn(f"{stopped_by}: stopping the job on every host")
+        live = [p for p in self.record.procs if p.pid and p.state is ProcState.RUNNING]
+        self._stopped = {p.name for p in live}
+        report = teardown.stop_everywhere(self.backend, self.hosts, live,
+                                          self.settings.grace if grace is None else grace)
+        for p in live:
+            p.state = ProcState.UNKNOWN if p.host in report.unverified else ProcState.STOPPED
+        if any(report.left.values()) or report.unverified:
+            ui.stop_report(report.left, report.unverified)
+        for label, pids in report.left.items():
+            if pids:
+                report.unverified[label] = f"still running after KILL: pids {', '.join(map(str, pids))}"
+        self._join_followers(3.0)
+        cause: RootCause | None = None
+        if state is JobState.FAILED and headline is None:
+            cause = self._root_cause(first_seen, report.unverified)
+        labels = [h.label for h in self.plan.busy_hosts]
+        failed_cleanup = teardown.cleanup_everywhere(self.backend, self.hosts, self.record.id,
+                                                     self.settings.run_dir, labels, report.unverified)
+        with contextlib.suppress(OSError):
+            jobs.key_path(self.record.id).unlink()
+        self.record.remote_keys = {}
+        self.record.unverified = {**report.unverified, **failed_cleanup}
+        self.record.state, self.record.exit_code = state, code
+        self.record.stopped_by = stopped_by
+        self.record.ended = time.time()
+        if cause is not None:
+            self.record.root_cause, self.record.consequences = cause.to_dict(), list(cause.consequences)
+        elif headline is not None:
+            self.record.root_cause = {"headline": headline, "name": None}
         self._save()
+        self._report(cause)
+        return code
 
-    def _stop_all(self, state: ProcState) -> None:
-        """Stop whatever still runs, wait for the output threads, report leftovers per host."""
-        live = [p for p in self.record.procs if p.pid and p.state in (ProcState.RUNNING, ProcState.PENDING)]
-        if live:
-            result = stop_processes(self.backend, self.hosts, live, self.settings.grace)
-            if any(r for r in result.values()):
-                ui.stop_report(result)
-            for p in live:
-                p.state = state
-        deadline = time.monotonic() + 5.0
+    def _root_cause(self, first_seen: str | None, unverified: dict[str, str]) -> RootCause | None:
+        started = [p for p in self.record.procs if p.pid]
+        evidence, skipped = teardown.collect_everywhere(self.backend, self.hosts, started,
+                                                        self.settings.run_dir, unverified)
+        outcomes = teardown.outcomes(self.record, evidence, self._stopped, skipped)
+        return decide(outcomes, first_seen)
+
+    def _report(self, cause: RootCause | None) -> None:
+        rec = self.record
+        detail = ""
+        if rec.state is JobState.FAILED:
+            headline = cause.headline if cause else (rec.root_cause or {}).get("headline", "failed")
+            detail = headline
+            if cause is not None:
+                proc = rec.proc(cause.name) if cause.name else None
+                notes = [f"{h}: not verified: {why} (mxdist status / stop check again)"
+                         for h, why in rec.unverified.items()]
+                how = headline + (f" (after {proc.restarts} restart{'s' if proc.restarts > 1 else ''})"
+                                  if proc and proc.restarts else "")
+                ui.failure_panel(how, cause.consequences, proc.log if proc else None,
+                                 _tail(proc.log) if proc else [], notes)
+        elif rec.state is JobState.STOPPED:
+            detail = rec.stopped_by or ""
+        ui.closing_line(rec.id, rec.state.value, rec.duration, detail)
+
+    def _join_followers(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
         for t in self.threads:
             t.join(max(0.0, deadline - time.monotonic()))
-        self._save()
 
-    def _stopped_elsewhere(self) -> bool:
-        try:
-            return load(self.record.id).state is JobState.STOPPED
-        except Exception:  # noqa: BLE001 - an unreadable record says nothing
-            return False
+    # -- requests to end --------------------------------------------------------------------------
 
-    def _finish(self, state: JobState) -> None:
-        self.record.state = state
-        if not state.active:
-            self.record.ended = time.time()
-        self._save()
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self._signal is None:
+            self._signal = signum
+
+    def _end_request(self, peek: bool = False) -> EndRequest | None:
+        """A signal received, or ``mxdist stop``'s request file: how the job is to end."""
+        if self._signal is not None:
+            code, why = SIGNAL_EXIT[signal.Signals(self._signal)]
+            return EndRequest(code, why)
+        path = jobs.stop_request_path(self.record.id)
+        if path.exists():
+            grace = None
+            with contextlib.suppress(OSError, ValueError):
+                import json
+
+                grace = float(json.loads(path.read_text()).get("grace"))
+            return EndRequest(EXIT_STOPPED, "mxdist stop", grace)
+        return None
 
     def _save(self) -> None:
-        with self._lock:
-            save(self.record)
-
-
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
+        jobs.save(self.record)
 
 
 def _tail(path: str, lines: int = 20) -> list[str]:
@@ -367,16 +500,63 @@ def _tail(path: str, lines: int = 20) -> list[str]:
     return text.splitlines()[-lines:]
 
 
-def new_record(plan: Plan, backend: Backend, command: Sequence[str], workdir: str,
-               log_dir: Path) -> JobRecord:
+def new_record(plan: Plan, backend: Backend, command: Sequence[str], workdir: str, log_dir: Path) -> JobRecord:
     """The initial job record of a plan (no pids yet)."""
-    from dataclasses import asdict
-
-    procs = [
-        ProcRecord(name=p.name, role=p.role.value, rank=p.rank, host=p.host.label,
-                   address=p.host.address, log=str(log_dir / f"{p.name}.log"))
-        for p in plan.procs
-    ]
+    procs = [ProcRecord(name=p.name, role=p.role.value, rank=p.rank, host=p.host.label,
+                        address=p.host.address, log=str(log_dir / f"{p.name}.log"))
+             for p in plan.procs]
     return JobRecord(id=plan.job_id, command=list(command), backend=backend.name,
                      scheduler=plan.scheduler_address, workdir=workdir,
                      hosts=[asdict(h) for h in plan.hosts], options=backend.options(), procs=procs)
+
+
+def detach(supervisor: Supervisor) -> None:
+    """Run ``supervisor`` in a child process of its own session, output to the job directory;
+    return in the parent once the child holds the job's lock and has written the record."""
+    job = supervisor.record.id
+    jobs.private_dir(jobs.log_dir(job))
+    log = jobs.log_dir(job) / "supervisor.log"
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(ready_w)
+        with os.fdopen(ready_r, "rb") as ready:
+            ready.read(1)   # the child writes once the record is saved (or exits: EOF)
+        return
+    os.close(ready_r)
+    code = 1
+    try:
+        os.setsid()
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        os.close(null)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        original = supervisor._save
+
+        def save_then_tell() -> None:
+            original()
+            nonlocal ready_w
+            if ready_w >= 0:
+                os.close(ready_w)
+                ready_w = -1
+
+        supervisor._save = save_then_tell  # type: ignore[method-assign]
+        code = supervisor.run()
+    except BaseException as exc:  # noqa: BLE001 - the child must never return into the parent's code
+        with contextlib.suppress(Exception):
+            print(f"mxdist supervisor: {type(exc).__name__}: {exc}", flush=True)
+    finally:
+        if ready_w >= 0:
+            os.close(ready_w)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
+__all__ = ["EXIT_FAILED", "EXIT_HANGUP", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PREFLIGHT", "EXIT_STOPPED",
+           "LaunchSettings", "PreflightFailed", "Supervisor", "describe_code", "detach", "new_record"]

@@ -1,16 +1,18 @@
-"""``mxdist``: launch parameter-server jobs on this machine or over SSH; status, stop, logs.
+"""``mxdist``: launch parameter-server jobs on this machine, over SSH or in Slurm; status, stop,
+logs, the job list and clean-up.
 
 The only module importing typer.  Commands translate options, call the domain modules and map
 errors to exit codes; users see a message and a fix, never a traceback.
 
-Exit codes: 0 success; 1 the job failed (or no such job); 2 bad usage (options, hosts file);
-3 preflight or connection failure; 130 interrupted (Ctrl-C); 143 stopped by ``mxdist stop``.
+Exit codes: 0 success; 1 the job failed (or no such job, or a stop that could not verify every
+host); 2 bad usage (options, hosts file); 3 preflight or connection failure; 129 the terminal
+closed (SIGHUP); 130 interrupted (Ctrl-C); 143 stopped (``mxdist stop`` or SIGTERM).
 """
 from __future__ import annotations
 
 import shlex
-import sys
 import time
+from collections import deque
 from typing import Any
 
 import typer
@@ -18,15 +20,45 @@ import typer
 from cli import control, jobs, ui
 from cli.backends import BackendError
 from cli.hosts import HostsError
-from cli.launch import Launcher, PreflightFailed
-from cli.plan import PASSTHROUGH, Plan, PlanError, is_secret
+from cli.launch import EXIT_PREFLIGHT, Supervisor, detach
+from cli.options import LaunchOptions, launch_default
+from cli.plan import PASSTHROUGH, NodeOptions, Plan, PlanError, is_secret
 
-EXIT_USAGE, EXIT_PREFLIGHT = 2, 3
+EXIT_USAGE = 2
+N = NodeOptions()          # the psnode options' defaults (NodeConfig's)
+L = launch_default         # the launcher options' defaults
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("mxdist")
+    except Exception:  # noqa: BLE001 - not installed: the source tree's
+        return "0.1.0 (source tree)"
+
 
 app = typer.Typer(
-    name="mxdist", add_completion=False, no_args_is_help=True, rich_markup_mode=None,
-    help="Launch psnode parameter-server jobs locally or over SSH; inspect and stop them.",
+    name="mxdist", add_completion=True, no_args_is_help=True, rich_markup_mode=None,
+    help="Launch psnode parameter-server jobs locally, over SSH or in Slurm; inspect and stop them.",
 )
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"mxdist {_version()}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def main(
+    home: str | None = typer.Option(None, "--home", envvar="MXDIST_HOME", show_default="~/.mxdist",
+                                    help="where jobs are recorded (records, logs, keys; private to you)"),
+    version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
+                                 help="print the version and exit"),
+) -> None:
+    """Launch psnode parameter-server jobs locally, over SSH or in Slurm; inspect and stop them."""
+    jobs.use_home(home)
 
 
 def _fail(title: str, message: str, fix: str | None, code: int) -> typer.Exit:
@@ -38,94 +70,113 @@ def _fail(title: str, message: str, fix: str | None, code: int) -> typer.Exit:
 def launch(
     command: list[str] = typer.Argument(..., metavar="COMMAND [ARGS]...",
                                         help="a .py script (run with Python) or any program"),
-    hosts: str | None = typer.Option(None, "-H", "--hosts",
-                                        help="hosts file, or inline list a,b:2222,user@c"),
-    num_workers: int | None = typer.Option(None, "-n", "--num-workers",
-                                              help="workers (default: total slots)"),
+    hosts: str | None = typer.Option(None, "-H", "--hosts", help="hosts file, or inline list a,b:2222,user@c"),
+    num_workers: int | None = typer.Option(None, "-n", "--num-workers", help="workers (default: total slots)"),
     num_servers: int | None = typer.Option(None, "-s", "--num-servers",
-                                              help="servers (default: one per host; 0 allowed)"),
+                                           help="servers (default: one per host; 0 allowed)"),
     launcher: str | None = typer.Option(None, "--launcher",
-                                           help="local, ssh or slurm (default: local without -H, ssh "
-                                                "with; slurm: inside salloc/sbatch, nodes from the allocation)"),
-    python: str = typer.Option(sys.executable, "--python", help="Python on remote hosts"),
+                                        help="local, ssh or slurm (default: local without -H, ssh "
+                                             "with; slurm: inside salloc/sbatch, nodes from the allocation)"),
+    python: str = typer.Option(L("python"), "--python", help="Python on remote hosts"),
     env: list[str] = typer.Option([], "-e", "--env", help="K=V for every process (repeatable)"),
-    workdir: str | None = typer.Option(None, "--workdir",
-                                          help="working directory (default: the current one)"),
+    workdir: str | None = typer.Option(None, "--workdir", help="working directory (default: the current one)"),
     sync: list[str] = typer.Option([], "--sync", help="DIR[:REMOTE_DIR] to copy to every host first"),
     scheduler: str | None = typer.Option(None, "--scheduler", help="host running the scheduler"),
     port: int | None = typer.Option(None, "--port", help="scheduler port (MASTER_PORT = port+1)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan, start nothing"),
-    quiet: bool = typer.Option(False, "-q", "--quiet", help="do not stream output (logs still saved)"),
-    detach: bool = typer.Option(False, "-d", "--detach", help="start the job and return"),
-    grace: float = typer.Option(5.0, "--grace", help="seconds between TERM and KILL"),
-    finish_grace: float = typer.Option(10.0, "--finish-grace",
-                                       help="seconds servers get to exit after the workers"),
-    heartbeat_interval: float = typer.Option(1.0, "--heartbeat-interval"),
-    heartbeat_liveness: int = typer.Option(5, "--heartbeat-liveness",
+    quiet: bool = typer.Option(False, "-q", "--quiet",
+                               help="do not stream output (logs still saved; the job id and the closing "
+                                    "line are still printed)"),
+    ranks: str | None = typer.Option(None, "--ranks", "--local-ranks-filter", metavar="LIST",
+                                     help="stream only these workers, e.g. 0 or 0,2-3 (every log is saved)"),
+    detach_: bool = typer.Option(False, "-d", "--detach",
+                                 help="start the job's supervisor in the background and print the job id"),
+    grace: float = typer.Option(L("grace"), "--grace", help="seconds between TERM and KILL"),
+    finish_grace: float = typer.Option(L("finish_grace"), "--finish-grace",
+                                       help="at most this long for servers to end after every worker exited 0"),
+    heartbeat_interval: float = typer.Option(N.heartbeat_interval, "--heartbeat-interval"),
+    heartbeat_liveness: int = typer.Option(N.heartbeat_liveness, "--heartbeat-liveness",
                                            help="missed heartbeats before a node is dead"),
-    log_level: str = typer.Option("WARNING", "--log-level", help="psnode log level"),
+    log_level: str = typer.Option(N.log_level, "--log-level", help="psnode log level"),
     ssh_config: str | None = typer.Option(None, "--ssh-config", envvar="MXDIST_SSH_CONFIG",
-                                             help="ssh config file (default ~/.ssh/config)"),
+                                          help="ssh config file (default ~/.ssh/config)"),
     known_hosts: str | None = typer.Option(None, "--known-hosts", envvar="MXDIST_KNOWN_HOSTS",
-                                              help="known_hosts file (default ~/.ssh/known_hosts)"),
+                                           help="known_hosts file (default ~/.ssh/known_hosts)"),
     accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys",
                                               help="trust and record unknown host keys"),
-    connect_timeout: float = typer.Option(10.0, "--connect-timeout"),
-    remote_dir: str = typer.Option("~/.mxdist/run", "--remote-dir", envvar="MXDIST_REMOTE_DIR",
-                                   help="where remote processes keep logs (and the job's key file)"),
-    distribution: str = typer.Option("hybrid", "--distribution", metavar="data|param|hybrid",
+    connect_timeout: float = typer.Option(L("connect_timeout"), "--connect-timeout"),
+    remote_dir: str = typer.Option(L("remote_dir"), "--remote-dir", envvar="MXDIST_REMOTE_DIR",
+                                   help="where remote processes keep run files (removed when the job ends)"),
+    distribution: str = typer.Option(N.distribution.value, "--distribution", metavar="data|param|hybrid",
                                      help="how work is split (scripts see kv.distribution)"),
-    max_restarts: int = typer.Option(0, "--max-restarts", metavar="N",
+    max_restarts: int = typer.Option(N.max_restarts, "--max-restarts", metavar="N",
                                      help="restart a failed worker (same rank and host) up to N times, and a "
                                           "failed server too when --checkpoint-dir is set (it restores "
                                           "its shard from the last checkpoint); the job keeps running"),
-    checkpoint_dir: str | None = typer.Option(None, "--checkpoint-dir", metavar="DIR",
-                                                 help="servers write DIR/server-<rank>.npz (on their "
-                                                      "host; relative to --workdir), also when the job ends well"),
-    checkpoint_interval: float = typer.Option(0.0, "--checkpoint-interval", metavar="SECONDS",
+    checkpoint_dir: str | None = typer.Option(N.checkpoint_dir, "--checkpoint-dir", metavar="DIR",
+                                              help="servers write DIR/server-<rank>.npz (on their "
+                                                   "host; relative to --workdir), also when the job ends well"),
+    checkpoint_interval: float = typer.Option(N.checkpoint_interval, "--checkpoint-interval", metavar="SECONDS",
                                               help="checkpoint every SECONDS (0: not by time)"),
-    checkpoint_rounds: int = typer.Option(0, "--checkpoint-rounds", metavar="N",
+    checkpoint_rounds: int = typer.Option(N.checkpoint_rounds, "--checkpoint-rounds", metavar="N",
                                           help="checkpoint every N completed rounds (0: not by rounds)"),
-    resume: bool = typer.Option(False, "--resume", help="servers start from the checkpoints in --checkpoint-dir"),
-    skip_nonfinite: bool = typer.Option(False, "--skip-nonfinite",
+    resume: bool = typer.Option(N.resume, "--resume", help="servers start from the checkpoints in --checkpoint-dir"),
+    skip_nonfinite: bool = typer.Option(N.skip_nonfinite, "--skip-nonfinite",
                                         help="skip a round whose gradient holds NaN/Inf (reported)"),
+    no_shm: bool = typer.Option(not N.shm, "--no-shm",
+                                help="workers and servers on one host exchange data over TCP, not shared memory"),
     insecure: bool = typer.Option(False, "--insecure",
                                   help="multi-host jobs without CURVE keys (plain TCP; trusted networks only)"),
+    keep_jobs: int = typer.Option(L("keep_jobs"), "--keep-jobs", envvar="MXDIST_KEEP_JOBS", metavar="N",
+                                  help="keep the records and logs of the last N finished jobs (0: all)"),
 ) -> None:
-    """Start a job: scheduler, servers and workers running COMMAND."""
-    from cli.options import LaunchOptions, prepare
+    """Start a job: scheduler, servers and workers running COMMAND, supervised to its end."""
+    from cli.options import prepare
 
-    opts = LaunchOptions(**{k: v for k, v in locals().items() if k in LaunchOptions.__dataclass_fields__})
     try:
+        node = NodeOptions(
+            distribution=distribution, heartbeat_interval=heartbeat_interval,  # type: ignore[arg-type]
+            heartbeat_liveness=heartbeat_liveness, log_level=log_level, checkpoint_dir=checkpoint_dir,
+            checkpoint_interval=checkpoint_interval, checkpoint_rounds=checkpoint_rounds, resume=resume,
+            skip_nonfinite=skip_nonfinite, max_restarts=max_restarts, shm=not no_shm)
+        opts = LaunchOptions(
+            command=command, node=node, hosts=hosts, num_workers=num_workers, num_servers=num_servers,
+            launcher=launcher, python=python, env=env, workdir=workdir, sync=sync, scheduler=scheduler,
+            port=port, quiet=quiet, detach=detach_, ranks=ranks, grace=grace, finish_grace=finish_grace,
+            ssh_config=ssh_config, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys,
+            connect_timeout=connect_timeout, remote_dir=remote_dir, insecure=insecure, keep_jobs=keep_jobs)
         prepared = prepare(opts)
-    except (HostsError, PlanError) as exc:
-        raise _fail("invalid launch options", str(exc), None, EXIT_USAGE) from None
-    except (BackendError, ValueError) as exc:
+    except (HostsError, PlanError, BackendError, ValueError) as exc:
         raise _fail("invalid launch options", str(exc), None, EXIT_USAGE) from None
     if dry_run:
         _show_plan(prepared.plan)
         return
-    job = Launcher(prepared.plan, prepared.backend, prepared.record, prepared.settings)
-    for warning in prepared.plan.warnings:
+    plan, job = prepared.plan, prepared.record.id
+    for warning in plan.warnings:
         ui.warn(warning)
-    if not quiet:
-        ui.info(f"job {prepared.record.id}: {len(prepared.plan.procs)} processes on "
-                f"{len(prepared.plan.hosts)} host(s); logs in {jobs.log_dir(prepared.record.id)}")
+    supervisor = Supervisor(plan, prepared.backend, prepared.record, prepared.settings)
     try:
-        code = job.run()
-    except KeyboardInterrupt:  # during preflight or sync: nothing was started
-        raise typer.Exit(130) from None
-    except PreflightFailed as exc:
-        ui.preflight_panel(exc.problems)
-        raise typer.Exit(EXIT_PREFLIGHT) from None
+        if detach_:
+            detach(supervisor)
+            ui.plain(job)
+            ui.info(f"job {job} started in the background: mxdist status {job} | mxdist logs {job} -f | "
+                    f"mxdist stop {job}")
+            raise typer.Exit(0)
+        ui.info(f"job {job}: {_placement(plan)}; logs in {jobs.log_dir(job)}")
+        code = supervisor.run()
     except BackendError as exc:
-        raise _fail("launch failed", str(exc), "see the message; nothing of the job is left running",
-                    EXIT_PREFLIGHT) from None
-    if detach:
-        ui.info(f"detached: mxdist status {prepared.record.id} | mxdist logs {prepared.record.id} -f | "
-                f"mxdist stop {prepared.record.id}")
-        typer.echo(prepared.record.id)
+        raise _fail("launch failed", str(exc), None, EXIT_PREFLIGHT) from None
+    control.prune(keep_jobs)
     raise typer.Exit(code)
+
+
+def _placement(plan: Plan) -> str:
+    busy = plan.busy_hosts
+    text = f"{len(plan.procs)} processes on {len(busy)} host{'s' if len(busy) != 1 else ''}"
+    idle = [h.label for h in plan.hosts if h not in busy]
+    if idle:
+        text += f" ({', '.join(idle)} run{'s' if len(idle) == 1 else ''} nothing)"
+    return text
 
 
 def _masked(env: dict[str, str]) -> dict[str, str]:
@@ -136,7 +187,7 @@ def _show_plan(plan: Plan) -> None:
     envs = [dict(p.env) for p in plan.procs]
     common = {k: v for k, v in envs[0].items() if all(e.get(k) == v for e in envs)}
     rows: list[dict[str, Any]] = []
-    for p, env in zip(plan.procs, envs, strict=False):
+    for p, env in zip(plan.procs, envs, strict=True):
         address = plan.scheduler_address if p.rank is None else (
             f"{p.host.address}:auto" if p.role.value == "server" else p.host.address)
         own = {k: v for k, v in env.items() if k not in common}
@@ -150,33 +201,72 @@ def _load(job: str | None) -> jobs.JobRecord:
         return jobs.resolve(job)
     except jobs.JobNotFound as exc:
         raise _fail("no such job", str(exc), None, 1) from None
+    except jobs.DamagedRecord as exc:
+        raise _fail("damaged job record", str(exc),
+                    "mxdist jobs lists every record; mxdist clean JOB removes this one", 1) from None
+
+
+def _jobs(limit: int | None, as_json: bool) -> None:
+    try:
+        rows = control.job_list(limit)
+    except jobs.JobNotFound as exc:
+        raise _fail("no jobs", str(exc), None, 1) from None
+    if as_json:
+        ui.print_json({"jobs": rows})
+    elif not rows:
+        ui.info(f"no jobs recorded in {jobs.jobs_dir()}")
+    else:
+        ui.jobs_table(rows, f"{len(rows)} most recent job{'s' if len(rows) != 1 else ''} ({jobs.jobs_dir()})")
+
+
+@app.command("jobs")
+def jobs_command(
+    limit: int = typer.Option(20, "-n", "--limit", help="how many of the most recent jobs (0: all)"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+) -> None:
+    """List recent jobs: id, state, start, duration, hosts, command."""
+    _jobs(limit or None, as_json)
+
+
+def _view_json(view: dict[str, Any]) -> dict[str, Any]:
+    return {**view, "nodes": [n.to_dict() for n in view["nodes"]]}
 
 
 @app.command()
 def status(
     job: str | None = typer.Argument(None, help="job id (default: the latest)"),
-    watch: bool = typer.Option(False, "-w", "--watch", help="refresh until Ctrl-C"),
+    all_jobs: bool = typer.Option(False, "--all", help="list recent jobs (as mxdist jobs)"),
+    watch: bool = typer.Option(False, "-w", "--watch", help="refresh until Ctrl-C, with a throughput trend"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
     interval: float = typer.Option(1.0, "--interval", help="seconds between refreshes"),
 ) -> None:
-    """Show a job's processes (live from the scheduler, else checked on the hosts)."""
+    """Show a job's processes (live from the scheduler, else checked on the hosts) and its outcome."""
+    if all_jobs:
+        _jobs(20, as_json)
+        return
     if job is None:
-        active = [j for j in jobs.all_jobs() if j.state.active]
+        active = [j for j in jobs.all_jobs() if j.state.active] if jobs.jobs_dir().is_dir() else []
         if len(active) > 1:
-            summaries = [control.summary(j) for j in active]
+            rows = [control.summary(control.refresh(j)) for j in active]
             if as_json:
-                ui.print_json({"jobs": summaries})
+                ui.print_json({"jobs": rows})
             else:
-                ui.jobs_table(summaries, f"{len(active)} jobs running (mxdist status JOB for one)")
+                ui.jobs_table(rows, f"{len(active)} jobs running (mxdist status JOB for one)")
             return
     record = _load(job)
     try:
         if as_json:
-            ui.print_json(control.job_status(record))
+            ui.print_json(_view_json(control.job_status(record)))
         elif watch:
+            history: dict[str, deque[float]] = {}
             with ui.watch_status() as show:
                 while True:
-                    show(control.job_status(jobs.load(record.id)))
+                    view = control.job_status(jobs.load(record.id))
+                    for n in view["nodes"]:
+                        history.setdefault(n.name, deque(maxlen=30)).append(n.rate or 0.0)
+                    show(view, {name: ui.sparkline(list(v)) for name, v in history.items()})
+                    if view["state"] not in ("starting", "running"):
+                        break
                     time.sleep(interval)
         else:
             ui.print_status(control.job_status(record))
@@ -190,20 +280,35 @@ def status(
 def stop(
     job: str | None = typer.Argument(None, help="job id (default: the latest)"),
     all_jobs: bool = typer.Option(False, "--all", help="stop every running job"),
-    grace: float = typer.Option(5.0, "--grace", help="seconds between TERM and KILL"),
+    grace: float = typer.Option(L("grace"), "--grace", help="seconds between TERM and KILL"),
 ) -> None:
-    """Stop a job on every host (graceful, then TERM, then KILL) and check nothing is left."""
-    records = [j for j in jobs.all_jobs() if j.state.active] if all_jobs else [_load(job)]
-    if all_jobs and not records:
-        ui.info("no running jobs")
+    """Stop a job on every host (its supervisor does: TERM, grace, KILL) and check nothing is left."""
+    if all_jobs:
+        records = [j for j in jobs.all_jobs() if j.state.active] if jobs.jobs_dir().is_dir() else []
+        if not records:
+            ui.info("no running jobs")
+    else:
+        records = [_load(job)]
     clean = True
     for record in records:
-        ui.info(f"stopping job {record.id} ({record.state.value})")
-        result = control.stop_job(record, grace)
-        if not result:
-            ui.info("  no process of the job was started")
-        ui.stop_report(result)
-        clean = clean and not any(result.values())
+        ui.info(f"stopping job {record.id} ({record.state.value})" if record.state.active
+                else f"job {record.id} already {record.state.value}")
+        try:
+            final = control.stop_job(record, grace)
+            left, unverified = control.verify_gone(final)
+        except TimeoutError as exc:
+            ui.error_panel("stop did not complete", str(exc), "check the supervisor (ps), then run mxdist stop again")
+            clean = False
+            continue
+        except BackendError as exc:
+            ui.error_panel("stop incomplete", str(exc), "check that the hosts are reachable, then stop again")
+            clean = False
+            continue
+        unverified = {**final.unverified, **unverified}
+        ui.stop_report(left, unverified)
+        if record.state.active:
+            ui.closing_line(final.id, final.state.value, final.duration, final.stopped_by or "")
+        clean = clean and not any(left.values()) and not unverified
     if not clean:
         raise typer.Exit(1)
 
@@ -215,7 +320,7 @@ def logs(
     rank: int | None = typer.Option(None, "--rank", help="rank within the role"),
     follow: bool = typer.Option(False, "-f", "--follow", help="keep printing until the processes end"),
 ) -> None:
-    """Print the logs of a job's processes (from the hosts where they run)."""
+    """Print the logs of a job's processes."""
     record = _load(job)
     procs = control.select(record, role, rank)
     if not procs:
@@ -226,8 +331,7 @@ def logs(
 
     def emit(p: jobs.ProcRecord, data: bytes) -> None:
         if raw:
-            sys.stdout.buffer.write(data) if hasattr(sys.stdout, "buffer") else sys.stdout.write(data.decode())
-            sys.stdout.flush()
+            ui.raw_bytes(data)
         else:
             printer.feed(p.name, p.role, p.rank, p.host, data)
 
@@ -242,6 +346,20 @@ def logs(
         raise _fail("logs unavailable", str(exc), "check that the hosts are reachable", EXIT_PREFLIGHT) from None
 
 
+@app.command()
+def clean(
+    job: list[str] = typer.Argument(None, help="only these jobs (default: every finished job)"),
+    older_than: float | None = typer.Option(None, "--older-than", metavar="DAYS",
+                                            help="only jobs that ended more than DAYS days ago"),
+) -> None:
+    """Remove finished jobs: their records and logs here, and their run files on remote hosts."""
+    removed, kept = control.clean(older_than, job or ())
+    ui.info(f"removed {len(removed)} job{'s' if len(removed) != 1 else ''}" +
+            (f": {', '.join(removed)}" if removed and len(removed) <= 10 else ""))
+    for job_id, why in kept.items():
+        ui.warn(f"kept {job_id}: {why}")
+
+
 @app.command("env-allowlist", hidden=True)
 def env_allowlist() -> None:
     """Print the environment variables passed through to every process."""
@@ -250,4 +368,4 @@ def env_allowlist() -> None:
 
 
 if __name__ == "__main__":
-    app()
+    app(prog_name="mxdist")

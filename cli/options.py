@@ -4,9 +4,11 @@ This is the glue between the typer command (:mod:`cli.main`) and the pure module
 the hosts file, picks the launcher, resolves hosts through the backend (ssh config), chooses
 ports, and computes the plan.  No process is started here.
 
-Options that become psnode configuration (``--distribution``, ``--max-restarts``,
-``--checkpoint-*``, ``--resume``, ``--skip-nonfinite``) are validated here and in
-:func:`cli.plan.check_node_options`; every error is a :class:`PlanError` (exit 2, no traceback).
+Options that become psnode configuration are one :class:`cli.plan.NodeOptions` (filled once by
+the typer command, validated there, carried by the plan into every process's NodeConfig);
+:class:`LaunchOptions` holds it and the launcher's own options, each default written once here
+(the typer command reads them from :func:`launch_default`).  Every error is a
+:class:`PlanError` (exit 2, no traceback).
 CURVE is on for every job that is not confined to this machine (``--launcher`` other than local)
 unless ``--insecure``; a local job binds to 127.0.0.1 only and runs without keys.
 """
@@ -17,15 +19,18 @@ import random
 import re
 import socket
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from cli import jobs
-from cli.backends import Backend, make_backend
+from cli.backends import Backend, resolver
 from cli.hosts import Host, HostsError, looks_like_file, parse_host_list, parse_hosts_file
 from cli.jobs import JobRecord
 from cli.launch import LaunchSettings, new_record
-from cli.plan import Plan, PlanError, PlanRequest, make_plan, parse_env_assignments, passthrough_env
+from cli.plan import NodeOptions, Plan, PlanError, PlanRequest, make_plan, parse_env_assignments, passthrough_env
+from cli.registry import make_backend
+from psnode.checkpoint import path_for
 
 # Ports a job listens on are chosen where the kernel never puts the source port of an outgoing
 # connection (its ephemeral range: 32768-60999 on Linux by default), so nothing can take a port
@@ -37,9 +42,11 @@ REMOTE_PORT_RANGE = (20000, 32000)   # below the default ephemeral range of the 
 
 @dataclass
 class LaunchOptions:
-    """``mxdist launch`` options, as typed by the user (see ``mxdist launch --help``)."""
+    """``mxdist launch`` options, as typed by the user (see ``mxdist launch --help``); the
+    defaults here are the command's defaults."""
 
     command: list[str]
+    node: NodeOptions = field(default_factory=NodeOptions)
     hosts: str | None = None
     num_workers: int | None = None
     num_servers: int | None = None
@@ -52,24 +59,38 @@ class LaunchOptions:
     port: int | None = None
     quiet: bool = False
     detach: bool = False
+    ranks: str | None = None
     grace: float = 5.0
     finish_grace: float = 10.0
-    heartbeat_interval: float = 1.0
-    heartbeat_liveness: int = 5
-    log_level: str = "WARNING"
     ssh_config: str | None = None
     known_hosts: str | None = None
     accept_new_host_keys: bool = False
     connect_timeout: float = 10.0
     remote_dir: str = "~/.mxdist/run"
-    distribution: str = "hybrid"
-    max_restarts: int = 0
-    checkpoint_dir: str | None = None
-    checkpoint_interval: float = 0.0
-    checkpoint_rounds: int = 0
-    resume: bool = False
-    skip_nonfinite: bool = False
     insecure: bool = False
+    keep_jobs: int = 100
+
+
+def launch_default(name: str) -> Any:
+    """The default of a LaunchOptions field (the typer command's default)."""
+    return LaunchOptions.__dataclass_fields__[name].default
+
+
+def parse_ranks(spec: str | None) -> frozenset[int] | None:
+    """``--ranks 0,2-3`` -> {0, 2, 3}; None streams every process."""
+    if not spec:
+        return None
+    out: set[int] = set()
+    for part in spec.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        try:
+            first, last = int(lo), int(hi if sep else lo)
+        except ValueError:
+            raise PlanError(f"--ranks {spec!r}: use ranks and ranges, e.g. 0 or 0,2-3") from None
+        if first < 0 or last < first:
+            raise PlanError(f"--ranks {spec!r}: ranges go from a lower to a higher rank >= 0")
+        out.update(range(first, last + 1))
+    return frozenset(out)
 
 
 @dataclass
@@ -166,9 +187,9 @@ def _sync_pairs(items: list[str]) -> list[tuple[str, str]]:
 
 def checkpoint_dir(opts: LaunchOptions, workdir: str, local: bool) -> str | None:
     """``--checkpoint-dir`` as an absolute path on the hosts (relative: under the workdir)."""
-    if not opts.checkpoint_dir:
+    if not opts.node.checkpoint_dir:
         return None
-    path = opts.checkpoint_dir
+    path = opts.node.checkpoint_dir
     if path.startswith("~"):
         if not local:
             raise PlanError(f"--checkpoint-dir {path}: give an absolute path (or one relative to "
@@ -180,8 +201,8 @@ def checkpoint_dir(opts: LaunchOptions, workdir: str, local: bool) -> str | None
 def check_resume(plan: Plan, directory: str) -> None:
     """``--resume`` on this machine's file system (local, slurm): every server's checkpoint file
     must exist before anything starts."""
-    missing = [f"server-{r}.npz" for r in range(plan.num_servers)
-               if not os.path.isfile(os.path.join(directory, f"server-{r}.npz"))]
+    missing = [os.path.basename(path_for(directory, r)) for r in range(plan.num_servers)
+               if not os.path.isfile(path_for(directory, r))]
     if plan.num_servers == 0:
         raise PlanError("--resume loads the servers' checkpoints: the job has no servers (-s 0)")
     if missing:
@@ -195,6 +216,7 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
     launcher = opts.launcher or ("ssh" if opts.hosts else "local")
     if launcher not in ("local", "ssh", "slurm"):
         raise PlanError(f"--launcher {launcher!r}: choose local, ssh or slurm")
+    ranks = parse_ranks(opts.ranks)
     job_id = jobs.new_job_id()
     user_env = parse_env_assignments(opts.env)
     workdir = os.path.abspath(opts.workdir or os.getcwd())
@@ -223,7 +245,8 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
             "workdir": workdir, "python": opts.python, "ssh_config": opts.ssh_config,
             "known_hosts": opts.known_hosts, "accept_new_host_keys": opts.accept_new_host_keys,
             "connect_timeout": opts.connect_timeout})
-        hosts = [backend.resolve(h) for h in parsed]  # type: ignore[attr-defined]
+        resolve = resolver(backend)
+        hosts = [resolve.resolve(h) for h in parsed] if resolve else parsed
         python = opts.python
     scheduler_port, master_port = _ports(opts, launcher == "local")
     # slurm: srun runs here and writes the logs here; the nodes share the file system
@@ -237,18 +260,16 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
         scheduler_port=scheduler_port, master_port=master_port,
         num_workers=opts.num_workers, num_servers=opts.num_servers,
         scheduler_host=opts.scheduler, user_env=user_env, base_env=passthrough_env(environ),
-        heartbeat_interval=opts.heartbeat_interval, heartbeat_liveness=opts.heartbeat_liveness,
-        log_level=opts.log_level.upper(),
+        node=replace(opts.node, checkpoint_dir=ckpt), run_dir=run_dir,
         key_files={h.label: f"{run_dir}/job.key" for h in hosts} if secure else {},
-        distribution=opts.distribution, checkpoint_dir=ckpt,
-        checkpoint_interval=opts.checkpoint_interval, checkpoint_rounds=opts.checkpoint_rounds,
-        resume=opts.resume, skip_nonfinite=opts.skip_nonfinite, max_restarts=opts.max_restarts,
     ))
-    if opts.resume and ckpt and shared_fs:
+    if opts.node.resume and ckpt and shared_fs:
         check_resume(plan, ckpt)
+    if opts.grace < 0 or opts.finish_grace < 0:
+        raise PlanError("--grace and --finish-grace are seconds >= 0")
     log_dir = jobs.log_dir(job_id)
     record = new_record(plan, backend, opts.command, workdir, log_dir)
     settings = LaunchSettings(run_dir=run_dir, grace=opts.grace, finish_grace=opts.finish_grace,
-                              detach=opts.detach, quiet=opts.quiet, sync=_sync_pairs(opts.sync),
-                              max_restarts=opts.max_restarts, secure=secure)
+                              detach=opts.detach, quiet=opts.quiet or opts.detach, ranks=ranks,
+                              sync=_sync_pairs(opts.sync), secure=secure)
     return Prepared(plan, backend, record, settings)

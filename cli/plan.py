@@ -30,11 +30,11 @@ import fnmatch
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from cli.hosts import Host, HostsError, check_env_name
-from psnode.config import Distribution, NodeConfig, Role
+from psnode.config import LOG_LEVELS, Distribution, NodeConfig, Role, default
 from psnode.errors import ConfigError
 
 #: Variables copied from the launcher's environment to every process (shell-style patterns).
@@ -58,28 +58,80 @@ _SECRET_RE = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", r
 #: Names matching _SECRET_RE whose values are paths, not secrets.
 _NOT_SECRET = frozenset({"PSNODE_KEY_FILE"})
 
+class PlanError(ValueError):
+    """Options that cannot be placed (too few hosts, bad counts, unknown scheduler host...)."""
+
+
+@dataclass(frozen=True)
+class NodeOptions:
+    """The psnode options of one job: the same for every process.
+
+    Filled once from ``mxdist launch``'s flags (each field names its flag), carried by the plan
+    and turned into the NodeConfig fields of the same names (:meth:`config_fields`); the
+    defaults are NodeConfig's own (:func:`psnode.config.default`), written once there.
+    Invalid values raise :class:`PlanError` naming the flag.
+    """
+
+    distribution: Distribution = field(default=default("distribution"), metadata={"flag": "--distribution"})
+    heartbeat_interval: float = field(default=default("heartbeat_interval"), metadata={"flag": "--heartbeat-interval"})
+    heartbeat_liveness: int = field(default=default("heartbeat_liveness"), metadata={"flag": "--heartbeat-liveness"})
+    log_level: str = field(default=default("log_level"), metadata={"flag": "--log-level"})
+    checkpoint_dir: str | None = field(default=default("checkpoint_dir"), metadata={"flag": "--checkpoint-dir"})
+    checkpoint_interval: float = field(default=default("checkpoint_interval"),
+                                       metadata={"flag": "--checkpoint-interval"})
+    checkpoint_rounds: int = field(default=default("checkpoint_rounds"), metadata={"flag": "--checkpoint-rounds"})
+    resume: bool = field(default=default("resume"), metadata={"flag": "--resume"})
+    skip_nonfinite: bool = field(default=default("skip_nonfinite"), metadata={"flag": "--skip-nonfinite"})
+    max_restarts: int = field(default=default("max_restarts"), metadata={"flag": "--max-restarts"})
+    shm: bool = field(default=default("shm"), metadata={"flag": "--no-shm"})
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.distribution, Distribution):
+            try:
+                object.__setattr__(self, "distribution", Distribution(str(self.distribution).lower()))
+            except ValueError:
+                raise PlanError(f"--distribution {self.distribution!r}: choose data, param or hybrid") from None
+        object.__setattr__(self, "log_level", str(self.log_level).upper())
+        object.__setattr__(self, "checkpoint_dir", self.checkpoint_dir or None)
+        if self.log_level not in LOG_LEVELS:
+            raise PlanError(f"--log-level {self.log_level}: choose one of {', '.join(LOG_LEVELS)}")
+        if not math.isfinite(self.heartbeat_interval) or self.heartbeat_interval <= 0:
+            raise PlanError(f"--heartbeat-interval {self.heartbeat_interval:g}: must be seconds > 0")
+        if self.heartbeat_liveness < 1:
+            raise PlanError(f"--heartbeat-liveness {self.heartbeat_liveness}: must be 1 or more")
+        if self.max_restarts < 0:
+            raise PlanError(f"--max-restarts {self.max_restarts}: must be 0 or more")
+        if not math.isfinite(self.checkpoint_interval) or self.checkpoint_interval < 0:
+            raise PlanError(f"--checkpoint-interval {self.checkpoint_interval:g}: must be seconds >= 0")
+        if self.checkpoint_rounds < 0:
+            raise PlanError(f"--checkpoint-rounds {self.checkpoint_rounds}: must be 0 or more")
+        if not self.checkpoint_dir:
+            used = [flag for flag, on in (("--checkpoint-interval", self.checkpoint_interval > 0),
+                                          ("--checkpoint-rounds", self.checkpoint_rounds > 0),
+                                          ("--resume", self.resume)) if on]
+            if used:
+                raise PlanError(f"{' and '.join(used)} need{'s' if len(used) == 1 else ''} --checkpoint-dir DIR")
+
+    def config_fields(self) -> dict[str, Any]:
+        """These options as NodeConfig keyword arguments."""
+        return asdict(self)
+
+    @property
+    def servers_restart(self) -> bool:
+        """A failed server is restarted (from its checkpoint) when restarts are allowed and servers
+        checkpoint."""
+        return self.max_restarts > 0 and bool(self.checkpoint_dir)
+
+
 #: The ``mxdist launch`` option that sets each psnode variable (``-e`` may not set them).
 PSNODE_OPTION: dict[str, str] = {
-    "PSNODE_DISTRIBUTION": "--distribution",
-    "PSNODE_MAX_RESTARTS": "--max-restarts",
-    "PSNODE_CHECKPOINT_DIR": "--checkpoint-dir",
-    "PSNODE_CHECKPOINT_INTERVAL": "--checkpoint-interval",
-    "PSNODE_CHECKPOINT_ROUNDS": "--checkpoint-rounds",
-    "PSNODE_RESUME": "--resume",
-    "PSNODE_SKIP_NONFINITE": "--skip-nonfinite",
+    **{f"PSNODE_{f.name.upper()}": f.metadata["flag"] for f in fields(NodeOptions)},
     "PSNODE_KEY_FILE": "--insecure (mxdist generates the job's keys)",
-    "PSNODE_HEARTBEAT_INTERVAL": "--heartbeat-interval",
-    "PSNODE_HEARTBEAT_LIVENESS": "--heartbeat-liveness",
-    "PSNODE_LOG_LEVEL": "--log-level",
     "PSNODE_NUM_WORKERS": "-n/--num-workers",
     "PSNODE_NUM_SERVERS": "-s/--num-servers",
     "PSNODE_SCHEDULER": "--scheduler and --port",
     "PSNODE_PORT": "--port",
 }
-
-
-class PlanError(ValueError):
-    """Options that cannot be placed (too few hosts, bad counts, unknown scheduler host...)."""
 
 
 @dataclass(frozen=True)
@@ -114,18 +166,10 @@ class PlanRequest:
     scheduler_host: str | None = None
     user_env: Mapping[str, str] = field(default_factory=dict)
     base_env: Mapping[str, str] = field(default_factory=dict)
-    heartbeat_interval: float = 1.0
-    heartbeat_liveness: int = 5
-    log_level: str = "WARNING"
+    node: NodeOptions = field(default_factory=NodeOptions)
     key_file: str | None = None
     key_files: Mapping[str, str] = field(default_factory=dict)   # host label -> key file there
-    distribution: str = "hybrid"
-    checkpoint_dir: str | None = None
-    checkpoint_interval: float = 0.0
-    checkpoint_rounds: int = 0
-    resume: bool = False
-    skip_nonfinite: bool = False
-    max_restarts: int = 0
+    run_dir: str | None = None        # where processes keep run files (failure records) on their host
 
 
 @dataclass(frozen=True)
@@ -138,7 +182,14 @@ class Plan:
     scheduler_address: str
     num_workers: int
     num_servers: int
+    node: NodeOptions = field(default_factory=NodeOptions)
     warnings: tuple[str, ...] = ()
+
+    @property
+    def busy_hosts(self) -> list[Host]:
+        """The hosts that run at least one process, in host order."""
+        used = {p.host.label for p in self.procs}
+        return [h for h in self.hosts if h.label in used]
 
     def of_role(self, role: Role) -> list[ProcSpec]:
         return [p for p in self.procs if p.role is role]
@@ -161,27 +212,6 @@ def parse_env_assignments(items: Sequence[str]) -> dict[str, str]:
             raise PlanError(f"-e {name}: PSNODE_* variables are set by mxdist; {how}")
         out[name] = value
     return out
-
-
-def check_node_options(req: PlanRequest) -> Distribution:
-    """Validate the psnode options of a request; return the distribution."""
-    try:
-        distribution = Distribution(req.distribution.lower())
-    except ValueError:
-        raise PlanError(f"--distribution {req.distribution!r}: choose data, param or hybrid") from None
-    if req.max_restarts < 0:
-        raise PlanError(f"--max-restarts {req.max_restarts}: must be 0 or more")
-    if not math.isfinite(req.checkpoint_interval) or req.checkpoint_interval < 0:
-        raise PlanError(f"--checkpoint-interval {req.checkpoint_interval:g}: must be seconds >= 0")
-    if req.checkpoint_rounds < 0:
-        raise PlanError(f"--checkpoint-rounds {req.checkpoint_rounds}: must be 0 or more")
-    if not req.checkpoint_dir:
-        used = [flag for flag, on in (("--checkpoint-interval", req.checkpoint_interval > 0),
-                                      ("--checkpoint-rounds", req.checkpoint_rounds > 0),
-                                      ("--resume", req.resume)) if on]
-        if used:
-            raise PlanError(f"{' and '.join(used)} need{'s' if len(used) == 1 else ''} --checkpoint-dir DIR")
-    return distribution
 
 
 def passthrough_env(environ: Mapping[str, str], patterns: Sequence[str] = PASSTHROUGH) -> dict[str, str]:
@@ -238,7 +268,6 @@ def make_plan(req: PlanRequest) -> Plan:
         raise PlanError("ports must be in 1..65535")
     if req.scheduler_port == req.master_port:
         raise PlanError("the scheduler port and MASTER_PORT must differ")
-    distribution = check_node_options(req)
     sched = _find_host(hosts, req.scheduler_host) if req.scheduler_host else hosts[0]
     warnings: list[str] = []
     worker_hosts, wrapped = place_workers(hosts, workers)
@@ -249,30 +278,19 @@ def make_plan(req: PlanRequest) -> Plan:
         )
 
     common: dict[str, Any] = {
-        "scheduler_host": sched.address,
-        "scheduler_port": req.scheduler_port,
-        "num_workers": workers,
-        "num_servers": servers,
-        "job_id": req.job_id,
-        "heartbeat_interval": req.heartbeat_interval,
-        "heartbeat_liveness": req.heartbeat_liveness,
-        "log_level": req.log_level,
-        "distribution": distribution,
-        "checkpoint_dir": req.checkpoint_dir or None,
-        "checkpoint_interval": float(req.checkpoint_interval),
-        "checkpoint_rounds": req.checkpoint_rounds,
-        "resume": req.resume,
-        "skip_nonfinite": req.skip_nonfinite,
-        "max_restarts": req.max_restarts,
+        "scheduler_host": sched.address, "scheduler_port": req.scheduler_port, "num_workers": workers,
+        "num_servers": servers, "job_id": req.job_id, **req.node.config_fields(),
     }
     base = {**req.base_env, **req.user_env, "PYTHONUNBUFFERED": "1"}
     node_argv = (req.python, "-m", "psnode")
 
     def node_env(role: Role, host: Host, rank: int | None, port: int) -> dict[str, str]:
         key_file = req.key_files.get(host.label, req.key_file)
+        name = role.value if rank is None else f"{role.value}-{rank}"
+        error_file = f"{req.run_dir.rstrip('/')}/{name}.failure.json" if req.run_dir else None
         try:
             cfg = NodeConfig(role=role, host=host.address, port=port, rank=rank,  # type: ignore[arg-type]
-                             key_file=key_file, **common)
+                             key_file=key_file, error_file=error_file, **common)
         except ConfigError as exc:
             raise PlanError(str(exc)) from None
         return {**base, **cfg.to_env()}
@@ -305,6 +323,7 @@ def make_plan(req: PlanRequest) -> Plan:
         scheduler_address=f"{sched.address}:{req.scheduler_port}",
         num_workers=workers,
         num_servers=servers,
+        node=req.node,
         warnings=tuple(warnings),
     )
 

@@ -18,18 +18,21 @@ the foreground under slurmstepd, so Slurm tracks it and ``scancel`` ends it with
 ``--overlap`` lets steps share a node; ``--cpus-per-task`` is the job's CPU count on that node so
 a process may use all of them.  The environment (``PSNODE_*``, ``RANK``...) travels in srun's own
 environment (``--export=ALL``), never on a command line.  srun itself runs on this machine under
-:mod:`cli.agent`'s reaper, exactly like a local process: its output (the task's, plus srun's own
-error lines) goes to the job's log file, its exit status to the rc file.  srun reports a task
+:mod:`cli.agent`'s reaper, exactly like a local process (the backend composes a
+:class:`cli.backends.LocalRunner` that runs ``srun`` lines): its output (the task's, plus
+srun's own error lines) goes to the job's log file, its exit status to the rc file.  srun reports a task
 killed by signal N as 128+N; :func:`exit_code` turns that back into ``-N``.
 
 Steps are found by name (``squeue -s``), so ``mxdist status`` and ``mxdist stop`` work from any
 shell that reaches the cluster, with or without the launcher.  Stop: ``scancel --signal=TERM``
 for the steps, ``scancel`` (KILL) for those left after the grace period, then the local srun
 processes; nothing is left when no step of the job is in ``squeue`` (Slurm drops a step only when
-all its processes are gone) and no srun runs here.
+all its processes are gone) and no srun runs here.  Clean-up removes the key file and, with one
+short step per node while the allocation lasts, the job's shared-memory segments there.
 """
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -42,11 +45,20 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from cli import agent
-from cli.backends import BackendError, HostProblem, LocalBackend, ProcStatus
+from cli.backends import (
+    BackendError,
+    Capability,
+    Evidence,
+    ExitStatus,
+    HostProblem,
+    LocalRunner,
+    ProcStatus,
+    Started,
+)
 from cli.hosts import Host
 from cli.jobs import ProcRecord
 from cli.plan import ProcSpec
@@ -118,10 +130,17 @@ def _tail(path: str, size: int = 4096) -> str:
         return ""
 
 
-class SlurmBackend(LocalBackend):
+_SHM_CLEAN = ("import glob,os,sys\n"
+              "for p in glob.glob('/dev/shm/psnode.%s.*'%sys.argv[1]):\n"
+              " try:os.unlink(p)\n"
+              " except OSError:pass\n")
+
+
+class SlurmBackend:
     """Processes as steps of Slurm job ``job_id``; see the module docstring."""
 
     name = "slurm"
+    capabilities = frozenset({Capability.KEYS, Capability.DESCRIBE})
 
     def __init__(self, workdir: str, python: str, job_id: str, tag: str,
                  cpus: Mapping[str, int] | None = None, slurm_conf: str | None = None,
@@ -134,6 +153,8 @@ class SlurmBackend(LocalBackend):
         self.slurm_conf = slurm_conf
         self._keys: dict[str, str] = {}
         self._key_lock = threading.Lock()
+        self.runner = LocalRunner(workdir, sys.executable, argv=self._argv,
+                                  exit_code=lambda rc, proc: exit_code(rc, _tail(proc.run_log)))
 
     def options(self) -> dict[str, Any]:
         return {"workdir": self.workdir, "python": self.python, "job_id": self.job_id, "tag": self.tag,
@@ -285,22 +306,39 @@ class SlurmBackend(LocalBackend):
                 problems.append(HostProblem(node, msg, fix))
         return problems
 
-    # start/follow are LocalBackend's: srun runs here, under the agent's reaper
+    # srun runs here, under the agent's reaper: the local runner starts and follows it
     def _argv(self, host: Host, proc: ProcSpec) -> list[str]:
         return self.srun_argv(host.name, step_name(self.tag, proc.name), proc.argv)
 
-    def _reaper_python(self) -> str:
-        return sys.executable
+    def reachable(self, host: Host, timeout: float) -> None:
+        pass  # srun, squeue and the logs are all on this machine
 
-    def _exit_code(self, rc: int | None, proc: ProcRecord) -> int | None:
-        return exit_code(rc, _tail(proc.run_log))
+    def start(self, host: Host, procs: Sequence[ProcSpec], run_dir: str) -> list[Started]:
+        return self.runner.start(host, procs, run_dir)
+
+    def follow(self, host: Host, proc: ProcRecord, emit: Callable[[bytes], None],
+               wait: bool = True, offset: int = 0) -> ExitStatus | None:
+        return self.runner.follow(proc, emit, wait, offset)
+
+    def collect(self, host: Host, procs: Sequence[ProcRecord], run_dir: str) -> list[Evidence]:
+        return self.runner.collect(procs, run_dir)
+
+    def cleanup(self, host: Host, job_id: str, run_dir: str) -> None:
+        with self._key_lock:
+            self.runner.cleanup(job_id, run_dir)
+        # the allocation may be gone: then so is what its steps left in the nodes' tmpfs
+        with contextlib.suppress(SlurmError):
+            self._run(self.srun_argv(host.name, step_name(self.tag, "cleanup"),
+                                     [self.python, "-c", _SHM_CLEAN, job_id], immediate="5"),
+                      timeout=15, check=False)
+
+    def close(self) -> None:
+        pass
 
     def status(self, host: Host, procs: Sequence[ProcRecord]) -> list[ProcStatus]:
         steps = self.steps()
-        items = agent.status([{"pid": p.pid, "rc": p.rc_file} for p in procs])
-        return [ProcStatus(p.name in steps or i["alive"], tuple(i["members"]),
-                           exit_code(i["rc"], _tail(p.run_log)))
-                for p, i in zip(procs, items, strict=False)]
+        return [ProcStatus(p.name in steps or st.alive, st.members, st.code)
+                for p, st in zip(procs, self.runner.status(procs), strict=True)]
 
     def describe(self, procs: Sequence[ProcRecord]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
         """For ``mxdist status``: the Slurm job id, and the step id of each running process."""
@@ -350,10 +388,6 @@ class SlurmBackend(LocalBackend):
             if run_dir not in self._keys:
                 self._keys[run_dir] = agent.put_key(run_dir, key.decode())
             return self._keys[run_dir]
-
-    def remove_files(self, host: Host, paths: Sequence[str]) -> list[str]:
-        with self._key_lock:
-            return agent.remove_files(list(paths))
 
 
 

@@ -14,11 +14,16 @@ environment values (possibly secrets) never appear on a command line.  One conne
 host is kept and shared by all threads (paramiko channels are thread-safe).
 
 Job keys travel the same way: :meth:`SshBackend.install_key` sends the key pair inside the
-agent request on stdin; the agent writes it to a 0600 file in the remote run directory.
+agent request on stdin; the agent writes it to a 0600 file in the remote run directory
+(0700), which :meth:`SshBackend.cleanup` removes when the job is over.
+
+Host key fingerprints are shown as OpenSSH does (``SHA256:`` + base64 of the key's SHA-256).
 """
 from __future__ import annotations
 
+import base64
 import getpass
+import hashlib
 import json
 import os
 import shlex
@@ -33,7 +38,16 @@ from typing import Any
 import paramiko
 
 from cli import agent
-from cli.backends import BackendError, ExitStatus, HostProblem, ProcStatus, Started, run_per_host
+from cli.backends import (
+    BackendError,
+    Capability,
+    Evidence,
+    ExitStatus,
+    HostProblem,
+    ProcStatus,
+    Started,
+    run_per_host,
+)
 from cli.hosts import Host, HostsError, check_hostname, check_user
 from cli.jobs import ProcRecord
 from cli.plan import ProcSpec
@@ -66,10 +80,32 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
                 f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
 
+def fingerprint(key: paramiko.PKey) -> str:
+    """``SHA256:...`` as ``ssh-keygen -l`` prints it."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def _connect_error(exc: BaseException) -> str:
+    """A connection error in words: 'connection refused' rather than paramiko's '[Errno None]'."""
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        errors = list(exc.errors.values())
+        if errors and all(isinstance(e, ConnectionRefusedError) for e in errors):
+            return "connection refused"
+        if errors:
+            return "; ".join(sorted({e.strerror or str(e) for e in errors}))
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    return str(exc)
+
+
 class SshBackend:
     """Hosts reached over SSH; see the module docstring."""
 
     name = "ssh"
+    capabilities = frozenset({Capability.KEYS, Capability.SYNC, Capability.EXPLAIN, Capability.RESOLVE})
 
     def __init__(self, workdir: str, python: str, ssh_config: str | None = None,
                  known_hosts: str | None = None, accept_new_host_keys: bool = False,
@@ -140,12 +176,15 @@ class SshBackend:
             return client
 
     def _agent(self, host: Host, request: dict[str, Any], emit: Callable[[bytes], None] | None = None,
-               timeout: float | None = 120.0) -> Any:
+               timeout: float | None = 120.0, open_timeout: float | None = None) -> Any:
         """Run one agent operation on ``host``; stream its stdout to ``emit``; return its result."""
         transport = self._client(host).get_transport()
         if transport is None:
             raise BackendError(f"{host.label}: SSH connection lost")
-        chan = transport.open_session(timeout=self.connect_timeout)
+        try:
+            chan = transport.open_session(timeout=open_timeout or self.connect_timeout)
+        except paramiko.SSHException as exc:
+            raise BackendError(f"{host.label}: {exc}") from None
         try:
             chan.settimeout(timeout)
             chan.exec_command(shlex.join([self.python, "-"]))
@@ -207,12 +246,13 @@ class SshBackend:
         where = f"{address}:{port}"
         if isinstance(exc, UnknownHostKey):
             return HostProblem(label, f"unknown host key ({exc.key.get_name()} "
-                               f"{exc.key.fingerprint}) for {exc.name}, not in {self.known_hosts}",
+                               f"{fingerprint(exc.key)}) for {exc.name}, not in {self.known_hosts}",
                                f"verify it, then add it: ssh-keyscan -p {port} "
                                f"{address} >> {self.known_hosts}; or pass --accept-new-host-keys")
         if isinstance(exc, paramiko.BadHostKeyException):
-            return HostProblem(label, f"host key of {where} CHANGED (expected "
-                               f"{exc.expected_key.get_base64()[:16]}..., got {exc.key.get_base64()[:16]}...)",
+            return HostProblem(label, f"host key of {where} CHANGED (expected {exc.expected_key.get_name()} "
+                               f"{fingerprint(exc.expected_key)}, got {exc.key.get_name()} "
+                               f"{fingerprint(exc.key)})",
                                "if the host was reinstalled remove the old key: ssh-keygen -f "
                                f"{self.known_hosts} -R '[{address}]:{port}'; "
                                "otherwise someone may be intercepting the connection")
@@ -227,7 +267,7 @@ class SshBackend:
             return HostProblem(label, f"connection to {where} timed out",
                                "is the host up and reachable? (firewall, --connect-timeout)")
         if isinstance(exc, (paramiko.ssh_exception.NoValidConnectionsError, ConnectionError, OSError)):
-            return HostProblem(label, f"cannot connect to {where}: {exc}",
+            return HostProblem(label, f"cannot connect to {where}: {_connect_error(exc)}",
                                "is sshd running there and listening on that port? "
                                "(host:port in the hosts file, or Port in the ssh config)")
         if isinstance(exc, BackendError):
@@ -261,13 +301,28 @@ class SshBackend:
                              timeout=grace + 30)
         return sorted(pid for pids in result["left"].values() for pid in pids)
 
+    def reachable(self, host: Host, timeout: float) -> None:
+        try:
+            self._agent(host, {"op": "ping"}, timeout=timeout, open_timeout=timeout)
+        except BackendError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any connection problem means: not reachable now
+            raise BackendError(f"{host.label}: {_connect_error(exc) or type(exc).__name__}") from None
+
+    def collect(self, host: Host, procs: Sequence[ProcRecord], run_dir: str) -> list[Evidence]:
+        items = self._agent(host, {"op": "collect", "run_dir": run_dir, "procs": [
+            {"name": p.name, "rc": p.rc_file, "log": p.run_log} for p in procs]}, timeout=30)
+        return [Evidence(i["rc"], i["rc_time"], i["failure"], i["exception"]) for i in items]
+
+    def cleanup(self, host: Host, job_id: str, run_dir: str) -> None:
+        result = self._agent(host, {"op": "cleanup", "run_dir": run_dir, "job_id": job_id,
+                                    "remove_dir": True}, timeout=30)
+        if result["failed"]:
+            raise BackendError(f"{host.label}: could not remove {', '.join(result['failed'])}")
+
     def install_key(self, host: Host, run_dir: str, key: bytes) -> str:
         """Write the job's key pair to ``<run_dir>/job.key`` (0600) on ``host``; its absolute path."""
         return str(self._agent(host, {"op": "put_key", "run_dir": run_dir, "key": key.decode()}))
-
-    def remove_files(self, host: Host, paths: Sequence[str]) -> list[str]:
-        """Delete files on ``host``; return those that could not be removed."""
-        return list(self._agent(host, {"op": "remove_files", "paths": list(paths)}))
 
     def sync(self, host: Host, local_dir: str, remote_dir: str,
              progress: Callable[[int], None]) -> tuple[int, int]:

@@ -2,15 +2,23 @@
 
 Nothing here decides anything; callers pass plain values.  User text (log lines, messages) is
 rendered as :class:`rich.text.Text`, never parsed as markup.
+
+Output never takes the launcher down: stdout and stderr are wrapped so that a reader that went
+away (``| head -2`` exited, ``| tee`` killed by the same Ctrl-C, the terminal closed) turns
+further output into a no-op (EPIPE, EIO) instead of an exception -- the job's logs keep
+everything.  Outside a terminal lines are never wrapped (a path stays whole, copyable).
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TextIO
 
 from rich import box
 from rich.console import Console, Group
@@ -21,19 +29,101 @@ from rich.table import Table
 from rich.text import Text
 
 ROLE_STYLE = {"scheduler": "magenta", "server": "blue", "worker": "green"}
-STATE_STYLE = {"running": "green", "exited": "dim", "succeeded": "green", "failed": "bold red",
-               "stopped": "yellow", "lost": "red", "starting": "cyan", "pending": "dim"}
+RANK_STYLES = ("green", "cyan", "yellow", "bright_green", "bright_cyan", "bright_yellow", "spring_green3",
+               "deep_sky_blue1", "gold3", "medium_purple1")
+#: every state a status row or a job can be in: the record's job and process states, the
+#: scheduler's node states, and what a check can say
+STATE_STYLE = {
+    "starting": "cyan", "running": "green", "succeeded": "green", "failed": "bold red", "stopped": "yellow",
+    "pending": "dim", "exited": "dim", "lost": "red", "unknown": "red", "damaged": "bold red",
+    "registered": "cyan", "alive": "green", "finished": "dim", "dead": "bold red",
+}
+SPARK = "▁▂▃▄▅▆▇█"
 
-out = Console(highlight=False, soft_wrap=False)
-err = Console(stderr=True, highlight=False)
+
+class _SafeStream:
+    """``sys.stdout`` or ``sys.stderr`` (looked up at each write), with EPIPE/EIO swallowed."""
+
+    def __init__(self, get: Callable[[], TextIO]) -> None:
+        self._get = get
+        self._broken: set[int] = set()
+
+    @property
+    def broken(self) -> bool:
+        return id(self._get()) in self._broken
+
+    def _fail(self, stream: TextIO) -> None:
+        self._broken.add(id(stream))
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())   # so the interpreter's last flush is quiet too
+            os.close(devnull)
+
+    def write(self, text: str) -> int:
+        stream = self._get()
+        if id(stream) not in self._broken:
+            try:
+                stream.write(text)
+            except (OSError, ValueError):
+                self._fail(stream)
+        return len(text)
+
+    def flush(self) -> None:
+        stream = self._get()
+        if id(stream) not in self._broken:
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                self._fail(stream)
+
+    def isatty(self) -> bool:
+        try:
+            return self._get().isatty()
+        except (OSError, ValueError):
+            return False
+
+    def fileno(self) -> int:
+        return self._get().fileno()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self._get(), "encoding", None) or "utf-8"
+
+
+_stdout = _SafeStream(lambda: sys.stdout)
+_stderr = _SafeStream(lambda: sys.stderr)
+out = Console(file=_stdout, highlight=False, soft_wrap=False)  # type: ignore[arg-type]
+err = Console(file=_stderr, highlight=False)  # type: ignore[arg-type]
+
+
+_wide = Console(file=_stdout, highlight=False, soft_wrap=False, width=240)  # type: ignore[arg-type]
+
+
+def _width() -> int:
+    """Columns for tables: the terminal's, or (output to a file or pipe) room enough not to fold."""
+    return out.width if out.is_terminal else max(out.width, _wide.width)
+
+
+def _table(table: Any) -> None:
+    (out if out.is_terminal else _wide).print(table)
+
+
+def _line(console: Console, text: Text) -> None:
+    """One line; soft-wrapped (never cut) when the output is not a terminal."""
+    console.print(text, soft_wrap=not console.is_terminal)
 
 
 def info(message: str) -> None:
-    err.print(Text(message, style="dim"))
+    _line(err, Text(message, style="dim"))
 
 
 def warn(message: str) -> None:
-    err.print(Text("warning: ", style="yellow") + Text(message))
+    _line(err, Text("warning: ", style="yellow") + Text(message))
+
+
+def plain(message: str) -> None:
+    """A line on stdout, as is (job ids, for scripts)."""
+    _line(out, Text(message))
 
 
 def error_panel(title: str, message: str, fix: str | None = None) -> None:
@@ -43,21 +133,36 @@ def error_panel(title: str, message: str, fix: str | None = None) -> None:
     err.print(Panel(body, title=title, title_align="left", border_style="red"))
 
 
-def _prefix(role: str, rank: int | None, host: str) -> Text:
-    who = role if rank is None else f"{role} {rank}"
-    return Text(f"[{who} @ {host}] ", style=ROLE_STYLE.get(role, ""))
+def who(role: str, rank: int | None) -> str:
+    return role if rank is None else f"{role} {rank}"
+
+
+def role_style(role: str, rank: int | None) -> str:
+    """Workers are told apart by colour (one per rank, cycling); servers blue, scheduler magenta."""
+    if role == "worker" and rank is not None:
+        return RANK_STYLES[rank % len(RANK_STYLES)]
+    return ROLE_STYLE.get(role, "")
 
 
 class LogPrinter:
-    """Prints processes' output line by line, each line prefixed with role, rank and host."""
+    """Prints processes' output line by line, each line prefixed with role, rank and host.
 
-    def __init__(self, quiet: bool = False) -> None:
+    ``quiet``: nothing; ``ranks``: only the workers of those ranks (every log is still saved).
+    """
+
+    def __init__(self, quiet: bool = False, ranks: frozenset[int] | None = None) -> None:
         self.quiet = quiet
+        self.ranks = ranks
         self._partial: dict[str, bytes] = {}
         self._lock = threading.Lock()
 
-    def feed(self, name: str, role: str, rank: int | None, host: str, data: bytes) -> None:
+    def shows(self, role: str, rank: int | None) -> bool:
         if self.quiet:
+            return False
+        return self.ranks is None or (role == "worker" and rank in self.ranks)
+
+    def feed(self, name: str, role: str, rank: int | None, host: str, data: bytes) -> None:
+        if not self.shows(role, rank):
             return
         with self._lock:
             buf = self._partial.get(name, b"") + data
@@ -69,13 +174,14 @@ class LogPrinter:
     def flush(self, name: str, role: str, rank: int | None, host: str) -> None:
         with self._lock:
             rest = self._partial.pop(name, b"")
-            if rest and not self.quiet:
+            if rest and self.shows(role, rank):
                 self._print(role, rank, host, rest)
 
     @staticmethod
     def _print(role: str, rank: int | None, host: str, line: bytes) -> None:
         text = line.decode(errors="replace").rstrip("\r")
-        out.print(_prefix(role, rank, host) + Text(text), soft_wrap=True)
+        prefix = Text(f"[{who(role, rank)} @ {host}] ", style=role_style(role, rank))
+        out.print(prefix + Text(text), soft_wrap=True)
 
 
 def plan_table(rows: Sequence[Mapping[str, Any]], common_env: Mapping[str, str],
@@ -86,14 +192,13 @@ def plan_table(rows: Sequence[Mapping[str, Any]], common_env: Mapping[str, str],
         table.add_column(col, overflow="fold")
     for r in rows:
         table.add_row(Text(r["host"]), Text(r["role"], style=ROLE_STYLE.get(r["role"], "")),
-                      "" if r["rank"] is None else str(r["rank"]), Text(r["address"]),
-                      Text(r["command"]))
-    out.print(table)
+                      "" if r["rank"] is None else str(r["rank"]), Text(r["address"]), Text(r["command"]))
+    _table(table)
     out.print(Text("environment of each process:", style="bold"))
     for r in rows:
-        who = r["role"] if r["rank"] is None else f"{r['role']} {r['rank']}"
         env = " ".join(f"{k}={v}" for k, v in r["env"].items())
-        out.print(Text(f"  {who}: ", style=ROLE_STYLE.get(r["role"], "")) + Text(env), soft_wrap=True)
+        out.print(Text(f"  {who(r['role'], r['rank'])}: ", style=ROLE_STYLE.get(r["role"], "")) + Text(env),
+                  soft_wrap=True)
     out.print(Text("environment of every process:", style="bold"))
     for k, v in common_env.items():
         out.print(Text(f"  {k}={v}"), soft_wrap=True)
@@ -102,7 +207,7 @@ def plan_table(rows: Sequence[Mapping[str, Any]], common_env: Mapping[str, str],
 
 
 def preflight_panel(problems: Sequence[Any]) -> None:
-    """Every host that failed preflight, with the reason and the fix."""
+    """Every host that failed preflight: one row each with the problem and the fix."""
     table = Table(show_header=True, box=None, padding=(0, 1))
     table.add_column("host", style="bold")
     table.add_column("problem")
@@ -113,24 +218,38 @@ def preflight_panel(problems: Sequence[Any]) -> None:
                     border_style="red"))
 
 
-def failure_panel(role: str, rank: int | None, host: str, how: str, log: str, tail: Sequence[str]) -> None:
-    """The first failure of a job, with the tail of its log."""
-    who = role if rank is None else f"{role} {rank}"
-    body = Text(f"{who} on {host} failed: {how}\n", style="bold")
-    body += Text(f"log: {log}\n", style="dim")
-    body += Text("\n".join(tail) if tail else "(the log is empty)")
+def failure_panel(headline: str, consequences: Sequence[str], log: str | None, tail: Sequence[str],
+                  notes: Sequence[str] = ()) -> None:
+    """The root cause of a failed job, its consequences (one line each) and its log's tail."""
+    body = Text(headline + "\n", style="bold")
+    if consequences:
+        body += Text("then:\n", style="dim")
+        for line in consequences:
+            body += Text(f"  {line}\n")
+    for note in notes:
+        body += Text(note + "\n", style="yellow")
+    if log:
+        body += Text(f"log: {log}\n", style="dim")
+        body += Text("\n".join(tail) if tail else "(the log is empty)")
     err.print(Panel(body, title="job failed", title_align="left", border_style="red"))
 
 
-def stop_report(per_host: Mapping[str, Any]) -> None:
-    """Per host: nothing left, or which pids survived, or why the host could not be checked."""
-    for host, result in per_host.items():
-        if isinstance(result, Exception):
-            err.print(Text(f"  {host}: could not check: {result}", style="red"))
-        elif result:
-            err.print(Text(f"  {host}: still running: pids {', '.join(map(str, result))}", style="red"))
+def closing_line(job_id: str, state: str, duration: float | None, detail: str = "") -> None:
+    """``job <id> succeeded in 12.3 s`` (failed / stopped after ...), always printed (also -q)."""
+    span = "" if duration is None else (f" in {duration:.1f} s" if state != "stopped" else f" after {duration:.1f} s")
+    style = {"succeeded": "green", "failed": "bold red", "stopped": "yellow"}.get(state, "")
+    _line(err, Text(f"job {job_id} {state}{span}", style=style) + Text(f"{': ' if detail else ''}{detail}"))
+
+
+def stop_report(left: Mapping[str, Sequence[int]], unverified: Mapping[str, str]) -> None:
+    """Per host: nothing left, which pids survived, or why the host could not be checked."""
+    for host, pids in left.items():
+        if pids:
+            _line(err, Text(f"  {host}: still running: pids {', '.join(map(str, pids))}", style="red"))
         else:
-            err.print(Text(f"  {host}: nothing of the job left", style="green"))
+            _line(err, Text(f"  {host}: nothing of the job left", style="green"))
+    for host, why in unverified.items():
+        _line(err, Text(f"  {host}: not verified: {why} (mxdist status / stop check again)", style="red"))
 
 
 def _age(seconds: float | None) -> str:
@@ -154,78 +273,116 @@ def _bytes(n: int | None) -> str:
     return str(n)
 
 
-def status_table(job: Mapping[str, Any]) -> Table:
-    """A job's processes; ``job['source']`` says where the rows came from.  Below 110 columns
-    of terminal the byte counts go, below 95 also resends and restarts (``--json`` has all)."""
-    title = f"job {job['id']}  {job['state']}  scheduler {job['scheduler']}  ({job['source']})"
-    if job.get("slurm_job"):
-        title += f"  Slurm job {job['slurm_job']}"
-    steps = any(n.get("step") for n in job["nodes"])  # Slurm: step id of each running process
+def sparkline(values: Sequence[float]) -> str:
+    """``▁▃▅█``: values scaled to their own maximum."""
+    top = max(values, default=0.0)
+    if top <= 0:
+        return SPARK[0] * len(values)
+    return "".join(SPARK[min(len(SPARK) - 1, int(v / top * (len(SPARK) - 1) + 0.5))] for v in values)
+
+
+def _rate(r: Any) -> str:
+    return "-" if r.rate is None else f"{r.rate:.1f}"
+
+
+def status_table(view: Mapping[str, Any], spark: Mapping[str, str] | None = None) -> Table:
+    """A job's processes (``view['nodes']``: NodeRow objects) under a title with the job's state
+    and where the rows came from.  Below 110 columns of terminal the byte counts go, below 95
+    also resends and restarts (``--json`` has every field)."""
+    title = f"job {view['id']}  {view['state']}"
+    if view.get("scheduler"):
+        title += f"  scheduler {view['scheduler']}"
+    title += f"  ({view['source']})"
+    if view.get("slurm_job"):
+        title += f"  Slurm job {view['slurm_job']}"
+    nodes = view["nodes"]
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
 
-    def io(n: Mapping[str, Any]) -> str:
-        return "-" if n.get("bytes_in") is None else f"{_bytes(n['bytes_in'])}/{_bytes(n.get('bytes_out'))}"
+    def io(n: Any) -> str:
+        return "-" if n.bytes_in is None else f"{_bytes(n.bytes_in)}/{_bytes(n.bytes_out)}"
 
-    columns: list[tuple[str, Any]] = [
-        ("node", lambda n: Text(n["role"] if n.get("rank") is None else f"{n['role']} {n['rank']}",
-                                style=ROLE_STYLE.get(n["role"], ""))),
-        ("host", lambda n: Text(str(n["host"]))),
-        ("pid", lambda n: str(n.get("pid") or "-")),
-        ("state", lambda n: Text(n["state"], style=STATE_STYLE.get(n["state"], ""))),
-        ("hb", lambda n: _age(n.get("heartbeat_age"))),
-        ("push/pull", lambda n: "-" if n.get("pushes") is None else f"{n['pushes']}/{n.get('pulls', 0)}"),
+    columns: list[tuple[str, Callable[[Any], Any]]] = [
+        ("node", lambda n: Text(who(n.role, n.rank), style=role_style(n.role, n.rank))),
+        ("host", lambda n: Text(str(n.host))),
+        ("pid", lambda n: str(n.pid or "-")),
+        ("state", lambda n: Text(n.state, style=STATE_STYLE.get(n.state.split(" ")[0], ""))),
+        ("hb", lambda n: _age(n.heartbeat_age)),
+        ("push/pull", lambda n: "-" if n.pushes is None else f"{n.pushes}/{n.pulls or 0}"),
+        ("rate/s", _rate),
         ("in/out", io),
-        ("resent", lambda n: str(n.get("retries", "-"))),
-        ("rst", lambda n: str(n.get("restarts", "-"))),
-        ("up", lambda n: _age(n.get("uptime"))),
+        ("resent", lambda n: "-" if n.retries is None else str(n.retries)),
+        ("rst", lambda n: "-" if n.restarts is None else str(n.restarts)),
+        ("up", lambda n: _age(n.uptime)),
     ]
-    if steps:
-        columns.append(("step", lambda n: str(n.get("step") or "-")))
-    # a narrow terminal drops the least needed columns rather than squeezing every one
-    width = out.width
+    if spark:
+        columns.insert(7, ("trend", lambda n: spark.get(n.name, "")))
+    if any(n.step for n in nodes):
+        columns.append(("step", lambda n: str(n.step or "-")))
+    width = _width()
     drop = (() if width >= 110 else ("in/out",) if width >= 95 else ("in/out", "resent", "rst"))
     columns = [c for c in columns if c[0] not in drop]
     for name, _ in columns:
         table.add_column(name, no_wrap=name != "host", overflow="fold",
-                         justify="right" if name in ("pid", "push/pull", "resent", "rst") else "left")
-    for n in job["nodes"]:
+                         justify="right" if name in ("pid", "push/pull", "rate/s", "resent", "rst") else "left")
+    for n in nodes:
         table.add_row(*(fn(n) for _, fn in columns))
     return table
 
 
-def print_status(job: Mapping[str, Any]) -> None:
-    out.print(status_table(job))
+def job_summary(view: Mapping[str, Any]) -> Group:
+    """The lines under a job's table: outcome, root cause, consequences, notes."""
+    parts: list[Any] = []
+    if view.get("ended_line"):
+        parts.append(Text(view["ended_line"], style=STATE_STYLE.get(view["state"], "")))
+    if view.get("root_cause"):
+        parts.append(Text("root cause: ", style="bold") + Text(view["root_cause"]))
+    for line in view.get("consequences") or []:
+        parts.append(Text(f"  then {line}", style="dim"))
+    for note in view.get("notes") or []:
+        parts.append(Text(note, style="yellow"))
+    return Group(*parts)
+
+
+def print_status(view: Mapping[str, Any]) -> None:
+    if view["nodes"]:
+        _table(status_table(view))
+    else:
+        out.print(Text(f"job {view['id']}  {view['state']}  (no process was started)"))
+    out.print(job_summary(view), soft_wrap=not out.is_terminal)
 
 
 @contextmanager
-def watch_status() -> Iterator[Any]:
-    """``with watch_status() as show: show(job)`` refreshes one table in place."""
+def watch_status() -> Iterator[Callable[[Mapping[str, Any], Mapping[str, str]], None]]:
+    """``with watch_status() as show: show(view, sparklines)`` refreshes one table in place."""
     with Live(console=out, auto_refresh=False) as live:
-        def show(job: Mapping[str, Any]) -> None:
-            live.update(Group(status_table(job), Text(time.strftime("%H:%M:%S"), style="dim")),
-                        refresh=True)
+        def show(view: Mapping[str, Any], spark: Mapping[str, str]) -> None:
+            live.update(Group(status_table(view, spark), job_summary(view),
+                              Text(time.strftime("%H:%M:%S"), style="dim")), refresh=True)
 
         yield show
 
 
-def jobs_table(jobs: Sequence[Mapping[str, Any]], title: str) -> None:
-    table = Table(title=title, title_justify="left")
-    for col in ("job", "state", "started", "backend", "hosts", "processes", "command"):
-        table.add_column(col, overflow="fold")
-    for j in jobs:
-        table.add_row(Text(j["id"]), Text(j["state"], style=STATE_STYLE.get(j["state"], "")),
-                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j["created"])),
-                      j["backend"], Text(", ".join(j["hosts"])), str(j["processes"]),
-                      Text(" ".join(j["command"])))
-    out.print(table)
+def jobs_table(rows: Sequence[Mapping[str, Any]], title: str) -> None:
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("job", "state", "started", "duration", "hosts", "command"):
+        table.add_column(col, overflow="fold", no_wrap=col in ("job", "started"))
+    for j in rows:
+        started = "-" if j.get("created") is None else time.strftime("%Y-%m-%d %H:%M:%S",
+                                                                      time.localtime(j["created"]))
+        table.add_row(Text(j["id"]), Text(j["state"], style=STATE_STYLE.get(j["state"].split(" ")[0], "")),
+                      started, _age(j.get("duration")), Text(", ".join(j.get("hosts") or [])),
+                      Text(" ".join(j.get("command") or []) or j.get("problem", "")))
+    _table(table)
 
 
 def print_json(data: Any) -> None:
-    out.print_json(json.dumps(data, default=str))
+    text = json.dumps(data, default=str, indent=2)
+    _stdout.write(text + "\n")
+    _stdout.flush()
 
 
 @contextmanager
-def progress_bar(description: str, total: int) -> Iterator[Any]:
+def progress_bar(description: str, total: int) -> Iterator[Callable[[int], None]]:
     """``with progress_bar("sync", n) as advance: advance(k)`` (thread-safe)."""
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
     lock = threading.Lock()
@@ -237,3 +394,29 @@ def progress_bar(description: str, total: int) -> Iterator[Any]:
                 progress.advance(task, n)
 
         yield advance
+
+
+@contextmanager
+def spinner(what: str) -> Iterator[None]:
+    """A spinner with what is being waited for, on a terminal only (nothing otherwise)."""
+    if not err.is_terminal:
+        yield
+        return
+    with err.status(Text(what), spinner="dots"):
+        yield
+
+
+def raw_bytes(data: bytes) -> None:
+    """Bytes to stdout as they are (a single process's log)."""
+    stream = sys.stdout
+    if _stdout.broken:
+        return
+    try:
+        buffer = getattr(stream, "buffer", None)
+        if buffer is not None:
+            buffer.write(data)
+        else:
+            stream.write(data.decode(errors="replace"))
+        stream.flush()
+    except (OSError, ValueError):
+        _stdout._fail(stream)

@@ -1,10 +1,16 @@
-"""``python -m psnode``: run the scheduler or a server, as PSNODE_ROLE says (see config.py)."""
+"""``python -m psnode``: run the scheduler or a server, as PSNODE_ROLE says (see config.py).
+
+SIGTERM ends the process with exit code 143.  An exception escaping the role's loop (a bug)
+is written to the process's failure record (``PSNODE_ERROR_FILE``, :mod:`psnode.failure`)
+before the traceback, so the launcher names it as the root cause.
+"""
 from __future__ import annotations
 
 import logging
 import signal
 import sys
 
+from psnode import failure
 from psnode.config import NodeConfig, Role
 from psnode.errors import PSError
 
@@ -18,15 +24,19 @@ def main() -> int:
     logging.basicConfig(level=cfg.log_level, stream=sys.stderr,
                         format=f"%(asctime)s {cfg.role.value} %(name)s %(levelname)s: %(message)s")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    if cfg.role is Role.SCHEDULER:
-        from psnode import scheduler
-        return scheduler.main(cfg)
-    if cfg.role is Role.SERVER:
+    if cfg.role is Role.WORKER:
+        print("psnode: PSNODE_ROLE=worker is for training scripts (psnode.kv.create), "
+              "not for `python -m psnode`", file=sys.stderr)
+        return 2
+    try:
+        if cfg.role is Role.SCHEDULER:
+            from psnode import scheduler
+            return scheduler.main(cfg)
         from psnode import server
         return server.main(cfg)
-    print("psnode: PSNODE_ROLE=worker is for training scripts (psnode.kv.create), "
-          "not for `python -m psnode`", file=sys.stderr)
-    return 2
+    except Exception as exc:
+        failure.write(cfg.error_file, "exception", cfg.role.value, cfg.rank, cfg.host, exc=exc)
+        raise
 
 
 if __name__ == "__main__":

@@ -57,8 +57,9 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from enum import Enum
+from typing import Any
 
 from psnode.errors import ConfigError
 
@@ -218,8 +219,11 @@ class NodeConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> NodeConfig:
-        """Read and validate the ``PSNODE_*`` variables of ``env`` (default: os.environ)."""
+        """Read and validate the ``PSNODE_*`` variables of ``env`` (default: os.environ).
+
+        Unset variables take the field defaults above: each default is written once, there."""
         env = os.environ if env is None else env
+        d = default
         role = _enum(env, "ROLE", Role, None)
         sched = env.get(_PREFIX + "SCHEDULER")
         if not sched:
@@ -232,9 +236,9 @@ class NodeConfig:
         num_servers = _int(env, "NUM_SERVERS", None, 0)
         if num_workers is None or num_servers is None:
             raise ConfigError(f"{_PREFIX}NUM_WORKERS and {_PREFIX}NUM_SERVERS must both be set")
-        host = env.get(_PREFIX + "HOST") or (s_host if role is Role.SCHEDULER else "127.0.0.1")
-        port_raw = env.get(_PREFIX + "PORT") or "0"
-        port = s_port if role is Role.SCHEDULER else _port(port_raw, _PREFIX + "PORT", True)
+        host = env.get(_PREFIX + "HOST") or (s_host if role is Role.SCHEDULER else d("host"))
+        port = s_port if role is Role.SCHEDULER else _port(env.get(_PREFIX + "PORT") or str(d("port")),
+                                                           _PREFIX + "PORT", True)
         return cls(
             role=role,  # type: ignore[arg-type]
             scheduler_host=s_host,
@@ -245,24 +249,24 @@ class NodeConfig:
             host=host,
             port=port,
             rank=_int(env, "RANK", None, 0),
-            heartbeat_interval=_float(env, "HEARTBEAT_INTERVAL", 1.0),
-            heartbeat_liveness=_int(env, "HEARTBEAT_LIVENESS", 5, 1) or 5,
-            register_timeout=_float(env, "REGISTER_TIMEOUT", 120.0),
-            retry_timeout=_float(env, "RETRY_TIMEOUT", 2.0),
-            max_retries=_int(env, "MAX_RETRIES", 3, 0) or 0,
-            big_array_bound=_int(env, "BIG_ARRAY_BOUND", 1_000_000, 1) or 1_000_000,
-            distribution=_enum(env, "DISTRIBUTION", Distribution, Distribution.HYBRID),  # type: ignore[arg-type]
+            heartbeat_interval=_float(env, "HEARTBEAT_INTERVAL", d("heartbeat_interval")),
+            heartbeat_liveness=_int(env, "HEARTBEAT_LIVENESS", d("heartbeat_liveness"), 1) or 1,
+            register_timeout=_float(env, "REGISTER_TIMEOUT", d("register_timeout")),
+            retry_timeout=_float(env, "RETRY_TIMEOUT", d("retry_timeout")),
+            max_retries=_int(env, "MAX_RETRIES", d("max_retries"), 0) or 0,
+            big_array_bound=_int(env, "BIG_ARRAY_BOUND", d("big_array_bound"), 1) or 1,
+            distribution=_enum(env, "DISTRIBUTION", Distribution, d("distribution")),  # type: ignore[arg-type]
             key_file=env.get(_PREFIX + "KEY_FILE") or None,
-            max_message_bytes=_int(env, "MAX_MESSAGE_BYTES", 4 * 2**30, 1024) or 4 * 2**30,
+            max_message_bytes=_int(env, "MAX_MESSAGE_BYTES", d("max_message_bytes"), 1024) or 1024,
             checkpoint_dir=env.get(_PREFIX + "CHECKPOINT_DIR") or None,
-            checkpoint_interval=_float(env, "CHECKPOINT_INTERVAL", 0.0, positive=False),
-            checkpoint_rounds=_int(env, "CHECKPOINT_ROUNDS", 0, 0) or 0,
-            resume=_flag(env, "RESUME"),
-            skip_nonfinite=_flag(env, "SKIP_NONFINITE"),
-            max_restarts=_int(env, "MAX_RESTARTS", 0, 0) or 0,
-            restart_count=_int(env, "RESTART_COUNT", 0, 0) or 0,
-            log_level=(env.get(_PREFIX + "LOG_LEVEL") or "WARNING").upper(),
-            shm=_flag(env, "SHM", default=True),
+            checkpoint_interval=_float(env, "CHECKPOINT_INTERVAL", d("checkpoint_interval"), positive=False),
+            checkpoint_rounds=_int(env, "CHECKPOINT_ROUNDS", d("checkpoint_rounds"), 0) or 0,
+            resume=_flag(env, "RESUME", d("resume")),
+            skip_nonfinite=_flag(env, "SKIP_NONFINITE", d("skip_nonfinite")),
+            max_restarts=_int(env, "MAX_RESTARTS", d("max_restarts"), 0) or 0,
+            restart_count=_int(env, "RESTART_COUNT", d("restart_count"), 0) or 0,
+            log_level=(env.get(_PREFIX + "LOG_LEVEL") or d("log_level")).upper(),
+            shm=_flag(env, "SHM", d("shm")),
             error_file=env.get(_PREFIX + "ERROR_FILE") or None,
         )
 
@@ -280,3 +284,14 @@ class NodeConfig:
             out[_PREFIX + f.name.upper()] = str(value)
         out[_PREFIX + "SCHEDULER"] = self.scheduler_address
         return out
+
+
+def default(name: str) -> Any:
+    """The default of NodeConfig field ``name``: the one place each default is written.
+
+    Launchers take their defaults from here (``mxdist launch``'s options), so a default is
+    never repeated."""
+    f = NodeConfig.__dataclass_fields__[name]
+    if f.default is MISSING:
+        raise KeyError(f"NodeConfig.{name} has no default")
+    return f.default

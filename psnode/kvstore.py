@@ -33,11 +33,12 @@ from typing import Any
 
 import numpy as np
 
+from psnode import failure
 from psnode import initializer as init_mod
 from psnode import optimizer as opt_mod
 from psnode.aggregation import Store, sent
 from psnode.config import Distribution, NodeConfig, Role
-from psnode.errors import ConfigError, KeyNotInitialized, PSError, ShapeMismatch
+from psnode.errors import ConfigError, KeyNotInitialized, PeerLost, PSError, ShapeMismatch
 from psnode.protocol import Command, check_key
 from psnode.sharding import Placement, Placer
 from psnode.sparse import RowSparseArray
@@ -519,23 +520,41 @@ def create(name: str = "local", num_workers: int | None = None, aggregator: str 
         raise ConfigError("this job has no servers (-s 0); launch with -s 1 or more to use a KVStore")
     engine = Engine(cfg)
     kv = KVStore(name, engine, cfg, aggregator)
-    _report_uncaught(engine, cfg)
+    _report_uncaught(kv, engine, cfg)
     atexit.register(kv.close)
     return kv
 
 
-def _report_uncaught(engine: Engine, cfg: NodeConfig) -> None:
-    """An uncaught exception never counts as a finished worker.
+def _report_uncaught(kv: KVStore, engine: Engine, cfg: NodeConfig) -> None:
+    """Install the worker's ``sys.excepthook`` (replacing one an earlier store installed).
 
-    With restarts left (``mxdist launch --max-restarts``) the worker leaves quietly and the job
-    waits for its replacement; otherwise the job fails, naming this worker.
+    * An uncaught :class:`PeerLost` means the job ended elsewhere (a node failed or went
+      silent, the job was stopped): one line on stderr (``psnode worker 0: job ... ended:
+      worker 1 ... failed: ValueError: ...``), no traceback, and a ``job_ended`` failure record.
+    * Any other uncaught exception is this worker's own failure: a failure record (kind
+      ``exception``, with the time, type, message and traceback: :mod:`psnode.failure`), the
+      scheduler is told (with restarts left, ``mxdist launch --max-restarts``, the job waits
+      for the replacement; otherwise it fails naming this worker), then the usual traceback.
+    * After ``kv.close()`` the hook passes everything to the previous one: a finished worker's
+      later exception is not a psnode failure.
     """
-    previous = sys.excepthook
+    previous = getattr(sys.excepthook, "_psnode_previous", sys.excepthook)
 
     def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+        if kv._closed or not isinstance(exc, Exception):
+            previous(kind, exc, tb)
+            return
+        if isinstance(exc, PeerLost):
+            failure.write(cfg.error_file, "job_ended", "worker", engine.rank, cfg.host, exc=exc)
+            fatal = getattr(engine, "fatal", None)
+            if fatal is None or str(fatal) != str(exc):  # else the engine said it when the job ended
+                print(f"psnode worker {engine.rank}: {exc}", file=sys.stderr, flush=True)
+            return
         try:
-            reason = f"worker {engine.rank} (pid {os.getpid()}) failed: {kind.__name__}: {exc}"
-            engine.fail(reason, restart=cfg.restart_count < cfg.max_restarts)
+            failure.write(cfg.error_file, "exception", "worker", engine.rank, cfg.host, exc=exc)
+            engine.fail(f"{kind.__name__}: {exc}", restart=cfg.restart_count < cfg.max_restarts)
         finally:
             previous(kind, exc, tb)
+
+    hook._psnode_previous = previous  # type: ignore[attr-defined]
     sys.excepthook = hook

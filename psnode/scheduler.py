@@ -21,7 +21,13 @@ Life of a job as the scheduler sees it:
    when its replacement registered, the new address book (SERVERS ``restored``): they reconnect
    and resend what the restored server may have missed.  The replacement's WELCOME says
    ``restore``: it loads its shard from the last checkpoint.
-5. STATUS (from ``mxdist status``) is answered with the node table; STOP ends the job.
+5. STATUS (from ``mxdist status``) is answered with the node table (:class:`psnode.status.NodeRow`
+   objects: counters from the heartbeats, and the rate of rounds (servers) or pushes (workers)
+   per second over the last heartbeats); STOP ends the job.
+6. When the job fails, the scheduler writes its verdict to its failure record
+   (``PSNODE_ERROR_FILE``, :mod:`psnode.failure`): the node it blames (one that reported a
+   failure, or one silent past the heartbeat timeout) and when that node failed or was last
+   heard from, so the launcher names the root cause and not the processes it took down.
 """
 from __future__ import annotations
 
@@ -30,11 +36,12 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
+from psnode import failure
 from psnode.config import NodeConfig
 from psnode.protocol import Command, Message
+from psnode.status import NodeRow, NodeState
 from psnode.transport import CurveKeys, Poller, Transport
 
 log = logging.getLogger("psnode.scheduler")
@@ -42,14 +49,6 @@ log = logging.getLogger("psnode.scheduler")
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
-
-
-class NodeState(str, Enum):
-    REGISTERED = "registered"
-    ALIVE = "alive"
-    FINISHED = "finished"
-    DEAD = "dead"
-    EXITED = "exited"
 
 
 @dataclass
@@ -67,21 +66,41 @@ class Node:
     stats: dict[str, Any] = field(default_factory=dict)
     restarts: int = 0
     barrier_done: int = 0  # number of this worker's last completed barrier
+    rate: float | None = None  # rounds (servers) or pushes (workers) per second
+    _sample: tuple[float, int] | None = None  # (time, count) of the last heartbeat's counter
 
     @property
     def name(self) -> str:
         return f"{self.role} {self.rank} on {self.host} (pid {self.pid})"
 
+    def identity(self) -> dict[str, Any]:
+        return {"role": self.role, "rank": self.rank, "host": self.host, "pid": self.pid}
+
+    def update_stats(self, stats: dict[str, Any], now: float) -> None:
+        """Take a heartbeat's counters; the rate is over the last few seconds of heartbeats."""
+        self.stats = stats
+        count = _count(stats.get("rounds" if self.role == "server" else "pushes"))
+        if self._sample is None:
+            self._sample = (now, count)
+        elif now - self._sample[0] >= 1.0:
+            self.rate = max(0.0, (count - self._sample[1]) / (now - self._sample[0]))
+            self._sample = (now, count)
+
     def row(self, now: float) -> dict[str, Any]:
-        return {"role": self.role, "rank": self.rank, "host": self.host, "port": self.port, "pid": self.pid,
-                "state": self.state.value, "heartbeat_age": round(now - self.last_seen, 3),
-                "uptime": round(now - self.started, 3), "restarts": self.restarts,
-                "pushes": int(self.stats.get("pushes", 0)), "pulls": int(self.stats.get("pulls", 0)),
-                "bytes_in": int(self.stats.get("bytes_in", 0)),
-                "bytes_out": int(self.stats.get("bytes_out", 0)),
-                "rounds": int(self.stats.get("rounds", 0)),
-                "dropped": int(self.stats.get("dropped", 0)), "refused": int(self.stats.get("refused", 0)),
-                "retries": int(self.stats.get("retries", 0))}
+        def c(name: str) -> int:
+            return _count(self.stats.get(name))
+
+        return NodeRow(
+            role=self.role, rank=self.rank, host=self.host, port=self.port, pid=self.pid,
+            state=self.state.value, heartbeat_age=round(now - self.last_seen, 3),
+            uptime=round(now - self.started, 3), restarts=self.restarts, pushes=c("pushes"),
+            pulls=c("pulls"), bytes_in=c("bytes_in"), bytes_out=c("bytes_out"), rounds=c("rounds"),
+            rate=None if self.rate is None else round(self.rate, 2), dropped=c("dropped"),
+            refused=c("refused"), retries=c("retries")).to_dict()
+
+
+def _count(value: Any) -> int:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
 
 
 class Scheduler:
@@ -245,9 +264,16 @@ class Scheduler:
             self._end(ok=True, reason="every worker finished")
 
     def _end(self, ok: bool, reason: str, cmd: Command = Command.SHUTDOWN,
-             extra: dict[str, Any] | None = None) -> None:
+             extra: dict[str, Any] | None = None, culprit: Node | None = None,
+             what: str | None = None, since: float | None = None) -> None:
+        """End the job (once): tell every live node.  A failure also writes the verdict: the
+        culprit, ``what`` happened to it, and ``since`` (wall-clock) when it failed or was last
+        heard from."""
         if self.exit_code is not None:
             return
+        if not ok:
+            failure.write(self.cfg.error_file, "verdict", "scheduler", None, self.cfg.host,
+                          reason=what or reason, culprit=culprit.identity() if culprit else None, when=since)
         self.exit_code = 0 if ok else 1
         self.ending = (cmd, {"ok": ok, "reason": reason, **(extra or {})})
         for n in self._live():
@@ -280,8 +306,9 @@ class Scheduler:
             n.state = NodeState.DEAD
             if self.exit_code is not None:
                 continue
-            self._end(False, f"{n.name} stopped responding ({silent:.1f} s without a heartbeat)",
-                      Command.PEER_LOST, {"node": n.row(now)})
+            what = f"stopped responding ({silent:.1f} s without a heartbeat)"
+            self._end(False, f"{n.name} {what}", Command.PEER_LOST, {"node": n.row(now)}, culprit=n,
+                      what=what, since=time.time() - silent)
 
     # ------------------------------------------------------------ main loop
     def _dispatch(self, ident: bytes, msg: Message) -> None:
@@ -307,7 +334,7 @@ class Scheduler:
             log.debug("%s from an unregistered peer dropped", cmd.value)
         elif cmd is Command.HEARTBEAT:
             if isinstance(msg.body.get("stats"), dict):
-                node.stats = msg.body["stats"]
+                node.update_stats(msg.body["stats"], time.monotonic())
             self._send(node, Command.HEARTBEAT_ACK)
         elif cmd is Command.BARRIER and node.role == "worker":
             raw = msg.body.get("n")
@@ -328,8 +355,9 @@ class Scheduler:
         elif cmd is Command.BYE:
             node.state = NodeState.EXITED
             if msg.body.get("error") and self.exit_code is None:
-                self._end(False, f"{node.name} failed: {str(msg.body['error'])[:500]}",
-                          Command.PEER_LOST, {"node": node.row(time.monotonic())})
+                what = f"failed: {str(msg.body['error'])[:500]}"
+                self._end(False, f"{node.name} {what}", Command.PEER_LOST, {"node": node.row(time.monotonic())},
+                          culprit=node, what=what, since=time.time())
 
     def run(self) -> int:
         poller = Poller()

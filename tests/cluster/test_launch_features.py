@@ -4,6 +4,7 @@ killed with kill -9 mid-job.  Every test ends by checking that no process of the
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -127,7 +128,7 @@ def test_without_restarts_the_same_crash_fails_the_job(home, tmp_path):
     res = run_cli(["launch", "-n", "2", "-s", "2", "--grace", "2", script(tmp_path, RESTART)],
                   cli_env(home), timeout=120)
     assert res.returncode == 1, res.stdout + res.stderr
-    assert "worker 1 on localhost failed: exit code 9" in res.stderr
+    assert "worker 1 on localhost: exit code 9" in res.stderr
     assert "crashing at step 3" in res.stderr            # the tail of its log in the panel
     assert "restarting" not in res.stderr
     assert latest(home)["state"] == "failed"
@@ -174,10 +175,16 @@ def test_killed_launcher_leaves_a_job_that_ends_by_itself(home, tmp_path):
     assert time.monotonic() - t0 < 30
     logs = {p["name"]: Path(p["log"]).read_text() for p in rec["procs"]}
     assert all("DONE [" in logs[f"worker-{r}"] for r in range(2)), logs
+    # the next status notices the lost supervisor and finalises the record from the exit codes
+    view = json.loads(run_cli(["status", rec["id"], "--json"], env).stdout)
+    assert view["state"] == "succeeded" and view["exit_code"] == 0, view
+    assert any("supervisor was lost" in note for note in view["notes"]), view
+    final = latest(home)
+    assert final["supervisor_lost"] and final["ended"] and final["state"] == "succeeded"
     stop = run_cli(["stop", rec["id"]], env)
     assert stop.returncode == 0, stop.stdout + stop.stderr
-    assert "localhost: nothing of the job left" in stop.stderr
-    assert latest(home)["state"] == "stopped"
+    assert "already succeeded" in stop.stderr and "localhost: nothing of the job left" in stop.stderr
+    assert latest(home)["state"] == "succeeded"
     assert_nothing_left(home)
 
 

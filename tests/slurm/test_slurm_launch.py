@@ -137,7 +137,7 @@ def test_failing_worker_ends_the_job_and_its_steps(slurm3, home, tmp_path):
     res = salloc(slurm3, ["-N3"], home, tmp_path, "sh", "-c", script)
     out = res.stdout + res.stderr
     assert "MXDIST_RC=1" in out, out
-    assert "worker 1 on 127.0.0.3 failed: exit code 3" in out
+    assert "worker 1 on 127.0.0.3: exit code 3" in out
     assert "rank 1 gives up" in out  # the tail of its log
     assert not [line for line in out.splitlines() if line.startswith("STEP") and "mxdist." in line], out
     rec = latest(home)

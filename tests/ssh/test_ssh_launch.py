@@ -138,7 +138,7 @@ def test_failing_worker_stops_the_job(ssh_cluster, home, tmp_path):
     res = run_cli(["launch", "-H", "node1,node2,node3", "-s", "1", "--grace", "2", failing],
                   ssh_cluster.env(home))
     assert res.returncode == 1, res.stdout + res.stderr
-    assert "worker 1 on node2 failed: exit code 3" in res.stderr
+    assert "worker 1 on node2: exit code 3" in res.stderr
     assert "rank 1 gives up" in res.stderr  # the tail of its log
     rec = latest(home)
     assert rec["state"] == "failed"

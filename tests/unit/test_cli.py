@@ -21,7 +21,24 @@ def home(tmp_path, monkeypatch):
     monkeypatch.setenv("MXDIST_HOME", str(path))
     monkeypatch.setenv("COLUMNS", "200")
     monkeypatch.delenv("MXDIST_SSH_CONFIG", raising=False)
-    return path
+    jobs.use_home(path)               # for the tests' own jobs.* calls (the CLI sets it per command)
+    yield path
+    jobs.use_home(None)
+
+
+@pytest.fixture
+def supervised():
+    """Hold the supervisor's lock of the jobs a test names, as a live supervisor would."""
+    held = []
+
+    def hold(job_id: str) -> None:
+        lock = jobs.try_lock(job_id)
+        assert lock is not None
+        held.append(lock)
+
+    yield hold
+    for lock in held:
+        lock.release()
 
 
 @pytest.fixture
@@ -130,10 +147,12 @@ def test_status_and_logs_without_jobs(home):
     assert result.exit_code == 0 and "no running jobs" in result.output
 
 
-def test_status_lists_jobs_when_several_run(home):
+def test_status_lists_jobs_when_several_run(home, supervised):
     _record("job-a", JobState.RUNNING, 1.0)
     _record("job-b", JobState.RUNNING, 2.0)
     _record("job-c", JobState.SUCCEEDED, 3.0)
+    supervised("job-a")
+    supervised("job-b")
     result = invoke("status")
     assert result.exit_code == 0, result.output
     assert "2 jobs running" in result.output and "job-a" in result.output and "job-b" in result.output
@@ -141,21 +160,34 @@ def test_status_lists_jobs_when_several_run(home):
     assert {j["id"] for j in json.loads(result.output)["jobs"]} == {"job-a", "job-b"}
 
 
-def test_status_of_a_dead_job_falls_back_to_the_processes(home):
+def test_status_of_a_live_job_checks_the_processes_the_scheduler_does_not_know(home, supervised):
     _record("job-a", JobState.RUNNING, 1.0)
+    supervised("job-a")
     result = invoke("status", "job-a", "--json")
     assert result.exit_code == 0, result.output
     view = json.loads(result.output)
-    assert view["nodes"][0]["state"] == "lost" and "checked over local" in view["source"]
+    assert view["nodes"][0]["state"] == "lost" and "checked on this machine" in view["source"]
+    assert view["state"] == "running"                       # the supervisor owns the record
+
+
+def test_status_finalises_a_job_whose_supervisor_is_gone(home):
+    _record("job-a", JobState.RUNNING, 1.0)                 # nobody holds its lock: gone
+    result = invoke("status", "job-a", "--json")
+    assert result.exit_code == 0, result.output
+    view = json.loads(result.output)
+    assert view["state"] == "failed" and view["nodes"][0]["state"] == "lost"
+    assert any("supervisor was lost" in n for n in view["notes"])
+    rec = jobs.load("job-a")
+    assert rec.supervisor_lost and rec.state is JobState.FAILED and rec.ended is not None
 
 
 def test_stop_is_idempotent(home):
-    _record("job-a", JobState.RUNNING, 1.0)
+    _record("job-a", JobState.RUNNING, 1.0)     # supervisor and processes gone: the job is over
     for _ in range(2):
         result = invoke("stop", "job-a")
         assert result.exit_code == 0, result.output
         assert "localhost: nothing of the job left" in result.output
-    assert jobs.load("job-a").state is JobState.STOPPED
+    assert jobs.load("job-a").state is JobState.FAILED and jobs.load("job-a").supervisor_lost
 
 
 def test_logs_filters_by_role_and_rank(home):
@@ -221,7 +253,7 @@ def test_ssh_checkpoint_dir_under_home_is_refused(home, ssh_config):
     assert result.exit_code == 2 and "give an absolute path" in result.output
 
 
-def test_status_and_stop_pass_the_local_key_file(home, monkeypatch):
+def test_status_passes_the_local_key_file_and_stop_deletes_it(home, monkeypatch):
     from cli import control
 
     calls = []
@@ -232,21 +264,20 @@ def test_status_and_stop_pass_the_local_key_file(home, monkeypatch):
             calls.append(("status", key_file))
             raise OSError("no scheduler")
 
-        @staticmethod
-        def request_stop(scheduler, job_id, key_file=None, timeout=2.0):
-            calls.append(("stop", key_file))
-            return False
-
     monkeypatch.setattr(control, "_psnode_control", lambda: FakeControl)
     rec = _record("job-k", JobState.RUNNING, 1.0)
     key = jobs.key_path("job-k")
     key.write_text("k\n")
     rec.key_file = str(key)
     jobs.save(rec)
+    lock = jobs.try_lock("job-k")           # a live supervisor
     assert invoke("status", "job-k", "--json").exit_code == 0
-    assert invoke("stop", "job-k").exit_code == 0
-    assert calls == [("status", str(key)), ("stop", str(key))]
+    assert calls == [("status", str(key))]
+    lock.release()                          # ... that is gone: stop takes over
+    result = invoke("stop", "job-k")
+    assert result.exit_code == 0, result.output
     assert not key.exists()                 # stop deletes the job's keys once nothing is left
+    assert jobs.load("job-k").state is JobState.FAILED     # its process was gone: lost
 
 
 # ---------------------------------------------------------------- listening ports

@@ -7,15 +7,18 @@ from psnode.config import NodeConfig, Role
 
 from cli.hosts import Host
 from cli.plan import (
-    PlanError, PlanRequest, command_argv, is_secret, make_plan, parse_env_assignments, passthrough_env,
+    NodeOptions, PlanError, PlanRequest, command_argv, is_secret, make_plan, parse_env_assignments,
+    passthrough_env,
 )
 
 HOSTS = [Host("a", address="10.0.0.1", slots=2), Host("b", address="10.0.0.2"), Host("c", address="10.0.0.3")]
 
 
 def request(**kw):
+    """A PlanRequest; NodeOptions fields among ``kw`` go into its ``node`` options."""
+    node = {k: kw.pop(k) for k in list(kw) if k in NodeOptions.__dataclass_fields__}
     base = dict(job_id="job-1", command=["train.py", "--lr", "0.1"], hosts=HOSTS, python="/usr/bin/python3",
-                scheduler_port=9000, master_port=9001)
+                scheduler_port=9000, master_port=9001, node=NodeOptions(**node))
     base.update(kw)
     return PlanRequest(**base)
 
@@ -181,13 +184,52 @@ def test_restarted_worker_keeps_rank_host_argv_and_env():
         k: v for k, v in spec.env.items() if k != "PSNODE_RESTART_COUNT"}
 
 
-def test_local_plan_binds_to_loopback_only(monkeypatch, tmp_path):
+def test_local_plan_binds_to_loopback_only(tmp_path):
+    from cli import jobs
     from cli.options import LaunchOptions, prepare
 
-    monkeypatch.setenv("MXDIST_HOME", str(tmp_path))
+    jobs.use_home(tmp_path)
     prepared = prepare(LaunchOptions(command=["t.py"], num_workers=2, num_servers=2))
     assert prepared.plan.scheduler_address.startswith("127.0.0.1:")
     for p in prepared.plan.procs:
         cfg = NodeConfig.from_env(p.env)
         assert cfg.host == "127.0.0.1" and cfg.scheduler_host == "127.0.0.1" and cfg.key_file is None
     assert not prepared.settings.secure
+
+
+def test_node_options_defaults_are_node_configs():
+    """Each psnode default is written once (NodeConfig); the launch options take it from there."""
+    from dataclasses import fields
+
+    from psnode.config import default
+
+    for f in fields(NodeOptions):
+        assert getattr(NodeOptions(), f.name) == default(f.name), f.name
+        assert f.metadata["flag"].startswith("--")
+    cfg = NodeConfig.from_env(make_plan(request()).procs[1].env)
+    assert (cfg.heartbeat_interval, cfg.heartbeat_liveness, cfg.shm) == (
+        default("heartbeat_interval"), default("heartbeat_liveness"), True)
+
+
+def test_no_shm_and_error_files_reach_every_process():
+    plan = make_plan(request(shm=False, run_dir="~/.mxdist/run/job-1"))
+    for proc in plan.procs:
+        cfg = NodeConfig.from_env(proc.env)
+        assert cfg.shm is False
+        assert cfg.error_file == f"~/.mxdist/run/job-1/{proc.name}.failure.json"
+    assert NodeConfig.from_env(make_plan(request()).procs[0].env).error_file is None
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(heartbeat_interval=0.0), "--heartbeat-interval"),
+    (dict(heartbeat_liveness=0), "--heartbeat-liveness 0"),
+    (dict(log_level="LOUD"), "--log-level LOUD"),
+])
+def test_more_node_option_errors(kw, message):
+    with pytest.raises(PlanError, match=message):
+        NodeOptions(**kw)
+
+
+def test_busy_hosts_leave_out_hosts_without_processes():
+    plan = make_plan(request(num_workers=1, num_servers=1))
+    assert [h.name for h in plan.busy_hosts] == ["a"]

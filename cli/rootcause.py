@@ -1,0 +1,169 @@
+"""The root cause of a failed job, named once (pure: no I/O).
+
+Evidence per process (:class:`Outcome`): how it ended (exit status, and when its exit status
+was written), its failure record (:mod:`psnode.failure`: written by the process itself, with a
+timestamp, when it failed), the last exception line of its log, and whether the supervisor
+stopped it.  The scheduler's failure record carries its verdict: the node it blames (one that
+reported a failure, or one silent past the heartbeat timeout) and since when.
+
+Rules (:func:`decide`):
+
+1. A process failed *for its own reason* when its failure record says ``exception``, or, with no
+   record saying it ended because of the job (``job_ended``), it exited non-zero or by a signal
+   the supervisor did not send.  The scheduler's non-zero exit after a verdict is not a reason
+   of its own.
+2. The scheduler's culprit is a candidate too, at the time of its verdict (for a silent node:
+   when it was last heard from), with the scheduler's words (``stopped responding ...``) unless
+   the culprit's own record says more.
+3. The root cause is the candidate that failed **first** (by those timestamps, never by the
+   order in which the supervisor learnt of the exits); ties go to workers, then servers.
+4. Everything else that did not end well is a consequence, one line each; processes on hosts
+   that could not be reached are "not verified".
+
+Headline: ``worker 1 on host-b: ValueError: bad batch`` (the exception when a Python script
+raised; else the exit status or the scheduler's words).
+"""
+from __future__ import annotations
+
+import math
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+_ROLE_ORDER = {"worker": 0, "server": 1, "scheduler": 2}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One process at the end of a job (see the module docstring)."""
+
+    name: str
+    role: str
+    rank: int | None
+    host: str
+    code: int | None = None           # exit status: code, -N for signal N, None unknown
+    when: float | None = None         # when its exit status was written (wall clock)
+    failure: dict[str, Any] | None = None
+    exception: str | None = None      # "Type: message" from its log
+    stopped: bool = False             # ended by the supervisor (or mxdist stop)
+    verified: bool = True             # False: its host could not be reached
+    running: bool = False             # still running when last checked
+
+    @property
+    def who(self) -> str:
+        return f"{self.role if self.rank is None else f'{self.role} {self.rank}'} on {self.host}"
+
+
+@dataclass(frozen=True)
+class RootCause:
+    """The verdict on a failed job."""
+
+    headline: str                      # "worker 1 on host-b: ValueError: bad batch"
+    name: str | None = None            # the root cause's process name, if one
+    reason: str = ""                   # "ValueError: bad batch" / "exit code 3" / "stopped responding ..."
+    time: float | None = None
+    consequences: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"headline": self.headline, "name": self.name, "reason": self.reason, "time": self.time}
+
+
+def describe_code(code: int | None) -> str:
+    if code is None:
+        return "ended without an exit status"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _kind(o: Outcome) -> str | None:
+    return o.failure.get("kind") if o.failure else None
+
+
+def _own(o: Outcome, verdict_given: bool) -> tuple[float, str] | None:
+    """(time, reason) if ``o`` failed for its own reason (rule 1), else None."""
+    if _kind(o) == "exception":
+        assert o.failure is not None
+        reason = _summary(o.failure) or o.exception or describe_code(o.code)
+        return float(o.failure["time"]), reason
+    if _kind(o) in ("job_ended", "verdict") or o.stopped or o.running or not o.verified:
+        return None
+    if o.role == "scheduler" and verdict_given:
+        return None
+    if o.code == 0:
+        return None
+    reason = o.exception or describe_code(o.code)
+    if o.exception and o.code not in (None, 1):
+        reason += f" ({describe_code(o.code)})"
+    return (o.when if o.when is not None else math.inf), reason
+
+
+def _summary(record: dict[str, Any]) -> str:
+    kind, message = record.get("type"), record.get("message")
+    if kind and message:
+        return f"{kind}: {message}"
+    return str(kind or message or "")
+
+
+def _culprit(outcomes: Sequence[Outcome], verdict: dict[str, Any]) -> Outcome | None:
+    who = verdict.get("culprit")
+    if not isinstance(who, dict):
+        return None
+    for o in outcomes:
+        if o.role == who.get("role") and o.rank == who.get("rank"):
+            return o
+    return None
+
+
+def decide(outcomes: Sequence[Outcome], first_seen: str | None = None) -> RootCause | None:
+    """The root cause among ``outcomes`` (rules in the module docstring), or None when nothing
+    failed.  ``first_seen``: the process whose failure the supervisor saw first, used only when
+    no evidence names anything else."""
+    verdict = next((o.failure for o in outcomes if o.role == "scheduler" and _kind(o) == "verdict"), None)
+    candidates: dict[str, tuple[float, str]] = {}
+    for o in outcomes:
+        own = _own(o, verdict is not None)
+        if own is not None:
+            candidates[o.name] = own
+    if verdict is not None:
+        culprit = _culprit(outcomes, verdict)
+        if culprit is not None:
+            when = float(verdict.get("time") or math.inf)
+            mine = candidates.get(culprit.name)
+            reason = mine[1] if mine and _kind(culprit) == "exception" else str(verdict.get("reason") or "failed")
+            if reason.startswith("failed: ") and mine:
+                reason = mine[1]
+            candidates[culprit.name] = (min(when, mine[0]) if mine else when, reason)
+    by_name = {o.name: o for o in outcomes}
+    if not candidates and first_seen in by_name:
+        o = by_name[first_seen]
+        candidates[o.name] = (o.when or math.inf, o.exception or describe_code(o.code))
+    if not candidates:
+        return None
+    name = min(candidates, key=lambda n: (candidates[n][0], _ROLE_ORDER.get(by_name[n].role, 3), n))
+    when, reason = candidates[name]
+    cause = by_name[name]
+    consequences = tuple(_consequence(o) for o in outcomes if o.name != name and _consequence(o))
+    return RootCause(headline=f"{cause.who}: {reason}", name=name, reason=reason,
+                     time=None if math.isinf(when) else when, consequences=consequences)
+
+
+def _consequence(o: Outcome) -> str:
+    """One line for a process that did not end well because of the root cause ('' if it did)."""
+    if not o.verified:
+        return f"{o.who}: not verified (its host could not be reached)"
+    if o.running:
+        return f"{o.who}: still running"
+    if _kind(o) == "job_ended" and o.failure:
+        return f"{o.who}: ended with the job ({o.failure.get('type') or 'PeerLost'})"
+    if o.stopped:
+        return f"{o.who}: stopped"
+    if o.code == 0:
+        return ""
+    if _kind(o) == "verdict":
+        return f"{o.who}: ended the job ({describe_code(o.code)})"
+    return f"{o.who}: {describe_code(o.code)}" + (f" ({o.exception})" if o.exception else "")

@@ -1,0 +1,353 @@
+"""The supervisor's rules without processes: the pure rules (cli.lifecycle, cli.rootcause) and
+the Supervisor itself driven through a fake backend (the Backend protocol allows it).
+
+The supervisor runs in the test's main thread (it installs signal handlers); a driver thread
+plays the processes: it waits for them to start, then makes them exit.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from cli import jobs
+from cli.backends import BackendError, Evidence, ExitStatus, HostProblem, ProcStatus, Started
+from cli.hosts import Host
+from cli.jobs import JobState, ProcState
+from cli.launch import LaunchSettings, Supervisor, new_record
+from cli.lifecycle import Action, Supervision
+from cli.plan import NodeOptions, PlanRequest, make_plan
+from cli.rootcause import Outcome, decide
+
+# -- cli.lifecycle ---------------------------------------------------------------------------------
+
+
+def rules(max_restarts: int = 0, servers_restart: bool = False) -> Supervision:
+    procs = [("scheduler", "scheduler"), ("server-0", "server"), ("worker-0", "worker"), ("worker-1", "worker")]
+    return Supervision.of(procs, max_restarts, servers_restart)
+
+
+def test_workers_done_winds_down_then_done():
+    r = rules()
+    assert r.exited("worker-0", True) is Action.CONTINUE
+    assert r.exited("worker-1", True) is Action.WIND_DOWN
+    assert r.exited("server-0", True) is Action.CONTINUE
+    assert r.exited("scheduler", True) is Action.DONE
+
+
+def test_a_server_exiting_0_early_is_not_an_event_and_failures_after_wind_down_do_not_count():
+    r = rules()
+    assert r.exited("scheduler", True) is Action.CONTINUE     # psnode's scheduler ends first
+    assert r.exited("worker-0", True) is Action.CONTINUE
+    assert r.exited("worker-1", True) is Action.WIND_DOWN
+    assert r.exited("server-0", False) is Action.DONE
+
+
+def test_failures_and_restarts():
+    r = rules(max_restarts=1)
+    assert r.exited("worker-1", False) is Action.RESTART
+    assert r.exited("worker-1", False) is Action.FAIL         # its one restart is used
+    r = rules(max_restarts=1)
+    assert r.exited("server-0", False) is Action.FAIL         # servers restart only with checkpoints
+    r = rules(max_restarts=1, servers_restart=True)
+    assert r.exited("server-0", False) is Action.RESTART
+    assert r.restart_failed("server-0") is Action.FAIL
+    assert rules().exited("scheduler", False) is Action.FAIL
+
+
+def test_wait_for_the_rest_only_when_psnode_started():
+    assert Supervision.wait_for_rest(True) and not Supervision.wait_for_rest(False)
+    assert not Supervision.wait_for_rest(None)
+
+
+# -- cli.rootcause ---------------------------------------------------------------------------------
+
+def exc_record(t: float, kind: str = "exception", typ: str = "ValueError", msg: str = "bad batch") -> dict:
+    return {"kind": kind, "time": t, "type": typ, "message": msg}
+
+
+def test_the_first_own_failure_wins_over_the_order_exits_were_seen():
+    outcomes = [
+        Outcome("server-0", "server", 0, "h1", code=1, when=101.0),
+        Outcome("worker-0", "worker", 0, "h1", code=1, when=102.0,
+                failure=exc_record(101.5, "job_ended", "PeerLost", "job ended")),
+        Outcome("worker-1", "worker", 1, "host-b", code=1, when=103.0, failure=exc_record(100.0)),
+        Outcome("scheduler", "scheduler", None, "h1", stopped=True),
+    ]
+    cause = decide(outcomes, first_seen="server-0")
+    assert cause is not None
+    assert cause.headline == "worker 1 on host-b: ValueError: bad batch" and cause.name == "worker-1"
+    assert cause.consequences == ("server 0 on h1: exit code 1", "worker 0 on h1: ended with the job (PeerLost)",
+                                  "scheduler on h1: stopped")
+
+
+def test_the_schedulers_verdict_names_a_silent_node():
+    verdict = {"kind": "verdict", "time": 50.0, "reason": "stopped responding (5.0 s without a heartbeat)",
+               "culprit": {"role": "worker", "rank": 2, "host": "10.0.0.3", "pid": 9}}
+    outcomes = [
+        Outcome("scheduler", "scheduler", None, "h1", code=1, when=56.0, failure=verdict),
+        Outcome("server-1", "server", 1, "h2", code=1, when=56.5),
+        Outcome("worker-2", "worker", 2, "h3", verified=False),
+    ]
+    cause = decide(outcomes)
+    assert cause is not None
+    assert cause.headline == "worker 2 on h3: stopped responding (5.0 s without a heartbeat)"
+    assert "worker 2 on h3: not verified (its host could not be reached)" not in cause.consequences
+    assert "scheduler on h1: ended the job (exit code 1)" in cause.consequences
+    assert "server 1 on h2: exit code 1" in cause.consequences
+
+
+def test_an_exception_without_a_record_comes_from_the_log_and_exit_codes_otherwise():
+    cause = decide([Outcome("worker-1", "worker", 1, "h", code=1, when=5.0, exception="KeyError: 'x'"),
+                    Outcome("worker-0", "worker", 0, "h", code=-9, when=6.0)])
+    assert cause is not None and cause.headline == "worker 1 on h: KeyError: 'x'"
+    assert cause.consequences == ("worker 0 on h: killed by SIGKILL",)
+    cause = decide([Outcome("worker-1", "worker", 1, "h", code=7, when=5.0)])
+    assert cause is not None and cause.headline == "worker 1 on h: exit code 7"
+    assert decide([Outcome("worker-0", "worker", 0, "h", code=0, when=1.0)]) is None
+
+
+# -- the Supervisor with a fake backend ---------------------------------------------------------------
+
+class FakeBackend:
+    """Processes that exist only in memory; the test decides when and how they end."""
+
+    name = "fake"
+    capabilities: frozenset = frozenset()
+
+    def __init__(self) -> None:
+        self.exits: dict[str, queue.Queue[int | None]] = {}
+        self.running: set[str] = set()
+        self.starts: list[str] = []
+        self.stopped: list[str] = []
+        self.cleaned: list[str] = []
+        self.problems: list[HostProblem] = []
+        self.unreachable: set[str] = set()
+        self.evidence: dict[str, Evidence] = {}
+        self._pid = 1000
+        self._lock = threading.Lock()
+
+    # test side
+    def wait_started(self, names: Sequence[str], timeout: float = 10) -> None:
+        deadline = time.monotonic() + timeout
+        while not set(names) <= self.running:
+            assert time.monotonic() < deadline, f"not started: {set(names) - self.running}"
+            time.sleep(0.01)
+
+    def end(self, name: str, code: int | None) -> None:
+        with self._lock:
+            self.running.discard(name)
+        self.exits[name].put(code)
+
+    # Backend protocol
+    def options(self) -> dict[str, Any]:
+        return {}
+
+    def preflight(self, hosts: Sequence[Host], modules: Sequence[str], env: Any) -> list[HostProblem]:
+        return self.problems
+
+    def reachable(self, host: Host, timeout: float) -> None:
+        if host.label in self.unreachable:
+            time.sleep(min(timeout, 0.3))
+            raise BackendError(f"{host.label}: no route")
+
+    def start(self, host: Host, procs: Sequence[Any], run_dir: str) -> list[Started]:
+        out = []
+        with self._lock:
+            for p in procs:
+                self._pid += 1
+                self.exits[p.name] = queue.Queue()
+                self.running.add(p.name)
+                self.starts.append(p.name)
+                out.append(Started(p.name, self._pid, f"{run_dir}/{p.name}.log", f"{run_dir}/{p.name}.rc"))
+        return out
+
+    def follow(self, host: Host, proc: Any, emit: Callable[[bytes], None], wait: bool = True,
+               offset: int = 0) -> ExitStatus | None:
+        emit(f"hello from {proc.name}\n".encode())
+        return ExitStatus(self.exits[proc.name].get())
+
+    def status(self, host: Host, procs: Sequence[Any]) -> list[ProcStatus]:
+        return [ProcStatus(p.name in self.running, (), None) for p in procs]
+
+    def signal(self, host: Host, procs: Sequence[Any], signum: int) -> None:
+        pass
+
+    def stop(self, host: Host, procs: Sequence[Any], grace: float) -> list[int]:
+        for p in procs:
+            if p.name in self.running:
+                self.stopped.append(p.name)
+                self.end(p.name, -15)
+        return []
+
+    def collect(self, host: Host, procs: Sequence[Any], run_dir: str) -> list[Evidence]:
+        return [self.evidence.get(p.name, Evidence(None, None, None, None)) for p in procs]
+
+    def cleanup(self, host: Host, job_id: str, run_dir: str) -> None:
+        self.cleaned.append(host.label)
+
+    def close(self) -> None:
+        pass
+
+
+HOSTS = [Host("a", address="127.0.0.1", slots=1), Host("b", address="127.0.0.2", slots=1)]
+
+
+@pytest.fixture
+def home(tmp_path):
+    jobs.use_home(tmp_path / "home")
+    yield tmp_path / "home"
+    jobs.use_home(None)
+
+
+def supervisor(backend: FakeBackend, max_restarts: int = 0, **settings: Any) -> Supervisor:
+    job = jobs.new_job_id()
+    plan = make_plan(PlanRequest(job_id=job, command=["train.py"], hosts=HOSTS, python="python3",
+                                 scheduler_port=9000, master_port=9001, num_servers=1,
+                                 node=NodeOptions(max_restarts=max_restarts)))
+    record = new_record(plan, backend, ["train.py"], "/w", jobs.log_dir(job))  # type: ignore[arg-type]
+    sup = Supervisor(plan, backend, record, LaunchSettings(run_dir=str(jobs.log_dir(job)), quiet=True,  # type: ignore[arg-type]
+                                                            grace=0.1, finish_grace=5.0, **settings))
+    sup._psnode_started = lambda: None  # type: ignore[method-assign] # no scheduler to ask
+    return sup
+
+
+def drive(fn: Callable[[], None]) -> threading.Thread:
+    t = threading.Thread(target=fn, daemon=True)
+    t.start()
+    return t
+
+
+WORKERS = ["worker-0", "worker-1"]
+ALL = ["scheduler", "server-0", *WORKERS]
+
+
+def test_all_workers_exit_0_the_job_succeeds_at_once_and_every_host_is_cleaned(home):
+    fake = FakeBackend()
+    sup = supervisor(fake)
+
+    def play() -> None:
+        fake.wait_started(ALL)
+        fake.end("worker-0", 0)
+        fake.end("worker-1", 0)
+
+    drive(play)
+    t0 = time.monotonic()
+    assert sup.run() == 0
+    assert time.monotonic() - t0 < 3.0                       # no finish-grace wait without psnode
+    rec = jobs.load(sup.record.id)
+    assert rec.state is JobState.SUCCEEDED and rec.exit_code == 0 and rec.ended is not None
+    assert sorted(fake.stopped) == ["scheduler", "server-0"] and sorted(fake.cleaned) == ["a", "b"]
+    assert {p.name: p.state for p in rec.procs}["worker-1"] is ProcState.EXITED
+    assert jobs.try_lock(rec.id) is not None                 # the supervisor let go of the job
+
+
+def test_a_failure_is_named_by_its_evidence_not_by_the_first_exit_seen(home):
+    fake = FakeBackend()
+    now = time.time()
+    fake.evidence = {"worker-1": Evidence(1, now + 2, exc_record(now), None),
+                     "server-0": Evidence(1, now + 1, None, None)}
+    sup = supervisor(fake)
+    saved: list[JobState] = []
+    original = sup._save
+    sup._save = lambda: (saved.append(sup.record.state), original())[1]  # type: ignore[method-assign]
+
+    def play() -> None:
+        fake.wait_started(ALL)
+        fake.end("server-0", 1)                              # the consequence reaches us first
+
+    drive(play)
+    assert sup.run() == 1
+    rec = jobs.load(sup.record.id)
+    assert rec.state is JobState.FAILED and rec.exit_code == 1
+    assert rec.root_cause is not None and rec.root_cause["headline"] == "worker 1 on b: ValueError: bad batch"
+    assert "server 0 on a: exit code 1" in rec.consequences
+    assert saved.count(JobState.FAILED) == 1                 # the final state is written once
+    assert sorted(fake.cleaned) == ["a", "b"]
+
+
+def test_a_failed_worker_is_restarted_and_the_job_goes_on(home):
+    fake = FakeBackend()
+    sup = supervisor(fake, max_restarts=1)
+
+    def play() -> None:
+        fake.wait_started(ALL)
+        fake.end("worker-1", 9)
+        deadline = time.monotonic() + 10
+        while fake.starts.count("worker-1") < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        fake.end("worker-1", 0)
+        fake.end("worker-0", 0)
+
+    drive(play)
+    assert sup.run() == 0
+    rec = jobs.load(sup.record.id)
+    assert rec.state is JobState.SUCCEEDED and rec.proc("worker-1").restarts == 1
+
+
+def test_mxdist_stop_asks_the_supervisor_through_the_job_directory(home):
+    fake = FakeBackend()
+    sup = supervisor(fake)
+
+    def play() -> None:
+        fake.wait_started(ALL)
+        jobs.write_private(jobs.stop_request_path(sup.record.id), '{"grace": 0.1}')
+
+    drive(play)
+    assert sup.run() == 143
+    rec = jobs.load(sup.record.id)
+    assert rec.state is JobState.STOPPED and rec.stopped_by == "mxdist stop" and rec.exit_code == 143
+    assert sorted(fake.stopped) == sorted(ALL)
+    assert not jobs.stop_request_path(rec.id).exists()
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGHUP, 129), (signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signals_end_the_job_with_their_exit_codes(home, signum, code):
+    fake = FakeBackend()
+    sup = supervisor(fake)
+
+    def play() -> None:
+        fake.wait_started(ALL)
+        os.kill(os.getpid(), signum)
+
+    drive(play)
+    assert sup.run() == code
+    assert jobs.load(sup.record.id).state is JobState.STOPPED
+    assert sorted(fake.stopped) == sorted(ALL)
+
+
+def test_an_unreachable_host_is_not_waited_on_and_is_reported_not_verified(home):
+    fake = FakeBackend()
+    sup = supervisor(fake)
+
+    def play() -> None:
+        fake.wait_started(ALL)
+        fake.unreachable.add("b")
+        fake.end("worker-0", 3)
+
+    drive(play)
+    t0 = time.monotonic()
+    assert sup.run() == 1
+    assert time.monotonic() - t0 < 5.0
+    rec = jobs.load(sup.record.id)
+    assert set(rec.unverified) == {"b"} and rec.proc("worker-1").state is ProcState.UNKNOWN
+    assert rec.root_cause is not None and rec.root_cause["headline"] == "worker 0 on a: exit code 3"
+    assert "worker 1 on b: not verified (its host could not be reached)" in rec.consequences
+    assert fake.cleaned == ["a"]
+
+
+def test_preflight_problems_start_nothing(home):
+    fake = FakeBackend()
+    fake.problems = [HostProblem("b", "cannot connect to b:22: connection refused", "is sshd running?")]
+    sup = supervisor(fake)
+    assert sup.run() == 3
+    rec = jobs.load(sup.record.id)
+    assert rec.state is JobState.FAILED and not fake.starts
+    assert rec.root_cause is not None and "connection refused" in rec.root_cause["headline"]
