@@ -10,10 +10,12 @@ closed (SIGHUP); 130 interrupted (Ctrl-C); 143 stopped (``mxdist stop`` or SIGTE
 """
 from __future__ import annotations
 
+import functools
 import shlex
 import time
 from collections import deque
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import typer
 
@@ -66,7 +68,24 @@ def _fail(title: str, message: str, fix: str | None, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _guarded(fn: F) -> F:
+    """A command whose permission errors (another user's MXDIST_HOME, job or files) are one panel."""
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except PermissionError as exc:
+            where = f" {exc.filename}" if exc.filename else ""
+            raise _fail("permission denied", f"cannot access{where}: {exc.strerror or exc}",
+                        "jobs and their files are private to the user who launched them", 1) from None
+    return run  # type: ignore[return-value]
+
+
 @app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
+@_guarded
 def launch(
     command: list[str] = typer.Argument(..., metavar="COMMAND [ARGS]...",
                                         help="a .py script (run with Python) or any program"),
@@ -220,6 +239,7 @@ def _jobs(limit: int | None, as_json: bool) -> None:
 
 
 @app.command("jobs")
+@_guarded
 def jobs_command(
     limit: int = typer.Option(20, "-n", "--limit", help="how many of the most recent jobs (0: all)"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
@@ -233,6 +253,7 @@ def _view_json(view: dict[str, Any]) -> dict[str, Any]:
 
 
 @app.command()
+@_guarded
 def status(
     job: str | None = typer.Argument(None, help="job id (default: the latest)"),
     all_jobs: bool = typer.Option(False, "--all", help="list recent jobs (as mxdist jobs)"),
@@ -277,6 +298,7 @@ def status(
 
 
 @app.command()
+@_guarded
 def stop(
     job: str | None = typer.Argument(None, help="job id (default: the latest)"),
     all_jobs: bool = typer.Option(False, "--all", help="stop every running job"),
@@ -314,6 +336,7 @@ def stop(
 
 
 @app.command()
+@_guarded
 def logs(
     job: str | None = typer.Argument(None, help="job id (default: the latest)"),
     role: str | None = typer.Option(None, "--role", help="scheduler, server or worker"),
@@ -347,6 +370,7 @@ def logs(
 
 
 @app.command()
+@_guarded
 def clean(
     job: list[str] = typer.Argument(None, help="only these jobs (default: every finished job)"),
     older_than: float | None = typer.Option(None, "--older-than", metavar="DAYS",

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -40,6 +40,7 @@ class SshCluster:
     known_hosts: Path
     client_key: Path
     host_pubkeys: dict[str, str]     # address -> "ssh-ed25519 AAAA..."
+    sshd_pids: dict[str, int] = field(default_factory=dict)   # address -> its sshd listener
 
     def env(self, home: Path, **extra: str) -> dict[str, str]:
         base = {"MXDIST_SSH_CONFIG": str(self.ssh_config), "MXDIST_KNOWN_HOSTS": str(self.known_hosts),
@@ -115,7 +116,8 @@ def ssh_cluster(tmp_path_factory: pytest.TempPathFactory):
         )
         ssh_config.write_text("\n".join(blocks))
         known_hosts = root / "known_hosts"
-        cluster = SshCluster(root, port, names, ADDRESSES, ssh_config, known_hosts, client_key, pubkeys)
+        cluster = SshCluster(root, port, names, ADDRESSES, ssh_config, known_hosts, client_key, pubkeys,
+                             {a: p.pid for a, p in zip(ADDRESSES, procs)})
         known_hosts.write_text("".join(cluster.known_hosts_line(a) for a in ADDRESSES))
         yield cluster
     finally:

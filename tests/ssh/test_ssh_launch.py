@@ -5,12 +5,15 @@ Every test ends by checking that no process of the job remains on any host.
 from __future__ import annotations
 
 import json
+import os
 import signal
+import stat
 import textwrap
+import time
 from pathlib import Path
 
 from mxdist_testing import (
-    assert_nothing_left, kill_cli, latest, records, run_cli, start_cli, wait_for,
+    assert_nothing_left, group_members, kill_cli, latest, records, run_cli, start_cli, wait_for,
 )
 
 TRAIN = textwrap.dedent("""
@@ -230,4 +233,108 @@ def test_examples_over_ssh(ssh_cluster, home, tmp_path):
                    str(root / "examples" / "ddp_gloo.py"), "--epochs", "1"], env, timeout=180)
     assert ddp.returncode == 0, ddp.stdout + ddp.stderr
     assert "accuracy=" in ddp.stdout
+    assert_nothing_left(home)
+
+
+RAISES = textwrap.dedent("""
+    import time, numpy as np, psnode
+    kv = psnode.kv.create('dist_sync')
+    kv.init('w', np.zeros(2, np.float32))
+    for step in range(200):
+        if kv.rank == 1 and step == 3:
+            raise ValueError(f"bad batch at step {step}")
+        kv.push('w', np.ones(2, np.float32)); kv.pull('w')
+        time.sleep(0.02)
+    kv.close()
+""")
+
+TRAIN_SLOW = textwrap.dedent("""
+    import time, numpy as np, psnode
+    kv = psnode.kv.create('dist_sync')
+    kv.init('w', np.zeros(2, np.float32))
+    print("TRAINING", kv.rank, flush=True)
+    for step in range(3000):
+        kv.push('w', np.ones(2, np.float32)); kv.pull('w')
+        time.sleep(0.02)
+    kv.close()
+""")
+
+
+def test_root_cause_headline_over_ssh_and_remote_run_files_are_private_then_removed(ssh_cluster, home, tmp_path):
+    env = ssh_cluster.env(home)
+    res = run_cli(["launch", "-H", "node1,node2", "-n", "2", "-s", "2", script(tmp_path, "raises.py", RAISES)],
+                  env, timeout=120)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "worker 1 on node2: ValueError: bad batch at step 3" in res.stderr
+    rec = latest(home)
+    assert rec["root_cause"]["headline"] == "worker 1 on node2: ValueError: bad batch at step 3"
+    worker0 = [line for line in res.stdout.splitlines() if line.startswith("[worker 0 @ node1]")]
+    assert len(worker0) == 1 and "ended" in worker0[0], worker0          # one line, no traceback
+    assert not (home / "remote" / rec["id"]).exists()                    # run files gone on every host
+    assert_nothing_left(home)
+
+
+def remote_run_dir_modes(run_dir: Path) -> dict[str, int]:
+    return {p.name: stat.S_IMODE(p.stat().st_mode) for p in [run_dir, *run_dir.iterdir()]}
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def test_a_host_that_stops_answering_is_named_and_not_waited_on(ssh_cluster, home, tmp_path):
+    """node3 freezes (its sshd and the job's processes there get SIGSTOP, as if cut off): the
+    scheduler's verdict names its worker within the heartbeat timeout, launch ends a few seconds
+    later reporting node3 'not verified', and the next stop, once node3 is back, cleans it up."""
+    env = ssh_cluster.env(home)
+    proc = start_cli(["launch", "-H", "node1,node2,node3", "-n", "3", "-s", "2", "--heartbeat-interval", "0.5",
+                      "--grace", "1", script(tmp_path, "slow.py", TRAIN_SLOW)], env)
+    frozen: list[int] = []
+    try:
+        seen: list[str] = []
+        wait_for(lambda: seen.append(proc.stdout.readline()) or sum("TRAINING" in s for s in seen) == 3,
+                 90, "three workers training", interval=0)
+        rec = latest(home)
+        run_dir = home / "remote" / rec["id"]
+        modes = remote_run_dir_modes(run_dir)
+        assert modes.pop(run_dir.name) == 0o700 and set(modes.values()) == {0o600}, modes
+        node3 = [p["pid"] for p in rec["procs"] if p["host"] == "node3"]
+        frozen = descendants(ssh_cluster.sshd_pids["127.0.0.4"]) + [
+            m for g in node3 for m in group_members(g)]
+        t0 = time.monotonic()
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        out, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+        assert proc.returncode == 1, out
+        assert took < 2.5 + 10, (took, out)              # heartbeat timeout + a few seconds
+        assert "worker 2 on node3: stopped responding" in out, out
+        assert "node3: not verified" in out, out
+        final = latest(home)
+        assert final["state"] == "failed" and "node3" in final["unverified"]
+    finally:
+        for pid in frozen:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
+        kill_cli(proc)
+    stop = run_cli(["stop", final["id"]], env)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert "node3: nothing of the job left" in stop.stderr
+    assert not latest(home)["unverified"]
     assert_nothing_left(home)

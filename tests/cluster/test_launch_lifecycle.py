@@ -1,0 +1,345 @@
+"""What users do to a launch, end to end on this machine: Ctrl-C through a real terminal on
+``launch ... 2>&1 | tee log`` and ``launch ... | head -2``, closing the terminal (SIGHUP),
+``mxdist stop`` racing an attached launch, detached jobs that succeed, fail and are stopped,
+status and jobs after a preflight failure and on a hand-damaged record, the root-cause
+headline of a worker that raises, a command without psnode that ends at once.
+
+Every test ends with a final state in the record and no process of the job left.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pty
+import random
+import select
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ssh"))
+
+from mxdist_testing import (  # noqa: E402
+    PY, ROOT, assert_nothing_left, cli_env, kill_cli, latest, records, run_cli, start_cli, wait_for,
+)
+
+MXDIST = f"{shlex.quote(PY)} -m cli.main"
+
+SLEEPER = textwrap.dedent("""
+    import os, time
+    print("started rank", os.environ["RANK"], flush=True)
+    time.sleep(300)
+""")
+
+CHATTY = textwrap.dedent("""
+    import os, time
+    for i in range(20):
+        print("line", i, "rank", os.environ["RANK"], flush=True)
+        time.sleep(0.05)
+""")
+
+RAISES = textwrap.dedent("""
+    import time, numpy as np, psnode
+    kv = psnode.kv.create('dist_sync')
+    kv.init('w', np.zeros(2, np.float32))
+    for step in range(200):
+        if kv.rank == 1 and step == 3:
+            raise ValueError(f"bad batch at step {step}")
+        kv.push('w', np.ones(2, np.float32)); kv.pull('w')
+        time.sleep(0.02)
+    kv.close()
+""")
+
+QUICK = textwrap.dedent("""
+    import numpy as np, psnode
+    kv = psnode.kv.create('dist_sync')
+    kv.init('w', np.zeros(2, np.float32))
+    kv.push('w', np.full(2, kv.rank + 1, np.float32))
+    print("W", kv.pull('w').tolist(), flush=True)
+    kv.close()
+""")
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    return tmp_path / "mxdist-home"
+
+
+def script(tmp_path: Path, text: str, name: str = "job.py") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+class Terminal:
+    """A command in a real pseudo-terminal: its own session, the pty its controlling terminal."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: exec, never return into pytest
+            try:
+                os.chdir(ROOT)
+                os.execvpe(argv[0], argv, env)
+            finally:
+                os._exit(127)
+        self.output = b""
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                ready, _, _ = select.select([self.fd], [], [], 0.2)
+                if not ready:
+                    continue
+                data = os.read(self.fd, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            with self._lock:
+                self.output += data
+
+    def text(self) -> str:
+        with self._lock:
+            return self.output.decode(errors="replace")
+
+    def ctrl_c(self) -> None:
+        os.write(self.fd, b"\x03")     # the terminal sends SIGINT to its foreground process group
+
+    def hang_up(self) -> None:
+        os.close(self.fd)              # the terminal closes: SIGHUP to the session leader
+        self.fd = -1
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def wait(self, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                return os.waitstatus_to_exitcode(status)
+            time.sleep(0.05)
+        os.kill(self.pid, signal.SIGKILL)
+        os.waitpid(self.pid, 0)
+        raise AssertionError(f"the terminal's command did not end within {timeout} s:\n{self.text()}")
+
+
+def wait_final(home: Path, timeout: float = 60) -> dict:
+    return wait_for(lambda: (r := latest(home)) and r["state"] not in ("starting", "running") and r,
+                    timeout, "the job's final state")
+
+
+def supervisor_gone(rec: dict) -> bool:
+    pid = rec["supervisor"]["pid"]
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("pipe", ["2>&1 | tee {log}", "| head -2"])
+def test_ctrl_c_in_a_terminal_through_a_pipe_stops_everything(home, tmp_path, pipe):
+    log = tmp_path / "train.log"
+    cmd = f"{MXDIST} launch -n 2 -s 1 {shlex.quote(script(tmp_path, SLEEPER))} {pipe.format(log=log)}"
+    term = Terminal(["bash", "-c", cmd], cli_env(home))
+    try:
+        wait_for(lambda: records(home) and all(p["pid"] for p in latest(home)["procs"])
+                 and latest(home)["state"] == "running", 60, "the job to run")
+        if "tee" in pipe:
+            wait_for(lambda: term.text().count("started rank") == 2, 60, "both workers' first line")
+        else:
+            time.sleep(1.0)        # head has its two lines (or not): the launcher must not care
+        term.ctrl_c()
+        rec = wait_final(home, 60)
+        term.wait(30)
+    finally:
+        term.close()
+    assert rec["state"] == "stopped" and rec["exit_code"] == 130 and rec["stopped_by"] == "Ctrl-C"
+    wait_for(lambda: supervisor_gone(rec), 10, "mxdist launch to exit")
+    assert_nothing_left(home)
+    if "tee" in pipe:
+        assert "started rank 1" in log.read_text()
+
+
+def test_closing_the_terminal_stops_the_job_with_129(home, tmp_path):
+    argv = [PY, "-m", "cli.main", "launch", "-n", "2", "-s", "1", script(tmp_path, SLEEPER)]
+    term = Terminal(argv, cli_env(home))
+    wait_for(lambda: term.text().count("started rank") == 2, 60, "both workers' first line")
+    term.hang_up()
+    rec = wait_final(home, 60)
+    assert term.wait(30) == 129
+    assert rec["state"] == "stopped" and rec["exit_code"] == 129 and "hangup" in rec["stopped_by"]
+    assert_nothing_left(home)
+
+
+def test_head_returns_as_soon_as_the_job_ends(home, tmp_path):
+    cmd = f"{MXDIST} launch -n 2 -s 1 {shlex.quote(script(tmp_path, CHATTY))} | head -2"
+    t0 = time.monotonic()
+    res = subprocess.run(["bash", "-c", cmd], env=cli_env(home), cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    took = time.monotonic() - t0
+    assert len(res.stdout.splitlines()) == 2, res.stdout + res.stderr
+    rec = latest(home)
+    assert rec["state"] == "succeeded" and rec["exit_code"] == 0, res.stderr
+    assert took < rec["ended"] - rec["created"] + 5.0, (took, rec)
+    assert_nothing_left(home)
+
+
+def test_stop_racing_an_attached_launch_always_ends_stopped(home, tmp_path):
+    env = cli_env(home)
+    sleeper = script(tmp_path, SLEEPER)
+    rng = random.Random(13)
+    for attempt in range(20):
+        before = {r["id"] for r in records(home)}
+        proc = start_cli(["launch", "-n", "1", "-s", "0", "--grace", "1", sleeper], env)
+        try:
+            job = wait_for(lambda: next((r["id"] for r in records(home) if r["id"] not in before), None),
+                           60, "the launch to record its job")
+            time.sleep(rng.uniform(0.0, 1.5))
+            stop = run_cli(["stop", job, "--grace", "1"], env)
+            assert stop.returncode == 0, (attempt, stop.stdout + stop.stderr)
+            out, _ = proc.communicate(timeout=60)
+        finally:
+            kill_cli(proc)
+        rec = json.loads((home / "jobs" / f"{job}.json").read_text())
+        assert rec["state"] == "stopped" and rec["exit_code"] == 143, (attempt, rec, out)
+        assert proc.returncode == 143, (attempt, out)
+        assert_nothing_left(home)
+
+
+def test_detached_jobs_succeed_fail_and_stop(home, tmp_path):
+    env = cli_env(home)
+
+    def detached(text: str, name: str) -> str:
+        res = run_cli(["launch", "-d", "-n", "2", "-s", "1", script(tmp_path, text, name)], env)
+        assert res.returncode == 0, res.stderr
+        return res.stdout.strip().splitlines()[-1]
+
+    def final(job: str) -> dict:
+        return wait_for(lambda: (v := json.loads(run_cli(["status", job, "--json"], env).stdout))["state"]
+                        not in ("starting", "running") and v, 60, f"job {job} to end")
+
+    ok = final(detached(QUICK, "quick.py"))
+    assert ok["state"] == "succeeded" and ok["exit_code"] == 0
+    bad = final(detached(RAISES, "raises.py"))
+    assert bad["state"] == "failed" and bad["exit_code"] == 1
+    assert bad["root_cause"] == "worker 1 on localhost: ValueError: bad batch at step 3"
+    job = detached(SLEEPER, "sleeper.py")
+    wait_for(lambda: "started rank 1" in run_cli(["logs", job], env).stdout, 30, "worker 1's first line")
+    stop = run_cli(["stop", job], env)
+    assert stop.returncode == 0 and "localhost: nothing of the job left" in stop.stderr, stop.stderr
+    stopped = json.loads(run_cli(["status", job, "--json"], env).stdout)
+    assert stopped["state"] == "stopped" and stopped["exit_code"] == 143
+    listing = json.loads(run_cli(["jobs", "--json"], env).stdout)["jobs"]
+    assert [j["state"] for j in listing] == ["succeeded", "failed", "stopped"]
+    assert_nothing_left(home)
+
+
+def test_root_cause_headline_for_a_worker_that_raises(home, tmp_path):
+    res = run_cli(["launch", "-n", "2", "-s", "2", script(tmp_path, RAISES)], cli_env(home))
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "worker 1 on localhost: ValueError: bad batch at step 3" in res.stderr
+    assert "failed in" in res.stderr.splitlines()[-1]
+    worker0 = [line for line in res.stdout.splitlines() if line.startswith("[worker 0 @ localhost]")]
+    assert len(worker0) == 1 and "job" in worker0[0] and "ended" in worker0[0], worker0   # one line
+    assert "Traceback" not in "\n".join(worker0)
+    rec = latest(home)
+    assert rec["state"] == "failed" and rec["root_cause"]["name"] == "worker-1"
+    assert_nothing_left(home)
+
+
+def test_a_command_without_psnode_ends_within_3_s(home, tmp_path):
+    t0 = time.monotonic()
+    res = run_cli(["launch", "-n", "2", "-s", "1", "hostname"], cli_env(home))
+    took = time.monotonic() - t0
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.count(f"] {os.uname().nodename}") == 2
+    assert took < 3.0, took
+    assert latest(home)["state"] == "succeeded"
+    assert_nothing_left(home)
+
+
+def test_status_and_jobs_after_a_preflight_failure_and_on_damaged_records(home, tmp_path):
+    env = cli_env(home)
+    res = run_cli(["launch", "--workdir", str(tmp_path / "nope"), "-n", "1", "hostname"], env)
+    assert res.returncode == 3 and "preflight failed" in res.stderr, res.stderr
+    status = run_cli(["status"], env)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "failed" in status.stdout and "does not exist" in status.stdout and "Traceback" not in status.stderr
+    view = json.loads(run_cli(["status", "--json"], env).stdout)
+    assert view["state"] == "failed" and view["exit_code"] == 3
+    assert {n["state"] for n in view["nodes"]} == {"not started"}
+    rec = latest(home)
+    path = home / "jobs" / f"{rec['id']}.json"
+    path.write_text('{"id": "' + rec["id"] + '", "backend": "local", "state": "running", "procs": [{"name": "x"')
+    for args in (["status"], ["status", rec["id"]], ["logs", rec["id"]], ["stop", rec["id"]]):
+        out = run_cli(args, env)
+        assert out.returncode == 1 and "damaged job record" in out.stderr, (args, out.stderr)
+        assert "Traceback" not in out.stderr
+    listing = run_cli(["jobs"], env)
+    assert listing.returncode == 0 and "damaged" in listing.stdout, listing.stdout + listing.stderr
+    # a partial record (an older or interrupted writer): shown as far as it goes
+    path.write_text(json.dumps({"id": rec["id"], "backend": "local", "state": "succeeded", "version": 1,
+                                "procs": [{"name": "worker-0", "role": "worker", "rank": 0, "host": "localhost"}]}))
+    view = json.loads(run_cli(["status", rec["id"], "--json"], env).stdout)
+    assert view["state"] == "succeeded" and any("version 1" in n for n in view["notes"])
+    clean = run_cli(["clean"], env)
+    assert clean.returncode == 0 and not records(home)
+
+
+def test_quiet_prints_the_job_id_and_the_closing_line_and_ranks_filter_the_stream(home, tmp_path):
+    env = cli_env(home)
+    res = run_cli(["launch", "-q", "-n", "2", "-s", "1", script(tmp_path, CHATTY)], env)
+    assert res.returncode == 0 and res.stdout == "", res.stdout
+    job = latest(home)["id"]
+    assert f"job {job}" in res.stderr.splitlines()[0]
+    assert res.stderr.splitlines()[-1].startswith(f"job {job} succeeded in ")
+    res = run_cli(["launch", "--ranks", "1", "-n", "2", "-s", "1", script(tmp_path, CHATTY)], env)
+    assert res.returncode == 0
+    assert res.stdout.count("[worker 1 @ localhost] line") == 20 and "[worker 0" not in res.stdout
+    assert "line 19 rank 0" in (Path(latest(home)["procs"][-2]["log"])).read_text()   # still saved
+    version = run_cli(["--version"], env)
+    assert version.returncode == 0 and version.stdout.startswith("mxdist ")
+    assert_nothing_left(home)
+
+
+NO_RESUME = textwrap.dedent("""
+    import os, numpy as np, psnode
+    kv = psnode.kv.create('dist_sync')
+    kv.set_optimizer(psnode.optimizer.create('sgd', learning_rate=0.125))
+    kv.init('w', np.zeros(3, np.float32))
+    for step in range(6):                     # no resume code: a restart begins at step 0 again
+        if kv.rank == 1 and step == 3 and os.environ.get('PSNODE_RESTART_COUNT', '0') == '0':
+            os._exit(9)
+        kv.push('w', np.full(3, (kv.rank + 1) * (step + 1), np.float32))
+        kv.pull('w')
+    print("FINAL", kv.pull('w').tolist(), flush=True)
+    kv.close()
+""")
+
+
+@pytest.mark.xfail(reason="a restarted worker's repeated pushes are applied again (psnode/worker.py and the "
+                          "servers must recognise them, or fail naming kv.num_pushes): the core's part of "
+                          "issue 13 item 5", strict=False)
+def test_a_restarted_worker_without_resume_code_works_or_fails_with_the_fix(home, tmp_path):
+    res = run_cli(["launch", "-n", "2", "-s", "1", "--max-restarts", "1", script(tmp_path, NO_RESUME)],
+                  cli_env(home), timeout=120)
+    assert_nothing_left(home)
+    if res.returncode == 0:         # repeated pushes recognised: the uninterrupted run's values
+        want = [-0.125 * 1.5 * sum(range(1, 7))] * 3
+        finals = [line.split("] ", 1)[1] for line in res.stdout.splitlines() if "] FINAL" in line]
+        assert finals == [f"FINAL {want}"] * 2, res.stdout + res.stderr
+    else:                           # or a clear failure that shows the fix, within the retry limit
+        assert res.returncode == 1 and "num_pushes" in res.stderr, res.stdout + res.stderr
