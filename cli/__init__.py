@@ -1,7 +1,11 @@
-"""mxdist: the command-line launcher for psnode jobs (``mxdist launch|status|stop|logs``).
+"""mxdist: the command-line launcher for psnode jobs (``mxdist launch|status|stop|logs|jobs|clean``).
 
-Modules: ``main`` (typer commands), ``hosts`` and ``plan`` (pure), ``options`` (options ->
-plan), ``jobs`` (job records), ``backends`` (Backend protocol, LocalBackend), ``ssh``
-(SshBackend), ``agent`` (host-side operations), ``launch`` (orchestration), ``control``
-(status/stop/logs of recorded jobs), ``ui`` (rendering).
+Modules: ``main`` (typer commands), ``hosts`` and ``plan`` (pure: hosts, placement, the
+NodeOptions of a job), ``options`` (options -> plan, backend, record), ``jobs`` (job records,
+the supervisor's lock), ``backends`` (Backend protocol, capabilities, LocalRunner,
+LocalBackend), ``registry`` (backends by name), ``ssh`` (SshBackend), ``slurm``
+(SlurmBackend), ``agent`` (host-side operations), ``launch`` (the job's supervisor),
+``lifecycle`` and ``rootcause`` (pure: supervision rules, root cause), ``teardown`` (the end of
+a job on every host), ``control`` (status/stop/logs/jobs/clean of recorded jobs), ``ui``
+(rendering).
 """

@@ -316,10 +316,6 @@ def follow(log: str, rc_file: str, pid: int, offset: int, wait: bool,
     return {"rc": rc, "offset": offset}
 
 
-def ping() -> bool:
-    return True
-
-
 def _main(request: dict) -> int:
     """Entry point when run remotely: one operation, JSON result on stderr's last line."""
     op = request.pop("op")
@@ -333,7 +329,7 @@ def _main(request: dict) -> int:
         result = follow(emit=emit, **request)
     else:
         ops: dict[str, Callable[..., Any]] = {
-            "check": check, "spawn": spawn, "status": status, "stop": stop, "ping": ping,
+            "check": check, "spawn": spawn, "status": status, "stop": stop,
             "signal": signal_groups, "put_key": put_key, "remove_files": remove_files,
             "collect": collect, "cleanup": cleanup}
         result = ops[op](**request)

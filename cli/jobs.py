@@ -39,6 +39,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
@@ -240,12 +241,14 @@ def stop_request_path(job_id: str) -> Path:
 
 def private_dir(path: Path) -> Path:
     """Create ``path`` and its missing parents under MXDIST_HOME with mode 0700; tighten
-    MXDIST_HOME and the jobs directory to 0700 if they were looser."""
+    MXDIST_HOME (when it is the user's own, not a shared sticky directory such as /tmp) and the
+    jobs directory to 0700 if they were looser."""
     base = home()
     for d in (base, base / "jobs"):
         if path == d or d in path.parents:
             d.mkdir(mode=0o700, exist_ok=True, parents=d == base)
-            if d.stat().st_mode & 0o077:
+            st = d.stat()
+            if st.st_mode & 0o077 and st.st_uid == os.getuid() and not st.st_mode & stat.S_ISVTX:
                 os.chmod(d, 0o700)
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return path

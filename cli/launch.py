@@ -139,6 +139,7 @@ class Supervisor:
     # -- the whole life -------------------------------------------------------------------------
 
     def run(self) -> int:
+        previous = {s: signal.signal(s, self._on_signal) for s in SIGNAL_EXIT}
         self._lock = jobs.try_lock(self.record.id)
         if self._lock is None:
             raise BackendError(f"job {self.record.id} already has a supervisor")
@@ -147,7 +148,6 @@ class Supervisor:
                                                  self.settings.detach)
         self.record.run_dir = self.settings.run_dir
         self._save()
-        previous = {s: signal.signal(s, self._on_signal) for s in SIGNAL_EXIT}
         try:
             return self._life()
         finally:

@@ -167,6 +167,8 @@ def launch(
         prepared = prepare(opts)
     except (HostsError, PlanError, BackendError, ValueError) as exc:
         raise _fail("invalid launch options", str(exc), None, EXIT_USAGE) from None
+    except KeyboardInterrupt:       # nothing was started
+        raise typer.Exit(130) from None
     if dry_run:
         _show_plan(prepared.plan)
         return

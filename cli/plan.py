@@ -14,6 +14,11 @@ Rules:
 * a command ending in ``.py`` runs with ``python``; anything else runs as given; arguments are
   kept as separate words (never joined into a shell string here).
 
+psnode options: one :class:`NodeOptions` per job (filled from ``mxdist launch``'s flags, defaults
+from NodeConfig) becomes the NodeConfig fields of every process.  With ``run_dir`` set, each
+process gets ``PSNODE_ERROR_FILE=<run_dir>/<name>.failure.json``: where it writes its failure
+record (:mod:`psnode.failure`) for the supervisor to name the root cause.
+
 Environment of every process = allowlisted variables of the launcher's environment
 (:data:`PASSTHROUGH`) + the user's ``-e K=V`` + ``PYTHONUNBUFFERED=1`` + the psnode and torch
 variables (which win).  ``-e PSNODE_*`` is refused (:func:`parse_env_assignments`): every psnode

@@ -131,6 +131,9 @@ def decide(outcomes: Sequence[Outcome], first_seen: str | None = None) -> RootCa
             candidates[o.name] = own
     if verdict is not None:
         culprit = _culprit(outcomes, verdict)
+        if culprit is None and verdict.get("reason"):   # a verdict on the job itself (registration...)
+            sched = next(o for o in outcomes if o.role == "scheduler" and _kind(o) == "verdict")
+            candidates[sched.name] = (float(verdict.get("time") or math.inf), str(verdict["reason"]))
         if culprit is not None:
             when = float(verdict.get("time") or math.inf)
             mine = candidates.get(culprit.name)

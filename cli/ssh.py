@@ -149,7 +149,7 @@ class SshBackend:
             raise BackendError(str(exc)) from None
         return address.strip("[]"), port, user
 
-    def _connect(self, host: Host) -> paramiko.SSHClient:
+    def _connect(self, host: Host, timeout: float | None = None) -> paramiko.SSHClient:
         cfg = self._config.lookup(host.name)
         address, port, user = self.endpoint(host)
         only = str(cfg.get("identitiesonly", "no")).lower() == "yes"
@@ -161,28 +161,28 @@ class SshBackend:
         client.connect(
             hostname=address, port=port, username=user,
             key_filename=[k for k in keys if os.path.isfile(k)] or None,
-            allow_agent=not only, look_for_keys=not only, timeout=self.connect_timeout,
-            banner_timeout=self.connect_timeout, auth_timeout=self.connect_timeout,
+            allow_agent=not only, look_for_keys=not only, timeout=timeout or self.connect_timeout,
+            banner_timeout=timeout or self.connect_timeout, auth_timeout=timeout or self.connect_timeout,
         )
         return client
 
-    def _client(self, host: Host) -> paramiko.SSHClient:
+    def _client(self, host: Host, timeout: float | None = None) -> paramiko.SSHClient:
         with self._lock:
             client = self._clients.get(host.label)
             transport = client.get_transport() if client else None
             if client is None or transport is None or not transport.is_active():
-                client = self._connect(host)
+                client = self._connect(host, timeout)
                 self._clients[host.label] = client
             return client
 
     def _agent(self, host: Host, request: dict[str, Any], emit: Callable[[bytes], None] | None = None,
-               timeout: float | None = 120.0, open_timeout: float | None = None) -> Any:
+               timeout: float | None = 120.0) -> Any:
         """Run one agent operation on ``host``; stream its stdout to ``emit``; return its result."""
         transport = self._client(host).get_transport()
         if transport is None:
             raise BackendError(f"{host.label}: SSH connection lost")
         try:
-            chan = transport.open_session(timeout=open_timeout or self.connect_timeout)
+            chan = transport.open_session(timeout=self.connect_timeout)
         except paramiko.SSHException as exc:
             raise BackendError(f"{host.label}: {exc}") from None
         try:
@@ -302,12 +302,28 @@ class SshBackend:
         return sorted(pid for pids in result["left"].values() for pid in pids)
 
     def reachable(self, host: Host, timeout: float) -> None:
-        try:
-            self._agent(host, {"op": "ping"}, timeout=timeout, open_timeout=timeout)
-        except BackendError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - any connection problem means: not reachable now
-            raise BackendError(f"{host.label}: {_connect_error(exc) or type(exc).__name__}") from None
+        """One round trip on the host's connection (an SSH keepalive request, answered by sshd
+        itself: no process is started), bounded by ``timeout``."""
+        box: dict[str, Any] = {}
+
+        def ask() -> None:
+            try:
+                transport = self._client(host, timeout).get_transport()
+                if transport is None:
+                    raise BackendError("no SSH connection")
+                transport.global_request("keepalive@openssh.com", wait=True)
+                box["ok"] = transport.is_active()
+            except Exception as exc:  # noqa: BLE001 - any connection problem means: not reachable now
+                box["error"] = exc
+
+        thread = threading.Thread(target=ask, name=f"probe-{host.label}", daemon=True)
+        thread.start()
+        thread.join(timeout)
+        if "error" in box:
+            exc = box["error"]
+            raise BackendError(f"{host.label}: {_connect_error(exc) or type(exc).__name__}")
+        if not box.get("ok"):
+            raise BackendError(f"{host.label}: no answer within {timeout:g} s")
 
     def collect(self, host: Host, procs: Sequence[ProcRecord], run_dir: str) -> list[Evidence]:
         items = self._agent(host, {"op": "collect", "run_dir": run_dir, "procs": [

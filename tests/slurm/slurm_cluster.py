@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,17 +33,14 @@ def missing_binaries() -> list[str]:
 
 
 def _free_ports(count: int) -> list[int]:
+    """Distinct ports free now and outside the kernel's range for outgoing connections, so no
+    connection (ours or another test's) can take one before slurmctld or a slurmd binds it --
+    the rule the launcher itself follows (cli.options.free_listen_port)."""
+    from cli.options import free_listen_port
+
     ports: list[int] = []
-    socks = []
-    try:
-        while len(ports) < count:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
-            s.close()
+    while len(ports) < count:
+        ports.append(free_listen_port(avoid=frozenset(ports)))
     return ports
 
 

@@ -11,6 +11,7 @@ installs openssh-server.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -52,12 +53,15 @@ class SshCluster:
 
 
 def _free_port() -> int:
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind((ADDRESSES[0], 0))
-            port = s.getsockname()[1]
+    """A port free on every test address, outside the kernel's range for outgoing connections
+    (as the launcher picks its own: no connection can take it before the sshds bind it)."""
+    from cli.options import ephemeral_range, listen_range
+
+    low, high = listen_range(ephemeral_range())
+    for _ in range(200):
+        port = random.randint(low, high)
         ok = True
-        for addr in ADDRESSES[1:]:
+        for addr in ADDRESSES:
             with socket.socket() as s:
                 try:
                     s.bind((addr, port))

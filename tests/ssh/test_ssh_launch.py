@@ -155,6 +155,11 @@ def test_unreachable_host_is_reported_and_nothing_starts(ssh_cluster, home, tmp_
     assert res.returncode == 3, res.stdout + res.stderr
     assert "preflight failed" in res.stderr and "127.0.0.5" in res.stderr
     assert "cannot connect" in res.stderr
+    closed = run_cli(["launch", "-H", "127.0.0.2:9", "-s", "0", show], ssh_cluster.env(home))
+    assert closed.returncode == 3 and "127.0.0.2:9: connection refused" in closed.stderr, closed.stderr
+    assert "Errno None" not in closed.stderr
+    status = run_cli(["status"], ssh_cluster.env(home))                # a preflight failure: no crash
+    assert status.returncode == 0 and "connection refused" in status.stdout, status.stdout + status.stderr
     assert all(p["pid"] is None for r in records(home) for p in r["procs"])
     assert_nothing_left(home)
 
@@ -169,6 +174,7 @@ def test_unknown_and_changed_host_keys_are_refused(ssh_cluster, home, tmp_path):
     res = run_cli(["launch", "-H", "node1,node2,node3", "-s", "0", show], env)
     assert res.returncode == 3, res.stdout + res.stderr
     assert "unknown host key" in res.stderr and "CHANGED" in res.stderr
+    assert res.stderr.count("SHA256:") >= 3          # unknown: its key; changed: expected and got
     assert "--accept-new-host-keys" in res.stderr
     assert all(p["pid"] is None for r in records(home) for p in r["procs"])
 

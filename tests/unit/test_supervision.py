@@ -351,3 +351,10 @@ def test_preflight_problems_start_nothing(home):
     rec = jobs.load(sup.record.id)
     assert rec.state is JobState.FAILED and not fake.starts
     assert rec.root_cause is not None and "connection refused" in rec.root_cause["headline"]
+
+
+def test_a_verdict_on_the_job_itself_is_the_headline():
+    verdict = {"kind": "verdict", "time": 10.0, "reason": "only 1 of 2 workers and 1 of 1 servers registered"}
+    cause = decide([Outcome("scheduler", "scheduler", None, "h", code=1, when=11.0, failure=verdict),
+                    Outcome("worker-0", "worker", 0, "h", stopped=True)])
+    assert cause is not None and cause.headline == f"scheduler on h: {verdict['reason']}"
