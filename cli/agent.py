@@ -198,8 +198,8 @@ def cleanup(run_dir: str, job_id: str, remove_dir: bool) -> dict:
     """Remove the job's key file, the run directory (``remove_dir``: only a directory named
     after the job), and ``/dev/shm/psnode.<job_id>.*``; report what could not be removed."""
     failed = []
-    run_dir = _expand(run_dir)
-    targets = [os.path.join(run_dir, "job.key")]
+    run_dir = _expand(run_dir) if run_dir else ""   # an older record may not name it
+    targets = [os.path.join(run_dir, "job.key")] if run_dir else []
     if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", job_id):
         targets += glob.glob(f"/dev/shm/psnode.{job_id}.*")
     for path in targets:
@@ -209,7 +209,7 @@ def cleanup(run_dir: str, job_id: str, remove_dir: bool) -> dict:
             pass
         except OSError as exc:
             failed.append(f"{path}: {exc.strerror}")
-    if remove_dir and os.path.basename(run_dir.rstrip("/")) == job_id and os.path.isdir(run_dir):
+    if run_dir and remove_dir and os.path.basename(run_dir.rstrip("/")) == job_id and os.path.isdir(run_dir):
         shutil.rmtree(run_dir, onerror=lambda fn, path, exc: failed.append(f"{path}: {exc[1]}"))
     return {"failed": failed}
 

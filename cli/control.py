@@ -141,7 +141,7 @@ def _orphaned(record: JobRecord) -> JobRecord:
             if cause is not None:
                 record.root_cause, record.consequences = cause.to_dict(), list(cause.consequences)
         record.ended = max((p.ended for p in started if p.ended), default=None) or time.time()
-        _clean_hosts(record, backend, hosts)
+        _cleanup_after(record, backend, hosts)
         jobs.save(record)
         return record
     finally:
@@ -168,7 +168,7 @@ def _recheck(record: JobRecord) -> JobRecord:
         backend.close()
 
 
-def _clean_hosts(record: JobRecord, backend: Backend, hosts: dict[str, Any]) -> None:
+def _cleanup_after(record: JobRecord, backend: Backend, hosts: dict[str, Any]) -> None:
     labels = sorted({p.host for p in record.procs if p.pid})
     record.unverified = teardown.cleanup_everywhere(backend, hosts, record.id, record.run_dir, labels, {})
     record.remote_keys = {}
@@ -463,7 +463,7 @@ def clean(older_than_days: float | None = None, only: Sequence[str] = (),
             if rec.state.active:
                 kept[job_id] = f"still {rec.state.value}"
                 continue
-            problem = _clean_remote(rec)
+            problem = _clean_hosts(rec)
             if problem:
                 kept[job_id] = problem
                 continue
@@ -472,9 +472,10 @@ def clean(older_than_days: float | None = None, only: Sequence[str] = (),
     return removed, kept
 
 
-def _clean_remote(record: JobRecord) -> str | None:
-    """Remove what the job may have left on its hosts (unverified hosts, older versions)."""
-    if record.backend == "local" or not any(p.pid for p in record.procs):
+def _clean_hosts(record: JobRecord) -> str | None:
+    """Remove what the job may have left on its hosts (run files, shared memory): the job's end
+    did already, unless a host was not verified or an older version ran it."""
+    if not any(p.pid for p in record.procs):
         return None
     backend = backend_for(record)
     try:

@@ -343,3 +343,26 @@ def test_a_restarted_worker_without_resume_code_works_or_fails_with_the_fix(home
         assert finals == [f"FINAL {want}"] * 2, res.stdout + res.stderr
     else:                           # or a clear failure that shows the fix, within the retry limit
         assert res.returncode == 1 and "num_pushes" in res.stderr, res.stdout + res.stderr
+
+
+SHM = textwrap.dedent("""
+    import os, pathlib
+    pathlib.Path(f"/dev/shm/psnode.{os.environ['PSNODE_JOB_ID']}.w{os.environ['RANK']}").write_bytes(b"x")
+    print("left a segment", flush=True)
+""")
+
+
+def test_shared_memory_leftovers_are_removed_when_the_job_ends_and_by_clean(home, tmp_path):
+    env = cli_env(home)
+    res = run_cli(["launch", "-n", "2", "-s", "1", script(tmp_path, SHM)], env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    job = latest(home)["id"]
+    assert not list(Path("/dev/shm").glob(f"psnode.{job}.*"))
+    assert_nothing_left(home)
+    stale = Path(f"/dev/shm/psnode.{job}.stale")       # as a host that was down at the end would keep
+    stale.write_bytes(b"x")
+    try:
+        assert run_cli(["clean", job], env).returncode == 0
+        assert not stale.exists() and not records(home)
+    finally:
+        stale.unlink(missing_ok=True)
