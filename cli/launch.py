@@ -35,7 +35,8 @@ code   state        when
 
 Supervision never depends on the terminal: output to a closed pipe or terminal is dropped
 (:mod:`cli.ui`), the job runs on and ends as it would have; signals only set a flag that the
-loop acts on.  Job processes run in their own sessions, so the terminal's signals reach the
+loop acts on.  A signal that was ignored when mxdist started (``nohup`` ignores SIGHUP) stays
+ignored.  Job processes run in their own sessions, so the terminal's signals reach the
 supervisor only.
 """
 from __future__ import annotations
@@ -139,7 +140,9 @@ class Supervisor:
     # -- the whole life -------------------------------------------------------------------------
 
     def run(self) -> int:
-        previous = {s: signal.signal(s, self._on_signal) for s in SIGNAL_EXIT}
+        # a signal ignored when mxdist started stays ignored (nohup; a background job of a script)
+        previous = {s: signal.signal(s, self._on_signal) for s in SIGNAL_EXIT
+                    if signal.getsignal(s) is not signal.SIG_IGN}
         self._lock = jobs.try_lock(self.record.id)
         if self._lock is None:
             raise BackendError(f"job {self.record.id} already has a supervisor")
