@@ -34,6 +34,7 @@ from typing import Any
 from cli import jobs, teardown
 from cli.backends import Backend, ProcStatus, describer
 from cli.jobs import DamagedRecord, JobRecord, JobState, ProcRecord, ProcState
+from cli.launch import proc_start_ticks
 from cli.registry import make_backend
 from cli.rootcause import decide
 from psnode.errors import PSError
@@ -89,7 +90,8 @@ def supervisor_gone(record: JobRecord) -> bool:
     if lock is None:
         return False
     lock.release()
-    return True
+    # the lock is free; a supervisor that still runs (same pid, same start time) is ending now
+    return sup.start_ticks is None or proc_start_ticks(sup.pid) != sup.start_ticks
 
 
 def refresh(record: JobRecord) -> JobRecord:

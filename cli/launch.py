@@ -113,10 +113,12 @@ class EndRequest:
 
 
 def proc_start_ticks(pid: int) -> int | None:
-    """A process's start time in clock ticks since boot (/proc/PID/stat field 22), or None."""
+    """A live process's start time in clock ticks since boot (/proc/PID/stat field 22); None if
+    it is gone (a zombie counts as gone)."""
     try:
         data = Path(f"/proc/{pid}/stat").read_text()
-        return int(data[data.rindex(")") + 2:].split()[19])
+        fields = data[data.rindex(")") + 2:].split()
+        return None if fields[0] == "Z" else int(fields[19])
     except (OSError, ValueError, IndexError):
         return None
 
