@@ -155,6 +155,15 @@ class Supervisor:
         self._save()
         try:
             return self._life()
+        except Exception as exc:
+            if not self.record.state.active:
+                raise
+            # a bug in the supervisor must not leave a job behind: end it like any failure
+            import traceback
+
+            traceback.print_exc()
+            return self._conclude(JobState.FAILED, EXIT_FAILED,
+                                  headline=f"mxdist supervisor error: {type(exc).__name__}: {exc}")
         finally:
             for s, handler in previous.items():
                 with contextlib.suppress(ValueError, TypeError):

@@ -358,3 +358,18 @@ def test_a_verdict_on_the_job_itself_is_the_headline():
     cause = decide([Outcome("scheduler", "scheduler", None, "h", code=1, when=11.0, failure=verdict),
                     Outcome("worker-0", "worker", 0, "h", stopped=True)])
     assert cause is not None and cause.headline == f"scheduler on h: {verdict['reason']}"
+
+
+def test_a_supervisor_bug_still_ends_the_job_on_every_host(home):
+    fake = FakeBackend()
+    sup = supervisor(fake)
+
+    def broken() -> int:
+        fake.wait_started(ALL)
+        raise KeyError("a bug")
+
+    sup._watch = broken  # type: ignore[method-assign]
+    assert sup.run() == 1
+    rec = jobs.load(sup.record.id)
+    assert rec.state is JobState.FAILED and "KeyError" in rec.root_cause["headline"]
+    assert sorted(fake.stopped) == sorted(ALL) and sorted(fake.cleaned) == ["a", "b"]
