@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from cli.backends import make_backend
+from cli.registry import make_backend
 from cli.slurm import HOW_TO_ALLOCATE, SlurmError, exit_code, from_allocation, parse_counts, step_name
 
 
