@@ -121,6 +121,7 @@ class SshBackend:
             self._config = paramiko.SSHConfig.from_path(self.ssh_config)
         self._clients: dict[str, paramiko.SSHClient] = {}
         self._lock = threading.Lock()
+        self._host_locks: dict[str, threading.Lock] = {}
 
     def options(self) -> dict[str, Any]:
         return {
@@ -167,12 +168,16 @@ class SshBackend:
         return client
 
     def _client(self, host: Host, timeout: float | None = None) -> paramiko.SSHClient:
+        """The host's connection (made once; hosts connect in parallel, each under its own lock)."""
         with self._lock:
+            lock = self._host_locks.setdefault(host.label, threading.Lock())
+        with lock:
             client = self._clients.get(host.label)
             transport = client.get_transport() if client else None
             if client is None or transport is None or not transport.is_active():
                 client = self._connect(host, timeout)
-                self._clients[host.label] = client
+                with self._lock:
+                    self._clients[host.label] = client
             return client
 
     def _agent(self, host: Host, request: dict[str, Any], emit: Callable[[bytes], None] | None = None,
