@@ -134,7 +134,7 @@ class Supervisor:
         self.hosts: dict[str, Host] = {h.label: h for h in plan.hosts}
         self.events: queue.Queue[tuple[str, ExitStatus]] = queue.Queue()
         self.printer = ui.LogPrinter(quiet=settings.quiet, ranks=settings.ranks)
-        self.threads: list[threading.Thread] = []
+        self.threads: list[tuple[str, threading.Thread]] = []   # (host label, follower)
         self._signal: int | None = None
         self._lock: jobs.Lock | None = None
         self._stopped: set[str] = set()
@@ -330,7 +330,7 @@ class Supervisor:
 
         thread = threading.Thread(target=run, name=f"follow-{rec.name}", daemon=True)
         thread.start()
-        self.threads.append(thread)
+        self.threads.append((rec.host, thread))
 
     # -- watch ----------------------------------------------------------------------------------
 
@@ -426,7 +426,7 @@ class Supervisor:
         for label, pids in report.left.items():
             if pids:
                 report.unverified[label] = f"still running after KILL: pids {', '.join(map(str, pids))}"
-        self._join_followers(3.0)
+        self._join_followers(10.0, report.unverified)
         cause: RootCause | None = None
         if state is JobState.FAILED and headline is None:
             cause = self._root_cause(first_seen, report.unverified)
@@ -473,10 +473,13 @@ class Supervisor:
             detail = rec.stopped_by or ""
         ui.closing_line(rec.id, rec.state.value, rec.duration, detail)
 
-    def _join_followers(self, timeout: float) -> None:
+    def _join_followers(self, timeout: float, skip: dict[str, str]) -> None:
+        """Let the output threads drain the last lines (a remote log is copied before its run
+        directory is removed); never wait on a host that did not answer."""
         deadline = time.monotonic() + timeout
-        for t in self.threads:
-            t.join(max(0.0, deadline - time.monotonic()))
+        for host, t in self.threads:
+            if host not in skip:
+                t.join(max(0.0, deadline - time.monotonic()))
 
     # -- requests to end --------------------------------------------------------------------------
 
