@@ -106,7 +106,7 @@ def launch(
     quiet: bool = typer.Option(False, "-q", "--quiet",
                                help="do not stream output (logs still saved; the job id and the closing "
                                     "line are still printed)"),
-    ranks: str | None = typer.Option(None, "--ranks", "--local-ranks-filter", metavar="LIST",
+    ranks: str | None = typer.Option(None, "--ranks", metavar="LIST",
                                      help="stream only these workers, e.g. 0 or 0,2-3 (every log is saved)"),
     detach_: bool = typer.Option(False, "-d", "--detach",
                                  help="start the job's supervisor in the background and print the job id"),
