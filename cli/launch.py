@@ -183,7 +183,9 @@ class Supervisor:
         if problems:
             ui.preflight_panel(problems)
             cause = "; ".join(f"{p.host}: {p.reason}" for p in problems)
-            return self._conclude(JobState.FAILED, EXIT_PREFLIGHT, headline=f"preflight failed: {cause}")
+            hosts = ", ".join(dict.fromkeys(p.host for p in problems))
+            return self._conclude(JobState.FAILED, EXIT_PREFLIGHT, headline=f"preflight failed: {cause}",
+                                  summary=f"preflight failed on {hosts} (the table above)")
         try:
             self._start_all()
         except BackendError as exc:
@@ -411,7 +413,7 @@ class Supervisor:
 
     def _conclude(self, state: JobState, code: int, stopped_by: str | None = None,
                   first_seen: str | None = None, headline: str | None = None,
-                  grace: float | None = None) -> int:
+                  grace: float | None = None, summary: str | None = None) -> int:
         """Stop, collect, name the root cause, clean up on every host; write the final state once."""
         if stopped_by:
             ui.warn(f"{stopped_by}: stopping the job on every host")
@@ -445,7 +447,7 @@ class Supervisor:
         elif headline is not None:
             self.record.root_cause = {"headline": headline, "name": None}
         self._save()
-        self._report(cause)
+        self._report(cause, summary)
         return code
 
     def _root_cause(self, first_seen: str | None, unverified: dict[str, str]) -> RootCause | None:
@@ -455,12 +457,12 @@ class Supervisor:
         outcomes = teardown.outcomes(self.record, evidence, self._stopped, skipped)
         return decide(outcomes, first_seen)
 
-    def _report(self, cause: RootCause | None) -> None:
+    def _report(self, cause: RootCause | None, summary: str | None = None) -> None:
         rec = self.record
         detail = ""
         if rec.state is JobState.FAILED:
             headline = cause.headline if cause else (rec.root_cause or {}).get("headline", "failed")
-            detail = headline
+            detail = summary or headline
             if cause is not None:
                 proc = rec.proc(cause.name) if cause.name else None
                 notes = [f"{h}: not verified: {why} (mxdist status / stop check again)"

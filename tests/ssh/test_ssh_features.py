@@ -125,8 +125,9 @@ def test_detached_secure_job_status_and_stop_use_the_keys(ssh_cluster, home, tmp
     res = run_cli(["launch", "-d", "-H", "node1,node2", "-s", "1", script(tmp_path, TRAIN), str(go)], env)
     assert res.returncode == 0, res.stdout + res.stderr
     job = res.stdout.strip().splitlines()[-1]
-    rec = latest(home)
-    assert Path(rec["key_file"]).exists()
+    # -d returns once the job is recorded; its supervisor delivers the keys and starts it
+    rec = wait_for(lambda: (r := latest(home))["state"] == "running" and r, 60, "the job to run")
+    assert Path(rec["key_file"]).exists() and len(rec["remote_keys"]) == 2
 
     def live() -> bool:
         st = run_cli(["status", job, "--json"], env)
