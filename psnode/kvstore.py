@@ -528,10 +528,12 @@ def create(name: str = "local", num_workers: int | None = None, aggregator: str 
 def _report_uncaught(kv: KVStore, engine: Engine, cfg: NodeConfig) -> None:
     """Install the worker's ``sys.excepthook`` (replacing one an earlier store installed).
 
-    * An uncaught :class:`PeerLost` means the job ended elsewhere (a node failed or went
-      silent, the job was stopped): one line on stderr (``psnode worker 0: job ... ended:
-      worker 1 ... failed: ValueError: ...``), no traceback, and a ``job_ended`` failure record.
-    * Any other uncaught exception is this worker's own failure: a failure record (kind
+    * An uncaught :class:`PeerLost` after the job ended elsewhere (a node failed or went silent,
+      the job was stopped, the scheduler is gone: the engine has its fatal error) is a
+      consequence: one line on stderr (``psnode worker 0: job ... ended: worker 1 ... failed:
+      ValueError: ...``), no traceback, and a ``job_ended`` failure record.
+    * Any other uncaught exception -- a PeerLost this worker ran into itself (a server that
+      stopped answering its requests) included -- is this worker's own failure: a record (kind
       ``exception``, with the time, type, message and traceback: :mod:`psnode.failure`), the
       scheduler is told (with restarts left, ``mxdist launch --max-restarts``, the job waits
       for the replacement; otherwise it fails naming this worker), then the usual traceback.
@@ -544,10 +546,10 @@ def _report_uncaught(kv: KVStore, engine: Engine, cfg: NodeConfig) -> None:
         if kv._closed or not isinstance(exc, Exception):
             previous(kind, exc, tb)
             return
-        if isinstance(exc, PeerLost):
+        fatal = getattr(engine, "fatal", None)   # set once the job ended (or the scheduler is gone)
+        if isinstance(exc, PeerLost) and fatal is not None:
             failure.write(cfg.error_file, "job_ended", "worker", engine.rank, cfg.host, exc=exc)
-            fatal = getattr(engine, "fatal", None)
-            if fatal is None or str(fatal) != str(exc):  # else the engine said it when the job ended
+            if str(fatal) != str(exc):       # else the engine said it when the job ended
                 print(f"psnode worker {engine.rank}: {exc}", file=sys.stderr, flush=True)
             return
         try:
