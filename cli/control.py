@@ -1,20 +1,12 @@
-"""Recorded jobs from any shell: status, stop, logs, the job list, clean-up, history.
+"""Recorded jobs from any shell: status, stop, logs and the job list.
 
 The backend of a job is rebuilt from its record (:func:`cli.registry.make_backend`), so these
 work whether the supervisor is attached, detached or gone.
 
 **Who writes.**  A job's supervisor is the only writer of its record while it lives
 (:mod:`cli.jobs`).  ``stop`` asks it (a stop request in the job's private directory) and waits
-for the final state; only when the supervisor is provably gone (its lock is free, or for old
-records its pid is dead or younger than the record) do these commands write, holding the lock:
-
-* :func:`refresh` (run by ``status``, ``jobs`` and ``stop``) notices a lost supervisor (``kill
-  -9`` of ``mxdist launch``): while processes still run it marks the record
-  ``supervisor_lost`` (the job runs on unsupervised; ``mxdist stop`` ends it); once none runs it
-  finalises the record from what the processes left (every worker exited 0: ``succeeded``,
-  else ``failed`` with the root cause) and cleans up on every host.  For a final record it
-  checks again the hosts that were not verified.
-* :func:`stop_job` with a lost supervisor stops the processes itself and finalises ``stopped``.
+for the final state; only when the supervisor is provably gone do these commands write, through
+:mod:`cli.takeover` (which also finalises the record of a job whose supervisor was lost).
 
 Status asks the live scheduler first (``psnode.control.query_status``); processes it does not
 know are checked on their hosts.  A final record is shown as recorded.
@@ -24,27 +16,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from cli import jobs, teardown
-from cli.backends import Backend, ProcStatus, describer
-from cli.jobs import DamagedRecord, JobRecord, JobState, ProcRecord, ProcState
-from cli.launch import proc_start_ticks
-from cli.registry import make_backend
-from cli.rootcause import decide
+from cli.backends import describer
+from cli.jobs import DamagedRecord, JobRecord, ProcRecord, ProcState
+from cli.takeover import backend_for, refresh, state_from_check, stop_orphan, supervisor_gone
 from psnode.errors import PSError
 from psnode.status import NodeRow
 
 STOP_MARGIN = 30.0      # seconds a supervisor gets beyond --grace to end the job when asked
-
-
-def backend_for(record: JobRecord) -> Backend:
-    return make_backend(record.backend, record.options)
 
 
 def _psnode_control() -> Any:
@@ -58,137 +42,6 @@ def _psnode_control() -> Any:
 def key_file_of(record: JobRecord) -> str | None:
     """The local copy of the job's CURVE keys, if the job has one and it still exists."""
     return record.key_file if record.key_file and os.path.exists(record.key_file) else None
-
-
-# -- the supervisor ---------------------------------------------------------------------------------
-
-def _pid_started(pid: int) -> float | None:
-    """Wall-clock start time of a live pid, or None if it is gone (zombies count as gone)."""
-    try:
-        data = Path(f"/proc/{pid}/stat").read_text()
-        fields = data[data.rindex(")") + 2:].split()
-        if fields[0] == "Z":
-            return None
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-        return time.time() - uptime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def supervisor_gone(record: JobRecord) -> bool:
-    """True only when the job's supervisor is provably gone (see the module docstring)."""
-    sup = record.supervisor
-    if sup is None:    # a version 1 record: the launcher's pid, checked against its start time
-        pid = record.launcher_pid
-        if not pid:
-            return True
-        started = _pid_started(pid)
-        return started is None or started > record.created + 1.0
-    if sup.host != socket.gethostname():
-        return False   # its lock may not be visible from here: ask it, never take over
-    lock = jobs.try_lock(record.id)
-    if lock is None:
-        return False
-    lock.release()
-    # the lock is free; a supervisor that still runs (same pid, same start time) is ending now
-    return sup.start_ticks is None or proc_start_ticks(sup.pid) != sup.start_ticks
-
-
-def refresh(record: JobRecord) -> JobRecord:
-    """The record, finalised if its supervisor died first; unverified hosts checked again."""
-    if record.state.active and supervisor_gone(record):
-        with jobs.takeover(record.id) as current:
-            if current is not None and current.state.active:
-                return _orphaned(current)
-            return current or jobs.load(record.id)
-    if not record.state.active and record.unverified:
-        with jobs.takeover(record.id) as current:
-            if current is not None:
-                return _recheck(current)
-    return record
-
-
-def _orphaned(record: JobRecord) -> JobRecord:
-    """A job whose supervisor is gone: still running (marked), or finalised from what is left."""
-    backend = backend_for(record)
-    try:
-        hosts = teardown.hosts_of(record)
-        started = [p for p in record.procs if p.pid]
-        states, unverified = teardown.check_everywhere(backend, hosts, started)
-        running = {name for name, st in states.items() if st.alive}
-        note = "the supervisor was lost (killed?): the processes ran on unsupervised"
-        if note not in record.notes:
-            record.notes.append(note)
-        record.supervisor_lost = True
-        if running or unverified:
-            for p in started:
-                p.state = _state(states.get(p.name), p.state) if p.host not in unverified else ProcState.UNKNOWN
-            record.unverified = unverified
-            record.state = JobState.RUNNING
-            jobs.save(record)
-            return record
-        evidence, _ = teardown.collect_everywhere(backend, hosts, started, record.run_dir, {})
-        for p in started:
-            ev = evidence.get(p.name)
-            if ev is not None and ev.code is not None:
-                p.exit_code, p.ended = ev.code, ev.rc_time
-            p.state = _state(states.get(p.name), p.state)
-        workers = [p for p in started if p.role == "worker"]
-        ok = bool(workers) and all(p.exit_code == 0 for p in workers)
-        if ok:
-            record.state, record.exit_code = JobState.SUCCEEDED, 0
-        else:
-            record.state, record.exit_code = JobState.FAILED, 1
-            cause = decide(teardown.outcomes(record, evidence, set(), {}))
-            if cause is not None:
-                record.root_cause, record.consequences = cause.to_dict(), list(cause.consequences)
-        record.ended = max((p.ended for p in started if p.ended), default=None) or time.time()
-        _cleanup_after(record, backend, hosts)
-        jobs.save(record)
-        return record
-    finally:
-        backend.close()
-
-
-def _recheck(record: JobRecord) -> JobRecord:
-    """A final job with hosts not verified at its end: check them again, clean up what answers."""
-    backend = backend_for(record)
-    try:
-        hosts = teardown.hosts_of(record)
-        procs = [p for p in record.procs if p.pid and p.host in record.unverified]
-        report = teardown.stop_everywhere(backend, hosts, procs, 1.0)
-        for p in procs:
-            if p.host not in report.unverified and p.state is ProcState.UNKNOWN:
-                p.state = ProcState.STOPPED
-        fresh = {label: why for label, why in record.unverified.items() if label in report.unverified}
-        fixed = [label for label in record.unverified if label not in fresh]
-        fresh.update(teardown.cleanup_everywhere(backend, hosts, record.id, record.run_dir, fixed, {}))
-        record.unverified = fresh
-        jobs.save(record)
-        return record
-    finally:
-        backend.close()
-
-
-def _cleanup_after(record: JobRecord, backend: Backend, hosts: dict[str, Any]) -> None:
-    labels = sorted({p.host for p in record.procs if p.pid})
-    record.unverified = teardown.cleanup_everywhere(backend, hosts, record.id, record.run_dir, labels, {})
-    record.remote_keys = {}
-    with contextlib.suppress(OSError):
-        jobs.key_path(record.id).unlink()
-
-
-def _state(status: ProcStatus | None, recorded: ProcState) -> ProcState:
-    """A process's state from a check on its host."""
-    if status is None:
-        return recorded if recorded is not ProcState.RUNNING else ProcState.LOST
-    if status.alive:
-        return ProcState.RUNNING
-    if status.code is None:
-        return recorded if recorded in (ProcState.STOPPED, ProcState.LOST) else ProcState.LOST
-    if status.code == 0:
-        return ProcState.EXITED
-    return ProcState.STOPPED if recorded is ProcState.STOPPED else ProcState.FAILED
 
 
 # -- status -----------------------------------------------------------------------------------------
@@ -224,7 +77,7 @@ def job_status(record: JobRecord, timeout: float = 2.0) -> dict[str, Any]:
             states, unverified = teardown.check_everywhere(backend, teardown.hosts_of(record), missing)
             for p in missing:
                 why = unverified.get(p.host)
-                state = f"unknown ({why})" if why else _state(states.get(p.name), p.state).value
+                state = f"unknown ({why})" if why else state_from_check(states.get(p.name), p.state).value
                 alive = p.name in states and states[p.name].alive
                 checked[p.name] = NodeRow(role=p.role, rank=p.rank, host=p.host, state=state, pid=p.pid,
                                           restarts=p.restarts, uptime=time.time() - record.created if alive else None,
@@ -351,36 +204,7 @@ def stop_job(record: JobRecord, grace: float, wait: Callable[[float], None] = ti
             return jobs.load(record.id)
         if not owned.state.active:
             return owned
-        return _stop_orphan(owned, grace)
-
-
-def _stop_orphan(record: JobRecord, grace: float) -> JobRecord:
-    backend = backend_for(record)
-    try:
-        hosts = teardown.hosts_of(record)
-        live = [p for p in record.procs if p.pid]
-        report = teardown.stop_everywhere(backend, hosts, live, grace)
-        for p in live:
-            if p.host in report.unverified:
-                p.state = ProcState.UNKNOWN
-            elif p.state in (ProcState.RUNNING, ProcState.PENDING):
-                p.state = ProcState.STOPPED
-        record.supervisor_lost = record.supervisor_lost or record.supervisor is not None or bool(record.launcher_pid)
-        record.state, record.exit_code, record.stopped_by = JobState.STOPPED, 143, "mxdist stop"
-        record.ended = time.time()
-        labels = [label for label in hosts if label not in report.unverified]
-        failed = teardown.cleanup_everywhere(backend, hosts, record.id, record.run_dir, labels, report.unverified)
-        with contextlib.suppress(OSError):
-            jobs.key_path(record.id).unlink()
-        record.remote_keys = {}
-        record.unverified = {**report.unverified, **failed}
-        for label, pids in report.left.items():
-            if pids:
-                record.unverified[label] = f"still running after KILL: pids {', '.join(map(str, pids))}"
-        jobs.save(record)
-        return record
-    finally:
-        backend.close()
+        return stop_orphan(owned, grace)
 
 
 def verify_gone(record: JobRecord) -> tuple[dict[str, list[int]], dict[str, str]]:
@@ -441,75 +265,3 @@ def stream_logs(record: JobRecord, procs: Sequence[ProcRecord], follow: bool,
                     done(p)
     finally:
         backend.close()
-
-
-# -- clean and history ------------------------------------------------------------------------------
-
-def clean(older_than_days: float | None = None, only: Sequence[str] = (),
-          now: float | None = None) -> tuple[list[str], dict[str, str]]:
-    """Remove finished jobs (here, and their run directories on remote hosts); never active ones.
-    Returns (removed job ids, job id -> why it was kept)."""
-    now = time.time() if now is None else now
-    removed: list[str] = []
-    kept: dict[str, str] = {}
-    if not jobs.jobs_dir().is_dir():
-        return removed, kept
-    for job_id, rec in jobs.listing():
-        if only and job_id not in only:
-            continue
-        when = rec.ended or rec.created if isinstance(rec, JobRecord) else _mtime(jobs.record_path(job_id))
-        if older_than_days is not None and now - when < older_than_days * 86400:
-            continue
-        if isinstance(rec, JobRecord):
-            rec = refresh(rec)
-            if rec.state.active:
-                kept[job_id] = f"still {rec.state.value}"
-                continue
-            problem = _clean_hosts(rec)
-            if problem:
-                kept[job_id] = problem
-                continue
-        jobs.remove(job_id)
-        removed.append(job_id)
-    return removed, kept
-
-
-def _clean_hosts(record: JobRecord) -> str | None:
-    """Remove what the job may have left on its hosts (run files, shared memory): the job's end
-    did already, unless a host was not verified or an older version ran it."""
-    if not any(p.pid for p in record.procs):
-        return None
-    backend = backend_for(record)
-    try:
-        hosts = teardown.hosts_of(record)
-        labels = sorted({p.host for p in record.procs if p.pid})
-        skip = teardown.probe(backend, [hosts[label] for label in labels if label in hosts])
-        failed = teardown.cleanup_everywhere(backend, hosts, record.id, record.run_dir, labels, skip)
-        failed.update(skip)
-        return "; ".join(f"{h}: {why}" for h, why in failed.items()) or None
-    finally:
-        backend.close()
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
-
-
-def prune(keep: int) -> list[str]:
-    """Bounded history: remove the oldest finished local jobs beyond the newest ``keep``
-    (jobs with hosts not verified are kept: status checks them again)."""
-    if keep <= 0 or not jobs.jobs_dir().is_dir():
-        return []
-    items = [(i, r) for i, r in jobs.listing() if isinstance(r, JobRecord)]
-    finished = [r for _, r in items if not r.state.active]
-    extra = finished[:-keep] if len(finished) > keep else []
-    removed = []
-    for rec in extra:
-        if rec.unverified:
-            continue
-        jobs.remove(rec.id)
-        removed.append(rec.id)
-    return removed

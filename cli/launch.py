@@ -1,7 +1,7 @@
 """The job's supervisor: the one owner of a job's life and the only writer of its record.
 
 ``mxdist launch`` is the supervisor (attached); ``mxdist launch -d`` runs the same supervisor
-detached (:func:`detach`: its own session, output to ``jobs/<id>/supervisor.log``).  It holds
+detached (:func:`cli.detach.detach`: its own session, output to ``jobs/<id>/supervisor.log``).  It holds
 the job's lock (:mod:`cli.jobs`) for as long as it lives.
 
 Sequence (:meth:`Supervisor.run`):
@@ -46,7 +46,6 @@ import os
 import queue
 import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -62,18 +61,15 @@ from cli.backends import (
     ExitStatus,
     HostProblem,
     Started,
-    explainer,
-    key_installer,
     run_per_host,
-    syncer,
 )
 from cli.hosts import Host
 from cli.jobs import JobRecord, JobState, ProcRecord, ProcState
 from cli.lifecycle import Action, Supervision
-from cli.plan import Plan, ProcSpec, restarted, with_key_files
+from cli.plan import Plan, ProcSpec, restarted
+from cli.preflight import prepare_hosts
 from cli.rootcause import RootCause, decide, describe_code
 from psnode.config import Role
-from psnode.transport import CurveKeys
 
 EXIT_OK, EXIT_FAILED, EXIT_PREFLIGHT = 0, 1, 3
 EXIT_HANGUP, EXIT_INTERRUPTED, EXIT_STOPPED = 129, 130, 143
@@ -97,12 +93,6 @@ class LaunchSettings:
     sync: list[tuple[str, str]] = field(default_factory=list)  # (local dir, remote dir)
     check_modules: tuple[str, ...] = ("psnode",)
     secure: bool = False             # CURVE: generate and deliver the job's keys
-
-
-class PreflightFailed(Exception):
-    def __init__(self, problems: Sequence[HostProblem]) -> None:
-        super().__init__(f"{len(problems)} preflight problem(s)")
-        self.problems = list(problems)
 
 
 @dataclass(frozen=True)
@@ -174,10 +164,7 @@ class Supervisor:
             self._lock.release()
 
     def _life(self) -> int:
-        try:
-            problems = self._in_background(self._preflight)
-        except PreflightFailed as exc:
-            problems = exc.problems
+        problems = self._in_background(self._preflight)
         if (req := self._end_request()) is not None:
             return self._conclude(JobState.STOPPED, req.code, stopped_by=req.why)
         if problems:
@@ -216,62 +203,10 @@ class Supervisor:
         return box.get("value", [])
 
     def _preflight(self) -> list[HostProblem]:
-        for local, remote in self.settings.sync:  # first: the workdir may be what it copies
-            self._sync(local, remote)
-        base_env = {k: v for k, v in self.plan.procs[0].env.items() if not k.startswith("PSNODE_")}
-        hosts = self.plan.busy_hosts
-        with ui.spinner(f"preflight: checking {len(hosts)} host(s)"):
-            problems = self.backend.preflight(hosts, self.settings.check_modules, base_env)
-        if not problems and self.settings.secure:
-            self._install_keys()
+        problems, self.plan = prepare_hosts(self.plan, self.backend, self.record, self.settings.run_dir,
+                                            self.settings.sync, self.settings.check_modules,
+                                            self.settings.secure, self._save)
         return problems
-
-    def _install_keys(self) -> None:
-        """Generate the job's CURVE keys, keep a local copy, deliver them to every host."""
-        installer = key_installer(self.backend)
-        hosts = self.plan.busy_hosts
-        if installer is None:
-            raise PreflightFailed([HostProblem(
-                h.label, f"the {self.backend.name} launcher cannot deliver the job's CURVE keys",
-                "pass --insecure to run without authentication and encryption") for h in hosts])
-        keys = CurveKeys.generate()
-        local = jobs.key_path(self.record.id)
-        jobs.private_dir(local.parent)
-        keys.save(str(local))
-        self.record.key_file = str(local)
-        self._save()
-        text = keys.public + b"\n" + keys.secret + b"\n"
-        results = run_per_host(hosts, lambda h: installer.install_key(h, self.settings.run_dir, text))
-        problems = [HostProblem(label, f"could not write the job's key file: {result}",
-                                "check that the remote run directory (--remote-dir) is writable")
-                    for label, result in results.items() if isinstance(result, Exception)]
-        self.record.remote_keys = {label: path for label, path in results.items()
-                                   if not isinstance(path, Exception)}
-        self._save()
-        if problems:
-            raise PreflightFailed(problems)
-        self.plan = with_key_files(self.plan, self.record.remote_keys)
-
-    def _sync(self, local: str, remote: str) -> None:
-        sync = syncer(self.backend)
-        if sync is None:
-            return
-        total = sum(f.stat().st_size for f in Path(local).rglob("*") if f.is_file())
-        hosts = self.plan.busy_hosts
-        with ui.progress_bar(f"sync {local} -> {remote}", total * len(hosts)) as advance:
-            results = run_per_host(hosts, lambda h: sync.sync(h, local, remote, advance))
-        explain = explainer(self.backend)
-        problems = []
-        for label, result in results.items():
-            if not isinstance(result, Exception):
-                continue
-            if explain is not None and not isinstance(result, BackendError):  # could not connect
-                problems.append(explain.explain(label, self.hosts[label], result))
-            else:
-                problems.append(HostProblem(label, f"sync of {local} to {remote} failed: {result}",
-                                            "check the remote path and its permissions"))
-        if problems:
-            raise PreflightFailed(problems)
 
     # -- start ----------------------------------------------------------------------------------
 
@@ -529,53 +464,5 @@ def new_record(plan: Plan, backend: Backend, command: Sequence[str], workdir: st
                      hosts=[asdict(h) for h in plan.hosts], options=backend.options(), procs=procs)
 
 
-def detach(supervisor: Supervisor) -> None:
-    """Run ``supervisor`` in a child process of its own session, output to the job directory;
-    return in the parent once the child holds the job's lock and has written the record."""
-    job = supervisor.record.id
-    jobs.private_dir(jobs.log_dir(job))
-    log = jobs.log_dir(job) / "supervisor.log"
-    ready_r, ready_w = os.pipe()
-    pid = os.fork()
-    if pid:
-        os.close(ready_w)
-        with os.fdopen(ready_r, "rb") as ready:
-            ready.read(1)   # the child writes once the record is saved (or exits: EOF)
-        return
-    os.close(ready_r)
-    code = 1
-    try:
-        os.setsid()
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
-        os.close(null)
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        original = supervisor._save
-
-        def save_then_tell() -> None:
-            original()
-            nonlocal ready_w
-            if ready_w >= 0:
-                os.close(ready_w)
-                ready_w = -1
-
-        supervisor._save = save_then_tell  # type: ignore[method-assign]
-        code = supervisor.run()
-    except BaseException as exc:  # noqa: BLE001 - the child must never return into the parent's code
-        with contextlib.suppress(Exception):
-            print(f"mxdist supervisor: {type(exc).__name__}: {exc}", flush=True)
-    finally:
-        if ready_w >= 0:
-            os.close(ready_w)
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code)
-
-
 __all__ = ["EXIT_FAILED", "EXIT_HANGUP", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PREFLIGHT", "EXIT_STOPPED",
-           "LaunchSettings", "PreflightFailed", "Supervisor", "describe_code", "detach", "new_record"]
+           "LaunchSettings", "Supervisor", "describe_code", "new_record"]

@@ -19,10 +19,11 @@ from typing import Any, TypeVar
 
 import typer
 
-from cli import control, jobs, ui
+from cli import control, history, jobs, ui
 from cli.backends import BackendError
+from cli.detach import detach
 from cli.hosts import HostsError
-from cli.launch import EXIT_PREFLIGHT, Supervisor, detach
+from cli.launch import EXIT_PREFLIGHT, Supervisor
 from cli.options import LaunchOptions, launch_default
 from cli.plan import PASSTHROUGH, NodeOptions, Plan, PlanError, is_secret
 
@@ -187,7 +188,7 @@ def launch(
         code = supervisor.run()
     except BackendError as exc:
         raise _fail("launch failed", str(exc), None, EXIT_PREFLIGHT) from None
-    control.prune(keep_jobs)
+    history.prune(keep_jobs)
     raise typer.Exit(code)
 
 
@@ -379,7 +380,7 @@ def clean(
                                             help="only jobs that ended more than DAYS days ago"),
 ) -> None:
     """Remove finished jobs: their records and logs here, and their run files on remote hosts."""
-    removed, kept = control.clean(older_than, job or ())
+    removed, kept = history.clean(older_than, job or ())
     ui.info(f"removed {len(removed)} job{'s' if len(removed) != 1 else ''}" +
             (f": {', '.join(removed)}" if removed and len(removed) <= 10 else ""))
     for job_id, why in kept.items():

@@ -1,0 +1,85 @@
+"""Bounded history: ``mxdist clean`` and the pruning after each launch.
+
+Only finished jobs are removed (their records and logs here, and whatever they may have left
+on their hosts: run directories, keys, shared-memory segments); a job whose supervisor is gone
+is finalised first (:func:`cli.takeover.refresh`); active jobs are never touched.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from cli import jobs, teardown
+from cli.jobs import JobRecord
+from cli.takeover import backend_for, refresh
+
+
+def clean(older_than_days: float | None = None, only: Sequence[str] = (),
+          now: float | None = None) -> tuple[list[str], dict[str, str]]:
+    """Remove finished jobs (here, and their run directories on remote hosts); never active ones.
+    Returns (removed job ids, job id -> why it was kept)."""
+    now = time.time() if now is None else now
+    removed: list[str] = []
+    kept: dict[str, str] = {}
+    if not jobs.jobs_dir().is_dir():
+        return removed, kept
+    for job_id, rec in jobs.listing():
+        if only and job_id not in only:
+            continue
+        when = rec.ended or rec.created if isinstance(rec, JobRecord) else _mtime(jobs.record_path(job_id))
+        if older_than_days is not None and now - when < older_than_days * 86400:
+            continue
+        if isinstance(rec, JobRecord):
+            rec = refresh(rec)
+            if rec.state.active:
+                kept[job_id] = f"still {rec.state.value}"
+                continue
+            problem = _clean_hosts(rec)
+            if problem:
+                kept[job_id] = problem
+                continue
+        jobs.remove(job_id)
+        removed.append(job_id)
+    return removed, kept
+
+
+def _clean_hosts(record: JobRecord) -> str | None:
+    """Remove what the job may have left on its hosts (run files, shared memory): the job's end
+    did already, unless a host was not verified or an older version ran it."""
+    if not any(p.pid for p in record.procs):
+        return None
+    backend = backend_for(record)
+    try:
+        hosts = teardown.hosts_of(record)
+        labels = sorted({p.host for p in record.procs if p.pid})
+        skip = teardown.probe(backend, [hosts[label] for label in labels if label in hosts])
+        failed = teardown.cleanup_everywhere(backend, hosts, record.id, record.run_dir, labels, skip)
+        failed.update(skip)
+        return "; ".join(f"{h}: {why}" for h, why in failed.items()) or None
+    finally:
+        backend.close()
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def prune(keep: int) -> list[str]:
+    """Bounded history: remove the oldest finished local jobs beyond the newest ``keep``
+    (jobs with hosts not verified are kept: status checks them again)."""
+    if keep <= 0 or not jobs.jobs_dir().is_dir():
+        return []
+    items = [(i, r) for i, r in jobs.listing() if isinstance(r, JobRecord)]
+    finished = [r for _, r in items if not r.state.active]
+    extra = finished[:-keep] if len(finished) > keep else []
+    removed = []
+    for rec in extra:
+        if rec.unverified:
+            continue
+        jobs.remove(rec.id)
+        removed.append(rec.id)
+    return removed
