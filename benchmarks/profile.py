@@ -48,8 +48,8 @@ def summarize(raw: Path, seconds: float, rate: int, top: int) -> list[str]:
             continue
         n = int(n)
         frames = [frame_name(f) for f in stack.split(";")]
-        if frames and frames[0].startswith("process ") or frames and frames[0].startswith("thread "):
-            frames = [f for f in frames if not (f.startswith("process ") or f.startswith("thread "))]
+        if (frames and frames[0].startswith("process ")) or (frames and frames[0].startswith("thread ")):
+            frames = [f for f in frames if not (f.startswith(("process ", "thread ")))]
         if not frames:
             continue
         total += n
