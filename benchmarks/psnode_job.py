@@ -7,6 +7,7 @@ prefixed and may be wrapped; files are exact), which the driver reads when the j
 """
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -80,9 +81,18 @@ class Launcher:
         return [self.exe, "launch", "-q", "-n", str(W), "-s", str(S), *where, *self.flags]
 
     def flags_refused(self) -> str | None:
-        """None when ``mxdist launch`` accepts these flags (checked with --dry-run), else why."""
-        argv = [*self.argv(1, 1), "--dry-run", str(WORKER)]
-        r = subprocess.run(argv, cwd=ROOT, env=child_env(COLUMNS="200", NO_COLOR="1", **self.env),
+        """None when ``mxdist launch`` knows every option in ``flags``, else why not.
+
+        The options are looked up in ``mxdist launch --help`` (an unknown one would otherwise be
+        taken for the command to run), then the whole line is checked with ``--dry-run``."""
+        env = child_env(COLUMNS="200", NO_COLOR="1", **self.env)
+        r = subprocess.run([self.exe, "launch", "--help"], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=60)
+        names = [f.split("=", 1)[0] for f in self.flags if f.startswith("-")]
+        unknown = [n for n in names if not re.search(r"(?<![\w-])" + re.escape(n) + r"(?![\w-])", r.stdout)]
+        if unknown:
+            return f"mxdist launch has no option {', '.join(unknown)}"
+        r = subprocess.run([*self.argv(1, 1), "--dry-run", str(WORKER)], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=60)
         if r.returncode == 0:
             return None

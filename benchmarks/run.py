@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"psnode benchmark: {platform.python_version()} on {os.cpu_count()} cpu(s); runs={runs} "
               f"quick={a.quick} configs={configs} cases={[c.name for c in cases]} peers={sorted(peers)} "
-              f"psnode={[(n, 'harness' if lr is None else ' '.join(lr.argv(0, 0)[2:])) for n, lr in variants]}")
+              f"psnode={[(n, 'harness' if lr is None else _describe(lr)) for n, lr in variants]}")
         records: list[dict] = []
         t_all = time.monotonic()
         for run in range(runs):
@@ -233,6 +233,11 @@ def main(argv: list[str] | None = None) -> int:
             "summary": summary, "targets": checks, "bare_ceilings": ceilings}, indent=1))
         print(f"wrote {a.json}")
     return 0
+
+
+def _describe(lr: Launcher) -> str:
+    where = f"-H {lr.hosts} " if lr.hosts else ""
+    return f"mxdist launch {where}{shlex.join(lr.flags)}".strip()
 
 
 def _config_of(step: str) -> str:
