@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"SSH testbed: {exc}") from None
             base_env = bed.env(home)
             hosts = bed.hostlist
-            print(f"SSH testbed: {a.ssh} sshd on {', '.join(bed.addresses)} port {bed.port} ({hosts})")
+            print(f"SSH testbed: {a.ssh} sshd on {', '.join(bed.addresses)} port {bed.port} ({hosts}) in {bed.root}")
         variants: list[tuple[str, Launcher | None]] = []   # (system name, launcher or None: harness)
         if modes:
             for name, flags in modes:

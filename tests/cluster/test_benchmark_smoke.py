@@ -6,6 +6,8 @@ measured by benchmarks/run.py itself, never in tests)."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -64,3 +66,43 @@ def test_quick_benchmark_with_mxnet(tmp_path: Path) -> None:
         assert len(got.get(("mxnet", case), [])) == 2, (case, got.keys())
         assert len(got.get(("psnode", case), [])) == 2, (case, got.keys())
     assert "rowsparse1%: MXNet time / psnode time >= 2" in r.stdout
+
+
+def test_quick_benchmark_through_mxdist_per_mode(tmp_path: Path) -> None:
+    """psnode through ``mxdist launch``, once per mode; a mode whose flag the launcher does not
+    have is skipped with one line, the others run."""
+    r, data = _run(["--peers", "", "--cases", "1x4KiB,1x1MiB", "--mode", "plain=",
+                    "--mode", "bogus=--no-such-flag-xyz"], tmp_path / "bench.json")
+    assert "mode bogus skipped: " in r.stdout and "--no-such-flag-xyz" in r.stdout, r.stdout[:2000]
+    got = _by_system(data)
+    assert {s for s, _ in got} == {"psnode:plain"}
+    for case in ("1x4KiB", "1x1MiB"):
+        assert len(got[("psnode:plain", case)]) == 2
+    assert "plain ms" in r.stdout and "psnode by launch mode" in r.stdout
+
+
+def test_quick_benchmark_over_the_ssh_testbed(tmp_path: Path) -> None:
+    if not os.path.exists("/usr/sbin/sshd"):
+        if os.environ.get("CI"):
+            pytest.fail("/usr/sbin/sshd is missing: CI must install openssh-server (.ci/run does)")
+        pytest.skip("/usr/sbin/sshd not installed")
+    r, data = _run(["--ssh", "2", "--cases", "1x4KiB,1x1MiB", "--mode", "insecure=--insecure", "--mode", "default="],
+                   tmp_path / "bench.json")
+    assert "SSH testbed: 2 sshd on 127.0.0.2, 127.0.0.3" in r.stdout
+    got = _by_system(data)
+    for mode in ("insecure", "default"):
+        for case in ("1x4KiB", "1x1MiB"):
+            assert len(got[(f"psnode:{mode}", case)]) == 2, (mode, case)
+    assert "default/insecure (time)" in r.stdout
+    # the testbed's sshd are gone and its temp dir removed
+    root = re.search(r"SSH testbed: .* in (\S+)", r.stdout).group(1)
+    assert not Path(root).exists()
+    left = []
+    for entry in os.listdir("/proc"):
+        try:
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if root.encode() in cmd:
+            left.append(entry)
+    assert not left, left
