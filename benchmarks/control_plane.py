@@ -12,6 +12,11 @@ control_worker.py), started by the test harness with a 1 s heartbeat.  Measured:
 - **barrier**: each worker times ``barriers`` barriers (W BARRIER messages in, W BARRIER_DONE
   out per barrier); median over a worker's barriers, then median (and max) over workers.
 - **tiny rounds**: push+pull of ``keys`` keys of 16 float32, median round time.
+- **finish**: after a last barrier every worker calls ``kv.close()`` (FINISH until acknowledged;
+  each FINISH makes the scheduler send MEMBERSHIP to every server): the median close time, and
+  from the first close called to the last one returned.
+- **scheduler CPU to welcome**: its CPU time when worker 0 has its WELCOME (interpreter start,
+  imports and the registration of W + S nodes).
 - **scheduler CPU per message**: the scheduler's CPU time (all its threads, schedstat ns),
   sampled by worker 0 around the barrier loop and around an idle window (only heartbeats: each
   of the W + S nodes sends HEARTBEAT and gets HEARTBEAT_ACK every second).  Per heartbeat
@@ -74,8 +79,12 @@ def analyse(recs: list[dict], procs: int, W: int, S: int, cfg: dict, t_spawn: fl
            "ready_to_welcome_ms": (max(welcome) - max(ready)) * 1e3,
            "welcome_spread_ms": (max(welcome) - min(welcome)) * 1e3,
            "barrier_ms": statistics.median(per_worker) * 1e3, "barrier_max_ms": max(per_worker) * 1e3,
-           "round_ms": statistics.median(statistics.median(r["rounds"]) for r in recs) * 1e3}
+           "round_ms": statistics.median(statistics.median(r["rounds"]) for r in recs) * 1e3,
+           "close_ms": statistics.median(r["t_closed"] - r["t_close"] for r in recs) * 1e3,
+           "finish_ms": (max(r["t_closed"] for r in recs) - min(r["t_close"] for r in recs)) * 1e3}
     cpu = next((r["cpu"] for r in recs if r.get("cpu")), None)
+    if cpu and cpu.get("welcomed") is not None:
+        out["sched_cpu_to_start_ms"] = cpu["welcomed"] / 1e6
     if cpu and None not in (cpu["barrier_start"], cpu["barrier_end"], cpu["idle_end"]):
         d_bar = (cpu["barrier_end"] - cpu["barrier_start"]) / 1e9
         t_bar = cpu["t_barrier_end"] - cpu["t_barrier_start"]
@@ -92,11 +101,13 @@ def analyse(recs: list[dict], procs: int, W: int, S: int, cfg: dict, t_spawn: fl
 
 def table(results: list[dict], print_fn=print) -> list[dict]:
     hdr = ("procs", "W,S", "start to all welcomed s", "last ready to all welcomed ms", "welcome spread ms",
-           "barrier ms", "barrier ms (slowest worker)", "tiny push+pull ms", "sched CPU idle %",
-           "sched CPU us/heartbeat msg", "sched CPU us/barrier msg", "sched CPU ms/barrier")
-    keys = ("spawn_to_welcome_s", "ready_to_welcome_ms", "welcome_spread_ms", "barrier_ms", "barrier_max_ms",
-            "round_ms", "sched_cpu_idle_pct", "us_per_heartbeat_msg", "us_per_barrier_msg", "sched_ms_per_barrier")
-    specs = (".2f", ".0f", ".0f", ".2f", ".2f", ".2f", ".1f", ".0f", ".0f", ".2f")
+           "sched CPU to welcome ms", "barrier ms", "barrier ms (slowest worker)", "tiny push+pull ms",
+           "close ms", "first close to last closed ms", "sched CPU idle %", "sched CPU us/heartbeat msg",
+           "sched CPU us/barrier msg", "sched CPU ms/barrier")
+    keys = ("spawn_to_welcome_s", "ready_to_welcome_ms", "welcome_spread_ms", "sched_cpu_to_start_ms", "barrier_ms",
+            "barrier_max_ms", "round_ms", "close_ms", "finish_ms", "sched_cpu_idle_pct", "us_per_heartbeat_msg",
+            "us_per_barrier_msg", "sched_ms_per_barrier")
+    specs = (".2f", ".0f", ".0f", ".0f", ".2f", ".2f", ".2f", ".1f", ".0f", ".1f", ".0f", ".0f", ".2f")
     rows = []
     for procs in sorted({r["procs"] for r in results}):
         mine = [r for r in results if r["procs"] == procs]

@@ -7,11 +7,13 @@ until WELCOME: ``t_welcome``), inits ``keys`` tiny keys (16 float32 each), then
 
 1. ``barriers`` barriers, each timed;
 2. an idle window of ``idle`` seconds between two barriers (only heartbeats reach the scheduler);
-3. ``rounds`` rounds of push+pull of the tiny keys, each timed.
+3. ``rounds`` rounds of push+pull of the tiny keys, each timed;
+4. a barrier, then ``kv.close()`` (FINISH until acknowledged), stamped before and after.
 
 Rank 0 also samples the scheduler's CPU time (every thread of it: /proc/PID/task/*/schedstat,
-nanoseconds) right after the barrier that opens and the one that closes the barrier loop and
-the idle window, so the driver can divide by the messages the scheduler handled in each.  The
+nanoseconds) right after its WELCOME, and right after the barriers that open and close the
+barrier loop and the idle window, so the driver can divide by the messages the scheduler
+handled in each.  The
 scheduler is found by its environment (PSNODE_ROLE=scheduler and this job's PSNODE_JOB_ID; the
 same user can read it).  One BENCHRESULT line per worker.
 """
@@ -63,10 +65,11 @@ def main(cfg: dict) -> None:
     t_welcome = time.time()
     rank = kv.rank
     sched = find_scheduler(os.environ.get("PSNODE_JOB_ID", "")) if rank == 0 else None
+    cpu_welcomed = cpu_ns(sched)
     keys = [f"tiny{i}" for i in range(cfg["keys"])]
     kv.init(keys, [np.zeros(16, np.float32) for _ in keys])
     kv.barrier()
-    cpu = {"barrier_start": cpu_ns(sched), "t_barrier_start": time.monotonic()}
+    cpu = {"welcomed": cpu_welcomed, "barrier_start": cpu_ns(sched), "t_barrier_start": time.monotonic()}
     barrier = []
     for _ in range(cfg["barriers"]):
         t0 = time.perf_counter()
@@ -88,9 +91,11 @@ def main(cfg: dict) -> None:
         if i == 0 and not all((o == np.float32((W + 1) / 2)).all() for o in outs):
             raise SystemExit(f"worker {rank}: pulled {outs[0][:2]}, expected {(W + 1) / 2}")
     kv.barrier()
-    report(system="psnode", case="control", rank=rank, t_ready=t_ready, t_welcome=t_welcome,
-           barrier=barrier, rounds=rounds[1:], scheduler_pid=sched, cpu=cpu if rank == 0 else None)
+    t_close = time.time()
     kv.close()
+    report(system="psnode", case="control", rank=rank, t_ready=t_ready, t_welcome=t_welcome,
+           barrier=barrier, rounds=rounds[1:], scheduler_pid=sched, cpu=cpu if rank == 0 else None,
+           t_close=t_close, t_closed=time.time())
 
 
 if __name__ == "__main__":
