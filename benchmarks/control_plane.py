@@ -1,6 +1,6 @@
 """The control plane at scale: jobs of 16, 32 and 64 processes (tiny keys) on this machine.
 
-    python benchmarks/control_plane.py                  # 16, 32, 64 processes, S=4, 1 run each
+    python benchmarks/control_plane.py                  # 16, 32, 64 processes, S=4, 3 runs (~2 minutes)
     python benchmarks/control_plane.py --procs 64 --runs 3 --json /tmp/cp.json
 
 A job of P processes is the scheduler, S servers and W = P - 1 - S workers (benchmarks/
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--procs", default="16,32,64", help="job sizes in processes (default 16,32,64)")
     ap.add_argument("--servers", type=int, default=4, help="servers per job (default 4)")
-    ap.add_argument("--runs", type=int, default=1, help="runs (sizes interleaved)")
+    ap.add_argument("--runs", type=int, default=3, help="runs (sizes interleaved)")
     ap.add_argument("--barriers", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--idle", type=float, default=5.0, help="seconds of the heartbeat-only window")

@@ -2,7 +2,7 @@
 same interleaved run, round times of 1 MiB and 200 x 16 KiB (the workload's dense round:
 push every key, pull every key; benchmarks/README.md).
 
-    python benchmarks/scaling.py                     # 2 runs, every W and S (about 10 minutes)
+    python benchmarks/scaling.py                     # 3 runs, every W and S (about 8 minutes here)
     python benchmarks/scaling.py --quick             # 1 run, W 1,2 x S 1, few rounds
     python benchmarks/scaling.py --workers 1,2,4 --servers 1,2 --runs 3 --json /tmp/scaling.json
 
@@ -10,7 +10,7 @@ All W + S + 1 processes share this machine's cores, so the round time grows with
 system; what matters is how fast: for each S, growth(W) = round time at W / round time at W=1,
 per run, for psnode and for MXNet, and their quotient (psnode's growth / MXNet's: above 1 =
 psnode's round time grows faster with W than MXNet's).  Fewer rounds than run.py (the job
-count is 2 x 12): 1 MiB 5 warm-up + 30 timed, 200 x 16 KiB 3 + 15.
+count is 2 x 12 per run): 1 MiB 10 warm-up + 60 timed, 200 x 16 KiB 3 + 30.
 """
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ from benchmarks.mxnet_job import DEFAULT_VENV, mxnet_python, run_mxnet  # noqa: 
 from benchmarks.psnode_job import Launcher, cli_ready, run_psnode, run_psnode_mxdist  # noqa: E402
 from benchmarks.report import Stats, collect, fmt_range, print_table, ratios  # noqa: E402
 
-CASES = [dataclasses.replace(ALL["1x1MiB"], warmup=5, rounds=30, quick_rounds=10),
-         dataclasses.replace(ALL["200x16KiB"], warmup=3, rounds=15, quick_rounds=4)]
+CASES = [dataclasses.replace(ALL["1x1MiB"], warmup=10, rounds=60, quick_rounds=10),
+         dataclasses.replace(ALL["200x16KiB"], warmup=3, rounds=30, quick_rounds=4)]
 
 
 def growth_table(stats: Stats, case: Case, workers: list[int], servers: list[int], print_fn=print) -> list[dict]:
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="1 run, W 1,2 x S 1, few rounds")
     ap.add_argument("--workers", help="W values (default 1,2,4,8)")
     ap.add_argument("--servers", help="S values (default 1,2,4)")
-    ap.add_argument("--runs", type=int, help="interleaved runs (default 2; --quick 1)")
+    ap.add_argument("--runs", type=int, help="interleaved runs (default 3; --quick 1)")
     ap.add_argument("--no-mxnet", action="store_true", help="psnode only")
     ap.add_argument("--mxnet-venv", type=Path, default=DEFAULT_VENV)
     ap.add_argument("--psnode-via", choices=("harness", "mxdist"), default="harness")
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     workers = [int(x) for x in (a.workers or ("1,2" if a.quick else "1,2,4,8")).split(",")]
     servers = [int(x) for x in (a.servers or ("1" if a.quick else "1,2,4")).split(",")]
-    runs = a.runs or (1 if a.quick else 2)
+    runs = a.runs or (1 if a.quick else 3)
     mx_py = None
     if not a.no_mxnet:
         mx_py, why = mxnet_python(a.mxnet_venv)
