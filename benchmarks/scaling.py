@@ -2,7 +2,7 @@
 same interleaved run, round times of 1 MiB and 200 x 16 KiB (the workload's dense round:
 push every key, pull every key; benchmarks/README.md).
 
-    python benchmarks/scaling.py                     # 3 runs, every W and S (about 8 minutes here)
+    python benchmarks/scaling.py                     # 3 runs, every W and S (about 7 minutes here)
     python benchmarks/scaling.py --quick             # 1 run, W 1,2 x S 1, few rounds
     python benchmarks/scaling.py --workers 1,2,4 --servers 1,2 --runs 3 --json /tmp/scaling.json
 
