@@ -1,6 +1,7 @@
 """Small helpers shared by the benchmark drivers (run.py, train.py, scaling.py, control_plane.py)."""
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import os
@@ -16,7 +17,12 @@ MARK_RE = re.compile(re.escape(MARK) + r"(\{.*\})")
 
 
 def harness():
-    """tests/cluster/harness.py (starts psnode jobs through the env contract, no launcher)."""
+    """tests/cluster/harness.py (starts psnode jobs through the env contract, no launcher):
+    imported as ``tests.cluster.harness`` when ``tests`` is a package, else loaded by path."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    if (ROOT / "tests" / "__init__.py").exists():
+        return importlib.import_module("tests.cluster.harness")
     spec = importlib.util.spec_from_file_location("_psnode_harness", ROOT / "tests" / "cluster" / "harness.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
