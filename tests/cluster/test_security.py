@@ -96,7 +96,8 @@ def test_curve_refuses_outsiders_and_the_job_still_trains(tmp_path) -> None:
         srv2 = wait_for(lambda: (s := _server(_status(job, str(keyfile))))["refused"] and s, 10,
                         "the server's refusal counter", describe=job.describe)
         assert srv2["pushes"] == server["pushes"] and srv2["pulls"] == server["pulls"]
-        assert srv2["dropped"] == 0 and srv2["refused"] == 1   # the foreign key, refused by ZAP: never decoded
+        # each attempt refused at the handshake (at least once: a refused DEALER retries); never decoded
+        assert srv2["dropped"] == 0 and srv2["refused"] >= 3
         # nothing of the job listens on a wildcard address
         pids = {str(p.popen.pid) for p in job.procs}
         listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
