@@ -166,6 +166,8 @@ class _Guard(threading.Thread):
 
     def _answer(self, zap: zmq.Socket) -> None:
         frames = zap.recv_multipart()
+        if len(frames) < 6:   # (libzmq always sends 6 or more; answer anyway: REP must reply)
+            frames += [b""] * (6 - len(frames))
         version, request_id, domain, address, _identity, mechanism = frames[:6]
         ok = self._admits(domain, mechanism, frames[6:])
         if not ok:
@@ -199,6 +201,8 @@ class _Guard(threading.Thread):
     def _event(self, mon: zmq.Socket, server: bool) -> bool:
         """Handle one monitor event; False once the socket's monitoring stopped."""
         frames = mon.recv_multipart()
+        if len(frames[0]) < 6:
+            return True
         event, _value = struct.unpack("=hi", frames[0][:6])
         if event == zmq.EVENT_MONITOR_STOPPED:
             return False
