@@ -87,7 +87,9 @@ class CurveKeys:
 
 _DOMAIN = {Plane.CONTROL: b"psnode-control", Plane.DATA: b"psnode-data"}  # data: + b" host:port"
 _AUTH = int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
-_FAILED = {int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL): "the handshake failed (the peer hung up or sent garbage)",
+# which side of a refused handshake sees which event is a race (each hangs up once it knows),
+# so a handshake cut short counts too; the transport's own closing does not (Transport.close)
+_FAILED = {int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL): "the handshake was cut short (the peer hung up)",
            int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL): "the peer used another security mechanism or key than this job's",
            _AUTH: "the authenticator refused the peer's credential"}
 _WATCHED = sum(_FAILED) | int(zmq.EVENT_MONITOR_STOPPED)
@@ -97,8 +99,8 @@ _PROOF = "X-Psnode-Proof"
 
 class _Guard(threading.Thread):
     """A transport's security thread: the ZAP handler (admits the job's peers, refuses the
-    rest) and the watcher of every secured socket's handshakes (``refused`` counts the
-    failed ones: no credential, another job's, a wrong mechanism)."""
+    rest) and the watcher of every secured socket's handshakes (``refused`` counts those
+    that failed: a wrong or missing credential or mechanism, or cut short by the peer)."""
 
     def __init__(self, ctx: zmq.Context, security: Security) -> None:
         super().__init__(name="psnode-zap", daemon=True)
@@ -112,6 +114,7 @@ class _Guard(threading.Thread):
         self._pending: list[tuple[str, bool, threading.Event]] = []
         self._count = 0
         self._zap_refused = 0
+        self.closing = False   # set by Transport.close: failures from then on are its own doing
 
     def watch(self, sock: zmq.Socket, server: bool) -> None:
         """Count ``sock``'s failed handshakes (called by the socket's own thread); ``server``:
@@ -207,7 +210,7 @@ class _Guard(threading.Thread):
         if event == zmq.EVENT_MONITOR_STOPPED:
             return False
         reason = _FAILED.get(event)
-        if reason is not None:
+        if reason is not None and not self.closing:
             self.refused += 1
             if (self.refused <= _LOGGED or self.refused % 1000 == 0) and not (server and event == _AUTH):
                 where = frames[1].decode(errors="replace") if len(frames) > 1 else "?"
@@ -313,6 +316,7 @@ class Transport:
             return
         # ctx.destroy() would close the guard thread's sockets from this thread (libzmq aborts:
         # "pfd.revents & POLLIN"); close ours, then term(): the guard gets ETERM and closes its own
+        self._guard.closing = True
         for sock in list(self._socks):
             if not sock.closed:
                 sock.close(linger=linger_ms)
