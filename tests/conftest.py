@@ -2,7 +2,8 @@
 
 ``other_user``: a real second Unix user, created for the test module (``useradd``) and removed
 at its end (``userdel``), to check what another user of the machine can and cannot do to a
-job.  Needs root, ``useradd`` and ``setpriv``; skipped (with the reason) without them.
+job.  Needs root, ``useradd`` and ``setpriv``: skipped without them, failed under CI
+(``tests.support.require``).
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+
+from tests.support import require
 
 
 @dataclass(frozen=True)
@@ -47,11 +50,9 @@ def _python_for(user: OtherUser) -> str | None:
 
 @pytest.fixture(scope="module")
 def other_user() -> Iterator[OtherUser]:
-    if os.geteuid() != 0:
-        pytest.skip("creating a second Unix user needs root")
+    require(None if os.geteuid() == 0 else "creating a second Unix user needs root", "run the tests as root")
     for tool in ("useradd", "userdel", "setpriv"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed")
+        require(None if shutil.which(tool) else f"{tool} is not installed", "apt-get install passwd util-linux")
     name = f"psn{secrets.token_hex(4)}"
     subprocess.run(["useradd", "--system", "--no-create-home", "--user-group", "--shell", "/usr/sbin/nologin",
                     name], check=True, capture_output=True, timeout=60)
@@ -60,8 +61,8 @@ def other_user() -> Iterator[OtherUser]:
         entry = pwd.getpwnam(name)
         user = OtherUser(name, entry.pw_uid, entry.pw_gid, "")
         python = _python_for(user)
-        if python is None:
-            pytest.skip(f"no Python interpreter the user {name} may run")
+        require(None if python else f"no Python interpreter the user {name} may run",
+                "install python3 (Debian: /usr/bin/python3)")
         yield OtherUser(name, entry.pw_uid, entry.pw_gid, python)
     finally:
         subprocess.run(["userdel", name], capture_output=True, timeout=60)

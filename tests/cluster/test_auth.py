@@ -16,17 +16,17 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
-from harness import Job, alive, start_job, wait_job
 
 from psnode.control import query_status
 from psnode.errors import PeerLost
 from psnode.protocol import decode
 from psnode.security import Mode
 from psnode.transport import new_security
+from tests.cluster.harness import Job, alive, start_job, wait_job
+from tests.support import wait_for
 
 HERE = Path(__file__).resolve().parent
 OUTSIDER = (HERE / "outsider.py").read_text()
@@ -78,27 +78,20 @@ t.close()
 """
 
 
-def _started(job: Job, key: str | None, timeout: float = 20.0) -> dict:
-    end = time.monotonic() + timeout
-    while True:
-        try:
-            st = query_status(job.scheduler, job.job_id, key_file=key, timeout=1.0)
-            if st["started"]:
-                return st
-        except PeerLost:
-            pass
-        assert time.monotonic() < end, "the job did not start:\n" + job.describe()
-        time.sleep(0.1)
+def _status(job: Job, key: str | None) -> dict | None:
+    try:
+        return query_status(job.scheduler, job.job_id, key_file=key, timeout=1.0)
+    except PeerLost:
+        return None
 
 
-def _wait_status(job: Job, key: str, pred, timeout: float = 15.0) -> dict:
-    end = time.monotonic() + timeout
-    while True:
-        st = query_status(job.scheduler, job.job_id, key_file=key, timeout=2.0)
-        if pred(st):
-            return st
-        assert time.monotonic() < end, f"status never satisfied the condition: {st}"
-        time.sleep(0.1)
+def _started(job: Job, key: str | None) -> dict:
+    return wait_for(lambda: (st := _status(job, key)) and st["started"] and st, 20, "the job to start",
+                    describe=job.describe)
+
+
+def _wait_status(job: Job, key: str, pred, what: str) -> dict:
+    return wait_for(lambda: (st := _status(job, key)) and pred(st) and st, 15, what, describe=job.describe)
 
 
 def _targets(job: Job, st: dict) -> list[str]:
@@ -155,7 +148,8 @@ def test_another_user_and_another_job_are_refused_and_the_job_is_exact(other_use
         tried = {t: sum(a["target"] == t for a in attempts) for t in targets}
         want = [tried[t] for t in targets]
         st = _wait_status(job, str(key), lambda s: all(
-            n >= w for n, w in zip([s["refused"], *_server_counts(s)], want, strict=True)))
+            n >= w for n, w in zip([s["refused"], *_server_counts(s)], want, strict=True)),
+            f"refusal counts {want} (scheduler, servers)")
         assert [st["refused"], *_server_counts(st)] == want, (st, tried)
 
         # a process of another job: its own secret, this job's id and addresses
@@ -170,7 +164,8 @@ def test_another_user_and_another_job_are_refused_and_the_job_is_exact(other_use
         got = json.loads(res.stdout.strip().splitlines()[-1])
         assert got["answers"] == 0 and got["refused"] >= len(targets), got
         st = _wait_status(job, str(key), lambda s: all(
-            n > w for n, w in zip([s["refused"], *_server_counts(s)], want, strict=True)))
+            n > w for n, w in zip([s["refused"], *_server_counts(s)], want, strict=True)),
+            "the other job's refusals counted by the scheduler and each server")
         assert all(n["state"] == "alive" and n["pushes"] == 0 for n in st["nodes"] if n["role"] == "server")
         assert sum(n["role"] == "worker" for n in st["nodes"]) == 2
     finally:

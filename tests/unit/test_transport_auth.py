@@ -5,7 +5,6 @@ that took a server's port.  Real sockets on 127.0.0.1, in this process."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -16,25 +15,21 @@ import zmq
 from psnode.protocol import Command, Message, decode, encode
 from psnode.security import Mode, Plane, Security
 from psnode.transport import Channel, Transport, new_security
+from tests.support import wait_for
 
 SECURED = (Mode.AUTHENTICATED, Mode.ENCRYPTED)
 
 
 def recv_within(chan: Channel, routed: bool, seconds: float) -> tuple[bytes | None, Message] | None:
     """The first message on ``chan`` within ``seconds``, else None."""
-    end = time.monotonic() + seconds
-    while True:
-        got = chan.recv(routed)
-        if got is not None or time.monotonic() > end:
-            return got
-        chan.sock.poll(20)
+    try:
+        return wait_for(lambda: chan.recv(routed), seconds, f"a message on {chan.address}", interval=0.005)
+    except AssertionError:
+        return None
 
 
-def wait_until(pred, seconds: float = 5.0) -> None:
-    end = time.monotonic() + seconds
-    while not pred():
-        assert time.monotonic() < end, "condition not met in time"
-        time.sleep(0.01)
+def wait_until(pred, what: str = "the refusal to be counted") -> None:
+    wait_for(pred, 5.0, what, interval=0.01)
 
 
 @contextmanager
