@@ -2,7 +2,7 @@
 
     python benchmarks/netbench.py                                # uncompressed, 3 interleaved runs
     python benchmarks/netbench.py --compression none,fp16,2bit   # side by side (needs issue 17 phase 2)
-    python benchmarks/netbench.py --quick --no-mlp               # smoke run (~15 s)
+    python benchmarks/netbench.py --quick --no-mlp               # smoke run (~10 s)
     python benchmarks/netbench.py --cleanup                      # remove testbeds of a killed run
 
 Needs root and iproute2 (``ip``, ``tc`` with the tbf qdisc).  The testbed (benchmarks/netns.py)
@@ -14,8 +14,10 @@ links.  The processes are started directly (``python -m psnode`` and the worker 
 ``PSNODE_*`` environment of ``NodeConfig.to_env``, inside the namespaces (``ip netns exec``).
 
 Per compression setting and run: one job runs the workload's dense cases (default ``1x16MiB`` and
-``16x1MiB`` of benchmarks/cases.py), one job runs examples/mlp_numpy.py (epoch times).  Settings
-are interleaved and their order rotates between runs.  ``bound`` is what the links allow: the
+``16x1MiB`` of benchmarks/cases.py), then the raw TCP reference (netbench_raw.py: the bytes those
+rounds put on the links, in the same two phases, with no parameter server at all), then one job
+runs examples/mlp_numpy.py (epoch times).  Settings are interleaved and their order rotates
+between runs.  ``bound`` is what the links allow: the
 time of a round's push phase plus its pull phase, each at the bytes of its busiest link direction
 (compressed pushes that cross, then float32 pull replies that cross, from psnode's placement), at
 the rate less TCP/IP/Ethernet headers (1448 payload bytes per 1514-byte frame).
@@ -54,6 +56,7 @@ from psnode.errors import ConfigError  # noqa: E402
 from psnode.sharding import Placer  # noqa: E402
 
 WORKER = ROOT / "benchmarks" / "netbench_worker.py"
+RAW = ROOT / "benchmarks" / "netbench_raw.py"
 DEFAULT_CASES = "1x16MiB,16x1MiB"
 TARGET_CASES = ("1x16MiB", "16x1MiB")   # the issue's targets are checked on these
 FRAME_EFFICIENCY = 1448 / 1514     # TCP payload per Ethernet frame at MTU 1500 (timestamps on)
@@ -108,6 +111,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--unlimited", action="store_true", help="no tbf: the namespaces' raw veth speed")
     p.add_argument("--mlp-epochs", type=int, default=10, help="epochs of the MLP example (10)")
     p.add_argument("--no-mlp", action="store_true", help="skip the MLP example")
+    p.add_argument("--no-raw", action="store_true", help="skip the raw TCP reference (netbench_raw.py)")
     p.add_argument("--quick", action="store_true", help="few rounds, 1 run, 3 MLP epochs")
     p.add_argument("--timeout", type=float, default=300, help="seconds per job (300)")
     p.add_argument("--json", type=Path, default=None, help="write every record and the summary here")
@@ -133,7 +137,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 # ---------------------------------------------------------------- what the links allow
 
-def link_bound(cases: list[Case], spec: CompressionSpec, rate_bytes: float) -> dict[str, dict[str, float]]:
+def link_bound(cases: list[Case], spec: CompressionSpec, rate_bytes: float) -> dict[str, dict[str, Any]]:
     """Per case: the least time a round can take on these links.
 
     A sync round is a push phase then a pull phase (a key's new value exists only after every
@@ -156,7 +160,8 @@ def link_bound(cases: list[Case], spec: CompressionSpec, rate_bytes: float) -> d
                         pull[s, "up"] += 4 * n
                         pull[w, "down"] += 4 * n
         busiest = max(push.values()) + max(pull.values())
-        out[c.name] = {"link_bytes": busiest, "bound_s": busiest / (rate_bytes * FRAME_EFFICIENCY)}
+        out[c.name] = {"push_bytes": max(push.values()), "pull_bytes": max(pull.values()),
+                       "link_bytes": busiest, "bound_s": busiest / (rate_bytes * FRAME_EFFICIENCY)}
     return out
 
 
@@ -239,9 +244,7 @@ def results(procs: list[Proc]) -> list[dict[str, Any]]:
     return out
 
 
-def run_job(bed: netns.Testbed, port: int, worker_argv: list[str], spec: CompressionSpec, logdir: Path,
-            timeout: float) -> list[dict[str, Any]]:
-    procs = start_job(bed, port, worker_argv, spec, logdir)
+def run_job(bed: netns.Testbed, procs: list[Proc], timeout: float) -> list[dict[str, Any]]:
     try:
         wait_job(procs, timeout)
     finally:
@@ -249,10 +252,26 @@ def run_job(bed: netns.Testbed, port: int, worker_argv: list[str], spec: Compres
     return results(procs)
 
 
+def start_raw(bed: netns.Testbed, port: int, args: argparse.Namespace, spec: CompressionSpec,
+              logdir: Path) -> list[Proc]:
+    """The raw TCP reference (netbench_raw.py) on hosts 0 and 1, same bytes as psnode's rounds."""
+    bounds = link_bound(args.case_list, spec, args.rate_bytes)
+    plan = json.dumps([{"case": c.name, "push": bounds[c.name]["push_bytes"], "pull": bounds[c.name]["pull_bytes"],
+                        "warmup": c.warm(args.quick), "rounds": c.timed(args.quick)} for c in args.case_list])
+    env = child_env(spec)
+    procs = []
+    for me, peer in ((0, 1), (1, 0)):
+        a, b = bed.hosts[me], bed.hosts[peer]
+        log = logdir / f"raw{port}.{me}.log"
+        argv = [sys.executable, str(RAW), a.addr, b.addr, str(port), plan]
+        procs.append(Proc("worker", me, me, bed.spawn(a, argv, env, log, cwd=ROOT), log))
+    return procs
+
+
 # ---------------------------------------------------------------- the report
 
 def med(xs: list[float]) -> str:
-    return f"{statistics.median(xs) * 1e3:7.1f} [{min(xs) * 1e3:.1f}-{max(xs) * 1e3:.1f}]"
+    return f"{statistics.median(xs) * 1e3:.1f} [{min(xs) * 1e3:.1f}-{max(xs) * 1e3:.1f}]"
 
 
 def summarize(args: argparse.Namespace, records: list[dict[str, Any]]) -> tuple[dict[str, Any], bool]:
@@ -263,29 +282,35 @@ def summarize(args: argparse.Namespace, records: list[dict[str, Any]]) -> tuple[
     labels = [label(s) for s in args.compression]
     print(f"\nW={W} S={S}, 3 hosts, every port {args.rate if not args.unlimited else 'unlimited'} both ways; "
           f"median [min-max] over {args.runs} run(s)")
-    print(f"{'case':9} {'compression':11} {'round ms':>24} {'link MiB/round':>15} {'link use':>9} "
-          f"{'bound ms':>9} {'round/bound':>12} {'vs none':>8}")
+    print(f"{'case':9} {'compression':11} {'psnode round ms':>22} {'raw TCP ms':>22} {'psnode/raw':>10} "
+          f"{'bound ms':>8} {'psnode/bound':>12} {'link MiB/round':>14} {'vs none':>7}")
+
+    def per_run(system: str, case: str, name: str) -> list[float]:
+        recs = [r for r in records if r.get("system") == system and r.get("case") == case and r["label"] == name]
+        return [statistics.median([r["median"] for r in recs if r["run"] == k])
+                for k in sorted({r["run"] for r in recs})]
+
     for c in args.case_list:
         base = None
         for spec, name in zip(args.compression, labels, strict=True):
-            recs = [r for r in records if r.get("case") == c.name and r["label"] == name]
-            runs = sorted({r["run"] for r in recs})
-            per_run = [statistics.median([r["median"] for r in recs if r["run"] == k]) for k in runs]
-            link = [max(r["link_tx"], r["link_rx"]) for r in recs]
-            if not per_run:
+            ps, raw = per_run("psnode", c.name, name), per_run("raw", c.name, name)
+            if not ps:
                 continue
-            t = statistics.median(per_run)
+            link = statistics.median([max(r["link_tx"], r["link_rx"]) for r in records
+                                      if r.get("system") == "psnode" and r.get("case") == c.name
+                                      and r["label"] == name])
+            t = statistics.median(ps)
+            t_raw = statistics.median(raw) if raw else float("nan")
             bound = link_bound(args.case_list, spec, args.rate_bytes)[c.name]
-            use = statistics.median(link) / (t * args.rate_bytes) if not args.unlimited else float("nan")
-            ratio = t / bound["bound_s"] if not args.unlimited else float("nan")
+            bound_s = bound["bound_s"] if not args.unlimited else float("nan")
             base = t if name == "none" else base
-            speed = f"{base / t:8.2f}" if base else f"{'-':>8}"
-            bound_ms = bound["bound_s"] * 1e3 if not args.unlimited else float("nan")
-            print(f"{c.name:9} {name:11} {med(per_run):>24} {statistics.median(link) / MiB:15.2f} {use:9.2f} "
-                  f"{bound_ms:9.1f} {ratio:12.2f} {speed}")
+            speed = f"{base / t:7.2f}" if base else f"{'-':>7}"
+            print(f"{c.name:9} {name:11} {med(ps):>22} {med(raw) if raw else '-':>22} {t / t_raw:10.2f} "
+                  f"{bound_s * 1e3:8.1f} {t / bound_s:12.2f} {link / MiB:14.2f} {speed}")
             summary["cases"].setdefault(c.name, {})[name] = {
-                "round_s": per_run, "median_s": t, "link_bytes_per_round": statistics.median(link),
-                "bound_s": bound["bound_s"], "bound_bytes": bound["link_bytes"], "round_over_bound": ratio,
+                "round_s": ps, "median_s": t, "raw_round_s": raw, "raw_median_s": t_raw,
+                "link_bytes_per_round": link, "bound_s": bound_s, "bound_bytes": bound["link_bytes"],
+                "round_over_bound": t / bound_s, "round_over_raw": t / t_raw,
                 "speedup_vs_none": base / t if base else None}
     mlps = [r for r in records if r.get("system") == "mlp"]
     if mlps:
@@ -369,12 +394,16 @@ def main(argv: list[str] | None = None) -> int:
         for run in range(args.runs):
             order = args.compression[run % len(args.compression):] + args.compression[:run % len(args.compression)]
             for spec in order:
-                jobs = [("cases", ["cases", encode_cases(args.case_list), "1" if args.quick else "0"])]
-                if not args.no_mlp:
-                    jobs.append(("mlp", ["mlp", "--epochs", str(args.mlp_epochs)]))
-                for what, worker_argv in jobs:
+                kinds = ["cases", *([] if args.no_raw else ["raw"]), *([] if args.no_mlp else ["mlp"])]
+                for what in kinds:
                     t0 = time.monotonic()
-                    got = run_job(bed, port, worker_argv, spec, logdir, args.timeout)
+                    if what == "raw":
+                        procs = start_raw(bed, port, args, spec, logdir)
+                    else:
+                        worker_argv = (["cases", encode_cases(args.case_list), "1" if args.quick else "0"]
+                                       if what == "cases" else ["mlp", "--epochs", str(args.mlp_epochs)])
+                        procs = start_job(bed, port, worker_argv, spec, logdir)
+                    got = run_job(bed, procs, args.timeout)
                     port += 1
                     for r in got:
                         r.update(run=run, label=label(spec))

@@ -140,6 +140,12 @@ class Testbed:
         run("ip", "-n", sw, "link", "set", "lo", "up")
         run("ip", "-n", sw, "link", "add", "sw", "type", "bridge")
         run("ip", "-n", sw, "link", "set", "sw", "up")
+        # a switch does not run the firewall: with br_netfilter loaded, bridged frames would go
+        # through the switch namespace's iptables (per-namespace settings; the machine's stay)
+        for proto in ("iptables", "ip6tables", "arptables"):
+            key = Path(f"/proc/sys/net/bridge/bridge-nf-call-{proto}")
+            if key.exists():
+                run("ip", "netns", "exec", sw, "sysctl", "-q", "-w", f"net.bridge.bridge-nf-call-{proto}=0")
         for i in range(self.hosts_wanted):
             host = Host(i, f"{self.tag}-h{i}", f"{SUBNET}.{i + 1}")
             run("ip", "netns", "add", host.ns)

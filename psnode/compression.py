@@ -2,7 +2,8 @@
 
 A :class:`CompressionSpec` is validated from the user's dict (:meth:`CompressionSpec.from_params`,
 MXNet's argument) and travels as a small JSON object (:meth:`CompressionSpec.to_wire` /
-:meth:`CompressionSpec.from_wire`), never pickled.  A worker keeps one :class:`Residual` per key
+:meth:`CompressionSpec.from_wire`) or as a short exact string for each push (:attr:`CompressionSpec.tag`
+/ :meth:`CompressionSpec.from_tag`), never pickled.  A worker keeps one :class:`Residual` per key
 (``spec.new_residual(n)``; None for the stateless types) and calls
 ``spec.compress(grad, residual)`` for every push; a server calls ``spec.decompress(packed, n)``
 or ``spec.accumulate(acc, packed)`` and aggregates float32 as for any gradient.  ``'local'``
@@ -159,6 +160,25 @@ class CompressionSpec:
             raise ProtocolError(f"bad compression spec on the wire: {exc}") from None
         if spec.thresholded and "threshold" not in obj:
             raise ProtocolError(f"bad compression spec on the wire: {str(obj)[:80]} has no threshold")
+        return spec
+
+    @property
+    def tag(self) -> str:
+        """A short exact form for each compressed push: ``"2bit:0.5"``, ``"1bit:-1.0"``, ``"fp16"``."""
+        return f"{self.type.value}:{self.threshold!r}" if self.thresholded else self.type.value
+
+    @classmethod
+    def from_tag(cls, tag: Any) -> CompressionSpec:
+        """The inverse of :attr:`tag`; anything else raises ProtocolError."""
+        if not isinstance(tag, str):
+            raise ProtocolError(f"bad compression tag {str(tag)[:40]!r}")
+        kind, sep, threshold = tag.partition(":")
+        obj: dict[str, Any] = {"type": kind}
+        if sep:
+            obj["threshold"] = threshold
+        spec = cls.from_wire(obj)
+        if spec.tag != tag:
+            raise ProtocolError(f"bad compression tag {tag[:40]!r} (the exact form is {spec.tag!r})")
         return spec
 
     # ------------------------------------------------------------ properties and sizes
