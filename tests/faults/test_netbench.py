@@ -9,41 +9,34 @@ every process that was in them is dead.  No speed is asserted here (netbench mea
 from __future__ import annotations
 
 import os
-import queue
 import shutil
 import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
+from benchmarks import netns
+from tests.support import require, wait_for
+
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks import netns  # noqa: E402
-
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
-                                reason="network namespaces and tc need root and iproute2")
-
 NETBENCH = [sys.executable, str(ROOT / "benchmarks" / "netbench.py")]
+
+
+@pytest.fixture(autouse=True)
+def _testbed_possible() -> None:
+    """Namespaces and tbf need root and iproute2: skipped without them, a failure under CI."""
+    require("network namespaces need root" if os.geteuid() != 0 else
+            "iproute2 (ip, tc) is not installed" if shutil.which("ip") is None or shutil.which("tc") is None
+            else None, "run as root with iproute2 (apt-get install iproute2)")
 
 
 def env() -> dict[str, str]:
     e = dict(os.environ)
     e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
     return e
-
-
-def wait_for(pred, timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.05)
 
 
 class Run:
@@ -54,7 +47,6 @@ class Run:
                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self.tag = f"{netns.PREFIX}-{self.p.pid}"
         self.lines: list[str] = []
-        self.q: queue.Queue[str] = queue.Queue()
         self.t = threading.Thread(target=self._read, daemon=True)
         self.t.start()
         self.seen: set[int] = set()   # every pid seen in the run's namespaces
