@@ -83,7 +83,8 @@ except ImportError as _exc:  # pragma: no cover - exercised only without torch
 import numpy as np
 
 from psnode import optimizer as opt_mod
-from psnode.errors import ConfigError, ShapeMismatch
+from psnode.errors import ConfigError
+from psnode.torch_devices import host_value, scatter
 
 __all__ = ["DistributedTrainer", "host_dtype", "host_value", "numpy_view", "scatter", "wrap"]
 
@@ -406,108 +407,6 @@ class DistributedTrainer:
 
     def __repr__(self) -> str:
         return f"<DistributedTrainer {len(self.keys)} keys via {self.kv!r} overlap={self.overlap}>"
-
-
-# ---------------------------------------------------------------- several devices per worker
-_BUFFERS: dict[tuple[Any, ...], Any] = {}
-
-
-def _buffer(tag: tuple[Any, ...], shape: Any, dtype: Any, device: Any, pin: bool = False) -> Any:
-    """A tensor allocated on first use and reused by every later call with the same arguments."""
-    k = (*tag, tuple(shape), dtype, str(device))
-    t = _BUFFERS.get(k)
-    if t is None:
-        t = _BUFFERS[k] = _torch.empty(tuple(shape), dtype=dtype, device=device, pin_memory=pin)
-    return t
-
-
-def _tensors(values: Any, what: str) -> list[Any]:
-    ts = [values] if isinstance(values, _torch.Tensor) else list(values)
-    if not ts:
-        raise ShapeMismatch(f"{what}: empty list of tensors")
-    for t in ts:
-        if not isinstance(t, _torch.Tensor):
-            raise ConfigError(f"{what}: a list mixing torch tensors and {type(t).__name__}")
-        if t.layout != _torch.strided:
-            raise ConfigError(f"{what}: {t.layout} tensors are not supported; use dense ones")
-        if t.shape != ts[0].shape:
-            raise ShapeMismatch(f"{what}: tensors of shapes {list(ts[0].shape)} and {list(t.shape)}")
-    return ts
-
-
-def host_value(values: Any, dtype: Any = None, key: Any = None) -> np.ndarray:
-    """The host array a push of torch ``values`` (one tensor, or one per local device) sends.
-
-    Contract (the KVStore calls this for torch values before its own checks):
-
-    * The tensors are summed in list order on the device of the first CUDA tensor (the others
-      are copied there first), in ``dtype`` (the key's numpy dtype; None: the tensors' own, and
-      float32 for bfloat16), cast on the device, then copied once to a pinned host buffer.  CPU
-      tensors only: summed on the CPU; a single contiguous CPU tensor of ``dtype`` is returned as
-      a zero-copy numpy view.
-    * The result may be a buffer reused by the next call with the same ``key``, shape and dtype:
-      the caller must read it before then (``kv.push`` copies its value before returning).
-    * Different shapes raise ShapeMismatch; a non-tensor in the list or a sparse tensor,
-      ConfigError.  Data is ready when this returns (the device-to-host copy is waited for).
-    """
-    what = f"key {key!r}"
-    ts = _tensors(values, what)
-    target = np.dtype(dtype) if dtype is not None else host_dtype(ts[0].dtype, True, what)
-    tdtype = _torch.from_numpy(np.empty(0, target)).dtype
-    shape = ts[0].shape
-    first = next((t for t in ts if t.is_cuda), ts[0])
-    with _torch.no_grad():
-        if len(ts) == 1 and first.dtype == tdtype and first.is_contiguous():
-            src = first
-        else:
-            src = _buffer(("sum", key), shape, tdtype, first.device)
-            src.copy_(first)
-            for i, t in enumerate(ts):
-                if t is first:
-                    continue
-                if t.device != first.device:
-                    peer = _buffer(("peer", key, i), shape, t.dtype, first.device)
-                    peer.copy_(t)
-                    t = peer
-                src.add_(t)
-        if not src.is_cuda:
-            return numpy_view(src, what)
-        host = _buffer(("host", key), shape, tdtype, "cpu", pin=True)
-        host.copy_(src)                                       # blocking: the data is there after
-        return np.asarray(host.numpy())
-
-
-def scatter(value: Any, outs: Any, key: Any = None) -> None:
-    """Write the pulled host array ``value`` into every torch tensor of ``outs`` (broadcast).
-
-    Contract: ``value`` goes to the first CUDA tensor of ``outs`` (one host-to-device copy;
-    when dtypes differ, into a reused device buffer of ``value``'s dtype and cast there), and
-    from that device to every other tensor, cast to each tensor's dtype (float32 master weights
-    into bfloat16 parameters).  CPU-only ``outs`` are copied on the CPU.  Every tensor holds the
-    value when this returns (the copies are waited for).  A shape differing from ``value``'s
-    raises ShapeMismatch.
-    """
-    what = f"key {key!r}"
-    ts = _tensors(outs, what)
-    arr = np.ascontiguousarray(value)
-    if tuple(arr.shape) != tuple(ts[0].shape):
-        raise ShapeMismatch(f"{what}: value of shape {list(arr.shape)} for tensors of shape {list(ts[0].shape)}")
-    src = _torch.from_numpy(arr)
-    first = next((t for t in ts if t.is_cuda), None)
-    with _torch.no_grad():
-        if first is None:
-            for t in ts:
-                t.copy_(src)
-            return
-        base = first
-        if first.dtype != src.dtype:
-            base = _buffer(("bcast", key), arr.shape, src.dtype, first.device)
-        base.copy_(src)
-        for t in ts:
-            if t is not base:
-                t.copy_(base)
-        for device in {t.device for t in ts if t.is_cuda}:
-            _torch.cuda.current_stream(device).synchronize()
 
 
 def wrap(model: Any, kv: Any, optimizer: Any = None, **kw: Any) -> DistributedTrainer:
