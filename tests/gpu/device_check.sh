@@ -117,12 +117,18 @@ fi
 
 # 4. D2H/push overlap: step time against compute alone -------------------------------------
 if [ "$CUDA" = 1 ]; then
+    # W=1 S=1 calibrates the batch (compute ~ comm); W=2 S=2 (sharing the GPU) reuses it: several
+    # workers must step alike, so they cannot calibrate each on its own
+    batch=
     for ws in "1 1" "2 2"; do
         set -- $ws
         say "overlap_bench W=$1 S=$2 on cuda"
-        mxdist 150 -n "$1" -s "$2" tests/gpu/overlap_bench.py --device cuda 2>&1 | tee "$LOGS/overlap_w$1.log"
+        mxdist 150 -n "$1" -s "$2" tests/gpu/overlap_bench.py --device cuda ${batch:+--batch $batch} 2>&1 \
+            | tee "$LOGS/overlap_w$1.log"
         fig=$(grep -o 'overlap: .*' "$LOGS/overlap_w$1.log" | tail -1)
         if [ -n "$fig" ]; then result PASS "overlap W$1 S$2 (measured)" "${fig#overlap: }"; else result FAIL "overlap W$1 S$2" "see $LOGS/overlap_w$1.log"; fi
+        batch=$(echo "$fig" | grep -o 'batch=[0-9]*' | cut -d= -f2)
+        [ -n "$batch" ] || break
     done
 else
     result SKIP "overlap on cuda" "$NOCUDA"
