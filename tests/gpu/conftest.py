@@ -1,17 +1,12 @@
 """CUDA tests of psnode.torch: marked ``cuda``, skipped only when torch sees no CUDA device.
 
 CI machines have no GPU, so there every test here reports as skipped "CUDA is not available";
-``tests/gpu/device_check.sh`` runs them on a GPU machine.  The cluster harness and the CPU
-tests' scripts are shared (tests/cluster is put on sys.path).
+``tests/gpu/device_check.sh`` runs them on a GPU machine.  They share the cluster harness and
+the CPU tests' scripts (``tests.cluster...``).
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
 
 
 def pytest_configure(config: pytest.Config) -> None:

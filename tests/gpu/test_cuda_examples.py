@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import ROOT, free_port
-from test_examples import metric, require, run_example
+
+from tests.cluster.harness import ROOT, free_port
+from tests.cluster.test_examples import metric, require, run_example
 
 pytestmark = pytest.mark.cuda
 

@@ -21,11 +21,10 @@ except ImportError:
         raise ImportError("CI must install torch for tests/gpu: pip install torch") from None
     pytest.skip("torch is not installed (pip install torch); CI fails here instead", allow_module_level=True)
 
-from harness import run_job
-from test_torch_trainer import check_closed_form, closed_form_script
-
 import psnode
 import psnode.torch as pt
+from tests.cluster.harness import run_job
+from tests.cluster.test_torch_trainer import check_closed_form, closed_form_script
 
 pytestmark = pytest.mark.cuda
 
