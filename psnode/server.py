@@ -26,7 +26,8 @@ from psnode.config import NodeConfig
 from psnode.errors import ConfigError, PeerLost, PSError
 from psnode.link import SchedulerLink, lost_message
 from psnode.protocol import PACK_BYTES, Command, Message
-from psnode.transport import CurveKeys, Poller, Transport
+from psnode.security import Security
+from psnode.transport import Poller, Transport
 
 log = logging.getLogger("psnode.server")
 
@@ -34,8 +35,7 @@ log = logging.getLogger("psnode.server")
 class Server:
     def __init__(self, cfg: NodeConfig) -> None:
         self.cfg = cfg
-        keys = CurveKeys.load(cfg.key_file) if cfg.key_file else None
-        self.t = Transport(cfg.job_id, "server", cfg.max_message_bytes, keys)
+        self.t = Transport(cfg.job_id, "server", cfg.max_message_bytes, Security.load(cfg.key_file))
         self.chan, self.port = self.t.router(cfg.host, cfg.port)
         self.store = Store(cfg.num_workers, check_finite=cfg.skip_nonfinite)
         self.checkpointed_rounds = 0

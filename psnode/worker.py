@@ -53,7 +53,8 @@ from psnode.errors import PeerLost, PSError
 from psnode.journal import Op, Pending, PushJournal
 from psnode.link import SchedulerLink, lost_message
 from psnode.protocol import Command, Message
-from psnode.transport import Channel, CurveKeys, Poller, Transport
+from psnode.security import Security
+from psnode.transport import Channel, Poller, Transport
 
 log = logging.getLogger("psnode.worker")
 
@@ -253,8 +254,7 @@ class Engine:
 
     # ------------------------------------------------------------ I/O thread
     def _run(self) -> None:
-        keys = CurveKeys.load(self.cfg.key_file) if self.cfg.key_file else None
-        t = Transport(self.cfg.job_id, "worker", self.cfg.max_message_bytes, keys)
+        t = Transport(self.cfg.job_id, "worker", self.cfg.max_message_bytes, Security.load(self.cfg.key_file))
         servers: list[Channel] = self._channels
         inflight: list[int] = []
         pending: dict[int, Pending] = {}  # request id -> request waiting for its answer

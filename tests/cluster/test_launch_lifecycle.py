@@ -16,7 +16,6 @@ import select
 import shlex
 import signal
 import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -24,10 +23,17 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ssh"))
-
-from mxdist_testing import (  # noqa: E402
-    PY, ROOT, assert_nothing_left, cli_env, kill_cli, latest, records, run_cli, start_cli, wait_for,
+from tests.ssh.mxdist_testing import (
+    PY,
+    ROOT,
+    assert_nothing_left,
+    cli_env,
+    kill_cli,
+    latest,
+    records,
+    run_cli,
+    start_cli,
+    wait_for,
 )
 
 MXDIST = f"{shlex.quote(PY)} -m cli.main"
@@ -206,7 +212,7 @@ def test_stop_racing_an_attached_launch_always_ends_stopped(home, tmp_path):
         before = {r["id"] for r in records(home)}
         proc = start_cli(["launch", "-n", "1", "-s", "0", "--grace", "1", sleeper], env)
         try:
-            job = wait_for(lambda: next((r["id"] for r in records(home) if r["id"] not in before), None),
+            job = wait_for(lambda seen=before: next((r["id"] for r in records(home) if r["id"] not in seen), None),
                            60, "the launch to record its job")
             time.sleep(rng.uniform(0.0, 1.5))
             stop = run_cli(["stop", job, "--grace", "1"], env)

@@ -3,30 +3,25 @@ who launched the job (directories 0700, files 0600), and another user can neithe
 them: not read the record, the logs or the key, not leave a stop request for the supervisor,
 not take its lock, not signal the job's processes.
 
-The other user is a real Unix user created for the test (``useradd``) and removed after it.
-It runs the system Python (the project's interpreter lives under /root, which it cannot
-enter) with the project on PYTHONPATH, and uses ``cli.jobs`` -- the standard-library module
-through which ``mxdist status`` and ``mxdist stop`` reach a job -- and plain file and signal
-calls.  Requires root (CI runs as root); skipped otherwise.
+The other user is a real Unix user created for the test (``other_user``, tests/conftest.py).
+It runs an interpreter it may run (the project's own lives under /root, which it cannot enter:
+then the system Python) with the project on PYTHONPATH, and uses ``cli.jobs`` -- the
+standard-library module through which ``mxdist status`` and ``mxdist stop`` reach a job -- and
+plain file and signal calls.
 """
 from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import stat
-import subprocess
-import sys
 import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ssh"))
-
-from mxdist_testing import ROOT, assert_nothing_left, cli_env, latest, run_cli, wait_for  # noqa: E402
+from tests.ssh.mxdist_testing import ROOT, assert_nothing_left, cli_env, latest, run_cli, wait_for
 
 SLEEPER = textwrap.dedent("""
     import os, time
@@ -70,20 +65,6 @@ PROBE = textwrap.dedent("""
 
 
 @pytest.fixture
-def other_user():
-    if os.geteuid() != 0 or not shutil.which("useradd"):
-        if os.environ.get("CI"):
-            pytest.fail("the privacy test needs root and useradd (CI runs as root)")
-        pytest.skip("needs root and useradd")
-    name = f"mxdt{secrets.token_hex(3)}"
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True, timeout=30)
-    try:
-        yield name
-    finally:
-        subprocess.run(["userdel", name], check=False, timeout=30)
-
-
-@pytest.fixture
 def shared_home():
     """An MXDIST_HOME in a directory every user may enter (a home directory is usually 0755)."""
     base = Path(tempfile.mkdtemp(prefix="mxdist-priv-", dir="/tmp"))
@@ -115,9 +96,8 @@ def test_another_user_cannot_see_or_touch_a_job(other_user, shared_home, tmp_pat
     assert {f.name: mode(f) for f in files} == {f.name: 0o600 for f in files}
     rec = latest(shared_home)
     pids = [str(p["pid"]) for p in rec["procs"]] + [str(rec["supervisor"]["pid"])]
-    probe = subprocess.run([shutil.which("runuser") or "runuser", "-u", other_user, "--", "/usr/bin/python3", "-c", PROBE, str(shared_home),
-                            job, *pids], env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": "/tmp"},
-                           capture_output=True, text=True, timeout=60)
+    probe = other_user.run([other_user.python, "-c", PROBE, str(shared_home), job, *pids],
+                           env={"PYTHONPATH": str(ROOT)})
     assert probe.returncode == 0, probe.stderr
     seen = json.loads(probe.stdout)
     assert "permission denied" in seen.pop("status")

@@ -4,6 +4,7 @@ Every test ends by checking that no process of the job remains on any host.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -12,8 +13,15 @@ import textwrap
 import time
 from pathlib import Path
 
-from mxdist_testing import (
-    assert_nothing_left, group_members, kill_cli, latest, records, run_cli, start_cli, wait_for,
+from tests.ssh.mxdist_testing import (
+    assert_nothing_left,
+    group_members,
+    kill_cli,
+    latest,
+    records,
+    run_cli,
+    start_cli,
+    wait_for,
 )
 
 TRAIN = textwrap.dedent("""
@@ -334,10 +342,8 @@ def test_a_host_that_stops_answering_is_named_and_not_waited_on(ssh_cluster, hom
         assert final["state"] == "failed" and "node3" in final["unverified"]
     finally:
         for pid in frozen:
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGCONT)
-            except OSError:
-                pass
         kill_cli(proc)
     stop = run_cli(["stop", final["id"]], env)
     assert stop.returncode == 0, stop.stdout + stop.stderr
