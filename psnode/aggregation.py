@@ -1,7 +1,8 @@
 """Server-side key store: sync rounds, async apply, parked pulls, dense and row_sparse.
 
-Pure logic (no sockets): :meth:`Store.handle` takes one operation from one worker and returns
-the replies it causes (possibly to other workers, e.g. pulls parked until a round completed).
+Pure logic (no sockets): :meth:`Store.handle` takes one typed operation (psnode.protocol) from
+one worker and returns the replies it causes (possibly to other workers, e.g. pulls parked
+until a round completed).  A bad operation is answered ``Failed``, never raised.
 
 Semantics (per key part held by this server):
 
@@ -20,6 +21,7 @@ Semantics (per key part held by this server):
 * ``pull`` with ``after = n``: answered once the worker's push ``n`` has been applied (sync: round
   ``n`` completed), so a pull after a push always sees it.  ``rows`` selects rows (row_sparse).
   A resent pull (``re``) still parked is answered ``wait`` (the server holds it; nothing lost).
+* ``pushpull``: a push, then a pull after it: one request and one answer per key part.
 * :meth:`Store.rebase` after a server restored its shard from a checkpoint: each key part's
   round becomes the later of the checkpoint's and the workers' confirmed rounds, so pushes the
   workers resend are applied once, and rounds the checkpoint already holds are not applied twice.
@@ -37,19 +39,39 @@ from typing import Any
 import numpy as np
 
 from psnode import optimizer as opt_mod
-from psnode.errors import PSError
+from psnode.errors import PSError, kind_of
+from psnode.protocol import (
+    Answer,
+    Failed,
+    Flush,
+    GetStates,
+    Init,
+    LoadStates,
+    Missing,
+    Ok,
+    Op,
+    OpCode,
+    Pull,
+    Push,
+    PushPull,
+    Resync,
+    SetOptimizer,
+    Wait,
+)
+from psnode.sparse import combine_rows as _combine_rows
 
 Key = tuple[Any, int]  # (user key, part index)
+Alloc = Callable[[tuple[int, ...], np.dtype], np.ndarray]
 
 
 @dataclass
 class Reply:
-    """An answer to one operation.  With ``entry``, ``arrays[0]`` is that entry's value: the
-    sender must call :func:`sent` once the send was issued (with its tracker, if any)."""
+    """An answer to one operation, for ``worker``.  With ``entry``, ``answer.arrays[0]`` is that
+    entry's value: the sender must call :func:`sent` once the send was issued (with its
+    tracker, if any)."""
 
     worker: int
-    result: dict[str, Any]
-    arrays: list[np.ndarray] = field(default_factory=list)
+    answer: Answer
     entry: Entry | None = None
 
     def __post_init__(self) -> None:
@@ -77,7 +99,7 @@ class Entry:
     spare_sends: list[Any] = field(default_factory=list)
     contributors: set[int] = field(default_factory=set)
     sparse_parts: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
-    early: dict[int, list[tuple[int, int, np.ndarray, np.ndarray | None]]] = field(default_factory=dict)
+    early: dict[int, list[tuple[int, np.ndarray, np.ndarray | None]]] = field(default_factory=dict)
     pushed: dict[int, int] = field(default_factory=dict)
     ahead: dict[int, set[int]] = field(default_factory=dict)  # async: applied beyond a gap
     pulls: list[tuple[int, int, int, np.ndarray | None]] = field(default_factory=list)
@@ -109,90 +131,82 @@ def _fmt(key: Any, part: int) -> str:
 
 
 class Store:
-    """All key parts of one server."""
+    """All key parts of one server.  ``alloc(shape, dtype)`` gives the buffers values and
+    aggregates live in (e.g. shared memory); default: plain numpy arrays."""
 
-    def __init__(self, num_workers: int, check_finite: bool = False) -> None:
+    def __init__(self, num_workers: int, check_finite: bool = False, alloc: Alloc | None = None) -> None:
         self.entries: dict[Key, Entry] = {}
         self.active: set[int] = set(range(num_workers))
         self.optimizer: opt_mod.Optimizer | None = None
         self.check_finite = check_finite
-        self.waiting_inits: dict[Key, list[tuple[int, int, str, list[int]]]] = {}
+        self.alloc: Alloc = alloc or (lambda shape, dtype: np.empty(shape, dtype))
+        self.waiting_inits: dict[Key, list[tuple[int, Init]]] = {}
         self.pushes = 0
         self.pulls = 0
         self.rounds = 0
         self.events: list[str] = []  # human-readable notices (e.g. skipped non-finite rounds)
+        self._handlers: dict[int, Callable[[int, Any], list[Reply]]] = {
+            OpCode.INIT: self._init, OpCode.PUSH: self._push, OpCode.PULL: self._pull,
+            OpCode.PUSHPULL: self._pushpull, OpCode.FLUSH: self._flush, OpCode.RESYNC: self._resync,
+            OpCode.SET_OPTIMIZER: self._set_optimizer, OpCode.GET_STATES: self._get_states,
+            OpCode.LOAD_STATES: self._load_states}
 
     # ---------------------------------------------------------------- dispatch
-    def handle(self, worker: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
-        rid = op.get("id")
+    def handle(self, worker: int, op: Op) -> list[Reply]:
+        """The replies ``op`` from ``worker`` causes (possibly to other workers); never raises."""
         try:
-            return self._dispatch(worker, rid, op, arrays)
-        except Exception as exc:  # noqa: BLE001 - a bad request never kills the server
-            return [Reply(worker, {"id": rid, "err": f"malformed request: {exc!r}",
-                                   "kind": "ProtocolError"})]
-
-    def _dispatch(self, worker: int, rid: Any, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
-        try:
-            kind = op.get("op")
-            fn: Callable[..., list[Reply]] | None = getattr(self, f"_op_{kind}", None)
-            if not isinstance(kind, str) or fn is None:
-                raise OpError("ProtocolError", f"unknown operation {str(kind)[:32]!r}")
-            return fn(worker, rid, op, arrays)
+            handler = self._handlers.get(getattr(op, "code", -1))
+            if handler is None:
+                raise OpError("ProtocolError", f"unknown operation {type(op).__name__}")
+            return handler(worker, op)
         except OpError as exc:
-            err = {"id": rid, "err": str(exc), "kind": exc.kind}
+            kind, message = exc.kind, str(exc)
         except PSError as exc:  # e.g. ShapeMismatch from an optimizer
-            err = {"id": rid, "err": str(exc), "kind": type(exc).__name__}
+            kind, message = kind_of(exc), str(exc)
         except Exception as exc:  # noqa: BLE001 - a bad request never kills the server
-            err = {"id": rid, "err": f"malformed request: {exc!r}", "kind": "ProtocolError"}
-        if op.get("na"):
-            err["na"] = 1  # nobody waits for it: the worker raises it at its next call
-        return [Reply(worker, err)]
+            kind, message = "ProtocolError", f"malformed request: {exc!r}"
+        # na: nobody waits for it; the worker raises it at its next call
+        return [Reply(worker, Failed(getattr(op, "id", 0), kind, message, bool(getattr(op, "na", False))))]
 
-    def _array(self, op: dict[str, Any], arrays: list[np.ndarray], field_name: str = "a") -> np.ndarray:
-        idx = op[field_name]
-        if not isinstance(idx, int) or not 0 <= idx < len(arrays):
-            raise OpError("ProtocolError", f"array index {idx!r} out of range")
-        return arrays[idx]
-
-    def _entry(self, op: dict[str, Any]) -> tuple[Key, Entry]:
-        key = (op["k"], int(op.get("p", 0)))
+    def _entry(self, key: Key) -> Entry:
         entry = self.entries.get(key)
         if entry is None:
             raise OpError("KeyNotInitialized",
                           f"{_fmt(*key)} is not initialised on this server: call kv.init first")
-        return key, entry
+        return entry
+
+    def _new(self, like: np.ndarray) -> np.ndarray:
+        return self.alloc(like.shape, like.dtype)
 
     # ---------------------------------------------------------------- init
-    def _op_init(self, worker: int, rid: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
-        key = (op["k"], int(op.get("p", 0)))
-        dtype, shape = str(op["dtype"]), [int(d) for d in op["shape"]]
+    def _init(self, worker: int, op: Init) -> list[Reply]:
+        key = (op.key, op.part)
         entry = self.entries.get(key)
         if entry is not None:  # (also a restarted worker: it resumes its push count)
-            self._check_meta(key, entry, dtype, shape)
-            return [Reply(worker, {"id": rid, "a": 0, "q": self._accepted(entry, worker)},
-                          [entry.value], entry)]
-        if "a" not in op:
+            self._check_meta(key, entry, op.dtype, op.shape)
+            return [Reply(worker, Ok(op.id, [entry.value], seq=self._accepted(entry, worker)), entry)]
+        if op.value is None:
             waiting = self.waiting_inits.setdefault(key, [])
-            if op.get("re") and any(w == worker and r == rid for w, r, *_ in waiting):
-                return [Reply(worker, {"id": rid, "wait": 1})]
-            waiting.append((worker, rid, dtype, shape))
+            if op.re and any(w == worker and o.id == op.id for w, o in waiting):
+                return [Reply(worker, Wait(op.id))]
+            waiting.append((worker, op))
             return []
-        value = np.array(self._array(op, arrays), copy=True)
-        if value.dtype.name != dtype or list(value.shape) != shape:
+        if op.value.dtype.name != op.dtype or op.value.shape != tuple(op.shape):
             raise OpError("ShapeMismatch", f"{_fmt(*key)}: init array does not match its description")
-        entry = Entry(value=value, sparse=bool(op.get("sparse", False)),
-                      sync=bool(op.get("sync", True)), average=op.get("agg", "average") == "average")
+        value = self._new(op.value)
+        np.copyto(value, op.value)
+        entry = Entry(value=value, sparse=op.sparse, sync=op.sync, average=op.average)
         optimizer = self._optimizer_for(entry)
         if optimizer is not None:
             entry.state = optimizer.create_state(entry.value)
         self.entries[key] = entry
-        out = [Reply(worker, {"id": rid, "a": 0}, [entry.value], entry)]
-        for w, r, dt, shp in self.waiting_inits.pop(key, []):
+        out = [Reply(worker, Ok(op.id, [entry.value]), entry)]
+        for w, other in self.waiting_inits.pop(key, []):
             try:
-                self._check_meta(key, entry, dt, shp)
-                out.append(Reply(w, {"id": r, "a": 0}, [entry.value], entry))
+                self._check_meta(key, entry, other.dtype, other.shape)
+                out.append(Reply(w, Ok(other.id, [entry.value], seq=self._accepted(entry, w)), entry))
             except OpError as exc:
-                out.append(Reply(w, {"id": r, "err": str(exc), "kind": exc.kind}))
+                out.append(Reply(w, Failed(other.id, exc.kind, str(exc))))
         return out
 
     @staticmethod
@@ -202,22 +216,24 @@ class Store:
         return max([entry.pushed.get(worker, 0), *early, *entry.ahead.get(worker, ())])
 
     @staticmethod
-    def _check_meta(key: Key, entry: Entry, dtype: str, shape: list[int]) -> None:
-        if entry.value.dtype.name != dtype or list(entry.value.shape) != shape:
+    def _check_meta(key: Key, entry: Entry, dtype: str, shape: tuple[int, ...]) -> None:
+        if entry.value.dtype.name != dtype or entry.value.shape != tuple(shape):
             raise OpError("ShapeMismatch",
                           f"{_fmt(*key)} was initialised as {entry.value.dtype.name}"
-                          f"{list(entry.value.shape)}, not {dtype}{shape}")
+                          f"{list(entry.value.shape)}, not {dtype}{list(shape)}")
 
     # ---------------------------------------------------------------- push
-    def _op_push(self, worker: int, rid: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
-        key, entry = self._entry(op)
-        seq = int(op["q"])
-        data = self._array(op, arrays)
-        rows = self._array(op, arrays, "rows") if "rows" in op else None
+    def _push(self, worker: int, op: Push) -> list[Reply]:
+        out = self._take_push(worker, (op.key, op.part), op.seq, op.data, op.rows)
+        return out if op.na else [Reply(worker, Ok(op.id)), *out]
+
+    def _take_push(self, worker: int, key: Key, seq: int, data: np.ndarray,
+                   rows: np.ndarray | None) -> list[Reply]:
+        """Accept push ``seq`` of ``worker`` (once); the replies it causes (completed pulls)."""
+        entry = self._entry(key)
         self._validate_push(key, entry, data, rows)
-        acks = [] if op.get("na") else [Reply(worker, {"id": rid})]
         if _received(entry, worker, seq):
-            return acks  # duplicate: applied once
+            return []  # duplicate: applied once
         self.pushes += 1
         if not entry.sync:
             if self.check_finite and data.dtype.kind == "f" and not np.isfinite(data).all():
@@ -228,12 +244,12 @@ class Store:
                     rows, data = _combine_rows([(rows, data)])
                 self._apply(key, entry, data, rows, 1, average=False)
             _mark_async(entry, worker, seq)
-            return [*acks, *self._answer_pulls(entry)]
+            return self._answer_pulls(entry)
         if seq != entry.round + 1 or worker in entry.contributors:
-            entry.early.setdefault(worker, []).append((seq, rid, data, rows))
-            return acks
+            entry.early.setdefault(worker, []).append((seq, data, rows))
+            return []
         self._contribute(entry, worker, seq, data, rows)
-        return [*acks, *self._maybe_complete(key, entry)]
+        return self._maybe_complete(key, entry)
 
     def _validate_push(self, key: Key, entry: Entry, data: np.ndarray, rows: np.ndarray | None) -> None:
         want = entry.value
@@ -264,7 +280,7 @@ class Store:
         elif len(entry.contributors) == 1:
             entry.first = data
         elif entry.first is not None:
-            entry.spare = _fresh(entry.spare, entry.spare_sends, entry.value)
+            entry.spare = _fresh(entry.spare, entry.spare_sends, entry.value, self._new)
             entry.spare_sends = []
             np.add(entry.first, data, out=entry.spare)
             entry.first = None
@@ -298,7 +314,7 @@ class Store:
                 for item in list(queue):
                     if item[0] == entry.round + 1 and w not in entry.contributors:
                         queue.remove(item)
-                        self._contribute(entry, w, item[0], item[2], item[3])
+                        self._contribute(entry, w, item[0], item[1], item[2])
                 if not queue:
                     del entry.early[w]
         return out
@@ -323,7 +339,7 @@ class Store:
             entry.value, entry.spare = entry.spare, entry.value
             entry.spare_sends, entry.value_sends = entry.value_sends, []
             return
-        value = _own(entry)
+        value = self._own(entry)
         if optimizer is None:
             if rows is None:
                 np.copyto(value, data)
@@ -337,94 +353,112 @@ class Store:
         elif len(rows):
             optimizer.update_rows(value, np.asarray(rows, np.int64), data, entry.state)
 
+    def _own(self, entry: Entry) -> np.ndarray:
+        """The entry's value, safe to write in place (copied if a send still reads it)."""
+        if not entry.value.flags.writeable or not all(t.done for t in entry.value_sends):
+            value = self._new(entry.value)
+            np.copyto(value, entry.value)
+            entry.value = value
+        entry.value_sends = []
+        return entry.value
+
     def _optimizer_for(self, entry: Entry) -> opt_mod.Optimizer | None:
         """Optimizers update floating-point keys; other keys take the aggregate as is."""
         return self.optimizer if entry.value.dtype.kind == "f" else None
 
     # ---------------------------------------------------------------- pull
-    def _op_pull(self, worker: int, rid: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
-        key, entry = self._entry(op)
-        after = int(op.get("after", 0))
-        rows = self._array(op, arrays, "rows") if "rows" in op else None
+    def _pull(self, worker: int, op: Pull) -> list[Reply]:
+        return self._park_pull(worker, op.id, (op.key, op.part), op.after, op.rows, op.re)
+
+    def _park_pull(self, worker: int, rid: int, key: Key, after: int, rows: np.ndarray | None,
+                   re: bool) -> list[Reply]:
+        entry = self._entry(key)
         if rows is not None and (rows.ndim != 1 or rows.dtype.kind not in "iu"
                                  or (len(rows) and (rows.min() < 0 or rows.max() >= entry.value.shape[0]))):
             raise OpError("ShapeMismatch", f"{_fmt(*key)}: row ids must be in 0..{entry.value.shape[0] - 1}")
-        if op.get("re") and any(w == worker and r == rid for w, r, *_ in entry.pulls):
-            notice = {"id": rid, "wait": 1}  # still parked: the pull was not lost
+        if re and any(w == worker and r == rid for w, r, *_ in entry.pulls):
+            # still parked: the pull was not lost ... but it may wait for a push of this worker
+            # that never came (gap), or for other workers (blockers)
             gap = _first_gap(entry, worker)
-            if gap <= after:  # ... but it waits for a push of this worker that never came
-                notice["gap"] = gap
-            return [Reply(worker, notice)]
+            blockers = sorted(self.active - entry.contributors) if entry.sync else []
+            return [Reply(worker, Wait(rid, gap if gap <= after else 0, blockers))]
         self.pulls += 1
         entry.pulls.append((worker, rid, after, rows))
         return self._answer_pulls(entry)
+
+    def _pushpull(self, worker: int, op: PushPull) -> list[Reply]:
+        key = (op.key, op.part)
+        out = self._take_push(worker, key, op.seq, op.data, None)
+        return [*out, *self._park_pull(worker, op.id, key, op.seq, None, op.re)]
 
     def _answer_pulls(self, entry: Entry) -> list[Reply]:
         out, keep = [], []
         for worker, rid, after, rows in entry.pulls:
             done = entry.round if entry.sync else entry.pushed.get(worker, 0)
             if done >= after or (entry.sync and worker not in self.active and after > done):
-                value = entry.value if rows is None else entry.value[rows]
-                out.append(Reply(worker, {"id": rid, "a": 0}, [value], entry if rows is None else None))
+                if rows is None:
+                    out.append(Reply(worker, Ok(rid, [entry.value]), entry))
+                else:
+                    out.append(Reply(worker, Ok(rid, [entry.value[rows]])))
             else:
                 keep.append((worker, rid, after, rows))
         entry.pulls = keep
         return out
 
-    def _op_resync(self, worker: int, rid: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
+    def _resync(self, worker: int, op: Resync) -> list[Reply]:
         """Only a restored server waits for resyncs (psnode.server); elsewhere a no-op."""
         return []
 
-    def _op_flush(self, worker: int, rid: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
+    def _flush(self, worker: int, op: Flush) -> list[Reply]:
         """Answered at once: every earlier request of this worker that arrived has been handled.
 
-        ``check`` lists ``[key, part, [seq, ...]]`` pushes the worker sent; the answer names
-        under ``missing`` those never received (lost on the way), for the worker to send again.
+        ``check`` lists pushes the worker sent; the answer names under ``missing`` those never
+        received (lost on the way), for the worker to send again.
         """
         missing = []
-        for key, part, seqs in op.get("check") or []:
-            entry = self.entries.get((key, int(part)))
+        for key, part, seqs in op.check:
+            entry = self.entries.get((key, part))
             if entry is not None:
-                lost = [int(q) for q in seqs if not _received(entry, worker, int(q))]
+                lost = [q for q in seqs if not _received(entry, worker, q)]
                 if lost:
-                    missing.append([key, part, lost])
-        return [Reply(worker, {"id": rid, "missing": missing} if missing else {"id": rid})]
+                    missing.append((key, part, lost))
+        return [Reply(worker, Missing(op.id, missing) if missing else Ok(op.id))]
 
     # ---------------------------------------------------------------- optimizer
-    def _op_opt(self, worker: int, rid: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
+    def _set_optimizer(self, worker: int, op: SetOptimizer) -> list[Reply]:
         try:
-            optimizer = opt_mod.from_spec(op["spec"])
+            optimizer = opt_mod.from_spec(op.spec)
         except Exception as exc:  # noqa: BLE001 - validation errors go back to the worker
             raise OpError("ConfigError", str(exc)) from None
         if self.optimizer is None or self.optimizer.to_spec() != optimizer.to_spec():
             self.optimizer = optimizer
             for entry in self.entries.values():
                 entry.state = optimizer.create_state(entry.value) if entry.value.dtype.kind == "f" else None
-        return [Reply(worker, {"id": rid})]
+        return [Reply(worker, Ok(op.id))]
 
-    def _op_states(self, worker: int, rid: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
+    def _get_states(self, worker: int, op: GetStates) -> list[Reply]:
         """Every key part's optimizer state, as named arrays (for save_optimizer_states)."""
         names, out = [], []
         for (key, part), entry in self.entries.items():
             if entry.state is None:
                 continue
             for name, arr in opt_mod.state_to_arrays(entry.state).items():
-                names.append([key, part, name])
+                names.append((key, part, name))
                 out.append(np.array(arr, copy=True))
-        return [Reply(worker, {"id": rid, "names": names}, out)]
+        return [Reply(worker, Ok(op.id, out, names=names))]
 
-    def _op_load_states(self, worker: int, rid: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
+    def _load_states(self, worker: int, op: LoadStates) -> list[Reply]:
         if self.optimizer is None:
             raise OpError("ConfigError", "no optimizer is set: call kv.set_optimizer first")
         grouped: dict[Key, dict[str, np.ndarray]] = {}
-        for i, (key, part, name) in enumerate(op["names"]):
-            grouped.setdefault((key, int(part)), {})[str(name)] = np.array(self._array({"a": i}, arrays))
-        for key, named in grouped.items():
-            entry = self.entries.get(key)
+        for (k, part, name), arr in zip(op.names, op.arrays, strict=True):
+            grouped.setdefault((k, part), {})[name] = np.array(arr)
+        for where, named in grouped.items():
+            entry = self.entries.get(where)
             if entry is None:
-                raise OpError("KeyNotInitialized", f"{_fmt(*key)} in the state file is not initialised")
+                raise OpError("KeyNotInitialized", f"{_fmt(*where)} in the state file is not initialised")
             entry.state = opt_mod.state_from_arrays(named)
-        return [Reply(worker, {"id": rid})]
+        return [Reply(worker, Ok(op.id))]
 
     # ---------------------------------------------------------------- restore
     def rebase(self, confirmed: dict[Key, dict[int, int]], num_workers: int) -> list[str]:
@@ -498,43 +532,9 @@ def _mark_async(entry: Entry, worker: int, seq: int) -> None:
     entry.pushed[worker] = done
 
 
-def _fresh(buf: np.ndarray | None, sends: list[Any], like: np.ndarray) -> np.ndarray:
-    """``buf`` if it is writable and no send still reads it; else a new array like ``like``."""
+def _fresh(buf: np.ndarray | None, sends: list[Any], like: np.ndarray,
+           new: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """``buf`` if it is writable and no send still reads it; else ``new(like)``."""
     if buf is not None and buf.flags.writeable and buf.shape == like.shape and all(t.done for t in sends):
         return buf
-    return np.empty_like(like)
-
-
-def _own(entry: Entry) -> np.ndarray:
-    """The entry's value, safe to write in place (copied if a send still reads it)."""
-    if not entry.value.flags.writeable or not all(t.done for t in entry.value_sends):
-        entry.value = entry.value.copy()
-    entry.value_sends = []
-    return entry.value
-
-
-def _combine_rows(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """Sum row_sparse parts: sorted unique rows and the summed data (a fresh array)."""
-    if len(parts) == 1:
-        rows, data = parts[0]
-        if len(rows) <= 1 or bool(np.all(rows[1:] > rows[:-1])):
-            return rows.astype(np.int64, copy=False), np.array(data, copy=True)
-    rows = np.concatenate([p[0] for p in parts]).astype(np.int64, copy=False)
-    data = np.concatenate([p[1] for p in parts])
-    if not len(rows):
-        return rows, data
-    order = np.argsort(rows, kind="stable")
-    rows, data = rows[order], data[order]
-    starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
-    out = data[starts].astype(np.add.reduce(data[:1], axis=0).dtype, copy=False)  # (sums' dtype)
-    if len(starts) == len(rows):
-        return rows, out
-    # sum only the rows that repeat: np.add.reduceat over all of data is slow along axis 0;
-    # over just the repeated runs (same runs, same order) it gives bit-identical sums
-    lens = np.diff(np.r_[starts, len(rows)])
-    multi = np.flatnonzero(lens > 1)
-    mlens = lens[multi]
-    first = np.cumsum(mlens) - mlens                  # where each run starts in the selection
-    sel = np.repeat(starts[multi] - first, mlens) + np.arange(mlens.sum())
-    out[multi] = np.add.reduceat(data[sel], first, axis=0)
-    return rows[starts], out
+    return new(like)

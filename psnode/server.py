@@ -25,7 +25,7 @@ from psnode.aggregation import Reply, Store, sent
 from psnode.config import NodeConfig
 from psnode.errors import ConfigError, PeerLost, PSError
 from psnode.link import SchedulerLink, lost_message
-from psnode.protocol import PACK_BYTES, Command, Message
+from psnode.protocol import PACK_BYTES, Command, Failed, Message, Ok, Resync
 from psnode.transport import CurveKeys, Poller, Transport
 
 log = logging.getLogger("psnode.server")
@@ -61,17 +61,16 @@ class Server:
             self.t.dropped += 1
             log.warning("dropped data from %r: no such worker in a job of %d", ident, self.cfg.num_workers)
             return
-        ops = msg.body.get("ops")
-        if not isinstance(ops, list):
-            log.warning("dropped data message from %r without an op list", ident)
+        if msg.ops is None:
+            self.t.dropped += 1
+            log.warning("dropped data message from %r: not a binary data message", ident)
             return
         if self.restoring is not None:
-            self._while_restoring(ident, worker, msg, ops)
+            self._while_restoring(ident, worker, msg, msg.ops)
             return
         replies: list[Reply] = []
-        for op in ops:
-            if isinstance(op, dict):
-                replies.extend(self.store.handle(worker, op, msg.arrays))
+        for op in msg.ops:
+            replies.extend(self.store.handle(worker, op))
         while self.store.events:
             log.warning("%s", self.store.events.pop(0))
         every = self.cfg.checkpoint_rounds
@@ -98,26 +97,26 @@ class Server:
 
     def _while_restoring(self, ident: bytes, worker: int, msg: Message, ops: list[Any]) -> None:
         assert self.restoring is not None
-        first = ops[0] if ops and isinstance(ops[0], dict) else {}
-        if first.get("op") != "resync":
+        first = ops[0] if ops else None
+        if not isinstance(first, Resync):
             self.held.append((ident, msg))
             return
         missing = []
-        for item in first.get("parts", []):
-            if not (isinstance(item, list) and len(item) == 3 and isinstance(item[2], int)):
-                continue
-            key = (item[0], int(item[1]))
-            if key not in self.store.entries:
-                missing.append(item[0])
-            self.confirmed.setdefault(key, {})[worker] = item[2]
+        for key, part, seq in first.parts:
+            if (key, part) not in self.store.entries:
+                missing.append(key)
+            self.confirmed.setdefault((key, part), {})[worker] = seq
         if missing:
-            self._send([Reply(worker, {"id": first.get("id"), "na": 1, "kind": "KeyNotInitialized",
-                                       "err": f"server {self.rank} was restarted and restored from its "
-                                              f"last checkpoint, which does not hold key(s) {missing[:5]} "
-                                              "(initialised after it was written); checkpoint more often "
-                                              "(--checkpoint-rounds)"})])
+            self._send([Reply(worker, Failed(first.id, "KeyNotInitialized",
+                                             f"server {self.rank} was restarted and restored from its "
+                                             f"last checkpoint, which does not hold key(s) {missing[:5]} "
+                                             "(initialised after it was written); checkpoint more often "
+                                             "(--checkpoint-rounds)", na=True))])
         self.restoring.discard(worker)
         self._maybe_restored()
+        if len(ops) > 1:   # what came with the resync (the worker's resends)
+            msg.ops = ops[1:]
+            self._on_data(ident, msg)
 
     def _maybe_restored(self) -> None:
         if self.restoring:
@@ -136,20 +135,10 @@ class Server:
         for r in replies:
             by_worker.setdefault(r.worker, []).append(r)
         for worker, group in by_worker.items():
-            results: list[dict[str, Any]] = []
-            arrays: list[Any] = []
-            entries: list[Any] = []
-            track = False
-            for r in group:
-                res = dict(r.result)
-                if r.arrays:
-                    res["a"], res["n"] = len(arrays), len(r.arrays)
-                    arrays.extend(r.arrays)
-                if r.entry is not None:
-                    entries.append(r.entry)
-                    track = track or r.arrays[0].nbytes >= PACK_BYTES
-                results.append(res)
-            tracker = self.chan.send(Command.DATA_REPLY, {"ops": results}, arrays,
+            entries = [r.entry for r in group if r.entry is not None]
+            track = any(r.entry is not None and isinstance(r.answer, Ok) and r.answer.arrays[0].nbytes >= PACK_BYTES
+                        for r in group)
+            tracker = self.chan.send(Command.DATA_REPLY, ops=[r.answer for r in group],
                                      to=f"w{worker}".encode(), track=track)
             for e in entries:
                 sent(e, tracker if track else None)

@@ -207,11 +207,12 @@ class Channel:
         self.bytes_out = 0
 
     def send(self, cmd: Any, body: dict[str, Any] | None = None, arrays: list[Any] | None = None,
-             to: bytes | None = None, track: bool = False) -> Any:
-        """Send a message.  Frames of PACK_BYTES or more go without a copy; with ``track``
+             to: bytes | None = None, track: bool = False, ops: list[Any] | None = None) -> Any:
+        """Send a message (a data message when ``ops`` are given: typed operations, see
+        psnode.protocol).  Frames of PACK_BYTES or more go without a copy; with ``track``
         the result tells when zmq is done reading them (they must not change before)."""
         msg = Message(cmd=cmd, job=self.t.job_id, sender=self.t.sender,
-                      body=body or {}, arrays=arrays or [])
+                      body=body or {}, arrays=arrays or [], ops=ops)
         frames = encode(msg)
         if to is not None:
             frames.insert(0, to)
