@@ -206,20 +206,22 @@ def test_worker_exception_fails_the_job(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- duplicates
 
 DUP_PRELUDE = """
+import copy
 import numpy as np
 import psnode.transport as T
 _send = T.Channel.send
 _last = {}
-def _dup(self, cmd, body=None, arrays=None, to=None, track=False):
+def _dup(self, cmd, body=None, arrays=None, to=None, track=False, ops=None):
     # every message a worker sends goes out twice; DATA messages are also replayed late
     # (after the next one), i.e. stale duplicates of earlier pushes/pulls/inits
     prev = _last.get(id(self))
-    got = _send(self, cmd, body, arrays, to, track)
-    _send(self, cmd, body, arrays, to, False)
+    got = _send(self, cmd, body, arrays, to, track, ops)
+    _send(self, cmd, body, arrays, to, False, ops)
     if prev is not None:
         _send(self, *prev)
-    if getattr(cmd, 'value', cmd) == 'data':
-        _last[id(self)] = (cmd, body, [np.array(a, copy=True) for a in (arrays or [])], to, False)
+    if getattr(cmd, 'value', cmd) == 'data':   # (typed ops: a deep copy keeps their arrays)
+        _last[id(self)] = (cmd, body, [np.array(a, copy=True) for a in (arrays or [])], to, False,
+                           copy.deepcopy(ops))
     return got
 T.Channel.send = _dup
 """
