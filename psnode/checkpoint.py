@@ -31,6 +31,7 @@ def path_for(directory: str, rank: int) -> str:
 def save_server(directory: str, rank: int, store: Store) -> str:
     """Write ``store``'s values and optimizer states; returns the file path."""
     os.makedirs(directory, exist_ok=True)
+    store.fused.split_all()   # every key part's own state (psnode.fused)
     arrays: dict[str, np.ndarray] = {}
     index = []
     for i, ((key, part), entry) in enumerate(store.entries.items()):
@@ -40,9 +41,12 @@ def save_server(directory: str, rank: int, store: Store) -> str:
             for name, arr in opt_mod.state_to_arrays(entry.state).items():
                 arrays[f"s{i}_{name}"] = arr
                 names.append(name)
-        index.append({"key": key, "part": part, "sparse": entry.sparse, "sync": entry.sync,
-                      "average": entry.average, "round": entry.round, "state": names,
-                      "pushed": {str(w): q for w, q in entry.pushed.items()}})
+        item = {"key": key, "part": part, "sparse": entry.sparse, "sync": entry.sync,
+                "average": entry.average, "round": entry.round, "state": names,
+                "pushed": {str(w): q for w, q in entry.pushed.items()}}
+        if entry.bucket is not None:
+            item["bucket"] = [entry.bucket.bid, _offset(entry)]
+        index.append(item)
     meta = {"index": index, "optimizer": store.optimizer.to_spec() if store.optimizer else None}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     fd, tmp = tempfile.mkstemp(prefix=f".server-{rank}.", suffix=".tmp", dir=directory)
@@ -76,8 +80,15 @@ def load_server(directory: str, rank: int, store: Store, same_job: bool = False)
             if meta.get("optimizer"):
                 store.optimizer = opt_mod.from_spec(meta["optimizer"])
             for i, item in enumerate(meta["index"]):
-                entry = Entry(value=np.array(data[f"v{i}"]), sparse=item["sparse"],
-                              sync=item["sync"], average=item["average"])
+                saved = data[f"v{i}"]
+                bucket = item.get("bucket")
+                if bucket:   # (values in shared memory on a server; small keys in their bucket)
+                    value = store.fused.place(int(bucket[0]), int(bucket[1]), saved.shape, saved.dtype,
+                                              item["sync"], item["average"])
+                else:
+                    value = store.alloc(saved.shape, saved.dtype)
+                np.copyto(value, saved)
+                entry = Entry(value=value, sparse=item["sparse"], sync=item["sync"], average=item["average"])
                 if same_job:
                     entry.round = int(item.get("round", 0))
                     entry.pushed = {int(w): int(q) for w, q in item.get("pushed", {}).items()}
@@ -85,11 +96,18 @@ def load_server(directory: str, rank: int, store: Store, same_job: bool = False)
                     entry.state = opt_mod.state_from_arrays(
                         {n: np.array(data[f"s{i}_{n}"]) for n in item["state"]})
                 store.entries[(item["key"], int(item["part"]))] = entry
+                if bucket:
+                    store.fused.join(int(bucket[0]), (item["key"], int(item["part"])), entry, int(bucket[1]))
     except FileNotFoundError:
         raise ConfigError(f"no checkpoint for server {rank} at {path}") from None
     except (OSError, ValueError, KeyError) as exc:
         raise ConfigError(f"checkpoint {path} is unreadable: {exc}") from None
     return len(meta["index"])
+
+
+def _offset(entry: Any) -> int:
+    """A bucket member's element offset in its bucket."""
+    return next(m.offset for m in entry.bucket.members if m.entry is entry)
 
 
 StateNames = list[tuple[Any, int, str]]   # (key, part, state name) per array

@@ -1,20 +1,39 @@
 """The worker's I/O thread: one poll loop over the scheduler link and the server channels.
 
 :class:`IoLoop` holds everything the thread owns (transport, poller, scheduler link, one
-channel per server, control requests awaiting answers) and does, each turn: heartbeat, poll,
-scheduler messages (:meth:`IoLoop.on_scheduler`), server answers (fed to the tracker), control
-requests, queued requests, retries.  Every socket is used only by this thread.
+channel per server, a same-host link per server on this host, control requests awaiting
+answers) and does, each turn: heartbeat, poll, scheduler messages
+(:meth:`IoLoop.on_scheduler`), server answers (fed to the tracker), control requests, queued
+requests, retries.  Every socket is used only by this thread.
+
+Routing (:meth:`IoLoop.send`): to a server with a same-host link (psnode.shmlink) data
+operations go over it, arrays in shared memory; init and the optimizer's operations, anything
+the link cannot carry, and everything to other servers go over TCP.  When a link closes, its
+server is served over TCP (the tracker's retries resend what was in flight).
+
+Same-host links skip the I/O thread: the user's thread sends its requests on them itself
+(:meth:`psnode.worker.Engine.submit`), and the thread waiting for an answer reads the links
+itself (:meth:`IoLoop.read_until`; one reader at a time, the engine's ``reader`` lock), so a
+round costs no hand-over between threads.  The I/O thread does not poll the links; each turn
+(at least every ``LINK_TURN`` seconds) it drains what nobody was waiting for, sends backlogs,
+and takes down links that closed.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import select
 import time
 from typing import TYPE_CHECKING, Any
 
+from psnode import shm, shmhandshake
 from psnode.config import NodeConfig
-from psnode.errors import PeerLost, PSError
+from psnode.errors import PeerLost, ProtocolError, PSError
 from psnode.link import SchedulerLink, lost_message
-from psnode.protocol import Command, Message, Ok, Op
+from psnode.protocol import Command, GetStates, Init, LoadStates, Message, Ok, Op, SetOptimizer, without_dest
+from psnode.shmlink import KIND_DATA, Link
+from psnode.staging import Staging
 from psnode.tracker import Batches
 from psnode.transport import Channel, CurveKeys, Poller, Transport
 
@@ -25,6 +44,8 @@ log = logging.getLogger("psnode.worker")
 
 BATCH_BYTES = 512 * 2**10      # fuse small requests up to this size per message
 BATCH_OPS = 512
+TCP_ONLY = (Init, SetOptimizer, GetStates, LoadStates)   # rare, answers of any size
+LINK_TURN = 0.25               # the I/O thread's longest sleep while links exist
 
 
 class IoLoop:
@@ -37,6 +58,13 @@ class IoLoop:
         self.poller = Poller()
         self.link: SchedulerLink | None = None
         self.servers: list[Channel] = []
+        self.links: list[Link | None] = []
+        self.local: set[int] = set()      # servers whose link is up
+        self.outbox: list[tuple[int, list[Op]]] = []   # TCP sends other threads asked for
+        self._links_version = 0                                  # changes when a link comes or goes
+        self._poll_key = -1                                      # the version the reader's poll set is of
+        self._poll: Any = None
+        self._poll_links: dict[int, tuple[int, Link]] = {}
         self.ctrl: dict[tuple[Command, int], ControlRequest] = {}
         self.next_scan = 0.0
         self.next_ctrl = 0.0
@@ -47,8 +75,14 @@ class IoLoop:
         return chans[server].address if server < len(chans) else f"server {server}"
 
     def bytes(self) -> tuple[int, int]:
-        chans = list(self.servers)
+        chans: list[Any] = [*self.servers, *(x for x in self.links if x is not None)]
         return sum(c.bytes_in for c in chans), sum(c.bytes_out for c in chans)
+
+    def same_host(self, server: int) -> bool:
+        if server not in self.local:
+            return False
+        link = self.links[server]
+        return link is not None and link.up
 
     # ------------------------------------------------------------ the loop
     def run(self) -> None:
@@ -74,12 +108,16 @@ class IoLoop:
             e.settle()
             for req in self.ctrl.values():
                 req.future.fail(e.fatal)
+            for i in range(len(self.links)):
+                if self.links[i] is not None:
+                    self.links[i].close()  # type: ignore[union-attr]
 
     def turn(self, now: float) -> None:
         e, link = self.e, self.link
         assert link is not None
         link.tick(now)
-        ready = self.poller.poll(link.timeout(now))
+        timeout = link.timeout(now)
+        ready = self.poller.poll(min(timeout, LINK_TURN) if self.local else timeout)
         if e.efd in ready:
             e.read_wake()
         if link.chan.sock in ready:
@@ -88,6 +126,13 @@ class IoLoop:
         for i, ch in enumerate(self.servers):
             if ch.sock in ready:
                 self.on_answers(i, ch)
+        if self.local:
+            self.tend_links()
+        if self.outbox:
+            with e.lock:
+                outbox, self.outbox = self.outbox, []
+            for server, ops in outbox:
+                self.send_tcp(server, ops)
         if e.control_queue:
             self.send_control(now)
         if self.ctrl and now >= self.next_ctrl:
@@ -138,7 +183,41 @@ class IoLoop:
             ch = self.t.dealer(host, int(port), f"w{e.rank}")
             self.servers.append(ch)
             self.poller.add(ch)
+            self.links.append(None)
+        if self.cfg.shm and shm.available():
+            e.staging = Staging(self.cfg.job_id, e.rank, e.tracker.journal.confirmed)
+            for i, (_, host, port) in enumerate(body["servers"]):
+                self.connect(i, str(host), int(port))
         e.welcome.set(Ok(0))
+
+    def connect(self, server: int, host: str, port: int) -> None:
+        """Open the same-host link to ``server`` when it runs on this host."""
+        e = self.e
+        if e.staging is None or host != self.cfg.host:
+            return
+        try:
+            link = shmhandshake.connect(self.cfg.job_id, e.rank, server, host, port, e.staging.out,
+                                   e.staging.landing, self.cfg.max_message_bytes)
+        except (ProtocolError, OSError) as exc:
+            log.warning("worker %d: no same-host link to server %d (%s); using TCP", e.rank, server, exc)
+            return
+        if link is not None:
+            self.links[server] = link
+            self.local.add(server)
+            self._links_version += 1
+
+    def link_down(self, server: int) -> None:
+        link = self.links[server]
+        if link is None:
+            return
+        self.local.discard(server)
+        self.links[server] = None
+        self._links_version += 1
+        with self.e.reader, link.send_lock:
+            link.close()
+        busy = any(p.request.server == server for p in self.e.tracker.pending.values())
+        (log.warning if busy else log.info)(
+            "worker %d: the same-host link to server %d closed; using TCP", self.e.rank, server)
 
     def on_servers(self, body: dict[str, Any]) -> None:
         """A server is down (its requests wait) or was replaced (reconnect, resync, resend)."""
@@ -162,6 +241,8 @@ class IoLoop:
         ch.bytes_in, ch.bytes_out = old.bytes_in, old.bytes_out
         self.servers[rank] = ch
         self.poller.add(ch)
+        self.link_down(rank)
+        self.connect(rank, str(row[1]), int(row[2]))
         with e.lock:
             batch = e.tracker.restored(rank, time.monotonic())
         log.warning("worker %d: server %d restarted at %s:%s; resending %d request(s)",
@@ -196,23 +277,117 @@ class IoLoop:
 
     # ------------------------------------------------------------ servers
     def on_answers(self, server: int, ch: Channel) -> None:
-        e = self.e
         while (got := ch.recv()) is not None:
-            msg: Message = got[1]
-            if msg.cmd is not Command.DATA_REPLY or msg.ops is None:
-                continue
-            now = time.monotonic()
-            resend: Batches = {}
-            with e.lock:
-                for ans in msg.ops:
-                    for s, ops in e.tracker.answered(server, ans, now).items():
-                        resend.setdefault(s, []).extend(ops)
-            if resend:
-                self.send(resend)
+            self.answered(server, got[1], io_thread=True)
 
-    def send(self, batches: Batches) -> None:
-        """Send each server its operations, fused into messages of at most BATCH_BYTES."""
+    def tend_links(self) -> None:
+        """(I/O thread) Drain what arrived while nobody was reading, flush backlogs, take down
+        links that closed."""
+        e = self.e
+        if e.reader.acquire(blocking=False):
+            try:
+                for server in list(self.local):
+                    link = self.links[server]
+                    if link is not None:
+                        self.read_link(server, link, io_thread=True)
+            finally:
+                e.reader.release()
+        for server in list(self.local):
+            link = self.links[server]
+            if link is not None and link.backlog:
+                link.flush()
+            if link is None or not link.up:
+                self.link_down(server)
+
+    def read_link(self, server: int, link: Link, io_thread: bool) -> None:
+        """Handle every answer waiting on ``link`` (the caller holds the reader lock)."""
+        try:
+            for msg in link.recv():
+                self.answered(server, msg, io_thread)
+        except ProtocolError as exc:
+            log.warning("worker %d: dropped a message: %s", self.e.rank, exc)
+
+    def read_until(self, fut: Any, budget: float) -> None:
+        """(A waiting thread) Read the same-host links until ``fut`` is resolved or ``budget``
+        seconds passed; if another thread reads them, wait for the future meanwhile."""
+        e = self.e
+        if not e.reader.acquire(timeout=0.05):
+            fut._wait(0.05)
+            return
+        e.readers += 1
+        try:
+            key = self._links_version
+            if self._poll_key != key:   # (rebuilt only when the set of links changed)
+                self._poll, self._poll_links = select.poll(), {}
+                for server in sorted(self.local):
+                    link = self.links[server]
+                    if link is not None and link.up:
+                        self._poll_links[link.fileno()] = (server, link)
+                        self._poll.register(link.fileno(), select.POLLIN)
+                self._poll.register(e.notify, select.POLLIN)
+                self._poll_key = key
+            poll, links = self._poll, self._poll_links
+            deadline = time.monotonic() + budget
+            while not fut.done and e.fatal is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                backlog = any(link.backlog for _, link in links.values())
+                for fd, _ in poll.poll(1 if backlog else int(left * 1000) + 1):
+                    if fd == e.notify:
+                        with contextlib.suppress(BlockingIOError):
+                            os.eventfd_read(e.notify)
+                    else:
+                        server, link = links[fd]
+                        self.read_link(server, link, io_thread=False)
+                        if not link.up:
+                            return   # (the I/O thread takes it down; the request goes again by TCP)
+                if backlog:
+                    for _, link in links.values():
+                        link.flush()
+        finally:
+            e.readers -= 1
+            e.reader.release()
+
+    def answered(self, server: int, msg: Message, io_thread: bool) -> None:
+        e = self.e
+        if msg.cmd is not Command.DATA_REPLY or msg.ops is None:
+            return
+        now = time.monotonic()
+        resend: Batches = {}
+        with e.lock:
+            for ans in msg.ops:
+                for s, ops in e.tracker.answered(server, ans, now).items():
+                    resend.setdefault(s, []).extend(ops)
+            if self.local and e.tracker.queued:   # e.g. a push held back by this pull
+                for s, ops in e.tracker.take(now, self.local).items():
+                    resend.setdefault(s, []).extend(ops)
+        if resend:
+            self.send(resend, io_thread)
+        e.settle(io_thread)
+
+    def send(self, batches: Batches, io_thread: bool = True) -> None:
+        """Send each server its operations (see the module docstring for the route); TCP
+        sends of other threads go through the I/O thread (it owns the zmq sockets)."""
         for server, ops in batches.items():
+            link = self.links[server] if server < len(self.links) else None
+            if link is not None and link.up:
+                tcp = [op for op in ops if isinstance(op, TCP_ONLY)]
+                rest = link.send_ops(KIND_DATA, [op for op in ops if not isinstance(op, TCP_ONLY)])
+                ops = tcp + rest
+            if not ops:
+                continue
+            ops = [without_dest(op) for op in ops]
+            if io_thread:
+                self.send_tcp(server, ops)
+            else:
+                with self.e.lock:
+                    self.outbox.append((server, ops))
+                os.eventfd_write(self.e.efd, 1)
+
+    def send_tcp(self, server: int, ops: list[Op]) -> None:
+        """Send ``ops`` to ``server`` over TCP, fused into messages of at most BATCH_BYTES."""
+        if ops:
             ch = self.servers[server]
             start, size = 0, 0
             for i, op in enumerate(ops):

@@ -25,11 +25,8 @@ from __future__ import annotations
 
 import atexit
 import json
-import math
 import os
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,8 +34,10 @@ import numpy as np
 from psnode import checkpoint, forms
 from psnode import initializer as init_mod
 from psnode import optimizer as opt_mod
+from psnode.bucketing import Bucketer
 from psnode.config import Distribution, NodeConfig, Role
-from psnode.errors import ConfigError, KeyNotInitialized, PSError, ShapeMismatch
+from psnode.datapath import Copier, DataPath, KeyInfo, _whole_buckets
+from psnode.errors import ConfigError, PSError, ShapeMismatch
 from psnode.local import LocalEngine
 from psnode.protocol import (
     DTYPES,
@@ -48,48 +47,18 @@ from psnode.protocol import (
     Init,
     LoadStates,
     Ok,
-    Op,
-    Pull,
-    Push,
-    PushPull,
     SetOptimizer,
     check_key,
 )
-from psnode.sharding import Part, Placement, Placer
+from psnode.sharding import Placer
 from psnode.sparse import RowSparseArray
-from psnode.sparse import unique_rows as _unique
 from psnode.worker import Engine, Future
 
 TYPES = ("local", "dist_sync", "dist_async")
 AGGREGATORS = ("average", "sum")
-Copier = Callable[[Ok], None]
 
 
-@dataclass
-class KeyInfo:
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    sparse: bool
-    placement: Placement
-    seq: int = 0        # pushes of this key sent by this worker (numbers the next push)
-    taken: int = 0      # pushes of this rank the servers had taken at init (restarts)
-
-    def part_shape(self, part: Part) -> tuple[int, ...]:
-        if not self.placement.split:
-            return self.shape
-        return (part.hi - part.lo, *self.shape[1:]) if self.placement.by_rows else (part.hi - part.lo,)
-
-    def region(self, arr: np.ndarray, part: Part) -> np.ndarray:
-        """The part of ``arr`` (of the key's shape) that ``part`` holds."""
-        if not self.placement.split:
-            return arr
-        return arr[part.lo:part.hi] if self.placement.by_rows else arr.reshape(-1)[part.lo:part.hi]
-
-    def part_nbytes(self, part: Part) -> int:
-        return math.prod(self.part_shape(part)) * self.dtype.itemsize
-
-
-class KVStore:
+class KVStore(DataPath):
     """A key-value store for parameters (see the module docstring for the contracts)."""
 
     def __init__(self, kind: str, engine: Any, cfg: NodeConfig | None, aggregator: str) -> None:
@@ -105,6 +74,10 @@ class KVStore:
         self._optimizer: opt_mod.Optimizer | None = None
         self._resumed = False      # a restarted worker continues its predecessor's push counts
         self._pushed = False
+        self._bucketer = Bucketer()
+        # a sync push over this host's link asks for its round's value at once (PushPull): the
+        # pull after it then sends nothing (see _asked); (op key, part) -> (push, its future)
+        self._asked: dict[tuple[Any, int], tuple[int, Future]] = {}
 
     # ------------------------------------------------------------ properties
     @property
@@ -147,37 +120,12 @@ class KVStore:
         return max(info.seq, info.taken)
 
     # ------------------------------------------------------------ helpers
-    def _wait(self, futs: Sequence[Future]) -> None:
-        first: BaseException | None = None
-        for fut in futs:
-            try:
-                self._engine.wait(fut)
-            except PSError as exc:
-                first = first or exc
-        if first is not None:
-            raise first
 
     def _check_acks(self) -> None:
         """Raise an error a server reported for an earlier push."""
         self._engine.check()
 
-    def _info(self, key: Any) -> KeyInfo:
-        info = self._keys.get(key)
-        if info is None:
-            raise KeyNotInitialized(f"key {key!r} is not initialised: call kv.init({key!r}, value) first")
-        return info
 
-    def _submit(self, server: int, op: Op, nbytes: int, priority: int,
-                on_reply: Copier | None = None) -> Future:
-        if self._closed:
-            raise PSError("this KVStore is closed")
-        return self._engine.submit(server, op, nbytes, priority, on_reply)
-
-    def _send(self, server: int, op: Op, priority: int) -> None:
-        """Fire and forget (pushes): a failure is raised by a later call."""
-        if self._closed:
-            raise PSError("this KVStore is closed")
-        self._engine.submit(server, op, 0, priority, None, reply=False)
 
     # ------------------------------------------------------------ init
     def init(self, key: Any, value: Any, initializer: Any = None, stype: str | None = None) -> None:
@@ -212,11 +160,18 @@ class KVStore:
             initializer(arr)
         placement = self._placer.place(key, arr.shape, arr.dtype.itemsize, by_rows=sparse)
         info = KeyInfo(arr.shape, arr.dtype, sparse, placement)
+        joined = None
+        if self.type == "dist_sync" and not sparse and not placement.split:
+            joined = self._bucketer.assign(key, placement.parts[0].server, arr.dtype, arr.size)
+        if joined is not None:
+            info.bucket = joined[0]
         self._keys[key] = info
         futs = []
         for part in placement.parts:
             op = Init(key, part.index, arr.dtype.name, info.part_shape(part), sync=self.type != "dist_async",
                       average=self._aggregator == "average", sparse=sparse)
+            if joined is not None:
+                op.bucket, op.offset = joined[0].bid, joined[1]
             if self.rank == 0:
                 op.value = np.array(info.region(arr, part), copy=True)
             copy = self._copier(target, info, part) if target is not None else None
@@ -230,33 +185,26 @@ class KVStore:
             futs.append(self._submit(part.server, op, 0, 1 << 30, on_init))
         return futs
 
-    @staticmethod
-    def _copier(dest: np.ndarray, info: KeyInfo, part: Part) -> Copier:
-        region = info.region(dest, part)
-
-        def copy(ans: Ok) -> None:
-            np.copyto(region, ans.arrays[0].reshape(region.shape))
-        return copy
 
     # ------------------------------------------------------------ push
     def push(self, key: Any, value: Any, priority: int = 0) -> None:
         """Send gradients (see the module docstring)."""
         self._check_acks()
-        for k, values in forms.groups(key, value, "push")[0]:
-            info = self._info(k)
-            v = self._prepare(k, info, values)
-            self._pushed = True
-            info.seq += 1
-            if isinstance(v, RowSparseArray):  # rows sorted once (stable): each part is a slice
-                order = np.argsort(v.indices, kind="stable")
-                ids, rows_data = v.indices[order], v.data[order]  # copies: the caller may reuse v
-            for part in info.placement.parts:
-                if isinstance(v, RowSparseArray):
-                    a, b = np.searchsorted(ids, (part.lo, part.hi))
-                    op = Push(k, part.index, info.seq, rows_data[a:b], ids[a:b] - part.lo)
-                else:
-                    op = Push(k, part.index, info.seq, np.array(info.region(v, part), copy=True))
-                self._send(part.server, op, priority)
+        self._bucketer.close_all()
+        items = self._plain(key, value, False)
+        if items is None:
+            items = []
+            for k, values in forms.groups(key, value, "push")[0]:
+                info = self._info(k)
+                items.append((k, info, self._prepare(k, info, values)))
+        self._pushed = True
+        whole, rest = _whole_buckets(items)
+        with self._engine.batch():
+            for bucket, members in whole:
+                self._push_bucket(bucket, members, priority)
+            for k, info, v in rest:
+                self._push_one(k, info, v, priority)
+
 
     def _prepare(self, key: Any, info: KeyInfo, values: list[Any]) -> np.ndarray | RowSparseArray:
         """One gradient from the arrays given for ``key`` (several are summed)."""
@@ -280,11 +228,6 @@ class KVStore:
         self._check_shape(key, info, value.shape, value.dtype)
         return value
 
-    @staticmethod
-    def _check_shape(key: Any, info: KeyInfo, shape: tuple[int, ...], dtype: np.dtype) -> None:
-        if tuple(shape) != info.shape or np.dtype(dtype) != info.dtype:
-            raise ShapeMismatch(f"key {key!r} holds {info.dtype}{list(info.shape)}; "
-                                f"got {np.dtype(dtype)}{list(shape)}")
 
     # ------------------------------------------------------------ pull
     def pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None,
@@ -293,8 +236,32 @@ class KVStore:
         if row_ids is not None:
             return self.row_sparse_pull(key, out=out, priority=priority, row_ids=row_ids)
         self._check_acks()
+        items = self._plain(key, out, True)
+        if items is not None:   # (the common case without the general forms' work)
+            self._bucketer.close_all()
+            return self._pull_items(items, [], list(out), True, priority, None)
         outs, many = forms.out_groups(key, out, "pull")
         return self._pull_into(outs, many, priority, None)
+
+    def _plain(self, key: Any, arrays: Any, writing: bool) -> list[tuple[Any, KeyInfo, Any]] | None:
+        """``[(key, info, array)]`` when ``key`` is a list of initialised keys and ``arrays`` a
+        list of plain numpy arrays of their shapes and dtypes (writable, C-contiguous when
+        ``writing``: pull outputs); None otherwise (the general forms apply)."""
+        if type(key) is not list or type(arrays) is not list or len(key) != len(arrays):
+            return None
+        infos = self._keys
+        items: list[tuple[Any, KeyInfo, Any]] = []
+        for k, a in zip(key, arrays, strict=True):
+            info = infos.get(k)
+            if info is None or type(a) is not np.ndarray or a.shape != info.shape or a.dtype != info.dtype:
+                return None
+            if writing:
+                if not (a.flags.c_contiguous and a.flags.writeable):
+                    return None
+                items.append((k, info, (a, None)))
+            else:
+                items.append((k, info, a))
+        return items
 
     def _targets(self, k: Any, info: KeyInfo, targets: list[Any]) -> tuple[list[Any], np.ndarray]:
         """The outputs for key ``k`` (allocated when None) and the C-contiguous array the
@@ -314,33 +281,21 @@ class KVStore:
     def _pull_into(self, outs: list[forms.Group], many: bool, priority: int,
                    pushed: dict[Any, np.ndarray | RowSparseArray] | None) -> Any:
         """Pull every key of ``outs`` (with ``pushed``: the dense gradient of each key to push
-        first, fused with the pull into one request per key part)."""
-        futs: list[Future] = []
-        results, fixups = [], []
+        first, fused with the pull into one request per key part, or per bucket)."""
+        self._bucketer.close_all()
+        results, fixups, items = [], [], []
         for k, targets in outs:
             info = self._info(k)
             done, dest = self._targets(k, info, targets)
-            fixups.append((done, dest))
+            if len(done) > 1 or dest is not done[0]:
+                fixups.append((done, dest))
             grad = None if pushed is None else pushed.get(k)
-            if grad is not None:
+            if pushed is not None:
                 self._pushed = True
-                info.seq += 1
-            for part in info.placement.parts:
-                op: Op
-                if grad is None:
-                    op = Pull(k, part.index, info.seq)
-                else:
-                    assert isinstance(grad, np.ndarray)
-                    op = PushPull(k, part.index, info.seq, np.array(info.region(grad, part), copy=True))
-                futs.append(self._submit(part.server, op, info.part_nbytes(part), priority,
-                                         self._copier(dest, info, part)))
+            items.append((k, info, (dest, grad)))
             results.append(done if len(done) > 1 else done[0])
-        self._wait(futs)
-        for done, dest in fixups:
-            for o in done:
-                if o is not dest:
-                    np.copyto(o, dest)
-        return results if many else results[0]
+        return self._pull_items(items, fixups, results, many, priority, pushed)
+
 
     def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None) -> Any:
         """Fetch only rows ``row_ids`` (any shape; duplicates and any order allowed).
@@ -354,23 +309,17 @@ class KVStore:
         id_lists = forms.row_id_lists(outs, row_ids, many)
         futs: list[Future] = []
         fetched: dict[tuple[Any, bytes], tuple[np.ndarray, np.ndarray]] = {}
-        plan = []
-        for (k, targets), ids_per_out in zip(outs, id_lists, strict=True):
-            info = self._info(k)
-            if info.placement.split and not info.placement.by_rows:
-                raise ConfigError(f"key {k!r} is a dense key split over servers; "
-                                  "row_sparse_pull needs a row_sparse key")
-            for o, ids in zip(targets, ids_per_out, strict=True):
-                tag = (k, ids.tobytes())
-                if tag not in fetched:
-                    fetched[tag] = self._fetch_rows(k, info, ids, priority, futs)
-                plan.append((k, info, o, tag))
+        plan: list[tuple[KeyInfo, Any, tuple[Any, bytes] | None]] = []
+        with self._engine.batch():
+            self._row_requests(outs, id_lists, priority, futs, fetched, plan)
         self._wait(futs)
         final: list[Any] = []
-        for k, info, o, tag in plan:
-            uniq, data = fetched[tag]
+        for info, o, fetch in plan:
+            if fetch is None:
+                final.append(o)
+                continue
+            uniq, data = fetched[fetch]
             if isinstance(o, np.ndarray):
-                self._check_shape(k, info, o.shape, o.dtype)
                 o[uniq] = data
                 final.append(o)
             elif isinstance(o, RowSparseArray):
@@ -386,25 +335,6 @@ class KVStore:
             shaped.append(group if len(group) > 1 else group[0])
         return shaped if many else shaped[0]
 
-    def _fetch_rows(self, k: Any, info: KeyInfo, ids: np.ndarray, priority: int,
-                    futs: list[Future]) -> tuple[np.ndarray, np.ndarray]:
-        uniq = _unique(ids)
-        if len(uniq) and (uniq[0] < 0 or uniq[-1] >= info.shape[0]):
-            bad = int(uniq[0] if uniq[0] < 0 else uniq[-1])
-            raise ShapeMismatch(f"row id {bad} of key {k!r} is outside 0..{info.shape[0] - 1}")
-        data = np.empty((len(uniq), *info.shape[1:]), info.dtype)
-        for part in info.placement.parts:
-            lo, hi = (part.lo, part.hi) if info.placement.by_rows else (0, info.shape[0])
-            a, b = np.searchsorted(uniq, [lo, hi])
-            if a == b:
-                continue
-            region = data[a:b]
-
-            def copy(ans: Ok, region: np.ndarray = region) -> None:
-                np.copyto(region, ans.arrays[0].reshape(region.shape))
-            op = Pull(k, part.index, info.seq, uniq[a:b] - lo)
-            futs.append(self._submit(part.server, op, region.nbytes, priority, copy))
-        return uniq, data
 
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> Any:
         """``push`` then ``pull`` (into ``out``, or back into ``value`` when out is None): one
@@ -491,9 +421,12 @@ class KVStore:
 
 def check_key_user(key: Any) -> Any:
     try:
-        return check_key(key)
+        key = check_key(key)
     except PSError as exc:
         raise ConfigError(str(exc)) from None
+    if isinstance(key, str) and key.startswith("\0"):
+        raise ConfigError(f"key {key!r}: keys starting with NUL are reserved")
+    return key
 
 
 def create(name: str = "local", num_workers: int | None = None, aggregator: str = "average") -> KVStore:

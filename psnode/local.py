@@ -5,10 +5,14 @@ single process gives the values a distributed job gives.
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from psnode.aggregation import Store, sent
+import numpy as np
+
+from psnode.aggregation import Store
+from psnode.entry import sent
 from psnode.errors import from_kind
 from psnode.protocol import Command, Failed, Ok, Op
 from psnode.worker import Future
@@ -26,7 +30,8 @@ class LocalEngine:
         self.restarts = 0
 
     def submit(self, server: int, op: Op, nbytes: int = 0, priority: int = 0,
-               on_reply: Copier | None = None, reply: bool = True) -> Future | None:
+               on_reply: Copier | None = None, reply: bool = True, guard: Any = None,
+               keys: int = 1, label: str = "", auto: bool = False) -> Future | None:
         fut = Future(on_reply)
         for r in self.store.handle(0, op):
             if isinstance(r.answer, Failed):
@@ -40,6 +45,25 @@ class LocalEngine:
                 raise fut.error
             return None
         return fut
+
+    def stage(self, server: int, key: Any, part: int, index: int, shape: tuple[int, ...],
+              dtype: np.dtype, seq: int) -> np.ndarray:
+        return np.empty(shape, dtype)
+
+    def land(self, server: int, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        return None
+
+    def same_host(self, server: int) -> bool:
+        return False
+
+    def protect(self, guards: list[Any], on: bool) -> None:
+        pass
+
+    def count_pulls(self, n: int) -> None:
+        pass
+
+    def batch(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
     def wait(self, fut: Future) -> Ok:
         return fut.wait(0)

@@ -15,17 +15,22 @@ round's replies leave, so a round a worker saw complete is always in the checkpo
 """
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 import time
 from typing import Any
 
-from psnode import checkpoint
-from psnode.aggregation import Reply, Store, sent
+import numpy as np
+
+from psnode import checkpoint, shm
+from psnode.aggregation import Store
 from psnode.config import NodeConfig
+from psnode.entry import Reply, sent
 from psnode.errors import ConfigError, PeerLost, PSError
 from psnode.link import SchedulerLink, lost_message
-from psnode.protocol import PACK_BYTES, Command, Failed, Message, Ok, Resync
+from psnode.protocol import PACK_BYTES, Command, Failed, Message, Ok, Resync, bucket_of
+from psnode.shmserve import SameHost
 from psnode.transport import CurveKeys, Poller, Transport
 
 log = logging.getLogger("psnode.server")
@@ -37,7 +42,17 @@ class Server:
         keys = CurveKeys.load(cfg.key_file) if cfg.key_file else None
         self.t = Transport(cfg.job_id, "server", cfg.max_message_bytes, keys)
         self.chan, self.port = self.t.router(cfg.host, cfg.port)
-        self.store = Store(cfg.num_workers, check_finite=cfg.skip_nonfinite)
+        self.poller = Poller()
+        self.local: SameHost | None = None
+        if cfg.shm and shm.available():
+            try:
+                self.local = SameHost(cfg.job_id, cfg.host, self.port, cfg.num_workers,
+                                      cfg.max_message_bytes, self.poller)
+            except OSError as exc:
+                log.warning("no same-host data link (%s); workers on this host use TCP", exc)
+        arena = self.local.arena if self.local is not None else None
+        self.store = Store(cfg.num_workers, check_finite=cfg.skip_nonfinite,
+                           alloc=arena.array if arena else None, adopt=arena.adopt if arena else None)
         self.checkpointed_rounds = 0
         self.link = SchedulerLink(self.t, cfg, "server", self.port, self._stats)
         self.rank = -1
@@ -47,9 +62,11 @@ class Server:
         self.confirmed: dict[Any, dict[int, int]] = {}
 
     def _stats(self) -> dict[str, Any]:
+        local_in, local_out = self.local.bytes if self.local is not None else (0, 0)
+        dropped = self.t.dropped + (self.local.dropped if self.local is not None else 0)
         return {"pushes": self.store.pushes, "pulls": self.store.pulls,
-                "bytes_in": self.chan.bytes_in, "bytes_out": self.chan.bytes_out,
-                "rounds": self.store.rounds, "dropped": self.t.dropped, "refused": self.t.refused}
+                "bytes_in": self.chan.bytes_in + local_in, "bytes_out": self.chan.bytes_out + local_out,
+                "rounds": self.store.rounds, "dropped": dropped, "refused": self.t.refused}
 
     # ------------------------------------------------------------ data
     def _on_data(self, ident: bytes, msg: Message) -> None:
@@ -68,8 +85,11 @@ class Server:
         if self.restoring is not None:
             self._while_restoring(ident, worker, msg, msg.ops)
             return
+        self._on_ops(worker, msg.ops)
+
+    def _on_ops(self, worker: int, ops: list[Any]) -> None:
         replies: list[Reply] = []
-        for op in msg.ops:
+        for op in ops:
             replies.extend(self.store.handle(worker, op))
         while self.store.events:
             log.warning("%s", self.store.events.pop(0))
@@ -103,7 +123,9 @@ class Server:
             return
         missing = []
         for key, part, seq in first.parts:
-            if (key, part) not in self.store.entries:
+            bid = bucket_of(key)
+            known = self.store.fused.members(bid) if bid is not None else (key, part) in self.store.entries
+            if not known:
                 missing.append(key)
             self.confirmed.setdefault((key, part), {})[worker] = seq
         if missing:
@@ -130,11 +152,19 @@ class Server:
             self._on_data(ident, msg)
 
     def _send(self, replies: list[Reply]) -> None:
-        """One DATA_REPLY per worker; big values go zero-copy and are tracked."""
+        """One DATA_REPLY per worker (over its same-host link when it has one); big values go
+        zero-copy and are tracked."""
         by_worker: dict[int, list[Reply]] = {}
         for r in replies:
             by_worker.setdefault(r.worker, []).append(r)
         for worker, group in by_worker.items():
+            if self.local is not None and worker in self.local.links:
+                group = self.local.answer(worker, group)
+                if not group:
+                    continue
+            for r in group:   # a value later rounds overwrite in place: zmq gets a copy
+                if r.fixed and isinstance(r.answer, Ok):
+                    r.answer.arrays = [np.array(a) for a in r.answer.arrays]
             entries = [r.entry for r in group if r.entry is not None]
             track = any(r.entry is not None and isinstance(r.answer, Ok) and r.answer.arrays[0].nbytes >= PACK_BYTES
                         for r in group)
@@ -182,7 +212,7 @@ class Server:
 
     # ------------------------------------------------------------ loop
     def run(self) -> int:
-        poller = Poller()
+        poller = self.poller
         poller.add(self.chan)
         poller.add(self.link.chan)
         sched_sock = self.link.chan.sock
@@ -205,6 +235,12 @@ class Server:
                         if got is None:
                             break
                         self._on_data(got[0] or b"", got[1])
+                if self.local is not None and ready and self.rank >= 0:
+                    for worker, msg in self.local.on_ready(ready):
+                        if self.restoring is None and msg.ops is not None:
+                            self._on_ops(worker, msg.ops)   # (an admitted link: no checks to make)
+                        else:
+                            self._on_data(b"w%d" % worker, msg)
         except PeerLost as exc:
             print(f"psnode server {self.rank}: {exc}", file=sys.stderr, flush=True)
             return 1
@@ -217,12 +253,19 @@ class Server:
             self.link.fail(f"server {self.rank} failed: {type(exc).__name__}: {exc}", restart=restart)
             raise
         finally:
+            if self.local is not None:
+                self.local.close()
             self.t.close(linger_ms=200)
 
 
 def main(cfg: NodeConfig) -> int:
     try:
-        return Server(cfg).run()
+        server = Server(cfg)
+        # a server's garbage is acyclic and short-lived (freed by reference counts): collect
+        # rarely, and never re-scan what start-up made
+        gc.freeze()
+        gc.set_threshold(50_000, 50, 100)
+        return server.run()
     except PSError as exc:
         print(f"psnode server: {exc}", file=sys.stderr, flush=True)
         return 1

@@ -5,7 +5,9 @@ what to send, what to send again, and which request fails, and resolves futures:
 
 * **ids and order**: every request gets an id; queued requests leave in priority order (higher
   first, then submission order) within a window of bytes in flight per server
-  (``window_bytes``: pulls wait; pushes never do, so nothing deadlocks);
+  (``window_bytes``: pulls wait; pushes never do, so nothing deadlocks); a push of a key part
+  waits while a pull of that key part is unanswered (a same-host worker may read the value in
+  place until its next push: psnode.shmlink);
 * **pending**: a request that expects an answer is kept whole until answered, so it can be sent
   again; a push goes into the :class:`~psnode.journal.PushJournal` instead;
 * **retry** (:meth:`due`): a request unanswered for ``retry_timeout`` is sent again marked
@@ -62,6 +64,11 @@ class Request:
     nbytes: int = 0          # bytes its answer brings back (pulls), counted against the window
     future: Any = None       # None: a push sent without wanting an answer
     priority: int = 0
+    order: int = 0           # submission order (set by the tracker)
+    guard: Any = None        # what a push must not overtake a pull of (default: its key part)
+    keys: int = 1            # key parts it stands for (a bucket's members), for the counters
+    label: str = ""          # what it is about, for messages (default: its key)
+    auto: bool = False       # a push's answer asked for in advance (psnode.kvstore): not a pull
 
 
 @dataclass
@@ -77,8 +84,10 @@ class Pending:
     blockers: list[int] = field(default_factory=list)  # workers a parked pull waits for
 
 
-def describe(op: Op) -> str:
-    name = type(op).__name__.lower()
+def describe(op: Op, label: str = "", auto: bool = False) -> str:
+    name = "pull" if auto else type(op).__name__.lower()   # (the pull waits for a push's answer)
+    if label:
+        return f"{name} of {label}"
     key = getattr(op, "key", None)
     return name if key is None or isinstance(op, (Flush, Resync)) else f"{name} of key {key!r}"
 
@@ -102,6 +111,7 @@ class Tracker:
         self.pushes = 0
         self.pulls = 0
         self.outcomes: list[tuple[Any, Any]] = []   # (future, Ok or exception) to settle
+        self.reading: dict[tuple[Any, int], list[int]] = {}   # key part -> orders of unanswered pulls
         self._queue: list[tuple[int, int, Request]] = []
         self._ids = itertools.count(1)
         self._order = itertools.count()
@@ -110,22 +120,29 @@ class Tracker:
     def add(self, req: Request) -> None:
         """Queue ``req``; its op gets a fresh id."""
         req.op.id = next(self._ids)
-        heapq.heappush(self._queue, (-req.priority, next(self._order), req))
+        req.order = next(self._order)
+        heapq.heappush(self._queue, (-req.priority, req.order, req))
 
     @property
     def queued(self) -> bool:
         return bool(self._queue)
 
-    def take(self, now: float) -> Batches:
-        """The queued requests the window admits, in priority order, per server; they are now
-        pending (or journaled, for pushes)."""
+    def take(self, now: float, only: Any = None) -> Batches:
+        """The queued requests the window admits, in priority order, per server (only those to
+        servers in ``only``, when given); they are now pending (or journaled, for pushes)."""
         out: Batches = {}
         held = []
         while self._queue:
             item = heapq.heappop(self._queue)
             req = item[2]
             s = req.server
+            if only is not None and s not in only:
+                held.append(item)
+                continue
             if req.nbytes and self.inflight[s] > 0 and self.inflight[s] + req.nbytes > self.window_bytes:
+                held.append(item)
+                continue
+            if isinstance(req.op, (Push, PushPull)) and self._behind_a_pull(req):
                 held.append(item)
                 continue
             self.inflight[s] += req.nbytes
@@ -138,14 +155,44 @@ class Tracker:
         op = req.op
         if isinstance(op, (Push, PushPull)):
             self.journal.remember(req.server, op)
-            self.pushes += 1
-        if isinstance(op, (Pull, PushPull)):
-            self.pulls += 1
+            self.pushes += req.keys
+        if isinstance(op, (Pull, PushPull)) and not req.auto:
+            self.pulls += req.keys
+            if req.future is not None:
+                self.reading.setdefault(_guard(req), []).append(req.order)
         elif isinstance(op, Flush):
             op.check = self.journal.check_list(req.server)
         if req.future is not None:
             self.pending[op.id] = Pending(req, now, now)
         return op
+
+    def _behind_a_pull(self, req: Request) -> bool:
+        """A push submitted after a pull of its key part that is still unanswered (a push
+        submitted before it never waits: that pull may be waiting for it)."""
+        orders = self.reading.get(_guard(req))
+        return orders is not None and min(orders) < req.order
+
+    def protect(self, guards: list[Any], on: bool) -> None:
+        """While a thread reads answers of ``guards`` in place, later pushes of them wait."""
+        for g in guards:
+            if on:
+                self.reading.setdefault(g, []).append(-1)
+                continue
+            orders = self.reading.get(g)   # (fail_all may have cleared it meanwhile)
+            if orders and -1 in orders:
+                orders.remove(-1)
+                if not orders:
+                    del self.reading[g]
+
+    def _unread(self, req: Request) -> None:
+        op = req.op
+        if isinstance(op, (Pull, PushPull)) and not req.auto:
+            kp = _guard(req)
+            orders = self.reading.get(kp)
+            if orders and req.order in orders:
+                orders.remove(req.order)
+                if not orders:
+                    del self.reading[kp]
 
     # ------------------------------------------------------------ answers
     def answered(self, server: int, ans: Answer, now: float) -> Batches:
@@ -159,6 +206,7 @@ class Tracker:
             return {}  # (or a second answer to a request sent again)
         req = entry.request
         self.inflight[req.server] -= req.nbytes
+        self._unread(req)
         if isinstance(ans, Failed):
             self.outcomes.append((req.future, from_kind(ans.kind, f"server {server}: {ans.message}")))
             return {}
@@ -201,6 +249,7 @@ class Tracker:
     def _drop(self, rid: int, exc: PSError) -> None:
         entry = self.pending.pop(rid)
         self.inflight[entry.request.server] -= entry.request.nbytes
+        self._unread(entry.request)
         self.outcomes.append((entry.request.future, exc))
 
     # ------------------------------------------------------------ time
@@ -217,15 +266,16 @@ class Tracker:
             req = p.request
             if p.parked and p.blockers and not p.noticed and now - p.since >= SLOW_NOTICE:
                 p.noticed = True
-                warnings.append(f"the {describe(req.op)} has waited {now - p.since:.0f} s for worker(s) "
-                                f"{p.blockers} to push it (every worker must push a key as often as the "
-                                "others; a restarted worker that skips steps must resume from kv.num_pushes)")
+                what = describe(req.op, req.label, req.auto)
+                warnings.append(f"the {what} has waited {now - p.since:.0f} s for worker(s) {p.blockers} to push "
+                                "it (every worker must push a key as often as the others; a restarted worker "
+                                "that skips steps must resume from kv.num_pushes)")
             if req.server in self.down or now - p.sent < limit:
                 continue
             if p.tries >= self.max_retries:
                 self._drop(rid, PeerLost(
                     f"server {req.server} at {self.address(req.server)} did not answer the "
-                    f"{describe(req.op)} (request {rid}) after {p.tries} resends over "
+                    f"{describe(req.op, req.label, req.auto)} (request {rid}) after {p.tries} resends over "
                     f"{p.tries * limit + limit:.1f} s; the server is dead or unreachable from this worker"))
                 continue
             p.tries += 1
@@ -260,6 +310,7 @@ class Tracker:
         for p in self.pending.values():
             self.outcomes.append((p.request.future, exc))
         self.pending.clear()
+        self.reading.clear()
         for *_, req in self._queue:
             if req.future is not None:
                 self.outcomes.append((req.future, exc))
@@ -271,6 +322,11 @@ class Tracker:
             return None
         first, self.deferred = self.deferred[0], []
         return first
+
+
+def _guard(req: Request) -> Any:
+    op = req.op
+    return req.guard if req.guard is not None else (op.key, op.part)  # type: ignore[union-attr]
 
 
 def settle(outcomes: list[tuple[Any, Any]]) -> None:

@@ -276,6 +276,10 @@ class Poller:
     def remove(self, what: Channel | int) -> None:
         self._poller.unregister(what.sock if isinstance(what, Channel) else what)
 
+    def watch(self, fd: int, write: bool) -> None:
+        """Wake up when raw ``fd`` is writable too (``write``), or only when it is readable."""
+        self._poller.modify(fd, zmq.POLLIN | (zmq.POLLOUT if write else 0))
+
     def poll(self, timeout: float) -> set[Any]:
         """Ready sockets/fds within ``timeout`` seconds (sockets as zmq sockets)."""
         return {s for s, _ in self._poller.poll(max(0, int(timeout * 1000)))}

@@ -33,12 +33,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from psnode.config import NodeConfig
 from psnode.errors import PeerLost, PSError
 from psnode.protocol import Command, Ok, Op
+from psnode.staging import Staging
 from psnode.tracker import Request, Tracker, settle
 
 EXIT_GRACE = 5.0               # seconds the user's thread has to notice a failed job
+BATCH_PAYLOAD = 2 * 2**20      # a batch leaves once it holds this much data (the server starts
+                               # on it while later parts are being copied)
 
 
 class Future:
@@ -47,12 +52,13 @@ class Future:
     Resolved once, by one thread (the I/O thread; a second ``set``/``fail`` is ignored).  A
     lock held until then is cheaper than a threading.Event (one per request)."""
 
-    __slots__ = ("_done", "_lock", "error", "on_reply", "result")
+    __slots__ = ("_done", "_lock", "error", "on_reply", "result", "server")
 
-    def __init__(self, on_reply: Callable[[Ok], None] | None = None) -> None:
+    def __init__(self, on_reply: Callable[[Ok], None] | None = None, server: int = -1) -> None:
         self._lock = threading.Lock()
         self._lock.acquire()  # released when resolved
         self._done = False
+        self.server = server
         self.result: Ok | None = None
         self.error: BaseException | None = None
         self.on_reply = on_reply
@@ -129,10 +135,17 @@ class Engine:
         self.barriers = 0                  # barriers this worker entered (numbers them)
         self.barriers_before = 0           # barriers its predecessor completed (restarts)
         self.welcome = Future()
+        self.staging: Staging | None = None   # shared-memory buffers (set with the first link)
         self.closing = False
         self.failed = False
         self._woken = False
         self.efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        # same-host links are read by the thread waiting for an answer (psnode.ioloop); one
+        # reader at a time; ``notify`` wakes it when the I/O thread resolved futures
+        self._batching = threading.local()
+        self.reader = threading.Lock()
+        self.readers = 0
+        self.notify = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.io = IoLoop(self)
         self._thread = threading.Thread(target=self.io.run, name="psnode-io", daemon=True)
         self._thread.start()
@@ -146,21 +159,77 @@ class Engine:
         return self.io.address(server)
 
     # ------------------------------------------------------------ user side
+    def stage(self, server: int, key: Any, part: int, index: int, shape: tuple[int, ...],
+              dtype: np.dtype, seq: int) -> np.ndarray:
+        """Where to copy array ``index`` of push ``seq`` of a key part before submitting it: a
+        shared-memory slot when ``server`` is on this host's link, else plain memory."""
+        if self.staging is not None and self.io.same_host(server):
+            slot = self.staging.slot((key, part, index), shape, dtype, seq)
+            if slot is not None:
+                return slot
+        return np.empty(shape, dtype)
+
+    def land(self, server: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+        """A landing area for an answer (or a request's scratch, e.g. row ids) from ``server``
+        when it is on this host's link (None otherwise); it returns to the pool once the
+        answer was handled."""
+        if self.staging is not None and self.io.same_host(server):
+            return self.staging.land(shape, np.dtype(dtype))
+        return None
+
     def submit(self, server: int, op: Op, nbytes: int = 0, priority: int = 0,
-               on_reply: Callable[[Ok], None] | None = None, reply: bool = True) -> Future | None:
+               on_reply: Callable[[Ok], None] | None = None, reply: bool = True,
+               guard: Any = None, keys: int = 1, label: str = "", auto: bool = False) -> Future | None:
         """Queue one operation for ``server`` (thread-safe).
 
         Returns its future, or None with ``reply=False`` (a push): the server then answers only
         if the operation fails, and that error is raised by the next call into the engine.
         """
-        self.check()
-        fut = Future(on_reply) if reply else None
-        with self.lock:
-            self.tracker.add(Request(server, op, nbytes, fut, priority))
-            wake, self._woken = not self._woken, True
-        if wake:
-            os.eventfd_write(self.efd, 1)
+        if self.fatal is not None or self.tracker.deferred:
+            self.check()
+        staging = self.staging
+        if staging is not None and reply and (getattr(op, "dest", None) is not None or
+                                              getattr(op, "rows", None) is not None):
+            areas = [a for a in (getattr(op, "dest", None), getattr(op, "rows", None))
+                     if a is not None and staging.owns(a)]
+            if areas:
+                on_reply = _releasing(on_reply, areas, staging)
+        fut = Future(on_reply, server) if reply else None
+        req = Request(server, op, nbytes, fut, priority, 0, guard, keys, label, auto)
+        local = server in self.io.local and self.io.same_host(server)
+        batching = self._batching
+        if local and getattr(batching, "depth", 0) > 0:
+            batching.payload = getattr(batching, "payload", 0) + _payload(op)
+            with self.lock:           # sent when the batch ends, or holds enough data
+                self.tracker.add(req)
+            if batching.payload >= BATCH_PAYLOAD:
+                batching.payload = 0
+                self.send_local()
+        elif local:                   # this thread sends (no hand-over to the I/O thread)
+            with self.lock:
+                self.tracker.add(req)
+                batches = self.tracker.take(time.monotonic(), self.io.local)
+            self.io.send(batches, io_thread=False)
+        else:
+            with self.lock:
+                self.tracker.add(req)
+                wake, self._woken = not self._woken, True
+            if wake:
+                os.eventfd_write(self.efd, 1)
         return fut
+
+    def batch(self) -> _Batch:
+        """Requests submitted inside go to same-host servers together when it ends (fewer,
+        fuller datagrams: one per server rather than one per key part)."""
+        return _Batch(self)
+
+    def send_local(self) -> None:
+        """Send what waits for same-host servers (the end of a batch)."""
+        if self.io.local:
+            with self.lock:
+                batches = self.tracker.take(time.monotonic(), self.io.local)
+            if batches:
+                self.io.send(batches, io_thread=False)
 
     def control(self, cmd: Command, body: dict[str, Any] | None = None) -> Future:
         """Send a message to the scheduler; the future resolves on its answer."""
@@ -171,6 +240,19 @@ class Engine:
         os.eventfd_write(self.efd, 1)
         return req.future
 
+    def same_host(self, server: int) -> bool:
+        """``server`` is reached over this host's shared-memory link."""
+        return self.io.same_host(server)
+
+    def count_pulls(self, n: int) -> None:
+        """``n`` key parts were pulled from answers their pushes asked for (for the counters)."""
+        self.tracker.pulls += n
+
+    def protect(self, guards: list[Any], on: bool) -> None:
+        """Hold back pushes of ``guards`` while this thread reads their answers in place."""
+        with self.lock:
+            self.tracker.protect(guards, on)
+
     def resume(self) -> None:
         """This (restarted) worker resumes where its predecessor stopped: its barriers continue
         the predecessor's numbering instead of replaying it."""
@@ -178,9 +260,13 @@ class Engine:
             self.barriers = max(self.barriers, self.barriers_before)
 
     def wait(self, fut: Future) -> Ok:
-        """Wait for ``fut``; liveness (not a clock) bounds the wait."""
+        """Wait for ``fut``; liveness (not a clock) bounds the wait.  An answer from a server
+        on this host's link is read by this thread itself."""
         while not fut.done:
-            fut._wait(0.5)
+            if self.io.same_host(fut.server):
+                self.io.read_until(fut, 0.5)
+            else:
+                fut._wait(0.5)
             if self.fatal is not None and not fut.done:
                 raise self.fatal
         return fut.wait(0)
@@ -217,6 +303,8 @@ class Engine:
             self.closing = True
             os.eventfd_write(self.efd, 1)
             self._thread.join(timeout)
+            if self.staging is not None:
+                self.staging.close()
 
     @property
     def retries(self) -> int:
@@ -232,12 +320,15 @@ class Engine:
                 "bytes_in": nbytes[0], "bytes_out": nbytes[1], "retries": t.retries}
 
     # ------------------------------------------------------------ I/O thread side
-    def settle(self) -> None:
-        """Resolve the futures the tracker decided on (outside the lock: callbacks copy data)."""
+    def settle(self, io_thread: bool = True) -> None:
+        """Resolve the futures the tracker decided on (outside the lock: callbacks copy data);
+        the I/O thread wakes a thread reading the links, whose answer may be among them."""
         if self.tracker.outcomes:
             with self.lock:
                 outcomes, self.tracker.outcomes = self.tracker.outcomes, []
             settle(outcomes)
+            if io_thread and self.readers:
+                os.eventfd_write(self.notify, 1)
 
     def read_wake(self) -> None:
         """Drain the eventfd, then re-arm: in the other order a submit between the two would
@@ -257,6 +348,7 @@ class Engine:
                 req.future.fail(exc)
             self.control_queue.clear()
         self.settle()
+        os.eventfd_write(self.notify, 1)
         print(f"psnode worker {self.rank}: {exc}", file=sys.stderr, flush=True)
         threading.Thread(target=self._exit_later, daemon=True).start()
 
@@ -266,6 +358,44 @@ class Engine:
         if not self.closing:
             print(f"psnode worker {self.rank}: exiting: the job failed", file=sys.stderr, flush=True)
             os._exit(1)
+
+
+class _Batch:
+    """``with engine.batch():`` (see :meth:`Engine.batch`); nests."""
+
+    __slots__ = ("e",)
+
+    def __init__(self, engine: Engine) -> None:
+        self.e = engine
+
+    def __enter__(self) -> None:
+        b = self.e._batching
+        b.depth = getattr(b, "depth", 0) + 1
+
+    def __exit__(self, *exc: Any) -> None:
+        b = self.e._batching
+        b.depth -= 1
+        if b.depth == 0:
+            self.e.send_local()
+
+
+def _payload(op: Op) -> int:
+    data = getattr(op, "data", None)
+    return 0 if data is None else int(data.nbytes)
+
+
+def _releasing(on_reply: Callable[[Ok], None] | None, areas: list[np.ndarray],
+               staging: Staging) -> Callable[[Ok], None]:
+    """``on_reply``, then the request's landing areas go back to the pool (a failed request's
+    areas are dropped instead: its answer might still land)."""
+    def done(ans: Ok) -> None:
+        try:
+            if on_reply is not None:
+                on_reply(ans)
+        finally:
+            for area in areas:
+                staging.release(area)
+    return done
 
 
 __all__ = ["EXIT_GRACE", "ControlRequest", "Engine", "Future"]

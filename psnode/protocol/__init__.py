@@ -39,7 +39,9 @@ Data operations (fields; ``seq`` and the flags live in the record, the rest in t
                 ROWS the local row ids (row_sparse).  NA: answered only if it fails.
 ``PULL``        key, part, seq = after (the worker's last push); with ROWS: row ids.
                 Ok once that push was applied (sync: its round complete): the value.
-``PUSHPULL``    key, part, seq; array: dense data.  Ok: the value after round ``seq``.
+``PUSHPULL``    key, part, seq; array: dense data.  Ok: the value after round ``seq``.  (A
+                dist_sync push over the same-host link is sent as PUSHPULL: the pull after it
+                then needs no request of its own.)
 ``FLUSH``       check = [[key, part, [seq, ...]], ...] pushes sent.  Ok, or Missing.
 ``RESYNC``      parts = [[key, part, last push known applied], ...] (to a restored server).
 ``SET_OPTIMIZER`` spec (psnode.optimizer's JSON spec).  Ok.
@@ -65,6 +67,7 @@ from __future__ import annotations
 from typing import Any
 
 from psnode.errors import ProtocolError
+from psnode.protocol.answers import Answer, Failed, Missing, Ok, Wait
 from psnode.protocol.data import Resolver, decode_data, encode_data
 from psnode.protocol.frames import (
     DATA_VERSION,
@@ -82,16 +85,13 @@ from psnode.protocol.frames import (
     encode_json,
 )
 from psnode.protocol.ops import (
-    Answer,
-    Failed,
+    BUCKET,
     Flag,
     Flush,
     GetStates,
     Init,
     Key,
     LoadStates,
-    Missing,
-    Ok,
     Op,
     OpCode,
     PartKey,
@@ -100,8 +100,10 @@ from psnode.protocol.ops import (
     PushPull,
     Resync,
     SetOptimizer,
-    Wait,
+    bucket_key,
+    bucket_of,
     resent,
+    without_dest,
 )
 
 
@@ -128,7 +130,41 @@ def decode(frames: list[Any], job_id: str | None, max_bytes: int, resolve: Resol
     raise ProtocolError(f"bad version tag {tag[:16]!r}")
 
 
-__all__ = ["DATA_VERSION", "DTYPES", "DTYPE_NAMES", "MAX_HEADER_BYTES", "MAX_NDIM", "PACK_BYTES", "VERSION",
-           "Answer", "Command", "Failed", "Flag", "Flush", "GetStates", "Init", "Key", "LoadStates", "Message",
-           "Missing", "Ok", "Op", "OpCode", "PartKey", "Pull", "Push", "PushPull", "Resync", "SetOptimizer",
-           "Wait", "check_key", "decode", "encode", "resent"]
+__all__ = [
+    "BUCKET",
+    "DATA_VERSION",
+    "DTYPES",
+    "DTYPE_NAMES",
+    "MAX_HEADER_BYTES",
+    "MAX_NDIM",
+    "PACK_BYTES",
+    "VERSION",
+    "Answer",
+    "Command",
+    "Failed",
+    "Flag",
+    "Flush",
+    "GetStates",
+    "Init",
+    "Key",
+    "LoadStates",
+    "Message",
+    "Missing",
+    "Ok",
+    "Op",
+    "OpCode",
+    "PartKey",
+    "Pull",
+    "Push",
+    "PushPull",
+    "Resync",
+    "SetOptimizer",
+    "Wait",
+    "bucket_key",
+    "bucket_of",
+    "check_key",
+    "decode",
+    "encode",
+    "resent",
+    "without_dest",
+]

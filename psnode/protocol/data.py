@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from psnode.errors import ProtocolError
+from psnode.protocol.answers import ANSWERS
 from psnode.protocol.frames import (
     BY_CODE,
     CODES,
@@ -31,7 +32,7 @@ from psnode.protocol.frames import (
     parse_json,
     view,
 )
-from psnode.protocol.ops import ANSWERS, REQUESTS, Key
+from psnode.protocol.ops import REQUESTS, Key
 
 KIND_DATA, KIND_REPLY = 1, 2
 LOC_FRAME = 0      # an array in frame ``index`` of this message at ``offset``
@@ -48,25 +49,28 @@ _DIMS = [struct.Struct(f"<{n}Q") for n in range(MAX_NDIM + 1)]
 Resolver = Callable[[int, int, int, int], Any]   # (location, index, offset, nbytes) -> buffer
 
 
+def encode_record(op: Any, first: int) -> tuple[bytes, list[np.ndarray]]:
+    """The record of ``op`` whose arrays will be the message's arrays ``first``, ``first+1``..."""
+    flags, part, seq, key, arrs, extra = op.wire()
+    head = RECORD.pack(op.code, flags, part, op.id, seq, first, len(arrs))
+    if type(key) is int:
+        tail = KEY_INT.pack(0, key)
+    else:
+        raw = key.encode()
+        tail = KEY_STR.pack(1, len(raw)) + raw
+    if extra is None:
+        return head + tail + b"\0\0\0\0", arrs
+    raw = JSON_ENC.encode(extra).encode()
+    return head + tail + EXTRA.pack(len(raw)) + raw, arrs
+
+
 def encode_records(ops: Sequence[Any], arrays: list[np.ndarray]) -> bytes:
     """The op records of ``ops``; their arrays are appended to ``arrays`` (in order)."""
     out = []
     for op in ops:
-        flags, part, seq, key, arrs, extra = op.wire()
-        out.append(RECORD.pack(op.code, flags, part, op.id, seq, len(arrays), len(arrs)))
+        record, arrs = encode_record(op, len(arrays))
+        out.append(record)
         arrays.extend(arrs)
-        if type(key) is int:
-            out.append(KEY_INT.pack(0, key))
-        else:
-            raw = key.encode()
-            out.append(KEY_STR.pack(1, len(raw)))
-            out.append(raw)
-        if extra is None:
-            out.append(b"\0\0\0\0")
-        else:
-            raw = JSON_ENC.encode(extra).encode()
-            out.append(EXTRA.pack(len(raw)))
-            out.append(raw)
     return b"".join(out)
 
 
@@ -95,28 +99,6 @@ def encode_data(cmd: Command, job: str, ops: Sequence[Any]) -> list[Any]:
     return [DATA_VERSION, b"".join((head, raw_job, descr, records)), *bufs]
 
 
-class _Reader:
-    __slots__ = ("buf", "pos")
-
-    def __init__(self, buf: bytes) -> None:
-        self.buf = buf
-        self.pos = 0
-
-    def take(self, s: struct.Struct) -> tuple[Any, ...]:
-        if self.pos + s.size > len(self.buf):
-            raise ProtocolError("data header is truncated")
-        out = s.unpack_from(self.buf, self.pos)
-        self.pos += s.size
-        return out
-
-    def raw(self, n: int) -> bytes:
-        if self.pos + n > len(self.buf):
-            raise ProtocolError("data header is truncated")
-        out = self.buf[self.pos:self.pos + n]
-        self.pos += n
-        return out
-
-
 def decode_data(frames: list[Any], job_id: str | None, max_bytes: int,
                 resolve: Resolver | None = None) -> Message:
     """Validate and decode a data message (version tag already checked).  ``resolve`` maps
@@ -128,43 +110,51 @@ def decode_data(frames: list[Any], job_id: str | None, max_bytes: int,
         return _decode(head, frames[2:], job_id, max_bytes, resolve)
     except ProtocolError:
         raise
+    except struct.error:
+        raise ProtocolError("data header is truncated") from None
     except Exception as exc:  # noqa: BLE001 - a decoder bug must not kill a role either
         raise ProtocolError(f"bad data message: {exc!r}"[:200]) from None
 
 
 def _decode(head: bytes, frames: list[Any], job_id: str | None, max_bytes: int,
             resolve: Resolver | None) -> Message:
-    r = _Reader(head)
-    kind, _, n_ops, n_arrays, job_len = r.take(HEAD)
-    if kind not in (KIND_DATA, KIND_REPLY):
+    kind, _, n_ops, n_arrays, job_len = HEAD.unpack_from(head, 0)
+    if kind != KIND_DATA and kind != KIND_REPLY:
         raise ProtocolError(f"unknown data message kind {kind}")
+    pos = HEAD.size + job_len
+    raw = head[HEAD.size:pos]
+    if len(raw) != job_len:
+        raise ProtocolError("data header is truncated")
     try:
-        job = r.raw(job_len).decode()
+        job = raw.decode()
     except UnicodeDecodeError:
         raise ProtocolError("job id is not UTF-8") from None
     if job_id is not None and job != job_id:
         raise ProtocolError(f"frame of job {job[:64]!r} (this is job {job_id!r})")
     bufs = [buffer(f) for f in frames]
-    arrays = decode_arrays(r, n_arrays, bufs, max_bytes, resolve)
-    table = REQUESTS if kind == KIND_DATA else ANSWERS
-    ops = decode_records(r, n_ops, arrays, table)
-    if r.pos != len(head):
-        raise ProtocolError(f"{len(head) - r.pos} stray bytes after the last operation")
-    cmd = Command.DATA if kind == KIND_DATA else Command.DATA_REPLY
-    return Message(cmd=cmd, job=job, sender="", ops=ops)
+    arrays, pos = decode_arrays(head, pos, n_arrays, bufs, max_bytes, resolve)
+    ops, pos = decode_records(head, pos, n_ops, arrays, REQUESTS if kind == KIND_DATA else ANSWERS)
+    if pos != len(head):
+        raise ProtocolError(f"{len(head) - pos} stray bytes after the last operation")
+    return Message(cmd=Command.DATA if kind == KIND_DATA else Command.DATA_REPLY, job=job, sender="", ops=ops)
 
 
-def decode_arrays(r: _Reader, n: int, bufs: list[memoryview], max_bytes: int,
-                  resolve: Resolver | None) -> list[np.ndarray]:
+def decode_arrays(head: bytes, pos: int, n: int, bufs: list[memoryview], max_bytes: int,
+                  resolve: Resolver | None) -> tuple[list[np.ndarray], int]:
+    """``n`` arrays described at ``pos`` of ``head`` (struct.error when it is cut short)."""
     arrays = []
     used: set[int] = set()
+    unpack, size, codes = ARRAY.unpack_from, ARRAY.size, len(BY_CODE)
     for _ in range(n):
-        code, ndim, loc, index, offset = r.take(ARRAY)
-        if code >= len(BY_CODE):
+        code, ndim, loc, index, offset = unpack(head, pos)
+        pos += size
+        if code >= codes:
             raise ProtocolError(f"dtype code {code} is not allowed")
         if ndim > MAX_NDIM:
             raise ProtocolError(f"array of {ndim} dimensions")
-        shape = r.take(_DIMS[ndim])
+        dims = _DIMS[ndim]
+        shape = dims.unpack_from(head, pos)
+        pos += dims.size
         dtype = BY_CODE[code]
         if loc == LOC_FRAME:
             used.add(index)
@@ -178,49 +168,63 @@ def decode_arrays(r: _Reader, n: int, bufs: list[memoryview], max_bytes: int,
             nbytes = count * dtype.itemsize
             if nbytes > max_bytes:
                 raise ProtocolError(f"array of {nbytes} bytes exceeds the limit of {max_bytes}")
-            buf = resolve(loc, index, offset, nbytes)
-            arrays.append(view(dtype, shape, 0, 0, [buf], max_bytes))
+            arrays.append(view(dtype, shape, 0, 0, [resolve(loc, index, offset, nbytes)], max_bytes))
     if len(used) != len(bufs):
         raise ProtocolError(f"{len(bufs)} array frames but {len(used)} referenced")
-    return arrays
+    return arrays, pos
 
 
-def decode_records(r: _Reader, n: int, arrays: list[np.ndarray], table: dict[int, Any]) -> list[Any]:
+_NO_FIELDS: dict[str, Any] = {}
+
+
+def decode_records(head: bytes, pos: int, n: int, arrays: list[np.ndarray],
+                   table: dict[int, Any]) -> tuple[list[Any], int]:
+    """``n`` operation records at ``pos`` of ``head``, as typed operations."""
     ops = []
+    unpack, size, narrays = RECORD.unpack_from, RECORD.size, len(arrays)
     for _ in range(n):
-        code, flags, part, rid, seq, first, count = r.take(RECORD)
+        code, flags, part, rid, seq, first, count = unpack(head, pos)
+        pos += size
         cls = table.get(code)
         if cls is None:
             raise ProtocolError(f"unknown operation code {code}")
-        if first < 0 or first + count > len(arrays):
-            raise ProtocolError(f"operation refers to arrays {first}..{first + count} of {len(arrays)}")
-        tag = r.buf[r.pos] if r.pos < len(r.buf) else -1
+        if first < 0 or first + count > narrays:
+            raise ProtocolError(f"operation refers to arrays {first}..{first + count} of {narrays}")
+        tag = head[pos] if pos < len(head) else -1
         key: Key
         if tag == 0:
-            key = r.take(KEY_INT)[1]
+            key = KEY_INT.unpack_from(head, pos)[1]
+            pos += KEY_INT.size
         elif tag == 1:
-            length = r.take(KEY_STR)[1]
-            if length > 1024:
+            length = KEY_STR.unpack_from(head, pos)[1]
+            pos += KEY_STR.size
+            if length > 1024 or pos + length > len(head):
                 raise ProtocolError(f"key of {length} bytes")
             try:
-                key = r.raw(length).decode()
+                key = head[pos:pos + length].decode()
             except UnicodeDecodeError:
                 raise ProtocolError("key is not UTF-8") from None
+            pos += length
         else:
             raise ProtocolError(f"bad key tag {tag}")
-        (size,) = r.take(EXTRA)
-        extra: dict[str, Any] = {}
-        if size:
+        (extra_size,) = EXTRA.unpack_from(head, pos)
+        pos += EXTRA.size
+        extra = _NO_FIELDS
+        if extra_size:
+            raw = head[pos:pos + extra_size]
+            pos += extra_size
+            if len(raw) != extra_size:
+                raise ProtocolError("data header is truncated")
             try:
-                extra = parse_json(r.raw(size))
+                extra = parse_json(raw)
             except (UnicodeDecodeError, ValueError, RecursionError):
                 raise ProtocolError("operation fields are not JSON") from None
             if type(extra) is not dict:
                 raise ProtocolError("operation fields are not a JSON object")
         ops.append(cls.unwire(flags, part, rid, seq, key, arrays[first:first + count], extra))
-    return ops
+    return ops, pos
 
 
 __all__ = ["ARRAY", "HEAD", "KIND_DATA", "KIND_REPLY", "LOC_FRAME", "RECORD", "Resolver",
            "decode_arrays", "decode_data", "decode_records", "encode_arrays", "encode_data",
-           "encode_records"]
+           "encode_record", "encode_records"]

@@ -19,6 +19,30 @@ from psnode.protocol.frames import DTYPES, MAX_NDIM, check_key
 
 Key = int | str
 PartKey = tuple[Key, int]   # (user key, part index)
+BUCKET = "\0bucket"         # reserved key prefix: a bucket of small keys (psnode.fused)
+
+
+def bucket_key(bid: int) -> str:
+    """The reserved key of bucket ``bid`` (user keys never start with NUL)."""
+    return f"{BUCKET}{bid}"
+
+
+def bucket_of(key: Any) -> int | None:
+    """The bucket number of a reserved bucket key; None for any other key."""
+    if type(key) is str and key.startswith(BUCKET):
+        bid = _BUCKETS.get(key)
+        if bid is None:
+            tail = key[len(BUCKET):]
+            if not (tail.isdigit() and len(tail) < 10):
+                return None
+            bid = int(tail)
+            if len(_BUCKETS) < 100_000:   # (bounded: keys come from the wire)
+                _BUCKETS[key] = bid
+        return bid
+    return None
+
+
+_BUCKETS: dict[str, int] = {}
 
 
 class OpCode(IntEnum):
@@ -46,6 +70,11 @@ class Flag(IntFlag):
     ROWS = 32     # push/pull: the last array holds row ids (row_sparse)
     GAP = 64      # wait: ``seq`` names a push of this worker the server never received
     DEST = 128    # pull/pushpull: the last array is where the server may write the answer
+
+
+# the flags as plain ints: IntFlag arithmetic costs microseconds on the hot path
+RE, NA, SYNC, SPARSE, AVERAGE, ROWS, GAP, DEST = (int(f) for f in (Flag.RE, Flag.NA, Flag.SYNC, Flag.SPARSE,
+                                                                   Flag.AVERAGE, Flag.ROWS, Flag.GAP, Flag.DEST))
 
 
 # ------------------------------------------------------------------ validation helpers
@@ -90,7 +119,7 @@ def _arrays(arrays: list[np.ndarray], n: int | tuple[int, int], what: str) -> No
 
 def _rows(flags: int, arrays: list[np.ndarray], base: int, what: str) -> np.ndarray | None:
     """The row ids array when ROWS is set (it must be the last of exactly base + 1 arrays)."""
-    if flags & Flag.ROWS:
+    if flags & ROWS:
         _arrays(arrays, base + 1, what)
         rows = arrays[-1]
         if rows.ndim != 1 or rows.dtype.kind not in "iu":
@@ -103,7 +132,8 @@ def _rows(flags: int, arrays: list[np.ndarray], base: int, what: str) -> np.ndar
 # ------------------------------------------------------------------ operations
 @dataclass(slots=True)
 class Init:
-    """Create key part ``(key, part)`` (``value``: rank 0's array) or get its value.
+    """Create key part ``(key, part)`` (``value``: rank 0's array) or get its value; with
+    ``bucket`` >= 0 the part's value lives in that bucket at element ``offset`` (psnode.fused).
 
     Answer: Ok with the stored value and ``seq`` = the pushes of this worker's rank the part
     has taken (more than 0 after a restart)."""
@@ -118,13 +148,18 @@ class Init:
     value: np.ndarray | None = None
     id: int = 0
     re: bool = False
+    bucket: int = -1
+    offset: int = 0
     code: ClassVar[OpCode] = OpCode.INIT
 
     def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
-        flags = (Flag.RE * self.re) | (Flag.SYNC * self.sync) | (Flag.SPARSE * self.sparse) | \
-            (Flag.AVERAGE * self.average)
+        flags = (RE * self.re) | (SYNC * self.sync) | (SPARSE * self.sparse) | \
+            (AVERAGE * self.average)
         arrays = [] if self.value is None else [self.value]
-        return int(flags), self.part, 0, self.key, arrays, {"dtype": self.dtype, "shape": list(self.shape)}
+        extra: dict[str, Any] = {"dtype": self.dtype, "shape": list(self.shape)}
+        if self.bucket >= 0:
+            extra["bucket"], extra["offset"] = self.bucket, self.offset
+        return int(flags), self.part, 0, self.key, arrays, extra
 
     @classmethod
     def unwire(cls, flags: int, part: int, id: int, seq: int, key: Key, arrays: list[np.ndarray],
@@ -135,9 +170,11 @@ class Init:
             raise ProtocolError(f"init: dtype {str(dtype)[:32]!r} is not allowed")
         if type(shape) is not list or len(shape) > MAX_NDIM:
             raise ProtocolError(f"init: bad shape {str(shape)[:60]}")
-        return cls(key, part, dtype, tuple(_int(d, "init shape") for d in shape), bool(flags & Flag.SYNC),
-                   bool(flags & Flag.AVERAGE), bool(flags & Flag.SPARSE), arrays[0] if arrays else None,
-                   id, bool(flags & Flag.RE))
+        bucket = _int(extra.get("bucket", -1), "init bucket", -1)
+        offset = _int(extra.get("offset", 0), "init offset")
+        return cls(key, part, dtype, tuple(_int(d, "init shape") for d in shape), bool(flags & SYNC),
+                   bool(flags & AVERAGE), bool(flags & SPARSE), arrays[0] if arrays else None,
+                   id, bool(flags & RE), bucket, offset)
 
 
 @dataclass(slots=True)
@@ -157,22 +194,22 @@ class Push:
     code: ClassVar[OpCode] = OpCode.PUSH
 
     def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
-        flags = (Flag.RE * self.re) | (Flag.NA * self.na)
+        flags = (RE * self.re) | (NA * self.na)
         if self.rows is None:
             return int(flags), self.part, self.seq, self.key, [self.data], None
-        return int(flags | Flag.ROWS), self.part, self.seq, self.key, [self.data, self.rows], None
+        return int(flags | ROWS), self.part, self.seq, self.key, [self.data, self.rows], None
 
     @classmethod
     def unwire(cls, flags: int, part: int, id: int, seq: int, key: Key, arrays: list[np.ndarray],
                extra: dict[str, Any]) -> Push:
         rows = _rows(flags, arrays, 1, "push")
         return cls(key, part, _int(seq, "push sequence number", 1), arrays[0], rows, id,
-                   bool(flags & Flag.RE), bool(flags & Flag.NA))
+                   bool(flags & RE), bool(flags & NA))
 
 
 def _dest(flags: int, arrays: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray | None]:
     """Split off the landing area (DEST: the last array) from an op's arrays."""
-    if flags & Flag.DEST:
+    if flags & DEST:
         if not arrays:
             raise ProtocolError("a landing area was announced but not sent")
         return arrays[:-1], arrays[-1]
@@ -195,13 +232,13 @@ class Pull:
     code: ClassVar[OpCode] = OpCode.PULL
 
     def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
-        flags = Flag.RE * self.re
+        flags = RE * self.re
         arrays = []
         if self.rows is not None:
-            flags |= Flag.ROWS
+            flags |= ROWS
             arrays.append(self.rows)
         if self.dest is not None:
-            flags |= Flag.DEST
+            flags |= DEST
             arrays.append(self.dest)
         return int(flags), self.part, self.after, self.key, arrays, None
 
@@ -210,7 +247,7 @@ class Pull:
                extra: dict[str, Any]) -> Pull:
         arrays, dest = _dest(flags, arrays)
         rows = _rows(flags, arrays, 0, "pull")
-        return cls(key, part, _int(seq, "pull after"), rows, id, bool(flags & Flag.RE), dest)
+        return cls(key, part, _int(seq, "pull after"), rows, id, bool(flags & RE), dest)
 
 
 @dataclass(slots=True)
@@ -229,15 +266,15 @@ class PushPull:
 
     def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
         if self.dest is None:
-            return int(Flag.RE * self.re), self.part, self.seq, self.key, [self.data], None
-        return int(Flag.RE * self.re | Flag.DEST), self.part, self.seq, self.key, [self.data, self.dest], None
+            return int(RE * self.re), self.part, self.seq, self.key, [self.data], None
+        return int(RE * self.re | DEST), self.part, self.seq, self.key, [self.data, self.dest], None
 
     @classmethod
     def unwire(cls, flags: int, part: int, id: int, seq: int, key: Key, arrays: list[np.ndarray],
                extra: dict[str, Any]) -> PushPull:
         arrays, dest = _dest(flags, arrays)
         _arrays(arrays, 1, "pushpull")
-        return cls(key, part, _int(seq, "pushpull sequence number", 1), arrays[0], id, bool(flags & Flag.RE),
+        return cls(key, part, _int(seq, "pushpull sequence number", 1), arrays[0], id, bool(flags & RE),
                    dest)
 
 
@@ -253,13 +290,13 @@ class Flush:
     code: ClassVar[OpCode] = OpCode.FLUSH
 
     def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
-        return int(Flag.RE * self.re), 0, 0, 0, [], {"check": [list(c) for c in self.check]}
+        return int(RE * self.re), 0, 0, 0, [], {"check": [list(c) for c in self.check]}
 
     @classmethod
     def unwire(cls, flags: int, part: int, id: int, seq: int, key: Key, arrays: list[np.ndarray],
                extra: dict[str, Any]) -> Flush:
         _arrays(arrays, 0, "flush")
-        return cls(_triples(extra.get("check", []), "flush check", "ints"), id, bool(flags & Flag.RE))
+        return cls(_triples(extra.get("check", []), "flush check", "ints"), id, bool(flags & RE))
 
 
 @dataclass(slots=True)
@@ -272,13 +309,13 @@ class Resync:
     code: ClassVar[OpCode] = OpCode.RESYNC
 
     def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
-        return int(Flag.RE * self.re), 0, 0, 0, [], {"parts": [list(p) for p in self.parts]}
+        return int(RE * self.re), 0, 0, 0, [], {"parts": [list(p) for p in self.parts]}
 
     @classmethod
     def unwire(cls, flags: int, part: int, id: int, seq: int, key: Key, arrays: list[np.ndarray],
                extra: dict[str, Any]) -> Resync:
         _arrays(arrays, 0, "resync")
-        return cls(_triples(extra.get("parts", []), "resync parts", "int"), id, bool(flags & Flag.RE))
+        return cls(_triples(extra.get("parts", []), "resync parts", "int"), id, bool(flags & RE))
 
 
 @dataclass(slots=True)
@@ -291,7 +328,7 @@ class SetOptimizer:
     code: ClassVar[OpCode] = OpCode.SET_OPTIMIZER
 
     def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
-        return int(Flag.RE * self.re), 0, 0, 0, [], {"spec": self.spec}
+        return int(RE * self.re), 0, 0, 0, [], {"spec": self.spec}
 
     @classmethod
     def unwire(cls, flags: int, part: int, id: int, seq: int, key: Key, arrays: list[np.ndarray],
@@ -300,7 +337,7 @@ class SetOptimizer:
         spec = extra.get("spec")
         if type(spec) is not dict:
             raise ProtocolError("set_optimizer: the spec is not an object")
-        return cls(spec, id, bool(flags & Flag.RE))
+        return cls(spec, id, bool(flags & RE))
 
 
 @dataclass(slots=True)
@@ -312,13 +349,13 @@ class GetStates:
     code: ClassVar[OpCode] = OpCode.GET_STATES
 
     def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
-        return int(Flag.RE * self.re), 0, 0, 0, [], None
+        return int(RE * self.re), 0, 0, 0, [], None
 
     @classmethod
     def unwire(cls, flags: int, part: int, id: int, seq: int, key: Key, arrays: list[np.ndarray],
                extra: dict[str, Any]) -> GetStates:
         _arrays(arrays, 0, "get_states")
-        return cls(id, bool(flags & Flag.RE))
+        return cls(id, bool(flags & RE))
 
 
 @dataclass(slots=True)
@@ -332,117 +369,35 @@ class LoadStates:
     code: ClassVar[OpCode] = OpCode.LOAD_STATES
 
     def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
-        return int(Flag.RE * self.re), 0, 0, 0, list(self.arrays), {"names": [list(n) for n in self.names]}
+        return int(RE * self.re), 0, 0, 0, list(self.arrays), {"names": [list(n) for n in self.names]}
 
     @classmethod
     def unwire(cls, flags: int, part: int, id: int, seq: int, key: Key, arrays: list[np.ndarray],
                extra: dict[str, Any]) -> LoadStates:
         names = _triples(extra.get("names", []), "load_states names", "str")
         _arrays(arrays, len(names), "load_states")
-        return cls(names, list(arrays), id, bool(flags & Flag.RE))
-
-
-# ------------------------------------------------------------------ answers
-@dataclass(slots=True)
-class Ok:
-    """Success: ``arrays`` (a value, rows, states), ``seq`` (init: pushes taken), ``names``
-    (get_states)."""
-
-    id: int
-    arrays: list[np.ndarray] = field(default_factory=list)
-    seq: int = 0
-    names: list[tuple[Key, int, str]] | None = None
-    code: ClassVar[OpCode] = OpCode.OK
-
-    def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
-        extra = None if self.names is None else {"names": [list(n) for n in self.names]}
-        return 0, 0, self.seq, 0, list(self.arrays), extra
-
-    @classmethod
-    def unwire(cls, flags: int, part: int, id: int, seq: int, key: Key, arrays: list[np.ndarray],
-               extra: dict[str, Any]) -> Ok:
-        names = _triples(extra["names"], "states names", "str") if "names" in extra else None
-        return cls(id, list(arrays), _int(seq, "ok number"), names)
-
-
-@dataclass(slots=True)
-class Wait:
-    """The server holds the request (a pull parked until its round completes): nothing was
-    lost.  ``gap``: a push of this worker the pull waits for that the server never received;
-    ``blockers``: the workers whose pushes the round still waits for."""
-
-    id: int
-    gap: int = 0
-    blockers: list[int] = field(default_factory=list)
-    code: ClassVar[OpCode] = OpCode.WAIT
-
-    def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
-        flags = Flag.GAP if self.gap else 0
-        return int(flags), 0, self.gap, 0, [], {"blockers": self.blockers} if self.blockers else None
-
-    @classmethod
-    def unwire(cls, flags: int, part: int, id: int, seq: int, key: Key, arrays: list[np.ndarray],
-               extra: dict[str, Any]) -> Wait:
-        _arrays(arrays, 0, "wait")
-        blockers = [_int(w, "wait blocker") for w in _list(extra.get("blockers", []), "blockers")]
-        return cls(id, _int(seq, "wait gap", 1) if flags & Flag.GAP else 0, blockers)
-
-
-@dataclass(slots=True)
-class Missing:
-    """Answer to a flush: pushes ``(key, part, [seq, ...])`` the server never received."""
-
-    id: int
-    missing: list[tuple[Key, int, list[int]]]
-    code: ClassVar[OpCode] = OpCode.MISSING
-
-    def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
-        return 0, 0, 0, 0, [], {"missing": [list(m) for m in self.missing]}
-
-    @classmethod
-    def unwire(cls, flags: int, part: int, id: int, seq: int, key: Key, arrays: list[np.ndarray],
-               extra: dict[str, Any]) -> Missing:
-        _arrays(arrays, 0, "missing")
-        return cls(id, _triples(extra.get("missing", []), "missing", "ints"))
-
-
-@dataclass(slots=True)
-class Failed:
-    """The request was refused: ``kind`` names the error class (psnode.errors.KINDS) the worker
-    raises with ``message``; ``na``: it answers a request sent without wanting an answer."""
-
-    id: int
-    kind: str
-    message: str
-    na: bool = False
-    code: ClassVar[OpCode] = OpCode.FAILED
-
-    def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
-        return int(Flag.NA * self.na), 0, 0, 0, [], {"kind": self.kind, "err": self.message}
-
-    @classmethod
-    def unwire(cls, flags: int, part: int, id: int, seq: int, key: Key, arrays: list[np.ndarray],
-               extra: dict[str, Any]) -> Failed:
-        _arrays(arrays, 0, "failed")
-        kind, message = extra.get("kind"), extra.get("err")
-        if type(kind) is not str or type(message) is not str:
-            raise ProtocolError("failed: kind and message must be strings")
-        return cls(id, kind[:64], message[:4000], bool(flags & Flag.NA))
+        return cls(names, list(arrays), id, bool(flags & RE))
 
 
 Op = Init | Push | Pull | PushPull | Flush | Resync | SetOptimizer | GetStates | LoadStates
-Answer = Ok | Wait | Missing | Failed
 
 REQUESTS: dict[int, Any] = {c.code: c for c in (Init, Push, Pull, PushPull, Flush, Resync, SetOptimizer,
                                                  GetStates, LoadStates)}
-ANSWERS: dict[int, Any] = {c.code: c for c in (Ok, Wait, Missing, Failed)}
 
 
 def resent(op: Op) -> Op:
-    """A copy of ``op`` marked as sent again."""
+    """A copy of ``op`` marked as sent again (without a landing area: only the first copy of a
+    request may write into one, so an answer never lands after the worker moved on)."""
+    if getattr(op, "dest", None) is not None:
+        return replace(op, re=True, dest=None)  # type: ignore[call-arg, arg-type]
     return replace(op, re=True)
 
 
-__all__ = ["ANSWERS", "REQUESTS", "Answer", "Failed", "Flag", "Flush", "GetStates", "Init", "Key",
-           "LoadStates", "Missing", "Ok", "Op", "OpCode", "PartKey", "Pull", "Push", "PushPull", "Resync",
-           "SetOptimizer", "Wait", "resent"]
+def without_dest(op: Op) -> Op:
+    """``op`` without its landing area (for TCP, where answers travel in frames)."""
+    return replace(op, dest=None) if getattr(op, "dest", None) is not None else op  # type: ignore[call-arg, arg-type]
+
+
+__all__ = ["BUCKET", "REQUESTS", "Flag", "Flush", "GetStates", "Init", "Key", "LoadStates", "Op", "OpCode",
+           "PartKey", "Pull", "Push", "PushPull", "Resync", "SetOptimizer", "bucket_key", "bucket_of", "resent",
+           "without_dest"]

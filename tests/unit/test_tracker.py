@@ -122,7 +122,7 @@ def test_failures_resolve_futures_and_push_failures_are_deferred() -> None:
     t = _tracker()
     fut = Fut()
     t.add(Request(0, Pull("x", 0, 0), 4, fut))
-    t.add(Request(0, Push("x", 0, 1, np.ones(1, F))))
+    t.add(Request(0, Push("y", 0, 1, np.ones(1, F))))
     pull, push = t.take(0.0)[0]
     t.answered(0, Failed(pull.id, "KeyNotInitialized", "key 'x' is not initialised"), 0.1)
     t.answered(0, Failed(push.id, "ShapeMismatch", "key 'x' holds float32[2]", na=True), 0.1)
@@ -182,3 +182,21 @@ def test_a_parked_pull_is_asked_about_quietly_and_its_long_wait_is_reported_once
     assert pull.id in t.pending and len(warned) == 1
     assert warned[0].startswith("the pull of key 'w' has waited 31 s for worker(s) [1] to push it")
     assert "kv.num_pushes" in warned[0]
+
+
+def test_a_push_waits_while_a_pull_of_its_key_part_is_unanswered() -> None:
+    t = _tracker()
+    t.add(Request(0, Pull("w", 0, 1), 4, Fut()))
+    (pull,) = t.take(0.0)[0]
+    t.add(Request(0, Push("w", 0, 2, np.ones(1, F))))         # (another thread's push)
+    t.add(Request(0, Push("v", 0, 1, np.ones(1, F))))         # another key goes at once
+    assert [op.key for op in t.take(0.1)[0]] == ["v"]
+    t.answered(0, Ok(pull.id, [np.ones(1, F)]), 0.2)
+    assert [(op.key, op.seq) for op in t.take(0.3)[0]] == [("w", 2)] and not t.reading
+
+
+def test_a_pull_overtaking_its_own_push_never_holds_it() -> None:
+    t = _tracker()
+    t.add(Request(0, Push("w", 0, 1, np.ones(1, F)), priority=-5))
+    t.add(Request(0, Pull("w", 0, 1), 4, Fut(), priority=9))  # leaves first, waits for the push
+    assert [type(op).__name__ for op in t.take(0.0)[0]] == ["Pull", "Push"]

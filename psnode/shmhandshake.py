@@ -1,0 +1,151 @@
+"""Joining a server's same-host link: the handshake and who may join (see psnode.shmlink).
+
+The server listens on the abstract Unix address ``psnode.<job>.<host>.<port>``; a worker
+connects, sends HELLO with its segments, and gets WELCOME with the server's, or REFUSED with the
+reason.  The server admits only a process of its own user (``SO_PEERCRED``), of its job, naming
+a worker rank of the job that has no live link already; the per-job token check goes in
+:func:`check_hello` once the launcher hands out a secret.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import struct
+import time
+from collections.abc import Callable
+from typing import Any
+
+from psnode.errors import ProtocolError
+from psnode.shm import Arena
+from psnode.shmlink import MAX_DATAGRAM, MAX_FDS, Link, parse_hello, parse_segments
+
+
+def server_address(job: str, host: str, port: int) -> str:
+    """The abstract Unix address of the server of ``job`` listening for TCP on ``host:port``."""
+    return f"\0psnode.{job}.{host}.{port}"
+
+
+def _recv_one(sock: socket.socket, timeout: float) -> tuple[bytes, list[int]]:
+    """One datagram within ``timeout`` seconds (blocking use: handshakes only)."""
+    sock.settimeout(timeout)
+    try:
+        data, fds, flags, _ = socket.recv_fds(sock, MAX_DATAGRAM, MAX_FDS)
+    finally:
+        sock.setblocking(False)
+    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+        for fd in fds:
+            os.close(fd)
+        raise ProtocolError("handshake datagram too big")
+    return data, list(fds)
+
+
+# ------------------------------------------------------------------ worker side
+def connect(job: str, rank: int, server: int, host: str, port: int, out: Arena, landing: Arena,
+            max_bytes: int, timeout: float = 2.0) -> Link | None:
+    """Connect worker ``rank`` to server ``server``'s same-host link; None if there is none
+    (another host, the server runs without it) or it refused (the reason is raised only when
+    the server answered: ProtocolError)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(server_address(job, host, port))
+    except OSError:
+        sock.close()
+        return None
+    link = Link(sock, f"server {server}", job, [out, landing], max_bytes, peer_writes=[landing])
+    try:
+        segs, fds = link.unannounced()
+        hello = {"job": job, "rank": rank, "pid": os.getpid(), "token": None, "segs": segs}
+        socket.send_fds(sock, [b"H" + json.dumps(hello).encode()], fds)
+        deadline = time.monotonic() + timeout
+        data, fds = _recv_one(sock, max(0.01, deadline - time.monotonic()))
+        if data[:1] == b"X":
+            for fd in fds:
+                os.close(fd)
+            raise ProtocolError(f"server {server} refused the same-host link: "
+                                f"{str(parse_hello(data[1:]).get('reason'))[:300]}")
+        if data[:1] != b"W":
+            for fd in fds:
+                os.close(fd)
+            raise ProtocolError(f"server {server} answered the same-host handshake with {data[:1]!r}")
+        link.add_segments(parse_segments(parse_hello(data[1:]), len(fds)), fds, writable_ok=False)
+    except (OSError, ProtocolError):
+        link.close()
+        raise
+    return link
+
+
+# ------------------------------------------------------------------ server side
+def listen(job: str, host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+    try:
+        sock.bind(server_address(job, host, port))
+        sock.listen(64)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _peer_pid(sock: socket.socket) -> int:
+    return int(struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0])
+
+
+def check_hello(sock: socket.socket, obj: dict[str, Any], job: str, num_workers: int) -> int:
+    """Authenticate a worker's HELLO; returns its rank.  Raises ProtocolError with the reason."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _ = struct.unpack("3i", creds)
+    if uid != os.geteuid():
+        raise ProtocolError(f"process {pid} of uid {uid} is not of this job's user")
+    if obj.get("job") != job:
+        raise ProtocolError(f"process {pid} is not of job {job}")
+    rank = obj.get("rank")
+    if type(rank) is not int or not 0 <= rank < num_workers:
+        raise ProtocolError(f"process {pid} claims worker rank {str(rank)[:20]} of a job of {num_workers}")
+    # TOKEN CHECK GOES HERE: once the launcher gives each job a secret (the auth work on the key
+    # file), compare obj["token"] with it (hmac.compare_digest) and refuse a mismatch.
+    return rank
+
+
+def welcome(sock: socket.socket, job: str, num_workers: int, arena: Arena, max_bytes: int,
+            busy: Callable[[int], bool] = lambda rank: False) -> tuple[int, Link] | None:
+    """Complete the handshake of an accepted (non-blocking) connection once its HELLO arrived:
+    (worker rank, link), or None while it has not.  Raises ProtocolError (after telling the
+    peer why) when it must be refused."""
+    try:
+        data, fds, flags, _ = socket.recv_fds(sock, MAX_DATAGRAM, MAX_FDS)
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError as exc:
+        raise ProtocolError(f"handshake failed: {exc}") from None
+    fds = list(fds)
+    try:
+        if not data:
+            raise ProtocolError("closed before its handshake")
+        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+            raise ProtocolError("handshake datagram too big")
+        if data[:1] != b"H":
+            raise ProtocolError(f"handshake of type {data[:1]!r}")
+        obj = parse_hello(data[1:])
+        rank = check_hello(sock, obj, job, num_workers)
+        if busy(rank):
+            raise ProtocolError(f"worker {rank} already has a same-host link (this is pid {obj.get('pid')})")
+        segs = parse_segments(obj, len(fds))
+        link = Link(sock, f"worker {rank} (pid {obj.get('pid')})", job, [arena], max_bytes)
+        link.pid = _peer_pid(sock)
+        fds, taken = [], fds
+        link.add_segments(segs, taken, writable_ok=True)   # (closes them either way)
+    except ProtocolError as exc:
+        for fd in fds:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            sock.send(b"X" + json.dumps({"reason": str(exc)}).encode())
+        raise
+    segs_out, fds_out = link.unannounced()
+    socket.send_fds(sock, [b"W" + json.dumps({"segs": segs_out}).encode()], fds_out)
+    return rank, link
+
+
+__all__ = ["check_hello", "connect", "listen", "server_address", "welcome"]
