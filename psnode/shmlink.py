@@ -57,6 +57,8 @@ from psnode.shm import Arena, Mapped, address, map_segment
 MAX_DATAGRAM = 64 * 1024
 INLINE_BYTES = 4096           # arrays below this (and not in shared memory) travel inline
 MAX_FDS = 64
+_ANCILLARY = socket.CMSG_SPACE(MAX_FDS * 4)
+_CUT = int(socket.MSG_TRUNC | socket.MSG_CTRUNC)   # (plain ints: IntFlag operations cost microseconds)
 LOC_SENDER, LOC_RECEIVER = 1, 2
 _LEN = struct.Struct("<I")
 
@@ -227,7 +229,7 @@ class Link:
         out = []
         while self.up:
             try:
-                n, anc, flags, _ = self.sock.recvmsg_into([self._buf], socket.CMSG_SPACE(MAX_FDS * 4))
+                n, anc, flags, _ = self.sock.recvmsg_into([self._buf], _ANCILLARY)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
@@ -238,7 +240,7 @@ class Link:
                 self.up = False
                 break
             self.bytes_in += n
-            if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+            if flags & _CUT:
                 for fd in fds:
                     os.close(fd)
                 raise ProtocolError(f"{self.peer} sent a datagram too big for this link")
@@ -335,15 +337,23 @@ class _Datagram:
         return b"".join((b"D", _LEN.pack(len(head)), head, *self.payload))
 
 
+_CARRIES: dict[type, tuple[str, ...]] = {}
+
+
 def _payload(op: Any) -> int:
     """Bytes of data an operation carries (not a landing area)."""
+    names = _CARRIES.get(type(op))
+    if names is None:
+        names = _CARRIES[type(op)] = tuple(n for n in ("data", "rows", "value", "arrays") if hasattr(op, n))
     n = 0
-    for name in ("data", "rows", "value"):
-        a = getattr(op, name, None)
-        if a is not None:
+    for name in names:
+        a = getattr(op, name)
+        if a is None:
+            continue
+        if name == "arrays":
+            n += sum(x.nbytes for x in a)
+        else:
             n += a.nbytes
-    for a in getattr(op, "arrays", ()):
-        n += a.nbytes
     return n
 
 

@@ -62,7 +62,8 @@ class SameHost:
                 continue
             link = self.links[worker]
             try:
-                out.extend((worker, msg) for msg in link.recv())
+                for msg in link.recv():
+                    out.append((worker, msg))
             except ProtocolError as exc:
                 self.dropped += 1
                 log.warning("dropped a same-host message: %s", exc)
