@@ -71,11 +71,17 @@ def decode_cases(text: str) -> list[Case]:
 
 
 MARK = "BENCHRESULT "
+RESULT_FILE: list[str] = []   # set by a worker told to write its results to a file too
 
 
 def report(**fields) -> None:
-    """One result line on stdout for the driver."""
-    print(MARK + json.dumps(fields), flush=True)
+    """One result line on stdout for the driver (and appended to RESULT_FILE[0] when set:
+    through ``mxdist launch`` the streamed lines are prefixed and may be wrapped)."""
+    line = MARK + json.dumps(fields)
+    print(line, flush=True)
+    if RESULT_FILE:
+        with open(RESULT_FILE[0], "a") as fh:
+            fh.write(line + "\n")
 
 
 def summarize(times: list[float]) -> dict[str, float]:

@@ -26,9 +26,18 @@ T_START = time.time()
 
 import numpy as np  # noqa: E402
 
+from benchmarks.cases import (  # noqa: E402
+    SPARSE_COLS,
+    SPARSE_FRACTION,
+    SPARSE_ROWS,
+    Case,
+    KiB,
+    decode_cases,
+    fail,
+    report,
+    summarize,
+)
 from psnode.sharding import split_ranges  # noqa: E402  (psnode's placement rule)
-from benchmarks.cases import (SPARSE_COLS, SPARSE_FRACTION, SPARSE_ROWS, Case, KiB, decode_cases,  # noqa: E402
-                              fail, report, summarize)
 
 
 def _shape(c: Case) -> tuple[int, ...]:

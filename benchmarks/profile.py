@@ -25,7 +25,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.cases import ALL, encode_cases  # noqa: E402
-from benchmarks.run import PSNODE_ENV, WORKER, _harness, parse_configs  # noqa: E402
+from benchmarks.common import harness  # noqa: E402
+from benchmarks.psnode_job import PSNODE_ENV, WORKER  # noqa: E402
+from benchmarks.run import parse_configs  # noqa: E402
 
 
 def frame_name(fr: str) -> str:
@@ -48,8 +50,8 @@ def summarize(raw: Path, seconds: float, rate: int, top: int) -> list[str]:
             continue
         n = int(n)
         frames = [frame_name(f) for f in stack.split(";")]
-        if frames and frames[0].startswith("process ") or frames and frames[0].startswith("thread "):
-            frames = [f for f in frames if not (f.startswith("process ") or f.startswith("thread "))]
+        if (frames and frames[0].startswith("process ")) or (frames and frames[0].startswith("thread ")):
+            frames = [f for f in frames if not (f.startswith(("process ", "thread ")))]
         if not frames:
             continue
         total += n
@@ -81,7 +83,7 @@ def main() -> int:
     c = dataclasses.replace(c, warmup=3, rounds=10**6, quick_rounds=10**6)  # runs until killed
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    h = _harness()
+    h = harness()
     job = h.start_job(WORKER.read_text(), W, S, env=PSNODE_ENV, args=["bench", encode_cases([c]), "0"])
     try:
         time.sleep(2.5)  # registration, init, warm-up

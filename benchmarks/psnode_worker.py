@@ -1,7 +1,8 @@
 """psnode worker for the benchmark (run by the harness or by ``mxdist launch``).
 
-argv: bench <cases-json> <quick 0|1>   run the cases, one BENCHRESULT line per case
-      launch <t0>                      first push+pull, report wall time since t0 (time.time())
+argv: bench <cases-json> <quick 0|1> [dir]   run the cases, one BENCHRESULT line per case
+      launch <t0> [dir]                        first push+pull, report wall time since t0 (time.time())
+With ``dir`` the lines are also appended to ``dir/worker-<rank>.jsonl``.
 """
 from __future__ import annotations
 
@@ -13,10 +14,18 @@ T_START = time.time()
 import numpy as np  # noqa: E402
 
 import psnode  # noqa: E402
+from benchmarks.cases import (  # noqa: E402
+    RESULT_FILE,
+    SPARSE_COLS,
+    SPARSE_FRACTION,
+    SPARSE_ROWS,
+    Case,
+    decode_cases,
+    fail,
+    report,
+    summarize,
+)
 from psnode.sparse import row_sparse_array  # noqa: E402
-
-from benchmarks.cases import (SPARSE_COLS, SPARSE_FRACTION, SPARSE_ROWS, Case,  # noqa: E402
-                              decode_cases, fail, report, summarize)
 
 
 def dense_case(kv, c: Case, quick: bool) -> None:
@@ -30,7 +39,7 @@ def dense_case(kv, c: Case, quick: bool) -> None:
     kv.push(keys, grads)                        # check round: the exact average of 1..W
     kv.pull(keys, out=outs)
     expect = np.float32((W + 1) / 2)
-    for k, o in zip(keys, outs):
+    for k, o in zip(keys, outs, strict=False):
         if not (o == expect).all():
             fail(f"{c.name} key {k}: pulled {o.reshape(-1)[:4]}..., expected {expect}")
     times = []
@@ -75,15 +84,22 @@ def sparse_case(kv, c: Case, quick: bool) -> None:
     report(system="psnode", case=c.name, rank=rank, bytes=2 * n * C * 4, **summarize(times))
 
 
-def bench(cases_json: str, quick: bool) -> None:
+def _result_file(kv, out_dir: str | None) -> None:
+    if out_dir:
+        RESULT_FILE[:] = [f"{out_dir}/worker-{kv.rank}.jsonl"]
+
+
+def bench(cases_json: str, quick: bool, out_dir: str | None = None) -> None:
     kv = psnode.kv.create("dist_sync")
+    _result_file(kv, out_dir)
     for c in decode_cases(cases_json):
         (sparse_case if c.kind == "sparse" else dense_case)(kv, c, quick)
     kv.close()
 
 
-def launch(t0: float) -> None:
+def launch(t0: float, out_dir: str | None = None) -> None:
     kv = psnode.kv.create("dist_sync")
+    _result_file(kv, out_dir)
     a = np.zeros(1024, np.float32)
     kv.init(0, a)
     kv.push(0, np.full(1024, kv.rank + 1, np.float32))
@@ -97,6 +113,6 @@ def launch(t0: float) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "bench":
-        bench(sys.argv[2], sys.argv[3] == "1")
+        bench(sys.argv[2], sys.argv[3] == "1", sys.argv[4] if len(sys.argv) > 4 else None)
     else:
-        launch(float(sys.argv[2]))
+        launch(float(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)

@@ -7,16 +7,19 @@ This is the seed article's "by instance" snippet - ``dist.init_process_group("gl
 ``DDP(model, ...)``, ``DistributedSampler``, ``args.local_rank`` - used as is: the launcher
 gives every worker RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, which is all
 ``init_process_group``'s default ``env://`` rendezvous needs.  Gradients are averaged by DDP's
-all-reduce and every worker runs the same local torch optimizer.  Two CPU-only adjustments to
-the snippet: ``device_ids``/``output_device`` are passed only when CUDA is used (DDP rejects
-them for CPU modules) and ``pin_memory`` only with CUDA.  Rank 0 prints one line per epoch and
-``accuracy=...``.
+all-reduce and every worker runs the same local torch optimizer.  ``--device auto`` (default)
+uses GPU ``args.local_rank`` when CUDA is available, else the CPU; two CPU-only adjustments to
+the snippet: ``device_ids``/``output_device`` are passed only with CUDA (DDP rejects them for
+CPU modules) and ``pin_memory`` only with CUDA.  ``examples/ddp_nccl.py`` is the seed's NCCL
+snippet.  Rank 0 prints one line per epoch and ``accuracy=...``.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -27,8 +30,8 @@ import common
 from mlp_torch import build_model
 
 
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(description: str = __doc__.splitlines()[0], nccl: bool = False) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--local_rank", "--local-rank", type=int,
                    default=int(os.environ.get("LOCAL_RANK", "0")),
                    help="set by older launchers; default: $LOCAL_RANK")
@@ -41,23 +44,43 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-workers", "--num_workers", dest="num_workers", type=int, default=0,
                    help="DataLoader worker processes")
+    if nccl:
+        p.add_argument("--mode", choices=("param", "hybrid"), default="hybrid",
+                       help="which of the seed's two NCCL snippets: by parameter or hybrid")
+        p.add_argument("--bucket-cap-mb", "--bucket_cap_mb", dest="bucket_cap_mb", type=int, default=25,
+                       help="DDP's gradient bucket size (the 'by parameter' snippet)")
+    else:
+        p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                       help="auto: GPU local_rank when CUDA is available, else the CPU")
     return p.parse_args()
+
+
+def world_of_one() -> None:
+    """Plain ``python script.py``: set the variables a launcher would set, for a world of 1."""
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+        print("note: no RANK/WORLD_SIZE (not started by a launcher): running a world of 1",
+              flush=True)
+
+
+def digits_dataset() -> tuple[Any, torch.Tensor, torch.Tensor, int]:
+    x_train, y_train, x_test, y_test = common.load_digits()
+    train_dataset = torch.utils.data.TensorDataset(torch.from_numpy(x_train), torch.from_numpy(y_train))
+    return train_dataset, torch.from_numpy(x_test), torch.from_numpy(y_test), x_train.shape[1]
 
 
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(1)
-    if "RANK" not in os.environ:      # plain `python ddp_gloo.py`: a world of one
-        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
-        print("note: no RANK/WORLD_SIZE (not started by a launcher): running a world of 1",
-              flush=True)
-    x_train, y_train, x_test, y_test = common.load_digits()
-    train_dataset = torch.utils.data.TensorDataset(torch.from_numpy(x_train), torch.from_numpy(y_train))
+    world_of_one()
+    cuda = torch.cuda.is_available() if args.device == "auto" else args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        sys.exit("--device cuda: no CUDA device is visible here (torch.cuda.is_available() is False)")
+    train_dataset, x_test, y_test, n_in = digits_dataset()
 
     # --- the seed's snippet ---------------------------------------------------------------
     dist.init_process_group("gloo")
-    model = build_model(x_train.shape[1], args.hidden, 10, args.seed)
-    cuda = torch.cuda.is_available()
+    model = build_model(n_in, args.hidden, 10, args.seed)
     if cuda:
         model = model.cuda(args.local_rank)
     ddp_model = DDP(model, find_unused_parameters=True,
@@ -72,15 +95,21 @@ def main() -> None:
                                                pin_memory=cuda,
                                                drop_last=True)
     # ---------------------------------------------------------------------------------------
+    train(args, ddp_model, train_sampler, train_loader, x_test, y_test, "ddp_gloo")
 
+
+def train(args: argparse.Namespace, ddp_model: Any, train_sampler: Any, train_loader: Any,
+          x_test: torch.Tensor, y_test: torch.Tensor, name: str) -> None:
+    """The training loop of both DDP examples, then a clean exit from the process group."""
     rank, world = dist.get_rank(), dist.get_world_size()
+    model = ddp_model.module
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=args.lr, momentum=args.momentum)
     loss_fn = nn.CrossEntropyLoss()
     device = next(model.parameters()).device
-    x_test_t, y_test_t = torch.from_numpy(x_test).to(device), torch.from_numpy(y_test).to(device)
+    x_test_t, y_test_t = x_test.to(device), y_test.to(device)
     if rank == 0:
-        print(f"ddp_gloo: backend={dist.get_backend()} world_size={world} "
-              f"local_rank={args.local_rank} epochs={args.epochs} "
+        print(f"{name}: backend={dist.get_backend()} world_size={world} "
+              f"local_rank={args.local_rank} device={device} epochs={args.epochs} "
               f"batch_size={args.batch_size}x{world} lr={args.lr}", flush=True)
     start, samples, acc = time.monotonic(), 0, 0.0
     for epoch in range(args.epochs):
@@ -88,7 +117,7 @@ def main() -> None:
         ddp_model.train()
         total, steps = 0.0, 0
         for x, y in train_loader:
-            x, y = x.to(device), y.to(device)
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             optimizer.zero_grad()
             loss = loss_fn(ddp_model(x), y)
             loss.backward()
@@ -110,7 +139,7 @@ def main() -> None:
     # exit ("terminate called without an active exception", about 1 run in 10, torchrun too;
     # with the barrier first, 0 of 120 runs here).
     dist.barrier()
-    del ddp_model
+    del ddp_model, model
     dist.destroy_process_group()
 
 

@@ -2,12 +2,18 @@
 
     python examples/mlp_torch.py                          # one process ('local' kvstore)
     mxdist launch -n 2 -s 2 examples/mlp_torch.py         # 2 workers, 2 servers, dist_sync
+    mxdist launch -n 2 -s 2 examples/mlp_torch.py --device cuda    # the same on GPUs
 
 Same data, sharding, initial weights and update rule as ``mlp_numpy.py``: the model is a
 ``torch.nn.Sequential``, backward is torch's, and ``psnode.torch.DistributedTrainer`` pushes
-the gradients and pulls the new weights (zero-copy views of the CPU tensors).
+the gradients and pulls the new weights (zero-copy views of CPU tensors; for CUDA, pinned
+buffers filled while backward runs).  ``--device cuda`` puts worker ``LOCAL_RANK`` on GPU
+``LOCAL_RANK % visible GPUs``: one GPU each when there are enough, else several workers share.
 """
 from __future__ import annotations
+
+import os
+import sys
 
 import numpy as np
 import torch
@@ -31,15 +37,31 @@ def build_model(n_in: int, hidden: int, n_out: int, seed: int) -> nn.Module:
     return model
 
 
+def pick_device(spec: str) -> torch.device:
+    """``cpu``, ``cuda:N``, or ``cuda``: this worker's GPU, ``LOCAL_RANK`` modulo the visible
+    GPUs (torchrun's convention; workers share GPUs when there are fewer GPUs than workers)."""
+    if spec.startswith("cuda") and not torch.cuda.is_available():
+        sys.exit(f"--device {spec}: no CUDA device is visible here (torch.cuda.is_available() is False)")
+    if spec == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        return device
+    return torch.device(spec)
+
+
 def main() -> None:
-    args = common.parser(__doc__.splitlines()[0]).parse_args()
+    p = common.parser(__doc__.splitlines()[0])
+    p.add_argument("--device", default="cpu", help="cpu, cuda (LOCAL_RANK's GPU) or cuda:N")
+    args = p.parse_args()
     torch.set_num_threads(1)          # small model: threads only add overhead
+    device = pick_device(args.device)
     x_train, y_train, x_test, y_test = common.load_digits()
-    x_test_t, y_test_t = torch.from_numpy(x_test), torch.from_numpy(y_test)
+    x_test_t, y_test_t = torch.from_numpy(x_test).to(device), torch.from_numpy(y_test).to(device)
     kv = common.create_kv(args.kvstore, args.aggregator)
     progress = common.Progress(kv, args, "mlp_torch")
+    print(f"worker {kv.rank}: device={device}", flush=True)
 
-    model = build_model(x_train.shape[1], args.hidden, 10, args.seed)
+    model = build_model(x_train.shape[1], args.hidden, 10, args.seed).to(device)
     trainer = psnode.torch.DistributedTrainer(
         model, kv, psnode.optimizer.create("sgd", learning_rate=args.lr, momentum=args.momentum,
                                            wd=args.wd))
@@ -48,7 +70,7 @@ def main() -> None:
     acc = 0.0
     for epoch in range(args.epochs):
         idx = common.epoch_indices(len(x_train), kv, epoch, args.seed)
-        xs, ys = torch.from_numpy(x_train[idx]), torch.from_numpy(y_train[idx])
+        xs, ys = torch.from_numpy(x_train[idx]).to(device), torch.from_numpy(y_train[idx]).to(device)
         losses = []
         model.train()
         for batch in common.batches(len(idx), args.batch_size):
@@ -63,7 +85,8 @@ def main() -> None:
             acc = float((model(x_test_t).argmax(dim=1) == y_test_t).float().mean())
         progress.epoch(epoch, float(np.mean(losses)) if losses else float("nan"), acc)
     progress.done(acc)
-    save(args.save, kv, {k: v.detach().numpy() for k, v in model.state_dict().items()})
+    save(args.save, kv, {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()})
+    trainer.close()
     kv.close()
 
 

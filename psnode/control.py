@@ -1,8 +1,10 @@
 """Control client: what ``mxdist status`` and ``mxdist stop`` ask a job's scheduler.
 
-Both open a short-lived DEALER to the scheduler (with the job's CURVE keys when the job has
-them), send one request and wait at most ``timeout`` seconds for the answer; no answer raises
-:class:`PeerLost`.
+Both open a short-lived DEALER to the scheduler on the control plane, with the job's secret
+file when the job has one (``key_file``: its ``PSNODE_KEY_FILE``; the link is then CURVE, the
+scheduler refuses anyone without the job's key before reading a message), send one request
+and wait at most ``timeout`` seconds for the answer; no answer raises :class:`PeerLost`.  An
+unreadable or world-readable secret file raises :class:`ConfigError` naming the file.
 """
 from __future__ import annotations
 
@@ -14,16 +16,16 @@ from typing import Any
 from psnode.config import parse_address
 from psnode.errors import PeerLost
 from psnode.protocol import Command
-from psnode.transport import CurveKeys, Poller, Transport
+from psnode.security import Plane, Security
+from psnode.transport import Poller, Transport
 
 
 def _ask(scheduler: str, job_id: str, cmd: Command, reply: Command, key_file: str | None,
          timeout: float, body: dict[str, Any] | None = None) -> dict[str, Any]:
     host, port = parse_address(scheduler, "scheduler address")
-    keys = CurveKeys.load(key_file) if key_file else None
-    t = Transport(job_id, "control", 2**24, keys)
+    t = Transport(job_id, "control", 2**24, Security.load(key_file))
     try:
-        chan = t.dealer(host, port, f"control-{os.getpid()}-{secrets.token_hex(4)}")
+        chan = t.dealer(host, port, f"control-{os.getpid()}-{secrets.token_hex(4)}", Plane.CONTROL)
         chan.send(cmd, body or {})
         poller = Poller()
         poller.add(chan)
@@ -40,7 +42,8 @@ def _ask(scheduler: str, job_id: str, cmd: Command, reply: Command, key_file: st
 
 def query_status(scheduler: str, job_id: str, key_file: str | None = None,
                  timeout: float = 2.0) -> dict[str, Any]:
-    """The live node table: ``{"job", "uptime", "started", "nodes": [row, ...]}``."""
+    """The live node table: ``{"job", "uptime", "started", "refused", "nodes": [row, ...]}``
+    (``refused``: connections the scheduler refused; each row has its node's count)."""
     return _ask(scheduler, job_id, Command.STATUS, Command.STATUS_REPLY, key_file, timeout)
 
 

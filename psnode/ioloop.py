@@ -32,10 +32,11 @@ from psnode.config import NodeConfig
 from psnode.errors import PeerLost, ProtocolError, PSError
 from psnode.link import SchedulerLink, lost_message
 from psnode.protocol import Command, GetStates, Init, LoadStates, Message, Ok, Op, SetOptimizer, without_dest
+from psnode.security import Security
 from psnode.shmlink import KIND_DATA, Link
 from psnode.staging import Staging
 from psnode.tracker import Batches
-from psnode.transport import Channel, CurveKeys, Poller, Transport
+from psnode.transport import Channel, Poller, Transport
 
 if TYPE_CHECKING:
     from psnode.worker import ControlRequest, Engine
@@ -87,8 +88,7 @@ class IoLoop:
     # ------------------------------------------------------------ the loop
     def run(self) -> None:
         e = self.e
-        keys = CurveKeys.load(self.cfg.key_file) if self.cfg.key_file else None
-        self.t = Transport(self.cfg.job_id, "worker", self.cfg.max_message_bytes, keys)
+        self.t = Transport(self.cfg.job_id, "worker", self.cfg.max_message_bytes, Security.load(self.cfg.key_file))
         try:
             self.link = SchedulerLink(self.t, self.cfg, "worker", 0, lambda: e.stats)
             self.poller.add(e.efd)
@@ -193,11 +193,11 @@ class IoLoop:
     def connect(self, server: int, host: str, port: int) -> None:
         """Open the same-host link to ``server`` when it runs on this host."""
         e = self.e
-        if e.staging is None or host != self.cfg.host:
+        if e.staging is None or host != self.cfg.host or self.t is None:
             return
         try:
             link = shmhandshake.connect(self.cfg.job_id, e.rank, server, host, port, e.staging.out,
-                                   e.staging.landing, self.cfg.max_message_bytes)
+                                        e.staging.landing, self.cfg.max_message_bytes, self.t.security)
         except (ProtocolError, OSError) as exc:
             log.warning("worker %d: no same-host link to server %d (%s); using TCP", e.rank, server, exc)
             return

@@ -17,6 +17,7 @@ from typing import Any
 from psnode.config import NodeConfig
 from psnode.errors import PeerLost
 from psnode.protocol import Command, Message
+from psnode.security import Plane
 from psnode.transport import Channel, Transport
 
 
@@ -25,7 +26,7 @@ class SchedulerLink:
                  stats: Callable[[], dict[str, Any]]) -> None:
         self.cfg = cfg
         self.chan: Channel = t.dealer(cfg.scheduler_host, cfg.scheduler_port,
-                                      f"{role}-{os.getpid()}-{secrets.token_hex(4)}")
+                                      f"{role}-{os.getpid()}-{secrets.token_hex(4)}", Plane.CONTROL)
         self._stats = stats
         self._next_beat = 0.0
         self.scheduler_pid: int | None = None

@@ -35,7 +35,8 @@ from typing import Any
 
 from psnode.config import NodeConfig
 from psnode.protocol import Command, Message
-from psnode.transport import CurveKeys, Poller, Transport
+from psnode.security import Plane, Security
+from psnode.transport import Poller, Transport
 
 log = logging.getLogger("psnode.scheduler")
 
@@ -87,9 +88,8 @@ class Node:
 class Scheduler:
     def __init__(self, cfg: NodeConfig) -> None:
         self.cfg = cfg
-        keys = CurveKeys.load(cfg.key_file) if cfg.key_file else None
-        self.t = Transport(cfg.job_id, "scheduler", 2**20, keys)
-        self.chan, _ = self.t.router(cfg.host, cfg.scheduler_port)
+        self.t = Transport(cfg.job_id, "scheduler", 2**20, Security.load(cfg.key_file))
+        self.chan, _ = self.t.router(cfg.host, cfg.scheduler_port, Plane.CONTROL)
         self.nodes: dict[bytes, Node] = {}
         self.started = False
         self.t0 = time.monotonic()
@@ -300,6 +300,7 @@ class Scheduler:
             now = time.monotonic()
             self._send(ident, Command.STATUS_REPLY, {
                 "job": self.cfg.job_id, "uptime": round(now - self.t0, 3), "started": self.started,
+                "refused": self.t.refused,  # connections the scheduler itself refused
                 "nodes": [n.row(now) for n in sorted(self.nodes.values(), key=lambda n: (n.role, n.rank))]})
         elif cmd is Command.STOP:
             self._send(ident, Command.STOP_ACK)

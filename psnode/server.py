@@ -30,8 +30,9 @@ from psnode.entry import Reply, sent
 from psnode.errors import ConfigError, PeerLost, PSError
 from psnode.link import SchedulerLink, lost_message
 from psnode.protocol import PACK_BYTES, Command, Failed, Message, Ok, Resync, bucket_of
+from psnode.security import Security
 from psnode.shmserve import SameHost
-from psnode.transport import CurveKeys, Poller, Transport
+from psnode.transport import Poller, Transport
 
 log = logging.getLogger("psnode.server")
 
@@ -39,15 +40,14 @@ log = logging.getLogger("psnode.server")
 class Server:
     def __init__(self, cfg: NodeConfig) -> None:
         self.cfg = cfg
-        keys = CurveKeys.load(cfg.key_file) if cfg.key_file else None
-        self.t = Transport(cfg.job_id, "server", cfg.max_message_bytes, keys)
+        self.t = Transport(cfg.job_id, "server", cfg.max_message_bytes, Security.load(cfg.key_file))
         self.chan, self.port = self.t.router(cfg.host, cfg.port)
         self.poller = Poller()
         self.local: SameHost | None = None
         if cfg.shm and shm.available():
             try:
                 self.local = SameHost(cfg.job_id, cfg.host, self.port, cfg.num_workers,
-                                      cfg.max_message_bytes, self.poller)
+                                      cfg.max_message_bytes, self.poller, self.t.security)
             except OSError as exc:
                 log.warning("no same-host data link (%s); workers on this host use TCP", exc)
         arena = self.local.arena if self.local is not None else None

@@ -3,8 +3,11 @@
 The server listens on the abstract Unix address ``psnode.<job>.<host>.<port>``; a worker
 connects, sends HELLO with its segments, and gets WELCOME with the server's, or REFUSED with the
 reason.  The server admits only a process of its own user (``SO_PEERCRED``), of its job, naming
-a worker rank of the job that has no live link already; the per-job token check goes in
-:func:`check_hello` once the launcher hands out a secret.
+a worker rank of the job that has no live link already and, when the job has a secret
+(:mod:`psnode.security`), proving it holds the job's token (an HMAC of the job id and the rank:
+:func:`hello_label`).  The worker, before it sends anything, checks that the listening socket
+belongs to its own user: an abstract Unix address has no permissions, so another user could
+have bound it first, and must never receive the worker's segments.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from psnode.errors import ProtocolError
+from psnode.security import Security
 from psnode.shm import Arena
 from psnode.shmlink import MAX_DATAGRAM, MAX_FDS, Link, parse_hello, parse_segments
 
@@ -25,6 +29,17 @@ from psnode.shmlink import MAX_DATAGRAM, MAX_FDS, Link, parse_hello, parse_segme
 def server_address(job: str, host: str, port: int) -> str:
     """The abstract Unix address of the server of ``job`` listening for TCP on ``host:port``."""
     return f"\0psnode.{job}.{host}.{port}"
+
+
+def hello_label(job: str, rank: int) -> bytes:
+    """What a worker's HELLO proves with the job's token (psnode.security.Security.proof)."""
+    return f"psnode same-host hello {job} worker {rank}".encode()
+
+
+def _peer_uid(sock: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end of a connected Unix socket."""
+    pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    return int(pid), int(uid)
 
 
 def _recv_one(sock: socket.socket, timeout: float) -> tuple[bytes, list[int]]:
@@ -43,7 +58,7 @@ def _recv_one(sock: socket.socket, timeout: float) -> tuple[bytes, list[int]]:
 
 # ------------------------------------------------------------------ worker side
 def connect(job: str, rank: int, server: int, host: str, port: int, out: Arena, landing: Arena,
-            max_bytes: int, timeout: float = 2.0) -> Link | None:
+            max_bytes: int, security: Security, timeout: float = 2.0) -> Link | None:
     """Connect worker ``rank`` to server ``server``'s same-host link; None if there is none
     (another host, the server runs without it) or it refused (the reason is raised only when
     the server answered: ProtocolError)."""
@@ -54,10 +69,16 @@ def connect(job: str, rank: int, server: int, host: str, port: int, out: Arena, 
     except OSError:
         sock.close()
         return None
+    pid, uid = _peer_uid(sock)
+    if uid != os.geteuid():
+        sock.close()
+        raise ProtocolError(f"the same-host address of server {server} is held by process {pid} of "
+                            f"uid {uid}, not by this job's user: not connecting")
     link = Link(sock, f"server {server}", job, [out, landing], max_bytes, peer_writes=[landing])
     try:
         segs, fds = link.unannounced()
-        hello = {"job": job, "rank": rank, "pid": os.getpid(), "token": None, "segs": segs}
+        token = security.proof(hello_label(job, rank)).hex() if security.secured else None
+        hello = {"job": job, "rank": rank, "pid": os.getpid(), "token": token, "segs": segs}
         socket.send_fds(sock, [b"H" + json.dumps(hello).encode()], fds)
         deadline = time.monotonic() + timeout
         data, fds = _recv_one(sock, max(0.01, deadline - time.monotonic()))
@@ -89,14 +110,10 @@ def listen(job: str, host: str, port: int) -> socket.socket:
     return sock
 
 
-def _peer_pid(sock: socket.socket) -> int:
-    return int(struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0])
-
-
-def check_hello(sock: socket.socket, obj: dict[str, Any], job: str, num_workers: int) -> int:
+def check_hello(sock: socket.socket, obj: dict[str, Any], job: str, num_workers: int,
+                security: Security) -> int:
     """Authenticate a worker's HELLO; returns its rank.  Raises ProtocolError with the reason."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, _ = struct.unpack("3i", creds)
+    pid, uid = _peer_uid(sock)
     if uid != os.geteuid():
         raise ProtocolError(f"process {pid} of uid {uid} is not of this job's user")
     if obj.get("job") != job:
@@ -104,13 +121,19 @@ def check_hello(sock: socket.socket, obj: dict[str, Any], job: str, num_workers:
     rank = obj.get("rank")
     if type(rank) is not int or not 0 <= rank < num_workers:
         raise ProtocolError(f"process {pid} claims worker rank {str(rank)[:20]} of a job of {num_workers}")
-    # TOKEN CHECK GOES HERE: once the launcher gives each job a secret (the auth work on the key
-    # file), compare obj["token"] with it (hmac.compare_digest) and refuse a mismatch.
+    if security.secured:
+        token = obj.get("token")
+        try:
+            proof = bytes.fromhex(token) if isinstance(token, str) else b""
+        except ValueError:
+            proof = b""
+        if not security.verify(hello_label(job, rank), proof):
+            raise ProtocolError(f"process {pid} does not hold the secret of job {job}")
     return rank
 
 
 def welcome(sock: socket.socket, job: str, num_workers: int, arena: Arena, max_bytes: int,
-            busy: Callable[[int], bool] = lambda rank: False) -> tuple[int, Link] | None:
+            security: Security, busy: Callable[[int], bool] = lambda rank: False) -> tuple[int, Link] | None:
     """Complete the handshake of an accepted (non-blocking) connection once its HELLO arrived:
     (worker rank, link), or None while it has not.  Raises ProtocolError (after telling the
     peer why) when it must be refused."""
@@ -129,12 +152,12 @@ def welcome(sock: socket.socket, job: str, num_workers: int, arena: Arena, max_b
         if data[:1] != b"H":
             raise ProtocolError(f"handshake of type {data[:1]!r}")
         obj = parse_hello(data[1:])
-        rank = check_hello(sock, obj, job, num_workers)
+        rank = check_hello(sock, obj, job, num_workers, security)
         if busy(rank):
             raise ProtocolError(f"worker {rank} already has a same-host link (this is pid {obj.get('pid')})")
         segs = parse_segments(obj, len(fds))
         link = Link(sock, f"worker {rank} (pid {obj.get('pid')})", job, [arena], max_bytes)
-        link.pid = _peer_pid(sock)
+        link.pid = _peer_uid(sock)[0]
         fds, taken = [], fds
         link.add_segments(segs, taken, writable_ok=True)   # (closes them either way)
     except ProtocolError as exc:

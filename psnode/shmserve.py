@@ -21,6 +21,7 @@ from psnode import shmhandshake
 from psnode.entry import Reply, fits, sent
 from psnode.errors import ProtocolError
 from psnode.protocol import Message, Ok
+from psnode.security import Security
 from psnode.shm import Arena
 from psnode.shmlink import KIND_REPLY, Link
 from psnode.transport import Poller
@@ -32,8 +33,9 @@ class SameHost:
     """The server's same-host links (see the module docstring)."""
 
     def __init__(self, job: str, host: str, port: int, num_workers: int, max_bytes: int,
-                 poller: Poller) -> None:
+                 poller: Poller, security: Security) -> None:
         self.job = job
+        self.security = security
         self.num_workers = num_workers
         self.max_bytes = max_bytes
         self.poller = poller
@@ -90,7 +92,8 @@ class SameHost:
     def _handshake(self, fd: int) -> None:
         conn = self.pending[fd]
         try:
-            got = shmhandshake.welcome(conn, self.job, self.num_workers, self.arena, self.max_bytes, self._busy)
+            got = shmhandshake.welcome(conn, self.job, self.num_workers, self.arena, self.max_bytes,
+                                           self.security, self._busy)
         except (ProtocolError, OSError) as exc:
             self.dropped += 1
             log.warning("refused a same-host connection: %s", exc)

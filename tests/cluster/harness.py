@@ -1,11 +1,13 @@
 """Start a real psnode job (scheduler, servers, worker scripts) on 127.0.0.1, bounded in time.
 
-No launcher involved: this exercises psnode alone, through its env contract.
+No launcher involved: this exercises psnode alone, through its env contract.  Every process's
+output is read in threads from the start (:class:`tests.support.Drained`), so no process can
+block on a full pipe while the test waits for another one; ``Proc.out``/``Proc.err`` hold what
+it printed so far.
 """
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -15,14 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from psnode.config import NodeConfig, Role
+from tests.support import Drained, free_listen_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+free_port = free_listen_port   # ports outside the ephemeral range: no connection can take them first
 
 
 @dataclass
@@ -32,12 +30,19 @@ class Proc:
     popen: subprocess.Popen
     argv: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
-    out: str = ""
-    err: str = ""
+    drained: Drained | None = None
 
     @property
     def code(self) -> int | None:
         return self.popen.returncode
+
+    @property
+    def out(self) -> str:
+        return self.drained.out(self) if self.drained else ""
+
+    @property
+    def err(self) -> str:
+        return self.drained.err(self) if self.drained else ""
 
 
 @dataclass
@@ -45,6 +50,14 @@ class Job:
     job_id: str
     procs: list[Proc] = field(default_factory=list)
     scheduler: str = ""
+    drained: Drained = field(default_factory=Drained)
+
+    def add(self, proc: Proc) -> Proc:
+        """Track ``proc``: its output is drained from now on."""
+        proc.drained = self.drained
+        self.drained.track(proc)
+        self.procs.append(proc)
+        return proc
 
     def by_role(self, role: str) -> list[Proc]:
         return [p for p in self.procs if p.role == role]
@@ -94,7 +107,7 @@ def start_job(script: str, num_workers: int, num_servers: int, env: dict[str, st
     def spawn(role: str, rank: int, argv: list[str], e: dict[str, str]) -> None:
         p = subprocess.Popen(argv, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, start_new_session=True)
-        job.procs.append(Proc(role, rank, p, argv, e))
+        job.add(Proc(role, rank, p, argv, e))
 
     spawn("scheduler", 0, [sys.executable, "-m", "psnode"], cfg(Role.SCHEDULER, None))
     for s in range(num_servers):
@@ -109,46 +122,31 @@ def start_job(script: str, num_workers: int, num_servers: int, env: dict[str, st
 def restart_worker(job: Job, rank: int, count: int, role: str = "worker") -> Proc:
     """Start a replacement for ``role`` ``rank`` (its predecessor must have exited)."""
     old = next(p for p in reversed(job.by_role(role)) if p.rank == rank)
-    old.out, old.err = old.popen.communicate(timeout=10)
+    assert job.drained.wait([old], time.monotonic() + 10), f"{role} {rank} is still running"
     env = dict(old.env, PSNODE_RESTART_COUNT=str(count))
     p = subprocess.Popen(old.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, start_new_session=True)
-    new = Proc(role, rank, p, old.argv, env)
-    job.procs.append(new)
-    return new
+    return job.add(Proc(role, rank, p, old.argv, env))
 
 
 def wait_for_file(path: Path, timeout: float = 30.0) -> None:
     """Wait (bounded) until a worker script creates ``path``."""
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} did not appear within {timeout} s"
-        time.sleep(0.02)
+    wait_for(path.exists, timeout, f"{path} to appear", interval=0.02)
 
 
 def wait_job(job: Job, timeout: float = 60.0) -> Job:
     """Wait for every process; on timeout kill them all and raise."""
-    deadline = time.monotonic() + timeout
     try:
-        for p in job.procs:
-            left = max(0.1, deadline - time.monotonic())
-            try:
-                p.out, p.err = p.popen.communicate(timeout=left)
-            except subprocess.TimeoutExpired:
-                raise AssertionError(f"job did not finish within {timeout} s") from None
+        if not job.drained.wait(job.procs, time.monotonic() + timeout):
+            raise AssertionError(f"job did not finish within {timeout} s")
     finally:
         kill_job(job)
     return job
 
 
 def kill_job(job: Job) -> None:
-    for p in job.procs:
-        if p.popen.poll() is None:
-            p.popen.kill()
-            try:
-                p.out, p.err = p.popen.communicate(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+    """Kill what is left of the job, reap it, and collect the rest of its output."""
+    job.drained.finish()
     assert not [p.popen.pid for p in job.procs if alive(p.popen.pid)], "processes left"
 
 

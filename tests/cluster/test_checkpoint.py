@@ -9,8 +9,8 @@ import time
 
 import numpy as np
 
-from harness import ROOT, run_job
-from test_kvstore_cluster import PRELUDE, ok
+from tests.cluster.harness import ROOT, run_job
+from tests.cluster.test_kvstore_cluster import PRELUDE, ok
 
 
 def test_checkpoint_then_resume_in_a_new_job(tmp_path) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness import ROOT, free_port, kill_job, start_job, wait_job
+from tests.cluster.harness import ROOT, free_port, kill_job, start_job, wait_job
 
 EXAMPLES = ROOT / "examples"
 
@@ -130,9 +130,7 @@ def test_ddp_gloo_runs_with_launcher_env(tmp_path: Path) -> None:
                "MASTER_PORT": master} for r in range(2)}
     job = start_job(runner("ddp_gloo.py", ["--epochs", "2"]), 2, 0, tmp=tmp_path, worker_env=env)
     try:   # no server, and DDP workers never talk to the scheduler: wait for the workers only
-        deadline = time.monotonic() + 60
-        for p in job.workers:
-            p.out, p.err = p.popen.communicate(timeout=max(1, deadline - time.monotonic()))
+        assert job.drained.wait(job.workers, time.monotonic() + 60), job.describe()
     finally:
         kill_job(job)
     assert all(p.code == 0 for p in job.workers), job.describe()

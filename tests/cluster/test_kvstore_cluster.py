@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness import run_job
+from tests.cluster.harness import run_job
 
 PRELUDE = """
 import numpy as np, psnode, sys

@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ssh"))
-
-from mxdist_testing import (  # noqa: E402
-    assert_nothing_left, cli_env, kill_cli, latest, left_over, run_cli, start_cli, wait_for,
+from tests.ssh.mxdist_testing import (
+    assert_nothing_left,
+    cli_env,
+    kill_cli,
+    latest,
+    left_over,
+    run_cli,
+    start_cli,
+    wait_for,
 )
 
 OPTIONS = textwrap.dedent("""
@@ -227,6 +231,7 @@ def test_killed_server_is_restarted_from_its_checkpoint_and_the_job_ends_exactly
     assert "server-1 on localhost killed by SIGKILL: restarting it with rank 1 (restart 1 of 1)" in out, out
     # the uninterrupted run, on a 'local' store fed the workers' average gradient
     import numpy as np
+
     import psnode
     kv = psnode.kv.create("local")
     kv.set_optimizer(psnode.optimizer.create("adam", learning_rate=0.125))

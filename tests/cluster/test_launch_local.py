@@ -8,16 +8,19 @@ from __future__ import annotations
 import importlib.util
 import json
 import signal
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ssh"))
-
-from mxdist_testing import (  # noqa: E402
-    assert_nothing_left, cli_env, kill_cli, latest, run_cli, start_cli, wait_for,
+from tests.ssh.mxdist_testing import (
+    assert_nothing_left,
+    cli_env,
+    kill_cli,
+    latest,
+    run_cli,
+    start_cli,
+    wait_for,
 )
 
 TRAIN = textwrap.dedent("""

@@ -1,8 +1,8 @@
 """When requests queue up, higher priority goes out first (real processes)."""
 from __future__ import annotations
 
-from harness import run_job
-from test_kvstore_cluster import PRELUDE, ok
+from tests.cluster.harness import run_job
+from tests.cluster.test_kvstore_cluster import PRELUDE, ok
 
 
 def test_queued_pulls_leave_in_priority_order() -> None:

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness import run_job
-from test_kvstore_cluster import PRELUDE, ok
+from tests.cluster.harness import run_job
+from tests.cluster.test_kvstore_cluster import PRELUDE, ok
 
 SPARSE = PRELUDE + """
 from psnode.sparse import row_sparse_array

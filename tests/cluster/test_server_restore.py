@@ -14,7 +14,7 @@ import signal
 import numpy as np
 
 import psnode
-from harness import alive, restart_worker, start_job, wait_for_file, wait_job
+from tests.cluster.harness import alive, restart_worker, start_job, wait_for_file, wait_job
 
 STEPS = 8
 KEYS = ["a", "b", "c", "d", "big"]

@@ -5,7 +5,13 @@ its own half of each batch, and saves its weights.  The test checks: both worker
 very same weights after init and at the end (bit for bit), and those equal a single-process
 torch.optim.SGD run on the full batches (the mean of the two workers' mean gradients is the
 mean gradient of the full batch) within float32 rounding.  PSNODE_BIG_ARRAY_BOUND=16 splits
-the larger weights over both servers (param distribution) on the way.
+the larger weights over both servers (param distribution) on the way.  Both push paths run:
+at step time, and from the gradient hooks while backward runs (``overlap=True``).
+
+The closed-form test mixes a float32 and a bfloat16 parameter (float32 master weights on the
+servers): rank r's gradient is r + 1 everywhere, so every round averages to 1.5 and SGD with
+learning rate 2^-10 gives exactly 1 - 1.5k/1024 after k steps.  tests/gpu runs the same script
+with the model on CUDA (``closed_form_script(device="cuda")``).
 
 CI installs torch: there a missing torch is an error; elsewhere the test is skipped.
 """
@@ -17,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness import run_job
+from tests.cluster.harness import run_job
 
 try:
     import torch
@@ -42,7 +48,7 @@ from test_torch_trainer import batches, make_model
 
 model = make_model(seed=100 + kv.rank)            # rank 1 starts from other weights
 trainer = psnode.torch.DistributedTrainer(
-    model, kv, psnode.optimizer.create("sgd", learning_rate={lr}, momentum={momentum}))
+    model, kv, psnode.optimizer.create("sgd", learning_rate={lr}, momentum={momentum}), overlap={overlap})
 saved = {{"init." + n: p.detach().numpy().copy() for n, p in model.named_parameters()}}
 x, y = batches()
 for s in range(x.shape[0]):
@@ -66,8 +72,10 @@ def batches() -> tuple["torch.Tensor", "torch.Tensor"]:
     return torch.randn(STEPS, 2, BATCH, 5, generator=g), torch.randint(0, 3, (STEPS, 2, BATCH), generator=g)
 
 
-def test_two_workers_equal_single_process_sgd(tmp_path: Path) -> None:
-    script = SCRIPT.format(here=str(Path(__file__).parent), lr=LR, momentum=MOMENTUM, out=str(tmp_path))
+@pytest.mark.parametrize("overlap", [False, True])
+def test_two_workers_equal_single_process_sgd(tmp_path: Path, overlap: bool) -> None:
+    script = SCRIPT.format(here=str(Path(__file__).parent), lr=LR, momentum=MOMENTUM, out=str(tmp_path),
+                           overlap=overlap)
     job = run_job(script, 2, 2, timeout=60, tmp=tmp_path, env={"PSNODE_BIG_ARRAY_BOUND": "16"})
     assert all(p.code == 0 for p in job.procs), job.describe()
 
@@ -87,3 +95,67 @@ def test_two_workers_equal_single_process_sgd(tmp_path: Path) -> None:
             np.testing.assert_array_equal(r0["final." + name], r1["final." + name], err_msg=name)
             np.testing.assert_allclose(r0["final." + name], p.detach().numpy(), rtol=1e-5, atol=1e-6,
                                        err_msg=name)
+
+
+CLOSED_FORM = """
+import numpy as np
+import torch
+import psnode
+import psnode.torch
+
+torch.set_num_threads(1)
+kv = psnode.kv.create("dist_sync")
+device = torch.device({device!r})
+
+
+class Mixed(torch.nn.Module):
+    def __init__(self, start):
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.full((40, 3), start, device=device))
+        self.b = torch.nn.Parameter(torch.full((50,), start, dtype=torch.bfloat16, device=device))
+
+
+model = Mixed(1.0 + kv.rank)                       # rank 0's ones must win at init
+trainer = psnode.torch.DistributedTrainer(model, kv, psnode.optimizer.create("sgd", learning_rate=2.0 ** -10),
+                                          overlap={overlap})
+c = float(kv.rank + 1)
+saved, master = {{}}, np.empty(50, np.float32)
+for k in range({steps}):
+    trainer.zero_grad()
+    ((model.a * c).sum() + (model.b.float() * c).sum()).backward()
+    trainer.step()
+    kv.pull("b", out=master)
+    saved[f"a{{k + 1}}"] = model.a.detach().cpu().numpy().copy()
+    saved[f"b{{k + 1}}"] = model.b.detach().float().cpu().numpy()
+    saved[f"m{{k + 1}}"] = master.copy()
+    assert model.a.device == device and model.b.dtype == torch.bfloat16
+np.savez({out!r} + f"/r{{kv.rank}}.npz", **saved)
+trainer.close()
+kv.close()
+"""
+CLOSED_FORM_STEPS = 8
+
+
+def closed_form_script(out: Path, device: str = "cpu", overlap: bool = True) -> str:
+    return CLOSED_FORM.format(device=device, overlap=overlap, steps=CLOSED_FORM_STEPS, out=str(out))
+
+
+def check_closed_form(out: Path) -> None:
+    """Both workers: a_k, the bfloat16 master m_k = 1 - 1.5k/1024 exactly; b_k = bf16(m_k)."""
+    for rank in range(2):
+        with np.load(out / f"r{rank}.npz") as r:
+            for k in range(1, CLOSED_FORM_STEPS + 1):
+                exact = np.float32(1 - 1.5 * k / 1024)
+                np.testing.assert_array_equal(r[f"a{k}"], np.full((40, 3), exact), err_msg=f"a{k}")
+                np.testing.assert_array_equal(r[f"m{k}"], np.full(50, exact), err_msg=f"m{k}")
+                rounded = torch.tensor(float(exact)).to(torch.bfloat16).float().item()
+                np.testing.assert_array_equal(r[f"b{k}"], np.full(50, rounded, np.float32), err_msg=f"b{k}")
+            assert r[f"b{CLOSED_FORM_STEPS}"][0] == 0.98828125          # 1 - 3 * 2^-8
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_float32_and_bfloat16_pushes_closed_form(tmp_path: Path, overlap: bool) -> None:
+    job = run_job(closed_form_script(tmp_path, "cpu", overlap), 2, 2, timeout=60, tmp=tmp_path,
+                  env={"PSNODE_BIG_ARRAY_BOUND": "64"})
+    assert all(p.code == 0 for p in job.procs), job.describe()
+    check_closed_form(tmp_path)

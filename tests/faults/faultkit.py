@@ -1,19 +1,18 @@
-"""Helpers for fault tests: drained pipes, exit timing, markers, server ports, raw frames.
+"""Helpers for fault tests: the training script, markers, server ports, raw frames.
+
+Output draining and exit timing are the harness's (``job.drained``: :class:`tests.support.Drained`).
 
 Every wait here has a deadline; nothing sleeps "to hope".
 """
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 
-from harness import Job, Proc, alive
+from tests.cluster.harness import Job, alive
 
 INTERVAL = 0.2
 LIVENESS = 5
@@ -72,79 +71,6 @@ except PeerLost as e:
 """
 
 
-class Drained:
-    """Reads every process's stdout/stderr in threads, so no pipe ever fills up and
-    blocks a process, and records when each process exited."""
-
-    def __init__(self, job: Job) -> None:
-        self.job = job
-        self._out: dict[int, list[str]] = {}
-        self._err: dict[int, list[str]] = {}
-        self.exited: dict[int, float] = {}
-        self._threads = []
-        for p in job.procs:
-            self.track(p)
-
-    def track(self, p: Proc) -> None:
-        pid = p.popen.pid
-        self._out[pid], self._err[pid] = [], []
-        for stream, buf in ((p.popen.stdout, self._out[pid]), (p.popen.stderr, self._err[pid])):
-            if stream is None:
-                continue
-            t = threading.Thread(target=self._pump, args=(stream, buf), daemon=True)
-            t.start()
-            self._threads.append(t)
-
-    @staticmethod
-    def _pump(stream, buf: list[str]) -> None:
-        for line in iter(stream.readline, ""):
-            buf.append(line)
-
-    def err(self, p: Proc) -> str:
-        return "".join(self._err[p.popen.pid])
-
-    def out(self, p: Proc) -> str:
-        return "".join(self._out[p.popen.pid])
-
-    def poll(self) -> None:
-        now = time.monotonic()
-        for p in self.job.procs:
-            if p.popen.pid not in self.exited and p.popen.poll() is not None:
-                self.exited[p.popen.pid] = now
-
-    def wait(self, procs: list[Proc], deadline: float) -> bool:
-        """Wait until every proc in ``procs`` exited or ``deadline`` passed; True if all did."""
-        while True:
-            self.poll()
-            if all(p.popen.pid in self.exited for p in procs):
-                return True
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
-
-    def finish(self) -> None:
-        """Kill whatever is left, reap it, collect output into ``Proc.out/err``."""
-        for p in self.job.procs:
-            if p.popen.poll() is None:
-                try:
-                    os.kill(p.popen.pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
-                p.popen.kill()
-            try:
-                p.popen.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-        for t in self._threads:
-            t.join(timeout=2)
-        for p in self.job.procs:
-            p.out, p.err = self.out(p), self.err(p)
-
-    def describe(self) -> str:
-        return "\n".join(f"--- {p.role} {p.rank} pid {p.popen.pid} rc={p.popen.returncode}\n"
-                         f"{self.out(p)}\n{self.err(p)}" for p in self.job.procs)
-
-
 def assert_none_left(job: Job, extra_pids: tuple[int, ...] = ()) -> None:
     """No process of the job is alive (zombies count as dead); waits up to 3 s for reaping."""
     pids = [p.popen.pid for p in job.procs] + list(extra_pids)
@@ -156,20 +82,6 @@ def assert_none_left(job: Job, extra_pids: tuple[int, ...] = ()) -> None:
     from psnode import shm
     assert not shm.leftovers(job.job_id), shm.leftovers(job.job_id)
     assert not shm.holders(job.job_id), f"processes still map the job's segments: {shm.holders(job.job_id)}"
-
-
-def wait_for(pred, timeout: float, what: str, drained: Drained | None = None):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = pred()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            extra = "\n" + drained.describe() if drained else ""
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}{extra}")
-        if drained is not None:
-            drained.poll()
-        time.sleep(0.05)
 
 
 def markers(d: Path, name: str, count: int) -> bool:

@@ -18,12 +18,20 @@ import numpy as np
 import pytest
 import zmq
 
-from faultkit import (DEAD_AFTER, FAST_ENV, TRAIN, Drained, assert_none_left, header, listen_ports,
-                      markers, wait_for)
-from harness import start_job
 from psnode import control
 from psnode.protocol import (DATA_VERSION, VERSION, Command, Flush, GetStates, Init, LoadStates, Message,
                              Pull, Push, PushPull, Resync, SetOptimizer, encode)
+from tests.cluster.harness import start_job
+from tests.faults.faultkit import (
+    DEAD_AFTER,
+    FAST_ENV,
+    TRAIN,
+    assert_none_left,
+    header,
+    listen_ports,
+    markers,
+)
+from tests.support import wait_for
 
 EXIT_GRACE = 5.0         # psnode.worker.EXIT_GRACE: a worker outside psnode exits by itself
 BOUND = DEAD_AFTER + 5   # the issue's bound: the heartbeat timeout plus a few seconds
@@ -32,7 +40,7 @@ BOUND = DEAD_AFTER + 5   # the issue's bound: the heartbeat timeout plus a few s
 def job_ctx(tmp_path: Path, mode: str, workers: int = 2, servers: int = 2, env: dict | None = None):
     job = start_job(TRAIN, workers, servers, env={**FAST_ENV, "FAULT_DIR": str(tmp_path), **(env or {})},
                     args=[mode], tmp=tmp_path)
-    dr = Drained(job)
+    dr = job.drained
     try:
         yield job, dr
     finally:
@@ -53,7 +61,7 @@ def inject(tmp_path: Path, victim_role: str, victim_rank: int, sig: int, mode: s
     ctx = job_ctx(tmp_path, mode)
     job, dr = ctx.__enter__()
     try:
-        wait_for(lambda: markers(tmp_path, "ready", 2), 40, "training to start", dr)
+        wait_for(lambda: markers(tmp_path, "ready", 2), 40, "training to start", describe=dr.describe, poll=dr.poll)
         victim = proc(job, victim_role, victim_rank)
         others = [p for p in job.procs if p is not victim]
         dr.poll()
@@ -187,7 +195,7 @@ def test_worker_exception_fails_the_job(tmp_path: Path) -> None:
     """Worker 1 dies of an uncaught exception (exit 1).  In dist_sync this is a dead worker:
     the others must fail with an error naming it, not train on alone as if it had finished."""
     job = start_job(FAIL_SCRIPT, 2, 1, env=FAST_ENV, tmp=tmp_path)
-    dr = Drained(job)
+    dr = job.drained
     try:
         w1 = proc(job, "worker", 1)
         assert dr.wait([w1], time.monotonic() + 40), dr.describe()
@@ -269,9 +277,9 @@ def test_duplicated_messages_applied_once(tmp_path: Path, kind: str) -> None:
     # PSNODE_SHM=0: the duplicates are made by a stand-in for the TCP channel's send
     env = {**FAST_ENV, "FAULT_DIR": str(tmp_path), "PSNODE_SHM": "0"}
     job = start_job(DUP_SCRIPT, 2, 2, env=env, args=[kind], tmp=tmp_path)
-    dr = Drained(job)
+    dr = job.drained
     try:
-        wait_for(lambda: markers(tmp_path, "ready", 2) or dr.exited, 60, "workers to check values", dr)
+        wait_for(lambda: markers(tmp_path, "ready", 2) or dr.exited, 60, "workers to check values", describe=dr.describe, poll=dr.poll)
         assert markers(tmp_path, "ready", 2), "a worker failed:\n" + dr.describe()
         sched = proc(job, "scheduler", 0)
         addr = f"127.0.0.1:{listen_ports(sched.popen.pid)[0]}"
@@ -281,7 +289,7 @@ def test_duplicated_messages_applied_once(tmp_path: Path, kind: str) -> None:
             rows = control.query_status(addr, job.job_id)["nodes"]
             return sum(row["pushes"] for row in rows if row["role"] == "server")
         # heartbeats carry the counters; wait (bounded) until they are up to date
-        wait_for(lambda: pushes() >= want, 5, "server push counters", dr)
+        wait_for(lambda: pushes() >= want, 5, "server push counters", describe=dr.describe, poll=dr.poll)
         time.sleep(3 * 0.2)   # three more heartbeats: a counter above `want` would show now
         assert pushes() == want, "duplicated pushes were counted (applied?) more than once"
         (tmp_path / "go").touch()
@@ -297,8 +305,8 @@ def test_duplicated_messages_applied_once(tmp_path: Path, kind: str) -> None:
 def wire_corpus(job_id: str) -> list[list[bytes]]:
     """Malformed frames: every one must be dropped (logged, counted), never fatal."""
     rng = np.random.default_rng(6)
-    rnd = lambda n: rng.integers(0, 256, n, dtype=np.uint8).tobytes()  # noqa: E731
-    h = lambda **kw: header(kw.pop("c", "data"), kw.pop("j", job_id), **kw)  # noqa: E731
+    rnd = lambda n: rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+    h = lambda **kw: header(kw.pop("c", "data"), kw.pop("j", job_id), **kw)
     return [
         [rnd(1)], [rnd(64)], [rnd(8), rnd(300), rnd(40)],                 # random bytes
         [b"PSN0", h(body={"ops": []})], [b"", h()], [rnd(4096), h()],        # wrong version
@@ -353,7 +361,7 @@ def ops_corpus(job_id: str) -> list[list[bytes]]:
 
 def sched_corpus(job_id: str) -> list[list[bytes]]:
     """Valid frames to the scheduler from a peer that is not a node of the job."""
-    h = lambda c, b=None: [VERSION, header(c, job_id, b)]  # noqa: E731
+    h = lambda c, b=None: [VERSION, header(c, job_id, b)]
     return [
         h("heartbeat", {"stats": {"pushes": 10**9}}), h("barrier"), h("finish"), h("bye", {"error": "x"}),
         h("heartbeat_ack"), h("welcome", {"rank": 0}), h("peer_lost", {"reason": "fake"}),
@@ -406,7 +414,7 @@ def test_fuzzed_frames_every_port(tmp_path: Path) -> None:
     """Malformed frames at each server's port and the scheduler's while a valid job trains:
     every one is dropped and logged, and the job completes with exact values."""
     with job_ctx(tmp_path, "steps:1500") as (job, dr):
-        wait_for(lambda: markers(tmp_path, "ready", 2), 40, "training to start", dr)
+        wait_for(lambda: markers(tmp_path, "ready", 2), 40, "training to start", describe=dr.describe, poll=dr.poll)
         wire = wire_corpus(job.job_id)
         # the scheduler first: each send_all waits for replies, and the job must still run
         for name, addr in sorted(_ports(job).items(), key=lambda item: item[0] != "scheduler 0"):
@@ -423,7 +431,7 @@ def test_bad_operations_at_servers(tmp_path: Path) -> None:
     answered, never fatal); the bad operations themselves are answered with errors in
     tests/unit/test_core_pure.py::test_bad_operations_are_answered_not_raised."""
     with job_ctx(tmp_path, "steps:150") as (job, dr):
-        wait_for(lambda: markers(tmp_path, "ready", 2), 40, "training to start", dr)
+        wait_for(lambda: markers(tmp_path, "ready", 2), 40, "training to start", describe=dr.describe, poll=dr.poll)
         corpus = ops_corpus(job.job_id)
         for name, addr in _ports(job).items():
             if name.startswith("server"):
@@ -438,7 +446,7 @@ def test_bad_messages_at_scheduler(tmp_path: Path) -> None:
     """Well-formed frames from a peer that is not a node of the job (fake heartbeats,
     barriers, late or malformed registrations) never end or corrupt the job."""
     with job_ctx(tmp_path, "steps:150") as (job, dr):
-        wait_for(lambda: markers(tmp_path, "ready", 2), 40, "training to start", dr)
+        wait_for(lambda: markers(tmp_path, "ready", 2), 40, "training to start", describe=dr.describe, poll=dr.poll)
         send_all(_ports(job)["scheduler 0"], b"fuzz-s", sched_corpus(job.job_id))
         _finishes_exactly(job, dr)
     assert_none_left(job)
@@ -448,7 +456,7 @@ def test_push_from_rank_outside_the_job_is_refused(tmp_path: Path) -> None:
     """A well-formed push from routing identity w7 (the job has workers 0 and 1) must not
     join the sync rounds of the real workers."""
     with job_ctx(tmp_path, "steps:150", servers=1) as (job, dr):
-        wait_for(lambda: markers(tmp_path, "ready", 2), 40, "training to start", dr)
+        wait_for(lambda: markers(tmp_path, "ready", 2), 40, "training to start", describe=dr.describe, poll=dr.poll)
         port = listen_ports(proc(job, "server", 0).popen.pid)[0]
         f32 = np.full(1000, 100, np.float32)
         msgs = [_data(job.job_id, Push(k, 0, q, f32, id=q)) for q in range(1, 160) for k in ("a", "b")]
@@ -471,7 +479,7 @@ def test_decode_raises_only_protocol_error() -> None:
             decode(frames, "J", 4 * 2**30)
         except ProtocolError:
             continue
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             bad.append(f"{frames[1][:60] if len(frames) > 1 else frames!r}: {type(exc).__name__}: {exc}")
     assert not bad, "decode() raised other than ProtocolError:\n" + "\n".join(bad)
 
@@ -480,7 +488,7 @@ def test_scheduler_survives_bad_register_bodies() -> None:
     from psnode.config import NodeConfig, Role
     from psnode.protocol import Command, Message
     from psnode.scheduler import Scheduler
-    from harness import free_port
+    from tests.cluster.harness import free_port
     cfg = NodeConfig(role=Role.SCHEDULER, scheduler_host="127.0.0.1", scheduler_port=free_port(),
                      num_workers=1, num_servers=1, job_id="jreg", host="127.0.0.1")
     s = Scheduler(cfg)
@@ -491,7 +499,7 @@ def test_scheduler_survives_bad_register_bodies() -> None:
                                   {"role": "worker", "port": 1, "pid": 1, "rank": True}]):
             try:
                 s._dispatch(f"bad{i}".encode(), Message(Command.REGISTER, "jreg", "x", body))
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 bad.append(f"{body}: {type(exc).__name__}: {exc}")
     finally:
         s.t.close()

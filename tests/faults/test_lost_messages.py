@@ -11,18 +11,21 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
+from tests.cluster.harness import alive, start_job, wait_for_file, wait_job
+from tests.support import require
 
-from harness import alive, start_job, wait_for_file, wait_job  # noqa: E402
 
-pytestmark = pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+@pytest.fixture(autouse=True)
+def _ss_available() -> None:
+    """The tests cut TCP connections with ``ss -K``: skipped without it, a failure under CI."""
+    require("ss (iproute2) is not installed" if shutil.which("ss") is None else None,
+            "apt-get install iproute2")
 
 CHAOS = """
 import sys, numpy as np, psnode

@@ -8,8 +8,8 @@ delete it.
 """
 from __future__ import annotations
 
-import re
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,15 +20,22 @@ from pathlib import Path
 
 import pytest
 
-from faultkit import DEAD_AFTER, FAST_ENV, TRAIN, Drained, assert_none_left, markers, wait_for
-from harness import ROOT, Job, Proc, alive
 from psnode.config import NodeConfig, Role
+from tests.cluster.harness import ROOT, Job, Proc, alive
+from tests.faults.faultkit import DEAD_AFTER, FAST_ENV, TRAIN, assert_none_left, markers
+from tests.support import require, wait_for
 
 BOUND = DEAD_AFTER + 5
 MAIN_IP, CUT_IP = "10.213.7.1", "10.213.7.2"
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
-                                reason="network namespaces need root and iproute2")
+
+
+@pytest.fixture(autouse=True)
+def _namespaces_possible() -> None:
+    """Network namespaces need root and iproute2: skipped without them, a failure under CI."""
+    require("network namespaces need root" if os.geteuid() != 0 else
+            "iproute2 (ip) is not installed" if shutil.which("ip") is None else None,
+            "run as root with iproute2 (apt-get install iproute2)")
 
 
 def ip(*args: str) -> None:
@@ -89,7 +96,7 @@ def start_in_namespaces(tmp: Path, main: str, cut: str) -> Job:
         env.update({k: v for k, v in cfg.to_env().items() if k not in FAST_ENV})
         p = subprocess.Popen(["ip", "netns", "exec", ns, *argv], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)
-        job.procs.append(Proc(role.value, rank, p))
+        job.add(Proc(role.value, rank, p))
 
     mod = [sys.executable, "-m", "psnode"]
     spawn(main, Role.SCHEDULER, 0, MAIN_IP, mod)
@@ -107,8 +114,8 @@ def test_partition_server_cut_off(tmp_path: Path) -> None:
     try:
         main, cut = make_namespaces(tag)
         job = start_in_namespaces(tmp_path, main, cut)
-        dr = Drained(job)
-        wait_for(lambda: markers(tmp_path, "ready", 2), 40, "training across namespaces", dr)
+        dr = job.drained
+        wait_for(lambda: markers(tmp_path, "ready", 2), 40, "training across namespaces", describe=dr.describe, poll=dr.poll)
         dr.poll()
         assert not dr.exited, dr.describe()
         s1 = next(p for p in job.procs if p.role == "server" and p.rank == 1)

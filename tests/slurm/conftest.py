@@ -13,17 +13,12 @@ fail: CI installs slurm-wlm and munge (.ci/run does).
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "ssh"))  # mxdist_testing: run the CLI, bounded waits
-
-from slurm_cluster import SlurmCluster, missing_binaries  # noqa: E402
+from tests.slurm.slurm_cluster import SlurmCluster, missing_binaries  # noqa: E402
 
 
 def _cluster(tmp_path_factory: pytest.TempPathFactory, name: str, nodes: tuple[str, ...]):

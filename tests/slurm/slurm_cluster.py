@@ -7,7 +7,7 @@ own port, or a single node ``localhost`` (NodeAddr 127.0.0.1).  Everything lives
 
 Start takes about a second; :meth:`SlurmCluster.stop` cancels every job, waits for the queue to
 drain, then ends the daemons by their saved pids and removes the directory.  Every wait is bounded.
-Usable by hand too: ``python tests/slurm/slurm_cluster.py DIR 127.0.0.2 127.0.0.3`` starts one and
+Usable by hand too: ``python -m tests.slurm.slurm_cluster DIR 127.0.0.2 127.0.0.3`` starts one and
 prints the ``SLURM_CONF`` to export; Ctrl-C or SIGTERM stops it.
 """
 from __future__ import annotations
@@ -15,12 +15,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.support import free_listen_ports, wait_for
 
 MUNGED = "/usr/sbin/munged"
 BINARIES = ("slurmctld", "slurmd", "srun", "salloc", "sbatch", "squeue", "scancel", "scontrol", "sinfo")
@@ -31,31 +32,6 @@ def missing_binaries() -> list[str]:
     if not os.path.exists(MUNGED) and shutil.which("munged") is None:
         missing.append("munged")
     return missing
-
-
-def _free_ports(count: int) -> list[int]:
-    ports: list[int] = []
-    socks = []
-    try:
-        while len(ports) < count:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
-            s.close()
-    return ports
-
-
-def _wait(pred, timeout: float, what: str, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(interval)
-    raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
 
 
 @dataclass
@@ -101,9 +77,9 @@ class SlurmCluster:
                                f"--pid-file={munge_dir / 'munged.pid'}",
                                f"--seed-file={munge_dir / 'munge.seed'}",
                                f"--log-file={munge_dir / 'munged.log'}"])
-        _wait(socket_path.exists, 10, "munged's socket")
+        wait_for(socket_path.exists, 10, "munged's socket")
 
-        ctld_port, *node_ports = _free_ports(1 + len(self.nodes))
+        ctld_port, *node_ports = free_listen_ports(1 + len(self.nodes))
         lines = [
             "ClusterName=mxdisttest", "SlurmctldHost=localhost", f"SlurmctldPort={ctld_port}",
             "SlurmUser=root", "SlurmdUser=root", "AuthType=auth/munge", "CredType=cred/munge",
@@ -140,7 +116,7 @@ class SlurmCluster:
             return res.stdout.strip() == want
 
         try:
-            _wait(ready, 30, f"{want} idle Slurm node(s)", interval=0.1)
+            wait_for(ready, 30, f"{want} idle Slurm node(s)", interval=0.1)
         except RuntimeError:
             logs = "\n".join(f"--- {p.name}\n{p.read_text()[-1500:]}" for p in root.glob("*.log"))
             raise RuntimeError(f"Slurm did not come up:\n{logs}") from None
@@ -169,7 +145,7 @@ class SlurmCluster:
     def cancel_all(self, timeout: float = 30.0) -> None:
         """Cancel every job and wait until the queue is empty."""
         self.run("scancel", "--user=root", check=False)
-        _wait(lambda: not self.jobs(), timeout, "the Slurm queue to drain", interval=0.2)
+        wait_for(lambda: not self.jobs(), timeout, "the Slurm queue to drain", interval=0.2)
 
     def stop(self) -> None:
         try:

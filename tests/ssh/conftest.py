@@ -14,16 +14,13 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from mxdist_testing import cli_env  # noqa: E402
+from tests.ssh.mxdist_testing import cli_env  # noqa: E402
 
 SSHD = "/usr/sbin/sshd"
 ADDRESSES = ("127.0.0.2", "127.0.0.3", "127.0.0.4")

@@ -11,12 +11,15 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.support import wait_for
+
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
+__all__ = ["ROOT", "assert_nothing_left", "cli_env", "kill_cli", "latest", "records", "run_cli",
+           "start_cli", "wait_for"]
 
 
 def cli_env(home: Path, **extra: str) -> dict[str, str]:
@@ -37,16 +40,6 @@ def run_cli(args: list[str], env: dict[str, str], timeout: float = 90.0) -> subp
 def start_cli(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen([PY, "-m", "cli.main", *args], env=env, cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-
-def wait_for(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def records(home: Path) -> list[dict[str, Any]]:

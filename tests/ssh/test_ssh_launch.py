@@ -9,8 +9,14 @@ import signal
 import textwrap
 from pathlib import Path
 
-from mxdist_testing import (
-    assert_nothing_left, kill_cli, latest, records, run_cli, start_cli, wait_for,
+from tests.ssh.mxdist_testing import (
+    assert_nothing_left,
+    kill_cli,
+    latest,
+    records,
+    run_cli,
+    start_cli,
+    wait_for,
 )
 
 TRAIN = textwrap.dedent("""

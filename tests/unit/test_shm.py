@@ -20,6 +20,8 @@ from psnode import shm, shmhandshake, shmlink
 from psnode.errors import ProtocolError
 from psnode.protocol import Ok, Pull, Push
 from psnode.protocol.data import ARRAY, HEAD, RECORD
+from psnode.security import Mode, Security
+from psnode.transport import new_security
 
 pytestmark = pytest.mark.skipif(not shm.available(), reason="needs memfd_create and file seals")
 F = np.float32
@@ -78,11 +80,16 @@ def test_leftovers_of_a_job_are_found_and_removed() -> None:
         os.unlink(other)
 
 
+INSECURE = Security.insecure()
+
+
 class Pair:
     """A listening 'server' side and a connected 'worker' side of one same-host link."""
 
-    def __init__(self, job: str | None = None, rank: int = 1) -> None:
+    def __init__(self, job: str | None = None, rank: int = 1, server_security: Security = INSECURE,
+                 worker_security: Security = INSECURE) -> None:
         self.job = job or f"t{uuid.uuid4().hex[:8]}"
+        self.server_security, self.worker_security = server_security, worker_security
         self.listener = shmhandshake.listen(self.job, "127.0.0.1", 4242)
         self.server_arena = shm.Arena(f"psnode.{self.job}.s", segment_bytes=1 << 20)
         self.out = shm.Arena(f"psnode.{self.job}.w.out", 0, 1 << 20)
@@ -102,7 +109,7 @@ class Pair:
             conn.setblocking(False)
             for _ in range(200):
                 try:
-                    r = shmhandshake.welcome(conn, self.job, 2, self.server_arena, 2**30)
+                    r = shmhandshake.welcome(conn, self.job, 2, self.server_arena, 2**30, self.server_security)
                 except ProtocolError as exc:
                     got.append(exc)
                     return
@@ -113,7 +120,8 @@ class Pair:
                 time.sleep(0.01)
         t = threading.Thread(target=serve)
         t.start()
-        worker = shmhandshake.connect(self.job, self.rank, 0, "127.0.0.1", 4242, self.out, self.land, 2**30)
+        worker = shmhandshake.connect(self.job, self.rank, 0, "127.0.0.1", 4242, self.out, self.land, 2**30,
+                                      self.worker_security)
         t.join(5)
         assert worker is not None and got and not isinstance(got[0], Exception), got
         rank, server = got[0]
@@ -204,7 +212,7 @@ def test_refused_handshakes_say_why(change, reason) -> None:
     conn.setblocking(False)
     with pytest.raises(ProtocolError, match=reason):
         for _ in range(100):
-            if shmhandshake.welcome(conn, p.job, 2, p.server_arena, 2**30) is not None:
+            if shmhandshake.welcome(conn, p.job, 2, p.server_arena, 2**30, INSECURE) is not None:
                 break
     s.settimeout(2)
     answer = s.recv(4096)
@@ -222,7 +230,7 @@ def test_an_unsealed_segment_is_refused_at_the_handshake() -> None:
     conn.setblocking(False)
     with pytest.raises(ProtocolError, match="not sealed against shrinking"):
         for _ in range(100):
-            if shmhandshake.welcome(conn, p.job, 2, p.server_arena, 2**30) is not None:
+            if shmhandshake.welcome(conn, p.job, 2, p.server_arena, 2**30, INSECURE) is not None:
                 break
 
 
@@ -246,3 +254,15 @@ def test_a_closed_peer_is_noticed_as_end_of_file() -> None:
     worker, server = p.connect()
     worker.close()
     assert server.recv() == [] and not server.up
+
+
+def test_a_secured_job_admits_only_workers_holding_its_token() -> None:
+    """With a job secret, HELLO carries an HMAC of the job id and the rank under the job's token;
+    a worker of another job (its own secret) is refused, naming why."""
+    secret = new_security(Mode.AUTHENTICATED)
+    worker, server = Pair(server_security=secret, worker_security=secret).connect()
+    worker.close()
+    server.close()
+    other = new_security(Mode.AUTHENTICATED)
+    with pytest.raises(ProtocolError, match="does not hold the secret"):
+        Pair(server_security=secret, worker_security=other).connect()

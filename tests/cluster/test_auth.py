@@ -1,0 +1,195 @@
+"""Authenticated jobs against a real second Unix user and against a process of another job.
+
+The job runs through the test harness (scheduler, 2 servers, 2 workers on 127.0.0.1) with a
+secret file written by psnode (``new_security``).  Another user, created for these tests,
+learns what any local user can (job ids from /proc/*/cmdline, listening ports from
+/proc/net/tcp) and sends STOP, STATUS, REGISTER and a DATA push to every port of the job,
+speaking ZMTP by hand with the NULL and PLAIN mechanisms (tests/cluster/outsider.py): every
+attempt is refused at the handshake and counted, and the job ends with exact values.  The
+same outsider against an insecure job gets its STATUS answered and stops the job: the attack
+is real.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from psnode.control import query_status
+from psnode.errors import PeerLost
+from psnode.protocol import decode
+from psnode.security import Mode
+from psnode.transport import new_security
+from tests.cluster.harness import Job, alive, start_job, wait_job
+from tests.support import wait_for
+
+HERE = Path(__file__).resolve().parent
+OUTSIDER = (HERE / "outsider.py").read_text()
+JOB_REGEX = r"/(t[0-9a-f]{10})\.py"      # the harness runs workers as python /tmp/<job id>.py
+
+TRAIN = """
+import numpy as np, psnode, sys, time, os
+kv = psnode.kv.create('dist_sync')
+kv.init('w', np.zeros(4, np.float32))
+kv.barrier()
+deadline = time.monotonic() + 60
+while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:   # attacked meanwhile
+    time.sleep(0.05)
+kv.push('w', np.full(4, kv.rank + 1, np.float32))
+got = kv.pull('w')
+print("PULLED", got.tolist(), flush=True)
+assert (got == 1.5).all(), got
+kv.close()
+"""
+
+OTHER_JOB = """
+import json, sys, time
+import numpy as np
+from psnode.protocol import Command
+from psnode.security import Plane, Security
+from psnode.transport import Poller, Transport
+key, job, scheduler, *servers = sys.argv[1:]
+t = Transport(job, "worker", 2**22, Security.load(key))
+host, port = scheduler.rsplit(":", 1)
+chans = [t.dealer(host, int(port), "worker-other", Plane.CONTROL)]
+for cmd, body in ((Command.REGISTER, {"role": "worker", "host": "127.0.0.1", "port": 0, "pid": 1, "rank": 0}),
+                  (Command.STATUS, {}), (Command.STOP, {"reason": "another job"})):
+    chans[0].send(cmd, body)
+for s in servers:
+    host, port = s.rsplit(":", 1)
+    chans.append(t.dealer(host, int(port), "w0", Plane.DATA))
+    chans[-1].send(Command.DATA, {"ops": [{"op": "push", "k": "w", "p": 0, "q": 1, "a": 0, "id": 1}]},
+                   [np.full(4, 1000, np.float32)])
+poller = Poller()
+for c in chans:
+    poller.add(c)
+answers, end = 0, time.monotonic() + 10
+while time.monotonic() < end and t.refused < len(chans):     # each link refused at least once
+    if poller.poll(0.05):
+        answers += sum(c.recv() is not None for c in chans)
+answers += sum(c.recv() is not None for c in chans)
+print(json.dumps({"answers": answers, "refused": t.refused}))
+t.close()
+"""
+
+
+def _status(job: Job, key: str | None) -> dict | None:
+    try:
+        return query_status(job.scheduler, job.job_id, key_file=key, timeout=1.0)
+    except PeerLost:
+        return None
+
+
+def _started(job: Job, key: str | None) -> dict:
+    return wait_for(lambda: (st := _status(job, key)) and st["started"] and st, 20, "the job to start",
+                    describe=job.describe)
+
+
+def _wait_status(job: Job, key: str, pred, what: str) -> dict:
+    return wait_for(lambda: (st := _status(job, key)) and pred(st) and st, 15, what, describe=job.describe)
+
+
+def _targets(job: Job, st: dict) -> list[str]:
+    return [job.scheduler] + [f"{n['host']}:{n['port']}" for n in st["nodes"] if n["role"] == "server"]
+
+
+def _server_counts(st: dict) -> list[int]:
+    """Refusals of each server, in the order of ``_targets``."""
+    return [n["refused"] for n in st["nodes"] if n["role"] == "server"]
+
+
+def _outsider(user, targets: list[str], **env: str) -> dict:
+    res = user.run([user.python, "-", JOB_REGEX, *targets], input=OUTSIDER, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def _none_left(job: Job) -> None:
+    assert not [p.popen.pid for p in job.procs if alive(p.popen.pid)], "processes of the job left"
+
+
+def test_the_outsiders_messages_are_well_formed() -> None:
+    """What the outsider sends decodes as psnode messages of the job (so a refusal is the
+    authentication's doing, not a malformed frame's)."""
+    ns: dict = {}
+    exec(compile(OUTSIDER, "outsider.py", "exec"), ns)
+    for cmd in ("stop", "status", "register", "data"):
+        ident, frames = ns["frames"](cmd, "tabc")
+        msg = decode(frames, "tabc", 2**20)
+        assert msg.cmd.value == cmd and (ident == b"w0") == (cmd == "data")
+    assert msg.arrays[0].tolist() == [1000.0] * 4
+
+
+@pytest.mark.parametrize("mode", [Mode.AUTHENTICATED, Mode.ENCRYPTED])
+def test_another_user_and_another_job_are_refused_and_the_job_is_exact(other_user, tmp_path, mode) -> None:
+    key = tmp_path / "job.key"
+    new_security(mode).save(str(key))
+    go = tmp_path / "go"
+    job = start_job(TRAIN, 2, 2, env={"PSNODE_KEY_FILE": str(key)}, args=[str(go)], tmp=tmp_path)
+    try:
+        st = _started(job, str(key))
+        targets = _targets(job, st)
+        seen = _outsider(other_user, targets)
+        assert job.job_id in seen["jobs"]                                   # learnt from /proc
+        assert {tuple(t.rsplit(":", 1)) for t in targets} <= {(h, str(p)) for h, p in seen["listening"]}
+        attempts = seen["attempts"]
+        assert {(a["target"], a["cmd"], a["mechanism"]) for a in attempts if a["job"] == job.job_id} == {
+            (t, c, m) for t in targets for c in ("stop", "status", "register", "data") for m in ("NULL", "PLAIN")}
+        answered = [a for a in attempts if a["messages"] or a["answer"]]
+        assert not answered, answered
+        for a in attempts:           # the job hung up during the handshake: never READY or WELCOME
+            assert not {"READY", "WELCOME"} & set(a["commands"]), a
+        # every connection refused once, and counted: the scheduler's and each server's count
+        tried = {t: sum(a["target"] == t for a in attempts) for t in targets}
+        want = [tried[t] for t in targets]
+        st = _wait_status(job, str(key), lambda s: all(
+            n >= w for n, w in zip([s["refused"], *_server_counts(s)], want, strict=True)),
+            f"refusal counts {want} (scheduler, servers)")
+        assert [st["refused"], *_server_counts(st)] == want, (st, tried)
+
+        # a process of another job: its own secret, this job's id and addresses
+        other = tmp_path / "other.key"
+        new_security(mode).save(str(other))
+        with pytest.raises(PeerLost):
+            query_status(job.scheduler, job.job_id, key_file=str(other), timeout=0.5)
+        env = dict(os.environ, PYTHONPATH=str(HERE.parents[1]))
+        res = subprocess.run([sys.executable, "-c", textwrap.dedent(OTHER_JOB), str(other), job.job_id,
+                              *targets], capture_output=True, text=True, timeout=60, env=env)
+        assert res.returncode == 0, res.stderr
+        got = json.loads(res.stdout.strip().splitlines()[-1])
+        assert got["answers"] == 0 and got["refused"] >= len(targets), got
+        st = _wait_status(job, str(key), lambda s: all(
+            n > w for n, w in zip([s["refused"], *_server_counts(s)], want, strict=True)),
+            "the other job's refusals counted by the scheduler and each server")
+        assert all(n["state"] == "alive" and n["pushes"] == 0 for n in st["nodes"] if n["role"] == "server")
+        assert sum(n["role"] == "worker" for n in st["nodes"]) == 2
+    finally:
+        go.write_text("go")
+    wait_job(job, 60)
+    assert [p.code for p in job.procs] == [0] * len(job.procs), job.describe()
+    assert all("PULLED [1.5, 1.5, 1.5, 1.5]" in w.out for w in job.workers), job.describe()
+    _none_left(job)
+
+
+def test_without_authentication_the_same_outsider_reads_and_stops_the_job(other_user, tmp_path) -> None:
+    """The control: against an insecure job the outsider's STATUS is answered and its STOP
+    ends the job (what issue 14 measured)."""
+    go = tmp_path / "go"
+    job = start_job(TRAIN, 1, 1, args=[str(go)], tmp=tmp_path)
+    try:
+        _started(job, None)
+        seen = _outsider(other_user, [job.scheduler], OUTSIDER_COMMANDS="status,stop",
+                         OUTSIDER_MECHANISMS="NULL")
+        assert job.job_id in seen["jobs"]
+        assert [(a["cmd"], a["peer_mechanism"], a["answer"]) for a in seen["attempts"] if a["job"] == job.job_id] == [
+            ("status", "NULL", "status_reply"), ("stop", "NULL", "stop_ack")], seen["attempts"]
+    finally:
+        go.write_text("go")
+    wait_job(job, 30)
+    assert job.workers[0].code != 0 and f"job {job.job_id} ended: an outsider stopped it" in job.workers[0].err
+    _none_left(job)

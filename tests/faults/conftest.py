@@ -1,6 +1,0 @@
-import sys
-from pathlib import Path
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "cluster"))   # harness
-sys.path.insert(0, str(HERE))                       # faultkit

@@ -1,0 +1,47 @@
+"""benchmarks/report.py: per-run statistics and the issue's targets, from hand-made records."""
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import report
+from benchmarks.cases import MiB
+
+
+def rec(system: str, config: str, case: str, run: int, median: float, rank: int = 0) -> dict:
+    return {"system": system, "config": config, "case": case, "run": run, "median": median, "rank": rank}
+
+
+def test_collect_takes_the_median_over_workers_and_the_max_for_launch() -> None:
+    stats = report.collect([rec("psnode", "2,2", "1x1MiB", 0, 1.0), rec("psnode", "2,2", "1x1MiB", 0, 3.0, 1),
+                            rec("psnode", "2,2", "1x1MiB", 0, 2.0, 2),
+                            {"system": "mxnet", "config": "2,2", "case": "launch", "run": 0, "wall": 2.5},
+                            {"system": "mxnet", "config": "2,2", "case": "launch", "run": 0, "wall": 1.5}])
+    assert stats[("psnode", "2,2", "1x1MiB")] == {0: 2.0}
+    assert stats[("mxnet", "2,2", "launch")] == {0: 2.5}
+
+
+def test_targets_are_per_run_ratios() -> None:
+    records = []
+    for run, (p, m) in enumerate(((0.002, 0.005), (0.004, 0.006))):
+        records += [rec("psnode", "2,2", "1x1MiB", run, p), rec("mxnet", "2,2", "1x1MiB", run, m)]
+    records += [rec("psnode", "2,2", "1x16MiB", 0, 0.020), rec("gloo", "2", "1x16MiB", 0, 0.010)]
+    # 200 x 16 KiB moves 3.125 MiB, 16 x 1 MiB 16 MiB: equal round times -> ratio 3.125 / 16
+    records += [rec("psnode", "2,2", "200x16KiB", 0, 0.010), rec("psnode", "2,2", "16x1MiB", 0, 0.010)]
+    values = {name: (goal, vals) for name, goal, vals in report.target_values(report.collect(records), "psnode", "2,2")}
+    assert values["1x1MiB: MXNet time / psnode time >= 2"] == (2.0, [2.5, 1.5])
+    assert values["1x16MiB: gloo all_reduce time / psnode time >= 1"] == (1.0, [0.5])
+    goal, small = values["200x16KiB MiB/s / 16x1MiB MiB/s >= 0.8"]
+    assert goal == 0.8 and small == [pytest.approx(200 * 16384 / (16 * MiB))]
+    assert values["1x4KiB: MXNet time / psnode time >= 2"] == (2.0, None)
+    lines: list[str] = []
+    out = report.targets(report.collect(records), lines.append)
+    verdict = {o["target"]: o["pass"] for o in out}
+    assert verdict["1x1MiB: MXNet time / psnode time >= 2"] is True      # median of 2.5 and 1.5 is 2.0
+    assert verdict["1x16MiB: gloo all_reduce time / psnode time >= 1"] is False
+    assert any("not measured in this run" in line and "1x4KiB" in line for line in lines)
+
+
+def test_fmt_range() -> None:
+    assert report.fmt_range([]) == "-"
+    assert report.fmt_range([2.0]) == "2"
+    assert report.fmt_range([1.0, 3.0, 2.0], ".1f") == "2.0 [1.0-3.0]"
