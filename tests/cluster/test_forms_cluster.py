@@ -2,8 +2,8 @@
 the same meaning as on the 'local' store (tests/unit/test_forms.py), exact values."""
 from __future__ import annotations
 
-from harness import run_job
-from test_kvstore_cluster import PRELUDE, ok
+from tests.cluster.harness import run_job
+from tests.cluster.test_kvstore_cluster import PRELUDE, ok
 
 FORMS = """
 S, B = (2, 3), (40, 5)                 # B has 200 elements: split over both servers

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import time
 
-from harness import start_job, wait_for_file, wait_job
-from test_kvstore_cluster import ok
-
 from psnode.control import query_status
+from tests.cluster.harness import start_job, wait_for_file, wait_job
+from tests.cluster.test_kvstore_cluster import ok
 
 SCRIPT = """
 import sys, pathlib, time, numpy as np, psnode

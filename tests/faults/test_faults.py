@@ -19,8 +19,22 @@ import pytest
 import zmq
 
 from psnode import control
-from psnode.protocol import (DATA_VERSION, VERSION, Command, Flush, GetStates, Init, LoadStates, Message,
-                             Pull, Push, PushPull, Resync, SetOptimizer, encode)
+from psnode.protocol import (
+    DATA_VERSION,
+    VERSION,
+    Command,
+    Flush,
+    GetStates,
+    Init,
+    LoadStates,
+    Message,
+    Pull,
+    Push,
+    PushPull,
+    Resync,
+    SetOptimizer,
+    encode,
+)
 from tests.cluster.harness import start_job
 from tests.faults.faultkit import (
     DEAD_AFTER,

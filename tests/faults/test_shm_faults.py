@@ -23,7 +23,6 @@ from tests.faults.faultkit import DEAD_AFTER, FAST_ENV, assert_none_left, listen
 from tests.support import require, wait_for
 
 
-
 @pytest.fixture(autouse=True)
 def _shared_memory_available() -> None:
     """The same-host path needs memfd_create and file seals (Linux >= 3.17): skipped without,

@@ -9,8 +9,7 @@ import pytest
 from psnode import optimizer
 from psnode.aggregation import Store
 from psnode.config import Distribution, NodeConfig, Role
-from psnode.errors import ConfigError, ProtocolError
-from psnode.errors import KINDS
+from psnode.errors import KINDS, ConfigError, ProtocolError
 from psnode.protocol import VERSION, Command, Failed, Init, Message, Ok, Pull, Push, SetOptimizer, decode, encode
 from psnode.sharding import Placer, split_ranges
 

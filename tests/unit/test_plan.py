@@ -3,12 +3,17 @@ from __future__ import annotations
 
 import pytest
 
-from psnode.config import NodeConfig, Role
-
 from cli.hosts import Host
 from cli.plan import (
-    PlanError, PlanRequest, command_argv, is_secret, make_plan, parse_env_assignments, passthrough_env,
+    PlanError,
+    PlanRequest,
+    command_argv,
+    is_secret,
+    make_plan,
+    parse_env_assignments,
+    passthrough_env,
 )
+from psnode.config import NodeConfig, Role
 
 HOSTS = [Host("a", address="10.0.0.1", slots=2), Host("b", address="10.0.0.2"), Host("c", address="10.0.0.3")]
 
