@@ -83,7 +83,7 @@ def test_kill_9_mid_round_on_the_same_host_path_leaves_nothing(tmp_path: Path, r
 
 
 def test_a_restarted_server_is_mapped_again_and_the_job_ends_exactly(tmp_path: Path) -> None:
-    from test_server_restore import SCRIPT, reference
+    from tests.cluster.test_server_restore import SCRIPT, reference
     flags = tmp_path / "flags"
     flags.mkdir()
     script = SCRIPT.replace("kv.close()", "print('LINKS', sorted(kv._engine.io.local), flush=True)\nkv.close()")
