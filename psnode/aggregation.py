@@ -1,7 +1,8 @@
 """Server-side key store: sync rounds, async apply, parked pulls, dense and row_sparse.
 
-Pure logic (no sockets): :meth:`Store.handle` takes one operation from one worker and returns
-the replies it causes (possibly to other workers, e.g. pulls parked until a round completed).
+Pure logic (no sockets): :meth:`Store.handle` takes one typed operation (psnode.protocol) from
+one worker and returns the replies it causes (possibly to other workers, e.g. pulls parked
+until a round completed).  A bad operation is answered ``Failed``, never raised.
 
 Semantics (per key part held by this server):
 
@@ -20,6 +21,7 @@ Semantics (per key part held by this server):
 * ``pull`` with ``after = n``: answered once the worker's push ``n`` has been applied (sync: round
   ``n`` completed), so a pull after a push always sees it.  ``rows`` selects rows (row_sparse).
   A resent pull (``re``) still parked is answered ``wait`` (the server holds it; nothing lost).
+* ``pushpull``: a push, then a pull after it: one request and one answer per key part.
 * :meth:`Store.rebase` after a server restored its shard from a checkpoint: each key part's
   round becomes the later of the checkpoint's and the workers' confirmed rounds, so pushes the
   workers resend are applied once, and rounds the checkpoint already holds are not applied twice.
@@ -31,168 +33,155 @@ Semantics (per key part held by this server):
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from psnode import optimizer as opt_mod
-from psnode.errors import PSError
+from psnode.arith import add_scaled
+from psnode.entry import (
+    Entry,
+    Key,
+    OpError,
+    Reply,
+    first_gap,
+    fits,
+    fmt,
+    fresh,
+    mark_async,
+    received,
+)
+from psnode.errors import PSError, kind_of
+from psnode.fused import Buckets
+from psnode.protocol import (
+    Failed,
+    Flush,
+    GetStates,
+    Init,
+    LoadStates,
+    Missing,
+    Ok,
+    Op,
+    OpCode,
+    Pull,
+    Push,
+    PushPull,
+    Resync,
+    SetOptimizer,
+    Wait,
+    bucket_of,
+)
+from psnode.sparse import combine_rows as _combine_rows
 
-Key = tuple[Any, int]  # (user key, part index)
-
-
-@dataclass
-class Reply:
-    """An answer to one operation.  With ``entry``, ``arrays[0]`` is that entry's value: the
-    sender must call :func:`sent` once the send was issued (with its tracker, if any)."""
-
-    worker: int
-    result: dict[str, Any]
-    arrays: list[np.ndarray] = field(default_factory=list)
-    entry: Entry | None = None
-
-    def __post_init__(self) -> None:
-        if self.entry is not None:
-            self.entry.value_sends.append(UNSENT)
-
-
-def sent(entry: Entry, tracker: Any | None) -> None:
-    """A reply carrying ``entry.value`` went out; ``tracker`` tells when zmq is done with it."""
-    if UNSENT in entry.value_sends:
-        entry.value_sends.remove(UNSENT)
-    if tracker is not None:
-        entry.value_sends.append(tracker)
-
-
-@dataclass
-class Entry:
-    value: np.ndarray
-    sparse: bool
-    sync: bool
-    average: bool
-    round: int = 0
-    first: np.ndarray | None = None   # the round's first dense push, by reference
-    spare: np.ndarray | None = None   # buffer the next aggregate is summed into
-    spare_sends: list[Any] = field(default_factory=list)
-    contributors: set[int] = field(default_factory=set)
-    sparse_parts: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
-    early: dict[int, list[tuple[int, int, np.ndarray, np.ndarray | None]]] = field(default_factory=dict)
-    pushed: dict[int, int] = field(default_factory=dict)
-    ahead: dict[int, set[int]] = field(default_factory=dict)  # async: applied beyond a gap
-    pulls: list[tuple[int, int, int, np.ndarray | None]] = field(default_factory=list)
-    state: Any = None
-    value_sends: list[Any] = field(default_factory=list)  # zero-copy sends reading ``value``
-    nonfinite: set[int] = field(default_factory=set)   # workers whose push this round was bad
-    skipped: int = 0
-
-
-class _Unsent:
-    """Marks a value referenced by a reply not sent yet: it must not be written."""
-
-    done = False
-
-
-UNSENT = _Unsent()
-
-
-class OpError(Exception):
-    """A request refused; ``kind`` names the exception the worker raises."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-def _fmt(key: Any, part: int) -> str:
-    return f"key {key!r}" + (f" part {part}" if part else "")
+Alloc = Callable[[tuple[int, ...], np.dtype], np.ndarray]
 
 
 class Store:
-    """All key parts of one server."""
+    """All key parts of one server.  ``alloc(shape, dtype)`` gives the buffers values and
+    aggregates live in (e.g. shared memory; default: plain numpy arrays); ``adopt(view)``
+    registers a view of such a buffer that answers will carry (so it is found quickly)."""
 
-    def __init__(self, num_workers: int, check_finite: bool = False) -> None:
+    def __init__(self, num_workers: int, check_finite: bool = False, alloc: Alloc | None = None,
+                 adopt: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
         self.entries: dict[Key, Entry] = {}
         self.active: set[int] = set(range(num_workers))
         self.optimizer: opt_mod.Optimizer | None = None
         self.check_finite = check_finite
-        self.waiting_inits: dict[Key, list[tuple[int, int, str, list[int]]]] = {}
+        self.alloc: Alloc = alloc or (lambda shape, dtype: np.empty(shape, dtype))
+        self.adopt: Callable[[np.ndarray], np.ndarray] = adopt or (lambda view: view)
+        self.waiting_inits: dict[Key, list[tuple[int, Init]]] = {}
         self.pushes = 0
         self.pulls = 0
         self.rounds = 0
         self.events: list[str] = []  # human-readable notices (e.g. skipped non-finite rounds)
+        self.fused = Buckets(self)
+        self._handlers: dict[int, Callable[[int, Any], list[Reply]]] = {
+            OpCode.INIT: self._init, OpCode.PUSH: self._push, OpCode.PULL: self._pull,
+            OpCode.PUSHPULL: self._pushpull, OpCode.FLUSH: self._flush, OpCode.RESYNC: self._resync,
+            OpCode.SET_OPTIMIZER: self._set_optimizer, OpCode.GET_STATES: self._get_states,
+            OpCode.LOAD_STATES: self._load_states}
 
     # ---------------------------------------------------------------- dispatch
-    def handle(self, worker: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
-        rid = op.get("id")
+    def handle(self, worker: int, op: Op) -> list[Reply]:
+        """The replies ``op`` from ``worker`` causes (possibly to other workers); never raises."""
         try:
-            return self._dispatch(worker, rid, op, arrays)
-        except Exception as exc:  # noqa: BLE001 - a bad request never kills the server
-            return [Reply(worker, {"id": rid, "err": f"malformed request: {exc!r}",
-                                   "kind": "ProtocolError"})]
-
-    def _dispatch(self, worker: int, rid: Any, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
-        try:
-            kind = op.get("op")
-            fn: Callable[..., list[Reply]] | None = getattr(self, f"_op_{kind}", None)
-            if not isinstance(kind, str) or fn is None:
-                raise OpError("ProtocolError", f"unknown operation {str(kind)[:32]!r}")
-            return fn(worker, rid, op, arrays)
+            bid = bucket_of(getattr(op, "key", None))
+            if bid is not None:
+                return self._bucket_op(worker, bid, op)
+            handler = self._handlers.get(getattr(op, "code", -1))
+            if handler is None:
+                raise OpError("ProtocolError", f"unknown operation {type(op).__name__}")
+            return handler(worker, op)
         except OpError as exc:
-            err = {"id": rid, "err": str(exc), "kind": exc.kind}
+            kind, message = exc.kind, str(exc)
         except PSError as exc:  # e.g. ShapeMismatch from an optimizer
-            err = {"id": rid, "err": str(exc), "kind": type(exc).__name__}
+            kind, message = kind_of(exc), str(exc)
         except Exception as exc:  # noqa: BLE001 - a bad request never kills the server
-            err = {"id": rid, "err": f"malformed request: {exc!r}", "kind": "ProtocolError"}
-        if op.get("na"):
-            err["na"] = 1  # nobody waits for it: the worker raises it at its next call
-        return [Reply(worker, err)]
+            kind, message = "ProtocolError", f"malformed request: {exc!r}"
+        # na: nobody waits for it; the worker raises it at its next call
+        return [Reply(worker, Failed(getattr(op, "id", 0), kind, message, bool(getattr(op, "na", False))))]
 
-    def _array(self, op: dict[str, Any], arrays: list[np.ndarray], field_name: str = "a") -> np.ndarray:
-        idx = op[field_name]
-        if not isinstance(idx, int) or not 0 <= idx < len(arrays):
-            raise OpError("ProtocolError", f"array index {idx!r} out of range")
-        return arrays[idx]
-
-    def _entry(self, op: dict[str, Any]) -> tuple[Key, Entry]:
-        key = (op["k"], int(op.get("p", 0)))
+    def _entry(self, key: Key) -> Entry:
         entry = self.entries.get(key)
         if entry is None:
             raise OpError("KeyNotInitialized",
-                          f"{_fmt(*key)} is not initialised on this server: call kv.init first")
-        return key, entry
+                          f"{fmt(*key)} is not initialised on this server: call kv.init first")
+        if entry.bucket is not None:
+            self.fused.split(entry.bucket)   # served on its own from now on (psnode.fused)
+        return entry
+
+    def _bucket_op(self, worker: int, bid: int, op: Op) -> list[Reply]:
+        if isinstance(op, Push):
+            out = self.fused.push(worker, bid, op.seq, op.data)
+            return out if op.na else [Reply(worker, Ok(op.id)), *out]
+        if isinstance(op, Pull) and op.rows is None:
+            return self.fused.pull(worker, op.id, bid, op.after, op.re, op.dest)
+        if isinstance(op, PushPull):
+            out = self.fused.push(worker, bid, op.seq, op.data)
+            return [*out, *self.fused.pull(worker, op.id, bid, op.seq, op.re, op.dest)]
+        raise OpError("ProtocolError", f"{type(op).__name__} of a bucket")
+
+    def _new(self, like: np.ndarray) -> np.ndarray:
+        return self.alloc(like.shape, like.dtype)
 
     # ---------------------------------------------------------------- init
-    def _op_init(self, worker: int, rid: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
-        key = (op["k"], int(op.get("p", 0)))
-        dtype, shape = str(op["dtype"]), [int(d) for d in op["shape"]]
+    def _init(self, worker: int, op: Init) -> list[Reply]:
+        key = (op.key, op.part)
         entry = self.entries.get(key)
         if entry is not None:  # (also a restarted worker: it resumes its push count)
-            self._check_meta(key, entry, dtype, shape)
-            return [Reply(worker, {"id": rid, "a": 0, "q": self._accepted(entry, worker)},
-                          [entry.value], entry)]
-        if "a" not in op:
+            entry = self._entry(key)
+            self._check_meta(key, entry, op.dtype, op.shape)
+            return [Reply(worker, Ok(op.id, [entry.value], seq=self._accepted(entry, worker)), entry)]
+        if op.value is None:
             waiting = self.waiting_inits.setdefault(key, [])
-            if op.get("re") and any(w == worker and r == rid for w, r, *_ in waiting):
-                return [Reply(worker, {"id": rid, "wait": 1})]
-            waiting.append((worker, rid, dtype, shape))
+            if op.re and any(w == worker and o.id == op.id for w, o in waiting):
+                return [Reply(worker, Wait(op.id))]
+            waiting.append((worker, op))
             return []
-        value = np.array(self._array(op, arrays), copy=True)
-        if value.dtype.name != dtype or list(value.shape) != shape:
-            raise OpError("ShapeMismatch", f"{_fmt(*key)}: init array does not match its description")
-        entry = Entry(value=value, sparse=bool(op.get("sparse", False)),
-                      sync=bool(op.get("sync", True)), average=op.get("agg", "average") == "average")
+        if op.value.dtype.name != op.dtype or op.value.shape != tuple(op.shape):
+            raise OpError("ShapeMismatch", f"{fmt(*key)}: init array does not match its description")
+        if op.bucket >= 0 and not op.sparse:
+            try:
+                value = self.fused.place(op.bucket, op.offset, op.value.shape, op.value.dtype, op.sync, op.average)
+            except ValueError as exc:
+                raise OpError("ProtocolError", f"{fmt(*key)}: {exc}") from None
+        else:
+            value = self._new(op.value)
+        np.copyto(value, op.value)
+        entry = Entry(value=value, sparse=op.sparse, sync=op.sync, average=op.average)
         optimizer = self._optimizer_for(entry)
         if optimizer is not None:
             entry.state = optimizer.create_state(entry.value)
         self.entries[key] = entry
-        out = [Reply(worker, {"id": rid, "a": 0}, [entry.value], entry)]
-        for w, r, dt, shp in self.waiting_inits.pop(key, []):
+        if op.bucket >= 0 and not op.sparse:
+            self.fused.join(op.bucket, key, entry, op.offset)
+        out = [Reply(worker, Ok(op.id, [entry.value]), entry)]
+        for w, other in self.waiting_inits.pop(key, []):
             try:
-                self._check_meta(key, entry, dt, shp)
-                out.append(Reply(w, {"id": r, "a": 0}, [entry.value], entry))
+                self._check_meta(key, entry, other.dtype, other.shape)
+                out.append(Reply(w, Ok(other.id, [entry.value], seq=self._accepted(entry, w)), entry))
             except OpError as exc:
-                out.append(Reply(w, {"id": r, "err": str(exc), "kind": exc.kind}))
+                out.append(Reply(w, Failed(other.id, exc.kind, str(exc))))
         return out
 
     @staticmethod
@@ -202,55 +191,57 @@ class Store:
         return max([entry.pushed.get(worker, 0), *early, *entry.ahead.get(worker, ())])
 
     @staticmethod
-    def _check_meta(key: Key, entry: Entry, dtype: str, shape: list[int]) -> None:
-        if entry.value.dtype.name != dtype or list(entry.value.shape) != shape:
+    def _check_meta(key: Key, entry: Entry, dtype: str, shape: tuple[int, ...]) -> None:
+        if entry.value.dtype.name != dtype or entry.value.shape != tuple(shape):
             raise OpError("ShapeMismatch",
-                          f"{_fmt(*key)} was initialised as {entry.value.dtype.name}"
-                          f"{list(entry.value.shape)}, not {dtype}{shape}")
+                          f"{fmt(*key)} was initialised as {entry.value.dtype.name}"
+                          f"{list(entry.value.shape)}, not {dtype}{list(shape)}")
 
     # ---------------------------------------------------------------- push
-    def _op_push(self, worker: int, rid: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
-        key, entry = self._entry(op)
-        seq = int(op["q"])
-        data = self._array(op, arrays)
-        rows = self._array(op, arrays, "rows") if "rows" in op else None
+    def _push(self, worker: int, op: Push) -> list[Reply]:
+        out = self._take_push(worker, (op.key, op.part), op.seq, op.data, op.rows)
+        return out if op.na else [Reply(worker, Ok(op.id)), *out]
+
+    def _take_push(self, worker: int, key: Key, seq: int, data: np.ndarray,
+                   rows: np.ndarray | None) -> list[Reply]:
+        """Accept push ``seq`` of ``worker`` (once); the replies it causes (completed pulls)."""
+        entry = self._entry(key)
         self._validate_push(key, entry, data, rows)
-        acks = [] if op.get("na") else [Reply(worker, {"id": rid})]
-        if _received(entry, worker, seq):
-            return acks  # duplicate: applied once
+        if received(entry, worker, seq):
+            return []  # duplicate: applied once
         self.pushes += 1
         if not entry.sync:
             if self.check_finite and data.dtype.kind == "f" and not np.isfinite(data).all():
                 entry.skipped += 1
-                self.events.append(f"{_fmt(*key)}: push {seq} of worker {worker} skipped: non-finite")
+                self.events.append(f"{fmt(*key)}: push {seq} of worker {worker} skipped: non-finite")
             else:
                 if rows is not None:
                     rows, data = _combine_rows([(rows, data)])
                 self._apply(key, entry, data, rows, 1, average=False)
-            _mark_async(entry, worker, seq)
-            return [*acks, *self._answer_pulls(entry)]
+            mark_async(entry, worker, seq)
+            return self._answer_pulls(entry)
         if seq != entry.round + 1 or worker in entry.contributors:
-            entry.early.setdefault(worker, []).append((seq, rid, data, rows))
-            return acks
+            entry.early.setdefault(worker, []).append((seq, data, rows))
+            return []
         self._contribute(entry, worker, seq, data, rows)
-        return [*acks, *self._maybe_complete(key, entry)]
+        return self._maybe_complete(key, entry)
 
     def _validate_push(self, key: Key, entry: Entry, data: np.ndarray, rows: np.ndarray | None) -> None:
         want = entry.value
         if data.dtype != want.dtype:
-            raise OpError("ShapeMismatch", f"{_fmt(*key)} holds {want.dtype.name}, push sent {data.dtype.name}")
+            raise OpError("ShapeMismatch", f"{fmt(*key)} holds {want.dtype.name}, push sent {data.dtype.name}")
         if rows is None:
             if data.shape != want.shape:
                 raise OpError("ShapeMismatch",
-                              f"{_fmt(*key)} has shape {list(want.shape)}, push sent {list(data.shape)}")
+                              f"{fmt(*key)} has shape {list(want.shape)}, push sent {list(data.shape)}")
             return
         if not entry.sparse:
-            raise OpError("ShapeMismatch", f"{_fmt(*key)} is dense; a row_sparse push was sent")
+            raise OpError("ShapeMismatch", f"{fmt(*key)} is dense; a row_sparse push was sent")
         if rows.ndim != 1 or rows.dtype.kind not in "iu" or data.shape != (len(rows), *want.shape[1:]):
             raise OpError("ShapeMismatch",
-                          f"{_fmt(*key)}: row_sparse push with {len(rows)} ids and data {list(data.shape)}")
+                          f"{fmt(*key)}: row_sparse push with {len(rows)} ids and data {list(data.shape)}")
         if len(rows) and (rows.min() < 0 or rows.max() >= want.shape[0]):
-            raise OpError("ShapeMismatch", f"{_fmt(*key)}: row id out of range 0..{want.shape[0] - 1}")
+            raise OpError("ShapeMismatch", f"{fmt(*key)}: row id out of range 0..{want.shape[0] - 1}")
 
     def _contribute(self, entry: Entry, worker: int, seq: int, data: np.ndarray, rows: np.ndarray | None) -> None:
         entry.contributors.add(worker)
@@ -263,14 +254,21 @@ class Store:
             entry.sparse_parts.append((rows, data))
         elif len(entry.contributors) == 1:
             entry.first = data
-        elif entry.first is not None:
-            entry.spare = _fresh(entry.spare, entry.spare_sends, entry.value)
-            entry.spare_sends = []
-            np.add(entry.first, data, out=entry.spare)
-            entry.first = None
         else:
-            assert entry.spare is not None
-            np.add(entry.spare, data, out=entry.spare)
+            # the push that completes the round also averages, chunk by chunk while in cache
+            n = len(entry.contributors)
+            last = self.active <= entry.contributors and entry.average and not entry.nonfinite \
+                and self._optimizer_for(entry) is None
+            scale = 1.0 / n if last else 1.0
+            if entry.first is not None:
+                entry.spare = fresh(entry.spare, entry.spare_sends, entry.value, self._new)
+                entry.spare_sends = []
+                add_scaled(entry.first, data, entry.spare, scale)
+                entry.first = None
+            else:
+                assert entry.spare is not None
+                add_scaled(entry.spare, data, entry.spare, scale)
+            entry.scaled = last
 
     def _maybe_complete(self, key: Key, entry: Entry) -> list[Reply]:
         out: list[Reply] = []
@@ -278,7 +276,7 @@ class Store:
             n = len(entry.contributors)
             if entry.nonfinite:
                 entry.skipped += 1
-                self.events.append(f"{_fmt(*key)}: round {entry.round + 1} skipped: non-finite "
+                self.events.append(f"{fmt(*key)}: round {entry.round + 1} skipped: non-finite "
                                    f"gradient from worker(s) {sorted(entry.nonfinite)}")
                 entry.nonfinite.clear()
             elif entry.sparse:
@@ -294,11 +292,13 @@ class Store:
             entry.contributors.clear()
             entry.sparse_parts.clear()
             out.extend(self._answer_pulls(entry))
+            if entry.bucket is not None:
+                out.extend(self.fused.answer(entry.bucket))
             for w, queue in list(entry.early.items()):  # pushes waiting for this round
                 for item in list(queue):
                     if item[0] == entry.round + 1 and w not in entry.contributors:
                         queue.remove(item)
-                        self._contribute(entry, w, item[0], item[2], item[3])
+                        self._contribute(entry, w, item[0], item[1], item[2])
                 if not queue:
                     del entry.early[w]
         return out
@@ -313,17 +313,19 @@ class Store:
         """
         if average and n > 1:
             if data is entry.spare:
-                np.multiply(data, 1.0 / n, out=data, casting="unsafe")
+                if not entry.scaled:
+                    np.multiply(data, 1.0 / n, out=data, casting="unsafe")
             else:
                 data = data / n
+        entry.scaled = False
         if rows is not None and not entry.sparse:
             rows = None
         optimizer = self._optimizer_for(entry)
-        if optimizer is None and rows is None and data is entry.spare:
+        if optimizer is None and rows is None and data is entry.spare and not entry.fixed:
             entry.value, entry.spare = entry.spare, entry.value
             entry.spare_sends, entry.value_sends = entry.value_sends, []
             return
-        value = _own(entry)
+        value = self._own(entry)
         if optimizer is None:
             if rows is None:
                 np.copyto(value, data)
@@ -337,94 +339,123 @@ class Store:
         elif len(rows):
             optimizer.update_rows(value, np.asarray(rows, np.int64), data, entry.state)
 
+    def _own(self, entry: Entry) -> np.ndarray:
+        """The entry's value, safe to write in place (copied if a send still reads it; a fixed
+        value is never sent without a copy)."""
+        if not entry.fixed and (not entry.value.flags.writeable or not all(t.done for t in entry.value_sends)):
+            value = self._new(entry.value)
+            np.copyto(value, entry.value)
+            entry.value = value
+        entry.value_sends = []
+        return entry.value
+
     def _optimizer_for(self, entry: Entry) -> opt_mod.Optimizer | None:
         """Optimizers update floating-point keys; other keys take the aggregate as is."""
         return self.optimizer if entry.value.dtype.kind == "f" else None
 
     # ---------------------------------------------------------------- pull
-    def _op_pull(self, worker: int, rid: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
-        key, entry = self._entry(op)
-        after = int(op.get("after", 0))
-        rows = self._array(op, arrays, "rows") if "rows" in op else None
+    def _pull(self, worker: int, op: Pull) -> list[Reply]:
+        return self._park_pull(worker, op.id, (op.key, op.part), op.after, op.rows, op.re, op.dest)
+
+    def _park_pull(self, worker: int, rid: int, key: Key, after: int, rows: np.ndarray | None,
+                   re: bool, dest: np.ndarray | None = None) -> list[Reply]:
+        entry = self._entry(key)
         if rows is not None and (rows.ndim != 1 or rows.dtype.kind not in "iu"
                                  or (len(rows) and (rows.min() < 0 or rows.max() >= entry.value.shape[0]))):
-            raise OpError("ShapeMismatch", f"{_fmt(*key)}: row ids must be in 0..{entry.value.shape[0] - 1}")
-        if op.get("re") and any(w == worker and r == rid for w, r, *_ in entry.pulls):
-            notice = {"id": rid, "wait": 1}  # still parked: the pull was not lost
-            gap = _first_gap(entry, worker)
-            if gap <= after:  # ... but it waits for a push of this worker that never came
-                notice["gap"] = gap
-            return [Reply(worker, notice)]
+            raise OpError("ShapeMismatch", f"{fmt(*key)}: row ids must be in 0..{entry.value.shape[0] - 1}")
+        if re and any(w == worker and r == rid for w, r, *_ in entry.pulls):
+            # still parked: the pull was not lost ... but it may wait for a push of this worker
+            # that never came (gap), or for other workers (blockers)
+            gap = first_gap(entry, worker)
+            blockers = sorted(self.active - entry.contributors) if entry.sync else []
+            return [Reply(worker, Wait(rid, gap if gap <= after else 0, blockers))]
         self.pulls += 1
-        entry.pulls.append((worker, rid, after, rows))
+        entry.pulls.append((worker, rid, after, rows, dest))
         return self._answer_pulls(entry)
+
+    def _pushpull(self, worker: int, op: PushPull) -> list[Reply]:
+        key = (op.key, op.part)
+        out = self._take_push(worker, key, op.seq, op.data, None)
+        return [*out, *self._park_pull(worker, op.id, key, op.seq, None, op.re, op.dest)]
 
     def _answer_pulls(self, entry: Entry) -> list[Reply]:
         out, keep = [], []
-        for worker, rid, after, rows in entry.pulls:
+        for worker, rid, after, rows, dest in entry.pulls:
             done = entry.round if entry.sync else entry.pushed.get(worker, 0)
             if done >= after or (entry.sync and worker not in self.active and after > done):
-                value = entry.value if rows is None else entry.value[rows]
-                out.append(Reply(worker, {"id": rid, "a": 0}, [value], entry if rows is None else None))
+                if rows is None:
+                    out.append(Reply(worker, Ok(rid, [entry.value]), entry, dest, entry.sync))
+                elif fits(dest, (len(rows), *entry.value.shape[1:]), entry.value.dtype):
+                    assert dest is not None
+                    np.take(entry.value, rows, axis=0, out=dest)   # straight into the landing area
+                    out.append(Reply(worker, Ok(rid, [dest])))
+                else:
+                    out.append(Reply(worker, Ok(rid, [entry.value[rows]])))
             else:
-                keep.append((worker, rid, after, rows))
+                keep.append((worker, rid, after, rows, dest))
         entry.pulls = keep
         return out
 
-    def _op_resync(self, worker: int, rid: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
+    def _resync(self, worker: int, op: Resync) -> list[Reply]:
         """Only a restored server waits for resyncs (psnode.server); elsewhere a no-op."""
         return []
 
-    def _op_flush(self, worker: int, rid: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
+    def _flush(self, worker: int, op: Flush) -> list[Reply]:
         """Answered at once: every earlier request of this worker that arrived has been handled.
 
-        ``check`` lists ``[key, part, [seq, ...]]`` pushes the worker sent; the answer names
-        under ``missing`` those never received (lost on the way), for the worker to send again.
+        ``check`` lists pushes the worker sent; the answer names under ``missing`` those never
+        received (lost on the way), for the worker to send again.
         """
         missing = []
-        for key, part, seqs in op.get("check") or []:
-            entry = self.entries.get((key, int(part)))
-            if entry is not None:
-                lost = [int(q) for q in seqs if not _received(entry, worker, int(q))]
-                if lost:
-                    missing.append([key, part, lost])
-        return [Reply(worker, {"id": rid, "missing": missing} if missing else {"id": rid})]
+        for key, part, seqs in op.check:
+            bid = bucket_of(key)
+            if bid is not None:
+                lost = [q for q in seqs if not self.fused.received(bid, worker, q, received)]
+            else:
+                entry = self.entries.get((key, part))
+                lost = [] if entry is None else [q for q in seqs if not received(entry, worker, q)]
+            if lost:
+                missing.append((key, part, lost))
+        return [Reply(worker, Missing(op.id, missing) if missing else Ok(op.id))]
 
     # ---------------------------------------------------------------- optimizer
-    def _op_opt(self, worker: int, rid: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
+    def _set_optimizer(self, worker: int, op: SetOptimizer) -> list[Reply]:
+        self.fused.split_all()
         try:
-            optimizer = opt_mod.from_spec(op["spec"])
+            optimizer = opt_mod.from_spec(op.spec)
         except Exception as exc:  # noqa: BLE001 - validation errors go back to the worker
             raise OpError("ConfigError", str(exc)) from None
         if self.optimizer is None or self.optimizer.to_spec() != optimizer.to_spec():
             self.optimizer = optimizer
             for entry in self.entries.values():
                 entry.state = optimizer.create_state(entry.value) if entry.value.dtype.kind == "f" else None
-        return [Reply(worker, {"id": rid})]
+        return [Reply(worker, Ok(op.id))]
 
-    def _op_states(self, worker: int, rid: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
+    def _get_states(self, worker: int, op: GetStates) -> list[Reply]:
         """Every key part's optimizer state, as named arrays (for save_optimizer_states)."""
+        self.fused.split_all()
         names, out = [], []
         for (key, part), entry in self.entries.items():
             if entry.state is None:
                 continue
             for name, arr in opt_mod.state_to_arrays(entry.state).items():
-                names.append([key, part, name])
+                names.append((key, part, name))
                 out.append(np.array(arr, copy=True))
-        return [Reply(worker, {"id": rid, "names": names}, out)]
+        return [Reply(worker, Ok(op.id, out, names=names))]
 
-    def _op_load_states(self, worker: int, rid: int, op: dict[str, Any], arrays: list[np.ndarray]) -> list[Reply]:
+    def _load_states(self, worker: int, op: LoadStates) -> list[Reply]:
         if self.optimizer is None:
             raise OpError("ConfigError", "no optimizer is set: call kv.set_optimizer first")
+        self.fused.split_all()
         grouped: dict[Key, dict[str, np.ndarray]] = {}
-        for i, (key, part, name) in enumerate(op["names"]):
-            grouped.setdefault((key, int(part)), {})[str(name)] = np.array(self._array({"a": i}, arrays))
-        for key, named in grouped.items():
-            entry = self.entries.get(key)
+        for (k, part, name), arr in zip(op.names, op.arrays, strict=True):
+            grouped.setdefault((k, part), {})[name] = np.array(arr)
+        for where, named in grouped.items():
+            entry = self.entries.get(where)
             if entry is None:
-                raise OpError("KeyNotInitialized", f"{_fmt(*key)} in the state file is not initialised")
+                raise OpError("KeyNotInitialized", f"{fmt(*where)} in the state file is not initialised")
             entry.state = opt_mod.state_from_arrays(named)
-        return [Reply(worker, {"id": rid})]
+        return [Reply(worker, Ok(op.id))]
 
     # ---------------------------------------------------------------- restore
     def rebase(self, confirmed: dict[Key, dict[int, int]], num_workers: int) -> list[str]:
@@ -434,12 +465,20 @@ class Store:
         returned).  Returns notices for rounds the checkpoint did not hold (lost with the server).
         """
         notices = []
+        self.fused.split_all()
+        for (k, _part), seen_b in list(confirmed.items()):   # a bucket's confirmations: its members'
+            bid = bucket_of(k)
+            if bid is not None:
+                for member in self.fused.members(bid):
+                    got = confirmed.setdefault(member, {})
+                    for w, q in seen_b.items():
+                        got[w] = max(got.get(w, 0), q)
         for key, entry in self.entries.items():
             seen = confirmed.get(key, {})
             latest = max(seen.values(), default=0)
             if entry.sync:
                 if latest > entry.round:
-                    notices.append(f"{_fmt(*key)}: rounds {entry.round + 1}..{latest} were not in the "
+                    notices.append(f"{fmt(*key)}: rounds {entry.round + 1}..{latest} were not in the "
                                    f"checkpoint; the value is that of round {entry.round}")
                 entry.round = max(entry.round, latest)
                 entry.pushed = dict.fromkeys(range(num_workers), entry.round)
@@ -447,7 +486,7 @@ class Store:
                 for w in range(num_workers):
                     mine = max(entry.pushed.get(w, 0), seen.get(w, 0))
                     if seen.get(w, 0) > entry.pushed.get(w, 0):
-                        notices.append(f"{_fmt(*key)}: pushes {entry.pushed.get(w, 0) + 1}..{mine} of worker "
+                        notices.append(f"{fmt(*key)}: pushes {entry.pushed.get(w, 0) + 1}..{mine} of worker "
                                        f"{w} were not in the checkpoint")
                     entry.pushed[w] = mine
             entry.ahead.clear()
@@ -456,85 +495,20 @@ class Store:
             entry.sparse_parts.clear()
             entry.first = None
             entry.pulls = []
+        for b in self.fused.all.values():
+            b.pulls = []
         return notices
 
     # ---------------------------------------------------------------- membership
     def set_active(self, workers: set[int]) -> list[Reply]:
         """The workers still taking part; completes rounds that only waited for leavers."""
         self.active = set(workers)
+        self.fused.split_all()
         out: list[Reply] = []
         for key, entry in self.entries.items():
             if entry.sync:
                 out.extend(self._maybe_complete(key, entry))
                 out.extend(self._answer_pulls(entry))
+        for b in self.fused.all.values():
+            out.extend(self.fused.answer(b))
         return out
-
-
-def _received(entry: Entry, worker: int, seq: int) -> bool:
-    return (seq <= entry.pushed.get(worker, 0) or seq in entry.ahead.get(worker, ())
-            or any(s == seq for s, *_ in entry.early.get(worker, [])))
-
-
-def _first_gap(entry: Entry, worker: int) -> int:
-    """The first push sequence number of ``worker`` this key part has not received."""
-    have = {s for s, *_ in entry.early.get(worker, [])} | entry.ahead.get(worker, set())
-    seq = entry.pushed.get(worker, 0) + 1
-    while seq in have:
-        seq += 1
-    return seq
-
-
-def _mark_async(entry: Entry, worker: int, seq: int) -> None:
-    """Record async push ``seq`` of ``worker`` as applied; ``pushed`` stays contiguous."""
-    done = entry.pushed.get(worker, 0)
-    if seq != done + 1:
-        entry.ahead.setdefault(worker, set()).add(seq)
-        return
-    done = seq
-    ahead = entry.ahead.get(worker)
-    while ahead and done + 1 in ahead:
-        ahead.discard(done + 1)
-        done += 1
-    entry.pushed[worker] = done
-
-
-def _fresh(buf: np.ndarray | None, sends: list[Any], like: np.ndarray) -> np.ndarray:
-    """``buf`` if it is writable and no send still reads it; else a new array like ``like``."""
-    if buf is not None and buf.flags.writeable and buf.shape == like.shape and all(t.done for t in sends):
-        return buf
-    return np.empty_like(like)
-
-
-def _own(entry: Entry) -> np.ndarray:
-    """The entry's value, safe to write in place (copied if a send still reads it)."""
-    if not entry.value.flags.writeable or not all(t.done for t in entry.value_sends):
-        entry.value = entry.value.copy()
-    entry.value_sends = []
-    return entry.value
-
-
-def _combine_rows(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """Sum row_sparse parts: sorted unique rows and the summed data (a fresh array)."""
-    if len(parts) == 1:
-        rows, data = parts[0]
-        if len(rows) <= 1 or bool(np.all(rows[1:] > rows[:-1])):
-            return rows.astype(np.int64, copy=False), np.array(data, copy=True)
-    rows = np.concatenate([p[0] for p in parts]).astype(np.int64, copy=False)
-    data = np.concatenate([p[1] for p in parts])
-    if not len(rows):
-        return rows, data
-    order = np.argsort(rows, kind="stable")
-    rows, data = rows[order], data[order]
-    starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
-    out = data[starts].astype(np.add.reduce(data[:1], axis=0).dtype, copy=False)  # (sums' dtype)
-    if len(starts) == len(rows):
-        return rows, out
-    # sum only the rows that repeat: np.add.reduceat over all of data is slow along axis 0;
-    # over just the repeated runs (same runs, same order) it gives bit-identical sums
-    lens = np.diff(np.r_[starts, len(rows)])
-    multi = np.flatnonzero(lens > 1)
-    mlens = lens[multi]
-    first = np.cumsum(mlens) - mlens                  # where each run starts in the selection
-    sel = np.repeat(starts[multi] - first, mlens) + np.arange(mlens.sum())
-    out[multi] = np.add.reduceat(data[sel], first, axis=0)
-    return rows[starts], out

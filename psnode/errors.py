@@ -36,3 +36,24 @@ class ShapeMismatch(PSError, ValueError):
 
 class RemoteError(PSError):
     """A server refused a request; the message carries the server's reason."""
+
+
+#: Error kinds a server names in a FAILED answer (psnode.protocol), and the class a worker
+#: raises for each; an unknown kind raises RemoteError.
+KINDS: dict[str, type[PSError]] = {
+    "KeyNotInitialized": KeyNotInitialized,
+    "ShapeMismatch": ShapeMismatch,
+    "ConfigError": ConfigError,
+    "ProtocolError": ProtocolError,
+}
+
+
+def from_kind(kind: str, message: str) -> PSError:
+    """The exception a worker raises for a server's FAILED answer of ``kind``."""
+    return KINDS.get(kind, RemoteError)(message)
+
+
+def kind_of(exc: BaseException) -> str:
+    """The kind to report ``exc`` as (its class name when known, else ProtocolError)."""
+    name = type(exc).__name__
+    return name if name in KINDS else "ProtocolError"

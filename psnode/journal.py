@@ -9,8 +9,6 @@ effect.  :class:`PushJournal` keeps, per key part, the pushes sent but not yet k
   it never received; a resent pull parked on a server gets the ``gap`` named the same way;
 * a restored server gets each key part's last confirmed push (``resync_parts``), then every
   unconfirmed push again (``replay``).
-
-:class:`Pending` is one request that expects an answer, kept whole so it can be sent again.
 """
 from __future__ import annotations
 
@@ -19,30 +17,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
+from psnode.protocol import PartKey, Push, PushPull
 
-Op = tuple[dict[str, Any], list[np.ndarray]]   # an operation and the arrays it refers to
-PartKey = tuple[Any, int]                      # (user key, part index)
-
-
-@dataclass
-class Pending:
-    """A sent request waiting for its answer."""
-
-    future: Any
-    server: int
-    nbytes: int        # bytes it brings back (counted against the per-server window)
-    op: dict[str, Any]
-    arrays: list[np.ndarray]
-    sent: float        # when it was last sent (monotonic seconds)
-    tries: int = 0     # resends since the last sign of life
+Sent = Push | PushPull
 
 
 @dataclass
 class _Part:
     server: int
     confirmed: int = 0
-    pushes: deque[tuple[int, Op]] = field(default_factory=deque)
+    pushes: deque[Sent] = field(default_factory=deque)
 
 
 class PushJournal:
@@ -51,17 +35,15 @@ class PushJournal:
     def __init__(self, depth: int = 2) -> None:
         self.depth = depth
         self._parts: dict[PartKey, _Part] = {}
+        self.rounds = 0    # the highest push of any key part known applied
 
-    @staticmethod
-    def key_of(op: Mapping[str, Any]) -> PartKey:
-        return (op["k"], int(op.get("p", 0)))
-
-    def remember(self, server: int, op: dict[str, Any], arrays: list[np.ndarray]) -> None:
+    def remember(self, server: int, op: Sent) -> None:
         """A push was sent; the oldest beyond ``depth`` is forgotten."""
-        part = self._parts.get(self.key_of(op))
+        key = (op.key, op.part)
+        part = self._parts.get(key)
         if part is None:
-            part = self._parts[self.key_of(op)] = _Part(server)
-        part.pushes.append((int(op["q"]), (op, arrays)))
+            part = self._parts[key] = _Part(server)
+        part.pushes.append(op)
         if len(part.pushes) > self.depth:
             part.pushes.popleft()
 
@@ -70,33 +52,40 @@ class PushJournal:
         part = self._parts.get(key)
         if part is None:
             return
-        part.confirmed = max(part.confirmed, seq)
-        while part.pushes and part.pushes[0][0] <= seq:
+        if seq > part.confirmed:
+            part.confirmed = seq
+            if seq > self.rounds:
+                self.rounds = seq
+        while part.pushes and part.pushes[0].seq <= seq:
             part.pushes.popleft()
+
+    def confirmed(self, key: PartKey) -> int:
+        part = self._parts.get(key)
+        return 0 if part is None else part.confirmed
 
     def holds(self, key: PartKey, seq: int) -> bool:
         part = self._parts.get(key)
-        return part is not None and any(q == seq for q, _ in part.pushes)
+        return part is not None and any(op.seq == seq for op in part.pushes)
 
-    def check_list(self, server: int) -> list[list[Any]]:
-        """``[key, part, [seq, ...]]`` of every unconfirmed push to ``server`` (for a flush)."""
-        return [[k, p, [q for q, _ in part.pushes]] for (k, p), part in self._parts.items()
+    def check_list(self, server: int) -> list[tuple[Any, int, list[int]]]:
+        """``(key, part, [seq, ...])`` of every unconfirmed push to ``server`` (for a flush)."""
+        return [(k, p, [op.seq for op in part.pushes]) for (k, p), part in self._parts.items()
                 if part.server == server and part.pushes]
 
-    def resync_parts(self, server: int) -> list[list[Any]]:
-        """``[key, part, last confirmed push]`` of every key part on ``server``."""
-        return [[k, p, part.confirmed] for (k, p), part in self._parts.items() if part.server == server]
+    def resync_parts(self, server: int) -> list[tuple[Any, int, int]]:
+        """``(key, part, last confirmed push)`` of every key part on ``server``."""
+        return [(k, p, part.confirmed) for (k, p), part in self._parts.items() if part.server == server]
 
-    def replay(self, server: int, wanted: Mapping[PartKey, Iterable[int]] | None = None) -> list[Op]:
+    def replay(self, server: int, wanted: Mapping[PartKey, Iterable[int]] | None = None) -> list[Sent]:
         """The unconfirmed pushes to ``server`` (only ``wanted`` sequence numbers per key part, if
         given), oldest first per key part, to send again."""
-        out: list[Op] = []
+        out: list[Sent] = []
         for key, part in self._parts.items():
             if part.server != server or (wanted is not None and key not in wanted):
                 continue
             seqs = None if wanted is None else set(wanted[key])
-            out.extend(op for q, op in part.pushes if seqs is None or q in seqs)
+            out.extend(op for op in part.pushes if seqs is None or op.seq in seqs)
         return out
 
 
-__all__ = ["Op", "PartKey", "Pending", "PushJournal"]
+__all__ = ["PushJournal", "Sent"]

@@ -7,7 +7,8 @@ reference: a one-worker job gives the same results.
 
 Contracts:
 
-* Keys are ints or strs, or lists of them with matching lists of values.
+* Keys are ints or strs, or lists of them with matching lists of values, in every form MXNet's
+  KVStore accepts (:mod:`psnode.forms`).
 * ``init``: every worker calls it for the same keys in the same order.  The first init decides
   shape, dtype and value: rank 0's array (or the initializer's output on rank 0) is stored, and
   every worker's ``value`` (a writable ndarray) is overwritten with it, so all workers start
@@ -24,97 +25,40 @@ from __future__ import annotations
 
 import atexit
 import json
-import math
 import os
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from psnode import failure
+from psnode import checkpoint, failure, forms
 from psnode import initializer as init_mod
 from psnode import optimizer as opt_mod
-from psnode.aggregation import Store, sent
+from psnode.bucketing import Bucketer
 from psnode.config import Distribution, NodeConfig, Role
-from psnode.errors import ConfigError, KeyNotInitialized, PeerLost, PSError, ShapeMismatch
-from psnode.protocol import Command, check_key
-from psnode.sharding import Placement, Placer
+from psnode.datapath import Copier, DataPath, KeyInfo, _whole_buckets
+from psnode.errors import ConfigError, PeerLost, PSError, ShapeMismatch
+from psnode.local import LocalEngine
+from psnode.protocol import (
+    DTYPES,
+    Command,
+    Flush,
+    GetStates,
+    Init,
+    LoadStates,
+    Ok,
+    SetOptimizer,
+    check_key,
+)
+from psnode.sharding import Placer
 from psnode.sparse import RowSparseArray
-from psnode.worker import ERRORS, Engine, Future
+from psnode.worker import Engine, Future
 
 TYPES = ("local", "dist_sync", "dist_async")
 AGGREGATORS = ("average", "sum")
 
 
-class LocalEngine:
-    """The in-process stand-in for :class:`psnode.worker.Engine`: one server, one worker."""
-
-    def __init__(self) -> None:
-        self.store = Store(1)
-        self.rank = 0
-        self.num_servers = 1
-        self.restarts = 0
-
-    def submit(self, server: int, op: dict[str, Any], arrays: list[np.ndarray], nbytes: int,
-               priority: int = 0, on_reply: Callable[..., None] | None = None,
-               reply: bool = True) -> Future | None:
-        fut = Future(on_reply)
-        op["id"] = 0
-        for answer in self.store.handle(0, op, arrays):
-            if "err" in answer.result:
-                cls = ERRORS.get(str(answer.result.get("kind")), PSError)
-                fut.fail(cls(str(answer.result["err"])))
-            else:
-                fut.set(answer.result, answer.arrays)
-            if answer.entry is not None:
-                sent(answer.entry, None)  # the reply's value was copied out already
-        if not reply:
-            if fut.error is not None:
-                raise fut.error
-            return None
-        return fut
-
-    def wait(self, fut: Future) -> dict[str, Any]:
-        return fut.wait(0)
-
-    def control(self, cmd: Command, body: dict[str, Any] | None = None) -> Future:
-        fut = Future()
-        fut.set({}, [])
-        return fut
-
-    def check(self) -> None:
-        pass
-
-    def close(self, timeout: float = 30.0) -> None:
-        pass
-
-
-@dataclass
-class KeyInfo:
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    sparse: bool
-    placement: Placement
-    seq: int = 0
-
-    def part_shape(self, lo: int, hi: int) -> tuple[int, ...]:
-        if not self.placement.split:
-            return self.shape
-        return (hi - lo, *self.shape[1:]) if self.placement.by_rows else (hi - lo,)
-
-
-def _as_list(key: Any, value: Any) -> tuple[list[Any], list[Any], bool]:
-    if isinstance(key, (list, tuple)):
-        values = value if isinstance(value, (list, tuple)) else [value] * len(key)
-        if len(values) != len(key):
-            raise ConfigError(f"{len(key)} keys but {len(values)} values")
-        return list(key), list(values), True
-    return [key], [value], False
-
-
-class KVStore:
+class KVStore(DataPath):
     """A key-value store for parameters (see the module docstring for the contracts)."""
 
     def __init__(self, kind: str, engine: Any, cfg: NodeConfig | None, aggregator: str) -> None:
@@ -128,6 +72,12 @@ class KVStore:
         self._keys: dict[Any, KeyInfo] = {}
         self._closed = False
         self._optimizer: opt_mod.Optimizer | None = None
+        self._resumed = False      # a restarted worker continues its predecessor's push counts
+        self._pushed = False
+        self._bucketer = Bucketer()
+        # a sync push over this host's link asks for its round's value at once (PushPull): the
+        # pull after it then sends nothing (see _asked); (op key, part) -> (push, its future)
+        self._asked: dict[tuple[Any, int], tuple[int, Future]] = {}
 
     # ------------------------------------------------------------ properties
     @property
@@ -156,50 +106,35 @@ class KVStore:
 
         0 in a fresh job.  A restarted worker (``mxdist launch --max-restarts``) gets its
         predecessor's count after ``init``, so a script can resume its loop at that step.
+        Asking before the first push means the script resumes: its pushes (and barriers)
+        continue its predecessor's numbering.  A restarted script that never asks starts over
+        instead: its pushes of rounds the servers already applied are recognised and not
+        applied again, and its pulls get the current values, until it catches up.
         """
-        return self._info(key).seq
+        info = self._info(key)
+        if not self._resumed and not self._pushed:
+            self._resumed = True
+            for other in self._keys.values():
+                other.seq = max(other.seq, other.taken)
+            self._engine.resume()
+        return max(info.seq, info.taken)
 
     # ------------------------------------------------------------ helpers
-    def _wait(self, futs: Sequence[Future]) -> None:
-        first: BaseException | None = None
-        for fut in futs:
-            try:
-                self._engine.wait(fut)
-            except PSError as exc:
-                first = first or exc
-        if first is not None:
-            raise first
 
     def _check_acks(self) -> None:
         """Raise an error a server reported for an earlier push."""
         self._engine.check()
 
-    def _info(self, key: Any) -> KeyInfo:
-        info = self._keys.get(key)
-        if info is None:
-            raise KeyNotInitialized(f"key {key!r} is not initialised: call kv.init({key!r}, value) first")
-        return info
 
-    def _submit(self, server: int, op: dict[str, Any], arrays: list[np.ndarray], nbytes: int,
-                priority: int, on_reply: Callable[..., None] | None = None) -> Future:
-        if self._closed:
-            raise PSError("this KVStore is closed")
-        return self._engine.submit(server, op, arrays, nbytes, priority, on_reply)
-
-    def _send(self, server: int, op: dict[str, Any], arrays: list[np.ndarray], priority: int) -> None:
-        """Fire and forget (pushes): a failure is raised by a later call."""
-        if self._closed:
-            raise PSError("this KVStore is closed")
-        self._engine.submit(server, op, arrays, 0, priority, None, reply=False)
 
     # ------------------------------------------------------------ init
     def init(self, key: Any, value: Any, initializer: Any = None, stype: str | None = None) -> None:
         """Initialise keys (see the module docstring: rank 0's value wins everywhere)."""
-        keys, values, _ = _as_list(key, value)
+        pairs = forms.init_pairs(key, value)
         if isinstance(initializer, dict):
             initializer = init_mod.from_spec(initializer)
         futs: list[Future] = []
-        for k, v in zip(keys, values, strict=False):
+        for k, v in pairs:
             futs.extend(self._init_one(check_key_user(k), v, initializer, stype))
         self._wait(futs)
 
@@ -209,7 +144,7 @@ class KVStore:
             raise ConfigError(f"stype {stype!r} for key {key!r}: use 'default' or 'row_sparse'")
         target = value if isinstance(value, np.ndarray) and value.flags.writeable else None
         arr = value.todense() if isinstance(value, RowSparseArray) else np.asarray(value)
-        if arr.dtype.kind not in "fiub":
+        if arr.dtype.name not in DTYPES:
             raise ShapeMismatch(f"key {key!r}: dtype {arr.dtype} cannot be stored")
         info = self._keys.get(key)
         if info is not None:
@@ -225,75 +160,65 @@ class KVStore:
             initializer(arr)
         placement = self._placer.place(key, arr.shape, arr.dtype.itemsize, by_rows=sparse)
         info = KeyInfo(arr.shape, arr.dtype, sparse, placement)
+        joined = None
+        if self.type == "dist_sync" and not sparse and not placement.split:
+            joined = self._bucketer.assign(key, placement.parts[0].server, arr.dtype, arr.size)
+        if joined is not None:
+            info.bucket = joined[0]
         self._keys[key] = info
-        dest = target if target is not None else None
         futs = []
         for part in placement.parts:
-            op: dict[str, Any] = {"op": "init", "k": key, "p": part.index, "dtype": arr.dtype.name,
-                                  "shape": list(info.part_shape(part.lo, part.hi)),
-                                  "sync": self.type != "dist_async", "agg": self._aggregator,
-                                  "sparse": sparse}
-            arrays = []
+            op = Init(key, part.index, arr.dtype.name, info.part_shape(part), sync=self.type != "dist_async",
+                      average=self._aggregator == "average", sparse=sparse)
+            if joined is not None:
+                op.bucket, op.offset = joined[0].bid, joined[1]
             if self.rank == 0:
-                op["a"] = 0
-                arrays = [np.array(self._region(arr, info, part.lo, part.hi), copy=True)]
-            copy = self._copier(dest, info, part.lo, part.hi) if dest is not None else None
+                op.value = np.array(info.region(arr, part), copy=True)
+            copy = self._copier(target, info, part) if target is not None else None
 
-            def on_init(result: dict[str, Any], arrays: list[np.ndarray], copy: Any = copy,
-                        info: KeyInfo = info) -> None:
-                info.seq = max(info.seq, int(result.get("q", 0)))  # > 0 after a restart
+            def on_init(ans: Ok, copy: Copier | None = copy, info: KeyInfo = info) -> None:
+                info.taken = max(info.taken, ans.seq)      # > 0 after a restart
+                if self._resumed:
+                    info.seq = max(info.seq, info.taken)
                 if copy is not None:
-                    copy(result, arrays)
-            futs.append(self._submit(part.server, op, arrays, 0, 1 << 30, on_init))
+                    copy(ans)
+            futs.append(self._submit(part.server, op, 0, 1 << 30, on_init))
         return futs
 
-    @staticmethod
-    def _region(arr: np.ndarray, info: KeyInfo, lo: int, hi: int) -> np.ndarray:
-        if not info.placement.split:
-            return arr
-        return arr[lo:hi] if info.placement.by_rows else arr.reshape(-1)[lo:hi]
-
-    def _copier(self, dest: np.ndarray, info: KeyInfo, lo: int, hi: int) -> Callable[..., None]:
-        region = self._region(dest, info, lo, hi)
-
-        def copy(result: dict[str, Any], arrays: list[np.ndarray]) -> None:
-            np.copyto(region, arrays[0].reshape(region.shape))
-        return copy
 
     # ------------------------------------------------------------ push
     def push(self, key: Any, value: Any, priority: int = 0) -> None:
         """Send gradients (see the module docstring)."""
         self._check_acks()
-        keys, values, _ = _as_list(key, value)
-        for k, v in zip(keys, values, strict=False):
-            info = self._info(k)
-            v = self._prepare(k, info, v)
-            info.seq += 1
-            if isinstance(v, RowSparseArray):  # rows sorted once (stable): each part is a slice
-                order = np.argsort(v.indices, kind="stable")
-                ids, rows_data = v.indices[order], v.data[order]  # copies: the caller may reuse v
-            for part in info.placement.parts:
-                op: dict[str, Any] = {"op": "push", "k": k, "p": part.index, "q": info.seq, "a": 0}
-                if isinstance(v, RowSparseArray):
-                    a, b = np.searchsorted(ids, (part.lo, part.hi))
-                    arrays = [rows_data[a:b], ids[a:b] - part.lo]
-                    op["rows"] = 1
-                else:
-                    arrays = [np.array(self._region(v, info, part.lo, part.hi), copy=True)]
-                self._send(part.server, op, arrays, priority)
+        self._bucketer.close_all()
+        items = self._plain(key, value, False)
+        if items is None:
+            items = []
+            for k, values in forms.groups(key, value, "push")[0]:
+                info = self._info(k)
+                items.append((k, info, self._prepare(k, info, values)))
+        self._pushed = True
+        whole, rest = _whole_buckets(items)
+        with self._engine.batch():
+            for bucket, members in whole:
+                self._push_bucket(bucket, members, priority)
+            for k, info, v in rest:
+                self._push_one(k, info, v, priority)
 
-    def _prepare(self, key: Any, info: KeyInfo, value: Any) -> np.ndarray | RowSparseArray:
-        if isinstance(value, (list, tuple)):
-            if not value:
-                raise ShapeMismatch(f"key {key!r}: empty list of values")
-            if all(isinstance(v, RowSparseArray) for v in value):
-                value = RowSparseArray(np.concatenate([v.data for v in value]),
-                                       np.concatenate([v.indices for v in value]), value[0].shape)
+
+    def _prepare(self, key: Any, info: KeyInfo, values: list[Any]) -> np.ndarray | RowSparseArray:
+        """One gradient from the arrays given for ``key`` (several are summed)."""
+        if len(values) > 1:
+            if all(isinstance(v, RowSparseArray) for v in values):
+                value: Any = RowSparseArray(np.concatenate([v.data for v in values]),
+                                            np.concatenate([v.indices for v in values]), values[0].shape)
             else:
-                parts = [v.todense() if isinstance(v, RowSparseArray) else np.asarray(v) for v in value]
+                parts = [v.todense() if isinstance(v, RowSparseArray) else np.asarray(v) for v in values]
                 for p in parts:
                     self._check_shape(key, info, p.shape, p.dtype)
                 value = np.sum(parts, axis=0, dtype=info.dtype)
+        else:
+            value = values[0]
         if isinstance(value, RowSparseArray):
             self._check_shape(key, info, value.shape, value.dtype)
             if not info.sparse:
@@ -303,11 +228,6 @@ class KVStore:
         self._check_shape(key, info, value.shape, value.dtype)
         return value
 
-    @staticmethod
-    def _check_shape(key: Any, info: KeyInfo, shape: tuple[int, ...], dtype: np.dtype) -> None:
-        if tuple(shape) != info.shape or np.dtype(dtype) != info.dtype:
-            raise ShapeMismatch(f"key {key!r} holds {info.dtype}{list(info.shape)}; "
-                                f"got {np.dtype(dtype)}{list(shape)}")
 
     # ------------------------------------------------------------ pull
     def pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None,
@@ -316,87 +236,119 @@ class KVStore:
         if row_ids is not None:
             return self.row_sparse_pull(key, out=out, priority=priority, row_ids=row_ids)
         self._check_acks()
-        keys, outs, many = _as_list(key, out)
-        futs: list[Future] = []
-        results, fixups = [], []
-        for k, o in zip(keys, outs, strict=False):
-            info = self._info(k)
+        items = self._plain(key, out, True)
+        if items is not None:   # (the common case without the general forms' work)
+            self._bucketer.close_all()
+            return self._pull_items(items, [], list(out), True, priority, None)
+        outs, many = forms.out_groups(key, out, "pull")
+        return self._pull_into(outs, many, priority, None)
+
+    def _plain(self, key: Any, arrays: Any, writing: bool) -> list[tuple[Any, KeyInfo, Any]] | None:
+        """``[(key, info, array)]`` when ``key`` is a list of initialised keys and ``arrays`` a
+        list of plain numpy arrays of their shapes and dtypes (writable, C-contiguous when
+        ``writing``: pull outputs); None otherwise (the general forms apply)."""
+        if type(key) is not list or type(arrays) is not list or len(key) != len(arrays):
+            return None
+        infos = self._keys
+        items: list[tuple[Any, KeyInfo, Any]] = []
+        for k, a in zip(key, arrays, strict=True):
+            info = infos.get(k)
+            if info is None or type(a) is not np.ndarray or a.shape != info.shape or a.dtype != info.dtype:
+                return None
+            if writing:
+                if not (a.flags.c_contiguous and a.flags.writeable):
+                    return None
+                items.append((k, info, (a, None)))
+            else:
+                items.append((k, info, a))
+        return items
+
+    def _targets(self, k: Any, info: KeyInfo, targets: list[Any]) -> tuple[list[Any], np.ndarray]:
+        """The outputs for key ``k`` (allocated when None) and the C-contiguous array the
+        servers' answers are copied into."""
+        done = []
+        for o in targets:
             if o is None:
                 o = np.empty(info.shape, info.dtype)
             if not isinstance(o, np.ndarray):
                 raise ShapeMismatch(f"key {k!r}: out must be a numpy array, not {type(o).__name__}")
             self._check_shape(k, info, o.shape, o.dtype)
-            dest = o if o.flags.c_contiguous and o.flags.writeable else np.empty_like(o, order="C")
-            if dest is not o:
-                fixups.append((o, dest))
-            for part in info.placement.parts:
-                op = {"op": "pull", "k": k, "p": part.index, "after": info.seq}
-                nbytes = math.prod(info.part_shape(part.lo, part.hi)) * info.dtype.itemsize
-                futs.append(self._submit(part.server, op, [], nbytes, priority,
-                                         self._copier(dest, info, part.lo, part.hi)))
-            results.append(o)
-        self._wait(futs)
-        for o, dest in fixups:
-            np.copyto(o, dest)
-        return results if many else results[0]
+            done.append(o)
+        first = done[0]
+        dest = first if first.flags.c_contiguous and first.flags.writeable else np.empty_like(first, order="C")
+        return done, dest
+
+    def _pull_into(self, outs: list[forms.Group], many: bool, priority: int,
+                   pushed: dict[Any, np.ndarray | RowSparseArray] | None) -> Any:
+        """Pull every key of ``outs`` (with ``pushed``: the dense gradient of each key to push
+        first, fused with the pull into one request per key part, or per bucket)."""
+        self._bucketer.close_all()
+        results, fixups, items = [], [], []
+        for k, targets in outs:
+            info = self._info(k)
+            done, dest = self._targets(k, info, targets)
+            if len(done) > 1 or dest is not done[0]:
+                fixups.append((done, dest))
+            grad = None if pushed is None else pushed.get(k)
+            if pushed is not None:
+                self._pushed = True
+            items.append((k, info, (dest, grad)))
+            results.append(done if len(done) > 1 else done[0])
+        return self._pull_items(items, fixups, results, many, priority, pushed)
+
 
     def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None) -> Any:
-        """Fetch only rows ``row_ids`` (duplicates and any order allowed).
+        """Fetch only rows ``row_ids`` (any shape; duplicates and any order allowed).
 
         ``out`` may be a dense array of the key's full shape (only those rows are written), a
-        RowSparseArray (replaced by the rows), or None (a RowSparseArray is returned).
+        RowSparseArray (replaced by the rows), None (a RowSparseArray is returned), or a list
+        of these; see :mod:`psnode.forms` for the forms of ``row_ids``.
         """
         self._check_acks()
-        keys, outs, many = _as_list(key, out)
-        ids_list = row_ids if isinstance(row_ids, (list, tuple)) and many else [row_ids] * len(keys)
+        outs, many = forms.out_groups(key, out, "row_sparse_pull")
+        id_lists = forms.row_id_lists(outs, row_ids, many)
         futs: list[Future] = []
-        results = []
-        for k, o, ids in zip(keys, outs, ids_list, strict=False):
-            info = self._info(k)
-            if ids is None:
-                raise ConfigError(f"row_sparse_pull of key {k!r} needs row_ids")
-            ids = np.asarray(ids).reshape(-1)
-            if ids.dtype.kind not in "iu" and len(ids):
-                raise ConfigError(f"row_ids for key {k!r} must be integers, not {ids.dtype}")
-            uniq = _unique(ids.astype(np.int64))
-            if len(uniq) and (uniq[0] < 0 or uniq[-1] >= info.shape[0]):
-                bad = int(uniq[0] if uniq[0] < 0 else uniq[-1])
-                raise ShapeMismatch(f"row id {bad} of key {k!r} is outside 0..{info.shape[0] - 1}")
-            data = np.empty((len(uniq), *info.shape[1:]), info.dtype)
-            for part in info.placement.parts:
-                lo, hi = (part.lo, part.hi) if info.placement.by_rows else (0, info.shape[0])
-                a, b = np.searchsorted(uniq, [lo, hi])
-                if a == b:
-                    continue
-                rows = uniq[a:b] - lo
-                op = {"op": "pull", "k": k, "p": part.index, "after": info.seq, "rows": 0}
-                region = data[a:b]
-
-                def copy(result: dict[str, Any], arrays: list[np.ndarray], region: np.ndarray = region) -> None:
-                    np.copyto(region, arrays[0].reshape(region.shape))
-                if not info.placement.by_rows and info.placement.split:
-                    raise ConfigError(f"key {k!r} is a dense key split over servers; "
-                                      "row_sparse_pull needs a row_sparse key")
-                futs.append(self._submit(part.server, op, [rows], region.nbytes, priority, copy))
-            results.append((k, o, uniq, data, info))
+        fetched: dict[tuple[Any, bytes], tuple[np.ndarray, np.ndarray]] = {}
+        plan: list[tuple[KeyInfo, Any, tuple[Any, bytes] | None]] = []
+        with self._engine.batch():
+            self._row_requests(outs, id_lists, priority, futs, fetched, plan)
         self._wait(futs)
         final: list[Any] = []
-        for k, o, uniq, data, info in results:
+        for info, o, fetch in plan:
+            if fetch is None:
+                final.append(o)
+                continue
+            uniq, data = fetched[fetch]
             if isinstance(o, np.ndarray):
-                self._check_shape(k, info, o.shape, o.dtype)
                 o[uniq] = data
                 final.append(o)
             elif isinstance(o, RowSparseArray):
-                o.data, o.indices, o.shape = data, uniq, info.shape
+                o.data, o.indices, o.shape = data.copy(), uniq.copy(), info.shape
                 final.append(o)
             else:
-                final.append(RowSparseArray(data, uniq, info.shape))
-        return final if many else final[0]
+                final.append(RowSparseArray(data.copy(), uniq.copy(), info.shape))
+        shaped: list[Any] = []
+        i = 0
+        for _, targets in outs:
+            group = final[i:i + len(targets)]
+            i += len(targets)
+            shaped.append(group if len(group) > 1 else group[0])
+        return shaped if many else shaped[0]
+
 
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> Any:
-        """``push`` then ``pull`` (into ``out``, or back into ``value`` when out is None)."""
-        self.push(key, value, priority)
-        return self.pull(key, out=value if out is None else out, priority=priority)
+        """``push`` then ``pull`` (into ``out``, or back into ``value`` when out is None): one
+        request and one answer per dense key part."""
+        self._check_acks()
+        groups, many = forms.groups(key, value, "pushpull")
+        grads: dict[Any, np.ndarray | RowSparseArray] = {}
+        for k, values in groups:
+            grads[k] = self._prepare(k, self._info(k), values)
+        sparse = [k for k, g in grads.items() if isinstance(g, RowSparseArray)]
+        if sparse:  # a row_sparse push, then a plain pull
+            self.push(sparse, [grads.pop(k) for k in sparse], priority)
+        outs, _ = forms.out_groups(key, value if out is None else out, "pushpull")
+        return self._pull_into(outs, many, priority, grads)
 
     # ------------------------------------------------------------ optimizer
     def set_optimizer(self, optimizer: Any) -> None:
@@ -408,44 +360,27 @@ class KVStore:
         spec = optimizer.to_spec()
         json.dumps(spec)
         self._optimizer = optimizer
-        futs = [self._submit(s, {"op": "opt", "spec": spec}, [], 0, 1 << 30)
-                for s in range(max(1, self.num_servers))]
+        futs = [self._submit(s, SetOptimizer(spec), 0, 1 << 30) for s in range(max(1, self.num_servers))]
         self._wait(futs)
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
         """Write every server's optimizer state to ``fname`` (an .npz file), atomically."""
         self.wait_all()
-        futs = [self._submit(s, {"op": "states"}, [], 0, 1 << 30) for s in range(max(1, self.num_servers))]
+        futs = [self._submit(s, GetStates(), 0, 1 << 30) for s in range(max(1, self.num_servers))]
         self._wait(futs)
-        arrays: dict[str, np.ndarray] = {}
-        names: list[list[Any]] = []
-        for s, fut in enumerate(futs):
-            for (key, part, name), arr in zip(fut.result.get("names", []), fut.arrays, strict=False):
-                arrays[f"a{len(names)}"] = np.array(arr)
-                names.append([s, key, part, name])
-        meta = {"names": names, "optimizer": self._optimizer.to_spec() if self._optimizer else None}
-        arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-        tmp = f"{fname}.tmp{os.getpid()}"
-        with open(tmp, "wb") as fh:
-            np.savez(fh, **arrays)  # type: ignore[arg-type]
-        os.replace(tmp, fname)
+        per_server = []
+        for fut in futs:
+            ans = fut.result
+            assert ans is not None
+            per_server.append((ans.names or [], ans.arrays))
+        checkpoint.save_states(fname, per_server, self._optimizer.to_spec() if self._optimizer else None)
 
     def load_optimizer_states(self, fname: str) -> None:
         """Restore the states written by :meth:`save_optimizer_states` (same cluster shape)."""
-        try:
-            with np.load(fname, allow_pickle=False) as data:
-                meta = json.loads(bytes(data["meta"]).decode())
-                per_server: dict[int, tuple[list[Any], list[np.ndarray]]] = {}
-                for i, (s, key, part, name) in enumerate(meta["names"]):
-                    names, arrs = per_server.setdefault(int(s), ([], []))
-                    names.append([key, part, name])
-                    arrs.append(np.array(data[f"a{i}"]))
-        except (OSError, KeyError, ValueError) as exc:
-            raise ConfigError(f"cannot read optimizer states from {fname}: {exc}") from None
+        per_server = checkpoint.load_states(fname)
         if per_server and max(per_server) >= max(1, self.num_servers):
             raise ConfigError(f"{fname} was saved with more servers than this job has")
-        futs = [self._submit(s, {"op": "load_states", "names": names}, arrs, 0, 1 << 30)
-                for s, (names, arrs) in per_server.items()]
+        futs = [self._submit(s, LoadStates(names, arrs), 0, 1 << 30) for s, (names, arrs) in per_server.items()]
         self._wait(futs)
 
     # ------------------------------------------------------------ sync points
@@ -453,7 +388,7 @@ class KVStore:
         """Wait until every server has handled this worker's pushes (raising their errors)."""
         if self._closed:
             return
-        futs = [self._submit(s, {"op": "flush"}, [], 0, -(1 << 30)) for s in range(max(1, self.num_servers))]
+        futs = [self._submit(s, Flush(), 0, -(1 << 30)) for s in range(max(1, self.num_servers))]
         self._wait(futs)
         self._engine.check()
 
@@ -472,6 +407,9 @@ class KVStore:
         finally:
             self._closed = True
             self._engine.close()
+            hook = sys.excepthook
+            if getattr(hook, "_psnode_store", None) is self:   # give the interpreter its hook back
+                sys.excepthook = hook._psnode_previous  # type: ignore[attr-defined]
 
     def __enter__(self) -> KVStore:
         return self
@@ -484,17 +422,14 @@ class KVStore:
                 f"servers {self.num_servers} {self._aggregator}>")
 
 
-def _unique(ids: np.ndarray) -> np.ndarray:
-    """np.unique of a 1-d array (sorted, distinct), without its overhead (several times faster)."""
-    ids = np.sort(ids)
-    return ids[np.r_[True, ids[1:] != ids[:-1]]] if len(ids) else ids
-
-
 def check_key_user(key: Any) -> Any:
     try:
-        return check_key(key)
+        key = check_key(key)
     except PSError as exc:
         raise ConfigError(str(exc)) from None
+    if isinstance(key, str) and key.startswith("\0"):
+        raise ConfigError(f"key {key!r}: keys starting with NUL are reserved")
+    return key
 
 
 def create(name: str = "local", num_workers: int | None = None, aggregator: str = "average") -> KVStore:
@@ -537,8 +472,8 @@ def _report_uncaught(kv: KVStore, engine: Engine, cfg: NodeConfig) -> None:
       ``exception``, with the time, type, message and traceback: :mod:`psnode.failure`), the
       scheduler is told (with restarts left, ``mxdist launch --max-restarts``, the job waits
       for the replacement; otherwise it fails naming this worker), then the usual traceback.
-    * After ``kv.close()`` the hook passes everything to the previous one: a finished worker's
-      later exception is not a psnode failure.
+    * ``kv.close()`` puts the previous hook back (a finished worker's later exception is not a
+      psnode failure); until then a closed store's hook passes everything to the previous one.
     """
     previous = getattr(sys.excepthook, "_psnode_previous", sys.excepthook)
 
@@ -559,4 +494,5 @@ def _report_uncaught(kv: KVStore, engine: Engine, cfg: NodeConfig) -> None:
             previous(kind, exc, tb)
 
     hook._psnode_previous = previous  # type: ignore[attr-defined]
+    hook._psnode_store = kv  # type: ignore[attr-defined]
     sys.excepthook = hook

@@ -194,7 +194,8 @@ class Scheduler:
                                          "num_workers": self.cfg.num_workers,
                                          "num_servers": self.cfg.num_servers,
                                          "active": self._active_workers(),
-                                         "restarts": n.restarts, "restore": restore})
+                                         "restarts": n.restarts, "restore": restore,
+                                         "barriers": n.barrier_done})
 
     def _restartable(self, n: Node) -> bool:
         """May ``n`` be replaced instead of failing the job?  Servers only when they checkpoint."""
@@ -220,7 +221,7 @@ class Scheduler:
         self.waiting_replacement.pop((old.role, old.rank), None)
         del self.nodes[old.ident]
         node.rank, node.state, node.restarts = old.rank, NodeState.ALIVE, old.restarts + 1
-        node.stats = old.stats
+        node.stats, node.barrier_done = old.stats, old.barrier_done  # a replay's barriers: answered
         self.nodes[node.ident] = node
         book = self._book()
         self._welcome(node, book, restore=node.role == "server")

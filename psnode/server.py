@@ -15,18 +15,23 @@ round's replies leave, so a round a worker saw complete is always in the checkpo
 """
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 import time
 from typing import Any
 
-from psnode import checkpoint
-from psnode.aggregation import Reply, Store, sent
+import numpy as np
+
+from psnode import checkpoint, shm
+from psnode.aggregation import Store
 from psnode.config import NodeConfig
+from psnode.entry import Reply, sent
 from psnode.errors import ConfigError, PeerLost, PSError
 from psnode.link import SchedulerLink, lost_message
-from psnode.protocol import PACK_BYTES, Command, Message
+from psnode.protocol import PACK_BYTES, Command, Failed, Message, Ok, Resync, bucket_of
 from psnode.security import Security
+from psnode.shmserve import SameHost
 from psnode.transport import Poller, Transport
 
 log = logging.getLogger("psnode.server")
@@ -37,7 +42,17 @@ class Server:
         self.cfg = cfg
         self.t = Transport(cfg.job_id, "server", cfg.max_message_bytes, Security.load(cfg.key_file))
         self.chan, self.port = self.t.router(cfg.host, cfg.port)
-        self.store = Store(cfg.num_workers, check_finite=cfg.skip_nonfinite)
+        self.poller = Poller()
+        self.local: SameHost | None = None
+        if cfg.shm and shm.available():
+            try:
+                self.local = SameHost(cfg.job_id, cfg.host, self.port, cfg.num_workers,
+                                      cfg.max_message_bytes, self.poller, self.t.security)
+            except OSError as exc:
+                log.warning("no same-host data link (%s); workers on this host use TCP", exc)
+        arena = self.local.arena if self.local is not None else None
+        self.store = Store(cfg.num_workers, check_finite=cfg.skip_nonfinite,
+                           alloc=arena.array if arena else None, adopt=arena.adopt if arena else None)
         self.checkpointed_rounds = 0
         self.link = SchedulerLink(self.t, cfg, "server", self.port, self._stats)
         self.rank = -1
@@ -47,9 +62,11 @@ class Server:
         self.confirmed: dict[Any, dict[int, int]] = {}
 
     def _stats(self) -> dict[str, Any]:
+        local_in, local_out = self.local.bytes if self.local is not None else (0, 0)
+        dropped = self.t.dropped + (self.local.dropped if self.local is not None else 0)
         return {"pushes": self.store.pushes, "pulls": self.store.pulls,
-                "bytes_in": self.chan.bytes_in, "bytes_out": self.chan.bytes_out,
-                "rounds": self.store.rounds, "dropped": self.t.dropped, "refused": self.t.refused}
+                "bytes_in": self.chan.bytes_in + local_in, "bytes_out": self.chan.bytes_out + local_out,
+                "rounds": self.store.rounds, "dropped": dropped, "refused": self.t.refused}
 
     # ------------------------------------------------------------ data
     def _on_data(self, ident: bytes, msg: Message) -> None:
@@ -61,17 +78,19 @@ class Server:
             self.t.dropped += 1
             log.warning("dropped data from %r: no such worker in a job of %d", ident, self.cfg.num_workers)
             return
-        ops = msg.body.get("ops")
-        if not isinstance(ops, list):
-            log.warning("dropped data message from %r without an op list", ident)
+        if msg.ops is None:
+            self.t.dropped += 1
+            log.warning("dropped data message from %r: not a binary data message", ident)
             return
         if self.restoring is not None:
-            self._while_restoring(ident, worker, msg, ops)
+            self._while_restoring(ident, worker, msg, msg.ops)
             return
+        self._on_ops(worker, msg.ops)
+
+    def _on_ops(self, worker: int, ops: list[Any]) -> None:
         replies: list[Reply] = []
         for op in ops:
-            if isinstance(op, dict):
-                replies.extend(self.store.handle(worker, op, msg.arrays))
+            replies.extend(self.store.handle(worker, op))
         while self.store.events:
             log.warning("%s", self.store.events.pop(0))
         every = self.cfg.checkpoint_rounds
@@ -98,26 +117,28 @@ class Server:
 
     def _while_restoring(self, ident: bytes, worker: int, msg: Message, ops: list[Any]) -> None:
         assert self.restoring is not None
-        first = ops[0] if ops and isinstance(ops[0], dict) else {}
-        if first.get("op") != "resync":
+        first = ops[0] if ops else None
+        if not isinstance(first, Resync):
             self.held.append((ident, msg))
             return
         missing = []
-        for item in first.get("parts", []):
-            if not (isinstance(item, list) and len(item) == 3 and isinstance(item[2], int)):
-                continue
-            key = (item[0], int(item[1]))
-            if key not in self.store.entries:
-                missing.append(item[0])
-            self.confirmed.setdefault(key, {})[worker] = item[2]
+        for key, part, seq in first.parts:
+            bid = bucket_of(key)
+            known = self.store.fused.members(bid) if bid is not None else (key, part) in self.store.entries
+            if not known:
+                missing.append(key)
+            self.confirmed.setdefault((key, part), {})[worker] = seq
         if missing:
-            self._send([Reply(worker, {"id": first.get("id"), "na": 1, "kind": "KeyNotInitialized",
-                                       "err": f"server {self.rank} was restarted and restored from its "
-                                              f"last checkpoint, which does not hold key(s) {missing[:5]} "
-                                              "(initialised after it was written); checkpoint more often "
-                                              "(--checkpoint-rounds)"})])
+            self._send([Reply(worker, Failed(first.id, "KeyNotInitialized",
+                                             f"server {self.rank} was restarted and restored from its "
+                                             f"last checkpoint, which does not hold key(s) {missing[:5]} "
+                                             "(initialised after it was written); checkpoint more often "
+                                             "(--checkpoint-rounds)", na=True))])
         self.restoring.discard(worker)
         self._maybe_restored()
+        if len(ops) > 1:   # what came with the resync (the worker's resends)
+            msg.ops = ops[1:]
+            self._on_data(ident, msg)
 
     def _maybe_restored(self) -> None:
         if self.restoring:
@@ -131,25 +152,23 @@ class Server:
             self._on_data(ident, msg)
 
     def _send(self, replies: list[Reply]) -> None:
-        """One DATA_REPLY per worker; big values go zero-copy and are tracked."""
+        """One DATA_REPLY per worker (over its same-host link when it has one); big values go
+        zero-copy and are tracked."""
         by_worker: dict[int, list[Reply]] = {}
         for r in replies:
             by_worker.setdefault(r.worker, []).append(r)
         for worker, group in by_worker.items():
-            results: list[dict[str, Any]] = []
-            arrays: list[Any] = []
-            entries: list[Any] = []
-            track = False
-            for r in group:
-                res = dict(r.result)
-                if r.arrays:
-                    res["a"], res["n"] = len(arrays), len(r.arrays)
-                    arrays.extend(r.arrays)
-                if r.entry is not None:
-                    entries.append(r.entry)
-                    track = track or r.arrays[0].nbytes >= PACK_BYTES
-                results.append(res)
-            tracker = self.chan.send(Command.DATA_REPLY, {"ops": results}, arrays,
+            if self.local is not None and worker in self.local.links:
+                group = self.local.answer(worker, group)
+                if not group:
+                    continue
+            for r in group:   # a value later rounds overwrite in place: zmq gets a copy
+                if r.fixed and isinstance(r.answer, Ok):
+                    r.answer.arrays = [np.array(a) for a in r.answer.arrays]
+            entries = [r.entry for r in group if r.entry is not None]
+            track = any(r.entry is not None and isinstance(r.answer, Ok) and r.answer.arrays[0].nbytes >= PACK_BYTES
+                        for r in group)
+            tracker = self.chan.send(Command.DATA_REPLY, ops=[r.answer for r in group],
                                      to=f"w{worker}".encode(), track=track)
             for e in entries:
                 sent(e, tracker if track else None)
@@ -193,7 +212,7 @@ class Server:
 
     # ------------------------------------------------------------ loop
     def run(self) -> int:
-        poller = Poller()
+        poller = self.poller
         poller.add(self.chan)
         poller.add(self.link.chan)
         sched_sock = self.link.chan.sock
@@ -216,6 +235,12 @@ class Server:
                         if got is None:
                             break
                         self._on_data(got[0] or b"", got[1])
+                if self.local is not None and ready and self.rank >= 0:
+                    for worker, msg in self.local.on_ready(ready):
+                        if self.restoring is None and msg.ops is not None:
+                            self._on_ops(worker, msg.ops)   # (an admitted link: no checks to make)
+                        else:
+                            self._on_data(b"w%d" % worker, msg)
         except PeerLost as exc:
             print(f"psnode server {self.rank}: {exc}", file=sys.stderr, flush=True)
             return 1
@@ -228,12 +253,19 @@ class Server:
             self.link.fail(f"server {self.rank} failed: {type(exc).__name__}: {exc}", restart=restart)
             raise
         finally:
+            if self.local is not None:
+                self.local.close()
             self.t.close(linger_ms=200)
 
 
 def main(cfg: NodeConfig) -> int:
     try:
-        return Server(cfg).run()
+        server = Server(cfg)
+        # a server's garbage is acyclic and short-lived (freed by reference counts): collect
+        # rarely, and never re-scan what start-up made
+        gc.freeze()
+        gc.set_threshold(50_000, 50, 100)
+        return server.run()
     except PSError as exc:
         print(f"psnode server: {exc}", file=sys.stderr, flush=True)
         return 1

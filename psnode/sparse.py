@@ -2,7 +2,8 @@
 
 ``row_sparse_array((data, row_ids), shape=(N, ...))`` holds ``data[i]`` as row ``row_ids[i]`` of
 an ``N``-row array; every other row is zero.  ``todense()`` materialises it.  Row ids may be
-unsorted or repeated (repeats add up when densified or pushed).
+unsorted or repeated (repeats add up when densified or pushed).  ``unique_rows`` and
+``combine_rows`` are the row arithmetic workers and servers share.
 """
 from __future__ import annotations
 
@@ -64,3 +65,36 @@ def zeros(shape: tuple[int, ...], dtype: Any = np.float32) -> RowSparseArray:
     """A row_sparse array with no rows present."""
     shape = tuple(int(d) for d in shape)
     return RowSparseArray(np.zeros((0, *shape[1:]), dtype=dtype), np.zeros(0, np.int64), shape)
+
+
+def unique_rows(ids: np.ndarray) -> np.ndarray:
+    """np.unique of a 1-d array (sorted, distinct), without its overhead (several times faster)."""
+    ids = np.sort(ids)
+    return ids[np.r_[True, ids[1:] != ids[:-1]]] if len(ids) else ids
+
+
+def combine_rows(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Sum row_sparse parts: sorted unique rows and the summed data (a fresh array)."""
+    if len(parts) == 1:
+        rows, data = parts[0]
+        if len(rows) <= 1 or bool(np.all(rows[1:] > rows[:-1])):
+            return rows.astype(np.int64, copy=False), np.array(data, copy=True)
+    rows = np.concatenate([p[0] for p in parts]).astype(np.int64, copy=False)
+    data = np.concatenate([p[1] for p in parts])
+    if not len(rows):
+        return rows, data
+    order = np.argsort(rows, kind="stable")
+    rows, data = rows[order], data[order]
+    starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+    out = data[starts].astype(np.add.reduce(data[:1], axis=0).dtype, copy=False)  # (sums' dtype)
+    if len(starts) == len(rows):
+        return rows, out
+    # sum only the rows that repeat: np.add.reduceat over all of data is slow along axis 0;
+    # over just the repeated runs (same runs, same order) it gives bit-identical sums
+    lens = np.diff(np.r_[starts, len(rows)])
+    multi = np.flatnonzero(lens > 1)
+    mlens = lens[multi]
+    first = np.cumsum(mlens) - mlens                  # where each run starts in the selection
+    sel = np.repeat(starts[multi] - first, mlens) + np.arange(mlens.sum())
+    out[multi] = np.add.reduceat(data[sel], first, axis=0)
+    return rows[starts], out

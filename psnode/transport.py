@@ -341,11 +341,12 @@ class Channel:
         self._proof = proof     # the server proof every message must carry (authenticated data links)
 
     def send(self, cmd: Any, body: dict[str, Any] | None = None, arrays: list[Any] | None = None,
-             to: bytes | None = None, track: bool = False) -> Any:
-        """Send a message.  Frames of PACK_BYTES or more go without a copy; with ``track``
+             to: bytes | None = None, track: bool = False, ops: list[Any] | None = None) -> Any:
+        """Send a message (a data message when ``ops`` are given: typed operations, see
+        psnode.protocol).  Frames of PACK_BYTES or more go without a copy; with ``track``
         the result tells when zmq is done reading them (they must not change before)."""
         msg = Message(cmd=cmd, job=self.t.job_id, sender=self.t.sender,
-                      body=body or {}, arrays=arrays or [])
+                      body=body or {}, arrays=arrays or [], ops=ops)
         frames = encode(msg)
         if to is not None:
             frames.insert(0, to)
@@ -431,6 +432,10 @@ class Poller:
 
     def remove(self, what: Channel | int) -> None:
         self._poller.unregister(what.sock if isinstance(what, Channel) else what)
+
+    def watch(self, fd: int, write: bool) -> None:
+        """Wake up when raw ``fd`` is writable too (``write``), or only when it is readable."""
+        self._poller.modify(fd, zmq.POLLIN | (zmq.POLLOUT if write else 0))
 
     def poll(self, timeout: float) -> set[Any]:
         """Ready sockets/fds within ``timeout`` seconds (sockets as zmq sockets)."""

@@ -231,3 +231,20 @@ def test_dist_store_without_a_cluster_says_how_to_launch(monkeypatch) -> None:
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(ConfigError, match="mxdist launch"):
         psnode.kv.create("dist_sync")
+
+
+def test_close_gives_the_interpreter_its_excepthook_back() -> None:
+    """A distributed store installs its failure-reporting excepthook; kv.close() restores the one
+    it replaced (a finished worker's later exception is no psnode failure)."""
+    job = run_job("""
+import sys, numpy as np, psnode
+before = sys.excepthook
+kv = psnode.kv.create('dist_sync')
+assert sys.excepthook is not before, "no psnode hook installed"
+kv.init('w', np.zeros(2, np.float32))
+kv.close()
+assert sys.excepthook is before, sys.excepthook
+print("RESTORED", flush=True)
+""", 2, 1)
+    ok(job)
+    assert all("RESTORED" in w.out for w in job.workers), job.describe()

@@ -7,27 +7,28 @@ from tests.cluster.test_kvstore_cluster import PRELUDE, ok
 
 def test_queued_pulls_leave_in_priority_order() -> None:
     job = run_job(PRELUDE + """
-import psnode.worker, time, threading
+import time, threading
+from psnode.protocol import Pull
 kv.init(['block', 'a', 'b', 'c', 'd'], [np.zeros(4, np.float32)] * 5)
 if r == 1:
     kv.barrier()
     time.sleep(0.5)                 # worker 0 has queued its pulls behind 'block' by now
     kv.push('block', np.ones(4, np.float32))
     kv.close(); sys.exit(0)
-psnode.worker.WINDOW_BYTES = 1      # one pull in flight per server: the rest queue
 eng = kv._engine
+eng.tracker.window_bytes = 1        # one pull in flight per server: the rest queue
 kv.push('block', np.ones(4, np.float32))
-first = eng.submit(0, {"op": "pull", "k": "block", "p": 0, "after": 1}, [], 16)  # parked: round 1
+first = eng.submit(0, Pull("block", 0, 1), 16)  # parked: round 1
 order, done = [], threading.Event()
 def record(name):
-    def cb(result, arrays):
+    def cb(answer):
         order.append(name)
         if len(order) == 4:
             done.set()
     return cb
 time.sleep(0.1)
 for name, prio in (("a", 1), ("b", 7), ("c", -3), ("d", 4)):
-    eng.submit(0, {"op": "pull", "k": name, "p": 0, "after": 0}, [], 16, prio, record(name))
+    eng.submit(0, Pull(name, 0, 0), 16, prio, record(name))
 kv.barrier()
 eng.wait(first)
 assert done.wait(10), order

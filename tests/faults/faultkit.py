@@ -78,6 +78,10 @@ def assert_none_left(job: Job, extra_pids: tuple[int, ...] = ()) -> None:
     while (left := [pid for pid in pids if alive(pid)]) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not left, f"processes of the job still alive: {left}"
+    # nothing of the job's shared memory is left: no named segment, no process mapping one
+    from psnode import shm
+    assert not shm.leftovers(job.job_id), shm.leftovers(job.job_id)
+    assert not shm.holders(job.job_id), f"processes still map the job's segments: {shm.holders(job.job_id)}"
 
 
 def markers(d: Path, name: str, count: int) -> bool:

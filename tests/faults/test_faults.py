@@ -19,7 +19,22 @@ import pytest
 import zmq
 
 from psnode import control
-from psnode.protocol import VERSION
+from psnode.protocol import (
+    DATA_VERSION,
+    VERSION,
+    Command,
+    Flush,
+    GetStates,
+    Init,
+    LoadStates,
+    Message,
+    Pull,
+    Push,
+    PushPull,
+    Resync,
+    SetOptimizer,
+    encode,
+)
 from tests.cluster.harness import start_job
 from tests.faults.faultkit import (
     DEAD_AFTER,
@@ -213,20 +228,22 @@ def test_worker_exception_fails_the_job(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- duplicates
 
 DUP_PRELUDE = """
+import copy
 import numpy as np
 import psnode.transport as T
 _send = T.Channel.send
 _last = {}
-def _dup(self, cmd, body=None, arrays=None, to=None, track=False):
+def _dup(self, cmd, body=None, arrays=None, to=None, track=False, ops=None):
     # every message a worker sends goes out twice; DATA messages are also replayed late
     # (after the next one), i.e. stale duplicates of earlier pushes/pulls/inits
     prev = _last.get(id(self))
-    got = _send(self, cmd, body, arrays, to, track)
-    _send(self, cmd, body, arrays, to, False)
+    got = _send(self, cmd, body, arrays, to, track, ops)
+    _send(self, cmd, body, arrays, to, False, ops)
     if prev is not None:
         _send(self, *prev)
-    if getattr(cmd, 'value', cmd) == 'data':
-        _last[id(self)] = (cmd, body, [np.array(a, copy=True) for a in (arrays or [])], to, False)
+    if getattr(cmd, 'value', cmd) == 'data':   # (typed ops: a deep copy keeps their arrays)
+        _last[id(self)] = (cmd, body, [np.array(a, copy=True) for a in (arrays or [])], to, False,
+                           copy.deepcopy(ops))
     return got
 T.Channel.send = _dup
 """
@@ -271,7 +288,9 @@ print("DONE", flush=True)
 
 @pytest.mark.parametrize("kind", ["dist_sync", "dist_async"])
 def test_duplicated_messages_applied_once(tmp_path: Path, kind: str) -> None:
-    job = start_job(DUP_SCRIPT, 2, 2, env={**FAST_ENV, "FAULT_DIR": str(tmp_path)}, args=[kind], tmp=tmp_path)
+    # PSNODE_SHM=0: the duplicates are made by a stand-in for the TCP channel's send
+    env = {**FAST_ENV, "FAULT_DIR": str(tmp_path), "PSNODE_SHM": "0"}
+    job = start_job(DUP_SCRIPT, 2, 2, env=env, args=[kind], tmp=tmp_path)
     dr = job.drained
     try:
         wait_for(lambda: markers(tmp_path, "ready", 2) or dr.exited, 60, "workers to check values", describe=dr.describe, poll=dr.poll)
@@ -327,31 +346,30 @@ def wire_corpus(job_id: str) -> list[list[bytes]]:
         [VERSION, h(arrays=["float32"]), b"\0" * 4],
         [VERSION, b"[" * 100_000],                                           # deep JSON
         [VERSION, b'{"c": "data", "b": ' + b"{\"x\": " * 50_000],
+        [DATA_VERSION, rnd(3)], [DATA_VERSION, rnd(300)], [DATA_VERSION, rnd(40), rnd(4096)],   # binary data
+        [DATA_VERSION, b"\x01\x00\x01\x00\x00\x00" + bytes([len(job_id)]) + job_id.encode() + rnd(30)],
     ]
 
 
+def _data(job_id: str, *ops) -> list[bytes]:
+    return [f if isinstance(f, bytes) else bytes(memoryview(f))
+            for f in encode(Message(Command.DATA, job_id, "fuzz", ops=list(ops)))]
+
+
 def ops_corpus(job_id: str) -> list[list[bytes]]:
-    """Valid frames (sent as worker rank 7 of a 2-worker job) carrying bad operations."""
-    arr = lambda dt, shape: [[dt, list(shape), 0, 0]]
-    d = lambda ops, arrays=None: [VERSION, header("data", job_id, {"ops": ops}, arrays)]
-    f32 = np.zeros(1000, np.float32).tobytes()
+    """Well-formed data messages (sent as worker rank 7 of a 2-worker job) carrying operations
+    that do not fit the job's keys (binary data encoding, psnode.protocol)."""
+    f32 = np.zeros(1000, np.float32)
+    d = lambda *ops: _data(job_id, *ops)  # noqa: E731
     return [
-        d("not a list"), d([1, "x", None, []]), d([{"op": "no-such-op", "id": 1}]),
-        d([{"op": "__init__", "id": 2}]), d([{"id": 3}]),
-        d([{"op": "push", "id": 4, "k": "missing", "q": 1, "a": 0}], arr("float32", [1000])) + [f32],
-        d([{"op": "push", "id": 5, "k": "a", "a": 0}], arr("float32", [1000])) + [f32],        # no q
-        d([{"op": "push", "id": 6, "k": "a", "q": 1, "a": 5}], arr("float32", [1000])) + [f32],  # bad index
-        d([{"op": "push", "id": 7, "k": "a", "q": 1, "a": 0}], arr("float64", [500])) + [f32],   # wrong dtype
-        d([{"op": "push", "id": 8, "k": "a", "q": 1, "a": 0, "rows": 0}], arr("float32", [1000])) + [f32],
-        d([{"op": "push", "id": 9, "k": "a", "q": "x", "a": 0}], arr("float32", [1000])) + [f32],
-        d([{"op": "pull", "id": 10, "k": ["a"]}]), d([{"op": "pull", "id": 11, "k": "a", "p": "x"}]),
-        d([{"op": "pull", "id": 12, "k": "a", "after": "soon"}]),
-        d([{"op": "init", "id": 13, "k": "a", "dtype": "float32", "shape": "x"}]),
-        d([{"op": "init", "id": 14, "k": "a", "dtype": "float32", "shape": [7]}]),
-        d([{"op": "opt", "id": 15, "spec": {"name": "no-such-optimizer"}}]),
-        d([{"op": "opt", "id": 16, "spec": "rm -rf /"}]),
-        d([{"op": "load_states", "id": 17, "names": [["a", 0, "mom"]]}]),
-        d([{"op": "states", "id": 18, "extra": 1}]),
+        d(Pull("missing", 0, 0, id=1)), d(Push("missing", 0, 1, f32, id=2)),
+        d(Push("a", 0, 1, f32.astype(np.float64), id=3)),                       # wrong dtype
+        d(Push("a", 0, 1, f32, np.arange(1000), id=4)),                          # rows of a dense key
+        d(Pull("a", 9, 0, id=5)), d(Init("a", 0, "float32", (7,), id=6)),        # no such part, shape
+        d(SetOptimizer({"name": "no-such-optimizer"}, id=7)), d(SetOptimizer({"spec": "rm -rf /"}, id=8)),
+        d(LoadStates([("a", 0, "mom")], [f32], id=9)), d(GetStates(id=10)),
+        d(Flush([("a", 0, [1, 2])], id=11)), d(Resync([("a", 0, 5)], id=12)),
+        d(PushPull("a", 0, 1, f32, id=13), Push("a", 0, 10**9, f32, id=14)),
     ]
 
 
@@ -454,10 +472,8 @@ def test_push_from_rank_outside_the_job_is_refused(tmp_path: Path) -> None:
     with job_ctx(tmp_path, "steps:150", servers=1) as (job, dr):
         wait_for(lambda: markers(tmp_path, "ready", 2), 40, "training to start", describe=dr.describe, poll=dr.poll)
         port = listen_ports(proc(job, "server", 0).popen.pid)[0]
-        f32 = np.full(1000, 100, np.float32).tobytes()
-        msgs = [[VERSION, header("data", job.job_id, {"ops": [{"op": "push", "id": q, "k": k, "q": q, "a": 0}]},
-                                 [["float32", [1000]]]), f32]
-                for q in range(1, 160) for k in ("a", "b")]
+        f32 = np.full(1000, 100, np.float32)
+        msgs = [_data(job.job_id, Push(k, 0, q, f32, id=q)) for q in range(1, 160) for k in ("a", "b")]
         send_all(f"127.0.0.1:{port}", b"w7", msgs)
         assert dr.wait(job.procs, time.monotonic() + 60), dr.describe()
         codes = [p.popen.returncode for p in job.procs]

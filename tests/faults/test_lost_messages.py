@@ -94,8 +94,14 @@ def _run_cutting(job, ports) -> list[int]:
     return cuts
 
 
+# PSNODE_SHM=0: these tests cut TCP connections, so workers must reach their servers over TCP
+# (on one host they would otherwise use the same-host link, which has no connection to cut)
+CUT_ENV = {"PSNODE_RETRY_TIMEOUT": "0.5", "PSNODE_MAX_RETRIES": "20", "PSNODE_BIG_ARRAY_BOUND": "100000",
+           "PSNODE_SHM": "0"}
+
+
 def test_connections_cut_again_and_again_lose_messages_yet_sync_values_are_exact(tmp_path) -> None:
-    env = {"PSNODE_RETRY_TIMEOUT": "0.5", "PSNODE_MAX_RETRIES": "20", "PSNODE_BIG_ARRAY_BOUND": "100000"}
+    env = CUT_ENV
     job = start_job(CHAOS, 2, 2, env=env, args=["dist_sync"], tmp=tmp_path)
     cuts = _run_cutting(job, _server_ports)
     assert [p.code for p in job.procs] == [0] * 5, job.describe()
@@ -111,7 +117,7 @@ def test_connections_cut_again_and_again_lose_messages_yet_sync_values_are_exact
 
 
 def test_connections_cut_again_and_again_lose_messages_yet_async_values_are_exact(tmp_path) -> None:
-    env = {"PSNODE_RETRY_TIMEOUT": "0.5", "PSNODE_MAX_RETRIES": "20", "PSNODE_BIG_ARRAY_BOUND": "100000"}
+    env = CUT_ENV
     job = start_job(CHAOS, 2, 2, env=env, args=["dist_async"], tmp=tmp_path)
     _run_cutting(job, _server_ports)
     assert [p.code for p in job.procs] == [0] * 5, job.describe()

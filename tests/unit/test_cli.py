@@ -301,6 +301,7 @@ def test_ephemeral_range_read_or_default(tmp_path: Path) -> None:
 
 def test_local_ports_are_free_distinct_and_outside_the_ephemeral_range() -> None:
     import socket
+
     from cli.options import ephemeral_range, free_listen_port
     lo, hi = ephemeral_range()
     for _ in range(20):

@@ -7,26 +7,26 @@ import numpy as np
 from psnode import checkpoint
 from psnode.aggregation import Store
 from psnode.config import NodeConfig
+from psnode.protocol import Failed, Flush, Init, Missing, Ok, Pull, Push, SetOptimizer, Wait
 
 F = np.float32
 
 
 def _init(s: Store, key, value, sync: bool = True) -> None:
     v = np.asarray(value)
-    s.handle(0, {"op": "init", "id": 0, "k": key, "a": 0, "dtype": v.dtype.name,
-                 "shape": list(v.shape), "sync": sync, "agg": "average"}, [v])
+    s.handle(0, Init(key, 0, v.dtype.name, v.shape, sync, True, False, v))
 
 
 def _push(s: Store, w: int, key, seq: int, value) -> list:
-    return s.handle(w, {"op": "push", "id": 100 + seq, "k": key, "q": seq, "a": 0, "na": 1},
-                    [np.asarray(value, F)])
+    return s.handle(w, Push(key, 0, seq, np.asarray(value, F), id=100 + seq))
 
 
 def _pull(s: Store, w: int, key, after: int, rid: int = 7, re: bool = False) -> list:
-    op = {"op": "pull", "id": rid, "k": key, "after": after}
-    if re:
-        op["re"] = 1
-    return s.handle(w, op, [])
+    return s.handle(w, Pull(key, 0, after, id=rid, re=re))
+
+
+def _sgd(s: Store, **params) -> None:
+    s.handle(0, SetOptimizer({"name": "sgd", "params": params}, id=1))
 
 
 def test_resent_pull_still_parked_is_answered_wait_and_not_parked_twice() -> None:
@@ -34,17 +34,17 @@ def test_resent_pull_still_parked_is_answered_wait_and_not_parked_twice() -> Non
     _init(s, "k", np.zeros(2, F))
     _push(s, 0, "k", 1, [2, 2])
     assert _pull(s, 0, "k", 1) == []
-    assert [r.result for r in _pull(s, 0, "k", 1, re=True)] == [{"id": 7, "wait": 1}]
+    assert [r.answer for r in _pull(s, 0, "k", 1, re=True)] == [Wait(7, 0, [1])]
     out = _push(s, 1, "k", 1, [4, 4])
-    assert [(r.worker, r.arrays[0].tolist()) for r in out] == [(0, [3.0, 3.0])]  # answered once
+    assert [(r.worker, r.answer.arrays[0].tolist()) for r in out] == [(0, [3.0, 3.0])]  # answered once
 
 
 def test_resent_pull_whose_answer_was_lost_is_answered_again() -> None:
     s = Store(1)
     _init(s, "k", np.zeros(2, F))
     _push(s, 0, "k", 1, [5, 5])
-    assert _pull(s, 0, "k", 1)[0].arrays[0].tolist() == [5, 5]
-    assert _pull(s, 0, "k", 1, re=True)[0].arrays[0].tolist() == [5, 5]
+    assert _pull(s, 0, "k", 1)[0].answer.arrays[0].tolist() == [5, 5]
+    assert _pull(s, 0, "k", 1, re=True)[0].answer.arrays[0].tolist() == [5, 5]
 
 
 def test_flush_names_pushes_never_received_and_a_resent_push_counts_once() -> None:
@@ -53,23 +53,23 @@ def test_flush_names_pushes_never_received_and_a_resent_push_counts_once() -> No
     _push(s, 0, "k", 1, [1])
     # push 2 was lost on the way; 3 arrived and waits for round 3
     _push(s, 0, "k", 3, [3])
-    flush = s.handle(0, {"op": "flush", "id": 9, "check": [["k", 0, [1, 2, 3]]]}, [])
-    assert flush[0].result == {"id": 9, "missing": [["k", 0, [2]]]}
+    flush = s.handle(0, Flush([("k", 0, [1, 2, 3])], id=9))
+    assert flush[0].answer == Missing(9, [("k", 0, [2])])
     _push(s, 0, "k", 2, [2])
     _push(s, 0, "k", 2, [2])  # sent twice: applied once
     assert s.entries[("k", 0)].round == 3 and s.entries[("k", 0)].value.tolist() == [3]
-    assert s.handle(0, {"op": "flush", "id": 9, "check": [["k", 0, [2, 3]]]}, [])[0].result == {"id": 9}
+    assert s.handle(0, Flush([("k", 0, [2, 3])], id=9))[0].answer == Ok(9)
 
 
 def test_async_pushes_out_of_order_apply_once_and_pulls_wait_for_the_gap() -> None:
     s = Store(1)
     _init(s, "k", np.zeros(1, F), sync=False)
-    s.handle(0, {"op": "opt", "id": 1, "spec": {"name": "sgd", "params": {"learning_rate": 1.0}}}, [])
+    _sgd(s, learning_rate=1.0)
     _push(s, 0, "k", 1, [1])
     _push(s, 0, "k", 3, [4])          # 2 lost for now
     assert _pull(s, 0, "k", 3) == []  # push 2 not applied yet: the pull waits
     out = _push(s, 0, "k", 2, [2])
-    assert [r.arrays[0].tolist() for r in out if r.arrays] == [[-7.0]]
+    assert [r.answer.arrays[0].tolist() for r in out if r.answer.arrays] == [[-7.0]]
     _push(s, 0, "k", 3, [4])          # a resend of 3: not applied again
     assert s.entries[("k", 0)].value.tolist() == [-7] and s.entries[("k", 0)].pushed[0] == 3
 
@@ -77,13 +77,14 @@ def test_async_pushes_out_of_order_apply_once_and_pulls_wait_for_the_gap() -> No
 def test_error_of_a_fire_and_forget_request_is_marked_so() -> None:
     s = Store(1)
     out = _push(s, 0, "nokey", 1, [1])
-    assert out[0].result["kind"] == "KeyNotInitialized" and out[0].result["na"] == 1
+    assert isinstance(out[0].answer, Failed)
+    assert out[0].answer.kind == "KeyNotInitialized" and out[0].answer.na
 
 
 def test_restore_keeps_checkpointed_rounds_and_rebase_applies_each_round_once(tmp_path) -> None:
     s = Store(2)
     _init(s, "k", np.zeros(1, F))
-    s.handle(0, {"op": "opt", "id": 1, "spec": {"name": "sgd", "params": {"learning_rate": 1.0, "momentum": 0.5}}}, [])
+    _sgd(s, learning_rate=1.0, momentum=0.5)
     for q in (1, 2):
         _push(s, 0, "k", q, [q])
         _push(s, 1, "k", q, [q])
@@ -99,7 +100,7 @@ def test_restore_keeps_checkpointed_rounds_and_rebase_applies_each_round_once(tm
     _push(fresh, 0, "k", 2, [2])
     _push(fresh, 1, "k", 2, [2])
     assert entry.round == 2 and np.array_equal(entry.value, want_value)  # not applied twice
-    assert _pull(fresh, 1, "k", 2)[0].arrays[0].tolist() == want_value.tolist()
+    assert _pull(fresh, 1, "k", 2)[0].answer.arrays[0].tolist() == want_value.tolist()
     _push(fresh, 0, "k", 3, [3])
     _push(fresh, 1, "k", 3, [3])
     s_ref = s
@@ -136,9 +137,9 @@ def test_resent_pull_waiting_for_a_lost_push_of_its_own_worker_names_the_gap() -
     _push(s, 1, "k", 1, [1])
     _push(s, 0, "k", 3, [3])           # push 2 of worker 0 lost; 3 waits as early
     assert _pull(s, 0, "k", 3) == []
-    assert [r.result for r in _pull(s, 0, "k", 3, re=True)] == [{"id": 7, "wait": 1, "gap": 2}]
+    assert [r.answer for r in _pull(s, 0, "k", 3, re=True)] == [Wait(7, 2, [0, 1])]
     _push(s, 0, "k", 2, [2])           # resent: now the pull waits only for worker 1
-    assert [r.result for r in _pull(s, 0, "k", 3, re=True)] == [{"id": 7, "wait": 1}]
+    assert [r.answer for r in _pull(s, 0, "k", 3, re=True)] == [Wait(7, 0, [1])]
 
 
 def test_push_journal_keeps_unconfirmed_pushes_per_key_part_bounded() -> None:
@@ -146,14 +147,14 @@ def test_push_journal_keeps_unconfirmed_pushes_per_key_part_bounded() -> None:
 
     j = PushJournal(depth=2)
     for q in (1, 2, 3):
-        j.remember(0, {"op": "push", "k": "w", "p": 0, "q": q, "a": 0}, [np.full(1, q, F)])
-    j.remember(1, {"op": "push", "k": "w", "p": 1, "q": 1, "a": 0}, [np.zeros(1, F)])
-    assert j.check_list(0) == [["w", 0, [2, 3]]]          # push 1 fell out (depth 2)
+        j.remember(0, Push("w", 0, q, np.full(1, q, F)))
+    j.remember(1, Push("w", 1, 1, np.zeros(1, F)))
+    assert j.check_list(0) == [("w", 0, [2, 3])]          # push 1 fell out (depth 2)
     assert not j.holds(("w", 0), 1) and j.holds(("w", 0), 3)
-    assert [op["q"] for op, _ in j.replay(0)] == [2, 3]
-    assert [op["q"] for op, _ in j.replay(0, {("w", 0): [3]})] == [3]
+    assert [op.seq for op in j.replay(0)] == [2, 3]
+    assert [op.seq for op in j.replay(0, {("w", 0): [3]})] == [3]
     j.confirm(("w", 0), 2)                                # a pull after push 2 returned
-    assert j.check_list(0) == [["w", 0, [3]]]
-    assert j.resync_parts(0) == [["w", 0, 2]] and j.resync_parts(1) == [["w", 1, 0]]
+    assert j.check_list(0) == [("w", 0, [3])] and j.rounds == 2
+    assert j.resync_parts(0) == [("w", 0, 2)] and j.resync_parts(1) == [("w", 1, 0)]
     j.confirm(("w", 0), 3)
     assert j.check_list(0) == [] and j.replay(0) == []

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from psnode.aggregation import _combine_rows
-from psnode.kvstore import _unique
+from psnode.sparse import combine_rows as _combine_rows
+from psnode.sparse import unique_rows as _unique
 
 
 def _reference(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:

@@ -1,26 +1,5 @@
-"""The wire format: every psnode message, and its validation.
-
-A message is one ZeroMQ multipart message (a ROUTER socket prepends the peer's identity)::
-
-    frame 0   VERSION (b"PSN1")
-    frame 1   header: UTF-8 JSON object
-                {"c": command, "j": job id, "s": sender ("worker:0", "server:1", ...),
-                 "b": body (a JSON object, command specific),
-                 "a": [[dtype, [dim, ...], frame, offset], ...]   one entry per array}
-    frame 2.. raw C-order array buffers: an array of 64 KiB or more has a frame of its own
-              (sent and received without copies); smaller arrays share one frame, each at
-              its byte offset (one frame for hundreds of small keys)
-
-Data messages (``DATA`` worker -> server, ``DATA_REPLY`` server -> worker) carry a batch of
-operations in ``body["ops"]``; each op is a JSON object with a request id ``"id"`` and the
-indices of its arrays in ``"a"``.  Replies echo the request id.  Several small keys bound for
-one server travel in one message.
-
-:func:`decode` checks everything before a byte of array data is interpreted: version, JSON,
-job id, command, that every declared array has a known dtype, a sane shape and exactly the
-number of bytes its frame holds, and the size limits.  Any violation raises
-:class:`ProtocolError`; receivers log it and drop the message.  Nothing is ever unpickled.
-"""
+"""The message envelope (see :mod:`psnode.protocol` for the wire spec): version tag, JSON
+header for control messages, and raw array frames shared by both codecs."""
 from __future__ import annotations
 
 import json
@@ -32,22 +11,25 @@ import numpy as np
 
 from psnode.errors import ProtocolError
 
-VERSION = b"PSN1"
+VERSION = b"PSN1"        # control messages: JSON header
+DATA_VERSION = b"PSD1"   # data messages: binary header (psnode.protocol.data)
 MAX_HEADER_BYTES = 16 * 2**20
 MAX_NDIM = 32
 PACK_BYTES = 65536  # arrays below this share one frame
 
-#: dtypes allowed on the wire (no object, no structured dtypes).
-DTYPES = frozenset(
-    ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64"]
-)
+#: dtypes allowed on the wire (no object, no structured dtypes); a dtype's code in binary
+#: headers is its index in this tuple.
+DTYPE_NAMES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+               "float16", "float32", "float64")
+DTYPES = frozenset(DTYPE_NAMES)
 
-
-_NAMES = {np.dtype(n): n for n in DTYPES}   # dtype -> wire name (dtype.name is slow)
-_BY_NAME = {n: np.dtype(n) for n in DTYPES}
+NAMES = {np.dtype(n): n for n in DTYPES}   # dtype -> wire name (dtype.name is slow)
+BY_NAME = {n: np.dtype(n) for n in DTYPES}
+CODES = {np.dtype(n): i for i, n in enumerate(DTYPE_NAMES)}
+BY_CODE = tuple(np.dtype(n) for n in DTYPE_NAMES)
 _PAD = bytes(16)
 # headers are plain trees of dicts, lists, strings and numbers: no cycle check needed (faster)
-_JSON = json.JSONEncoder(separators=(",", ":"), check_circular=False)
+JSON_ENC = json.JSONEncoder(separators=(",", ":"), check_circular=False)
 _JSON_DEC = json.JSONDecoder()
 
 
@@ -72,73 +54,96 @@ class Command(str, Enum):
     STATUS_REPLY = "status_reply"
     STOP = "stop"
     STOP_ACK = "stop_ack"
-    # data (worker <-> server)
+    # data (worker <-> server): binary headers, typed operations (psnode.protocol.ops)
     DATA = "data"
     DATA_REPLY = "data_reply"
 
 
 @dataclass
 class Message:
-    """A decoded message.  ``arrays`` are read-only views of the received frames."""
+    """A decoded message.  ``arrays`` are read-only views of the received frames; a data
+    message (DATA, DATA_REPLY) carries its typed operations in ``ops`` instead."""
 
     cmd: Command
     job: str
     sender: str
     body: dict[str, Any] = field(default_factory=dict)
     arrays: list[np.ndarray] = field(default_factory=list)
+    ops: list[Any] | None = None
 
 
-def encode(msg: Message) -> list[Any]:
-    """Frames for ``msg``.
+def wire_name(arr: np.ndarray) -> str:
+    name = NAMES.get(arr.dtype)
+    if name is None:
+        raise ProtocolError(f"dtype {arr.dtype} cannot be sent (allowed: {sorted(DTYPES)})")
+    return name
+
+
+def contiguous(arr: Any) -> np.ndarray:
+    if type(arr) is not np.ndarray:
+        arr = np.asarray(arr)
+    if not arr.flags.c_contiguous:
+        arr = arr.copy(order="C")  # (np.ascontiguousarray would make 0-d arrays 1-d)
+    return arr
+
+
+def pack(arrays: list[np.ndarray]) -> tuple[list[tuple[int, int]], list[Any]]:
+    """Place C-contiguous ``arrays`` in frames: ``[(frame, offset)]`` per array and the frames.
 
     Arrays of at least PACK_BYTES travel as their own frame, without a copy.  Smaller ones are
-    copied into one shared frame (16-byte aligned offsets): one frame instead of hundreds when
-    many small keys are fused into a message.
+    copied into one shared frame at 16-byte aligned offsets: one frame instead of hundreds when
+    many small keys travel in one message.
     """
-    metas: list[list[Any]] = []
+    where: list[tuple[int, int]] = []
     bufs: list[Any] = []
-    small: list[Any] = []        # the pack's pieces: arrays and padding
-    packed: list[list[Any]] = []  # their metas (frame index set at the end)
-    pack_size = 0
-    for arr in msg.arrays:
-        if type(arr) is not np.ndarray:
-            arr = np.asarray(arr)
-        if not arr.flags.c_contiguous:
-            arr = arr.copy(order="C")  # (np.ascontiguousarray would make 0-d arrays 1-d)
-        name = _NAMES.get(arr.dtype)
-        if name is None:
-            raise ProtocolError(f"dtype {arr.dtype} cannot be sent (allowed: {sorted(DTYPES)})")
+    small: list[Any] = []
+    packed: list[int] = []     # indices in ``where`` that live in the shared frame
+    size = 0
+    for arr in arrays:
         nbytes = arr.nbytes
         if nbytes >= PACK_BYTES:
-            metas.append([name, list(arr.shape), len(bufs), 0])
+            where.append((len(bufs), 0))
             bufs.append(arr.reshape(-1).view(np.uint8))
-        else:
-            meta = [name, list(arr.shape), 0, pack_size]
-            metas.append(meta)
-            packed.append(meta)
-            if nbytes:
-                small.append(arr.data if arr.ndim else arr.reshape(1).data)
-            pad = -nbytes % 16
-            if pad:
-                small.append(_PAD[:pad])
-            pack_size += nbytes + pad
+            continue
+        packed.append(len(where))
+        where.append((0, size))
+        if nbytes:
+            small.append(arr.data if arr.ndim else arr.reshape(1).data)
+        pad = -nbytes % 16
+        if pad:
+            small.append(_PAD[:pad])
+        size += nbytes + pad
     if packed:
-        for meta in packed:
-            meta[2] = len(bufs)
-        bufs.append(b"".join(small))  # one copy of every small array, 16-byte aligned offsets
+        frame = len(bufs)
+        for i in packed:
+            where[i] = (frame, where[i][1])
+        bufs.append(b"".join(small))  # one copy of every small array
+    return where, bufs
+
+
+def encode_json(msg: Message) -> list[Any]:
+    """Frames of a control message (JSON header)."""
+    arrays = [contiguous(a) for a in msg.arrays]
+    names = [wire_name(a) for a in arrays]
+    where, bufs = pack(arrays)
+    metas = [[n, list(a.shape), f, o] for n, a, (f, o) in zip(names, arrays, where, strict=True)]
     header = {"c": msg.cmd.value, "j": msg.job, "s": msg.sender, "b": msg.body, "a": metas}
-    return [VERSION, _JSON.encode(header).encode(), *bufs]
+    return [VERSION, JSON_ENC.encode(header).encode(), *bufs]
 
 
-def _buffer(frame: Any) -> memoryview:
+def buffer(frame: Any) -> memoryview:
     buf = getattr(frame, "buffer", None)
     return memoryview(frame) if buf is None else buf
 
 
-_COMMANDS = {c.value: c for c in Command}
+def as_bytes(frame: Any) -> bytes:
+    return frame if type(frame) is bytes else bytes(buffer(frame))
 
 
-def _parse(raw: bytes) -> Any:
+COMMANDS = {c.value: c for c in Command}
+
+
+def parse_json(raw: bytes) -> Any:
     """json.loads(raw): the UTF-8 text directly when it is plain UTF-8 (json.loads of bytes
     guesses the encoding first, in Python); anything else goes the way of json.loads."""
     if raw[:1] in (b"{", b"["):
@@ -149,28 +154,19 @@ def _parse(raw: bytes) -> Any:
     return json.loads(raw)
 
 
-def decode(frames: list[Any], job_id: str | None, max_bytes: int) -> Message:
-    """Validate and decode ``frames`` (identity already removed).
-
-    ``job_id`` None accepts any job (used only by tools that list jobs).  Raises
-    ProtocolError with a short reason on any violation.
-    """
-    if len(frames) < 2:
-        raise ProtocolError(f"{len(frames)} frame(s); a message has at least 2")
-    tag = frames[0]
-    if (tag if type(tag) is bytes else bytes(_buffer(tag))) != VERSION:
-        raise ProtocolError(f"bad version tag {bytes(_buffer(frames[0]))[:16]!r}")
-    raw = frames[1] if type(frames[1]) is bytes else bytes(_buffer(frames[1]))
+def decode_json(frames: list[Any], job_id: str | None, max_bytes: int) -> Message:
+    """Validate and decode a control message (version tag already checked)."""
+    raw = as_bytes(frames[1])
     if len(raw) > MAX_HEADER_BYTES:
         raise ProtocolError(f"header of {len(raw)} bytes exceeds {MAX_HEADER_BYTES}")
     try:
-        header = _parse(raw)
+        header = parse_json(raw)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ProtocolError(f"header is not JSON: {str(exc)[:80]}") from None
     if not isinstance(header, dict):
         raise ProtocolError("header is not a JSON object")
     c = header.get("c")
-    cmd = _COMMANDS.get(c) if type(c) is str else None
+    cmd = COMMANDS.get(c) if type(c) is str else None
     if cmd is None:
         raise ProtocolError(f"unknown command {str(header.get('c'))[:32]!r}")
     job, sender, body, metas = header.get("j"), header.get("s"), header.get("b"), header.get("a")
@@ -180,23 +176,27 @@ def decode(frames: list[Any], job_id: str | None, max_bytes: int) -> Message:
         raise ProtocolError(f"frame of job {job[:64]!r} (this is job {job_id!r})")
     if not isinstance(metas, list):
         raise ProtocolError("header has no array list")
-    bufs = [_buffer(f) for f in frames[2:]]
-    arrays = [_array(meta, bufs, max_bytes) for meta in metas]
+    bufs = [buffer(f) for f in frames[2:]]
+    arrays = []
+    for meta in metas:
+        if not (type(meta) is list and len(meta) == 4 and type(meta[1]) is list
+                and type(meta[2]) is int and type(meta[3]) is int):
+            raise ProtocolError(f"bad array description {str(meta)[:80]}")
+        dtype = BY_NAME.get(meta[0]) if type(meta[0]) is str else None
+        if dtype is None:
+            raise ProtocolError(f"dtype {str(meta[0])[:32]!r} is not allowed")
+        arrays.append(view(dtype, meta[1], meta[2], meta[3], bufs, max_bytes))
     used = {meta[2] for meta in metas}
     if len(used) != len(bufs):
         raise ProtocolError(f"{len(bufs)} array frames but {len(used)} referenced")
     return Message(cmd=cmd, job=job, sender=sender, body=body, arrays=arrays)
 
 
-def _array(meta: Any, bufs: list[memoryview], max_bytes: int) -> np.ndarray:
-    if not (type(meta) is list and len(meta) == 4 and type(meta[1]) is list
-            and type(meta[2]) is int and type(meta[3]) is int):
-        raise ProtocolError(f"bad array description {str(meta)[:80]}")
-    dtype_name, shape, index, offset = meta
-    dtype = _BY_NAME.get(dtype_name) if type(dtype_name) is str else None
-    if dtype is None:
-        raise ProtocolError(f"dtype {str(dtype_name)[:32]!r} is not allowed")
-    if len(shape) > MAX_NDIM:
+def view(dtype: np.dtype, shape: Any, index: int, offset: int, bufs: list[memoryview],
+         max_bytes: int) -> np.ndarray:
+    """The array ``shape`` of ``dtype`` at ``offset`` of frame ``index``, checked: a sane shape,
+    within ``max_bytes``, and inside its frame."""
+    if type(shape) not in (list, tuple) or len(shape) > MAX_NDIM:
         raise ProtocolError(f"bad shape {str(shape)[:80]}")
     count = 1
     for d in shape:
@@ -210,7 +210,7 @@ def _array(meta: Any, bufs: list[memoryview], max_bytes: int) -> np.ndarray:
         raise ProtocolError(f"array frame {index} does not exist ({len(bufs)} frames)")
     buf = bufs[index]
     if offset < 0 or offset + nbytes > buf.nbytes:
-        raise ProtocolError(f"array declared {shape} {dtype_name} ({nbytes} bytes at {offset}) "
+        raise ProtocolError(f"array declared {list(shape)} {dtype.name} ({nbytes} bytes at {offset}) "
                             f"does not fit its frame of {buf.nbytes} bytes")
     if nbytes == 0:
         return np.zeros(shape, dtype=dtype)
@@ -219,9 +219,11 @@ def _array(meta: Any, bufs: list[memoryview], max_bytes: int) -> np.ndarray:
 
 
 def check_key(key: Any) -> int | str:
-    """A key is an int or a short str (JSON keeps the type); raise ProtocolError otherwise."""
+    """A key is an int (64-bit) or a short str (JSON keeps the type); raise ProtocolError otherwise."""
     if isinstance(key, bool) or not isinstance(key, (int, str)):
         raise ProtocolError(f"key {str(key)[:40]!r} is neither an int nor a str")
     if isinstance(key, str) and len(key) > 256:
         raise ProtocolError(f"key {key[:40]!r}... is longer than 256 characters")
+    if isinstance(key, int) and not -2**63 <= key < 2**63:
+        raise ProtocolError(f"key {key} does not fit in 64 bits")
     return key

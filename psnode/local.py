@@ -1,0 +1,83 @@
+"""The in-process engine behind ``kv.create('local')``: one worker, one server, no sockets.
+
+It runs the servers' own logic (:class:`psnode.aggregation.Store`) on the caller's thread, so a
+single process gives the values a distributed job gives.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from psnode.aggregation import Store
+from psnode.entry import sent
+from psnode.errors import from_kind
+from psnode.protocol import Command, Failed, Ok, Op
+from psnode.worker import Future
+
+Copier = Callable[[Ok], None]
+
+
+class LocalEngine:
+    """The in-process stand-in for :class:`psnode.worker.Engine`: one server, one worker."""
+
+    def __init__(self) -> None:
+        self.store = Store(1)
+        self.rank = 0
+        self.num_servers = 1
+        self.restarts = 0
+
+    def submit(self, server: int, op: Op, nbytes: int = 0, priority: int = 0,
+               on_reply: Copier | None = None, reply: bool = True, guard: Any = None,
+               keys: int = 1, label: str = "", auto: bool = False) -> Future | None:
+        fut = Future(on_reply)
+        for r in self.store.handle(0, op):
+            if isinstance(r.answer, Failed):
+                fut.fail(from_kind(r.answer.kind, r.answer.message))
+            elif isinstance(r.answer, Ok):
+                fut.set(r.answer)
+            if r.entry is not None:
+                sent(r.entry, None)  # the reply's value was copied out already
+        if not reply:
+            if fut.error is not None:
+                raise fut.error
+            return None
+        return fut
+
+    def stage(self, server: int, key: Any, part: int, index: int, shape: tuple[int, ...],
+              dtype: np.dtype, seq: int) -> np.ndarray:
+        return np.empty(shape, dtype)
+
+    def land(self, server: int, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        return None
+
+    def same_host(self, server: int) -> bool:
+        return False
+
+    def protect(self, guards: list[Any], on: bool) -> None:
+        pass
+
+    def count_pulls(self, n: int) -> None:
+        pass
+
+    def batch(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def wait(self, fut: Future) -> Ok:
+        return fut.wait(0)
+
+    def control(self, cmd: Command, body: dict[str, Any] | None = None) -> Future:
+        fut = Future()
+        fut.set(Ok(0))
+        return fut
+
+    def check(self) -> None:
+        pass
+
+    def resume(self) -> None:
+        pass
+
+    def close(self, timeout: float = 30.0) -> None:
+        pass

@@ -1,0 +1,170 @@
+"""The wire format: every psnode message, and its validation.
+
+A message is one ZeroMQ multipart message (a ROUTER socket prepends the peer's identity).
+Frame 0 is a version tag that says how frame 1 is encoded:
+
+**Control messages** (membership, heartbeats, barriers, status; :class:`Command`)::
+
+    frame 0   b"PSN1"
+    frame 1   UTF-8 JSON {"c": command, "j": job id, "s": sender ("worker:0", ...),
+                          "b": body (object, command specific),
+                          "a": [[dtype, [dim, ...], frame, offset], ...]  one entry per array}
+    frame 2.. raw C-order array buffers
+
+**Data messages** (worker -> server ``DATA``, server -> worker ``DATA_REPLY``): a batch of
+typed operations (:mod:`psnode.protocol.ops`), binary header, little-endian::
+
+    frame 0   b"PSD1"
+    frame 1   u8 kind (1 DATA, 2 DATA_REPLY), u8 0, u16 op count, u16 array count,
+              u8 job id length, job id (UTF-8)
+              per array:  u8 dtype code (index in DTYPE_NAMES), u8 ndim, u8 location, u8 0,
+                          u32 index, u64 byte offset, ndim x u64 dims
+              per op:     u8 code (OpCode), u8 flags (Flag), u16 part, u64 request id,
+                          i64 seq, i32 first array, u16 array count,
+                          key: u8 0 + i64 (int key) | u8 1 + u16 length + UTF-8 (str key),
+                          u32 length + JSON object of the op's other fields (0: none)
+    frame 2.. raw array buffers (location 0: frame ``index`` at ``offset``)
+
+In both encodings an array of 64 KiB or more has a frame of its own, sent and received without
+copies; smaller arrays share one frame at 16-byte aligned offsets.  Locations 1 and 2 (a
+shared-memory segment of the sender or of the receiver, ``index`` its number) are accepted
+only on the same-host data path (:mod:`psnode.shm`).
+
+Data operations (fields; ``seq`` and the flags live in the record, the rest in the JSON):
+
+============== ======================================================================
+``INIT``        key, part, dtype, shape, SYNC, AVERAGE, SPARSE; array: rank 0's value.
+                Ok: the stored value; seq = pushes of this worker's rank already taken.
+``PUSH``        key, part, seq (1, 2, ... per worker and key part); arrays: data, and with
+                ROWS the local row ids (row_sparse).  NA: answered only if it fails.
+``PULL``        key, part, seq = after (the worker's last push); with ROWS: row ids.
+                Ok once that push was applied (sync: its round complete): the value.
+``PUSHPULL``    key, part, seq; array: dense data.  Ok: the value after round ``seq``.  (A
+                dist_sync push over the same-host link is sent as PUSHPULL: the pull after it
+                then needs no request of its own.)
+``FLUSH``       check = [[key, part, [seq, ...]], ...] pushes sent.  Ok, or Missing.
+``RESYNC``      parts = [[key, part, last push known applied], ...] (to a restored server).
+``SET_OPTIMIZER`` spec (psnode.optimizer's JSON spec).  Ok.
+``GET_STATES``  Ok: names = [[key, part, state name], ...], one array per name.
+``LOAD_STATES`` names as above, one array per name.  Ok.
+============== ======================================================================
+
+Answers echo the request id: ``OK`` (arrays, seq, names), ``WAIT`` (the server holds the
+request: nothing lost; with GAP, seq names a push of this worker the server never received;
+blockers = workers whose pushes the round waits for), ``MISSING`` (missing = [[key, part,
+[seq, ...]], ...]), ``FAILED`` (kind: an error class of :data:`psnode.errors.KINDS`, err: the
+message; NA when it answers a push).  Flags: RE (sent again), NA, SYNC, SPARSE, AVERAGE, ROWS,
+GAP.  Keys are ints (64-bit) or strs of at most 256 characters.
+
+:func:`decode` checks everything before a byte of array data is interpreted: version, header
+encoding, job id, command or op code, that every declared array has a known dtype, a sane shape
+and exactly the bytes its frame holds, every index and count, and the size limits.  Any
+violation raises :class:`ProtocolError`; receivers log it and drop the message.  Nothing is
+ever unpickled.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from psnode.errors import ProtocolError
+from psnode.protocol.answers import Answer, Failed, Missing, Ok, Wait
+from psnode.protocol.data import Resolver, decode_data, encode_data
+from psnode.protocol.frames import (
+    DATA_VERSION,
+    DTYPE_NAMES,
+    DTYPES,
+    MAX_HEADER_BYTES,
+    MAX_NDIM,
+    PACK_BYTES,
+    VERSION,
+    Command,
+    Message,
+    as_bytes,
+    check_key,
+    decode_json,
+    encode_json,
+)
+from psnode.protocol.ops import (
+    BUCKET,
+    Flag,
+    Flush,
+    GetStates,
+    Init,
+    Key,
+    LoadStates,
+    Op,
+    OpCode,
+    PartKey,
+    Pull,
+    Push,
+    PushPull,
+    Resync,
+    SetOptimizer,
+    bucket_key,
+    bucket_of,
+    resent,
+    without_dest,
+)
+
+
+def encode(msg: Message) -> list[Any]:
+    """Frames for ``msg``: binary when it carries ``ops`` (a data message), else JSON."""
+    if msg.ops is not None:
+        return encode_data(msg.cmd, msg.job, msg.ops)
+    return encode_json(msg)
+
+
+def decode(frames: list[Any], job_id: str | None, max_bytes: int, resolve: Resolver | None = None) -> Message:
+    """Validate and decode ``frames`` (identity already removed).
+
+    ``job_id`` None accepts any job (used only by tools that list jobs).  Raises
+    ProtocolError with a short reason on any violation.
+    """
+    if len(frames) < 2:
+        raise ProtocolError(f"{len(frames)} frame(s); a message has at least 2")
+    tag = as_bytes(frames[0])
+    if tag == VERSION:
+        return decode_json(frames, job_id, max_bytes)
+    if tag == DATA_VERSION:
+        return decode_data(frames, job_id, max_bytes, resolve)
+    raise ProtocolError(f"bad version tag {tag[:16]!r}")
+
+
+__all__ = [
+    "BUCKET",
+    "DATA_VERSION",
+    "DTYPES",
+    "DTYPE_NAMES",
+    "MAX_HEADER_BYTES",
+    "MAX_NDIM",
+    "PACK_BYTES",
+    "VERSION",
+    "Answer",
+    "Command",
+    "Failed",
+    "Flag",
+    "Flush",
+    "GetStates",
+    "Init",
+    "Key",
+    "LoadStates",
+    "Message",
+    "Missing",
+    "Ok",
+    "Op",
+    "OpCode",
+    "PartKey",
+    "Pull",
+    "Push",
+    "PushPull",
+    "Resync",
+    "SetOptimizer",
+    "Wait",
+    "bucket_key",
+    "bucket_of",
+    "check_key",
+    "decode",
+    "encode",
+    "resent",
+    "without_dest",
+]

@@ -1,0 +1,403 @@
+"""Typed data operations (worker -> server) and their answers (server -> worker).
+
+Every field of a data message is defined here once; :mod:`psnode.protocol.data` encodes them
+(the field tables of :mod:`psnode.protocol` describe the bytes) and calls ``unwire`` to
+validate what arrived: a wrong type, count or shape of a field raises :class:`ProtocolError`.
+What a field *means* for a key (is the shape that of the key?) is checked by the server
+(:mod:`psnode.aggregation`), which answers :class:`Failed` instead of raising.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import IntEnum, IntFlag
+from typing import Any, ClassVar
+
+import numpy as np
+
+from psnode.errors import ProtocolError
+from psnode.protocol.frames import DTYPES, MAX_NDIM, check_key
+
+Key = int | str
+PartKey = tuple[Key, int]   # (user key, part index)
+BUCKET = "\0bucket"         # reserved key prefix: a bucket of small keys (psnode.fused)
+
+
+def bucket_key(bid: int) -> str:
+    """The reserved key of bucket ``bid`` (user keys never start with NUL)."""
+    return f"{BUCKET}{bid}"
+
+
+def bucket_of(key: Any) -> int | None:
+    """The bucket number of a reserved bucket key; None for any other key."""
+    if type(key) is str and key.startswith(BUCKET):
+        bid = _BUCKETS.get(key)
+        if bid is None:
+            tail = key[len(BUCKET):]
+            if not (tail.isdigit() and len(tail) < 10):
+                return None
+            bid = int(tail)
+            if len(_BUCKETS) < 100_000:   # (bounded: keys come from the wire)
+                _BUCKETS[key] = bid
+        return bid
+    return None
+
+
+_BUCKETS: dict[str, int] = {}
+
+
+class OpCode(IntEnum):
+    INIT = 1
+    PUSH = 2
+    PULL = 3
+    PUSHPULL = 4
+    FLUSH = 5
+    RESYNC = 6
+    SET_OPTIMIZER = 7
+    GET_STATES = 8
+    LOAD_STATES = 9
+    OK = 32
+    WAIT = 33
+    MISSING = 34
+    FAILED = 35
+
+
+class Flag(IntFlag):
+    RE = 1        # sent again (the first may have been lost)
+    NA = 2        # no answer wanted unless it fails (pushes)
+    SYNC = 4      # init: dist_sync rounds (else dist_async)
+    SPARSE = 8    # init: a row_sparse key
+    AVERAGE = 16  # init: aggregate by averaging (else sum)
+    ROWS = 32     # push/pull: the last array holds row ids (row_sparse)
+    GAP = 64      # wait: ``seq`` names a push of this worker the server never received
+    DEST = 128    # pull/pushpull: the last array is where the server may write the answer
+
+
+# the flags as plain ints: IntFlag arithmetic costs microseconds on the hot path
+RE, NA, SYNC, SPARSE, AVERAGE, ROWS, GAP, DEST = (int(f) for f in (Flag.RE, Flag.NA, Flag.SYNC, Flag.SPARSE,
+                                                                   Flag.AVERAGE, Flag.ROWS, Flag.GAP, Flag.DEST))
+
+
+# ------------------------------------------------------------------ validation helpers
+def _int(v: Any, what: str, low: int = 0) -> int:
+    if type(v) is not int or v < low:
+        raise ProtocolError(f"{what} must be an integer >= {low}, not {str(v)[:40]!r}")
+    return v
+
+
+def _list(v: Any, what: str) -> list[Any]:
+    if type(v) is not list:
+        raise ProtocolError(f"{what} must be a list, not {type(v).__name__}")
+    return v
+
+
+def _key(v: Any) -> Key:
+    return check_key(v)
+
+
+def _triples(v: Any, what: str, third: str) -> list[tuple[Key, int, Any]]:
+    """``[[key, part, x], ...]`` with x an int (``third='int'``), a list of ints or a str."""
+    out = []
+    for item in _list(v, what):
+        if type(item) is not list or len(item) != 3:
+            raise ProtocolError(f"{what}: bad entry {str(item)[:60]}")
+        k, p, x = _key(item[0]), _int(item[1], f"{what} part"), item[2]
+        if third == "int":
+            x = _int(x, f"{what} number")
+        elif third == "ints":
+            x = [_int(q, f"{what} number", 1) for q in _list(x, what)]
+        elif type(x) is not str:
+            raise ProtocolError(f"{what}: name {str(x)[:40]!r} is not a string")
+        out.append((k, p, x))
+    return out
+
+
+def _arrays(arrays: list[np.ndarray], n: int | tuple[int, int], what: str) -> None:
+    lo, hi = (n, n) if isinstance(n, int) else n
+    if not lo <= len(arrays) <= hi:
+        raise ProtocolError(f"{what} carries {len(arrays)} arrays, not {n}")
+
+
+def _rows(flags: int, arrays: list[np.ndarray], base: int, what: str) -> np.ndarray | None:
+    """The row ids array when ROWS is set (it must be the last of exactly base + 1 arrays)."""
+    if flags & ROWS:
+        _arrays(arrays, base + 1, what)
+        rows = arrays[-1]
+        if rows.ndim != 1 or rows.dtype.kind not in "iu":
+            raise ProtocolError(f"{what}: row ids must be a 1-d integer array")
+        return rows
+    _arrays(arrays, base, what)
+    return None
+
+
+# ------------------------------------------------------------------ operations
+@dataclass(slots=True)
+class Init:
+    """Create key part ``(key, part)`` (``value``: rank 0's array) or get its value; with
+    ``bucket`` >= 0 the part's value lives in that bucket at element ``offset`` (psnode.fused).
+
+    Answer: Ok with the stored value and ``seq`` = the pushes of this worker's rank the part
+    has taken (more than 0 after a restart)."""
+
+    key: Key
+    part: int
+    dtype: str
+    shape: tuple[int, ...]
+    sync: bool = True
+    average: bool = True
+    sparse: bool = False
+    value: np.ndarray | None = None
+    id: int = 0
+    re: bool = False
+    bucket: int = -1
+    offset: int = 0
+    code: ClassVar[OpCode] = OpCode.INIT
+
+    def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
+        flags = (RE * self.re) | (SYNC * self.sync) | (SPARSE * self.sparse) | \
+            (AVERAGE * self.average)
+        arrays = [] if self.value is None else [self.value]
+        extra: dict[str, Any] = {"dtype": self.dtype, "shape": list(self.shape)}
+        if self.bucket >= 0:
+            extra["bucket"], extra["offset"] = self.bucket, self.offset
+        return int(flags), self.part, 0, self.key, arrays, extra
+
+    @classmethod
+    def unwire(cls, flags: int, part: int, id: int, seq: int, key: Key, arrays: list[np.ndarray],
+               extra: dict[str, Any]) -> Init:
+        _arrays(arrays, (0, 1), "init")
+        dtype, shape = extra.get("dtype"), extra.get("shape")
+        if dtype not in DTYPES:
+            raise ProtocolError(f"init: dtype {str(dtype)[:32]!r} is not allowed")
+        if type(shape) is not list or len(shape) > MAX_NDIM:
+            raise ProtocolError(f"init: bad shape {str(shape)[:60]}")
+        bucket = _int(extra.get("bucket", -1), "init bucket", -1)
+        offset = _int(extra.get("offset", 0), "init offset")
+        return cls(key, part, dtype, tuple(_int(d, "init shape") for d in shape), bool(flags & SYNC),
+                   bool(flags & AVERAGE), bool(flags & SPARSE), arrays[0] if arrays else None,
+                   id, bool(flags & RE), bucket, offset)
+
+
+@dataclass(slots=True)
+class Push:
+    """Push ``seq`` (1, 2, ... per worker and key part) of a gradient: ``data`` dense, or the
+    rows ``rows`` (local row ids) of a row_sparse key.  With ``na`` (the default) it is
+    answered only if it fails."""
+
+    key: Key
+    part: int
+    seq: int
+    data: np.ndarray
+    rows: np.ndarray | None = None
+    id: int = 0
+    re: bool = False
+    na: bool = True
+    code: ClassVar[OpCode] = OpCode.PUSH
+
+    def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
+        flags = (RE * self.re) | (NA * self.na)
+        if self.rows is None:
+            return int(flags), self.part, self.seq, self.key, [self.data], None
+        return int(flags | ROWS), self.part, self.seq, self.key, [self.data, self.rows], None
+
+    @classmethod
+    def unwire(cls, flags: int, part: int, id: int, seq: int, key: Key, arrays: list[np.ndarray],
+               extra: dict[str, Any]) -> Push:
+        rows = _rows(flags, arrays, 1, "push")
+        return cls(key, part, _int(seq, "push sequence number", 1), arrays[0], rows, id,
+                   bool(flags & RE), bool(flags & NA))
+
+
+def _dest(flags: int, arrays: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray | None]:
+    """Split off the landing area (DEST: the last array) from an op's arrays."""
+    if flags & DEST:
+        if not arrays:
+            raise ProtocolError("a landing area was announced but not sent")
+        return arrays[:-1], arrays[-1]
+    return arrays, None
+
+
+@dataclass(slots=True)
+class Pull:
+    """The value of a key part once this worker's push ``after`` was applied (only rows
+    ``rows`` of a row_sparse key, if given).  Answer: Ok with the value, or Wait.  ``dest``
+    (same-host link only): a landing area of the worker the server may write the answer into."""
+
+    key: Key
+    part: int
+    after: int
+    rows: np.ndarray | None = None
+    id: int = 0
+    re: bool = False
+    dest: np.ndarray | None = None
+    code: ClassVar[OpCode] = OpCode.PULL
+
+    def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
+        flags = RE * self.re
+        arrays = []
+        if self.rows is not None:
+            flags |= ROWS
+            arrays.append(self.rows)
+        if self.dest is not None:
+            flags |= DEST
+            arrays.append(self.dest)
+        return int(flags), self.part, self.after, self.key, arrays, None
+
+    @classmethod
+    def unwire(cls, flags: int, part: int, id: int, seq: int, key: Key, arrays: list[np.ndarray],
+               extra: dict[str, Any]) -> Pull:
+        arrays, dest = _dest(flags, arrays)
+        rows = _rows(flags, arrays, 0, "pull")
+        return cls(key, part, _int(seq, "pull after"), rows, id, bool(flags & RE), dest)
+
+
+@dataclass(slots=True)
+class PushPull:
+    """Push ``seq`` of a dense gradient and pull the value after it: one request, one answer
+    (``dest`` as for Pull)."""
+
+    key: Key
+    part: int
+    seq: int
+    data: np.ndarray
+    id: int = 0
+    re: bool = False
+    dest: np.ndarray | None = None
+    code: ClassVar[OpCode] = OpCode.PUSHPULL
+
+    def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
+        if self.dest is None:
+            return int(RE * self.re), self.part, self.seq, self.key, [self.data], None
+        return int(RE * self.re | DEST), self.part, self.seq, self.key, [self.data, self.dest], None
+
+    @classmethod
+    def unwire(cls, flags: int, part: int, id: int, seq: int, key: Key, arrays: list[np.ndarray],
+               extra: dict[str, Any]) -> PushPull:
+        arrays, dest = _dest(flags, arrays)
+        _arrays(arrays, 1, "pushpull")
+        return cls(key, part, _int(seq, "pushpull sequence number", 1), arrays[0], id, bool(flags & RE),
+                   dest)
+
+
+@dataclass(slots=True)
+class Flush:
+    """Answered once every earlier request of this worker that arrived was handled; ``check``
+    lists ``(key, part, [seq, ...])`` pushes sent: the answer is Missing with those never
+    received, or Ok."""
+
+    check: list[tuple[Key, int, list[int]]] = field(default_factory=list)
+    id: int = 0
+    re: bool = False
+    code: ClassVar[OpCode] = OpCode.FLUSH
+
+    def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
+        return int(RE * self.re), 0, 0, 0, [], {"check": [list(c) for c in self.check]}
+
+    @classmethod
+    def unwire(cls, flags: int, part: int, id: int, seq: int, key: Key, arrays: list[np.ndarray],
+               extra: dict[str, Any]) -> Flush:
+        _arrays(arrays, 0, "flush")
+        return cls(_triples(extra.get("check", []), "flush check", "ints"), id, bool(flags & RE))
+
+
+@dataclass(slots=True)
+class Resync:
+    """To a restored server: ``(key, part, last push of this worker known applied)``."""
+
+    parts: list[tuple[Key, int, int]] = field(default_factory=list)
+    id: int = 0
+    re: bool = False
+    code: ClassVar[OpCode] = OpCode.RESYNC
+
+    def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
+        return int(RE * self.re), 0, 0, 0, [], {"parts": [list(p) for p in self.parts]}
+
+    @classmethod
+    def unwire(cls, flags: int, part: int, id: int, seq: int, key: Key, arrays: list[np.ndarray],
+               extra: dict[str, Any]) -> Resync:
+        _arrays(arrays, 0, "resync")
+        return cls(_triples(extra.get("parts", []), "resync parts", "int"), id, bool(flags & RE))
+
+
+@dataclass(slots=True)
+class SetOptimizer:
+    """Run the optimizer ``spec`` (psnode.optimizer's JSON spec) on this server's keys."""
+
+    spec: dict[str, Any]
+    id: int = 0
+    re: bool = False
+    code: ClassVar[OpCode] = OpCode.SET_OPTIMIZER
+
+    def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
+        return int(RE * self.re), 0, 0, 0, [], {"spec": self.spec}
+
+    @classmethod
+    def unwire(cls, flags: int, part: int, id: int, seq: int, key: Key, arrays: list[np.ndarray],
+               extra: dict[str, Any]) -> SetOptimizer:
+        _arrays(arrays, 0, "set_optimizer")
+        spec = extra.get("spec")
+        if type(spec) is not dict:
+            raise ProtocolError("set_optimizer: the spec is not an object")
+        return cls(spec, id, bool(flags & RE))
+
+
+@dataclass(slots=True)
+class GetStates:
+    """Every key part's optimizer state.  Answer: Ok with ``names`` and one array per name."""
+
+    id: int = 0
+    re: bool = False
+    code: ClassVar[OpCode] = OpCode.GET_STATES
+
+    def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
+        return int(RE * self.re), 0, 0, 0, [], None
+
+    @classmethod
+    def unwire(cls, flags: int, part: int, id: int, seq: int, key: Key, arrays: list[np.ndarray],
+               extra: dict[str, Any]) -> GetStates:
+        _arrays(arrays, 0, "get_states")
+        return cls(id, bool(flags & RE))
+
+
+@dataclass(slots=True)
+class LoadStates:
+    """Replace optimizer states: ``names[i] = (key, part, state name)`` for ``arrays[i]``."""
+
+    names: list[tuple[Key, int, str]]
+    arrays: list[np.ndarray]
+    id: int = 0
+    re: bool = False
+    code: ClassVar[OpCode] = OpCode.LOAD_STATES
+
+    def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
+        return int(RE * self.re), 0, 0, 0, list(self.arrays), {"names": [list(n) for n in self.names]}
+
+    @classmethod
+    def unwire(cls, flags: int, part: int, id: int, seq: int, key: Key, arrays: list[np.ndarray],
+               extra: dict[str, Any]) -> LoadStates:
+        names = _triples(extra.get("names", []), "load_states names", "str")
+        _arrays(arrays, len(names), "load_states")
+        return cls(names, list(arrays), id, bool(flags & RE))
+
+
+Op = Init | Push | Pull | PushPull | Flush | Resync | SetOptimizer | GetStates | LoadStates
+
+REQUESTS: dict[int, Any] = {c.code: c for c in (Init, Push, Pull, PushPull, Flush, Resync, SetOptimizer,
+                                                 GetStates, LoadStates)}
+
+
+def resent(op: Op) -> Op:
+    """A copy of ``op`` marked as sent again (without a landing area: only the first copy of a
+    request may write into one, so an answer never lands after the worker moved on)."""
+    if getattr(op, "dest", None) is not None:
+        return replace(op, re=True, dest=None)  # type: ignore[call-arg, arg-type]
+    return replace(op, re=True)
+
+
+def without_dest(op: Op) -> Op:
+    """``op`` without its landing area (for TCP, where answers travel in frames)."""
+    return replace(op, dest=None) if getattr(op, "dest", None) is not None else op  # type: ignore[call-arg, arg-type]
+
+
+__all__ = ["BUCKET", "REQUESTS", "Flag", "Flush", "GetStates", "Init", "Key", "LoadStates", "Op", "OpCode",
+           "PartKey", "Pull", "Push", "PushPull", "Resync", "SetOptimizer", "bucket_key", "bucket_of", "resent",
+           "without_dest"]

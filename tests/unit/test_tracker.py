@@ -1,0 +1,202 @@
+"""The worker's request tracker, without sockets: order, window, retries, notices, restores."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from psnode.errors import KeyNotInitialized, PeerLost, ShapeMismatch
+from psnode.protocol import Failed, Flush, Missing, Ok, Pull, Push, PushPull, Resync, Wait
+from psnode.tracker import Request, Tracker, settle
+
+F = np.float32
+
+
+class Fut:
+    def __init__(self) -> None:
+        self.result = None
+        self.error = None
+
+    def set(self, ans) -> None:
+        self.result = ans
+
+    def fail(self, exc) -> None:
+        self.error = exc
+
+
+def _tracker(**kw) -> Tracker:
+    kw.setdefault("retry_timeout", 2.0)
+    kw.setdefault("max_retries", 2)
+    return Tracker(2, address=lambda s: f"10.0.0.{s}:9000", **kw)
+
+
+def _settle(t: Tracker) -> None:
+    outcomes, t.outcomes = t.outcomes, []
+    settle(outcomes)
+
+
+def test_queued_requests_leave_by_priority_within_the_window() -> None:
+    t = _tracker(window_bytes=100)
+    futs = {}
+    for name, prio, nbytes in (("a", 0, 60), ("b", 5, 60), ("c", -1, 10), ("d", 5, 30)):
+        futs[name] = Fut()
+        t.add(Request(0, Pull(name, 0, 0), nbytes, futs[name], prio))
+    t.add(Request(1, Push("p", 0, 1, np.ones(2, F)), 0, None, -9))      # pushes never wait
+    sent = t.take(0.0)
+    assert [op.key for op in sent[0]] == ["b", "d", "c"] and [op.key for op in sent[1]] == ["p"]
+    assert t.inflight == [100, 0] and t.queued                        # "a" waits for the window
+    ids = [op.id for op in sent[0]]
+    assert len(set(ids)) == 3 and t.take(0.0) == {}
+    t.answered(0, Ok(ids[0], [np.zeros(1, F)]), 0.1)
+    assert [op.key for op in t.take(0.2)[0]] == ["a"]
+    _settle(t)
+    assert futs["b"].result.id == ids[0] and futs["a"].result is None
+
+
+def test_unanswered_requests_are_resent_then_fail_naming_the_server() -> None:
+    t = _tracker()
+    fut = Fut()
+    t.add(Request(1, Pull("w", 0, 3), 8, fut))
+    (op,) = t.take(0.0)[1]
+    assert t.due(1.0) == ({}, [])
+    again, warnings = t.due(2.0)
+    assert [(o.id, o.re) for o in again[1]] == [(op.id, True)] and not op.re
+    assert warnings == ["1 request(s) to server 1 got no answer in 2.0 s; sending again"]
+    t.due(4.0)
+    assert t.due(6.0) == ({}, []) and t.retries == 2
+    _settle(t)
+    assert isinstance(fut.error, PeerLost)
+    assert "server 1 at 10.0.0.1:9000 did not answer the pull of key 'w'" in str(fut.error)
+    assert "after 2 resends over 6.0 s" in str(fut.error) and t.inflight == [0, 0]
+
+
+def test_wait_is_a_sign_of_life_and_a_gap_resends_the_push() -> None:
+    t = _tracker()
+    t.add(Request(0, Push("w", 0, 1, np.ones(1, F))))
+    t.add(Request(0, Push("w", 0, 2, np.ones(1, F))))
+    fut = Fut()
+    t.add(Request(0, Pull("w", 0, 2), 4, fut))
+    pull = t.take(0.0)[0][-1]
+    t.due(2.0)                                           # resent once: tries 1
+    assert t.answered(0, Wait(pull.id, 0, [1]), 2.5) == {}
+    assert t.pending[pull.id].tries == 0 and t.pending[pull.id].blockers == [1]
+    again = t.answered(0, Wait(pull.id, 2), 3.0)         # push 2 never arrived
+    assert [(op.key, op.seq, op.re) for op in again[0]] == [("w", 2, True)]
+    assert t.due(4.0) == ({}, [])                        # the clock restarted at 3.0
+    lost = t.answered(0, Wait(pull.id, 1), 5.5)          # push 1: the journal still has it
+    assert [op.seq for op in lost[0]] == [1]
+    t.answered(0, Ok(pull.id, [np.ones(1, F)]), 6.0)
+    assert t.journal.check_list(0) == [] and t.journal.rounds == 2
+
+
+def test_a_gap_the_journal_no_longer_holds_fails_the_pull() -> None:
+    t = _tracker(journal_depth=1)
+    for q in (1, 2):
+        t.add(Request(0, Push("w", 0, q, np.ones(1, F))))
+    fut = Fut()
+    t.add(Request(0, Pull("w", 0, 2), 4, fut))
+    pull = t.take(0.0)[0][-1]
+    assert t.answered(0, Wait(pull.id, 1), 1.0) == {}
+    _settle(t)
+    assert isinstance(fut.error, PeerLost) and "push 1 of key 'w' to server 0 was lost" in str(fut.error)
+    assert not t.pending and t.inflight == [0, 0]
+
+
+def test_a_flush_names_lost_pushes_which_go_again_before_the_flush() -> None:
+    t = _tracker()
+    for q in (1, 2):
+        t.add(Request(0, Push("w", 0, q, np.full(1, q, F))))
+    fut = Fut()
+    t.add(Request(0, Flush(), 0, fut, -100))
+    flush = t.take(0.0)[0][-1]
+    assert flush.check == [("w", 0, [1, 2])]
+    again = t.answered(0, Missing(flush.id, [("w", 0, [2])]), 1.0)
+    assert [(type(op).__name__, getattr(op, "seq", None), op.re) for op in again[0]] == \
+        [("Push", 2, True), ("Flush", None, True)]
+    assert t.retries == 1
+    t.answered(0, Ok(flush.id), 1.1)
+    _settle(t)
+    assert fut.result == Ok(flush.id)
+
+
+def test_failures_resolve_futures_and_push_failures_are_deferred() -> None:
+    t = _tracker()
+    fut = Fut()
+    t.add(Request(0, Pull("x", 0, 0), 4, fut))
+    t.add(Request(0, Push("y", 0, 1, np.ones(1, F))))
+    pull, push = t.take(0.0)[0]
+    t.answered(0, Failed(pull.id, "KeyNotInitialized", "key 'x' is not initialised"), 0.1)
+    t.answered(0, Failed(push.id, "ShapeMismatch", "key 'x' holds float32[2]", na=True), 0.1)
+    t.answered(0, Failed(999, "Nonsense", "ignored: nobody asked"), 0.1)
+    _settle(t)
+    assert isinstance(fut.error, KeyNotInitialized) and str(fut.error).startswith("server 0: key 'x'")
+    err = t.take_deferred()
+    assert isinstance(err, ShapeMismatch) and t.take_deferred() is None
+
+
+def test_restored_server_gets_resync_journal_and_pending_again() -> None:
+    t = _tracker()
+    t.add(Request(1, Push("w", 1, 1, np.ones(1, F))))
+    fut = Fut()
+    t.add(Request(1, PushPull("v", 0, 1, np.ones(1, F)), 4, fut))
+    t.add(Request(0, Pull("other", 0, 0), 4, Fut()))
+    t.take(0.0)
+    t.down.add(1)
+    assert 1 not in {op_server for op_server in t.due(9.0)[0]}     # down: no retries meanwhile
+    batch = t.restored(1, 10.0)
+    assert isinstance(batch[0], Resync) and sorted(batch[0].parts) == [("v", 0, 0), ("w", 1, 0)]
+    assert [(type(op).__name__, op.re) for op in batch[1:]] == \
+        [("Push", True), ("PushPull", True), ("PushPull", True)]
+    assert 1 not in t.down and t.pending[batch[-1].id].sent == 10.0
+
+
+def test_counters_for_heartbeats_and_fail_all() -> None:
+    t = _tracker()
+    futs = [Fut(), Fut()]
+    t.add(Request(0, Push("w", 0, 1, np.ones(1, F))))
+    t.add(Request(0, Pull("w", 0, 1), 4, futs[0]))
+    t.take(0.0)
+    t.add(Request(0, Pull("w", 0, 1), 4, futs[1]))
+    assert (t.pushes, t.pulls) == (1, 1)
+    t.fail_all(PeerLost("gone"))
+    _settle(t)
+    assert all(isinstance(f.error, PeerLost) for f in futs) and not t.pending and not t.queued
+
+
+@pytest.mark.parametrize("op,text", [(Pull("w", 0, 1), "pull of key 'w'"), (Flush(), "flush")])
+def test_describe_names_the_operation(op, text) -> None:
+    from psnode.tracker import describe
+    assert describe(op) == text
+
+
+def test_a_parked_pull_is_asked_about_quietly_and_its_long_wait_is_reported_once() -> None:
+    t = _tracker(max_retries=1)
+    t.add(Request(0, Pull("w", 0, 4), 4, Fut()))
+    (pull,) = t.take(0.0)[0]
+    t.answered(0, Wait(pull.id, 0, [1]), 1.0)            # parked: waits for worker 1
+    warned = []
+    for now in range(3, 70, 2):                          # never fails: every Wait is a sign of life
+        again, warnings = t.due(float(now))
+        warned.extend(warnings)
+        for op in again.get(0, []):
+            t.answered(0, Wait(op.id, 0, [1]), now + 0.5)
+    assert pull.id in t.pending and len(warned) == 1
+    assert warned[0].startswith("the pull of key 'w' has waited 31 s for worker(s) [1] to push it")
+    assert "kv.num_pushes" in warned[0]
+
+
+def test_a_push_waits_while_a_pull_of_its_key_part_is_unanswered() -> None:
+    t = _tracker()
+    t.add(Request(0, Pull("w", 0, 1), 4, Fut()))
+    (pull,) = t.take(0.0)[0]
+    t.add(Request(0, Push("w", 0, 2, np.ones(1, F))))         # (another thread's push)
+    t.add(Request(0, Push("v", 0, 1, np.ones(1, F))))         # another key goes at once
+    assert [op.key for op in t.take(0.1)[0]] == ["v"]
+    t.answered(0, Ok(pull.id, [np.ones(1, F)]), 0.2)
+    assert [(op.key, op.seq) for op in t.take(0.3)[0]] == [("w", 2)] and not t.reading
+
+
+def test_a_pull_overtaking_its_own_push_never_holds_it() -> None:
+    t = _tracker()
+    t.add(Request(0, Push("w", 0, 1, np.ones(1, F)), priority=-5))
+    t.add(Request(0, Pull("w", 0, 1), 4, Fut(), priority=9))  # leaves first, waits for the push
+    assert [type(op).__name__ for op in t.take(0.0)[0]] == ["Pull", "Push"]
