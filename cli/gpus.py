@@ -97,9 +97,7 @@ class HostGpus:
             text = f"{_count(len(self.devices))} {','.join(self.devices)} ({_models(self.listed)})"
         else:
             text = "no GPU"
-        if self.problem:
-            text += f" (nvidia-smi: {self.problem})" if self.source is GpuSource.NONE else f" ({self.problem})"
-        return text
+        return f"{text} ({self.problem})" if self.problem else text
 
 
 def _count(n: int) -> str:

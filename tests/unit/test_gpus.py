@@ -53,9 +53,9 @@ def test_host_report_from_nvidia_smi_environment_or_nothing():
     cpu = HostGpus.from_report({"visible": None, "gpus": [], "error": None})
     assert (cpu.devices, cpu.source, cpu.describe()) == ((), GpuSource.NONE, "no GPU")
     assert HostGpus.from_report(None) == cpu == HostGpus()
-    broken = smi(0, error="nvidia-smi failed (exit 9): NVIDIA-SMI has failed")
+    broken = smi(0, error="/usr/bin/nvidia-smi failed (exit 9): NVIDIA-SMI has failed")
     assert broken.devices == () and broken.describe() == (
-        "no GPU (nvidia-smi: nvidia-smi failed (exit 9): NVIDIA-SMI has failed)")
+        "no GPU (/usr/bin/nvidia-smi failed (exit 9): NVIDIA-SMI has failed)")
     hidden = smi(2, visible="")
     assert hidden.devices == () and hidden.describe().startswith("CUDA_VISIBLE_DEVICES=: no GPU")
 
