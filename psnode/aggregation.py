@@ -38,12 +38,13 @@ from typing import Any
 import numpy as np
 
 from psnode import optimizer as opt_mod
-from psnode.arith import add_scaled
+from psnode.arith import add_scaled, decode_push
 from psnode.entry import (
     Entry,
     Key,
     OpError,
     Reply,
+    agree,
     first_gap,
     fits,
     fmt,
@@ -94,6 +95,7 @@ class Store:
         self.pulls = 0
         self.rounds = 0
         self.events: list[str] = []  # human-readable notices (e.g. skipped non-finite rounds)
+        self.settings: dict[int, str] = {}   # worker -> the compression tag of its pushes ("": none)
         self.fused = Buckets(self)
         self._handlers: dict[int, Callable[[int, Any], list[Reply]]] = {
             OpCode.INIT: self._init, OpCode.PUSH: self._push, OpCode.PULL: self._pull,
@@ -132,12 +134,12 @@ class Store:
 
     def _bucket_op(self, worker: int, bid: int, op: Op) -> list[Reply]:
         if isinstance(op, Push):
-            out = self.fused.push(worker, bid, op.seq, op.data)
+            out = self.fused.push(worker, bid, op.seq, self._gradient(worker, None, op, bid))
             return out if op.na else [Reply(worker, Ok(op.id)), *out]
         if isinstance(op, Pull) and op.rows is None:
             return self.fused.pull(worker, op.id, bid, op.after, op.re, op.dest)
         if isinstance(op, PushPull):
-            out = self.fused.push(worker, bid, op.seq, op.data)
+            out = self.fused.push(worker, bid, op.seq, self._gradient(worker, None, op, bid))
             return [*out, *self.fused.pull(worker, op.id, bid, op.seq, op.re, op.dest)]
         raise OpError("ProtocolError", f"{type(op).__name__} of a bucket")
 
@@ -199,8 +201,22 @@ class Store:
 
     # ---------------------------------------------------------------- push
     def _push(self, worker: int, op: Push) -> list[Reply]:
-        out = self._take_push(worker, (op.key, op.part), op.seq, op.data, op.rows)
+        key = (op.key, op.part)
+        out = self._take_push(worker, key, op.seq, self._gradient(worker, key, op), op.rows)
         return out if op.na else [Reply(worker, Ok(op.id)), *out]
+
+    def _gradient(self, worker: int, key: Key | None, op: Push | PushPull, bid: int = -1) -> np.ndarray:
+        """A push's dense gradient: its data, or what its compressed payload stands for
+        (checked: every worker pushes with the same gradient compression, psnode.entry.agree)."""
+        if self.settings.get(worker) != op.comp:
+            agree(self.settings, worker, op.comp)
+        if not op.comp:
+            return op.data
+        if key is None:
+            b = self.fused.bucket(bid)
+            return decode_push(op.comp, op.data, b.value[:b.used], f"the bucket of {fmt(*b.members[0].key)}")
+        entry = self._entry(key)
+        return decode_push(op.comp, op.data, entry.value, fmt(*key), entry.sparse)
 
     def _take_push(self, worker: int, key: Key, seq: int, data: np.ndarray,
                    rows: np.ndarray | None) -> list[Reply]:
@@ -375,7 +391,7 @@ class Store:
 
     def _pushpull(self, worker: int, op: PushPull) -> list[Reply]:
         key = (op.key, op.part)
-        out = self._take_push(worker, key, op.seq, op.data, None)
+        out = self._take_push(worker, key, op.seq, self._gradient(worker, key, op), None)
         return [*out, *self._park_pull(worker, op.id, key, op.seq, None, op.re, op.dest)]
 
     def _answer_pulls(self, entry: Entry) -> list[Reply]:
