@@ -25,9 +25,10 @@ try:
     import torch
 
     import psnode.torch
-except ImportError:
+except ImportError as exc:
     if os.environ.get("CI"):
-        raise ImportError("CI must install torch for tests/cluster/test_torch_compression.py: pip install torch")
+        raise ImportError("CI must install torch for tests/cluster/test_torch_compression.py: "
+                          "pip install torch") from exc
     pytest.skip("torch is not installed (pip install torch); CI fails here instead", allow_module_level=True)
 
 STEPS, LR, C = 6, 2.0 ** -10, 0.5

@@ -24,7 +24,8 @@ FP16 = CompressionSpec.from_params({"type": "fp16"})
 
 
 def _wire(ops: list) -> list:
-    frames = [f if isinstance(f, bytes) else bytes(memoryview(f)) for f in encode(Message(Command.DATA, "j", "", ops=ops))]
+    msg = Message(Command.DATA, "j", "", ops=ops)
+    frames = [f if isinstance(f, bytes) else bytes(memoryview(f)) for f in encode(msg)]
     return decode(frames, "j", 1 << 30).ops
 
 
@@ -32,7 +33,8 @@ def _wire(ops: list) -> list:
 def test_compressed_push_and_pushpull_round_trip_with_their_tag() -> None:
     payload = TWO.compress(np.ones(40, F), TWO.new_residual(40))
     half = FP16.compress(np.ones(7, F), None)
-    ops = [Push("w", 1, 3, payload, comp=TWO.tag), PushPull(9, 0, 2, half, comp=FP16.tag), Push("p", 0, 1, np.ones(3, F))]
+    ops = [Push("w", 1, 3, payload, comp=TWO.tag), PushPull(9, 0, 2, half, comp=FP16.tag),
+           Push("p", 0, 1, np.ones(3, F))]
     got = _wire(ops)
     assert [(type(o).__name__, o.comp) for o in got] == [("Push", "2bit:0.5"), ("PushPull", "fp16"), ("Push", "")]
     assert np.array_equal(got[0].data, payload) and got[0].data.dtype == np.uint8
