@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from psnode import optimizer as opt_mod
-from psnode.arith import add_scaled, decode_push
+from psnode.arith import Packed, add_scaled, packed_push
 from psnode.entry import (
     Entry,
     Key,
@@ -134,12 +134,12 @@ class Store:
 
     def _bucket_op(self, worker: int, bid: int, op: Op) -> list[Reply]:
         if isinstance(op, Push):
-            out = self.fused.push(worker, bid, op.seq, self._gradient(worker, None, op, bid))
+            out = self.fused.push(worker, bid, op.seq, self._bucket_gradient(worker, bid, op))
             return out if op.na else [Reply(worker, Ok(op.id)), *out]
         if isinstance(op, Pull) and op.rows is None:
             return self.fused.pull(worker, op.id, bid, op.after, op.re, op.dest)
         if isinstance(op, PushPull):
-            out = self.fused.push(worker, bid, op.seq, self._gradient(worker, None, op, bid))
+            out = self.fused.push(worker, bid, op.seq, self._bucket_gradient(worker, bid, op))
             return [*out, *self.fused.pull(worker, op.id, bid, op.seq, op.re, op.dest)]
         raise OpError("ProtocolError", f"{type(op).__name__} of a bucket")
 
@@ -205,28 +205,39 @@ class Store:
         out = self._take_push(worker, key, op.seq, self._gradient(worker, key, op), op.rows)
         return out if op.na else [Reply(worker, Ok(op.id)), *out]
 
-    def _gradient(self, worker: int, key: Key | None, op: Push | PushPull, bid: int = -1) -> np.ndarray:
-        """A push's dense gradient: its data, or what its compressed payload stands for
-        (checked: every worker pushes with the same gradient compression, psnode.entry.agree)."""
+    def _gradient(self, worker: int, key: Key, op: Push | PushPull) -> np.ndarray | Packed:
+        """A push's dense gradient: its data, or its compressed payload checked (decoded where
+        it is summed: psnode.arith.Packed); every worker must push with the same gradient
+        compression (psnode.entry.agree)."""
         if self.settings.get(worker) != op.comp:
             agree(self.settings, worker, op.comp)
         if not op.comp:
             return op.data
-        if key is None:
-            b = self.fused.bucket(bid)
-            return decode_push(op.comp, op.data, b.value[:b.used], f"the bucket of {fmt(*b.members[0].key)}")
         entry = self._entry(key)
-        return decode_push(op.comp, op.data, entry.value, fmt(*key), entry.sparse)
+        return packed_push(op.comp, op.data, entry.value, fmt(*key), entry.sparse)
 
-    def _take_push(self, worker: int, key: Key, seq: int, data: np.ndarray,
+    def _bucket_gradient(self, worker: int, bid: int, op: Push | PushPull) -> np.ndarray:
+        """:meth:`_gradient` for a bucket's push, decoded (its members may be served apart)."""
+        if self.settings.get(worker) != op.comp:
+            agree(self.settings, worker, op.comp)
+        if not op.comp:
+            return op.data
+        b = self.fused.bucket(bid)
+        return packed_push(op.comp, op.data, b.value[:b.used], f"the bucket of {fmt(*b.members[0].key)}").decode()
+
+    def _take_push(self, worker: int, key: Key, seq: int, data: np.ndarray | Packed,
                    rows: np.ndarray | None) -> list[Reply]:
         """Accept push ``seq`` of ``worker`` (once); the replies it causes (completed pulls)."""
         entry = self._entry(key)
-        self._validate_push(key, entry, data, rows)
+        if isinstance(data, np.ndarray):   # (a Packed one was checked by packed_push)
+            self._validate_push(key, entry, data, rows)
         if received(entry, worker, seq):
             return []  # duplicate: applied once
         self.pushes += 1
+        if isinstance(data, Packed) and (self.check_finite or not entry.sync):
+            data = data.decode()   # (else a sync round decodes it where it sums it: _contribute)
         if not entry.sync:
+            assert isinstance(data, np.ndarray)
             if self.check_finite and data.dtype.kind == "f" and not np.isfinite(data).all():
                 entry.skipped += 1
                 self.events.append(f"{fmt(*key)}: push {seq} of worker {worker} skipped: non-finite")
@@ -259,8 +270,13 @@ class Store:
         if len(rows) and (rows.min() < 0 or rows.max() >= want.shape[0]):
             raise OpError("ShapeMismatch", f"{fmt(*key)}: row id out of range 0..{want.shape[0] - 1}")
 
-    def _contribute(self, entry: Entry, worker: int, seq: int, data: np.ndarray, rows: np.ndarray | None) -> None:
+    def _contribute(self, entry: Entry, worker: int, seq: int, data: np.ndarray | Packed,
+                    rows: np.ndarray | None) -> None:
         entry.contributors.add(worker)
+        if isinstance(data, Packed):   # (dense sync, check_finite off: see _take_push)
+            self._contribute_packed(entry, data)
+            entry.pushed[worker] = seq
+            return
         if self.check_finite and data.dtype.kind == "f" and not np.isfinite(data).all():
             entry.nonfinite.add(worker)
         entry.pushed[worker] = seq
@@ -285,6 +301,27 @@ class Store:
                 assert entry.spare is not None
                 add_scaled(entry.spare, data, entry.spare, scale)
             entry.scaled = last
+
+    def _contribute_packed(self, entry: Entry, data: Packed) -> None:
+        """A compressed push into the round's sum: the first is decoded into the spare buffer,
+        the others decoded and added chunk by chunk (the last one also averaging), so no push
+        gets a float32 array of its own.  Values are those of decoding, then _contribute."""
+        if len(entry.contributors) == 1:
+            entry.spare = fresh(entry.spare, entry.spare_sends, entry.value, self._new)
+            entry.spare_sends = []
+            data.into(entry.spare)
+            entry.first, entry.scaled = None, False
+            return
+        last = self.active <= entry.contributors and entry.average and self._optimizer_for(entry) is None
+        n = len(entry.contributors)
+        if entry.first is not None:   # (a float32 first push: only a worker whose setting changed)
+            entry.spare = fresh(entry.spare, entry.spare_sends, entry.value, self._new)
+            entry.spare_sends = []
+            np.copyto(entry.spare, entry.first)
+            entry.first = None
+        assert entry.spare is not None
+        data.add_into(entry.spare, 1.0 / n if last else 1.0)
+        entry.scaled = last
 
     def _maybe_complete(self, key: Key, entry: Entry) -> list[Reply]:
         out: list[Reply] = []

@@ -275,24 +275,28 @@ class CompressionSpec:
             np.copyto(flat, packed)
         return out
 
-    def accumulate(self, acc: np.ndarray, packed: np.ndarray) -> None:
-        """``acc += decompress(packed, acc.size)`` in place, in float32, without a full temporary."""
+    def accumulate(self, acc: np.ndarray, packed: np.ndarray, scale: float = 1.0) -> None:
+        """``acc += decompress(packed, acc.size)`` in place, in float32, then (``scale`` != 1)
+        ``acc *= scale``, chunk by chunk without a full temporary: bit-identical to the whole
+        array passes (psnode.arith.add_scaled's rule)."""
         n = acc.size
         self.check_packed(packed, n)
         if acc.dtype != _F32 or not acc.flags.c_contiguous:
             raise ShapeMismatch(f"accumulate into a contiguous float32 array; got {acc.dtype}")
         flat = acc.reshape(-1)
-        if not self.thresholded:
-            for lo, hi in _chunks(n):
-                np.add(flat[lo:hi], packed[lo:hi], out=flat[lo:hi])
-            return
-        table = self._table()
-        per_byte = table.shape[1]
+        table = self._table() if self.thresholded else None
+        per_byte = 1 if table is None else table.shape[1]
         scratch = np.empty(min(n, CHUNK), np.float32)
         for lo, hi in _chunks(n):
             tmp = scratch[:hi - lo]
-            _dequantize(packed[lo // per_byte:], table, tmp)
-            np.add(flat[lo:hi], tmp, out=flat[lo:hi])
+            if table is None:
+                np.copyto(tmp, packed[lo:hi])
+            else:
+                _dequantize(packed[lo // per_byte:], table, tmp)
+            part = flat[lo:hi]
+            np.add(part, tmp, out=part)
+            if scale != 1.0:
+                np.multiply(part, scale, out=part, casting="unsafe")
 
     def roundtrip(self, grad: np.ndarray, residual: Residual | None) -> np.ndarray:
         """What a server decodes from this push: ``decompress(compress(grad, residual))``,

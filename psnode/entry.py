@@ -54,7 +54,8 @@ class Entry:
     spare_sends: list[Any] = field(default_factory=list)
     contributors: set[int] = field(default_factory=set)
     sparse_parts: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
-    early: dict[int, list[tuple[int, np.ndarray, np.ndarray | None]]] = field(default_factory=dict)
+    # pushes for later rounds: (seq, data: an array or a psnode.arith.Packed, rows)
+    early: dict[int, list[tuple[int, Any, np.ndarray | None]]] = field(default_factory=dict)
     pushed: dict[int, int] = field(default_factory=dict)
     ahead: dict[int, set[int]] = field(default_factory=dict)  # async: applied beyond a gap
     pulls: list[tuple[int, int, int, np.ndarray | None, np.ndarray | None]] = field(default_factory=list)

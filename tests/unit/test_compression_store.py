@@ -16,7 +16,20 @@ import psnode
 from psnode.aggregation import Store
 from psnode.compression import CompressionSpec
 from psnode.errors import ConfigError, ProtocolError
-from psnode.protocol import Command, Failed, Init, Message, Ok, Pull, Push, PushPull, decode, encode, resent
+from psnode.protocol import (
+    Command,
+    Failed,
+    Init,
+    Message,
+    Ok,
+    Pull,
+    Push,
+    PushPull,
+    SetOptimizer,
+    decode,
+    encode,
+    resent,
+)
 
 F = np.float32
 TWO = CompressionSpec.from_params({"type": "2bit", "threshold": 0.5})
@@ -81,6 +94,43 @@ def test_store_decodes_compressed_pushes_of_a_round() -> None:
         assert store.handle(w, Push("w", 0, 1, TWO.compress(grads[w], res[w]), comp=TWO.tag)) == []
     [reply] = store.handle(0, Pull("w", 0, 1))
     assert isinstance(reply.answer, Ok) and np.array_equal(reply.answer.arrays[0], want)
+
+
+@pytest.mark.parametrize("optimizer", [None, {"name": "sgd", "learning_rate": 0.5, "momentum": 0.5}])
+@pytest.mark.parametrize("average", [True, False])
+@pytest.mark.parametrize("check_finite", [False, True])
+def test_store_rounds_with_early_pushes_equal_decoding_first(optimizer, average: bool, check_finite: bool) -> None:
+    """A worker two rounds ahead (its pushes wait, compressed, for their rounds): every round's
+    value is that of decoding each push and summing float32 (exactly), with and without an
+    optimizer, average or sum, and with the non-finite check (which decodes at once)."""
+    store, ref = Store(2, check_finite=check_finite), Store(2, check_finite=check_finite)
+    for s_ in (store, ref):
+        if optimizer:
+            s_.handle(0, SetOptimizer(optimizer))
+        for w in (0, 1):
+            value = np.zeros((3, 33), F) if w == 0 else None
+            s_.handle(w, Init("w", 0, "float32", (3, 33), average=average, value=value))
+    rng = np.random.default_rng(3)
+    grads = {(w, q): rng.standard_normal((3, 33)).astype(F) for w in (0, 1) for q in (1, 2, 3)}
+    res, res_ref = [TWO.new_residual(99) for _ in range(2)], [TWO.new_residual(99) for _ in range(2)]
+    order = [(0, 1), (0, 2), (0, 3), (1, 1), (1, 2), (1, 3)]    # worker 0 runs ahead
+    for w, q in order:
+        store.handle(w, Push("w", 0, q, TWO.compress(grads[w, q], res[w]), comp=TWO.tag))
+        ref.handle(w, Push("w", 0, q, TWO.roundtrip(grads[w, q], res_ref[w])))
+    [got] = store.handle(1, Pull("w", 0, 3))
+    [want] = ref.handle(1, Pull("w", 0, 3))
+    assert np.array_equal(got.answer.arrays[0], want.answer.arrays[0])
+    assert store.rounds == ref.rounds == 3
+
+
+def test_store_one_worker_rounds_take_the_decoded_push() -> None:
+    """Residual 0.3, 0.6 -> 0.5 sent (0.1 left), 0.4: the rounds' values are 0, 0.5, 0."""
+    store = _store(workers=1)
+    res = TWO.new_residual(40)
+    for q, sent in ((1, 0.0), (2, 0.5), (3, 0.0)):
+        store.handle(0, Push("w", 0, q, TWO.compress(np.full(40, 0.3, F), res), comp=TWO.tag))
+        [reply] = store.handle(0, Pull("w", 0, q))
+        assert np.array_equal(reply.answer.arrays[0], np.full(40, sent, F))
 
 
 def test_store_refuses_a_worker_whose_settings_differ_naming_both() -> None:
