@@ -1,7 +1,7 @@
 """psnode on a rate-limited network: three namespaces, 1 Gbit/s per host, W=2 S=2.
 
     python benchmarks/netbench.py                                # uncompressed, 3 interleaved runs
-    python benchmarks/netbench.py --compression none,fp16,2bit   # side by side (needs issue 17 phase 2)
+    python benchmarks/netbench.py --compression none,fp16,2bit,1bit   # side by side
     python benchmarks/netbench.py --quick --no-mlp               # smoke run (~10 s)
     python benchmarks/netbench.py --cleanup                      # remove testbeds of a killed run
     python benchmarks/netbench.py --loopback --compression none,fp16,2bit   # all on this host, no limit
