@@ -1,0 +1,93 @@
+"""The scheduler's running indexes over its nodes, so no event rescans the whole job (pure).
+
+Without them every REGISTER counted the nodes of its role, every BARRIER rebuilt the set of
+active workers, every WELCOME sorted the active ranks again, and every FINISH sent the full
+active list to every server at once: O(N) work per message, O(N^2) per job-wide event (W
+workers finishing cost W x S MEMBERSHIP messages of O(W) ranks each).
+
+Contracts:
+
+* :meth:`Roster.joined` / :meth:`Roster.left` keep the count of registered nodes per role.
+* :meth:`Roster.set_state` is told every state change of a worker (the scheduler routes all
+  of them through it); :attr:`Roster.active` is then exactly the ALIVE workers (ident -> rank)
+  and :meth:`Roster.active_ranks` their sorted ranks, cached until the next change;
+  :meth:`Roster.all_finished` says whether every registered worker is FINISHED.
+* :meth:`Roster.want_membership` asks for a MEMBERSHIP; :meth:`Roster.take_membership` returns
+  the active ranks once per batch of asks (None when nothing was asked since the last take):
+  the scheduler takes it at the end of each turn (after draining its socket), and before any
+  message whose meaning depends on the servers knowing it (BARRIER_DONE, the job's end), so
+  FINISHes handled in one turn cost one MEMBERSHIP per server.  The content is always the full
+  current list (idempotent: a server never depends on having seen an earlier one).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from psnode.status import NodeState
+
+
+@dataclass
+class Roster:
+    """Counts per role, the active workers and the pending MEMBERSHIP (see the module docstring)."""
+
+    count: dict[str, int] = field(default_factory=lambda: {"worker": 0, "server": 0})
+    active: dict[bytes, int] = field(default_factory=dict)     # ALIVE workers: ident -> rank
+    finished: set[bytes] = field(default_factory=set)          # FINISHED workers
+    _ranks: list[int] | None = None                            # sorted ranks of ``active``, cached
+    _asked: bool = False
+
+    def joined(self, role: str) -> None:
+        self.count[role] = self.count.get(role, 0) + 1
+
+    def left(self, role: str, ident: bytes) -> None:
+        """A node removed from the table (replaced by its restart)."""
+        self.count[role] = self.count.get(role, 0) - 1
+        self.finished.discard(ident)
+        if self.active.pop(ident, None) is not None:
+            self._ranks = None
+
+    def set_state(self, ident: bytes, rank: int, state: NodeState) -> None:
+        """Worker ``ident`` (of ``rank``) is now in ``state``."""
+        alive = state == NodeState.ALIVE
+        if state == NodeState.FINISHED:
+            self.finished.add(ident)
+        else:
+            self.finished.discard(ident)
+        if alive and self.active.get(ident) != rank:
+            self.active[ident] = rank
+            self._ranks = None
+        elif not alive and self.active.pop(ident, None) is not None:
+            self._ranks = None
+
+    def active_ranks(self) -> list[int]:
+        """The ranks of the active workers, sorted (the same list object until a change)."""
+        if self._ranks is None:
+            self._ranks = sorted(self.active.values())
+        return self._ranks
+
+    def all_finished(self) -> bool:
+        """Has every registered worker finished?"""
+        return len(self.finished) == self.count["worker"]
+
+    def want_membership(self) -> None:
+        self._asked = True
+
+    def take_membership(self) -> list[int] | None:
+        """The active ranks to send as MEMBERSHIP if one was asked for since the last take."""
+        if not self._asked:
+            return None
+        self._asked = False
+        return self.active_ranks()
+
+    def barrier_complete(self, entered: dict[bytes, int]) -> bool:
+        """Has every active worker entered the barrier (``entered``: ident -> its number)?
+
+        O(1) while fewer workers entered than are active; the O(W) subset check runs only
+        when the counts allow completion (about once per barrier).
+        """
+        if not entered or len(entered) < len(self.active):
+            return False
+        return self.active.keys() <= entered.keys()
+
+
+__all__ = ["Roster"]
