@@ -100,7 +100,8 @@ def test_sigstop_on_the_same_host_path_is_named_and_leaves_nothing(tmp_path: Pat
     victim = next(p for p in job.procs if p.role == role and p.rank == rank)
     stopped = False
     try:
-        wait_for(lambda: markers(tmp_path, "ready", 2) or dr.exited, 40, "training to start", describe=dr.describe, poll=dr.poll)
+        wait_for(lambda: markers(tmp_path, "ready", 2) or dr.exited, 40, "training to start",
+                 describe=dr.describe, poll=dr.poll)
         assert markers(tmp_path, "ready", 2), dr.describe()
         assert len(shm.holders(job.job_id)) == 4, shm.holders(job.job_id)   # the links are up
         others = [p for p in job.procs if p is not victim]
