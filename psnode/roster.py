@@ -8,8 +8,9 @@ workers finishing cost W x S MEMBERSHIP messages of O(W) ranks each).
 Contracts:
 
 * :meth:`Roster.joined` / :meth:`Roster.left` keep the count of registered nodes per role.
-* :meth:`Roster.set_state` is told every state change of a worker (the scheduler routes all
-  of them through it); :attr:`Roster.active` is then exactly the ALIVE workers (ident -> rank)
+* :meth:`Roster.set_state` is told every state change of a node (the scheduler routes all of
+  them through it); :attr:`Roster.servers` is then exactly the live (REGISTERED or ALIVE)
+  servers, :attr:`Roster.active` exactly the ALIVE workers (ident -> rank)
   and :meth:`Roster.active_ranks` their sorted ranks, cached until the next change;
   :meth:`Roster.all_finished` says whether every registered worker is FINISHED.
 * :meth:`Roster.want_membership` asks for a MEMBERSHIP; :meth:`Roster.take_membership` returns
@@ -33,21 +34,32 @@ class Roster:
     count: dict[str, int] = field(default_factory=lambda: {"worker": 0, "server": 0})
     active: dict[bytes, int] = field(default_factory=dict)     # ALIVE workers: ident -> rank
     finished: set[bytes] = field(default_factory=set)          # FINISHED workers
+    servers: dict[bytes, int] = field(default_factory=dict)    # live (REGISTERED, ALIVE) servers
     _ranks: list[int] | None = None                            # sorted ranks of ``active``, cached
     _asked: bool = False
 
-    def joined(self, role: str) -> None:
+    def joined(self, role: str, ident: bytes) -> None:
+        """A node entered the table (REGISTERED, or ALIVE as a restart: tell set_state too)."""
         self.count[role] = self.count.get(role, 0) + 1
+        if role == "server":
+            self.servers[ident] = 0
 
     def left(self, role: str, ident: bytes) -> None:
         """A node removed from the table (replaced by its restart)."""
         self.count[role] = self.count.get(role, 0) - 1
         self.finished.discard(ident)
+        self.servers.pop(ident, None)
         if self.active.pop(ident, None) is not None:
             self._ranks = None
 
-    def set_state(self, ident: bytes, rank: int, state: NodeState) -> None:
-        """Worker ``ident`` (of ``rank``) is now in ``state``."""
+    def set_state(self, ident: bytes, rank: int, state: NodeState, role: str = "worker") -> None:
+        """Node ``ident`` (a worker of ``rank``, or a server) is now in ``state``."""
+        if role == "server":
+            if state in (NodeState.REGISTERED, NodeState.ALIVE):
+                self.servers[ident] = rank
+            else:
+                self.servers.pop(ident, None)
+            return
         alive = state == NodeState.ALIVE
         if state == NodeState.FINISHED:
             self.finished.add(ident)

@@ -138,8 +138,7 @@ class Scheduler:
     def _set_state(self, n: Node, state: NodeState) -> None:
         """Every state change goes through here (the roster's active workers follow)."""
         n.state = state
-        if n.role == "worker":
-            self.roster.set_state(n.ident, n.rank, state)
+        self.roster.set_state(n.ident, n.rank, state, n.role)
 
     # ------------------------------------------------------------ registration
     def _on_register(self, ident: bytes, body: dict[str, Any]) -> None:
@@ -163,7 +162,7 @@ class Scheduler:
                        f"the job already has {limit} {role}s; this one (pid {node.pid}) is extra"})
             return
         self.nodes[ident] = node
-        self.roster.joined(role)
+        self.roster.joined(role, ident)
         if self.roster.count["worker"] == self.cfg.num_workers and \
                 self.roster.count["server"] == self.cfg.num_servers:
             self._start()
@@ -228,8 +227,8 @@ class Scheduler:
         del self.nodes[old.ident]
         self.roster.left(old.role, old.ident)
         node.rank, node.restarts = old.rank, old.restarts + 1
+        self.roster.joined(node.role, node.ident)
         self._set_state(node, NodeState.ALIVE)
-        self.roster.joined(node.role)
         node.stats, node.barrier_done = old.stats, old.barrier_done  # a replay's barriers: answered
         self.nodes[node.ident] = node
         book = self._book()
@@ -263,8 +262,8 @@ class Scheduler:
         """Send MEMBERSHIP if asked for (``roster.want_membership``) since the last one."""
         active = self.roster.take_membership()
         if active is not None:
-            for n in self._live("server"):
-                self._send(n, Command.MEMBERSHIP, {"active": active})
+            for ident in self.roster.servers:
+                self._send(ident, Command.MEMBERSHIP, {"active": active})
 
     def _on_finish(self, node: Node) -> None:
         self._set_state(node, NodeState.FINISHED)

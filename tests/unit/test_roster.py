@@ -8,9 +8,9 @@ from psnode.status import NodeState
 def _roster(workers: int) -> Roster:
     r = Roster()
     for i in range(workers):
-        r.joined("worker")
+        r.joined("worker", b"w%d" % i)
         r.set_state(b"w%d" % i, i, NodeState.ALIVE)
-    r.joined("server")
+    r.joined("server", b"s0")
     return r
 
 
@@ -23,7 +23,7 @@ def test_counts_and_active_ranks_follow_every_state_change() -> None:
     r.set_state(b"w0", 0, NodeState.DEAD)
     assert r.active_ranks() == [1, 3]
     r.left("worker", b"w0")                                           # replaced by its restart
-    r.joined("worker")
+    r.joined("worker", b"w0'")
     r.set_state(b"w0'", 0, NodeState.ALIVE)
     assert r.active_ranks() == [0, 1, 3] and r.count["worker"] == 4
     assert not r.all_finished()
@@ -54,3 +54,17 @@ def test_barrier_completes_when_every_active_worker_entered() -> None:
     r.set_state(b"w2", 2, NodeState.FINISHED)
     del entered[b"w2"]
     assert r.barrier_complete(entered)
+
+
+def test_live_servers_follow_their_states() -> None:
+    r = _roster(1)
+    assert list(r.servers) == [b"s0"]                                # REGISTERED counts as live
+    r.set_state(b"s0", 0, NodeState.ALIVE, "server")
+    r.joined("server", b"s1")
+    r.set_state(b"s1", 1, NodeState.DEAD, "server")
+    assert list(r.servers) == [b"s0"] and r.active_ranks() == [0]   # servers are not workers
+    r.left("server", b"s1")
+    r.joined("server", b"s1'")
+    r.set_state(b"s1'", 1, NodeState.ALIVE, "server")
+    r.set_state(b"s0", 0, NodeState.EXITED, "server")
+    assert list(r.servers) == [b"s1'"] and r.count["server"] == 2
