@@ -45,9 +45,18 @@ def _tensor_type() -> Any:
 
 def _group(v: Any, tensor: Any) -> bool:
     """``v`` is a torch tensor or a non-empty list/tuple of them."""
+    if type(v) is np.ndarray:          # the common case, before torch's slower isinstance
+        return False
     if isinstance(v, tensor):
         return True
     return isinstance(v, (list, tuple)) and bool(v) and all(isinstance(x, tensor) for x in v)
+
+
+def _any(key: Any, value: Any, tensor: Any) -> bool:
+    """Is any key's value (MXNet's forms) a torch tensor or a list of them?"""
+    if isinstance(key, (list, tuple)) and isinstance(value, (list, tuple)):
+        return any(_group(v, tensor) for v in value if type(v) is not np.ndarray)
+    return _group(value, tensor)
 
 
 def _per_key(key: Any, value: Any) -> list[tuple[Any, Any]] | None:
@@ -62,10 +71,10 @@ def _per_key(key: Any, value: Any) -> list[tuple[Any, Any]] | None:
 def push_values(key: Any, value: Any, info: Info) -> Any:
     """``value`` with each key's torch tensor(s) replaced by the host array to push."""
     tensor = _tensor_type()
-    if tensor is None:
+    if tensor is None or not _any(key, value, tensor):
         return value
     pairs = _per_key(key, value)
-    if pairs is None or not any(_group(v, tensor) for _, v in pairs):
+    if pairs is None:
         return value
     from psnode.torch_devices import host_value
 
@@ -89,10 +98,10 @@ def pull_outs(key: Any, out: Any, info: Info, bufs: dict[Any, np.ndarray],
     key).  With ``rows`` (a row_sparse pull) one fresh host copy per tensor.
     """
     tensor = _tensor_type()
-    if tensor is None or out is None:
+    if tensor is None or out is None or not _any(key, out, tensor):
         return out, []
     pairs = _per_key(key, out)
-    if pairs is None or not any(_group(o, tensor) for _, o in pairs):
+    if pairs is None:
         return out, []
     scatters: list[Scatter] = []
     done = []
