@@ -14,17 +14,22 @@ Contracts:
   and :meth:`Roster.active_ranks` their sorted ranks, cached until the next change;
   :meth:`Roster.all_finished` says whether every registered worker is FINISHED.
 * :meth:`Roster.want_membership` asks for a MEMBERSHIP; :meth:`Roster.take_membership` returns
-  the active ranks once per batch of asks (None when nothing was asked since the last take):
-  the scheduler takes it at the end of each turn (after draining its socket), and before any
-  message whose meaning depends on the servers knowing it (BARRIER_DONE, the job's end), so
-  FINISHes handled in one turn cost one MEMBERSHIP per server.  The content is always the full
-  current list (idempotent: a server never depends on having seen an earlier one).
+  the active ranks once per batch of asks (None when nothing was asked since the last take, or
+  when the last one is less than ``MEMBERSHIP_GAP`` seconds old: :meth:`Roster.membership_due`
+  says when it may go).  The scheduler takes it after each turn (after draining its socket, so
+  FINISHes handled in one turn cost one MEMBERSHIP per server; FINISHes trickling in cost at
+  most one per server per ``MEMBERSHIP_GAP``), and with ``force`` before any message whose
+  meaning depends on the servers knowing it (BARRIER_DONE, the job's end).  The content is
+  always the full current list (idempotent: a server never depends on having seen an earlier
+  one).  A round that only waits for leavers completes at most ``MEMBERSHIP_GAP`` later.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from psnode.status import NodeState
+
+MEMBERSHIP_GAP = 0.02   # seconds between two MEMBERSHIPs, unless forced
 
 
 @dataclass
@@ -37,6 +42,7 @@ class Roster:
     servers: dict[bytes, int] = field(default_factory=dict)    # live (REGISTERED, ALIVE) servers
     _ranks: list[int] | None = None                            # sorted ranks of ``active``, cached
     _asked: bool = False
+    _next: float = 0.0                                         # no MEMBERSHIP before (monotonic)
 
     def joined(self, role: str, ident: bytes) -> None:
         """A node entered the table (REGISTERED, or ALIVE as a restart: tell set_state too)."""
@@ -84,11 +90,17 @@ class Roster:
     def want_membership(self) -> None:
         self._asked = True
 
-    def take_membership(self) -> list[int] | None:
-        """The active ranks to send as MEMBERSHIP if one was asked for since the last take."""
-        if not self._asked:
+    def membership_due(self) -> float | None:
+        """When the asked-for MEMBERSHIP may go (monotonic seconds); None: none is asked for."""
+        return self._next if self._asked else None
+
+    def take_membership(self, now: float, force: bool = False) -> list[int] | None:
+        """The active ranks to send as MEMBERSHIP at ``now``, if one was asked for since the
+        last take and (unless ``force``) the gap since the last one has passed."""
+        if not self._asked or (not force and now < self._next):
             return None
         self._asked = False
+        self._next = now + MEMBERSHIP_GAP
         return self.active_ranks()
 
     def barrier_complete(self, entered: dict[bytes, int]) -> bool:

@@ -251,16 +251,16 @@ class Scheduler:
     # ------------------------------------------------------------ barrier / finish
     def _check_barrier(self) -> None:
         if self.roster.barrier_complete(self.barrier) and not self.waiting_replacement:
-            self._flush_membership()  # the servers know who left before anyone goes on
+            self._flush_membership(force=True)  # the servers know who left before anyone goes on
             for ident, n in self.barrier.items():
                 if ident in self.nodes:
                     self.nodes[ident].barrier_done = n
                     self._send(ident, Command.BARRIER_DONE, {"n": n})
             self.barrier.clear()
 
-    def _flush_membership(self) -> None:
-        """Send MEMBERSHIP if asked for (``roster.want_membership``) since the last one."""
-        active = self.roster.take_membership()
+    def _flush_membership(self, force: bool = False) -> None:
+        """Send MEMBERSHIP if asked for (``roster.want_membership``) and due (psnode.roster)."""
+        active = self.roster.take_membership(time.monotonic(), force)
         if active is not None:
             for ident in self.roster.servers:
                 self._send(ident, Command.MEMBERSHIP, {"active": active})
@@ -282,7 +282,7 @@ class Scheduler:
         heard from."""
         if self.exit_code is not None:
             return
-        self._flush_membership()  # what the FINISHes before the end changed, as before
+        self._flush_membership(force=True)  # what the FINISHes before the end changed, as before
         if not ok:
             failure.write(self.cfg.error_file, "verdict", "scheduler", None, self.cfg.host,
                           reason=what or reason, culprit=culprit.identity() if culprit else None, when=since)
@@ -378,13 +378,14 @@ class Scheduler:
         tick = min(self.cfg.heartbeat_interval, 0.5)
         resend_at = 0.0
         while True:
-            if poller.poll(tick):
+            due = self.roster.membership_due()
+            if poller.poll(tick if due is None else min(tick, max(0.001, due - time.monotonic()))):
                 while (got := self.chan.recv(routed=True)) is not None:
                     try:
                         self._dispatch(got[0] or b"", got[1])
                     except Exception as exc:  # noqa: BLE001 - a bad message never kills the job
                         log.warning("dropped %s from %r: %r", got[1].cmd.value, got[0], exc)
-                self._flush_membership()  # once per turn, for all the FINISHes it handled
+            self._flush_membership()  # after the turn: for all the FINISHes it handled, once
             now = time.monotonic()
             if self.exit_code is None:
                 self._check_liveness(now)

@@ -1,7 +1,7 @@
 """psnode.roster: the scheduler's indexes (counts, active workers, coalesced MEMBERSHIP)."""
 from __future__ import annotations
 
-from psnode.roster import Roster
+from psnode.roster import MEMBERSHIP_GAP, Roster
 from psnode.status import NodeState
 
 
@@ -34,13 +34,20 @@ def test_counts_and_active_ranks_follow_every_state_change() -> None:
 
 def test_membership_is_coalesced_and_always_the_full_list() -> None:
     r = _roster(3)
-    assert r.take_membership() is None                               # nothing asked
+    assert r.take_membership(100.0) is None and r.membership_due() is None   # nothing asked
     r.set_state(b"w0", 0, NodeState.FINISHED)
     r.want_membership()
     r.set_state(b"w2", 2, NodeState.FINISHED)
     r.want_membership()
-    assert r.take_membership() == [1]                                # two FINISHes, one message
-    assert r.take_membership() is None
+    assert r.take_membership(100.0) == [1]                           # two FINISHes, one message
+    assert r.take_membership(100.0) is None
+    r.set_state(b"w1", 1, NodeState.FINISHED)
+    r.want_membership()                                              # within the gap: waits
+    assert r.membership_due() == 100.0 + MEMBERSHIP_GAP
+    assert r.take_membership(100.0 + MEMBERSHIP_GAP / 2) is None
+    assert r.take_membership(100.0 + MEMBERSHIP_GAP) == []
+    r.want_membership()
+    assert r.take_membership(100.0 + MEMBERSHIP_GAP, force=True) == []   # forced: at once
 
 
 def test_barrier_completes_when_every_active_worker_entered() -> None:
