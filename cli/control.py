@@ -40,7 +40,7 @@ def _psnode_control() -> Any:
 
 
 def key_file_of(record: JobRecord) -> str | None:
-    """The local copy of the job's CURVE keys, if the job has one and it still exists."""
+    """The launcher's copy of the job's secret, if the job has one and it still exists."""
     return record.key_file if record.key_file and os.path.exists(record.key_file) else None
 
 
