@@ -15,6 +15,11 @@ launcher (``--detach``) and the SSH session.
 
 Liveness reads ``/proc``: a process in state ``Z`` (zombie, not yet reaped) counts as dead.
 
+GPUs: :func:`gpus` reports what a process started on the host with the job's environment
+would see: ``nvidia-smi --query-gpu``'s list (none without nvidia-smi: a CPU host, not an
+error) and ``CUDA_VISIBLE_DEVICES`` when that environment sets it.  :func:`check` (preflight)
+includes it; :mod:`cli.slurm` runs the same function's source on every node.
+
 The job's secret: :func:`put_key` writes the secret file (received inside the request, i.e. on
 stdin over SSH) to ``<run_dir>/job.key`` with mode 0600 and returns the absolute path.
 
@@ -59,9 +64,48 @@ def _expand(path: str) -> str:
     return os.path.abspath(os.path.expanduser(path))
 
 
+def gpus(env: dict | None = None, timeout: float = 20.0) -> dict:
+    """The GPUs of this host as a process started with ``env`` (added to this environment) sees
+    them: ``{"visible": CUDA_VISIBLE_DEVICES or None, "gpus": [{"index", "uuid", "name",
+    "memory_mib"}, ...], "error": None or why nvidia-smi gave no list}``.  No nvidia-smi on the
+    PATH: no GPU and no error.  Self-contained (the Slurm preflight runs its source)."""
+    import os
+    import shutil
+    import subprocess
+
+    merged = {**os.environ, **(env or {})}
+    out: dict = {"visible": merged.get("CUDA_VISIBLE_DEVICES"), "gpus": [], "error": None}
+    smi = shutil.which("nvidia-smi", path=merged.get("PATH"))
+    if smi is None:
+        return out
+    try:
+        proc = subprocess.run([smi, "--query-gpu=index,uuid,name,memory.total", "--format=csv,noheader,nounits"],
+                               capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        out["error"] = f"{smi} did not answer within {timeout:g} s"
+        return out
+    except OSError as exc:
+        out["error"] = f"cannot run {smi}: {exc.strerror or exc}"
+        return out
+    if proc.returncode != 0:
+        said = [line.strip() for line in (proc.stderr + proc.stdout).splitlines() if line.strip()]
+        out["error"] = f"{smi} failed (exit {proc.returncode}): {said[0][:300] if said else 'no message'}"
+        return out
+    for line in proc.stdout.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 4 or not parts[0].isdigit():
+            continue
+        memory = parts[-1]
+        out["gpus"].append({"index": int(parts[0]), "uuid": parts[1], "name": ",".join(parts[2:-1]).strip(),
+                            "memory_mib": int(memory) if memory.isdigit() else None})
+    return out
+
+
 def check(workdir: str, modules: list[str], env: dict | None = None) -> dict:
-    """Preflight: Python version, the workdir, and whether ``modules`` import there with ``env``."""
-    out: dict = {"python": sys.version.split()[0], "executable": sys.executable, "errors": []}
+    """Preflight: Python version, the workdir, whether ``modules`` import there with ``env``,
+    and the GPUs a process with ``env`` sees there (:func:`gpus`)."""
+    out: dict = {"python": sys.version.split()[0], "executable": sys.executable, "errors": [],
+                 "gpus": gpus(env)}
     workdir = _expand(workdir)
     if not os.path.isdir(workdir):
         out["errors"].append(f"working directory {workdir} does not exist")
@@ -329,7 +373,7 @@ def _main(request: dict) -> int:
         result = follow(emit=emit, **request)
     else:
         ops: dict[str, Callable[..., Any]] = {
-            "check": check, "spawn": spawn, "status": status, "stop": stop,
+            "check": check, "gpus": gpus, "spawn": spawn, "status": status, "stop": stop,
             "signal": signal_groups, "put_key": put_key, "remove_files": remove_files,
             "collect": collect, "cleanup": cleanup}
         result = ops[op](**request)

@@ -29,11 +29,12 @@ import signal as _signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol, cast
 
 from cli import agent
+from cli.gpus import HostGpus
 from cli.hosts import Host
 from cli.jobs import ProcRecord
 from cli.plan import ProcSpec
@@ -80,6 +81,16 @@ class HostProblem:
 
 
 @dataclass(frozen=True)
+class Preflight:
+    """What preflight found: the problems (none: every host is ready) and, per host label, the
+    GPUs a process of the job sees there (:func:`cli.agent.gpus`; a host missing here did not
+    report them)."""
+
+    problems: list[HostProblem] = field(default_factory=list)
+    gpus: dict[str, HostGpus] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class ProcStatus:
     alive: bool
     members: tuple[int, ...]
@@ -123,10 +134,10 @@ class Backend(Protocol):
     def options(self) -> dict[str, Any]:
         """JSON-able options that :func:`cli.registry.make_backend` accepts to rebuild this backend."""
 
-    def preflight(self, hosts: Sequence[Host], modules: Sequence[str],
-                  env: Mapping[str, str]) -> list[HostProblem]:
+    def preflight(self, hosts: Sequence[Host], modules: Sequence[str], env: Mapping[str, str]) -> Preflight:
         """Check every host (in parallel): reachable, authenticated, Python imports ``modules``
-        (in the working directory, with ``env`` added to the host's environment)."""
+        (in the working directory, with ``env`` added to the host's environment); report the
+        GPUs a process with ``env`` sees on each."""
 
     def reachable(self, host: Host, timeout: float) -> None:
         """Return within about ``timeout`` seconds if the host answers; raise BackendError if not."""
@@ -271,11 +282,11 @@ class LocalBackend:
     def options(self) -> dict[str, Any]:
         return {"workdir": self.workdir, "python": self.python}
 
-    def preflight(self, hosts: Sequence[Host], modules: Sequence[str],
-                  env: Mapping[str, str]) -> list[HostProblem]:
+    def preflight(self, hosts: Sequence[Host], modules: Sequence[str], env: Mapping[str, str]) -> Preflight:
         # the launcher itself imports psnode; only the working directory can be wrong here
-        result = agent.check(self.workdir, [])
-        return [HostProblem("localhost", err, "create it or pass --workdir") for err in result["errors"]]
+        result = agent.check(self.workdir, [], dict(env))
+        return Preflight([HostProblem("localhost", err, "create it or pass --workdir") for err in result["errors"]],
+                         {h.label: HostGpus.from_report(result["gpus"]) for h in hosts})
 
     def reachable(self, host: Host, timeout: float) -> None:
         pass

@@ -22,6 +22,7 @@ import typer
 from cli import control, history, jobs, ui
 from cli.backends import BackendError
 from cli.detach import detach
+from cli.gpus import GpuShortageError, describe_worker, gpu_view, with_gpus
 from cli.hosts import HostsError
 from cli.launch import EXIT_PREFLIGHT, Supervisor
 from cli.options import LaunchOptions, launch_default
@@ -153,9 +154,21 @@ def launch(
                                       "where others can read traffic; costs speed"),
     keep_jobs: int = typer.Option(L("keep_jobs"), "--keep-jobs", envvar="MXDIST_KEEP_JOBS", metavar="N",
                                   help="keep the records and logs of the last N finished jobs (0: all)"),
+    gpus_per_worker: int | None = typer.Option(
+        L("gpus_per_worker"), "--gpus-per-worker", metavar="N",
+        help="give each worker N GPUs of its own: CUDA_VISIBLE_DEVICES = GPUs l*N..l*N+N-1 of its host "
+             "for local rank l (the host's GPUs: its CUDA_VISIBLE_DEVICES if set, else nvidia-smi's), "
+             "seen as cuda:0..N-1; too few GPUs fails before anything starts. Default: visibility left "
+             "alone, as torchrun does: every GPU visible and LOCAL_RANK -> cuda:LOCAL_RANK, which "
+             "DDP(model, device_ids=[args.local_rank]) needs"),
+    pass_local_rank: bool = typer.Option(
+        L("pass_local_rank"), "--pass-local-rank",
+        help="also pass --local_rank=LOCAL_RANK to each worker, where torch.distributed.launch did (right "
+             "after a .py script; at the end of another command): scripts reading args.local_rank run "
+             "unchanged (LOCAL_RANK is always set)"),
 ) -> None:
     """Start a job: scheduler, servers and workers running COMMAND, supervised to its end."""
-    from cli.options import prepare
+    from cli.options import known_gpus, prepare
 
     try:
         node = NodeOptions(
@@ -169,14 +182,19 @@ def launch(
             port=port, quiet=quiet, detach=detach_, ranks=ranks, grace=grace, finish_grace=finish_grace,
             ssh_config=ssh_config, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys,
             connect_timeout=connect_timeout, remote_dir=remote_dir, insecure=insecure, encrypt=encrypt,
-            keep_jobs=keep_jobs)
+            keep_jobs=keep_jobs, gpus_per_worker=gpus_per_worker, pass_local_rank=pass_local_rank)
         prepared = prepare(opts)
     except (HostsError, PlanError, BackendError, ValueError) as exc:
         raise _fail("invalid launch options", str(exc), None, EXIT_USAGE) from None
     except KeyboardInterrupt:       # nothing was started
         raise typer.Exit(130) from None
     if dry_run:
-        _show_plan(prepared.plan)
+        try:
+            plan = with_gpus(prepared.plan, known_gpus(prepared))
+        except GpuShortageError as exc:
+            raise _fail("not enough GPUs (the launch would fail at preflight)", "\n".join(
+                f"{s.host}: {s.reason}" for s in exc.shortages), exc.shortages[0].fix, EXIT_PREFLIGHT) from None
+        _show_plan(plan)
         return
     plan, job = prepared.plan, prepared.record.id
     for warning in plan.warnings:
@@ -218,9 +236,12 @@ def _show_plan(plan: Plan) -> None:
         address = plan.scheduler_address if p.rank is None else (
             f"{p.host.address}:auto" if p.role.value == "server" else p.host.address)
         own = {k: v for k, v in env.items() if k not in common}
+        gpus, device = ("", "") if p.role.value != "worker" else describe_worker(
+            p.local_rank, env, plan.gpus_per_worker, p.gpus, plan.gpus.get(p.host.label))
         rows.append({"host": p.host.label, "role": p.role.value, "rank": p.rank, "address": address,
-                     "command": shlex.join(p.argv), "env": _masked(own)})
-    ui.plan_table(rows, _masked(common), plan.warnings)
+                     "gpus": gpus, "device": device, "command": shlex.join(p.argv), "env": _masked(own)})
+    hosts, _, gpu_warnings = gpu_view(plan)
+    ui.plan_table(rows, _masked(common), [*plan.warnings, *gpu_warnings], hosts)
 
 
 def _load(job: str | None) -> jobs.JobRecord:

@@ -27,8 +27,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cli import jobs
+from cli import agent, jobs
 from cli.backends import Backend, resolver
+from cli.gpus import VISIBLE, HostGpus
 from cli.hosts import Host, HostsError, looks_like_file, parse_host_list, parse_hosts_file
 from cli.jobs import JobRecord
 from cli.launch import LaunchSettings, new_record
@@ -75,6 +76,8 @@ class LaunchOptions:
     insecure: bool = False
     encrypt: bool = False
     keep_jobs: int = 100
+    gpus_per_worker: int | None = None     # None: every worker sees all of its host's GPUs
+    pass_local_rank: bool = False
 
 
 def security_mode(opts: LaunchOptions) -> Mode:
@@ -276,6 +279,7 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
         scheduler_host=opts.scheduler, user_env=user_env, base_env=passthrough_env(environ),
         node=replace(opts.node, checkpoint_dir=ckpt), run_dir=run_dir,
         key_files={h.label: f"{run_dir}/job.key" for h in hosts} if security is not Mode.INSECURE else {},
+        gpus_per_worker=opts.gpus_per_worker, pass_local_rank=opts.pass_local_rank,
     ))
     if opts.node.resume and ckpt and shared_fs:
         check_resume(plan, ckpt)
@@ -288,3 +292,16 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
                               detach=opts.detach, quiet=opts.quiet or opts.detach, ranks=ranks,
                               sync=_sync_pairs(opts.sync), security=security)
     return Prepared(plan, backend, record, settings)
+
+
+def known_gpus(prepared: Prepared) -> dict[str, HostGpus]:
+    """The hosts' GPUs as far as a dry run knows them without connecting anywhere: this
+    machine's for a local job (nvidia-smi here), else the ``CUDA_VISIBLE_DEVICES`` that every
+    process gets (passed through or ``-e``) when there is one; other hosts: at preflight."""
+    plan = prepared.plan
+    env = {k: v for k, v in plan.procs[0].env.items() if not k.startswith("PSNODE_")}
+    if prepared.backend.name == "local":
+        return {h.label: HostGpus.from_report(agent.gpus(env)) for h in plan.busy_hosts}
+    if VISIBLE in env:
+        return {h.label: HostGpus.from_visible(env[VISIBLE]) for h in plan.busy_hosts}
+    return {}

@@ -12,7 +12,13 @@ Rules:
 * every process gets ``NodeConfig(...).to_env()``; workers also get RANK, WORLD_SIZE,
   LOCAL_RANK, MASTER_ADDR (the scheduler's address) and MASTER_PORT;
 * a command ending in ``.py`` runs with ``python``; anything else runs as given; arguments are
-  kept as separate words (never joined into a shell string here).
+  kept as separate words (never joined into a shell string here);
+* ``pass_local_rank`` (``--pass-local-rank``): each worker also gets ``--local_rank=LOCAL_RANK``
+  as an argument, where ``torch.distributed.launch`` put it (right after a ``.py`` script, before
+  its arguments; at the end of any other command), for scripts that read ``args.local_rank``;
+* GPUs: by default visibility is left alone (LOCAL_RANK names ``cuda:LOCAL_RANK``); with
+  ``gpus_per_worker`` the plan records it, and :func:`cli.gpus.with_gpus` gives each worker its
+  ``CUDA_VISIBLE_DEVICES`` once the hosts' GPU lists are known (an input: preflight's report).
 
 psnode options: one :class:`NodeOptions` per job (filled from ``mxdist launch``'s flags, defaults
 from NodeConfig) becomes the NodeConfig fields of every process.  With ``run_dir`` set, each
@@ -37,11 +43,14 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cli.hosts import Host, HostsError, check_env_name
 from psnode.config import LOG_LEVELS, Distribution, NodeConfig, Role, default
 from psnode.errors import ConfigError
+
+if TYPE_CHECKING:
+    from cli.gpus import HostGpus
 
 #: Variables copied from the launcher's environment to every process (shell-style patterns).
 PASSTHROUGH: tuple[str, ...] = (
@@ -150,6 +159,7 @@ class ProcSpec:
     argv: tuple[str, ...]
     env: Mapping[str, str]
     local_rank: int = 0
+    gpus: tuple[str, ...] | None = None   # --gpus-per-worker: its CUDA_VISIBLE_DEVICES entries, once placed
 
     @property
     def name(self) -> str:
@@ -176,6 +186,8 @@ class PlanRequest:
     key_file: str | None = None
     key_files: Mapping[str, str] = field(default_factory=dict)   # host label -> key file there
     run_dir: str | None = None        # where processes keep run files (failure records) on their host
+    gpus_per_worker: int | None = None   # None: leave GPU visibility alone (every worker sees all)
+    pass_local_rank: bool = False        # workers also get --local_rank=N as an argument
 
 
 @dataclass(frozen=True)
@@ -190,6 +202,8 @@ class Plan:
     num_servers: int
     node: NodeOptions = field(default_factory=NodeOptions)
     warnings: tuple[str, ...] = ()
+    gpus_per_worker: int | None = None
+    gpus: Mapping[str, HostGpus] = field(default_factory=dict)   # host label -> its GPUs, where known
 
     @property
     def busy_hosts(self) -> list[Host]:
@@ -199,6 +213,13 @@ class Plan:
 
     def of_role(self, role: Role) -> list[ProcSpec]:
         return [p for p in self.procs if p.role is role]
+
+    def workers_per_host(self) -> dict[str, int]:
+        """Host label -> how many workers it runs (hosts in plan order, only those with workers)."""
+        counts: dict[str, int] = {}
+        for p in self.of_role(Role.WORKER):
+            counts[p.host.label] = counts.get(p.host.label, 0) + 1
+        return {h.label: counts[h.label] for h in self.hosts if h.label in counts}
 
 
 def parse_env_assignments(items: Sequence[str]) -> dict[str, str]:
@@ -241,6 +262,15 @@ def command_argv(command: Sequence[str], python: str) -> tuple[str, ...]:
     return tuple(command)
 
 
+def with_local_rank_arg(argv: Sequence[str], command: Sequence[str], local_rank: int) -> tuple[str, ...]:
+    """``argv`` (from :func:`command_argv`) with ``--local_rank=N`` where torch.distributed.launch
+    put it: right after a ``.py`` script; at the end of any other command."""
+    arg = f"--local_rank={local_rank}"
+    if command[0].endswith(".py"):
+        return (*argv[:2], arg, *argv[2:])
+    return (*argv, arg)
+
+
 def _find_host(hosts: Sequence[Host], wanted: str) -> Host:
     for host in hosts:
         if wanted in (host.name, host.label, host.address):
@@ -274,6 +304,9 @@ def make_plan(req: PlanRequest) -> Plan:
         raise PlanError("ports must be in 1..65535")
     if req.scheduler_port == req.master_port:
         raise PlanError("the scheduler port and MASTER_PORT must differ")
+    if req.gpus_per_worker is not None and req.gpus_per_worker < 1:
+        raise PlanError(f"--gpus-per-worker {req.gpus_per_worker}: must be 1 or more (leave it out to give "
+                        "every worker all of its host's GPUs)")
     sched = _find_host(hosts, req.scheduler_host) if req.scheduler_host else hosts[0]
     warnings: list[str] = []
     worker_hosts, wrapped = place_workers(hosts, workers)
@@ -321,7 +354,14 @@ def make_plan(req: PlanRequest) -> Plan:
             MASTER_ADDR=sched.address,
             MASTER_PORT=str(req.master_port),
         )
-        procs.append(ProcSpec(Role.WORKER, rank, host, argv, env, local_rank=local))
+        own_argv = with_local_rank_arg(argv, req.command, local) if req.pass_local_rank else argv
+        procs.append(ProcSpec(Role.WORKER, rank, host, own_argv, env, local_rank=local))
+    per = req.gpus_per_worker
+    if per and req.pass_local_rank and max(local_ranks.values()) > per:   # a local rank >= per
+        warnings.append(
+            f"--pass-local-rank with --gpus-per-worker {per}: each worker sees its GPUs as "
+            f"{'cuda:0' if per == 1 else f'cuda:0-{per - 1}'}, so a script using cuda:args.local_rank "
+            f"fails on local ranks {per} and up; use cuda:0 there, or leave --gpus-per-worker out")
     return Plan(
         job_id=req.job_id,
         hosts=hosts,
@@ -331,6 +371,7 @@ def make_plan(req: PlanRequest) -> Plan:
         num_servers=servers,
         node=req.node,
         warnings=tuple(warnings),
+        gpus_per_worker=per,
     )
 
 

@@ -16,6 +16,11 @@ job's processes read it (``PSNODE_KEY_FILE``):
 The supervisor removes every copy when the job ends, however it ends (:mod:`cli.teardown`,
 :mod:`cli.takeover`).  This runs in a thread of the supervisor, so a stop request or a signal
 does not wait for slow hosts.
+
+GPUs: preflight's report of each host's GPUs goes into the plan (:func:`cli.gpus.with_gpus`);
+with ``--gpus-per-worker`` every worker then has its ``CUDA_VISIBLE_DEVICES``, and a host with
+too few GPUs is a problem like any other.  The report is shown when a host has GPUs or GPUs
+were asked for (a CPU host is fine and quiet).
 """
 from __future__ import annotations
 
@@ -23,7 +28,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cli import jobs, ui
-from cli.backends import Backend, BackendError, HostProblem, explainer, key_installer, run_per_host, syncer
+from cli.backends import (
+    Backend,
+    BackendError,
+    HostProblem,
+    Preflight,
+    explainer,
+    key_installer,
+    run_per_host,
+    syncer,
+)
+from cli.gpus import GpuShortageError, HostGpus, gpu_view, with_gpus
 from cli.jobs import JobRecord
 from cli.plan import Plan, with_key_files
 from psnode.security import Mode
@@ -45,12 +60,29 @@ def prepare_hosts(plan: Plan, backend: Backend, record: JobRecord, run_dir: str,
         base_env = {k: v for k, v in plan.procs[0].env.items() if not k.startswith("PSNODE_")}
         hosts = plan.busy_hosts
         with ui.spinner(f"preflight: checking {len(hosts)} host(s)"):
-            problems = backend.preflight(hosts, modules, base_env)
+            report = backend.preflight(hosts, modules, base_env)
+        problems = report.problems
+        if not problems:
+            plan = _place_gpus(plan, backend, report)
         if not problems and mode is not Mode.INSECURE:
             plan = _install_secret(plan, backend, record, run_dir, mode, save)
         return problems, plan
     except PreflightFailed as exc:
         return exc.problems, plan
+
+
+def _place_gpus(plan: Plan, backend: Backend, report: Preflight) -> Plan:
+    """The plan with the GPUs each host reported (and each worker's, with --gpus-per-worker);
+    shown when a host has GPUs or GPUs were asked for.  Too few: PreflightFailed, per host."""
+    missing = HostGpus(problem=f"the {backend.name} launcher did not report this host's GPUs")
+    found = {h.label: report.gpus.get(h.label, missing) for h in plan.busy_hosts}
+    try:
+        plan = with_gpus(plan, found)
+    except GpuShortageError as exc:
+        raise PreflightFailed([HostProblem(s.host, s.reason, s.fix) for s in exc.shortages]) from None
+    if plan.gpus_per_worker or any(g.devices for g in found.values()):
+        ui.gpu_report(*gpu_view(plan))
+    return plan
 
 
 def _install_secret(plan: Plan, backend: Backend, record: JobRecord, run_dir: str, mode: Mode,

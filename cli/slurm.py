@@ -40,6 +40,7 @@ short step per node while the allocation lasts, the job's shared-memory segments
 from __future__ import annotations
 
 import contextlib
+import inspect
 import ipaddress
 import json
 import os
@@ -62,9 +63,11 @@ from cli.backends import (
     ExitStatus,
     HostProblem,
     LocalRunner,
+    Preflight,
     ProcStatus,
     Started,
 )
+from cli.gpus import HostGpus
 from cli.hosts import Host
 from cli.jobs import ProcRecord
 from cli.plan import ProcSpec
@@ -76,8 +79,9 @@ HOW_TO_ALLOCATE = (
     "section Slurm)"
 )
 
-_CHECK = (
-    "import json,os,sys\n"
+_CHECK = (  # the working directory, the imports and (cli.agent.gpus) the GPUs, on each node
+    "from __future__ import annotations\nimport json,os,sys\n"
+    + inspect.getsource(agent.gpus) +
     "wd,mods,errs=sys.argv[1],sys.argv[2:],[]\n"
     "if os.path.realpath(os.getcwd())!=os.path.realpath(wd):\n"
     " errs.append('working directory %s does not exist on this node'%wd)\n"
@@ -85,7 +89,8 @@ _CHECK = (
     " for m in mods:\n"
     "  try:__import__(m)\n"
     "  except Exception as e:errs.append('python cannot import %s in %s: %s: %s'%(m,wd,type(e).__name__,e))\n"
-    "print('MXDIST-CHECK '+json.dumps({'node':os.environ.get('SLURMD_NODENAME'),'errors':errs}),flush=True)\n"
+    "print('MXDIST-CHECK '+json.dumps({'node':os.environ.get('SLURMD_NODENAME'),'errors':errs,'gpus':gpus()}),"
+    "flush=True)\n"
 )
 
 
@@ -260,21 +265,22 @@ class SlurmBackend:
         return ["srun", *opts, "--", *argv]
 
     def preflight(self, hosts: Sequence[Host], modules: Sequence[str],
-                  env: Mapping[str, str]) -> list[HostProblem]:
-        """One step over all nodes checks the working directory and the imports on each."""
+                  env: Mapping[str, str]) -> Preflight:
+        """One step over all nodes checks the working directory and the imports on each, and reports
+        its GPUs."""
         for tool in ("srun", "squeue", "scancel", "scontrol"):
             if shutil.which(tool) is None:
-                return [HostProblem("slurm", f"{tool} not found on this machine",
-                                    "run mxdist where the Slurm client commands are (module load slurm?)")]
+                return Preflight([HostProblem("slurm", f"{tool} not found on this machine",
+                                              "run mxdist where the Slurm client commands are (module load slurm?)")])
         try:
             res = self._run(["scontrol", "-o", "show", "job", self.job_id], check=False)
         except SlurmError as exc:
-            return [HostProblem("slurm", str(exc), "check that slurmctld is reachable (SLURM_CONF?)")]
+            return Preflight([HostProblem("slurm", str(exc), "check that slurmctld is reachable (SLURM_CONF?)")])
         state = re.search(r"JobState=(\S+)", res.stdout)
         if res.returncode != 0 or not state or state.group(1) != "RUNNING":
             why = res.stderr.strip() or (f"state {state.group(1)}" if state else "unknown state")
-            return [HostProblem("slurm", f"Slurm job {self.job_id} is not running ({why})",
-                                "launch inside a live allocation (salloc / sbatch)")]
+            return Preflight([HostProblem("slurm", f"Slurm job {self.job_id} is not running ({why})",
+                                          "launch inside a live allocation (salloc / sbatch)")])
         names = [h.name for h in hosts]
         argv = ["srun", f"--jobid={self.job_id}", "--overlap", f"--nodes={len(names)}",
                 f"--ntasks={len(names)}", "--ntasks-per-node=1", f"--nodelist={','.join(names)}",
@@ -286,13 +292,17 @@ class SlurmBackend:
                                   stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             self._scancel([sid for n, (sid, _) in self.steps().items() if n == "preflight"])
-            return [HostProblem("slurm", "the preflight step did not finish within 60 s",
-                                "are the nodes responsive? (sinfo, squeue -s)")]
+            return Preflight([HostProblem("slurm", "the preflight step did not finish within 60 s",
+                                          "are the nodes responsive? (sinfo, squeue -s)")])
         reports: dict[str, list[str]] = {}
+        label = {h.name: h.label for h in hosts}
+        gpus: dict[str, HostGpus] = {}
         for line in proc.stdout.splitlines():
             if line.startswith("MXDIST-CHECK "):
                 item = json.loads(line[len("MXDIST-CHECK "):])
                 reports[item["node"]] = item["errors"]
+                if item["node"] in label:
+                    gpus[label[item["node"]]] = HostGpus.from_report(item.get("gpus"))
         problems = []
         err = " ".join(proc.stderr.split())[-300:]
         for node in names:
@@ -308,7 +318,7 @@ class SlurmBackend:
                 fix = ("use a directory shared by all nodes (--workdir)" if "directory" in msg else
                        "install it for --python on every node, or set PYTHONPATH")
                 problems.append(HostProblem(node, msg, fix))
-        return problems
+        return Preflight(problems, gpus)
 
     # srun runs here, under the agent's reaper: the local runner starts and follows it
     def _argv(self, host: Host, proc: ProcSpec) -> list[str]:

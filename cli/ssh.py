@@ -44,10 +44,12 @@ from cli.backends import (
     Evidence,
     ExitStatus,
     HostProblem,
+    Preflight,
     ProcStatus,
     Started,
     run_per_host,
 )
+from cli.gpus import HostGpus
 from cli.hosts import Host, HostsError, check_hostname, check_user
 from cli.jobs import ProcRecord
 from cli.plan import ProcSpec
@@ -224,23 +226,24 @@ class SshBackend:
 
     # -- the Backend protocol -------------------------------------------------------------------
 
-    def preflight(self, hosts: Sequence[Host], modules: Sequence[str],
-                  env: Mapping[str, str]) -> list[HostProblem]:
+    def preflight(self, hosts: Sequence[Host], modules: Sequence[str], env: Mapping[str, str]) -> Preflight:
         def one(host: Host) -> Any:
             return self._agent(host, {"op": "check", "workdir": self.workdir, "modules": list(modules),
                                       "env": dict(env)})
 
         problems = []
+        gpus = {}
         for label, result in run_per_host(hosts, one).items():
             if isinstance(result, Exception):
                 problems.append(self.explain(label, next(h for h in hosts if h.label == label), result))
                 continue
+            gpus[label] = HostGpus.from_report(result.get("gpus"))
             for err in result["errors"]:
                 fix = ("create it, pass --workdir, or copy the project with --sync"
                        if "directory" in err else
                        "install it on that host (pip install ...), set PYTHONPATH, or --sync the project")
                 problems.append(HostProblem(label, err, fix))
-        return problems
+        return Preflight(problems, gpus)
 
     def explain(self, label: str, host: Host, exc: BaseException) -> HostProblem:
         """Turn a connection error into a reason and a fix for the user."""

@@ -185,14 +185,17 @@ class LogPrinter:
 
 
 def plan_table(rows: Sequence[Mapping[str, Any]], common_env: Mapping[str, str],
-               warnings: Sequence[str]) -> None:
-    """The --dry-run view: one row per process, and the environment every process shares."""
+               warnings: Sequence[str], gpus: Sequence[str] = ()) -> None:
+    """The --dry-run view: one row per process (a worker's ``gpus``: its visible GPUs, and
+    ``device``: the cuda device its LOCAL_RANK maps to), the environment every process shares,
+    and what is known of the hosts' GPUs."""
     table = Table(title="mxdist launch plan (dry run: nothing started)", title_justify="left")
-    for col in ("host", "role", "rank", "address", "command"):
+    for col in ("host", "role", "rank", "address", "gpus", "device", "command"):
         table.add_column(col, overflow="fold")
     for r in rows:
         table.add_row(Text(r["host"]), Text(r["role"], style=ROLE_STYLE.get(r["role"], "")),
-                      "" if r["rank"] is None else str(r["rank"]), Text(r["address"]), Text(r["command"]))
+                      "" if r["rank"] is None else str(r["rank"]), Text(r["address"]), Text(r.get("gpus", "")),
+                      Text(r.get("device", "")), Text(r["command"]))
     _table(table)
     out.print(Text("environment of each process:", style="bold"))
     for r in rows:
@@ -202,6 +205,20 @@ def plan_table(rows: Sequence[Mapping[str, Any]], common_env: Mapping[str, str],
     out.print(Text("environment of every process:", style="bold"))
     for k, v in common_env.items():
         out.print(Text(f"  {k}={v}"), soft_wrap=True)
+    if gpus:
+        out.print(Text("GPUs of the hosts:", style="bold"))
+        for line in gpus:
+            out.print(Text(f"  {line}"), soft_wrap=True)
+    for w in warnings:
+        warn(w)
+
+
+def gpu_report(hosts: Sequence[str], workers: Sequence[str], warnings: Sequence[str]) -> None:
+    """Preflight's GPUs: a line per host (what it shows), one per worker (what it gets), warnings."""
+    for line in hosts:
+        info(f"GPUs on {line}")
+    for line in workers:
+        info(f"  {line}")
     for w in warnings:
         warn(w)
 

@@ -2,12 +2,15 @@
 
     python examples/mlp_numpy.py                          # one process ('local' kvstore)
     mxdist launch -n 2 -s 2 examples/mlp_numpy.py         # 2 workers, 2 servers, dist_sync
+    mxdist launch -n 2 -s 2 examples/mlp_numpy.py --compression 2bit   # 2-bit gradient pushes
 
 Every worker trains on its shard of the data (``examples/common.py``), pushes its gradients
 (one key per parameter, averaged over the workers on the servers, which run SGD with
 momentum) and pulls the new weights.  Rank 0 prints one line per epoch and ``accuracy=...``.
 With W workers and ``--batch-size b`` the run computes the same updates as a single process
-with ``--batch-size W*b`` (see common.py), so the test accuracies agree.
+with ``--batch-size W*b`` (see common.py), so the test accuracies agree.  ``--compression``
+turns on MXNet's gradient compression (``kv.set_gradient_compression``): pushes travel as 2 bits
+(or 1 bit, or float16) per element with each worker's residual carried, pulls stay float32.
 """
 from __future__ import annotations
 
@@ -69,11 +72,30 @@ def save(path: str | None, kv, params: dict[str, np.ndarray]) -> None:
         np.savez(path.format(rank=kv.rank), **params)
 
 
+def parser():
+    p = common.parser(__doc__.splitlines()[0])
+    p.add_argument("--compression", default="none", choices=("none", "2bit", "1bit", "fp16"),
+                   help="gradient compression of the pushes (kv.set_gradient_compression)")
+    p.add_argument("--compression-threshold", type=float, default=0.5,
+                   help="threshold of 2bit and 1bit compression (MXNet's default: 0.5)")
+    return p
+
+
+def compression(args) -> dict:
+    """``kv.set_gradient_compression``'s argument for the command line's choice."""
+    if args.compression in ("2bit", "1bit"):
+        return {"type": args.compression, "threshold": args.compression_threshold}
+    return {"type": args.compression}
+
+
 def main() -> None:
-    args = common.parser(__doc__.splitlines()[0]).parse_args()
+    args = parser().parse_args()
     x_train, y_train, x_test, y_test = common.load_digits()
     kv = common.create_kv(args.kvstore, args.aggregator)
+    kv.set_gradient_compression(compression(args))   # before the first push (MXNet's rule)
     progress = common.Progress(kv, args, "mlp_numpy")
+    if args.compression != "none":
+        progress.say(f"gradient compression: {kv.gradient_compression} (pulls stay float32)")
 
     params = init_params(x_train.shape[1], args.hidden, 10, args.seed)
     kv.set_optimizer(psnode.optimizer.create("sgd", learning_rate=args.lr,

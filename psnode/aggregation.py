@@ -38,12 +38,13 @@ from typing import Any
 import numpy as np
 
 from psnode import optimizer as opt_mod
-from psnode.arith import add_scaled
+from psnode.arith import Packed, add_scaled, packed_push
 from psnode.entry import (
     Entry,
     Key,
     OpError,
     Reply,
+    agree,
     first_gap,
     fits,
     fmt,
@@ -94,6 +95,7 @@ class Store:
         self.pulls = 0
         self.rounds = 0
         self.events: list[str] = []  # human-readable notices (e.g. skipped non-finite rounds)
+        self.settings: dict[int, str] = {}   # worker -> the compression tag of its pushes ("": none)
         self.fused = Buckets(self)
         self._handlers: dict[int, Callable[[int, Any], list[Reply]]] = {
             OpCode.INIT: self._init, OpCode.PUSH: self._push, OpCode.PULL: self._pull,
@@ -132,12 +134,12 @@ class Store:
 
     def _bucket_op(self, worker: int, bid: int, op: Op) -> list[Reply]:
         if isinstance(op, Push):
-            out = self.fused.push(worker, bid, op.seq, op.data)
+            out = self.fused.push(worker, bid, op.seq, self._bucket_gradient(worker, bid, op))
             return out if op.na else [Reply(worker, Ok(op.id)), *out]
         if isinstance(op, Pull) and op.rows is None:
             return self.fused.pull(worker, op.id, bid, op.after, op.re, op.dest)
         if isinstance(op, PushPull):
-            out = self.fused.push(worker, bid, op.seq, op.data)
+            out = self.fused.push(worker, bid, op.seq, self._bucket_gradient(worker, bid, op))
             return [*out, *self.fused.pull(worker, op.id, bid, op.seq, op.re, op.dest)]
         raise OpError("ProtocolError", f"{type(op).__name__} of a bucket")
 
@@ -199,18 +201,43 @@ class Store:
 
     # ---------------------------------------------------------------- push
     def _push(self, worker: int, op: Push) -> list[Reply]:
-        out = self._take_push(worker, (op.key, op.part), op.seq, op.data, op.rows)
+        key = (op.key, op.part)
+        out = self._take_push(worker, key, op.seq, self._gradient(worker, key, op), op.rows)
         return out if op.na else [Reply(worker, Ok(op.id)), *out]
 
-    def _take_push(self, worker: int, key: Key, seq: int, data: np.ndarray,
+    def _gradient(self, worker: int, key: Key, op: Push | PushPull) -> np.ndarray | Packed:
+        """A push's dense gradient: its data, or its compressed payload checked (decoded where
+        it is summed: psnode.arith.Packed); every worker must push with the same gradient
+        compression (psnode.entry.agree)."""
+        if self.settings.get(worker) != op.comp:
+            agree(self.settings, worker, op.comp)
+        if not op.comp:
+            return op.data
+        entry = self._entry(key)
+        return packed_push(op.comp, op.data, entry.value, fmt(*key), entry.sparse)
+
+    def _bucket_gradient(self, worker: int, bid: int, op: Push | PushPull) -> np.ndarray:
+        """:meth:`_gradient` for a bucket's push, decoded (its members may be served apart)."""
+        if self.settings.get(worker) != op.comp:
+            agree(self.settings, worker, op.comp)
+        if not op.comp:
+            return op.data
+        b = self.fused.bucket(bid)
+        return packed_push(op.comp, op.data, b.value[:b.used], f"the bucket of {fmt(*b.members[0].key)}").decode()
+
+    def _take_push(self, worker: int, key: Key, seq: int, data: np.ndarray | Packed,
                    rows: np.ndarray | None) -> list[Reply]:
         """Accept push ``seq`` of ``worker`` (once); the replies it causes (completed pulls)."""
         entry = self._entry(key)
-        self._validate_push(key, entry, data, rows)
+        if isinstance(data, np.ndarray):   # (a Packed one was checked by packed_push)
+            self._validate_push(key, entry, data, rows)
         if received(entry, worker, seq):
             return []  # duplicate: applied once
         self.pushes += 1
+        if isinstance(data, Packed) and (self.check_finite or not entry.sync):
+            data = data.decode()   # (else a sync round decodes it where it sums it: _contribute)
         if not entry.sync:
+            assert isinstance(data, np.ndarray)
             if self.check_finite and data.dtype.kind == "f" and not np.isfinite(data).all():
                 entry.skipped += 1
                 self.events.append(f"{fmt(*key)}: push {seq} of worker {worker} skipped: non-finite")
@@ -243,8 +270,13 @@ class Store:
         if len(rows) and (rows.min() < 0 or rows.max() >= want.shape[0]):
             raise OpError("ShapeMismatch", f"{fmt(*key)}: row id out of range 0..{want.shape[0] - 1}")
 
-    def _contribute(self, entry: Entry, worker: int, seq: int, data: np.ndarray, rows: np.ndarray | None) -> None:
+    def _contribute(self, entry: Entry, worker: int, seq: int, data: np.ndarray | Packed,
+                    rows: np.ndarray | None) -> None:
         entry.contributors.add(worker)
+        if isinstance(data, Packed):   # (dense sync, check_finite off: see _take_push)
+            self._contribute_packed(entry, data)
+            entry.pushed[worker] = seq
+            return
         if self.check_finite and data.dtype.kind == "f" and not np.isfinite(data).all():
             entry.nonfinite.add(worker)
         entry.pushed[worker] = seq
@@ -269,6 +301,27 @@ class Store:
                 assert entry.spare is not None
                 add_scaled(entry.spare, data, entry.spare, scale)
             entry.scaled = last
+
+    def _contribute_packed(self, entry: Entry, data: Packed) -> None:
+        """A compressed push into the round's sum: the first is decoded into the spare buffer,
+        the others decoded and added chunk by chunk (the last one also averaging), so no push
+        gets a float32 array of its own.  Values are those of decoding, then _contribute."""
+        if len(entry.contributors) == 1:
+            entry.spare = fresh(entry.spare, entry.spare_sends, entry.value, self._new)
+            entry.spare_sends = []
+            data.into(entry.spare)
+            entry.first, entry.scaled = None, False
+            return
+        last = self.active <= entry.contributors and entry.average and self._optimizer_for(entry) is None
+        n = len(entry.contributors)
+        if entry.first is not None:   # (a float32 first push: only a worker whose setting changed)
+            entry.spare = fresh(entry.spare, entry.spare_sends, entry.value, self._new)
+            entry.spare_sends = []
+            np.copyto(entry.spare, entry.first)
+            entry.first = None
+        assert entry.spare is not None
+        data.add_into(entry.spare, 1.0 / n if last else 1.0)
+        entry.scaled = last
 
     def _maybe_complete(self, key: Key, entry: Entry) -> list[Reply]:
         out: list[Reply] = []
@@ -375,7 +428,7 @@ class Store:
 
     def _pushpull(self, worker: int, op: PushPull) -> list[Reply]:
         key = (op.key, op.part)
-        out = self._take_push(worker, key, op.seq, op.data, None)
+        out = self._take_push(worker, key, op.seq, self._gradient(worker, key, op), None)
         return [*out, *self._park_pull(worker, op.id, key, op.seq, None, op.re, op.dest)]
 
     def _answer_pulls(self, entry: Entry) -> list[Reply]:

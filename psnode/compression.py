@@ -235,28 +235,31 @@ class CompressionSpec:
                                 f"got {packed.dtype}{list(packed.shape)}")
 
     # ------------------------------------------------------------ the work
-    def compress(self, grad: np.ndarray, residual: Residual | None) -> np.ndarray:
-        """The payload of ``grad`` (float32, any shape, read in C order; not modified); the
-        residual (1bit, 2bit) is updated in place."""
+    def compress(self, grad: np.ndarray, residual: Residual | None, out: np.ndarray | None = None) -> np.ndarray:
+        """The payload of ``grad`` (float32, any shape, read in C order; not modified), written
+        into ``out`` when given (a contiguous ``wire_dtype[packed_size(n)]``, e.g. a push slot
+        in shared memory); the residual (1bit, 2bit) is updated in place."""
         g = _flat(grad)
         n = g.size
+        want = self.packed_size(n)
+        if out is None:
+            out = np.empty(want, self.wire_dtype)
+        elif out.dtype != self.wire_dtype or out.shape != (want,) or not out.flags.c_contiguous:
+            raise ShapeMismatch(f"{self.type.value} payload of {n} elements goes into a contiguous "
+                                f"{self.wire_dtype}[{want}]; got {out.dtype}{list(out.shape)}")
         if self.thresholded:
             if residual is None or residual.data.dtype != _F32 or residual.size != n:
                 got = "none" if residual is None else f"{residual.data.dtype}[{residual.size}]"
                 raise ShapeMismatch(f"{self.type.value} compression of {n} elements needs a float32[{n}] "
                                     f"residual; got {got}")
-            out = np.empty(self.packed_size(n), np.uint8)
             fill = _quantize_2bit if self.type is CompressionType.TWOBIT else _quantize_1bit
             with np.errstate(over="ignore", invalid="ignore"):   # inf and NaN go through as in MXNet
                 fill(g, residual.data.reshape(-1), np.float32(self.threshold), out)
             return out
-        if self.type is CompressionType.FP16:
-            out16 = np.empty(n, np.float16)
-            with np.errstate(over="ignore"):
-                for lo, hi in _chunks(n):
-                    np.copyto(out16[lo:hi], g[lo:hi], casting="same_kind")
-            return out16
-        return np.array(g, copy=True)
+        with np.errstate(over="ignore"):
+            for lo, hi in _chunks(n):
+                np.copyto(out[lo:hi], g[lo:hi], casting="same_kind")
+        return out
 
     def decompress(self, packed: np.ndarray, n: int, out: np.ndarray | None = None) -> np.ndarray:
         """The float32 values (``n`` of them) a payload stands for, into ``out`` if given."""
@@ -272,24 +275,28 @@ class CompressionSpec:
             np.copyto(flat, packed)
         return out
 
-    def accumulate(self, acc: np.ndarray, packed: np.ndarray) -> None:
-        """``acc += decompress(packed, acc.size)`` in place, in float32, without a full temporary."""
+    def accumulate(self, acc: np.ndarray, packed: np.ndarray, scale: float = 1.0) -> None:
+        """``acc += decompress(packed, acc.size)`` in place, in float32, then (``scale`` != 1)
+        ``acc *= scale``, chunk by chunk without a full temporary: bit-identical to the whole
+        array passes (psnode.arith.add_scaled's rule)."""
         n = acc.size
         self.check_packed(packed, n)
         if acc.dtype != _F32 or not acc.flags.c_contiguous:
             raise ShapeMismatch(f"accumulate into a contiguous float32 array; got {acc.dtype}")
         flat = acc.reshape(-1)
-        if not self.thresholded:
-            for lo, hi in _chunks(n):
-                np.add(flat[lo:hi], packed[lo:hi], out=flat[lo:hi])
-            return
-        table = self._table()
-        per_byte = table.shape[1]
+        table = self._table() if self.thresholded else None
+        per_byte = 1 if table is None else table.shape[1]
         scratch = np.empty(min(n, CHUNK), np.float32)
         for lo, hi in _chunks(n):
             tmp = scratch[:hi - lo]
-            _dequantize(packed[lo // per_byte:], table, tmp)
-            np.add(flat[lo:hi], tmp, out=flat[lo:hi])
+            if table is None:
+                np.copyto(tmp, packed[lo:hi])
+            else:
+                _dequantize(packed[lo // per_byte:], table, tmp)
+            part = flat[lo:hi]
+            np.add(part, tmp, out=part)
+            if scale != 1.0:
+                np.multiply(part, scale, out=part, casting="unsafe")
 
     def roundtrip(self, grad: np.ndarray, residual: Residual | None) -> np.ndarray:
         """What a server decodes from this push: ``decompress(compress(grad, residual))``,
@@ -301,6 +308,18 @@ class CompressionSpec:
         if self.type is CompressionType.TWOBIT:
             return _table_2bit(self.threshold)
         return _table_1bit()
+
+
+def spec_of_tag(tag: Any) -> CompressionSpec:
+    """:meth:`CompressionSpec.from_tag`, remembered (tags come with every compressed push)."""
+    if type(tag) is not str or len(tag) > 64:
+        raise ProtocolError(f"bad compression tag {str(tag)[:40]!r}")
+    return _spec_of_tag(tag)
+
+
+@functools.lru_cache(maxsize=64)
+def _spec_of_tag(tag: str) -> CompressionSpec:
+    return CompressionSpec.from_tag(tag)
 
 
 # ---------------------------------------------------------------- kernels

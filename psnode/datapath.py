@@ -12,6 +12,12 @@ outputs into the engine's typed requests (:mod:`psnode.protocol`) and copies ans
   a reference to its value: later pushes of the key wait meanwhile, psnode.tracker);
 * a **row_sparse pull** asks each row range's server for the distinct rows, and writes them
   straight into a dense ``out``.
+* with **gradient compression** (``kv.set_gradient_compression``, psnode.compression) a dense
+  push slot holds the payload instead: the part's gradient compressed with the key's residual
+  (a split key's part with its slice of it; a bucket with one residual over its members, each
+  member's residual a view of it), the push carrying the spec's tag.  The journal keeps that
+  payload, so a resend never compresses again (the residual advances once per push).  Parts
+  and keys for other hosts are compressed first: they travel while the rest is compressed.
 
 Requests of one call leave together (``engine.batch``).
 """
@@ -26,6 +32,7 @@ import numpy as np
 
 from psnode import forms
 from psnode.bucketing import Bucket, Bucketer
+from psnode.compression import CompressionSpec, Residual
 from psnode.errors import ConfigError, KeyNotInitialized, PSError, ShapeMismatch
 from psnode.protocol import Ok, Op, Pull, Push, PushPull
 from psnode.sharding import Part, Placement
@@ -71,6 +78,9 @@ class DataPath:
     _closed: bool
     _bucketer: Bucketer
     _asked: dict[tuple[Any, int], tuple[int, Future]]
+    _comp: CompressionSpec | None = None        # gradient compression (None: off)
+    _residuals: dict[Any, Residual]             # key (or bucket key) -> its residual
+    _scratch: dict[Any, np.ndarray]             # bucket key -> its gradient, before compression
 
     def _info(self, key: Any) -> KeyInfo:
         info = self._keys.get(key)
@@ -135,7 +145,10 @@ class DataPath:
         if isinstance(v, RowSparseArray):  # rows sorted once (stable): each part is a slice
             order = np.argsort(v.indices, kind="stable")
             ids = v.indices[order]
-        for part in info.placement.parts:
+        parts: Sequence[Part] = info.placement.parts
+        if self._comp is not None and len(parts) > 1:
+            parts = self._remote_first(parts, lambda p: p.server)
+        for part in parts:
             stage = self._engine.stage
             if isinstance(v, RowSparseArray):   # copies: the caller may reuse v at once
                 a, b = np.searchsorted(ids, (part.lo, part.hi))
@@ -145,36 +158,98 @@ class DataPath:
                 np.subtract(ids[a:b], part.lo, out=rows, casting="unsafe")
                 op = Push(k, part.index, info.seq, data, rows)
             else:
-                data = stage(part.server, k, part.index, 0, info.part_shape(part), info.dtype, info.seq)
-                np.copyto(data, info.region(v, part).reshape(data.shape))
+                tag = ""
+                if self._comp is None:
+                    data = stage(part.server, k, part.index, 0, info.part_shape(part), info.dtype, info.seq)
+                    np.copyto(data, info.region(v, part).reshape(data.shape))
+                else:
+                    data, tag = self._compressed(k, info, part, v)
                 if self._ask_ahead(part.server):
-                    fut = self._submit(part.server, PushPull(k, part.index, info.seq, data), info.part_nbytes(part),
-                                       priority, guard=guard, auto=True)
+                    fut = self._submit(part.server, PushPull(k, part.index, info.seq, data, comp=tag),
+                                       info.part_nbytes(part), priority, guard=guard, auto=True)
                     self._asked[(k, part.index)] = (info.seq, fut)
                     continue
-                op = Push(k, part.index, info.seq, data)
+                op = Push(k, part.index, info.seq, data, comp=tag)
             self._asked.pop((k, part.index), None)
             self._send(part.server, op, priority, guard)
 
     def _stage_bucket(self, bucket: Bucket, members: list[tuple[Any, KeyInfo, Any]], seq: int) -> np.ndarray:
-        """Every member's gradient end to end, in a push slot of the bucket."""
-        data = self._engine.stage(bucket.server, bucket.key, 0, 0, (bucket.used,), bucket.dtype, seq)
+        """Every member's gradient end to end, in a push slot of the bucket (compressed: the
+        payload of that, with the bucket's residual)."""
+        spec = self._comp
+        if spec is None:
+            data = self._engine.stage(bucket.server, bucket.key, 0, 0, (bucket.used,), bucket.dtype, seq)
+        else:
+            data = self._scratch.get(bucket.key)
+            if data is None:
+                data = self._scratch[bucket.key] = np.empty(bucket.used, bucket.dtype)
         grads = {k: v for k, _, v in members}
         np.concatenate([grads[k].reshape(-1) for k in bucket.members], out=data)
         for _, info, _ in members:
             info.seq = seq
-        return data
+        if spec is None:
+            return data
+        out = self._engine.stage(bucket.server, bucket.key, 0, 0, (spec.packed_size(bucket.used),),
+                                 spec.wire_dtype, seq)
+        return spec.compress(data, self._residual(bucket.key, bucket.used), out)
 
     def _push_bucket(self, bucket: Bucket, members: list[tuple[Any, KeyInfo, Any]], priority: int) -> None:
         seq = members[0][1].seq + 1
         data = self._stage_bucket(bucket, members, seq)
+        tag = "" if self._comp is None else self._comp.tag
         if self._ask_ahead(bucket.server):
-            fut = self._submit(bucket.server, PushPull(bucket.key, 0, seq, data), bucket.used * bucket.dtype.itemsize,
-                               priority, bucket=bucket, auto=True)
+            fut = self._submit(bucket.server, PushPull(bucket.key, 0, seq, data, comp=tag),
+                               bucket.used * bucket.dtype.itemsize, priority, bucket=bucket, auto=True)
             self._asked[(bucket.key, 0)] = (seq, fut)
             return
         self._asked.pop((bucket.key, 0), None)
-        self._send(bucket.server, Push(bucket.key, 0, seq, data), priority, bucket=bucket)
+        self._send(bucket.server, Push(bucket.key, 0, seq, data, comp=tag), priority, bucket=bucket)
+
+    # ------------------------------------------------------------ gradient compression
+    def _residual(self, key: Any, size: int) -> Residual | None:
+        """The residual of ``key`` (a user key, or a bucket's key for the whole bucket), zero
+        at first; a bucket member's is a view of its bucket's.  None: the type keeps none."""
+        spec = self._comp
+        if spec is None or not spec.thresholded:
+            return None
+        res: Residual | None = self._residuals.get(key)
+        if res is None:
+            info = self._keys.get(key)
+            bucket = info.bucket if info is not None else None
+            if bucket is not None:
+                whole = self._residual(bucket.key, bucket.used)
+                assert whole is not None
+                offset, n = bucket.offsets[key]
+                res = whole.part(offset, offset + n)
+            else:
+                res = Residual(np.zeros(size, np.float32))
+            self._residuals[key] = res
+        return res
+
+    def _compressed(self, k: Any, info: KeyInfo, part: Part, grad: np.ndarray) -> tuple[np.ndarray, str]:
+        """The push data of ``part`` of ``grad``: its payload, in a push slot, and the tag."""
+        spec = self._comp
+        assert spec is not None
+        region = info.region(grad, part)
+        res = self._residual(k, math.prod(info.shape))
+        if res is not None and info.placement.split:
+            res = res.part(part.lo, part.hi)
+        data = self._engine.stage(part.server, k, part.index, 0, (spec.packed_size(region.size),),
+                                  spec.wire_dtype, info.seq)
+        return spec.compress(region, res, data), spec.tag
+
+    def _remote_first(self, xs: Sequence[Any], server: Callable[[Any], int]) -> list[Any]:
+        """``xs`` with those for servers off this host's link first (stable)."""
+        same = self._engine.same_host
+        return sorted(xs, key=lambda x: same(server(x)))
+
+    def _check_compressible(self, items: list[tuple[Any, KeyInfo, Any]]) -> None:
+        """ConfigError naming the first key gradient compression cannot push (row_sparse, not
+        float32), before anything is sent."""
+        spec = self._comp
+        if spec is not None:
+            for k, info, v in items:
+                spec.check_key(k, info.dtype, info.sparse or isinstance(v, RowSparseArray))
 
     def _pull_items(self, items: list[tuple[Any, KeyInfo, Any]], fixups: list[tuple[list[Any], np.ndarray]],
                     results: list[Any], many: bool, priority: int,
@@ -232,9 +307,13 @@ class DataPath:
                     op = Pull(k, part.index, info.seq, dest=land)
                 else:
                     assert isinstance(grad, np.ndarray)
-                    data = self._engine.stage(part.server, k, part.index, 0, shape, info.dtype, info.seq)
-                    np.copyto(data, info.region(grad, part).reshape(shape))
-                    op = PushPull(k, part.index, info.seq, data, dest=land)
+                    tag = ""
+                    if self._comp is None:
+                        data = self._engine.stage(part.server, k, part.index, 0, shape, info.dtype, info.seq)
+                        np.copyto(data, info.region(grad, part).reshape(shape))
+                    else:
+                        data, tag = self._compressed(k, info, part, grad)
+                    op = PushPull(k, part.index, info.seq, data, dest=land, comp=tag)
                 futs.append(self._submit(part.server, op, info.part_nbytes(part), priority,
                                          self._copier(dest, info, part), guard))
         return counted
@@ -261,7 +340,8 @@ class DataPath:
         if pushing:
             seq = members[0][1].seq + 1
             grads = [(k, info, g) for k, info, (_, g) in members]
-            op = PushPull(bucket.key, 0, seq, self._stage_bucket(bucket, grads, seq), dest=land)
+            op = PushPull(bucket.key, 0, seq, self._stage_bucket(bucket, grads, seq), dest=land,
+                          comp="" if self._comp is None else self._comp.tag)
         else:
             op = Pull(bucket.key, 0, members[0][1].seq, dest=land)
         return self._submit(bucket.server, op, bucket.used * bucket.dtype.itemsize, priority, copy,

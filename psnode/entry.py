@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from psnode.compression import spec_of_tag
 from psnode.protocol import Answer
 
 Key = tuple[Any, int]  # (user key, part index)
@@ -53,7 +54,8 @@ class Entry:
     spare_sends: list[Any] = field(default_factory=list)
     contributors: set[int] = field(default_factory=set)
     sparse_parts: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
-    early: dict[int, list[tuple[int, np.ndarray, np.ndarray | None]]] = field(default_factory=dict)
+    # pushes for later rounds: (seq, data: an array or a psnode.arith.Packed, rows)
+    early: dict[int, list[tuple[int, Any, np.ndarray | None]]] = field(default_factory=dict)
     pushed: dict[int, int] = field(default_factory=dict)
     ahead: dict[int, set[int]] = field(default_factory=dict)  # async: applied beyond a gap
     pulls: list[tuple[int, int, int, np.ndarray | None, np.ndarray | None]] = field(default_factory=list)
@@ -120,6 +122,24 @@ def mark_async(entry: Entry, worker: int, seq: int) -> None:
     entry.pushed[worker] = done
 
 
+def agree(settings: dict[int, str], worker: int, tag: str) -> None:
+    """Record ``tag`` (its compression tag, "" for none) as the gradient compression of
+    ``worker``'s pushes, unless another worker pushes with other settings: then OpError
+    (ConfigError) naming this worker and both settings (nothing is recorded)."""
+    for other, theirs in settings.items():
+        if other != worker and theirs != tag:
+            raise OpError("ConfigError",
+                          f"worker {worker} pushes with gradient compression {describe_tag(tag)}, but worker "
+                          f"{other} pushes with {describe_tag(theirs)}: every worker must call "
+                          "kv.set_gradient_compression with the same settings before its first push")
+    settings[worker] = tag
+
+
+def describe_tag(tag: str) -> str:
+    """A compression tag as the user wrote it: ``{'type': '2bit', 'threshold': 0.5}``, or none."""
+    return str(spec_of_tag(tag).to_params()) if tag else "none (uncompressed float32)"
+
+
 def fresh(buf: np.ndarray | None, sends: list[Any], like: np.ndarray,
            new: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
     """``buf`` if it is writable and no send still reads it; else ``new(like)``."""
@@ -128,5 +148,5 @@ def fresh(buf: np.ndarray | None, sends: list[Any], like: np.ndarray,
     return new(like)
 
 
-__all__ = ["UNSENT", "Entry", "Key", "OpError", "Reply", "first_gap", "fits", "fmt", "fresh", "mark_async",
-           "received", "sent"]
+__all__ = ["UNSENT", "Entry", "Key", "OpError", "Reply", "agree", "describe_tag", "first_gap", "fits", "fmt",
+           "fresh", "mark_async", "received", "sent"]

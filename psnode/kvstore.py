@@ -20,6 +20,10 @@ Contracts:
 * ``dist_sync``: the value after a round is the aggregate of every active worker's push
   (``average`` divides the sum by the number of contributors) fed to the optimizer, or stored
   as is without one.  ``dist_async``: each push is applied on arrival.
+* ``set_gradient_compression`` (MXNet's): after ``create`` (keys may be initialised already),
+  before the first push; dense float32 pushes then travel compressed with this worker's
+  residuals (psnode.compression, psnode.datapath); servers decode them and aggregate float32.
+  Init values and pulls are never compressed.  ``'local'`` runs the same arithmetic.
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ from psnode import checkpoint, failure, forms
 from psnode import initializer as init_mod
 from psnode import optimizer as opt_mod
 from psnode.bucketing import Bucketer
+from psnode.compression import CompressionSpec
 from psnode.config import Distribution, NodeConfig, Role
 from psnode.datapath import Copier, DataPath, KeyInfo, _whole_buckets
 from psnode.errors import ConfigError, PeerLost, PSError, ShapeMismatch
@@ -78,6 +83,9 @@ class KVStore(DataPath):
         # a sync push over this host's link asks for its round's value at once (PushPull): the
         # pull after it then sends nothing (see _asked); (op key, part) -> (push, its future)
         self._asked: dict[tuple[Any, int], tuple[int, Future]] = {}
+        self._comp: CompressionSpec | None = None   # gradient compression (psnode.datapath)
+        self._residuals = {}
+        self._scratch = {}
 
     # ------------------------------------------------------------ properties
     @property
@@ -186,6 +194,30 @@ class KVStore(DataPath):
         return futs
 
 
+    # ------------------------------------------------------------ compression
+    def set_gradient_compression(self, compression_params: Any) -> None:
+        """Compress this worker's pushes: ``{'type': '2bit', 'threshold': 0.5}``, ``{'type':
+        '1bit', 'threshold': t}``, ``{'type': 'fp16'}``, or ``{'type': 'none'}`` (off).
+
+        MXNet's API and rule: call it after ``create`` and before the first push (keys may be
+        initialised already; their initial values are never compressed), with the same
+        settings on every worker (a server refuses pushes whose settings differ from another
+        worker's, naming both).  Pushes of dense float32 keys then carry the compressed
+        gradient (residuals kept per key on this worker, starting at zero); pushing a
+        row_sparse or non-float32 key raises ConfigError naming it.  Pulls stay float32.
+        """
+        spec = CompressionSpec.from_params(compression_params)
+        if self._pushed:
+            raise ConfigError("kv.set_gradient_compression must be called before the first push (MXNet's rule: "
+                              "the residuals start with the first compressed push); this worker has pushed already")
+        self._comp = spec if spec.active else None
+        self._residuals, self._scratch = {}, {}
+
+    @property
+    def gradient_compression(self) -> dict[str, Any]:
+        """The settings in force, as ``set_gradient_compression`` takes them (``{'type': 'none'}``: off)."""
+        return (self._comp or CompressionSpec()).to_params()
+
     # ------------------------------------------------------------ push
     def push(self, key: Any, value: Any, priority: int = 0) -> None:
         """Send gradients (see the module docstring)."""
@@ -197,6 +229,9 @@ class KVStore(DataPath):
             for k, values in forms.groups(key, value, "push")[0]:
                 info = self._info(k)
                 items.append((k, info, self._prepare(k, info, values)))
+        if self._comp is not None:
+            self._check_compressible(items)
+            items = self._remote_first(items, lambda item: item[1].placement.parts[0].server)
         self._pushed = True
         whole, rest = _whole_buckets(items)
         with self._engine.batch():
@@ -344,6 +379,8 @@ class KVStore(DataPath):
         grads: dict[Any, np.ndarray | RowSparseArray] = {}
         for k, values in groups:
             grads[k] = self._prepare(k, self._info(k), values)
+        if self._comp is not None:
+            self._check_compressible([(k, self._info(k), g) for k, g in grads.items()])
         sparse = [k for k, g in grads.items() if isinstance(g, RowSparseArray)]
         if sparse:  # a row_sparse push, then a plain pull
             self.push(sparse, [grads.pop(k) for k in sparse], priority)

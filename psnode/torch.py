@@ -52,6 +52,11 @@ Contract
   step makes ``step()`` raise ConfigError (its gradient went out incomplete).  The kvstore is
   called from the pusher thread during backward and from the caller's thread in ``step``, never
   from both at once.  Without overlap every push happens in ``step()``.
+* **Gradient compression** (``compression=``, e.g. ``{'type': '2bit', 'threshold': 0.5}``):
+  the constructor calls ``kv.set_gradient_compression(compression)`` (psnode.kvstore), so every
+  gradient push is compressed with this worker's residuals and the servers decode it; weights
+  are pulled in float32.  Every key must be float32 (float16/bfloat16 parameters with
+  ``multi_precision`` have float32 keys); another dtype raises ConfigError naming it.
 * **Priorities.** The parameter of layer ``i`` (position in ``named_parameters()``) is pushed
   with priority ``-i``; the pull of all keys, in layer order, has priority ``-n`` (below every
   push of the step): the layers the next forward needs first are sent and answered first.  A
@@ -83,6 +88,7 @@ except ImportError as _exc:  # pragma: no cover - exercised only without torch
 import numpy as np
 
 from psnode import optimizer as opt_mod
+from psnode.compression import CompressionSpec
 from psnode.errors import ConfigError
 from psnode.torch_devices import host_value, scatter
 
@@ -194,7 +200,7 @@ class DistributedTrainer:
 
     def __init__(self, model: Any, kv: Any, optimizer: Any = None, prefix: str = "",
                  broadcast_buffers: bool = True, overlap: bool | None = None,
-                 multi_precision: bool = True) -> None:
+                 multi_precision: bool = True, compression: dict[str, Any] | None = None) -> None:
         if not isinstance(model, _torch.nn.Module):
             raise ConfigError(f"DistributedTrainer needs a torch.nn.Module, not {type(model).__name__}")
         self.model = model
@@ -208,6 +214,13 @@ class DistributedTrainer:
                 self.slots.append(_Slot(len(self.slots), key, p, host_dtype(p.dtype, multi_precision, what)))
         if not self.slots:
             raise ConfigError("the model has no parameters that require a gradient")
+        if compression is not None:
+            spec = CompressionSpec.from_params(compression)
+            odd = next((s for s in self.slots if spec.active and s.dtype != np.float32), None)
+            if odd is not None:
+                raise ConfigError(f"parameter {odd.key!r} has a {odd.dtype} key: gradient compression "
+                                  f"({spec.type.value}) applies to float32 keys only")
+            kv.set_gradient_compression(compression)
         self.keys = [s.key for s in self.slots]
         self.names = list(self.keys)
         self.params = [s.param for s in self.slots]

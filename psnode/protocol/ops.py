@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from psnode.compression import spec_of_tag
 from psnode.errors import ProtocolError
 from psnode.protocol.frames import DTYPES, MAX_NDIM, check_key
 
@@ -117,6 +118,21 @@ def _arrays(arrays: list[np.ndarray], n: int | tuple[int, int], what: str) -> No
         raise ProtocolError(f"{what} carries {len(arrays)} arrays, not {n}")
 
 
+def _comp(extra: dict[str, Any], data: np.ndarray, what: str) -> str:
+    """The compression tag of a push (``extra["c"]``, "" when absent), checked against its
+    payload: a known tag in its exact form (psnode.compression), a 1-d array of its dtype."""
+    tag = extra.get("c")
+    if tag is None:
+        return ""
+    spec = spec_of_tag(tag)
+    if not spec.active:
+        raise ProtocolError(f"{what}: compression tag {tag!r} (an uncompressed push has none)")
+    if data.ndim != 1 or data.dtype != spec.wire_dtype:
+        raise ProtocolError(f"{what}: a {tag} payload is 1-d {spec.wire_dtype.name}, "
+                            f"not {data.dtype.name}{list(data.shape)}")
+    return tag
+
+
 def _rows(flags: int, arrays: list[np.ndarray], base: int, what: str) -> np.ndarray | None:
     """The row ids array when ROWS is set (it must be the last of exactly base + 1 arrays)."""
     if flags & ROWS:
@@ -181,7 +197,8 @@ class Init:
 class Push:
     """Push ``seq`` (1, 2, ... per worker and key part) of a gradient: ``data`` dense, or the
     rows ``rows`` (local row ids) of a row_sparse key.  With ``na`` (the default) it is
-    answered only if it fails."""
+    answered only if it fails.  ``comp`` (a dense push only): the gradient compression tag
+    (psnode.compression, e.g. ``"2bit:0.5"``); ``data`` is then that type's payload."""
 
     key: Key
     part: int
@@ -191,20 +208,22 @@ class Push:
     id: int = 0
     re: bool = False
     na: bool = True
+    comp: str = ""
     code: ClassVar[OpCode] = OpCode.PUSH
 
     def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
         flags = (RE * self.re) | (NA * self.na)
         if self.rows is None:
-            return int(flags), self.part, self.seq, self.key, [self.data], None
+            return int(flags), self.part, self.seq, self.key, [self.data], {"c": self.comp} if self.comp else None
         return int(flags | ROWS), self.part, self.seq, self.key, [self.data, self.rows], None
 
     @classmethod
     def unwire(cls, flags: int, part: int, id: int, seq: int, key: Key, arrays: list[np.ndarray],
                extra: dict[str, Any]) -> Push:
         rows = _rows(flags, arrays, 1, "push")
+        comp = _comp(extra, arrays[0], "push") if rows is None else ""
         return cls(key, part, _int(seq, "push sequence number", 1), arrays[0], rows, id,
-                   bool(flags & RE), bool(flags & NA))
+                   bool(flags & RE), bool(flags & NA), comp)
 
 
 def _dest(flags: int, arrays: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray | None]:
@@ -253,7 +272,7 @@ class Pull:
 @dataclass(slots=True)
 class PushPull:
     """Push ``seq`` of a dense gradient and pull the value after it: one request, one answer
-    (``dest`` as for Pull)."""
+    (``dest`` as for Pull; ``comp`` as for Push: the answer is float32 all the same)."""
 
     key: Key
     part: int
@@ -262,12 +281,14 @@ class PushPull:
     id: int = 0
     re: bool = False
     dest: np.ndarray | None = None
+    comp: str = ""
     code: ClassVar[OpCode] = OpCode.PUSHPULL
 
     def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
+        extra = {"c": self.comp} if self.comp else None
         if self.dest is None:
-            return int(RE * self.re), self.part, self.seq, self.key, [self.data], None
-        return int(RE * self.re | DEST), self.part, self.seq, self.key, [self.data, self.dest], None
+            return int(RE * self.re), self.part, self.seq, self.key, [self.data], extra
+        return int(RE * self.re | DEST), self.part, self.seq, self.key, [self.data, self.dest], extra
 
     @classmethod
     def unwire(cls, flags: int, part: int, id: int, seq: int, key: Key, arrays: list[np.ndarray],
@@ -275,7 +296,7 @@ class PushPull:
         arrays, dest = _dest(flags, arrays)
         _arrays(arrays, 1, "pushpull")
         return cls(key, part, _int(seq, "pushpull sequence number", 1), arrays[0], id, bool(flags & RE),
-                   dest)
+                   dest, _comp(extra, arrays[0], "pushpull"))
 
 
 @dataclass(slots=True)

@@ -12,11 +12,14 @@
 #   3. the seed's NCCL snippet as one rank: `mxdist launch -n 1 -s 0 examples/ddp_nccl.py`.
 #   4. the D2H/push overlap: tests/gpu/overlap_bench.py under `mxdist launch -n 1 -s 1` and
 #      `-n 2 -s 2` (step time against compute alone; see that file for the figures).
+#   5. the launcher on a GPU host: preflight's GPU report (nvidia-smi), `--gpus-per-worker 1`
+#      with `--pass-local-rank` running the NCCL snippet, and the refusal when a host has fewer
+#      GPUs than its workers ask for (exit 3, nothing started).
 # Without CUDA (e.g. on a CI-like machine) the CPU parts run and every CUDA part says SKIP.
 #
-# mxdist features used: local launches only (-n, -s, -s 0) and the LOCAL_RANK each worker gets
-# today; nothing of --gpus-per-worker or GPU preflight (not written yet).  Devices: the examples
-# map LOCAL_RANK to cuda:(LOCAL_RANK % visible GPUs), so 2 workers share a single GPU.
+# mxdist features used: local launches (-n, -s, -s 0), the LOCAL_RANK each worker gets, and in
+# step 5 --gpus-per-worker, --pass-local-rank and GPU preflight.  Devices: the examples map
+# LOCAL_RANK to cuda:(LOCAL_RANK % visible GPUs), so 2 workers share a single GPU.
 #
 # The GPU machine has Python 3.12 with CUDA PyTorch, numpy, typer, rich, pytest, scikit-learn,
 # no network and no pyzmq/paramiko.  Carry their wheels in the git-ignored .whl/ folder at the
@@ -136,6 +139,32 @@ else
         --batch-min 64 --batch-max 4096 2>&1 | tee "$LOGS/overlap_cpu.log"
     fig=$(grep -o 'overlap: .*' "$LOGS/overlap_cpu.log" | tail -1)
     if [ -n "$fig" ]; then result PASS "overlap_bench cpu smoke (not a figure)" "${fig#overlap: }"; else result FAIL "overlap_bench cpu smoke" "see $LOGS/overlap_cpu.log"; fi
+fi
+
+# 5. the launcher on a GPU host ---------------------------------------------------------------
+if [ "$CUDA" = 1 ] && command -v nvidia-smi >/dev/null; then
+    ngpu=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
+    say "mxdist launch -n 1 -s 0 --gpus-per-worker 1 --pass-local-rank examples/ddp_nccl.py"
+    mxdist 120 -n 1 -s 0 --gpus-per-worker 1 --pass-local-rank examples/ddp_nccl.py --epochs 2 --mode param \
+        2>&1 | tee "$LOGS/gpus_per_worker.log"
+    acc=$(accuracy "$LOGS/gpus_per_worker.log")
+    if grep -q "GPUs on localhost: .*NVIDIA" "$LOGS/gpus_per_worker.log" \
+        && grep -q "worker 0 @ localhost: CUDA_VISIBLE_DEVICES=0, LOCAL_RANK 0 -> cuda:0" "$LOGS/gpus_per_worker.log" \
+        && grep -q "backend=nccl world_size=1 local_rank=0" "$LOGS/gpus_per_worker.log" && [ -n "$acc" ]; then
+        result PASS "gpus-per-worker + pass-local-rank (nccl)" "accuracy=$acc; $(grep -o 'GPUs on localhost: .*' "$LOGS/gpus_per_worker.log" | head -1)"
+    else
+        result FAIL "gpus-per-worker + pass-local-rank (nccl)" "see $LOGS/gpus_per_worker.log"
+    fi
+    say "mxdist launch -n $((ngpu + 1)) --gpus-per-worker 1: one worker too many (refused, exit 3)"
+    COLUMNS=300 mxdist 60 -n $((ngpu + 1)) -s 0 --gpus-per-worker 1 examples/ddp_nccl.py > "$LOGS/too_many.log" 2>&1
+    rc=$?
+    if [ "$rc" = 3 ] && tr -s ' │\n' ' ' < "$LOGS/too_many.log" | grep -q "need $((ngpu + 1)) GPUs"; then
+        result PASS "too few GPUs refused at preflight" "exit 3: $(grep -o 'has [0-9]* GPUs* [0-9,]*' "$LOGS/too_many.log" | head -1)"
+    else
+        result FAIL "too few GPUs refused at preflight" "exit $rc, see $LOGS/too_many.log"
+    fi
+else
+    result SKIP "launcher on a GPU host" "$NOCUDA (or no nvidia-smi)"
 fi
 
 echo

@@ -316,3 +316,82 @@ def test_local_ports_are_free_distinct_and_outside_the_ephemeral_range() -> None
             assert not lo <= port <= hi, (port, lo, hi)
             with socket.socket() as s:
                 s.bind(("127.0.0.1", port))   # really free
+
+
+# -- GPUs: --gpus-per-worker, --pass-local-rank, the devices in the plan ------------------------------
+
+def fake_nvidia_smi(directory: Path, gpus: int) -> str:
+    """A directory whose nvidia-smi lists ``gpus`` H200s as ``--query-gpu ... --format=csv`` does."""
+    directory.mkdir(exist_ok=True)
+    rows = "".join(f'echo "{i}, GPU-{i:04d}, NVIDIA H200, 143771"\n' for i in range(gpus))
+    (directory / "nvidia-smi").write_text("#!/bin/sh\n" + rows)
+    (directory / "nvidia-smi").chmod(0o755)
+    return str(directory)
+
+
+def test_dry_run_shows_each_workers_devices_on_a_cpu_host(home, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))            # no nvidia-smi: a CPU host
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    result = invoke("launch", "--dry-run", "-n", "2", "train.py")
+    assert result.exit_code == 0, result.output
+    assert "gpus" in result.output and "device" in result.output
+    assert result.output.count("all (no GPU)") == 2
+    assert "GPUs of the hosts:\n  localhost: no GPU" in result.output
+
+
+def test_dry_run_places_gpus_from_this_machines_nvidia_smi(home, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", fake_nvidia_smi(tmp_path / "bin", 4))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    result = invoke("launch", "--dry-run", "-n", "2", "--gpus-per-worker", "2", "--pass-local-rank",
+                    "train.py", "--lr", "1")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    env = {line.split(":")[0].strip(): line.split(": ", 1)[1].split() for line in out.splitlines()
+           if line.startswith("  worker ")}
+    assert {"CUDA_VISIBLE_DEVICES=0,1", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "LOCAL_RANK=0"} <= set(env["worker 0"])
+    assert {"CUDA_VISIBLE_DEVICES=2,3", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "LOCAL_RANK=1"} <= set(env["worker 1"])
+    assert "train.py --local_rank=0 --lr 1" in out and "train.py --local_rank=1 --lr 1" in out
+    assert out.count("cuda:0-1") == 2
+    assert "localhost: 4 GPUs 0,1,2,3 (4 x NVIDIA H200, 140 GiB each)" in out
+    assert "fails on local ranks 2 and up" not in out     # 2 GPUs each: --local_rank 0 and 1 exist
+    # default: all visible, LOCAL_RANK -> cuda:LOCAL_RANK, a warning past the host's GPUs
+    result = invoke("launch", "--dry-run", "-n", "5", "train.py")
+    assert result.exit_code == 0, result.output
+    assert "cuda:3" in result.output and "cuda:4 (host has 4)" in result.output
+    assert "localhost runs 5 workers but shows 4 GPUs" in " ".join(result.output.split())
+
+
+def test_dry_run_with_too_few_gpus_fails_as_the_launch_would(home, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", fake_nvidia_smi(tmp_path / "bin", 1))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    result = invoke("launch", "--dry-run", "-n", "2", "--gpus-per-worker", "1", "train.py")
+    assert result.exit_code == 3, result.output
+    text = " ".join(result.output.replace("│", " ").split())
+    assert "localhost: has 1 GPU 0 (1 x NVIDIA H200, 140 GiB each), but its 2 workers x --gpus-per-worker 1 " \
+           "need 2 GPUs" in text
+    result = invoke("launch", "--dry-run", "--gpus-per-worker", "0", "train.py")
+    assert result.exit_code == 2 and "--gpus-per-worker 0: must be 1 or more" in result.output
+
+
+def test_ssh_dry_run_shows_gpu_positions_until_preflight(home, ssh_config, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    # 4 workers on 2 hosts of 1 slot: local ranks 0, 0, 1, 1 (more workers than slots wrap around)
+    result = invoke("launch", "--dry-run", "-H", "n1,n2", "-n", "4", "-s", "0", "--gpus-per-worker", "2", "train.py")
+    assert result.exit_code == 0, result.output
+    assert "host's #0-1 (at preflight)" in result.output and "host's #2-3 (at preflight)" in result.output
+    assert "n1: known at preflight" in result.output and "CUDA_VISIBLE_DEVICES" not in result.output
+    # every process gets the user's CUDA_VISIBLE_DEVICES: that is each host's list, known now
+    result = invoke("launch", "--dry-run", "-H", "n1,n2", "-n", "4", "-s", "0", "--gpus-per-worker", "1",
+                    "-e", "CUDA_VISIBLE_DEVICES=4,6", "train.py")
+    assert result.exit_code == 0, result.output
+    env = {line.split(":")[0].strip(): line.split(": ", 1)[1].split() for line in result.output.splitlines()
+           if line.startswith("  worker ")}
+    for rank, devices in enumerate(("4", "4", "6", "6")):
+        assert f"CUDA_VISIBLE_DEVICES={devices}" in env[f"worker {rank}"], env
+
+
+def test_help_documents_the_device_mapping(home):
+    result = invoke("launch", "--help")
+    text = " ".join(result.output.split())
+    assert "--gpus-per-worker" in text and "LOCAL_RANK -> cuda:LOCAL_RANK" in text
+    assert "--pass-local-rank" in text and "--local_rank=LOCAL_RANK" in text

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from cli import jobs
-from cli.backends import BackendError, Evidence, ExitStatus, HostProblem, ProcStatus, Started
+from cli.backends import BackendError, Evidence, ExitStatus, HostProblem, Preflight, ProcStatus, Started
 from cli.hosts import Host
 from cli.jobs import JobState, ProcState
 from cli.launch import LaunchSettings, Supervisor, new_record
@@ -149,8 +149,8 @@ class FakeBackend:
     def options(self) -> dict[str, Any]:
         return {}
 
-    def preflight(self, hosts: Sequence[Host], modules: Sequence[str], env: Any) -> list[HostProblem]:
-        return self.problems
+    def preflight(self, hosts: Sequence[Host], modules: Sequence[str], env: Any) -> Preflight:
+        return Preflight(self.problems)
 
     def reachable(self, host: Host, timeout: float) -> None:
         if host.label in self.unreachable:
