@@ -161,6 +161,10 @@ def attack_a_running_job(other_user, home: Path, env: dict[str, str], rec: dict,
 
     wait_for(lambda: logged() == expected, 15, f"the servers to log {expected} refused HELLOs",
              describe=lambda: str(logged()))
+    # the job's own user still gets through: mxdist status (with the launcher's copy of the secret)
+    view = json.loads(run_cli(["status", rec["id"], "--json"], env).stdout)
+    assert view["security"] == secret.mode.value and view["state"] == "running", view
+    assert view["source"].startswith("live from the scheduler"), view
 
 
 def script(tmp_path: Path, name: str, text: str) -> Path:
