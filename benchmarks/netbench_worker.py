@@ -130,6 +130,8 @@ def mlp(args: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    from benchmarks import nbtrace
+    nbtrace.install("worker", int(os.environ.get("PSNODE_RANK", "0")))
     if sys.argv[1] == "cases":
         cases(sys.argv[2], sys.argv[3] == "1")
     elif sys.argv[1] == "mlp":
