@@ -124,6 +124,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=300, help="seconds per job (300)")
     p.add_argument("--json", type=Path, default=None, help="write every record and the summary here")
     p.add_argument("--keep-logs", action="store_true", help="keep the processes' logs after a good run")
+    p.add_argument("--pushpull", action="store_true",
+                   help="timed rounds call kv.pushpull (one request per key part) instead of push then pull")
     p.add_argument("--trace", type=Path, default=None,
                    help="per-phase timestamps of every worker and server (benchmarks/nbtrace.py) under this folder")
     p.add_argument("--cleanup", action="store_true", help="only remove testbeds left by killed runs")
@@ -396,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     global TRACE
     args = parse_args(argv)
     TRACE = args.trace
+    if args.pushpull:
+        os.environ["NETBENCH_PUSHPULL"] = "1"   # (child_env passes it on)
     why = None if args.loopback and not args.cleanup else preflight()
     if why:
         print(f"netbench: {why}", file=sys.stderr)
