@@ -2,19 +2,21 @@
 
 ``install(role, rank)`` wraps a few psnode functions of this process so that each call records
 ``(time.monotonic(), event, detail)`` (the clock is the machine's, shared by the namespaces);
-the records go to ``$NETBENCH_TRACE/<role><rank>.json`` at exit.  Worker events: ``push`` /
-``pull`` (the API calls), ``compress`` (one key part, with its server), ``submit`` (a request
-handed to the engine), ``send_tcp`` (the I/O thread writes requests for a server), ``answer``
-(a reply's message read), ``copy`` (its values copied out).  Server events: ``ops`` (one data
-message handled, with its worker and op kinds), ``contribute`` (a push summed), ``send`` (the
-replies of one message sent).  ``summary`` turns the records of one job into per-round phase
-times (median over the timed rounds).  It changes no behaviour; it costs microseconds per call.
+the records go to ``$NETBENCH_TRACE/<role><rank>.json`` at exit. Worker events: ``push`` /
+``pull`` (the API calls; ``kv.pushpull`` records ``push+`` and ``pull-``), ``compress`` (one key
+part, with its server), ``submit`` (a request handed to the engine), ``send_tcp`` (the I/O
+thread writes requests for a server), ``answer`` (a reply's message read), ``copy`` (its values
+copied out). Server events: ``ops`` (one data message handled, with its worker and op kinds),
+``contribute`` (a push summed), ``send`` (the replies of one message sent). ``python benchmarks/nbtrace.py
+JOBDIR...`` prints each job's phase times (median over the timed rounds). It changes no
+behaviour; it costs microseconds per call.
 """
 from __future__ import annotations
 
 import atexit
 import functools
 import json
+import math
 import os
 import statistics
 import time
@@ -51,6 +53,16 @@ def install(role: str, rank: int) -> None:
         from psnode import datapath, ioloop, kvstore, worker
         _span(kvstore.KVStore, "push", "push")
         _span(kvstore.KVStore, "pull", "pull")
+        pushpull = kvstore.KVStore.pushpull
+
+        @functools.wraps(pushpull)
+        def traced_pushpull(*a: Any, **kw: Any) -> Any:   # a round: push+ ... pull-, as push then pull
+            _note("push+")
+            try:
+                return pushpull(*a, **kw)
+            finally:
+                _note("pull-")
+        kvstore.KVStore.pushpull = traced_pushpull  # type: ignore[method-assign]
         _span(datapath.DataPath, "_compressed", "compress", lambda self, k, info, part, *a, **kw: part.server)
         _span(ioloop.IoLoop, "send_tcp", "send_tcp", lambda self, server, *a, **kw: server)
         _span(ioloop.IoLoop, "answered", "answer", lambda self, server, *a, **kw: server)
@@ -79,23 +91,46 @@ def install(role: str, rank: int) -> None:
 # ---------------------------------------------------------------- analysis
 
 def load(where: Path) -> dict[str, list[tuple[float, str, str]]]:
-    return {p.stem: [tuple(r) for r in json.loads(p.read_text())] for p in sorted(where.glob("*.json"))}
+    return {p.stem: [(float(t), str(e), str(d)) for t, e, d in json.loads(p.read_text())]
+            for p in sorted(where.glob("*.json"))}
 
 
-def summary(where: Path, rounds: int) -> dict[str, float]:
-    """Median over the last ``rounds`` rounds of worker 0's view, in ms from its push call:
-    when each event first happened in every process."""
+def phases(where: Path, rounds: int = 30) -> dict[str, float]:
+    """Median ms over the last ``rounds`` rounds (but the very last) and both workers of one job
+    (W2 S2) of the phases on a worker's critical path: its part on the other host's server."""
     recs = load(where)
-    w0 = recs["worker0"]
-    starts = [t for t, e, _ in w0 if e == "push+"][-rounds:]
     out: dict[str, list[float]] = {}
-    for i, t0 in enumerate(starts):
-        t1 = starts[i + 1] if i + 1 < len(starts) else float("inf")
-        for proc, rs in recs.items():
-            seen: dict[str, int] = {}
-            for t, e, d in rs:
-                if t0 - 0.02 <= t < t1 - 0.02 or (proc == "worker0" and t0 <= t < t1):
-                    name = f"{proc} {e} {d}".strip()
-                    seen[name] = seen.get(name, 0) + 1
-                    out.setdefault(f"{name} #{seen[name]}", []).append((t - t0) * 1e3)
-    return {k: statistics.median(v) for k, v in out.items() if len(v) >= max(1, rounds // 2)}
+    for w in (0, 1):
+        me, rs = recs[f"worker{w}"], str(1 - w)
+        srv = recs[f"server{rs}"]
+        for t0 in [t for t, e, _ in me if e == "push+"][-rounds - 1:-1]:
+            t1 = min(t for t, e, _ in me if e == "pull-" and t > t0)
+
+            def first(rs_: list[tuple[float, str, str]], ev: str, det: str, after: float = t0,
+                      end: float = t1) -> float:
+                return next((t for t, e, d in rs_ if after <= t <= end and e == ev and d.startswith(det)), math.nan)
+            c0, c1 = first(me, "compress+", rs), first(me, "compress-", rs)
+            sub = first(me, "submit+", f"{rs} Push")
+            st = first(me, "send_tcp+", rs, sub)
+            arr = first(srv, "ops+", f"{w} Push")
+            k0, k1 = first(srv, "contribute+", str(w), arr), first(srv, "contribute-", str(w), arr)
+            sp = first(srv, "ops+", f"{w} Pull", arr)
+            snd = first(srv, "send-", str(w), k1 if math.isnan(sp) else sp)
+            ans = first(me, "answer+", rs, snd)
+            cp0, cp1 = first(me, "copy+", rs, ans), first(me, "copy-", rs, ans)
+            row = {"round": t1 - t0, "before compress/submit": (sub if math.isnan(c0) else c0) - t0,
+                   "compress remote part": c1 - c0, "submit -> I/O thread sends": st - sub,
+                   "push on the wire": arr - st, "server sums it": k1 - k0,
+                   "summed -> reply sent": snd - k1, "pull arrives -> reply sent": snd - sp,
+                   "reply on the wire": ans - snd, "copy into out": cp1 - cp0, "copy -> call returns": t1 - cp1}
+            for k, v in row.items():
+                out.setdefault(k, []).append(v * 1e3)
+    return {k: statistics.median([x for x in v if not math.isnan(x)] or [math.nan]) for k, v in out.items()}
+
+
+if __name__ == "__main__":
+    import sys
+    for d in sys.argv[1:]:
+        print(d)
+        for name, ms in phases(Path(d)).items():
+            print(f"   {name:28} {ms:7.2f}")
