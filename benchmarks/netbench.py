@@ -124,6 +124,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=300, help="seconds per job (300)")
     p.add_argument("--json", type=Path, default=None, help="write every record and the summary here")
     p.add_argument("--keep-logs", action="store_true", help="keep the processes' logs after a good run")
+    p.add_argument("--pushpull", action="store_true",
+                   help="timed rounds call kv.pushpull (one request per key part) instead of push then pull")
+    p.add_argument("--trace", type=Path, default=None,
+                   help="per-phase timestamps of every worker and server (benchmarks/nbtrace.py) under this folder")
     p.add_argument("--cleanup", action="store_true", help="only remove testbeds left by killed runs")
     args = p.parse_args(argv)
     try:
@@ -186,6 +190,9 @@ class Proc:
     log: Path
 
 
+TRACE: Path | None = None   # --trace: each job's timestamps go to a folder under it
+
+
 def child_env(spec: CompressionSpec, iface: str = "eth0") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PSNODE_")}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
@@ -194,12 +201,23 @@ def child_env(spec: CompressionSpec, iface: str = "eth0") -> dict[str, str]:
     return env
 
 
+def server_argv(rank: int) -> list[str]:
+    """``python -m psnode``, or (--trace) the same with benchmarks/nbtrace.py's timestamps."""
+    if TRACE is None:
+        return [sys.executable, "-m", "psnode"]
+    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); from benchmarks import nbtrace; "
+            f"nbtrace.install('server', {rank}); from psnode.__main__ import main; sys.exit(main())"]
+
+
 def start_job(bed: netns.Testbed | netns.LocalBed, port: int, worker_argv: list[str], spec: CompressionSpec,
               logdir: Path) -> list[Proc]:
     """Scheduler on host 2; server r and worker r on host r."""
     job_id = f"nb{uuid.uuid4().hex[:10]}"
     sched = bed.hosts[2]
     base = child_env(spec, sched.iface)
+    if TRACE is not None:
+        (TRACE / job_id).mkdir(parents=True)
+        base["NETBENCH_TRACE"] = str(TRACE / job_id)
     procs = []
 
     def spawn(role: Role, rank: int, host_i: int, argv: list[str]) -> None:
@@ -214,7 +232,7 @@ def start_job(bed: netns.Testbed | netns.LocalBed, port: int, worker_argv: list[
 
     spawn(Role.SCHEDULER, 0, 2, [sys.executable, "-m", "psnode"])
     for r in range(S):
-        spawn(Role.SERVER, r, r, [sys.executable, "-m", "psnode"])
+        spawn(Role.SERVER, r, r, server_argv(r))
     for r in range(W):
         spawn(Role.WORKER, r, r, [sys.executable, str(WORKER), *worker_argv])
     return procs
@@ -377,7 +395,11 @@ def preflight() -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global TRACE
     args = parse_args(argv)
+    TRACE = args.trace
+    if args.pushpull:
+        os.environ["NETBENCH_PUSHPULL"] = "1"   # (child_env passes it on)
     why = None if args.loopback and not args.cleanup else preflight()
     if why:
         print(f"netbench: {why}", file=sys.stderr)

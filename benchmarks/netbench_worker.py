@@ -4,8 +4,9 @@ argv: cases <cases-json> <quick 0|1>   the dense workload cases, one BENCHRESULT
       mlp [example args...]            examples/mlp_numpy.py unchanged, its epochs timed
 
 Environment: the ``PSNODE_*`` variables of the job, ``NETBENCH_COMPRESSION`` (a JSON object for
-``kv.set_gradient_compression``, or ``{"type": "none"}``) and ``NETBENCH_IFACE`` (the host's link,
-whose byte counters each result reports).
+``kv.set_gradient_compression``, or ``{"type": "none"}``), ``NETBENCH_IFACE`` (the host's link,
+whose byte counters each result reports), ``NETBENCH_PUSHPULL=1`` (timed rounds call
+``kv.pushpull`` instead of ``push`` then ``pull``) and ``NETBENCH_TRACE`` (benchmarks/nbtrace.py).
 
 A ``cases`` round on each worker: push the K gradients, pull the K aggregated values.  The
 first round pushes ``rank + 1`` and checks the pulled value exactly: the mean over the workers of
@@ -68,6 +69,7 @@ def dense_case(kv: Any, spec: CompressionSpec, c: Case, quick: bool) -> None:
         if not (o == expect).all():
             fail(f"{c.name} key {k}: pulled {o[:4]}..., expected {expect} ({spec.type.value})")
     warm, timed = c.warm(quick), c.timed(quick)
+    pushpull = os.environ.get("NETBENCH_PUSHPULL") == "1"   # kv.pushpull instead of push then pull
     times = []
     tx0 = rx0 = 0
     for i in range(warm + timed):
@@ -75,15 +77,18 @@ def dense_case(kv: Any, spec: CompressionSpec, c: Case, quick: bool) -> None:
             kv.barrier()
             tx0, rx0 = link_bytes()
         t0 = time.perf_counter()
-        kv.push(keys, grads)
-        kv.pull(keys, out=outs)
+        if pushpull:
+            kv.pushpull(keys, grads, out=outs)
+        else:
+            kv.push(keys, grads)
+            kv.pull(keys, out=outs)
         t1 = time.perf_counter()
         if i >= warm:
             times.append(t1 - t0)
     tx1, rx1 = link_bytes()
     kv.barrier()
     report(system="psnode", case=c.name, rank=rank, compression=spec.to_wire(), bytes=2 * c.keys * c.nbytes,
-           link_tx=(tx1 - tx0) / timed, link_rx=(rx1 - rx0) / timed, **summarize(times))
+           pushpull=pushpull, link_tx=(tx1 - tx0) / timed, link_rx=(rx1 - rx0) / timed, **summarize(times))
 
 
 def cases(cases_json: str, quick: bool) -> None:
@@ -130,6 +135,8 @@ def mlp(args: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    from benchmarks import nbtrace
+    nbtrace.install("worker", int(os.environ.get("PSNODE_RANK", "0")))
     if sys.argv[1] == "cases":
         cases(sys.argv[2], sys.argv[3] == "1")
     elif sys.argv[1] == "mlp":

@@ -17,7 +17,8 @@ outputs into the engine's typed requests (:mod:`psnode.protocol`) and copies ans
   (a split key's part with its slice of it; a bucket with one residual over its members, each
   member's residual a view of it), the push carrying the spec's tag.  The journal keeps that
   payload, so a resend never compresses again (the residual advances once per push).  Parts
-  and keys for other hosts are compressed first: they travel while the rest is compressed.
+  and keys for other hosts are compressed first (pushes and pushpulls): they travel while the
+  rest is compressed.
 
 Requests of one call leave together (``engine.batch``).
 """
@@ -290,11 +291,16 @@ class DataPath:
                 counted += len(members)
                 continue
             futs.append(self._pull_bucket(bucket, members, priority, pushing))
+        if pushing and self._comp is not None:
+            rest = self._remote_first(rest, lambda item: item[1].placement.parts[0].server)
         for k, info, (dest, grad) in rest:
             guard = self._guard(info)
             if grad is not None:
                 info.seq += 1
-            for part in info.placement.parts:
+            parts: Sequence[Part] = info.placement.parts
+            if grad is not None and self._comp is not None and len(parts) > 1:
+                parts = self._remote_first(parts, lambda p: p.server)   # (as pushes: see _push_one)
+            for part in parts:
                 op: Op
                 ahead = self._asked.get((k, part.index)) if grad is None else None
                 if ahead is not None and ahead[0] == info.seq:
