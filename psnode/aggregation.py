@@ -133,6 +133,10 @@ class Store:
         return entry
 
     def _bucket_op(self, worker: int, bid: int, op: Op) -> list[Reply]:
+        if type(op) is PushPull:   # (the common round's op first)
+            out = self.fused.push(worker, bid, op.seq, self._bucket_gradient(worker, bid, op))
+            pulled = self.fused.pull(worker, op.id, bid, op.seq, op.re, op.dest)
+            return pulled if not out else [*out, *pulled]
         if isinstance(op, Push):
             out = self.fused.push(worker, bid, op.seq, self._bucket_gradient(worker, bid, op))
             return out if op.na else [Reply(worker, Ok(op.id)), *out]

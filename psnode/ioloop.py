@@ -311,7 +311,7 @@ class IoLoop:
         """(A waiting thread) Read the same-host links until ``fut`` is resolved or ``budget``
         seconds passed; if another thread reads them, wait for the future meanwhile."""
         e = self.e
-        if not e.reader.acquire(timeout=0.05):
+        if not e.reader.acquire(blocking=False) and not e.reader.acquire(timeout=0.05):
             fut._wait(0.05)
             return
         e.readers += 1

@@ -154,6 +154,8 @@ class Server:
     def _send(self, replies: list[Reply]) -> None:
         """One DATA_REPLY per worker (over its same-host link when it has one); big values go
         zero-copy and are tracked."""
+        if not replies:
+            return
         by_worker: dict[int, list[Reply]] = {}
         for r in replies:
             by_worker.setdefault(r.worker, []).append(r)

@@ -225,7 +225,7 @@ class Engine:
 
     def send_local(self) -> None:
         """Send what waits for same-host servers (the end of a batch)."""
-        if self.io.local:
+        if self.io.local and self.tracker.queued:
             with self.lock:
                 batches = self.tracker.take(time.monotonic(), self.io.local)
             if batches:
