@@ -234,6 +234,9 @@ class KVStore(DataPath):
             items = self._remote_first(items, lambda item: item[1].placement.parts[0].server)
         self._pushed = True
         whole, rest = _whole_buckets(items)
+        if len(whole) == 1 and not rest:   # one request: nothing to send together
+            self._push_bucket(*whole[0], priority)
+            return
         with self._engine.batch():
             for bucket, members in whole:
                 self._push_bucket(bucket, members, priority)

@@ -127,6 +127,22 @@ class Tracker:
     def queued(self) -> bool:
         return bool(self._queue)
 
+    def add_now(self, req: Request, now: float) -> Batches:
+        """``add`` then ``take(now)`` (any server), in one step: what :meth:`take` would
+        return after :meth:`add`."""
+        if self._queue:
+            self.add(req)
+            return self.take(now)
+        req.op.id = next(self._ids)
+        req.order = next(self._order)
+        s = req.server
+        if (req.nbytes and self.inflight[s] > 0 and self.inflight[s] + req.nbytes > self.window_bytes) or \
+                (self.reading and isinstance(req.op, (Push, PushPull)) and self._behind_a_pull(req)):
+            heapq.heappush(self._queue, (-req.priority, req.order, req))
+            return {}
+        self.inflight[s] += req.nbytes
+        return {s: [self._sent(req, now)]}
+
     def take(self, now: float, only: Any = None) -> Batches:
         """The queued requests the window admits, in priority order, per server (only those to
         servers in ``only``, when given); they are now pending (or journaled, for pushes)."""

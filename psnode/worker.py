@@ -207,9 +207,13 @@ class Engine:
                 self.send_local()
         elif local:                   # this thread sends (no hand-over to the I/O thread)
             with self.lock:
-                self.tracker.add(req)
-                batches = self.tracker.take(time.monotonic(), self.io.local)
-            self.io.send(batches, io_thread=False)
+                if self.tracker.queued:
+                    self.tracker.add(req)
+                    batches = self.tracker.take(time.monotonic(), self.io.local)
+                else:
+                    batches = self.tracker.add_now(req, time.monotonic())
+            if batches:
+                self.io.send(batches, io_thread=False)
         else:
             with self.lock:
                 self.tracker.add(req)
