@@ -37,6 +37,9 @@ from psnode.transport import Poller, Transport
 log = logging.getLogger("psnode.server")
 
 
+LINK_BURST = 8    # rounds of link messages handled between two full polls
+
+
 class Server:
     def __init__(self, cfg: NodeConfig) -> None:
         self.cfg = cfg
@@ -238,11 +241,15 @@ class Server:
                             break
                         self._on_data(got[0] or b"", got[1])
                 if self.local is not None and ready and self.rank >= 0:
-                    for worker, msg in self.local.on_ready(ready):
-                        if self.restoring is None and msg.ops is not None:
-                            self._on_ops(worker, msg.ops)   # (an admitted link: no checks to make)
-                        else:
-                            self._on_data(b"w%d" % worker, msg)
+                    for _ in range(LINK_BURST):   # then the full poll again: heartbeats, TCP
+                        msgs = self.local.on_ready(ready)
+                        for worker, msg in msgs:
+                            if self.restoring is None and msg.ops is not None:
+                                self._on_ops(worker, msg.ops)   # (an admitted link: no checks to make)
+                            else:
+                                self._on_data(b"w%d" % worker, msg)
+                        if not msgs or not (ready := self.local.waiting()):
+                            break
         except PeerLost as exc:
             print(f"psnode server {self.rank}: {exc}", file=sys.stderr, flush=True)
             return 1
