@@ -299,10 +299,11 @@ class IoLoop:
             if link is None or not link.up:
                 self.link_down(server)
 
-    def read_link(self, server: int, link: Link, io_thread: bool) -> None:
-        """Handle every answer waiting on ``link`` (the caller holds the reader lock)."""
+    def read_link(self, server: int, link: Link, io_thread: bool, limit: int = 0) -> None:
+        """Handle every answer waiting on ``link`` (the first ``limit``, if given; the caller
+        holds the reader lock)."""
         try:
-            for msg in link.recv():
+            for msg in link.recv(limit):
                 self.answered(server, msg, io_thread)
         except ProtocolError as exc:
             log.warning("worker %d: dropped a message: %s", self.e.rank, exc)
@@ -339,7 +340,7 @@ class IoLoop:
                             os.eventfd_read(e.notify)
                     else:
                         server, link = links[fd]
-                        self.read_link(server, link, io_thread=False)
+                        self.read_link(server, link, io_thread=False, limit=1)   # (the poll sees the rest)
                         if not link.up:
                             return   # (the I/O thread takes it down; the request goes again by TCP)
                 if backlog:

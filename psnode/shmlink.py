@@ -256,11 +256,13 @@ class Link:
         return None
 
     # ------------------------------------------------------------ receiving
-    def recv(self) -> list[Message]:
-        """Every data message waiting (segment announcements are applied on the way); an end
-        of file marks the link down.  Raises ProtocolError (naming the peer) for a bad one."""
-        out = []
-        while self.up:
+    def recv(self, limit: int = 0) -> list[Message]:
+        """Every data message waiting, or the first ``limit`` (then the caller polls again
+        rather than paying a failed read to learn that nothing more waits); segment
+        announcements are applied on the way; an end of file marks the link down.  Raises
+        ProtocolError (naming the peer) for a bad one."""
+        out: list[Message] = []
+        while self.up and (not limit or len(out) < limit):
             try:
                 n, anc, flags, _ = self.sock.recvmsg_into([self._buf], _ANCILLARY)
             except (BlockingIOError, InterruptedError):
