@@ -35,7 +35,7 @@ from psnode.protocol import Command, GetStates, Init, LoadStates, Message, Ok, O
 from psnode.security import Security
 from psnode.shmlink import KIND_DATA, Link
 from psnode.staging import Staging
-from psnode.tracker import Batches
+from psnode.tracker import Batches, settle
 from psnode.transport import Channel, Poller, Transport
 
 if TYPE_CHECKING:
@@ -356,16 +356,22 @@ class IoLoop:
             return
         now = time.monotonic()
         resend: Batches = {}
+        tracker = e.tracker
         with e.lock:
             for ans in msg.ops:
-                for s, ops in e.tracker.answered(server, ans, now).items():
+                again = tracker.answered(server, ans, now)
+                for s, ops in again.items() if again else ():
                     resend.setdefault(s, []).extend(ops)
-            if self.local and e.tracker.queued:   # e.g. a push held back by this pull
-                for s, ops in e.tracker.take(now, self.local).items():
+            if self.local and tracker.queued:   # e.g. a push held back by this pull
+                for s, ops in tracker.take(now, self.local).items():
                     resend.setdefault(s, []).extend(ops)
+            outcomes, tracker.outcomes = tracker.outcomes, []
         if resend:
             self.send(resend, io_thread)
-        e.settle(io_thread)
+        if outcomes:   # (as Engine.settle: outside the lock, callbacks copy data)
+            settle(outcomes)
+            if io_thread and e.readers:
+                os.eventfd_write(e.notify, 1)
 
     def send(self, batches: Batches, io_thread: bool = True) -> None:
         """Send each server its operations (see the module docstring for the route); TCP

@@ -176,6 +176,13 @@ class SameHost:
                     ans.arrays = [r.dest]
             answers.append(ans)
         rest = link.send_ops(KIND_REPLY, answers)
+        if not rest:
+            for r in replies:
+                if r.entry is not None:
+                    sent(r.entry, None)
+            if link.backlog:
+                self._flush(link.fileno(), link)
+            return rest
         left = {id(a) for a in rest}
         tcp = []
         for r in replies:
