@@ -238,7 +238,7 @@ class Link:
         head = encode_single(kind, self._job_raw, record, arrays, where)
         self.send_raw(b"".join((b"D", _LEN.pack(len(head)), head)))
         # counters: the data the peer reads, wherever it lies (not a landing area)
-        shared = arrays[:-1] if getattr(op, "dest", None) is not None else arrays
+        shared = arrays[:-1] if _has_dest(op) else arrays
         for a in shared:
             self.bytes_out += a.nbytes
         return True
@@ -382,6 +382,15 @@ class _Datagram:
 
 
 _CARRIES: dict[type, tuple[str, ...]] = {}
+_DEST_FIELD: dict[type, bool] = {}
+
+
+def _has_dest(op: Any) -> bool:
+    """``op`` carries a landing area (its last array)."""
+    has = _DEST_FIELD.get(type(op))
+    if has is None:
+        has = _DEST_FIELD[type(op)] = "dest" in getattr(type(op), "__slots__", ()) or hasattr(op, "dest")
+    return has and op.dest is not None
 _NO_FDS: list[int] = []
 
 

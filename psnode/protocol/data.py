@@ -96,8 +96,11 @@ def encode_single(kind: int, job: bytes, record: bytes, arrays: list[np.ndarray]
         code = CODES.get(arr.dtype)
         if code is None:
             raise ProtocolError(f"dtype {arr.dtype} cannot be sent")
-        descr.append(ARRAY.pack(code, arr.ndim, loc, index, offset))
-        descr.append(_DIMS[arr.ndim].pack(*arr.shape))
+        if arr.ndim == 1:
+            descr.append(_ARRAY_1D_PACK(code, 1, loc, index, offset, arr.shape[0]))
+        else:
+            descr.append(ARRAY.pack(code, arr.ndim, loc, index, offset))
+            descr.append(_DIMS[arr.ndim].pack(*arr.shape))
     return b"".join((HEAD.pack(kind, 0, 1, len(arrays), len(job)), job, *descr, record))
 
 def encode_data(cmd: Command, job: str, ops: Sequence[Any]) -> list[Any]:
@@ -169,10 +172,9 @@ def decode_single(data: bytes, pos: int, job_id: str, job: bytes, max_bytes: int
     pos += job_len
     arrays = []
     for _ in range(n_arrays):
-        code, ndim, loc, index, offset = _ARRAY_UNPACK(data, pos)
+        code, ndim, loc, index, offset, count = _ARRAY_1D_UNPACK(data, pos)
         if ndim != 1 or loc == LOC_FRAME:
             return None
-        (count,) = _DIM1.unpack_from(data, pos + ARRAY.size)
         pos += _ARRAY_1D
         if code >= _N_CODES:
             raise ProtocolError(f"dtype code {code} is not allowed")
@@ -212,9 +214,10 @@ def decode_single(data: bytes, pos: int, job_id: str, job: bytes, max_bytes: int
     return Message(cmd=Command.DATA if kind == KIND_DATA else Command.DATA_REPLY, job=job_id, sender="", ops=[op])
 
 
-_ARRAY_UNPACK = ARRAY.unpack_from
-_DIM1 = _DIMS[1]
-_ARRAY_1D = ARRAY.size + _DIMS[1].size
+_ARRAY_1D_STRUCT = struct.Struct(ARRAY.format + "Q")   # a 1-d array's descriptor and its length
+_ARRAY_1D_PACK = _ARRAY_1D_STRUCT.pack
+_ARRAY_1D_UNPACK = _ARRAY_1D_STRUCT.unpack_from
+_ARRAY_1D = _ARRAY_1D_STRUCT.size
 _N_CODES = len(BY_CODE)
 _NO_EXTRA = EXTRA.pack(0)
 
