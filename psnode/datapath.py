@@ -34,6 +34,7 @@ from psnode import forms
 from psnode.bucketing import Bucket, Bucketer
 from psnode.compression import CompressionSpec, Residual
 from psnode.errors import ConfigError, KeyNotInitialized, PSError, ShapeMismatch
+from psnode.items import check_shape
 from psnode.protocol import Ok, Op, Pull, Push, PushPull
 from psnode.sharding import Part, Placement
 from psnode.sparse import RowSparseArray
@@ -88,11 +89,7 @@ class DataPath:
             raise KeyNotInitialized(f"key {key!r} is not initialised: call kv.init({key!r}, value) first")
         return info
 
-    @staticmethod
-    def _check_shape(key: Any, info: KeyInfo, shape: tuple[int, ...], dtype: np.dtype) -> None:
-        if tuple(shape) != info.shape or np.dtype(dtype) != info.dtype:
-            raise ShapeMismatch(f"key {key!r} holds {info.dtype}{list(info.shape)}; "
-                                f"got {np.dtype(dtype)}{list(shape)}")
+    _check_shape = staticmethod(check_shape)
 
     def _wait(self, futs: Sequence[Future]) -> None:
         first: BaseException | None = None
