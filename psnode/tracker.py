@@ -55,7 +55,7 @@ SLOW_NOTICE = 30.0             # seconds a parked request waits before the worke
 Batches = dict[int, list[Op]]  # server -> operations to send, in order
 
 
-@dataclass
+@dataclass(slots=True)
 class Request:
     """One operation for one server, as submitted."""
 
@@ -71,7 +71,7 @@ class Request:
     auto: bool = False       # a push's answer asked for in advance (psnode.kvstore): not a pull
 
 
-@dataclass
+@dataclass(slots=True)
 class Pending:
     """A sent request waiting for its answer."""
 
