@@ -116,10 +116,8 @@ class Engine:
         if self.fatal is not None or self.tracker.deferred:
             self.check()
         staging = self.staging
-        if staging is not None and reply and (getattr(op, "dest", None) is not None or
-                                              getattr(op, "rows", None) is not None):
-            areas = [a for a in (getattr(op, "dest", None), getattr(op, "rows", None))
-                     if a is not None and staging.owns(a)]
+        if staging is not None and reply:
+            areas = [a for name in _area_fields(op) if (a := getattr(op, name)) is not None and staging.owns(a)]
             if areas:
                 on_reply = _releasing(on_reply, areas, staging)
         fut = Future(on_reply, server) if reply else None
@@ -309,6 +307,17 @@ class _Batch:
         b.depth -= 1
         if b.depth == 0:
             self.e.send_local()
+
+
+_AREAS: dict[type, tuple[str, ...]] = {}
+
+
+def _area_fields(op: Op) -> tuple[str, ...]:
+    """The fields of ``op``'s type that may hold a landing area (``dest``, ``rows``)."""
+    names = _AREAS.get(type(op))
+    if names is None:
+        names = _AREAS[type(op)] = tuple(n for n in ("dest", "rows") if hasattr(op, n))
+    return names
 
 
 def _payload(op: Op) -> int:
