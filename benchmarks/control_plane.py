@@ -13,8 +13,8 @@ control_worker.py), started by the test harness with a 1 s heartbeat.  Measured:
   out per barrier); median over a worker's barriers, then median (and max) over workers.
 - **tiny rounds**: push+pull of ``keys`` keys of 16 float32, median round time.
 - **finish**: after a last barrier every worker calls ``kv.close()`` (FINISH until acknowledged;
-  each FINISH makes the scheduler send MEMBERSHIP to every server): the median close time, and
-  from the first close called to the last one returned.
+  the FINISHes one scheduler turn handles make it send one MEMBERSHIP to every server): the
+  median close time, and from the first close called to the last one returned.
 - **scheduler CPU to welcome**: its CPU time when worker 0 has its WELCOME (interpreter start,
   imports and the registration of W + S nodes).
 - **scheduler CPU per message**: the scheduler's CPU time (all its threads, schedstat ns),

@@ -1,9 +1,10 @@
 """psnode on a rate-limited network: three namespaces, 1 Gbit/s per host, W=2 S=2.
 
     python benchmarks/netbench.py                                # uncompressed, 3 interleaved runs
-    python benchmarks/netbench.py --compression none,fp16,2bit   # side by side (needs issue 17 phase 2)
+    python benchmarks/netbench.py --compression none,fp16,2bit,1bit   # side by side
     python benchmarks/netbench.py --quick --no-mlp               # smoke run (~10 s)
     python benchmarks/netbench.py --cleanup                      # remove testbeds of a killed run
+    python benchmarks/netbench.py --loopback --compression none,fp16,2bit   # all on this host, no limit
 
 Needs root and iproute2 (``ip``, ``tc`` with the tbf qdisc).  The testbed (benchmarks/netns.py)
 is three hosts on one switch, every port limited to ``--rate`` in both directions; host 0 runs
@@ -22,6 +23,10 @@ time of a round's push phase plus its pull phase, each at the bytes of its busie
 (compressed pushes that cross, then float32 pull replies that cross, from psnode's placement), at
 the rate less TCP/IP/Ethernet headers (1448 payload bytes per 1514-byte frame).
 
+``--loopback`` runs the same jobs with every process on this host (127.0.0.1, no namespace, no
+root needed): workers and servers then talk over the same-host data plane, no raw reference and
+no bound.  It answers whether compression pays without a slow network (it does not: see README).
+
 Every wait has a deadline (``--timeout`` per job).  The namespaces and every process in them are
 removed on every exit: normal end, failure, timeout, Ctrl-C, SIGTERM, SIGHUP; after a SIGKILL, the
 next run (or ``--cleanup``) removes them.  Exit codes: 0 done, 1 a job failed or a check failed,
@@ -35,6 +40,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import statistics
 import sys
 import tempfile
@@ -110,6 +116,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rate", default="1gbit", help="every host port's rate, both directions (1gbit)")
     p.add_argument("--unlimited", action="store_true", help="no tbf: the namespaces' raw veth speed")
     p.add_argument("--mlp-epochs", type=int, default=10, help="epochs of the MLP example (10)")
+    p.add_argument("--loopback", action="store_true",
+                   help="every process on this host (no namespaces, no limit, no raw reference)")
     p.add_argument("--no-mlp", action="store_true", help="skip the MLP example")
     p.add_argument("--no-raw", action="store_true", help="skip the raw TCP reference (netbench_raw.py)")
     p.add_argument("--quick", action="store_true", help="few rounds, 1 run, 3 MLP epochs")
@@ -128,6 +136,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if bad or not names:
         p.error(f"unknown case(s) {bad}; dense cases: {', '.join(known)}")
     args.case_list = [known[n] for n in names]
+    if args.loopback:
+        args.unlimited = args.no_raw = True
     if args.quick:
         args.runs, args.mlp_epochs = 1, min(args.mlp_epochs, 3)
     if args.runs < 1 or args.mlp_epochs < 1 or args.timeout <= 0:
@@ -176,20 +186,20 @@ class Proc:
     log: Path
 
 
-def child_env(spec: CompressionSpec) -> dict[str, str]:
+def child_env(spec: CompressionSpec, iface: str = "eth0") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PSNODE_")}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               NETBENCH_COMPRESSION=json.dumps(spec.to_params()), NETBENCH_IFACE="eth0")
+               NETBENCH_COMPRESSION=json.dumps(spec.to_params()), NETBENCH_IFACE=iface)
     return env
 
 
-def start_job(bed: netns.Testbed, port: int, worker_argv: list[str], spec: CompressionSpec,
+def start_job(bed: netns.Testbed | netns.LocalBed, port: int, worker_argv: list[str], spec: CompressionSpec,
               logdir: Path) -> list[Proc]:
     """Scheduler on host 2; server r and worker r on host r."""
     job_id = f"nb{uuid.uuid4().hex[:10]}"
     sched = bed.hosts[2]
-    base = child_env(spec)
+    base = child_env(spec, sched.iface)
     procs = []
 
     def spawn(role: Role, rank: int, host_i: int, argv: list[str]) -> None:
@@ -244,7 +254,7 @@ def results(procs: list[Proc]) -> list[dict[str, Any]]:
     return out
 
 
-def run_job(bed: netns.Testbed, procs: list[Proc], timeout: float) -> list[dict[str, Any]]:
+def run_job(bed: netns.Testbed | netns.LocalBed, procs: list[Proc], timeout: float) -> list[dict[str, Any]]:
     try:
         wait_job(procs, timeout)
     finally:
@@ -280,7 +290,9 @@ def summarize(args: argparse.Namespace, records: list[dict[str, Any]]) -> tuple[
     summary: dict[str, Any] = {"cases": {}, "mlp": {}}
     MiB = 2**20
     labels = [label(s) for s in args.compression]
-    print(f"\nW={W} S={S}, 3 hosts, every port {args.rate if not args.unlimited else 'unlimited'} both ways; "
+    where = ("one host (loopback)" if args.loopback else
+             f"3 hosts, every port {args.rate if not args.unlimited else 'unlimited'} both ways")
+    print(f"\nW={W} S={S}, {where}; "
           f"median [min-max] over {args.runs} run(s)")
     print(f"{'case':9} {'compression':11} {'psnode round ms':>22} {'raw TCP ms':>22} {'psnode/raw':>10} "
           f"{'bound ms':>8} {'psnode/bound':>12} {'link MiB/round':>14} {'vs none':>7}")
@@ -348,6 +360,13 @@ def _interrupted(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
+def free_port() -> int:
+    """A port free on 127.0.0.1 now (--loopback: other jobs share this host's ports)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def preflight() -> str | None:
     if os.geteuid() != 0:
         return "netbench needs root (network namespaces and tc)"
@@ -359,13 +378,13 @@ def preflight() -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    why = preflight()
+    why = None if args.loopback and not args.cleanup else preflight()
     if why:
         print(f"netbench: {why}", file=sys.stderr)
         return 3
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupted)
-    stale = netns.remove_stale()
+    stale = [] if args.loopback else netns.remove_stale()
     if stale:
         print(f"netbench: removed namespaces left by a killed run: {' '.join(stale)}", flush=True)
     if args.cleanup:
@@ -377,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
                   "use --compression none", file=sys.stderr)
             return 2
     logdir = Path(tempfile.mkdtemp(prefix="netbench-"))
-    bed = netns.Testbed(3, None if args.unlimited else args.rate)
+    bed: netns.Testbed | netns.LocalBed = (netns.LocalBed(3) if args.loopback else
+                                           netns.Testbed(3, None if args.unlimited else args.rate))
     records: list[dict[str, Any]] = []
     code = 1
     try:
@@ -386,7 +406,8 @@ def main(argv: list[str] | None = None) -> int:
         except netns.TestbedError as exc:
             print(f"netbench: cannot build the testbed: {exc}", file=sys.stderr)
             return 3
-        print(f"netbench: testbed {bed.tag}: hosts {', '.join(h.addr for h in bed.hosts)} on one switch; "
+        print(f"netbench: testbed {bed.tag}: hosts {', '.join(h.addr for h in bed.hosts)}"
+              f"{'' if args.loopback else ' on one switch'}; "
               f"logs in {logdir}", flush=True)
         for h in bed.hosts:
             print(f"  host {h.index} ({h.ns}): {bed.qdisc(h)}", flush=True)
@@ -398,11 +419,12 @@ def main(argv: list[str] | None = None) -> int:
                 for what in kinds:
                     t0 = time.monotonic()
                     if what == "raw":
+                        assert isinstance(bed, netns.Testbed)   # (--loopback has no raw reference)
                         procs = start_raw(bed, port, args, spec, logdir)
                     else:
                         worker_argv = (["cases", encode_cases(args.case_list), "1" if args.quick else "0"]
                                        if what == "cases" else ["mlp", "--epochs", str(args.mlp_epochs)])
-                        procs = start_job(bed, port, worker_argv, spec, logdir)
+                        procs = start_job(bed, free_port() if args.loopback else port, worker_argv, spec, logdir)
                     got = run_job(bed, procs, args.timeout)
                     port += 1
                     for r in got:
@@ -429,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
             bed.down()
         except netns.TestbedError as exc:
             print(f"netbench: {exc}", file=sys.stderr)
-        left = [ns for ns in netns.namespaces() if ns.startswith(bed.tag + "-")]
+        left = [] if args.loopback else [ns for ns in netns.namespaces() if ns.startswith(bed.tag + "-")]
         if left:
             print(f"netbench: namespaces left: {left}", file=sys.stderr)
             code = 1

@@ -224,3 +224,49 @@ class Testbed:
 
     def __exit__(self, *exc: object) -> None:
         self.down()
+
+
+@dataclass
+class LocalBed:
+    """The same interface on this host alone (``netbench.py --loopback``): every "host" is
+    127.0.0.1, nothing is created or rate-limited, processes run as they are (each in its own
+    session).  Clean-up kills the process groups this object started, nothing else."""
+
+    __test__ = False
+
+    hosts_wanted: int
+    rate: str | None = None
+    tag: str = field(default_factory=lambda: f"{PREFIX}-{os.getpid()}-loopback")
+    hosts: list[Host] = field(default_factory=list)
+    procs: list[subprocess.Popen] = field(default_factory=list)
+
+    def up(self) -> LocalBed:
+        self.hosts = [Host(i, "", "127.0.0.1", "lo") for i in range(self.hosts_wanted)]
+        return self
+
+    def qdisc(self, host: Host) -> str:
+        return "loopback: no namespace, no rate limit (same-host data plane between workers and servers)"
+
+    def spawn(self, host: Host, argv: list[str], env: dict[str, str], log: Path,
+              cwd: Path | None = None) -> subprocess.Popen:
+        with open(log, "wb") as out:
+            p = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
+        self.procs.append(p)
+        return p
+
+    def kill_all(self) -> list[int]:
+        killed: list[int] = []
+        for p in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, 9)   # its own session: the process and anything it started
+                killed.append(p.pid)
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                raise TestbedError(f"pid {p.pid} survived SIGKILL for 10 s") from None
+        self.procs.clear()
+        return killed
+
+    def down(self) -> list[int]:
+        return self.kill_all()

@@ -20,14 +20,14 @@ would see: ``nvidia-smi --query-gpu``'s list (none without nvidia-smi: a CPU hos
 error) and ``CUDA_VISIBLE_DEVICES`` when that environment sets it.  :func:`check` (preflight)
 includes it; :mod:`cli.slurm` runs the same function's source on every node.
 
-Job keys: :func:`put_key` writes the job's CURVE key pair (received inside the request, i.e.
-on stdin over SSH) to ``<run_dir>/job.key`` with mode 0600 and returns the absolute path.
+The job's secret: :func:`put_key` writes the secret file (received inside the request, i.e. on
+stdin over SSH) to ``<run_dir>/job.key`` with mode 0600 and returns the absolute path.
 
-Privacy: run directories (and missing parents) are created 0700, logs and keys 0600.
+Privacy: run directories (and missing parents) are created 0700, logs and secrets 0600.
 
 After a job: :func:`collect` reads what each process left (exit status and when it was
 written, its failure record ``<run_dir>/<name>.failure.json``, the last exception line of a
-Python traceback at the end of its log); :func:`cleanup` removes the job's key file, the run
+Python traceback at the end of its log); :func:`cleanup` removes the job's secret file, the run
 directory when it is a remote one, and the job's shared-memory segments
 (``/dev/shm/psnode.<job_id>.*``).
 """

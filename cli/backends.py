@@ -114,7 +114,7 @@ class BackendError(RuntimeError):
 
 
 class Capability(str, Enum):
-    KEYS = "keys"          # KeyInstaller: deliver the job's key file to a host
+    KEYS = "keys"          # KeyInstaller: deliver the job's secret file to a host that does not see ours
     SYNC = "sync"          # Syncer: copy a directory to a host
     EXPLAIN = "explain"    # Explainer: turn a connection error into a reason and a fix
     RESOLVE = "resolve"    # Resolver: a host's address from the backend's configuration
@@ -170,7 +170,8 @@ class Backend(Protocol):
 
 class KeyInstaller(Protocol):
     def install_key(self, host: Host, run_dir: str, key: bytes) -> str:
-        """Write the job's key pair to a 0600 file in ``run_dir`` on ``host``; its absolute path."""
+        """Write the job's secret file (``key``: its content) as ``<run_dir>/job.key``, 0600 in a
+        0700 directory, on ``host`` without putting it on a command line; its absolute path."""
 
 
 class Syncer(Protocol):

@@ -40,7 +40,7 @@ def _psnode_control() -> Any:
 
 
 def key_file_of(record: JobRecord) -> str | None:
-    """The local copy of the job's CURVE keys, if the job has one and it still exists."""
+    """The launcher's copy of the job's secret, if the job has one and it still exists."""
     return record.key_file if record.key_file and os.path.exists(record.key_file) else None
 
 
@@ -51,7 +51,8 @@ def job_status(record: JobRecord, timeout: float = 2.0) -> dict[str, Any]:
     state, outcome and notes."""
     record = refresh(record)
     view: dict[str, Any] = {"id": record.id, "state": record.state.value, "scheduler": record.scheduler,
-                            "backend": record.backend, "exit_code": record.exit_code,
+                            "backend": record.backend, "security": record.security or None,
+                            "exit_code": record.exit_code,
                             "created": record.created, "ended": record.ended, "duration": record.duration,
                             "root_cause": (record.root_cause or {}).get("headline"),
                             "consequences": record.consequences, "notes": _notes(record)}

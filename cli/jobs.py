@@ -5,7 +5,7 @@ files 0600, here and in the run directories on remote hosts)::
 
     jobs/<id>.json              the record (written atomically: tmp file + os.replace)
     jobs/<id>/<name>.log        one log per process (name: scheduler, server-0, worker-3, ...)
-    jobs/<id>/job.key           the job's CURVE key pair (multi-host jobs unless --insecure)
+    jobs/<id>/job.key           the job's secret (psnode.security; every job unless --insecure)
     jobs/<id>/supervisor.lock   held (flock) by the job's supervisor for as long as it lives
     jobs/<id>/stop.request      written by ``mxdist stop`` for the supervisor to act on
     jobs/<id>/supervisor.log    the output of a detached supervisor (``launch -d``)
@@ -28,8 +28,8 @@ them again.
 unknown fields load with defaults; a record that is not JSON or not an object raises
 :class:`DamagedRecord` naming the file and the problem, never a traceback.
 
-Environment values and key material are never stored: the record names the local key file
-(``key_file``), which ``status`` and ``stop`` pass to ``psnode.control``.
+Environment values and secrets are never stored: the record names the local secret file
+(``key_file``, a path), which ``status`` and ``stop`` pass to ``psnode.control``.
 """
 from __future__ import annotations
 
@@ -127,7 +127,8 @@ class JobRecord:
     supervisor: Supervisor | None = None
     launcher_pid: int | None = None      # version 1 records only
     run_dir: str = ""                    # on every host (may start with ~ on remote ones)
-    key_file: str | None = None          # local copy of the job's CURVE keys (path only)
+    security: str = ""                   # the job's mode: authenticated, encrypted, insecure ("": older)
+    key_file: str | None = None          # the launcher's copy of the job's secret (path only)
     remote_keys: dict[str, str] = field(default_factory=dict)  # host label -> key file path there
     root_cause: dict[str, Any] | None = None
     consequences: list[str] = field(default_factory=list)
@@ -231,7 +232,7 @@ def record_path(job_id: str) -> Path:
 
 
 def key_path(job_id: str) -> Path:
-    """Where the launcher keeps the job's CURVE key pair on this machine."""
+    """Where the launcher keeps the job's secret file on this machine (:mod:`cli.preflight`)."""
     return log_dir(job_id) / "job.key"
 
 

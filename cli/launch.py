@@ -7,8 +7,8 @@ the job's lock (:mod:`cli.jobs`) for as long as it lives.
 Sequence (:meth:`Supervisor.run`):
 
 1. record the job (``starting``) with who supervises it (pid, start time, host);
-2. ``--sync``, preflight of every host, and (multi-host jobs with CURVE) the job's keys: any
-   problem -> ``failed`` with the reason per host, exit 3, nothing started;
+2. ``--sync``, preflight of every host, and (unless ``--insecure``) the job's secret, fresh,
+   on every host (:mod:`cli.preflight`): any problem -> ``failed`` with the reason per host, exit 3, nothing started;
 3. start the scheduler, the servers, the workers (each stage per host in parallel); stream
    every process's output (prefixed; ``--ranks`` filters; every line saved to
    ``jobs/<id>/<name>.log``);
@@ -70,6 +70,7 @@ from cli.plan import Plan, ProcSpec, restarted
 from cli.preflight import prepare_hosts
 from cli.rootcause import RootCause, decide, describe_code
 from psnode.config import Role
+from psnode.security import Mode
 
 EXIT_OK, EXIT_FAILED, EXIT_PREFLIGHT = 0, 1, 3
 EXIT_HANGUP, EXIT_INTERRUPTED, EXIT_STOPPED = 129, 130, 143
@@ -92,7 +93,7 @@ class LaunchSettings:
     ranks: frozenset[int] | None = None   # stream only these workers
     sync: list[tuple[str, str]] = field(default_factory=list)  # (local dir, remote dir)
     check_modules: tuple[str, ...] = ("psnode",)
-    secure: bool = False             # CURVE: generate and deliver the job's keys
+    security: Mode = Mode.INSECURE   # authenticated/encrypted: write and deliver a fresh secret
 
 
 @dataclass(frozen=True)
@@ -205,7 +206,7 @@ class Supervisor:
     def _preflight(self) -> list[HostProblem]:
         problems, self.plan = prepare_hosts(self.plan, self.backend, self.record, self.settings.run_dir,
                                             self.settings.sync, self.settings.check_modules,
-                                            self.settings.secure, self._save)
+                                            self.settings.security, self._save)
         return problems
 
     # -- start ----------------------------------------------------------------------------------

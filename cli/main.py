@@ -146,8 +146,12 @@ def launch(
                                         help="skip a round whose gradient holds NaN/Inf (reported)"),
     no_shm: bool = typer.Option(not N.shm, "--no-shm",
                                 help="workers and servers on one host exchange data over TCP, not shared memory"),
-    insecure: bool = typer.Option(False, "--insecure",
-                                  help="multi-host jobs without CURVE keys (plain TCP; trusted networks only)"),
+    insecure: bool = typer.Option(L("insecure"), "--insecure",
+                                  help="no secret: anyone who reaches a port can join, read or stop the job "
+                                       "(trusted networks only)"),
+    encrypt: bool = typer.Option(L("encrypt"), "--encrypt",
+                                 help="encrypt every link (CURVE) besides authenticating it: for networks "
+                                      "where others can read traffic; costs speed"),
     keep_jobs: int = typer.Option(L("keep_jobs"), "--keep-jobs", envvar="MXDIST_KEEP_JOBS", metavar="N",
                                   help="keep the records and logs of the last N finished jobs (0: all)"),
     gpus_per_worker: int | None = typer.Option(
@@ -177,8 +181,8 @@ def launch(
             launcher=launcher, python=python, env=env, workdir=workdir, sync=sync, scheduler=scheduler,
             port=port, quiet=quiet, detach=detach_, ranks=ranks, grace=grace, finish_grace=finish_grace,
             ssh_config=ssh_config, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys,
-            connect_timeout=connect_timeout, remote_dir=remote_dir, insecure=insecure, keep_jobs=keep_jobs,
-            gpus_per_worker=gpus_per_worker, pass_local_rank=pass_local_rank)
+            connect_timeout=connect_timeout, remote_dir=remote_dir, insecure=insecure, encrypt=encrypt,
+            keep_jobs=keep_jobs, gpus_per_worker=gpus_per_worker, pass_local_rank=pass_local_rank)
         prepared = prepare(opts)
     except (HostsError, PlanError, BackendError, ValueError) as exc:
         raise _fail("invalid launch options", str(exc), None, EXIT_USAGE) from None

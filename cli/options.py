@@ -9,8 +9,12 @@ the typer command, validated there, carried by the plan into every process's Nod
 :class:`LaunchOptions` holds it and the launcher's own options, each default written once here
 (the typer command reads them from :func:`launch_default`).  Every error is a
 :class:`PlanError` (exit 2, no traceback).
-CURVE is on for every job that is not confined to this machine (``--launcher`` other than local)
-unless ``--insecure``; a local job binds to 127.0.0.1 only and runs without keys.
+
+Security (:func:`security_mode`): every job, local ones included, is ``authenticated`` by
+default (a fresh secret per job; :mod:`psnode.security` says what each mode protects);
+``--encrypt`` makes it ``encrypted`` (CURVE on every link), ``--insecure`` turns it off.  Every
+process's ``PSNODE_KEY_FILE`` is planned as ``<run dir>/job.key`` on its host; the supervisor
+writes the secret there before anything starts (:mod:`cli.preflight`).
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from cli.launch import LaunchSettings, new_record
 from cli.plan import NodeOptions, Plan, PlanError, PlanRequest, make_plan, parse_env_assignments, passthrough_env
 from cli.registry import make_backend
 from psnode.checkpoint import path_for
+from psnode.security import Mode
 
 # Ports a job listens on are chosen where the kernel never puts the source port of an outgoing
 # connection (its ephemeral range: 32768-60999 on Linux by default), so nothing can take a port
@@ -69,9 +74,18 @@ class LaunchOptions:
     connect_timeout: float = 10.0
     remote_dir: str = "~/.mxdist/run"
     insecure: bool = False
+    encrypt: bool = False
     keep_jobs: int = 100
     gpus_per_worker: int | None = None     # None: every worker sees all of its host's GPUs
     pass_local_rank: bool = False
+
+
+def security_mode(opts: LaunchOptions) -> Mode:
+    """The job's security mode from ``--insecure`` / ``--encrypt`` (neither: authenticated)."""
+    if opts.insecure and opts.encrypt:
+        raise PlanError("--insecure and --encrypt contradict each other: choose one (neither: every "
+                        "connection authenticated, traffic in clear)")
+    return Mode.INSECURE if opts.insecure else Mode.ENCRYPTED if opts.encrypt else Mode.AUTHENTICATED
 
 
 def launch_default(name: str) -> Any:
@@ -255,7 +269,7 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
     # slurm: srun runs here and writes the logs here; the nodes share the file system
     run_dir = (str(jobs.log_dir(job_id)) if launcher in ("local", "slurm")
                else f"{opts.remote_dir.rstrip('/')}/{job_id}")
-    secure = launcher != "local" and not opts.insecure
+    security = security_mode(opts)
     shared_fs = launcher in ("local", "slurm")   # paths here are the paths the processes see
     ckpt = checkpoint_dir(opts, workdir, shared_fs)
     plan = make_plan(PlanRequest(
@@ -264,7 +278,7 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
         num_workers=opts.num_workers, num_servers=opts.num_servers,
         scheduler_host=opts.scheduler, user_env=user_env, base_env=passthrough_env(environ),
         node=replace(opts.node, checkpoint_dir=ckpt), run_dir=run_dir,
-        key_files={h.label: f"{run_dir}/job.key" for h in hosts} if secure else {},
+        key_files={h.label: f"{run_dir}/job.key" for h in hosts} if security is not Mode.INSECURE else {},
         gpus_per_worker=opts.gpus_per_worker, pass_local_rank=opts.pass_local_rank,
     ))
     if opts.node.resume and ckpt and shared_fs:
@@ -273,9 +287,10 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
         raise PlanError("--grace and --finish-grace are seconds >= 0")
     log_dir = jobs.log_dir(job_id)
     record = new_record(plan, backend, opts.command, workdir, log_dir)
+    record.security = security.value
     settings = LaunchSettings(run_dir=run_dir, grace=opts.grace, finish_grace=opts.finish_grace,
                               detach=opts.detach, quiet=opts.quiet or opts.detach, ranks=ranks,
-                              sync=_sync_pairs(opts.sync), secure=secure)
+                              sync=_sync_pairs(opts.sync), security=security)
     return Prepared(plan, backend, record, settings)
 
 

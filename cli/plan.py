@@ -30,10 +30,11 @@ Environment of every process = allowlisted variables of the launcher's environme
 variables (which win).  ``-e PSNODE_*`` is refused (:func:`parse_env_assignments`): every psnode
 variable comes from an ``mxdist launch`` option through ``NodeConfig.to_env()``.
 
-Job keys (CURVE): ``key_files`` maps a host label to the key file's path on that host (the
-launcher writes the file there before starting anything; see :mod:`cli.launch`); hosts without
-an entry get ``key_file`` (None: plain TCP).  A path may still start with ``~`` at planning time:
-:func:`with_key_files` puts the path each host resolved into the plan.
+The job's secret (:mod:`psnode.security`): ``key_files`` maps a host label to the secret
+file's path on that host (the launcher writes the file there before starting anything; see
+:mod:`cli.preflight`); hosts without an entry get ``key_file`` (None: insecure).  A path may
+still start with ``~`` at planning time: :func:`with_key_files` puts the path each host resolved
+into the plan.
 """
 from __future__ import annotations
 
@@ -140,7 +141,7 @@ class NodeOptions:
 #: The ``mxdist launch`` option that sets each psnode variable (``-e`` may not set them).
 PSNODE_OPTION: dict[str, str] = {
     **{f"PSNODE_{f.name.upper()}": f.metadata["flag"] for f in fields(NodeOptions)},
-    "PSNODE_KEY_FILE": "--insecure (mxdist generates the job's keys)",
+    "PSNODE_KEY_FILE": "--insecure or --encrypt (mxdist writes a fresh secret for every job)",
     "PSNODE_NUM_WORKERS": "-n/--num-workers",
     "PSNODE_NUM_SERVERS": "-s/--num-servers",
     "PSNODE_SCHEDULER": "--scheduler and --port",

@@ -1,10 +1,21 @@
-"""Before anything starts: ``--sync``, the preflight of every host, the job's keys.
+"""Before anything starts: ``--sync``, the preflight of every host, the job's secret.
 
-:func:`prepare_hosts` runs the three in order and returns the problems (host, reason, fix);
-with none, every host is ready and, for a job with CURVE keys, holds the job's key pair in a
-0600 file of its run directory (delivered over the backend's channel: stdin over SSH, never a
-command line) while the local copy is ``MXDIST_HOME/jobs/<id>/job.key``.  The supervisor runs
-this in a thread, so a stop request or a signal does not wait for slow hosts.
+:func:`prepare_hosts` runs the three in order and returns the problems (host, reason, fix).
+With none, every host is ready and, unless the job is ``insecure``, the job's secret
+(:mod:`psnode.security`: a fresh token and CURVE key pair, the mode in the file) is where the
+job's processes read it (``PSNODE_KEY_FILE``):
+
+* always, first, in ``MXDIST_HOME/jobs/<id>/job.key`` (0600 in the 0700 job directory): the
+  launcher's copy, named by the job record (``key_file``: the path, never the secret), which
+  ``mxdist status`` and ``stop`` use;
+* local jobs and Slurm: the processes read that same file (local: this machine; Slurm: the
+  nodes see ``MXDIST_HOME`` over the shared file system, as they see the job's logs);
+* SSH (a backend with the ``keys`` capability): sent on the SSH channel's stdin to every host,
+  written 0600 in the job's 0700 remote run directory; never on a command line.
+
+The supervisor removes every copy when the job ends, however it ends (:mod:`cli.teardown`,
+:mod:`cli.takeover`).  This runs in a thread of the supervisor, so a stop request or a signal
+does not wait for slow hosts.
 
 GPUs: preflight's report of each host's GPUs goes into the plan (:func:`cli.gpus.with_gpus`);
 with ``--gpus-per-worker`` every worker then has its ``CUDA_VISIBLE_DEVICES``, and a host with
@@ -30,7 +41,8 @@ from cli.backends import (
 from cli.gpus import GpuShortageError, HostGpus, gpu_view, with_gpus
 from cli.jobs import JobRecord
 from cli.plan import Plan, with_key_files
-from psnode.transport import CurveKeys
+from psnode.security import Mode
+from psnode.transport import new_security
 
 
 class PreflightFailed(Exception):
@@ -40,8 +52,8 @@ class PreflightFailed(Exception):
 
 
 def prepare_hosts(plan: Plan, backend: Backend, record: JobRecord, run_dir: str, sync: list[tuple[str, str]],
-                  modules: tuple[str, ...], secure: bool, save: Callable[[], None]) -> tuple[list[HostProblem], Plan]:
-    """Sync, preflight, keys; the problems found and the plan (with the key files' paths)."""
+                  modules: tuple[str, ...], mode: Mode, save: Callable[[], None]) -> tuple[list[HostProblem], Plan]:
+    """Sync, preflight, secret; the problems found and the plan (with the secret files' paths)."""
     try:
         for local, remote in sync:   # first: the working directory may be what it copies
             _sync(plan, backend, local, remote)
@@ -52,8 +64,8 @@ def prepare_hosts(plan: Plan, backend: Backend, record: JobRecord, run_dir: str,
         problems = report.problems
         if not problems:
             plan = _place_gpus(plan, backend, report)
-        if not problems and secure:
-            plan = _install_keys(plan, backend, record, run_dir, save)
+        if not problems and mode is not Mode.INSECURE:
+            plan = _install_secret(plan, backend, record, run_dir, mode, save)
         return problems, plan
     except PreflightFailed as exc:
         return exc.problems, plan
@@ -73,23 +85,26 @@ def _place_gpus(plan: Plan, backend: Backend, report: Preflight) -> Plan:
     return plan
 
 
-def _install_keys(plan: Plan, backend: Backend, record: JobRecord, run_dir: str, save: Callable[[], None]) -> Plan:
-    """Generate the job's CURVE keys, keep a local copy, deliver them to every host."""
+def _install_secret(plan: Plan, backend: Backend, record: JobRecord, run_dir: str, mode: Mode,
+                    save: Callable[[], None]) -> Plan:
+    """A fresh secret for the job: the launcher's copy, then (SSH) one on every host."""
+    security = new_security(mode)
+    local = jobs.key_path(record.id)
+    jobs.private_dir(local.parent)
+    security.save(str(local))
+    record.key_file = str(local)
+    save()
     installer = key_installer(backend)
     hosts = plan.busy_hosts
     if installer is None:
+        if Path(run_dir) == local.parent:   # local, Slurm: the processes read the launcher's copy
+            return plan
         raise PreflightFailed([HostProblem(
-            h.label, f"the {backend.name} launcher cannot deliver the job's CURVE keys",
-            "pass --insecure to run without authentication and encryption") for h in hosts])
-    keys = CurveKeys.generate()
-    local = jobs.key_path(record.id)
-    jobs.private_dir(local.parent)
-    keys.save(str(local))
-    record.key_file = str(local)
-    save()
-    text = keys.public + b"\n" + keys.secret + b"\n"
+            h.label, f"the {backend.name} launcher cannot deliver the job's secret",
+            "pass --insecure to run without authentication (trusted networks only)") for h in hosts])
+    text = security.dumps()
     results = run_per_host(hosts, lambda h: installer.install_key(h, run_dir, text))
-    problems = [HostProblem(label, f"could not write the job's key file: {result}",
+    problems = [HostProblem(label, f"could not write the job's secret file: {result}",
                             "check that the remote run directory (--remote-dir) is writable")
                 for label, result in results.items() if isinstance(result, Exception)]
     record.remote_keys = {label: path for label, path in results.items() if not isinstance(path, Exception)}

@@ -23,11 +23,18 @@ environment (``--export=ALL``), never on a command line.  srun itself runs on th
 srun's own error lines) goes to the job's log file, its exit status to the rc file.  srun reports a task
 killed by signal N as 128+N; :func:`exit_code` turns that back into ``-N``.
 
+The job's secret (``PSNODE_KEY_FILE``) reaches the nodes through the shared file system: the
+processes read the launcher's own copy, ``MXDIST_HOME/jobs/<id>/job.key`` (0600 in a 0700
+directory; :mod:`cli.preflight`), which every node sees as it sees the job's logs.  Not through
+srun's environment: psnode reads its secret from a file whose owner and mode it checks, an
+environment is inherited by everything the training script starts, and srun's environment
+travels in Slurm's launch messages, which munge signs but does not encrypt.
+
 Steps are found by name (``squeue -s``), so ``mxdist status`` and ``mxdist stop`` work from any
 shell that reaches the cluster, with or without the launcher.  Stop: ``scancel --signal=TERM``
 for the steps, ``scancel`` (KILL) for those left after the grace period, then the local srun
 processes; nothing is left when no step of the job is in ``squeue`` (Slurm drops a step only when
-all its processes are gone) and no srun runs here.  Clean-up removes the key file and, with one
+all its processes are gone) and no srun runs here.  Clean-up removes the secret file and, with one
 short step per node while the allocation lasts, the job's shared-memory segments there.
 """
 from __future__ import annotations
@@ -44,7 +51,6 @@ import signal as _signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -145,7 +151,7 @@ class SlurmBackend:
     """Processes as steps of Slurm job ``job_id``; see the module docstring."""
 
     name = "slurm"
-    capabilities = frozenset({Capability.KEYS, Capability.DESCRIBE})
+    capabilities = frozenset({Capability.DESCRIBE})   # no KEYS: the nodes read the launcher's copy
 
     def __init__(self, workdir: str, python: str, job_id: str, tag: str,
                  cpus: Mapping[str, int] | None = None, slurm_conf: str | None = None,
@@ -156,8 +162,6 @@ class SlurmBackend:
         self.tag = tag
         self.cpus = dict(cpus or {})
         self.slurm_conf = slurm_conf
-        self._keys: dict[str, str] = {}
-        self._key_lock = threading.Lock()
         self.runner = LocalRunner(workdir, sys.executable, argv=self._argv,
                                   exit_code=lambda rc, proc: exit_code(rc, _tail(proc.run_log)))
 
@@ -334,8 +338,7 @@ class SlurmBackend:
         return self.runner.collect(procs, run_dir)
 
     def cleanup(self, host: Host, job_id: str, run_dir: str) -> None:
-        with self._key_lock:
-            self.runner.cleanup(job_id, run_dir)
+        self.runner.cleanup(job_id, run_dir)
         # the allocation may be gone: then so is what its steps left in the nodes' tmpfs
         with contextlib.suppress(SlurmError):
             self._run(self.srun_argv(host.name, step_name(self.tag, "cleanup"),
@@ -390,14 +393,6 @@ class SlurmBackend:
             raise SlurmError(f"Slurm steps still present after scancel: {', '.join(left)} "
                              f"(squeue -s -j {self.job_id}; scancel {' '.join(left)})")
         return sorted(pid for group in leftover.values() for pid in group)
-
-    def install_key(self, host: Host, run_dir: str, key: bytes) -> str:
-        """The job's key pair as a 0600 file in ``run_dir`` (the job directory here), which the
-        nodes read over the shared file system; written once however many nodes ask."""
-        with self._key_lock:
-            if run_dir not in self._keys:
-                self._keys[run_dir] = agent.put_key(run_dir, key.decode())
-            return self._keys[run_dir]
 
 
 

@@ -13,9 +13,9 @@ interpolated string) whose stdin carries :mod:`cli.agent`'s source and the JSON 
 environment values (possibly secrets) never appear on a command line.  One connection per
 host is kept and shared by all threads (paramiko channels are thread-safe).
 
-Job keys travel the same way: :meth:`SshBackend.install_key` sends the key pair inside the
-agent request on stdin; the agent writes it to a 0600 file in the remote run directory
-(0700), which :meth:`SshBackend.cleanup` removes when the job is over.
+The job's secret travels the same way: :meth:`SshBackend.install_key` sends the secret file's
+content inside the agent request on stdin; the agent writes it to a 0600 file in the remote run
+directory (0700), which :meth:`SshBackend.cleanup` removes when the job is over.
 
 Host key fingerprints are shown as OpenSSH does (``SHA256:`` + base64 of the key's SHA-256).
 """
@@ -345,7 +345,8 @@ class SshBackend:
             raise BackendError(f"{host.label}: could not remove {', '.join(result['failed'])}")
 
     def install_key(self, host: Host, run_dir: str, key: bytes) -> str:
-        """Write the job's key pair to ``<run_dir>/job.key`` (0600) on ``host``; its absolute path."""
+        """Write the job's secret file to ``<run_dir>/job.key`` (0600) on ``host``, its content on
+        the channel's stdin; its absolute path."""
         return str(self._agent(host, {"op": "put_key", "run_dir": run_dir, "key": key.decode()}))
 
     def sync(self, host: Host, local_dir: str, remote_dir: str,

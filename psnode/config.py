@@ -28,7 +28,8 @@ variable                           meaning (default)
 ``PSNODE_BIG_ARRAY_BOUND``         arrays with more elements are sliced over all servers
                                    (``1000000``)
 ``PSNODE_DISTRIBUTION``            ``data``, ``param`` or ``hybrid`` (``hybrid``)
-``PSNODE_KEY_FILE``                file (mode 0600) with the job's CURVE keys; unset: plain TCP
+``PSNODE_KEY_FILE``                the job's secret file (mode 0600; :mod:`psnode.security`);
+                                   unset: insecure
 ``PSNODE_MAX_MESSAGE_BYTES``       largest frame accepted (``4294967296``)
 ``PSNODE_CHECKPOINT_DIR``          servers checkpoint their shards here (none)
 ``PSNODE_CHECKPOINT_INTERVAL``     seconds between server checkpoints (``0``: none by time)

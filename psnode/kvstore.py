@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from psnode import checkpoint, forms
+from psnode import checkpoint, forms, torch_route
 from psnode import initializer as init_mod
 from psnode import items as items_mod
 from psnode import optimizer as opt_mod
@@ -84,6 +84,7 @@ class KVStore(DataPath):
         self._comp: CompressionSpec | None = None   # gradient compression (psnode.datapath)
         self._residuals = {}
         self._scratch = {}
+        self._torch_bufs: dict[Any, np.ndarray] = {}   # host arrays of pulls into torch tensors
 
     # ------------------------------------------------------------ properties
     @property
@@ -218,7 +219,8 @@ class KVStore(DataPath):
 
     # ------------------------------------------------------------ push
     def push(self, key: Any, value: Any, priority: int = 0) -> None:
-        """Send gradients (see the module docstring)."""
+        """Send gradients (see the module docstring; torch tensors: :mod:`psnode.torch_route`)."""
+        value = torch_route.push_values(key, value, self._keys.get)
         self._check_acks()
         self._bucketer.close_all()
         items = self._plain(key, value, False)
@@ -248,6 +250,11 @@ class KVStore(DataPath):
         """Fill ``out`` (allocated if None) with the current values and return it."""
         if row_ids is not None:
             return self.row_sparse_pull(key, out=out, priority=priority, row_ids=row_ids)
+        host, scatters = torch_route.pull_outs(key, out, self._keys.get, self._torch_bufs)
+        if scatters:   # torch tensors: pulled into host arrays, then copied to every tensor
+            self.pull(key, host, priority)
+            torch_route.finish(scatters)
+            return out
         self._check_acks()
         items = self._plain(key, out, True)
         if items is not None:   # (the common case without the general forms' work)
@@ -289,8 +296,14 @@ class KVStore(DataPath):
 
         ``out`` may be a dense array of the key's full shape (only those rows are written), a
         RowSparseArray (replaced by the rows), None (a RowSparseArray is returned), or a list
-        of these; see :mod:`psnode.forms` for the forms of ``row_ids``.
+        of these; see :mod:`psnode.forms` for the forms of ``row_ids``.  Torch tensors (dense,
+        the key's full shape) get the rows too (:mod:`psnode.torch_route`).
         """
+        host, scatters = torch_route.pull_outs(key, out, self._keys.get, self._torch_bufs, rows=True)
+        if scatters:
+            self.row_sparse_pull(key, host, priority, row_ids)
+            torch_route.finish(scatters)
+            return out
         self._check_acks()
         outs, many = forms.out_groups(key, out, "row_sparse_pull")
         id_lists = forms.row_id_lists(outs, row_ids, many)
@@ -326,6 +339,13 @@ class KVStore(DataPath):
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> Any:
         """``push`` then ``pull`` (into ``out``, or back into ``value`` when out is None): one
         request and one answer per dense key part."""
+        dest = value if out is None else out
+        host, scatters = torch_route.pull_outs(key, dest, self._keys.get, self._torch_bufs)
+        value = torch_route.push_values(key, value, self._keys.get)
+        if scatters:   # torch tensors (psnode.torch_route)
+            self.pushpull(key, value, host, priority)
+            torch_route.finish(scatters)
+            return dest
         self._check_acks()
         groups, many = forms.groups(key, value, "pushpull")
         grads: dict[Any, np.ndarray | RowSparseArray] = {}

@@ -11,7 +11,9 @@ Life of a job as the scheduler sees it:
    their barriers and send BARRIER (and FINISH) again until answered: a repeat of a completed
    barrier (or of FINISH) is answered again, never counted twice.
 3. A worker sends FINISH when done (``kv.close()`` or interpreter exit).  Servers are told the
-   active set (MEMBERSHIP) so sync rounds go on over the workers still active.  When every
+   active set (MEMBERSHIP, the full list) so sync rounds go on over the workers still active:
+   once per scheduler turn for all the FINISHes it handled, and before a BARRIER_DONE or the
+   job's end (:mod:`psnode.roster` keeps the indexes, so no message rescans the job).  When every
    worker has finished, servers get SHUTDOWN, answer BYE, and the scheduler exits 0.
 4. A node silent for ``heartbeat_interval * heartbeat_liveness`` seconds is dead.  Everyone else
    gets PEER_LOST naming it (role, rank, host, pid, seconds silent) and the scheduler exits 1 --
@@ -41,6 +43,7 @@ from typing import Any
 from psnode import failure
 from psnode.config import NodeConfig
 from psnode.protocol import Command, Message
+from psnode.roster import Roster
 from psnode.security import Plane, Security
 from psnode.status import NodeRow, NodeState
 from psnode.transport import Poller, Transport
@@ -117,6 +120,7 @@ class Scheduler:
         self.shutdown_deadline: float | None = None
         self.ending: tuple[Command, dict[str, Any]] | None = None  # what _end told everyone
         self.waiting_replacement: dict[tuple[str, int], float] = {}  # (role, rank) -> deadline
+        self.roster = Roster()  # counts per role, active workers, pending MEMBERSHIP (psnode.roster)
 
     # ------------------------------------------------------------ helpers
     def _send(self, node: Node | bytes, cmd: Command, body: dict[str, Any] | None = None) -> None:
@@ -127,15 +131,14 @@ class Scheduler:
         return [n for n in self.nodes.values()
                 if n.state in (NodeState.REGISTERED, NodeState.ALIVE) and (role is None or n.role == role)]
 
-    def _workers(self) -> list[Node]:
-        return [n for n in self.nodes.values() if n.role == "worker"]
-
     def _book(self) -> list[list[Any]]:
         servers = sorted((n for n in self.nodes.values() if n.role == "server"), key=lambda n: n.rank)
         return [[n.rank, n.host, n.port] for n in servers]
 
-    def _active_workers(self) -> list[int]:
-        return sorted(n.rank for n in self._workers() if n.state == NodeState.ALIVE)
+    def _set_state(self, n: Node, state: NodeState) -> None:
+        """Every state change goes through here (the roster's active workers follow)."""
+        n.state = state
+        self.roster.set_state(n.ident, n.rank, state, n.role)
 
     # ------------------------------------------------------------ registration
     def _on_register(self, ident: bytes, body: dict[str, Any]) -> None:
@@ -153,15 +156,15 @@ class Scheduler:
         if self.started:
             self._late_register(node)
             return
-        count = sum(1 for n in self.nodes.values() if n.role == role)
         limit = self.cfg.num_workers if role == "worker" else self.cfg.num_servers
-        if count >= limit:
+        if self.roster.count[role] >= limit:
             self._send(ident, Command.SHUTDOWN, {"ok": False, "reason":
                        f"the job already has {limit} {role}s; this one (pid {node.pid}) is extra"})
             return
         self.nodes[ident] = node
-        if len(self._workers()) == self.cfg.num_workers and \
-                sum(1 for n in self.nodes.values() if n.role == "server") == self.cfg.num_servers:
+        self.roster.joined(role, ident)
+        if self.roster.count["worker"] == self.cfg.num_workers and \
+                self.roster.count["server"] == self.cfg.num_servers:
             self._start()
 
     def _assign(self, role: str) -> None:
@@ -183,17 +186,19 @@ class Scheduler:
         self.started = True
         book = self._book()
         for n in self.nodes.values():
-            n.state = NodeState.ALIVE
+            self._set_state(n, NodeState.ALIVE)
+        active = self.roster.active_ranks()  # one list for every WELCOME
         for n in self.nodes.values():
-            self._welcome(n, book)
+            self._welcome(n, book, active=active)
         log.info("job %s started: %d workers, %d servers", self.cfg.job_id,
                  self.cfg.num_workers, self.cfg.num_servers)
 
-    def _welcome(self, n: Node, book: list[list[Any]], restore: bool = False) -> None:
+    def _welcome(self, n: Node, book: list[list[Any]], restore: bool = False,
+                 active: list[int] | None = None) -> None:
         self._send(n, Command.WELCOME, {"rank": n.rank, "servers": book, "pid": os.getpid(),
                                          "num_workers": self.cfg.num_workers,
                                          "num_servers": self.cfg.num_servers,
-                                         "active": self._active_workers(),
+                                         "active": self.roster.active_ranks() if active is None else active,
                                          "restarts": n.restarts, "restore": restore,
                                          "barriers": n.barrier_done})
 
@@ -220,7 +225,10 @@ class Scheduler:
             return
         self.waiting_replacement.pop((old.role, old.rank), None)
         del self.nodes[old.ident]
-        node.rank, node.state, node.restarts = old.rank, NodeState.ALIVE, old.restarts + 1
+        self.roster.left(old.role, old.ident)
+        node.rank, node.restarts = old.rank, old.restarts + 1
+        self.roster.joined(node.role, node.ident)
+        self._set_state(node, NodeState.ALIVE)
         node.stats, node.barrier_done = old.stats, old.barrier_done  # a replay's barriers: answered
         self.nodes[node.ident] = node
         book = self._book()
@@ -229,11 +237,11 @@ class Scheduler:
             for w in self._live("worker"):
                 self._send(w, Command.SERVERS, {"servers": book, "restored": node.rank})
         else:
-            self._membership()
+            self.roster.want_membership()
         log.warning("%s %d rejoined (restart %d)", node.role, node.rank, node.restarts)
 
     def _await_replacement(self, n: Node, why: str) -> None:
-        n.state = NodeState.DEAD
+        self._set_state(n, NodeState.DEAD)
         self.waiting_replacement[(n.role, n.rank)] = time.monotonic() + self.cfg.register_timeout
         log.warning("%s %s; waiting for its restart", n.name, why)
         if n.role == "server":
@@ -242,26 +250,28 @@ class Scheduler:
 
     # ------------------------------------------------------------ barrier / finish
     def _check_barrier(self) -> None:
-        active = {n.ident for n in self._workers() if n.state == NodeState.ALIVE}
-        if self.barrier and active <= self.barrier.keys() and not self.waiting_replacement:
+        if self.roster.barrier_complete(self.barrier) and not self.waiting_replacement:
+            self._flush_membership(force=True)  # the servers know who left before anyone goes on
             for ident, n in self.barrier.items():
                 if ident in self.nodes:
                     self.nodes[ident].barrier_done = n
                     self._send(ident, Command.BARRIER_DONE, {"n": n})
             self.barrier.clear()
 
-    def _membership(self) -> None:
-        active = self._active_workers()
-        for n in self._live("server"):
-            self._send(n, Command.MEMBERSHIP, {"active": active})
+    def _flush_membership(self, force: bool = False) -> None:
+        """Send MEMBERSHIP if asked for (``roster.want_membership``) and due (psnode.roster)."""
+        active = self.roster.take_membership(time.monotonic(), force)
+        if active is not None:
+            for ident in self.roster.servers:
+                self._send(ident, Command.MEMBERSHIP, {"active": active})
 
     def _on_finish(self, node: Node) -> None:
-        node.state = NodeState.FINISHED
+        self._set_state(node, NodeState.FINISHED)
         self._send(node, Command.FINISH_ACK)
         self.barrier.pop(node.ident, None)
-        self._membership()
+        self.roster.want_membership()
         self._check_barrier()
-        if all(n.state == NodeState.FINISHED for n in self._workers()):
+        if self.roster.all_finished():
             self._end(ok=True, reason="every worker finished")
 
     def _end(self, ok: bool, reason: str, cmd: Command = Command.SHUTDOWN,
@@ -272,6 +282,7 @@ class Scheduler:
         heard from."""
         if self.exit_code is not None:
             return
+        self._flush_membership(force=True)  # what the FINISHes before the end changed, as before
         if not ok:
             failure.write(self.cfg.error_file, "verdict", "scheduler", None, self.cfg.host,
                           reason=what or reason, culprit=culprit.identity() if culprit else None, when=since)
@@ -286,7 +297,7 @@ class Scheduler:
     def _check_liveness(self, now: float) -> None:
         limit = self.cfg.dead_after
         if not self.started and now - self.t0 > self.cfg.register_timeout:
-            w = len(self._workers())
+            w = self.roster.count["worker"]
             s = len(self.nodes) - w
             self._end(False, f"only {w} of {self.cfg.num_workers} workers and {s} of "
                              f"{self.cfg.num_servers} servers registered within "
@@ -304,7 +315,7 @@ class Scheduler:
             if self._restartable(n) and self.exit_code is None:
                 self._await_replacement(n, f"silent for {silent:.1f} s")
                 continue
-            n.state = NodeState.DEAD
+            self._set_state(n, NodeState.DEAD)
             if self.exit_code is not None:
                 continue
             what = f"stopped responding ({silent:.1f} s without a heartbeat)"
@@ -355,7 +366,7 @@ class Scheduler:
             # the launcher restarts it: wait, do not fail the job
             self._await_replacement(node, f"failed ({str(msg.body['restart'])[:200]})")
         elif cmd is Command.BYE:
-            node.state = NodeState.EXITED
+            self._set_state(node, NodeState.EXITED)
             if msg.body.get("error") and self.exit_code is None:
                 what = f"failed: {str(msg.body['error'])[:500]}"
                 self._end(False, f"{node.name} {what}", Command.PEER_LOST, {"node": node.row(time.monotonic())},
@@ -367,12 +378,14 @@ class Scheduler:
         tick = min(self.cfg.heartbeat_interval, 0.5)
         resend_at = 0.0
         while True:
-            if poller.poll(tick):
+            due = self.roster.membership_due()
+            if poller.poll(tick if due is None else min(tick, max(0.001, due - time.monotonic()))):
                 while (got := self.chan.recv(routed=True)) is not None:
                     try:
                         self._dispatch(got[0] or b"", got[1])
                     except Exception as exc:  # noqa: BLE001 - a bad message never kills the job
                         log.warning("dropped %s from %r: %r", got[1].cmd.value, got[0], exc)
+            self._flush_membership()  # after the turn: for all the FINISHes it handled, once
             now = time.monotonic()
             if self.exit_code is None:
                 self._check_liveness(now)

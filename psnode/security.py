@@ -26,10 +26,12 @@ Three modes, named for what they protect (:class:`Mode`):
     curve-secret <40 Z85 chars>
 
 Every field is required and appears once; blank lines and ``#`` comments are ignored.  The
-older format, two lines holding a CURVE key pair and nothing else, is read as ``encrypted``
-(its token is derived from the secret key).  A file that others can read or write, that
-another user owns, or that does not parse is refused with a :class:`ConfigError` naming the
-file and the fix.
+older format, two lines holding a CURVE key pair and nothing else, is still read, as
+``encrypted`` (its token is derived from the secret key): a few lines that let ``mxdist status``
+and ``stop`` reach a job an older ``mxdist`` started; nothing writes it any more.
+
+A file that others can read or write, that another user owns, or that does not parse is
+refused with a :class:`ConfigError` naming the file and the fix.
 
 :meth:`Security.proof` / :meth:`Security.verify` are there for any other channel of the job
 (e.g. a same-host data plane): HMAC-SHA256 of a label under the token, compared in constant

@@ -179,6 +179,13 @@ class Server:
                 sent(e, tracker if track else None)
 
     # ------------------------------------------------------------ scheduler
+    def _membership(self, ranks: list[int]) -> None:
+        """The active workers (MEMBERSHIP, always the full list): rounds waiting only for
+        leavers complete.  The same set again changes nothing and costs no pass over the keys."""
+        active = set(ranks)
+        if active != self.store.active:
+            self._send(self.store.set_active(active))
+
     def _on_scheduler(self, msg: Message) -> int | None:
         if msg.cmd is Command.WELCOME and self.rank >= 0:
             pass  # a repeat (this server registered again before the first one arrived)
@@ -199,7 +206,7 @@ class Server:
             self.restoring &= self.store.active
             self._maybe_restored()
         elif msg.cmd is Command.MEMBERSHIP:
-            self._send(self.store.set_active(set(msg.body.get("active", []))))
+            self._membership(msg.body.get("active", []))
         elif msg.cmd is Command.SHUTDOWN:
             if msg.body.get("ok"):
                 self._checkpoint()

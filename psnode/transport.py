@@ -25,7 +25,6 @@ import random
 import secrets
 import struct
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -62,27 +61,6 @@ def new_security(mode: Mode) -> Security:
         return Security.insecure()
     public, secret = zmq.curve_keypair()
     return Security(mode, secrets.token_bytes(TOKEN_BYTES), public, secret)
-
-
-@dataclass(frozen=True)
-class CurveKeys:
-    """A bare CURVE key pair in the older two-line file format (read back as ``encrypted``).
-
-    Kept for launchers that still write it; new code writes :func:`new_security` files."""
-
-    public: bytes
-    secret: bytes
-
-    @classmethod
-    def generate(cls) -> CurveKeys:
-        public, secret = zmq.curve_keypair()
-        return cls(public=public, secret=secret)
-
-    def save(self, path: str) -> None:
-        """Write the pair to ``path`` with mode 0600 (created, never widened)."""
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(self.public + b"\n" + self.secret + b"\n")
 
 
 _DOMAIN = {Plane.CONTROL: b"psnode-control", Plane.DATA: b"psnode-data"}  # data: + b" host:port"

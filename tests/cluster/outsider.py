@@ -2,21 +2,25 @@
 
 Run as another Unix user (tests/conftest.py: ``other_user``), from stdin::
 
-    python3 - JOB_REGEX HOST:PORT... < outsider.py
+    python3 - JOB_REGEX TARGET... < outsider.py
 
 1. learns job ids from every process's command line (``/proc/*/cmdline``; group 1 of
-   JOB_REGEX) and the listening TCP sockets from ``/proc/net/tcp``;
-2. for every target port of the job, for STOP, STATUS, REGISTER and DATA (a push), speaks
-   ZMTP 3.1 by hand -- once with the NULL mechanism (what a plain pyzmq socket does) and once
-   with PLAIN and a guessed password -- and sends a message well-formed for psnode's wire
+   JOB_REGEX), the listening TCP sockets from ``/proc/net/tcp`` and the listening abstract
+   Unix sockets (a server's same-host data plane) from ``/proc/net/unix``;
+2. for every target ``HOST:PORT`` of the job, for STOP, STATUS, REGISTER and DATA (a push),
+   speaks ZMTP 3.1 by hand -- once with the NULL mechanism (what a plain pyzmq socket does) and
+   once with PLAIN and a guessed password -- and sends a message well-formed for psnode's wire
    protocol (``frames``) for each job id it found (it cannot tell which job a port serves)
-   until one is answered, then reads what comes back until the peer hangs up or a deadline.
+   until one is answered, then reads what comes back until the peer hangs up or a deadline;
+3. for every target ``@NAME`` (an abstract Unix address), sends a same-host HELLO as worker 0
+   of each job id it found, with a guessed token (``hello``), and reads the answer.
 
-Prints one JSON object: ``{"jobs": [...], "listening": [[host, port], ...], "attempts":
-[{"target", "job", "cmd", "mechanism", "peer_mechanism", "commands", "messages", "answer"}, ...]}``
-(one per connection):
-the mechanism the peer's greeting named (None: it hung up first), the handshake commands it
-sent (READY, WELCOME, ERROR), the number of messages it sent and the command of its reply.
+Prints one JSON object: ``{"jobs": [...], "listening": [[host, port], ...], "unix": [name, ...],
+"attempts": [{"target", "job", "cmd", "mechanism", "peer_mechanism", "commands", "messages",
+"answer", "refused"}, ...]}`` (one per connection): the mechanism the peer's greeting named
+(None: it hung up first), the handshake commands it sent (READY, WELCOME, ERROR), the number of
+messages it sent and the command of its reply; for a HELLO (``cmd`` "hello"), ``answer`` is
+"welcome" if the server took it and ``refused`` the reason it gave.
 """
 from __future__ import annotations
 
@@ -58,6 +62,43 @@ def listening() -> list[tuple[str, int]]:
             ip = socket.inet_ntoa(struct.pack("<I", int(ip_hex, 16)))
             out.append((ip, int(port_hex, 16)))
     return out
+
+
+def unix_listening() -> list[str]:
+    """Listening abstract Unix sockets (``@name``) from /proc/net/unix, any owner."""
+    out = []
+    with open("/proc/net/unix") as fh:
+        for line in fh.readlines()[1:]:
+            cols = line.split()
+            if len(cols) >= 8 and int(cols[3], 16) & 0x10000 and cols[7].startswith("@"):   # __SO_ACCEPTCON
+                out.append(cols[7])
+    return sorted(set(out))
+
+
+def hello(name: str, job: str, wait: float) -> dict:
+    """A same-host HELLO to the abstract address ``name`` (``@...``) as worker 0 of ``job``."""
+    rec: dict = {"target": name, "cmd": "hello", "mechanism": "token", "peer_mechanism": None,
+                 "commands": [], "messages": 0, "answer": None, "refused": None}
+    body = {"job": job, "rank": 0, "pid": os.getpid(), "token": os.urandom(32).hex(), "segs": []}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.settimeout(wait)
+        try:
+            s.connect("\0" + name[1:])
+            s.send(b"H" + json.dumps(body).encode())
+            data = s.recv(65536)
+        except OSError as exc:
+            rec["refused"] = f"{type(exc).__name__}: {exc}"
+            return rec
+    if data:
+        rec["messages"] = 1
+    if data[:1] == b"W":
+        rec["answer"] = "welcome"
+    else:
+        try:
+            rec["refused"] = json.loads(data[1:]).get("reason") if data else "hung up"
+        except ValueError:
+            rec["refused"] = repr(data[:80])
+    return rec
 
 
 def frames(cmd: str, job: str) -> tuple[bytes, list[bytes]]:
@@ -131,7 +172,7 @@ def attempt(host: str, port: int, cmd: str, job: str, mechanism: str, wait: floa
     """One connection speaking ZMTP 3.1 as a DEALER: greeting, handshake, one message, replies."""
     ident, msg = frames(cmd, job)
     rec: dict = {"target": f"{host}:{port}", "cmd": cmd, "mechanism": mechanism, "peer_mechanism": None,
-                 "commands": [], "messages": 0, "answer": None}
+                 "commands": [], "messages": 0, "answer": None, "refused": None}
     meta = _props(**{"Socket-Type": b"DEALER", "Identity": ident})
     with socket.create_connection((host, port), timeout=wait) as s:
         peer = _Peer(s, time.monotonic() + wait)
@@ -167,12 +208,16 @@ def attempt(host: str, port: int, cmd: str, job: str, mechanism: str, wait: floa
 
 
 def main(argv: list[str]) -> None:
-    pattern, targets = argv[0], [t.rsplit(":", 1) for t in argv[1:]]
+    pattern = argv[0]
+    targets = [t.rsplit(":", 1) for t in argv[1:] if not t.startswith("@")]
     jobs = job_ids(pattern)
-    report: dict = {"jobs": jobs, "listening": listening(), "attempts": []}
+    report: dict = {"jobs": jobs, "listening": listening(), "unix": unix_listening(), "attempts": []}
     wait = float(os.environ.get("OUTSIDER_WAIT", "5.0"))
     only = os.environ.get("OUTSIDER_COMMANDS", ",".join(COMMANDS)).split(",")
     mechanisms = os.environ.get("OUTSIDER_MECHANISMS", "NULL,PLAIN").split(",")
+    for name in (t for t in argv[1:] if t.startswith("@")):
+        for job in jobs:
+            report["attempts"].append(dict(hello(name, job, wait), job=job))
     for host, port in targets:
         for cmd in only:
             for mech in mechanisms:

@@ -11,7 +11,6 @@ is real.
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -26,10 +25,10 @@ from psnode.protocol import decode
 from psnode.security import Mode
 from psnode.transport import new_security
 from tests.cluster.harness import Job, alive, start_job, wait_job
+from tests.cluster.intruders import OTHER_JOB, OUTSIDER, check_other_job, check_outsider, other_job_report, run_outsider
 from tests.support import wait_for
 
 HERE = Path(__file__).resolve().parent
-OUTSIDER = (HERE / "outsider.py").read_text()
 JOB_REGEX = r"/(t[0-9a-f]{10})\.py"      # the harness runs workers as python /tmp/<job id>.py
 
 TRAIN = """
@@ -46,37 +45,6 @@ print("PULLED", got.tolist(), flush=True)
 assert (got == 1.5).all(), got
 kv.close()
 """
-
-OTHER_JOB = """
-import json, sys, time
-import numpy as np
-from psnode.protocol import Command
-from psnode.security import Plane, Security
-from psnode.transport import Poller, Transport
-key, job, scheduler, *servers = sys.argv[1:]
-t = Transport(job, "worker", 2**22, Security.load(key))
-host, port = scheduler.rsplit(":", 1)
-chans = [t.dealer(host, int(port), "worker-other", Plane.CONTROL)]
-for cmd, body in ((Command.REGISTER, {"role": "worker", "host": "127.0.0.1", "port": 0, "pid": 1, "rank": 0}),
-                  (Command.STATUS, {}), (Command.STOP, {"reason": "another job"})):
-    chans[0].send(cmd, body)
-for s in servers:
-    host, port = s.rsplit(":", 1)
-    chans.append(t.dealer(host, int(port), "w0", Plane.DATA))
-    chans[-1].send(Command.DATA, {"ops": [{"op": "push", "k": "w", "p": 0, "q": 1, "a": 0, "id": 1}]},
-                   [np.full(4, 1000, np.float32)])
-poller = Poller()
-for c in chans:
-    poller.add(c)
-answers, end = 0, time.monotonic() + 10
-while time.monotonic() < end and t.refused < len(chans):     # each link refused at least once
-    if poller.poll(0.05):
-        answers += sum(c.recv() is not None for c in chans)
-answers += sum(c.recv() is not None for c in chans)
-print(json.dumps({"answers": answers, "refused": t.refused}))
-t.close()
-"""
-
 
 def _status(job: Job, key: str | None) -> dict | None:
     try:
@@ -101,12 +69,6 @@ def _targets(job: Job, st: dict) -> list[str]:
 def _server_counts(st: dict) -> list[int]:
     """Refusals of each server, in the order of ``_targets``."""
     return [n["refused"] for n in st["nodes"] if n["role"] == "server"]
-
-
-def _outsider(user, targets: list[str], **env: str) -> dict:
-    res = user.run([user.python, "-", JOB_REGEX, *targets], input=OUTSIDER, env=env, timeout=120)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)
 
 
 def _none_left(job: Job) -> None:
@@ -134,18 +96,9 @@ def test_another_user_and_another_job_are_refused_and_the_job_is_exact(other_use
     try:
         st = _started(job, str(key))
         targets = _targets(job, st)
-        seen = _outsider(other_user, targets)
-        assert job.job_id in seen["jobs"]                                   # learnt from /proc
-        assert {tuple(t.rsplit(":", 1)) for t in targets} <= {(h, str(p)) for h, p in seen["listening"]}
-        attempts = seen["attempts"]
-        assert {(a["target"], a["cmd"], a["mechanism"]) for a in attempts if a["job"] == job.job_id} == {
-            (t, c, m) for t in targets for c in ("stop", "status", "register", "data") for m in ("NULL", "PLAIN")}
-        answered = [a for a in attempts if a["messages"] or a["answer"]]
-        assert not answered, answered
-        for a in attempts:           # the job hung up during the handshake: never READY or WELCOME
-            assert not {"READY", "WELCOME"} & set(a["commands"]), a
+        seen = run_outsider(other_user, targets, JOB_REGEX)
         # every connection refused once, and counted: the scheduler's and each server's count
-        tried = {t: sum(a["target"] == t for a in attempts) for t in targets}
+        tried = check_outsider(seen, job.job_id, targets, [])
         want = [tried[t] for t in targets]
         st = _wait_status(job, str(key), lambda s: all(
             n >= w for n, w in zip([s["refused"], *_server_counts(s)], want, strict=True)),
@@ -157,12 +110,11 @@ def test_another_user_and_another_job_are_refused_and_the_job_is_exact(other_use
         new_security(mode).save(str(other))
         with pytest.raises(PeerLost):
             query_status(job.scheduler, job.job_id, key_file=str(other), timeout=0.5)
-        env = dict(os.environ, PYTHONPATH=str(HERE.parents[1]))
-        res = subprocess.run([sys.executable, "-c", textwrap.dedent(OTHER_JOB), str(other), job.job_id,
-                              *targets], capture_output=True, text=True, timeout=60, env=env)
+        env = dict(os.environ, PYTHONPATH=str(HERE.parents[1]), PSNODE_KEY_FILE=str(other))
+        res = subprocess.run([sys.executable, "-c", textwrap.dedent(OTHER_JOB), job.job_id, *targets],
+                             capture_output=True, text=True, timeout=60, env=env)
         assert res.returncode == 0, res.stderr
-        got = json.loads(res.stdout.strip().splitlines()[-1])
-        assert got["answers"] == 0 and got["refused"] >= len(targets), got
+        check_other_job(other_job_report(res.stdout), job.job_id, links=len(targets), unix=0)
         st = _wait_status(job, str(key), lambda s: all(
             n > w for n, w in zip([s["refused"], *_server_counts(s)], want, strict=True)),
             "the other job's refusals counted by the scheduler and each server")
@@ -183,8 +135,8 @@ def test_without_authentication_the_same_outsider_reads_and_stops_the_job(other_
     job = start_job(TRAIN, 1, 1, args=[str(go)], tmp=tmp_path)
     try:
         _started(job, None)
-        seen = _outsider(other_user, [job.scheduler], OUTSIDER_COMMANDS="status,stop",
-                         OUTSIDER_MECHANISMS="NULL")
+        seen = run_outsider(other_user, [job.scheduler], JOB_REGEX, OUTSIDER_COMMANDS="status,stop",
+                            OUTSIDER_MECHANISMS="NULL")
         assert job.job_id in seen["jobs"]
         assert [(a["cmd"], a["peer_mechanism"], a["answer"]) for a in seen["attempts"] if a["job"] == job.job_id] == [
             ("status", "NULL", "status_reply"), ("stop", "NULL", "stop_ack")], seen["attempts"]

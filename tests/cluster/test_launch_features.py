@@ -106,7 +106,8 @@ def test_distribution_and_skip_nonfinite_reach_the_scripts(home, tmp_path):
     res = run_cli(["launch", "-n", "2", "-s", "1", "--distribution", "data", "--skip-nonfinite",
                    script(tmp_path, OPTIONS)], cli_env(home))
     assert res.returncode == 0, res.stdout + res.stderr
-    assert lines(res.stdout, "DIST") == ["DIST data SKIPPED True KEY None"] * 2
+    key = home / "jobs" / latest(home)["id"] / "job.key"          # every job has a secret, local ones too
+    assert lines(res.stdout, "DIST") == [f"DIST data SKIPPED True KEY {key}"] * 2
     server_log = Path(next(p["log"] for p in latest(home)["procs"] if p["name"] == "server-0")).read_text()
     assert "non-finite gradient from worker(s) [1]" in server_log
     assert_nothing_left(home)

@@ -1,4 +1,10 @@
-"""When requests queue up, higher priority goes out first (real processes)."""
+"""When requests queue up, higher priority goes out first (real processes).
+
+Synchronisation, no sleeps: worker 0 parks a pull of 'block' (round 1 needs worker 1's push)
+and waits, bounded, until it is in flight, so the window (one pull) is full; its next four pulls
+then queue (``submit`` adds them to the tracker before returning).  Worker 1 pushes 'block' only
+after the barrier, which worker 0 enters after queueing them: they leave in priority order.
+"""
 from __future__ import annotations
 
 from tests.cluster.harness import run_job
@@ -9,10 +15,14 @@ def test_queued_pulls_leave_in_priority_order() -> None:
     job = run_job(PRELUDE + """
 import time, threading
 from psnode.protocol import Pull
+def until(cond, what, limit=20.0):
+    deadline = time.monotonic() + limit
+    while not cond():
+        assert time.monotonic() < deadline, f"not within {limit} s: {what}"
+        time.sleep(0.001)
 kv.init(['block', 'a', 'b', 'c', 'd'], [np.zeros(4, np.float32)] * 5)
 if r == 1:
-    kv.barrier()
-    time.sleep(0.5)                 # worker 0 has queued its pulls behind 'block' by now
+    kv.barrier()                    # worker 0 has queued its pulls behind 'block'
     kv.push('block', np.ones(4, np.float32))
     kv.close(); sys.exit(0)
 eng = kv._engine
@@ -26,7 +36,7 @@ def record(name):
         if len(order) == 4:
             done.set()
     return cb
-time.sleep(0.1)
+until(lambda: eng.tracker.inflight[0] > 0, "the pull of 'block' in flight")
 for name, prio in (("a", 1), ("b", 7), ("c", -3), ("d", 4)):
     eng.submit(0, Pull(name, 0, 0), 16, prio, record(name))
 kv.barrier()

@@ -1,4 +1,4 @@
-"""CURVE authentication, loopback-only binds, no pickle: against a real running job."""
+"""CURVE authentication (the encrypted mode), loopback-only binds, no pickle: against a real running job."""
 from __future__ import annotations
 
 import os
@@ -12,7 +12,8 @@ from zmq.utils.monitor import recv_monitor_message
 
 from psnode.control import query_status
 from psnode.errors import PeerLost
-from psnode.transport import CurveKeys
+from psnode.security import Mode, Security
+from psnode.transport import new_security
 from tests.cluster.harness import start_job, wait_job
 from tests.cluster.test_kvstore_cluster import ok
 from tests.support import wait_for
@@ -56,13 +57,13 @@ def _server(st: dict) -> dict:
     return next(n for n in st["nodes"] if n["role"] == "server")
 
 
-def _attack(host: str, port: int, keys: CurveKeys | None, server_key: bytes, frames: list[bytes]) -> None:
+def _attack(host: str, port: int, keys: Security | None, server_key: bytes, frames: list[bytes]) -> None:
     ctx = zmq.Context()
     try:
         s = ctx.socket(zmq.DEALER)
         s.linger = 0
         if keys is not None:
-            s.curve_serverkey, s.curve_publickey, s.curve_secretkey = server_key, keys.public, keys.secret
+            s.curve_serverkey, s.curve_publickey, s.curve_secretkey = server_key, keys.curve_public, keys.curve_secret
         s.connect(f"tcp://{host}:{port}")
         s.send_multipart(frames)
         assert s.poll(500) == 0          # never answered
@@ -72,7 +73,7 @@ def _attack(host: str, port: int, keys: CurveKeys | None, server_key: bytes, fra
 
 def test_curve_refuses_outsiders_and_the_job_still_trains(tmp_path) -> None:
     keyfile = tmp_path / "job.key"
-    keys = CurveKeys.generate()
+    keys = new_security(Mode.ENCRYPTED)
     keys.save(str(keyfile))
     assert oct(os.stat(keyfile).st_mode & 0o777) == "0o600"
     go = tmp_path / "go"
@@ -84,11 +85,11 @@ def test_curve_refuses_outsiders_and_the_job_still_trains(tmp_path) -> None:
         sched_host, sched_port = job.scheduler.rsplit(":", 1)
         payload = pickle.dumps(Canary(str(canary)))
         bad_frames = [b"PSN1", payload, payload]
-        other_job = CurveKeys.generate()
+        other_job = new_security(Mode.ENCRYPTED)
         for host, port in ((server["host"], server["port"]), (sched_host, int(sched_port))):
-            _attack(host, port, None, keys.public, bad_frames)              # no key at all
-            _attack(host, port, other_job, keys.public, bad_frames)         # another job's key
-            _attack(host, port, other_job, other_job.public, bad_frames)    # wrong server key
+            _attack(host, port, None, keys.curve_public, bad_frames)              # no key at all
+            _attack(host, port, other_job, keys.curve_public, bad_frames)         # another job's key
+            _attack(host, port, other_job, other_job.curve_public, bad_frames)    # wrong server key
         # the status query itself without the key gets no answer
         with pytest.raises(PeerLost, match="did not answer"):
             query_status(job.scheduler, job.job_id, key_file=None, timeout=0.5)

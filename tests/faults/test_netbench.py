@@ -97,13 +97,30 @@ class Run:
 
 
 def test_quick_run_checks_values_and_leaves_nothing() -> None:
-    run = Run("--quick", "--no-mlp", "--cases", "1x1MiB", "--timeout", "60")
+    """Every compression setting side by side: each job's check round pulls exactly the mean
+    of what the servers decode (netbench_worker.py), over the rate-limited links."""
+    run = Run("--quick", "--no-mlp", "--cases", "1x1MiB", "--compression", "none,fp16,2bit,1bit",
+              "--timeout", "60")
     try:
-        rc = run.wait()
-        assert rc == 0, run.text[-3000:]
+        assert run.wait(180) == 0, run.text[-3000:]   # (1x1MiB has no speed check)
         assert "rate 1Gbit" in run.text            # tbf on both ends of every host's link
-        assert "1x1MiB    none" in run.text and f"testbed {run.tag} removed" in run.text
+        for name in ("none", "fp16", "2bit", "1bit"):
+            assert f"1x1MiB    {name}" in run.text, run.text[-3000:]
+        assert f"testbed {run.tag} removed" in run.text
         run.assert_clean()
+    finally:
+        run.cleanup()
+
+
+def test_loopback_run_needs_no_namespace() -> None:
+    """--loopback: the same jobs on 127.0.0.1 (same-host data plane), 2bit and the MLP example."""
+    run = Run("--loopback", "--quick", "--cases", "1x1MiB", "--compression", "none,2bit", "--mlp-epochs", "1",
+              "--timeout", "60")
+    try:
+        assert run.wait(180) == 0, run.text[-3000:]
+        assert "one host (loopback)" in run.text and "1x1MiB    2bit" in run.text, run.text[-3000:]
+        assert "  2bit        epoch" in run.text, run.text[-3000:]
+        assert not [ns for ns in netns.namespaces() if ns.startswith(f"{netns.PREFIX}-{run.p.pid}")]
     finally:
         run.cleanup()
 

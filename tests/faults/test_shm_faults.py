@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import struct
@@ -78,6 +79,50 @@ def test_kill_9_mid_round_on_the_same_host_path_leaves_nothing(tmp_path: Path, r
         for p in others:
             assert f"{role} {rank}" in dr.err(p), dr.describe()
     finally:
+        dr.finish()
+    assert_none_left(job)
+
+
+
+EXIT_GRACE = 5.0   # psnode.worker.EXIT_GRACE: a worker outside psnode exits by itself
+
+
+@pytest.mark.parametrize("role,rank", [("server", 0), ("worker", 1)])
+def test_sigstop_on_the_same_host_path_is_named_and_leaves_nothing(tmp_path: Path, role: str, rank: int) -> None:
+    """A stopped process keeps its segments mapped and its sockets open: only heartbeats tell.
+    Every other process exits 1 (the scheduler's verdict, psnode.server's and a worker's
+    uncaught PeerLost) naming the stopped one as silent, within the heartbeat timeout plus a few
+    seconds; nobody blocks on a ring to it.  Resumed, the victim exits by itself; then nothing
+    of the job is left (processes, /dev/shm, memfds mapped by any process)."""
+    env = {**FAST_ENV, "FAULT_DIR": str(tmp_path), "PSNODE_BIG_ARRAY_BOUND": "100000"}
+    job = start_job(LINKED, 2, 2, env=env, args=[str(10**9)], tmp=tmp_path)
+    dr = job.drained
+    victim = next(p for p in job.procs if p.role == role and p.rank == rank)
+    stopped = False
+    try:
+        wait_for(lambda: markers(tmp_path, "ready", 2) or dr.exited, 40, "training to start",
+                 describe=dr.describe, poll=dr.poll)
+        assert markers(tmp_path, "ready", 2), dr.describe()
+        assert len(shm.holders(job.job_id)) == 4, shm.holders(job.job_id)   # the links are up
+        others = [p for p in job.procs if p is not victim]
+        t0 = time.monotonic()
+        os.kill(victim.popen.pid, signal.SIGSTOP)
+        stopped = True
+        assert dr.wait(others, t0 + BOUND), "the job went on:\n" + dr.describe()
+        name = re.escape(f"{role} {rank} on 127.0.0.1 (pid {victim.popen.pid})")
+        for p in others:
+            assert p.popen.returncode == 1, f"{p.role} {p.rank}: exit {p.popen.returncode}\n" + dr.describe()
+            assert re.search(name + r" stopped responding \(\d+\.\d s without a heartbeat\)", dr.err(p)), \
+                f"{p.role} {p.rank} does not name the stopped {role}\n" + dr.describe()
+        assert victim.popen.poll() is None, dr.describe()             # still there, stopped
+        t1 = time.monotonic()
+        os.kill(victim.popen.pid, signal.SIGCONT)
+        stopped = False
+        assert dr.wait([victim], t1 + DEAD_AFTER + EXIT_GRACE + 3), f"the resumed {role} did not exit\n" + dr.describe()
+        assert victim.popen.returncode == 1, dr.describe()
+    finally:
+        if stopped and victim.popen.poll() is None:
+            os.kill(victim.popen.pid, signal.SIGCONT)
         dr.finish()
     assert_none_left(job)
 

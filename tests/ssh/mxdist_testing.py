@@ -80,8 +80,24 @@ def left_over(home: Path) -> dict[int, list[int]]:
     return {g: m for g in job_pids(home) if (m := group_members(g))}
 
 
+def secrets_left(home: Path) -> list[str]:
+    """Secret files of ended jobs recorded in ``home`` that still exist: the launcher's copy
+    (``jobs/<id>/job.key``) and, for a run dir given as an absolute path (every SSH-testbed
+    host's, on this machine), ``<run dir>/job.key``."""
+    left = []
+    for rec in records(home):
+        if rec["state"] in ("starting", "running"):
+            continue
+        paths = [home / "jobs" / rec["id"] / "job.key"]
+        if rec.get("run_dir", "").startswith("/"):
+            paths.append(Path(rec["run_dir"]) / "job.key")
+        left += [str(p) for p in paths if p.exists()]
+    return left
+
+
 def assert_nothing_left(home: Path, timeout: float = 10.0) -> None:
-    """Every process group of every job recorded in ``home`` is gone (zombies count as gone).
+    """Every process group of every job recorded in ``home`` is gone (zombies count as gone),
+    and no ended job's secret file is left (:func:`secrets_left`).
 
     On timeout the survivors are killed (so later tests are not disturbed) and the test fails.
     """
@@ -95,6 +111,7 @@ def assert_nothing_left(home: Path, timeout: float = 10.0) -> None:
             except OSError:
                 pass
         raise AssertionError(f"processes of the job still running: {left}")
+    assert not (secrets := secrets_left(home)), f"secret files of ended jobs left: {secrets}"
 
 
 def kill_cli(proc: subprocess.Popen[str]) -> None:

@@ -1,7 +1,7 @@
-"""Job keys (CURVE) over real SSH: three sshd "hosts" on 127.0.0.2-4 (see conftest.py).
+"""The job's secret over real SSH: three sshd "hosts" on 127.0.0.2-4 (see conftest.py).
 
-A multi-host job gets a key pair per launch, delivered over SSH into a 0600 file on every host;
-no key material may appear on a command line, in a log or in the job record.
+A job gets a fresh secret per launch (authenticated by default), delivered over SSH into a 0600
+file on every host; no secret may appear on a command line, in a log or in the job record.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from psnode.security import Mode, Security
 from tests.ssh.mxdist_testing import assert_nothing_left, kill_cli, latest, run_cli, start_cli, wait_for
 
 TRAIN = textwrap.dedent("""
@@ -46,7 +47,7 @@ def files_under(*roots: Path) -> list[Path]:
     return [p for root in roots if root.exists() for p in root.rglob("*") if p.is_file()]
 
 
-def test_multi_host_job_runs_with_curve_keys_that_never_leak(ssh_cluster, home, tmp_path):
+def test_multi_host_job_runs_with_a_secret_that_never_leaks(ssh_cluster, home, tmp_path):
     env = ssh_cluster.env(home)
     go = tmp_path / "go"
     proc = start_cli(["launch", "-H", "node1,node2,node3", "-n", "3", "-s", "2",
@@ -59,8 +60,10 @@ def test_multi_host_job_runs_with_curve_keys_that_never_leak(ssh_cluster, home, 
         local_key = Path(rec["key_file"])
         assert local_key == home / "jobs" / rec["id"] / "job.key"
         assert stat.S_IMODE(local_key.stat().st_mode) == 0o600
-        public, secret = local_key.read_bytes().split()
-        assert len(secret) == 40
+        content = local_key.read_bytes()
+        sec = Security.load(str(local_key))
+        assert sec.mode is Mode.AUTHENTICATED                     # the default
+        secrets = [sec.token.hex().encode(), sec.curve_secret, sec.curve_public]
 
         # every process (scheduler, servers, workers) on every host got the key file of its host
         remote = {p["host"]: path for p in rec["procs"] for path in [rec["remote_keys"][p["host"]]]}
@@ -69,7 +72,7 @@ def test_multi_host_job_runs_with_curve_keys_that_never_leak(ssh_cluster, home, 
             path = environ_of(p["pid"])["PSNODE_KEY_FILE"]
             assert path == remote[p["host"]] and Path(path).is_absolute(), p
             assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-            assert Path(path).read_bytes().split() == [public, secret]
+            assert Path(path).read_bytes() == content
         assert sorted(set(s.split("MODE ")[1].strip() for s in out if "READY" in s)) == ["0o600"]
 
         # the live scheduler answers mxdist status (which uses the local copy of the keys) ...
@@ -85,7 +88,7 @@ def test_multi_host_job_runs_with_curve_keys_that_never_leak(ssh_cluster, home, 
             query_status(rec["scheduler"], rec["id"], key_file=None, timeout=1.0)
 
         ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, timeout=30).stdout
-        assert secret not in ps and public not in ps
+        assert not [s for s in secrets if s in ps]
 
         go.touch()
         rest, _ = proc.communicate(timeout=90)
@@ -95,11 +98,10 @@ def test_multi_host_job_runs_with_curve_keys_that_never_leak(ssh_cluster, home, 
         kill_cli(proc)
     text = "".join(out)
     assert text.count("RESULT [2.0, 2.0, 2.0]") == 3, text
-    # no key material in the logs (local copies and remote run dirs) or the record
+    # no secret in the logs (local copies and remote run dirs) or the record
     for path in files_under(home, home / "remote"):
-        assert secret not in path.read_bytes(), path
-        assert public not in path.read_bytes(), path
-    assert secret.decode() not in text
+        assert not [s for s in secrets if s in path.read_bytes()], path
+    assert not [s for s in secrets if s.decode() in text]
     # the key files are deleted when the job is over
     assert not local_key.exists()
     assert not any(Path(p).exists() for p in remote.values())

@@ -13,6 +13,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.ssh.mxdist_testing import (
     assert_nothing_left,
     group_members,
@@ -233,20 +235,25 @@ def test_missing_remote_python_is_reported_per_host(ssh_cluster, home, tmp_path)
     assert all(p["pid"] is None for r in records(home) for p in r["procs"])
 
 
-def test_examples_over_ssh(ssh_cluster, home, tmp_path):
-    """The README's examples run unchanged with -H: the numpy MLP (2 servers) and DDP/gloo."""
+@pytest.mark.parametrize("flags, mode", [([], "authenticated"), (["--encrypt"], "encrypted"),
+                                         (["--insecure"], "insecure")], ids=["default", "encrypt", "insecure"])
+def test_examples_over_ssh(ssh_cluster, home, tmp_path, flags, mode):
+    """The README's examples run unchanged with -H, in each of the three security modes: the
+    numpy MLP (2 servers) and DDP/gloo."""
     root = Path(__file__).resolve().parents[2]
     env = ssh_cluster.env(home)
-    mlp = run_cli(["launch", "-H", "node1,node2", "-n", "2", "-s", "2", "--workdir", str(root),
+    mlp = run_cli(["launch", *flags, "-H", "node1,node2", "-n", "2", "-s", "2", "--workdir", str(root),
                    str(root / "examples" / "mlp_numpy.py"), "--epochs", "2"], env, timeout=180)
     assert mlp.returncode == 0, mlp.stdout + mlp.stderr
     acc = [line for line in mlp.stdout.splitlines() if "accuracy=" in line]
     assert len(acc) == 1 and "[worker 0 @ node1]" in acc[0] and float(acc[0].split("accuracy=")[1]) > 0.9
+    rec = latest(home)
+    assert rec["security"] == mode and (rec["key_file"] is None) == (mode == "insecure")
     assert_nothing_left(home)
-    ddp = run_cli(["launch", "-H", "node1,node2", "-n", "2", "-s", "0", "--workdir", str(root),
+    ddp = run_cli(["launch", *flags, "-H", "node1,node2", "-n", "2", "-s", "0", "--workdir", str(root),
                    str(root / "examples" / "ddp_gloo.py"), "--epochs", "1"], env, timeout=180)
     assert ddp.returncode == 0, ddp.stdout + ddp.stderr
-    assert "accuracy=" in ddp.stdout
+    assert "accuracy=" in ddp.stdout and latest(home)["security"] == mode
     assert_nothing_left(home)
 
 

@@ -215,7 +215,10 @@ def test_node_options_in_the_dry_run(home):
                  "PSNODE_CHECKPOINT_INTERVAL=1.5", "PSNODE_SKIP_NONFINITE=1", "PSNODE_RESUME=0",
                  f"PSNODE_CHECKPOINT_DIR={os.path.join(os.getcwd(), 'ck')}"):
         assert word in result.output, word
-    assert "PSNODE_KEY_FILE" not in result.output      # a local job runs without keys
+    assert f"PSNODE_KEY_FILE={home}/jobs/" in result.output     # local jobs get a secret too
+    result = invoke("launch", "--dry-run", "-n", "2", "--insecure", "train.py")
+    assert result.exit_code == 0, result.output
+    assert "PSNODE_KEY_FILE" not in result.output
 
 
 def test_ssh_dry_run_plans_job_keys_unless_insecure(home, ssh_config):
@@ -238,7 +241,8 @@ def test_ssh_dry_run_plans_job_keys_unless_insecure(home, ssh_config):
     (["-s", "0", "--checkpoint-dir", "/tmp", "--resume"], "the job has no servers"),
     (["-e", "PSNODE_DISTRIBUTION=data"], "use --distribution instead"),
     (["-e", "PSNODE_MAX_RESTARTS=3"], "use --max-restarts instead"),
-    (["-e", "PSNODE_KEY_FILE=/k"], "--insecure"),
+    (["-e", "PSNODE_KEY_FILE=/k"], "--insecure or --encrypt"),
+    (["--insecure", "--encrypt"], "--insecure and --encrypt contradict each other"),
     (["--max-restarts", "x"], "--max-restarts"),
     (["--checkpoint-rounds", "1.5"], "--checkpoint-rounds"),
 ])

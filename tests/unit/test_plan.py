@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from psnode.config import NodeConfig, Role
+from psnode.security import Mode
 
 from cli.hosts import Host
 from cli.plan import (
@@ -193,8 +194,24 @@ def test_local_plan_binds_to_loopback_only(tmp_path):
     assert prepared.plan.scheduler_address.startswith("127.0.0.1:")
     for p in prepared.plan.procs:
         cfg = NodeConfig.from_env(p.env)
-        assert cfg.host == "127.0.0.1" and cfg.scheduler_host == "127.0.0.1" and cfg.key_file is None
-    assert not prepared.settings.secure
+        assert cfg.host == "127.0.0.1" and cfg.scheduler_host == "127.0.0.1"
+        assert cfg.key_file == str(jobs.key_path(prepared.record.id))   # the launcher's own copy
+    assert prepared.settings.security is Mode.AUTHENTICATED                # the default, local jobs too
+
+
+@pytest.mark.parametrize("flags, mode", [
+    ({}, "authenticated"), ({"encrypt": True}, "encrypted"), ({"insecure": True}, "insecure")])
+def test_security_mode_from_the_flags(tmp_path, flags, mode):
+    from cli import jobs
+    from cli.options import LaunchOptions, prepare
+
+    jobs.use_home(tmp_path)
+    prepared = prepare(LaunchOptions(command=["t.py"], num_workers=1, num_servers=1, **flags))
+    assert prepared.settings.security.value == mode
+    keys = {NodeConfig.from_env(p.env).key_file for p in prepared.plan.procs}
+    assert keys == ({None} if mode == "insecure" else {str(jobs.key_path(prepared.record.id))})
+    with pytest.raises(PlanError, match="--insecure and --encrypt contradict each other"):
+        prepare(LaunchOptions(command=["t.py"], insecure=True, encrypt=True))
 
 
 def test_node_options_defaults_are_node_configs():

@@ -409,18 +409,13 @@ def test_device_list_push_and_pull_through_a_kvstore() -> None:
 
 
 def test_kvstore_takes_torch_tensor_lists_directly() -> None:
-    """The same through the KVStore API itself, once kvstore.py routes torch values to
-    host_value/scatter (the lead wires it: psnode/torch.py's docstring has the contract)."""
+    """The same through the KVStore API itself: kvstore.py routes torch values to
+    host_value/scatter (psnode.torch_route)."""
     kv = psnode.kv.create("local")
     kv.init("w", np.ones((2, 2), np.float32))
     kv.set_optimizer(psnode.optimizer.create("sgd", learning_rate=0.5))
     outs = [torch.zeros(2, 2), torch.zeros(2, 2)]
-    try:
-        kv.push("w", [torch.full((2, 2), 1.0), torch.full((2, 2), 2.0)])
-        kv.pull("w", out=outs)
-    except psnode.errors.ShapeMismatch as exc:
-        if "out must be a numpy array" in str(exc):
-            pytest.skip("kvstore.py does not route torch tensors to psnode.torch.host_value/scatter yet")
-        raise
+    kv.push("w", [torch.full((2, 2), 1.0), torch.full((2, 2), 2.0)])
+    kv.pull("w", out=outs)
     for t in outs:
         assert torch.equal(t, torch.full((2, 2), -0.5))

@@ -8,7 +8,7 @@ import pytest
 
 from psnode.errors import ConfigError
 from psnode.security import TOKEN_BYTES, Mechanism, Mode, Plane, Security, mechanism, parse
-from psnode.transport import CurveKeys, new_security
+from psnode.transport import new_security
 
 PUB = b"rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"
 SEC = b"JTKVSB%%)wK0E.X)V>+}o?pNmC{O&4W4b!Ni{Lh6"
@@ -120,12 +120,14 @@ def test_comments_blank_lines_and_binary(tmp_path) -> None:
 
 
 def test_the_older_two_line_curve_file_reads_as_encrypted(tmp_path) -> None:
+    """What an older mxdist wrote (nothing writes it now): a job it started can still be reached."""
     path = tmp_path / "job.key"
-    keys = CurveKeys.generate()
-    keys.save(str(path))
+    keys = new_security(Mode.ENCRYPTED)
+    path.write_bytes(keys.curve_public + b"\n" + keys.curve_secret + b"\n")
+    path.chmod(0o600)
     sec = Security.load(str(path))
     assert sec.mode is Mode.ENCRYPTED
-    assert (sec.curve_public, sec.curve_secret) == (keys.public, keys.secret)
+    assert (sec.curve_public, sec.curve_secret) == (keys.curve_public, keys.curve_secret)
     assert sec.token == Security.load(str(path)).token and len(sec.token) == 32   # derived, stable
 
 

@@ -1,0 +1,47 @@
+"""A job started by ``mxdist launch`` on this machine, against another Unix user and another job.
+
+The launcher gives the job a fresh secret (authenticated by default; ``--encrypt`` too).  A real
+second user (``other_user``) learns the job id from ``/proc/*/cmdline``, the ports from
+``/proc/net/tcp`` and the same-host addresses from ``/proc/net/unix``, and sends STOP, STATUS,
+REGISTER and a push to every TCP port of the job and a HELLO to every same-host address
+(``tests/cluster/intruders.py``); a worker of a second ``mxdist launch`` job (its own secret)
+does the same speaking psnode properly.  Every attempt is refused and counted by the node it
+was aimed at, and the job ends with exact values; its secret never appears on a command line
+or in the record, and is gone when the job ends.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from psnode.security import Mode, Security
+from tests.cluster.intruders import TRAIN, attack_a_running_job, script
+from tests.ssh.mxdist_testing import assert_nothing_left, cli_env, kill_cli, records, start_cli, wait_for
+
+
+@pytest.mark.parametrize("flags, mode", [([], Mode.AUTHENTICATED), (["--encrypt"], Mode.ENCRYPTED)],
+                         ids=["default", "encrypt"])
+def test_another_user_and_another_job_cannot_touch_a_launched_job(other_user, tmp_path, flags, mode):
+    home = tmp_path / "home"
+    env = cli_env(home)
+    go = tmp_path / "go"
+    proc = start_cli(["launch", *flags, "-n", "2", "-s", "2", str(script(tmp_path, "train.py", TRAIN)), str(go)],
+                     env)
+    try:
+        rec = wait_for(lambda: (r := records(home)) and r[-1]["state"] == "running" and r[-1], 60, "the job to run")
+        assert Security.load(rec["key_file"]).mode is mode
+        key_file = Path(rec["key_file"])
+        attack_a_running_job(other_user, home, env, rec, ["launch", *flags, "-n", "1", "-s", "0"], tmp_path)
+    finally:
+        go.touch()
+    try:
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        kill_cli(proc)
+    assert proc.returncode == 0, out
+    assert out.count("PULLED [1.5, 1.5, 1.5, 1.5]") == 2, out
+    assert json.loads((home / "jobs" / f"{rec['id']}.json").read_text())["state"] == "succeeded"
+    assert not key_file.exists()                                         # the secret is gone with the job
+    assert_nothing_left(home)
