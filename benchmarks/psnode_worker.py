@@ -28,6 +28,12 @@ from benchmarks.cases import (  # noqa: E402
 from psnode.sparse import row_sparse_array  # noqa: E402
 
 
+def links(kv) -> int:
+    """Servers this worker reaches over the same-host link (shared memory); the others: TCP."""
+    engine = getattr(kv, "_engine", None)
+    return sum(bool(engine.same_host(s)) for s in range(kv.num_servers)) if engine is not None else 0
+
+
 def dense_case(kv, c: Case, quick: bool) -> None:
     W, rank = kv.num_workers, kv.rank
     shape = (SPARSE_ROWS, SPARSE_COLS) if c.name == "densetable" else (c.elems,)
@@ -51,7 +57,8 @@ def dense_case(kv, c: Case, quick: bool) -> None:
         if i >= c.warm(quick):
             times.append(t1 - t0)
     kv.barrier()
-    report(system="psnode", case=c.name, rank=rank, bytes=2 * c.keys * c.nbytes, **summarize(times))
+    report(system="psnode", case=c.name, rank=rank, bytes=2 * c.keys * c.nbytes, links=links(kv),
+           **summarize(times))
 
 
 def sparse_case(kv, c: Case, quick: bool) -> None:

@@ -20,6 +20,10 @@ def add_scaled(a: np.ndarray, b: np.ndarray, out: np.ndarray, scale: float = 1.0
     if scale == 1.0 and to is None:
         np.add(a, b, out=out)
         return
+    if out.size <= CHUNK and a.shape == b.shape == out.shape and (to is None or to.shape == out.shape):
+        np.add(a, b, out=out)       # (one chunk: no views to make)
+        np.multiply(out, scale, out=out if to is None else to, casting="unsafe")
+        return
     a, b, out = a.reshape(-1), b.reshape(-1), out.reshape(-1)
     dest = out if to is None else to.reshape(-1)
     for lo in range(0, out.size, CHUNK):

@@ -35,6 +35,7 @@ from psnode import forms
 from psnode.bucketing import Bucket, Bucketer
 from psnode.compression import CompressionSpec, Residual
 from psnode.errors import ConfigError, KeyNotInitialized, PSError, ShapeMismatch
+from psnode.items import check_shape
 from psnode.protocol import Ok, Op, Pull, Push, PushPull
 from psnode.sharding import Part, Placement
 from psnode.sparse import RowSparseArray
@@ -89,11 +90,7 @@ class DataPath:
             raise KeyNotInitialized(f"key {key!r} is not initialised: call kv.init({key!r}, value) first")
         return info
 
-    @staticmethod
-    def _check_shape(key: Any, info: KeyInfo, shape: tuple[int, ...], dtype: np.dtype) -> None:
-        if tuple(shape) != info.shape or np.dtype(dtype) != info.dtype:
-            raise ShapeMismatch(f"key {key!r} holds {info.dtype}{list(info.shape)}; "
-                                f"got {np.dtype(dtype)}{list(shape)}")
+    _check_shape = staticmethod(check_shape)
 
     def _wait(self, futs: Sequence[Future]) -> None:
         first: BaseException | None = None
@@ -259,9 +256,11 @@ class DataPath:
         futs: list[Future] = []
         whole, rest = _whole_buckets(items, pushing=pushed is not None)
         asked: list[tuple[Future, Copier, Any]] = []   # answers already asked for by the pushes
-        counted = 0
-        with self._engine.batch():
-            counted = self._pull_requests(whole, rest, asked, futs, priority, pushed is not None)
+        if not rest and pushed is None and all(self._asked_ahead(b, m) for b, m in whole):
+            counted = self._pull_requests(whole, rest, asked, futs, priority, False)   # (sends nothing)
+        else:
+            with self._engine.batch():
+                counted = self._pull_requests(whole, rest, asked, futs, priority, pushed is not None)
         if asked:   # (read in place, each as soon as it is there; later pushes of these keys wait)
             guards = [g for _, _, g in asked]
             self._engine.protect(guards, True)
@@ -277,6 +276,11 @@ class DataPath:
                 if o is not dest:
                     np.copyto(o, dest)
         return results if many else results[0]
+
+    def _asked_ahead(self, bucket: Bucket, members: list[tuple[Any, KeyInfo, Any]]) -> bool:
+        """The answer a pull of ``bucket`` wants was asked for by this worker's last push."""
+        ahead = self._asked.get((bucket.key, 0))
+        return ahead is not None and ahead[0] == members[0][1].seq
 
     def _pull_requests(self, whole: list[tuple[Bucket, list[tuple[Any, KeyInfo, Any]]]],
                        rest: list[tuple[Any, KeyInfo, Any]], asked: list[tuple[Future, Copier, Any]],

@@ -182,7 +182,7 @@ class Buckets:
                 out.extend(self.store._take_push(worker, m.key, seq, data[m.span].reshape(m.entry.value.shape),
                                                  None))
             return [*out, *self.answer(b)]
-        if seq <= b.pushed.get(worker, 0) or any(q == seq for q, _ in b.early.get(worker, [])):
+        if seq <= b.pushed.get(worker, 0) or (b.early and any(q == seq for q, _ in b.early.get(worker, []))):
             return []   # duplicate
         self.store.pushes += len(b.members)
         if seq != b.round + 1 or worker in b.contributors:

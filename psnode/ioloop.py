@@ -13,29 +13,28 @@ server is served over TCP (the tracker's retries resend what was in flight).
 
 Same-host links skip the I/O thread: the user's thread sends its requests on them itself
 (:meth:`psnode.worker.Engine.submit`), and the thread waiting for an answer reads the links
-itself (:meth:`IoLoop.read_until`; one reader at a time, the engine's ``reader`` lock), so a
-round costs no hand-over between threads.  The I/O thread does not poll the links; each turn
-(at least every ``LINK_TURN`` seconds) it drains what nobody was waiting for, sends backlogs,
-and takes down links that closed.
+itself (:mod:`psnode.iolinks`; one reader at a time, the engine's ``reader`` lock), so a round
+costs no hand-over between threads.  The I/O thread does not poll the links; each turn (at
+least every ``LINK_TURN`` seconds) it drains what nobody was waiting for, sends backlogs, and
+takes down links that closed.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import select
 import time
 from typing import TYPE_CHECKING, Any
 
-from psnode import shm, shmhandshake
+from psnode import shm
 from psnode.config import NodeConfig
-from psnode.errors import PeerLost, ProtocolError, PSError
+from psnode.errors import PeerLost, PSError
+from psnode.iolinks import SameHostLinks
 from psnode.link import SchedulerLink, lost_message
 from psnode.protocol import Command, GetStates, Init, LoadStates, Message, Ok, Op, SetOptimizer, without_dest
 from psnode.security import Security
 from psnode.shmlink import KIND_DATA, Link
 from psnode.staging import Staging
-from psnode.tracker import Batches
+from psnode.tracker import Batches, settle
 from psnode.transport import Channel, Poller, Transport
 
 if TYPE_CHECKING:
@@ -49,7 +48,7 @@ TCP_ONLY = (Init, SetOptimizer, GetStates, LoadStates)   # rare, answers of any 
 LINK_TURN = 0.25               # the I/O thread's longest sleep while links exist
 
 
-class IoLoop:
+class IoLoop(SameHostLinks):
     """The state of the worker's I/O thread (see the module docstring)."""
 
     def __init__(self, engine: Engine) -> None:
@@ -190,35 +189,6 @@ class IoLoop:
                 self.connect(i, str(host), int(port))
         e.welcome.set(Ok(0))
 
-    def connect(self, server: int, host: str, port: int) -> None:
-        """Open the same-host link to ``server`` when it runs on this host."""
-        e = self.e
-        if e.staging is None or host != self.cfg.host or self.t is None:
-            return
-        try:
-            link = shmhandshake.connect(self.cfg.job_id, e.rank, server, host, port, e.staging.out,
-                                        e.staging.landing, self.cfg.max_message_bytes, self.t.security)
-        except (ProtocolError, OSError) as exc:
-            log.warning("worker %d: no same-host link to server %d (%s); using TCP", e.rank, server, exc)
-            return
-        if link is not None:
-            self.links[server] = link
-            self.local.add(server)
-            self._links_version += 1
-
-    def link_down(self, server: int) -> None:
-        link = self.links[server]
-        if link is None:
-            return
-        self.local.discard(server)
-        self.links[server] = None
-        self._links_version += 1
-        with self.e.reader, link.send_lock:
-            link.close()
-        busy = any(p.request.server == server for p in self.e.tracker.pending.values())
-        (log.warning if busy else log.info)(
-            "worker %d: the same-host link to server %d closed; using TCP", self.e.rank, server)
-
     def on_servers(self, body: dict[str, Any]) -> None:
         """A server is down (its requests wait) or was replaced (reconnect, resync, resend)."""
         e = self.e
@@ -280,91 +250,28 @@ class IoLoop:
         while (got := ch.recv()) is not None:
             self.answered(server, got[1], io_thread=True)
 
-    def tend_links(self) -> None:
-        """(I/O thread) Drain what arrived while nobody was reading, flush backlogs, take down
-        links that closed."""
-        e = self.e
-        if e.reader.acquire(blocking=False):
-            try:
-                for server in list(self.local):
-                    link = self.links[server]
-                    if link is not None:
-                        self.read_link(server, link, io_thread=True)
-            finally:
-                e.reader.release()
-        for server in list(self.local):
-            link = self.links[server]
-            if link is not None and link.backlog:
-                link.flush()
-            if link is None or not link.up:
-                self.link_down(server)
-
-    def read_link(self, server: int, link: Link, io_thread: bool) -> None:
-        """Handle every answer waiting on ``link`` (the caller holds the reader lock)."""
-        try:
-            for msg in link.recv():
-                self.answered(server, msg, io_thread)
-        except ProtocolError as exc:
-            log.warning("worker %d: dropped a message: %s", self.e.rank, exc)
-
-    def read_until(self, fut: Any, budget: float) -> None:
-        """(A waiting thread) Read the same-host links until ``fut`` is resolved or ``budget``
-        seconds passed; if another thread reads them, wait for the future meanwhile."""
-        e = self.e
-        if not e.reader.acquire(timeout=0.05):
-            fut._wait(0.05)
-            return
-        e.readers += 1
-        try:
-            key = self._links_version
-            if self._poll_key != key:   # (rebuilt only when the set of links changed)
-                self._poll, self._poll_links = select.poll(), {}
-                for server in sorted(self.local):
-                    link = self.links[server]
-                    if link is not None and link.up:
-                        self._poll_links[link.fileno()] = (server, link)
-                        self._poll.register(link.fileno(), select.POLLIN)
-                self._poll.register(e.notify, select.POLLIN)
-                self._poll_key = key
-            poll, links = self._poll, self._poll_links
-            deadline = time.monotonic() + budget
-            while not fut.done and e.fatal is None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return
-                backlog = any(link.backlog for _, link in links.values())
-                for fd, _ in poll.poll(1 if backlog else int(left * 1000) + 1):
-                    if fd == e.notify:
-                        with contextlib.suppress(BlockingIOError):
-                            os.eventfd_read(e.notify)
-                    else:
-                        server, link = links[fd]
-                        self.read_link(server, link, io_thread=False)
-                        if not link.up:
-                            return   # (the I/O thread takes it down; the request goes again by TCP)
-                if backlog:
-                    for _, link in links.values():
-                        link.flush()
-        finally:
-            e.readers -= 1
-            e.reader.release()
-
     def answered(self, server: int, msg: Message, io_thread: bool) -> None:
         e = self.e
         if msg.cmd is not Command.DATA_REPLY or msg.ops is None:
             return
         now = time.monotonic()
         resend: Batches = {}
+        tracker = e.tracker
         with e.lock:
             for ans in msg.ops:
-                for s, ops in e.tracker.answered(server, ans, now).items():
+                again = tracker.answered(server, ans, now)
+                for s, ops in again.items() if again else ():
                     resend.setdefault(s, []).extend(ops)
-            if self.local and e.tracker.queued:   # e.g. a push held back by this pull
-                for s, ops in e.tracker.take(now, self.local).items():
+            if self.local and tracker.queued:   # e.g. a push held back by this pull
+                for s, ops in tracker.take(now, self.local).items():
                     resend.setdefault(s, []).extend(ops)
+            outcomes, tracker.outcomes = tracker.outcomes, []
         if resend:
             self.send(resend, io_thread)
-        e.settle(io_thread)
+        if outcomes:   # (as Engine.settle: outside the lock, callbacks copy data)
+            settle(outcomes)
+            if io_thread and e.readers:
+                os.eventfd_write(e.notify, 1)
 
     def send(self, batches: Batches, io_thread: bool = True) -> None:
         """Send each server its operations (see the module docstring for the route); TCP

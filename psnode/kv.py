@@ -1,4 +1,89 @@
-"""``psnode.kv``: the KVStore entry point (``psnode.kv.create('dist_sync')``)."""
-from psnode.kvstore import AGGREGATORS, TYPES, KVStore, create
+"""``psnode.kv``: the KVStore entry point (``psnode.kv.create('dist_sync')``).
+
+:func:`create` makes a :class:`~psnode.kvstore.KVStore`: ``'local'`` in this process, or
+``'dist_sync'``/``'dist_async'`` joining the job this process was launched in (its
+``PSNODE_*`` environment, psnode.config) as a worker; a distributed store installs the
+worker's ``sys.excepthook`` (:func:`_report_uncaught`) and closes at exit.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+from typing import Any
+
+from psnode import failure
+from psnode.config import NodeConfig, Role
+from psnode.errors import ConfigError, PeerLost
+from psnode.kvstore import AGGREGATORS, TYPES, KVStore
+from psnode.local import LocalEngine
+from psnode.worker import Engine
+
+
+def create(name: str = "local", num_workers: int | None = None, aggregator: str = "average") -> KVStore:
+    """Create a KVStore: ``'local'``, ``'dist_sync'`` or ``'dist_async'``."""
+    if name not in TYPES:
+        raise ConfigError(f"unknown KVStore type {name!r}: use one of {', '.join(TYPES)}")
+    if aggregator not in AGGREGATORS:
+        raise ConfigError(f"unknown aggregator {aggregator!r}: use 'average' or 'sum'")
+    if name == "local":
+        if num_workers not in (None, 1):
+            raise ConfigError(f"a 'local' KVStore has one worker, not num_workers={num_workers}")
+        return KVStore(name, LocalEngine(), None, aggregator)
+    if not os.environ.get("PSNODE_ROLE"):
+        raise ConfigError(f"kv.create({name!r}) needs a running job, and this process was not "
+                          "started by a launcher. Run it with: mxdist launch -n 2 -s 1 <script.py>")
+    cfg = NodeConfig.from_env()
+    if cfg.role is not Role.WORKER:
+        raise ConfigError(f"this process has PSNODE_ROLE={cfg.role.value}; only workers create a KVStore")
+    if num_workers is not None and num_workers != cfg.num_workers:
+        raise ConfigError(f"num_workers={num_workers} but the job was launched with "
+                          f"{cfg.num_workers} workers (mxdist launch -n {num_workers})")
+    if cfg.num_servers < 1:
+        raise ConfigError("this job has no servers (-s 0); launch with -s 1 or more to use a KVStore")
+    engine = Engine(cfg)
+    kv = KVStore(name, engine, cfg, aggregator)
+    _report_uncaught(kv, engine, cfg)
+    atexit.register(kv.close)
+    return kv
+
+
+def _report_uncaught(kv: KVStore, engine: Engine, cfg: NodeConfig) -> None:
+    """Install the worker's ``sys.excepthook`` (replacing one an earlier store installed).
+
+    * An uncaught :class:`PeerLost` after the job ended elsewhere (a node failed or went silent,
+      the job was stopped, the scheduler is gone: the engine has its fatal error) is a
+      consequence: one line on stderr (``psnode worker 0: job ... ended: worker 1 ... failed:
+      ValueError: ...``), no traceback, and a ``job_ended`` failure record.
+    * Any other uncaught exception -- a PeerLost this worker ran into itself (a server that
+      stopped answering its requests) included -- is this worker's own failure: a record (kind
+      ``exception``, with the time, type, message and traceback: :mod:`psnode.failure`), the
+      scheduler is told (with restarts left, ``mxdist launch --max-restarts``, the job waits
+      for the replacement; otherwise it fails naming this worker), then the usual traceback.
+    * ``kv.close()`` puts the previous hook back (a finished worker's later exception is not a
+      psnode failure); until then a closed store's hook passes everything to the previous one.
+    """
+    previous = getattr(sys.excepthook, "_psnode_previous", sys.excepthook)
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+        if kv._closed or not isinstance(exc, Exception):
+            previous(kind, exc, tb)
+            return
+        fatal = getattr(engine, "fatal", None)   # set once the job ended (or the scheduler is gone)
+        if isinstance(exc, PeerLost) and fatal is not None:
+            failure.write(cfg.error_file, "job_ended", "worker", engine.rank, cfg.host, exc=exc)
+            if str(fatal) != str(exc):       # else the engine said it when the job ended
+                print(f"psnode worker {engine.rank}: {exc}", file=sys.stderr, flush=True)
+            return
+        try:
+            failure.write(cfg.error_file, "exception", "worker", engine.rank, cfg.host, exc=exc)
+            engine.fail(f"{kind.__name__}: {exc}", restart=cfg.restart_count < cfg.max_restarts)
+        finally:
+            previous(kind, exc, tb)
+
+    hook._psnode_previous = previous  # type: ignore[attr-defined]
+    hook._psnode_store = kv  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
 
 __all__ = ["AGGREGATORS", "TYPES", "KVStore", "create"]

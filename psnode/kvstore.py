@@ -1,6 +1,6 @@
 """The KVStore API (MXNet-style) over a local store or a distributed job.
 
-``create('local')`` keeps everything in this process; ``create('dist_sync')`` and
+``psnode.kv.create('local')`` (psnode.kv) keeps everything in this process; ``create('dist_sync')`` and
 ``create('dist_async')`` join the job this process was launched in (``mxdist launch``), as a
 worker.  Both run the same server-side logic (:mod:`psnode.aggregation`), so ``'local'`` is the
 reference: a one-worker job gives the same results.
@@ -27,23 +27,21 @@ Contracts:
 """
 from __future__ import annotations
 
-import atexit
 import json
-import os
 import sys
 from typing import Any
 
 import numpy as np
 
-from psnode import checkpoint, failure, forms, torch_route
+from psnode import checkpoint, forms, torch_route
 from psnode import initializer as init_mod
+from psnode import items as items_mod
 from psnode import optimizer as opt_mod
 from psnode.bucketing import Bucketer
 from psnode.compression import CompressionSpec
-from psnode.config import Distribution, NodeConfig, Role
+from psnode.config import Distribution, NodeConfig
 from psnode.datapath import Copier, DataPath, KeyInfo, _whole_buckets
-from psnode.errors import ConfigError, PeerLost, PSError, ShapeMismatch
-from psnode.local import LocalEngine
+from psnode.errors import ConfigError, PSError, ShapeMismatch
 from psnode.protocol import (
     DTYPES,
     Command,
@@ -57,7 +55,7 @@ from psnode.protocol import (
 )
 from psnode.sharding import Placer
 from psnode.sparse import RowSparseArray
-from psnode.worker import Engine, Future
+from psnode.worker import Future
 
 TYPES = ("local", "dist_sync", "dist_async")
 AGGREGATORS = ("average", "sum")
@@ -236,34 +234,14 @@ class KVStore(DataPath):
             items = self._remote_first(items, lambda item: item[1].placement.parts[0].server)
         self._pushed = True
         whole, rest = _whole_buckets(items)
+        if len(whole) == 1 and not rest:   # one request: nothing to send together
+            self._push_bucket(*whole[0], priority)
+            return
         with self._engine.batch():
             for bucket, members in whole:
                 self._push_bucket(bucket, members, priority)
             for k, info, v in rest:
                 self._push_one(k, info, v, priority)
-
-
-    def _prepare(self, key: Any, info: KeyInfo, values: list[Any]) -> np.ndarray | RowSparseArray:
-        """One gradient from the arrays given for ``key`` (several are summed)."""
-        if len(values) > 1:
-            if all(isinstance(v, RowSparseArray) for v in values):
-                value: Any = RowSparseArray(np.concatenate([v.data for v in values]),
-                                            np.concatenate([v.indices for v in values]), values[0].shape)
-            else:
-                parts = [v.todense() if isinstance(v, RowSparseArray) else np.asarray(v) for v in values]
-                for p in parts:
-                    self._check_shape(key, info, p.shape, p.dtype)
-                value = np.sum(parts, axis=0, dtype=info.dtype)
-        else:
-            value = values[0]
-        if isinstance(value, RowSparseArray):
-            self._check_shape(key, info, value.shape, value.dtype)
-            if not info.sparse:
-                return value.todense()
-            return value
-        value = np.asarray(value)
-        self._check_shape(key, info, value.shape, value.dtype)
-        return value
 
 
     # ------------------------------------------------------------ pull
@@ -285,40 +263,14 @@ class KVStore(DataPath):
         outs, many = forms.out_groups(key, out, "pull")
         return self._pull_into(outs, many, priority, None)
 
+    def _prepare(self, key: Any, info: KeyInfo, values: list[Any]) -> np.ndarray | RowSparseArray:
+        return items_mod.prepare(key, info, values)
+
     def _plain(self, key: Any, arrays: Any, writing: bool) -> list[tuple[Any, KeyInfo, Any]] | None:
-        """``[(key, info, array)]`` when ``key`` is a list of initialised keys and ``arrays`` a
-        list of plain numpy arrays of their shapes and dtypes (writable, C-contiguous when
-        ``writing``: pull outputs); None otherwise (the general forms apply)."""
-        if type(key) is not list or type(arrays) is not list or len(key) != len(arrays):
-            return None
-        infos = self._keys
-        items: list[tuple[Any, KeyInfo, Any]] = []
-        for k, a in zip(key, arrays, strict=True):
-            info = infos.get(k)
-            if info is None or type(a) is not np.ndarray or a.shape != info.shape or a.dtype != info.dtype:
-                return None
-            if writing:
-                if not (a.flags.c_contiguous and a.flags.writeable):
-                    return None
-                items.append((k, info, (a, None)))
-            else:
-                items.append((k, info, a))
-        return items
+        return items_mod.plain(self._keys, key, arrays, writing)
 
     def _targets(self, k: Any, info: KeyInfo, targets: list[Any]) -> tuple[list[Any], np.ndarray]:
-        """The outputs for key ``k`` (allocated when None) and the C-contiguous array the
-        servers' answers are copied into."""
-        done = []
-        for o in targets:
-            if o is None:
-                o = np.empty(info.shape, info.dtype)
-            if not isinstance(o, np.ndarray):
-                raise ShapeMismatch(f"key {k!r}: out must be a numpy array, not {type(o).__name__}")
-            self._check_shape(k, info, o.shape, o.dtype)
-            done.append(o)
-        first = done[0]
-        dest = first if first.flags.c_contiguous and first.flags.writeable else np.empty_like(first, order="C")
-        return done, dest
+        return items_mod.targets(k, info, targets)
 
     def _pull_into(self, outs: list[forms.Group], many: bool, priority: int,
                    pushed: dict[Any, np.ndarray | RowSparseArray] | None) -> Any:
@@ -487,69 +439,3 @@ def check_key_user(key: Any) -> Any:
     if isinstance(key, str) and key.startswith("\0"):
         raise ConfigError(f"key {key!r}: keys starting with NUL are reserved")
     return key
-
-
-def create(name: str = "local", num_workers: int | None = None, aggregator: str = "average") -> KVStore:
-    """Create a KVStore: ``'local'``, ``'dist_sync'`` or ``'dist_async'``."""
-    if name not in TYPES:
-        raise ConfigError(f"unknown KVStore type {name!r}: use one of {', '.join(TYPES)}")
-    if aggregator not in AGGREGATORS:
-        raise ConfigError(f"unknown aggregator {aggregator!r}: use 'average' or 'sum'")
-    if name == "local":
-        if num_workers not in (None, 1):
-            raise ConfigError(f"a 'local' KVStore has one worker, not num_workers={num_workers}")
-        return KVStore(name, LocalEngine(), None, aggregator)
-    if not os.environ.get("PSNODE_ROLE"):
-        raise ConfigError(f"kv.create({name!r}) needs a running job, and this process was not "
-                          "started by a launcher. Run it with: mxdist launch -n 2 -s 1 <script.py>")
-    cfg = NodeConfig.from_env()
-    if cfg.role is not Role.WORKER:
-        raise ConfigError(f"this process has PSNODE_ROLE={cfg.role.value}; only workers create a KVStore")
-    if num_workers is not None and num_workers != cfg.num_workers:
-        raise ConfigError(f"num_workers={num_workers} but the job was launched with "
-                          f"{cfg.num_workers} workers (mxdist launch -n {num_workers})")
-    if cfg.num_servers < 1:
-        raise ConfigError("this job has no servers (-s 0); launch with -s 1 or more to use a KVStore")
-    engine = Engine(cfg)
-    kv = KVStore(name, engine, cfg, aggregator)
-    _report_uncaught(kv, engine, cfg)
-    atexit.register(kv.close)
-    return kv
-
-
-def _report_uncaught(kv: KVStore, engine: Engine, cfg: NodeConfig) -> None:
-    """Install the worker's ``sys.excepthook`` (replacing one an earlier store installed).
-
-    * An uncaught :class:`PeerLost` after the job ended elsewhere (a node failed or went silent,
-      the job was stopped, the scheduler is gone: the engine has its fatal error) is a
-      consequence: one line on stderr (``psnode worker 0: job ... ended: worker 1 ... failed:
-      ValueError: ...``), no traceback, and a ``job_ended`` failure record.
-    * Any other uncaught exception -- a PeerLost this worker ran into itself (a server that
-      stopped answering its requests) included -- is this worker's own failure: a record (kind
-      ``exception``, with the time, type, message and traceback: :mod:`psnode.failure`), the
-      scheduler is told (with restarts left, ``mxdist launch --max-restarts``, the job waits
-      for the replacement; otherwise it fails naming this worker), then the usual traceback.
-    * ``kv.close()`` puts the previous hook back (a finished worker's later exception is not a
-      psnode failure); until then a closed store's hook passes everything to the previous one.
-    """
-    previous = getattr(sys.excepthook, "_psnode_previous", sys.excepthook)
-
-    def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
-        if kv._closed or not isinstance(exc, Exception):
-            previous(kind, exc, tb)
-            return
-        fatal = getattr(engine, "fatal", None)   # set once the job ended (or the scheduler is gone)
-        if isinstance(exc, PeerLost) and fatal is not None:
-            failure.write(cfg.error_file, "job_ended", "worker", engine.rank, cfg.host, exc=exc)
-            if str(fatal) != str(exc):       # else the engine said it when the job ended
-                print(f"psnode worker {engine.rank}: {exc}", file=sys.stderr, flush=True)
-            return
-        try:
-            failure.write(cfg.error_file, "exception", "worker", engine.rank, cfg.host, exc=exc)
-            engine.fail(f"{kind.__name__}: {exc}", restart=cfg.restart_count < cfg.max_restarts)
-        finally:
-            previous(kind, exc, tb)
-
-    hook._psnode_previous = previous  # type: ignore[attr-defined]
-    hook._psnode_store = kv  # type: ignore[attr-defined]
-    sys.excepthook = hook

@@ -37,6 +37,9 @@ from psnode.transport import Poller, Transport
 log = logging.getLogger("psnode.server")
 
 
+LINK_BURST = 8    # rounds of link messages handled between two full polls
+
+
 class Server:
     def __init__(self, cfg: NodeConfig) -> None:
         self.cfg = cfg
@@ -154,6 +157,8 @@ class Server:
     def _send(self, replies: list[Reply]) -> None:
         """One DATA_REPLY per worker (over its same-host link when it has one); big values go
         zero-copy and are tracked."""
+        if not replies:
+            return
         by_worker: dict[int, list[Reply]] = {}
         for r in replies:
             by_worker.setdefault(r.worker, []).append(r)
@@ -243,11 +248,15 @@ class Server:
                             break
                         self._on_data(got[0] or b"", got[1])
                 if self.local is not None and ready and self.rank >= 0:
-                    for worker, msg in self.local.on_ready(ready):
-                        if self.restoring is None and msg.ops is not None:
-                            self._on_ops(worker, msg.ops)   # (an admitted link: no checks to make)
-                        else:
-                            self._on_data(b"w%d" % worker, msg)
+                    for _ in range(LINK_BURST):   # then the full poll again: heartbeats, TCP
+                        msgs = self.local.on_ready(ready)
+                        for worker, msg in msgs:
+                            if self.restoring is None and msg.ops is not None:
+                                self._on_ops(worker, msg.ops)   # (an admitted link: no checks to make)
+                            else:
+                                self._on_data(b"w%d" % worker, msg)
+                        if not msgs or not (ready := self.local.waiting()):
+                            break
         except PeerLost as exc:
             print(f"psnode server {self.rank}: {exc}", file=sys.stderr, flush=True)
             return 1

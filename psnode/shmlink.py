@@ -50,7 +50,17 @@ import numpy as np
 
 from psnode.errors import ProtocolError
 from psnode.protocol import DATA_VERSION, Message
-from psnode.protocol.data import HEAD, KIND_DATA, KIND_REPLY, LOC_FRAME, decode_data, encode_arrays, encode_record
+from psnode.protocol.data import (
+    HEAD,
+    KIND_DATA,
+    KIND_REPLY,
+    LOC_FRAME,
+    decode_data,
+    decode_single,
+    encode_arrays,
+    encode_record,
+    encode_single,
+)
 from psnode.protocol.frames import contiguous
 from psnode.shm import Arena, Mapped, address, map_segment
 
@@ -107,6 +117,7 @@ class Link:
         self.bytes_in = 0
         self.bytes_out = 0
         self._buf = bytearray(MAX_DATAGRAM)
+        self._job_raw = job.encode()
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -179,6 +190,8 @@ class Link:
         segs, fds = self.unannounced()
         if segs:
             self.send_raw(b"S" + json.dumps({"segs": segs}).encode(), fds)
+        if len(ops) == 1 and self._send_single(kind, ops[0]):
+            return []
         rest: list[Any] = []
         d = _Datagram(kind, self.job)
         for op in ops:
@@ -210,6 +223,26 @@ class Link:
             self.send_raw(d.finish())
         return rest
 
+    def _send_single(self, kind: int, op: Any) -> bool:
+        """Send ``op`` alone when its arrays all lie in shared memory (the common round's
+        message, without the general batching); False: it is not of that form."""
+        record, arrays = encode_record(op, 0)
+        where = []
+        for arr in arrays:
+            loc = self.locate(arr)
+            if loc is None:
+                return False
+            where.append(loc)
+        if len(record) + 64 * len(arrays) > MAX_DATAGRAM - 1024:
+            return False
+        head = encode_single(kind, self._job_raw, record, arrays, where)
+        self.send_raw(b"".join((b"D", _LEN.pack(len(head)), head)))
+        # counters: the data the peer reads, wherever it lies (not a landing area)
+        shared = arrays[:-1] if _has_dest(op) else arrays
+        for a in shared:
+            self.bytes_out += a.nbytes
+        return True
+
     def locate(self, arr: np.ndarray) -> tuple[int, int, int] | None:
         for arena in self.arenas:
             where = arena.locate(arr)
@@ -223,11 +256,13 @@ class Link:
         return None
 
     # ------------------------------------------------------------ receiving
-    def recv(self) -> list[Message]:
-        """Every data message waiting (segment announcements are applied on the way); an end
-        of file marks the link down.  Raises ProtocolError (naming the peer) for a bad one."""
-        out = []
-        while self.up:
+    def recv(self, limit: int = 0) -> list[Message]:
+        """Every data message waiting, or the first ``limit`` (then the caller polls again
+        rather than paying a failed read to learn that nothing more waits); segment
+        announcements are applied on the way; an end of file marks the link down.  Raises
+        ProtocolError (naming the peer) for a bad one."""
+        out: list[Message] = []
+        while self.up and (not limit or len(out) < limit):
             try:
                 n, anc, flags, _ = self.sock.recvmsg_into([self._buf], _ANCILLARY)
             except (BlockingIOError, InterruptedError):
@@ -235,7 +270,7 @@ class Link:
             except OSError:
                 self.up = False
                 break
-            fds = _fds(anc)
+            fds = _fds(anc) if anc else _NO_FDS
             if n == 0:
                 self.up = False
                 break
@@ -264,6 +299,15 @@ class Link:
         if len(data) < 5:
             raise ProtocolError(f"{self.peer}: truncated data datagram")
         (hlen,) = _LEN.unpack_from(data, 1)
+        if 5 + hlen == len(data):   # no inline payload: most likely the common small form
+            try:
+                msg = decode_single(data, 5, self.job, self._job_raw, self.max_bytes, self._resolve)
+            except ProtocolError as exc:
+                raise ProtocolError(f"{self.peer}: {exc}") from None
+            except (struct.error, IndexError):
+                raise ProtocolError(f"{self.peer}: data header is truncated") from None
+            if msg is not None:
+                return msg
         head, payload = data[5:5 + hlen], memoryview(data)[5 + hlen:]
         if len(head) != hlen:
             raise ProtocolError(f"{self.peer}: truncated data header")
@@ -338,6 +382,16 @@ class _Datagram:
 
 
 _CARRIES: dict[type, tuple[str, ...]] = {}
+_DEST_FIELD: dict[type, bool] = {}
+
+
+def _has_dest(op: Any) -> bool:
+    """``op`` carries a landing area (its last array)."""
+    has = _DEST_FIELD.get(type(op))
+    if has is None:
+        has = _DEST_FIELD[type(op)] = "dest" in getattr(type(op), "__slots__", ()) or hasattr(op, "dest")
+    return has and op.dest is not None
+_NO_FDS: list[int] = []
 
 
 def _payload(op: Any) -> int:

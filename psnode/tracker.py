@@ -55,7 +55,7 @@ SLOW_NOTICE = 30.0             # seconds a parked request waits before the worke
 Batches = dict[int, list[Op]]  # server -> operations to send, in order
 
 
-@dataclass
+@dataclass(slots=True)
 class Request:
     """One operation for one server, as submitted."""
 
@@ -71,7 +71,7 @@ class Request:
     auto: bool = False       # a push's answer asked for in advance (psnode.kvstore): not a pull
 
 
-@dataclass
+@dataclass(slots=True)
 class Pending:
     """A sent request waiting for its answer."""
 
@@ -126,6 +126,22 @@ class Tracker:
     @property
     def queued(self) -> bool:
         return bool(self._queue)
+
+    def add_now(self, req: Request, now: float) -> Batches:
+        """``add`` then ``take(now)`` (any server), in one step: what :meth:`take` would
+        return after :meth:`add`."""
+        if self._queue:
+            self.add(req)
+            return self.take(now)
+        req.op.id = next(self._ids)
+        req.order = next(self._order)
+        s = req.server
+        if (req.nbytes and self.inflight[s] > 0 and self.inflight[s] + req.nbytes > self.window_bytes) or \
+                (self.reading and isinstance(req.op, (Push, PushPull)) and self._behind_a_pull(req)):
+            heapq.heappush(self._queue, (-req.priority, req.order, req))
+            return {}
+        self.inflight[s] += req.nbytes
+        return {s: [self._sent(req, now)]}
 
     def take(self, now: float, only: Any = None) -> Batches:
         """The queued requests the window admits, in priority order, per server (only those to

@@ -30,13 +30,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from psnode.config import NodeConfig
 from psnode.errors import PeerLost, PSError
+from psnode.future import ControlRequest, Future
 from psnode.protocol import Command, Ok, Op
 from psnode.staging import Staging
 from psnode.tracker import Request, Tracker, settle
@@ -44,78 +44,6 @@ from psnode.tracker import Request, Tracker, settle
 EXIT_GRACE = 5.0               # seconds the user's thread has to notice a failed job
 BATCH_PAYLOAD = 2 * 2**20      # a batch leaves once it holds this much data (the server starts
                                # on it while later parts are being copied)
-
-
-class Future:
-    """The outcome of one request; ``wait`` raises the request's error.
-
-    Resolved once, by one thread (the I/O thread; a second ``set``/``fail`` is ignored).  A
-    lock held until then is cheaper than a threading.Event (one per request)."""
-
-    __slots__ = ("_done", "_lock", "error", "on_reply", "result", "server")
-
-    def __init__(self, on_reply: Callable[[Ok], None] | None = None, server: int = -1) -> None:
-        self._lock = threading.Lock()
-        self._lock.acquire()  # released when resolved
-        self._done = False
-        self.server = server
-        self.result: Ok | None = None
-        self.error: BaseException | None = None
-        self.on_reply = on_reply
-
-    def set(self, result: Ok) -> None:
-        if self._done:
-            return
-        try:
-            if self.on_reply is not None:
-                self.on_reply(result)
-            self.result = result
-        except Exception as exc:  # noqa: BLE001 - e.g. a bad array in a reply
-            self.error = exc
-        self._done = True
-        self._lock.release()
-
-    def fail(self, exc: BaseException) -> None:
-        if not self._done:
-            self.error = exc
-            self._done = True
-            self._lock.release()
-
-    @property
-    def done(self) -> bool:
-        return self._done
-
-    def _wait(self, timeout: float | None) -> bool:
-        """True once resolved (within ``timeout`` seconds; None: no limit)."""
-        if self._done:
-            return True
-        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
-            return False
-        self._lock.release()  # let other waiters through too
-        return True
-
-    def wait(self, timeout: float | None = None) -> Ok:
-        if not self._wait(timeout):
-            raise PeerLost(f"no answer within {timeout:g} s")
-        if self.error is not None:
-            raise self.error
-        assert self.result is not None
-        return self.result
-
-
-@dataclass
-class ControlRequest:
-    """A message to the scheduler awaiting its answer (BARRIER n, FINISH), sent again every
-    ``retry_timeout`` until answered (the scheduler answers repeats, counts them once)."""
-
-    cmd: Command
-    body: dict[str, Any] = field(default_factory=dict)
-    future: Future = field(default_factory=Future)
-    sent: float = 0.0
-
-    @property
-    def slot(self) -> tuple[Command, int]:
-        return (self.cmd, int(self.body.get("n", 0)))
 
 
 class Engine:
@@ -188,10 +116,8 @@ class Engine:
         if self.fatal is not None or self.tracker.deferred:
             self.check()
         staging = self.staging
-        if staging is not None and reply and (getattr(op, "dest", None) is not None or
-                                              getattr(op, "rows", None) is not None):
-            areas = [a for a in (getattr(op, "dest", None), getattr(op, "rows", None))
-                     if a is not None and staging.owns(a)]
+        if staging is not None and reply:
+            areas = [a for name in _area_fields(op) if (a := getattr(op, name)) is not None and staging.owns(a)]
             if areas:
                 on_reply = _releasing(on_reply, areas, staging)
         fut = Future(on_reply, server) if reply else None
@@ -207,9 +133,13 @@ class Engine:
                 self.send_local()
         elif local:                   # this thread sends (no hand-over to the I/O thread)
             with self.lock:
-                self.tracker.add(req)
-                batches = self.tracker.take(time.monotonic(), self.io.local)
-            self.io.send(batches, io_thread=False)
+                if self.tracker.queued:
+                    self.tracker.add(req)
+                    batches = self.tracker.take(time.monotonic(), self.io.local)
+                else:
+                    batches = self.tracker.add_now(req, time.monotonic())
+            if batches:
+                self.io.send(batches, io_thread=False)
         else:
             with self.lock:
                 self.tracker.add(req)
@@ -225,7 +155,7 @@ class Engine:
 
     def send_local(self) -> None:
         """Send what waits for same-host servers (the end of a batch)."""
-        if self.io.local:
+        if self.io.local and self.tracker.queued:
             with self.lock:
                 batches = self.tracker.take(time.monotonic(), self.io.local)
             if batches:
@@ -377,6 +307,17 @@ class _Batch:
         b.depth -= 1
         if b.depth == 0:
             self.e.send_local()
+
+
+_AREAS: dict[type, tuple[str, ...]] = {}
+
+
+def _area_fields(op: Op) -> tuple[str, ...]:
+    """The fields of ``op``'s type that may hold a landing area (``dest``, ``rows``)."""
+    names = _AREAS.get(type(op))
+    if names is None:
+        names = _AREAS[type(op)] = tuple(n for n in ("dest", "rows") if hasattr(op, n))
+    return names
 
 
 def _payload(op: Op) -> int:

@@ -86,6 +86,23 @@ def encode_arrays(arrays: list[np.ndarray], where: list[tuple[int, int, int]]) -
     return b"".join(out)
 
 
+
+def encode_single(kind: int, job: bytes, record: bytes, arrays: list[np.ndarray],
+                  where: list[tuple[int, int, int]]) -> bytes:
+    """The header of a message of one operation (``record``, from :func:`encode_record` with
+    ``first`` 0) whose arrays lie where ``where`` says (no inline payload)."""
+    descr = []
+    for arr, (loc, index, offset) in zip(arrays, where, strict=True):
+        code = CODES.get(arr.dtype)
+        if code is None:
+            raise ProtocolError(f"dtype {arr.dtype} cannot be sent")
+        if arr.ndim == 1:
+            descr.append(_ARRAY_1D_PACK(code, 1, loc, index, offset, arr.shape[0]))
+        else:
+            descr.append(ARRAY.pack(code, arr.ndim, loc, index, offset))
+            descr.append(_DIMS[arr.ndim].pack(*arr.shape))
+    return b"".join((HEAD.pack(kind, 0, 1, len(arrays), len(job)), job, *descr, record))
+
 def encode_data(cmd: Command, job: str, ops: Sequence[Any]) -> list[Any]:
     """Frames of a data message: ``[DATA_VERSION, header, array frames...]``."""
     arrays: list[np.ndarray] = []
@@ -138,6 +155,71 @@ def _decode(head: bytes, frames: list[Any], job_id: str | None, max_bytes: int,
         raise ProtocolError(f"{len(head) - pos} stray bytes after the last operation")
     return Message(cmd=Command.DATA if kind == KIND_DATA else Command.DATA_REPLY, job=job, sender="", ops=ops)
 
+
+
+def decode_single(data: bytes, pos: int, job_id: str, job: bytes, max_bytes: int,
+                  resolve: Resolver) -> Message | None:
+    """The common small data message in one pass: one operation, 1-d arrays all in shared
+    memory, no extra fields, the header running to the end of ``data`` from ``pos``.  None
+    for any other form (then :func:`decode_data` applies); a message of this form that breaks
+    a rule raises ProtocolError as :func:`decode_data` would (struct.error when cut short)."""
+    kind, _, n_ops, n_arrays, job_len = HEAD.unpack_from(data, pos)
+    pos += HEAD.size
+    if n_ops != 1 or n_arrays > 2 or job_len != len(job):
+        return None
+    if data[pos:pos + job_len] != job:
+        raise ProtocolError(f"frame of job {data[pos:pos + job_len][:64]!r} (this is job {job_id!r})")
+    pos += job_len
+    arrays = []
+    for _ in range(n_arrays):
+        code, ndim, loc, index, offset, count = _ARRAY_1D_UNPACK(data, pos)
+        if ndim != 1 or loc == LOC_FRAME:
+            return None
+        pos += _ARRAY_1D
+        if code >= _N_CODES:
+            raise ProtocolError(f"dtype code {code} is not allowed")
+        dtype = BY_CODE[code]
+        nbytes = count * dtype.itemsize
+        if nbytes > max_bytes:
+            raise ProtocolError(f"array of {nbytes} bytes exceeds the limit of {max_bytes}")
+        if nbytes == 0:
+            return None
+        arrays.append(np.frombuffer(resolve(loc, index, offset, nbytes), dtype, count))
+    code, flags, part, rid, seq, first, count = RECORD.unpack_from(data, pos)
+    pos += RECORD.size
+    if first != 0 or count != n_arrays:
+        return None
+    cls = (REQUESTS if kind == KIND_DATA else ANSWERS).get(code) if kind in (KIND_DATA, KIND_REPLY) else None
+    if cls is None:
+        return None
+    tag = data[pos]
+    if tag == 0:
+        key: Key = KEY_INT.unpack_from(data, pos)[1]
+        pos += KEY_INT.size
+    elif tag == 1:
+        length = KEY_STR.unpack_from(data, pos)[1]
+        pos += KEY_STR.size
+        if length > 1024 or pos + length > len(data):
+            raise ProtocolError(f"key of {length} bytes")
+        try:
+            key = data[pos:pos + length].decode()
+        except UnicodeDecodeError:
+            raise ProtocolError("key is not UTF-8") from None
+        pos += length
+    else:
+        raise ProtocolError(f"bad key tag {tag}")
+    if data[pos:pos + EXTRA.size] != _NO_EXTRA or pos + EXTRA.size != len(data):
+        return None
+    op = cls.unwire(flags, part, rid, seq, key, arrays, _NO_FIELDS)
+    return Message(cmd=Command.DATA if kind == KIND_DATA else Command.DATA_REPLY, job=job_id, sender="", ops=[op])
+
+
+_ARRAY_1D_STRUCT = struct.Struct(ARRAY.format + "Q")   # a 1-d array's descriptor and its length
+_ARRAY_1D_PACK = _ARRAY_1D_STRUCT.pack
+_ARRAY_1D_UNPACK = _ARRAY_1D_STRUCT.unpack_from
+_ARRAY_1D = _ARRAY_1D_STRUCT.size
+_N_CODES = len(BY_CODE)
+_NO_EXTRA = EXTRA.pack(0)
 
 def decode_arrays(head: bytes, pos: int, n: int, bufs: list[memoryview], max_bytes: int,
                   resolve: Resolver | None) -> tuple[list[np.ndarray], int]:
@@ -226,5 +308,5 @@ def decode_records(head: bytes, pos: int, n: int, arrays: list[np.ndarray],
 
 
 __all__ = ["ARRAY", "HEAD", "KIND_DATA", "KIND_REPLY", "LOC_FRAME", "RECORD", "Resolver",
-           "decode_arrays", "decode_data", "decode_records", "encode_arrays", "encode_data",
-           "encode_record", "encode_records"]
+           "decode_arrays", "decode_data", "decode_records", "decode_single", "encode_arrays",
+           "encode_data", "encode_record", "encode_records", "encode_single"]

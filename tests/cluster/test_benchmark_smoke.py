@@ -48,11 +48,23 @@ def test_quick_benchmark_runs_every_system(tmp_path: Path) -> None:
             assert len(recs) == ranks, (system, case, recs)
             assert all(x["n"] == ALL[case].timed(True) and x["median"] > 0 and x["config"] for x in recs), recs
     assert not any(s == "mxnet" for s, _ in got)
+    assert all(x["links"] == 2 and x["path"] == "same-host" for x in got[("psnode", "1x4KiB")])   # shared memory
     # the tables name every peer; the targets are issue 15's, the MXNet ones reported as not measured
     assert "bare PS MiB/s" in r.stdout and "MXNet/psnode (time)" in r.stdout
     assert "200x16KiB MiB/s / 16x1MiB MiB/s >= 0.8" in r.stdout
     assert "not measured in this run" in r.stdout and "1x1MiB: MXNet time / psnode time" in r.stdout
     assert "bare PS at W2S2: 200x16KiB MiB/s / 16x1MiB MiB/s" in r.stdout
+
+
+def test_quick_benchmark_over_tcp_only(tmp_path: Path) -> None:
+    """``--no-shm``: psnode's workers reach no server over the same-host link (TCP, as
+    between hosts), and the check rounds pass all the same."""
+    r, data = _run(["--no-shm", "--peers", "", "--cases", "1x4KiB,200x16KiB"], tmp_path / "bench.json")
+    assert "data path=TCP only (--no-shm)" in r.stdout and data["path"] == "tcp"
+    got = _by_system(data)
+    for case in ("1x4KiB", "200x16KiB"):
+        recs = got.get(("psnode", case), [])
+        assert len(recs) == 2 and all(x["links"] == 0 and x["path"] == "tcp" for x in recs), recs
 
 
 def test_quick_benchmark_with_mxnet(tmp_path: Path) -> None:

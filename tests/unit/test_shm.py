@@ -186,6 +186,61 @@ def test_bad_descriptors_are_protocol_errors_naming_the_peer(arrays, reason) -> 
     assert len(server.recv()) == 1                                    # the link still works
 
 
+
+def test_one_operation_messages_decode_as_the_general_decoder_does() -> None:
+    """The one-pass form (one op, 1-d arrays in shared memory, no extra fields) and the
+    general decoder agree, op for op; the one-pass form refuses what the general one does."""
+    from psnode.protocol import DATA_VERSION, PushPull
+    from psnode.protocol.data import decode_data, decode_single
+    p = Pair()
+    worker, server = p.connect()
+    p.slot[:] = np.arange(1000)
+    dest = p.land.array((1000,), F)
+    sent = [PushPull("\0bucket3", 0, 4, p.slot, id=9), PushPull(7, 2, 5, p.slot, id=10, dest=dest),
+            Pull("k", 1, 3, id=11, dest=dest), Push("k", 0, 2, p.slot, id=12, re=True)]
+    for op in sent:
+        raw: list[bytes] = []
+        real = worker.send_raw
+
+        def keep(data: bytes, fds=(), raw=raw, real=real) -> None:
+            if data[:1] == b"D":
+                raw.append(data)
+            else:
+                real(data, fds)          # (segment announcements go through)
+        worker.send_raw = keep           # type: ignore[method-assign]
+        assert worker.send_ops(shmlink.KIND_DATA, [op]) == []
+        del worker.send_raw
+        assert server.recv() == []
+        (data,) = raw
+        (hlen,) = struct.unpack_from("<I", data, 1)
+        assert 5 + hlen == len(data)                                  # no inline payload
+        assert decode_single(data, 5, p.job, p.job.encode(), 2**30, server._resolve) is not None
+        fast = server.decode(data).ops
+        slow = decode_data([DATA_VERSION, data[5:]], p.job, 2**30, server._resolve).ops
+        assert fast is not None and slow is not None and len(fast) == len(slow) == 1
+        a, b = fast[0], slow[0]
+        assert type(a) is type(b) is type(op)
+        assert (a.key, a.part, a.id, getattr(a, "seq", None), a.re) == (b.key, b.part, b.id, getattr(b, "seq", None),
+                                                                      b.re) == (op.key, op.part, op.id,
+                                                                                getattr(op, "seq", None), op.re)
+        for name in ("data", "dest"):
+            x, y = getattr(a, name, None), getattr(b, name, None)
+            assert (x is None) == (y is None) and (x is None or np.array_equal(x, y))
+    for arrays, record, reason in [
+        ([(99, (10,), 1, 0, 0)], _push_record(), "dtype code 99"),
+        ([(10, (10,), 1, 0, 0)], RECORD.pack(2, 2, 0, 1, 1, 0, 1) + b"\x01\x02\x00\xff\xfe\0\0\0\0", "UTF-8"),
+        ([(10, (10,), 1, 0, 0)], RECORD.pack(2, 2, 0, 1, 1, 0, 1) + b"\x05", "bad key tag"),
+        ([(10, (10,), 1, 0, 0)], RECORD.pack(2, 2, 0, 1, 1, 0, 1), "truncated"),
+    ]:
+        worker.send_raw(_datagram(p.job, arrays, [record]))
+        with pytest.raises(ProtocolError, match=rf"worker 1 \(pid \d+\): .*{reason}"):
+            server.recv()
+    worker.send_raw(_datagram("otherjob", [(10, (10,), 1, 0, 0)], [_push_record()]))
+    with pytest.raises(ProtocolError, match="otherjob"):
+        server.recv()
+    assert worker.send_ops(shmlink.KIND_DATA, [Push("w", 0, 1, p.slot, id=5)]) == []
+    assert len(server.recv()) == 1                                    # the link still works
+
 def _accept(listener: socket.socket) -> tuple[socket.socket, object]:
     import select
     select.select([listener], [], [], 5)

@@ -200,3 +200,44 @@ def test_a_pull_overtaking_its_own_push_never_holds_it() -> None:
     t.add(Request(0, Push("w", 0, 1, np.ones(1, F)), priority=-5))
     t.add(Request(0, Pull("w", 0, 1), 4, Fut(), priority=9))  # leaves first, waits for the push
     assert [type(op).__name__ for op in t.take(0.0)[0]] == ["Pull", "Push"]
+
+
+def test_add_now_is_add_then_take() -> None:
+    """``add_now`` (one request straight through) leaves exactly what ``add`` then ``take``
+    would: sent when nothing waits, held behind the window, behind an unanswered pull of its
+    key part, or behind requests already queued (which then leave first, by priority)."""
+    def both(setup, req_of) -> tuple[object, object]:
+        out = []
+        for now in (True, False):
+            t = _tracker(window_bytes=100)
+            setup(t)
+            req = req_of()
+            got = t.add_now(req, 0.0) if now else (t.add(req), t.take(0.0))[1]
+            out.append((sorted((s, [(type(o).__name__, o.key, o.id) for o in ops]) for s, ops in got.items()),
+                        t.inflight, t.queued, sorted(t.pending), t.pushes, t.pulls))
+        return out[0], out[1]
+
+    def nothing(t: Tracker) -> None:
+        pass
+
+    def full_window(t: Tracker) -> None:
+        t.add(Request(0, Pull("big", 0, 0), 90, Fut()))
+        t.take(0.0)
+
+    def reading(t: Tracker) -> None:
+        t.add(Request(0, Pull("k", 0, 1), 8, Fut()))
+        t.take(0.0)
+
+    def queued(t: Tracker) -> None:
+        full_window(t)
+        t.add(Request(0, Pull("later", 0, 0), 50, Fut(), 3))
+
+    cases = [(nothing, lambda: Request(0, PushPull("k", 0, 1, np.ones(2, F)), 8, Fut(), auto=True)),
+             (nothing, lambda: Request(1, Push("k", 0, 1, np.ones(2, F)), 0, None)),
+             (full_window, lambda: Request(0, Pull("k", 0, 0), 50, Fut())),
+             (reading, lambda: Request(0, Push("k", 0, 2, np.ones(2, F)), 0, None)),
+             (reading, lambda: Request(1, Push("k", 0, 2, np.ones(2, F)), 0, None)),
+             (queued, lambda: Request(1, Pull("k", 0, 0), 8, Fut(), 5))]
+    for setup, req_of in cases:
+        a, b = both(setup, req_of)
+        assert a == b, (setup.__name__, a, b)
