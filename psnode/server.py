@@ -28,7 +28,6 @@ from psnode.aggregation import Store
 from psnode.config import NodeConfig
 from psnode.entry import Reply, sent
 from psnode.errors import ConfigError, PeerLost, PSError
-from psnode.heap import keep_freed_heap
 from psnode.link import SchedulerLink, lost_message
 from psnode.protocol import PACK_BYTES, Command, Failed, Message, Ok, Resync, bucket_of
 from psnode.security import Security
@@ -282,7 +281,6 @@ def main(cfg: NodeConfig) -> int:
         # rarely, and never re-scan what start-up made
         gc.freeze()
         gc.set_threshold(50_000, 50, 100)
-        keep_freed_heap()   # round-sized arrays reuse touched memory (psnode.heap)
         return server.run()
     except PSError as exc:
         print(f"psnode server: {exc}", file=sys.stderr, flush=True)

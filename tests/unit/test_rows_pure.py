@@ -65,13 +65,3 @@ def test_sort_rows_is_the_stable_argsort() -> None:
         assert order.dtype == np.int64 and ids_sorted.dtype == np.int64
         assert np.array_equal(order, want) and np.array_equal(ids_sorted, ids[want])
 
-
-def test_keep_freed_heap_leaves_values_alone() -> None:
-    """The server's heap setting (glibc mallopt) takes, and arrays behave as before."""
-    import platform
-
-    from psnode.heap import keep_freed_heap
-    took = keep_freed_heap()
-    assert took or platform.libc_ver()[0] != "glibc"
-    a = np.arange(300_000, dtype=np.float32)
-    assert float(a.sum(dtype=np.float64)) == 299_999 * 300_000 / 2
