@@ -39,6 +39,7 @@ from psnode.items import check_shape
 from psnode.protocol import Ok, Op, Pull, Push, PushPull
 from psnode.sharding import Part, Placement
 from psnode.sparse import RowSparseArray
+from psnode.sparse import sort_rows as _sort_rows
 from psnode.sparse import unique_rows as _unique
 from psnode.worker import Future
 
@@ -141,8 +142,7 @@ class DataPath:
         info.seq += 1
         guard = self._guard(info)
         if isinstance(v, RowSparseArray):  # rows sorted once (stable): each part is a slice
-            order = np.argsort(v.indices, kind="stable")
-            ids = v.indices[order]
+            order, ids = _sort_rows(v.indices.astype(np.int64, copy=False), info.shape[0])
         parts: Sequence[Part] = info.placement.parts
         if self._comp is not None and len(parts) > 1:
             parts = self._remote_first(parts, lambda p: p.server)

@@ -160,7 +160,11 @@ class Rounds:
                 entry.nonfinite.clear()
             elif entry.sparse:
                 rows, data = _combine_rows(entry.sparse_parts)
-                self._apply(key, entry, data, rows, n, entry.average)
+                average = entry.average
+                if average and n > 1 and data.dtype.kind == "f":   # a fresh array: in place
+                    np.divide(data, n, out=data)                      # (the values of data / n)
+                    average = False
+                self._apply(key, entry, data, rows, n, average)
             else:
                 agg = entry.first if entry.first is not None else entry.spare
                 assert agg is not None

@@ -73,6 +73,23 @@ def unique_rows(ids: np.ndarray) -> np.ndarray:
     return ids[np.r_[True, ids[1:] != ids[:-1]]] if len(ids) else ids
 
 
+def sort_rows(ids: np.ndarray, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(order, ids[order])`` with ``order`` = np.argsort(ids, kind="stable"), 1-d int64 ids.
+
+    Ids inside 0..n_rows-1 are sorted as one int64 key each (row id above, position below):
+    numpy's plain sort of those is several times faster than a stable argsort and gives the
+    same order (equal ids keep their positions).  Other ids take the stable argsort."""
+    m = len(ids)
+    shift = max(m - 1, 0).bit_length()
+    if m > 1 and (n_rows << shift) < 1 << 62 and ids.min() >= 0 and ids.max() < n_rows:
+        key = np.left_shift(ids, shift)
+        key |= np.arange(m, dtype=np.int64)
+        key.sort()
+        return key & ((1 << shift) - 1), key >> shift
+    order = np.argsort(ids, kind="stable")
+    return order, ids[order]
+
+
 def combine_rows(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     """Sum row_sparse parts: sorted unique rows and the summed data (a fresh array)."""
     if len(parts) == 1:
@@ -84,9 +101,11 @@ def combine_rows(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray
     if not len(rows):
         return rows, data
     order = np.argsort(rows, kind="stable")
-    rows, data = rows[order], data[order]
-    starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
-    out = data[starts].astype(np.add.reduce(data[:1], axis=0).dtype, copy=False)  # (sums' dtype)
+    rows = rows[order]
+    starts = np.flatnonzero(np.concatenate(([True], rows[1:] != rows[:-1])))
+    # one gather from the pushes straight into the result (not a sorted copy of all data first)
+    out = np.take(data, order[starts], axis=0).astype(np.add.reduce(data[:1], axis=0).dtype,
+                                                      copy=False)  # (sums' dtype)
     if len(starts) == len(rows):
         return rows, out
     # sum only the rows that repeat: np.add.reduceat over all of data is slow along axis 0;
@@ -96,5 +115,5 @@ def combine_rows(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray
     mlens = lens[multi]
     first = np.cumsum(mlens) - mlens                  # where each run starts in the selection
     sel = np.repeat(starts[multi] - first, mlens) + np.arange(mlens.sum())
-    out[multi] = np.add.reduceat(data[sel], first, axis=0)
+    out[multi] = np.add.reduceat(data[order[sel]], first, axis=0)
     return rows[starts], out

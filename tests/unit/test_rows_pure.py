@@ -46,3 +46,22 @@ def test_unique_matches_numpy() -> None:
         ids = rng.integers(-3, 40, n)
         got, want = _unique(ids), np.unique(ids)
         assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+def test_sort_rows_is_the_stable_argsort() -> None:
+    """One-key sort == np.argsort(kind="stable") for repeats, ids outside the bound (fallback),
+    empty and one-element arrays, and a bound too big for the packed key (fallback)."""
+    from psnode.sparse import sort_rows
+    rng = np.random.default_rng(11)
+    cases = [(np.zeros(0, np.int64), 10), (np.array([5], np.int64), 10), (np.array([3, 3, 3, 1, 1], np.int64), 4),
+             (np.array([-1, 2, 2], np.int64), 5), (np.array([7, 2], np.int64), 5),
+             (np.array([2**40, 3, 2**40], np.int64), 2**50)]
+    for _ in range(300):
+        bound = int(rng.choice([1, 7, 1000, 200_000]))
+        cases.append((rng.integers(0, bound, int(rng.integers(0, 3000))).astype(np.int64), bound))
+    for ids, bound in cases:
+        order, ids_sorted = sort_rows(ids, bound)
+        want = np.argsort(ids, kind="stable")
+        assert order.dtype == np.int64 and ids_sorted.dtype == np.int64
+        assert np.array_equal(order, want) and np.array_equal(ids_sorted, ids[want])
+
