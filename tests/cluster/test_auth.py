@@ -25,26 +25,20 @@ from psnode.protocol import decode
 from psnode.security import Mode
 from psnode.transport import new_security
 from tests.cluster.harness import Job, alive, start_job, wait_job
-from tests.cluster.intruders import OTHER_JOB, OUTSIDER, check_other_job, check_outsider, other_job_report, run_outsider
+from tests.cluster.intruders import (
+    OTHER_JOB,
+    OUTSIDER,
+    TRAIN,
+    check_other_job,
+    check_outsider,
+    other_job_report,
+    run_outsider,
+)
 from tests.support import wait_for
 
 HERE = Path(__file__).resolve().parent
 JOB_REGEX = r"/(t[0-9a-f]{10})\.py"      # the harness runs workers as python /tmp/<job id>.py
 
-TRAIN = """
-import numpy as np, psnode, sys, time, os
-kv = psnode.kv.create('dist_sync')
-kv.init('w', np.zeros(4, np.float32))
-kv.barrier()
-deadline = time.monotonic() + 60
-while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:   # attacked meanwhile
-    time.sleep(0.05)
-kv.push('w', np.full(4, kv.rank + 1, np.float32))
-got = kv.pull('w')
-print("PULLED", got.tolist(), flush=True)
-assert (got == 1.5).all(), got
-kv.close()
-"""
 
 def _status(job: Job, key: str | None) -> dict | None:
     try:
