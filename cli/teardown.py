@@ -84,14 +84,7 @@ def check_everywhere(backend: Backend, hosts: Mapping[str, Host], procs: Sequenc
     unverified.update(probe(backend, targets))
     targets = [h for h in targets if h.label not in unverified]
     results = run_per_host(targets, lambda h: backend.status(h, groups[h.label]), timeout=STEP_MARGIN)
-    out: dict[str, Any] = {}
-    for label, result in results.items():
-        if isinstance(result, Exception):
-            unverified[label] = _reason(result)
-            continue
-        for p, st in zip(groups[label], result, strict=False):
-            out[p.name] = st
-    return out, unverified
+    return _per_process(groups, results, unverified), unverified
 
 
 def collect_everywhere(backend: Backend, hosts: Mapping[str, Host], procs: Sequence[ProcRecord],
@@ -101,14 +94,21 @@ def collect_everywhere(backend: Backend, hosts: Mapping[str, Host], procs: Seque
     unverified = dict(skip)
     targets = [hosts[label] for label in groups if label in hosts and label not in unverified]
     results = run_per_host(targets, lambda h: backend.collect(h, groups[h.label], run_dir), timeout=STEP_MARGIN)
-    out: dict[str, Evidence] = {}
+    return _per_process(groups, results, unverified), unverified
+
+
+def _per_process(groups: Mapping[str, Sequence[ProcRecord]], results: Mapping[str, Any],
+                 unverified: dict[str, str]) -> dict[str, Any]:
+    """Each host's per-process answers by process name; a host whose step failed goes into
+    ``unverified`` with the reason."""
+    out: dict[str, Any] = {}
     for label, result in results.items():
         if isinstance(result, Exception):
             unverified[label] = _reason(result)
             continue
-        for p, ev in zip(groups[label], result, strict=False):
-            out[p.name] = ev
-    return out, unverified
+        for p, item in zip(groups[label], result, strict=False):
+            out[p.name] = item
+    return out
 
 
 def cleanup_everywhere(backend: Backend, hosts: Mapping[str, Host], job_id: str, run_dir: str,

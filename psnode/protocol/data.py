@@ -157,6 +157,25 @@ def _decode(head: bytes, frames: list[Any], job_id: str | None, max_bytes: int,
 
 
 
+def _read_key(buf: bytes | memoryview, pos: int) -> tuple[Key, int]:
+    """The key written at ``pos`` (tag 0: int, tag 1: UTF-8 string of at most 1024 bytes) and
+    the position after it; ProtocolError for a bad tag, length or encoding (IndexError when
+    ``pos`` is past the end: the caller says what that means)."""
+    tag = buf[pos]
+    if tag == 0:
+        return KEY_INT.unpack_from(buf, pos)[1], pos + KEY_INT.size
+    if tag == 1:
+        length = KEY_STR.unpack_from(buf, pos)[1]
+        pos += KEY_STR.size
+        if length > 1024 or pos + length > len(buf):
+            raise ProtocolError(f"key of {length} bytes")
+        try:
+            return bytes(buf[pos:pos + length]).decode(), pos + length
+        except UnicodeDecodeError:
+            raise ProtocolError("key is not UTF-8") from None
+    raise ProtocolError(f"bad key tag {tag}")
+
+
 def decode_single(data: bytes, pos: int, job_id: str, job: bytes, max_bytes: int,
                   resolve: Resolver) -> Message | None:
     """The common small data message in one pass: one operation, 1-d arrays all in shared
@@ -192,22 +211,7 @@ def decode_single(data: bytes, pos: int, job_id: str, job: bytes, max_bytes: int
     cls = (REQUESTS if kind == KIND_DATA else ANSWERS).get(code) if kind in (KIND_DATA, KIND_REPLY) else None
     if cls is None:
         return None
-    tag = data[pos]
-    if tag == 0:
-        key: Key = KEY_INT.unpack_from(data, pos)[1]
-        pos += KEY_INT.size
-    elif tag == 1:
-        length = KEY_STR.unpack_from(data, pos)[1]
-        pos += KEY_STR.size
-        if length > 1024 or pos + length > len(data):
-            raise ProtocolError(f"key of {length} bytes")
-        try:
-            key = data[pos:pos + length].decode()
-        except UnicodeDecodeError:
-            raise ProtocolError("key is not UTF-8") from None
-        pos += length
-    else:
-        raise ProtocolError(f"bad key tag {tag}")
+    key, pos = _read_key(data, pos)
     if data[pos:pos + EXTRA.size] != _NO_EXTRA or pos + EXTRA.size != len(data):
         return None
     op = cls.unwire(flags, part, rid, seq, key, arrays, _NO_FIELDS)
@@ -272,23 +276,9 @@ def decode_records(head: bytes, pos: int, n: int, arrays: list[np.ndarray],
             raise ProtocolError(f"unknown operation code {code}")
         if first < 0 or first + count > narrays:
             raise ProtocolError(f"operation refers to arrays {first}..{first + count} of {narrays}")
-        tag = head[pos] if pos < len(head) else -1
-        key: Key
-        if tag == 0:
-            key = KEY_INT.unpack_from(head, pos)[1]
-            pos += KEY_INT.size
-        elif tag == 1:
-            length = KEY_STR.unpack_from(head, pos)[1]
-            pos += KEY_STR.size
-            if length > 1024 or pos + length > len(head):
-                raise ProtocolError(f"key of {length} bytes")
-            try:
-                key = head[pos:pos + length].decode()
-            except UnicodeDecodeError:
-                raise ProtocolError("key is not UTF-8") from None
-            pos += length
-        else:
-            raise ProtocolError(f"bad key tag {tag}")
+        if pos >= len(head):
+            raise ProtocolError("bad key tag -1")
+        key, pos = _read_key(head, pos)
         (extra_size,) = EXTRA.unpack_from(head, pos)
         pos += EXTRA.size
         extra = _NO_FIELDS
