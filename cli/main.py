@@ -146,6 +146,10 @@ def launch(
                                         help="skip a round whose gradient holds NaN/Inf (reported)"),
     no_shm: bool = typer.Option(not N.shm, "--no-shm",
                                 help="workers and servers on one host exchange data over TCP, not shared memory"),
+    cpu_policy: str = typer.Option(N.cpu_policy.value, "--cpu-policy", metavar="batch|normal",
+                                   help="batch: scheduler, servers and psnode workers run under SCHED_BATCH "
+                                        "(a process woken by a message does not preempt a busy one: fewer "
+                                        "context switches when processes outnumber cores); normal: left as is"),
     insecure: bool = typer.Option(L("insecure"), "--insecure",
                                   help="no secret: anyone who reaches a port can join, read or stop the job "
                                        "(trusted networks only)"),
@@ -175,7 +179,8 @@ def launch(
             distribution=distribution, heartbeat_interval=heartbeat_interval,  # type: ignore[arg-type]
             heartbeat_liveness=heartbeat_liveness, log_level=log_level, checkpoint_dir=checkpoint_dir,
             checkpoint_interval=checkpoint_interval, checkpoint_rounds=checkpoint_rounds, resume=resume,
-            skip_nonfinite=skip_nonfinite, max_restarts=max_restarts, shm=not no_shm)
+            skip_nonfinite=skip_nonfinite, max_restarts=max_restarts, shm=not no_shm,
+            cpu_policy=cpu_policy)  # type: ignore[arg-type]
         opts = LaunchOptions(
             command=command, node=node, hosts=hosts, num_workers=num_workers, num_servers=num_servers,
             launcher=launcher, python=python, env=env, workdir=workdir, sync=sync, scheduler=scheduler,

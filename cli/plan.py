@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from cli.hosts import Host, HostsError, check_env_name
-from psnode.config import LOG_LEVELS, Distribution, NodeConfig, Role, default
+from psnode.config import LOG_LEVELS, CpuPolicy, Distribution, NodeConfig, Role, default
 from psnode.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -99,6 +99,7 @@ class NodeOptions:
     skip_nonfinite: bool = field(default=default("skip_nonfinite"), metadata={"flag": "--skip-nonfinite"})
     max_restarts: int = field(default=default("max_restarts"), metadata={"flag": "--max-restarts"})
     shm: bool = field(default=default("shm"), metadata={"flag": "--no-shm"})
+    cpu_policy: CpuPolicy = field(default=default("cpu_policy"), metadata={"flag": "--cpu-policy"})
 
     def __post_init__(self) -> None:
         if not isinstance(self.distribution, Distribution):
@@ -106,6 +107,11 @@ class NodeOptions:
                 object.__setattr__(self, "distribution", Distribution(str(self.distribution).lower()))
             except ValueError:
                 raise PlanError(f"--distribution {self.distribution!r}: choose data, param or hybrid") from None
+        if not isinstance(self.cpu_policy, CpuPolicy):
+            try:
+                object.__setattr__(self, "cpu_policy", CpuPolicy(str(self.cpu_policy).lower()))
+            except ValueError:
+                raise PlanError(f"--cpu-policy {self.cpu_policy!r}: choose batch or normal") from None
         object.__setattr__(self, "log_level", str(self.log_level).upper())
         object.__setattr__(self, "checkpoint_dir", self.checkpoint_dir or None)
         if self.log_level not in LOG_LEVELS:

@@ -10,7 +10,7 @@ import logging
 import signal
 import sys
 
-from psnode import failure
+from psnode import cpupolicy, failure
 from psnode.config import NodeConfig, Role
 from psnode.errors import PSError
 
@@ -28,6 +28,7 @@ def main() -> int:
         print("psnode: PSNODE_ROLE=worker is for training scripts (psnode.kv.create), "
               "not for `python -m psnode`", file=sys.stderr)
         return 2
+    cpupolicy.apply(cfg.cpu_policy)   # (before any thread starts: they inherit it)
     try:
         if cfg.role is Role.SCHEDULER:
             from psnode import scheduler

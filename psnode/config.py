@@ -44,6 +44,9 @@ variable                           meaning (default)
 ``PSNODE_LOG_LEVEL``               ``DEBUG``, ``INFO``, ``WARNING``, ``ERROR`` (``WARNING``)
 ``PSNODE_SHM``                     ``1``: workers and servers on the same host exchange data
                                    through shared memory; ``0``: always over TCP (``1``)
+``PSNODE_CPU_POLICY``              ``batch``: the process runs under Linux's SCHED_BATCH (a
+                                   woken process does not preempt a busy one; psnode.cpupolicy);
+                                   ``normal``: the policy is left as it was (``batch``)
 ``PSNODE_ERROR_FILE``              where this process writes its failure record (JSON) when it
                                    fails, for the launcher to name the root cause (none)
 =================================  ==========================================================
@@ -69,6 +72,13 @@ class Role(str, Enum):
     SCHEDULER = "scheduler"
     SERVER = "server"
     WORKER = "worker"
+
+
+class CpuPolicy(str, Enum):
+    """The CPU scheduling policy psnode's processes run under (psnode.cpupolicy)."""
+
+    BATCH = "batch"
+    NORMAL = "normal"
 
 
 class Distribution(str, Enum):
@@ -192,6 +202,7 @@ class NodeConfig:
     restart_count: int = 0
     log_level: str = "WARNING"
     shm: bool = True
+    cpu_policy: CpuPolicy = CpuPolicy.BATCH
     error_file: str | None = None
 
     def __post_init__(self) -> None:
@@ -268,6 +279,7 @@ class NodeConfig:
             restart_count=_int(env, "RESTART_COUNT", d("restart_count"), 0) or 0,
             log_level=(env.get(_PREFIX + "LOG_LEVEL") or d("log_level")).upper(),
             shm=_flag(env, "SHM", d("shm")),
+            cpu_policy=_enum(env, "CPU_POLICY", CpuPolicy, d("cpu_policy")),  # type: ignore[arg-type]
             error_file=env.get(_PREFIX + "ERROR_FILE") or None,
         )
 

@@ -66,6 +66,7 @@ class Entry:
     bucket: Any = None     # the psnode.fused bucket it belongs to (its value is a view of it)
     fixed: bool = False    # value stays where it is (written in place, never swapped)
     scaled: bool = False   # spare already holds the round's average (summed and scaled at once)
+    row_sum: np.ndarray | None = None   # flat scratch a sync row_sparse round is summed into
 
 
 class _Unsent:

@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-from psnode import failure
+from psnode import cpupolicy, failure
 from psnode.config import NodeConfig, Role
 from psnode.errors import ConfigError, PeerLost
 from psnode.kvstore import AGGREGATORS, TYPES, KVStore
@@ -41,6 +41,7 @@ def create(name: str = "local", num_workers: int | None = None, aggregator: str 
                           f"{cfg.num_workers} workers (mxdist launch -n {num_workers})")
     if cfg.num_servers < 1:
         raise ConfigError("this job has no servers (-s 0); launch with -s 1 or more to use a KVStore")
+    cpupolicy.apply(cfg.cpu_policy, whole_process=True)   # (the engine's threads inherit it)
     engine = Engine(cfg)
     kv = KVStore(name, engine, cfg, aggregator)
     _report_uncaught(kv, engine, cfg)

@@ -16,6 +16,7 @@ into values (the semantics are in :mod:`psnode.aggregation`'s docstring):
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -159,7 +160,7 @@ class Rounds:
                                    f"gradient from worker(s) {sorted(entry.nonfinite)}")
                 entry.nonfinite.clear()
             elif entry.sparse:
-                rows, data = _combine_rows(entry.sparse_parts)
+                rows, data = _combine_rows(entry.sparse_parts, self._row_sum(entry))
                 average = entry.average
                 if average and n > 1 and data.dtype.kind == "f":   # a fresh array: in place
                     np.divide(data, n, out=data)                      # (the values of data / n)
@@ -185,6 +186,20 @@ class Rounds:
                 if not queue:
                     del entry.early[w]
         return out
+
+    @staticmethod
+    def _row_sum(entry: Entry) -> np.ndarray | None:
+        """The entry's scratch for a round's row sums (kept across rounds: a fresh array each
+        round costs page faults), big enough for every row this round's pushes hold; None
+        when they hold over half the key's rows (a fresh array then: no lasting copy)."""
+        value = entry.value
+        need = sum(len(r) for r, _ in entry.sparse_parts) * math.prod(value.shape[1:])
+        if 2 * need > value.size:
+            return None
+        buf = entry.row_sum
+        if buf is None or buf.size < need:
+            buf = entry.row_sum = np.empty(need + need // 4, value.dtype)
+        return buf
 
     def _apply(self, key: Key, entry: Entry, data: np.ndarray, rows: np.ndarray | None, n: int,
                average: bool) -> None:

@@ -7,6 +7,7 @@ unsorted or repeated (repeats add up when densified or pushed).  ``unique_rows``
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,12 +91,20 @@ def sort_rows(ids: np.ndarray, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
     return order, ids[order]
 
 
-def combine_rows(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """Sum row_sparse parts: sorted unique rows and the summed data (a fresh array)."""
+def combine_rows(parts: list[tuple[np.ndarray, np.ndarray]],
+                 buf: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Sum row_sparse parts: sorted unique rows and the summed data (a fresh array, or a view
+    of ``buf``, a flat scratch buffer of the data's dtype, when it is big enough).
+
+    The sums are bit-identical to ``np.add.reduceat`` over the parts' rows in stable sorted
+    order (each row's pushes added in part order)."""
     if len(parts) == 1:
         rows, data = parts[0]
         if len(rows) <= 1 or bool(np.all(rows[1:] > rows[:-1])):
             return rows.astype(np.int64, copy=False), np.array(data, copy=True)
+    merged = _merge_sorted(parts, buf)
+    if merged is not None:
+        return merged
     rows = np.concatenate([p[0] for p in parts]).astype(np.int64, copy=False)
     data = np.concatenate([p[1] for p in parts])
     if not len(rows):
@@ -117,3 +126,58 @@ def combine_rows(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray
     sel = np.repeat(starts[multi] - first, mlens) + np.arange(mlens.sum())
     out[multi] = np.add.reduceat(data[order[sel]], first, axis=0)
     return rows[starts], out
+
+
+def _merge_sorted(parts: list[tuple[np.ndarray, np.ndarray]],
+                  buf: np.ndarray | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`combine_rows` of floating-point parts whose rows are each strictly increasing
+    (what psnode's workers send): each part is written straight into its rows' slots of the
+    result (no concatenated copy of the data, no gather of it); rows that several parts hold
+    are then summed by ``np.add.reduceat`` over just their pushes, in the reference order.
+    None: another case (the general path)."""
+    dtype, cols = parts[0][1].dtype, parts[0][1].shape[1:]
+    if dtype.kind != "f":
+        return None   # (integer and bool sums are wider than the data)
+    for r, d in parts:
+        if d.dtype != dtype or r.ndim != 1 or d.shape[1:] != cols \
+                or (len(r) > 1 and not bool(np.all(r[1:] > r[:-1]))):
+            return None
+    rows = np.concatenate([r for r, _ in parts]).astype(np.int64, copy=False)
+    n = len(rows)
+    if n == 0:
+        return None
+    order = np.argsort(rows, kind="stable")
+    srows = rows[order]
+    new = np.empty(n, bool)
+    new[0] = True
+    np.not_equal(srows[1:], srows[:-1], out=new[1:])
+    slot_sorted = np.cumsum(new) - 1
+    slot = np.empty(n, np.int64)
+    slot[order] = slot_sorted
+    shape = (int(slot_sorted[-1]) + 1, *cols)
+    size = math.prod(shape)
+    out = buf[:size].reshape(shape) if buf is not None and buf.dtype == dtype and buf.size >= size \
+        else np.empty(shape, dtype)
+    at = 0
+    for r, d in parts:
+        out[slot[at:at + len(r)]] = d
+        at += len(r)
+    if shape[0] == n:
+        return srows, out
+    # rows held by several parts: their pushes in sorted (stable) order, summed as the
+    # reference sums them
+    starts = np.flatnonzero(new)
+    lens = np.diff(np.append(starts, n))
+    multi = np.flatnonzero(lens > 1)
+    mlens = lens[multi]
+    first = np.cumsum(mlens) - mlens
+    sel = order[np.repeat(starts[multi] - first, mlens) + np.arange(int(mlens.sum()))]
+    bounds = np.cumsum([len(r) for r, _ in parts])
+    which = np.searchsorted(bounds, sel, side="right")
+    held = np.empty((len(sel), *cols), dtype)
+    for k, (r, d) in enumerate(parts):
+        mine = np.flatnonzero(which == k)
+        if len(mine):
+            held[mine] = d[sel[mine] - (bounds[k] - len(r))]
+    out[multi] = np.add.reduceat(held, first, axis=0)
+    return srows[new], out
