@@ -28,10 +28,12 @@ PSNODE_ENV = {"PSNODE_HEARTBEAT_INTERVAL": "1.0", "PSNODE_REGISTER_TIMEOUT": "30
 NO_SHM_ENV = {"PSNODE_SHM": "0"}    # workers on the servers' host use TCP like the others
 
 
-def run_psnode(h, W: int, S: int, cases: list[Case], quick: bool, timeout: float, shm: bool = True) -> list[dict]:
+def run_psnode(h, W: int, S: int, cases: list[Case], quick: bool, timeout: float, shm: bool = True,
+               cpu_policy: str = "batch") -> list[dict]:
     """psnode through the harness; ``shm=False``: every data message over TCP (no same-host
-    link), as between hosts."""
-    job = h.start_job(WORKER.read_text(), W, S, env=PSNODE_ENV if shm else {**PSNODE_ENV, **NO_SHM_ENV},
+    link), as between hosts; ``cpu_policy``: PSNODE_CPU_POLICY of every process."""
+    env = {**PSNODE_ENV, "PSNODE_CPU_POLICY": cpu_policy, **({} if shm else NO_SHM_ENV)}
+    job = h.start_job(WORKER.read_text(), W, S, env=env,
                       args=["bench", encode_cases(cases), "1" if quick else "0"])
     try:
         h.wait_job(job, timeout)

@@ -5,6 +5,7 @@ PS), interleaved in one run; print tables, the issue's targets and a JSON file.
     python benchmarks/run.py --quick         # smoke run: 1 run, W2S2 only, few rounds
     python benchmarks/run.py --cases 1x4KiB,1x1MiB --configs 2,2 --runs 3 --json out.json
     python benchmarks/run.py --no-shm        # psnode's data over TCP only (no same-host link)
+    python benchmarks/run.py --cpu-policy normal   # psnode's processes left under SCHED_OTHER
     python benchmarks/run.py --psnode-via mxdist --launch-flags "--no-shm"     # psnode through the launcher
     python benchmarks/run.py --ssh 2 --security-modes --runs 2                 # modes over the SSH testbed
 
@@ -93,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-shm", action="store_true",
                     help="psnode's data over TCP only, as between hosts (PSNODE_SHM=0; through mxdist: "
                          "launch --no-shm); default: the same-host link (Unix socket + shared memory)")
+    ap.add_argument("--cpu-policy", choices=("batch", "normal"), default="batch",
+                    help="psnode's processes under SCHED_BATCH (default, as mxdist launch runs them) or left "
+                         "as they are (PSNODE_CPU_POLICY; through mxdist: launch --cpu-policy)")
     ap.add_argument("--no-launch", action="store_true", help="skip the launch-to-first-pull measurement")
     ap.add_argument("--launch-via", choices=("auto", "harness", "mxdist"),
                     help="launch to first pull: auto (default: mxdist when the CLI works), harness, mxdist")
@@ -168,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
             flags = shlex.split(a.launch_flags)
             if a.no_shm and "--no-shm" not in flags:
                 flags.append("--no-shm")
+            if "--cpu-policy" not in flags:
+                flags += ["--cpu-policy", a.cpu_policy]
             lr = Launcher(exe, flags, hosts, base_env)
             refused = lr.flags_refused()
             if refused:
@@ -182,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"psnode benchmark: {platform.python_version()} on {os.cpu_count()} cpu(s); runs={runs} "
               f"quick={a.quick} configs={configs} cases={[c.name for c in cases]} peers={sorted(peers)} "
               f"psnode={[(n, 'harness' if lr is None else _describe(lr)) for n, lr in variants]} "
-              f"data path={'TCP only (--no-shm)' if a.no_shm else 'same-host link'}")
+              f"data path={'TCP only (--no-shm)' if a.no_shm else 'same-host link'} cpu policy={a.cpu_policy}")
         records: list[dict] = []
         t_all = time.monotonic()
         for run in range(runs):
@@ -190,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             for W, S in configs:          # the peers right after psnode on the same config
                 for name, lr in variants:
                     def ps(W: int = W, S: int = S, name: str = name, lr: Launcher | None = lr) -> list[dict]:
-                        got = (run_psnode(h, W, S, cases, a.quick, a.timeout, shm=not a.no_shm) if lr is None
+                        got = (run_psnode(h, W, S, cases, a.quick, a.timeout, shm=not a.no_shm,
+                                          cpu_policy=a.cpu_policy) if lr is None
                                else run_psnode_mxdist(lr, W, S, cases, a.quick, a.timeout, name))
                         return [dict(r, system=name, path="tcp" if a.no_shm else "same-host") for r in got]
                     steps.append((f"{name} W{W}S{S}", ps))
@@ -239,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         Path(a.json).write_text(json.dumps({
             "argv": sys.argv, "python": platform.python_version(), "cpus": os.cpu_count(),
-            "path": "tcp" if a.no_shm else "same-host",
+            "path": "tcp" if a.no_shm else "same-host", "cpu_policy": a.cpu_policy,
             "psnode": [n for n, _ in variants], "mxnet": mx_py is not None, "records": records,
             "summary": summary, "targets": checks, "bare_ceilings": ceilings}, indent=1))
         print(f"wrote {a.json}")

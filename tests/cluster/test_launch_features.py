@@ -1,6 +1,6 @@
 """mxdist launch options that become psnode configuration, end to end with real processes:
---distribution, --skip-nonfinite, --max-restarts, --checkpoint-* / --resume, and a launcher
-killed with kill -9 mid-job.  Every test ends by checking that no process of the job is left.
+--distribution, --skip-nonfinite, --max-restarts, --checkpoint-* / --resume, --cpu-policy, and
+a launcher killed with kill -9 mid-job.  Every test ends by checking that no process of the job is left.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 from tests.ssh.mxdist_testing import (
     assert_nothing_left,
     cli_env,
+    group_members,
     kill_cli,
     latest,
     left_over,
@@ -255,4 +256,47 @@ def test_killed_server_is_restarted_from_its_checkpoint_and_the_job_ends_exactly
     assert next(p for p in rec["procs"] if p["name"] == "server-1")["restarts"] == 1
     server_log = Path(next(p["log"] for p in rec["procs"] if p["name"] == "server-1")).read_text()
     assert "restored 2 key parts" in server_log or "restored 1 key parts" in server_log, server_log
+    assert_nothing_left(home)
+
+
+POLICY = textwrap.dedent("""
+    import pathlib, sys, time, numpy as np, psnode
+    kv = psnode.kv.create('dist_sync')
+    kv.init('w', np.zeros(2, np.float32))
+    kv.push('w', np.ones(2, np.float32))
+    print("READY", kv.pull('w').tolist(), flush=True)
+    flag, deadline = pathlib.Path(sys.argv[1]), time.monotonic() + 60
+    while not flag.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    kv.close()
+""")
+
+
+@pytest.mark.parametrize("flags, policy", [([], os.SCHED_BATCH), (["--cpu-policy", "normal"], os.SCHED_OTHER)])
+def test_cpu_policy_of_every_thread_of_every_process(home, tmp_path, flags, policy):
+    """By default the scheduler, the servers and the psnode workers run under SCHED_BATCH, every
+    thread of them (the workers' engine threads included); ``--cpu-policy normal`` leaves them
+    under SCHED_OTHER.  Read from /proc while the job runs."""
+    flag = tmp_path / "done"
+    proc = start_cli(["launch", "-n", "2", "-s", "2", *flags, script(tmp_path, POLICY), str(flag)], cli_env(home))
+    try:
+        seen: list[str] = []
+        wait_for(lambda: seen.append(proc.stdout.readline()) or sum("READY" in s for s in seen) == 2,
+                 60, "both workers to be ready", interval=0)
+        procs = latest(home)["procs"]
+        assert sorted(p["name"] for p in procs) == ["scheduler", "server-0", "server-1", "worker-0", "worker-1"]
+        found = {}
+        for p in procs:   # (the recorded pid is the launcher's guard; the process is its child)
+            inner = [m for m in group_members(p["pid"]) if m != p["pid"]]
+            assert len(inner) == 1, (p["name"], inner)
+            tids = os.listdir(f"/proc/{inner[0]}/task")
+            assert len(tids) >= 3, (p["name"], tids)    # (its own threads: ZeroMQ's, the engine's)
+            found[p["name"]] = {os.sched_getscheduler(int(t)) for t in tids}
+        assert found == {p["name"]: {policy} for p in procs}, found
+        flag.touch()
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        kill_cli(proc)
+    assert proc.returncode == 0, "".join(seen) + out
+    assert sum("READY [1.0, 1.0]" in s for s in seen) == 2
     assert_nothing_left(home)

@@ -34,6 +34,7 @@ def test_env_round_trip() -> None:
     ("PSNODE_HOST", "h;touch /tmp/x", ["not a valid host"]),
     ("PSNODE_JOB_ID", "a b", ["PSNODE_JOB_ID"]),
     ("PSNODE_HEARTBEAT_INTERVAL", "nan", ["PSNODE_HEARTBEAT_INTERVAL"]),
+    ("PSNODE_CPU_POLICY", "fast", ["PSNODE_CPU_POLICY='fast'", "batch, normal"]),
 ])
 def test_env_errors_name_variable_and_value(var: str, value: str, words: list[str]) -> None:
     env = {"PSNODE_ROLE": "worker", "PSNODE_SCHEDULER": "127.0.0.1:9000", "PSNODE_NUM_WORKERS": "2",

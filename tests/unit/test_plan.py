@@ -151,6 +151,7 @@ def test_node_option_errors(kw, message):
     ("PSNODE_CHECKPOINT_DIR", "--checkpoint-dir"), ("PSNODE_RESUME", "--resume"),
     ("PSNODE_SKIP_NONFINITE", "--skip-nonfinite"), ("PSNODE_KEY_FILE", "--insecure"),
     ("psnode_log_level", "--log-level"), ("PSNODE_REGISTER_TIMEOUT", "no option"),
+    ("PSNODE_CPU_POLICY", "--cpu-policy"),
 ])
 def test_env_cannot_set_psnode_variables(name, hint):
     with pytest.raises(PlanError) as err:
@@ -241,6 +242,7 @@ def test_no_shm_and_error_files_reach_every_process():
     (dict(heartbeat_interval=0.0), "--heartbeat-interval"),
     (dict(heartbeat_liveness=0), "--heartbeat-liveness 0"),
     (dict(log_level="LOUD"), "--log-level LOUD"),
+    (dict(cpu_policy="fast"), "--cpu-policy 'fast': choose batch or normal"),
 ])
 def test_more_node_option_errors(kw, message):
     with pytest.raises(PlanError, match=message):
@@ -250,3 +252,13 @@ def test_more_node_option_errors(kw, message):
 def test_busy_hosts_leave_out_hosts_without_processes():
     plan = make_plan(request(num_workers=1, num_servers=1))
     assert [h.name for h in plan.busy_hosts] == ["a"]
+
+
+def test_cpu_policy_reaches_every_process():
+    from psnode.config import CpuPolicy
+
+    for kw, want in (({}, CpuPolicy.BATCH), ({"cpu_policy": "normal"}, CpuPolicy.NORMAL),
+                     ({"cpu_policy": "BATCH"}, CpuPolicy.BATCH)):
+        plan = make_plan(request(**kw))
+        assert [NodeConfig.from_env(p.env).cpu_policy for p in plan.procs] == [want] * len(plan.procs)
+        assert {p.env["PSNODE_CPU_POLICY"] for p in plan.procs} == {want.value}
