@@ -24,11 +24,13 @@ from psnode.config import CpuPolicy
 def apply(policy: CpuPolicy, whole_process: bool = False) -> bool:
     """Run this thread under ``policy`` (with ``whole_process``: every thread the process has
     now, as a worker's may already run others, e.g. torch's); threads started later inherit it
-    from the thread that starts them.  True if the policy is in effect."""
+    from the thread that starts them.  Only threads under the normal policy (SCHED_OTHER)
+    change: one the program put under another policy on purpose (SCHED_IDLE, a real-time
+    one) keeps it.  True if this thread runs under ``policy`` afterwards."""
     if policy is CpuPolicy.NORMAL:
         return False
     setter = getattr(os, "sched_setscheduler", None)
-    batch = getattr(os, "SCHED_BATCH", None)
+    batch, other = getattr(os, "SCHED_BATCH", None), getattr(os, "SCHED_OTHER", None)
     if setter is None or batch is None:
         return False
     me = threading.get_native_id()
@@ -39,20 +41,12 @@ def apply(policy: CpuPolicy, whole_process: bool = False) -> bool:
     done = False
     for tid in tids:
         try:
-            setter(tid, batch, os.sched_param(0))
+            if os.sched_getscheduler(tid) == other:
+                setter(tid, batch, os.sched_param(0))
+            done = done or (tid == me and os.sched_getscheduler(tid) == batch)
         except OSError:   # (a thread that ended meanwhile, or a sandbox that refuses)
             continue
-        done = done or tid == me
     return done
 
 
-def current(pid: int = 0) -> str:
-    """``batch``, ``normal`` (SCHED_OTHER) or another policy's name, of process ``pid`` (0: this one)."""
-    policy = os.sched_getscheduler(pid)
-    names = {getattr(os, "SCHED_BATCH", -1): "batch", getattr(os, "SCHED_OTHER", -2): "normal",
-             getattr(os, "SCHED_IDLE", -3): "idle", getattr(os, "SCHED_FIFO", -4): "fifo",
-             getattr(os, "SCHED_RR", -5): "rr"}
-    return names.get(policy, str(policy))
-
-
-__all__ = ["apply", "current"]
+__all__ = ["apply"]

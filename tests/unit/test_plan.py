@@ -262,3 +262,4 @@ def test_cpu_policy_reaches_every_process():
         plan = make_plan(request(**kw))
         assert [NodeConfig.from_env(p.env).cpu_policy for p in plan.procs] == [want] * len(plan.procs)
         assert {p.env["PSNODE_CPU_POLICY"] for p in plan.procs} == {want.value}
+
