@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             flags = shlex.split(a.launch_flags)
             if a.no_shm and "--no-shm" not in flags:
                 flags.append("--no-shm")
-            if "--cpu-policy" not in flags:
+            if not any(f == "--cpu-policy" or f.startswith("--cpu-policy=") for f in flags):
                 flags += ["--cpu-policy", a.cpu_policy]
             lr = Launcher(exe, flags, hosts, base_env)
             refused = lr.flags_refused()

@@ -191,10 +191,11 @@ class Rounds:
     def _row_sum(entry: Entry) -> np.ndarray | None:
         """The entry's scratch for a round's row sums (kept across rounds: a fresh array each
         round costs page faults), big enough for every row this round's pushes hold; None
-        when they hold over half the key's rows (a fresh array then: no lasting copy)."""
+        when combine_rows would not use it (a single push, a key not floating-point) or they
+        hold over half the key's rows (a fresh array then: no lasting copy)."""
         value = entry.value
         need = sum(len(r) for r, _ in entry.sparse_parts) * math.prod(value.shape[1:])
-        if 2 * need > value.size:
+        if len(entry.sparse_parts) < 2 or value.dtype.kind != "f" or 2 * need > value.size:
             return None
         buf = entry.row_sum
         if buf is None or buf.size < need:

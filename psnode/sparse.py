@@ -119,13 +119,21 @@ def combine_rows(parts: list[tuple[np.ndarray, np.ndarray]],
         return rows, out
     # sum only the rows that repeat: np.add.reduceat over all of data is slow along axis 0;
     # over just the repeated runs (same runs, same order) it gives bit-identical sums
-    lens = np.diff(np.r_[starts, len(rows)])
-    multi = np.flatnonzero(lens > 1)
-    mlens = lens[multi]
-    first = np.cumsum(mlens) - mlens                  # where each run starts in the selection
-    sel = np.repeat(starts[multi] - first, mlens) + np.arange(mlens.sum())
+    multi, first, sel = _repeated_runs(starts, len(rows))
     out[multi] = np.add.reduceat(data[order[sel]], first, axis=0)
     return rows[starts], out
+
+
+def _repeated_runs(starts: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For runs of equal sorted ids beginning at ``starts`` (of ``n`` ids): the runs longer than
+    one (their indices among the runs), where each begins in the selection, and the selection
+    (the sorted positions of their ids, run after run): ``np.add.reduceat(x[sel], first)``
+    sums each repeated run."""
+    lens = np.diff(np.append(starts, n))
+    multi = np.flatnonzero(lens > 1)
+    mlens = lens[multi]
+    first = np.cumsum(mlens) - mlens
+    return multi, first, np.repeat(starts[multi] - first, mlens) + np.arange(int(mlens.sum()))
 
 
 def _merge_sorted(parts: list[tuple[np.ndarray, np.ndarray]],
@@ -166,12 +174,8 @@ def _merge_sorted(parts: list[tuple[np.ndarray, np.ndarray]],
         return srows, out
     # rows held by several parts: their pushes in sorted (stable) order, summed as the
     # reference sums them
-    starts = np.flatnonzero(new)
-    lens = np.diff(np.append(starts, n))
-    multi = np.flatnonzero(lens > 1)
-    mlens = lens[multi]
-    first = np.cumsum(mlens) - mlens
-    sel = order[np.repeat(starts[multi] - first, mlens) + np.arange(int(mlens.sum()))]
+    multi, first, sel = _repeated_runs(np.flatnonzero(new), n)
+    sel = order[sel]
     bounds = np.cumsum([len(r) for r, _ in parts])
     which = np.searchsorted(bounds, sel, side="right")
     held = np.empty((len(sel), *cols), dtype)
