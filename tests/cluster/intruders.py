@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from cli import agent
 from psnode.control import query_status
 from psnode.errors import PeerLost
 from psnode.security import Security
-from tests.ssh.mxdist_testing import run_cli, wait_for
+from tests.ssh.mxdist_testing import kill_cli, run_cli, wait_for
 
 HERE = Path(__file__).resolve().parent
 OUTSIDER = (HERE / "outsider.py").read_text()
@@ -94,6 +95,18 @@ TRAIN = textwrap.dedent("""
     assert (got == 1.5).all(), got
     kv.close()
 """)
+
+
+def finish_attacked_job(proc: subprocess.Popen[str], home: Path, rec: dict) -> None:
+    """Wait for the attacked job of :data:`TRAIN` (its go file touched) to end: it succeeds,
+    both workers pulled the exact average, and its record says so."""
+    try:
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        kill_cli(proc)
+    assert proc.returncode == 0, out
+    assert out.count("PULLED [1.5, 1.5, 1.5, 1.5]") == 2, out
+    assert json.loads((home / "jobs" / f"{rec['id']}.json").read_text())["state"] == "succeeded"
 
 
 def _status(rec: dict, key: str | None) -> dict | None:

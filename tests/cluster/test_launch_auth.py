@@ -11,14 +11,13 @@ or in the record, and is gone when the job ends.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from psnode.security import Mode, Security
-from tests.cluster.intruders import TRAIN, attack_a_running_job, script
-from tests.ssh.mxdist_testing import assert_nothing_left, cli_env, kill_cli, records, start_cli, wait_for
+from tests.cluster.intruders import TRAIN, attack_a_running_job, finish_attacked_job, script
+from tests.ssh.mxdist_testing import assert_nothing_left, cli_env, records, start_cli, wait_for
 
 
 @pytest.mark.parametrize("flags, mode", [([], Mode.AUTHENTICATED), (["--encrypt"], Mode.ENCRYPTED)],
@@ -36,12 +35,6 @@ def test_another_user_and_another_job_cannot_touch_a_launched_job(other_user, tm
         attack_a_running_job(other_user, home, env, rec, ["launch", *flags, "-n", "1", "-s", "0"], tmp_path)
     finally:
         go.touch()
-    try:
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        kill_cli(proc)
-    assert proc.returncode == 0, out
-    assert out.count("PULLED [1.5, 1.5, 1.5, 1.5]") == 2, out
-    assert json.loads((home / "jobs" / f"{rec['id']}.json").read_text())["state"] == "succeeded"
+    finish_attacked_job(proc, home, rec)
     assert not key_file.exists()                                         # the secret is gone with the job
     assert_nothing_left(home)

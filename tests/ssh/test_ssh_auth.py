@@ -9,12 +9,11 @@ values and its secret is gone from every host.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from psnode.security import Mode, Security
-from tests.cluster.intruders import TRAIN, attack_a_running_job, script
-from tests.ssh.mxdist_testing import assert_nothing_left, kill_cli, records, start_cli, wait_for
+from tests.cluster.intruders import TRAIN, attack_a_running_job, finish_attacked_job, script
+from tests.ssh.mxdist_testing import assert_nothing_left, records, start_cli, wait_for
 
 
 def test_another_user_and_another_job_cannot_touch_an_ssh_job(ssh_cluster, other_user, home, tmp_path):
@@ -32,12 +31,6 @@ def test_another_user_and_another_job_cannot_touch_an_ssh_job(ssh_cluster, other
         attack_a_running_job(other_user, home, env, rec, ["launch", "-H", "node1", "-n", "1", "-s", "0"], tmp_path)
     finally:
         go.touch()
-    try:
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        kill_cli(proc)
-    assert proc.returncode == 0, out
-    assert out.count("PULLED [1.5, 1.5, 1.5, 1.5]") == 2, out
-    assert json.loads((home / "jobs" / f"{rec['id']}.json").read_text())["state"] == "succeeded"
+    finish_attacked_job(proc, home, rec)
     assert not Path(rec["key_file"]).exists() and not any(Path(p).exists() for p in remote.values())
     assert_nothing_left(home)
