@@ -596,7 +596,9 @@ class KVStore(DataPath):
     # ------------------------------------------------------------ optimizer
     def set_optimizer(self, optimizer: Any) -> None:
         """Run ``optimizer`` (an Optimizer or its spec dict) on the servers (replacing a
-        Python updater of :meth:`set_updater`)."""
+        Python updater of :meth:`set_updater`).  Called again with the same optimizer and
+        other parameters (a new learning rate), the servers keep its states (momentum, ...);
+        another optimizer starts from fresh states."""
         if isinstance(optimizer, dict):
             optimizer = opt_mod.from_spec(optimizer)
         if not isinstance(optimizer, opt_mod.Optimizer):
