@@ -13,7 +13,8 @@ parameters live on one device and the name lacks ``'dist'``; so that the name wo
 ``'dist_sync'`` does, this module has ``mxnet.gluon.trainer`` and ``mxnet.model`` create
 psnode's stores by name whatever the device count (:func:`_create_kvstore`; every other name
 goes to MXNet's own function).  Passing the store itself, ``kvstore=mx.kv.create('psnode')``,
-needs no such help.
+needs no such help.  A Trainer on psnode's store pushpulls every dense parameter in one call
+(:func:`_one_call`), so psnode sends their requests together instead of one round trip each.
 
 Contracts:
 
@@ -349,6 +350,36 @@ def _with_psnode(create: Callable[..., Any]) -> Callable[..., Any]:
     return _create_kvstore
 
 
+def _one_call(allreduce: Callable[[Any], None]) -> Callable[[Any], None]:
+    """``gluon.Trainer._allreduce_grads`` making one pushpull of every dense parameter when the
+    Trainer's store is psnode's (MXNet's loop makes one call per parameter, which MXNet's
+    asynchronous engine overlaps; psnode's pushpull returns with the values, so one call lets
+    it send every key's request at once, small keys fused).  Other stores, and Trainers with
+    row_sparse gradients, keep MXNet's loop."""
+    if getattr(allreduce, "_psnode", False):
+        return allreduce
+
+    def _allreduce_grads(self: Any) -> None:
+        kv = self._kvstore
+        if not isinstance(kv, PSNode):
+            allreduce(self)
+            return
+        params = [(i, p) for i, p in enumerate(self._params) if p.grad_req != "null"]
+        if any(p.list_grad()[0].stype != "default" for _, p in params):
+            allreduce(self)
+            return
+        if not params:
+            return
+        keys = [i for i, _ in params]
+        grads = [p.list_grad() for _, p in params]
+        if self._update_on_kvstore:
+            kv.pushpull(keys, grads, out=[p.list_data() for _, p in params])
+        else:
+            kv.pushpull(keys, grads)
+    _allreduce_grads._psnode = True  # type: ignore[attr-defined]
+    return _allreduce_grads
+
+
 def _register() -> None:
     KVStoreBase.register(PSNode)
     KVStoreBase.register(PSNode_Async)
@@ -356,6 +387,7 @@ def _register() -> None:
     from mxnet.gluon import trainer
     model._create_kvstore = _with_psnode(model._create_kvstore)
     trainer._create_kvstore = _with_psnode(trainer._create_kvstore)
+    trainer.Trainer._allreduce_grads = _one_call(trainer.Trainer._allreduce_grads)
 
 
 _register()
