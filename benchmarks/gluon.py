@@ -6,7 +6,8 @@
 
 The model, data and step are examples/gluon_mlp.py's (benchmarks/gluon_worker.py); both
 systems train it with W workers and S servers on 127.0.0.1, in MXNet 1.9.1's venv (the
-repository's ``.venv-mxnet`` when it exists, else the one benchmarks/mxnet_job.py makes).
+interpreter running this script when it has MXNet, else the repository's ``.venv-mxnet``,
+else the one benchmarks/mxnet_job.py makes).
 MXNet's job is started by hand as its own launcher would (``DMLC_*``: a scheduler and S servers
 ``python -c "import mxnet"``, W workers); psnode's through ``mxdist launch -q`` with a private
 MXDIST_HOME.  ``OMP_NUM_THREADS=1`` everywhere (2 cores).  A run's value per system is the
@@ -17,6 +18,7 @@ weights (checksum), or the run says so.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -40,6 +42,9 @@ EXIT_GRACE = 20.0
 
 
 def venv_python() -> tuple[str | None, str]:
+    """An interpreter with MXNet: this one, the repository's .venv-mxnet, or benchmarks/mxnet_job.py's."""
+    if importlib.util.find_spec("mxnet") is not None:
+        return sys.executable, sys.prefix
     local = ROOT / ".venv-mxnet" / "bin" / "python"
     if local.exists():
         return str(local), f"{local.parent.parent}"

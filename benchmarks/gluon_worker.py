@@ -18,12 +18,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 
+import common  # noqa: E402  (examples/common.py)
+import gluon_mlp  # noqa: E402  (examples/gluon_mlp.py: the model, and psnode.mxnet registered)
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 from mxnet import autograd, gluon  # noqa: E402
-
-import common  # noqa: E402  (examples/common.py)
-import gluon_mlp  # noqa: E402  (examples/gluon_mlp.py: the model, and psnode.mxnet registered)
 
 
 def main() -> None:

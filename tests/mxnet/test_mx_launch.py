@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("mxnet")
 
-from tests.ssh.mxdist_testing import ROOT, assert_nothing_left, cli_env, run_cli  # noqa: E402
+from tests.ssh.mxdist_testing import ROOT, assert_nothing_left, cli_env, run_cli
 
 EXAMPLE = str(ROOT / "examples" / "gluon_mlp.py")
 

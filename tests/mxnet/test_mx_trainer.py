@@ -173,7 +173,7 @@ def test_per_parameter_lr_mult_is_refused() -> None:
     net = _linear()
     net.weight.lr_mult = 0.5
     trainer = gluon.Trainer(net.collect_params(), "sgd", {}, kvstore="psnode", update_on_kvstore=True)
-    with pytest.raises(ConfigError, match="has lr_mult=0.5"):
+    with pytest.raises(ConfigError, match=r"has lr_mult=0\.5"):
         _steps(trainer, net, 1)
 
 
