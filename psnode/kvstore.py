@@ -237,14 +237,14 @@ class KVStore(DataPath):
 
     @contextlib.contextmanager
     def _updater_errors(self) -> Iterator[None]:
-        """An exception of the Python updater (set_updater) reaches the caller as itself."""
+        """An exception of the Python updater (set_updater) reaches the caller as itself, once
+        the call's pushes are done (their rounds complete: the value is what the updater left)."""
         try:
             yield
-        except PSError:
+        finally:
             exc, self._updater_exc = self._updater_exc, None
             if exc is not None:
-                raise exc from None
-            raise
+                raise exc
 
     _updater_exc: BaseException | None = None
 
@@ -586,9 +586,9 @@ class KVStore(DataPath):
         def run(key: Any, recv: Any, stored: np.ndarray) -> None:
             try:
                 updater(key, recv, stored)
-            except BaseException as exc:
-                self._updater_exc = exc
-                raise
+            except Exception as exc:   # noqa: BLE001 - raised to the caller by _updater_errors
+                if self._updater_exc is None:
+                    self._updater_exc = exc
         self._engine.store.updater = run
 
     _set_updater = set_updater
