@@ -23,7 +23,18 @@ Contracts:
 * ``set_gradient_compression`` (MXNet's): after ``create`` (keys may be initialised already),
   before the first push; dense float32 pushes then travel compressed with this worker's
   residuals (psnode.compression, psnode.datapath); servers decode them and aggregate float32.
-  Init values and pulls are never compressed.  ``'local'`` runs the same arithmetic.
+  Init values and pulls are never compressed.  ``'local'`` runs the same arithmetic, except
+  for a list of arrays pushed for one key (one per device): there, as in MXNet's local store,
+  each array is compressed with its own residual and the decoded arrays are summed (a
+  distributed store sums the list first, then compresses, as MXNet's does).
+* MXNet's other calls and rules: its type names (:data:`MXNET_TYPES`; ``kv.type`` is the name
+  given, ``kv.mode`` the store it names), ``broadcast``, ``is_capable``, ``set_updater`` /
+  ``_set_updater`` (a Python updater on 'local' stores), pulls that skip RowSparseArray outputs
+  unless ``ignore_sparse=False``, and one kind of key per store (all ints or all strs).
+  Deliberate differences: a second broadcast of a key gets the stored value (MXNet's native
+  store refuses it; a restarted worker's needs it), ``row_sparse_pull`` fills dense outputs and
+  reads dense keys too, and a Python updater on a distributed store is ignored with a warning
+  (MXNet's workers ignore it silently; psnode's servers take optimizer specs, never code).
 """
 from __future__ import annotations
 
