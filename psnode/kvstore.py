@@ -137,6 +137,7 @@ class KVStore(DataPath):
         self._torch_bufs: dict[Any, np.ndarray] = {}   # host arrays of pulls into torch tensors
         self._key_kind: type | None = None     # int or str: the kind of key the first call used
         self._updater: Callable[[Any, Any, np.ndarray], None] | None = None
+        self._updater_exc: BaseException | None = None   # the updater's first exception in a call
         self._warned: set[Any] = set()         # keys whose row_sparse pull outputs were ignored
 
     # ------------------------------------------------------------ properties
@@ -256,8 +257,6 @@ class KVStore(DataPath):
             exc, self._updater_exc = self._updater_exc, None
             if exc is not None:
                 raise exc
-
-    _updater_exc: BaseException | None = None
 
 
 
