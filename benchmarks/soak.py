@@ -40,11 +40,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 TRAIN = r"""
-import os, sys
+import os, sys, time
 from pathlib import Path
 import numpy as np, psnode
 
-rounds, marks = int(sys.argv[1]), Path(sys.argv[2])
+rounds, marks, pace = int(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
 SIZES = {'w': 1000, 'big': 1_500_000}
 kv = psnode.kv.create('dist_sync')
 kv.set_optimizer(psnode.optimizer.create('sgd', learning_rate=1.0))
@@ -81,11 +81,14 @@ for step in range(min(done.values()) + 1, rounds + 1):
     for k in SIZES:              # (a key pushed further before the restart: its later value)
         kv.pull(k, out=vals[k])
         check(k, max(step, done[k]))
+    if pace:
+        time.sleep(pace)
 for k in SIZES:
     kv.pull(k, out=vals[k])
     check(k, max(rounds, done[k]))
+links = sorted(kv._engine.io.local)          # (the same-host links, back after every restart)
 (marks / f"finishing.{r}").touch()
-print("FINAL OK", r, "restarts", kv.restarts, flush=True)
+print("FINAL OK", r, "restarts", kv.restarts, "links", links, flush=True)
 kv.close()
 """
 
@@ -104,6 +107,7 @@ class Storm:
     max_restarts: int = 50
     timeout: float = 600.0           # the whole storm, launch included
     first_kill: float = 3.0          # seconds after every worker initialised its keys
+    pace: float = 0.0                # seconds each worker sleeps after a round
     extra: list[str] = field(default_factory=list)   # more launch flags
 
 
@@ -183,7 +187,8 @@ def run_storm(storm: Storm, workdir: Path) -> Outcome:
     script.write_text(TRAIN)
     argv = [sys.executable, "-m", "cli.main", "launch", "-n", str(storm.workers), "-s", str(storm.servers),
             "--max-restarts", str(storm.max_restarts), "--checkpoint-dir", str(ckpt), "--checkpoint-rounds", "1",
-            *([] if storm.shm else ["--no-shm"]), *storm.extra, str(script), str(storm.rounds), str(marks)]
+            *([] if storm.shm else ["--no-shm"]), *storm.extra, str(script), str(storm.rounds), str(marks),
+            str(storm.pace)]
     rng = random.Random(storm.seed)
     kills: list[str] = []
     t0 = time.monotonic()
@@ -218,9 +223,9 @@ def run_storm(storm: Storm, workdir: Path) -> Outcome:
         code = launch.returncode
     except TimeoutError as exc:
         _stop(launch)
-        return _outcome(False, str(exc), t0, kills, None, workdir, job, home)
+        return _outcome(False, str(exc), t0, kills, None, workdir, job)
     ranks_ok = sorted(int(p.split(".")[-1]) for p in glob.glob(str(marks / "finishing.*")))
-    finals = _finals(home, job)
+    finals, links = _finals(home, job)
     mismatches = [Path(p).read_text() for p in sorted(glob.glob(str(marks / "mismatch.*")))]
     why = ""
     if mismatches:
@@ -229,10 +234,12 @@ def run_storm(storm: Storm, workdir: Path) -> Outcome:
         why = f"launch exited {code}: {_closing(workdir / 'launch.log')}"
     elif finals != list(range(storm.workers)) or ranks_ok != list(range(storm.workers)):
         why = f"ranks that printed FINAL OK: {finals}"
+    elif storm.shm and links != {str(list(range(storm.servers)))}:
+        why = f"the same-host links at the end: {sorted(links)} (not every server's)"
     left = _left(job)
     if left and not why:
         why = left
-    return _outcome(not why, why, t0, kills, code, workdir, job, home)
+    return _outcome(not why, why, t0, kills, code, workdir, job)
 
 
 def _pick(rec: dict, marks: Path, rng: random.Random) -> tuple[str, int] | None:
@@ -253,14 +260,16 @@ def _pick(rec: dict, marks: Path, rng: random.Random) -> tuple[str, int] | None:
     return None
 
 
-def _finals(home: Path, job: str) -> list[int]:
-    ranks = set()
+def _finals(home: Path, job: str) -> tuple[list[int], set[str]]:
+    """The ranks that printed FINAL OK, and the same-host links they reported."""
+    ranks, links = set(), set()
     for path in glob.glob(str(home / "jobs" / job / "worker-*.log")):
         with contextlib.suppress(OSError):
             for line in Path(path).read_text(errors="replace").splitlines():
                 if line.startswith("FINAL OK "):
                     ranks.add(int(line.split()[2]))
-    return sorted(ranks)
+                    links.add(line.split(" links ", 1)[1])
+    return sorted(ranks), links
 
 
 def _closing(log: Path) -> str:
@@ -302,13 +311,13 @@ def _stop(launch: subprocess.Popen) -> None:
         launch.wait(10)
 
 
-def _outcome(ok: bool, why: str, t0: float, kills: list[str], code: int | None, workdir: Path, job: str,
-             home: Path) -> Outcome:
+def _outcome(ok: bool, why: str, t0: float, kills: list[str], code: int | None, workdir: Path, job: str) -> Outcome:
     return Outcome(ok, why, time.monotonic() - t0, kills, code, str(workdir), job)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=900)
     ap.add_argument("--kills", type=int, default=100, help="at most this many kills per storm")
