@@ -27,10 +27,12 @@ Rules:
    and the same last exception: :class:`Failure`), ``CRASH_LOOP`` times in a row, is ``FAIL``
    with :attr:`Supervision.crash_loop` saying so, whatever restarts are left.  A death by a
    signal sent from outside (KILL, TERM, INT, HUP: an operator, the OOM killer, a test) is no
-   failure of its own and never counts towards a loop.
-6. **Restarts back off** (as Kubernetes' CrashLoopBackOff): after a quick failure the restart
-   waits :meth:`Supervision.delay` seconds, doubling from ``BACKOFF`` with each quick failure
-   in a row up to ``BACKOFF_MAX``; a process that ran longer than ``QUICK`` restarts at once.
+   failure of its own: it never counts towards a loop, and its restart is immediate.
+6. **Restarts back off** (as Kubernetes' CrashLoopBackOff): after a quick failure of its own
+   the restart waits :meth:`Supervision.delay` seconds, doubling from ``BACKOFF`` with each
+   such failure in a row up to ``BACKOFF_MAX``; a process that ran longer than ``QUICK``, or
+   was killed from outside, restarts at once (a back off would only hand the time to the next
+   kill of a storm of them).
 """
 from __future__ import annotations
 
@@ -121,9 +123,9 @@ class Supervision:
 
     def _looping(self, name: str, failure: Failure) -> bool:
         """Rule 5: record ``failure``; True (and :attr:`crash_loop` set) when it ends a loop."""
-        quick = failure.ran < QUICK
+        quick = failure.ran < QUICK and failure.own
         self._quick[name] = self._quick.get(name, 0) + 1 if quick else 0
-        same = quick and failure.own and failure.same(self._last.get(name))
+        same = quick and failure.same(self._last.get(name))
         self._loop[name] = self._loop.get(name, 0) + 1 if same else 0
         self._last[name] = failure
         if self._loop[name] < CRASH_LOOP:

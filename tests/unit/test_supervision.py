@@ -83,10 +83,15 @@ def test_what_breaks_a_crash_loop_and_what_never_counts():
                 Failure(2, "ValueError: b", 1.0), Failure(2, "ValueError: b", 1.0)):
         assert r.exited("worker-0", False, how) is Action.RESTART
     r = rules(max_restarts=50)
-    for _ in range(8):                    # SIGKILL from outside: backs off, never a loop of its own
+    for _ in range(8):                    # SIGKILL from outside: no loop of its own, restarted at once
         assert r.exited("worker-0", False, Failure(-9, None, 0.5)) is Action.RESTART
-    assert r.delay("worker-0") == lifecycle.BACKOFF_MAX and r.crash_loop is None
+        assert r.delay("worker-0") == 0
+    assert r.crash_loop is None
     assert r.exited("worker-0", False, Failure(-11, None, 0.5)) is Action.RESTART      # (SIGSEGV: its own)
+    assert r.delay("worker-0") == lifecycle.BACKOFF
+    for _ in range(6):
+        r.exited("worker-0", False, Failure(1, f"E{_}", 0.5))
+    assert r.delay("worker-0") == lifecycle.BACKOFF_MAX and r.crash_loop is None
     r = rules(max_restarts=1)
     assert r.exited("worker-0", False, Failure(1, "E", 1.0)) is Action.RESTART
     assert r.exited("worker-0", False, Failure(1, "E", 1.0)) is Action.FAIL and r.crash_loop is None
