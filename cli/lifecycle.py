@@ -28,11 +28,11 @@ Rules:
    with :attr:`Supervision.crash_loop` saying so, whatever restarts are left.  A death by a
    signal sent from outside (KILL, TERM, INT, HUP: an operator, the OOM killer, a test) is no
    failure of its own: it never counts towards a loop, and its restart is immediate.
-6. **Restarts back off** (as Kubernetes' CrashLoopBackOff): after a quick failure of its own
-   the restart waits :meth:`Supervision.delay` seconds, doubling from ``BACKOFF`` with each
-   such failure in a row up to ``BACKOFF_MAX``; a process that ran longer than ``QUICK``, or
-   was killed from outside, restarts at once (a back off would only hand the time to the next
-   kill of a storm of them).
+6. **Restarts back off** (as Kubernetes' CrashLoopBackOff): after the second quick failure of
+   its own in a row the restart waits :meth:`Supervision.delay` seconds, ``BACKOFF``, doubling
+   with each further one up to ``BACKOFF_MAX``; after a first one, a process that ran longer
+   than ``QUICK``, or one killed from outside, restarts at once (a back off would only hand the
+   time to the next kill of a storm of them).
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ from enum import Enum
 
 QUICK = 10.0          # seconds: a failure this soon after the start is quick
 CRASH_LOOP = 3        # quick failures the same way in a row, after the first failure, end the job
-BACKOFF = 1.0         # seconds before the restart after a quick failure (doubling)
+BACKOFF = 1.0         # seconds before the restart after a second quick failure in a row (doubling)
 BACKOFF_MAX = 30.0
 _OUTSIDE = {-signal.SIGKILL, -signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP}
 
@@ -140,7 +140,7 @@ class Supervision:
     def delay(self, name: str) -> float:
         """Seconds to wait before restarting ``name`` (rule 6)."""
         n = self._quick.get(name, 0)
-        return 0.0 if n == 0 else min(BACKOFF_MAX, BACKOFF * 2 ** (n - 1))
+        return 0.0 if n < 2 else min(BACKOFF_MAX, BACKOFF * 2 ** (n - 2))
 
     def _may_restart(self, name: str) -> bool:
         return self.restarts.get(name, 0) < self.max_restarts

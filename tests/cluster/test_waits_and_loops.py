@@ -100,7 +100,8 @@ def test_a_crash_loop_ends_early_naming_its_cause(home: Path, tmp_path: Path) ->
     took = time.monotonic() - t0
     out = res.stdout + res.stderr
     assert res.returncode == 1, out
-    assert "restarting it with rank 1 in 1 s" in res.stderr and "in 4 s" in res.stderr, out   # backing off
+    assert "restarting it with rank 1 (restart 1 of 50)" in res.stderr, out                 # at once, then
+    assert "rank 1 in 1 s" in res.stderr and "rank 1 in 2 s" in res.stderr, out             # backing off
     rec = latest(home)
     headline = rec["root_cause"]["headline"]
     assert headline.startswith("worker 1 on localhost: RuntimeError: the data shard /data/part-1 is missing "
