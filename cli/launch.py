@@ -12,8 +12,9 @@ Sequence (:meth:`Supervisor.run`):
 3. start the scheduler, the servers, the workers (each stage per host in parallel); stream
    every process's output (prefixed; ``--ranks`` filters; every line saved to
    ``jobs/<id>/<name>.log``);
-4. watch: process exits go through the rules of :mod:`cli.lifecycle` (restart, fail, wind
-   down); a stop request (``mxdist stop``: ``jobs/<id>/stop.request``) or a signal ends it;
+4. watch: process exits go through the rules of :mod:`cli.lifecycle` (restart, after a back
+   off when it failed quickly; fail, a crash loop included; wind down); a stop request
+   (``mxdist stop``: ``jobs/<id>/stop.request``) or a signal ends it;
 5. the end, always the same way (:meth:`Supervisor._conclude`): stop what still runs on every
    host (TERM, ``--grace``, KILL; a host that does not answer within seconds is *not
    verified*, never waited on), collect what the processes left, name the root cause
@@ -49,12 +50,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from cli import jobs, teardown, ui
+from cli.agent import last_exception
 from cli.backends import (
     Backend,
     BackendError,
@@ -65,7 +67,7 @@ from cli.backends import (
 )
 from cli.hosts import Host
 from cli.jobs import JobRecord, JobState, ProcRecord, ProcState
-from cli.lifecycle import Action, Supervision
+from cli.lifecycle import QUICK, Action, Failure, Supervision
 from cli.plan import Plan, ProcSpec, restarted
 from cli.preflight import prepare_hosts
 from cli.rootcause import RootCause, decide, describe_code
@@ -126,6 +128,7 @@ class Supervisor:
         self.events: queue.Queue[tuple[str, ExitStatus]] = queue.Queue()
         self.printer = ui.LogPrinter(quiet=settings.quiet, ranks=settings.ranks)
         self.threads: list[tuple[str, threading.Thread]] = []   # (host label, follower)
+        self._since: dict[str, tuple[float, int]] = {}   # name -> (when it started, its log's size then)
         self._signal: int | None = None
         self._lock: jobs.Lock | None = None
         self._stopped: set[str] = set()
@@ -236,6 +239,7 @@ class Supervisor:
     def _started(self, rec: ProcRecord, started: Started, offset: int = 0) -> None:
         rec.pid, rec.run_log, rec.rc_file = started.pid, started.run_log, started.rc_file
         rec.state, rec.exit_code, rec.ended = ProcState.RUNNING, None, None
+        self._since[rec.name] = (time.monotonic(), offset)
         self._follow(rec, offset)
 
     def _follow(self, rec: ProcRecord, offset: int = 0) -> None:
@@ -276,11 +280,16 @@ class Supervisor:
         rules = Supervision.of(((p.name, p.role) for p in self.record.procs if p.pid),
                                self.plan.node.max_restarts, self.plan.node.servers_restart)
         wind_down_by: float | None = None
+        later: list[tuple[float, ProcRecord]] = []   # restarts backing off (cli.lifecycle, rule 6)
         while True:
             if (req := self._end_request()) is not None:
                 if rules.winding_down:
                     return self._conclude(JobState.SUCCEEDED, EXIT_OK)
                 return self._conclude(JobState.STOPPED, req.code, stopped_by=req.why, grace=req.grace)
+            for item in [x for x in later if x[0] <= time.monotonic()]:
+                later.remove(item)
+                if not self._restart(item[1]) and rules.restart_failed(item[1].name) is Action.FAIL:
+                    return self._conclude(JobState.FAILED, EXIT_FAILED, first_seen=item[1].name)
             try:
                 name, status = self.events.get(timeout=POLL)
             except queue.Empty:
@@ -289,11 +298,16 @@ class Supervisor:
                 continue
             rec = self.record.proc(name)
             self._exited(rec, status)
-            action = rules.exited(name, status.ok)
-            if action is Action.RESTART and not self._restart(rec, status):
-                action = rules.restart_failed(name)
+            action = rules.exited(name, status.ok, None if status.ok else self._failure(rec, status))
+            if action is Action.RESTART:
+                delay = rules.delay(name)
+                self._announce_restart(rec, status, delay)
+                if delay:
+                    later.append((time.monotonic() + delay, rec))
+                elif not self._restart(rec):
+                    action = rules.restart_failed(name)
             if action is Action.FAIL:
-                return self._conclude(JobState.FAILED, EXIT_FAILED, first_seen=name)
+                return self._conclude(JobState.FAILED, EXIT_FAILED, first_seen=name, note=rules.crash_loop)
             if action is Action.DONE:
                 return self._conclude(JobState.SUCCEEDED, EXIT_OK)
             if action is Action.WIND_DOWN:
@@ -325,11 +339,25 @@ class Supervisor:
             return None
         return bool(answer.get("started"))
 
-    def _restart(self, rec: ProcRecord, status: ExitStatus) -> bool:
+    def _failure(self, rec: ProcRecord, status: ExitStatus) -> Failure:
+        """How ``rec`` failed, for the crash-loop rule: its status, the last exception its log
+        shows since it started, and how long it ran."""
+        since, offset = self._since.get(rec.name, (time.monotonic(), 0))
+        try:
+            size = os.path.getsize(rec.log) - offset
+        except OSError:
+            size = 0
+        exception = last_exception(rec.log, min(size, 16384)) if size > 0 else None
+        return Failure(status.code, exception, time.monotonic() - since)
+
+    def _announce_restart(self, rec: ProcRecord, status: ExitStatus, delay: float) -> None:
+        when = f" in {delay:g} s (it failed within {QUICK:g} s of its start)" if delay else ""
+        ui.warn(f"{rec.name} on {rec.host} {status.describe()}: restarting it with rank {rec.rank}{when} "
+                f"(restart {rec.restarts + 1} of {self.plan.node.max_restarts})")
+
+    def _restart(self, rec: ProcRecord) -> bool:
         """Start ``rec`` again (same host, rank, env + PSNODE_RESTART_COUNT); False if that failed."""
         count = rec.restarts + 1
-        ui.warn(f"{rec.name} on {rec.host} {status.describe()}: restarting it with rank {rec.rank} "
-                f"(restart {count} of {self.plan.node.max_restarts})")
         spec = restarted(next(p for p in self.plan.procs if p.name == rec.name), count)
         try:
             offset = os.path.getsize(rec.log)  # the local log (or local copy) holds all output so far
@@ -349,8 +377,9 @@ class Supervisor:
 
     def _conclude(self, state: JobState, code: int, stopped_by: str | None = None,
                   first_seen: str | None = None, headline: str | None = None,
-                  grace: float | None = None, summary: str | None = None) -> int:
-        """Stop, collect, name the root cause, clean up on every host; write the final state once."""
+                  grace: float | None = None, summary: str | None = None, note: str | None = None) -> int:
+        """Stop, collect, name the root cause (``note``: what the supervisor adds to it, e.g. a
+        crash loop), clean up on every host; write the final state once."""
         if stopped_by:
             ui.warn(f"{stopped_by}: stopping the job on every host")
         live = [p for p in self.record.procs if p.pid and p.state is ProcState.RUNNING]
@@ -368,6 +397,8 @@ class Supervisor:
         cause: RootCause | None = None
         if state is JobState.FAILED and headline is None:
             cause = self._root_cause(first_seen, report.unverified)
+            if cause is not None and note:
+                cause = replace(cause, headline=f"{cause.headline} ({note})")
         labels = [h.label for h in self.plan.busy_hosts]
         failed_cleanup = teardown.cleanup_everywhere(self.backend, self.hosts, self.record.id,
                                                      self.settings.run_dir, labels, report.unverified)

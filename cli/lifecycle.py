@@ -22,12 +22,48 @@ Rules:
 4. The scheduler or a server exiting 0 is not an event (psnode's scheduler ends a job before
    its workers' interpreters exit); after ``WIND_DOWN`` their failures are reported but do not
    change the outcome: the workers' results are in.
+5. **Crash loops end.**  A failure within ``QUICK`` seconds of the process's start is quick.
+   A replacement that fails quickly *the same way* as its predecessor (the same exit status
+   and the same last exception: :class:`Failure`), ``CRASH_LOOP`` times in a row, is ``FAIL``
+   with :attr:`Supervision.crash_loop` saying so, whatever restarts are left.  A death by a
+   signal sent from outside (KILL, TERM, INT, HUP: an operator, the OOM killer, a test) is no
+   failure of its own: it never counts towards a loop, and its restart is immediate.
+6. **Restarts back off** (as Kubernetes' CrashLoopBackOff): after the second quick failure of
+   its own in a row the restart waits :meth:`Supervision.delay` seconds, ``BACKOFF``, doubling
+   with each further one up to ``BACKOFF_MAX``; after a first one, a process that ran longer
+   than ``QUICK``, or one killed from outside, restarts at once (a back off would only hand the
+   time to the next kill of a storm of them).
 """
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
+
+QUICK = 10.0          # seconds: a failure this soon after the start is quick
+CRASH_LOOP = 3        # quick failures the same way in a row, after the first failure, end the job
+BACKOFF = 1.0         # seconds before the restart after a second quick failure in a row (doubling)
+BACKOFF_MAX = 30.0
+_OUTSIDE = {-signal.SIGKILL, -signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP}
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How a process failed: its exit status (``code``: -N for signal N, None: unknown), the
+    last exception its log shows since it started (None: none), and how long it ran."""
+
+    code: int | None
+    exception: str | None = None
+    ran: float = 0.0
+
+    @property
+    def own(self) -> bool:
+        """It failed by itself (not by a signal from outside)."""
+        return self.code not in _OUTSIDE
+
+    def same(self, other: Failure | None) -> bool:
+        return other is not None and (self.code, self.exception) == (other.code, other.exception)
 
 
 class Action(str, Enum):
@@ -50,6 +86,10 @@ class Supervision:
     finished: set[str] = field(default_factory=set)
     restarts: dict[str, int] = field(default_factory=dict)
     winding_down: bool = False
+    crash_loop: str | None = None          # why the job ended as a crash loop (rule 5)
+    _last: dict[str, Failure] = field(default_factory=dict)
+    _loop: dict[str, int] = field(default_factory=dict)     # quick failures the same way in a row
+    _quick: dict[str, int] = field(default_factory=dict)    # quick failures in a row
 
     @classmethod
     def of(cls, procs: Iterable[tuple[str, str]], max_restarts: int = 0,
@@ -60,9 +100,11 @@ class Supervision:
         others = {n for n, role in items if role != "worker"}
         return cls(workers, others, max_restarts, servers_restart, running={n for n, _ in items})
 
-    def exited(self, name: str, ok: bool) -> Action:
-        """What to do now that ``name`` ended (``ok``: exit code 0)."""
+    def exited(self, name: str, ok: bool, failure: Failure | None = None) -> Action:
+        """What to do now that ``name`` ended (``ok``: exit code 0; ``failure``: how it failed)."""
         self.running.discard(name)
+        if not ok and failure is not None and not self.winding_down and self._looping(name, failure):
+            return Action.FAIL
         if name in self.workers:
             if ok:
                 self.finished.add(name)
@@ -78,6 +120,27 @@ class Supervision:
             self.winding_down = True
             return Action.WIND_DOWN if self.running else Action.DONE
         return Action.CONTINUE if self.running else Action.DONE
+
+    def _looping(self, name: str, failure: Failure) -> bool:
+        """Rule 5: record ``failure``; True (and :attr:`crash_loop` set) when it ends a loop."""
+        quick = failure.ran < QUICK and failure.own
+        self._quick[name] = self._quick.get(name, 0) + 1 if quick else 0
+        same = quick and failure.same(self._last.get(name))
+        self._loop[name] = self._loop.get(name, 0) + 1 if same else 0
+        self._last[name] = failure
+        if self._loop[name] < CRASH_LOOP:
+            return False
+        how = f"exit code {failure.code}" if failure.code is not None and failure.code >= 0 else \
+            "killed by a signal" if failure.code is not None else "lost"
+        self.crash_loop = (f"crash loop: {name} failed the same way {CRASH_LOOP + 1} times in a row, each "
+                           f"restart within {QUICK:g} s of its start ({failure.exception or how}); "
+                           "restarting it again would not help")
+        return True
+
+    def delay(self, name: str) -> float:
+        """Seconds to wait before restarting ``name`` (rule 6)."""
+        n = self._quick.get(name, 0)
+        return 0.0 if n < 2 else min(BACKOFF_MAX, BACKOFF * 2 ** (n - 2))
 
     def _may_restart(self, name: str) -> bool:
         return self.restarts.get(name, 0) < self.max_restarts

@@ -22,9 +22,16 @@ Semantics (per key part held by this server):
   ``n`` completed), so a pull after a push always sees it.  ``rows`` selects rows (row_sparse).
   A resent pull (``re``) still parked is answered ``wait`` (the server holds it; nothing lost).
 * ``pushpull``: a push, then a pull after it: one request and one answer per key part.
-* :meth:`Store.rebase` after a server restored its shard from a checkpoint: each key part's
-  round becomes the later of the checkpoint's and the workers' confirmed rounds, so pushes the
-  workers resend are applied once, and rounds the checkpoint already holds are not applied twice.
+* **durability** (a server that can be restarted: ``restartable``): what a checkpoint holds
+  survives the server's restart, and nothing else does (psnode.checkpoint: everything,
+  rounds in progress and waiting pushes included).  Such a server never tells a worker what
+  its checkpoint does not hold: the store asks for a checkpoint before the replies leave
+  (:meth:`Store.release`) when they reveal something new -- a key created, an optimizer set,
+  the push count a restarted worker resumes from (init), a flush's pushes, a push that asks
+  -- and every pull's answer carries ``seq``, the worker's *durable watermark* for the key
+  part (its pushes 1..seq are in the last checkpoint).  A server that cannot be restarted
+  reports the pushes it received instead.  Workers keep pushes until that watermark covers
+  them (the exactly-once invariant: psnode.journal).
 * row_sparse pushes carry (row ids, rows); rows are combined per round (duplicates summed),
   averaged over the contributors as if missing rows were zero, and applied lazily: only rows
   present change (without an optimizer those rows take the aggregate; others keep their value).
@@ -45,6 +52,7 @@ from psnode.entry import (
     OpError,
     Reply,
     agree,
+    contiguous,
     first_gap,
     fits,
     fmt,
@@ -65,7 +73,6 @@ from psnode.protocol import (
     Pull,
     Push,
     PushPull,
-    Resync,
     SetOptimizer,
     Wait,
     bucket_of,
@@ -80,8 +87,12 @@ class Store(Rounds):
     Rounds (accepting, summing, completing, applying pushes) are :class:`psnode.rounds.Rounds`."""
 
     def __init__(self, num_workers: int, check_finite: bool = False, alloc: Alloc | None = None,
-                 adopt: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+                 adopt: Callable[[np.ndarray], np.ndarray] | None = None, restartable: bool = False) -> None:
         self.entries: dict[Key, Entry] = {}
+        self.num_workers = num_workers
+        self.restartable = restartable   # its checkpoints restore it inside the job (see durability)
+        self.must_persist = False        # replies waiting reveal what the last checkpoint lacks
+        self.durable_rounds = 0          # ``rounds`` at the last checkpoint
         self.active: set[int] = set(range(num_workers))
         self.optimizer: opt_mod.Optimizer | None = None
         self.check_finite = check_finite
@@ -96,7 +107,7 @@ class Store(Rounds):
         self.fused = Buckets(self)
         self._handlers: dict[int, Callable[[int, Any], list[Reply]]] = {
             OpCode.INIT: self._init, OpCode.PUSH: self._push, OpCode.PULL: self._pull,
-            OpCode.PUSHPULL: self._pushpull, OpCode.FLUSH: self._flush, OpCode.RESYNC: self._resync,
+            OpCode.PUSHPULL: self._pushpull, OpCode.FLUSH: self._flush,
             OpCode.SET_OPTIMIZER: self._set_optimizer, OpCode.GET_STATES: self._get_states,
             OpCode.LOAD_STATES: self._load_states}
 
@@ -136,7 +147,11 @@ class Store(Rounds):
             return pulled if not out else [*out, *pulled]
         if isinstance(op, Push):
             out = self.fused.push(worker, bid, op.seq, self._bucket_gradient(worker, bid, op))
-            return out if op.na else [Reply(worker, Ok(op.id)), *out]
+            if op.na:
+                return out
+            self.must_persist = True   # (as _push)
+            return [Reply(worker, Ok(op.id, seq=self.fused.contiguous(bid, worker)), holder=self.fused.bucket(bid)),
+                    *out]
         if isinstance(op, Pull) and op.rows is None:
             return self.fused.pull(worker, op.id, bid, op.after, op.re, op.dest)
         if isinstance(op, PushPull):
@@ -155,7 +170,7 @@ class Store(Rounds):
         if op.value is None:
             waiting = self.waiting_inits.setdefault(key, [])
             if op.re and any(w == worker and o.id == op.id for w, o in waiting):
-                return [Reply(worker, Wait(op.id))]
+                return [Reply(worker, Wait(op.id, 0, [0]))]   # (the value comes with rank 0's init)
             waiting.append((worker, op))
             return []
         if op.value.dtype.name != op.dtype or op.value.shape != tuple(op.shape):
@@ -173,6 +188,7 @@ class Store(Rounds):
         if optimizer is not None:
             entry.state = optimizer.create_state(entry.value)
         self.entries[key] = entry
+        self.must_persist = True   # (a restored server must hold every key a worker was told of)
         if op.bucket >= 0 and not op.sparse:
             self.fused.join(op.bucket, key, entry, op.offset)
         out = [Reply(worker, Ok(op.id, [entry.value]), entry)]
@@ -184,11 +200,22 @@ class Store(Rounds):
                 out.append(Reply(w, Failed(other.id, exc.kind, str(exc))))
         return out
 
-    @staticmethod
-    def _accepted(entry: Entry, worker: int) -> int:
-        """How many pushes of ``worker`` this key part has taken (applied or waiting)."""
-        early = [seq for seq, *_ in entry.early.get(worker, [])]
-        return max([entry.pushed.get(worker, 0), *early, *entry.ahead.get(worker, ())])
+    def _accepted(self, entry: Entry, worker: int) -> int:
+        """How many pushes of ``worker`` this key part has taken without a gap (applied, being
+        summed or waiting): where a restarted worker resumes.  Its predecessor's journal died
+        with it, so on a restartable server the count must be durable before it is told, and
+        the predecessor's sync pushes past the gap, not applied, are dropped: the replacement
+        pushes those steps again (else a round it has not pushed yet could complete)."""
+        count = contiguous(entry, worker)
+        queue = entry.early.get(worker)
+        if queue and any(q > count for q, *_ in queue):
+            entry.early[worker] = [item for item in queue if item[0] <= count]
+            if not entry.early[worker]:
+                del entry.early[worker]
+            self.must_persist = True
+        if count > entry.durable.get(worker, 0):
+            self.must_persist = True
+        return count
 
     @staticmethod
     def _check_meta(key: Key, entry: Entry, dtype: str, shape: tuple[int, ...]) -> None:
@@ -201,7 +228,12 @@ class Store(Rounds):
     def _push(self, worker: int, op: Push) -> list[Reply]:
         key = (op.key, op.part)
         out = self._take_push(worker, key, op.seq, self._gradient(worker, key, op), op.rows)
-        return out if op.na else [Reply(worker, Ok(op.id)), *out]
+        if op.na:
+            return out
+        # a push that asks for its answer asks for its durability too (psnode.journal)
+        entry = self.entries[key]
+        self.must_persist = True
+        return [Reply(worker, Ok(op.id, seq=contiguous(entry, worker)), holder=entry), *out]
 
     def _gradient(self, worker: int, key: Key, op: Push | PushPull) -> np.ndarray | Packed:
         """A push's dense gradient: its data, or its compressed payload checked (decoded where
@@ -253,39 +285,41 @@ class Store(Rounds):
         for worker, rid, after, rows, dest in entry.pulls:
             done = entry.round if entry.sync else entry.pushed.get(worker, 0)
             if done >= after or (entry.sync and worker not in self.active and after > done):
+                seq = after if done >= after else 0   # (received; restartable: stamped durable)
                 if rows is None:
-                    out.append(Reply(worker, Ok(rid, [entry.value]), entry, dest, entry.sync))
+                    out.append(Reply(worker, Ok(rid, [entry.value], seq), entry, dest, entry.sync, False, entry))
                 elif fits(dest, (len(rows), *entry.value.shape[1:]), entry.value.dtype):
                     assert dest is not None
                     np.take(entry.value, rows, axis=0, out=dest)   # straight into the landing area
-                    out.append(Reply(worker, Ok(rid, [dest])))
+                    out.append(Reply(worker, Ok(rid, [dest], seq), holder=entry))
                 else:
-                    out.append(Reply(worker, Ok(rid, [entry.value[rows]])))
+                    out.append(Reply(worker, Ok(rid, [entry.value[rows]], seq), holder=entry))
             else:
                 keep.append((worker, rid, after, rows, dest))
         entry.pulls = keep
         return out
 
-    def _resync(self, worker: int, op: Resync) -> list[Reply]:
-        """Only a restored server waits for resyncs (psnode.server); elsewhere a no-op."""
-        return []
-
     def _flush(self, worker: int, op: Flush) -> list[Reply]:
         """Answered at once: every earlier request of this worker that arrived has been handled.
 
         ``check`` lists pushes the worker sent; the answer names under ``missing`` those never
-        received (lost on the way), for the worker to send again.
+        received (lost on the way), for the worker to send again.  Ok: every push listed was
+        received (and, on a restartable server, is durable once the answer leaves).
         """
         missing = []
         for key, part, seqs in op.check:
             bid = bucket_of(key)
             if bid is not None:
                 lost = [q for q in seqs if not self.fused.received(bid, worker, q, received)]
+                durable = self.fused.durable(bid, worker)
             else:
                 entry = self.entries.get((key, part))
                 lost = [] if entry is None else [q for q in seqs if not received(entry, worker, q)]
+                durable = entry.durable.get(worker, 0) if entry is not None else 0
             if lost:
                 missing.append((key, part, lost))
+            elif op.durable and seqs and max(seqs) > durable:
+                self.must_persist = True
         return [Reply(worker, Missing(op.id, missing) if missing else Ok(op.id))]
 
     # ---------------------------------------------------------------- optimizer
@@ -300,6 +334,7 @@ class Store(Rounds):
             keep = self.optimizer is not None and self.optimizer.name == optimizer.name \
                 and self.optimizer.state_names() == optimizer.state_names()
             self.optimizer = optimizer
+            self.must_persist = True
             for entry in [] if keep else self.entries.values():
                 entry.state = optimizer.create_state(entry.value) if entry.value.dtype.kind == "f" else None
         return [Reply(worker, Ok(op.id))]
@@ -328,49 +363,39 @@ class Store(Rounds):
             if entry is None:
                 raise OpError("KeyNotInitialized", f"{fmt(*where)} in the state file is not initialised")
             entry.state = opt_mod.state_from_arrays(named)
+        self.must_persist = True
         return [Reply(worker, Ok(op.id))]
 
-    # ---------------------------------------------------------------- restore
-    def rebase(self, confirmed: dict[Key, dict[int, int]], num_workers: int) -> list[str]:
-        """Align restored key parts with the workers' push counts (see the module docstring).
+    # ---------------------------------------------------------------- durability
+    def persist_due(self, every: int) -> bool:
+        """Must a checkpoint be written before the replies handled since the last one leave?
+        (``every``: completed rounds between checkpoints, 0 for none by rounds.)"""
+        return (self.restartable and self.must_persist) or bool(every and self.rounds - self.durable_rounds >= every)
 
-        ``confirmed[key][w]``: the last push of worker ``w`` it knows applied (its pull after it
-        returned).  Returns notices for rounds the checkpoint did not hold (lost with the server).
-        """
-        notices = []
-        self.fused.split_all()
-        for (k, _part), seen_b in list(confirmed.items()):   # a bucket's confirmations: its members'
-            bid = bucket_of(k)
-            if bid is not None:
-                for member in self.fused.members(bid):
-                    got = confirmed.setdefault(member, {})
-                    for w, q in seen_b.items():
-                        got[w] = max(got.get(w, 0), q)
-        for key, entry in self.entries.items():
-            seen = confirmed.get(key, {})
-            latest = max(seen.values(), default=0)
-            if entry.sync:
-                if latest > entry.round:
-                    notices.append(f"{fmt(*key)}: rounds {entry.round + 1}..{latest} were not in the "
-                                   f"checkpoint; the value is that of round {entry.round}")
-                entry.round = max(entry.round, latest)
-                entry.pushed = dict.fromkeys(range(num_workers), entry.round)
+    def mark_durable(self) -> None:
+        """A checkpoint of the store as it is was written (or loaded): every push it holds is
+        durable; the watermarks answers report move up to it."""
+        workers = range(self.num_workers)
+        self.fused.split_all()   # (a checkpoint split them already: members hold their state)
+        for entry in self.entries.values():
+            if not entry.early and not entry.ahead:
+                entry.durable = dict(entry.pushed)
             else:
-                for w in range(num_workers):
-                    mine = max(entry.pushed.get(w, 0), seen.get(w, 0))
-                    if seen.get(w, 0) > entry.pushed.get(w, 0):
-                        notices.append(f"{fmt(*key)}: pushes {entry.pushed.get(w, 0) + 1}..{mine} of worker "
-                                       f"{w} were not in the checkpoint")
-                    entry.pushed[w] = mine
-            entry.ahead.clear()
-            entry.early.clear()
-            entry.contributors.clear()
-            entry.sparse_parts.clear()
-            entry.first = None
-            entry.pulls = []
-        for b in self.fused.all.values():
-            b.pulls = []
-        return notices
+                entry.durable = {w: contiguous(entry, w) for w in workers}
+        self.fused.mark_durable()
+        self.must_persist = False
+        self.durable_rounds = self.rounds
+
+    def release(self, replies: list[Reply], every: int, checkpoint: Callable[[], None]) -> list[Reply]:
+        """The replies, ready to leave: ``checkpoint()`` first when :meth:`persist_due`, then
+        (restartable) each answer's ``seq`` set to the worker's durable watermark."""
+        if self.persist_due(every):
+            checkpoint()
+        if self.restartable:
+            for r in replies:
+                if r.holder is not None:
+                    r.answer.seq = r.holder.durable.get(r.worker, 0)  # type: ignore[union-attr]
+        return replies
 
     # ---------------------------------------------------------------- membership
     def set_active(self, workers: set[int]) -> list[Reply]:

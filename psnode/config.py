@@ -34,7 +34,9 @@ variable                           meaning (default)
 ``PSNODE_CHECKPOINT_DIR``          servers checkpoint their shards here (none)
 ``PSNODE_CHECKPOINT_INTERVAL``     seconds between server checkpoints (``0``: none by time)
 ``PSNODE_CHECKPOINT_ROUNDS``       completed rounds between server checkpoints (``0``: none by
-                                   rounds); a server also checkpoints when the job ends well
+                                   rounds); a server also checkpoints when the job ends well, and,
+                                   when it may be restarted (``PSNODE_MAX_RESTARTS`` > 0), before
+                                   any answer its last checkpoint lacks (psnode.aggregation)
 ``PSNODE_RESUME``                  ``1``: servers load their shards from the checkpoint dir
 ``PSNODE_SKIP_NONFINITE``          ``1``: a round whose gradient holds NaN/Inf is skipped whole and
                                    reported with key and worker (``0``)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -54,7 +54,8 @@ class KeyInfo:
     sparse: bool
     placement: Placement
     seq: int = 0        # pushes of this key sent by this worker (numbers the next push)
-    taken: int = 0      # pushes of this rank the servers had taken at init (restarts)
+    taken: int = 0      # pushes of this rank every part's server had taken at init (restarts)
+    counts: dict[int, int] = field(default_factory=dict)   # part -> its server's count at init
     bucket: Bucket | None = None   # the bucket it shares with other small keys (psnode.fused)
 
     def part_shape(self, part: Part) -> tuple[int, ...]:

@@ -28,6 +28,7 @@ class Reply:
     dest: np.ndarray | None = None
     shared: bool = False
     fixed: bool = False   # the array is written in place by later rounds: TCP must send a copy
+    holder: Any = None    # the Entry or bucket whose durable watermark the Ok's seq reports
 
     def __post_init__(self) -> None:
         if self.entry is not None:
@@ -67,6 +68,7 @@ class Entry:
     fixed: bool = False    # value stays where it is (written in place, never swapped)
     scaled: bool = False   # spare already holds the round's average (summed and scaled at once)
     row_sum: np.ndarray | None = None   # flat scratch a sync row_sparse round is summed into
+    durable: dict[int, int] = field(default_factory=dict)   # worker -> pushes its last checkpoint holds
 
 
 class _Unsent:
@@ -109,6 +111,14 @@ def first_gap(entry: Entry, worker: int) -> int:
     return seq
 
 
+def contiguous(entry: Entry, worker: int) -> int:
+    """How many pushes of ``worker`` this key part holds, counted without a gap (1..n all
+    received: applied, in the round being summed, or waiting for a later round)."""
+    if not entry.early and not entry.ahead:
+        return entry.pushed.get(worker, 0)
+    return first_gap(entry, worker) - 1
+
+
 def mark_async(entry: Entry, worker: int, seq: int) -> None:
     """Record async push ``seq`` of ``worker`` as applied; ``pushed`` stays contiguous."""
     done = entry.pushed.get(worker, 0)
@@ -149,5 +159,5 @@ def fresh(buf: np.ndarray | None, sends: list[Any], like: np.ndarray,
     return new(like)
 
 
-__all__ = ["UNSENT", "Entry", "Key", "OpError", "Reply", "agree", "describe_tag", "first_gap", "fits", "fmt",
-           "fresh", "mark_async", "received", "sent"]
+__all__ = ["UNSENT", "Entry", "Key", "OpError", "Reply", "agree", "contiguous", "describe_tag", "first_gap", "fits",
+           "fmt", "fresh", "mark_async", "received", "sent"]

@@ -23,6 +23,11 @@ class PeerLost(PSError):
     """A node of the job died, stopped answering, or the job was stopped."""
 
 
+class DataLost(PeerLost):
+    """A push a restored server needs exists nowhere any more (psnode.journal): the job cannot
+    go on exactly, and no restart can bring it back, so it ends."""
+
+
 class KeyNotInitialized(PSError, KeyError):
     """Push or pull of a key that no worker has initialised."""
 

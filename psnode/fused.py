@@ -26,7 +26,7 @@ import numpy as np
 
 from psnode import optimizer as opt_mod
 from psnode.arith import add_scaled
-from psnode.entry import Entry, OpError, Reply, first_gap
+from psnode.entry import Entry, OpError, Reply, contiguous, first_gap
 from psnode.protocol import Ok, Wait
 
 if TYPE_CHECKING:
@@ -69,6 +69,7 @@ class Bucket:
     view: np.ndarray | None = None         # value[:used], the array answers carry
     # bucket pulls parked (either mode): (worker, request id, after, landing area)
     pulls: list[tuple[int, int, int, np.ndarray | None]] = field(default_factory=list)
+    durable: dict[int, int] = field(default_factory=dict)   # worker -> pushes the last checkpoint holds
 
 
 class Buckets:
@@ -274,7 +275,8 @@ class Buckets:
             done = b.round if b.fused else min(m.entry.round for m in b.members)
             if done >= after or (worker not in active and after > done):
                 view = b.view if b.view is not None else b.value[:b.used]
-                out.append(Reply(worker, Ok(rid, [view]), dest=dest, shared=True, fixed=True))
+                out.append(Reply(worker, Ok(rid, [view], after if done >= after else 0), dest=dest, shared=True,
+                                 fixed=True, holder=b))
             else:
                 keep.append((worker, rid, after, dest))
         b.pulls = keep
@@ -287,6 +289,28 @@ class Buckets:
         if b.fused:
             return seq <= b.pushed.get(worker, 0) or any(q == seq for q, _ in b.early.get(worker, []))
         return all(received(m.entry, worker, seq) for m in b.members)
+
+    def contiguous(self, bid: int, worker: int) -> int:
+        """Pushes of ``worker`` every member of bucket ``bid`` holds without a gap."""
+        b = self.bucket(bid)
+        if b.fused:
+            have = {q for q, _ in b.early.get(worker, [])}
+            n = b.pushed.get(worker, 0)
+            while n + 1 in have:
+                n += 1
+            return n
+        return min(contiguous(m.entry, worker) for m in b.members)
+
+    def durable(self, bid: int, worker: int) -> int:
+        b = self.all.get(bid)
+        return 0 if b is None else b.durable.get(worker, 0)
+
+    def mark_durable(self) -> None:
+        """(After a checkpoint: members carry their watermarks) each bucket's is its members' lowest."""
+        for b in self.all.values():
+            if b.members:
+                workers = set().union(*(m.entry.durable for m in b.members))
+                b.durable = {w: min(m.entry.durable.get(w, 0) for m in b.members) for w in workers}
 
     def members(self, bid: int) -> list[Key]:
         b = self.all.get(bid)

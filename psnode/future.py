@@ -22,7 +22,7 @@ class Future:
     Resolved once, by one thread (the I/O thread; a second ``set``/``fail`` is ignored).  A
     lock held until then is cheaper than a threading.Event (one per request)."""
 
-    __slots__ = ("_done", "_lock", "error", "on_reply", "result", "server")
+    __slots__ = ("_done", "_lock", "error", "on_reply", "request", "result", "server")
 
     def __init__(self, on_reply: Callable[[Ok], None] | None = None, server: int = -1) -> None:
         self._lock = threading.Lock()
@@ -32,6 +32,7 @@ class Future:
         self.result: Ok | None = None
         self.error: BaseException | None = None
         self.on_reply = on_reply
+        self.request: Any = None   # what it answers (for the wait reports of psnode.worker)
 
     def set(self, result: Ok) -> None:
         if self._done:

@@ -184,13 +184,13 @@ class IoLoop(SameHostLinks):
             self.poller.add(ch)
             self.links.append(None)
         if self.cfg.shm and shm.available():
-            e.staging = Staging(self.cfg.job_id, e.rank, e.tracker.journal.confirmed)
+            e.staging = Staging(self.cfg.job_id, e.rank, e.tracker.journal.released)
             for i, (_, host, port) in enumerate(body["servers"]):
                 self.connect(i, str(host), int(port))
         e.welcome.set(Ok(0))
 
     def on_servers(self, body: dict[str, Any]) -> None:
-        """A server is down (its requests wait) or was replaced (reconnect, resync, resend)."""
+        """A server is down (its requests wait) or was replaced (reconnect, resend)."""
         e = self.e
         assert self.t is not None
         if isinstance(body.get("down"), int):
@@ -216,7 +216,7 @@ class IoLoop(SameHostLinks):
         with e.lock:
             batch = e.tracker.restored(rank, time.monotonic())
         log.warning("worker %d: server %d restarted at %s:%s; resending %d request(s)",
-                    e.rank, rank, row[1], row[2], len(batch) - 1)
+                    e.rank, rank, row[1], row[2], len(batch))
         self.send({rank: batch})
 
     def send_control(self, now: float) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from psnode import cpupolicy, failure
 from psnode.config import NodeConfig, Role
-from psnode.errors import ConfigError, PeerLost
+from psnode.errors import ConfigError, DataLost, PeerLost
 from psnode.kvstore import AGGREGATORS, MXNET_TYPES, TYPES, KVStore, resolve_type
 from psnode.local import LocalEngine
 from psnode.worker import Engine
@@ -61,7 +61,8 @@ def _report_uncaught(kv: KVStore, engine: Engine, cfg: NodeConfig) -> None:
       stopped answering its requests) included -- is this worker's own failure: a record (kind
       ``exception``, with the time, type, message and traceback: :mod:`psnode.failure`), the
       scheduler is told (with restarts left, ``mxdist launch --max-restarts``, the job waits
-      for the replacement; otherwise it fails naming this worker), then the usual traceback.
+      for the replacement; otherwise, or for a :class:`DataLost` that no restart can mend, it
+      fails naming this worker), then the usual traceback.
     * ``kv.close()`` puts the previous hook back (a finished worker's later exception is not a
       psnode failure); until then a closed store's hook passes everything to the previous one.
     """
@@ -79,7 +80,9 @@ def _report_uncaught(kv: KVStore, engine: Engine, cfg: NodeConfig) -> None:
             return
         try:
             failure.write(cfg.error_file, "exception", "worker", engine.rank, cfg.host, exc=exc)
-            engine.fail(f"{kind.__name__}: {exc}", restart=cfg.restart_count < cfg.max_restarts)
+            # (a push lost for good ends the job: a replacement would fail the same way)
+            restart = cfg.restart_count < cfg.max_restarts and not isinstance(exc, DataLost)
+            engine.fail(f"{kind.__name__}: {exc}", restart=restart)
         finally:
             previous(kind, exc, tb)
 

@@ -310,10 +310,13 @@ class KVStore(DataPath):
                 op.value = np.array(info.region(arr, part), copy=True)
             copy = self._copier(target, info, part) if target is not None else None
 
-            def on_init(ans: Ok, copy: Copier | None = copy, info: KeyInfo = info) -> None:
-                info.taken = max(info.taken, ans.seq)      # > 0 after a restart
+            def on_init(ans: Ok, copy: Copier | None = copy, info: KeyInfo = info, part: int = part.index) -> None:
+                # > 0 after a restart; a split key resumes where its last part stopped (a
+                # predecessor may have died between pushing two parts: the other is a duplicate)
+                info.counts[part] = ans.seq
+                info.taken = min(info.counts.values())
                 if self._resumed:
-                    info.seq = max(info.seq, info.taken)
+                    info.seq = info.taken
                 if copy is not None:
                     copy(ans)
             futs.append(self._submit(part.server, op, 0, 1 << 30, on_init))

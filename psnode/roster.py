@@ -10,8 +10,10 @@ Contracts:
 * :meth:`Roster.joined` / :meth:`Roster.left` keep the count of registered nodes per role.
 * :meth:`Roster.set_state` is told every state change of a node (the scheduler routes all of
   them through it); :attr:`Roster.servers` is then exactly the live (REGISTERED or ALIVE)
-  servers, :attr:`Roster.active` exactly the ALIVE workers (ident -> rank)
-  and :meth:`Roster.active_ranks` their sorted ranks, cached until the next change;
+  servers, :attr:`Roster.active` exactly the member workers (ident -> rank): ALIVE, or
+  RESTARTING (a failed worker whose replacement is awaited: a round must not complete
+  without its push, which the replacement sends), and :meth:`Roster.active_ranks` their
+  sorted ranks, cached until the next change;
   :meth:`Roster.all_finished` says whether every registered worker is FINISHED.
 * :meth:`Roster.want_membership` asks for a MEMBERSHIP; :meth:`Roster.take_membership` returns
   the active ranks once per batch of asks (None when nothing was asked since the last take, or
@@ -37,7 +39,7 @@ class Roster:
     """Counts per role, the active workers and the pending MEMBERSHIP (see the module docstring)."""
 
     count: dict[str, int] = field(default_factory=lambda: {"worker": 0, "server": 0})
-    active: dict[bytes, int] = field(default_factory=dict)     # ALIVE workers: ident -> rank
+    active: dict[bytes, int] = field(default_factory=dict)     # members (ALIVE, RESTARTING): ident -> rank
     finished: set[bytes] = field(default_factory=set)          # FINISHED workers
     servers: dict[bytes, int] = field(default_factory=dict)    # live (REGISTERED, ALIVE) servers
     _ranks: list[int] | None = None                            # sorted ranks of ``active``, cached
@@ -66,7 +68,7 @@ class Roster:
             else:
                 self.servers.pop(ident, None)
             return
-        alive = state == NodeState.ALIVE
+        alive = state in (NodeState.ALIVE, NodeState.RESTARTING)
         if state == NodeState.FINISHED:
             self.finished.add(ident)
         else:

@@ -19,14 +19,18 @@ Life of a job as the scheduler sees it:
    gets PEER_LOST naming it (role, rank, host, pid, seconds silent) and the scheduler exits 1 --
    unless restarts are allowed (``max_restarts``; for a server, only when servers checkpoint):
    then the job waits up to ``register_timeout`` for a replacement registering with the same
-   rank.  Workers are told a server is down (SERVERS ``down``: their requests to it wait) and,
-   when its replacement registered, the new address book (SERVERS ``restored``): they reconnect
-   and resend what the restored server may have missed.  The replacement's WELCOME says
-   ``restore``: it loads its shard from the last checkpoint.
+   rank; meanwhile the node is RESTARTING, and a worker stays a member of the rounds (servers
+   never complete a round without it: its replacement pushes).  Workers are told a server is
+   down (SERVERS ``down``: their requests to it wait) and, when its replacement registered, the
+   new address book (SERVERS ``restored``): they reconnect and resend what the restored server
+   may have missed (psnode.journal).  The replacement's WELCOME says ``restore``: it loads its
+   shard from the last checkpoint.
 5. STATUS (from ``mxdist status``) is answered with the node table (:class:`psnode.status.NodeRow`
    objects: counters from the heartbeats, and the rate of rounds (servers) or pushes (workers)
    per second over the last heartbeats); STOP ends the job.
-6. When the job fails, the scheduler writes its verdict to its failure record
+6. A job whose live workers all wait for each other (heartbeats say what each waits for) ends
+   after the heartbeat timeout, the verdict naming the cycle (:mod:`psnode.waitfor`).
+7. When the job fails, the scheduler writes its verdict to its failure record
    (``PSNODE_ERROR_FILE``, :mod:`psnode.failure`): the node it blames (one that reported a
    failure, or one silent past the heartbeat timeout) and when that node failed or was last
    heard from, so the launcher names the root cause and not the processes it took down.
@@ -40,13 +44,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from psnode import failure
+from psnode import failure, waitfor
 from psnode.config import NodeConfig
 from psnode.protocol import Command, Message
 from psnode.roster import Roster
 from psnode.security import Plane, Security
 from psnode.status import NodeRow, NodeState
 from psnode.transport import Poller, Transport
+from psnode.waitfor import Watch
 
 log = logging.getLogger("psnode.scheduler")
 
@@ -121,6 +126,7 @@ class Scheduler:
         self.ending: tuple[Command, dict[str, Any]] | None = None  # what _end told everyone
         self.waiting_replacement: dict[tuple[str, int], float] = {}  # (role, rank) -> deadline
         self.roster = Roster()  # counts per role, active workers, pending MEMBERSHIP (psnode.roster)
+        self.watch = Watch(cfg.dead_after)  # the workers' waits: wait-for cycles (psnode.waitfor)
 
     # ------------------------------------------------------------ helpers
     def _send(self, node: Node | bytes, cmd: Command, body: dict[str, Any] | None = None) -> None:
@@ -210,7 +216,7 @@ class Scheduler:
     def _late_register(self, node: Node) -> None:
         """A restarted node taking over its predecessor's rank (dead, or about to be)."""
         old = next((n for n in self.nodes.values() if n.role == node.role and n.rank == node.wish
-                    and n.state in (NodeState.DEAD, NodeState.ALIVE)), None)
+                    and n.state in (NodeState.DEAD, NodeState.ALIVE, NodeState.RESTARTING)), None)
         allowed = old is not None and (
             (old.role, old.rank) in self.waiting_replacement or
             (old.state == NodeState.ALIVE and self._restartable(old)))
@@ -241,7 +247,7 @@ class Scheduler:
         log.warning("%s %d rejoined (restart %d)", node.role, node.rank, node.restarts)
 
     def _await_replacement(self, n: Node, why: str) -> None:
-        self._set_state(n, NodeState.DEAD)
+        self._set_state(n, NodeState.RESTARTING)   # (a worker stays a member of the rounds)
         self.waiting_replacement[(n.role, n.rank)] = time.monotonic() + self.cfg.register_timeout
         log.warning("%s %s; waiting for its restart", n.name, why)
         if n.role == "server":
@@ -292,6 +298,26 @@ class Scheduler:
             self._send(n, *self.ending)
         self.shutdown_deadline = time.monotonic() + (5.0 if ok else 1.0)
         (log.info if ok else log.error)("job %s ending: %s", self.cfg.job_id, reason)
+
+    # ------------------------------------------------------------ deadlocks
+    def _check_deadlock(self, now: float) -> None:
+        """End the job when its live workers wait for each other in a cycle (psnode.waitfor)."""
+        if not self.started or self.waiting_replacement:
+            self.watch.reset()
+            return
+        live = [n for n in self.nodes.values() if n.role == "worker" and n.state == NodeState.ALIVE]
+        waits = {n.rank: waitfor.parse(n.stats.get("wait")) for n in live}
+        if not waits:
+            return
+        entered = {self.nodes[i].rank: b for i, b in self.barrier.items() if i in self.nodes}
+
+        def not_in_barrier(n: int) -> list[int]:
+            return [r for r in waits if entered.get(r, 0) < n]
+        gone = {n.rank for n in self.nodes.values() if n.role == "worker" and n.state in
+                (NodeState.FINISHED, NodeState.EXITED)}
+        verdict = self.watch.check(now, waits, not_in_barrier, gone)
+        if verdict is not None:
+            self._end(False, verdict, Command.PEER_LOST, what=verdict, since=time.time())
 
     # ------------------------------------------------------------ liveness
     def _check_liveness(self, now: float) -> None:
@@ -389,6 +415,8 @@ class Scheduler:
             now = time.monotonic()
             if self.exit_code is None:
                 self._check_liveness(now)
+            if self.exit_code is None:
+                self._check_deadlock(now)
             elif not self._live("server") or (self.shutdown_deadline and now > self.shutdown_deadline):
                 break
             elif self.ending is not None and now >= resend_at:

@@ -7,11 +7,13 @@ with an error or dropped, never fatal.  The loop ends when the scheduler says SH
 after a final checkpoint if configured), PEER_LOST, or goes silent (exit 1).
 
 A server restarted inside its job (``mxdist launch --max-restarts`` with ``--checkpoint-dir``)
-gets WELCOME with ``restore``: it loads its last checkpoint, then waits until every active worker
-has sent its ``resync`` (the last push per key part each worker knows applied), holding other
-data until then; :meth:`Store.rebase` aligns the rounds, and the pushes and requests the workers
-resend are served as usual.  With ``checkpoint_rounds`` the checkpoint is written before the
-round's replies leave, so a round a worker saw complete is always in the checkpoint.
+gets WELCOME with ``restore``: it loads its last checkpoint -- exactly the state it had when
+that was written (psnode.checkpoint) -- and serves at once; the workers resend what it may have
+missed (every push their journals hold, every unanswered request; duplicates are applied once).
+Such a server is *restartable*: it writes a checkpoint at the start, and before any reply that
+would tell a worker something the last one lacks (:meth:`Store.release`: a new key, the count a
+restarted worker resumes from, a flush, every ``checkpoint_rounds`` completed rounds), so the
+exactly-once invariant of psnode.journal holds across its restarts.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from psnode.config import NodeConfig
 from psnode.entry import Reply, sent
 from psnode.errors import ConfigError, PeerLost, PSError
 from psnode.link import SchedulerLink, lost_message
-from psnode.protocol import PACK_BYTES, Command, Failed, Message, Ok, Resync, bucket_of
+from psnode.protocol import PACK_BYTES, Command, Message, Ok
 from psnode.security import Security
 from psnode.shmserve import SameHost
 from psnode.transport import Poller, Transport
@@ -55,14 +57,11 @@ class Server:
                 log.warning("no same-host data link (%s); workers on this host use TCP", exc)
         arena = self.local.arena if self.local is not None else None
         self.store = Store(cfg.num_workers, check_finite=cfg.skip_nonfinite,
-                           alloc=arena.array if arena else None, adopt=arena.adopt if arena else None)
-        self.checkpointed_rounds = 0
+                           alloc=arena.array if arena else None, adopt=arena.adopt if arena else None,
+                           restartable=bool(cfg.checkpoint_dir) and cfg.max_restarts > 0)
         self.link = SchedulerLink(self.t, cfg, "server", self.port, self._stats)
         self.rank = -1
         self.next_checkpoint = float("inf")
-        self.restoring: set[int] | None = None  # workers whose resync is awaited after a restore
-        self.held: list[tuple[bytes, Message]] = []
-        self.confirmed: dict[Any, dict[int, int]] = {}
 
     def _stats(self) -> dict[str, Any]:
         local_in, local_out = self.local.bytes if self.local is not None else (0, 0)
@@ -85,9 +84,6 @@ class Server:
             self.t.dropped += 1
             log.warning("dropped data message from %r: not a binary data message", ident)
             return
-        if self.restoring is not None:
-            self._while_restoring(ident, worker, msg, msg.ops)
-            return
         self._on_ops(worker, msg.ops)
 
     def _on_ops(self, worker: int, ops: list[Any]) -> None:
@@ -96,14 +92,15 @@ class Server:
             replies.extend(self.store.handle(worker, op))
         while self.store.events:
             log.warning("%s", self.store.events.pop(0))
-        every = self.cfg.checkpoint_rounds
-        if every and self.store.rounds - self.checkpointed_rounds >= every:
-            self._checkpoint()  # before the replies: a round seen complete is checkpointed
-        self._send(replies)
+        self._reply(replies)
+
+    def _reply(self, replies: list[Reply]) -> None:
+        """Send replies, after the checkpoint they need (psnode.aggregation: durability)."""
+        self._send(self.store.release(replies, self.cfg.checkpoint_rounds, self._checkpoint))
 
     # ------------------------------------------------------------ restore
     def _restore(self) -> None:
-        """Load the last checkpoint of this rank and wait for the workers' resyncs."""
+        """Load the last checkpoint of this rank: the state this server had when it was written."""
         where = self.cfg.checkpoint_dir
         if not where:
             raise ConfigError(f"server {self.rank} was restarted, but the job has no checkpoint "
@@ -112,47 +109,10 @@ class Server:
             parts = checkpoint.load_server(where, self.rank, self.store, same_job=True)
         except ConfigError as exc:
             raise ConfigError(f"server {self.rank} was restarted but cannot restore its shard: {exc}; "
-                              "checkpoint more often (--checkpoint-rounds) so one exists") from None
-        self.restoring = set(self.store.active)
-        log.warning("server %d restored %d key parts from %s; waiting for workers %s to resync",
-                    self.rank, parts, checkpoint.path_for(where, self.rank), sorted(self.restoring))
-        self._maybe_restored()
-
-    def _while_restoring(self, ident: bytes, worker: int, msg: Message, ops: list[Any]) -> None:
-        assert self.restoring is not None
-        first = ops[0] if ops else None
-        if not isinstance(first, Resync):
-            self.held.append((ident, msg))
-            return
-        missing = []
-        for key, part, seq in first.parts:
-            bid = bucket_of(key)
-            known = self.store.fused.members(bid) if bid is not None else (key, part) in self.store.entries
-            if not known:
-                missing.append(key)
-            self.confirmed.setdefault((key, part), {})[worker] = seq
-        if missing:
-            self._send([Reply(worker, Failed(first.id, "KeyNotInitialized",
-                                             f"server {self.rank} was restarted and restored from its "
-                                             f"last checkpoint, which does not hold key(s) {missing[:5]} "
-                                             "(initialised after it was written); checkpoint more often "
-                                             "(--checkpoint-rounds)", na=True))])
-        self.restoring.discard(worker)
-        self._maybe_restored()
-        if len(ops) > 1:   # what came with the resync (the worker's resends)
-            msg.ops = ops[1:]
-            self._on_data(ident, msg)
-
-    def _maybe_restored(self) -> None:
-        if self.restoring:
-            return
-        for notice in self.store.rebase(self.confirmed, self.cfg.num_workers):
-            log.warning("server %d restored: %s", self.rank, notice)
-        self.restoring, self.confirmed = None, {}
-        held, self.held = self.held, []
-        log.warning("server %d: every worker resynced; serving again", self.rank)
-        for ident, msg in held:
-            self._on_data(ident, msg)
+                              "every server that may be restarted writes one when it starts, so the "
+                              "checkpoint directory must be where the job's servers can all write") from None
+        log.warning("server %d restored %d key parts from %s; serving again", self.rank, parts,
+                    checkpoint.path_for(where, self.rank))
 
     def _send(self, replies: list[Reply]) -> None:
         """One DATA_REPLY per worker (over its same-host link when it has one); big values go
@@ -184,7 +144,7 @@ class Server:
         leavers complete.  The same set again changes nothing and costs no pass over the keys."""
         active = set(ranks)
         if active != self.store.active:
-            self._send(self.store.set_active(active))
+            self._reply(self.store.set_active(active))
 
     def _on_scheduler(self, msg: Message) -> int | None:
         if msg.cmd is Command.WELCOME and self.rank >= 0:
@@ -196,15 +156,13 @@ class Server:
                 self.store.active = set(msg.body.get("active", []))
                 self._restore()
             else:
-                self._send(self.store.set_active(set(msg.body.get("active", []))))
-            if self.cfg.checkpoint_dir and self.cfg.resume and not msg.body.get("restore"):
-                checkpoint.load_server(self.cfg.checkpoint_dir, self.rank, self.store)
+                self._reply(self.store.set_active(set(msg.body.get("active", []))))
+                if self.cfg.checkpoint_dir and self.cfg.resume:
+                    checkpoint.load_server(self.cfg.checkpoint_dir, self.rank, self.store)
+                if self.store.restartable:   # (a restart before any other checkpoint restores this)
+                    self._checkpoint()
             if self.cfg.checkpoint_dir and self.cfg.checkpoint_interval > 0:
                 self.next_checkpoint = time.monotonic() + self.cfg.checkpoint_interval
-        elif msg.cmd is Command.MEMBERSHIP and self.restoring is not None:
-            self.store.active = set(msg.body.get("active", []))
-            self.restoring &= self.store.active
-            self._maybe_restored()
         elif msg.cmd is Command.MEMBERSHIP:
             self._membership(msg.body.get("active", []))
         elif msg.cmd is Command.SHUTDOWN:
@@ -220,7 +178,6 @@ class Server:
     def _checkpoint(self) -> None:
         if self.cfg.checkpoint_dir and self.rank >= 0:
             checkpoint.save_server(self.cfg.checkpoint_dir, self.rank, self.store)
-            self.checkpointed_rounds = self.store.rounds
 
     # ------------------------------------------------------------ loop
     def run(self) -> int:
@@ -251,7 +208,7 @@ class Server:
                     for _ in range(LINK_BURST):   # then the full poll again: heartbeats, TCP
                         msgs = self.local.on_ready(ready)
                         for worker, msg in msgs:
-                            if self.restoring is None and msg.ops is not None:
+                            if msg.ops is not None:
                                 self._on_ops(worker, msg.ops)   # (an admitted link: no checks to make)
                             else:
                                 self._on_data(b"w%d" % worker, msg)

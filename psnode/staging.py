@@ -2,8 +2,9 @@
 
 * **Push slots** (arena ``out``, read-only for servers): a push copies the caller's array into
   a slot of its key part instead of a fresh array; the slot is the push's data for the server
-  and for the journal.  A slot is reused only when its push is confirmed (a pull after it
-  returned: the server is done with it), so a key part keeps at most ``MAX_SLOTS`` slots;
+  and for the journal.  A slot is reused only when its push is released (applied: a pull
+  after it returned, the server is done with it; and durable: the journal forgot it,
+  psnode.journal), so a key part keeps at most ``MAX_SLOTS`` slots;
   beyond that (pushes without pulls) :meth:`Staging.slot` gives None and the caller copies
   into plain memory (that push then travels over TCP).
 * **Landing areas** (arena ``landing``, writable by servers): a pull names one; the server
@@ -36,10 +37,10 @@ class _Slot:
 class Staging:
     """Push slots and landing areas of one worker (see the module docstring)."""
 
-    def __init__(self, job: str, rank: int, confirmed: Callable[[tuple[Any, int]], int]) -> None:
+    def __init__(self, job: str, rank: int, released: Callable[[tuple[Any, int]], int]) -> None:
         self.out = Arena(f"psnode.{job}.w{rank}.out", first=0)
         self.landing = Arena(f"psnode.{job}.w{rank}.in", first=1 << 20)
-        self._confirmed = confirmed
+        self._released = released
         self._slots: dict[SlotKey, list[_Slot]] = {}
         self._free: dict[int, list[np.ndarray]] = {}       # block size -> free landing blocks
         self._blocks: dict[int, np.ndarray] = {}           # id(area) -> its block
@@ -47,10 +48,10 @@ class Staging:
 
     def slot(self, key: SlotKey, shape: tuple[int, ...], dtype: np.dtype, seq: int) -> np.ndarray | None:
         """An array of ``shape`` for push ``seq`` of ``key`` in a free slot (None: every slot
-        of the key part holds a push not yet confirmed)."""
+        of the key part holds a push not yet released)."""
         nbytes = math.prod(shape) * dtype.itemsize
         slots = self._slots.setdefault(key, [])
-        done = self._confirmed(key[:2])
+        done = self._released(key[:2])
         for s in slots:
             if s.seq <= done and s.block.nbytes >= nbytes:
                 s.seq = seq

@@ -26,6 +26,8 @@ class NodeState(str, Enum):
     ALIVE = "alive"             # welcomed, heartbeating
     FINISHED = "finished"       # a worker that called kv.close() (or whose script ended)
     DEAD = "dead"               # silent for longer than the heartbeat timeout
+    RESTARTING = "restarting"   # failed or silent; its replacement is awaited (a worker stays a
+                                # member of the rounds meanwhile: psnode.roster)
     EXITED = "exited"           # said goodbye
 
 

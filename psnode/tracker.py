@@ -3,22 +3,27 @@
 The engine (:mod:`psnode.worker`) feeds it requests, answers and the time; the tracker decides
 what to send, what to send again, and which request fails, and resolves futures:
 
-* **ids and order**: every request gets an id; queued requests leave in priority order (higher
+* **ids and order**: every request gets an id (counting from ``first_id``: a worker starts at a
+  random point, so its ids never meet those of a predecessor of its rank, whose answers may
+  still reach it: they are ignored); queued requests leave in priority order (higher
   first, then submission order) within a window of bytes in flight per server
   (``window_bytes``: pulls wait; pushes never do, so nothing deadlocks); a push of a key part
   waits while a pull of that key part is unanswered (a same-host worker may read the value in
   place until its next push: psnode.shmlink);
 * **pending**: a request that expects an answer is kept whole until answered, so it can be sent
-  again; a push goes into the :class:`~psnode.journal.PushJournal` instead;
+  again; a push goes into the :class:`~psnode.journal.PushJournal` instead (until durable:
+  the exactly-once invariant is stated there), and asks for an answer when its key part's
+  journal holds ``ASK_DEPTH`` pushes;
 * **retry** (:meth:`due`): a request unanswered for ``retry_timeout`` is sent again marked
   resent; after ``max_retries`` resends without a sign of life it fails with PeerLost naming
   the server; requests to a server the scheduler reports down wait without retries;
 * **answers** (:meth:`answered`): Ok and Failed resolve the future (a pull's Ok confirms the
-  pushes before it); Wait is a sign of life (the clock restarts) and, with a ``gap``, the push
-  it names is sent again from the journal, or the pull fails when the journal no longer has
-  it; Missing (a flush found pushes never received) sends those pushes, then the flush again;
-* **restored servers** (:meth:`restored`): a resync, the journal's pushes and every unanswered
-  request, again.
+  pushes before it and brings their durable watermark; a flush's Ok makes the pushes it listed
+  durable); Wait is a sign of life (the clock restarts) and, with a ``gap``, the push it names
+  is sent again from the journal, or the pull fails with DataLost when the journal no longer
+  has it; Missing (a flush found pushes never received) sends those pushes, then the flush again;
+* **restored servers** (:meth:`restored`): the journal's pushes and every unanswered request,
+  again.
 
 Futures are duck-typed (``set(answer)``, ``fail(exc)``) and never resolved inside the tracker:
 outcomes collect in :attr:`Tracker.outcomes` for the caller to apply with :func:`settle` once
@@ -32,24 +37,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from psnode.errors import PeerLost, PSError, from_kind
+from psnode.errors import DataLost, PeerLost, PSError, from_kind
 from psnode.journal import PushJournal
 from psnode.protocol import (
     Answer,
     Failed,
     Flush,
+    Init,
     Missing,
+    Ok,
     Op,
     Pull,
     Push,
     PushPull,
-    Resync,
     Wait,
+    bucket_of,
     resent,
 )
 
 WINDOW_BYTES = 64 * 2**20      # bytes of answers in flight per server before pulls wait
-JOURNAL_DEPTH = 2              # unconfirmed pushes kept per key part for resending
 SLOW_NOTICE = 30.0             # seconds a parked request waits before the worker says for whom
 
 Batches = dict[int, list[Op]]  # server -> operations to send, in order
@@ -86,23 +92,44 @@ class Pending:
 
 def describe(op: Op, label: str = "", auto: bool = False) -> str:
     name = "pull" if auto else type(op).__name__.lower()   # (the pull waits for a push's answer)
+    return name if isinstance(op, Flush) or getattr(op, "key", None) is None else f"{name} of {about(op, label)}"
+
+
+def about(op: Any, label: str = "") -> str:
+    """What ``op`` is about, for messages: ``key 'w'``, ``key 'big' part 1``, or a bucket's
+    label (its user keys: never the bucket's internal key)."""
     if label:
-        return f"{name} of {label}"
-    key = getattr(op, "key", None)
-    return name if key is None or isinstance(op, (Flush, Resync)) else f"{name} of key {key!r}"
+        return label
+    if bucket_of(op.key) is not None:
+        return "a bucket of small keys"
+    return f"key {op.key!r}" + (f" part {op.part}" if op.part else "")
+
+
+class _Quiet:
+    """The future of a push that asks for its answer only to learn its durability."""
+
+    __slots__ = ()
+
+    def set(self, answer: Any) -> None:
+        pass
+
+    def fail(self, exc: BaseException) -> None:
+        pass
+
+
+QUIET = _Quiet()
 
 
 class Tracker:
     """Requests of one worker to its servers (see the module docstring)."""
 
     def __init__(self, num_servers: int, retry_timeout: float, max_retries: int,
-                 window_bytes: int = WINDOW_BYTES, journal_depth: int = JOURNAL_DEPTH,
-                 address: Callable[[int], str] = str) -> None:
+                 window_bytes: int = WINDOW_BYTES, address: Callable[[int], str] = str, first_id: int = 1) -> None:
         self.retry_timeout = retry_timeout
         self.max_retries = max_retries
         self.window_bytes = window_bytes
         self.address = address               # server -> "host:port", for messages
-        self.journal = PushJournal(journal_depth)
+        self.journal = PushJournal()
         self.pending: dict[int, Pending] = {}
         self.inflight = [0] * num_servers
         self.down: set[int] = set()          # servers being replaced: no retries meanwhile
@@ -112,8 +139,12 @@ class Tracker:
         self.pulls = 0
         self.outcomes: list[tuple[Any, Any]] = []   # (future, Ok or exception) to settle
         self.reading: dict[tuple[Any, int], list[int]] = {}   # key part -> orders of unanswered pulls
+        self.members: dict[Any, set[Any]] = {}   # a bucket's key part -> its members' (seen as guards)
+        self._checking: dict[int, int] = {}      # server -> request id of its check in flight (_check)
+        self._checked: dict[int, float] = {}     # server -> when the last check was sent
+        self._verified: dict[int, float] = {}    # server -> when the last check found nothing lost was sent
         self._queue: list[tuple[int, int, Request]] = []
-        self._ids = itertools.count(1)
+        self._ids = itertools.count(first_id)
         self._order = itertools.count()
 
     # ------------------------------------------------------------ submission
@@ -169,9 +200,18 @@ class Tracker:
 
     def _sent(self, req: Request, now: float) -> Op:
         op = req.op
+        if req.guard is not None:   # (a bucket member: its bucket's pulls settle it too)
+            group = self.members.get(req.guard)
+            if group is None:
+                group = self.members[req.guard] = set()
+            group.add((op.key, op.part))  # type: ignore[union-attr]
         if isinstance(op, (Push, PushPull)):
             self.journal.remember(req.server, op)
             self.pushes += req.keys
+            if type(op) is Push and op.na and self.journal.asks((op.key, op.part)):
+                op.na = False   # (its answer brings the durable watermark: psnode.journal)
+                if req.future is None:
+                    req.future = QUIET
         if isinstance(op, (Pull, PushPull)) and not req.auto:
             self.pulls += req.keys
             if req.future is not None:
@@ -227,10 +267,22 @@ class Tracker:
             self.outcomes.append((req.future, from_kind(ans.kind, f"server {server}: {ans.message}")))
             return {}
         op = req.op
-        if isinstance(op, Pull):
-            self.journal.confirm((op.key, op.part), op.after)
-        elif isinstance(op, PushPull):
-            self.journal.confirm((op.key, op.part), op.seq)
+        if type(ans) is Ok:
+            if isinstance(op, (Pull, PushPull)):
+                after = op.after if isinstance(op, Pull) else op.seq
+                self.journal.settle((op.key, op.part), after, ans.seq)
+                if self.members and (op.key, op.part) in self.members:   # (a bucket: each member)
+                    for m in self.members[(op.key, op.part)]:
+                        self.journal.settle(m, after, ans.seq)
+            elif isinstance(op, Push):
+                self.journal.settle((op.key, op.part), 0, ans.seq)
+            elif isinstance(op, Flush):
+                if op.durable:
+                    for k, p, seqs in op.check:
+                        self.journal.settle((k, p), 0, max(seqs))
+                if self._checking.get(server) == op.id:
+                    del self._checking[server]
+                    self._verified[server] = entry.since
         self.outcomes.append((req.future, ans))
         return {}
 
@@ -245,14 +297,17 @@ class Tracker:
             entry.blockers, entry.parked = ans.blockers, True
             if not ans.gap or not isinstance(op, (Pull, PushPull)):
                 return {}
-            key = (op.key, op.part)
-            if self.journal.holds(key, ans.gap):
-                self.retries += 1
-                return {server: [resent(p) for p in self.journal.replay(server, {key: {ans.gap}})]}
-            self._drop(ans.id, PeerLost(
-                f"push {ans.gap} of key {op.key!r} to server {server} was lost and can no longer be "
-                f"sent again (more than {self.journal.depth} pushes of that key without a pull in "
-                "between)"))
+            # a bucket's push q is push q of every member, sent whole or member by member
+            keys = self._related(req)
+            again = [resent(p) for p in self.journal.replay(server, {k: {ans.gap} for k in keys})]
+            if again:
+                self.retries += len(again)
+                return {server: again}
+            self._drop(ans.id, DataLost(
+                f"server {server} needs push {ans.gap} of {about(op, req.label)} again, but that push exists "
+                "nowhere any more: the server reported it durable (in its checkpoint), and the checkpoint "
+                f"it restarted from lacks it; the job cannot go on exactly (was the checkpoint directory "
+                "changed, or written by another job?)"))
             return {}
         wanted = {(k, p): set(seqs) for k, p, seqs in ans.missing}
         batch: list[Op] = [resent(p) for p in self.journal.replay(server, wanted)]
@@ -262,11 +317,24 @@ class Tracker:
         batch.append(resent(op))
         return {server: batch}
 
+    def _related(self, req: Request) -> list[Any]:
+        """The key parts whose journals may hold a push of ``req``'s key part: its own, and a
+        bucket's members, or a member's bucket."""
+        op = req.op
+        own = (op.key, op.part)  # type: ignore[union-attr]
+        guard = _guard(req)
+        return [own, *self.members.get(own, ())] + ([guard] if guard != own else [])
+
     def _drop(self, rid: int, exc: PSError) -> None:
         entry = self.pending.pop(rid)
         self.inflight[entry.request.server] -= entry.request.nbytes
         self._unread(entry.request)
-        self.outcomes.append((entry.request.future, exc))
+        if self._checking.get(entry.request.server) == rid:
+            del self._checking[entry.request.server]
+        if entry.request.future is QUIET:   # (nobody waits for it: raised by the next call)
+            self.deferred.append(exc)
+        else:
+            self.outcomes.append((entry.request.future, exc))
 
     # ------------------------------------------------------------ time
     def due(self, now: float) -> tuple[Batches, list[str]]:
@@ -278,8 +346,10 @@ class Tracker:
         out: Batches = {}
         lost: dict[int, int] = {}
         warnings = []
+        parked = False
         for rid, p in list(self.pending.items()):
             req = p.request
+            parked = parked or (p.parked and now - p.since >= limit)
             if p.parked and p.blockers and not p.noticed and now - p.since >= SLOW_NOTICE:
                 p.noticed = True
                 what = describe(req.op, req.label, req.auto)
@@ -304,15 +374,53 @@ class Tracker:
                 lost[req.server] = lost.get(req.server, 0) + 1
         for server, n in lost.items():
             warnings.append(f"{n} request(s) to server {server} got no answer in {limit:.1f} s; sending again")
+        if parked:
+            self._check(now, out)
         return out, warnings
+
+    def _check(self, now: float, out: Batches) -> None:
+        """While a request waits for other workers, ask each server this worker's journal holds
+        pushes for whether it got them all (a quiet flush, at most one per ``retry_timeout``):
+        a push lost on the way would otherwise leave the others waiting for it while this
+        worker waits for them.  A check answered Ok *verifies* the server (:meth:`blocked`)."""
+        for server in self.journal.servers():
+            if server in self.down or server in self._checking or now - self._checked.get(server, -1e9) < \
+                    self.retry_timeout:
+                continue
+            req = Request(server, Flush(durable=False), future=QUIET)
+            req.op.id = next(self._ids)
+            req.order = next(self._order)
+            self._checking[server] = req.op.id
+            self._checked[server] = now
+            out.setdefault(server, []).append(self._sent(req, now))
+
+    def blocked(self, req: Request | None, rank: int) -> dict[str, Any] | None:
+        """What the request ``req`` (the one the user's thread waits for) waits on, when that is
+        other workers and every push this worker sent has been verified to have arrived since
+        it was sent (so a lost push cannot pass for a wait-for cycle): ``{"what": "pull",
+        "of": "'w'", "push": 2, "on": [0]}``; None otherwise."""
+        if req is None:
+            return None
+        p = self.pending.get(req.op.id)  # type: ignore[union-attr]
+        if p is None or not p.parked:
+            return None
+        on = [w for w in p.blockers if w != rank]
+        if not on or any(self._verified.get(s, -1.0) < p.since for s in self.journal.servers()):
+            return None
+        op = p.request.op
+        name = "init" if isinstance(op, Init) else "pull"
+        of = about(op, p.request.label).removeprefix("keys ").removeprefix("key ")
+        wait: dict[str, Any] = {"what": name, "of": of, "on": on}
+        if isinstance(op, (Pull, PushPull)):
+            wait["push"] = op.after if isinstance(op, Pull) else op.seq
+        return wait
 
     # ------------------------------------------------------------ restored servers
     def restored(self, server: int, now: float) -> list[Op]:
-        """A replacement of ``server`` serves again: resync, then the journal's pushes and every
-        unanswered request to it, in that order."""
+        """A replacement of ``server`` serves again (restored from its checkpoint): the
+        journal's pushes and every unanswered request to it, in that order."""
         self.down.discard(server)
-        batch: list[Op] = [Resync(self.journal.resync_parts(server))]
-        batch.extend(resent(p) for p in self.journal.replay(server))
+        batch: list[Op] = [resent(p) for p in self.journal.replay(server)]
         for rid in sorted(self.pending):
             p = self.pending[rid]
             if p.request.server == server:
@@ -327,6 +435,7 @@ class Tracker:
             self.outcomes.append((p.request.future, exc))
         self.pending.clear()
         self.reading.clear()
+        self._checking.clear()
         for *_, req in self._queue:
             if req.future is not None:
                 self.outcomes.append((req.future, exc))
@@ -354,4 +463,4 @@ def settle(outcomes: list[tuple[Any, Any]]) -> None:
             fut.set(outcome)
 
 
-__all__ = ["JOURNAL_DEPTH", "WINDOW_BYTES", "Batches", "Pending", "Request", "Tracker", "describe", "settle"]
+__all__ = ["QUIET", "WINDOW_BYTES", "Batches", "Pending", "Request", "Tracker", "about", "describe", "settle"]

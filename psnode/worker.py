@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import sys
 import threading
 import time
@@ -58,11 +59,13 @@ class Engine:
         self.num_servers = cfg.num_servers
         self.fatal: PSError | None = None
         self.lock = threading.Lock()
-        self.tracker = Tracker(cfg.num_servers, cfg.retry_timeout, cfg.max_retries, address=self._address)
+        self.tracker = Tracker(cfg.num_servers, cfg.retry_timeout, cfg.max_retries, address=self._address,
+                               first_id=1 + secrets.randbits(60))
         self.control_queue: deque[ControlRequest] = deque()
         self.barriers = 0                  # barriers this worker entered (numbers them)
         self.barriers_before = 0           # barriers its predecessor completed (restarts)
         self.welcome = Future()
+        self.blocked: Future | None = None     # what the user's thread waits for (Engine.wait)
         self.staging: Staging | None = None   # shared-memory buffers (set with the first link)
         self.closing = False
         self.failed = False
@@ -122,6 +125,8 @@ class Engine:
                 on_reply = _releasing(on_reply, areas, staging)
         fut = Future(on_reply, server) if reply else None
         req = Request(server, op, nbytes, fut, priority, 0, guard, keys, label, auto)
+        if fut is not None:
+            fut.request = req
         local = server in self.io.local and self.io.same_host(server)
         batching = self._batching
         if local and getattr(batching, "depth", 0) > 0:
@@ -165,6 +170,7 @@ class Engine:
         """Send a message to the scheduler; the future resolves on its answer."""
         self.check()
         req = ControlRequest(cmd, body or {})
+        req.future.request = req
         with self.lock:
             self.control_queue.append(req)
         os.eventfd_write(self.efd, 1)
@@ -191,15 +197,40 @@ class Engine:
 
     def wait(self, fut: Future) -> Ok:
         """Wait for ``fut``; liveness (not a clock) bounds the wait.  An answer from a server
-        on this host's link is read by this thread itself."""
-        while not fut.done:
-            if self.io.same_host(fut.server):
-                self.io.read_until(fut, 0.5)
-            else:
-                fut._wait(0.5)
-            if self.fatal is not None and not fut.done:
-                raise self.fatal
+        on this host's link is read by this thread itself.  While it waits, the heartbeats
+        say what for (:meth:`waiting`)."""
+        if not fut.done:
+            self.blocked = fut
+            try:
+                while not fut.done:
+                    if self.io.same_host(fut.server):
+                        self.io.read_until(fut, 0.5)
+                    else:
+                        fut._wait(0.5)
+                    if self.fatal is not None and not fut.done:
+                        raise self.fatal
+            finally:
+                self.blocked = None
         return fut.wait(0)
+
+    def waiting(self) -> dict[str, Any] | None:
+        """What the user's thread waits for, when that is other workers (for the scheduler's
+        wait-for graph, psnode.scheduler): a barrier ``{"what": "barrier", "n": 1}``, or a
+        pull (or init) parked on its server, ``{"what": "pull", "of": "'w'", "push": 2, "on":
+        [0]}`` (psnode.tracker.Tracker.blocked); None while it computes or waits for a server."""
+        fut = self.blocked
+        req = None if fut is None or fut.done else fut.request
+        if isinstance(req, ControlRequest):
+            n = req.body.get("n")
+            if req.cmd is not Command.BARRIER or not isinstance(n, int):
+                return None
+            with self.lock:   # (a push not known to have arrived may be what the others wait for)
+                settled = not self.tracker.journal.servers()
+            return {"what": "barrier", "n": n} if settled else None
+        if req is None:
+            return None
+        with self.lock:
+            return self.tracker.blocked(req, self.rank)
 
     def check(self) -> None:
         """Raise the job's failure, or the first error of a request nobody waited for."""
@@ -242,12 +273,16 @@ class Engine:
         return self.tracker.retries
 
     @property
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
         """This worker's counters, sent with every heartbeat (read from any thread)."""
         t = self.tracker
         nbytes = self.io.bytes()
-        return {"pushes": t.pushes, "pulls": t.pulls, "rounds": t.journal.rounds,
-                "bytes_in": nbytes[0], "bytes_out": nbytes[1], "retries": t.retries}
+        stats: dict[str, Any] = {"pushes": t.pushes, "pulls": t.pulls, "rounds": t.journal.rounds,
+                                 "bytes_in": nbytes[0], "bytes_out": nbytes[1], "retries": t.retries}
+        wait = self.waiting()
+        if wait is not None:
+            stats["wait"] = wait
+        return stats
 
     # ------------------------------------------------------------ I/O thread side
     def settle(self, io_thread: bool = True) -> None:

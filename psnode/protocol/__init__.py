@@ -36,14 +36,17 @@ Data operations (fields; ``seq`` and the flags live in the record, the rest in t
 ``INIT``        key, part, dtype, shape, SYNC, AVERAGE, SPARSE; array: rank 0's value.
                 Ok: the stored value; seq = pushes of this worker's rank already taken.
 ``PUSH``        key, part, seq (1, 2, ... per worker and key part); arrays: data, and with
-                ROWS the local row ids (row_sparse).  NA: answered only if it fails.
+                ROWS the local row ids (row_sparse).  NA: answered only if it fails; without
+                NA: Ok, seq = the durable watermark (below) once the push is durable.
 ``PULL``        key, part, seq = after (the worker's last push); with ROWS: row ids.
-                Ok once that push was applied (sync: its round complete): the value.
-``PUSHPULL``    key, part, seq; array: dense data.  Ok: the value after round ``seq``.  (A
-                dist_sync push over the same-host link is sent as PUSHPULL: the pull after it
-                then needs no request of its own.)
-``FLUSH``       check = [[key, part, [seq, ...]], ...] pushes sent.  Ok, or Missing.
-``RESYNC``      parts = [[key, part, last push known applied], ...] (to a restored server).
+                Ok once that push was applied (sync: its round complete): the value; seq =
+                the worker's durable watermark: its pushes 1..seq of the key part survive a
+                restart of the server (psnode.journal).
+``PUSHPULL``    key, part, seq; array: dense data.  Ok: the value after round ``seq`` (seq:
+                as for PULL).  (A dist_sync push over the same-host link is sent as PUSHPULL:
+                the pull after it then needs no request of its own.)
+``FLUSH``       check = [[key, part, [seq, ...]], ...] pushes sent; d = false: only a check.
+                Ok (every push listed received and, without d = false, durable), or Missing.
 ``SET_OPTIMIZER`` spec (psnode.optimizer's JSON spec).  Ok.
 ``GET_STATES``  Ok: names = [[key, part, state name], ...], one array per name.
 ``LOAD_STATES`` names as above, one array per name.  Ok.
@@ -98,7 +101,6 @@ from psnode.protocol.ops import (
     Pull,
     Push,
     PushPull,
-    Resync,
     SetOptimizer,
     bucket_key,
     bucket_of,
@@ -157,7 +159,6 @@ __all__ = [
     "Pull",
     "Push",
     "PushPull",
-    "Resync",
     "SetOptimizer",
     "Wait",
     "bucket_key",

@@ -52,7 +52,6 @@ class OpCode(IntEnum):
     PULL = 3
     PUSHPULL = 4
     FLUSH = 5
-    RESYNC = 6
     SET_OPTIMIZER = 7
     GET_STATES = 8
     LOAD_STATES = 9
@@ -303,40 +302,29 @@ class PushPull:
 class Flush:
     """Answered once every earlier request of this worker that arrived was handled; ``check``
     lists ``(key, part, [seq, ...])`` pushes sent: the answer is Missing with those never
-    received, or Ok."""
+    received, or Ok: all received and, with ``durable`` (the default), durable (psnode.journal;
+    a check without it only looks for lost pushes)."""
 
     check: list[tuple[Key, int, list[int]]] = field(default_factory=list)
     id: int = 0
     re: bool = False
+    durable: bool = True
     code: ClassVar[OpCode] = OpCode.FLUSH
 
     def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
-        return int(RE * self.re), 0, 0, 0, [], {"check": [list(c) for c in self.check]}
+        extra: dict[str, Any] = {"check": [list(c) for c in self.check]}
+        if not self.durable:
+            extra["d"] = False
+        return int(RE * self.re), 0, 0, 0, [], extra
 
     @classmethod
     def unwire(cls, flags: int, part: int, id: int, seq: int, key: Key, arrays: list[np.ndarray],
                extra: dict[str, Any]) -> Flush:
         _arrays(arrays, 0, "flush")
-        return cls(_triples(extra.get("check", []), "flush check", "ints"), id, bool(flags & RE))
-
-
-@dataclass(slots=True)
-class Resync:
-    """To a restored server: ``(key, part, last push of this worker known applied)``."""
-
-    parts: list[tuple[Key, int, int]] = field(default_factory=list)
-    id: int = 0
-    re: bool = False
-    code: ClassVar[OpCode] = OpCode.RESYNC
-
-    def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
-        return int(RE * self.re), 0, 0, 0, [], {"parts": [list(p) for p in self.parts]}
-
-    @classmethod
-    def unwire(cls, flags: int, part: int, id: int, seq: int, key: Key, arrays: list[np.ndarray],
-               extra: dict[str, Any]) -> Resync:
-        _arrays(arrays, 0, "resync")
-        return cls(_triples(extra.get("parts", []), "resync parts", "int"), id, bool(flags & RE))
+        durable = extra.get("d", True)
+        if type(durable) is not bool:
+            raise ProtocolError(f"flush: d must be true or false, not {str(durable)[:20]!r}")
+        return cls(_triples(extra.get("check", []), "flush check", "ints"), id, bool(flags & RE), durable)
 
 
 @dataclass(slots=True)
@@ -400,9 +388,9 @@ class LoadStates:
         return cls(names, list(arrays), id, bool(flags & RE))
 
 
-Op = Init | Push | Pull | PushPull | Flush | Resync | SetOptimizer | GetStates | LoadStates
+Op = Init | Push | Pull | PushPull | Flush | SetOptimizer | GetStates | LoadStates
 
-REQUESTS: dict[int, Any] = {c.code: c for c in (Init, Push, Pull, PushPull, Flush, Resync, SetOptimizer,
+REQUESTS: dict[int, Any] = {c.code: c for c in (Init, Push, Pull, PushPull, Flush, SetOptimizer,
                                                  GetStates, LoadStates)}
 
 
@@ -420,5 +408,5 @@ def without_dest(op: Op) -> Op:
 
 
 __all__ = ["BUCKET", "REQUESTS", "Flag", "Flush", "GetStates", "Init", "Key", "LoadStates", "Op", "OpCode",
-           "PartKey", "Pull", "Push", "PushPull", "Resync", "SetOptimizer", "bucket_key", "bucket_of", "resent",
+           "PartKey", "Pull", "Push", "PushPull", "SetOptimizer", "bucket_key", "bucket_of", "resent",
            "without_dest"]

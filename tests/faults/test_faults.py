@@ -31,7 +31,6 @@ from psnode.protocol import (
     Pull,
     Push,
     PushPull,
-    Resync,
     SetOptimizer,
     encode,
 )
@@ -368,7 +367,7 @@ def ops_corpus(job_id: str) -> list[list[bytes]]:
         d(Pull("a", 9, 0, id=5)), d(Init("a", 0, "float32", (7,), id=6)),        # no such part, shape
         d(SetOptimizer({"name": "no-such-optimizer"}, id=7)), d(SetOptimizer({"spec": "rm -rf /"}, id=8)),
         d(LoadStates([("a", 0, "mom")], [f32], id=9)), d(GetStates(id=10)),
-        d(Flush([("a", 0, [1, 2])], id=11)), d(Resync([("a", 0, 5)], id=12)),
+        d(Flush([("a", 0, [1, 2])], id=11)), d(Flush([("a", 0, [5])], id=12, durable=False)),
         d(PushPull("a", 0, 1, f32, id=13), Push("a", 0, 10**9, f32, id=14)),
     ]
 
@@ -377,7 +376,8 @@ def sched_corpus(job_id: str) -> list[list[bytes]]:
     """Valid frames to the scheduler from a peer that is not a node of the job."""
     h = lambda c, b=None: [VERSION, header(c, job_id, b)]
     return [
-        h("heartbeat", {"stats": {"pushes": 10**9}}), h("barrier"), h("finish"), h("bye", {"error": "x"}),
+        h("heartbeat", {"stats": {"pushes": 10**9}}), h("heartbeat", {"stats": {"wait": {"what": "barrier"}}}),
+        h("barrier"), h("finish"), h("bye", {"error": "x"}),
         h("heartbeat_ack"), h("welcome", {"rank": 0}), h("peer_lost", {"reason": "fake"}),
         h("register", {"role": "worker", "host": "127.0.0.1", "port": 0, "pid": 1, "rank": 1}),
         h("register", {"role": "nobody"}), h("register", {"role": ["worker"]}),

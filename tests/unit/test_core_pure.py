@@ -142,7 +142,7 @@ def test_sync_round_parks_pulls_and_early_pushes() -> None:
     pulls = [r for r in out if r.answer.arrays]
     assert len(pulls) == 1 and pulls[0].worker == 0 and np.array_equal(pulls[0].answer.arrays[0], [2, 2])
     dup = _push(s, 1, "k", 1, np.full(2, 1000, np.float32))  # duplicate: acked, not applied
-    assert [r.answer for r in dup] == [Ok(11)]
+    assert [r.answer for r in dup] == [Ok(11, seq=1)]    # seq: its pushes received without a gap
     out = _push(s, 1, "k", 2, np.full(2, 200, np.float32))
     assert s.entries[("k", 0)].round == 2 and np.array_equal(s.entries[("k", 0)].value, [150, 150])
 

@@ -1,5 +1,7 @@
 """Pure parts of lost-message recovery and server restore: the Store answers resent requests
-exactly once, names pushes it never received, and rebases restored rounds."""
+exactly once, names pushes it never received, restores exactly the state it checkpointed
+(rounds in progress included) and reports durable watermarks; the journal keeps pushes
+until they are durable.  (Randomised kill schedules: tests/unit/test_exactly_once.py.)"""
 from __future__ import annotations
 
 import numpy as np
@@ -81,44 +83,76 @@ def test_error_of_a_fire_and_forget_request_is_marked_so() -> None:
     assert out[0].answer.kind == "KeyNotInitialized" and out[0].answer.na
 
 
-def test_restore_keeps_checkpointed_rounds_and_rebase_applies_each_round_once(tmp_path) -> None:
-    s = Store(2)
+def test_restore_is_the_checkpointed_state_rounds_in_progress_included(tmp_path) -> None:
+    s = Store(3)
     _init(s, "k", np.zeros(1, F))
+    _init(s, "r", np.zeros(1, F), sync=False)
     _sgd(s, learning_rate=1.0, momentum=0.5)
     for q in (1, 2):
-        _push(s, 0, "k", q, [q])
-        _push(s, 1, "k", q, [q])
-    checkpoint.save_server(str(tmp_path), 0, s)       # written after round 2, before its replies
-    want_value = s.entries[("k", 0)].value.copy()
-
-    fresh = Store(2)
-    assert checkpoint.load_server(str(tmp_path), 0, fresh, same_job=True) == 1
-    entry = fresh.entries[("k", 0)]
-    assert entry.round == 2 and np.array_equal(entry.value, want_value)
-    # worker 0 saw round 1 complete, worker 1 only round 0; both resend push 2 (never confirmed)
-    assert fresh.rebase({("k", 0): {0: 1, 1: 0}}, 2) == []
-    _push(fresh, 0, "k", 2, [2])
-    _push(fresh, 1, "k", 2, [2])
-    assert entry.round == 2 and np.array_equal(entry.value, want_value)  # not applied twice
-    assert _pull(fresh, 1, "k", 2)[0].answer.arrays[0].tolist() == want_value.tolist()
-    _push(fresh, 0, "k", 3, [3])
-    _push(fresh, 1, "k", 3, [3])
-    s_ref = s
-    _push(s_ref, 0, "k", 3, [3])
-    _push(s_ref, 1, "k", 3, [3])
-    assert entry.round == 3 and np.array_equal(entry.value, s_ref.entries[("k", 0)].value)
-
-
-def test_rebase_reports_rounds_the_checkpoint_lacks(tmp_path) -> None:
-    s = Store(1)
-    _init(s, "k", np.zeros(1, F))
+        for w in range(3):
+            _push(s, w, "k", q, [q * (w + 1)])
+    _push(s, 0, "k", 3, [7])                   # round 3 in progress: workers 0 and 2 pushed
+    _push(s, 2, "k", 3, [9])
+    _push(s, 2, "k", 4, [11])                  # waits for round 4
+    _push(s, 1, "r", 1, [1])
+    _push(s, 1, "r", 3, [3])                   # async: applied past the gap at 2
     checkpoint.save_server(str(tmp_path), 0, s)
-    fresh = Store(1)
-    checkpoint.load_server(str(tmp_path), 0, fresh, same_job=True)
-    notes = fresh.rebase({("k", 0): {0: 4}}, 1)
-    assert notes == ["key 'k': rounds 1..4 were not in the checkpoint; the value is that of round 0"]
-    assert fresh.entries[("k", 0)].round == 4
-    assert _push(fresh, 0, "k", 5, [1]) == [] and fresh.entries[("k", 0)].round == 5
+
+    fresh = Store(3)
+    assert checkpoint.load_server(str(tmp_path), 0, fresh, same_job=True) == 2
+    got, ref = fresh.entries[("k", 0)], s.entries[("k", 0)]
+    assert (got.round, got.contributors, got.pushed) == (2, {0, 2}, {0: 3, 1: 2, 2: 3})
+    assert [q for q, *_ in got.early[2]] == [4] and np.array_equal(got.value, ref.value)
+    assert fresh.entries[("r", 0)].ahead == {1: {3}} and fresh.entries[("r", 0)].pushed == {1: 1}
+    # the workers resend what they hold; duplicates count once, and both stores go on alike
+    for store in (s, fresh):
+        _push(store, 0, "k", 3, [7])
+        _push(store, 1, "k", 3, [8])
+        for w in (0, 1):
+            _push(store, w, "k", 4, [12])
+        _push(store, 1, "r", 2, [2])
+    for key in ("k", "r"):
+        assert fresh.entries[(key, 0)].round == s.entries[(key, 0)].round
+        assert np.array_equal(fresh.entries[(key, 0)].value, s.entries[(key, 0)].value), key
+    assert fresh.entries[("k", 0)].round == 4 and fresh.entries[("r", 0)].pushed == {1: 3}
+
+
+def test_a_restartable_store_reveals_only_what_a_checkpoint_holds() -> None:
+    s = Store(2, restartable=True)
+    saves = []
+
+    def reply(replies: list) -> list:
+        return s.release(replies, 0, lambda: (saves.append(1), s.mark_durable()))
+    s.mark_durable()
+    reply(s.handle(0, Init("k", 0, "float32", (1,), True, True, False, np.zeros(1, F), id=1)))
+    assert len(saves) == 1                                   # a new key: checkpointed first
+    for w in (0, 1):
+        reply(_push(s, w, "k", 1, [1]))
+    assert len(saves) == 1                                   # (rounds: none by rounds)
+    (ans,) = reply(_pull(s, 0, "k", 1))
+    assert ans.answer.seq == 0                               # applied, not durable yet
+    (ok,) = reply(s.handle(0, Flush([("k", 0, [1])], id=9)))
+    assert ok.answer == Ok(9) and len(saves) == 2            # a flush's pushes: made durable
+    (ans,) = reply(_pull(s, 1, "k", 1, rid=8))
+    assert ans.answer.seq == 1
+    _push(s, 1, "k", 2, [2])                                 # then worker 1 dies; its replacement:
+    (init,) = reply(s.handle(1, Init("k", 0, "float32", (1,), id=3)))
+    assert init.answer.seq == 2 and len(saves) == 3          # the count it resumes from: durable
+    check = reply(s.handle(0, Flush([("k", 0, [1])], id=10, durable=False)))
+    assert check[0].answer == Ok(10) and len(saves) == 3     # a check needs no checkpoint
+
+
+def test_a_replacement_resumes_at_the_first_gap_and_its_predecessors_later_pushes_are_dropped() -> None:
+    s = Store(2)
+    _init(s, "k", np.zeros(1, F))
+    _push(s, 0, "k", 1, [1])
+    _push(s, 1, "k", 1, [1])
+    _push(s, 0, "k", 3, [3])                   # push 2 lost; then worker 0 died
+    (init,) = s.handle(0, Init("k", 0, "float32", (1,), id=3))
+    assert init.answer.seq == 1 and not s.entries[("k", 0)].early
+    _push(s, 0, "k", 2, [2])                   # its replacement pushes steps 2 and 3 again
+    _push(s, 1, "k", 2, [2])
+    assert s.entries[("k", 0)].round == 2 and _pull(s, 0, "k", 2)[0].answer.arrays[0].tolist() == [2]
 
 
 def test_retry_settings_are_part_of_the_env_contract() -> None:
@@ -142,19 +176,19 @@ def test_resent_pull_waiting_for_a_lost_push_of_its_own_worker_names_the_gap() -
     assert [r.answer for r in _pull(s, 0, "k", 3, re=True)] == [Wait(7, 0, [1])]
 
 
-def test_push_journal_keeps_unconfirmed_pushes_per_key_part_bounded() -> None:
+def test_push_journal_keeps_pushes_until_durable() -> None:
     from psnode.journal import PushJournal
 
-    j = PushJournal(depth=2)
+    j = PushJournal()
     for q in (1, 2, 3):
         j.remember(0, Push("w", 0, q, np.full(1, q, F)))
     j.remember(1, Push("w", 1, 1, np.zeros(1, F)))
-    assert j.check_list(0) == [("w", 0, [2, 3])]          # push 1 fell out (depth 2)
-    assert not j.holds(("w", 0), 1) and j.holds(("w", 0), 3)
-    assert [op.seq for op in j.replay(0)] == [2, 3]
+    assert j.check_list(0) == [("w", 0, [1, 2, 3])] and j.servers() == {0, 1}
     assert [op.seq for op in j.replay(0, {("w", 0): [3]})] == [3]
-    j.confirm(("w", 0), 2)                                # a pull after push 2 returned
-    assert j.check_list(0) == [("w", 0, [3])] and j.rounds == 2
-    assert j.resync_parts(0) == [("w", 0, 2)] and j.resync_parts(1) == [("w", 1, 0)]
-    j.confirm(("w", 0), 3)
-    assert j.check_list(0) == [] and j.replay(0) == []
+    j.settle(("w", 0), 2, 0)                              # applied up to 2, nothing durable
+    assert j.check_list(0) == [("w", 0, [1, 2, 3])] and j.rounds == 2 and j.released(("w", 0)) == 0
+    j.settle(("w", 0), 2, 1)                              # the server's checkpoint holds push 1
+    assert j.check_list(0) == [("w", 0, [2, 3])] and j.released(("w", 0)) == 1
+    assert not j.holds(("w", 0), 1) and j.holds(("w", 0), 3)
+    j.settle(("w", 0), 3, 3)
+    assert j.check_list(0) == [] and j.replay(0) == [] and j.servers() == {1}

@@ -21,7 +21,8 @@ from cli.backends import BackendError, Evidence, ExitStatus, HostProblem, Prefli
 from cli.hosts import Host
 from cli.jobs import JobState, ProcState
 from cli.launch import LaunchSettings, Supervisor, new_record
-from cli.lifecycle import Action, Supervision
+from cli import lifecycle
+from cli.lifecycle import Action, Failure, Supervision
 from cli.plan import NodeOptions, PlanRequest, make_plan
 from cli.rootcause import Outcome, decide
 
@@ -59,6 +60,42 @@ def test_failures_and_restarts():
     assert r.exited("server-0", False) is Action.RESTART
     assert r.restart_failed("server-0") is Action.FAIL
     assert rules().exited("scheduler", False) is Action.FAIL
+
+
+def test_a_crash_loop_ends_after_three_quick_failures_the_same_way_and_restarts_back_off():
+    r = rules(max_restarts=50)
+    boom = "RuntimeError: CUDA out of memory"
+    assert r.exited("worker-1", False, Failure(1, boom, ran=300.0)) is Action.RESTART
+    assert r.delay("worker-1") == 0                                    # it ran long: at once
+    assert r.exited("worker-1", False, Failure(1, boom, ran=2.0)) is Action.RESTART
+    assert r.delay("worker-1") == 0                                    # a first quick failure: at once
+    assert r.exited("worker-1", False, Failure(1, boom, ran=3.0)) is Action.RESTART
+    assert r.delay("worker-1") == 1.0 and r.crash_loop is None
+    assert r.exited("worker-1", False, Failure(1, boom, ran=1.0)) is Action.FAIL   # the third replacement
+    assert r.crash_loop is not None and r.restarts["worker-1"] == 3
+    assert r.crash_loop.startswith("crash loop: worker-1 failed the same way 4 times in a row") and boom in r.crash_loop
+
+
+def test_what_breaks_a_crash_loop_and_what_never_counts():
+    r = rules(max_restarts=50)
+    for how in (Failure(1, "ValueError: a", 1.0), Failure(1, "ValueError: b", 1.0),     # not the same way
+                Failure(2, "ValueError: b", 1.0), Failure(2, "ValueError: b", 60.0),    # ran long
+                Failure(2, "ValueError: b", 1.0), Failure(2, "ValueError: b", 1.0)):
+        assert r.exited("worker-0", False, how) is Action.RESTART
+    r = rules(max_restarts=50)
+    for _ in range(8):                    # SIGKILL from outside: no loop of its own, restarted at once
+        assert r.exited("worker-0", False, Failure(-9, None, 0.5)) is Action.RESTART
+        assert r.delay("worker-0") == 0
+    assert r.crash_loop is None
+    assert r.exited("worker-0", False, Failure(-11, None, 0.5)) is Action.RESTART      # (SIGSEGV: its own)
+    assert r.exited("worker-0", False, Failure(-11, None, 0.5)) is Action.RESTART
+    assert r.delay("worker-0") == lifecycle.BACKOFF
+    for _ in range(6):
+        r.exited("worker-0", False, Failure(1, f"E{_}", 0.5))
+    assert r.delay("worker-0") == lifecycle.BACKOFF_MAX and r.crash_loop is None
+    r = rules(max_restarts=1)
+    assert r.exited("worker-0", False, Failure(1, "E", 1.0)) is Action.RESTART
+    assert r.exited("worker-0", False, Failure(1, "E", 1.0)) is Action.FAIL and r.crash_loop is None
 
 
 def test_wait_for_the_rest_only_when_psnode_started():
@@ -130,6 +167,7 @@ class FakeBackend:
         self.problems: list[HostProblem] = []
         self.unreachable: set[str] = set()
         self.evidence: dict[str, Evidence] = {}
+        self.crash: dict[str, str] = {}
         self._pid = 1000
         self._lock = threading.Lock()
 
@@ -171,7 +209,11 @@ class FakeBackend:
     def follow(self, host: Host, proc: Any, emit: Callable[[bytes], None], wait: bool = True,
                offset: int = 0) -> ExitStatus | None:
         emit(f"hello from {proc.name}\n".encode())
-        return ExitStatus(self.exits[proc.name].get())
+        code = self.exits[proc.name].get()
+        if proc.name in self.crash:   # (what the process wrote before it failed)
+            with open(proc.run_log, "a") as log:
+                log.write(f"Traceback (most recent call last):\n  File \"train.py\"\n{self.crash[proc.name]}\n")
+        return ExitStatus(code)
 
     def status(self, host: Host, procs: Sequence[Any]) -> list[ProcStatus]:
         return [ProcStatus(p.name in self.running, (), None) for p in procs]
@@ -290,6 +332,38 @@ def test_a_failed_worker_is_restarted_and_the_job_goes_on(home):
     assert sup.run() == 0
     rec = jobs.load(sup.record.id)
     assert rec.state is JobState.SUCCEEDED and rec.proc("worker-1").restarts == 1
+
+
+def test_a_crash_loop_ends_the_job_early_with_its_cause_after_backing_off(home, monkeypatch):
+    monkeypatch.setattr(lifecycle, "BACKOFF", 0.2)
+    fake = FakeBackend()
+    fake.crash["worker-1"] = "RuntimeError: no GPU left on this host"
+    now = time.time()
+    fake.evidence = {"worker-1": Evidence(1, now, exc_record(now, typ="RuntimeError", msg="no GPU left on this host"),
+                                          None)}
+    sup = supervisor(fake, max_restarts=50)
+    starts: list[float] = []
+
+    def play() -> None:
+        fake.wait_started(ALL)
+        for _ in range(4):
+            deadline = time.monotonic() + 10
+            while "worker-1" not in fake.running:
+                assert time.monotonic() < deadline
+                time.sleep(0.005)
+            starts.append(time.monotonic())
+            fake.end("worker-1", 1)
+
+    drive(play)
+    assert sup.run() == 1
+    rec = jobs.load(sup.record.id)
+    assert rec.state is JobState.FAILED and rec.proc("worker-1").restarts == 3      # not 50
+    assert rec.root_cause is not None
+    headline = rec.root_cause["headline"]
+    assert headline.startswith("worker 1 on b: RuntimeError: no GPU left on this host (crash loop: worker-1 "
+                               "failed the same way 4 times in a row"), headline
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert gaps[1] >= 0.2 and gaps[2] >= 0.4, gaps                                  # backing off after 2
 
 
 def test_mxdist_stop_asks_the_supervisor_through_the_job_directory(home):

@@ -4,9 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from psnode.errors import KeyNotInitialized, PeerLost, ShapeMismatch
-from psnode.protocol import Failed, Flush, Missing, Ok, Pull, Push, PushPull, Resync, Wait
-from psnode.tracker import Request, Tracker, settle
+from psnode.errors import DataLost, KeyNotInitialized, PeerLost, ShapeMismatch
+from psnode.journal import ASK_DEPTH
+from psnode.protocol import Failed, Flush, Missing, Ok, Pull, Push, PushPull, Wait, bucket_key
+from psnode.tracker import QUIET, Request, Tracker, settle
 
 F = np.float32
 
@@ -81,24 +82,45 @@ def test_wait_is_a_sign_of_life_and_a_gap_resends_the_push() -> None:
     assert t.pending[pull.id].tries == 0 and t.pending[pull.id].blockers == [1]
     again = t.answered(0, Wait(pull.id, 2), 3.0)         # push 2 never arrived
     assert [(op.key, op.seq, op.re) for op in again[0]] == [("w", 2, True)]
-    assert t.due(4.0) == ({}, [])                        # the clock restarted at 3.0
+    again, warnings = t.due(4.0)                         # the clock restarted at 3.0: only a check
+    assert [type(op).__name__ for op in again[0]] == ["Flush"] and not warnings
     lost = t.answered(0, Wait(pull.id, 1), 5.5)          # push 1: the journal still has it
     assert [op.seq for op in lost[0]] == [1]
-    t.answered(0, Ok(pull.id, [np.ones(1, F)]), 6.0)
-    assert t.journal.check_list(0) == [] and t.journal.rounds == 2
+    t.answered(0, Ok(pull.id, [np.ones(1, F)], seq=1), 6.0)   # applied up to 2, durable up to 1
+    assert t.journal.check_list(0) == [("w", 0, [2])] and t.journal.rounds == 2
+    assert t.journal.released(("w", 0)) == 1
 
 
-def test_a_gap_the_journal_no_longer_holds_fails_the_pull() -> None:
-    t = _tracker(journal_depth=1)
+def test_pushes_stay_until_durable_and_a_gap_the_journal_forgot_fails_with_data_lost() -> None:
+    t = _tracker()
     for q in (1, 2):
         t.add(Request(0, Push("w", 0, q, np.ones(1, F))))
+    first = Request(0, Pull("w", 0, 1), 4, Fut())
+    t.add(first)
+    t.take(0.0)
+    t.answered(0, Ok(first.op.id, [np.ones(1, F)], seq=1), 0.5)  # the server's checkpoint holds push 1
+    assert t.journal.check_list(0) == [("w", 0, [2])]
     fut = Fut()
     t.add(Request(0, Pull("w", 0, 2), 4, fut))
-    pull = t.take(0.0)[0][-1]
-    assert t.answered(0, Wait(pull.id, 1), 1.0) == {}
+    (again,) = t.take(1.0)[0]
+    assert t.answered(0, Wait(again.id, 1), 2.0) == {}      # ... and then it lacks it
     _settle(t)
-    assert isinstance(fut.error, PeerLost) and "push 1 of key 'w' to server 0 was lost" in str(fut.error)
-    assert not t.pending and t.inflight == [0, 0]
+    assert isinstance(fut.error, DataLost) and "needs push 1 of key 'w' again" in str(fut.error)
+    assert "exists nowhere" in str(fut.error) and not t.pending and t.inflight == [0, 0]
+
+
+def test_a_part_holding_ask_depth_pushes_asks_for_the_next_ones_answer() -> None:
+    t = _tracker()
+    for q in range(1, ASK_DEPTH + 1):
+        t.add(Request(0, Push("w", 0, q, np.ones(1, F))))
+    sent = t.take(0.0)[0]
+    assert [op.na for op in sent] == [True] * (ASK_DEPTH - 1) + [False]
+    asked = sent[-1]
+    assert t.pending[asked.id].request.future is QUIET
+    t.answered(0, Ok(asked.id, seq=ASK_DEPTH - 1), 0.5)    # durable up to the one before it
+    assert t.journal.check_list(0) == [("w", 0, [ASK_DEPTH])] and not t.pending
+    t.add(Request(0, Push("w", 0, ASK_DEPTH + 1, np.ones(1, F))))
+    assert t.take(1.0)[0][0].na                            # (the journal is short again)
 
 
 def test_a_flush_names_lost_pushes_which_go_again_before_the_flush() -> None:
@@ -133,7 +155,7 @@ def test_failures_resolve_futures_and_push_failures_are_deferred() -> None:
     assert isinstance(err, ShapeMismatch) and t.take_deferred() is None
 
 
-def test_restored_server_gets_resync_journal_and_pending_again() -> None:
+def test_restored_server_gets_the_journal_and_pending_again() -> None:
     t = _tracker()
     t.add(Request(1, Push("w", 1, 1, np.ones(1, F))))
     fut = Fut()
@@ -143,10 +165,40 @@ def test_restored_server_gets_resync_journal_and_pending_again() -> None:
     t.down.add(1)
     assert 1 not in {op_server for op_server in t.due(9.0)[0]}     # down: no retries meanwhile
     batch = t.restored(1, 10.0)
-    assert isinstance(batch[0], Resync) and sorted(batch[0].parts) == [("v", 0, 0), ("w", 1, 0)]
-    assert [(type(op).__name__, op.re) for op in batch[1:]] == \
-        [("Push", True), ("PushPull", True), ("PushPull", True)]
+    assert [(type(op).__name__, op.re) for op in batch] == [("Push", True), ("PushPull", True), ("PushPull", True)]
     assert 1 not in t.down and t.pending[batch[-1].id].sent == 10.0
+
+
+def test_a_bucket_gap_resends_the_members_pushes_and_a_bucket_answer_settles_them() -> None:
+    t = _tracker()
+    b = (bucket_key(0), 0)
+    t.add(Request(0, Push(b[0], 0, 1, np.ones(3, F))))
+    for k in ("a", "c"):                                    # step 2 pushed key by key
+        t.add(Request(0, Push(k, 0, 2, np.ones(1, F)), guard=b))
+    fut = Fut()
+    t.add(Request(0, Pull(b[0], 0, 2), 12, fut, label="keys 'a', 'c'"))
+    pull = t.take(0.0)[0][-1]
+    again = t.answered(0, Wait(pull.id, 2), 1.0)           # the bucket lacks push 2 of some member
+    assert sorted((op.key, op.seq) for op in again[0]) == [("a", 2), ("c", 2)]
+    t.answered(0, Ok(pull.id, [np.ones(3, F)], seq=2), 2.0)
+    assert t.journal.check_list(0) == []
+
+
+def test_a_wait_is_reported_only_once_a_check_found_nothing_lost() -> None:
+    t = _tracker()
+    t.add(Request(0, Push("w", 0, 1, np.ones(1, F))))
+    fut = Fut()
+    req = Request(0, Pull("w", 0, 1), 4, fut, label="key 'w'")
+    t.add(req)
+    t.take(0.0)
+    again, _ = t.due(2.0)
+    t.answered(0, Wait(req.op.id, 0, [1, 3]), 2.1)        # parked: waits for workers 1 and 3
+    assert t.blocked(req, rank=3) is None                  # (push 1 not known to have arrived)
+    again, _ = t.due(4.2)
+    (check,) = [op for op in again[0] if isinstance(op, Flush)]
+    assert not check.durable and check.check == [("w", 0, [1])]
+    t.answered(0, Ok(check.id), 4.3)
+    assert t.blocked(req, rank=3) == {"what": "pull", "of": "'w'", "push": 1, "on": [1]}
 
 
 def test_counters_for_heartbeats_and_fail_all() -> None:
