@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import shlex
-import time
+import sys
 from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -62,6 +62,7 @@ def main(
                                  help="print the version and exit"),
 ) -> None:
     """Launch psnode parameter-server jobs locally, over SSH or in Slurm; inspect and stop them."""
+    ui.bind(sys.stdout, sys.stderr)
     jobs.use_home(home)
 
 
@@ -314,15 +315,14 @@ def status(
             ui.print_json(_view_json(control.job_status(record)))
         elif watch:
             history: dict[str, deque[float]] = {}
-            with ui.watch_status() as show:
+            with ui.watch_status() as watching:
                 while True:
                     view = control.job_status(jobs.load(record.id))
                     for n in view["nodes"]:
                         history.setdefault(n.name, deque(maxlen=30)).append(n.rate or 0.0)
-                    show(view, {name: ui.sparkline(list(v)) for name, v in history.items()})
-                    if view["state"] not in ("starting", "running"):
+                    watching.show(view, {name: ui.sparkline(list(v)) for name, v in history.items()})
+                    if view["state"] not in ("starting", "running") or watching.wait(interval):
                         break
-                    time.sleep(interval)
         else:
             ui.print_status(control.job_status(record))
     except KeyboardInterrupt:

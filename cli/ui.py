@@ -13,9 +13,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
+import signal
 import sys
+import termios
 import threading
 import time
+import tty
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TextIO
@@ -25,6 +29,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.panel import Panel
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
@@ -42,58 +47,93 @@ SPARK = "▁▂▃▄▅▆▇█"
 
 
 class _SafeStream:
-    """``sys.stdout`` or ``sys.stderr`` (looked up at each write), with EPIPE/EIO swallowed."""
+    """One of the process's output streams, bound once (:func:`bind`), with EPIPE/EIO swallowed.
 
-    def __init__(self, get: Callable[[], TextIO]) -> None:
-        self._get = get
-        self._broken: set[int] = set()
+    Bound, not looked up at each write: whatever replaces ``sys.stdout`` later (a library's
+    redirection) never receives this module's output, so nothing can feed it back into itself.
+    """
 
-    @property
-    def broken(self) -> bool:
-        return id(self._get()) in self._broken
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.broken = False
 
-    def _fail(self, stream: TextIO) -> None:
-        self._broken.add(id(stream))
+    def _fail(self) -> None:
+        self.broken = True
         with contextlib.suppress(OSError, ValueError, AttributeError):
             devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, stream.fileno())   # so the interpreter's last flush is quiet too
+            os.dup2(devnull, self.stream.fileno())   # so the interpreter's last flush is quiet too
             os.close(devnull)
 
     def write(self, text: str) -> int:
-        stream = self._get()
-        if id(stream) not in self._broken:
+        if not self.broken:
             try:
-                stream.write(text)
+                self.stream.write(text)
             except (OSError, ValueError):
-                self._fail(stream)
+                self._fail()
         return len(text)
 
+    def write_bytes(self, data: bytes) -> None:
+        """Bytes as they are (the stream's binary buffer when it has one), flushed."""
+        if self.broken:
+            return
+        try:
+            buffer = getattr(self.stream, "buffer", None)
+            if buffer is not None:
+                self.stream.flush()
+                buffer.write(data)
+            else:
+                self.stream.write(data.decode(errors="replace"))
+            self.stream.flush()
+        except (OSError, ValueError):
+            self._fail()
+
     def flush(self) -> None:
-        stream = self._get()
-        if id(stream) not in self._broken:
+        if not self.broken:
             try:
-                stream.flush()
+                self.stream.flush()
             except (OSError, ValueError):
-                self._fail(stream)
+                self._fail()
 
     def isatty(self) -> bool:
         try:
-            return self._get().isatty()
+            return self.stream.isatty()
         except (OSError, ValueError):
             return False
 
     def fileno(self) -> int:
-        return self._get().fileno()
+        return self.stream.fileno()
 
     @property
     def encoding(self) -> str:
-        return getattr(self._get(), "encoding", None) or "utf-8"
+        return getattr(self.stream, "encoding", None) or "utf-8"
 
 
-_stdout = _SafeStream(lambda: sys.stdout)
-_stderr = _SafeStream(lambda: sys.stderr)
+_stdout = _SafeStream(sys.stdout)
+_stderr = _SafeStream(sys.stderr)
 out = Console(file=_stdout, highlight=False, soft_wrap=False)  # type: ignore[arg-type]
 err = Console(file=_stderr, highlight=False)  # type: ignore[arg-type]
+
+
+def bind(stdout: TextIO, stderr: TextIO) -> None:
+    """Write to these streams from now on (each command binds the streams it was started
+    with; a test runner's captured streams are bound the same way)."""
+    _stdout.stream, _stdout.broken = stdout, False
+    _stderr.stream, _stderr.broken = stderr, False
+
+
+def output_closed() -> bool:
+    """The reader of stdout went away (``| head`` exited): nothing more is worth printing."""
+    return _stdout.broken
+
+
+def _animated(console: Console) -> bool:
+    """Whether ``console`` can redraw in place: a terminal, and not TERM=dumb."""
+    return console.is_terminal and not console.is_dumb_terminal
+
+
+def _live(console: Console, renderable: Any, **options: Any) -> Live:
+    """A live display on ``console`` that never redirects ``sys.stdout``/``sys.stderr``."""
+    return Live(renderable, console=console, redirect_stdout=False, redirect_stderr=False, **options)
 
 
 _wide = Console(file=_stdout, highlight=False, soft_wrap=False, width=240)  # type: ignore[arg-type]
@@ -368,15 +408,106 @@ def print_status(view: Mapping[str, Any]) -> None:
     out.print(job_summary(view), soft_wrap=not out.is_terminal)
 
 
-@contextmanager
-def watch_status() -> Iterator[Callable[[Mapping[str, Any], Mapping[str, str]], None]]:
-    """``with watch_status() as show: show(view, sparklines)`` refreshes one table in place."""
-    with Live(console=out, auto_refresh=False) as live:
-        def show(view: Mapping[str, Any], spark: Mapping[str, str]) -> None:
-            live.update(Group(status_table(view, spark), job_summary(view),
-                              Text(time.strftime("%H:%M:%S"), style="dim")), refresh=True)
+def _frame(view: Mapping[str, Any], spark: Mapping[str, str]) -> Group:
+    return Group(status_table(view, spark), job_summary(view), Text(time.strftime("%H:%M:%S"), style="dim"))
 
-        yield show
+
+class _Keys:
+    """The terminal on stdin in cbreak mode (keys arrive one by one, not echoed; Ctrl-C still
+    interrupts), restored by :meth:`close` -- also when SIGTERM ends the command meanwhile."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._saved = termios.tcgetattr(fd)
+        self._term = signal.getsignal(signal.SIGTERM)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._terminated)
+        tty.setcbreak(fd, termios.TCSANOW)
+
+    @classmethod
+    def open(cls) -> _Keys | None:
+        """Keys from the terminal on stdin; None when stdin is not a terminal."""
+        try:
+            fd = sys.stdin.fileno()
+            return cls(fd) if os.isatty(fd) else None
+        except (AttributeError, OSError, ValueError, termios.error):
+            return None
+
+    @staticmethod
+    def _terminated(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    def pressed(self, timeout: float) -> bytes:
+        """What was typed within ``timeout`` seconds (b"" if nothing)."""
+        try:
+            ready, _, _ = select.select([self.fd], [], [], timeout)
+            return os.read(self.fd, 64) if ready else b""
+        except (OSError, ValueError):
+            return b""
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, termios.error):
+            termios.tcsetattr(self.fd, termios.TCSADRAIN, self._saved)
+        if threading.current_thread() is threading.main_thread():
+            with contextlib.suppress(TypeError, ValueError):
+                signal.signal(signal.SIGTERM, self._term)
+
+
+class StatusWatch:
+    """The display of ``mxdist status --watch``: :meth:`show` draws a frame, :meth:`wait` waits
+    for the next one and says whether to quit (``q`` typed, or stdout's reader went away).
+
+    On a terminal each frame replaces the last in place, and the last one stays on the screen
+    when the watch ends (``q``, Ctrl-C, the job's end); elsewhere (a pipe, a file, TERM=dumb)
+    every frame is printed after the one before.
+    """
+
+    QUIT = (b"q", b"Q")
+
+    def __init__(self, live: Live | None, keys: _Keys | None) -> None:
+        self._live = live
+        self._keys = keys
+
+    def show(self, view: Mapping[str, Any], spark: Mapping[str, str]) -> None:
+        frame = _frame(view, spark)
+        if self._live is not None:
+            self._live.update(frame, refresh=True)
+        else:
+            (out if out.is_terminal else _wide).print(frame, soft_wrap=not out.is_terminal)
+            out.print()
+
+    def wait(self, seconds: float) -> bool:
+        """Wait ``seconds``; True as soon as the user asked to quit or nobody reads any more."""
+        deadline = time.monotonic() + seconds
+        while not output_closed():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if self._keys is None:
+                time.sleep(min(left, 0.2))
+            else:
+                typed = self._keys.pressed(min(left, 0.2))
+                if any(key in typed for key in self.QUIT):
+                    return True
+        return True
+
+
+@contextmanager
+def watch_status() -> Iterator[StatusWatch]:
+    """``with watch_status() as watch: watch.show(view, sparklines); watch.wait(interval)``."""
+    keys = _Keys.open()
+    live = _live(out, Text(""), auto_refresh=False, transient=False) if _animated(out) else None
+    try:
+        if live is not None:
+            live.start()
+        yield StatusWatch(live, keys)
+    finally:
+        try:
+            if live is not None:
+                live.stop()
+        finally:
+            if keys is not None:
+                keys.close()
 
 
 def jobs_table(rows: Sequence[Mapping[str, Any]], title: str) -> None:
@@ -400,40 +531,34 @@ def print_json(data: Any) -> None:
 
 @contextmanager
 def progress_bar(description: str, total: int) -> Iterator[Callable[[int], None]]:
-    """``with progress_bar("sync", n) as advance: advance(k)`` (thread-safe)."""
+    """``with progress_bar("sync", n) as advance: advance(k)`` (thread-safe).  Drawn in place on a
+    terminal; elsewhere (a pipe, a file, TERM=dumb) one line when it is done."""
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
     lock = threading.Lock()
-    with Progress(*columns, console=err, transient=False) as progress:
-        task = progress.add_task(description, total=total)
+    animated = _animated(err)
+    progress = Progress(*columns, console=err, transient=False, auto_refresh=animated,
+                        redirect_stdout=False, redirect_stderr=False)
+    task = progress.add_task(description, total=total)
 
-        def advance(n: int) -> None:
-            with lock:
-                progress.advance(task, n)
+    def advance(n: int) -> None:
+        with lock:
+            progress.advance(task, n)
 
+    with progress:
         yield advance
 
 
 @contextmanager
 def spinner(what: str) -> Iterator[None]:
-    """A spinner with what is being waited for, on a terminal only (nothing otherwise)."""
-    if not err.is_terminal:
+    """A spinner with what is being waited for, on a terminal only (nothing otherwise); gone
+    from the screen when the wait is over."""
+    if not _animated(err):
         yield
         return
-    with err.status(Text(what), spinner="dots"):
+    with _live(err, Spinner("dots", Text(what), style="green"), transient=True, refresh_per_second=12.5):
         yield
 
 
 def raw_bytes(data: bytes) -> None:
     """Bytes to stdout as they are (a single process's log)."""
-    stream = sys.stdout
-    if _stdout.broken:
-        return
-    try:
-        buffer = getattr(stream, "buffer", None)
-        if buffer is not None:
-            buffer.write(data)
-        else:
-            stream.write(data.decode(errors="replace"))
-        stream.flush()
-    except (OSError, ValueError):
-        _stdout._fail(stream)
+    _stdout.write_bytes(data)

@@ -375,15 +375,15 @@ def test_a_supervisor_bug_still_ends_the_job_on_every_host(home):
     assert sorted(fake.stopped) == sorted(ALL) and sorted(fake.cleaned) == ["a", "b"]
 
 
-def test_output_to_a_reader_that_went_away_is_dropped_not_raised(monkeypatch):
+def test_output_to_a_reader_that_went_away_is_dropped_not_raised():
     from cli import ui
 
+    before = (ui._stdout.stream, ui._stderr.stream)
     r, w = os.pipe()
     os.close(r)                                   # | head exited, | tee killed by the same Ctrl-C
     broken = os.fdopen(w, "w", buffering=1)
-    monkeypatch.setattr("sys.stderr", broken)
-    monkeypatch.setattr("sys.stdout", broken)
     old = signal.signal(signal.SIGPIPE, signal.SIG_IGN)    # as in Python: EPIPE, not a signal
+    ui.bind(broken, broken)
     try:
         ui.warn("Ctrl-C: stopping the job on every host")
         ui.closing_line("job-1", "stopped", 1.0, "Ctrl-C")
@@ -391,5 +391,5 @@ def test_output_to_a_reader_that_went_away_is_dropped_not_raised(monkeypatch):
         ui.raw_bytes(b"bytes\n")
     finally:
         signal.signal(signal.SIGPIPE, old)
-        monkeypatch.undo()
+        ui.bind(*before)
         broken.close()
