@@ -27,6 +27,7 @@ from typing import Any, TextIO
 from rich import box
 from rich.console import Console, Group
 from rich.live import Live
+from rich.measure import Measurement
 from rich.panel import Panel
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.spinner import Spinner
@@ -119,6 +120,14 @@ def bind(stdout: TextIO, stderr: TextIO) -> None:
     with; a test runner's captured streams are bound the same way)."""
     _stdout.stream, _stdout.broken = stdout, False
     _stderr.stream, _stderr.broken = stderr, False
+
+
+def stdin_is_terminal() -> bool:
+    """Whether a question can be asked (stdin is a terminal)."""
+    try:
+        return os.isatty(sys.stdin.fileno())
+    except (AttributeError, OSError, ValueError):
+        return False
 
 
 def output_closed() -> bool:
@@ -344,8 +353,8 @@ def _rate(r: Any) -> str:
 
 def status_table(view: Mapping[str, Any], spark: Mapping[str, str] | None = None) -> Table:
     """A job's processes (``view['nodes']``: NodeRow objects) under a title with the job's state
-    and where the rows came from.  Below 110 columns of terminal the byte counts go, below 95
-    also resends and restarts (``--json`` has every field)."""
+    and where the rows came from.  Where the table is wider than the terminal, columns go, in
+    the order of :data:`NARROW_DROPS` (``--json`` has every field)."""
     title = f"job {view['id']}  {view['state']}"
     if view.get("scheduler"):
         title += f"  scheduler {view['scheduler']}"
@@ -353,7 +362,6 @@ def status_table(view: Mapping[str, Any], spark: Mapping[str, str] | None = None
     if view.get("slurm_job"):
         title += f"  Slurm job {view['slurm_job']}"
     nodes = view["nodes"]
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
 
     def io(n: Any) -> str:
         return "-" if n.bytes_in is None else f"{_bytes(n.bytes_in)}/{_bytes(n.bytes_out)}"
@@ -376,14 +384,30 @@ def status_table(view: Mapping[str, Any], spark: Mapping[str, str] | None = None
     if any(n.step for n in nodes):
         columns.append(("step", lambda n: str(n.step or "-")))
     width = _width()
-    drop = (() if width >= 110 else ("in/out",) if width >= 95 else ("in/out", "resent", "rst"))
-    columns = [c for c in columns if c[0] not in drop]
-    for name, _ in columns:
-        table.add_column(name, no_wrap=name != "host", overflow="fold",
-                         justify="right" if name in ("pid", "push/pull", "rate/s", "resent", "rst") else "left")
-    for n in nodes:
-        table.add_row(*(fn(n) for _, fn in columns))
-    return table
+    drops = iter(NARROW_DROPS)
+    while True:
+        table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        for name, _ in columns:
+            table.add_column(name, no_wrap=True, overflow="fold",
+                             justify="right" if name in ("pid", "push/pull", "rate/s", "resent", "rst") else "left")
+        for n in nodes:
+            table.add_row(*(fn(n) for _, fn in columns))
+        if _measure(table) <= width or (drop := next(drops, None)) is None:
+            return table
+        columns = [c for c in columns if c[0] != drop]
+
+
+#: the status columns a narrow terminal loses, first to last
+NARROW_DROPS = ("in/out", "resent", "rst", "trend", "hb", "up", "push/pull", "rate/s", "pid")
+
+
+def _measure(table: Table) -> int:
+    """The width ``table``'s columns need (its title may wrap)."""
+    title, table.title = table.title, None
+    try:
+        return Measurement.get(_wide, _wide.options, table).maximum
+    finally:
+        table.title = title
 
 
 def job_summary(view: Mapping[str, Any]) -> Group:

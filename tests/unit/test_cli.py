@@ -186,14 +186,21 @@ def test_stop_is_idempotent(home):
     for _ in range(2):
         result = invoke("stop", "job-a")
         assert result.exit_code == 0, result.output
-        assert "localhost: nothing of the job left" in result.output
+        assert "job job-a already failed: nothing to stop" in result.output
     assert jobs.load("job-a").state is JobState.FAILED and jobs.load("job-a").supervisor_lost
 
 
 def test_logs_filters_by_role_and_rank(home):
     _record("job-a", JobState.RUNNING, 1.0)
     result = invoke("logs", "job-a", "--role", "server")
-    assert result.exit_code == 2 and "no process" in result.output
+    text = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2 and "job job-a has no server; its processes: worker 0" in text, text
+    result = invoke("logs", "job-a", "--role", "worker", "--rank", "3")
+    text = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2 and "has no worker 3; its processes: worker 0" in text and "None" not in text
+    result = invoke("logs", "job-a", "--role", "wrkr")        # the roles are the choices
+    text = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2 and "'wrkr' is not one of 'scheduler', 'server', 'worker'" in text, text
 
 
 def test_record_round_trip(home):
