@@ -40,7 +40,7 @@ from cli.backends import (
 )
 from cli.gpus import GpuShortageError, HostGpus, gpu_view, with_gpus
 from cli.jobs import JobRecord
-from cli.plan import Plan, with_key_files
+from cli.plan import Plan, command_target, with_key_files
 from psnode.security import Mode
 from psnode.transport import new_security
 
@@ -60,7 +60,7 @@ def prepare_hosts(plan: Plan, backend: Backend, record: JobRecord, run_dir: str,
         base_env = {k: v for k, v in plan.procs[0].env.items() if not k.startswith("PSNODE_")}
         hosts = plan.busy_hosts
         with ui.spinner(f"preflight: checking {len(hosts)} host(s)"):
-            report = backend.preflight(hosts, modules, base_env)
+            report = backend.preflight(hosts, modules, base_env, command_target(record.command))
         problems = report.problems
         if not problems:
             plan = _place_gpus(plan, backend, report)

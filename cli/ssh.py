@@ -50,6 +50,7 @@ from cli.backends import (
     Preflight,
     ProcStatus,
     Started,
+    command_fix,
     run_per_host,
 )
 from cli.gpus import HostGpus
@@ -297,10 +298,11 @@ class SshBackend:
 
     # -- the Backend protocol -------------------------------------------------------------------
 
-    def preflight(self, hosts: Sequence[Host], modules: Sequence[str], env: Mapping[str, str]) -> Preflight:
+    def preflight(self, hosts: Sequence[Host], modules: Sequence[str], env: Mapping[str, str],
+                  target: tuple[str, str] | None = None) -> Preflight:
         def one(host: Host) -> Any:
             return self._agent(host, {"op": "check", "workdir": self.workdir, "modules": list(modules),
-                                      "env": dict(env)})
+                                      "env": dict(env), "target": list(target) if target else None})
 
         problems = []
         gpus = {}
@@ -313,7 +315,7 @@ class SshBackend:
                 fix = ("create it, pass --workdir, or copy the project with --sync"
                        if "directory" in err else
                        "install it on that host (pip install ...), set PYTHONPATH, or --sync the project")
-                problems.append(HostProblem(label, err, fix))
+                problems.append(HostProblem(label, err, command_fix(err, fix, remote=True)))
         return Preflight(problems, gpus)
 
     def explain(self, label: str, host: Host, exc: BaseException) -> HostProblem:

@@ -284,9 +284,10 @@ def preflight_panel(problems: Sequence[Any]) -> None:
                     border_style="red"))
 
 
-def failure_panel(headline: str, consequences: Sequence[str], log: str | None, tail: Sequence[str],
+def failure_panel(headline: str, consequences: Sequence[str], log: str | None, tail: Sequence[str] | None,
                   notes: Sequence[str] = ()) -> None:
-    """The root cause of a failed job, its consequences (one line each) and its log's tail."""
+    """The root cause of a failed job, its consequences (one line each), where its log is and
+    (``tail`` not None: its output was not streamed above) the log's last lines."""
     body = Text(headline + "\n", style="bold")
     if consequences:
         body += Text("then:\n", style="dim")
@@ -295,8 +296,10 @@ def failure_panel(headline: str, consequences: Sequence[str], log: str | None, t
     for note in notes:
         body += Text(note + "\n", style="yellow")
     if log:
-        body += Text(f"log: {log}\n", style="dim")
-        body += Text("\n".join(tail) if tail else "(the log is empty)")
+        body += Text(f"log: {log}" + ("\n" if tail is not None else ""), style="dim")
+        if tail is not None:
+            body += Text("\n".join(tail) if tail else "(the log is empty)")
+    body.rstrip()
     err.print(Panel(body, title="job failed", title_align="left", border_style="red"))
 
 

@@ -83,8 +83,8 @@ def test_the_first_own_failure_wins_over_the_order_exits_were_seen():
     cause = decide(outcomes, first_seen="server-0")
     assert cause is not None
     assert cause.headline == "worker 1 on host-b: ValueError: bad batch" and cause.name == "worker-1"
-    assert cause.consequences == ("server 0 on h1: exit code 1", "worker 0 on h1: ended with the job (PeerLost)",
-                                  "scheduler on h1: stopped")
+    assert cause.consequences == ("server 0 on h1: exit code 1", "worker 0 on h1: ended with the job",
+                                  "scheduler on h1: ended with the job")
 
 
 def test_the_schedulers_verdict_names_a_silent_node():
@@ -149,7 +149,7 @@ class FakeBackend:
     def options(self) -> dict[str, Any]:
         return {}
 
-    def preflight(self, hosts: Sequence[Host], modules: Sequence[str], env: Any) -> Preflight:
+    def preflight(self, hosts: Sequence[Host], modules: Sequence[str], env: Any, target: Any = None) -> Preflight:
         return Preflight(self.problems)
 
     def reachable(self, host: Host, timeout: float) -> None:
