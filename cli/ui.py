@@ -300,15 +300,14 @@ def gpu_report(hosts: Sequence[str], workers: Sequence[str], warnings: Sequence[
 
 
 def preflight_panel(problems: Sequence[Any]) -> None:
-    """Every host that failed preflight: one row each with the problem and the fix."""
-    table = Table(show_header=True, box=None, padding=(0, 1))
-    table.add_column("host", style="bold")
-    table.add_column("problem")
-    table.add_column("fix")
-    for p in problems:
-        table.add_row(Text(p.host), Text(p.reason), Text(p.fix))
-    err.print(Panel(table, title="preflight failed: nothing was started", title_align="left",
-                    border_style="red"))
+    """Every host that failed preflight: the host and the problem, then the fix, each whole
+    (paths are never cut)."""
+    body = Text()
+    for i, p in enumerate(problems):
+        if i:
+            body += Text("\n")
+        body += Text(p.host, style="bold") + Text(f": {p.reason}\n") + Text("  fix: ", style="bold") + Text(p.fix)
+    err.print(Panel(body, title="preflight failed: nothing was started", title_align="left", border_style="red"))
 
 
 def failure_panel(headline: str, consequences: Sequence[str], log: str | None, tail: Sequence[str] | None,

@@ -118,16 +118,20 @@ def _slurm(tmp: Path, cluster) -> Target:
     return t
 
 
-@pytest.fixture(scope="module", params=["local", "ssh", "slurm"])
-def target(request, tmp_path_factory) -> Iterator[Target]:
-    tmp = tmp_path_factory.mktemp(f"matrix-{request.param}")
-    if request.param == "local":
+def _make(name: str, tmp: Path, request: pytest.FixtureRequest) -> Target:
+    if name == "local":
         t = _local(tmp)
-    elif request.param == "ssh":
+    elif name == "ssh":
         t = _ssh(tmp, request.getfixturevalue("ssh_cluster"))
     else:
         t = _slurm(tmp, request.getfixturevalue("slurm3"))
     t.home.mkdir()
+    return t
+
+
+@pytest.fixture(scope="module", params=["local", "ssh", "slurm"])
+def target(request, tmp_path_factory) -> Iterator[Target]:
+    t = _make(request.param, tmp_path_factory.mktemp(f"matrix-{request.param}"), request)
     try:
         yield t
     finally:
@@ -137,6 +141,11 @@ def target(request, tmp_path_factory) -> Iterator[Target]:
 
 def flat(text: str) -> str:
     return " ".join(text.replace("│", " ").split())
+
+
+def nospace(text: str) -> str:
+    """``text`` without panel borders and whitespace: a phrase a panel wrapped reads whole."""
+    return "".join(text.replace("│", " ").split())
 
 
 def ended_within(term: Terminal, seconds: float, what: str) -> int:
@@ -183,6 +192,20 @@ def test_launch_through_a_pipe_and_in_a_dumb_terminal(target, mode):
     target.nothing_left(latest(target.home)["id"])
 
 
+def test_a_missing_script_is_refused_on_every_host_before_anything_starts(target):
+    with target.term(target.launch_argv("-n", "2", "-s", "1", "nosuch.py", "--epochs", "3")) as term:
+        code = term.wait(60)
+        screen = term.screen().flat()
+    rec = latest(target.home)
+    assert code == 3 and rec["state"] == "failed", screen
+    assert "preflight failed: nothing was started" in screen
+    assert all(p["pid"] is None for p in rec["procs"])
+    text = nospace(screen)
+    fix = "checkthepath" if target.name != "ssh" else "copyittothesamepathonthathost"
+    for host in target.hosts:
+        assert f"{host}:noscriptnosuch.pyin{target.cwd}fix:{fix}" in text, screen
+
+
 def test_ctrl_c_in_a_terminal_stops_the_job_on_every_host(target):
     with target.term(target.launch_argv("-n", "2", "-s", "1", target.script("ticker.py", TICKER))) as term:
         term.wait_for(lambda s: "tick 2 rank 0" in s and "tick 2 rank 1" in s, 90, "both workers' ticks")
@@ -195,12 +218,12 @@ def test_ctrl_c_in_a_terminal_stops_the_job_on_every_host(target):
     target.nothing_left(rec["id"])
 
 
-def test_ctrl_c_during_preflights_spinner(target, tmp_path):
+@pytest.mark.parametrize("backend", ["ssh", "slurm"])   # (a local preflight runs in the launcher, at once)
+def test_ctrl_c_during_preflights_spinner(backend, request, tmp_path):
     """A host slow to answer preflight (its --python takes 10 s to start, the first time): the
     spinner turns, Ctrl-C ends the launch at once and leaves neither the spinner nor a hidden
     cursor behind."""
-    if target.name == "local":
-        pytest.skip("local preflight runs in the launcher itself, at once: no spinner to interrupt")
+    target = _make(backend, tmp_path, request)
     slow = tmp_path / "slow-python"
     first = tmp_path / "first-call"
     slow.write_text(f"#!/bin/sh\nmkdir {first} 2>/dev/null && sleep 10\nexec {shlex.quote(sys.executable)} \"$@\"\n")
@@ -216,6 +239,7 @@ def test_ctrl_c_during_preflights_spinner(target, tmp_path):
     assert code == 130 and rec["state"] == "stopped", screen
     assert f"job {rec['id']} stopped after" in screen and "preflight: checking" not in screen
     assert raw.rfind("\x1b[?25h") > raw.rfind("\x1b[?25l"), "the cursor is left hidden"
+    target.nothing_left(rec["id"])
     assert all(p["pid"] is None for p in rec["procs"])       # nothing was started
 
 

@@ -402,3 +402,49 @@ def test_help_documents_the_device_mapping(home):
     text = " ".join(result.output.split())
     assert "--gpus-per-worker" in text and "LOCAL_RANK -> cuda:LOCAL_RANK" in text
     assert "--pass-local-rank" in text and "--local_rank=LOCAL_RANK" in text
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.replace("│", " ").split())
+
+
+def test_stop_with_nothing_running_says_so_and_touches_no_host(home, supervised):
+    _record("job-a", JobState.SUCCEEDED, 1.0)
+    result = invoke("stop")
+    assert result.exit_code == 0 and "no running jobs (the latest, job-a, succeeded)" in result.output
+    assert "not verified" not in result.output and "nothing of the job left" not in result.output
+    _record("job-b", JobState.RUNNING, 2.0)
+    _record("job-c", JobState.RUNNING, 3.0)
+    supervised("job-b")
+    supervised("job-c")
+    result = invoke("stop")                        # which one? not a guess: the user names it
+    text = _flat(result.output)
+    assert result.exit_code == 2 and "2 jobs are running: job-b, job-c" in text and "--all" in text, text
+    assert not jobs.stop_request_path("job-b").exists() and not jobs.stop_request_path("job-c").exists()
+
+
+def test_clean_asks_before_removing_every_finished_job(home):
+    _record("job-a", JobState.SUCCEEDED, 1.0)
+    _record("job-b", JobState.FAILED, 2.0)
+    result = invoke("clean")                       # CliRunner's stdin is no terminal: nobody to ask
+    text = _flat(result.output)
+    assert result.exit_code == 2 and "removes 2 finished jobs" in text and "pass --yes" in text, text
+    assert [j.id for j in jobs.all_jobs()] == ["job-a", "job-b"]
+    result = runner.invoke(app, ["clean"], input="y\n")      # an answer on a pipe confirms nothing: --yes does
+    assert result.exit_code == 2 and len(jobs.all_jobs()) == 2
+    result = invoke("clean", "job-a")              # named jobs: no question
+    assert result.exit_code == 0 and "removed 1 job: job-a" in result.output
+    result = invoke("clean", "--yes")
+    assert result.exit_code == 0 and "removed 1 job: job-b" in result.output
+    result = invoke("clean")
+    assert result.exit_code == 0 and "no finished job to remove" in result.output
+
+
+def test_logs_says_when_a_log_is_empty(home, tmp_path):
+    rec = _record("job-a", JobState.SUCCEEDED, 1.0)
+    empty = tmp_path / "worker-0.log"
+    empty.write_text("")
+    rec.procs[0].log = str(empty)
+    jobs.save(rec)
+    result = invoke("logs", "job-a")
+    assert result.exit_code == 0 and f"worker 0: the log is empty ({empty})" in _flat(result.output)
