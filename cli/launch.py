@@ -173,7 +173,7 @@ class Supervisor:
             cause = "; ".join(f"{p.host}: {p.reason}" for p in problems)
             hosts = ", ".join(dict.fromkeys(p.host for p in problems))
             return self._conclude(JobState.FAILED, EXIT_PREFLIGHT, headline=f"preflight failed: {cause}",
-                                  summary=f"preflight failed on {hosts} (the table above)")
+                                  summary=f"preflight failed on {hosts} (the panel above)")
         try:
             self._start_all()
         except BackendError as exc:

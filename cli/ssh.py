@@ -28,6 +28,7 @@ import base64
 import getpass
 import hashlib
 import json
+import logging
 import os
 import shlex
 import socket
@@ -59,6 +60,9 @@ from cli.jobs import ProcRecord
 from cli.plan import ProcSpec
 
 _AGENT_SOURCE = Path(agent.__file__).read_text()
+# paramiko logs a failed connection's traceback from its own thread; the user gets the problem
+# and its fix from explain() instead (without a handler, Python would print those records)
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 _KNOWN_HOSTS_LOCK = threading.Lock()
 MAX_JUMPS = 8   # ProxyJump hops, counted through jump hosts' own ProxyJump
 
@@ -347,7 +351,11 @@ class SshBackend:
                                "in the ssh config, no ssh-agent, no ~/.ssh/id_* key)",
                                "pass -i ~/.ssh/KEY (--identity-file), set IdentityFile for the host in "
                                "~/.ssh/config, or load a key into ssh-agent (ssh-add)")
-        if isinstance(exc, paramiko.ProxyCommandFailure):
+        cfg = self._config.lookup(host.name)
+        proxy = cfg.get("proxycommand")
+        if isinstance(exc, paramiko.ProxyCommandFailure) or (
+                proxy and str(proxy).lower() != "none" and isinstance(exc, (paramiko.SSHException, EOFError))
+                and not isinstance(exc, (paramiko.AuthenticationException, paramiko.ChannelException))):
             return HostProblem(label, f"the ssh config's ProxyCommand for {host.name} failed: {exc}",
                                f"check it by hand: ssh -v {host.name}")
         if isinstance(exc, paramiko.ChannelException):
