@@ -1,16 +1,36 @@
 """Every command that draws, as users run it, on every backend: in a real terminal (a pty with a
 size, its screen replayed by :class:`~tests.terminal.emulator.Screen`), through a pipe, and in
-a dumb terminal (TERM=dumb); this machine, the sshd hosts of tests/ssh and the Slurm cluster of
-tests/slurm.
+a dumb terminal (TERM=dumb); on this machine, on the sshd hosts of tests/ssh and in the Slurm
+cluster of tests/slurm (one :class:`Target` each, module-scoped).
 
-For each backend (a module-scoped :class:`Target`): attached launches (a psnode job to its end;
-Ctrl-C during the job and, where preflight takes time, during preflight's spinner; ``--sync``'s
-progress bar over SSH), then one detached psnode job that runs while ``status``, ``status
---watch``, ``logs``, ``logs -f`` and ``jobs`` draw it, which ``stop`` ends in a terminal, then
-``logs``/``status`` of the ended job and ``clean``.  Each case asserts what the screen (or the
-pipe) shows, that the command ends, and for the commands that run until told otherwise that
-``q`` or Ctrl-C ends them within :data:`PROMPT` seconds.  Every job ends with nothing of it
-left on any host.
+=====================================  ==========================  ==========================
+command                                terminal                    pipe / TERM=dumb
+=====================================  ==========================  ==========================
+launch (a psnode job to its end)       lines, closing line, no     no escape codes / no
+                                       spinner left                cursor moves
+launch + Ctrl-C (job running)          exit 130 within seconds,    (tests/cluster: ``| tee``,
+                                       every host clean            ``| head``)
+launch + Ctrl-C (preflight spinner)    ssh, slurm: exit 130 within
+                                       PROMPT, cursor shown again
+launch nosuch.py                       refused per host, exit 3
+launch --sync (ssh; others refuse it)  one bar, left full          one line when done
+status                                 table: job, hosts, rows     the same, plain
+status --watch                         q / Ctrl-C: ends within     frame after frame; Ctrl-C
+                                       PROMPT, one frame left      (pipe), q (dumb)
+logs, logs --role --rank               prefixed lines / raw bytes  the same
+logs -f                                new lines; Ctrl-C: 130      ``| head -3`` ends with head
+                                       within PROMPT (also dumb)
+jobs                                   the running job's row       the same
+stop                                   each host clean             already stopped / nothing
+                                                                   running, exit 0
+logs, status of the ended job          from the local copies
+clean                                  asks; y removes all         refused without --yes / n
+=====================================  ==========================  ==========================
+
+The running job is one detached psnode job per backend (``running``), shared by the status,
+watch, logs and jobs cases and ended by the stop case; every job ends with nothing of it left
+on any host.  (The ``Ctrl-C`` through ``| tee`` and ``| head`` of an attached launch, and SIGHUP
+on closing the terminal, are in tests/cluster/test_launch_lifecycle.py.)
 """
 from __future__ import annotations
 
