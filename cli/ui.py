@@ -7,6 +7,13 @@ Output never takes the launcher down: stdout and stderr are wrapped so that a re
 away (``| head -2`` exited, ``| tee`` killed by the same Ctrl-C, the terminal closed) turns
 further output into a no-op (EPIPE, EIO) instead of an exception -- the job's logs keep
 everything.  Outside a terminal lines are never wrapped (a path stays whole, copyable).
+
+The two consoles are bound to the command's streams once (:func:`bind`), and no live display
+(the preflight spinner, the sync progress bar, ``status --watch``) ever redirects ``sys.stdout``
+or ``sys.stderr``: what a display writes goes to the stream, never back into a console.  Live
+displays animate only on a real terminal (not ``TERM=dumb``); elsewhere they print plain lines.
+``status --watch`` reads keys from the terminal on stdin (``q`` quits) in cbreak mode, restored
+however the command ends.
 """
 from __future__ import annotations
 

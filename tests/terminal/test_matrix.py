@@ -48,13 +48,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.test_slurm_launch import assert_nothing_left as slurm_nothing_left
+from tests.slurm.test_slurm_launch import job_processes
 from tests.ssh.mxdist_testing import ROOT, assert_nothing_left, cli_env, latest, records
 from tests.support import wait_for
 from tests.terminal.emulator import COLS, Screen, Terminal, terminal_env
 
 MXDIST = [sys.executable, "-m", "cli.main"]
 PROMPT = 2.0        # seconds within which q or Ctrl-C ends a command that would run on
+LAUNCH_PROMPT = 3.0  # ... and an attached launch, which stops the job on every host first (0.5-0.9 s here)
 CURSOR_MOVES = re.compile(r"\x1b\[\d*[ABK]")   # what redrawing in place needs (a dumb terminal gets none)
 
 QUICK = textwrap.dedent("""
@@ -134,7 +135,7 @@ def _slurm(tmp: Path, cluster) -> Target:
     env = cluster.env(cli_env(home))
     t = Target("slurm", home, env, ("127.0.0.2", "127.0.0.3"), ["--launcher", "slurm"], cwd=tmp)
     t.inside = lambda argv: ["salloc", "-N2", "--immediate=30", *argv]
-    t.nothing_left = lambda job: slurm_nothing_left(cluster, job)
+    t.nothing_left = lambda job: _slurm_nothing_left(cluster, job)
     return t
 
 
@@ -147,6 +148,13 @@ def _make(name: str, tmp: Path, request: pytest.FixtureRequest) -> Target:
         t = _slurm(tmp, request.getfixturevalue("slurm3"))
     t.home.mkdir()
     return t
+
+
+def _slurm_nothing_left(cluster, job: str) -> None:
+    """No step of ``job`` in Slurm's queue, no process of it anywhere (other jobs may run)."""
+    wait_for(lambda: not [s for s in cluster.steps() if f" mxdist.{job}." in f" {s.split()[1]}"]
+             and not job_processes(job), 15, f"the end of every step and process of job {job}",
+             describe=lambda: f"steps {cluster.steps()}, pids {job_processes(job)}")
 
 
 @pytest.fixture(scope="module", params=["local", "ssh", "slurm"])
@@ -230,7 +238,7 @@ def test_ctrl_c_in_a_terminal_stops_the_job_on_every_host(target):
     with target.term(target.launch_argv("-n", "2", "-s", "1", target.script("ticker.py", TICKER))) as term:
         term.wait_for(lambda s: "tick 2 rank 0" in s and "tick 2 rank 1" in s, 90, "both workers' ticks")
         term.ctrl_c()
-        code = ended_within(term, 8.0, "launch after Ctrl-C")
+        code = ended_within(term, LAUNCH_PROMPT, "launch after Ctrl-C")
         screen = term.screen().flat()
     rec = latest(target.home)
     assert code == 130 and rec["state"] == "stopped" and rec["stopped_by"] == "Ctrl-C", screen

@@ -448,3 +448,12 @@ def test_logs_says_when_a_log_is_empty(home, tmp_path):
     jobs.save(rec)
     result = invoke("logs", "job-a")
     assert result.exit_code == 0 and f"worker 0: the log is empty ({empty})" in _flat(result.output)
+
+
+def test_launch_usage_line_and_the_workers_default():
+    result = runner.invoke(app, ["launch", "--help"], env={"COLUMNS": "200"})
+    assert result.output.splitlines()[0] == "Usage: mxdist launch [OPTIONS] COMMAND [ARGS]..."
+    text = _flat(result.output)
+    assert "workers (default: the hosts' slots in total with -H; the allocation's tasks in Slurm; 1 on this " \
+           "machine)" in text, text
+    assert "-i, --identity-file KEY" in text
