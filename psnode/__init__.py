@@ -2,7 +2,8 @@
 
 Public names: ``psnode.kv`` (``create``), ``psnode.init`` (initializers), ``psnode.optimizer``,
 ``psnode.sparse`` (row_sparse values), ``psnode.data`` (data-parallel sharding),
-``psnode.torch`` (PyTorch glue, needs torch) and the error types below.  Submodules load on
+``psnode.torch`` (PyTorch glue, needs torch), ``psnode.mxnet`` (psnode as an MXNet kvstore,
+needs mxnet) and the error types below.  Submodules load on
 first use, so ``import psnode`` stays cheap (the ``mxdist`` CLI imports it for every command).
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ from psnode.errors import (
 __version__ = "0.1.0"
 
 _SUBMODULES = {"kv", "init", "initializer", "optimizer", "sparse", "data", "torch", "config",
-               "control", "kvstore"}
+               "control", "kvstore", "mxnet"}
 
 
 def __getattr__(name: str) -> Any:

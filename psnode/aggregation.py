@@ -296,8 +296,11 @@ class Store(Rounds):
         except Exception as exc:  # noqa: BLE001 - validation errors go back to the worker
             raise OpError("ConfigError", str(exc)) from None
         if self.optimizer is None or self.optimizer.to_spec() != optimizer.to_spec():
+            # the same optimizer with other parameters (a new learning rate) keeps the states
+            keep = self.optimizer is not None and self.optimizer.name == optimizer.name \
+                and self.optimizer.state_names() == optimizer.state_names()
             self.optimizer = optimizer
-            for entry in self.entries.values():
+            for entry in [] if keep else self.entries.values():
                 entry.state = optimizer.create_state(entry.value) if entry.value.dtype.kind == "f" else None
         return [Reply(worker, Ok(op.id))]
 

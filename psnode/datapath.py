@@ -75,7 +75,7 @@ class KeyInfo:
 class DataPath:
     """Request building and answer copying for :class:`psnode.kvstore.KVStore`."""
 
-    type: str
+    mode: str
     _engine: Any
     _keys: dict[Any, KeyInfo]
     _closed: bool
@@ -116,7 +116,7 @@ class DataPath:
         """Whether a push to ``server`` asks for its round's value at once: dist_sync over this
         host's link, where the answer is a reference to the server's value (read, if the script
         pulls, before this worker's next push of the key: it cannot change before)."""
-        return self.type == "dist_sync" and self._engine.same_host(server)
+        return self.mode == "dist_sync" and self._engine.same_host(server)
 
     def _send(self, server: int, op: Op, priority: int, guard: Any = None, bucket: Bucket | None = None) -> None:
         """Fire and forget (pushes): a failure is raised by a later call."""

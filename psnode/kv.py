@@ -4,7 +4,9 @@
 ``'dist_sync'``/``'dist_async'`` joining the job this process was launched in (its
 ``PSNODE_*`` environment, psnode.config) as a worker; a distributed store installs the
 worker's ``sys.excepthook`` (:func:`_report_uncaught`) and closes at exit.  Every store shows an
-uncaught psnode error without psnode's own frames.
+uncaught psnode error without psnode's own frames.  MXNet's type names (``'device'``,
+``'local_allreduce_cpu'``, ``'dist_device_sync'``, ...) name one of these three
+(:data:`psnode.kvstore.MXNET_TYPES`); ``kv.type`` is the name given.
 """
 from __future__ import annotations
 
@@ -16,21 +18,20 @@ from typing import Any
 from psnode import cpupolicy, failure
 from psnode.config import NodeConfig, Role
 from psnode.errors import ConfigError, PeerLost, PSError, user_traceback
-from psnode.kvstore import AGGREGATORS, TYPES, KVStore
+from psnode.kvstore import AGGREGATORS, MXNET_TYPES, TYPES, KVStore, resolve_type
 from psnode.local import LocalEngine
 from psnode.worker import Engine
 
 
 def create(name: str = "local", num_workers: int | None = None, aggregator: str = "average") -> KVStore:
-    """Create a KVStore: ``'local'``, ``'dist_sync'`` or ``'dist_async'``."""
-    if name not in TYPES:
-        raise ConfigError(f"unknown KVStore type {name!r}: use one of {', '.join(TYPES)}")
+    """Create a KVStore: ``'local'``, ``'dist_sync'`` or ``'dist_async'`` (or an MXNet name of one)."""
+    mode = resolve_type(name)
     if aggregator not in AGGREGATORS:
         raise ConfigError(f"unknown aggregator {aggregator!r}: use 'average' or 'sum'")
-    if name == "local":
+    if mode == "local":
         if num_workers not in (None, 1):
-            raise ConfigError(f"a 'local' KVStore has one worker, not num_workers={num_workers}")
-        kv = KVStore(name, LocalEngine(), None, aggregator)
+            raise ConfigError(f"a {name!r} KVStore has one worker, not num_workers={num_workers}")
+        kv = KVStore(mode, LocalEngine(), None, aggregator, name)
         _install(kv, lambda kind, exc, tb, previous: _show(previous, kind, exc, tb))
         return kv
     if not os.environ.get("PSNODE_ROLE"):
@@ -46,7 +47,7 @@ def create(name: str = "local", num_workers: int | None = None, aggregator: str 
         raise ConfigError("this job has no servers (-s 0); launch with -s 1 or more to use a KVStore")
     cpupolicy.apply(cfg.cpu_policy, whole_process=True)   # (the engine's threads inherit it)
     engine = Engine(cfg)
-    kv = KVStore(name, engine, cfg, aggregator)
+    kv = KVStore(mode, engine, cfg, aggregator, name)
     _report_uncaught(kv, engine, cfg)
     atexit.register(kv.close)
     return kv
@@ -114,4 +115,4 @@ def _show(previous: Any, kind: type[BaseException], exc: BaseException, tb: Any)
         previous(kind, exc, tb)
 
 
-__all__ = ["AGGREGATORS", "TYPES", "KVStore", "create"]
+__all__ = ["AGGREGATORS", "MXNET_TYPES", "TYPES", "KVStore", "create"]

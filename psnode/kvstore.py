@@ -23,12 +23,27 @@ Contracts:
 * ``set_gradient_compression`` (MXNet's): after ``create`` (keys may be initialised already),
   before the first push; dense float32 pushes then travel compressed with this worker's
   residuals (psnode.compression, psnode.datapath); servers decode them and aggregate float32.
-  Init values and pulls are never compressed.  ``'local'`` runs the same arithmetic.
+  Init values and pulls are never compressed.  ``'local'`` runs the same arithmetic, except
+  for a list of arrays pushed for one key (one per device): there, as in MXNet's local store,
+  each array is compressed with its own residual and the decoded arrays are summed (a
+  distributed store sums the list first, then compresses, as MXNet's does).
+* MXNet's other calls and rules: its type names (:data:`MXNET_TYPES`; ``kv.type`` is the name
+  given, ``kv.mode`` the store it names), ``broadcast``, ``is_capable``, ``set_updater`` /
+  ``_set_updater`` (a Python updater on 'local' stores), pulls that skip RowSparseArray outputs
+  unless ``ignore_sparse=False``, and one kind of key per store (all ints or all strs).
+  Deliberate differences: a second broadcast of a key gets the stored value (MXNet's native
+  store refuses it; a restarted worker's needs it), ``row_sparse_pull`` fills dense outputs and
+  reads dense keys too, and a Python updater on a distributed store is ignored with a warning
+  (MXNet's workers ignore it silently; psnode's servers take optimizer specs, never code).
 """
 from __future__ import annotations
 
+import contextlib
+import glob
 import json
 import sys
+import warnings
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -59,13 +74,48 @@ from psnode.worker import Future
 
 TYPES = ("local", "dist_sync", "dist_async")
 AGGREGATORS = ("average", "sum")
+#: MXNet's other store type names and the psnode store each one is.  MXNet's device
+#: communication (``'device'`` names) is a way to sum per-device arrays; psnode stores sum a
+#: list of arrays on the host whatever the name says.
+MXNET_TYPES = {
+    "device": "local", "local_update_cpu": "local", "local_allreduce_cpu": "local",
+    "local_allreduce_device": "local", "nccl": "local",
+    "dist": "dist_sync", "dist_device_sync": "dist_sync", "dist_sync_device": "dist_sync",
+    "dist_device_async": "dist_async", "dist_async_device": "dist_async",
+}
+#: MXNet's store types that need an NVIDIA GPU (MXNet's NCCL store).
+GPU_TYPES = ("nccl",)
+CAPABILITIES = ("optimizer",)
+
+
+def resolve_type(name: Any) -> str:
+    """The psnode store (``'local'``, ``'dist_sync'``, ``'dist_async'``) for a store type name:
+    one of :data:`TYPES` or MXNet's names (:data:`MXNET_TYPES`, case-insensitive as in MXNet).
+    ConfigError for another name, and for a GPU-only type where this machine has no GPU."""
+    if not isinstance(name, str):
+        raise ConfigError(f"a KVStore type is a string, not {type(name).__name__} {name!r}")
+    low = name.lower()
+    mode = low if low in TYPES else MXNET_TYPES.get(low)
+    if mode is None:
+        raise ConfigError(f"unknown KVStore type {name!r}: use one of {', '.join(TYPES)} "
+                          f"(or MXNet's {', '.join(MXNET_TYPES)})")
+    if low in GPU_TYPES and not _has_gpu():
+        raise ConfigError(f"KVStore type {name!r} is MXNet's NCCL store and needs an NVIDIA GPU; this machine "
+                          "has none (no /dev/nvidia0): use 'device' or 'local'")
+    return mode
+
+
+def _has_gpu() -> bool:
+    return bool(glob.glob("/dev/nvidia[0-9]*"))
 
 
 class KVStore(DataPath):
     """A key-value store for parameters (see the module docstring for the contracts)."""
 
-    def __init__(self, kind: str, engine: Any, cfg: NodeConfig | None, aggregator: str) -> None:
-        self.type = kind
+    def __init__(self, kind: str, engine: Any, cfg: NodeConfig | None, aggregator: str,
+                 name: str | None = None) -> None:
+        self.mode = kind                       # 'local', 'dist_sync' or 'dist_async'
+        self.type = name.lower() if name else kind   # the type name it was created with (MXNet's kv.type)
         self._engine = engine
         self._aggregator = aggregator
         self._cfg = cfg
@@ -85,6 +135,10 @@ class KVStore(DataPath):
         self._residuals = {}
         self._scratch = {}
         self._torch_bufs: dict[Any, np.ndarray] = {}   # host arrays of pulls into torch tensors
+        self._key_kind: type | None = None     # int or str: the kind of key the first call used
+        self._updater: Callable[[Any, Any, np.ndarray], None] | None = None
+        self._updater_exc: BaseException | None = None   # the updater's first exception in a call
+        self._warned: set[Any] = set()         # keys whose row_sparse pull outputs were ignored
 
     # ------------------------------------------------------------ properties
     @property
@@ -132,11 +186,84 @@ class KVStore(DataPath):
         """Raise an error a server reported for an earlier push."""
         self._engine.check()
 
+    def _check_key_kind(self, key: Any) -> None:
+        """MXNet's rule: one store's keys are all ints or all strs (its first call decides);
+        ConfigError naming the key of the other kind, before anything is sent."""
+        keys = key if isinstance(key, (list, tuple)) else (key,)
+        kind = self._key_kind
+        if kind is not None and all(type(k) is kind for k in keys):
+            return
+        for k in keys:
+            k_kind = str if isinstance(k, str) else int if isinstance(k, (int, np.integer)) \
+                and not isinstance(k, (bool, np.bool_)) else None
+            if k_kind is None:
+                continue    # (check_key_user names it)
+            if kind is None:
+                kind = k_kind
+            elif k_kind is not kind:
+                first = "this call" if self._key_kind is None else "this KVStore"
+                raise ConfigError(f"key {k!r} is {'a str' if k_kind is str else 'an int'}, but {first} uses "
+                                  f"{'str' if kind is str else 'int'} keys: a KVStore's keys are all ints or "
+                                  "all strs (MXNet's rule)")
+        self._key_kind = kind
+
+    @contextlib.contextmanager
+    def _uncompressed(self) -> Iterator[None]:
+        """Send without compression: a 'local' store's pushes were decoded already (_device_sum)."""
+        spec, self._comp = self._comp, None
+        try:
+            yield
+        finally:
+            self._comp = spec
+
+    def _local_compressed(self) -> bool:
+        return self._comp is not None and self.mode == "local"
+
+    def _device_sum(self, key: Any, info: KeyInfo, values: list[Any]) -> np.ndarray:
+        """MXNet's rule for a 'local' store with gradient compression: each array of the list
+        (one per device) is compressed with its own residual (per key and list position) and
+        decoded, then the decoded arrays are summed (float32)."""
+        spec = self._comp
+        assert spec is not None
+        total: np.ndarray | None = None
+        for i, v in enumerate(values):
+            arr = v.todense() if isinstance(v, RowSparseArray) else np.asarray(v)
+            self._check_shape(key, info, arr.shape, arr.dtype)
+            dec = spec.roundtrip(arr, self._residual(key if i == 0 else (key, i), arr.size))
+            if total is None:
+                total = dec
+            else:
+                np.add(total, dec, out=total)
+        assert total is not None
+        return total
+
+    def _check_device_lists(self, groups: list[forms.Group]) -> list[tuple[Any, KeyInfo, list[Any]]]:
+        """The groups of a 'local' compressed push, every key checked before any is compressed."""
+        assert self._comp is not None
+        checked = []
+        for k, values in groups:
+            info = self._info(k)
+            self._comp.check_key(k, info.dtype, info.sparse)
+            checked.append((k, info, values))
+        return checked
+
+    @contextlib.contextmanager
+    def _updater_errors(self) -> Iterator[None]:
+        """An exception of the Python updater (set_updater) reaches the caller as itself, once
+        the call's pushes are done (their rounds complete: the value is what the updater left)."""
+        try:
+            yield
+        finally:
+            exc, self._updater_exc = self._updater_exc, None
+            if exc is not None:
+                raise exc
+
 
 
     # ------------------------------------------------------------ init
     def init(self, key: Any, value: Any, initializer: Any = None, stype: str | None = None) -> None:
         """Initialise keys (see the module docstring: rank 0's value wins everywhere)."""
+        self._check_key_kind(key)
         pairs = forms.init_pairs(key, value)
         if isinstance(initializer, dict):
             initializer = init_mod.from_spec(initializer)
@@ -168,14 +295,14 @@ class KVStore(DataPath):
         placement = self._placer.place(key, arr.shape, arr.dtype.itemsize, by_rows=sparse)
         info = KeyInfo(arr.shape, arr.dtype, sparse, placement)
         joined = None
-        if self.type == "dist_sync" and not sparse and not placement.split:
+        if self.mode == "dist_sync" and not sparse and not placement.split:
             joined = self._bucketer.assign(key, placement.parts[0].server, arr.dtype, arr.size)
         if joined is not None:
             info.bucket = joined[0]
         self._keys[key] = info
         futs = []
         for part in placement.parts:
-            op = Init(key, part.index, arr.dtype.name, info.part_shape(part), sync=self.type != "dist_async",
+            op = Init(key, part.index, arr.dtype.name, info.part_shape(part), sync=self.mode != "dist_async",
                       average=self._aggregator == "average", sparse=sparse)
             if joined is not None:
                 op.bucket, op.offset = joined[0].bid, joined[1]
@@ -220,15 +347,29 @@ class KVStore(DataPath):
     # ------------------------------------------------------------ push
     def push(self, key: Any, value: Any, priority: int = 0) -> None:
         """Send gradients (see the module docstring; torch tensors: :mod:`psnode.torch_route`)."""
+        self._check_key_kind(key)
         value = torch_route.push_values(key, value, self._keys.get)
         self._check_acks()
         self._bucketer.close_all()
+        if self._local_compressed():
+            checked = self._check_device_lists(forms.groups(key, value, "push")[0])
+            summed: list[tuple[Any, KeyInfo, Any]] = [(k, info, self._device_sum(k, info, values))
+                                                      for k, info, values in checked]
+            self._pushed = True
+            with self._uncompressed(), self._updater_errors():
+                self._send_pushes(summed, priority)
+            return
         items = self._plain(key, value, False)
         if items is None:
             items = []
             for k, values in forms.groups(key, value, "push")[0]:
                 info = self._info(k)
                 items.append((k, info, self._prepare(k, info, values)))
+        with self._updater_errors():
+            self._send_pushes(items, priority)
+
+    def _send_pushes(self, items: list[tuple[Any, KeyInfo, Any]], priority: int) -> None:
+        """Send the prepared gradients of one push call (buckets whole, the rest per key part)."""
         if self._comp is not None:
             self._check_compressible(items)
             items = self._remote_first(items, lambda item: item[1].placement.parts[0].server)
@@ -247,9 +388,14 @@ class KVStore(DataPath):
     # ------------------------------------------------------------ pull
     def pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None,
              ignore_sparse: bool = True) -> Any:
-        """Fill ``out`` (allocated if None) with the current values and return it."""
+        """Fill ``out`` (allocated if None) with the current values and return it.
+
+        RowSparseArray outputs (MXNet's row_sparse NDArrays) are skipped with ``ignore_sparse``
+        (MXNet's default: they are not changed, and a warning names the key once; use
+        row_sparse_pull); with ``ignore_sparse=False`` each gets every row of the key."""
         if row_ids is not None:
             return self.row_sparse_pull(key, out=out, priority=priority, row_ids=row_ids)
+        self._check_key_kind(key)
         host, scatters = torch_route.pull_outs(key, out, self._keys.get, self._torch_bufs)
         if scatters:   # torch tensors: pulled into host arrays, then copied to every tensor
             self.pull(key, host, priority)
@@ -261,7 +407,36 @@ class KVStore(DataPath):
             self._bucketer.close_all()
             return self._pull_items(items, [], list(out), True, priority, None)
         outs, many = forms.out_groups(key, out, "pull")
-        return self._pull_into(outs, many, priority, None)
+        dense, sparse = self._split_sparse(outs, keep=not ignore_sparse)
+        if not sparse and len(dense) == len(outs):
+            return self._pull_into(outs, many, priority, None)
+        if dense:
+            self._pull_into(dense, True, priority, None)
+        for k, rsp in sparse:
+            self.row_sparse_pull(k, rsp, priority, np.arange(self._info(k).shape[0]))
+        return out
+
+    def _split_sparse(self, outs: list[forms.Group], keep: bool = False
+                      ) -> tuple[list[forms.Group], list[forms.Group]]:
+        """``outs`` without their RowSparseArray outputs, and those (unless ignored: not
+        ``keep``; a warning names each key once)."""
+        dense: list[forms.Group] = []
+        sparse: list[forms.Group] = []
+        for k, targets in outs:
+            rsp = [o for o in targets if isinstance(o, RowSparseArray)]
+            if not rsp:
+                dense.append((k, targets))
+                continue
+            if keep:
+                sparse.append((k, rsp))
+            elif k not in self._warned:
+                self._warned.add(k)
+                warnings.warn(f"psnode: pull of key {k!r} into a row_sparse output was ignored (MXNet's rule: "
+                              "use kv.row_sparse_pull with row_ids, or pull with ignore_sparse=False)",
+                              stacklevel=3)
+            if len(rsp) < len(targets):
+                dense.append((k, [o for o in targets if not isinstance(o, RowSparseArray)]))
+        return dense, sparse
 
     def _prepare(self, key: Any, info: KeyInfo, values: list[Any]) -> np.ndarray | RowSparseArray:
         return items_mod.prepare(key, info, values)
@@ -299,6 +474,7 @@ class KVStore(DataPath):
         of these; see :mod:`psnode.forms` for the forms of ``row_ids``.  Torch tensors (dense,
         the key's full shape) get the rows too (:mod:`psnode.torch_route`).
         """
+        self._check_key_kind(key)
         host, scatters = torch_route.pull_outs(key, out, self._keys.get, self._torch_bufs, rows=True)
         if scatters:
             self.row_sparse_pull(key, host, priority, row_ids)
@@ -338,7 +514,9 @@ class KVStore(DataPath):
 
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> Any:
         """``push`` then ``pull`` (into ``out``, or back into ``value`` when out is None): one
-        request and one answer per dense key part."""
+        request and one answer per dense key part.  RowSparseArray outputs are not written
+        (MXNet's rule, as :meth:`pull` with ``ignore_sparse``)."""
+        self._check_key_kind(key)
         dest = value if out is None else out
         host, scatters = torch_route.pull_outs(key, dest, self._keys.get, self._torch_bufs)
         value = torch_route.push_values(key, value, self._keys.get)
@@ -349,19 +527,88 @@ class KVStore(DataPath):
         self._check_acks()
         groups, many = forms.groups(key, value, "pushpull")
         grads: dict[Any, np.ndarray | RowSparseArray] = {}
-        for k, values in groups:
-            grads[k] = self._prepare(k, self._info(k), values)
+        local_comp = self._local_compressed()
+        if local_comp:
+            for k, info, values in self._check_device_lists(groups):
+                grads[k] = self._device_sum(k, info, values)
+        else:
+            for k, values in groups:
+                grads[k] = self._prepare(k, self._info(k), values)
         if self._comp is not None:
             self._check_compressible([(k, self._info(k), g) for k, g in grads.items()])
-        sparse = [k for k, g in grads.items() if isinstance(g, RowSparseArray)]
-        if sparse:  # a row_sparse push, then a plain pull
-            self.push(sparse, [grads.pop(k) for k in sparse], priority)
         outs, _ = forms.out_groups(key, value if out is None else out, "pushpull")
-        return self._pull_into(outs, many, priority, grads)
+        dense, _ = self._split_sparse(outs)
+        pulled = {k for k, _ in dense}
+        # pushed, not pulled: row_sparse gradients (a push, then the plain pull), and keys
+        # whose outputs are all row_sparse
+        rest = [k for k, g in grads.items() if isinstance(g, RowSparseArray) or k not in pulled]
+        with contextlib.ExitStack() as stack:
+            if local_comp:
+                stack.enter_context(self._uncompressed())   # (decoded already: _device_sum)
+            stack.enter_context(self._updater_errors())
+            if rest:
+                self.push(rest, [grads.pop(k) for k in rest], priority)
+            result = self._pull_into(dense, many, priority, grads) if dense else None
+        if sum(len(t) for _, t in dense) == sum(len(t) for _, t in outs):
+            return result
+        return dest
+
+    def broadcast(self, key: Any, value: Any, out: Any, priority: int = 0) -> Any:
+        """MXNet's broadcast: rank 0's ``value`` of each key into ``out`` on every worker.
+
+        ``init`` of the keys (rank 0's value is stored; ``value`` itself is not written), then
+        ``pull`` into ``out`` (an array or a list of arrays per key, as pull takes them).  A
+        key initialised already keeps its stored value, as re-init does (MXNet's native store
+        refuses a second broadcast of a key; here a restarted worker's broadcast gets the
+        current value)."""
+        self._check_key_kind(key)
+        self.init(key, _unwritable(value))
+        return self.pull(key, out=out, priority=priority)
+
+    @staticmethod
+    def is_capable(capability: str) -> bool:
+        """MXNet's capability query: ``'optimizer'`` (set_optimizer runs it on the servers) is
+        True; another capability raises ConfigError, as MXNet's stores raise for one they do
+        not know."""
+        if not isinstance(capability, str) or capability.lower() not in CAPABILITIES:
+            raise ConfigError(f"unknown KVStore capability {capability!r}: psnode knows {', '.join(CAPABILITIES)}")
+        return True
+
+    def set_updater(self, updater: Callable[[Any, Any, np.ndarray], None]) -> None:
+        """MXNet's ``_set_updater``: ``updater(key, recv, stored)`` folds each aggregated push
+        into the stored value, in place (``stored += recv`` sums the pushes), instead of an
+        optimizer.  ``recv`` is a dense array (a RowSparseArray for a row_sparse key) and is
+        only read; the key is the int or str the script uses.
+
+        A Python function runs only where the values are: on a ``'local'`` store.  On a
+        distributed store it is ignored with a warning, as MXNet's workers ignore it (MXNet
+        runs Python updaters on its servers only through a pickled optimizer; psnode's servers
+        take ``set_optimizer`` specs, never code).  ``set_optimizer`` replaces it."""
+        if not callable(updater):
+            raise ConfigError(f"set_updater takes a function updater(key, recv, stored), not {type(updater).__name__}")
+        self._updater = updater
+        if self.mode != "local":
+            warnings.warn(f"psnode: kv.set_updater on a {self.type!r} store is ignored, as MXNet's distributed "
+                          "workers ignore it: the servers run the optimizer of kv.set_optimizer, or store the "
+                          "aggregate", stacklevel=2)
+            return
+
+        def run(key: Any, recv: Any, stored: np.ndarray) -> None:
+            try:
+                updater(key, recv, stored)
+            except Exception as exc:   # noqa: BLE001 - raised to the caller by _updater_errors
+                if self._updater_exc is None:
+                    self._updater_exc = exc
+        self._engine.store.updater = run
+
+    _set_updater = set_updater
 
     # ------------------------------------------------------------ optimizer
     def set_optimizer(self, optimizer: Any) -> None:
-        """Run ``optimizer`` (an Optimizer or its spec dict) on the servers."""
+        """Run ``optimizer`` (an Optimizer or its spec dict) on the servers (replacing a
+        Python updater of :meth:`set_updater`).  Called again with the same optimizer and
+        other parameters (a new learning rate), the servers keep its states (momentum, ...);
+        another optimizer starts from fresh states."""
         if isinstance(optimizer, dict):
             optimizer = opt_mod.from_spec(optimizer)
         if not isinstance(optimizer, opt_mod.Optimizer):
@@ -369,6 +616,10 @@ class KVStore(DataPath):
         spec = optimizer.to_spec()
         json.dumps(spec)
         self._optimizer = optimizer
+        if self._updater is not None:
+            self._updater = None
+            if self.mode == "local":
+                self._engine.store.updater = None
         futs = [self._submit(s, SetOptimizer(spec), 0, 1 << 30) for s in range(max(1, self.num_servers))]
         self._wait(futs)
 
@@ -429,6 +680,17 @@ class KVStore(DataPath):
     def __repr__(self) -> str:
         return (f"<KVStore {self.type} rank {self.rank}/{self.num_workers} "
                 f"servers {self.num_servers} {self._aggregator}>")
+
+
+def _unwritable(value: Any) -> Any:
+    """``value`` with its numpy arrays as read-only views (init then leaves them alone)."""
+    if isinstance(value, np.ndarray):
+        view = value.view()
+        view.flags.writeable = False
+        return view
+    if isinstance(value, (list, tuple)):
+        return type(value)(_unwritable(v) for v in value)
+    return value
 
 
 def check_key_user(key: Any) -> Any:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -25,6 +26,7 @@ from psnode import optimizer as opt_mod
 from psnode.arith import Packed, add_scaled
 from psnode.entry import Entry, Key, OpError, Reply, fmt, fresh, mark_async, received
 from psnode.fused import Buckets
+from psnode.sparse import RowSparseArray
 from psnode.sparse import combine_rows as _combine_rows
 
 Alloc = Callable[[tuple[int, ...], np.dtype], np.ndarray]
@@ -36,6 +38,9 @@ class Rounds:
 
     active: set[int]
     optimizer: opt_mod.Optimizer | None
+    #: a Python updater ``updater(key, recv, stored)`` ('local' stores: kv.set_updater); it
+    #: folds each aggregate into the value in place, before (instead of) the optimizer
+    updater: Callable[[Any, Any, np.ndarray], None] | None = None
     check_finite: bool
     alloc: Alloc
     pushes: int
@@ -219,6 +224,10 @@ class Rounds:
         entry.scaled = False
         if rows is not None and not entry.sparse:
             rows = None
+        if self.updater is not None:
+            value = self._own(entry)
+            self.updater(key[0], data if rows is None else RowSparseArray(data, rows, value.shape), value)
+            return
         optimizer = self._optimizer_for(entry)
         if optimizer is None and rows is None and data is entry.spare and not entry.fixed:
             entry.value, entry.spare = entry.spare, entry.value

@@ -24,7 +24,7 @@ def ok(job) -> None:
 @pytest.mark.parametrize("agg,workers,servers", [("average", 3, 2), ("sum", 4, 3), ("average", 1, 1)])
 def test_rounds_average_and_sum(agg: str, workers: int, servers: int) -> None:
     job = run_job(PRELUDE + """
-keys = [0, 'b', 7]
+keys = [0, 12, 7]              # (int keys: one store's keys are all ints or all strs)
 for k in keys:
     kv.init(k, np.zeros((3, 4), np.float32))
 total = sum(range(1, W + 1))

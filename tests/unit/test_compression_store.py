@@ -196,12 +196,23 @@ def test_local_store_runs_a_one_worker_jobs_arithmetic() -> None:
             assert np.array_equal(kv.pull(k), spec.roundtrip(grads[k], res[k]))
 
 
-def test_local_list_of_values_is_summed_then_compressed_once() -> None:
+def test_local_list_of_values_is_compressed_per_device_then_summed() -> None:
+    """MXNet's 'local'/'device' rule: each array of the list (one per device) is compressed with
+    its own residual, decoded, then the decoded arrays are summed."""
     kv = psnode.kv.create("local")
     kv.init("a", np.zeros(4, F))
-    kv.set_gradient_compression({"type": "fp16"})
-    kv.push("a", [np.full(4, 1 / 3, F), np.full(4, 1 / 3, F)])
-    assert np.array_equal(kv.pull("a"), np.full(4, np.float16(F(1 / 3) + F(1 / 3)), F))
+    kv.set_gradient_compression({"type": "2bit", "threshold": 0.5})
+    kv.push("a", [np.full(4, 0.3, F), np.full(4, 0.3, F)])   # each device: 0.3 < 0.5, nothing sent
+    assert np.array_equal(kv.pull("a"), np.zeros(4, F))       # (the sum 0.6 would have sent 0.5)
+    kv.push("a", [np.full(4, 0.3, F), np.full(4, 0.1, F)])   # device 0: 0.6 -> 0.5; device 1: 0.4 -> 0
+    assert np.array_equal(kv.pull("a"), np.full(4, 0.5, F))
+    kv.push("a", np.full(4, 0.0, F))                          # one array: device 0's residual 0.1
+    assert np.array_equal(kv.pull("a"), np.zeros(4, F))
+    kv.push("a", [np.full(4, 0.4, F), np.full(4, 0.1, F)])   # 0.1 + 0.4 = 0.5 -> 0.5; 0.4 + 0.1 -> 0.5
+    assert np.array_equal(kv.pull("a"), np.full(4, 1.0, F))
+    kv.set_updater(lambda key, recv, stored: np.add(stored, recv, out=stored))
+    got = kv.pushpull("a", [np.full(4, 0.5, F)] * 3)           # residuals 0, 0, 0 (device 2 new)
+    assert np.array_equal(got[0], np.full(4, 2.5, F)) and all(g is not None for g in got)
 
 
 def test_set_gradient_compression_rules() -> None:

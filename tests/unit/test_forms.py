@@ -22,9 +22,11 @@ def test_init_forms() -> None:
     kv.init("200", [np.ones(S, F) * 2])                   # MXNet's nightly test: one-element list
     kv.init(["3", "5"], [np.ones(S, F)] * 2)
     kv.init(["7", "9"], [[np.ones(S, F) * 7], [np.ones(S, F) * 9]])   # lists of one-element lists
-    kv.init(11, np.ones(S, F) * 11)
-    for k, v in (("200", 2), ("3", 1), ("5", 1), ("7", 7), ("9", 9), (11, 11)):
+    kv.init("11", np.ones(S, F) * 11)
+    for k, v in (("200", 2), ("3", 1), ("5", 1), ("7", 7), ("9", 9), ("11", 11)):
         assert (kv.pull(k) == v).all() and kv.pull(k).shape == S
+    with pytest.raises(ConfigError, match="key 11 is an int, but this KVStore uses str keys"):
+        kv.init(11, np.ones(S, F))              # MXNet's rule: one store's keys are all ints or all strs
     with pytest.raises(ConfigError, match="one value"):
         kv.init("x", [np.ones(S, F), np.ones(S, F)])
     with pytest.raises(ConfigError, match="2 keys but 3 values"):
