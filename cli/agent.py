@@ -101,8 +101,29 @@ def gpus(env: dict | None = None, timeout: float = 20.0) -> dict:
     return out
 
 
-def check(workdir: str, modules: list[str], env: dict | None = None) -> dict:
+def command_problem(workdir: str, kind: str, word: str, env: dict | None = None) -> str | None:
+    """Why the job's command cannot start in ``workdir`` on this host, or None: ``kind``
+    ``script``: ``word`` must be a file (relative to ``workdir``); ``program``: an executable
+    file (a path) or a name on the PATH of a process started with ``env``.  Self-contained
+    (the Slurm preflight runs its source)."""
+    import os
+    import shutil
+
+    path = os.path.join(workdir, os.path.expanduser(word))
+    where = "" if os.path.isabs(os.path.expanduser(word)) else f" in {workdir}"
+    if kind == "script":
+        return None if os.path.isfile(path) else f"no script {word}{where}"
+    if "/" in word:
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return None
+        return f"{word}{where} is not an executable file" if os.path.exists(path) else f"no program {word}{where}"
+    search = {**os.environ, **(env or {})}.get("PATH") or os.defpath
+    return None if shutil.which(word, path=search) else f"{word}: command not found (PATH={search})"
+
+
+def check(workdir: str, modules: list[str], env: dict | None = None, target: list | None = None) -> dict:
     """Preflight: Python version, the workdir, whether ``modules`` import there with ``env``,
+    whether the job's command (``target``: ``[kind, word]``, :func:`command_problem`) is there,
     and the GPUs a process with ``env`` sees there (:func:`gpus`)."""
     out: dict = {"python": sys.version.split()[0], "executable": sys.executable, "errors": [],
                  "gpus": gpus(env)}
@@ -110,6 +131,9 @@ def check(workdir: str, modules: list[str], env: dict | None = None) -> dict:
     if not os.path.isdir(workdir):
         out["errors"].append(f"working directory {workdir} does not exist")
         return out
+    problem = command_problem(workdir, target[0], target[1], env) if target else None
+    if problem:
+        out["errors"].append(problem)
     for module in modules:
         proc = subprocess.run(
             [sys.executable, "-c", f"import {module}"],

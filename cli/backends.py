@@ -134,10 +134,12 @@ class Backend(Protocol):
     def options(self) -> dict[str, Any]:
         """JSON-able options that :func:`cli.registry.make_backend` accepts to rebuild this backend."""
 
-    def preflight(self, hosts: Sequence[Host], modules: Sequence[str], env: Mapping[str, str]) -> Preflight:
+    def preflight(self, hosts: Sequence[Host], modules: Sequence[str], env: Mapping[str, str],
+                  target: tuple[str, str] | None = None) -> Preflight:
         """Check every host (in parallel): reachable, authenticated, Python imports ``modules``
-        (in the working directory, with ``env`` added to the host's environment); report the
-        GPUs a process with ``env`` sees on each."""
+        (in the working directory, with ``env`` added to the host's environment), the job's
+        command is there (``target``: :func:`cli.plan.command_target`); report the GPUs a
+        process with ``env`` sees on each."""
 
     def reachable(self, host: Host, timeout: float) -> None:
         """Return within about ``timeout`` seconds if the host answers; raise BackendError if not."""
@@ -282,10 +284,12 @@ class LocalBackend:
     def options(self) -> dict[str, Any]:
         return {"workdir": self.workdir, "python": self.python}
 
-    def preflight(self, hosts: Sequence[Host], modules: Sequence[str], env: Mapping[str, str]) -> Preflight:
-        # the launcher itself imports psnode; only the working directory can be wrong here
-        result = agent.check(self.workdir, [], dict(env))
-        return Preflight([HostProblem("localhost", err, "create it or pass --workdir") for err in result["errors"]],
+    def preflight(self, hosts: Sequence[Host], modules: Sequence[str], env: Mapping[str, str],
+                  target: tuple[str, str] | None = None) -> Preflight:
+        # the launcher itself imports psnode; only the working directory and the command can be wrong
+        result = agent.check(self.workdir, [], dict(env), list(target) if target else None)
+        return Preflight([HostProblem("localhost", err, command_fix(err, "create it or pass --workdir"))
+                          for err in result["errors"]],
                          {h.label: HostGpus.from_report(result["gpus"]) for h in hosts})
 
     def reachable(self, host: Host, timeout: float) -> None:
@@ -315,6 +319,19 @@ class LocalBackend:
 
     def close(self) -> None:
         pass
+
+
+def command_fix(problem: str, otherwise: str, remote: bool = False) -> str:
+    """The fix for a preflight problem of :func:`cli.agent.check` about the job's command
+    (``remote``: on a host that is not this machine), else ``otherwise``."""
+    if problem.startswith("no script"):
+        return ("copy it to the same path on that host (--sync DIR copies a directory first), or pass --workdir"
+                if remote else "check the path: it is relative to the working directory (--workdir)")
+    if problem.startswith("no program") or "not an executable file" in problem:
+        return "check the path (relative to the working directory), and chmod +x it"
+    if "command not found" in problem:
+        return "install it there, or give its full path"
+    return otherwise
 
 
 class HostTimeout(BackendError):

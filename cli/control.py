@@ -233,7 +233,8 @@ def select(record: JobRecord, role: str | None, rank: int | None) -> list[ProcRe
 def stream_logs(record: JobRecord, procs: Sequence[ProcRecord], follow: bool,
                 emit: Callable[[ProcRecord, bytes], None], done: Callable[[ProcRecord], None]) -> None:
     """Print the logs of ``procs``: the local copies once the job is over (remote run files are
-    gone by then), else from where the processes run; with ``follow`` until they end."""
+    gone by then), else from where the processes run; with ``follow`` until they end.  ``emit``
+    raises BrokenPipeError when nobody reads any more: that ends the streaming (raised here)."""
     if not record.state.active:
         for p in procs:
             with contextlib.suppress(OSError), open(p.log, "rb") as f:
@@ -247,9 +248,13 @@ def stream_logs(record: JobRecord, procs: Sequence[ProcRecord], follow: bool,
         if follow:
             import threading
 
+            gone = threading.Event()    # the reader went away: every follower stops
+
             def one(p: ProcRecord) -> None:
                 try:
                     backend.follow(hosts[p.host], p, lambda d: emit(p, d), wait=True)
+                except BrokenPipeError:
+                    gone.set()
                 finally:
                     done(p)
 
@@ -257,8 +262,10 @@ def stream_logs(record: JobRecord, procs: Sequence[ProcRecord], follow: bool,
             for t in threads:
                 t.start()
             for t in threads:
-                while t.is_alive():
+                while t.is_alive() and not gone.is_set():
                     t.join(0.2)
+            if gone.is_set():
+                raise BrokenPipeError("the reader of the logs went away")
         else:
             for p in procs:
                 if p.pid:

@@ -15,6 +15,26 @@ from cli.jobs import JobRecord
 from cli.takeover import backend_for, refresh
 
 
+def finished(older_than_days: float | None = None, now: float | None = None) -> list[str]:
+    """The finished jobs :func:`clean` would remove (damaged records too), oldest first."""
+    now = time.time() if now is None else now
+    out: list[str] = []
+    if not jobs.jobs_dir().is_dir():
+        return out
+    for job_id, rec in jobs.listing():
+        if isinstance(rec, JobRecord):
+            rec = refresh(rec)
+            if rec.state.active:
+                continue
+        if older_than_days is None or now - _ended(job_id, rec) >= older_than_days * 86400:
+            out.append(job_id)
+    return out
+
+
+def _ended(job_id: str, rec: JobRecord | Exception) -> float:
+    return rec.ended or rec.created if isinstance(rec, JobRecord) else _mtime(jobs.record_path(job_id))
+
+
 def clean(older_than_days: float | None = None, only: Sequence[str] = (),
           now: float | None = None) -> tuple[list[str], dict[str, str]]:
     """Remove finished jobs (here, and their run directories on remote hosts); never active ones.
@@ -27,8 +47,7 @@ def clean(older_than_days: float | None = None, only: Sequence[str] = (),
     for job_id, rec in jobs.listing():
         if only and job_id not in only:
             continue
-        when = rec.ended or rec.created if isinstance(rec, JobRecord) else _mtime(jobs.record_path(job_id))
-        if older_than_days is not None and now - when < older_than_days * 86400:
+        if older_than_days is not None and now - _ended(job_id, rec) < older_than_days * 86400:
             continue
         if isinstance(rec, JobRecord):
             rec = refresh(rec)

@@ -176,7 +176,7 @@ class Supervisor:
             cause = "; ".join(f"{p.host}: {p.reason}" for p in problems)
             hosts = ", ".join(dict.fromkeys(p.host for p in problems))
             return self._conclude(JobState.FAILED, EXIT_PREFLIGHT, headline=f"preflight failed: {cause}",
-                                  summary=f"preflight failed on {hosts} (the table above)")
+                                  summary=f"preflight failed on {hosts} (the panel above)")
         try:
             self._start_all()
         except BackendError as exc:
@@ -436,8 +436,9 @@ class Supervisor:
                          for h, why in rec.unverified.items()]
                 how = headline + (f" (after {proc.restarts} restart{'s' if proc.restarts > 1 else ''})"
                                   if proc and proc.restarts else "")
+                shown = proc is not None and self.printer.shows(proc.role, proc.rank)  # its output, streamed above
                 ui.failure_panel(how, cause.consequences, proc.log if proc else None,
-                                 _tail(proc.log) if proc else [], notes)
+                                 None if shown or proc is None else _tail(proc.log), notes)
         elif rec.state is JobState.STOPPED:
             detail = rec.stopped_by or ""
         ui.closing_line(rec.id, rec.state.value, rec.duration, detail)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import shlex
-import time
+import sys
 from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -27,6 +27,7 @@ from cli.hosts import HostsError
 from cli.launch import EXIT_PREFLIGHT, Supervisor
 from cli.options import LaunchOptions, launch_default
 from cli.plan import PASSTHROUGH, NodeOptions, Plan, PlanError, is_secret
+from psnode.config import Role
 
 EXIT_USAGE = 2
 N = NodeOptions()          # the psnode options' defaults (NodeConfig's)
@@ -62,6 +63,7 @@ def main(
                                  help="print the version and exit"),
 ) -> None:
     """Launch psnode parameter-server jobs locally, over SSH or in Slurm; inspect and stop them."""
+    ui.bind(sys.stdout, sys.stderr)
     jobs.use_home(home)
 
 
@@ -86,13 +88,23 @@ def _guarded(fn: F) -> F:
     return run  # type: ignore[return-value]
 
 
-@app.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
+class _LaunchCommand(typer.core.TyperCommand):
+    """``mxdist launch``'s usage line as users type the command: ``COMMAND [ARGS]...``."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        return ["[OPTIONS]", "COMMAND [ARGS]..."]
+
+
+@app.command(cls=_LaunchCommand,
+             context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
 @_guarded
 def launch(
     command: list[str] = typer.Argument(..., metavar="COMMAND [ARGS]...",
                                         help="a .py script (run with Python) or any program"),
     hosts: str | None = typer.Option(None, "-H", "--hosts", help="hosts file, or inline list a,b:2222,user@c"),
-    num_workers: int | None = typer.Option(None, "-n", "--num-workers", help="workers (default: total slots)"),
+    num_workers: int | None = typer.Option(None, "-n", "--num-workers",
+                                           help="workers (default: the hosts' slots in total with -H; the "
+                                                "allocation's tasks in Slurm; 1 on this machine)"),
     num_servers: int | None = typer.Option(None, "-s", "--num-servers",
                                            help="servers (default: one per host; 0 allowed)"),
     launcher: str | None = typer.Option(None, "--launcher",
@@ -125,6 +137,10 @@ def launch(
                                            help="known_hosts file (default ~/.ssh/known_hosts)"),
     accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys",
                                               help="trust and record unknown host keys"),
+    identity_file: str | None = typer.Option(L("identity_file"), "-i", "--identity-file", metavar="KEY",
+                                             envvar="MXDIST_IDENTITY_FILE",
+                                             help="SSH private key to log in with (as ssh -i; tried before the "
+                                                  "ssh config's IdentityFile)"),
     connect_timeout: float = typer.Option(L("connect_timeout"), "--connect-timeout"),
     remote_dir: str = typer.Option(L("remote_dir"), "--remote-dir", envvar="MXDIST_REMOTE_DIR",
                                    help="where remote processes keep run files (removed when the job ends)"),
@@ -186,7 +202,8 @@ def launch(
             launcher=launcher, python=python, env=env, workdir=workdir, sync=sync, scheduler=scheduler,
             port=port, quiet=quiet, detach=detach_, ranks=ranks, grace=grace, finish_grace=finish_grace,
             ssh_config=ssh_config, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys,
-            connect_timeout=connect_timeout, remote_dir=remote_dir, insecure=insecure, encrypt=encrypt,
+            connect_timeout=connect_timeout, identity_file=identity_file, remote_dir=remote_dir,
+            insecure=insecure, encrypt=encrypt,
             keep_jobs=keep_jobs, gpus_per_worker=gpus_per_worker, pass_local_rank=pass_local_rank)
         prepared = prepare(opts)
     except (HostsError, PlanError, BackendError, ValueError) as exc:
@@ -314,15 +331,14 @@ def status(
             ui.print_json(_view_json(control.job_status(record)))
         elif watch:
             history: dict[str, deque[float]] = {}
-            with ui.watch_status() as show:
+            with ui.watch_status() as watching:
                 while True:
                     view = control.job_status(jobs.load(record.id))
                     for n in view["nodes"]:
-                        history.setdefault(n.name, deque(maxlen=30)).append(n.rate or 0.0)
-                    show(view, {name: ui.sparkline(list(v)) for name, v in history.items()})
-                    if view["state"] not in ("starting", "running"):
+                        history.setdefault(n.name, deque(maxlen=16)).append(n.rate or 0.0)
+                    watching.show(view, {name: ui.sparkline(list(v)) for name, v in history.items()})
+                    if view["state"] not in ("starting", "running") or watching.wait(interval):
                         break
-                    time.sleep(interval)
         else:
             ui.print_status(control.job_status(record))
     except KeyboardInterrupt:
@@ -331,27 +347,46 @@ def status(
         raise _fail("status unavailable", str(exc), "check that the hosts are reachable", EXIT_PREFLIGHT) from None
 
 
+def _to_stop(job: str | None, all_jobs: bool) -> list[jobs.JobRecord]:
+    """The jobs ``mxdist stop`` ends: JOB, every running one (--all), or the one running; a job
+    that already ended, or nothing running, is said and is not an error."""
+    if job:
+        record = control.refresh(_load(job))
+        if not record.state.active:
+            ui.info(f"job {record.id} already {record.state.value}: nothing to stop")
+            return []
+        return [record]
+    running = [control.refresh(j) for j in jobs.all_jobs() if j.state.active]
+    running = [j for j in running if j.state.active]
+    if not running:
+        latest = jobs.all_jobs()[-1:] if jobs.jobs_dir().is_dir() else []
+        ui.info("no running jobs" + (f" (the latest, {latest[0].id}, {latest[0].state.value})" if latest else ""))
+        return []
+    if len(running) > 1 and not all_jobs:
+        raise _fail("several jobs are running", f"{len(running)} jobs are running: "
+                    f"{', '.join(j.id for j in running)}", "name one (mxdist stop JOB) or stop them all "
+                    "(mxdist stop --all)", EXIT_USAGE)
+    return running
+
+
 @app.command()
 @_guarded
 def stop(
-    job: str | None = typer.Argument(None, help="job id (default: the latest)"),
+    job: str | None = typer.Argument(None, help="job id (default: the running one)"),
     all_jobs: bool = typer.Option(False, "--all", help="stop every running job"),
     grace: float = typer.Option(L("grace"), "--grace", help="seconds between TERM and KILL"),
 ) -> None:
     """Stop a job on every host (its supervisor does: TERM, grace, KILL) and check nothing is left."""
-    if all_jobs:
-        records = [j for j in jobs.all_jobs() if j.state.active] if jobs.jobs_dir().is_dir() else []
-        if not records:
-            ui.info("no running jobs")
-    else:
-        records = [_load(job)]
     clean = True
-    for record in records:
-        ui.info(f"stopping job {record.id} ({record.state.value})" if record.state.active
-                else f"job {record.id} already {record.state.value}")
+    for record in _to_stop(job, all_jobs):
+        ui.info(f"stopping job {record.id} ({record.state.value})")
         try:
             final = control.stop_job(record, grace)
             left, unverified = control.verify_gone(final)
+        except KeyboardInterrupt:
+            ui.warn(f"interrupted: the stop request stays; job {record.id}'s supervisor ends it "
+                    f"(mxdist status {record.id})")
+            raise typer.Exit(130) from None
         except TimeoutError as exc:
             ui.error_panel("stop did not complete", str(exc), "check the supervisor (ps), then run mxdist stop again")
             clean = False
@@ -362,31 +397,39 @@ def stop(
             continue
         unverified = {**final.unverified, **unverified}
         ui.stop_report(left, unverified)
-        if record.state.active:
-            ui.closing_line(final.id, final.state.value, final.duration, final.stopped_by or "")
+        ui.closing_line(final.id, final.state.value, final.duration, final.stopped_by or "")
         clean = clean and not any(left.values()) and not unverified
     if not clean:
         raise typer.Exit(1)
+
+
+def _who(p: jobs.ProcRecord) -> str:
+    return ui.who(p.role, p.rank)
 
 
 @app.command()
 @_guarded
 def logs(
     job: str | None = typer.Argument(None, help="job id (default: the latest)"),
-    role: str | None = typer.Option(None, "--role", help="scheduler, server or worker"),
-    rank: int | None = typer.Option(None, "--rank", help="rank within the role"),
+    role: Role | None = typer.Option(None, "--role", case_sensitive=False, help="only this role's processes"),
+    rank: int | None = typer.Option(None, "--rank", help="only the processes of this rank (with --role: one)"),
     follow: bool = typer.Option(False, "-f", "--follow", help="keep printing until the processes end"),
 ) -> None:
     """Print the logs of a job's processes."""
     record = _load(job)
-    procs = control.select(record, role, rank)
+    procs = control.select(record, role.value if role else None, rank)
     if not procs:
-        raise _fail("no such process", f"job {record.id} has no process with role={role} rank={rank}",
-                    "mxdist status shows the processes", EXIT_USAGE)
+        wanted = " ".join(x for x in (role.value if role else "process", None if rank is None else str(rank)) if x)
+        raise _fail("no such process", f"job {record.id} has no {wanted}; its processes: "
+                    f"{', '.join(_who(p) for p in record.procs)}", "mxdist status shows the processes", EXIT_USAGE)
     raw = len(procs) == 1
     printer = ui.LogPrinter()
+    printed: set[str] = set()
 
     def emit(p: jobs.ProcRecord, data: bytes) -> None:
+        if ui.output_closed():
+            raise BrokenPipeError("stdout's reader went away")
+        printed.add(p.name)
         if raw:
             ui.raw_bytes(data)
         else:
@@ -399,8 +442,15 @@ def logs(
         control.stream_logs(record, procs, follow, emit, done)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+    except BrokenPipeError:
+        return
     except BackendError as exc:
         raise _fail("logs unavailable", str(exc), "check that the hosts are reachable", EXIT_PREFLIGHT) from None
+    if ui.output_closed():
+        return
+    for p in procs:
+        if p.name not in printed:
+            ui.info(f"{_who(p)}: " + ("not started (no log)" if not p.pid else f"the log is empty ({p.log})"))
 
 
 @app.command()
@@ -409,8 +459,23 @@ def clean(
     job: list[str] = typer.Argument(None, help="only these jobs (default: every finished job)"),
     older_than: float | None = typer.Option(None, "--older-than", metavar="DAYS",
                                             help="only jobs that ended more than DAYS days ago"),
+    yes: bool = typer.Option(False, "-y", "--yes", help="do not ask before removing every finished job"),
 ) -> None:
     """Remove finished jobs: their records and logs here, and their run files on remote hosts."""
+    if not job and not yes:
+        finished = history.finished(older_than)
+        if not finished:
+            ui.info("no finished job to remove" + (f" older than {older_than:g} days" if older_than else ""))
+            return
+        what = (f"{len(finished)} finished job{'s' if len(finished) != 1 else ''} (records, logs, and run "
+                f"files on their hosts): {', '.join(finished[:10])}{', ...' if len(finished) > 10 else ''}")
+        if not ui.stdin_is_terminal():
+            raise _fail("clean needs a confirmation", f"this removes {what}",
+                        "pass --yes (stdin is not a terminal to ask), or name the jobs: mxdist clean JOB...",
+                        EXIT_USAGE)
+        if not typer.confirm(f"remove {what}?", default=False, err=True):
+            ui.info("nothing removed")
+            return
     removed, kept = history.clean(older_than, job or ())
     ui.info(f"removed {len(removed)} job{'s' if len(removed) != 1 else ''}" +
             (f": {', '.join(removed)}" if removed and len(removed) <= 10 else ""))

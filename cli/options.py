@@ -72,6 +72,7 @@ class LaunchOptions:
     known_hosts: str | None = None
     accept_new_host_keys: bool = False
     connect_timeout: float = 10.0
+    identity_file: str | None = None       # ssh -i: tried before the ssh config's IdentityFile
     remote_dir: str = "~/.mxdist/run"
     insecure: bool = False
     encrypt: bool = False
@@ -202,6 +203,18 @@ def _sync_pairs(items: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
+def _identity_file(path: str | None) -> str | None:
+    """``-i PATH`` as an absolute path to a readable private key file (None if not given)."""
+    if not path:
+        return None
+    full = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isfile(full):
+        raise PlanError(f"-i {path}: no such file (a private key, e.g. ~/.ssh/id_ed25519)")
+    if not os.access(full, os.R_OK):
+        raise PlanError(f"-i {path}: cannot read it (permissions)")
+    return full
+
+
 def checkpoint_dir(opts: LaunchOptions, workdir: str, local: bool) -> str | None:
     """``--checkpoint-dir`` as an absolute path on the hosts (relative: under the workdir)."""
     if not opts.node.checkpoint_dir:
@@ -237,6 +250,9 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
     job_id = jobs.new_job_id()
     user_env = parse_env_assignments(opts.env)
     workdir = os.path.abspath(opts.workdir or os.getcwd())
+    if opts.identity_file and launcher != "ssh":
+        raise PlanError(f"-i/--identity-file is for SSH hosts (-H); --launcher {launcher} does not use SSH")
+    identity = _identity_file(opts.identity_file)
     if launcher == "local":
         if opts.hosts:
             raise PlanError("--launcher local runs on this machine only: drop -H or use --launcher ssh")
@@ -261,7 +277,7 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
         backend = make_backend("ssh", {
             "workdir": workdir, "python": opts.python, "ssh_config": opts.ssh_config,
             "known_hosts": opts.known_hosts, "accept_new_host_keys": opts.accept_new_host_keys,
-            "connect_timeout": opts.connect_timeout})
+            "connect_timeout": opts.connect_timeout, "identity_file": identity})
         resolve = resolver(backend)
         hosts = [resolve.resolve(h) for h in parsed] if resolve else parsed
         python = opts.python

@@ -268,6 +268,13 @@ def command_argv(command: Sequence[str], python: str) -> tuple[str, ...]:
     return tuple(command)
 
 
+def command_target(command: Sequence[str]) -> tuple[str, str]:
+    """What must exist on every host for the command to start (preflight checks it):
+    ``("script", path)`` for a ``.py`` command (path relative to the working directory), else
+    ``("program", name)`` (a path, or a name looked up on the PATH)."""
+    return ("script", command[0]) if command[0].endswith(".py") else ("program", command[0])
+
+
 def with_local_rank_arg(argv: Sequence[str], command: Sequence[str], local_rank: int) -> tuple[str, ...]:
     """``argv`` (from :func:`command_argv`) with ``--local_rank=N`` where torch.distributed.launch
     put it: right after a ``.py`` script; at the end of any other command."""

@@ -40,7 +40,7 @@ from cli.backends import (
 )
 from cli.gpus import GpuShortageError, HostGpus, gpu_view, with_gpus
 from cli.jobs import JobRecord
-from cli.plan import Plan, with_key_files
+from cli.plan import Plan, command_target, with_key_files
 from psnode.security import Mode
 from psnode.transport import new_security
 
@@ -60,15 +60,21 @@ def prepare_hosts(plan: Plan, backend: Backend, record: JobRecord, run_dir: str,
         base_env = {k: v for k, v in plan.procs[0].env.items() if not k.startswith("PSNODE_")}
         hosts = plan.busy_hosts
         with ui.spinner(f"preflight: checking {len(hosts)} host(s)"):
-            report = backend.preflight(hosts, modules, base_env)
-        problems = report.problems
+            report = backend.preflight(hosts, modules, base_env, command_target(record.command))
+        problems = _in_host_order(report.problems, plan)
         if not problems:
             plan = _place_gpus(plan, backend, report)
         if not problems and mode is not Mode.INSECURE:
             plan = _install_secret(plan, backend, record, run_dir, mode, save)
         return problems, plan
     except PreflightFailed as exc:
-        return exc.problems, plan
+        return _in_host_order(exc.problems, plan), plan
+
+
+def _in_host_order(problems: list[HostProblem], plan: Plan) -> list[HostProblem]:
+    """``problems`` in the order of the hosts (hosts answer in any order)."""
+    order = {h.label: i for i, h in enumerate(plan.hosts)}
+    return sorted(problems, key=lambda p: order.get(p.host, len(order)))
 
 
 def _place_gpus(plan: Plan, backend: Backend, report: Preflight) -> Plan:

@@ -17,8 +17,9 @@ Rules (:func:`decide`):
    the culprit's own record says more.
 3. The root cause is the candidate that failed **first** (by those timestamps, never by the
    order in which the supervisor learnt of the exits); ties go to workers, then servers.
-4. Everything else that did not end well is a consequence, one line each; processes on hosts
-   that could not be reached are "not verified".
+4. Everything else that did not end well is a consequence, one line each (``ended with the
+   job`` for every process that ended because of the failure, by itself or stopped by the
+   supervisor); processes on hosts that could not be reached are "not verified".
 
 Headline: ``worker 1 on host-b: ValueError: bad batch`` (the exception when a Python script
 raised; else the exit status or the scheduler's words).
@@ -161,10 +162,8 @@ def _consequence(o: Outcome) -> str:
         return f"{o.who}: not verified (its host could not be reached)"
     if o.running:
         return f"{o.who}: still running"
-    if _kind(o) == "job_ended" and o.failure:
-        return f"{o.who}: ended with the job ({o.failure.get('type') or 'PeerLost'})"
-    if o.stopped:
-        return f"{o.who}: stopped"
+    if _kind(o) == "job_ended" or o.stopped:   # by itself or stopped by the supervisor: the same reason
+        return f"{o.who}: ended with the job"
     if o.code == 0:
         return ""
     if _kind(o) == "verdict":

@@ -66,6 +66,7 @@ from cli.backends import (
     Preflight,
     ProcStatus,
     Started,
+    command_fix,
 )
 from cli.gpus import HostGpus
 from cli.hosts import Host
@@ -79,13 +80,15 @@ HOW_TO_ALLOCATE = (
     "section Slurm)"
 )
 
-_CHECK = (  # the working directory, the imports and (cli.agent.gpus) the GPUs, on each node
+_CHECK = (  # the working directory, the command, the imports and (cli.agent.gpus) the GPUs, on each node
     "from __future__ import annotations\nimport json,os,sys\n"
-    + inspect.getsource(agent.gpus) +
-    "wd,mods,errs=sys.argv[1],sys.argv[2:],[]\n"
+    + inspect.getsource(agent.gpus) + inspect.getsource(agent.command_problem) +
+    "wd,target,mods,errs=sys.argv[1],json.loads(sys.argv[2]),sys.argv[3:],[]\n"
     "if os.path.realpath(os.getcwd())!=os.path.realpath(wd):\n"
     " errs.append('working directory %s does not exist on this node'%wd)\n"
     "else:\n"
+    " e=command_problem(wd,target[0],target[1]) if target else None\n"
+    " if e:errs.append(e)\n"
     " for m in mods:\n"
     "  try:__import__(m)\n"
     "  except Exception as e:errs.append('python cannot import %s in %s: %s: %s'%(m,wd,type(e).__name__,e))\n"
@@ -265,7 +268,7 @@ class SlurmBackend:
         return ["srun", *opts, "--", *argv]
 
     def preflight(self, hosts: Sequence[Host], modules: Sequence[str],
-                  env: Mapping[str, str]) -> Preflight:
+                  env: Mapping[str, str], target: tuple[str, str] | None = None) -> Preflight:
         """One step over all nodes checks the working directory and the imports on each, and reports
         its GPUs."""
         for tool in ("srun", "squeue", "scancel", "scontrol"):
@@ -286,7 +289,7 @@ class SlurmBackend:
                 f"--ntasks={len(names)}", "--ntasks-per-node=1", f"--nodelist={','.join(names)}",
                 f"--job-name={step_name(self.tag, 'preflight')}", "--export=ALL",
                 f"--chdir={self.workdir}", "--mpi=none", "--", self.python, "-c", _CHECK, self.workdir,
-                *modules]
+                json.dumps(list(target) if target else None), *modules]
         try:
             proc = subprocess.run(argv, env=self._env(env), capture_output=True, text=True, timeout=60,
                                   stdin=subprocess.DEVNULL)
@@ -317,7 +320,7 @@ class SlurmBackend:
             for msg in reports[node]:
                 fix = ("use a directory shared by all nodes (--workdir)" if "directory" in msg else
                        "install it for --python on every node, or set PYTHONPATH")
-                problems.append(HostProblem(node, msg, fix))
+                problems.append(HostProblem(node, msg, command_fix(msg, fix)))
         return Preflight(problems, gpus)
 
     # srun runs here, under the agent's reaper: the local runner starts and follows it

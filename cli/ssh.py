@@ -1,8 +1,11 @@
 """SshBackend: run the job's processes on remote hosts over SSH (the only module importing paramiko).
 
 Connection: ``~/.ssh/config`` (or ``ssh_config``) is honoured for HostName, User, Port,
-IdentityFile and IdentitiesOnly; the ssh agent and the default keys are tried unless
-IdentitiesOnly is set.  Explicit ``user@host:port`` in the hosts list wins over the config.
+IdentityFile, IdentitiesOnly, ProxyJump (each jump host looked up in the config too),
+ProxyCommand (its ``%h``/``%p``/``%r`` from the config) and ServerAliveInterval (SSH
+keepalives).  Keys: ``identity_file`` (``mxdist launch -i``) first, then the config's
+IdentityFile; the ssh agent and the default keys are tried unless IdentitiesOnly is set.
+Explicit ``user@host:port`` in the hosts list wins over the config.
 
 Host keys are checked against ``known_hosts`` (``~/.ssh/known_hosts`` or ``known_hosts``):
 an unknown key is refused unless ``accept_new_host_keys`` (then it is appended to the file);
@@ -25,6 +28,7 @@ import base64
 import getpass
 import hashlib
 import json
+import logging
 import os
 import shlex
 import socket
@@ -47,15 +51,24 @@ from cli.backends import (
     Preflight,
     ProcStatus,
     Started,
+    command_fix,
     run_per_host,
 )
 from cli.gpus import HostGpus
-from cli.hosts import Host, HostsError, check_hostname, check_user
+from cli.hosts import Host, HostsError, check_hostname, check_user, parse_host_word
 from cli.jobs import ProcRecord
 from cli.plan import ProcSpec
 
 _AGENT_SOURCE = Path(agent.__file__).read_text()
+# paramiko logs a failed connection's traceback from its own thread; the user gets the problem
+# and its fix from explain() instead (without a handler, Python would print those records)
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 _KNOWN_HOSTS_LOCK = threading.Lock()
+MAX_JUMPS = 8   # ProxyJump hops, counted through jump hosts' own ProxyJump
+
+
+class SshConfigError(BackendError):
+    """The ssh config cannot be used for a host (the message says which setting and why)."""
 
 
 class UnknownHostKey(paramiko.SSHException):
@@ -80,6 +93,20 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
             Path(self.known_hosts).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             with open(self.known_hosts, "a") as f:
                 f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+def _tilde(path: str) -> str:
+    """``path`` with the home directory written ``~`` (as users type it)."""
+    home = os.path.expanduser("~").rstrip("/")
+    path = os.path.abspath(os.path.expanduser(path))
+    return "~" + path[len(home):] if home and (path == home or path.startswith(home + "/")) else path
+
+
+def _shell_path(path: str) -> str:
+    """``path`` quoted for a shell, a leading ``~/`` left for the shell to expand."""
+    if path.startswith("~/"):
+        return "~/" + shlex.quote(path[2:])
+    return shlex.quote(path)
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -111,9 +138,10 @@ class SshBackend:
 
     def __init__(self, workdir: str, python: str, ssh_config: str | None = None,
                  known_hosts: str | None = None, accept_new_host_keys: bool = False,
-                 connect_timeout: float = 10.0, **_: Any) -> None:
+                 connect_timeout: float = 10.0, identity_file: str | None = None, **_: Any) -> None:
         self.workdir = workdir
         self.python = python
+        self.identity_file = identity_file
         self.ssh_config = ssh_config or str(Path("~/.ssh/config").expanduser())
         self.known_hosts = known_hosts or str(Path("~/.ssh/known_hosts").expanduser())
         self.accept_new_host_keys = accept_new_host_keys
@@ -122,6 +150,7 @@ class SshBackend:
         if os.path.isfile(self.ssh_config):
             self._config = paramiko.SSHConfig.from_path(self.ssh_config)
         self._clients: dict[str, paramiko.SSHClient] = {}
+        self._hops: dict[str, list[paramiko.SSHClient]] = {}   # per host: the jump hosts' connections
         self._lock = threading.Lock()
         self._host_locks: dict[str, threading.Lock] = {}
 
@@ -129,7 +158,7 @@ class SshBackend:
         return {
             "workdir": self.workdir, "python": self.python, "ssh_config": self.ssh_config,
             "known_hosts": self.known_hosts, "accept_new_host_keys": self.accept_new_host_keys,
-            "connect_timeout": self.connect_timeout,
+            "connect_timeout": self.connect_timeout, "identity_file": self.identity_file,
         }
 
     # -- connections -------------------------------------------------------------------------
@@ -152,11 +181,18 @@ class SshBackend:
             raise BackendError(str(exc)) from None
         return address.strip("[]"), port, user
 
-    def _connect(self, host: Host, timeout: float | None = None) -> paramiko.SSHClient:
+    def _connect(self, host: Host, timeout: float | None = None, sock: Any = None,
+                 hops: list[paramiko.SSHClient] | None = None, depth: int = 0) -> paramiko.SSHClient:
+        """A connection to ``host`` (through ``sock`` if given, else its ProxyJump/ProxyCommand);
+        the jump hosts' connections are appended to ``hops``."""
         cfg = self._config.lookup(host.name)
         address, port, user = self.endpoint(host)
+        timeout = timeout or self.connect_timeout
+        if sock is None:
+            sock = self._proxy(host, cfg, address, port, timeout, hops if hops is not None else [], depth)
         only = str(cfg.get("identitiesonly", "no")).lower() == "yes"
-        keys = [os.path.expanduser(k) for k in cfg.get("identityfile", [])]
+        keys = ([os.path.expanduser(self.identity_file)] if self.identity_file else []) + \
+            [os.path.expanduser(k) for k in cfg.get("identityfile", [])]
         client = paramiko.SSHClient()
         if os.path.isfile(self.known_hosts):
             client.load_host_keys(self.known_hosts)
@@ -164,10 +200,43 @@ class SshBackend:
         client.connect(
             hostname=address, port=port, username=user,
             key_filename=[k for k in keys if os.path.isfile(k)] or None,
-            allow_agent=not only, look_for_keys=not only, timeout=timeout or self.connect_timeout,
-            banner_timeout=timeout or self.connect_timeout, auth_timeout=timeout or self.connect_timeout,
+            allow_agent=not only, look_for_keys=not only, timeout=timeout,
+            banner_timeout=timeout, auth_timeout=timeout, sock=sock,
         )
+        alive = _seconds(cfg.get("serveraliveinterval"))
+        transport = client.get_transport()
+        if alive and transport is not None:
+            transport.set_keepalive(alive)
         return client
+
+    def _proxy(self, host: Host, cfg: Any, address: str, port: int, timeout: float,
+               hops: list[paramiko.SSHClient], depth: int) -> Any:
+        """What to connect to ``address:port`` through: a channel via the ProxyJump hosts, a
+        ProxyCommand, or None (directly)."""
+        jump = str(cfg.get("proxyjump") or "")
+        if jump and jump.lower() != "none":
+            if depth >= MAX_JUMPS:
+                raise SshConfigError(f"{host.label}: more than {MAX_JUMPS} ProxyJump hops (a loop in the ssh config?)")
+            try:
+                targets = [parse_host_word(word.strip(), f"ssh config ProxyJump for {host.name}")
+                           for word in jump.split(",")]
+            except HostsError as exc:
+                raise SshConfigError(str(exc)) from None
+            sock = None
+            for i, hop in enumerate(targets):
+                client = self._connect(hop, timeout, sock=sock, hops=hops, depth=depth + 1)
+                hops.append(client)
+                after = targets[i + 1] if i + 1 < len(targets) else None
+                where = (address, port) if after is None else self.endpoint(after)[:2]
+                transport = client.get_transport()
+                if transport is None:
+                    raise BackendError(f"{host.label}: lost the connection to the jump host {hop.label}")
+                sock = transport.open_channel("direct-tcpip", where, ("127.0.0.1", 0), timeout=timeout)
+            return sock
+        command = cfg.get("proxycommand")
+        if command and str(command).lower() != "none":
+            return paramiko.ProxyCommand(str(command))
+        return None
 
     def _client(self, host: Host, timeout: float | None = None) -> paramiko.SSHClient:
         """The host's connection (made once; hosts connect in parallel, each under its own lock)."""
@@ -177,9 +246,16 @@ class SshBackend:
             client = self._clients.get(host.label)
             transport = client.get_transport() if client else None
             if client is None or transport is None or not transport.is_active():
-                client = self._connect(host, timeout)
+                hops: list[paramiko.SSHClient] = []
+                try:
+                    client = self._connect(host, timeout, hops=hops)
+                except BaseException:
+                    _close_all(hops)
+                    raise
                 with self._lock:
+                    _close_all(self._hops.pop(host.label, []))
                     self._clients[host.label] = client
+                    self._hops[host.label] = hops
             return client
 
     def _agent(self, host: Host, request: dict[str, Any], emit: Callable[[bytes], None] | None = None,
@@ -226,10 +302,11 @@ class SshBackend:
 
     # -- the Backend protocol -------------------------------------------------------------------
 
-    def preflight(self, hosts: Sequence[Host], modules: Sequence[str], env: Mapping[str, str]) -> Preflight:
+    def preflight(self, hosts: Sequence[Host], modules: Sequence[str], env: Mapping[str, str],
+                  target: tuple[str, str] | None = None) -> Preflight:
         def one(host: Host) -> Any:
             return self._agent(host, {"op": "check", "workdir": self.workdir, "modules": list(modules),
-                                      "env": dict(env)})
+                                      "env": dict(env), "target": list(target) if target else None})
 
         problems = []
         gpus = {}
@@ -242,7 +319,7 @@ class SshBackend:
                 fix = ("create it, pass --workdir, or copy the project with --sync"
                        if "directory" in err else
                        "install it on that host (pip install ...), set PYTHONPATH, or --sync the project")
-                problems.append(HostProblem(label, err, fix))
+                problems.append(HostProblem(label, err, command_fix(err, fix, remote=True)))
         return Preflight(problems, gpus)
 
     def explain(self, label: str, host: Host, exc: BaseException) -> HostProblem:
@@ -252,11 +329,16 @@ class SshBackend:
         except BackendError as err:
             return HostProblem(label, str(err), "fix the ssh config")
         where = f"{address}:{port}"
+        ssh_cmd = f"ssh {'' if port == 22 else f'-p {port} '}{user}@{address}"
         if isinstance(exc, UnknownHostKey):
+            known = _tilde(self.known_hosts)
+            folder = _tilde(os.path.dirname(os.path.abspath(self.known_hosts)))
+            scan = f"ssh-keyscan {'' if port == 22 else f'-p {port} '}{address} >> {_shell_path(known)}"
+            if not os.path.isdir(os.path.dirname(os.path.abspath(self.known_hosts))):
+                scan = f"mkdir -p -m 700 {_shell_path(folder)} && {scan}"
             return HostProblem(label, f"unknown host key ({exc.key.get_name()} "
-                               f"{fingerprint(exc.key)}) for {exc.name}, not in {self.known_hosts}",
-                               f"verify it, then add it: ssh-keyscan -p {port} "
-                               f"{address} >> {self.known_hosts}; or pass --accept-new-host-keys")
+                               f"{fingerprint(exc.key)}) for {exc.name}, not in {known}",
+                               f"verify it, then add it: {scan}; or pass --accept-new-host-keys")
         if isinstance(exc, paramiko.BadHostKeyException):
             return HostProblem(label, f"host key of {where} CHANGED (expected {exc.expected_key.get_name()} "
                                f"{fingerprint(exc.expected_key)}, got {exc.key.get_name()} "
@@ -264,10 +346,27 @@ class SshBackend:
                                "if the host was reinstalled remove the old key: ssh-keygen -f "
                                f"{self.known_hosts} -R '[{address}]:{port}'; "
                                "otherwise someone may be intercepting the connection")
+        if isinstance(exc, paramiko.SSHException) and "No authentication methods" in str(exc):
+            return HostProblem(label, f"no SSH key to log in to {user}@{where} with (no -i, no IdentityFile "
+                               "in the ssh config, no ssh-agent, no ~/.ssh/id_* key)",
+                               "pass -i ~/.ssh/KEY (--identity-file), set IdentityFile for the host in "
+                               "~/.ssh/config, or load a key into ssh-agent (ssh-add)")
+        cfg = self._config.lookup(host.name)
+        proxy = cfg.get("proxycommand")
+        if isinstance(exc, paramiko.ProxyCommandFailure) or (
+                proxy and str(proxy).lower() != "none" and isinstance(exc, (paramiko.SSHException, EOFError))
+                and not isinstance(exc, (paramiko.AuthenticationException, paramiko.ChannelException))):
+            return HostProblem(label, f"the ssh config's ProxyCommand for {host.name} failed: {exc}",
+                               f"check it by hand: ssh -v {host.name}")
+        if isinstance(exc, paramiko.ChannelException):
+            return HostProblem(label, f"the ProxyJump host could not reach {where}: {exc}",
+                               f"check the jump host and HostName/Port of {host.name} in the ssh config "
+                               f"(ssh -v {host.name})")
         if isinstance(exc, paramiko.AuthenticationException):
             return HostProblem(label, f"authentication failed for {user}@{where}",
                                "add your public key to ~/.ssh/authorized_keys on the host (ssh-copy-id), "
-                               "load it into ssh-agent, or set IdentityFile in the ssh config")
+                               "pass the matching key with -i, load it into ssh-agent, or set IdentityFile "
+                               "in the ssh config")
         if isinstance(exc, socket.gaierror):
             return HostProblem(label, f"unknown host name {address}",
                                "check the spelling, DNS, or HostName in the ssh config")
@@ -278,9 +377,14 @@ class SshBackend:
             return HostProblem(label, f"cannot connect to {where}: {_connect_error(exc)}",
                                "is sshd running there and listening on that port? "
                                "(host:port in the hosts file, or Port in the ssh config)")
+        if isinstance(exc, SshConfigError):
+            return HostProblem(label, str(exc), f"fix the ssh config ({self.ssh_config}; ssh -G {host.name} "
+                               "shows what OpenSSH reads)")
         if isinstance(exc, BackendError):
             return HostProblem(label, str(exc), "check --python and the remote Python installation")
-        return HostProblem(label, f"{type(exc).__name__}: {exc}", "see the message")
+        return HostProblem(label, f"{type(exc).__name__}: {exc}",
+                           f"check that `{ssh_cmd}` works from this machine (mxdist reads the same ssh "
+                           "config and keys)")
 
     def start(self, host: Host, procs: Sequence[ProcSpec], run_dir: str) -> list[Started]:
         items = [{"name": p.name, "argv": list(p.argv), "env": dict(p.env)} for p in procs]
@@ -392,9 +496,25 @@ class SshBackend:
 
     def close(self) -> None:
         with self._lock:
-            for client in self._clients.values():
-                client.close()
+            _close_all(list(self._clients.values()))
+            for hops in self._hops.values():
+                _close_all(hops)
             self._clients.clear()
+            self._hops.clear()
+
+
+def _close_all(clients: Sequence[paramiko.SSHClient]) -> None:
+    for client in reversed(clients):
+        client.close()
+
+
+def _seconds(value: Any) -> int | None:
+    """ServerAliveInterval's seconds (None: unset, 0 or not a number)."""
+    try:
+        seconds = int(str(value))
+    except (TypeError, ValueError):
+        return None
+    return seconds if seconds > 0 else None
 
 
 def _mkdirs(sftp: paramiko.SFTPClient, path: str) -> None:

@@ -369,7 +369,7 @@ class DataPath:
                                   "row_sparse_pull needs a row_sparse key")
             for o, ids in zip(targets, ids_per_out, strict=True):
                 if isinstance(o, np.ndarray):
-                    self._check_shape(k, info, o.shape, o.dtype)
+                    self._check_shape(k, info, o.shape, o.dtype, out=True)
                     if len(targets) == 1:   # the answers go straight into its rows
                         self._fetch_rows(k, info, ids, priority, futs, o)
                         plan.append((info, o, None))

@@ -3,8 +3,17 @@
 Every error a user can see derives from :class:`PSError`, so a training script (or the
 ``mxdist`` CLI) can catch one type.  Messages name the offending value, where it came from
 and, when there is one, the fix.
+
+A psnode error is about the caller's code, so when one goes uncaught the traceback shows the
+caller's frames, not psnode's (:func:`user_traceback`).
 """
 from __future__ import annotations
+
+import os
+import traceback
+from types import TracebackType
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 class PSError(RuntimeError):
@@ -39,6 +48,10 @@ class ShapeMismatch(PSError, ValueError):
     """A value whose shape or dtype differs from the key's."""
 
 
+class DTypeMismatch(ShapeMismatch, TypeError):
+    """A value of the key's shape but another dtype (the message names the ``.astype`` to use)."""
+
+
 class RemoteError(PSError):
     """A server refused a request; the message carries the server's reason."""
 
@@ -48,6 +61,7 @@ class RemoteError(PSError):
 KINDS: dict[str, type[PSError]] = {
     "KeyNotInitialized": KeyNotInitialized,
     "ShapeMismatch": ShapeMismatch,
+    "DTypeMismatch": DTypeMismatch,
     "ConfigError": ConfigError,
     "ProtocolError": ProtocolError,
 }
@@ -62,3 +76,25 @@ def kind_of(exc: BaseException) -> str:
     """The kind to report ``exc`` as (its class name when known, else ProtocolError)."""
     name = type(exc).__name__
     return name if name in KINDS else "ProtocolError"
+
+
+def user_traceback(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> str:
+    """The traceback of an uncaught ``exc`` as Python prints it, less the frames inside psnode
+    (counted in one line instead), for every exception of the chain."""
+    te = traceback.TracebackException(kind, exc, tb)
+    hidden = 0
+    seen: set[int] = set()
+    todo = [te]
+    while todo:
+        item = todo.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        frames = [f for f in item.stack if not os.path.abspath(f.filename).startswith(_PACKAGE)]
+        hidden += len(item.stack) - len(frames)
+        item.stack = traceback.StackSummary.from_list(frames)
+        todo.extend(x for x in (item.__cause__, item.__context__) if x is not None)
+    lines = list(te.format())
+    if hidden:
+        lines.insert(len(lines) - 1, f"  ({hidden} frame{'s' if hidden != 1 else ''} inside psnode not shown)\n")
+    return "".join(lines)

@@ -4,7 +4,8 @@
 the key's shape and dtype each) in one pass; :func:`prepare` makes one gradient of the arrays
 given for a key (several are summed, row_sparse ones concatenated); :func:`targets` the
 outputs of a pull and the C-contiguous array its answers are copied into.  A wrong shape or
-dtype raises :class:`~psnode.errors.ShapeMismatch` naming the key (:func:`check_shape`).
+dtype raises :class:`~psnode.errors.ShapeMismatch` naming the key (:func:`check_shape`;
+:class:`~psnode.errors.DTypeMismatch` when only the dtype differs).
 """
 from __future__ import annotations
 
@@ -12,17 +13,24 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from psnode.errors import ShapeMismatch
+from psnode.errors import DTypeMismatch, ShapeMismatch
 from psnode.sparse import RowSparseArray
 
 if TYPE_CHECKING:
     from psnode.datapath import KeyInfo
 
 
-def check_shape(key: Any, info: KeyInfo, shape: tuple[int, ...], dtype: np.dtype) -> None:
-    if tuple(shape) != info.shape or np.dtype(dtype) != info.dtype:
+def check_shape(key: Any, info: KeyInfo, shape: tuple[int, ...], dtype: np.dtype, out: bool = False) -> None:
+    """A value (``out``: a pull's output) of ``shape`` and ``dtype`` for ``key``: ShapeMismatch,
+    or DTypeMismatch (with the fix) when only the dtype differs."""
+    got = np.dtype(dtype)
+    if tuple(shape) == info.shape and got != info.dtype:
+        fix = (f"pull into a {info.dtype.name} array (np.empty({info.shape}, np.{info.dtype.name}))" if out
+               else f"convert it with .astype(np.{info.dtype.name})")
+        raise DTypeMismatch(f"key {key!r} holds {info.dtype}{list(info.shape)}; got {got}{list(shape)}: {fix}")
+    if tuple(shape) != info.shape or got != info.dtype:
         raise ShapeMismatch(f"key {key!r} holds {info.dtype}{list(info.shape)}; "
-                            f"got {np.dtype(dtype)}{list(shape)}")
+                            f"got {got}{list(shape)}")
 
 
 def plain(infos: dict[Any, KeyInfo], key: Any, arrays: Any, writing: bool) -> list[tuple[Any, KeyInfo, Any]] | None:
@@ -77,7 +85,7 @@ def targets(k: Any, info: KeyInfo, targets: list[Any]) -> tuple[list[Any], np.nd
             o = np.empty(info.shape, info.dtype)
         if not isinstance(o, np.ndarray):
             raise ShapeMismatch(f"key {k!r}: out must be a numpy array, not {type(o).__name__}")
-        check_shape(k, info, o.shape, o.dtype)
+        check_shape(k, info, o.shape, o.dtype, out=True)
         done.append(o)
     first = done[0]
     dest = first if first.flags.c_contiguous and first.flags.writeable else np.empty_like(first, order="C")

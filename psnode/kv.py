@@ -3,9 +3,10 @@
 :func:`create` makes a :class:`~psnode.kvstore.KVStore`: ``'local'`` in this process, or
 ``'dist_sync'``/``'dist_async'`` joining the job this process was launched in (its
 ``PSNODE_*`` environment, psnode.config) as a worker; a distributed store installs the
-worker's ``sys.excepthook`` (:func:`_report_uncaught`) and closes at exit.  MXNet's type
-names (``'device'``, ``'local_allreduce_cpu'``, ``'dist_device_sync'``, ...) name one of
-these three (:data:`psnode.kvstore.MXNET_TYPES`); ``kv.type`` is the name given.
+worker's ``sys.excepthook`` (:func:`_report_uncaught`) and closes at exit.  Every store shows an
+uncaught psnode error without psnode's own frames.  MXNet's type names (``'device'``,
+``'local_allreduce_cpu'``, ``'dist_device_sync'``, ...) name one of these three
+(:data:`psnode.kvstore.MXNET_TYPES`); ``kv.type`` is the name given.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any
 
 from psnode import cpupolicy, failure
 from psnode.config import NodeConfig, Role
-from psnode.errors import ConfigError, DataLost, PeerLost
+from psnode.errors import ConfigError, DataLost, PeerLost, PSError, user_traceback
 from psnode.kvstore import AGGREGATORS, MXNET_TYPES, TYPES, KVStore, resolve_type
 from psnode.local import LocalEngine
 from psnode.worker import Engine
@@ -30,7 +31,9 @@ def create(name: str = "local", num_workers: int | None = None, aggregator: str 
     if mode == "local":
         if num_workers not in (None, 1):
             raise ConfigError(f"a {name!r} KVStore has one worker, not num_workers={num_workers}")
-        return KVStore(mode, LocalEngine(), None, aggregator, name)
+        kv = KVStore(mode, LocalEngine(), None, aggregator, name)
+        _install(kv, lambda kind, exc, tb, previous: _show(previous, kind, exc, tb))
+        return kv
     if not os.environ.get("PSNODE_ROLE"):
         raise ConfigError(f"kv.create({name!r}) needs a running job, and this process was not "
                           "started by a launcher. Run it with: mxdist launch -n 2 -s 1 <script.py>")
@@ -55,8 +58,8 @@ def _report_uncaught(kv: KVStore, engine: Engine, cfg: NodeConfig) -> None:
 
     * An uncaught :class:`PeerLost` after the job ended elsewhere (a node failed or went silent,
       the job was stopped, the scheduler is gone: the engine has its fatal error) is a
-      consequence: one line on stderr (``psnode worker 0: job ... ended: worker 1 ... failed:
-      ValueError: ...``), no traceback, and a ``job_ended`` failure record.
+      consequence: one line on stderr (``psnode worker 0: job ... ended: worker 1 on ...
+      failed``), no traceback, and a ``job_ended`` failure record.
     * Any other uncaught exception -- a PeerLost this worker ran into itself (a server that
       stopped answering its requests) included -- is this worker's own failure: a record (kind
       ``exception``, with the time, type, message and traceback: :mod:`psnode.failure`), the
@@ -65,11 +68,11 @@ def _report_uncaught(kv: KVStore, engine: Engine, cfg: NodeConfig) -> None:
       fails naming this worker), then the usual traceback.
     * ``kv.close()`` puts the previous hook back (a finished worker's later exception is not a
       psnode failure); until then a closed store's hook passes everything to the previous one.
+    * A psnode error (ShapeMismatch, KeyNotInitialized, ...) is printed without psnode's own
+      frames (:func:`psnode.errors.user_traceback`), as in a ``'local'`` store's process.
     """
-    previous = getattr(sys.excepthook, "_psnode_previous", sys.excepthook)
-
-    def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
-        if kv._closed or not isinstance(exc, Exception):
+    def hook(kind: type[BaseException], exc: BaseException, tb: Any, previous: Any) -> None:
+        if not isinstance(exc, Exception):
             previous(kind, exc, tb)
             return
         fatal = getattr(engine, "fatal", None)   # set once the job ended (or the scheduler is gone)
@@ -84,11 +87,35 @@ def _report_uncaught(kv: KVStore, engine: Engine, cfg: NodeConfig) -> None:
             restart = cfg.restart_count < cfg.max_restarts and not isinstance(exc, DataLost)
             engine.fail(f"{kind.__name__}: {exc}", restart=restart)
         finally:
+            _show(previous, kind, exc, tb)
+
+    _install(kv, hook)
+
+
+def _install(kv: KVStore, handle: Any) -> None:
+    """Make ``handle(kind, exc, tb, previous)`` the process's ``sys.excepthook`` while ``kv`` is
+    open (``kv.close()`` puts ``previous`` back; a closed store's hook passes everything on)."""
+    previous = getattr(sys.excepthook, "_psnode_previous", sys.excepthook)
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+        if kv._closed:
             previous(kind, exc, tb)
+        else:
+            handle(kind, exc, tb, previous)
 
     hook._psnode_previous = previous  # type: ignore[attr-defined]
     hook._psnode_store = kv  # type: ignore[attr-defined]
     sys.excepthook = hook
+
+
+def _show(previous: Any, kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+    """Print an uncaught exception as ``previous`` would; a psnode error (about the caller's
+    code) without psnode's own frames when ``previous`` is Python's hook."""
+    if isinstance(exc, PSError) and previous is sys.__excepthook__:
+        sys.stderr.write(user_traceback(kind, exc, tb))
+        sys.stderr.flush()
+    else:
+        previous(kind, exc, tb)
 
 
 __all__ = ["AGGREGATORS", "MXNET_TYPES", "TYPES", "KVStore", "create"]

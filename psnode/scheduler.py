@@ -395,7 +395,8 @@ class Scheduler:
             self._set_state(node, NodeState.EXITED)
             if msg.body.get("error") and self.exit_code is None:
                 what = f"failed: {str(msg.body['error'])[:500]}"
-                self._end(False, f"{node.name} {what}", Command.PEER_LOST, {"node": node.row(time.monotonic())},
+                # the nodes and the log say who; what it raised is said once, by its own output
+                self._end(False, f"{node.name} failed", Command.PEER_LOST, {"node": node.row(time.monotonic())},
                           culprit=node, what=what, since=time.time())
 
     def run(self) -> int:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from psnode import checkpoint, shm
+from psnode import checkpoint, failure, shm
 from psnode.aggregation import Store
 from psnode.config import NodeConfig
 from psnode.entry import Reply, sent
@@ -215,6 +215,7 @@ class Server:
                         if not msgs or not (ready := self.local.waiting()):
                             break
         except PeerLost as exc:
+            failure.write(self.cfg.error_file, "job_ended", "server", self.rank, self.cfg.host, exc=exc)
             print(f"psnode server {self.rank}: {exc}", file=sys.stderr, flush=True)
             return 1
         except ConfigError as exc:  # e.g. nothing to restore from: the job fails, naming it

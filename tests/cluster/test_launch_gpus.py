@@ -135,7 +135,7 @@ def test_cpu_host_is_quiet_and_gpus_per_worker_fails_before_anything_starts(tmp_
     res = run_cli(["launch", "-n", "2", "-s", "1", "--gpus-per-worker", "1", show], env)
     assert res.returncode == 3, res.stdout + res.stderr
     text = flat(res.stderr)
-    assert "preflight failed: nothing was started" in text and "localhost has no GPU, but its 2 workers" in text
+    assert "preflight failed: nothing was started" in text and "localhost: has no GPU, but its 2 workers" in text
     assert "leave --gpus-per-worker out" in text and "SHOW" not in res.stdout
     rec = latest(home)
     assert rec["state"] == "failed" and rec["exit_code"] == 3

@@ -10,14 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import random
-import select
 import shlex
-import signal
 import subprocess
 import textwrap
-import threading
 import time
 from pathlib import Path
 
@@ -35,6 +31,7 @@ from tests.ssh.mxdist_testing import (
     start_cli,
     wait_for,
 )
+from tests.terminal.emulator import Terminal
 
 MXDIST = f"{shlex.quote(PY)} -m cli.main"
 
@@ -84,64 +81,6 @@ def script(tmp_path: Path, text: str, name: str = "job.py") -> str:
     return str(path)
 
 
-class Terminal:
-    """A command in a real pseudo-terminal: its own session, the pty its controlling terminal."""
-
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
-        self.pid, self.fd = pty.fork()
-        if self.pid == 0:  # the child: exec, never return into pytest
-            try:
-                os.chdir(ROOT)
-                os.execvpe(argv[0], argv, env)
-            finally:
-                os._exit(127)
-        self.output = b""
-        self._lock = threading.Lock()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        while True:
-            try:
-                ready, _, _ = select.select([self.fd], [], [], 0.2)
-                if not ready:
-                    continue
-                data = os.read(self.fd, 65536)
-            except OSError:
-                return
-            if not data:
-                return
-            with self._lock:
-                self.output += data
-
-    def text(self) -> str:
-        with self._lock:
-            return self.output.decode(errors="replace")
-
-    def ctrl_c(self) -> None:
-        os.write(self.fd, b"\x03")     # the terminal sends SIGINT to its foreground process group
-
-    def hang_up(self) -> None:
-        os.close(self.fd)              # the terminal closes: SIGHUP to the session leader
-        self.fd = -1
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-    def wait(self, timeout: float) -> int:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                return os.waitstatus_to_exitcode(status)
-            time.sleep(0.05)
-        os.kill(self.pid, signal.SIGKILL)
-        os.waitpid(self.pid, 0)
-        raise AssertionError(f"the terminal's command did not end within {timeout} s:\n{self.text()}")
-
-
 def wait_final(home: Path, timeout: float = 60) -> dict:
     return wait_for(lambda: (r := latest(home)) and r["state"] not in ("starting", "running") and r,
                     timeout, "the job's final state")
@@ -159,7 +98,7 @@ def supervisor_gone(rec: dict) -> bool:
 def test_ctrl_c_in_a_terminal_through_a_pipe_stops_everything(home, tmp_path, pipe):
     log = tmp_path / "train.log"
     cmd = f"{MXDIST} launch -n 2 -s 1 {shlex.quote(script(tmp_path, SLEEPER))} {pipe.format(log=log)}"
-    term = Terminal(["bash", "-c", cmd], cli_env(home))
+    term = Terminal(["bash", "-c", cmd], cli_env(home), cwd=ROOT)
     try:
         wait_for(lambda: records(home) and all(p["pid"] for p in latest(home)["procs"])
                  and latest(home)["state"] == "running", 60, "the job to run")
@@ -167,7 +106,7 @@ def test_ctrl_c_in_a_terminal_through_a_pipe_stops_everything(home, tmp_path, pi
         wait_for(lambda: all(f.exists() and "started rank" in f.read_text() for f in logs), 60,
                  "both workers' first line")
         if "tee" in pipe:
-            wait_for(lambda: term.text().count("started rank") == 2, 60, "both lines through tee")
+            wait_for(lambda: term.raw().count("started rank") == 2, 60, "both lines through tee")
         term.ctrl_c()
         rec = wait_final(home, 60)
         term.wait(30)
@@ -182,8 +121,8 @@ def test_ctrl_c_in_a_terminal_through_a_pipe_stops_everything(home, tmp_path, pi
 
 def test_closing_the_terminal_stops_the_job_with_129(home, tmp_path):
     argv = [PY, "-m", "cli.main", "launch", "-n", "2", "-s", "1", script(tmp_path, SLEEPER)]
-    term = Terminal(argv, cli_env(home))
-    wait_for(lambda: term.text().count("started rank") == 2, 60, "both workers' first line")
+    term = Terminal(argv, cli_env(home), cwd=ROOT)
+    wait_for(lambda: term.raw().count("started rank") == 2, 60, "both workers' first line")
     term.hang_up()
     rec = wait_final(home, 60)
     assert term.wait(30) == 129

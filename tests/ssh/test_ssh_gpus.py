@@ -45,7 +45,7 @@ def test_cpu_hosts_report_no_gpu_and_refuse_gpus_per_worker(ssh_cluster, home, t
     assert res.returncode == 3, res.stdout + res.stderr
     text = flat(res.stderr)
     assert "preflight failed: nothing was started" in text
-    assert all(f"{host} has no GPU, but its" in text for host in ("node1", "node2", "node3")), text
+    assert all(f"{host}: has no GPU, but its" in text for host in ("node1", "node2", "node3")), text
     rec = latest(home)
     assert rec["state"] == "failed" and all(p["pid"] is None for p in rec["procs"])
     assert rec["root_cause"]["headline"] == (

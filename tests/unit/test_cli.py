@@ -186,14 +186,21 @@ def test_stop_is_idempotent(home):
     for _ in range(2):
         result = invoke("stop", "job-a")
         assert result.exit_code == 0, result.output
-        assert "localhost: nothing of the job left" in result.output
+        assert "job job-a already failed: nothing to stop" in result.output
     assert jobs.load("job-a").state is JobState.FAILED and jobs.load("job-a").supervisor_lost
 
 
 def test_logs_filters_by_role_and_rank(home):
     _record("job-a", JobState.RUNNING, 1.0)
     result = invoke("logs", "job-a", "--role", "server")
-    assert result.exit_code == 2 and "no process" in result.output
+    text = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2 and "job job-a has no server; its processes: worker 0" in text, text
+    result = invoke("logs", "job-a", "--role", "worker", "--rank", "3")
+    text = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2 and "has no worker 3; its processes: worker 0" in text and "None" not in text
+    result = invoke("logs", "job-a", "--role", "wrkr")        # the roles are the choices
+    text = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2 and "'wrkr' is not one of 'scheduler', 'server', 'worker'" in text, text
 
 
 def test_record_round_trip(home):
@@ -395,3 +402,58 @@ def test_help_documents_the_device_mapping(home):
     text = " ".join(result.output.split())
     assert "--gpus-per-worker" in text and "LOCAL_RANK -> cuda:LOCAL_RANK" in text
     assert "--pass-local-rank" in text and "--local_rank=LOCAL_RANK" in text
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.replace("│", " ").split())
+
+
+def test_stop_with_nothing_running_says_so_and_touches_no_host(home, supervised):
+    _record("job-a", JobState.SUCCEEDED, 1.0)
+    result = invoke("stop")
+    assert result.exit_code == 0 and "no running jobs (the latest, job-a, succeeded)" in result.output
+    assert "not verified" not in result.output and "nothing of the job left" not in result.output
+    _record("job-b", JobState.RUNNING, 2.0)
+    _record("job-c", JobState.RUNNING, 3.0)
+    supervised("job-b")
+    supervised("job-c")
+    result = invoke("stop")                        # which one? not a guess: the user names it
+    text = _flat(result.output)
+    assert result.exit_code == 2 and "2 jobs are running: job-b, job-c" in text and "--all" in text, text
+    assert not jobs.stop_request_path("job-b").exists() and not jobs.stop_request_path("job-c").exists()
+
+
+def test_clean_asks_before_removing_every_finished_job(home):
+    _record("job-a", JobState.SUCCEEDED, 1.0)
+    _record("job-b", JobState.FAILED, 2.0)
+    result = invoke("clean")                       # CliRunner's stdin is no terminal: nobody to ask
+    text = _flat(result.output)
+    assert result.exit_code == 2 and "removes 2 finished jobs" in text and "pass --yes" in text, text
+    assert [j.id for j in jobs.all_jobs()] == ["job-a", "job-b"]
+    result = runner.invoke(app, ["clean"], input="y\n")      # an answer on a pipe confirms nothing: --yes does
+    assert result.exit_code == 2 and len(jobs.all_jobs()) == 2
+    result = invoke("clean", "job-a")              # named jobs: no question
+    assert result.exit_code == 0 and "removed 1 job: job-a" in result.output
+    result = invoke("clean", "--yes")
+    assert result.exit_code == 0 and "removed 1 job: job-b" in result.output
+    result = invoke("clean")
+    assert result.exit_code == 0 and "no finished job to remove" in result.output
+
+
+def test_logs_says_when_a_log_is_empty(home, tmp_path):
+    rec = _record("job-a", JobState.SUCCEEDED, 1.0)
+    empty = tmp_path / "worker-0.log"
+    empty.write_text("")
+    rec.procs[0].log = str(empty)
+    jobs.save(rec)
+    result = invoke("logs", "job-a")
+    assert result.exit_code == 0 and f"worker 0: the log is empty ({empty})" in _flat(result.output)
+
+
+def test_launch_usage_line_and_the_workers_default():
+    result = runner.invoke(app, ["launch", "--help"], env={"COLUMNS": "200"})
+    assert result.output.splitlines()[0] == "Usage: mxdist launch [OPTIONS] COMMAND [ARGS]..."
+    text = _flat(result.output)
+    assert "workers (default: the hosts' slots in total with -H; the allocation's tasks in Slurm; 1 on this " \
+           "machine)" in text, text
+    assert "-i, --identity-file KEY" in text

@@ -1,0 +1,59 @@
+"""README.md's walk-through for real hosts, as typed, in a real terminal, by a user whose home
+has only a key and an ssh config (``host1``, ``host2``: two sshd hosts of conftest.py).
+
+Two substitutions, both about this machine: the hosts' sshd listen on the fixture's port, not
+22, and ``ssh-keyscan`` (which reads no ssh config) is given their addresses.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+
+from tests.ssh.mxdist_testing import ROOT, assert_nothing_left, latest
+from tests.terminal.emulator import Terminal, terminal_env
+
+MXDIST = [sys.executable, "-m", "cli.main"]
+
+
+def readme_lines(prefix: str) -> list[str]:
+    """The README's command lines starting with ``prefix`` (a trailing ``# comment`` dropped)."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("### On real hosts over SSH"):text.index("### Placement and commands")]
+    return [re.sub(r"\s+#.*$", "", line.strip()) for line in section.splitlines() if line.strip().startswith(prefix)]
+
+
+def test_the_readme_walkthrough_for_real_hosts(ssh_cluster, tmp_path):
+    user = tmp_path / "user"
+    (user / ".ssh").mkdir(parents=True)      # step 1 done: a key of one's own, the hosts named
+    shutil.copy(ssh_cluster.client_key, user / ".ssh" / "id_ed25519")
+    (user / ".ssh" / "id_ed25519").chmod(0o600)
+    (user / ".ssh" / "config").write_text(
+        f"Host host1\n  HostName {ssh_cluster.addresses[0]}\nHost host2\n  HostName {ssh_cluster.addresses[1]}\n"
+        f"Host *\n  Port {ssh_cluster.port}\n  User root\n")
+    project = tmp_path / "project"                     # a checkout with the examples
+    shutil.copytree(ROOT / "examples", project / "examples")
+    home = tmp_path / "mxdist-home"
+    env = ssh_cluster.env(home, HOME=str(user))
+    for name in ("MXDIST_SSH_CONFIG", "MXDIST_KNOWN_HOSTS"):   # the defaults: ~/.ssh/config, known_hosts
+        del env[name]
+    env.pop("SSH_AUTH_SOCK", None)
+
+    (keyscan,) = readme_lines("mkdir -p -m 700 ~/.ssh && ssh-keyscan")      # step 2
+    keyscan = keyscan.replace("ssh-keyscan host1 host2", f"ssh-keyscan -p {ssh_cluster.port} "
+                              f"{ssh_cluster.addresses[0]} {ssh_cluster.addresses[1]}")
+    subprocess.run(["bash", "-c", keyscan], env=env, check=True, capture_output=True, timeout=30)
+
+    launches = readme_lines("mxdist launch -H host1,host2")                  # steps 4 and 5
+    assert len(launches) == 2 and "--sync ." in launches[0], launches
+    for line in launches:
+        argv = [*MXDIST, *line.split()[1:]]
+        with Terminal(argv, terminal_env(env), cwd=project) as term:
+            code = term.wait(180)
+            screen = term.screen().flat()
+        assert code == 0, screen
+        rec = latest(home)
+        assert "[worker 0 @ host1] accuracy=0.9" in screen and f"job {rec['id']} succeeded in" in screen, screen
+        assert {p["host"] for p in rec["procs"] if p["role"] == "worker"} == {"host1", "host2"}
+    assert_nothing_left(home)
