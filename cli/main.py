@@ -351,9 +351,14 @@ def _to_stop(job: str | None, all_jobs: bool) -> list[jobs.JobRecord]:
     """The jobs ``mxdist stop`` ends: JOB, every running one (--all), or the one running; a job
     that already ended, or nothing running, is said and is not an error."""
     if job:
-        record = control.refresh(_load(job))
+        before = _load(job)
+        record = control.refresh(before)   # (an ended job's unverified hosts are checked again)
         if not record.state.active:
             ui.info(f"job {record.id} already {record.state.value}: nothing to stop")
+            if before.unverified:
+                ui.stop_report({h: [] for h in before.unverified if h not in record.unverified}, record.unverified)
+                if record.unverified:
+                    raise typer.Exit(1)
             return []
         return [record]
     running = [control.refresh(j) for j in jobs.all_jobs() if j.state.active]

@@ -241,7 +241,7 @@ def test_status_and_jobs_after_a_preflight_failure_and_on_damaged_records(home, 
                                 "procs": [{"name": "worker-0", "role": "worker", "rank": 0, "host": "localhost"}]}))
     view = json.loads(run_cli(["status", rec["id"], "--json"], env).stdout)
     assert view["state"] == "succeeded" and any("version 1" in n for n in view["notes"])
-    clean = run_cli(["clean"], env)
+    clean = run_cli(["clean", "--yes"], env)
     assert clean.returncode == 0 and not records(home)
 
 

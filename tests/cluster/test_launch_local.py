@@ -112,7 +112,7 @@ def test_failing_worker_reports_first_failure_and_stops_all(home, tmp_path):
     res = run_cli(["launch", "-n", "2", "-s", "1", "--grace", "2", script(tmp_path, FAILING)], cli_env(home))
     assert res.returncode == 1, res.stdout + res.stderr
     assert "worker 1 on localhost: exit code 7" in res.stderr
-    assert "rank 1: bad things" in res.stderr
+    assert "[worker 1 @ localhost] rank 1: bad things" in res.stdout   # streamed (the panel omits the tail)
     rec = latest(home)
     assert rec["state"] == "failed"
     states = {p["name"]: p["state"] for p in rec["procs"]}
