@@ -50,7 +50,8 @@ def install(role: str, rank: int) -> None:
     if not where:
         return
     if role == "worker":
-        from psnode import datapath, ioloop, kvstore, worker
+        from psnode.worker import datapath, ioloop, kvstore
+        from psnode.worker import engine as worker
         _span(kvstore.KVStore, "push", "push")
         _span(kvstore.KVStore, "pull", "pull")
         pushpull = kvstore.KVStore.pushpull
@@ -79,7 +80,8 @@ def install(role: str, rank: int) -> None:
             return run
         datapath.DataPath._copier = staticmethod(traced_copier)  # type: ignore[method-assign]
     else:
-        from psnode import aggregation, server
+        from psnode.server import loop as server
+        from psnode.server import store as aggregation
         _span(server.Server, "_on_ops", "ops",
               lambda self, w, ops, *a, **kw: f"{w} {','.join(type(o).__name__ for o in ops)}")
         _span(server.Server, "_send", "send", lambda self, replies, *a, **kw: ",".join(str(r.worker) for r in replies))

@@ -56,10 +56,10 @@ if str(ROOT) not in sys.path:
 
 from benchmarks import netns  # noqa: E402
 from benchmarks.cases import DENSE, MARK, Case, encode_cases  # noqa: E402
-from psnode.compression import CompressionSpec  # noqa: E402
 from psnode.config import NodeConfig, Role  # noqa: E402
 from psnode.errors import ConfigError  # noqa: E402
-from psnode.sharding import Placer  # noqa: E402
+from psnode.math.compression import CompressionSpec  # noqa: E402
+from psnode.worker.placement import Placer  # noqa: E402
 
 WORKER = ROOT / "benchmarks" / "netbench_worker.py"
 RAW = ROOT / "benchmarks" / "netbench_raw.py"
@@ -412,8 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cleanup:
         return 0
     if any(s.active for s in args.compression):
-        import psnode.kvstore
-        if not hasattr(psnode.kvstore.KVStore, "set_gradient_compression"):
+        import psnode.worker.kvstore
+        if not hasattr(psnode.worker.kvstore.KVStore, "set_gradient_compression"):
             print("netbench: this psnode has no kv.set_gradient_compression yet (issue 17, phase 2); "
                   "use --compression none", file=sys.stderr)
             return 2

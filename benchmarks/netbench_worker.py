@@ -31,7 +31,7 @@ if str(ROOT) not in sys.path:
 
 import psnode  # noqa: E402
 from benchmarks.cases import Case, decode_cases, fail, report, summarize  # noqa: E402
-from psnode.compression import CompressionSpec  # noqa: E402
+from psnode.math.compression import CompressionSpec  # noqa: E402
 
 
 def spec_from_env() -> CompressionSpec:

@@ -37,7 +37,7 @@ from benchmarks.cases import (  # noqa: E402
     report,
     summarize,
 )
-from psnode.sharding import split_ranges  # noqa: E402  (psnode's placement rule)
+from psnode.worker.placement import split_ranges  # noqa: E402  (psnode's placement rule)
 
 
 def _shape(c: Case) -> tuple[int, ...]:

@@ -25,7 +25,7 @@ from benchmarks.cases import (  # noqa: E402
     report,
     summarize,
 )
-from psnode.sparse import row_sparse_array  # noqa: E402
+from psnode.math.sparse import row_sparse_array  # noqa: E402
 
 
 def links(kv) -> int:

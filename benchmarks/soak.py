@@ -281,7 +281,7 @@ def _left(job: str) -> str:
     """'' when nothing of ``job`` is left on this host (waits a few seconds for reaping)."""
     if not job:
         return ""
-    from psnode import shm
+    from psnode.samehost import segments as shm
 
     deadline = time.monotonic() + 5
     while True:

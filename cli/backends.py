@@ -100,7 +100,7 @@ class ProcStatus:
 @dataclass(frozen=True)
 class Evidence:
     """What a process left behind on its host, for the root cause: its exit status and when
-    it was written (``rc_time``), its failure record (:mod:`psnode.failure`), and the last
+    it was written (``rc_time``), its failure record (:mod:`psnode.protocol.failure`), and the last
     exception line of a Python traceback at the end of its log (``exception``)."""
 
     code: int | None

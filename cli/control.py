@@ -8,7 +8,7 @@ work whether the supervisor is attached, detached or gone.
 for the final state; only when the supervisor is provably gone do these commands write, through
 :mod:`cli.takeover` (which also finalises the record of a job whose supervisor was lost).
 
-Status asks the live scheduler first (``psnode.control.query_status``); processes it does not
+Status asks the live scheduler first (``psnode.scheduler.client.query_status``); processes it does not
 know are checked on their hosts.  A final record is shown as recorded.
 """
 from __future__ import annotations
@@ -26,14 +26,14 @@ from cli.backends import describer
 from cli.jobs import DamagedRecord, JobRecord, ProcRecord, ProcState
 from cli.takeover import backend_for, refresh, state_from_check, stop_orphan, supervisor_gone
 from psnode.errors import PSError
-from psnode.status import NodeRow
+from psnode.protocol.status import NodeRow
 
 STOP_MARGIN = 30.0      # seconds a supervisor gets beyond --grace to end the job when asked
 
 
 def _psnode_control() -> Any:
     try:
-        from psnode import control
+        from psnode.scheduler import client as control
     except ImportError:
         return None
     return control

@@ -72,7 +72,7 @@ from cli.plan import Plan, ProcSpec, restarted
 from cli.preflight import prepare_hosts
 from cli.rootcause import RootCause, decide, describe_code
 from psnode.config import Role
-from psnode.security import Mode
+from psnode.net.security import Mode
 
 EXIT_OK, EXIT_FAILED, EXIT_PREFLIGHT = 0, 1, 3
 EXIT_HANGUP, EXIT_INTERRUPTED, EXIT_STOPPED = 129, 130, 143
@@ -331,7 +331,7 @@ class Supervisor:
         if sched.state is ProcState.EXITED:
             return True
         try:
-            from psnode import control
+            from psnode.scheduler import client as control
 
             answer = control.query_status(self.record.scheduler, self.record.id, key_file=self.record.key_file,
                                           timeout=STATUS_TIMEOUT)

@@ -11,7 +11,7 @@ the typer command, validated there, carried by the plan into every process's Nod
 :class:`PlanError` (exit 2, no traceback).
 
 Security (:func:`security_mode`): every job, local ones included, is ``authenticated`` by
-default (a fresh secret per job; :mod:`psnode.security` says what each mode protects);
+default (a fresh secret per job; :mod:`psnode.net.security` says what each mode protects);
 ``--encrypt`` makes it ``encrypted`` (CURVE on every link), ``--insecure`` turns it off.  Every
 process's ``PSNODE_KEY_FILE`` is planned as ``<run dir>/job.key`` on its host; the supervisor
 writes the secret there before anything starts (:mod:`cli.preflight`).
@@ -35,8 +35,8 @@ from cli.jobs import JobRecord
 from cli.launch import LaunchSettings, new_record
 from cli.plan import NodeOptions, Plan, PlanError, PlanRequest, make_plan, parse_env_assignments, passthrough_env
 from cli.registry import make_backend
-from psnode.checkpoint import path_for
-from psnode.security import Mode
+from psnode.net.security import Mode
+from psnode.server.checkpoint import path_for
 
 # Ports a job listens on are chosen where the kernel never puts the source port of an outgoing
 # connection (its ephemeral range: 32768-60999 on Linux by default), so nothing can take a port

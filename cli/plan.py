@@ -23,14 +23,14 @@ Rules:
 psnode options: one :class:`NodeOptions` per job (filled from ``mxdist launch``'s flags, defaults
 from NodeConfig) becomes the NodeConfig fields of every process.  With ``run_dir`` set, each
 process gets ``PSNODE_ERROR_FILE=<run_dir>/<name>.failure.json``: where it writes its failure
-record (:mod:`psnode.failure`) for the supervisor to name the root cause.
+record (:mod:`psnode.protocol.failure`) for the supervisor to name the root cause.
 
 Environment of every process = allowlisted variables of the launcher's environment
 (:data:`PASSTHROUGH`) + the user's ``-e K=V`` + ``PYTHONUNBUFFERED=1`` + the psnode and torch
 variables (which win).  ``-e PSNODE_*`` is refused (:func:`parse_env_assignments`): every psnode
 variable comes from an ``mxdist launch`` option through ``NodeConfig.to_env()``.
 
-The job's secret (:mod:`psnode.security`): ``key_files`` maps a host label to the secret
+The job's secret (:mod:`psnode.net.security`): ``key_files`` maps a host label to the secret
 file's path on that host (the launcher writes the file there before starting anything; see
 :mod:`cli.preflight`); hosts without an entry get ``key_file`` (None: insecure).  A path may
 still start with ``~`` at planning time: :func:`with_key_files` puts the path each host resolved

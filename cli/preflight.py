@@ -2,7 +2,7 @@
 
 :func:`prepare_hosts` runs the three in order and returns the problems (host, reason, fix).
 With none, every host is ready and, unless the job is ``insecure``, the job's secret
-(:mod:`psnode.security`: a fresh token and CURVE key pair, the mode in the file) is where the
+(:mod:`psnode.net.security`: a fresh token and CURVE key pair, the mode in the file) is where the
 job's processes read it (``PSNODE_KEY_FILE``):
 
 * always, first, in ``MXDIST_HOME/jobs/<id>/job.key`` (0600 in the 0700 job directory): the
@@ -41,8 +41,8 @@ from cli.backends import (
 from cli.gpus import GpuShortageError, HostGpus, gpu_view, with_gpus
 from cli.jobs import JobRecord
 from cli.plan import Plan, command_target, with_key_files
-from psnode.security import Mode
-from psnode.transport import new_security
+from psnode.net.security import Mode
+from psnode.net.transport import new_security
 
 
 class PreflightFailed(Exception):

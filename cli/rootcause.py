@@ -1,7 +1,7 @@
 """The root cause of a failed job, named once (pure: no I/O).
 
 Evidence per process (:class:`Outcome`): how it ended (exit status, and when its exit status
-was written), its failure record (:mod:`psnode.failure`: written by the process itself, with a
+was written), its failure record (:mod:`psnode.protocol.failure`: written by the process itself, with a
 timestamp, when it failed), the last exception line of its log, and whether the supervisor
 stopped it.  The scheduler's failure record carries its verdict: the node it blames (one that
 reported a failure, or one silent past the heartbeat timeout) and since when.

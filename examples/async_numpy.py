@@ -12,11 +12,11 @@ as a sync run: the default learning rate is lower.  At the end every worker wait
 """
 from __future__ import annotations
 
+import common
 import numpy as np
+from mlp_numpy import PARAM_NAMES, accuracy, init_params, loss_and_grads, save
 
 import psnode
-import common
-from mlp_numpy import PARAM_NAMES, accuracy, init_params, loss_and_grads, save
 
 
 def main() -> None:

@@ -21,13 +21,12 @@ import sys
 import time
 from typing import Any
 
+import common
 import torch
 import torch.distributed as dist
+from mlp_torch import build_model
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-
-import common
-from mlp_torch import build_model
 
 
 def parse_args(description: str = __doc__.splitlines()[0], nccl: bool = False) -> argparse.Namespace:

@@ -20,10 +20,9 @@ import sys
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-
 from ddp_gloo import digits_dataset, parse_args, train, world_of_one
 from mlp_torch import build_model
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 def main() -> None:

@@ -23,9 +23,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import psnode  # noqa: E402
-from common import create_kv  # noqa: E402
-from psnode.sparse import row_sparse_array  # noqa: E402
+from common import create_kv
+
+import psnode
+from psnode.sparse import row_sparse_array
 
 USERS, ITEMS, RANK, OBSERVED, NOISE = 5_000, 2_000, 4, 300_000, 0.05
 

@@ -14,10 +14,10 @@ turns on MXNet's gradient compression (``kv.set_gradient_compression``): pushes 
 """
 from __future__ import annotations
 
+import common
 import numpy as np
 
 import psnode
-import common
 
 PARAM_NAMES = ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
 

@@ -15,14 +15,14 @@ from __future__ import annotations
 import os
 import sys
 
+import common
 import numpy as np
 import torch
+from mlp_numpy import init_params, save
 from torch import nn
 
 import psnode
 import psnode.torch
-import common
-from mlp_numpy import init_params, save
 
 
 def build_model(n_in: int, hidden: int, n_out: int, seed: int) -> nn.Module:

@@ -23,13 +23,17 @@ from psnode.errors import (
 
 __version__ = "0.1.0"
 
-_SUBMODULES = {"kv", "init", "initializer", "optimizer", "sparse", "data", "torch", "config",
-               "control", "kvstore", "mxnet"}
+# public name -> the module it loads on first use
+_SUBMODULES = {
+    "kv": "psnode.kv", "init": "psnode.init", "optimizer": "psnode.optimizer", "sparse": "psnode.sparse",
+    "data": "psnode.data", "torch": "psnode.torch", "mxnet": "psnode.mxnet", "config": "psnode.config",
+    "initializer": "psnode.math.initializers",
+}
 
 
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
-        return importlib.import_module(f"psnode.{name}")
+        return importlib.import_module(_SUBMODULES[name])
     raise AttributeError(f"module 'psnode' has no attribute {name!r}")
 
 

@@ -1,7 +1,7 @@
 """``python -m psnode``: run the scheduler or a server, as PSNODE_ROLE says (see config.py).
 
 SIGTERM ends the process with exit code 143.  An exception escaping the role's loop (a bug)
-is written to the process's failure record (``PSNODE_ERROR_FILE``, :mod:`psnode.failure`)
+is written to the process's failure record (``PSNODE_ERROR_FILE``, :mod:`psnode.protocol.failure`)
 before the traceback, so the launcher names it as the root cause.
 """
 from __future__ import annotations
@@ -10,9 +10,10 @@ import logging
 import signal
 import sys
 
-from psnode import cpupolicy, failure
+from psnode import cpupolicy
 from psnode.config import NodeConfig, Role
 from psnode.errors import PSError
+from psnode.protocol import failure
 
 
 def main() -> int:
@@ -31,9 +32,9 @@ def main() -> int:
     cpupolicy.apply(cfg.cpu_policy)   # (before any thread starts: they inherit it)
     try:
         if cfg.role is Role.SCHEDULER:
-            from psnode import scheduler
+            from psnode.scheduler import loop as scheduler
             return scheduler.main(cfg)
-        from psnode import server
+        from psnode.server import loop as server
         return server.main(cfg)
     except Exception as exc:
         failure.write(cfg.error_file, "exception", cfg.role.value, cfg.rank, cfg.host, exc=exc)

@@ -28,7 +28,7 @@ variable                           meaning (default)
 ``PSNODE_BIG_ARRAY_BOUND``         arrays with more elements are sliced over all servers
                                    (``1000000``)
 ``PSNODE_DISTRIBUTION``            ``data``, ``param`` or ``hybrid`` (``hybrid``)
-``PSNODE_KEY_FILE``                the job's secret file (mode 0600; :mod:`psnode.security`);
+``PSNODE_KEY_FILE``                the job's secret file (mode 0600; :mod:`psnode.net.security`);
                                    unset: insecure
 ``PSNODE_MAX_MESSAGE_BYTES``       largest frame accepted (``4294967296``)
 ``PSNODE_CHECKPOINT_DIR``          servers checkpoint their shards here (none)
@@ -36,7 +36,7 @@ variable                           meaning (default)
 ``PSNODE_CHECKPOINT_ROUNDS``       completed rounds between server checkpoints (``0``: none by
                                    rounds); a server also checkpoints when the job ends well, and,
                                    when it may be restarted (``PSNODE_MAX_RESTARTS`` > 0), before
-                                   any answer its last checkpoint lacks (psnode.aggregation)
+                                   any answer its last checkpoint lacks (psnode.server.store)
 ``PSNODE_RESUME``                  ``1``: servers load their shards from the checkpoint dir
 ``PSNODE_SKIP_NONFINITE``          ``1``: a round whose gradient holds NaN/Inf is skipped whole and
                                    reported with key and worker (``0``)

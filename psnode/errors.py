@@ -33,7 +33,7 @@ class PeerLost(PSError):
 
 
 class DataLost(PeerLost):
-    """A push a restored server needs exists nowhere any more (psnode.journal): the job cannot
+    """A push a restored server needs exists nowhere any more (psnode.worker.journal): the job cannot
     go on exactly, and no restart can bring it back, so it ends."""
 
 

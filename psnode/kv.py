@@ -1,12 +1,12 @@
 """``psnode.kv``: the KVStore entry point (``psnode.kv.create('dist_sync')``).
 
-:func:`create` makes a :class:`~psnode.kvstore.KVStore`: ``'local'`` in this process, or
+:func:`create` makes a :class:`~psnode.worker.kvstore.KVStore`: ``'local'`` in this process, or
 ``'dist_sync'``/``'dist_async'`` joining the job this process was launched in (its
 ``PSNODE_*`` environment, psnode.config) as a worker; a distributed store installs the
 worker's ``sys.excepthook`` (:func:`_report_uncaught`) and closes at exit.  Every store shows an
 uncaught psnode error without psnode's own frames.  MXNet's type names (``'device'``,
 ``'local_allreduce_cpu'``, ``'dist_device_sync'``, ...) name one of these three
-(:data:`psnode.kvstore.MXNET_TYPES`); ``kv.type`` is the name given.
+(:data:`psnode.worker.kvstore.MXNET_TYPES`); ``kv.type`` is the name given.
 """
 from __future__ import annotations
 
@@ -15,12 +15,13 @@ import os
 import sys
 from typing import Any
 
-from psnode import cpupolicy, failure
+from psnode import cpupolicy
 from psnode.config import NodeConfig, Role
 from psnode.errors import ConfigError, DataLost, PeerLost, PSError, user_traceback
-from psnode.kvstore import AGGREGATORS, MXNET_TYPES, TYPES, KVStore, resolve_type
 from psnode.local import LocalEngine
-from psnode.worker import Engine
+from psnode.protocol import failure
+from psnode.worker.engine import Engine
+from psnode.worker.kvstore import AGGREGATORS, MXNET_TYPES, TYPES, KVStore, resolve_type
 
 
 def create(name: str = "local", num_workers: int | None = None, aggregator: str = "average") -> KVStore:
@@ -62,7 +63,7 @@ def _report_uncaught(kv: KVStore, engine: Engine, cfg: NodeConfig) -> None:
       failed``), no traceback, and a ``job_ended`` failure record.
     * Any other uncaught exception -- a PeerLost this worker ran into itself (a server that
       stopped answering its requests) included -- is this worker's own failure: a record (kind
-      ``exception``, with the time, type, message and traceback: :mod:`psnode.failure`), the
+      ``exception``, with the time, type, message and traceback: :mod:`psnode.protocol.failure`), the
       scheduler is told (with restarts left, ``mxdist launch --max-restarts``, the job waits
       for the replacement; otherwise, or for a :class:`DataLost` that no restart can mend, it
       fails naming this worker), then the usual traceback.

@@ -1,6 +1,6 @@
 """The in-process engine behind ``kv.create('local')``: one worker, one server, no sockets.
 
-It runs the servers' own logic (:class:`psnode.aggregation.Store`) on the caller's thread, so a
+It runs the servers' own logic (:class:`psnode.server.store.Store`) on the caller's thread, so a
 single process gives the values a distributed job gives.
 """
 from __future__ import annotations
@@ -11,17 +11,17 @@ from typing import Any
 
 import numpy as np
 
-from psnode.aggregation import Store
-from psnode.entry import sent
 from psnode.errors import from_kind
 from psnode.protocol import Command, Failed, Ok, Op
-from psnode.worker import Future
+from psnode.server.parts import sent
+from psnode.server.store import Store
+from psnode.worker.engine import Future
 
 Copier = Callable[[Ok], None]
 
 
 class LocalEngine:
-    """The in-process stand-in for :class:`psnode.worker.Engine`: one server, one worker."""
+    """The in-process stand-in for :class:`psnode.worker.engine.Engine`: one server, one worker."""
 
     def __init__(self) -> None:
         self.store = Store(1)

@@ -57,8 +57,8 @@ from mxnet.ndarray.sparse import RowSparseNDArray
 
 from psnode import kv as kv_mod
 from psnode.errors import ConfigError
-from psnode.kvstore import KVStore
-from psnode.sparse import RowSparseArray
+from psnode.math.sparse import RowSparseArray
+from psnode.worker.kvstore import KVStore
 
 #: MXNet optimizer (class name, lower case) -> (psnode optimizer, {psnode parameter: MXNet attribute})
 OPTIMIZERS: dict[str, tuple[str, dict[str, str]]] = {
@@ -73,7 +73,7 @@ _shared: dict[str, KVStore] = {}      # the launched worker's store, by mode
 
 
 def optimizer_spec(opt: Any) -> dict[str, Any]:
-    """The psnode optimizer spec (:func:`psnode.optimizer.from_spec`) of an MXNet optimizer,
+    """The psnode optimizer spec (:func:`psnode.math.optimizers.from_spec`) of an MXNet optimizer,
     or ConfigError naming what psnode's servers cannot run and the fix."""
     name = type(opt).__name__.lower()
     fix = "(create the Trainer with update_on_kvstore=False to run it on the workers)"

@@ -28,7 +28,7 @@ typed operations (:mod:`psnode.protocol.ops`), binary header, little-endian::
 In both encodings an array of 64 KiB or more has a frame of its own, sent and received without
 copies; smaller arrays share one frame at 16-byte aligned offsets.  Locations 1 and 2 (a
 shared-memory segment of the sender or of the receiver, ``index`` its number) are accepted
-only on the same-host data path (:mod:`psnode.shm`).
+only on the same-host data path (:mod:`psnode.samehost.segments`).
 
 Data operations (fields; ``seq`` and the flags live in the record, the rest in the JSON):
 
@@ -41,13 +41,13 @@ Data operations (fields; ``seq`` and the flags live in the record, the rest in t
 ``PULL``        key, part, seq = after (the worker's last push); with ROWS: row ids.
                 Ok once that push was applied (sync: its round complete): the value; seq =
                 the worker's durable watermark: its pushes 1..seq of the key part survive a
-                restart of the server (psnode.journal).
+                restart of the server (psnode.worker.journal).
 ``PUSHPULL``    key, part, seq; array: dense data.  Ok: the value after round ``seq`` (seq:
                 as for PULL).  (A dist_sync push over the same-host link is sent as PUSHPULL:
                 the pull after it then needs no request of its own.)
 ``FLUSH``       check = [[key, part, [seq, ...]], ...] pushes sent; d = false: only a check.
                 Ok (every push listed received and, without d = false, durable), or Missing.
-``SET_OPTIMIZER`` spec (psnode.optimizer's JSON spec).  Ok.
+``SET_OPTIMIZER`` spec (psnode.math.optimizers's JSON spec).  Ok.
 ``GET_STATES``  Ok: names = [[key, part, state name], ...], one array per name.
 ``LOAD_STATES`` names as above, one array per name.  Ok.
 ============== ======================================================================
@@ -71,7 +71,7 @@ from typing import Any
 
 from psnode.errors import ProtocolError
 from psnode.protocol.answers import Answer, Failed, Missing, Ok, Wait
-from psnode.protocol.data import Resolver, decode_data, encode_data
+from psnode.protocol.codec import Resolver, decode_data, encode_data
 from psnode.protocol.frames import (
     DATA_VERSION,
     DTYPE_NAMES,

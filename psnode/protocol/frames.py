@@ -12,7 +12,7 @@ import numpy as np
 from psnode.errors import ProtocolError
 
 VERSION = b"PSN1"        # control messages: JSON header
-DATA_VERSION = b"PSD1"   # data messages: binary header (psnode.protocol.data)
+DATA_VERSION = b"PSD1"   # data messages: binary header (psnode.protocol.codec)
 MAX_HEADER_BYTES = 16 * 2**20
 MAX_NDIM = 32
 PACK_BYTES = 65536  # arrays below this share one frame

@@ -1,10 +1,10 @@
 """Typed data operations (worker -> server) and their answers (server -> worker).
 
-Every field of a data message is defined here once; :mod:`psnode.protocol.data` encodes them
+Every field of a data message is defined here once; :mod:`psnode.protocol.codec` encodes them
 (the field tables of :mod:`psnode.protocol` describe the bytes) and calls ``unwire`` to
 validate what arrived: a wrong type, count or shape of a field raises :class:`ProtocolError`.
 What a field *means* for a key (is the shape that of the key?) is checked by the server
-(:mod:`psnode.aggregation`), which answers :class:`Failed` instead of raising.
+(:mod:`psnode.server.store`), which answers :class:`Failed` instead of raising.
 """
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from psnode.compression import spec_of_tag
 from psnode.errors import ProtocolError
+from psnode.math.compression import spec_of_tag
 from psnode.protocol.frames import DTYPES, MAX_NDIM, check_key
 
 Key = int | str
 PartKey = tuple[Key, int]   # (user key, part index)
-BUCKET = "\0bucket"         # reserved key prefix: a bucket of small keys (psnode.fused)
+BUCKET = "\0bucket"         # reserved key prefix: a bucket of small keys (psnode.server.buckets)
 
 
 def bucket_key(bid: int) -> str:
@@ -119,7 +119,7 @@ def _arrays(arrays: list[np.ndarray], n: int | tuple[int, int], what: str) -> No
 
 def _comp(extra: dict[str, Any], data: np.ndarray, what: str) -> str:
     """The compression tag of a push (``extra["c"]``, "" when absent), checked against its
-    payload: a known tag in its exact form (psnode.compression), a 1-d array of its dtype."""
+    payload: a known tag in its exact form (psnode.math.compression), a 1-d array of its dtype."""
     tag = extra.get("c")
     if tag is None:
         return ""
@@ -148,7 +148,7 @@ def _rows(flags: int, arrays: list[np.ndarray], base: int, what: str) -> np.ndar
 @dataclass(slots=True)
 class Init:
     """Create key part ``(key, part)`` (``value``: rank 0's array) or get its value; with
-    ``bucket`` >= 0 the part's value lives in that bucket at element ``offset`` (psnode.fused).
+    ``bucket`` >= 0 the part's value lives in that bucket at element ``offset`` (psnode.server.buckets).
 
     Answer: Ok with the stored value and ``seq`` = the pushes of this worker's rank the part
     has taken (more than 0 after a restart)."""
@@ -197,7 +197,7 @@ class Push:
     """Push ``seq`` (1, 2, ... per worker and key part) of a gradient: ``data`` dense, or the
     rows ``rows`` (local row ids) of a row_sparse key.  With ``na`` (the default) it is
     answered only if it fails.  ``comp`` (a dense push only): the gradient compression tag
-    (psnode.compression, e.g. ``"2bit:0.5"``); ``data`` is then that type's payload."""
+    (psnode.math.compression, e.g. ``"2bit:0.5"``); ``data`` is then that type's payload."""
 
     key: Key
     part: int
@@ -302,7 +302,7 @@ class PushPull:
 class Flush:
     """Answered once every earlier request of this worker that arrived was handled; ``check``
     lists ``(key, part, [seq, ...])`` pushes sent: the answer is Missing with those never
-    received, or Ok: all received and, with ``durable`` (the default), durable (psnode.journal;
+    received, or Ok: all received and, with ``durable`` (the default), durable (psnode.worker.journal;
     a check without it only looks for lost pushes)."""
 
     check: list[tuple[Key, int, list[int]]] = field(default_factory=list)
@@ -329,7 +329,7 @@ class Flush:
 
 @dataclass(slots=True)
 class SetOptimizer:
-    """Run the optimizer ``spec`` (psnode.optimizer's JSON spec) on this server's keys."""
+    """Run the optimizer ``spec`` (psnode.math.optimizers's JSON spec) on this server's keys."""
 
     spec: dict[str, Any]
     id: int = 0

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from psnode.compression import CompressionSpec
+from psnode.math.compression import CompressionSpec
 
 SHAPES: dict[str, tuple[int, ...]] = {"s1": (37,), "s2": (3, 7), "big": (2501,)}
 KEYS = list(SHAPES)

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from cli import agent
-from psnode.control import query_status
 from psnode.errors import PeerLost
-from psnode.security import Security
+from psnode.net.security import Security
+from psnode.scheduler.client import query_status
 from tests.ssh.mxdist_testing import kill_cli, run_cli, wait_for
 
 HERE = Path(__file__).resolve().parent
@@ -42,9 +42,9 @@ OTHER_JOB = """
 import json, os, socket, sys, time
 import numpy as np
 from psnode.protocol import Command
-from psnode.security import Plane, Security
-from psnode.shmhandshake import hello_label
-from psnode.transport import Poller, Transport
+from psnode.net.security import Plane, Security
+from psnode.samehost.handshake import hello_label
+from psnode.net.transport import Poller, Transport
 job, scheduler, *rest = sys.argv[1:]
 servers = [t for t in rest if not t.startswith("@")]
 sec = Security.load(os.environ["PSNODE_KEY_FILE"])          # the secret of *its own* job

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from psnode.control import query_status
 from psnode.errors import PeerLost
+from psnode.net.security import Mode
+from psnode.net.transport import new_security
 from psnode.protocol import decode
-from psnode.security import Mode
-from psnode.transport import new_security
+from psnode.scheduler.client import query_status
 from tests.cluster.harness import Job, alive, start_job, wait_job
 from tests.cluster.intruders import (
     OTHER_JOB,

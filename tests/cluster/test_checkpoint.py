@@ -42,15 +42,16 @@ kv.close()
     ok(second)
     out = second.workers[1].out.splitlines()
     assert w_line in out and e_line in out
-    w = np.array(eval(w_line[2:]), np.float32)   # noqa: S307 - our own printed list
+    w = np.array(eval(w_line[2:]), np.float32)
     # sgd momentum: mom_{t+1} = 0.5 mom_t - 0.5 g; with g = 0 the weights still move by 0.5 mom
     assert next(x for x in out if x.startswith("NEXT")) != f"NEXT {w.tolist()}"
 
 
 WRITER = """
 import sys, numpy as np
-from psnode import checkpoint, optimizer
-from psnode.aggregation import Store, Entry
+from psnode.server import checkpoint
+from psnode.math import optimizers as optimizer
+from psnode.server.store import Store, Entry
 store = Store(1)
 store.optimizer = optimizer.create('adam')
 i = 0
@@ -65,8 +66,8 @@ while True:
 
 
 def test_kill_during_checkpoint_write_leaves_the_previous_one_loadable(tmp_path) -> None:
-    from psnode import checkpoint
-    from psnode.aggregation import Store
+    from psnode.server import checkpoint
+    from psnode.server.store import Store
 
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     for delay in (0.35, 0.6, 0.9):

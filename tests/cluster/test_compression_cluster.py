@@ -13,7 +13,7 @@ import json
 import numpy as np
 import pytest
 
-from psnode.control import query_status
+from psnode.scheduler.client import query_status
 from tests.cluster.comp_cases import BOUND, KEYS, STEPS, expected
 from tests.cluster.harness import run_job, start_job, wait_for_file, wait_job
 from tests.cluster.test_kvstore_cluster import ok

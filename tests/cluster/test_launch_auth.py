@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from psnode.security import Mode, Security
+from psnode.net.security import Mode, Security
 from tests.cluster.intruders import TRAIN, attack_a_running_job, finish_attacked_job, script
 from tests.ssh.mxdist_testing import assert_nothing_left, cli_env, records, start_cli, wait_for
 

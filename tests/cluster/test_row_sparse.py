@@ -7,7 +7,7 @@ from tests.cluster.harness import run_job
 from tests.cluster.test_kvstore_cluster import PRELUDE, ok
 
 SPARSE = PRELUDE + """
-from psnode.sparse import row_sparse_array
+from psnode.math.sparse import row_sparse_array
 """
 
 

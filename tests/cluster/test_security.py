@@ -10,10 +10,10 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from psnode.control import query_status
 from psnode.errors import PeerLost
-from psnode.security import Mode, Security
-from psnode.transport import new_security
+from psnode.net.security import Mode, Security
+from psnode.net.transport import new_security
+from psnode.scheduler.client import query_status
 from tests.cluster.harness import start_job, wait_job
 from tests.cluster.test_kvstore_cluster import ok
 from tests.support import wait_for

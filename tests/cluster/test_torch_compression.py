@@ -4,7 +4,7 @@ A float32 parameter (split over both servers) and a bfloat16 one (a float32 mast
 gradient ``c * (rank + 1)`` everywhere; 2bit compression with threshold 0.75 sends +-0.75 or 0
 per element as each worker's residual crosses the threshold, so the weights follow a closed
 form: SGD with learning rate 2^-10 on the mean of what the servers decode, each worker's
-residual carried from step to step (computed here with psnode.compression's rules).  Both push
+residual carried from step to step (computed here with psnode.math.compression's rules).  Both push
 paths run (at step time, and from the gradient hooks: ``overlap=True``).  A float64 parameter
 with compression is a ConfigError naming it.
 """
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import psnode
-from psnode.compression import CompressionSpec
 from psnode.errors import ConfigError
+from psnode.math.compression import CompressionSpec
 from tests.cluster.harness import run_job
 
 try:

@@ -61,12 +61,12 @@ kv.close()
 """
 
 
-def make_model(seed: int) -> "torch.nn.Module":
+def make_model(seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
 
 
-def batches() -> tuple["torch.Tensor", "torch.Tensor"]:
+def batches() -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs ``[step, rank, sample, feature]`` and labels ``[step, rank, sample]``."""
     g = torch.Generator().manual_seed(7)
     return torch.randn(STEPS, 2, BATCH, 5, generator=g), torch.randint(0, 3, (STEPS, 2, BATCH), generator=g)

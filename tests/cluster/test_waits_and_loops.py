@@ -2,7 +2,7 @@
 
 * A wait-for cycle in user code: rank 0 enters ``kv.barrier()`` while rank 1 waits in
   ``kv.pull`` for rank 0's next push.  The scheduler ends the job within the heartbeat timeout
-  plus a few seconds, and the root-cause panel names the cycle (psnode.waitfor).
+  plus a few seconds, and the root-cause panel names the cycle (psnode.scheduler.waitfor).
 * A slow worker still computing, its peers waiting for it longer than that, is no deadlock.
 * A crash loop: a replacement that fails the same way as its predecessor within seconds of its
   start, three times in a row, ends the job naming the failure, long before ``--max-restarts

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from psnode.control import query_status
+from psnode.scheduler.client import query_status
 from tests.cluster.harness import start_job, wait_for_file, wait_job
 from tests.cluster.test_kvstore_cluster import ok
 

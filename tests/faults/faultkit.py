@@ -79,7 +79,7 @@ def assert_none_left(job: Job, extra_pids: tuple[int, ...] = ()) -> None:
         time.sleep(0.05)
     assert not left, f"processes of the job still alive: {left}"
     # nothing of the job's shared memory is left: no named segment, no process mapping one
-    from psnode import shm
+    from psnode.samehost import segments as shm
     assert not shm.leftovers(job.job_id), shm.leftovers(job.job_id)
     assert not shm.holders(job.job_id), f"processes still map the job's segments: {shm.holders(job.job_id)}"
 

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 import zmq
 
-from psnode import control
 from psnode.protocol import (
     DATA_VERSION,
     VERSION,
@@ -34,6 +33,7 @@ from psnode.protocol import (
     SetOptimizer,
     encode,
 )
+from psnode.scheduler import client as control
 from tests.cluster.harness import start_job
 from tests.faults.faultkit import (
     DEAD_AFTER,
@@ -46,7 +46,7 @@ from tests.faults.faultkit import (
 )
 from tests.support import wait_for
 
-EXIT_GRACE = 5.0         # psnode.worker.EXIT_GRACE: a worker outside psnode exits by itself
+EXIT_GRACE = 5.0         # psnode.worker.engine.EXIT_GRACE: a worker outside psnode exits by itself
 BOUND = DEAD_AFTER + 5   # the issue's bound: the heartbeat timeout plus a few seconds
 
 @contextmanager
@@ -229,7 +229,7 @@ def test_worker_exception_fails_the_job(tmp_path: Path) -> None:
 DUP_PRELUDE = """
 import copy
 import numpy as np
-import psnode.transport as T
+import psnode.net.transport as T
 _send = T.Channel.send
 _last = {}
 def _dup(self, cmd, body=None, arrays=None, to=None, track=False, ops=None):
@@ -501,7 +501,7 @@ def test_decode_raises_only_protocol_error() -> None:
 def test_scheduler_survives_bad_register_bodies() -> None:
     from psnode.config import NodeConfig, Role
     from psnode.protocol import Command, Message
-    from psnode.scheduler import Scheduler
+    from psnode.scheduler.loop import Scheduler
     from tests.cluster.harness import free_port
     cfg = NodeConfig(role=Role.SCHEDULER, scheduler_host="127.0.0.1", scheduler_port=free_port(),
                      num_workers=1, num_servers=1, job_id="jreg", host="127.0.0.1")

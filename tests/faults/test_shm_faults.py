@@ -1,4 +1,4 @@
-"""Faults on the same-host data path (psnode.shmlink, shared memory): kill -9 of a worker or a
+"""Faults on the same-host data path (psnode.samehost.link, shared memory): kill -9 of a worker or a
 server mid-round, a restarted server mapped again, rogue connections and corrupt descriptors.
 
 Every test checks that the links really carried the data, and ends with no process of the job
@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from psnode import shm, shmhandshake
-from psnode.protocol.data import ARRAY, HEAD, RECORD
+from psnode.protocol.codec import ARRAY, HEAD, RECORD
+from psnode.samehost import handshake as shmhandshake
+from psnode.samehost import segments as shm
 from tests.cluster.harness import restart_worker, start_job, wait_job
 from tests.faults.faultkit import DEAD_AFTER, FAST_ENV, assert_none_left, listen_ports, markers
 from tests.support import require, wait_for
@@ -84,13 +85,13 @@ def test_kill_9_mid_round_on_the_same_host_path_leaves_nothing(tmp_path: Path, r
 
 
 
-EXIT_GRACE = 5.0   # psnode.worker.EXIT_GRACE: a worker outside psnode exits by itself
+EXIT_GRACE = 5.0   # psnode.worker.engine.EXIT_GRACE: a worker outside psnode exits by itself
 
 
 @pytest.mark.parametrize("role,rank", [("server", 0), ("worker", 1)])
 def test_sigstop_on_the_same_host_path_is_named_and_leaves_nothing(tmp_path: Path, role: str, rank: int) -> None:
     """A stopped process keeps its segments mapped and its sockets open: only heartbeats tell.
-    Every other process exits 1 (the scheduler's verdict, psnode.server's and a worker's
+    Every other process exits 1 (the scheduler's verdict, psnode.server.loop's and a worker's
     uncaught PeerLost) naming the stopped one as silent, within the heartbeat timeout plus a few
     seconds; nobody blocks on a ring to it.  Resumed, the victim exits by itself; then nothing
     of the job is left (processes, /dev/shm, memfds mapped by any process)."""

@@ -39,7 +39,7 @@ def data(seed: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(16, 6, generator=g).to(device), torch.randint(0, 3, (16,), generator=g).to(device)
 
 
-def sgd() -> psnode.optimizer.Optimizer:
+def sgd() -> psnode.math.optimizers.Optimizer:
     return psnode.optimizer.create("sgd", learning_rate=0.1, momentum=0.9, wd=1e-4)
 
 

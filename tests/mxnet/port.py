@@ -3,7 +3,7 @@
 The ports (``test_port_*.py``) re-express MXNet 1.9's ``tests/python/unittest/test_kvstore.py``,
 ``test_kvstore_custom.py`` and the local tests of ``tests/nightly/test_kvstore.py`` for psnode's
 numpy API, test by test: an ``mx.nd`` array is a float32 numpy array, a row_sparse NDArray a
-:class:`psnode.sparse.RowSparseArray`, a list of arrays on several devices a list of arrays,
+:class:`psnode.math.sparse.RowSparseArray`, a list of arrays on several devices a list of arrays,
 ``MXNetError`` a psnode error.  Where psnode keeps a deliberate difference the port asserts
 psnode's behaviour and says why, next to MXNet's line.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from psnode.sparse import RowSparseArray, row_sparse_array
+from psnode.math.sparse import RowSparseArray, row_sparse_array
 
 F = np.float32
 

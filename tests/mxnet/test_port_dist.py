@@ -9,7 +9,7 @@ SCRIPT = """
 import warnings
 import numpy as np, psnode
 from psnode.errors import ConfigError
-from psnode.sparse import RowSparseArray, zeros
+from psnode.math.sparse import RowSparseArray, zeros
 
 kv = psnode.kv.create('dist_device_sync', aggregator='sum')   # MXNet's name of a dist_sync store
 assert (kv.type, kv.mode) == ('dist_device_sync', 'dist_sync'), (kv.type, kv.mode)

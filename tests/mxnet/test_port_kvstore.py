@@ -10,7 +10,7 @@ import pytest
 
 import psnode
 from psnode.errors import ConfigError, PSError
-from psnode.sparse import RowSparseArray
+from psnode.math.sparse import RowSparseArray
 from tests.mxnet.port import F, asnumpy, check_diff_to_scalar, copy, ones, rand_ndarray, zeros
 
 shape = (4, 4)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.slurm_cluster import SlurmCluster, missing_binaries  # noqa: E402
+from tests.slurm.slurm_cluster import SlurmCluster, missing_binaries
 
 
 def _cluster(tmp_path_factory: pytest.TempPathFactory, name: str, nodes: tuple[str, ...]):

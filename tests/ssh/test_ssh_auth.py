@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from psnode.security import Mode, Security
+from psnode.net.security import Mode, Security
 from tests.cluster.intruders import TRAIN, attack_a_running_job, finish_attacked_job, script
 from tests.ssh.mxdist_testing import assert_nothing_left, records, start_cli, wait_for
 

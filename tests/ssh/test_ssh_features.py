@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from psnode.security import Mode, Security
+from psnode.net.security import Mode, Security
 from tests.ssh.mxdist_testing import assert_nothing_left, kill_cli, latest, run_cli, start_cli, wait_for
 
 TRAIN = textwrap.dedent("""
@@ -81,8 +81,8 @@ def test_multi_host_job_runs_with_a_secret_that_never_leaks(ssh_cluster, home, t
         view = json.loads(status.stdout)
         assert view["source"].startswith("live from the scheduler"), view
         # ... and nobody without them
-        from psnode.control import query_status
         from psnode.errors import PeerLost
+        from psnode.scheduler.client import query_status
 
         with pytest.raises(PeerLost):
             query_status(rec["scheduler"], rec["id"], key_file=None, timeout=1.0)

@@ -1,4 +1,4 @@
-"""psnode.compression: MXNet's gradient compression rules, checked three ways.
+"""psnode.math.compression: MXNet's gradient compression rules, checked three ways.
 
 * against a straightforward reference: MXNet's kernels (``gradient_compression-inl.h``)
   transcribed element by element into Python over float32 scalars, bit for bit (payload bytes
@@ -15,8 +15,8 @@ import math
 import numpy as np
 import pytest
 
-from psnode.compression import CHUNK, DEFAULT_THRESHOLD, CompressionSpec, CompressionType, Residual
 from psnode.errors import ConfigError, ProtocolError, ShapeMismatch
+from psnode.math.compression import CHUNK, DEFAULT_THRESHOLD, CompressionSpec, CompressionType, Residual
 
 # infinities and NaN in the gradients are part of the contract: no warnings about them
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",

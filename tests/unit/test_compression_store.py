@@ -1,7 +1,7 @@
 """Gradient compression around the wire, the server's store and the KVStore API (no processes).
 
 * the push and pushpull ops carry the compression tag, validated on decode;
-* :class:`psnode.aggregation.Store` decodes compressed pushes (keys, buckets), refuses payloads
+* :class:`psnode.server.store.Store` decodes compressed pushes (keys, buckets), refuses payloads
   of the wrong size, keys that are not dense float32, and a worker whose settings differ from
   another worker's, naming it and both settings;
 * ``kv.set_gradient_compression`` on a ``'local'`` store: MXNet's rules, the same arithmetic as a
@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 
 import psnode
-from psnode.aggregation import Store
-from psnode.compression import CompressionSpec
 from psnode.errors import ConfigError, ProtocolError
+from psnode.math.compression import CompressionSpec
 from psnode.protocol import (
     Command,
     Failed,
@@ -30,6 +29,7 @@ from psnode.protocol import (
     encode,
     resent,
 )
+from psnode.server.store import Store
 
 F = np.float32
 TWO = CompressionSpec.from_params({"type": "2bit", "threshold": 0.5})

@@ -6,12 +6,12 @@ import json
 import numpy as np
 import pytest
 
-from psnode import optimizer
-from psnode.aggregation import Store
 from psnode.config import Distribution, NodeConfig, Role
 from psnode.errors import KINDS, ConfigError, ProtocolError
+from psnode.math import optimizers as optimizer
 from psnode.protocol import VERSION, Command, Failed, Init, Message, Ok, Pull, Push, SetOptimizer, decode, encode
-from psnode.sharding import Placer, split_ranges
+from psnode.server.store import Store
+from psnode.worker.placement import Placer, split_ranges
 
 
 # ------------------------------------------------------------------ config

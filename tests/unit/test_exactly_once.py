@@ -1,17 +1,17 @@
-"""The exactly-once invariant (psnode.journal) where it lives, under a simulated network and
+"""The exactly-once invariant (psnode.worker.journal) where it lives, under a simulated network and
 clock: thousands of seeded kill points, no processes.
 
-Three simulated workers (the real :class:`psnode.tracker.Tracker` and its journal) train
-against two simulated servers (the real :class:`psnode.aggregation.Store`, checkpointed with
-the real :func:`psnode.checkpoint.snapshot` and restored with :func:`psnode.checkpoint.restore`
+Three simulated workers (the real :class:`psnode.worker.tracker.Tracker` and its journal) train
+against two simulated servers (the real :class:`psnode.server.store.Store`, checkpointed with
+the real :func:`psnode.server.checkpoint.snapshot` and restored with :func:`psnode.server.checkpoint.restore`
 through JSON, as from a file, before the replies that need it: :meth:`Store.release`).  Keys:
-a bucket of two small keys (psnode.fused), a key split over both servers, a plain key.  Each
+a bucket of two small keys (psnode.server.buckets), a key split over both servers, a plain key.  Each
 step a worker pushes every key (the bucket whole or key by key, a push alone or as a
 pushpull, chosen at random) and pulls it; plain SGD with learning rate 1, so a push applied
 twice or never changes the value, which every pull checks exactly.
 
 The network delays, reorders, duplicates and drops messages; a killed server loses what was in
-flight to it and comes back from its last checkpoint (workers are told: psnode.ioloop's
+flight to it and comes back from its last checkpoint (workers are told: psnode.worker.ioloop's
 ``restored``); a killed worker's in-flight messages may still arrive, answers to it reach its
 replacement (same identity), which resumes from the counts its servers answer at init, as
 ``kv.num_pushes`` does (what the dead worker sent arrives, or not, before its replacement
@@ -28,13 +28,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from psnode import checkpoint
-from psnode.aggregation import Store
 from psnode.errors import PSError
-from psnode.journal import ASK_DEPTH
-from psnode.optimizer import create as create_optimizer
+from psnode.math.optimizers import create as create_optimizer
 from psnode.protocol import Failed, Flush, Init, Ok, Pull, Push, PushPull, SetOptimizer, Wait, bucket_key
-from psnode.tracker import Request, Tracker
+from psnode.server import checkpoint
+from psnode.server.store import Store
+from psnode.worker.journal import ASK_DEPTH
+from psnode.worker.tracker import Request, Tracker
 
 W, S = 3, 2
 STEPS = 8
@@ -91,7 +91,7 @@ class SimServer:
         self.store = Store(W, restartable=True)
         self.saved: tuple[dict[str, Any], dict[str, np.ndarray]] | None = None
         self.checkpoints = 0
-        self.checkpoint()          # (psnode.server: a restartable server writes one at start)
+        self.checkpoint()          # (psnode.server.loop: a restartable server writes one at start)
 
     def checkpoint(self) -> None:
         meta, arrays = checkpoint.snapshot(self.store)
@@ -341,7 +341,7 @@ class Sim:
 
 
 def _guard(op: Any) -> Any:
-    """A bucket member's requests name their bucket (as psnode.datapath does)."""
+    """A bucket member's requests name their bucket (as psnode.worker.datapath does)."""
     return (BKEY, 0) if getattr(op, "key", None) in MEMBERS else None
 
 

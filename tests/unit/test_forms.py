@@ -7,7 +7,7 @@ import pytest
 
 import psnode
 from psnode.errors import ConfigError, ShapeMismatch
-from psnode.sparse import RowSparseArray, row_sparse_array
+from psnode.math.sparse import RowSparseArray, row_sparse_array
 
 F = np.float32
 S = (2, 3)

@@ -1,4 +1,4 @@
-"""Unit tests of psnode.initializer: exact constants, distribution bounds and statistics
+"""Unit tests of psnode.math.initializers: exact constants, distribution bounds and statistics
 (tolerances of 6 standard errors), Xavier scales, validation errors, spec round trips."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from psnode import initializer as I
 from psnode.errors import ConfigError
+from psnode.math import initializers as I
 
 N = 1_000_000
 SIGMAS = 6.0  # tolerance in standard errors: a false failure has probability ~1e-9

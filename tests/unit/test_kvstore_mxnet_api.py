@@ -9,8 +9,8 @@ import pytest
 
 import psnode
 from psnode.errors import ConfigError
-from psnode.kvstore import MXNET_TYPES, resolve_type
-from psnode.sparse import RowSparseArray, zeros
+from psnode.math.sparse import RowSparseArray, zeros
+from psnode.worker.kvstore import MXNET_TYPES, resolve_type
 
 F = np.float32
 
@@ -27,10 +27,10 @@ def test_type_name_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         psnode.kv.create("dist_syncc")
     with pytest.raises(ConfigError, match="a KVStore type is a string, not int 3"):
         resolve_type(3)
-    monkeypatch.setattr("psnode.kvstore._has_gpu", lambda: False)
+    monkeypatch.setattr("psnode.worker.kvstore._has_gpu", lambda: False)
     with pytest.raises(ConfigError, match="'nccl' is MXNet's NCCL store and needs an NVIDIA GPU.*use 'device'"):
         psnode.kv.create("nccl")
-    monkeypatch.setattr("psnode.kvstore._has_gpu", lambda: True)
+    monkeypatch.setattr("psnode.worker.kvstore._has_gpu", lambda: True)
     assert psnode.kv.create("nccl").type == "nccl"
     assert set(MXNET_TYPES.values()) <= {"local", "dist_sync", "dist_async"}
     with pytest.raises(ConfigError, match="needs a running job"):
@@ -49,7 +49,7 @@ def test_broadcast_leaves_its_value_alone_and_fills_every_output() -> None:
 
 
 def test_is_capable() -> None:
-    assert psnode.kvstore.KVStore.is_capable("OPTIMIZER")
+    assert psnode.worker.kvstore.KVStore.is_capable("OPTIMIZER")
     with pytest.raises(ConfigError, match="unknown KVStore capability 'compression'"):
         psnode.kv.create().is_capable("compression")
 

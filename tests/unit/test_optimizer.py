@@ -1,4 +1,4 @@
-"""Unit tests of psnode.optimizer: update rules against float64 references, lazy row
+"""Unit tests of psnode.math.optimizers: update rules against float64 references, lazy row
 updates, spec round trips, validation errors and checkpoint arrays."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from psnode import optimizer as O
 from psnode.errors import ConfigError, ShapeMismatch
+from psnode.math import optimizers as O
 
 
 def ro(a: np.ndarray) -> np.ndarray:

@@ -3,14 +3,19 @@ from __future__ import annotations
 
 import pytest
 
-from psnode.config import NodeConfig, Role
-from psnode.security import Mode
-
 from cli.hosts import Host
 from cli.plan import (
-    NodeOptions, PlanError, PlanRequest, command_argv, is_secret, make_plan, parse_env_assignments,
+    NodeOptions,
+    PlanError,
+    PlanRequest,
+    command_argv,
+    is_secret,
+    make_plan,
+    parse_env_assignments,
     passthrough_env,
 )
+from psnode.config import NodeConfig, Role
+from psnode.net.security import Mode
 
 HOSTS = [Host("a", address="10.0.0.1", slots=2), Host("b", address="10.0.0.2"), Host("c", address="10.0.0.3")]
 

@@ -28,7 +28,7 @@ from psnode.protocol import (
     encode,
     resent,
 )
-from psnode.protocol.data import ARRAY, HEAD, RECORD
+from psnode.protocol.codec import ARRAY, HEAD, RECORD
 
 F = np.float32
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from psnode import checkpoint
-from psnode.aggregation import Store
 from psnode.config import NodeConfig
 from psnode.protocol import Failed, Flush, Init, Missing, Ok, Pull, Push, SetOptimizer, Wait
+from psnode.server import checkpoint
+from psnode.server.store import Store
 
 F = np.float32
 
@@ -177,7 +177,7 @@ def test_resent_pull_waiting_for_a_lost_push_of_its_own_worker_names_the_gap() -
 
 
 def test_push_journal_keeps_pushes_until_durable() -> None:
-    from psnode.journal import PushJournal
+    from psnode.worker.journal import PushJournal
 
     j = PushJournal()
     for q in (1, 2, 3):

@@ -1,8 +1,8 @@
-"""psnode.roster: the scheduler's indexes (counts, active workers, coalesced MEMBERSHIP)."""
+"""psnode.scheduler.roster: the scheduler's indexes (counts, active workers, coalesced MEMBERSHIP)."""
 from __future__ import annotations
 
-from psnode.roster import MEMBERSHIP_GAP, Roster
-from psnode.status import NodeState
+from psnode.protocol.status import NodeState
+from psnode.scheduler.roster import MEMBERSHIP_GAP, Roster
 
 
 def _roster(workers: int) -> Roster:

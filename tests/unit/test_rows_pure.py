@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from psnode.sparse import combine_rows as _combine_rows
-from psnode.sparse import unique_rows as _unique
+from psnode.math.sparse import combine_rows as _combine_rows
+from psnode.math.sparse import unique_rows as _unique
 
 
 def _reference(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
@@ -51,7 +51,7 @@ def test_unique_matches_numpy() -> None:
 def test_sort_rows_is_the_stable_argsort() -> None:
     """One-key sort == np.argsort(kind="stable") for repeats, ids outside the bound (fallback),
     empty and one-element arrays, and a bound too big for the packed key (fallback)."""
-    from psnode.sparse import sort_rows
+    from psnode.math.sparse import sort_rows
     rng = np.random.default_rng(11)
     cases = [(np.zeros(0, np.int64), 10), (np.array([5], np.int64), 10), (np.array([3, 3, 3, 1, 1], np.int64), 4),
              (np.array([-1, 2, 2], np.int64), 5), (np.array([7, 2], np.int64), 5),

@@ -16,12 +16,14 @@ import uuid
 import numpy as np
 import pytest
 
-from psnode import shm, shmhandshake, shmlink
 from psnode.errors import ProtocolError
+from psnode.net.security import Mode, Security
+from psnode.net.transport import new_security
 from psnode.protocol import Ok, Pull, Push
-from psnode.protocol.data import ARRAY, HEAD, RECORD
-from psnode.security import Mode, Security
-from psnode.transport import new_security
+from psnode.protocol.codec import ARRAY, HEAD, RECORD
+from psnode.samehost import handshake as shmhandshake
+from psnode.samehost import link as shmlink
+from psnode.samehost import segments as shm
 
 pytestmark = pytest.mark.skipif(not shm.available(), reason="needs memfd_create and file seals")
 F = np.float32
@@ -191,7 +193,7 @@ def test_one_operation_messages_decode_as_the_general_decoder_does() -> None:
     """The one-pass form (one op, 1-d arrays in shared memory, no extra fields) and the
     general decoder agree, op for op; the one-pass form refuses what the general one does."""
     from psnode.protocol import DATA_VERSION, PushPull
-    from psnode.protocol.data import decode_data, decode_single
+    from psnode.protocol.codec import decode_data, decode_single
     p = Pair()
     worker, server = p.connect()
     p.slot[:] = np.arange(1000)

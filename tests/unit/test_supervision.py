@@ -16,12 +16,11 @@ from typing import Any
 
 import pytest
 
-from cli import jobs
+from cli import jobs, lifecycle
 from cli.backends import BackendError, Evidence, ExitStatus, HostProblem, Preflight, ProcStatus, Started
 from cli.hosts import Host
 from cli.jobs import JobState, ProcState
 from cli.launch import LaunchSettings, Supervisor, new_record
-from cli import lifecycle
 from cli.lifecycle import Action, Failure, Supervision
 from cli.plan import NodeOptions, PlanRequest, make_plan
 from cli.rootcause import Outcome, decide

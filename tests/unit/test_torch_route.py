@@ -1,4 +1,4 @@
-"""Torch tensors straight through the KVStore API (psnode.torch_route) on the 'local' store.
+"""Torch tensors straight through the KVStore API (psnode.worker.torchvalues) on the 'local' store.
 
 Every expected value is closed-form: SGD with learning rate 0.5 on the stored value, the pushed
 gradient the sum of the tensors given for the key.
@@ -20,11 +20,11 @@ except ImportError:  # pragma: no cover
     pytest.skip("torch is not installed (pip install torch); CI fails here instead", allow_module_level=True)
 
 import psnode
-from psnode import torch_route
 from psnode.errors import KeyNotInitialized, ShapeMismatch
+from psnode.worker import torchvalues as torch_route
 
 
-def _store() -> psnode.kvstore.KVStore:
+def _store() -> psnode.worker.kvstore.KVStore:
     kv = psnode.kv.create("local")
     kv.set_optimizer(psnode.optimizer.create("sgd", learning_rate=0.5))
     return kv

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from psnode.errors import DataLost, KeyNotInitialized, PeerLost, ShapeMismatch
-from psnode.journal import ASK_DEPTH
 from psnode.protocol import Failed, Flush, Missing, Ok, Pull, Push, PushPull, Wait, bucket_key
-from psnode.tracker import QUIET, Request, Tracker, settle
+from psnode.worker.journal import ASK_DEPTH
+from psnode.worker.tracker import QUIET, Request, Tracker, settle
 
 F = np.float32
 
@@ -216,7 +216,7 @@ def test_counters_for_heartbeats_and_fail_all() -> None:
 
 @pytest.mark.parametrize("op,text", [(Pull("w", 0, 1), "pull of key 'w'"), (Flush(), "flush")])
 def test_describe_names_the_operation(op, text) -> None:
-    from psnode.tracker import describe
+    from psnode.worker.tracker import describe
     assert describe(op) == text
 
 

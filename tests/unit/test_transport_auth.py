@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import zmq
 
+from psnode.net.security import Mode, Plane, Security
+from psnode.net.transport import Channel, Transport, new_security
 from psnode.protocol import Command, Message, decode, encode
-from psnode.security import Mode, Plane, Security
-from psnode.transport import Channel, Transport, new_security
 from tests.support import wait_for
 
 SECURED = (Mode.AUTHENTICATED, Mode.ENCRYPTED)

@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 CYCLES = """
-from psnode.security import Mode, Plane
-from psnode.transport import Transport, new_security
+from psnode.net.security import Mode, Plane
+from psnode.net.transport import Transport, new_security
 for mode in Mode:
     sec = new_security(mode)
     for i in range(40):

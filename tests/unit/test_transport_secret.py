@@ -7,8 +7,8 @@ import os
 import pytest
 
 from psnode.errors import ConfigError
-from psnode.security import TOKEN_BYTES, Mechanism, Mode, Plane, Security, mechanism, parse
-from psnode.transport import new_security
+from psnode.net.security import TOKEN_BYTES, Mechanism, Mode, Plane, Security, mechanism, parse
+from psnode.net.transport import new_security
 
 PUB = b"rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"
 SEC = b"JTKVSB%%)wK0E.X)V>+}o?pNmC{O&4W4b!Ni{Lh6"

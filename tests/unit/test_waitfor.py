@@ -1,7 +1,7 @@
-"""The scheduler's wait-for graph (psnode.waitfor), without processes."""
+"""The scheduler's wait-for graph (psnode.scheduler.waitfor), without processes."""
 from __future__ import annotations
 
-from psnode.waitfor import Watch, parse
+from psnode.scheduler.waitfor import Watch, parse
 
 PULL_W = {"what": "pull", "of": "'w'", "push": 2, "on": [0]}
 BARRIER = {"what": "barrier", "n": 1}

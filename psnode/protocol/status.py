@@ -1,0 +1,77 @@
+"""Status rows: one typed row per process of a job, whoever produced it.
+
+Two producers, one row type:
+
+* the scheduler (:mod:`psnode.scheduler.loop`) answers STATUS with a row per registered node,
+  states from :class:`NodeState`, counters from the nodes' heartbeats;
+* the launcher (``mxdist status``) checks processes the scheduler does not know (not
+  registered yet, a job without psnode, a scheduler that is gone) on their hosts, states from
+  the job record's process states (``running``, ``exited``, ``failed``, ``stopped``, ``lost``,
+  ``unknown``).
+
+Rows travel as JSON objects (:meth:`NodeRow.to_dict`); :meth:`NodeRow.from_dict` accepts
+partial or foreign objects (missing fields are None, unknown ones ignored).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from enum import Enum
+from typing import Any
+
+
+class NodeState(str, Enum):
+    """A node as the scheduler sees it."""
+
+    REGISTERED = "registered"   # registered, the job not complete yet
+    ALIVE = "alive"             # welcomed, heartbeating
+    FINISHED = "finished"       # a worker that called kv.close() (or whose script ended)
+    DEAD = "dead"               # silent for longer than the heartbeat timeout
+    RESTARTING = "restarting"   # failed or silent; its replacement is awaited (a worker stays a
+                                # member of the rounds meanwhile: psnode.scheduler.roster)
+    EXITED = "exited"           # said goodbye
+
+
+@dataclass
+class NodeRow:
+    """One process in ``mxdist status`` (``rate``: rounds per second for servers, pushes per
+    second for workers, over the last heartbeats)."""
+
+    role: str
+    rank: int | None
+    host: str
+    state: str
+    pid: int | None = None
+    port: int | None = None
+    heartbeat_age: float | None = None
+    uptime: float | None = None
+    restarts: int | None = None
+    pushes: int | None = None
+    pulls: int | None = None
+    bytes_in: int | None = None
+    bytes_out: int | None = None
+    rounds: int | None = None
+    rate: float | None = None
+    dropped: int | None = None
+    refused: int | None = None
+    retries: int | None = None
+    step: str | None = None      # Slurm: the step running the process
+    source: str = "scheduler"    # scheduler | host
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> NodeRow:
+        known = {f.name for f in fields(cls)}
+        raw = {k: v for k, v in data.items() if k in known}
+        raw.setdefault("role", "?")
+        raw.setdefault("rank", None)
+        raw.setdefault("host", "?")
+        raw.setdefault("state", "unknown")
+        if isinstance(raw["rank"], int) and raw["rank"] < 0:
+            raw["rank"] = None
+        return cls(**raw)
+
+    @property
+    def name(self) -> str:
+        return self.role if self.rank is None else f"{self.role}-{self.rank}"

@@ -1,0 +1,424 @@
+"""The same-host data link: a Unix SOCK_SEQPACKET connection plus shared-memory segments.
+
+A server listens on the abstract Unix address ``psnode.<job>.<host>.<port>`` (no file: it
+vanishes with the process); a worker whose host is the server's connects, and both exchange
+data messages (:mod:`psnode.protocol`'s binary header) as datagrams whose arrays lie in shared
+memory (:mod:`psnode.samehost.segments`) or, when small, inline.  ZeroMQ stays for control, for the
+scheduler, for operations with big answers (init, optimizer states) and between hosts.
+
+Datagrams: one type byte, then
+
+* ``H`` HELLO, worker -> server: JSON ``{job, rank, pid, token, segs}`` and the worker's
+  segments as file descriptors; ``segs`` lists ``[index, size, writable]`` per descriptor
+  (writable: the server may write it: the worker's landing areas for answers).
+* ``W`` WELCOME, server -> worker: JSON ``{segs}`` and the server's segments (read-only for
+  workers); ``X`` REFUSED: JSON ``{reason}``, then the server closes the connection.
+* ``S`` SEGMENTS, either way: new segments, announced before any message refers to them.
+* ``D`` DATA: u32 header length, the data header, then the inline payload.  Array locations:
+  0 inline (frame 0: the payload), 1 a segment of the sender, 2 a segment of the receiver.
+
+The server admits a connection only from a process of its own user (``SO_PEERCRED``), of its
+job, naming a worker rank of the job (and, once the launcher hands out a per-job secret, with
+its token: see :func:`check_hello`).  Who writes which memory, so no locks are needed:
+
+* a worker's **push slot** (its segment, read-only for the server) is written by the worker
+  only before the push is sent and not again until a pull after that push returned (the server
+  is done with it: the round completed);
+* a worker's **landing area** (its segment, writable by the server) is named in one pull and
+  written by the server only before it answers that pull; the worker reads it after the answer;
+* a server's **value** (its segment, read-only for workers) is read in place by a worker
+  after a sync pull's answer and before that worker's next push of the key: the value changes
+  only when a round completes, which needs that next push (a worker holds back a push of a key
+  while a pull of it is unanswered: psnode.worker.tracker).
+
+Sends never block: a datagram the socket cannot take waits in a backlog, flushed when the
+socket is writable.  A peer that closes (exit, ``kill -9``) is noticed as end of file.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import struct
+import threading
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from psnode.errors import ProtocolError
+from psnode.protocol import DATA_VERSION, Message
+from psnode.protocol.codec import (
+    HEAD,
+    KIND_DATA,
+    KIND_REPLY,
+    LOC_FRAME,
+    decode_data,
+    decode_single,
+    encode_arrays,
+    encode_record,
+    encode_single,
+)
+from psnode.protocol.frames import contiguous
+from psnode.samehost.segments import Arena, Mapped, address, map_segment
+
+MAX_DATAGRAM = 64 * 1024
+INLINE_BYTES = 4096           # arrays below this (and not in shared memory) travel inline
+MAX_FDS = 64
+_ANCILLARY = socket.CMSG_SPACE(MAX_FDS * 4)
+_CUT = int(socket.MSG_TRUNC | socket.MSG_CTRUNC)   # (plain ints: IntFlag operations cost microseconds)
+LOC_SENDER, LOC_RECEIVER = 1, 2
+_LEN = struct.Struct("<I")
+
+
+def parse_hello(data: bytes) -> dict[str, Any]:
+    try:
+        obj = json.loads(data)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise ProtocolError("handshake is not JSON") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("handshake is not a JSON object")
+    return obj
+
+
+def parse_segments(obj: dict[str, Any], n_fds: int) -> list[tuple[int, int, bool]]:
+    segs = obj.get("segs")
+    if not isinstance(segs, list) or len(segs) != n_fds:
+        raise ProtocolError(f"{n_fds} segment descriptor(s) but {str(segs)[:60]} announced")
+    out = []
+    for s in segs:
+        if not (isinstance(s, list) and len(s) == 3 and all(type(x) is int for x in s[:2])
+                and type(s[2]) is bool and s[0] >= 0):
+            raise ProtocolError(f"bad segment announcement {str(s)[:60]}")
+        out.append((s[0], s[1], s[2]))
+    return out
+
+
+class Link:
+    """One end of a same-host connection (see the module docstring)."""
+
+    def __init__(self, sock: socket.socket, peer: str, job: str, arenas: Sequence[Arena],
+                 max_bytes: int, peer_writes: Sequence[Arena] = ()) -> None:
+        self.sock = sock
+        self.peer = peer                    # for messages: "worker 1 (pid 123)"
+        self.job = job
+        self.arenas = list(arenas)          # this side's segments (all told to the peer)
+        self.peer_writes = {id(a) for a in peer_writes}   # arenas the peer may write
+        self.max_bytes = max_bytes
+        self.mapped: dict[int, Mapped] = {}
+        self._bases: list[tuple[int, int, int]] = []      # (address, size, index) of peer segments
+        self.told: set[int] = set()
+        self.backlog: deque[tuple[bytes, list[int]]] = deque()
+        self.send_lock = threading.RLock()   # senders: any thread (readers: one, see psnode.worker.ioloop)
+        self.up = True
+        self.pid = 0                         # the peer's process (SO_PEERCRED), when known
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self._buf = bytearray(MAX_DATAGRAM)
+        self._job_raw = job.encode()
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    # ------------------------------------------------------------ segments
+    def unannounced(self) -> tuple[list[list[Any]], list[int]]:
+        segs, fds = [], []
+        for arena in self.arenas:
+            for index, fd in list(arena.fds.items()):
+                if index not in self.told:
+                    self.told.add(index)
+                    segs.append([index, arena.segments[index].size, id(arena) in self.peer_writes])
+                    fds.append(fd)
+        return segs, fds
+
+    def add_segments(self, segs: list[tuple[int, int, bool]], fds: list[int], writable_ok: bool) -> None:
+        """Map the peer's announced segments (fds are closed either way)."""
+        try:
+            for (index, size, writable), fd in zip(segs, fds, strict=True):
+                if index in self.mapped:
+                    raise ProtocolError(f"{self.peer} announced segment {index} twice")
+                seg = map_segment(fd, index, size, writable and writable_ok, self.peer)
+                self.mapped[index] = seg
+                self._bases.append((address(seg.view), size, index))
+        finally:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    # ------------------------------------------------------------ sending
+    def send_raw(self, data: bytes, fds: Sequence[int] = ()) -> None:
+        """Send one datagram, or queue it behind earlier ones (never blocks)."""
+        if not self.up:
+            return
+        with self.send_lock:
+            self.bytes_out += len(data)
+            if self.backlog or not self._try(data, fds):
+                self.backlog.append((data, list(fds)))
+
+    def _try(self, data: bytes, fds: Sequence[int]) -> bool:
+        try:
+            if fds:
+                socket.send_fds(self.sock, [data], list(fds))
+            else:
+                self.sock.send(data)
+            return True
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            self.up = False
+            return True
+
+    def flush(self) -> bool:
+        """Send what waits in the backlog; True once it is empty."""
+        with self.send_lock:
+            while self.backlog and self.up:
+                data, fds = self.backlog[0]
+                if not self._try(data, fds):
+                    return False
+                self.backlog.popleft()
+            return not self.backlog
+
+    def send_ops(self, kind: int, ops: Sequence[Any]) -> list[Any]:
+        """Send ``ops`` in datagrams; returns those that cannot go this way (an array neither in
+        shared memory nor small enough to travel inline), for the caller to send over TCP."""
+        with self.send_lock:
+            return self._send_ops(kind, ops)
+
+    def _send_ops(self, kind: int, ops: Sequence[Any]) -> list[Any]:
+        segs, fds = self.unannounced()
+        if segs:
+            self.send_raw(b"S" + json.dumps({"segs": segs}).encode(), fds)
+        if len(ops) == 1 and self._send_single(kind, ops[0]):
+            return []
+        rest: list[Any] = []
+        d = _Datagram(kind, self.job)
+        for op in ops:
+            record, arrays = encode_record(op, len(d.arrays))
+            where = []
+            inline = 0
+            for arr in arrays:
+                loc = self.locate(arr)
+                if loc is None:
+                    if arr.nbytes > INLINE_BYTES:
+                        break
+                    inline += arr.nbytes + 16
+                where.append(loc)
+            else:
+                if len(record) + inline + 24 * len(arrays) > MAX_DATAGRAM - 1024:
+                    rest.append(op)   # (e.g. a flush listing thousands of keys)
+                    continue
+                if d.ops and d.size + len(record) + inline + 24 * len(arrays) > MAX_DATAGRAM:
+                    self.send_raw(d.finish())
+                    d = _Datagram(kind, self.job)
+                    record, arrays = encode_record(op, 0)
+                d.add(record, arrays, where)
+                # counters: the data the peer reads, wherever it lies (not a landing area)
+                shared = arrays[:-1] if getattr(op, "dest", None) is not None else arrays
+                self.bytes_out += sum(a.nbytes for a, loc in zip(shared, where, strict=False) if loc is not None)
+                continue
+            rest.append(op)
+        if d.ops:
+            self.send_raw(d.finish())
+        return rest
+
+    def _send_single(self, kind: int, op: Any) -> bool:
+        """Send ``op`` alone when its arrays all lie in shared memory (the common round's
+        message, without the general batching); False: it is not of that form."""
+        record, arrays = encode_record(op, 0)
+        where = []
+        for arr in arrays:
+            loc = self.locate(arr)
+            if loc is None:
+                return False
+            where.append(loc)
+        if len(record) + 64 * len(arrays) > MAX_DATAGRAM - 1024:
+            return False
+        head = encode_single(kind, self._job_raw, record, arrays, where)
+        self.send_raw(b"".join((b"D", _LEN.pack(len(head)), head)))
+        # counters: the data the peer reads, wherever it lies (not a landing area)
+        shared = arrays[:-1] if _has_dest(op) else arrays
+        for a in shared:
+            self.bytes_out += a.nbytes
+        return True
+
+    def locate(self, arr: np.ndarray) -> tuple[int, int, int] | None:
+        for arena in self.arenas:
+            where = arena.locate(arr)
+            if where is not None:
+                return (LOC_SENDER, *where)
+        if self._bases and arr.flags.c_contiguous:
+            addr = arr.__array_interface__["data"][0]
+            for base, size, index in self._bases:
+                if base <= addr and addr + arr.nbytes <= base + size:
+                    return (LOC_RECEIVER, index, addr - base)
+        return None
+
+    # ------------------------------------------------------------ receiving
+    def recv(self, limit: int = 0) -> list[Message]:
+        """Every data message waiting, or the first ``limit`` (then the caller polls again
+        rather than paying a failed read to learn that nothing more waits); segment
+        announcements are applied on the way; an end of file marks the link down.  Raises
+        ProtocolError (naming the peer) for a bad one."""
+        out: list[Message] = []
+        while self.up and (not limit or len(out) < limit):
+            try:
+                n, anc, flags, _ = self.sock.recvmsg_into([self._buf], _ANCILLARY)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                self.up = False
+                break
+            fds = _fds(anc) if anc else _NO_FDS
+            if n == 0:
+                self.up = False
+                break
+            self.bytes_in += n
+            if flags & _CUT:
+                for fd in fds:
+                    os.close(fd)
+                raise ProtocolError(f"{self.peer} sent a datagram too big for this link")
+            data = bytes(self._buf[:n])
+            kind = data[:1]
+            if kind == b"S":
+                obj = parse_hello(data[1:])
+                self.add_segments(parse_segments(obj, len(fds)), fds, writable_ok=True)
+                continue
+            for fd in fds:
+                os.close(fd)
+            if kind != b"D":
+                raise ProtocolError(f"{self.peer} sent a datagram of unknown type {kind!r}")
+            msg = self.decode(data)
+            for op in msg.ops or ():   # counters: data read in place counts as received
+                self.bytes_in += _payload(op)
+            out.append(msg)
+        return out
+
+    def decode(self, data: bytes) -> Message:
+        if len(data) < 5:
+            raise ProtocolError(f"{self.peer}: truncated data datagram")
+        (hlen,) = _LEN.unpack_from(data, 1)
+        if 5 + hlen == len(data):   # no inline payload: most likely the common small form
+            try:
+                msg = decode_single(data, 5, self.job, self._job_raw, self.max_bytes, self._resolve)
+            except ProtocolError as exc:
+                raise ProtocolError(f"{self.peer}: {exc}") from None
+            except (struct.error, IndexError):
+                raise ProtocolError(f"{self.peer}: data header is truncated") from None
+            if msg is not None:
+                return msg
+        head, payload = data[5:5 + hlen], memoryview(data)[5 + hlen:]
+        if len(head) != hlen:
+            raise ProtocolError(f"{self.peer}: truncated data header")
+        frames: list[Any] = [DATA_VERSION, head]
+        if len(payload):
+            frames.append(payload)
+        try:
+            return decode_data(frames, self.job, self.max_bytes, self._resolve)
+        except ProtocolError as exc:
+            raise ProtocolError(f"{self.peer}: {exc}") from None
+
+    def _resolve(self, loc: int, index: int, offset: int, nbytes: int) -> memoryview:
+        if loc == LOC_SENDER:
+            seg = self.mapped.get(index)
+            if seg is None:
+                raise ProtocolError(f"segment {index} was never announced")
+            return seg.buffer(offset, nbytes)
+        if loc == LOC_RECEIVER:
+            for arena in self.arenas:
+                own = arena.segments.get(index)
+                if own is not None:
+                    return own.buffer(offset, nbytes)
+            raise ProtocolError(f"segment {index} of this process does not exist")
+        raise ProtocolError(f"array location {loc} is not known")
+
+    def close(self) -> None:
+        self.up = False
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+_JOBS: dict[str, bytes] = {}
+
+
+class _Datagram:
+    """A data datagram being built: records, array descriptors, inline payload."""
+
+    def __init__(self, kind: int, job: str) -> None:
+        self.kind = kind
+        self.job = _JOBS.get(job) or _JOBS.setdefault(job, job.encode())
+        self.ops = 0
+        self.records: list[bytes] = []
+        self.arrays: list[np.ndarray] = []
+        self.where: list[tuple[int, int, int]] = []
+        self.payload: list[bytes] = []
+        self.offset = 0
+        self.size = 64 + len(self.job)
+
+    def add(self, record: bytes, arrays: list[np.ndarray], where: list[tuple[int, int, int] | None]) -> None:
+        self.ops += 1
+        self.records.append(record)
+        self.size += len(record)
+        for arr, loc in zip(arrays, where, strict=True):
+            if loc is None:
+                arr = contiguous(arr)
+                pad = -self.offset % 16
+                if pad:
+                    self.payload.append(bytes(pad))
+                    self.offset += pad
+                loc = (LOC_FRAME, 0, self.offset)
+                self.payload.append(arr.tobytes())
+                self.offset += arr.nbytes
+                self.size += arr.nbytes + pad
+            self.arrays.append(arr)
+            self.where.append(loc)
+            self.size += 24 + 8 * arr.ndim
+
+    def finish(self) -> bytes:
+        head = b"".join((HEAD.pack(self.kind, 0, self.ops, len(self.arrays), len(self.job)), self.job,
+                         encode_arrays(self.arrays, self.where), *self.records))
+        return b"".join((b"D", _LEN.pack(len(head)), head, *self.payload))
+
+
+_CARRIES: dict[type, tuple[str, ...]] = {}
+_DEST_FIELD: dict[type, bool] = {}
+
+
+def _has_dest(op: Any) -> bool:
+    """``op`` carries a landing area (its last array)."""
+    has = _DEST_FIELD.get(type(op))
+    if has is None:
+        has = _DEST_FIELD[type(op)] = "dest" in getattr(type(op), "__slots__", ()) or hasattr(op, "dest")
+    return has and op.dest is not None
+_NO_FDS: list[int] = []
+
+
+def _payload(op: Any) -> int:
+    """Bytes of data an operation carries (not a landing area)."""
+    names = _CARRIES.get(type(op))
+    if names is None:
+        names = _CARRIES[type(op)] = tuple(n for n in ("data", "rows", "value", "arrays") if hasattr(op, n))
+    n = 0
+    for name in names:
+        a = getattr(op, name)
+        if a is None:
+            continue
+        if name == "arrays":
+            n += sum(x.nbytes for x in a)
+        else:
+            n += a.nbytes
+    return n
+
+
+def _fds(anc: list[tuple[int, int, bytes]]) -> list[int]:
+    fds: list[int] = []
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            usable = len(data) - len(data) % 4
+            fds.extend(struct.unpack(f"{usable // 4}i", data[:usable]))
+    return fds
+
+
+__all__ = ["INLINE_BYTES", "KIND_DATA", "KIND_REPLY", "MAX_DATAGRAM", "MAX_FDS", "Link", "parse_hello",
+           "parse_segments"]

@@ -1,0 +1,57 @@
+"""Control client: what ``mxdist status`` and ``mxdist stop`` ask a job's scheduler.
+
+Both open a short-lived DEALER to the scheduler on the control plane, with the job's secret
+file when the job has one (``key_file``: its ``PSNODE_KEY_FILE``; the link is then CURVE, the
+scheduler refuses anyone without the job's key before reading a message), send one request
+and wait at most ``timeout`` seconds for the answer; no answer raises :class:`PeerLost`.  An
+unreadable or world-readable secret file raises :class:`ConfigError` naming the file.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from typing import Any
+
+from psnode.config import parse_address
+from psnode.errors import PeerLost
+from psnode.net.security import Plane, Security
+from psnode.net.transport import Poller, Transport
+from psnode.protocol import Command
+
+
+def _ask(scheduler: str, job_id: str, cmd: Command, reply: Command, key_file: str | None,
+         timeout: float, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    host, port = parse_address(scheduler, "scheduler address")
+    t = Transport(job_id, "control", 2**24, Security.load(key_file))
+    try:
+        chan = t.dealer(host, port, f"control-{os.getpid()}-{secrets.token_hex(4)}", Plane.CONTROL)
+        chan.send(cmd, body or {})
+        poller = Poller()
+        poller.add(chan)
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            if poller.poll(left):
+                got = chan.recv()
+                if got is not None and got[1].cmd is reply:
+                    return got[1].body
+        raise PeerLost(f"the scheduler of job {job_id} at {scheduler} did not answer within {timeout:g} s")
+    finally:
+        t.close()
+
+
+def query_status(scheduler: str, job_id: str, key_file: str | None = None,
+                 timeout: float = 2.0) -> dict[str, Any]:
+    """The live node table: ``{"job", "uptime", "started", "refused", "nodes": [row, ...]}``
+    (``refused``: connections the scheduler refused; each row has its node's count)."""
+    return _ask(scheduler, job_id, Command.STATUS, Command.STATUS_REPLY, key_file, timeout)
+
+
+def request_stop(scheduler: str, job_id: str, key_file: str | None = None,
+                 timeout: float = 2.0, reason: str = "stopped by mxdist stop") -> bool:
+    """Ask the scheduler to end the job; True once it acknowledged."""
+    try:
+        _ask(scheduler, job_id, Command.STOP, Command.STOP_ACK, key_file, timeout, {"reason": reason})
+        return True
+    except PeerLost:
+        return False

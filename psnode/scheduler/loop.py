@@ -1,0 +1,438 @@
+"""The scheduler role: registration, ranks, address book, barriers, liveness, shutdown.
+
+Life of a job as the scheduler sees it:
+
+1. Every node sends REGISTER (role, host, port, pid, wished rank) and then heartbeats.  When
+   ``num_workers`` workers and ``num_servers`` servers have registered, each gets WELCOME with
+   its rank and the servers' addresses.  Ranks honour the wish (the launcher's rank), else the
+   lowest free one.  Not complete within ``register_timeout``: everyone is told and the
+   scheduler exits 1.
+2. BARRIER completes when every active (not finished) worker has entered it.  Workers number
+   their barriers and send BARRIER (and FINISH) again until answered: a repeat of a completed
+   barrier (or of FINISH) is answered again, never counted twice.
+3. A worker sends FINISH when done (``kv.close()`` or interpreter exit).  Servers are told the
+   active set (MEMBERSHIP, the full list) so sync rounds go on over the workers still active:
+   once per scheduler turn for all the FINISHes it handled, and before a BARRIER_DONE or the
+   job's end (:mod:`psnode.scheduler.roster` keeps the indexes, so no message rescans the job).  When every
+   worker has finished, servers get SHUTDOWN, answer BYE, and the scheduler exits 0.
+4. A node silent for ``heartbeat_interval * heartbeat_liveness`` seconds is dead.  Everyone else
+   gets PEER_LOST naming it (role, rank, host, pid, seconds silent) and the scheduler exits 1 --
+   unless restarts are allowed (``max_restarts``; for a server, only when servers checkpoint):
+   then the job waits up to ``register_timeout`` for a replacement registering with the same
+   rank; meanwhile the node is RESTARTING, and a worker stays a member of the rounds (servers
+   never complete a round without it: its replacement pushes).  Workers are told a server is
+   down (SERVERS ``down``: their requests to it wait) and, when its replacement registered, the
+   new address book (SERVERS ``restored``): they reconnect and resend what the restored server
+   may have missed (psnode.worker.journal).  The replacement's WELCOME says ``restore``: it loads its
+   shard from the last checkpoint.
+5. STATUS (from ``mxdist status``) is answered with the node table (:class:`psnode.protocol.status.NodeRow`
+   objects: counters from the heartbeats, and the rate of rounds (servers) or pushes (workers)
+   per second over the last heartbeats); STOP ends the job.
+6. A job whose live workers all wait for each other (heartbeats say what each waits for) ends
+   after the heartbeat timeout, the verdict naming the cycle (:mod:`psnode.scheduler.waitfor`).
+7. When the job fails, the scheduler writes its verdict to its failure record
+   (``PSNODE_ERROR_FILE``, :mod:`psnode.protocol.failure`): the node it blames (one that reported a
+   failure, or one silent past the heartbeat timeout) and when that node failed or was last
+   heard from, so the launcher names the root cause and not the processes it took down.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from psnode.config import NodeConfig
+from psnode.net.security import Plane, Security
+from psnode.net.transport import Poller, Transport
+from psnode.protocol import Command, Message, failure
+from psnode.protocol.status import NodeRow, NodeState
+from psnode.scheduler import waitfor
+from psnode.scheduler.roster import Roster
+from psnode.scheduler.waitfor import Watch
+
+log = logging.getLogger("psnode.scheduler")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
+
+
+@dataclass
+class Node:
+    role: str
+    host: str
+    port: int
+    pid: int
+    ident: bytes
+    wish: int | None
+    rank: int = -1
+    state: NodeState = NodeState.REGISTERED
+    started: float = field(default_factory=time.monotonic)
+    last_seen: float = field(default_factory=time.monotonic)
+    stats: dict[str, Any] = field(default_factory=dict)
+    restarts: int = 0
+    barrier_done: int = 0  # number of this worker's last completed barrier
+    rate: float | None = None  # rounds (servers) or pushes (workers) per second
+    _sample: tuple[float, int] | None = None  # (time, count) of the last heartbeat's counter
+
+    @property
+    def name(self) -> str:
+        return f"{self.role} {self.rank} on {self.host} (pid {self.pid})"
+
+    def identity(self) -> dict[str, Any]:
+        return {"role": self.role, "rank": self.rank, "host": self.host, "pid": self.pid}
+
+    def update_stats(self, stats: dict[str, Any], now: float) -> None:
+        """Take a heartbeat's counters; the rate is over the last few seconds of heartbeats."""
+        self.stats = stats
+        count = _count(stats.get("rounds" if self.role == "server" else "pushes"))
+        if self._sample is None:
+            self._sample = (now, count)
+        elif now - self._sample[0] >= 1.0:
+            self.rate = max(0.0, (count - self._sample[1]) / (now - self._sample[0]))
+            self._sample = (now, count)
+
+    def row(self, now: float) -> dict[str, Any]:
+        def c(name: str) -> int:
+            return _count(self.stats.get(name))
+
+        return NodeRow(
+            role=self.role, rank=self.rank, host=self.host, port=self.port, pid=self.pid,
+            state=self.state.value, heartbeat_age=round(now - self.last_seen, 3),
+            uptime=round(now - self.started, 3), restarts=self.restarts, pushes=c("pushes"),
+            pulls=c("pulls"), bytes_in=c("bytes_in"), bytes_out=c("bytes_out"), rounds=c("rounds"),
+            rate=None if self.rate is None else round(self.rate, 2), dropped=c("dropped"),
+            refused=c("refused"), retries=c("retries")).to_dict()
+
+
+def _count(value: Any) -> int:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+
+
+class Scheduler:
+    def __init__(self, cfg: NodeConfig) -> None:
+        self.cfg = cfg
+        self.t = Transport(cfg.job_id, "scheduler", 2**20, Security.load(cfg.key_file))
+        self.chan, _ = self.t.router(cfg.host, cfg.scheduler_port, Plane.CONTROL)
+        self.nodes: dict[bytes, Node] = {}
+        self.started = False
+        self.t0 = time.monotonic()
+        self.barrier: dict[bytes, int] = {}  # worker ident -> the number of the barrier it entered
+        self.exit_code: int | None = None
+        self.shutdown_deadline: float | None = None
+        self.ending: tuple[Command, dict[str, Any]] | None = None  # what _end told everyone
+        self.waiting_replacement: dict[tuple[str, int], float] = {}  # (role, rank) -> deadline
+        self.roster = Roster()  # counts per role, active workers, pending MEMBERSHIP (psnode.scheduler.roster)
+        self.watch = Watch(cfg.dead_after)  # the workers' waits: wait-for cycles (psnode.scheduler.waitfor)
+
+    # ------------------------------------------------------------ helpers
+    def _send(self, node: Node | bytes, cmd: Command, body: dict[str, Any] | None = None) -> None:
+        ident = node.ident if isinstance(node, Node) else node
+        self.chan.send(cmd, body, to=ident)
+
+    def _live(self, role: str | None = None) -> list[Node]:
+        return [n for n in self.nodes.values()
+                if n.state in (NodeState.REGISTERED, NodeState.ALIVE) and (role is None or n.role == role)]
+
+    def _book(self) -> list[list[Any]]:
+        servers = sorted((n for n in self.nodes.values() if n.role == "server"), key=lambda n: n.rank)
+        return [[n.rank, n.host, n.port] for n in servers]
+
+    def _set_state(self, n: Node, state: NodeState) -> None:
+        """Every state change goes through here (the roster's active workers follow)."""
+        n.state = state
+        self.roster.set_state(n.ident, n.rank, state, n.role)
+
+    # ------------------------------------------------------------ registration
+    def _on_register(self, ident: bytes, body: dict[str, Any]) -> None:
+        role = body.get("role")
+        if role not in ("worker", "server"):
+            log.warning("registration with bad role %r dropped", role)
+            return
+        wish, host, port, pid = body.get("rank"), body.get("host"), body.get("port"), body.get("pid")
+        if not (isinstance(host, str) and len(host) < 256 and _is_int(port) and _is_int(pid)
+                and (wish is None or _is_int(wish))):
+            log.warning("registration with a malformed body dropped: %.200s", body)
+            return
+        assert isinstance(port, int) and isinstance(pid, int)
+        node = Node(role=role, host=host, port=port, pid=pid, ident=ident, wish=wish)
+        if self.started:
+            self._late_register(node)
+            return
+        limit = self.cfg.num_workers if role == "worker" else self.cfg.num_servers
+        if self.roster.count[role] >= limit:
+            self._send(ident, Command.SHUTDOWN, {"ok": False, "reason":
+                       f"the job already has {limit} {role}s; this one (pid {node.pid}) is extra"})
+            return
+        self.nodes[ident] = node
+        self.roster.joined(role, ident)
+        if self.roster.count["worker"] == self.cfg.num_workers and \
+                self.roster.count["server"] == self.cfg.num_servers:
+            self._start()
+
+    def _assign(self, role: str) -> None:
+        group = [n for n in self.nodes.values() if n.role == role]
+        limit = len(group)
+        taken: set[int] = set()
+        for n in group:
+            if n.wish is not None and 0 <= n.wish < limit and n.wish not in taken:
+                n.rank = n.wish
+                taken.add(n.rank)
+        free = iter(r for r in range(limit) if r not in taken)
+        for n in group:
+            if n.rank < 0:
+                n.rank = next(free)
+
+    def _start(self) -> None:
+        self._assign("worker")
+        self._assign("server")
+        self.started = True
+        book = self._book()
+        for n in self.nodes.values():
+            self._set_state(n, NodeState.ALIVE)
+        active = self.roster.active_ranks()  # one list for every WELCOME
+        for n in self.nodes.values():
+            self._welcome(n, book, active=active)
+        log.info("job %s started: %d workers, %d servers", self.cfg.job_id,
+                 self.cfg.num_workers, self.cfg.num_servers)
+
+    def _welcome(self, n: Node, book: list[list[Any]], restore: bool = False,
+                 active: list[int] | None = None) -> None:
+        self._send(n, Command.WELCOME, {"rank": n.rank, "servers": book, "pid": os.getpid(),
+                                         "num_workers": self.cfg.num_workers,
+                                         "num_servers": self.cfg.num_servers,
+                                         "active": self.roster.active_ranks() if active is None else active,
+                                         "restarts": n.restarts, "restore": restore,
+                                         "barriers": n.barrier_done})
+
+    def _restartable(self, n: Node) -> bool:
+        """May ``n`` be replaced instead of failing the job?  Servers only when they checkpoint."""
+        return self.started and n.restarts < self.cfg.max_restarts and (
+            n.role == "worker" or bool(self.cfg.checkpoint_dir))
+
+    def _late_register(self, node: Node) -> None:
+        """A restarted node taking over its predecessor's rank (dead, or about to be)."""
+        old = next((n for n in self.nodes.values() if n.role == node.role and n.rank == node.wish
+                    and n.state in (NodeState.DEAD, NodeState.ALIVE, NodeState.RESTARTING)), None)
+        allowed = old is not None and (
+            (old.role, old.rank) in self.waiting_replacement or
+            (old.state == NodeState.ALIVE and self._restartable(old)))
+        if not allowed or old is None:
+            done = any(n.role == node.role and n.rank == node.wish and n.state == NodeState.FINISHED
+                       for n in self.nodes.values())
+            why = (f"{node.role} {node.wish} already finished (kv.close(), or its script ended, e.g. "
+                   "with sys.exit) and cannot rejoin; to be restarted, a failing script must raise "
+                   "(or crash) instead of calling sys.exit(n)") if done else "the job is already running"
+            self._send(node.ident, Command.SHUTDOWN, {"ok": False, "reason":
+                       f"{node.role} pid {node.pid} cannot join: {why}"})
+            return
+        self.waiting_replacement.pop((old.role, old.rank), None)
+        del self.nodes[old.ident]
+        self.roster.left(old.role, old.ident)
+        node.rank, node.restarts = old.rank, old.restarts + 1
+        self.roster.joined(node.role, node.ident)
+        self._set_state(node, NodeState.ALIVE)
+        node.stats, node.barrier_done = old.stats, old.barrier_done  # a replay's barriers: answered
+        self.nodes[node.ident] = node
+        book = self._book()
+        self._welcome(node, book, restore=node.role == "server")
+        if node.role == "server":
+            for w in self._live("worker"):
+                self._send(w, Command.SERVERS, {"servers": book, "restored": node.rank})
+        else:
+            self.roster.want_membership()
+        log.warning("%s %d rejoined (restart %d)", node.role, node.rank, node.restarts)
+
+    def _await_replacement(self, n: Node, why: str) -> None:
+        self._set_state(n, NodeState.RESTARTING)   # (a worker stays a member of the rounds)
+        self.waiting_replacement[(n.role, n.rank)] = time.monotonic() + self.cfg.register_timeout
+        log.warning("%s %s; waiting for its restart", n.name, why)
+        if n.role == "server":
+            for w in self._live("worker"):
+                self._send(w, Command.SERVERS, {"down": n.rank})
+
+    # ------------------------------------------------------------ barrier / finish
+    def _check_barrier(self) -> None:
+        if self.roster.barrier_complete(self.barrier) and not self.waiting_replacement:
+            self._flush_membership(force=True)  # the servers know who left before anyone goes on
+            for ident, n in self.barrier.items():
+                if ident in self.nodes:
+                    self.nodes[ident].barrier_done = n
+                    self._send(ident, Command.BARRIER_DONE, {"n": n})
+            self.barrier.clear()
+
+    def _flush_membership(self, force: bool = False) -> None:
+        """Send MEMBERSHIP if asked for (``roster.want_membership``) and due (psnode.scheduler.roster)."""
+        active = self.roster.take_membership(time.monotonic(), force)
+        if active is not None:
+            for ident in self.roster.servers:
+                self._send(ident, Command.MEMBERSHIP, {"active": active})
+
+    def _on_finish(self, node: Node) -> None:
+        self._set_state(node, NodeState.FINISHED)
+        self._send(node, Command.FINISH_ACK)
+        self.barrier.pop(node.ident, None)
+        self.roster.want_membership()
+        self._check_barrier()
+        if self.roster.all_finished():
+            self._end(ok=True, reason="every worker finished")
+
+    def _end(self, ok: bool, reason: str, cmd: Command = Command.SHUTDOWN,
+             extra: dict[str, Any] | None = None, culprit: Node | None = None,
+             what: str | None = None, since: float | None = None) -> None:
+        """End the job (once): tell every live node.  A failure also writes the verdict: the
+        culprit, ``what`` happened to it, and ``since`` (wall-clock) when it failed or was last
+        heard from."""
+        if self.exit_code is not None:
+            return
+        self._flush_membership(force=True)  # what the FINISHes before the end changed, as before
+        if not ok:
+            failure.write(self.cfg.error_file, "verdict", "scheduler", None, self.cfg.host,
+                          reason=what or reason, culprit=culprit.identity() if culprit else None, when=since)
+        self.exit_code = 0 if ok else 1
+        self.ending = (cmd, {"ok": ok, "reason": reason, **(extra or {})})
+        for n in self._live():
+            self._send(n, *self.ending)
+        self.shutdown_deadline = time.monotonic() + (5.0 if ok else 1.0)
+        (log.info if ok else log.error)("job %s ending: %s", self.cfg.job_id, reason)
+
+    # ------------------------------------------------------------ deadlocks
+    def _check_deadlock(self, now: float) -> None:
+        """End the job when its live workers wait for each other in a cycle (psnode.scheduler.waitfor)."""
+        if not self.started or self.waiting_replacement:
+            self.watch.reset()
+            return
+        live = [n for n in self.nodes.values() if n.role == "worker" and n.state == NodeState.ALIVE]
+        waits = {n.rank: waitfor.parse(n.stats.get("wait")) for n in live}
+        if not waits:
+            return
+        entered = {self.nodes[i].rank: b for i, b in self.barrier.items() if i in self.nodes}
+
+        def not_in_barrier(n: int) -> list[int]:
+            return [r for r in waits if entered.get(r, 0) < n]
+        gone = {n.rank for n in self.nodes.values() if n.role == "worker" and n.state in
+                (NodeState.FINISHED, NodeState.EXITED)}
+        verdict = self.watch.check(now, waits, not_in_barrier, gone)
+        if verdict is not None:
+            self._end(False, verdict, Command.PEER_LOST, what=verdict, since=time.time())
+
+    # ------------------------------------------------------------ liveness
+    def _check_liveness(self, now: float) -> None:
+        limit = self.cfg.dead_after
+        if not self.started and now - self.t0 > self.cfg.register_timeout:
+            w = self.roster.count["worker"]
+            s = len(self.nodes) - w
+            self._end(False, f"only {w} of {self.cfg.num_workers} workers and {s} of "
+                             f"{self.cfg.num_servers} servers registered within "
+                             f"{self.cfg.register_timeout:g} s")
+            return
+        for (role, rank), deadline in list(self.waiting_replacement.items()):
+            if now > deadline:
+                self._end(False, f"{role} {rank} was not restarted within {self.cfg.register_timeout:g} s",
+                          Command.PEER_LOST)
+                return
+        for n in list(self.nodes.values()):
+            if n.state not in (NodeState.ALIVE, NodeState.REGISTERED) or now - n.last_seen <= limit:
+                continue
+            silent = now - n.last_seen
+            if self._restartable(n) and self.exit_code is None:
+                self._await_replacement(n, f"silent for {silent:.1f} s")
+                continue
+            self._set_state(n, NodeState.DEAD)
+            if self.exit_code is not None:
+                continue
+            what = f"stopped responding ({silent:.1f} s without a heartbeat)"
+            self._end(False, f"{n.name} {what}", Command.PEER_LOST, {"node": n.row(now)}, culprit=n,
+                      what=what, since=time.time() - silent)
+
+    # ------------------------------------------------------------ main loop
+    def _dispatch(self, ident: bytes, msg: Message) -> None:
+        node = self.nodes.get(ident)
+        if node is not None:
+            node.last_seen = time.monotonic()
+        cmd = msg.cmd
+        if cmd is Command.REGISTER and node is None:
+            self._on_register(ident, msg.body)
+        elif cmd is Command.REGISTER:
+            assert node is not None
+            if self.started and node.state == NodeState.ALIVE:  # its WELCOME was lost: again
+                self._welcome(node, self._book(), restore=node.role == "server" and node.restarts > 0)
+        elif cmd is Command.STATUS:
+            now = time.monotonic()
+            self._send(ident, Command.STATUS_REPLY, {
+                "job": self.cfg.job_id, "uptime": round(now - self.t0, 3), "started": self.started,
+                "refused": self.t.refused,  # connections the scheduler itself refused
+                "nodes": [n.row(now) for n in sorted(self.nodes.values(), key=lambda n: (n.role, n.rank))]})
+        elif cmd is Command.STOP:
+            self._send(ident, Command.STOP_ACK)
+            self._end(True, str(msg.body.get("reason", "stopped by mxdist stop")))  # a failed job stays failed
+        elif node is None:
+            log.debug("%s from an unregistered peer dropped", cmd.value)
+        elif cmd is Command.HEARTBEAT:
+            if isinstance(msg.body.get("stats"), dict):
+                node.update_stats(msg.body["stats"], time.monotonic())
+            self._send(node, Command.HEARTBEAT_ACK)
+        elif cmd is Command.BARRIER and node.role == "worker":
+            raw = msg.body.get("n")
+            n: int = raw if isinstance(raw, int) and _is_int(raw) else node.barrier_done + 1
+            if n <= node.barrier_done:  # sent again: its answer was lost
+                self._send(node, Command.BARRIER_DONE, {"n": node.barrier_done})
+                return
+            self.barrier[ident] = n
+            self._check_barrier()
+        elif cmd is Command.FINISH and node.role == "worker" and node.state == NodeState.FINISHED:
+            self._send(node, Command.FINISH_ACK)  # sent again: its answer was lost
+        elif cmd is Command.FINISH and node.role == "worker":
+            self._on_finish(node)
+        elif cmd is Command.BYE and msg.body.get("restart") and self._restartable(node) \
+                and node.state == NodeState.ALIVE:
+            # the launcher restarts it: wait, do not fail the job
+            self._await_replacement(node, f"failed ({str(msg.body['restart'])[:200]})")
+        elif cmd is Command.BYE:
+            self._set_state(node, NodeState.EXITED)
+            if msg.body.get("error") and self.exit_code is None:
+                what = f"failed: {str(msg.body['error'])[:500]}"
+                # the nodes and the log say who; what it raised is said once, by its own output
+                self._end(False, f"{node.name} failed", Command.PEER_LOST, {"node": node.row(time.monotonic())},
+                          culprit=node, what=what, since=time.time())
+
+    def run(self) -> int:
+        poller = Poller()
+        poller.add(self.chan)
+        tick = min(self.cfg.heartbeat_interval, 0.5)
+        resend_at = 0.0
+        while True:
+            due = self.roster.membership_due()
+            if poller.poll(tick if due is None else min(tick, max(0.001, due - time.monotonic()))):
+                while (got := self.chan.recv(routed=True)) is not None:
+                    try:
+                        self._dispatch(got[0] or b"", got[1])
+                    except Exception as exc:  # noqa: BLE001 - a bad message never kills the job
+                        log.warning("dropped %s from %r: %r", got[1].cmd.value, got[0], exc)
+            self._flush_membership()  # after the turn: for all the FINISHes it handled, once
+            now = time.monotonic()
+            if self.exit_code is None:
+                self._check_liveness(now)
+            if self.exit_code is None:
+                self._check_deadlock(now)
+            elif not self._live("server") or (self.shutdown_deadline and now > self.shutdown_deadline):
+                break
+            elif self.ending is not None and now >= resend_at:
+                resend_at = now + tick
+                for n in self._live():  # until they answer BYE: the first one may have been lost
+                    self._send(n, *self.ending)
+        self.t.close(linger_ms=500)
+        return self.exit_code or 0
+
+
+def main(cfg: NodeConfig) -> int:
+    code = Scheduler(cfg).run()
+    if code:
+        print(f"psnode scheduler: job {cfg.job_id} failed", file=sys.stderr)
+    return code
+
+
+__all__ = ["Node", "NodeState", "Scheduler", "main"]

@@ -1,0 +1,221 @@
+"""Server checkpoints: a server's whole state, written atomically.
+
+File ``<dir>/server-<rank>.npz`` holds a :func:`snapshot` of the store: per key part the value,
+the optimizer state, the round, the pushes taken per worker and everything of the round in
+progress (contributors and their partial sum, row_sparse parts, pushes waiting for a later
+round, async pushes applied past a gap), plus a JSON index (keys keep their int/str type).  A
+server restarted inside its job restores exactly that state (:func:`restore`), so every push the
+checkpoint holds is applied once and every other one is still in its worker's journal
+(psnode.worker.journal states the invariant).  It is written to a temporary file in the same
+directory, flushed, fsynced and renamed over the previous one: a kill during the write leaves
+the previous checkpoint loadable; only then are its pushes reported durable
+(:meth:`psnode.server.store.Store.mark_durable`).
+
+``save_states``/``load_states``: the file of ``kv.save_optimizer_states`` (every server's
+optimizer state arrays, named by server, key, part and state name, plus the optimizer spec).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from psnode.errors import ConfigError
+from psnode.math import optimizers as opt_mod
+from psnode.math.compression import spec_of_tag
+from psnode.server.arith import Packed
+
+if TYPE_CHECKING:
+    from psnode.server.store import Store
+
+Arrays = dict[str, np.ndarray]
+
+
+def path_for(directory: str, rank: int) -> str:
+    return os.path.join(directory, f"server-{rank}.npz")
+
+
+def snapshot(store: Store) -> tuple[dict[str, Any], Arrays]:
+    """The store's state as a JSON-able index and named arrays (buckets are split first: every
+    key part then holds its own state, psnode.server.buckets).  The arrays may be the store's own
+    buffers: write them out before the store changes."""
+    store.fused.split_all()
+    arrays: Arrays = {}
+    index = []
+    for i, ((key, part), entry) in enumerate(store.entries.items()):
+        arrays[f"v{i}"] = entry.value
+        names = []
+        if entry.state is not None:
+            for name, arr in opt_mod.state_to_arrays(entry.state).items():
+                arrays[f"s{i}_{name}"] = arr
+                names.append(name)
+        item: dict[str, Any] = {
+            "key": key, "part": part, "sparse": entry.sparse, "sync": entry.sync, "average": entry.average,
+            "round": entry.round, "state": names, "pushed": {str(w): q for w, q in entry.pushed.items()}}
+        if entry.bucket is not None:
+            item["bucket"] = [entry.bucket.bid, _offset(entry)]
+        item.update(_round_in_progress(i, entry, arrays))
+        index.append(item)
+    meta = {"index": index, "optimizer": store.optimizer.to_spec() if store.optimizer else None}
+    return meta, arrays
+
+
+def _round_in_progress(i: int, entry: Any, arrays: Arrays) -> dict[str, Any]:
+    """The index fields (and arrays) of what ``entry`` holds beyond its completed rounds."""
+    out: dict[str, Any] = {}
+    if entry.contributors:
+        out["contributors"] = sorted(entry.contributors)
+        out["nonfinite"] = sorted(entry.nonfinite)
+        acc = entry.first if entry.first is not None else entry.spare
+        if entry.sparse_parts:
+            for j, (rows, data) in enumerate(entry.sparse_parts):
+                arrays[f"r{i}_{j}"], arrays[f"d{i}_{j}"] = rows, data
+            out["sparse_parts"] = len(entry.sparse_parts)
+        elif acc is not None:
+            arrays[f"a{i}"] = acc
+    early = []
+    for w, queue in entry.early.items():
+        for j, (seq, data, rows) in enumerate(queue):
+            name = f"e{i}_{w}_{j}"
+            tag = ""
+            if isinstance(data, Packed):
+                tag, data = data.spec.tag, data.payload
+            arrays[name] = data
+            if rows is not None:
+                arrays[name + "r"] = rows
+            early.append([w, seq, name, rows is not None, tag])
+    if early:
+        out["early"] = early
+    if entry.ahead:
+        out["ahead"] = {str(w): sorted(qs) for w, qs in entry.ahead.items() if qs}
+    if entry.skipped:
+        out["skipped"] = entry.skipped
+    return out
+
+
+def restore(store: Store, meta: dict[str, Any], arrays: Any, same_job: bool = False) -> int:
+    """Load a :func:`snapshot` into ``store``; returns the number of key parts.  A new job
+    (``--resume``) takes the values and optimizer states only, counting rounds and pushes from
+    0; a server restarted inside its job (``same_job``) takes everything."""
+    from psnode.server.store import Entry
+
+    if meta.get("optimizer"):
+        store.optimizer = opt_mod.from_spec(meta["optimizer"])
+    for i, item in enumerate(meta["index"]):
+        saved = arrays[f"v{i}"]
+        bucket = item.get("bucket")
+        if bucket:   # (values in shared memory on a server; small keys in their bucket)
+            value = store.fused.place(int(bucket[0]), int(bucket[1]), saved.shape, saved.dtype,
+                                      item["sync"], item["average"])
+        else:
+            value = store.alloc(saved.shape, saved.dtype)
+        np.copyto(value, saved)
+        entry = Entry(value=value, sparse=item["sparse"], sync=item["sync"], average=item["average"])
+        if same_job:
+            entry.round = int(item.get("round", 0))
+            entry.pushed = {int(w): int(q) for w, q in item.get("pushed", {}).items()}
+            _restore_round(i, item, entry, arrays)
+        if item["state"]:
+            entry.state = opt_mod.state_from_arrays({n: np.array(arrays[f"s{i}_{n}"]) for n in item["state"]})
+        store.entries[(item["key"], int(item["part"]))] = entry
+        if bucket:
+            store.fused.join(int(bucket[0]), (item["key"], int(item["part"])), entry, int(bucket[1]))
+    store.mark_durable()
+    return len(meta["index"])
+
+
+def _restore_round(i: int, item: dict[str, Any], entry: Any, arrays: Any) -> None:
+    entry.contributors = {int(w) for w in item.get("contributors", [])}
+    entry.nonfinite = {int(w) for w in item.get("nonfinite", [])}
+    entry.skipped = int(item.get("skipped", 0))
+    if entry.contributors:
+        n = int(item.get("sparse_parts", 0))
+        entry.sparse_parts = [(np.array(arrays[f"r{i}_{j}"]), np.array(arrays[f"d{i}_{j}"])) for j in range(n)]
+        if f"a{i}" in arrays:   # the partial sum goes on as the round's first push
+            entry.first = np.array(arrays[f"a{i}"])
+    for w, seq, name, has_rows, tag in item.get("early", []):
+        data: Any = np.array(arrays[name])
+        if tag:
+            data = Packed(spec_of_tag(tag), data, entry.value.shape)
+        rows = np.array(arrays[name + "r"]) if has_rows else None
+        entry.early.setdefault(int(w), []).append((int(seq), data, rows))
+    entry.ahead = {int(w): {int(q) for q in qs} for w, qs in item.get("ahead", {}).items()}
+
+
+def save_server(directory: str, rank: int, store: Store) -> str:
+    """Write ``store``'s :func:`snapshot`; once it is on disk, its pushes are durable.
+    Returns the file path."""
+    os.makedirs(directory, exist_ok=True)
+    meta, arrays = snapshot(store)
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    fd, tmp = tempfile.mkstemp(prefix=f".server-{rank}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **arrays)  # type: ignore[arg-type]
+            fh.flush()
+            os.fsync(fh.fileno())
+        final = path_for(directory, rank)
+        os.replace(tmp, final)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    store.mark_durable()
+    return final
+
+
+def load_server(directory: str, rank: int, store: Store, same_job: bool = False) -> int:
+    """Restore ``store`` from the checkpoint (:func:`restore`); returns the number of key parts."""
+    path = path_for(directory, rank)
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            meta = json.loads(bytes(data["meta"]).decode())
+            return restore(store, meta, data, same_job)
+    except FileNotFoundError:
+        raise ConfigError(f"no checkpoint for server {rank} at {path}") from None
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"checkpoint {path} is unreadable: {exc}") from None
+
+
+def _offset(entry: Any) -> int:
+    """A bucket member's element offset in its bucket."""
+    return next(m.offset for m in entry.bucket.members if m.entry is entry)
+
+
+StateNames = list[tuple[Any, int, str]]   # (key, part, state name) per array
+
+
+def save_states(fname: str, per_server: list[tuple[StateNames, list[np.ndarray]]],
+                optimizer: dict[str, Any] | None) -> None:
+    """Write the optimizer states of every server (index = server rank) to ``fname`` (.npz),
+    through a temporary file and a rename."""
+    arrays: dict[str, np.ndarray] = {}
+    names: list[list[Any]] = []
+    for s, (server_names, server_arrays) in enumerate(per_server):
+        for (key, part, name), arr in zip(server_names, server_arrays, strict=False):
+            arrays[f"a{len(names)}"] = np.array(arr)
+            names.append([s, key, part, name])
+    meta = {"names": names, "optimizer": optimizer}
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    tmp = f"{fname}.tmp{os.getpid()}"
+    with open(tmp, "wb") as fh:
+        np.savez(fh, **arrays)  # type: ignore[arg-type]
+    os.replace(tmp, fname)
+
+
+def load_states(fname: str) -> dict[int, tuple[StateNames, list[np.ndarray]]]:
+    """The states :func:`save_states` wrote, per server rank; ConfigError if unreadable."""
+    try:
+        with np.load(fname, allow_pickle=False) as data:
+            meta = json.loads(bytes(data["meta"]).decode())
+            per_server: dict[int, tuple[StateNames, list[np.ndarray]]] = {}
+            for i, (s, key, part, name) in enumerate(meta["names"]):
+                names, arrs = per_server.setdefault(int(s), ([], []))
+                names.append((key, int(part), str(name)))
+                arrs.append(np.array(data[f"a{i}"]))
+    except (OSError, KeyError, ValueError, TypeError) as exc:
+        raise ConfigError(f"cannot read optimizer states from {fname}: {exc}") from None
+    return per_server

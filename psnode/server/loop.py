@@ -1,0 +1,249 @@
+"""The server role: one poll loop over the workers' ROUTER and the scheduler link.
+
+A server binds its ROUTER to the configured host (never a wildcard), registers with the
+scheduler, and serves DATA messages through :class:`psnode.server.store.Store`.  Workers
+connect with the routing identity ``w<rank>``.  Malformed messages and operations are answered
+with an error or dropped, never fatal.  The loop ends when the scheduler says SHUTDOWN (exit 0,
+after a final checkpoint if configured), PEER_LOST, or goes silent (exit 1).
+
+A server restarted inside its job (``mxdist launch --max-restarts`` with ``--checkpoint-dir``)
+gets WELCOME with ``restore``: it loads its last checkpoint -- exactly the state it had when
+that was written (psnode.server.checkpoint) -- and serves at once; the workers resend what it may have
+missed (every push their journals hold, every unanswered request; duplicates are applied once).
+Such a server is *restartable*: it writes a checkpoint at the start, and before any reply that
+would tell a worker something the last one lacks (:meth:`Store.release`: a new key, the count a
+restarted worker resumes from, a flush, every ``checkpoint_rounds`` completed rounds), so the
+exactly-once invariant of psnode.worker.journal holds across its restarts.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from psnode.config import NodeConfig
+from psnode.errors import ConfigError, PeerLost, PSError
+from psnode.net.link import SchedulerLink, lost_message
+from psnode.net.security import Security
+from psnode.net.transport import Poller, Transport
+from psnode.protocol import PACK_BYTES, Command, Message, Ok, failure
+from psnode.samehost import segments as shm
+from psnode.server import checkpoint
+from psnode.server.parts import Reply, sent
+from psnode.server.samehost import SameHost
+from psnode.server.store import Store
+
+log = logging.getLogger("psnode.server")
+
+
+LINK_BURST = 8    # rounds of link messages handled between two full polls
+
+
+class Server:
+    def __init__(self, cfg: NodeConfig) -> None:
+        self.cfg = cfg
+        self.t = Transport(cfg.job_id, "server", cfg.max_message_bytes, Security.load(cfg.key_file))
+        self.chan, self.port = self.t.router(cfg.host, cfg.port)
+        self.poller = Poller()
+        self.local: SameHost | None = None
+        if cfg.shm and shm.available():
+            try:
+                self.local = SameHost(cfg.job_id, cfg.host, self.port, cfg.num_workers,
+                                      cfg.max_message_bytes, self.poller, self.t.security)
+            except OSError as exc:
+                log.warning("no same-host data link (%s); workers on this host use TCP", exc)
+        arena = self.local.arena if self.local is not None else None
+        self.store = Store(cfg.num_workers, check_finite=cfg.skip_nonfinite,
+                           alloc=arena.array if arena else None, adopt=arena.adopt if arena else None,
+                           restartable=bool(cfg.checkpoint_dir) and cfg.max_restarts > 0)
+        self.link = SchedulerLink(self.t, cfg, "server", self.port, self._stats)
+        self.rank = -1
+        self.next_checkpoint = float("inf")
+
+    def _stats(self) -> dict[str, Any]:
+        local_in, local_out = self.local.bytes if self.local is not None else (0, 0)
+        dropped = self.t.dropped + (self.local.dropped if self.local is not None else 0)
+        return {"pushes": self.store.pushes, "pulls": self.store.pulls,
+                "bytes_in": self.chan.bytes_in + local_in, "bytes_out": self.chan.bytes_out + local_out,
+                "rounds": self.store.rounds, "dropped": dropped, "refused": self.t.refused}
+
+    # ------------------------------------------------------------ data
+    def _on_data(self, ident: bytes, msg: Message) -> None:
+        if msg.cmd is not Command.DATA or not ident.startswith(b"w") or not ident[1:].isdigit():
+            log.warning("dropped %s from %r: not a worker data message", msg.cmd.value, ident)
+            return
+        worker = int(ident[1:])
+        if worker >= self.cfg.num_workers:
+            self.t.dropped += 1
+            log.warning("dropped data from %r: no such worker in a job of %d", ident, self.cfg.num_workers)
+            return
+        if msg.ops is None:
+            self.t.dropped += 1
+            log.warning("dropped data message from %r: not a binary data message", ident)
+            return
+        self._on_ops(worker, msg.ops)
+
+    def _on_ops(self, worker: int, ops: list[Any]) -> None:
+        replies: list[Reply] = []
+        for op in ops:
+            replies.extend(self.store.handle(worker, op))
+        while self.store.events:
+            log.warning("%s", self.store.events.pop(0))
+        self._reply(replies)
+
+    def _reply(self, replies: list[Reply]) -> None:
+        """Send replies, after the checkpoint they need (psnode.server.store: durability)."""
+        self._send(self.store.release(replies, self.cfg.checkpoint_rounds, self._checkpoint))
+
+    # ------------------------------------------------------------ restore
+    def _restore(self) -> None:
+        """Load the last checkpoint of this rank: the state this server had when it was written."""
+        where = self.cfg.checkpoint_dir
+        if not where:
+            raise ConfigError(f"server {self.rank} was restarted, but the job has no checkpoint "
+                              "directory to restore its shard from (mxdist launch --checkpoint-dir)")
+        try:
+            parts = checkpoint.load_server(where, self.rank, self.store, same_job=True)
+        except ConfigError as exc:
+            raise ConfigError(f"server {self.rank} was restarted but cannot restore its shard: {exc}; "
+                              "every server that may be restarted writes one when it starts, so the "
+                              "checkpoint directory must be where the job's servers can all write") from None
+        log.warning("server %d restored %d key parts from %s; serving again", self.rank, parts,
+                    checkpoint.path_for(where, self.rank))
+
+    def _send(self, replies: list[Reply]) -> None:
+        """One DATA_REPLY per worker (over its same-host link when it has one); big values go
+        zero-copy and are tracked."""
+        if not replies:
+            return
+        by_worker: dict[int, list[Reply]] = {}
+        for r in replies:
+            by_worker.setdefault(r.worker, []).append(r)
+        for worker, group in by_worker.items():
+            if self.local is not None and worker in self.local.links:
+                group = self.local.answer(worker, group)
+                if not group:
+                    continue
+            for r in group:   # a value later rounds overwrite in place: zmq gets a copy
+                if r.fixed and isinstance(r.answer, Ok):
+                    r.answer.arrays = [np.array(a) for a in r.answer.arrays]
+            entries = [r.entry for r in group if r.entry is not None]
+            track = any(r.entry is not None and isinstance(r.answer, Ok) and r.answer.arrays[0].nbytes >= PACK_BYTES
+                        for r in group)
+            tracker = self.chan.send(Command.DATA_REPLY, ops=[r.answer for r in group],
+                                     to=f"w{worker}".encode(), track=track)
+            for e in entries:
+                sent(e, tracker if track else None)
+
+    # ------------------------------------------------------------ scheduler
+    def _membership(self, ranks: list[int]) -> None:
+        """The active workers (MEMBERSHIP, always the full list): rounds waiting only for
+        leavers complete.  The same set again changes nothing and costs no pass over the keys."""
+        active = set(ranks)
+        if active != self.store.active:
+            self._reply(self.store.set_active(active))
+
+    def _on_scheduler(self, msg: Message) -> int | None:
+        if msg.cmd is Command.WELCOME and self.rank >= 0:
+            pass  # a repeat (this server registered again before the first one arrived)
+        elif msg.cmd is Command.WELCOME:
+            self.rank = int(msg.body["rank"])
+            self.t.sender = f"server:{self.rank}"
+            if msg.body.get("restore"):
+                self.store.active = set(msg.body.get("active", []))
+                self._restore()
+            else:
+                self._reply(self.store.set_active(set(msg.body.get("active", []))))
+                if self.cfg.checkpoint_dir and self.cfg.resume:
+                    checkpoint.load_server(self.cfg.checkpoint_dir, self.rank, self.store)
+                if self.store.restartable:   # (a restart before any other checkpoint restores this)
+                    self._checkpoint()
+            if self.cfg.checkpoint_dir and self.cfg.checkpoint_interval > 0:
+                self.next_checkpoint = time.monotonic() + self.cfg.checkpoint_interval
+        elif msg.cmd is Command.MEMBERSHIP:
+            self._membership(msg.body.get("active", []))
+        elif msg.cmd is Command.SHUTDOWN:
+            if msg.body.get("ok"):
+                self._checkpoint()
+                self.link.chan.send(Command.BYE)
+                return 0
+            raise PeerLost(lost_message(msg))
+        elif msg.cmd is Command.PEER_LOST:
+            raise PeerLost(lost_message(msg))
+        return None
+
+    def _checkpoint(self) -> None:
+        if self.cfg.checkpoint_dir and self.rank >= 0:
+            checkpoint.save_server(self.cfg.checkpoint_dir, self.rank, self.store)
+
+    # ------------------------------------------------------------ loop
+    def run(self) -> int:
+        poller = self.poller
+        poller.add(self.chan)
+        poller.add(self.link.chan)
+        sched_sock = self.link.chan.sock
+        try:
+            while True:
+                now = time.monotonic()
+                self.link.tick(now)
+                if now >= self.next_checkpoint:
+                    self._checkpoint()
+                    self.next_checkpoint = now + self.cfg.checkpoint_interval
+                ready = poller.poll(self.link.timeout(now))
+                if sched_sock in ready:
+                    while (m := self.link.recv()) is not None:
+                        code = self._on_scheduler(m)
+                        if code is not None:
+                            return code
+                if self.chan.sock in ready and self.rank >= 0:
+                    for _ in range(64):  # bounded, so heartbeats keep flowing
+                        got = self.chan.recv(routed=True)
+                        if got is None:
+                            break
+                        self._on_data(got[0] or b"", got[1])
+                if self.local is not None and ready and self.rank >= 0:
+                    for _ in range(LINK_BURST):   # then the full poll again: heartbeats, TCP
+                        msgs = self.local.on_ready(ready)
+                        for worker, msg in msgs:
+                            if msg.ops is not None:
+                                self._on_ops(worker, msg.ops)   # (an admitted link: no checks to make)
+                            else:
+                                self._on_data(b"w%d" % worker, msg)
+                        if not msgs or not (ready := self.local.waiting()):
+                            break
+        except PeerLost as exc:
+            failure.write(self.cfg.error_file, "job_ended", "server", self.rank, self.cfg.host, exc=exc)
+            print(f"psnode server {self.rank}: {exc}", file=sys.stderr, flush=True)
+            return 1
+        except ConfigError as exc:  # e.g. nothing to restore from: the job fails, naming it
+            self.link.fail(str(exc))
+            print(f"psnode server {self.rank}: {exc}", file=sys.stderr, flush=True)
+            return 1
+        except Exception as exc:  # a bug: tell the scheduler now rather than go silent
+            restart = bool(self.cfg.checkpoint_dir) and self.cfg.restart_count < self.cfg.max_restarts
+            self.link.fail(f"server {self.rank} failed: {type(exc).__name__}: {exc}", restart=restart)
+            raise
+        finally:
+            if self.local is not None:
+                self.local.close()
+            self.t.close(linger_ms=200)
+
+
+def main(cfg: NodeConfig) -> int:
+    try:
+        server = Server(cfg)
+        # a server's garbage is acyclic and short-lived (freed by reference counts): collect
+        # rarely, and never re-scan what start-up made
+        gc.freeze()
+        gc.set_threshold(50_000, 50, 100)
+        return server.run()
+    except PSError as exc:
+        print(f"psnode server: {exc}", file=sys.stderr, flush=True)
+        return 1
+
+
+__all__ = ["Server", "main"]

@@ -1,0 +1,412 @@
+"""Server-side key store: sync rounds, async apply, parked pulls, dense and row_sparse.
+
+Pure logic (no sockets): :meth:`Store.handle` takes one typed operation (psnode.protocol) from
+one worker and returns the replies it causes (possibly to other workers, e.g. pulls parked
+until a round completed).  A bad operation is answered ``Failed``, never raised.
+
+Semantics (per key part held by this server):
+
+* ``init``: the first init carrying an array (rank 0's) creates the key; inits of other workers
+  carry only dtype and shape and are answered once the key exists.  Every init reply holds the
+  stored value, so all workers end up with rank 0's array.  Another shape or dtype is an error.
+* ``push`` with per-(worker, key) sequence number ``q`` (1, 2, ...):
+  - sync: push ``q`` belongs to round ``q``.  A push for a later round than the one being
+    aggregated waits (a fast worker never leaks into the current round).  When every active
+    worker has contributed, the round completes: sum, divided by the number of contributors for
+    ``average``; then the optimizer, or the value becomes the aggregate.
+  - async: applied on arrival (the optimizer, or the value becomes the push).
+  - a push whose ``q`` was already accepted is a duplicate: acknowledged, not applied again.
+    (Workers resend pushes a lost message or a restarted server may have missed; async pushes
+    arriving out of order are applied once each, and ``pushed`` counts only the contiguous ones.)
+* ``pull`` with ``after = n``: answered once the worker's push ``n`` has been applied (sync: round
+  ``n`` completed), so a pull after a push always sees it.  ``rows`` selects rows (row_sparse).
+  A resent pull (``re``) still parked is answered ``wait`` (the server holds it; nothing lost).
+* ``pushpull``: a push, then a pull after it: one request and one answer per key part.
+* **durability** (a server that can be restarted: ``restartable``): what a checkpoint holds
+  survives the server's restart, and nothing else does (psnode.server.checkpoint: everything,
+  rounds in progress and waiting pushes included).  Such a server never tells a worker what
+  its checkpoint does not hold: the store asks for a checkpoint before the replies leave
+  (:meth:`Store.release`) when they reveal something new -- a key created, an optimizer set,
+  the push count a restarted worker resumes from (init), a flush's pushes, a push that asks
+  -- and every pull's answer carries ``seq``, the worker's *durable watermark* for the key
+  part (its pushes 1..seq are in the last checkpoint).  A server that cannot be restarted
+  reports the pushes it received instead.  Workers keep pushes until that watermark covers
+  them (the exactly-once invariant: psnode.worker.journal).
+* row_sparse pushes carry (row ids, rows); rows are combined per round (duplicates summed),
+  averaged over the contributors as if missing rows were zero, and applied lazily: only rows
+  present change (without an optimizer those rows take the aggregate; others keep their value).
+* Workers leave (``set_active``): rounds then complete over the workers still active.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from psnode.errors import PSError, kind_of
+from psnode.math import optimizers as opt_mod
+from psnode.protocol import (
+    Failed,
+    Flush,
+    GetStates,
+    Init,
+    LoadStates,
+    Missing,
+    Ok,
+    Op,
+    OpCode,
+    Pull,
+    Push,
+    PushPull,
+    SetOptimizer,
+    Wait,
+    bucket_of,
+)
+from psnode.server.arith import Packed, packed_push
+from psnode.server.buckets import Buckets
+from psnode.server.parts import (
+    Entry,
+    Key,
+    OpError,
+    Reply,
+    agree,
+    contiguous,
+    first_gap,
+    fits,
+    fmt,
+    received,
+)
+from psnode.server.rounds import Alloc, Rounds
+
+
+class Store(Rounds):
+    """All key parts of one server.  ``alloc(shape, dtype)`` gives the buffers values and
+    aggregates live in (e.g. shared memory; default: plain numpy arrays); ``adopt(view)``
+    registers a view of such a buffer that answers will carry (so it is found quickly).
+    Rounds (accepting, summing, completing, applying pushes) are :class:`psnode.server.rounds.Rounds`."""
+
+    def __init__(self, num_workers: int, check_finite: bool = False, alloc: Alloc | None = None,
+                 adopt: Callable[[np.ndarray], np.ndarray] | None = None, restartable: bool = False) -> None:
+        self.entries: dict[Key, Entry] = {}
+        self.num_workers = num_workers
+        self.restartable = restartable   # its checkpoints restore it inside the job (see durability)
+        self.must_persist = False        # replies waiting reveal what the last checkpoint lacks
+        self.durable_rounds = 0          # ``rounds`` at the last checkpoint
+        self.active: set[int] = set(range(num_workers))
+        self.optimizer: opt_mod.Optimizer | None = None
+        self.check_finite = check_finite
+        self.alloc: Alloc = alloc or (lambda shape, dtype: np.empty(shape, dtype))
+        self.adopt: Callable[[np.ndarray], np.ndarray] = adopt or (lambda view: view)
+        self.waiting_inits: dict[Key, list[tuple[int, Init]]] = {}
+        self.pushes = 0
+        self.pulls = 0
+        self.rounds = 0
+        self.events: list[str] = []  # human-readable notices (e.g. skipped non-finite rounds)
+        self.settings: dict[int, str] = {}   # worker -> the compression tag of its pushes ("": none)
+        self.fused = Buckets(self)
+        self._handlers: dict[int, Callable[[int, Any], list[Reply]]] = {
+            OpCode.INIT: self._init, OpCode.PUSH: self._push, OpCode.PULL: self._pull,
+            OpCode.PUSHPULL: self._pushpull, OpCode.FLUSH: self._flush,
+            OpCode.SET_OPTIMIZER: self._set_optimizer, OpCode.GET_STATES: self._get_states,
+            OpCode.LOAD_STATES: self._load_states}
+
+    # ---------------------------------------------------------------- dispatch
+    def handle(self, worker: int, op: Op) -> list[Reply]:
+        """The replies ``op`` from ``worker`` causes (possibly to other workers); never raises."""
+        try:
+            bid = bucket_of(getattr(op, "key", None))
+            if bid is not None:
+                return self._bucket_op(worker, bid, op)
+            handler = self._handlers.get(getattr(op, "code", -1))
+            if handler is None:
+                raise OpError("ProtocolError", f"unknown operation {type(op).__name__}")
+            return handler(worker, op)
+        except OpError as exc:
+            kind, message = exc.kind, str(exc)
+        except PSError as exc:  # e.g. ShapeMismatch from an optimizer
+            kind, message = kind_of(exc), str(exc)
+        except Exception as exc:  # noqa: BLE001 - a bad request never kills the server
+            kind, message = "ProtocolError", f"malformed request: {exc!r}"
+        # na: nobody waits for it; the worker raises it at its next call
+        return [Reply(worker, Failed(getattr(op, "id", 0), kind, message, bool(getattr(op, "na", False))))]
+
+    def _entry(self, key: Key) -> Entry:
+        entry = self.entries.get(key)
+        if entry is None:
+            raise OpError("KeyNotInitialized",
+                          f"{fmt(*key)} is not initialised on this server: call kv.init first")
+        if entry.bucket is not None:
+            self.fused.split(entry.bucket)   # served on its own from now on (psnode.server.buckets)
+        return entry
+
+    def _bucket_op(self, worker: int, bid: int, op: Op) -> list[Reply]:
+        if type(op) is PushPull:   # (the common round's op first)
+            out = self.fused.push(worker, bid, op.seq, self._bucket_gradient(worker, bid, op))
+            pulled = self.fused.pull(worker, op.id, bid, op.seq, op.re, op.dest)
+            return pulled if not out else [*out, *pulled]
+        if isinstance(op, Push):
+            out = self.fused.push(worker, bid, op.seq, self._bucket_gradient(worker, bid, op))
+            if op.na:
+                return out
+            self.must_persist = True   # (as _push)
+            return [Reply(worker, Ok(op.id, seq=self.fused.contiguous(bid, worker)), holder=self.fused.bucket(bid)),
+                    *out]
+        if isinstance(op, Pull) and op.rows is None:
+            return self.fused.pull(worker, op.id, bid, op.after, op.re, op.dest)
+        if isinstance(op, PushPull):
+            out = self.fused.push(worker, bid, op.seq, self._bucket_gradient(worker, bid, op))
+            return [*out, *self.fused.pull(worker, op.id, bid, op.seq, op.re, op.dest)]
+        raise OpError("ProtocolError", f"{type(op).__name__} of a bucket")
+
+    # ---------------------------------------------------------------- init
+    def _init(self, worker: int, op: Init) -> list[Reply]:
+        key = (op.key, op.part)
+        entry = self.entries.get(key)
+        if entry is not None:  # (also a restarted worker: it resumes its push count)
+            entry = self._entry(key)
+            self._check_meta(key, entry, op.dtype, op.shape)
+            return [Reply(worker, Ok(op.id, [entry.value], seq=self._accepted(entry, worker)), entry)]
+        if op.value is None:
+            waiting = self.waiting_inits.setdefault(key, [])
+            if op.re and any(w == worker and o.id == op.id for w, o in waiting):
+                return [Reply(worker, Wait(op.id, 0, [0]))]   # (the value comes with rank 0's init)
+            waiting.append((worker, op))
+            return []
+        if op.value.dtype.name != op.dtype or op.value.shape != tuple(op.shape):
+            raise OpError("ShapeMismatch", f"{fmt(*key)}: init array does not match its description")
+        if op.bucket >= 0 and not op.sparse:
+            try:
+                value = self.fused.place(op.bucket, op.offset, op.value.shape, op.value.dtype, op.sync, op.average)
+            except ValueError as exc:
+                raise OpError("ProtocolError", f"{fmt(*key)}: {exc}") from None
+        else:
+            value = self._new(op.value)
+        np.copyto(value, op.value)
+        entry = Entry(value=value, sparse=op.sparse, sync=op.sync, average=op.average)
+        optimizer = self._optimizer_for(entry)
+        if optimizer is not None:
+            entry.state = optimizer.create_state(entry.value)
+        self.entries[key] = entry
+        self.must_persist = True   # (a restored server must hold every key a worker was told of)
+        if op.bucket >= 0 and not op.sparse:
+            self.fused.join(op.bucket, key, entry, op.offset)
+        out = [Reply(worker, Ok(op.id, [entry.value]), entry)]
+        for w, other in self.waiting_inits.pop(key, []):
+            try:
+                self._check_meta(key, entry, other.dtype, other.shape)
+                out.append(Reply(w, Ok(other.id, [entry.value], seq=self._accepted(entry, w)), entry))
+            except OpError as exc:
+                out.append(Reply(w, Failed(other.id, exc.kind, str(exc))))
+        return out
+
+    def _accepted(self, entry: Entry, worker: int) -> int:
+        """How many pushes of ``worker`` this key part has taken without a gap (applied, being
+        summed or waiting): where a restarted worker resumes.  Its predecessor's journal died
+        with it, so on a restartable server the count must be durable before it is told, and
+        the predecessor's sync pushes past the gap, not applied, are dropped: the replacement
+        pushes those steps again (else a round it has not pushed yet could complete)."""
+        count = contiguous(entry, worker)
+        queue = entry.early.get(worker)
+        if queue and any(q > count for q, *_ in queue):
+            entry.early[worker] = [item for item in queue if item[0] <= count]
+            if not entry.early[worker]:
+                del entry.early[worker]
+            self.must_persist = True
+        if count > entry.durable.get(worker, 0):
+            self.must_persist = True
+        return count
+
+    @staticmethod
+    def _check_meta(key: Key, entry: Entry, dtype: str, shape: tuple[int, ...]) -> None:
+        if entry.value.dtype.name != dtype or entry.value.shape != tuple(shape):
+            raise OpError("ShapeMismatch",
+                          f"{fmt(*key)} was initialised as {entry.value.dtype.name}"
+                          f"{list(entry.value.shape)}, not {dtype}{list(shape)}")
+
+    # ---------------------------------------------------------------- push
+    def _push(self, worker: int, op: Push) -> list[Reply]:
+        key = (op.key, op.part)
+        out = self._take_push(worker, key, op.seq, self._gradient(worker, key, op), op.rows)
+        if op.na:
+            return out
+        # a push that asks for its answer asks for its durability too (psnode.worker.journal)
+        entry = self.entries[key]
+        self.must_persist = True
+        return [Reply(worker, Ok(op.id, seq=contiguous(entry, worker)), holder=entry), *out]
+
+    def _gradient(self, worker: int, key: Key, op: Push | PushPull) -> np.ndarray | Packed:
+        """A push's dense gradient: its data, or its compressed payload checked (decoded where
+        it is summed: psnode.server.arith.Packed); every worker must push with the same gradient
+        compression (psnode.server.parts.agree)."""
+        if self.settings.get(worker) != op.comp:
+            agree(self.settings, worker, op.comp)
+        if not op.comp:
+            return op.data
+        entry = self._entry(key)
+        return packed_push(op.comp, op.data, entry.value, fmt(*key), entry.sparse)
+
+    def _bucket_gradient(self, worker: int, bid: int, op: Push | PushPull) -> np.ndarray:
+        """:meth:`_gradient` for a bucket's push, decoded (its members may be served apart)."""
+        if self.settings.get(worker) != op.comp:
+            agree(self.settings, worker, op.comp)
+        if not op.comp:
+            return op.data
+        b = self.fused.bucket(bid)
+        return packed_push(op.comp, op.data, b.value[:b.used], f"the bucket of {fmt(*b.members[0].key)}").decode()
+
+    # ---------------------------------------------------------------- pull
+    def _pull(self, worker: int, op: Pull) -> list[Reply]:
+        return self._park_pull(worker, op.id, (op.key, op.part), op.after, op.rows, op.re, op.dest)
+
+    def _park_pull(self, worker: int, rid: int, key: Key, after: int, rows: np.ndarray | None,
+                   re: bool, dest: np.ndarray | None = None) -> list[Reply]:
+        entry = self._entry(key)
+        if rows is not None and (rows.ndim != 1 or rows.dtype.kind not in "iu"
+                                 or (len(rows) and (rows.min() < 0 or rows.max() >= entry.value.shape[0]))):
+            raise OpError("ShapeMismatch", f"{fmt(*key)}: row ids must be in 0..{entry.value.shape[0] - 1}")
+        if re and any(w == worker and r == rid for w, r, *_ in entry.pulls):
+            # still parked: the pull was not lost ... but it may wait for a push of this worker
+            # that never came (gap), or for other workers (blockers)
+            gap = first_gap(entry, worker)
+            blockers = sorted(self.active - entry.contributors) if entry.sync else []
+            return [Reply(worker, Wait(rid, gap if gap <= after else 0, blockers))]
+        self.pulls += 1
+        entry.pulls.append((worker, rid, after, rows, dest))
+        return self._answer_pulls(entry)
+
+    def _pushpull(self, worker: int, op: PushPull) -> list[Reply]:
+        key = (op.key, op.part)
+        out = self._take_push(worker, key, op.seq, self._gradient(worker, key, op), None)
+        return [*out, *self._park_pull(worker, op.id, key, op.seq, None, op.re, op.dest)]
+
+    def _answer_pulls(self, entry: Entry) -> list[Reply]:
+        out, keep = [], []
+        for worker, rid, after, rows, dest in entry.pulls:
+            done = entry.round if entry.sync else entry.pushed.get(worker, 0)
+            if done >= after or (entry.sync and worker not in self.active and after > done):
+                seq = after if done >= after else 0   # (received; restartable: stamped durable)
+                if rows is None:
+                    out.append(Reply(worker, Ok(rid, [entry.value], seq), entry, dest, entry.sync, False, entry))
+                elif fits(dest, (len(rows), *entry.value.shape[1:]), entry.value.dtype):
+                    assert dest is not None
+                    np.take(entry.value, rows, axis=0, out=dest)   # straight into the landing area
+                    out.append(Reply(worker, Ok(rid, [dest], seq), holder=entry))
+                else:
+                    out.append(Reply(worker, Ok(rid, [entry.value[rows]], seq), holder=entry))
+            else:
+                keep.append((worker, rid, after, rows, dest))
+        entry.pulls = keep
+        return out
+
+    def _flush(self, worker: int, op: Flush) -> list[Reply]:
+        """Answered at once: every earlier request of this worker that arrived has been handled.
+
+        ``check`` lists pushes the worker sent; the answer names under ``missing`` those never
+        received (lost on the way), for the worker to send again.  Ok: every push listed was
+        received (and, on a restartable server, is durable once the answer leaves).
+        """
+        missing = []
+        for key, part, seqs in op.check:
+            bid = bucket_of(key)
+            if bid is not None:
+                lost = [q for q in seqs if not self.fused.received(bid, worker, q, received)]
+                durable = self.fused.durable(bid, worker)
+            else:
+                entry = self.entries.get((key, part))
+                lost = [] if entry is None else [q for q in seqs if not received(entry, worker, q)]
+                durable = entry.durable.get(worker, 0) if entry is not None else 0
+            if lost:
+                missing.append((key, part, lost))
+            elif op.durable and seqs and max(seqs) > durable:
+                self.must_persist = True
+        return [Reply(worker, Missing(op.id, missing) if missing else Ok(op.id))]
+
+    # ---------------------------------------------------------------- optimizer
+    def _set_optimizer(self, worker: int, op: SetOptimizer) -> list[Reply]:
+        self.fused.split_all()
+        try:
+            optimizer = opt_mod.from_spec(op.spec)
+        except Exception as exc:  # noqa: BLE001 - validation errors go back to the worker
+            raise OpError("ConfigError", str(exc)) from None
+        if self.optimizer is None or self.optimizer.to_spec() != optimizer.to_spec():
+            # the same optimizer with other parameters (a new learning rate) keeps the states
+            keep = self.optimizer is not None and self.optimizer.name == optimizer.name \
+                and self.optimizer.state_names() == optimizer.state_names()
+            self.optimizer = optimizer
+            self.must_persist = True
+            for entry in [] if keep else self.entries.values():
+                entry.state = optimizer.create_state(entry.value) if entry.value.dtype.kind == "f" else None
+        return [Reply(worker, Ok(op.id))]
+
+    def _get_states(self, worker: int, op: GetStates) -> list[Reply]:
+        """Every key part's optimizer state, as named arrays (for save_optimizer_states)."""
+        self.fused.split_all()
+        names, out = [], []
+        for (key, part), entry in self.entries.items():
+            if entry.state is None:
+                continue
+            for name, arr in opt_mod.state_to_arrays(entry.state).items():
+                names.append((key, part, name))
+                out.append(np.array(arr, copy=True))
+        return [Reply(worker, Ok(op.id, out, names=names))]
+
+    def _load_states(self, worker: int, op: LoadStates) -> list[Reply]:
+        if self.optimizer is None:
+            raise OpError("ConfigError", "no optimizer is set: call kv.set_optimizer first")
+        self.fused.split_all()
+        grouped: dict[Key, dict[str, np.ndarray]] = {}
+        for (k, part, name), arr in zip(op.names, op.arrays, strict=True):
+            grouped.setdefault((k, part), {})[name] = np.array(arr)
+        for where, named in grouped.items():
+            entry = self.entries.get(where)
+            if entry is None:
+                raise OpError("KeyNotInitialized", f"{fmt(*where)} in the state file is not initialised")
+            entry.state = opt_mod.state_from_arrays(named)
+        self.must_persist = True
+        return [Reply(worker, Ok(op.id))]
+
+    # ---------------------------------------------------------------- durability
+    def persist_due(self, every: int) -> bool:
+        """Must a checkpoint be written before the replies handled since the last one leave?
+        (``every``: completed rounds between checkpoints, 0 for none by rounds.)"""
+        return (self.restartable and self.must_persist) or bool(every and self.rounds - self.durable_rounds >= every)
+
+    def mark_durable(self) -> None:
+        """A checkpoint of the store as it is was written (or loaded): every push it holds is
+        durable; the watermarks answers report move up to it."""
+        workers = range(self.num_workers)
+        self.fused.split_all()   # (a checkpoint split them already: members hold their state)
+        for entry in self.entries.values():
+            if not entry.early and not entry.ahead:
+                entry.durable = dict(entry.pushed)
+            else:
+                entry.durable = {w: contiguous(entry, w) for w in workers}
+        self.fused.mark_durable()
+        self.must_persist = False
+        self.durable_rounds = self.rounds
+
+    def release(self, replies: list[Reply], every: int, checkpoint: Callable[[], None]) -> list[Reply]:
+        """The replies, ready to leave: ``checkpoint()`` first when :meth:`persist_due`, then
+        (restartable) each answer's ``seq`` set to the worker's durable watermark."""
+        if self.persist_due(every):
+            checkpoint()
+        if self.restartable:
+            for r in replies:
+                if r.holder is not None:
+                    r.answer.seq = r.holder.durable.get(r.worker, 0)  # type: ignore[union-attr]
+        return replies
+
+    # ---------------------------------------------------------------- membership
+    def set_active(self, workers: set[int]) -> list[Reply]:
+        """The workers still taking part; completes rounds that only waited for leavers."""
+        self.active = set(workers)
+        self.fused.split_all()
+        out: list[Reply] = []
+        for key, entry in self.entries.items():
+            if entry.sync:
+                out.extend(self._maybe_complete(key, entry))
+                out.extend(self._answer_pulls(entry))
+        for b in self.fused.all.values():
+            out.extend(self.fused.answer(b))
+        return out

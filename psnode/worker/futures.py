@@ -1,0 +1,92 @@
+"""The outcome of a worker's request: :class:`Future` (data requests, resolved by request id)
+and :class:`ControlRequest` (BARRIER, FINISH, BYE to the scheduler, sent again until answered).
+
+A future is resolved once, by one thread (the one that read its answer, psnode.worker.ioloop): its
+``on_reply`` callback (e.g. copying a pulled array into the caller's ``out``) runs first, then
+waiters are released; ``wait`` raises the request's error.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from psnode.errors import PeerLost
+from psnode.protocol import Command, Ok
+
+
+class Future:
+    """The outcome of one request; ``wait`` raises the request's error.
+
+    Resolved once, by one thread (the I/O thread; a second ``set``/``fail`` is ignored).  A
+    lock held until then is cheaper than a threading.Event (one per request)."""
+
+    __slots__ = ("_done", "_lock", "error", "on_reply", "request", "result", "server")
+
+    def __init__(self, on_reply: Callable[[Ok], None] | None = None, server: int = -1) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()  # released when resolved
+        self._done = False
+        self.server = server
+        self.result: Ok | None = None
+        self.error: BaseException | None = None
+        self.on_reply = on_reply
+        self.request: Any = None   # what it answers (for the wait reports of psnode.worker.engine)
+
+    def set(self, result: Ok) -> None:
+        if self._done:
+            return
+        try:
+            if self.on_reply is not None:
+                self.on_reply(result)
+            self.result = result
+        except Exception as exc:  # noqa: BLE001 - e.g. a bad array in a reply
+            self.error = exc
+        self._done = True
+        self._lock.release()
+
+    def fail(self, exc: BaseException) -> None:
+        if not self._done:
+            self.error = exc
+            self._done = True
+            self._lock.release()
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def _wait(self, timeout: float | None) -> bool:
+        """True once resolved (within ``timeout`` seconds; None: no limit)."""
+        if self._done:
+            return True
+        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+            return False
+        self._lock.release()  # let other waiters through too
+        return True
+
+    def wait(self, timeout: float | None = None) -> Ok:
+        if not self._wait(timeout):
+            raise PeerLost(f"no answer within {timeout:g} s")
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
+@dataclass
+class ControlRequest:
+    """A message to the scheduler awaiting its answer (BARRIER n, FINISH), sent again every
+    ``retry_timeout`` until answered (the scheduler answers repeats, counts them once)."""
+
+    cmd: Command
+    body: dict[str, Any] = field(default_factory=dict)
+    future: Future = field(default_factory=Future)
+    sent: float = 0.0
+
+    @property
+    def slot(self) -> tuple[Command, int]:
+        return (self.cmd, int(self.body.get("n", 0)))
+
+
+__all__ = ["ControlRequest", "Future"]

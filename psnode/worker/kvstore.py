@@ -1,0 +1,708 @@
+"""The KVStore API (MXNet-style) over a local store or a distributed job.
+
+``psnode.kv.create('local')`` (psnode.kv) keeps everything in this process; ``create('dist_sync')`` and
+``create('dist_async')`` join the job this process was launched in (``mxdist launch``), as a
+worker.  Both run the same server-side logic (:mod:`psnode.server.store`), so ``'local'`` is the
+reference: a one-worker job gives the same results.
+
+Contracts:
+
+* Keys are ints or strs, or lists of them with matching lists of values, in every form MXNet's
+  KVStore accepts (:mod:`psnode.worker.forms`).
+* ``init``: every worker calls it for the same keys in the same order.  The first init decides
+  shape, dtype and value: rank 0's array (or the initializer's output on rank 0) is stored, and
+  every worker's ``value`` (a writable ndarray) is overwritten with it, so all workers start
+  equal.  Re-init with the same shape and dtype is a no-op; another one raises ShapeMismatch.
+* ``push`` reads ``value`` before returning (the caller may reuse the buffer at once) and sends
+  asynchronously; a list of arrays for one key is summed first.  Errors a server reports
+  surface at the next call.  ``pull`` blocks until the values after this worker's last push of
+  each key are in ``out``.  Higher ``priority`` requests are sent first when requests queue.
+* ``dist_sync``: the value after a round is the aggregate of every active worker's push
+  (``average`` divides the sum by the number of contributors) fed to the optimizer, or stored
+  as is without one.  ``dist_async``: each push is applied on arrival.
+* ``set_gradient_compression`` (MXNet's): after ``create`` (keys may be initialised already),
+  before the first push; dense float32 pushes then travel compressed with this worker's
+  residuals (psnode.math.compression, psnode.worker.datapath); servers decode them and aggregate float32.
+  Init values and pulls are never compressed.  ``'local'`` runs the same arithmetic, except
+  for a list of arrays pushed for one key (one per device): there, as in MXNet's local store,
+  each array is compressed with its own residual and the decoded arrays are summed (a
+  distributed store sums the list first, then compresses, as MXNet's does).
+* MXNet's other calls and rules: its type names (:data:`MXNET_TYPES`; ``kv.type`` is the name
+  given, ``kv.mode`` the store it names), ``broadcast``, ``is_capable``, ``set_updater`` /
+  ``_set_updater`` (a Python updater on 'local' stores), pulls that skip RowSparseArray outputs
+  unless ``ignore_sparse=False``, and one kind of key per store (all ints or all strs).
+  Deliberate differences: a second broadcast of a key gets the stored value (MXNet's native
+  store refuses it; a restarted worker's needs it), ``row_sparse_pull`` fills dense outputs and
+  reads dense keys too, and a Python updater on a distributed store is ignored with a warning
+  (MXNet's workers ignore it silently; psnode's servers take optimizer specs, never code).
+"""
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import sys
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from psnode.config import Distribution, NodeConfig
+from psnode.errors import ConfigError, PSError, ShapeMismatch
+from psnode.math import initializers as init_mod
+from psnode.math import optimizers as opt_mod
+from psnode.math.compression import CompressionSpec
+from psnode.math.sparse import RowSparseArray
+from psnode.protocol import (
+    DTYPES,
+    Command,
+    Flush,
+    GetStates,
+    Init,
+    LoadStates,
+    Ok,
+    SetOptimizer,
+    check_key,
+)
+from psnode.server import checkpoint
+from psnode.worker import forms
+from psnode.worker import items as items_mod
+from psnode.worker import torchvalues as torch_route
+from psnode.worker.bucketing import Bucketer
+from psnode.worker.datapath import Copier, DataPath, KeyInfo, _whole_buckets
+from psnode.worker.engine import Future
+from psnode.worker.placement import Placer
+
+TYPES = ("local", "dist_sync", "dist_async")
+AGGREGATORS = ("average", "sum")
+#: MXNet's other store type names and the psnode store each one is.  MXNet's device
+#: communication (``'device'`` names) is a way to sum per-device arrays; psnode stores sum a
+#: list of arrays on the host whatever the name says.
+MXNET_TYPES = {
+    "device": "local", "local_update_cpu": "local", "local_allreduce_cpu": "local",
+    "local_allreduce_device": "local", "nccl": "local",
+    "dist": "dist_sync", "dist_device_sync": "dist_sync", "dist_sync_device": "dist_sync",
+    "dist_device_async": "dist_async", "dist_async_device": "dist_async",
+}
+#: MXNet's store types that need an NVIDIA GPU (MXNet's NCCL store).
+GPU_TYPES = ("nccl",)
+CAPABILITIES = ("optimizer",)
+
+
+def resolve_type(name: Any) -> str:
+    """The psnode store (``'local'``, ``'dist_sync'``, ``'dist_async'``) for a store type name:
+    one of :data:`TYPES` or MXNet's names (:data:`MXNET_TYPES`, case-insensitive as in MXNet).
+    ConfigError for another name, and for a GPU-only type where this machine has no GPU."""
+    if not isinstance(name, str):
+        raise ConfigError(f"a KVStore type is a string, not {type(name).__name__} {name!r}")
+    low = name.lower()
+    mode = low if low in TYPES else MXNET_TYPES.get(low)
+    if mode is None:
+        raise ConfigError(f"unknown KVStore type {name!r}: use one of {', '.join(TYPES)} "
+                          f"(or MXNet's {', '.join(MXNET_TYPES)})")
+    if low in GPU_TYPES and not _has_gpu():
+        raise ConfigError(f"KVStore type {name!r} is MXNet's NCCL store and needs an NVIDIA GPU; this machine "
+                          "has none (no /dev/nvidia0): use 'device' or 'local'")
+    return mode
+
+
+def _has_gpu() -> bool:
+    return bool(glob.glob("/dev/nvidia[0-9]*"))
+
+
+class KVStore(DataPath):
+    """A key-value store for parameters (see the module docstring for the contracts)."""
+
+    def __init__(self, kind: str, engine: Any, cfg: NodeConfig | None, aggregator: str,
+                 name: str | None = None) -> None:
+        self.mode = kind                       # 'local', 'dist_sync' or 'dist_async'
+        self.type = name.lower() if name else kind   # the type name it was created with (MXNet's kv.type)
+        self._engine = engine
+        self._aggregator = aggregator
+        self._cfg = cfg
+        self.distribution = cfg.distribution.value if cfg else Distribution.HYBRID.value
+        bound = None if cfg is None or cfg.distribution is Distribution.DATA else cfg.big_array_bound
+        self._placer = Placer(max(1, engine.num_servers), bound)
+        self._keys: dict[Any, KeyInfo] = {}
+        self._closed = False
+        self._optimizer: opt_mod.Optimizer | None = None
+        self._resumed = False      # a restarted worker continues its predecessor's push counts
+        self._pushed = False
+        self._bucketer = Bucketer()
+        # a sync push over this host's link asks for its round's value at once (PushPull): the
+        # pull after it then sends nothing (see _asked); (op key, part) -> (push, its future)
+        self._asked: dict[tuple[Any, int], tuple[int, Future]] = {}
+        self._comp: CompressionSpec | None = None   # gradient compression (psnode.worker.datapath)
+        self._residuals = {}
+        self._scratch = {}
+        self._torch_bufs: dict[Any, np.ndarray] = {}   # host arrays of pulls into torch tensors
+        self._key_kind: type | None = None     # int or str: the kind of key the first call used
+        self._updater: Callable[[Any, Any, np.ndarray], None] | None = None
+        self._updater_exc: BaseException | None = None   # the updater's first exception in a call
+        self._warned: set[Any] = set()         # keys whose row_sparse pull outputs were ignored
+
+    # ------------------------------------------------------------ properties
+    @property
+    def rank(self) -> int:
+        return self._engine.rank
+
+    @property
+    def num_workers(self) -> int:
+        return self._cfg.num_workers if self._cfg else 1
+
+    @property
+    def num_servers(self) -> int:
+        return self._engine.num_servers
+
+    @property
+    def aggregator(self) -> str:
+        return self._aggregator
+
+    @property
+    def restarts(self) -> int:
+        """How many times this worker was restarted (0 on a first run)."""
+        return self._engine.restarts
+
+    def num_pushes(self, key: Any) -> int:
+        """Pushes of ``key`` by this worker's rank that the servers have taken.
+
+        0 in a fresh job.  A restarted worker (``mxdist launch --max-restarts``) gets its
+        predecessor's count after ``init``, so a script can resume its loop at that step.
+        Asking before the first push means the script resumes: its pushes (and barriers)
+        continue its predecessor's numbering.  A restarted script that never asks starts over
+        instead: its pushes of rounds the servers already applied are recognised and not
+        applied again, and its pulls get the current values, until it catches up.
+        """
+        info = self._info(key)
+        if not self._resumed and not self._pushed:
+            self._resumed = True
+            for other in self._keys.values():
+                other.seq = max(other.seq, other.taken)
+            self._engine.resume()
+        return max(info.seq, info.taken)
+
+    # ------------------------------------------------------------ helpers
+
+    def _check_acks(self) -> None:
+        """Raise an error a server reported for an earlier push."""
+        self._engine.check()
+
+    def _check_key_kind(self, key: Any) -> None:
+        """MXNet's rule: one store's keys are all ints or all strs (its first call decides);
+        ConfigError naming the key of the other kind, before anything is sent."""
+        keys = key if isinstance(key, (list, tuple)) else (key,)
+        kind = self._key_kind
+        if kind is not None and all(type(k) is kind for k in keys):
+            return
+        for k in keys:
+            k_kind = str if isinstance(k, str) else int if isinstance(k, (int, np.integer)) \
+                and not isinstance(k, (bool, np.bool_)) else None
+            if k_kind is None:
+                continue    # (check_key_user names it)
+            if kind is None:
+                kind = k_kind
+            elif k_kind is not kind:
+                first = "this call" if self._key_kind is None else "this KVStore"
+                raise ConfigError(f"key {k!r} is {'a str' if k_kind is str else 'an int'}, but {first} uses "
+                                  f"{'str' if kind is str else 'int'} keys: a KVStore's keys are all ints or "
+                                  "all strs (MXNet's rule)")
+        self._key_kind = kind
+
+    @contextlib.contextmanager
+    def _uncompressed(self) -> Iterator[None]:
+        """Send without compression: a 'local' store's pushes were decoded already (_device_sum)."""
+        spec, self._comp = self._comp, None
+        try:
+            yield
+        finally:
+            self._comp = spec
+
+    def _local_compressed(self) -> bool:
+        return self._comp is not None and self.mode == "local"
+
+    def _device_sum(self, key: Any, info: KeyInfo, values: list[Any]) -> np.ndarray:
+        """MXNet's rule for a 'local' store with gradient compression: each array of the list
+        (one per device) is compressed with its own residual (per key and list position) and
+        decoded, then the decoded arrays are summed (float32)."""
+        spec = self._comp
+        assert spec is not None
+        total: np.ndarray | None = None
+        for i, v in enumerate(values):
+            arr = v.todense() if isinstance(v, RowSparseArray) else np.asarray(v)
+            self._check_shape(key, info, arr.shape, arr.dtype)
+            dec = spec.roundtrip(arr, self._residual(key if i == 0 else (key, i), arr.size))
+            if total is None:
+                total = dec
+            else:
+                np.add(total, dec, out=total)
+        assert total is not None
+        return total
+
+    def _check_device_lists(self, groups: list[forms.Group]) -> list[tuple[Any, KeyInfo, list[Any]]]:
+        """The groups of a 'local' compressed push, every key checked before any is compressed."""
+        assert self._comp is not None
+        checked = []
+        for k, values in groups:
+            info = self._info(k)
+            self._comp.check_key(k, info.dtype, info.sparse)
+            checked.append((k, info, values))
+        return checked
+
+    @contextlib.contextmanager
+    def _updater_errors(self) -> Iterator[None]:
+        """An exception of the Python updater (set_updater) reaches the caller as itself, once
+        the call's pushes are done (their rounds complete: the value is what the updater left)."""
+        try:
+            yield
+        finally:
+            exc, self._updater_exc = self._updater_exc, None
+            if exc is not None:
+                raise exc
+
+
+
+    # ------------------------------------------------------------ init
+    def init(self, key: Any, value: Any, initializer: Any = None, stype: str | None = None) -> None:
+        """Initialise keys (see the module docstring: rank 0's value wins everywhere)."""
+        self._check_key_kind(key)
+        pairs = forms.init_pairs(key, value)
+        if isinstance(initializer, dict):
+            initializer = init_mod.from_spec(initializer)
+        futs: list[Future] = []
+        for k, v in pairs:
+            futs.extend(self._init_one(check_key_user(k), v, initializer, stype))
+        self._wait(futs)
+
+    def _init_one(self, key: Any, value: Any, initializer: Any, stype: str | None) -> list[Future]:
+        sparse = stype == "row_sparse" or isinstance(value, RowSparseArray)
+        if stype not in (None, "default", "row_sparse"):
+            raise ConfigError(f"stype {stype!r} for key {key!r}: use 'default' or 'row_sparse'")
+        target = value if isinstance(value, np.ndarray) and value.flags.writeable else None
+        arr = value.todense() if isinstance(value, RowSparseArray) else np.asarray(value)
+        if arr.dtype.name not in DTYPES:
+            raise ShapeMismatch(f"key {key!r}: dtype {arr.dtype} cannot be stored")
+        info = self._keys.get(key)
+        if info is not None:
+            if info.shape != arr.shape or info.dtype != arr.dtype:
+                raise ShapeMismatch(f"key {key!r} was initialised as {info.dtype}{list(info.shape)}; "
+                                    f"re-init with {arr.dtype}{list(arr.shape)} is not allowed")
+            return []
+        if sparse and arr.ndim < 1:
+            raise ShapeMismatch(f"row_sparse key {key!r} needs at least one dimension")
+        if initializer is not None and self.rank == 0:
+            if target is None:
+                arr = np.array(arr, copy=True)
+            initializer(arr)
+        placement = self._placer.place(key, arr.shape, arr.dtype.itemsize, by_rows=sparse)
+        info = KeyInfo(arr.shape, arr.dtype, sparse, placement)
+        joined = None
+        if self.mode == "dist_sync" and not sparse and not placement.split:
+            joined = self._bucketer.assign(key, placement.parts[0].server, arr.dtype, arr.size)
+        if joined is not None:
+            info.bucket = joined[0]
+        self._keys[key] = info
+        futs = []
+        for part in placement.parts:
+            op = Init(key, part.index, arr.dtype.name, info.part_shape(part), sync=self.mode != "dist_async",
+                      average=self._aggregator == "average", sparse=sparse)
+            if joined is not None:
+                op.bucket, op.offset = joined[0].bid, joined[1]
+            if self.rank == 0:
+                op.value = np.array(info.region(arr, part), copy=True)
+            copy = self._copier(target, info, part) if target is not None else None
+
+            def on_init(ans: Ok, copy: Copier | None = copy, info: KeyInfo = info, part: int = part.index) -> None:
+                # > 0 after a restart; a split key resumes where its last part stopped (a
+                # predecessor may have died between pushing two parts: the other is a duplicate)
+                info.counts[part] = ans.seq
+                info.taken = min(info.counts.values())
+                if self._resumed:
+                    info.seq = info.taken
+                if copy is not None:
+                    copy(ans)
+            futs.append(self._submit(part.server, op, 0, 1 << 30, on_init))
+        return futs
+
+
+    # ------------------------------------------------------------ compression
+    def set_gradient_compression(self, compression_params: Any) -> None:
+        """Compress this worker's pushes: ``{'type': '2bit', 'threshold': 0.5}``, ``{'type':
+        '1bit', 'threshold': t}``, ``{'type': 'fp16'}``, or ``{'type': 'none'}`` (off).
+
+        MXNet's API and rule: call it after ``create`` and before the first push (keys may be
+        initialised already; their initial values are never compressed), with the same
+        settings on every worker (a server refuses pushes whose settings differ from another
+        worker's, naming both).  Pushes of dense float32 keys then carry the compressed
+        gradient (residuals kept per key on this worker, starting at zero); pushing a
+        row_sparse or non-float32 key raises ConfigError naming it.  Pulls stay float32.
+        """
+        spec = CompressionSpec.from_params(compression_params)
+        if self._pushed:
+            raise ConfigError("kv.set_gradient_compression must be called before the first push (MXNet's rule: "
+                              "the residuals start with the first compressed push); this worker has pushed already")
+        self._comp = spec if spec.active else None
+        self._residuals, self._scratch = {}, {}
+
+    @property
+    def gradient_compression(self) -> dict[str, Any]:
+        """The settings in force, as ``set_gradient_compression`` takes them (``{'type': 'none'}``: off)."""
+        return (self._comp or CompressionSpec()).to_params()
+
+    # ------------------------------------------------------------ push
+    def push(self, key: Any, value: Any, priority: int = 0) -> None:
+        """Send gradients (see the module docstring; torch tensors: :mod:`psnode.worker.torchvalues`)."""
+        self._check_key_kind(key)
+        value = torch_route.push_values(key, value, self._keys.get)
+        self._check_acks()
+        self._bucketer.close_all()
+        if self._local_compressed():
+            checked = self._check_device_lists(forms.groups(key, value, "push")[0])
+            summed: list[tuple[Any, KeyInfo, Any]] = [(k, info, self._device_sum(k, info, values))
+                                                      for k, info, values in checked]
+            self._pushed = True
+            with self._uncompressed(), self._updater_errors():
+                self._send_pushes(summed, priority)
+            return
+        items = self._plain(key, value, False)
+        if items is None:
+            items = []
+            for k, values in forms.groups(key, value, "push")[0]:
+                info = self._info(k)
+                items.append((k, info, self._prepare(k, info, values)))
+        with self._updater_errors():
+            self._send_pushes(items, priority)
+
+    def _send_pushes(self, items: list[tuple[Any, KeyInfo, Any]], priority: int) -> None:
+        """Send the prepared gradients of one push call (buckets whole, the rest per key part)."""
+        if self._comp is not None:
+            self._check_compressible(items)
+            items = self._remote_first(items, lambda item: item[1].placement.parts[0].server)
+        self._pushed = True
+        whole, rest = _whole_buckets(items)
+        if len(whole) == 1 and not rest:   # one request: nothing to send together
+            self._push_bucket(*whole[0], priority)
+            return
+        with self._engine.batch():
+            for bucket, members in whole:
+                self._push_bucket(bucket, members, priority)
+            for k, info, v in rest:
+                self._push_one(k, info, v, priority)
+
+
+    # ------------------------------------------------------------ pull
+    def pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None,
+             ignore_sparse: bool = True) -> Any:
+        """Fill ``out`` (allocated if None) with the current values and return it.
+
+        RowSparseArray outputs (MXNet's row_sparse NDArrays) are skipped with ``ignore_sparse``
+        (MXNet's default: they are not changed, and a warning names the key once; use
+        row_sparse_pull); with ``ignore_sparse=False`` each gets every row of the key."""
+        if row_ids is not None:
+            return self.row_sparse_pull(key, out=out, priority=priority, row_ids=row_ids)
+        self._check_key_kind(key)
+        host, scatters = torch_route.pull_outs(key, out, self._keys.get, self._torch_bufs)
+        if scatters:   # torch tensors: pulled into host arrays, then copied to every tensor
+            self.pull(key, host, priority)
+            torch_route.finish(scatters)
+            return out
+        self._check_acks()
+        items = self._plain(key, out, True)
+        if items is not None:   # (the common case without the general forms' work)
+            self._bucketer.close_all()
+            return self._pull_items(items, [], list(out), True, priority, None)
+        outs, many = forms.out_groups(key, out, "pull")
+        dense, sparse = self._split_sparse(outs, keep=not ignore_sparse)
+        if not sparse and len(dense) == len(outs):
+            return self._pull_into(outs, many, priority, None)
+        if dense:
+            self._pull_into(dense, True, priority, None)
+        for k, rsp in sparse:
+            self.row_sparse_pull(k, rsp, priority, np.arange(self._info(k).shape[0]))
+        return out
+
+    def _split_sparse(self, outs: list[forms.Group], keep: bool = False
+                      ) -> tuple[list[forms.Group], list[forms.Group]]:
+        """``outs`` without their RowSparseArray outputs, and those (unless ignored: not
+        ``keep``; a warning names each key once)."""
+        dense: list[forms.Group] = []
+        sparse: list[forms.Group] = []
+        for k, targets in outs:
+            rsp = [o for o in targets if isinstance(o, RowSparseArray)]
+            if not rsp:
+                dense.append((k, targets))
+                continue
+            if keep:
+                sparse.append((k, rsp))
+            elif k not in self._warned:
+                self._warned.add(k)
+                warnings.warn(f"psnode: pull of key {k!r} into a row_sparse output was ignored (MXNet's rule: "
+                              "use kv.row_sparse_pull with row_ids, or pull with ignore_sparse=False)",
+                              stacklevel=3)
+            if len(rsp) < len(targets):
+                dense.append((k, [o for o in targets if not isinstance(o, RowSparseArray)]))
+        return dense, sparse
+
+    def _prepare(self, key: Any, info: KeyInfo, values: list[Any]) -> np.ndarray | RowSparseArray:
+        return items_mod.prepare(key, info, values)
+
+    def _plain(self, key: Any, arrays: Any, writing: bool) -> list[tuple[Any, KeyInfo, Any]] | None:
+        return items_mod.plain(self._keys, key, arrays, writing)
+
+    def _targets(self, k: Any, info: KeyInfo, targets: list[Any]) -> tuple[list[Any], np.ndarray]:
+        return items_mod.targets(k, info, targets)
+
+    def _pull_into(self, outs: list[forms.Group], many: bool, priority: int,
+                   pushed: dict[Any, np.ndarray | RowSparseArray] | None) -> Any:
+        """Pull every key of ``outs`` (with ``pushed``: the dense gradient of each key to push
+        first, fused with the pull into one request per key part, or per bucket)."""
+        self._bucketer.close_all()
+        results, fixups, items = [], [], []
+        for k, targets in outs:
+            info = self._info(k)
+            done, dest = self._targets(k, info, targets)
+            if len(done) > 1 or dest is not done[0]:
+                fixups.append((done, dest))
+            grad = None if pushed is None else pushed.get(k)
+            if pushed is not None:
+                self._pushed = True
+            items.append((k, info, (dest, grad)))
+            results.append(done if len(done) > 1 else done[0])
+        return self._pull_items(items, fixups, results, many, priority, pushed)
+
+
+    def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None) -> Any:
+        """Fetch only rows ``row_ids`` (any shape; duplicates and any order allowed).
+
+        ``out`` may be a dense array of the key's full shape (only those rows are written), a
+        RowSparseArray (replaced by the rows), None (a RowSparseArray is returned), or a list
+        of these; see :mod:`psnode.worker.forms` for the forms of ``row_ids``.  Torch tensors (dense,
+        the key's full shape) get the rows too (:mod:`psnode.worker.torchvalues`).
+        """
+        self._check_key_kind(key)
+        host, scatters = torch_route.pull_outs(key, out, self._keys.get, self._torch_bufs, rows=True)
+        if scatters:
+            self.row_sparse_pull(key, host, priority, row_ids)
+            torch_route.finish(scatters)
+            return out
+        self._check_acks()
+        outs, many = forms.out_groups(key, out, "row_sparse_pull")
+        id_lists = forms.row_id_lists(outs, row_ids, many)
+        futs: list[Future] = []
+        fetched: dict[tuple[Any, bytes], tuple[np.ndarray, np.ndarray]] = {}
+        plan: list[tuple[KeyInfo, Any, tuple[Any, bytes] | None]] = []
+        with self._engine.batch():
+            self._row_requests(outs, id_lists, priority, futs, fetched, plan)
+        self._wait(futs)
+        final: list[Any] = []
+        for info, o, fetch in plan:
+            if fetch is None:
+                final.append(o)
+                continue
+            uniq, data = fetched[fetch]
+            if isinstance(o, np.ndarray):
+                o[uniq] = data
+                final.append(o)
+            elif isinstance(o, RowSparseArray):
+                o.data, o.indices, o.shape = data.copy(), uniq.copy(), info.shape
+                final.append(o)
+            else:
+                final.append(RowSparseArray(data.copy(), uniq.copy(), info.shape))
+        shaped: list[Any] = []
+        i = 0
+        for _, targets in outs:
+            group = final[i:i + len(targets)]
+            i += len(targets)
+            shaped.append(group if len(group) > 1 else group[0])
+        return shaped if many else shaped[0]
+
+
+    def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> Any:
+        """``push`` then ``pull`` (into ``out``, or back into ``value`` when out is None): one
+        request and one answer per dense key part.  RowSparseArray outputs are not written
+        (MXNet's rule, as :meth:`pull` with ``ignore_sparse``)."""
+        self._check_key_kind(key)
+        dest = value if out is None else out
+        host, scatters = torch_route.pull_outs(key, dest, self._keys.get, self._torch_bufs)
+        value = torch_route.push_values(key, value, self._keys.get)
+        if scatters:   # torch tensors (psnode.worker.torchvalues)
+            self.pushpull(key, value, host, priority)
+            torch_route.finish(scatters)
+            return dest
+        self._check_acks()
+        groups, many = forms.groups(key, value, "pushpull")
+        grads: dict[Any, np.ndarray | RowSparseArray] = {}
+        local_comp = self._local_compressed()
+        if local_comp:
+            for k, info, values in self._check_device_lists(groups):
+                grads[k] = self._device_sum(k, info, values)
+        else:
+            for k, values in groups:
+                grads[k] = self._prepare(k, self._info(k), values)
+        if self._comp is not None:
+            self._check_compressible([(k, self._info(k), g) for k, g in grads.items()])
+        outs, _ = forms.out_groups(key, value if out is None else out, "pushpull")
+        dense, _ = self._split_sparse(outs)
+        pulled = {k for k, _ in dense}
+        # pushed, not pulled: row_sparse gradients (a push, then the plain pull), and keys
+        # whose outputs are all row_sparse
+        rest = [k for k, g in grads.items() if isinstance(g, RowSparseArray) or k not in pulled]
+        with contextlib.ExitStack() as stack:
+            if local_comp:
+                stack.enter_context(self._uncompressed())   # (decoded already: _device_sum)
+            stack.enter_context(self._updater_errors())
+            if rest:
+                self.push(rest, [grads.pop(k) for k in rest], priority)
+            result = self._pull_into(dense, many, priority, grads) if dense else None
+        if sum(len(t) for _, t in dense) == sum(len(t) for _, t in outs):
+            return result
+        return dest
+
+    def broadcast(self, key: Any, value: Any, out: Any, priority: int = 0) -> Any:
+        """MXNet's broadcast: rank 0's ``value`` of each key into ``out`` on every worker.
+
+        ``init`` of the keys (rank 0's value is stored; ``value`` itself is not written), then
+        ``pull`` into ``out`` (an array or a list of arrays per key, as pull takes them).  A
+        key initialised already keeps its stored value, as re-init does (MXNet's native store
+        refuses a second broadcast of a key; here a restarted worker's broadcast gets the
+        current value)."""
+        self._check_key_kind(key)
+        self.init(key, _unwritable(value))
+        return self.pull(key, out=out, priority=priority)
+
+    @staticmethod
+    def is_capable(capability: str) -> bool:
+        """MXNet's capability query: ``'optimizer'`` (set_optimizer runs it on the servers) is
+        True; another capability raises ConfigError, as MXNet's stores raise for one they do
+        not know."""
+        if not isinstance(capability, str) or capability.lower() not in CAPABILITIES:
+            raise ConfigError(f"unknown KVStore capability {capability!r}: psnode knows {', '.join(CAPABILITIES)}")
+        return True
+
+    def set_updater(self, updater: Callable[[Any, Any, np.ndarray], None]) -> None:
+        """MXNet's ``_set_updater``: ``updater(key, recv, stored)`` folds each aggregated push
+        into the stored value, in place (``stored += recv`` sums the pushes), instead of an
+        optimizer.  ``recv`` is a dense array (a RowSparseArray for a row_sparse key) and is
+        only read; the key is the int or str the script uses.
+
+        A Python function runs only where the values are: on a ``'local'`` store.  On a
+        distributed store it is ignored with a warning, as MXNet's workers ignore it (MXNet
+        runs Python updaters on its servers only through a pickled optimizer; psnode's servers
+        take ``set_optimizer`` specs, never code).  ``set_optimizer`` replaces it."""
+        if not callable(updater):
+            raise ConfigError(f"set_updater takes a function updater(key, recv, stored), not {type(updater).__name__}")
+        self._updater = updater
+        if self.mode != "local":
+            warnings.warn(f"psnode: kv.set_updater on a {self.type!r} store is ignored, as MXNet's distributed "
+                          "workers ignore it: the servers run the optimizer of kv.set_optimizer, or store the "
+                          "aggregate", stacklevel=2)
+            return
+
+        def run(key: Any, recv: Any, stored: np.ndarray) -> None:
+            try:
+                updater(key, recv, stored)
+            except Exception as exc:   # noqa: BLE001 - raised to the caller by _updater_errors
+                if self._updater_exc is None:
+                    self._updater_exc = exc
+        self._engine.store.updater = run
+
+    _set_updater = set_updater
+
+    # ------------------------------------------------------------ optimizer
+    def set_optimizer(self, optimizer: Any) -> None:
+        """Run ``optimizer`` (an Optimizer or its spec dict) on the servers (replacing a
+        Python updater of :meth:`set_updater`).  Called again with the same optimizer and
+        other parameters (a new learning rate), the servers keep its states (momentum, ...);
+        another optimizer starts from fresh states."""
+        if isinstance(optimizer, dict):
+            optimizer = opt_mod.from_spec(optimizer)
+        if not isinstance(optimizer, opt_mod.Optimizer):
+            raise ConfigError(f"set_optimizer takes psnode.optimizer.create(...), not {type(optimizer).__name__}")
+        spec = optimizer.to_spec()
+        json.dumps(spec)
+        self._optimizer = optimizer
+        if self._updater is not None:
+            self._updater = None
+            if self.mode == "local":
+                self._engine.store.updater = None
+        futs = [self._submit(s, SetOptimizer(spec), 0, 1 << 30) for s in range(max(1, self.num_servers))]
+        self._wait(futs)
+
+    def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
+        """Write every server's optimizer state to ``fname`` (an .npz file), atomically."""
+        self.wait_all()
+        futs = [self._submit(s, GetStates(), 0, 1 << 30) for s in range(max(1, self.num_servers))]
+        self._wait(futs)
+        per_server = []
+        for fut in futs:
+            ans = fut.result
+            assert ans is not None
+            per_server.append((ans.names or [], ans.arrays))
+        checkpoint.save_states(fname, per_server, self._optimizer.to_spec() if self._optimizer else None)
+
+    def load_optimizer_states(self, fname: str) -> None:
+        """Restore the states written by :meth:`save_optimizer_states` (same cluster shape)."""
+        per_server = checkpoint.load_states(fname)
+        if per_server and max(per_server) >= max(1, self.num_servers):
+            raise ConfigError(f"{fname} was saved with more servers than this job has")
+        futs = [self._submit(s, LoadStates(names, arrs), 0, 1 << 30) for s, (names, arrs) in per_server.items()]
+        self._wait(futs)
+
+    # ------------------------------------------------------------ sync points
+    def wait_all(self) -> None:
+        """Wait until every server has handled this worker's pushes (raising their errors)."""
+        if self._closed:
+            return
+        futs = [self._submit(s, Flush(), 0, -(1 << 30)) for s in range(max(1, self.num_servers))]
+        self._wait(futs)
+        self._engine.check()
+
+    def barrier(self) -> None:
+        """Block until every active worker has called barrier()."""
+        self.wait_all()
+        self._engine.wait(self._engine.control(Command.BARRIER))
+
+    def close(self) -> None:
+        """Finish this worker: wait for its pushes, tell the scheduler, disconnect."""
+        if self._closed:
+            return
+        try:
+            if self._engine is not None and getattr(self._engine, "fatal", None) is None:
+                self.wait_all()
+        finally:
+            self._closed = True
+            self._engine.close()
+            hook = sys.excepthook
+            if getattr(hook, "_psnode_store", None) is self:   # give the interpreter its hook back
+                sys.excepthook = hook._psnode_previous  # type: ignore[attr-defined]
+
+    def __enter__(self) -> KVStore:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"<KVStore {self.type} rank {self.rank}/{self.num_workers} "
+                f"servers {self.num_servers} {self._aggregator}>")
+
+
+def _unwritable(value: Any) -> Any:
+    """``value`` with its numpy arrays as read-only views (init then leaves them alone)."""
+    if isinstance(value, np.ndarray):
+        view = value.view()
+        view.flags.writeable = False
+        return view
+    if isinstance(value, (list, tuple)):
+        return type(value)(_unwritable(v) for v in value)
+    return value
+
+
+def check_key_user(key: Any) -> Any:
+    try:
+        key = check_key(key)
+    except PSError as exc:
+        raise ConfigError(str(exc)) from None
+    if isinstance(key, str) and key.startswith("\0"):
+        raise ConfigError(f"key {key!r}: keys starting with NUL are reserved")
+    return key
