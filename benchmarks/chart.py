@@ -139,7 +139,8 @@ def draw(s: Series, out: Path, note: str = "") -> None:
         bars = right.bar(xs, [x.median for x in sp], rwidth, color=colours.get(peer, "#9467bd"),
                          yerr=[[x.median - x.low for x in sp], [x.high - x.median for x in sp]], capsize=3,
                          label=f"{PEER_LABEL[peer]} time / psnode time")
-        right.bar_label(bars, labels=[f"{x.median:.1f}x" for x in sp], fontsize=8, padding=2)
+        right.bar_label(bars, labels=[f"{x.median:.1f}x" for x in sp], label_type="center", fontsize=8,
+                        color="white", fontweight="bold")
     right.axhline(1.0, color="black", linewidth=0.8)
     if "mxnet" in s.peers:
         right.axhline(MXNET_GOAL, color="#d62728", linestyle="--", linewidth=1, label="target vs MXNet: 2x")
