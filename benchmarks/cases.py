@@ -1,4 +1,4 @@
-"""The workload of notes/performance.md: case definitions and round counts (shared by every role).
+"""The benchmark workload: case definitions and round counts (shared by every role).
 
 A dense case is K keys of B bytes of float32.  One round on each worker: push the K gradients,
 pull the K aggregated values.  Per-worker throughput = 2*K*B / round time.

@@ -1,4 +1,4 @@
-"""Run the performance.md workload on psnode and its peers (MXNet, raw pyzmq, torch gloo, a bare
+"""Run the workload of benchmarks/cases.py on psnode and its peers (MXNet, raw pyzmq, torch gloo, a bare
 PS), interleaved in one run; print tables, the issue's targets and a JSON file.
 
     python benchmarks/run.py                 # full: 3 interleaved runs, every case, W,S = 1,1 2,1 2,2

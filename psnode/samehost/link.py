@@ -18,8 +18,9 @@ Datagrams: one type byte, then
   0 inline (frame 0: the payload), 1 a segment of the sender, 2 a segment of the receiver.
 
 The server admits a connection only from a process of its own user (``SO_PEERCRED``), of its
-job, naming a worker rank of the job (and, once the launcher hands out a per-job secret, with
-its token: see :func:`check_hello`).  Who writes which memory, so no locks are needed:
+job, naming a worker rank of the job and, when the job has a secret (:mod:`psnode.net.security`),
+proving it holds the job's token (:func:`psnode.samehost.handshake.check_hello`).  Who writes
+which memory, so no locks are needed:
 
 * a worker's **push slot** (its segment, read-only for the server) is written by the worker
   only before the push is sent and not again until a pull after that push returned (the server

@@ -1,0 +1,189 @@
+"""Draw one chart from a ``benchmarks/run.py --json FILE`` run: psnode against a peer, per case.
+
+    python benchmarks/chart.py RUN.json --out docs/performance.png
+    python benchmarks/chart.py RUN.json --out chart.png --config 2,1 --peer zmq,gloo
+
+Left panel: the round time of every case the run measured at one W,S configuration (default
+2,2), psnode beside each peer, median over the run's interleaved runs with the [min-max] range.
+Right panel: each peer's round time over psnode's, computed per run (above 1: psnode faster),
+median [min-max], with the run's target for MXNet (2x) drawn when MXNet is charted.
+
+Peers: ``mxnet`` when the run has it (same W,S), else those of ``zmq``, ``gloo`` and ``bare``
+it has (raw zmq is one client and one echo server, gloo two ranks: the same on every W,S row of
+the run's tables).  Statistics come from :mod:`benchmarks.report` (the numbers the run printed).
+
+Needs matplotlib (``pip install -e '.[bench]'``); :func:`series` is pure and needs nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import report  # noqa: E402
+from benchmarks.cases import ALL  # noqa: E402
+
+PEER_ORDER = ("mxnet", "zmq", "gloo", "bare")
+PEER_LABEL = {"mxnet": "MXNet 1.9.1 dist_sync", "zmq": "raw pyzmq (transport only)",
+              "gloo": "torch gloo all_reduce", "bare": "bare PS (pyzmq + numpy)"}
+PEER_CONFIG = {"zmq": "1,1", "gloo": "2"}     # config-independent peers: the key their records carry
+MXNET_GOAL = 2.0                              # the run's target: MXNet time / psnode time >= 2
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Median and range of per-run values."""
+
+    median: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, values: list[float]) -> Spread:
+        return cls(statistics.median(values), min(values), max(values))
+
+
+@dataclass(frozen=True)
+class Series:
+    """What the chart shows: per case, psnode's round time, each peer's, and peer/psnode."""
+
+    config: str
+    runs: int
+    system: str
+    peers: tuple[str, ...]
+    cases: tuple[str, ...]
+    seconds: dict[str, dict[str, Spread]]     # system -> case -> round time (s)
+    ratio: dict[str, dict[str, Spread]]       # peer -> case -> peer time / psnode time (per run)
+
+
+def series(doc: dict, config: str = "2,2", peers: list[str] | None = None, system: str = "psnode") -> Series:
+    """The chart's data from a run.py JSON document (pure).  Raises ValueError when the run has
+    no psnode figures at ``config`` or none of the peers asked for."""
+    stats = report.collect(doc["records"])
+    cases = [c for c in ALL if (system, config, c) in stats]
+    if not cases:
+        have = sorted({k[1] for k in stats if k[0] == system})
+        raise ValueError(f"no {system} figures at W,S={config} in this run (it has: {', '.join(have) or 'none'})")
+
+    def key(peer: str, case: str) -> tuple[str, str, str]:
+        return (peer, PEER_CONFIG.get(peer, config), case)
+
+    present = [p for p in PEER_ORDER if any(key(p, c) in stats for c in cases)]
+    default = ["mxnet"] if "mxnet" in present else present
+    chosen = default if peers is None else [p for p in peers if p in present]
+    if not chosen:
+        raise ValueError(f"none of the peers {peers or list(PEER_ORDER)} ran at W,S={config} in this run")
+    seconds: dict[str, dict[str, Spread]] = {system: {c: Spread.of(list(stats[(system, config, c)].values()))
+                                                      for c in cases}}
+    ratio: dict[str, dict[str, Spread]] = {}
+    for p in chosen:
+        seconds[p], ratio[p] = {}, {}
+        for c in cases:
+            if key(p, c) in stats:
+                seconds[p][c] = Spread.of(list(stats[key(p, c)].values()))
+                per_run = report.ratios(stats[key(p, c)], stats[(system, config, c)])
+                if per_run:
+                    ratio[p][c] = Spread.of(per_run)
+    runs = len({r["run"] for r in doc["records"]})
+    return Series(config, runs, system, tuple(chosen), tuple(cases), seconds, ratio)
+
+
+def describe(doc: dict) -> str:
+    """One line about where the run ran (from the JSON's own fields)."""
+    argv = " ".join(doc.get("argv", [])[1:])
+    return (f"python {doc.get('python', '?')} on {doc.get('cpus', '?')} CPUs, data path {doc.get('path', '?')}, "
+            f"cpu policy {doc.get('cpu_policy', '?')}; run.py {argv}".strip())
+
+
+def draw(s: Series, out: Path, note: str = "") -> None:
+    """Write the PNG (matplotlib, Agg backend)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    systems = (s.system, *s.peers)
+    colours = {s.system: "#1f77b4", "mxnet": "#d62728", "zmq": "#7f7f7f", "gloo": "#ff7f0e", "bare": "#2ca02c"}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.2), gridspec_kw={"width_ratios": [3, 2]})
+    n, width = len(s.cases), 0.8 / len(systems)
+    for i, name in enumerate(systems):
+        xs, ms, lo, hi = [], [], [], []
+        for j, case in enumerate(s.cases):
+            sp = s.seconds[name].get(case)
+            if sp is None:
+                continue
+            xs.append(j + (i - (len(systems) - 1) / 2) * width)
+            ms.append(sp.median * 1e3)
+            lo.append((sp.median - sp.low) * 1e3)
+            hi.append((sp.high - sp.median) * 1e3)
+        label = "psnode" if name == s.system else PEER_LABEL[name]
+        left.bar(xs, ms, width, yerr=[lo, hi], capsize=3, label=label, color=colours.get(name, "#9467bd"))
+    left.set_yscale("log")
+    left.set_xticks(range(n), s.cases)
+    left.set_ylabel("round time, ms (log scale; lower is better)")
+    left.set_title(f"push + pull round per worker, W{s.config.replace(',', 'S')}")
+    left.legend(loc="upper left", fontsize=9)
+    left.grid(axis="y", which="both", alpha=0.3)
+
+    rwidth = 0.8 / len(s.peers)
+    for i, peer in enumerate(s.peers):
+        cases = [c for c in s.cases if c in s.ratio[peer]]
+        xs = [s.cases.index(c) + (i - (len(s.peers) - 1) / 2) * rwidth for c in cases]
+        sp = [s.ratio[peer][c] for c in cases]
+        bars = right.bar(xs, [x.median for x in sp], rwidth, color=colours.get(peer, "#9467bd"),
+                         yerr=[[x.median - x.low for x in sp], [x.high - x.median for x in sp]], capsize=3,
+                         label=f"{PEER_LABEL[peer]} time / psnode time")
+        right.bar_label(bars, labels=[f"{x.median:.1f}x" for x in sp], label_type="center", fontsize=8,
+                        color="white", fontweight="bold")
+    right.axhline(1.0, color="black", linewidth=0.8)
+    if "mxnet" in s.peers:
+        right.axhline(MXNET_GOAL, color="#d62728", linestyle="--", linewidth=1, label="target vs MXNet: 2x")
+    right.set_xticks(range(n), s.cases, rotation=30, ha="right")
+    right.set_ylabel("peer's time / psnode's (above 1: psnode faster)")
+    right.set_title("speed-up, per run: median [min-max]")
+    right.legend(loc="upper left", fontsize=8)
+    right.grid(axis="y", alpha=0.3)
+    left.tick_params(axis="x", labelrotation=30)
+    fig.suptitle(f"psnode vs {', '.join(PEER_LABEL[p] for p in s.peers)}: {s.runs} interleaved runs, "
+                 f"median [min-max]", fontsize=12)
+    if note:
+        fig.text(0.5, 0.01, note, ha="center", fontsize=8, color="#444444")
+    fig.tight_layout(rect=(0, 0.04, 1, 0.95))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run", type=Path, help="the JSON file of benchmarks/run.py --json")
+    ap.add_argument("--out", type=Path, required=True, help="the PNG to write")
+    ap.add_argument("--config", default="2,2", help="the W,S configuration to chart (default 2,2)")
+    ap.add_argument("--peer", help="comma list of peers (default: mxnet if the run has it, else every peer it has)")
+    ap.add_argument("--system", default="psnode", help="psnode's system name in the run (default psnode)")
+    a = ap.parse_args(argv)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise SystemExit("benchmarks/chart.py needs matplotlib: pip install -e '.[bench]'") from None
+    doc = json.loads(a.run.read_text())
+    try:
+        s = series(doc, a.config, a.peer.split(",") if a.peer else None, a.system)
+    except ValueError as exc:
+        raise SystemExit(f"{a.run}: {exc}") from None
+    draw(s, a.out, describe(doc))
+    for peer in s.peers:
+        for case, sp in s.ratio[peer].items():
+            print(f"{case:12s} {peer}/psnode time {sp.median:.2f} [{sp.low:.2f}-{sp.high:.2f}]")
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
