@@ -82,8 +82,8 @@ class Node:
     def name(self) -> str:
         return f"{self.role} {self.rank} on {self.host} (pid {self.pid})"
 
-    def identity(self) -> dict[str, Any]:
-        return {"role": self.role, "rank": self.rank, "host": self.host, "pid": self.pid}
+    def identity(self) -> failure.Culprit:
+        return failure.Culprit(self.role, self.rank, self.host, self.pid)
 
     def update_stats(self, stats: dict[str, Any], now: float) -> None:
         """Take a heartbeat's counters; the rate is over the last few seconds of heartbeats."""
