@@ -26,7 +26,7 @@ stdin over SSH) to ``<run_dir>/job.key`` with mode 0600 and returns the absolute
 Privacy: run directories (and missing parents) are created 0700, logs and secrets 0600.
 
 After a job: :func:`collect` reads what each process left (exit status and when it was
-written, its failure record ``<run_dir>/<name>.failure.json``, the last exception line of a
+written, its failure record at the path the launcher names, the last exception line of a
 Python traceback at the end of its log); :func:`cleanup` removes the job's secret file, the run
 directory when it is a remote one, and the job's shared-memory segments
 (``/dev/shm/psnode.<job_id>.*``).
@@ -162,14 +162,15 @@ def private_dirs(path: str) -> str:
 
 
 def spawn(workdir: str, run_dir: str, python: str, procs: list[dict]) -> list[dict]:
-    """Start each ``{"name", "argv", "env"}`` under a reaper; return ``{"name", "pid", "log", "rc"}``."""
+    """Start each ``{"name", "argv", "env", "failure"}`` under a reaper (``failure``: where it
+    writes its failure record: a stale one is removed); return ``{"name", "pid", "log", "rc"}``."""
     run_dir = private_dirs(run_dir)
     workdir = _expand(workdir)
     started = []
     for spec in procs:
         log = os.path.join(run_dir, spec["name"] + ".log")
         rc = os.path.join(run_dir, spec["name"] + ".rc")
-        for stale in (rc, rc + ".tmp", os.path.join(run_dir, spec["name"] + ".failure.json")):
+        for stale in (rc, rc + ".tmp", _expand(spec["failure"])):
             if os.path.exists(stale):
                 os.unlink(stale)
         env = dict(os.environ)
@@ -240,10 +241,10 @@ def last_exception(log: str, size: int = 16384) -> str | None:
     return found[:500] if found else None
 
 
-def collect(run_dir: str, procs: list[dict]) -> list[dict]:
-    """For ``{"name", "rc", "log"}`` items: ``{"rc", "rc_time", "failure", "exception"}``."""
+def collect(procs: list[dict]) -> list[dict]:
+    """For ``{"name", "rc", "log", "failure"}`` items (``failure``: the path of its failure
+    record): ``{"rc", "rc_time", "failure", "exception"}``."""
     out = []
-    run_dir = _expand(run_dir)
     for p in procs:
         rc_file = _expand(p["rc"]) if p.get("rc") else ""
         try:
@@ -252,7 +253,7 @@ def collect(run_dir: str, procs: list[dict]) -> list[dict]:
             rc_time = None
         failure = None
         try:
-            with open(os.path.join(run_dir, p["name"] + ".failure.json")) as f:
+            with open(_expand(p["failure"])) as f:
                 failure = json.load(f)
         except (OSError, ValueError):
             pass

@@ -38,6 +38,7 @@ from cli.gpus import HostGpus
 from cli.hosts import Host
 from cli.jobs import ProcRecord
 from cli.plan import ProcSpec
+from psnode.protocol.failure import FailureRecord, path_in, record_of
 
 
 @dataclass(frozen=True)
@@ -105,8 +106,11 @@ class Evidence:
 
     code: int | None
     rc_time: float | None
-    failure: dict[str, Any] | None
+    failure: FailureRecord | None     # (its JSON object, as the host read it, is read as the record)
     exception: str | None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "failure", record_of(self.failure))
 
 
 class BackendError(RuntimeError):
@@ -237,7 +241,8 @@ class LocalRunner:
         self._exit_code = exit_code or (lambda rc, proc: rc)
 
     def start(self, host: Host, procs: Sequence[ProcSpec], run_dir: str) -> list[Started]:
-        items = [{"name": p.name, "argv": self._argv(host, p), "env": dict(p.env)} for p in procs]
+        items = [{"name": p.name, "argv": self._argv(host, p), "env": dict(p.env),
+                  "failure": path_in(run_dir, p.name)} for p in procs]
         started = agent.spawn(self.workdir, run_dir, self.reaper_python, items)
         return [Started(s["name"], s["pid"], s["log"], s["rc"]) for s in started]
 
@@ -262,7 +267,8 @@ class LocalRunner:
         return sorted(pid for pids in result["left"].values() for pid in pids)
 
     def collect(self, procs: Sequence[ProcRecord], run_dir: str) -> list[Evidence]:
-        items = agent.collect(run_dir, [{"name": p.name, "rc": p.rc_file, "log": p.run_log} for p in procs])
+        items = agent.collect([{"name": p.name, "rc": p.rc_file, "log": p.run_log,
+                                "failure": path_in(run_dir, p.name)} for p in procs])
         return [Evidence(self._exit_code(i["rc"], p), i["rc_time"], i["failure"], i["exception"])
                 for i, p in zip(items, procs, strict=True)]
 

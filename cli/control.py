@@ -26,6 +26,7 @@ from cli.backends import describer
 from cli.jobs import DamagedRecord, JobRecord, ProcRecord, ProcState
 from cli.takeover import backend_for, refresh, state_from_check, stop_orphan, supervisor_gone
 from psnode.errors import PSError
+from psnode.protocol.control import StatusAnswer
 from psnode.protocol.status import NodeRow
 
 STOP_MARGIN = 30.0      # seconds a supervisor gets beyond --grace to end the job when asked
@@ -67,7 +68,7 @@ def job_status(record: JobRecord, timeout: float = 2.0) -> dict[str, Any]:
         try:
             answer = control.query_status(record.scheduler, record.id, key_file=key_file_of(record),
                                           timeout=timeout)
-            live = match_nodes(record.procs, [NodeRow.from_dict(r) for r in answer.get("nodes", [])])
+            live = match_nodes(record.procs, StatusAnswer.from_body(answer).nodes)
         except (PSError, OSError):
             pass
     missing = [p for p in record.procs if (p.role, p.rank) not in live and p.pid]

@@ -333,11 +333,11 @@ class Supervisor:
         try:
             from psnode.scheduler import client as control
 
-            answer = control.query_status(self.record.scheduler, self.record.id, key_file=self.record.key_file,
-                                          timeout=STATUS_TIMEOUT)
+            answer = control.status(self.record.scheduler, self.record.id, key_file=self.record.key_file,
+                                    timeout=STATUS_TIMEOUT)
         except Exception:  # noqa: BLE001 - no answer: nothing to wait for
             return None
-        return bool(answer.get("started"))
+        return answer.started
 
     def _failure(self, rec: ProcRecord, status: ExitStatus) -> Failure:
         """How ``rec`` failed, for the crash-loop rule: its status, the last exception its log

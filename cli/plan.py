@@ -22,8 +22,8 @@ Rules:
 
 psnode options: one :class:`NodeOptions` per job (filled from ``mxdist launch``'s flags, defaults
 from NodeConfig) becomes the NodeConfig fields of every process.  With ``run_dir`` set, each
-process gets ``PSNODE_ERROR_FILE=<run_dir>/<name>.failure.json``: where it writes its failure
-record (:mod:`psnode.protocol.failure`) for the supervisor to name the root cause.
+process gets ``PSNODE_ERROR_FILE=<run_dir>/<name>.failure.json`` (:func:`psnode.protocol.failure.path_in`):
+where it writes its failure record for the supervisor to name the root cause.
 
 Environment of every process = allowlisted variables of the launcher's environment
 (:data:`PASSTHROUGH`) + the user's ``-e K=V`` + ``PYTHONUNBUFFERED=1`` + the psnode and torch
@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from cli.hosts import Host, HostsError, check_env_name
 from psnode.config import LOG_LEVELS, CpuPolicy, Distribution, NodeConfig, Role, default
 from psnode.errors import ConfigError
+from psnode.protocol import failure
 
 if TYPE_CHECKING:
     from cli.gpus import HostGpus
@@ -339,7 +340,7 @@ def make_plan(req: PlanRequest) -> Plan:
     def node_env(role: Role, host: Host, rank: int | None, port: int) -> dict[str, str]:
         key_file = req.key_files.get(host.label, req.key_file)
         name = role.value if rank is None else f"{role.value}-{rank}"
-        error_file = f"{req.run_dir.rstrip('/')}/{name}.failure.json" if req.run_dir else None
+        error_file = failure.path_in(req.run_dir, name) if req.run_dir else None
         try:
             cfg = NodeConfig(role=role, host=host.address, port=port, rank=rank,  # type: ignore[arg-type]
                              key_file=key_file, error_file=error_file, **common)

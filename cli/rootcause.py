@@ -32,6 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from psnode.protocol.failure import FailureKind, FailureRecord, record_of
+
 _ROLE_ORDER = {"worker": 0, "server": 1, "scheduler": 2}
 
 
@@ -45,11 +47,14 @@ class Outcome:
     host: str
     code: int | None = None           # exit status: code, -N for signal N, None unknown
     when: float | None = None         # when its exit status was written (wall clock)
-    failure: dict[str, Any] | None = None
+    failure: FailureRecord | None = None  # (its JSON object is read as the record, or None)
     exception: str | None = None      # "Type: message" from its log
     stopped: bool = False             # ended by the supervisor (or mxdist stop)
     verified: bool = True             # False: its host could not be reached
     running: bool = False             # still running when last checked
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "failure", record_of(self.failure))
 
     @property
     def who(self) -> str:
@@ -81,17 +86,16 @@ def describe_code(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def _kind(o: Outcome) -> str | None:
-    return o.failure.get("kind") if o.failure else None
+def _kind(o: Outcome) -> FailureKind | None:
+    return o.failure.kind if o.failure else None
 
 
 def _own(o: Outcome, verdict_given: bool) -> tuple[float, str] | None:
     """(time, reason) if ``o`` failed for its own reason (rule 1), else None."""
-    if _kind(o) == "exception":
-        assert o.failure is not None
-        reason = _summary(o.failure) or o.exception or describe_code(o.code)
-        return float(o.failure["time"]), reason
-    if _kind(o) in ("job_ended", "verdict") or o.stopped or o.running or not o.verified:
+    if o.failure is not None and o.failure.kind is FailureKind.EXCEPTION:
+        reason = o.failure.exception or o.exception or describe_code(o.code)
+        return o.failure.time, reason
+    if _kind(o) in (FailureKind.JOB_ENDED, FailureKind.VERDICT) or o.stopped or o.running or not o.verified:
         return None
     if o.role == "scheduler" and verdict_given:
         return None
@@ -103,19 +107,12 @@ def _own(o: Outcome, verdict_given: bool) -> tuple[float, str] | None:
     return (o.when if o.when is not None else math.inf), reason
 
 
-def _summary(record: dict[str, Any]) -> str:
-    kind, message = record.get("type"), record.get("message")
-    if kind and message:
-        return f"{kind}: {message}"
-    return str(kind or message or "")
-
-
-def _culprit(outcomes: Sequence[Outcome], verdict: dict[str, Any]) -> Outcome | None:
-    who = verdict.get("culprit")
-    if not isinstance(who, dict):
+def _culprit(outcomes: Sequence[Outcome], verdict: FailureRecord) -> Outcome | None:
+    who = verdict.culprit
+    if who is None:
         return None
     for o in outcomes:
-        if o.role == who.get("role") and o.rank == who.get("rank"):
+        if o.role == who.role and o.rank == who.rank:
             return o
     return None
 
@@ -124,7 +121,7 @@ def decide(outcomes: Sequence[Outcome], first_seen: str | None = None) -> RootCa
     """The root cause among ``outcomes`` (rules in the module docstring), or None when nothing
     failed.  ``first_seen``: the process whose failure the supervisor saw first, used only when
     no evidence names anything else."""
-    verdict = next((o.failure for o in outcomes if o.role == "scheduler" and _kind(o) == "verdict"), None)
+    verdict = next((o.failure for o in outcomes if o.role == "scheduler" and _kind(o) is FailureKind.VERDICT), None)
     candidates: dict[str, tuple[float, str]] = {}
     for o in outcomes:
         own = _own(o, verdict is not None)
@@ -132,13 +129,13 @@ def decide(outcomes: Sequence[Outcome], first_seen: str | None = None) -> RootCa
             candidates[o.name] = own
     if verdict is not None:
         culprit = _culprit(outcomes, verdict)
-        if culprit is None and verdict.get("reason"):   # a verdict on the job itself (registration...)
-            sched = next(o for o in outcomes if o.role == "scheduler" and _kind(o) == "verdict")
-            candidates[sched.name] = (float(verdict.get("time") or math.inf), str(verdict["reason"]))
+        if culprit is None and verdict.reason:   # a verdict on the job itself (registration...)
+            sched = next(o for o in outcomes if o.role == "scheduler" and _kind(o) is FailureKind.VERDICT)
+            candidates[sched.name] = (verdict.time or math.inf, verdict.reason)
         if culprit is not None:
-            when = float(verdict.get("time") or math.inf)
+            when = verdict.time or math.inf
             mine = candidates.get(culprit.name)
-            reason = mine[1] if mine and _kind(culprit) == "exception" else str(verdict.get("reason") or "failed")
+            reason = mine[1] if mine and _kind(culprit) is FailureKind.EXCEPTION else (verdict.reason or "failed")
             if reason.startswith("failed: ") and mine:
                 reason = mine[1]
             candidates[culprit.name] = (min(when, mine[0]) if mine else when, reason)
@@ -162,10 +159,10 @@ def _consequence(o: Outcome) -> str:
         return f"{o.who}: not verified (its host could not be reached)"
     if o.running:
         return f"{o.who}: still running"
-    if _kind(o) == "job_ended" or o.stopped:   # by itself or stopped by the supervisor: the same reason
+    if _kind(o) is FailureKind.JOB_ENDED or o.stopped:   # by itself or stopped by the supervisor: the same reason
         return f"{o.who}: ended with the job"
     if o.code == 0:
         return ""
-    if _kind(o) == "verdict":
+    if _kind(o) is FailureKind.VERDICT:
         return f"{o.who}: ended the job ({describe_code(o.code)})"
     return f"{o.who}: {describe_code(o.code)}" + (f" ({o.exception})" if o.exception else "")

@@ -58,6 +58,7 @@ from cli.gpus import HostGpus
 from cli.hosts import Host, HostsError, check_hostname, check_user, parse_host_word
 from cli.jobs import ProcRecord
 from cli.plan import ProcSpec
+from psnode.protocol.failure import path_in
 
 _AGENT_SOURCE = Path(agent.__file__).read_text()
 # paramiko logs a failed connection's traceback from its own thread; the user gets the problem
@@ -387,7 +388,8 @@ class SshBackend:
                            "config and keys)")
 
     def start(self, host: Host, procs: Sequence[ProcSpec], run_dir: str) -> list[Started]:
-        items = [{"name": p.name, "argv": list(p.argv), "env": dict(p.env)} for p in procs]
+        items = [{"name": p.name, "argv": list(p.argv), "env": dict(p.env), "failure": path_in(run_dir, p.name)}
+                 for p in procs]
         started = self._agent(host, {"op": "spawn", "workdir": self.workdir, "run_dir": run_dir,
                                      "python": self.python, "procs": items})
         return [Started(s["name"], s["pid"], s["log"], s["rc"]) for s in started]
@@ -438,8 +440,9 @@ class SshBackend:
             raise BackendError(f"{host.label}: no answer within {timeout:g} s")
 
     def collect(self, host: Host, procs: Sequence[ProcRecord], run_dir: str) -> list[Evidence]:
-        items = self._agent(host, {"op": "collect", "run_dir": run_dir, "procs": [
-            {"name": p.name, "rc": p.rc_file, "log": p.run_log} for p in procs]}, timeout=30)
+        items = self._agent(host, {"op": "collect", "procs": [
+            {"name": p.name, "rc": p.rc_file, "log": p.run_log, "failure": path_in(run_dir, p.name)}
+            for p in procs]}, timeout=30)
         return [Evidence(i["rc"], i["rc_time"], i["failure"], i["exception"]) for i in items]
 
     def cleanup(self, host: Host, job_id: str, run_dir: str) -> None:

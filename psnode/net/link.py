@@ -5,9 +5,12 @@ The node registers (again with each heartbeat until WELCOME arrives), then heart
 ``heartbeat_interval`` seconds with its counters;
 the scheduler acknowledges each heartbeat.  No acknowledgement for ``dead_after`` seconds
 means the scheduler is gone: :meth:`SchedulerLink.check` raises :class:`PeerLost`.
+:meth:`SchedulerLink.recv` decodes what the scheduler sends (:mod:`psnode.protocol.control`);
+a malformed message is logged and dropped.
 """
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import time
@@ -15,10 +18,13 @@ from collections.abc import Callable
 from typing import Any
 
 from psnode.config import NodeConfig
-from psnode.errors import PeerLost
+from psnode.errors import PeerLost, ProtocolError
 from psnode.net.security import Plane
 from psnode.net.transport import Channel, Transport
-from psnode.protocol import Command, Message
+from psnode.protocol import Command
+from psnode.protocol.control import Bye, Control, Counters, Heartbeat, Register, Welcome, decode
+
+log = logging.getLogger("psnode.link")
 
 
 class SchedulerLink:
@@ -32,7 +38,7 @@ class SchedulerLink:
         self.scheduler_pid: int | None = None
         self.last_ack = time.monotonic()
         self.welcomed = False
-        self._register = {"role": role, "host": cfg.host, "port": port, "pid": os.getpid(), "rank": cfg.rank}
+        self._register = Register(role, cfg.host, port, os.getpid(), cfg.rank).to_body()
         self.chan.send(Command.REGISTER, self._register)
 
     def tick(self, now: float) -> None:
@@ -41,7 +47,7 @@ class SchedulerLink:
         if now >= self._next_beat:
             if not self.welcomed:
                 self.chan.send(Command.REGISTER, self._register)
-            self.chan.send(Command.HEARTBEAT, {"stats": self._stats()})
+            self.chan.send(Command.HEARTBEAT, Heartbeat(Counters.of(self._stats())).to_body())
             self._next_beat = now + self.cfg.heartbeat_interval
         silent = now - self.last_ack
         if silent > self.cfg.dead_after:
@@ -53,24 +59,22 @@ class SchedulerLink:
         """Seconds until the next heartbeat is due."""
         return max(0.0, min(self._next_beat - now, self.cfg.heartbeat_interval))
 
-    def recv(self) -> Message | None:
-        got = self.chan.recv()
-        if got is None:
-            return None
-        self.last_ack = time.monotonic()
-        msg = got[1]
-        if msg.cmd is Command.WELCOME:
-            self.welcomed = True
-            if isinstance(msg.body.get("pid"), int):
-                self.scheduler_pid = msg.body["pid"]
-        return msg
+    def recv(self) -> Control | None:
+        """The next message from the scheduler, decoded (None: none waits)."""
+        while (got := self.chan.recv()) is not None:
+            self.last_ack = time.monotonic()
+            try:
+                msg = decode(got[1])
+            except ProtocolError as exc:
+                log.warning("dropped %s from the scheduler: %s", got[1].cmd.value, exc)
+                continue
+            if isinstance(msg.body, Welcome):
+                self.welcomed = True
+                self.scheduler_pid = msg.body.pid
+            return msg
+        return None
 
     def fail(self, reason: str, restart: bool = False) -> None:
         """Tell the scheduler this node failed: the job then ends, naming it, or with
         ``restart`` waits for the launcher's replacement."""
-        self.chan.send(Command.BYE, {"restart": reason} if restart else {"error": reason})
-
-
-def lost_message(msg: Message) -> str:
-    """The user-facing text of a PEER_LOST or failed SHUTDOWN."""
-    return str(msg.body.get("reason", "the job ended"))
+        self.chan.send(Command.BYE, (Bye(restart=reason) if restart else Bye(error=reason)).to_body())

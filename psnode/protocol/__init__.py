@@ -7,9 +7,16 @@ Frame 0 is a version tag that says how frame 1 is encoded:
 
     frame 0   b"PSN1"
     frame 1   UTF-8 JSON {"c": command, "j": job id, "s": sender ("worker:0", ...),
-                          "b": body (object, command specific),
+                          "b": body (object: the command's body),
                           "a": [[dtype, [dim, ...], frame, offset], ...]  one entry per array}
     frame 2.. raw C-order array buffers
+
+Every command's body is a frozen dataclass of :mod:`psnode.protocol.control` (its table maps
+each command to its body: REGISTER :class:`~psnode.protocol.control.Register`, WELCOME
+:class:`~psnode.protocol.control.Welcome`, SERVERS, MEMBERSHIP, BARRIER, ..., STATUS_REPLY
+:class:`~psnode.protocol.control.StatusAnswer` with :class:`~psnode.protocol.status.NodeRow`
+rows): senders build it, ``to_body`` writes it, and the receiver decodes it once
+(:func:`psnode.protocol.control.decode`), every field checked.
 
 **Data messages** (worker -> server ``DATA``, server -> worker ``DATA_REPLY``): a batch of
 typed operations (:mod:`psnode.protocol.ops`), binary header, little-endian::
@@ -28,7 +35,7 @@ typed operations (:mod:`psnode.protocol.ops`), binary header, little-endian::
 In both encodings an array of 64 KiB or more has a frame of its own, sent and received without
 copies; smaller arrays share one frame at 16-byte aligned offsets.  Locations 1 and 2 (a
 shared-memory segment of the sender or of the receiver, ``index`` its number) are accepted
-only on the same-host data path (:mod:`psnode.samehost.segments`).
+only on the same-host data path, whose datagrams :mod:`psnode.protocol.samehost` defines.
 
 Data operations (fields; ``seq`` and the flags live in the record, the rest in the JSON):
 
@@ -61,9 +68,13 @@ GAP.  Keys are ints (64-bit) or strs of at most 256 characters.
 
 :func:`decode` checks everything before a byte of array data is interpreted: version, header
 encoding, job id, command or op code, that every declared array has a known dtype, a sane shape
-and exactly the bytes its frame holds, every index and count, and the size limits.  Any
-violation raises :class:`ProtocolError`; receivers log it and drop the message.  Nothing is
-ever unpickled.
+and exactly the bytes its frame holds, every index and count, and the size limits; a control
+body is checked by its receiver's :func:`psnode.protocol.control.decode`.  Any violation raises
+:class:`ProtocolError`; receivers log it and drop the message.  Nothing is ever unpickled.
+
+Also here: the same-host link's datagrams (:mod:`psnode.protocol.samehost`), the status rows
+of ``mxdist status`` (:mod:`psnode.protocol.status`) and the failure records the launcher
+reads to name a failed job's root cause (:mod:`psnode.protocol.failure`).
 """
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ from psnode.protocol.ops import REQUESTS, Key
 
 KIND_DATA, KIND_REPLY = 1, 2
 LOC_FRAME = 0      # an array in frame ``index`` of this message at ``offset``
-# (locations 1 and 2 name shared-memory segments: see psnode.protocol and psnode.samehost.segments)
+# (locations 1 and 2 name shared-memory segments: see psnode.protocol.samehost)
 
 HEAD = struct.Struct("<BBHHB")      # kind, reserved, op count, array count, job id length
 ARRAY = struct.Struct("<BBBxIQ")    # dtype code, ndim, location, index, byte offset

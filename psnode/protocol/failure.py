@@ -2,8 +2,10 @@
 
 torch elastic's way: each process writes its own record, with a timestamp, when it fails, and
 the supervisor picks the earliest one, so a crash is never blamed on the processes it took
-down.  The file is ``PSNODE_ERROR_FILE`` (set by the launcher; ``~`` is expanded); without it
-nothing is written.  One JSON object, written atomically (tmp + rename, mode 0600)::
+down.  The file is ``PSNODE_ERROR_FILE`` (the launcher sets it to :func:`path_in` of the run
+directory and the process name; ``~`` is expanded); without it nothing is written.  One
+:class:`FailureRecord` as a JSON object (:meth:`FailureRecord.to_dict`), written atomically
+(tmp + rename, mode 0600)::
 
     {"version": 1, "time": 1767000000.123,      wall-clock seconds (time.time()) of the failure
      "role": "worker", "rank": 1, "host": "10.0.0.2", "pid": 4242,
@@ -13,7 +15,7 @@ nothing is written.  One JSON object, written atomically (tmp + rename, mode 060
      "culprit": {"role", "rank", "host", "pid"},  kind verdict: whom the scheduler blames
      "reason": "..."}                             kind verdict: why (failed / stopped responding)
 
-Kinds:
+Kinds (:class:`FailureKind`):
 
 * ``exception``: this process failed for its own reason (an uncaught exception in a worker);
 * ``job_ended``: this process ended because the job failed elsewhere (a consequence);
@@ -21,7 +23,9 @@ Kinds:
   or a node silent for longer than the heartbeat timeout); ``time`` is when the culprit failed
   or was last heard from.
 
-:func:`read` never raises: a missing, partial or foreign file reads as None.
+:func:`read` and :meth:`FailureRecord.from_dict` never raise: a missing, partial or foreign file
+reads as None; a record's missing or mistyped fields other than ``kind`` and ``time`` read as
+their defaults.
 """
 from __future__ import annotations
 
@@ -30,59 +34,162 @@ import json
 import os
 import time
 import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
-KINDS = ("exception", "job_ended", "verdict")
+FILE_SUFFIX = ".failure.json"
 _MAX_TEXT = 2000
 
 
+class FailureKind(str, Enum):
+    EXCEPTION = "exception"
+    JOB_ENDED = "job_ended"
+    VERDICT = "verdict"
+
+
+KINDS = tuple(k.value for k in FailureKind)
+
+
+def file_name(name: str) -> str:
+    """The failure record's file name of the process ``name`` (``worker-1.failure.json``)."""
+    return f"{name}{FILE_SUFFIX}"
+
+
+def path_in(run_dir: str, name: str) -> str:
+    """The failure record of the process ``name`` in its host's ``run_dir`` (a POSIX path,
+    ``~`` left for the host to expand)."""
+    return f"{run_dir.rstrip('/')}/{file_name(name)}"
+
+
+def _opt(data: Mapping[str, Any], name: str, kind: type) -> Any:
+    v = data.get(name)
+    return v if type(v) is kind else None
+
+
+@dataclass(frozen=True)
+class Culprit:
+    """The node a verdict blames."""
+
+    role: str
+    rank: int | None
+    host: str
+    pid: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"role": self.role, "rank": self.rank, "host": self.host, "pid": self.pid}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Culprit | None:
+        if not isinstance(data, dict):
+            return None
+        return cls(_opt(data, "role", str) or "", _opt(data, "rank", int), _opt(data, "host", str) or "",
+                   _opt(data, "pid", int))
+
+
+@dataclass(frozen=True)
+class FailureRecord:
+    """One failure record (the fields: see the module docstring)."""
+
+    kind: FailureKind
+    time: float
+    role: str = ""
+    rank: int | None = None
+    host: str = ""
+    pid: int | None = None
+    type: str | None = None
+    message: str | None = None
+    traceback: str | None = None
+    culprit: Culprit | None = None
+    reason: str | None = None
+    version: int = 1
+
+    @property
+    def exception(self) -> str:
+        """``ValueError: bad batch`` (what is known of the exception; "" when none)."""
+        if self.type and self.message:
+            return f"{self.type}: {self.message}"
+        return self.type or self.message or ""
+
+    @property
+    def summary(self) -> str:
+        """``ValueError: bad batch``, or the reason of a verdict."""
+        if self.kind is FailureKind.VERDICT:
+            return self.reason or ""
+        return self.exception or "failed"
+
+    def to_dict(self) -> dict[str, Any]:
+        record: dict[str, Any] = {"version": self.version, "time": self.time, "role": self.role,
+                                  "rank": self.rank, "host": self.host, "pid": self.pid, "kind": self.kind.value}
+        for name in ("type", "message", "traceback"):
+            if getattr(self, name) is not None:
+                record[name] = getattr(self, name)
+        if self.culprit is not None:
+            record["culprit"] = self.culprit.to_dict()
+        if self.reason is not None:
+            record["reason"] = self.reason
+        return record
+
+    @classmethod
+    def from_dict(cls, data: Any) -> FailureRecord | None:
+        """The record of a JSON object; None when it is not one (no known kind or no time)."""
+        if not isinstance(data, dict) or data.get("kind") not in KINDS:
+            return None
+        when = data.get("time")
+        if not isinstance(when, (int, float)) or isinstance(when, bool):
+            return None
+        return cls(FailureKind(data["kind"]), float(when), _opt(data, "role", str) or "", _opt(data, "rank", int),
+                   _opt(data, "host", str) or "", _opt(data, "pid", int), _opt(data, "type", str),
+                   _opt(data, "message", str), _opt(data, "traceback", str), Culprit.from_dict(data.get("culprit")),
+                   _opt(data, "reason", str), _opt(data, "version", int) or 1)
+
+    def save(self, path: str) -> None:
+        """Write this record to ``path`` atomically (mode 0600); never raises."""
+        target = os.path.expanduser(path)
+        tmp = f"{target}.{os.getpid()}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.to_dict(), f)
+            os.replace(tmp, target)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def record_of(value: FailureRecord | Mapping[str, Any] | None) -> FailureRecord | None:
+    """A record, or the record of its JSON object (as read from a host); None stays None."""
+    if value is None or isinstance(value, FailureRecord):
+        return value
+    return FailureRecord.from_dict(value)
+
+
 def write(path: str | None, kind: str, role: str, rank: int | None, host: str, *,
-          exc: BaseException | None = None, culprit: dict[str, Any] | None = None,
+          exc: BaseException | None = None, culprit: Culprit | None = None,
           reason: str | None = None, when: float | None = None) -> None:
     """Write a failure record to ``path`` (nothing if ``path`` is None); never raises."""
     if not path or kind not in KINDS:
         return
-    record: dict[str, Any] = {"version": 1, "time": time.time() if when is None else when, "role": role,
-                              "rank": rank, "host": host, "pid": os.getpid(), "kind": kind}
+    what = FailureKind(kind)
+    kind_of = message = trace = None
     if exc is not None:
-        record["type"] = type(exc).__name__
-        record["message"] = str(exc)[:_MAX_TEXT]
-        if kind == "exception":
-            lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
-            record["traceback"] = "".join(lines)[-_MAX_TEXT:]
-    if culprit is not None:
-        record["culprit"] = culprit
-    if reason is not None:
-        record["reason"] = reason[:_MAX_TEXT]
-    target = os.path.expanduser(path)
-    tmp = f"{target}.{os.getpid()}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f)
-        os.replace(tmp, target)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        kind_of, message = type(exc).__name__, str(exc)[:_MAX_TEXT]
+        if what is FailureKind.EXCEPTION:
+            trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-_MAX_TEXT:]
+    FailureRecord(what, time.time() if when is None else when, role, rank, host, os.getpid(), kind_of, message,
+                  trace, culprit, None if reason is None else reason[:_MAX_TEXT]).save(path)
 
 
-def read(path: str) -> dict[str, Any] | None:
+def read(path: str) -> FailureRecord | None:
     """The failure record at ``path``, or None (missing, unreadable, not a record)."""
     try:
         with open(os.path.expanduser(path)) as f:
             data = json.load(f)
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or data.get("kind") not in KINDS or not isinstance(data.get("time"), (int, float)):
-        return None
-    return data
+    return FailureRecord.from_dict(data)
 
 
-def summary(record: dict[str, Any]) -> str:
-    """``ValueError: bad batch`` (or the reason of a verdict)."""
-    if record.get("kind") == "verdict":
-        return str(record.get("reason", ""))
-    kind, message = record.get("type"), record.get("message")
-    if kind and message:
-        return f"{kind}: {message}"
-    return str(kind or message or "failed")
+__all__ = ["FILE_SUFFIX", "KINDS", "Culprit", "FailureKind", "FailureRecord", "file_name", "path_in", "read",
+           "record_of", "write"]

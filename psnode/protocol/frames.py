@@ -34,9 +34,11 @@ _JSON_DEC = json.JSONDecoder()
 
 
 class Command(str, Enum):
+    """What a message is; a control command's body: psnode.protocol.control (BODIES)."""
+
     # membership (node <-> scheduler)
-    REGISTER = "register"          # node -> scheduler: role, host, port, pid, rank wish
-    WELCOME = "welcome"            # scheduler -> node: rank and the address book
+    REGISTER = "register"          # node -> scheduler: a node joins
+    WELCOME = "welcome"            # scheduler -> node: its rank and the address book
     HEARTBEAT = "heartbeat"        # node -> scheduler, with counters
     HEARTBEAT_ACK = "heartbeat_ack"
     BARRIER = "barrier"            # worker -> scheduler
@@ -45,10 +47,9 @@ class Command(str, Enum):
     FINISH_ACK = "finish_ack"
     MEMBERSHIP = "membership"      # scheduler -> servers: the active workers
     PEER_LOST = "peer_lost"        # scheduler -> all: a node died; the job ends
-    SHUTDOWN = "shutdown"          # scheduler -> all: end now (body: reason, ok)
-    BYE = "bye"                    # node -> scheduler: leaving (body: error, or restart)
-    SERVERS = "servers"            # scheduler -> workers: a server is down ("down": rank) or
-                                   # was replaced ("servers": address book, "restored": rank)
+    SHUTDOWN = "shutdown"          # scheduler -> all: end now
+    BYE = "bye"                    # node -> scheduler: leaving
+    SERVERS = "servers"            # scheduler -> workers: a server is down or was replaced
     # control (mxdist status / stop -> scheduler)
     STATUS = "status"
     STATUS_REPLY = "status_reply"

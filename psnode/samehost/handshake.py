@@ -2,27 +2,36 @@
 
 The server listens on the abstract Unix address ``psnode.<job>.<host>.<port>``; a worker
 connects, sends HELLO with its segments, and gets WELCOME with the server's, or REFUSED with the
-reason.  The server admits only a process of its own user (``SO_PEERCRED``), of its job, naming
-a worker rank of the job that has no live link already and, when the job has a secret
-(:mod:`psnode.net.security`), proving it holds the job's token (an HMAC of the job id and the rank:
-:func:`hello_label`).  The worker, before it sends anything, checks that the listening socket
-belongs to its own user: an abstract Unix address has no permissions, so another user could
-have bound it first, and must never receive the worker's segments.
+reason (the datagrams: :mod:`psnode.protocol.samehost`).  The server admits only a process of
+its own user (``SO_PEERCRED``), of its job, naming a worker rank of the job that has no live
+link already and, when the job has a secret (:mod:`psnode.net.security`), proving it holds the
+job's token (an HMAC of the job id and the rank: :func:`hello_label`).  The worker, before it
+sends anything, checks that the listening socket belongs to its own user: an abstract Unix
+address has no permissions, so another user could have bound it first, and must never receive
+the worker's segments.
 """
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import struct
 import time
 from collections.abc import Callable
-from typing import Any
 
 from psnode.errors import ProtocolError
 from psnode.net.security import Security
-from psnode.samehost.link import MAX_DATAGRAM, MAX_FDS, Link, parse_hello, parse_segments
+from psnode.protocol.samehost import (
+    ACCEPTED,
+    HELLO,
+    MAX_DATAGRAM,
+    MAX_FDS,
+    REFUSED,
+    Accepted,
+    Hello,
+    Refused,
+)
+from psnode.samehost.link import Link
 from psnode.samehost.segments import Arena
 
 
@@ -78,20 +87,22 @@ def connect(job: str, rank: int, server: int, host: str, port: int, out: Arena, 
     try:
         segs, fds = link.unannounced()
         token = security.proof(hello_label(job, rank)).hex() if security.secured else None
-        hello = {"job": job, "rank": rank, "pid": os.getpid(), "token": token, "segs": segs}
-        socket.send_fds(sock, [b"H" + json.dumps(hello).encode()], fds)
+        socket.send_fds(sock, [Hello(job, rank, os.getpid(), token, segs).encode()], fds)
         deadline = time.monotonic() + timeout
         data, fds = _recv_one(sock, max(0.01, deadline - time.monotonic()))
-        if data[:1] == b"X":
+        if data[:1] != ACCEPTED:
             for fd in fds:
                 os.close(fd)
-            raise ProtocolError(f"server {server} refused the same-host link: "
-                                f"{str(parse_hello(data[1:]).get('reason'))[:300]}")
-        if data[:1] != b"W":
-            for fd in fds:
-                os.close(fd)
+            if data[:1] == REFUSED:
+                raise ProtocolError(f"server {server} refused the same-host link: {Refused.decode(data[1:]).reason}")
             raise ProtocolError(f"server {server} answered the same-host handshake with {data[:1]!r}")
-        link.add_segments(parse_segments(parse_hello(data[1:]), len(fds)), fds, writable_ok=False)
+        try:
+            accepted = Accepted.decode(data[1:], len(fds))
+        except ProtocolError:
+            for fd in fds:
+                os.close(fd)
+            raise
+        link.add_segments(accepted.segs, fds, writable_ok=False)
     except (OSError, ProtocolError):
         link.close()
         raise
@@ -110,21 +121,19 @@ def listen(job: str, host: str, port: int) -> socket.socket:
     return sock
 
 
-def check_hello(sock: socket.socket, obj: dict[str, Any], job: str, num_workers: int,
-                security: Security) -> int:
+def check_hello(sock: socket.socket, hello: Hello, job: str, num_workers: int, security: Security) -> int:
     """Authenticate a worker's HELLO; returns its rank.  Raises ProtocolError with the reason."""
     pid, uid = _peer_uid(sock)
     if uid != os.geteuid():
         raise ProtocolError(f"process {pid} of uid {uid} is not of this job's user")
-    if obj.get("job") != job:
+    if hello.job != job:
         raise ProtocolError(f"process {pid} is not of job {job}")
-    rank = obj.get("rank")
-    if type(rank) is not int or not 0 <= rank < num_workers:
-        raise ProtocolError(f"process {pid} claims worker rank {str(rank)[:20]} of a job of {num_workers}")
+    rank = hello.rank
+    if not 0 <= rank < num_workers:
+        raise ProtocolError(f"process {pid} claims worker rank {rank} of a job of {num_workers}")
     if security.secured:
-        token = obj.get("token")
         try:
-            proof = bytes.fromhex(token) if isinstance(token, str) else b""
+            proof = bytes.fromhex(hello.token) if hello.token is not None else b""
         except ValueError:
             proof = b""
         if not security.verify(hello_label(job, rank), proof):
@@ -149,25 +158,24 @@ def welcome(sock: socket.socket, job: str, num_workers: int, arena: Arena, max_b
             raise ProtocolError("closed before its handshake")
         if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
             raise ProtocolError("handshake datagram too big")
-        if data[:1] != b"H":
+        if data[:1] != HELLO:
             raise ProtocolError(f"handshake of type {data[:1]!r}")
-        obj = parse_hello(data[1:])
-        rank = check_hello(sock, obj, job, num_workers, security)
+        hello = Hello.decode(data[1:], len(fds))
+        rank = check_hello(sock, hello, job, num_workers, security)
         if busy(rank):
-            raise ProtocolError(f"worker {rank} already has a same-host link (this is pid {obj.get('pid')})")
-        segs = parse_segments(obj, len(fds))
-        link = Link(sock, f"worker {rank} (pid {obj.get('pid')})", job, [arena], max_bytes)
+            raise ProtocolError(f"worker {rank} already has a same-host link (this is pid {hello.pid})")
+        link = Link(sock, f"worker {rank} (pid {hello.pid})", job, [arena], max_bytes)
         link.pid = _peer_uid(sock)[0]
         fds, taken = [], fds
-        link.add_segments(segs, taken, writable_ok=True)   # (closes them either way)
+        link.add_segments(hello.segs, taken, writable_ok=True)   # (closes them either way)
     except ProtocolError as exc:
         for fd in fds:
             os.close(fd)
         with contextlib.suppress(OSError):
-            sock.send(b"X" + json.dumps({"reason": str(exc)}).encode())
+            sock.send(Refused(str(exc)).encode())
         raise
     segs_out, fds_out = link.unannounced()
-    socket.send_fds(sock, [b"W" + json.dumps({"segs": segs_out}).encode()], fds_out)
+    socket.send_fds(sock, [Accepted(segs_out).encode()], fds_out)
     return rank, link
 
 

@@ -6,16 +6,9 @@ data messages (:mod:`psnode.protocol`'s binary header) as datagrams whose arrays
 memory (:mod:`psnode.samehost.segments`) or, when small, inline.  ZeroMQ stays for control, for the
 scheduler, for operations with big answers (init, optimizer states) and between hosts.
 
-Datagrams: one type byte, then
-
-* ``H`` HELLO, worker -> server: JSON ``{job, rank, pid, token, segs}`` and the worker's
-  segments as file descriptors; ``segs`` lists ``[index, size, writable]`` per descriptor
-  (writable: the server may write it: the worker's landing areas for answers).
-* ``W`` WELCOME, server -> worker: JSON ``{segs}`` and the server's segments (read-only for
-  workers); ``X`` REFUSED: JSON ``{reason}``, then the server closes the connection.
-* ``S`` SEGMENTS, either way: new segments, announced before any message refers to them.
-* ``D`` DATA: u32 header length, the data header, then the inline payload.  Array locations:
-  0 inline (frame 0: the payload), 1 a segment of the sender, 2 a segment of the receiver.
+The datagrams (HELLO, WELCOME, REFUSED, SEGMENTS, DATA) are defined in
+:mod:`psnode.protocol.samehost`.  The worker's segments it announces as writable are its
+landing areas for answers; the server's segments are read-only for workers.
 
 The server admits a connection only from a process of its own user (``SO_PEERCRED``), of its
 job, naming a worker rank of the job and, when the job has a secret (:mod:`psnode.net.security`),
@@ -38,7 +31,6 @@ socket is writable.  A peer that closes (exit, ``kill -9``) is noticed as end of
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import struct
@@ -63,38 +55,24 @@ from psnode.protocol.codec import (
     encode_single,
 )
 from psnode.protocol.frames import contiguous
+from psnode.protocol.samehost import (
+    ANNOUNCE,
+    DATA,
+    DATA_START,
+    LOC_RECEIVER,
+    LOC_SENDER,
+    MAX_DATAGRAM,
+    MAX_FDS,
+    Announce,
+    Segment,
+    data_datagram,
+    data_header,
+)
 from psnode.samehost.segments import Arena, Mapped, address, map_segment
 
-MAX_DATAGRAM = 64 * 1024
 INLINE_BYTES = 4096           # arrays below this (and not in shared memory) travel inline
-MAX_FDS = 64
 _ANCILLARY = socket.CMSG_SPACE(MAX_FDS * 4)
 _CUT = int(socket.MSG_TRUNC | socket.MSG_CTRUNC)   # (plain ints: IntFlag operations cost microseconds)
-LOC_SENDER, LOC_RECEIVER = 1, 2
-_LEN = struct.Struct("<I")
-
-
-def parse_hello(data: bytes) -> dict[str, Any]:
-    try:
-        obj = json.loads(data)
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise ProtocolError("handshake is not JSON") from None
-    if not isinstance(obj, dict):
-        raise ProtocolError("handshake is not a JSON object")
-    return obj
-
-
-def parse_segments(obj: dict[str, Any], n_fds: int) -> list[tuple[int, int, bool]]:
-    segs = obj.get("segs")
-    if not isinstance(segs, list) or len(segs) != n_fds:
-        raise ProtocolError(f"{n_fds} segment descriptor(s) but {str(segs)[:60]} announced")
-    out = []
-    for s in segs:
-        if not (isinstance(s, list) and len(s) == 3 and all(type(x) is int for x in s[:2])
-                and type(s[2]) is bool and s[0] >= 0):
-            raise ProtocolError(f"bad segment announcement {str(s)[:60]}")
-        out.append((s[0], s[1], s[2]))
-    return out
 
 
 class Link:
@@ -124,25 +102,26 @@ class Link:
         return self.sock.fileno()
 
     # ------------------------------------------------------------ segments
-    def unannounced(self) -> tuple[list[list[Any]], list[int]]:
+    def unannounced(self) -> tuple[tuple[Segment, ...], list[int]]:
+        """This side's segments not yet told to the peer, and their descriptors (now told)."""
         segs, fds = [], []
         for arena in self.arenas:
             for index, fd in list(arena.fds.items()):
                 if index not in self.told:
                     self.told.add(index)
-                    segs.append([index, arena.segments[index].size, id(arena) in self.peer_writes])
+                    segs.append(Segment(index, arena.segments[index].size, id(arena) in self.peer_writes))
                     fds.append(fd)
-        return segs, fds
+        return tuple(segs), fds
 
-    def add_segments(self, segs: list[tuple[int, int, bool]], fds: list[int], writable_ok: bool) -> None:
+    def add_segments(self, segs: Sequence[Segment], fds: list[int], writable_ok: bool) -> None:
         """Map the peer's announced segments (fds are closed either way)."""
         try:
-            for (index, size, writable), fd in zip(segs, fds, strict=True):
-                if index in self.mapped:
-                    raise ProtocolError(f"{self.peer} announced segment {index} twice")
-                seg = map_segment(fd, index, size, writable and writable_ok, self.peer)
-                self.mapped[index] = seg
-                self._bases.append((address(seg.view), size, index))
+            for s, fd in zip(segs, fds, strict=True):
+                if s.index in self.mapped:
+                    raise ProtocolError(f"{self.peer} announced segment {s.index} twice")
+                seg = map_segment(fd, s.index, s.size, s.writable and writable_ok, self.peer)
+                self.mapped[s.index] = seg
+                self._bases.append((address(seg.view), s.size, s.index))
         finally:
             for fd in fds:
                 with contextlib.suppress(OSError):
@@ -190,7 +169,7 @@ class Link:
     def _send_ops(self, kind: int, ops: Sequence[Any]) -> list[Any]:
         segs, fds = self.unannounced()
         if segs:
-            self.send_raw(b"S" + json.dumps({"segs": segs}).encode(), fds)
+            self.send_raw(Announce(segs).encode(), fds)
         if len(ops) == 1 and self._send_single(kind, ops[0]):
             return []
         rest: list[Any] = []
@@ -237,7 +216,7 @@ class Link:
         if len(record) + 64 * len(arrays) > MAX_DATAGRAM - 1024:
             return False
         head = encode_single(kind, self._job_raw, record, arrays, where)
-        self.send_raw(b"".join((b"D", _LEN.pack(len(head)), head)))
+        self.send_raw(data_datagram(head))
         # counters: the data the peer reads, wherever it lies (not a landing area)
         shared = arrays[:-1] if _has_dest(op) else arrays
         for a in shared:
@@ -282,13 +261,18 @@ class Link:
                 raise ProtocolError(f"{self.peer} sent a datagram too big for this link")
             data = bytes(self._buf[:n])
             kind = data[:1]
-            if kind == b"S":
-                obj = parse_hello(data[1:])
-                self.add_segments(parse_segments(obj, len(fds)), fds, writable_ok=True)
+            if kind == ANNOUNCE:
+                try:
+                    segs = Announce.decode(data[1:], len(fds)).segs
+                except ProtocolError:
+                    for fd in fds:
+                        os.close(fd)
+                    raise
+                self.add_segments(segs, fds, writable_ok=True)
                 continue
             for fd in fds:
                 os.close(fd)
-            if kind != b"D":
+            if kind != DATA:
                 raise ProtocolError(f"{self.peer} sent a datagram of unknown type {kind!r}")
             msg = self.decode(data)
             for op in msg.ops or ():   # counters: data read in place counts as received
@@ -297,21 +281,20 @@ class Link:
         return out
 
     def decode(self, data: bytes) -> Message:
-        if len(data) < 5:
-            raise ProtocolError(f"{self.peer}: truncated data datagram")
-        (hlen,) = _LEN.unpack_from(data, 1)
-        if 5 + hlen == len(data):   # no inline payload: most likely the common small form
+        try:
+            hlen = data_header(data)
+        except ProtocolError as exc:
+            raise ProtocolError(f"{self.peer}: {exc}") from None
+        if DATA_START + hlen == len(data):   # no inline payload: most likely the common small form
             try:
-                msg = decode_single(data, 5, self.job, self._job_raw, self.max_bytes, self._resolve)
+                msg = decode_single(data, DATA_START, self.job, self._job_raw, self.max_bytes, self._resolve)
             except ProtocolError as exc:
                 raise ProtocolError(f"{self.peer}: {exc}") from None
             except (struct.error, IndexError):
                 raise ProtocolError(f"{self.peer}: data header is truncated") from None
             if msg is not None:
                 return msg
-        head, payload = data[5:5 + hlen], memoryview(data)[5 + hlen:]
-        if len(head) != hlen:
-            raise ProtocolError(f"{self.peer}: truncated data header")
+        head, payload = data[DATA_START:DATA_START + hlen], memoryview(data)[DATA_START + hlen:]
         frames: list[Any] = [DATA_VERSION, head]
         if len(payload):
             frames.append(payload)
@@ -379,7 +362,7 @@ class _Datagram:
     def finish(self) -> bytes:
         head = b"".join((HEAD.pack(self.kind, 0, self.ops, len(self.arrays), len(self.job)), self.job,
                          encode_arrays(self.arrays, self.where), *self.records))
-        return b"".join((b"D", _LEN.pack(len(head)), head, *self.payload))
+        return data_datagram(head, *self.payload)
 
 
 _CARRIES: dict[type, tuple[str, ...]] = {}
@@ -421,5 +404,4 @@ def _fds(anc: list[tuple[int, int, bytes]]) -> list[int]:
     return fds
 
 
-__all__ = ["INLINE_BYTES", "KIND_DATA", "KIND_REPLY", "MAX_DATAGRAM", "MAX_FDS", "Link", "parse_hello",
-           "parse_segments"]
+__all__ = ["INLINE_BYTES", "KIND_DATA", "KIND_REPLY", "Link"]

@@ -3,30 +3,35 @@
 Both open a short-lived DEALER to the scheduler on the control plane, with the job's secret
 file when the job has one (``key_file``: its ``PSNODE_KEY_FILE``; the link is then CURVE, the
 scheduler refuses anyone without the job's key before reading a message), send one request
-and wait at most ``timeout`` seconds for the answer; no answer raises :class:`PeerLost`.  An
-unreadable or world-readable secret file raises :class:`ConfigError` naming the file.
+and wait at most ``timeout`` seconds for the answer; no answer raises :class:`PeerLost` (a
+malformed one is logged and dropped).  An unreadable or world-readable secret file raises
+:class:`ConfigError` naming the file.
 """
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import time
 from typing import Any
 
 from psnode.config import parse_address
-from psnode.errors import PeerLost
+from psnode.errors import PeerLost, ProtocolError
 from psnode.net.security import Plane, Security
 from psnode.net.transport import Poller, Transport
 from psnode.protocol import Command
+from psnode.protocol.control import Body, Empty, StatusAnswer, Stop, decode_body
+
+log = logging.getLogger("psnode.control")
 
 
 def _ask(scheduler: str, job_id: str, cmd: Command, reply: Command, key_file: str | None,
-         timeout: float, body: dict[str, Any] | None = None) -> dict[str, Any]:
+         timeout: float, body: Body) -> Body:
     host, port = parse_address(scheduler, "scheduler address")
     t = Transport(job_id, "control", 2**24, Security.load(key_file))
     try:
         chan = t.dealer(host, port, f"control-{os.getpid()}-{secrets.token_hex(4)}", Plane.CONTROL)
-        chan.send(cmd, body or {})
+        chan.send(cmd, body.to_body())
         poller = Poller()
         poller.add(chan)
         deadline = time.monotonic() + timeout
@@ -34,24 +39,35 @@ def _ask(scheduler: str, job_id: str, cmd: Command, reply: Command, key_file: st
             if poller.poll(left):
                 got = chan.recv()
                 if got is not None and got[1].cmd is reply:
-                    return got[1].body
+                    try:
+                        return decode_body(reply, got[1].body)
+                    except ProtocolError as exc:
+                        log.warning("dropped %s from the scheduler: %s", reply.value, exc)
         raise PeerLost(f"the scheduler of job {job_id} at {scheduler} did not answer within {timeout:g} s")
     finally:
         t.close()
 
 
+def status(scheduler: str, job_id: str, key_file: str | None = None, timeout: float = 2.0) -> StatusAnswer:
+    """The live node table (``refused``: connections the scheduler refused; each row has its
+    node's count)."""
+    answer = _ask(scheduler, job_id, Command.STATUS, Command.STATUS_REPLY, key_file, timeout, Empty())
+    assert isinstance(answer, StatusAnswer)
+    return answer
+
+
 def query_status(scheduler: str, job_id: str, key_file: str | None = None,
                  timeout: float = 2.0) -> dict[str, Any]:
-    """The live node table: ``{"job", "uptime", "started", "refused", "nodes": [row, ...]}``
-    (``refused``: connections the scheduler refused; each row has its node's count)."""
-    return _ask(scheduler, job_id, Command.STATUS, Command.STATUS_REPLY, key_file, timeout)
+    """:func:`status` as its JSON object: ``{"job", "uptime", "started", "refused", "nodes":
+    [row, ...]}`` (:meth:`psnode.protocol.control.StatusAnswer.to_body`)."""
+    return status(scheduler, job_id, key_file, timeout).to_body()
 
 
 def request_stop(scheduler: str, job_id: str, key_file: str | None = None,
                  timeout: float = 2.0, reason: str = "stopped by mxdist stop") -> bool:
     """Ask the scheduler to end the job; True once it acknowledged."""
     try:
-        _ask(scheduler, job_id, Command.STOP, Command.STOP_ACK, key_file, timeout, {"reason": reason})
+        _ask(scheduler, job_id, Command.STOP, Command.STOP_ACK, key_file, timeout, Stop(reason))
         return True
     except PeerLost:
         return False

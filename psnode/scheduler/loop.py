@@ -42,22 +42,34 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from psnode.config import NodeConfig
+from psnode.errors import ProtocolError
 from psnode.net.security import Plane, Security
 from psnode.net.transport import Poller, Transport
 from psnode.protocol import Command, Message, failure
+from psnode.protocol.control import (
+    Barrier,
+    BarrierDone,
+    Body,
+    Bye,
+    Counters,
+    Heartbeat,
+    JobEnd,
+    Membership,
+    Register,
+    ServerAddress,
+    Servers,
+    StatusAnswer,
+    Stop,
+    Welcome,
+    decode_body,
+)
 from psnode.protocol.status import NodeRow, NodeState
-from psnode.scheduler import waitfor
 from psnode.scheduler.roster import Roster
 from psnode.scheduler.waitfor import Watch
 
 log = logging.getLogger("psnode.scheduler")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
 
 
 @dataclass
@@ -72,7 +84,7 @@ class Node:
     state: NodeState = NodeState.REGISTERED
     started: float = field(default_factory=time.monotonic)
     last_seen: float = field(default_factory=time.monotonic)
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: Counters = field(default_factory=Counters)
     restarts: int = 0
     barrier_done: int = 0  # number of this worker's last completed barrier
     rate: float | None = None  # rounds (servers) or pushes (workers) per second
@@ -82,34 +94,28 @@ class Node:
     def name(self) -> str:
         return f"{self.role} {self.rank} on {self.host} (pid {self.pid})"
 
-    def identity(self) -> dict[str, Any]:
-        return {"role": self.role, "rank": self.rank, "host": self.host, "pid": self.pid}
+    def identity(self) -> failure.Culprit:
+        return failure.Culprit(self.role, self.rank, self.host, self.pid)
 
-    def update_stats(self, stats: dict[str, Any], now: float) -> None:
+    def update_stats(self, stats: Counters, now: float) -> None:
         """Take a heartbeat's counters; the rate is over the last few seconds of heartbeats."""
         self.stats = stats
-        count = _count(stats.get("rounds" if self.role == "server" else "pushes"))
+        count = stats.rounds if self.role == "server" else stats.pushes
         if self._sample is None:
             self._sample = (now, count)
         elif now - self._sample[0] >= 1.0:
             self.rate = max(0.0, (count - self._sample[1]) / (now - self._sample[0]))
             self._sample = (now, count)
 
-    def row(self, now: float) -> dict[str, Any]:
-        def c(name: str) -> int:
-            return _count(self.stats.get(name))
-
+    def row(self, now: float) -> NodeRow:
+        s = self.stats
         return NodeRow(
             role=self.role, rank=self.rank, host=self.host, port=self.port, pid=self.pid,
             state=self.state.value, heartbeat_age=round(now - self.last_seen, 3),
-            uptime=round(now - self.started, 3), restarts=self.restarts, pushes=c("pushes"),
-            pulls=c("pulls"), bytes_in=c("bytes_in"), bytes_out=c("bytes_out"), rounds=c("rounds"),
-            rate=None if self.rate is None else round(self.rate, 2), dropped=c("dropped"),
-            refused=c("refused"), retries=c("retries")).to_dict()
-
-
-def _count(value: Any) -> int:
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+            uptime=round(now - self.started, 3), restarts=self.restarts, pushes=s.pushes,
+            pulls=s.pulls, bytes_in=s.bytes_in, bytes_out=s.bytes_out, rounds=s.rounds,
+            rate=None if self.rate is None else round(self.rate, 2), dropped=s.dropped,
+            refused=s.refused, retries=s.retries)
 
 
 class Scheduler:
@@ -123,23 +129,23 @@ class Scheduler:
         self.barrier: dict[bytes, int] = {}  # worker ident -> the number of the barrier it entered
         self.exit_code: int | None = None
         self.shutdown_deadline: float | None = None
-        self.ending: tuple[Command, dict[str, Any]] | None = None  # what _end told everyone
+        self.ending: tuple[Command, JobEnd] | None = None  # what _end told everyone
         self.waiting_replacement: dict[tuple[str, int], float] = {}  # (role, rank) -> deadline
         self.roster = Roster()  # counts per role, active workers, pending MEMBERSHIP (psnode.scheduler.roster)
         self.watch = Watch(cfg.dead_after)  # the workers' waits: wait-for cycles (psnode.scheduler.waitfor)
 
     # ------------------------------------------------------------ helpers
-    def _send(self, node: Node | bytes, cmd: Command, body: dict[str, Any] | None = None) -> None:
+    def _send(self, node: Node | bytes, cmd: Command, body: Body | None = None) -> None:
         ident = node.ident if isinstance(node, Node) else node
-        self.chan.send(cmd, body, to=ident)
+        self.chan.send(cmd, None if body is None else body.to_body(), to=ident)
 
     def _live(self, role: str | None = None) -> list[Node]:
         return [n for n in self.nodes.values()
                 if n.state in (NodeState.REGISTERED, NodeState.ALIVE) and (role is None or n.role == role)]
 
-    def _book(self) -> list[list[Any]]:
+    def _book(self) -> tuple[ServerAddress, ...]:
         servers = sorted((n for n in self.nodes.values() if n.role == "server"), key=lambda n: n.rank)
-        return [[n.rank, n.host, n.port] for n in servers]
+        return tuple(ServerAddress(n.rank, n.host, n.port) for n in servers)
 
     def _set_state(self, n: Node, state: NodeState) -> None:
         """Every state change goes through here (the roster's active workers follow)."""
@@ -147,25 +153,16 @@ class Scheduler:
         self.roster.set_state(n.ident, n.rank, state, n.role)
 
     # ------------------------------------------------------------ registration
-    def _on_register(self, ident: bytes, body: dict[str, Any]) -> None:
-        role = body.get("role")
-        if role not in ("worker", "server"):
-            log.warning("registration with bad role %r dropped", role)
-            return
-        wish, host, port, pid = body.get("rank"), body.get("host"), body.get("port"), body.get("pid")
-        if not (isinstance(host, str) and len(host) < 256 and _is_int(port) and _is_int(pid)
-                and (wish is None or _is_int(wish))):
-            log.warning("registration with a malformed body dropped: %.200s", body)
-            return
-        assert isinstance(port, int) and isinstance(pid, int)
-        node = Node(role=role, host=host, port=port, pid=pid, ident=ident, wish=wish)
+    def _on_register(self, ident: bytes, body: Register) -> None:
+        role = body.role
+        node = Node(role=role, host=body.host, port=body.port, pid=body.pid, ident=ident, wish=body.rank)
         if self.started:
             self._late_register(node)
             return
         limit = self.cfg.num_workers if role == "worker" else self.cfg.num_servers
         if self.roster.count[role] >= limit:
-            self._send(ident, Command.SHUTDOWN, {"ok": False, "reason":
-                       f"the job already has {limit} {role}s; this one (pid {node.pid}) is extra"})
+            self._send(ident, Command.SHUTDOWN, JobEnd(False, f"the job already has {limit} {role}s; "
+                                                              f"this one (pid {node.pid}) is extra"))
             return
         self.nodes[ident] = node
         self.roster.joined(role, ident)
@@ -199,14 +196,11 @@ class Scheduler:
         log.info("job %s started: %d workers, %d servers", self.cfg.job_id,
                  self.cfg.num_workers, self.cfg.num_servers)
 
-    def _welcome(self, n: Node, book: list[list[Any]], restore: bool = False,
+    def _welcome(self, n: Node, book: tuple[ServerAddress, ...], restore: bool = False,
                  active: list[int] | None = None) -> None:
-        self._send(n, Command.WELCOME, {"rank": n.rank, "servers": book, "pid": os.getpid(),
-                                         "num_workers": self.cfg.num_workers,
-                                         "num_servers": self.cfg.num_servers,
-                                         "active": self.roster.active_ranks() if active is None else active,
-                                         "restarts": n.restarts, "restore": restore,
-                                         "barriers": n.barrier_done})
+        ranks = self.roster.active_ranks() if active is None else active
+        self._send(n, Command.WELCOME, Welcome(n.rank, book, os.getpid(), self.cfg.num_workers, self.cfg.num_servers,
+                                               tuple(ranks), n.restarts, restore, n.barrier_done))
 
     def _restartable(self, n: Node) -> bool:
         """May ``n`` be replaced instead of failing the job?  Servers only when they checkpoint."""
@@ -226,8 +220,7 @@ class Scheduler:
             why = (f"{node.role} {node.wish} already finished (kv.close(), or its script ended, e.g. "
                    "with sys.exit) and cannot rejoin; to be restarted, a failing script must raise "
                    "(or crash) instead of calling sys.exit(n)") if done else "the job is already running"
-            self._send(node.ident, Command.SHUTDOWN, {"ok": False, "reason":
-                       f"{node.role} pid {node.pid} cannot join: {why}"})
+            self._send(node.ident, Command.SHUTDOWN, JobEnd(False, f"{node.role} pid {node.pid} cannot join: {why}"))
             return
         self.waiting_replacement.pop((old.role, old.rank), None)
         del self.nodes[old.ident]
@@ -241,7 +234,7 @@ class Scheduler:
         self._welcome(node, book, restore=node.role == "server")
         if node.role == "server":
             for w in self._live("worker"):
-                self._send(w, Command.SERVERS, {"servers": book, "restored": node.rank})
+                self._send(w, Command.SERVERS, Servers(restored=node.rank, servers=book))
         else:
             self.roster.want_membership()
         log.warning("%s %d rejoined (restart %d)", node.role, node.rank, node.restarts)
@@ -252,7 +245,7 @@ class Scheduler:
         log.warning("%s %s; waiting for its restart", n.name, why)
         if n.role == "server":
             for w in self._live("worker"):
-                self._send(w, Command.SERVERS, {"down": n.rank})
+                self._send(w, Command.SERVERS, Servers(down=n.rank))
 
     # ------------------------------------------------------------ barrier / finish
     def _check_barrier(self) -> None:
@@ -261,7 +254,7 @@ class Scheduler:
             for ident, n in self.barrier.items():
                 if ident in self.nodes:
                     self.nodes[ident].barrier_done = n
-                    self._send(ident, Command.BARRIER_DONE, {"n": n})
+                    self._send(ident, Command.BARRIER_DONE, BarrierDone(n))
             self.barrier.clear()
 
     def _flush_membership(self, force: bool = False) -> None:
@@ -269,7 +262,7 @@ class Scheduler:
         active = self.roster.take_membership(time.monotonic(), force)
         if active is not None:
             for ident in self.roster.servers:
-                self._send(ident, Command.MEMBERSHIP, {"active": active})
+                self._send(ident, Command.MEMBERSHIP, Membership(tuple(active)))
 
     def _on_finish(self, node: Node) -> None:
         self._set_state(node, NodeState.FINISHED)
@@ -281,11 +274,11 @@ class Scheduler:
             self._end(ok=True, reason="every worker finished")
 
     def _end(self, ok: bool, reason: str, cmd: Command = Command.SHUTDOWN,
-             extra: dict[str, Any] | None = None, culprit: Node | None = None,
+             node: NodeRow | None = None, culprit: Node | None = None,
              what: str | None = None, since: float | None = None) -> None:
-        """End the job (once): tell every live node.  A failure also writes the verdict: the
-        culprit, ``what`` happened to it, and ``since`` (wall-clock) when it failed or was last
-        heard from."""
+        """End the job (once): tell every live node (``node``: the row of the node that failed).
+        A failure also writes the verdict: the culprit, ``what`` happened to it, and ``since``
+        (wall-clock) when it failed or was last heard from."""
         if self.exit_code is not None:
             return
         self._flush_membership(force=True)  # what the FINISHes before the end changed, as before
@@ -293,7 +286,7 @@ class Scheduler:
             failure.write(self.cfg.error_file, "verdict", "scheduler", None, self.cfg.host,
                           reason=what or reason, culprit=culprit.identity() if culprit else None, when=since)
         self.exit_code = 0 if ok else 1
-        self.ending = (cmd, {"ok": ok, "reason": reason, **(extra or {})})
+        self.ending = (cmd, JobEnd(ok, reason, node))
         for n in self._live():
             self._send(n, *self.ending)
         self.shutdown_deadline = time.monotonic() + (5.0 if ok else 1.0)
@@ -306,7 +299,7 @@ class Scheduler:
             self.watch.reset()
             return
         live = [n for n in self.nodes.values() if n.role == "worker" and n.state == NodeState.ALIVE]
-        waits = {n.rank: waitfor.parse(n.stats.get("wait")) for n in live}
+        waits = {n.rank: n.stats.wait for n in live}
         if not waits:
             return
         entered = {self.nodes[i].rank: b for i, b in self.barrier.items() if i in self.nodes}
@@ -345,41 +338,45 @@ class Scheduler:
             if self.exit_code is not None:
                 continue
             what = f"stopped responding ({silent:.1f} s without a heartbeat)"
-            self._end(False, f"{n.name} {what}", Command.PEER_LOST, {"node": n.row(now)}, culprit=n,
+            self._end(False, f"{n.name} {what}", Command.PEER_LOST, n.row(now), culprit=n,
                       what=what, since=time.time() - silent)
 
     # ------------------------------------------------------------ main loop
     def _dispatch(self, ident: bytes, msg: Message) -> None:
+        """Handle one message; a malformed body is logged and dropped."""
         node = self.nodes.get(ident)
         if node is not None:
             node.last_seen = time.monotonic()
         cmd = msg.cmd
-        if cmd is Command.REGISTER and node is None:
-            self._on_register(ident, msg.body)
+        try:
+            body = decode_body(cmd, msg.body)
+        except ProtocolError as exc:
+            log.warning("dropped %s from %r: %s", cmd.value, ident, exc)
+            return
+        if isinstance(body, Register) and node is None:
+            self._on_register(ident, body)
         elif cmd is Command.REGISTER:
             assert node is not None
             if self.started and node.state == NodeState.ALIVE:  # its WELCOME was lost: again
                 self._welcome(node, self._book(), restore=node.role == "server" and node.restarts > 0)
         elif cmd is Command.STATUS:
             now = time.monotonic()
-            self._send(ident, Command.STATUS_REPLY, {
-                "job": self.cfg.job_id, "uptime": round(now - self.t0, 3), "started": self.started,
-                "refused": self.t.refused,  # connections the scheduler itself refused
-                "nodes": [n.row(now) for n in sorted(self.nodes.values(), key=lambda n: (n.role, n.rank))]})
-        elif cmd is Command.STOP:
+            self._send(ident, Command.STATUS_REPLY, StatusAnswer(
+                self.cfg.job_id, round(now - self.t0, 3), self.started,
+                self.t.refused,  # connections the scheduler itself refused
+                tuple(n.row(now) for n in sorted(self.nodes.values(), key=lambda n: (n.role, n.rank)))))
+        elif isinstance(body, Stop):
             self._send(ident, Command.STOP_ACK)
-            self._end(True, str(msg.body.get("reason", "stopped by mxdist stop")))  # a failed job stays failed
+            self._end(True, body.reason)  # a failed job stays failed
         elif node is None:
             log.debug("%s from an unregistered peer dropped", cmd.value)
-        elif cmd is Command.HEARTBEAT:
-            if isinstance(msg.body.get("stats"), dict):
-                node.update_stats(msg.body["stats"], time.monotonic())
+        elif isinstance(body, Heartbeat):
+            node.update_stats(body.stats, time.monotonic())
             self._send(node, Command.HEARTBEAT_ACK)
-        elif cmd is Command.BARRIER and node.role == "worker":
-            raw = msg.body.get("n")
-            n: int = raw if isinstance(raw, int) and _is_int(raw) else node.barrier_done + 1
+        elif isinstance(body, Barrier) and node.role == "worker":
+            n = node.barrier_done + 1 if body.n is None else body.n
             if n <= node.barrier_done:  # sent again: its answer was lost
-                self._send(node, Command.BARRIER_DONE, {"n": node.barrier_done})
+                self._send(node, Command.BARRIER_DONE, BarrierDone(node.barrier_done))
                 return
             self.barrier[ident] = n
             self._check_barrier()
@@ -387,16 +384,16 @@ class Scheduler:
             self._send(node, Command.FINISH_ACK)  # sent again: its answer was lost
         elif cmd is Command.FINISH and node.role == "worker":
             self._on_finish(node)
-        elif cmd is Command.BYE and msg.body.get("restart") and self._restartable(node) \
+        elif isinstance(body, Bye) and body.restart and self._restartable(node) \
                 and node.state == NodeState.ALIVE:
             # the launcher restarts it: wait, do not fail the job
-            self._await_replacement(node, f"failed ({str(msg.body['restart'])[:200]})")
-        elif cmd is Command.BYE:
+            self._await_replacement(node, f"failed ({body.restart[:200]})")
+        elif isinstance(body, Bye):
             self._set_state(node, NodeState.EXITED)
-            if msg.body.get("error") and self.exit_code is None:
-                what = f"failed: {str(msg.body['error'])[:500]}"
+            if body.error and self.exit_code is None:
+                what = f"failed: {body.error[:500]}"
                 # the nodes and the log say who; what it raised is said once, by its own output
-                self._end(False, f"{node.name} failed", Command.PEER_LOST, {"node": node.row(time.monotonic())},
+                self._end(False, f"{node.name} failed", Command.PEER_LOST, node.row(time.monotonic()),
                           culprit=node, what=what, since=time.time())
 
     def run(self) -> int:

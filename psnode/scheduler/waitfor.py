@@ -1,8 +1,9 @@
 """Wait-for cycles among workers: the scheduler ends a job that can never progress (pure).
 
 Every heartbeat of a worker says what its user's thread waits for, when that is other workers
-(psnode.worker.engine ``Engine.waiting``): a barrier ``{"what": "barrier", "n": 1}``, or a pull (or
-init) parked on its server, ``{"what": "pull", "of": "'w'", "push": 2, "on": [0]}``, ``on``
+(psnode.worker.engine ``Engine.waiting``; the report is checked on receipt:
+:func:`psnode.protocol.control.wait_report`): a barrier ``{"what": "barrier", "n": 1}``, or a pull
+(or init) parked on its server, ``{"what": "pull", "of": "'w'", "push": 2, "on": [0]}``, ``on``
 being the workers whose pushes its round lacks.  A worker reports such a wait only once every
 push it sent is known to have arrived (a lost push is resent, never taken for a cycle), and
 reports nothing while it computes.  The workers a barrier waits for are those not in it
@@ -22,30 +23,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
-Wait = dict[str, Any]
-
-
-def parse(raw: Any) -> Wait | None:
-    """A heartbeat's wait report, checked (None when absent or malformed)."""
-    if not isinstance(raw, dict):
-        return None
-    what = raw.get("what")
-    if what == "barrier":
-        n = raw.get("n")
-        return {"what": "barrier", "n": n} if _rank(n) else None
-    if what not in ("pull", "init"):
-        return None
-    on, of, push = raw.get("on"), raw.get("of"), raw.get("push", 0)
-    if not (isinstance(on, list) and on and len(on) <= 4096 and all(_rank(w) for w in on)
-            and isinstance(of, str) and len(of) <= 300 and _rank(push)):
-        return None
-    return {"what": what, "of": of, "push": push, "on": sorted(set(on))}
-
-
-def _rank(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31
+from psnode.protocol.control import WaitReport as Wait
 
 
 def describe(w: Wait) -> str:
@@ -117,4 +96,4 @@ class Watch:
         return steps
 
 
-__all__ = ["Watch", "describe", "parse"]
+__all__ = ["Watch", "describe"]

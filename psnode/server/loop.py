@@ -27,10 +27,11 @@ import numpy as np
 
 from psnode.config import NodeConfig
 from psnode.errors import ConfigError, PeerLost, PSError
-from psnode.net.link import SchedulerLink, lost_message
+from psnode.net.link import SchedulerLink
 from psnode.net.security import Security
 from psnode.net.transport import Poller, Transport
 from psnode.protocol import PACK_BYTES, Command, Message, Ok, failure
+from psnode.protocol.control import Bye, Control, JobEnd, Membership, Welcome
 from psnode.samehost import segments as shm
 from psnode.server import checkpoint
 from psnode.server.parts import Reply, sent
@@ -140,40 +141,39 @@ class Server:
                 sent(e, tracker if track else None)
 
     # ------------------------------------------------------------ scheduler
-    def _membership(self, ranks: list[int]) -> None:
+    def _membership(self, ranks: tuple[int, ...]) -> None:
         """The active workers (MEMBERSHIP, always the full list): rounds waiting only for
         leavers complete.  The same set again changes nothing and costs no pass over the keys."""
         active = set(ranks)
         if active != self.store.active:
             self._reply(self.store.set_active(active))
 
-    def _on_scheduler(self, msg: Message) -> int | None:
-        if msg.cmd is Command.WELCOME and self.rank >= 0:
+    def _on_scheduler(self, msg: Control) -> int | None:
+        body = msg.body
+        if isinstance(body, Welcome) and self.rank >= 0:
             pass  # a repeat (this server registered again before the first one arrived)
-        elif msg.cmd is Command.WELCOME:
-            self.rank = int(msg.body["rank"])
+        elif isinstance(body, Welcome):
+            self.rank = body.rank
             self.t.sender = f"server:{self.rank}"
-            if msg.body.get("restore"):
-                self.store.active = set(msg.body.get("active", []))
+            if body.restore:
+                self.store.active = set(body.active)
                 self._restore()
             else:
-                self._reply(self.store.set_active(set(msg.body.get("active", []))))
+                self._reply(self.store.set_active(set(body.active)))
                 if self.cfg.checkpoint_dir and self.cfg.resume:
                     checkpoint.load_server(self.cfg.checkpoint_dir, self.rank, self.store)
                 if self.store.restartable:   # (a restart before any other checkpoint restores this)
                     self._checkpoint()
             if self.cfg.checkpoint_dir and self.cfg.checkpoint_interval > 0:
                 self.next_checkpoint = time.monotonic() + self.cfg.checkpoint_interval
-        elif msg.cmd is Command.MEMBERSHIP:
-            self._membership(msg.body.get("active", []))
-        elif msg.cmd is Command.SHUTDOWN:
-            if msg.body.get("ok"):
-                self._checkpoint()
-                self.link.chan.send(Command.BYE)
-                return 0
-            raise PeerLost(lost_message(msg))
-        elif msg.cmd is Command.PEER_LOST:
-            raise PeerLost(lost_message(msg))
+        elif isinstance(body, Membership):
+            self._membership(body.active)
+        elif isinstance(body, JobEnd) and msg.cmd is Command.SHUTDOWN and body.ok:
+            self._checkpoint()
+            self.link.chan.send(Command.BYE, Bye().to_body())
+            return 0
+        elif isinstance(body, JobEnd):   # SHUTDOWN (failed) or PEER_LOST
+            raise PeerLost(body.reason)
         return None
 
     def _checkpoint(self) -> None:

@@ -38,6 +38,7 @@ import numpy as np
 from psnode.config import NodeConfig
 from psnode.errors import PeerLost, PSError
 from psnode.protocol import Command, Ok, Op
+from psnode.protocol.control import Barrier, Body, Bye, Empty
 from psnode.samehost.staging import Staging
 from psnode.worker.futures import ControlRequest, Future
 from psnode.worker.tracker import Request, Tracker, settle
@@ -166,10 +167,10 @@ class Engine:
             if batches:
                 self.io.send(batches, io_thread=False)
 
-    def control(self, cmd: Command, body: dict[str, Any] | None = None) -> Future:
+    def control(self, cmd: Command, body: Body | None = None) -> Future:
         """Send a message to the scheduler; the future resolves on its answer."""
         self.check()
-        req = ControlRequest(cmd, body or {})
+        req = ControlRequest(cmd, Empty() if body is None else body)
         req.future.request = req
         with self.lock:
             self.control_queue.append(req)
@@ -221,8 +222,8 @@ class Engine:
         fut = self.blocked
         req = None if fut is None or fut.done else fut.request
         if isinstance(req, ControlRequest):
-            n = req.body.get("n")
-            if req.cmd is not Command.BARRIER or not isinstance(n, int):
+            n = req.body.n if isinstance(req.body, Barrier) else None
+            if req.cmd is not Command.BARRIER or n is None:
                 return None
             with self.lock:   # (a push not known to have arrived may be what the others wait for)
                 settled = not self.tracker.journal.servers()
@@ -249,7 +250,7 @@ class Engine:
             return
         self.failed = True
         with contextlib.suppress(PSError):
-            self.control(Command.BYE, {"restart": reason} if restart else {"error": reason}).wait(2.0)
+            self.control(Command.BYE, Bye(restart=reason) if restart else Bye(error=reason)).wait(2.0)
 
     def close(self, timeout: float = 30.0) -> None:
         """Tell the scheduler this worker is done, then stop the I/O thread."""

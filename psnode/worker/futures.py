@@ -14,6 +14,7 @@ from typing import Any
 
 from psnode.errors import PeerLost
 from psnode.protocol import Command, Ok
+from psnode.protocol.control import Barrier, Body, Empty
 
 
 class Future:
@@ -80,13 +81,13 @@ class ControlRequest:
     ``retry_timeout`` until answered (the scheduler answers repeats, counts them once)."""
 
     cmd: Command
-    body: dict[str, Any] = field(default_factory=dict)
+    body: Body = field(default_factory=Empty)
     future: Future = field(default_factory=Future)
     sent: float = 0.0
 
     @property
     def slot(self) -> tuple[Command, int]:
-        return (self.cmd, int(self.body.get("n", 0)))
+        return (self.cmd, (self.body.n or 0) if isinstance(self.body, Barrier) else 0)
 
 
 __all__ = ["ControlRequest", "Future"]

@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 from psnode.config import NodeConfig
 from psnode.errors import PeerLost, PSError
-from psnode.net.link import SchedulerLink, lost_message
+from psnode.net.link import SchedulerLink
 from psnode.net.security import Security
 from psnode.net.transport import Channel, Poller, Transport
 from psnode.protocol import Command, GetStates, Init, LoadStates, Message, Ok, Op, SetOptimizer, without_dest
+from psnode.protocol.control import Barrier, BarrierDone, Control, JobEnd, Servers, Welcome
 from psnode.samehost import segments as shm
 from psnode.samehost.link import KIND_DATA, Link
 from psnode.samehost.staging import Staging
@@ -153,70 +154,66 @@ class IoLoop(SameHostLinks):
         e.settle()
 
     # ------------------------------------------------------------ scheduler
-    def on_scheduler(self, msg: Message) -> None:
+    def on_scheduler(self, msg: Control) -> None:
         """Every message from the scheduler: WELCOME, barrier and finish answers, server
         changes, and the end of the job (raised as PeerLost)."""
-        if msg.cmd is Command.WELCOME and not self.servers:
-            self.welcome(msg.body)
-        elif msg.cmd is Command.BARRIER_DONE:
-            done = msg.body.get("n")
-            for slot in [s for s in self.ctrl if s[0] is Command.BARRIER
-                         and (not isinstance(done, int) or s[1] <= done)]:
+        body = msg.body
+        if isinstance(body, Welcome) and not self.servers:
+            self.welcome(body)
+        elif isinstance(body, BarrierDone):
+            for slot in [s for s in self.ctrl if s[0] is Command.BARRIER and s[1] <= body.n]:
                 self.ctrl.pop(slot).future.set(Ok(0))
         elif msg.cmd is Command.FINISH_ACK and (Command.FINISH, 0) in self.ctrl:
             self.ctrl.pop((Command.FINISH, 0)).future.set(Ok(0))
-        elif msg.cmd is Command.SERVERS:
-            self.on_servers(msg.body)
-        elif msg.cmd in (Command.PEER_LOST, Command.SHUTDOWN):
-            raise PeerLost(f"job {self.cfg.job_id} ended: {lost_message(msg)}")
+        elif isinstance(body, Servers):
+            self.on_servers(body)
+        elif isinstance(body, JobEnd):   # PEER_LOST or SHUTDOWN
+            raise PeerLost(f"job {self.cfg.job_id} ended: {body.reason}")
 
-    def welcome(self, body: dict[str, Any]) -> None:
+    def welcome(self, body: Welcome) -> None:
         e = self.e
         assert self.t is not None
-        e.rank = int(body["rank"])
-        e.restarts = int(body.get("restarts", 0))
-        barriers = body.get("barriers", 0)
-        e.barriers_before = barriers if isinstance(barriers, int) and barriers > 0 else 0
+        e.rank = body.rank
+        e.restarts = body.restarts
+        e.barriers_before = body.barriers
         self.t.sender = f"worker:{e.rank}"
-        for _, host, port in body["servers"]:
-            ch = self.t.dealer(host, int(port), f"w{e.rank}")
+        for s in body.servers:
+            ch = self.t.dealer(s.host, s.port, f"w{e.rank}")
             self.servers.append(ch)
             self.poller.add(ch)
             self.links.append(None)
         if self.cfg.shm and shm.available():
             e.staging = Staging(self.cfg.job_id, e.rank, e.tracker.journal.released)
-            for i, (_, host, port) in enumerate(body["servers"]):
-                self.connect(i, str(host), int(port))
+            for i, s in enumerate(body.servers):
+                self.connect(i, s.host, s.port)
         e.welcome.set(Ok(0))
 
-    def on_servers(self, body: dict[str, Any]) -> None:
+    def on_servers(self, body: Servers) -> None:
         """A server is down (its requests wait) or was replaced (reconnect, resend)."""
         e = self.e
         assert self.t is not None
-        if isinstance(body.get("down"), int):
+        if body.down is not None:
             with e.lock:
-                e.tracker.down.add(body["down"])
-            log.warning("worker %d: server %d is down; waiting for its replacement", e.rank, body["down"])
+                e.tracker.down.add(body.down)
+            log.warning("worker %d: server %d is down; waiting for its replacement", e.rank, body.down)
             return
-        rank, book = body.get("restored"), body.get("servers")
-        if not isinstance(rank, int) or not isinstance(book, list) or not 0 <= rank < len(self.servers):
+        rank = body.restored
+        if rank is None or not 0 <= rank < len(self.servers):
             return
-        row = next((r for r in book if isinstance(r, list) and len(r) == 3 and r[0] == rank), None)
-        if row is None:
-            return
+        row = body.address()
         old = self.servers[rank]
         self.poller.remove(old)
         old.close()
-        ch = self.t.dealer(str(row[1]), int(row[2]), f"w{e.rank}")
+        ch = self.t.dealer(row.host, row.port, f"w{e.rank}")
         ch.bytes_in, ch.bytes_out = old.bytes_in, old.bytes_out
         self.servers[rank] = ch
         self.poller.add(ch)
         self.link_down(rank)
-        self.connect(rank, str(row[1]), int(row[2]))
+        self.connect(rank, row.host, row.port)
         with e.lock:
             batch = e.tracker.restored(rank, time.monotonic())
         log.warning("worker %d: server %d restarted at %s:%s; resending %d request(s)",
-                    e.rank, rank, row[1], row[2], len(batch))
+                    e.rank, rank, row.host, row.port, len(batch))
         self.send({rank: batch})
 
     def send_control(self, now: float) -> None:
@@ -228,8 +225,8 @@ class IoLoop(SameHostLinks):
         for req in queue:
             if req.cmd is Command.BARRIER:
                 e.barriers += 1
-                req.body["n"] = e.barriers
-            link.chan.send(req.cmd, req.body)
+                req.body = Barrier(e.barriers)
+            link.chan.send(req.cmd, req.body.to_body())
             if req.cmd is Command.BYE:
                 req.future.set(Ok(0))
             else:
@@ -242,7 +239,7 @@ class IoLoop(SameHostLinks):
         assert self.link is not None
         for req in self.ctrl.values():
             if now - req.sent >= self.cfg.retry_timeout:
-                self.link.chan.send(req.cmd, req.body)
+                self.link.chan.send(req.cmd, req.body.to_body())
                 req.sent = now
 
     # ------------------------------------------------------------ servers

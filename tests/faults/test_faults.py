@@ -372,8 +372,50 @@ def ops_corpus(job_id: str) -> list[list[bytes]]:
     ]
 
 
+def bad_bodies() -> list[tuple[Command, dict]]:
+    """Control bodies that do not decode: each field of a well-formed body of every command
+    (psnode.protocol.control) replaced by a value of the wrong type or range."""
+    from psnode.errors import ProtocolError
+    from psnode.protocol.control import (
+        Barrier,
+        BarrierDone,
+        Bye,
+        Counters,
+        Heartbeat,
+        JobEnd,
+        Membership,
+        Register,
+        ServerAddress,
+        Servers,
+        StatusAnswer,
+        Stop,
+        Welcome,
+        decode_body,
+    )
+    book = (ServerAddress(0, "127.0.0.1", 4000),)
+    samples = [(Command.REGISTER, Register("worker", "127.0.0.1", 0, 1, 1)),
+               (Command.WELCOME, Welcome(0, book, 1, 2, 1, (0, 1))), (Command.HEARTBEAT, Heartbeat(Counters(pushes=1))),
+               (Command.BARRIER, Barrier(1)), (Command.BARRIER_DONE, BarrierDone(1)),
+               (Command.MEMBERSHIP, Membership((0,))), (Command.SERVERS, Servers(down=0)),
+               (Command.SERVERS, Servers(restored=0, servers=book)), (Command.SHUTDOWN, JobEnd(True, "x")),
+               (Command.PEER_LOST, JobEnd(False, "x")), (Command.BYE, Bye(error="x")), (Command.STOP, Stop("x")),
+               (Command.STATUS_REPLY, StatusAnswer("j", 1.0, True, 0))]
+    out = []
+    for cmd, body in samples:
+        wire = body.to_body()
+        for name in wire:
+            for value in ("x", -1, 1.5, [None], {"a": 1}):
+                bad = {**wire, name: value}
+                try:
+                    decode_body(cmd, bad)
+                except ProtocolError:
+                    out.append((cmd, bad))
+    return out
+
+
 def sched_corpus(job_id: str) -> list[list[bytes]]:
-    """Valid frames to the scheduler from a peer that is not a node of the job."""
+    """Frames to the scheduler from a peer that is not a node of the job: valid ones, and
+    malformed control bodies (:func:`bad_bodies`)."""
     h = lambda c, b=None: [VERSION, header(c, job_id, b)]
     return [
         h("heartbeat", {"stats": {"pushes": 10**9}}), h("heartbeat", {"stats": {"wait": {"what": "barrier"}}}),
@@ -383,6 +425,7 @@ def sched_corpus(job_id: str) -> list[list[bytes]]:
         h("register", {"role": "nobody"}), h("register", {"role": ["worker"]}),
         h("register", {"role": "server", "port": "x", "pid": 1}),
         h("register", {"role": "worker", "port": None, "pid": {"a": 1}, "host": 5}),
+        *(h(cmd.value, body) for cmd, body in bad_bodies()),
     ]
 
 
@@ -518,3 +561,35 @@ def test_scheduler_survives_bad_register_bodies() -> None:
     finally:
         s.t.close()
     assert not bad, "a REGISTER body crashed the scheduler:\n" + "\n".join(bad)
+
+
+def test_scheduler_survives_bad_bodies_of_every_command() -> None:
+    """Malformed bodies of every control command from a registered node are dropped: nothing
+    raised, nothing changed, and the node's next heartbeat is taken."""
+    from psnode.config import NodeConfig, Role
+    from psnode.protocol import Message
+    from psnode.protocol.control import Register
+    from psnode.protocol.status import NodeState
+    from psnode.scheduler.loop import Scheduler
+    from tests.cluster.harness import free_port
+    cfg = NodeConfig(role=Role.SCHEDULER, scheduler_host="127.0.0.1", scheduler_port=free_port(),
+                     num_workers=2, num_servers=1, job_id="jbad", host="127.0.0.1")
+    s = Scheduler(cfg)
+    bad = []
+    try:
+        s._dispatch(b"n0", Message(Command.REGISTER, "jbad", "x", Register("worker", "127.0.0.1", 0, 1, 0).to_body()))
+        corpus = bad_bodies()
+        assert len(corpus) > 50
+        for cmd, body in corpus:
+            try:
+                s._dispatch(b"n0", Message(cmd, "jbad", "x", body))
+            except Exception as exc:  # noqa: BLE001 - what the test looks for
+                bad.append(f"{cmd.value} {body}: {type(exc).__name__}: {exc}")
+        node = s.nodes[b"n0"]
+        assert (node.state, s.exit_code, s.ending, s.barrier, node.stats.pushes) == (NodeState.REGISTERED, None,
+                                                                                    None, {}, 0)
+        s._dispatch(b"n0", Message(Command.HEARTBEAT, "jbad", "x", {"stats": {"pushes": 7}}))
+        assert node.stats.pushes == 7
+    finally:
+        s.t.close()
+    assert not bad, "a control body crashed the scheduler:\n" + "\n".join(bad)

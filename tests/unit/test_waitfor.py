@@ -1,7 +1,8 @@
 """The scheduler's wait-for graph (psnode.scheduler.waitfor), without processes."""
 from __future__ import annotations
 
-from psnode.scheduler.waitfor import Watch, parse
+from psnode.protocol.control import wait_report as parse
+from psnode.scheduler.waitfor import Watch
 
 PULL_W = {"what": "pull", "of": "'w'", "push": 2, "on": [0]}
 BARRIER = {"what": "barrier", "n": 1}

@@ -1,0 +1,472 @@
+"""Typed control bodies: the ``"b"`` object of every control message, one frozen dataclass each.
+
+Senders build the dataclass and send ``body.to_body()``; a receiver decodes a message once
+(:func:`decode`, or ``Class.from_body``), which checks every field: a missing field without a
+default, a wrong type or a number out of range raises :class:`ProtocolError` naming the command
+and the field.  Unknown fields are ignored.  Roles log and drop a message that fails to decode.
+
+=============== ===================== =====================================================
+command         body                  from -> to
+=============== ===================== =====================================================
+REGISTER        :class:`Register`     node -> scheduler (again until welcomed)
+WELCOME         :class:`Welcome`      scheduler -> node (again for a repeated REGISTER)
+HEARTBEAT       :class:`Heartbeat`    node -> scheduler, every ``heartbeat_interval``
+HEARTBEAT_ACK   :class:`Empty`        scheduler -> node
+BARRIER         :class:`Barrier`      worker -> scheduler (again until answered)
+BARRIER_DONE    :class:`BarrierDone`  scheduler -> worker
+FINISH          :class:`Empty`        worker -> scheduler (again until answered)
+FINISH_ACK      :class:`Empty`        scheduler -> worker
+MEMBERSHIP      :class:`Membership`   scheduler -> servers
+SERVERS         :class:`Servers`      scheduler -> workers
+SHUTDOWN        :class:`JobEnd`       scheduler -> nodes (the job ends; ``ok``: it succeeded)
+PEER_LOST       :class:`JobEnd`       scheduler -> nodes (the job failed: ``node`` names who)
+BYE             :class:`Bye`          node -> scheduler
+STATUS          :class:`Empty`        ``mxdist status`` -> scheduler
+STATUS_REPLY    :class:`StatusAnswer` scheduler -> ``mxdist status``
+STOP            :class:`Stop`         ``mxdist stop`` -> scheduler
+STOP_ACK        :class:`Empty`        scheduler -> ``mxdist stop``
+=============== ===================== =====================================================
+
+DATA and DATA_REPLY carry typed operations instead (:mod:`psnode.protocol.ops`): as control
+messages they do not decode.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from psnode.errors import ProtocolError
+from psnode.protocol.frames import Command, Message
+from psnode.protocol.status import NodeRow
+
+RANKS = 2**31           # ranks, pids and counts of nodes are below this
+MAX_HOST = 255          # characters of a host name or address
+_MAX_COUNT = 2**63      # counters
+_NO = object()          # no default: the field is required
+
+#: what a worker's user thread waits for (psnode.scheduler.waitfor): ``{"what": "barrier", "n": 1}``
+#: or ``{"what": "pull" | "init", "of": "'w'", "push": 2, "on": [0]}``
+WaitReport = dict[str, Any]
+
+
+# ------------------------------------------------------------------ field checks
+def _field(body: Mapping[str, Any], what: str, name: str, default: Any) -> Any:
+    if name in body:
+        return body[name]
+    if default is _NO:
+        raise ProtocolError(f"{what}: {name} is missing")
+    return default
+
+
+def _int(body: Mapping[str, Any], what: str, name: str, low: int = 0, high: int = RANKS,
+         default: Any = _NO) -> int:
+    v = _field(body, what, name, default)
+    if type(v) is not int or not low <= v < high:
+        raise ProtocolError(f"{what}: {name} must be an integer in [{low}, {high}), not {str(v)[:40]!r}")
+    return v
+
+
+def _opt_int(body: Mapping[str, Any], what: str, name: str) -> int | None:
+    return None if body.get(name) is None else _int(body, what, name)
+
+
+def _str(body: Mapping[str, Any], what: str, name: str, limit: int | None = None, default: Any = _NO) -> str:
+    v = _field(body, what, name, default)
+    if type(v) is not str or (limit is not None and len(v) > limit):
+        longest = "" if limit is None else f" of at most {limit} characters"
+        raise ProtocolError(f"{what}: {name} must be a string{longest}, not {str(v)[:40]!r}")
+    return v
+
+
+def _opt_str(body: Mapping[str, Any], what: str, name: str) -> str | None:
+    return None if body.get(name) is None else _str(body, what, name)
+
+
+def _bool(body: Mapping[str, Any], what: str, name: str, default: Any = _NO) -> bool:
+    v = _field(body, what, name, default)
+    if type(v) is not bool:
+        raise ProtocolError(f"{what}: {name} must be true or false, not {str(v)[:40]!r}")
+    return v
+
+
+def _list(body: Mapping[str, Any], what: str, name: str, default: Any = _NO) -> list[Any]:
+    v = _field(body, what, name, default)
+    if type(v) is not list:
+        raise ProtocolError(f"{what}: {name} must be a list, not {type(v).__name__}")
+    return v
+
+
+def _ranks(body: Mapping[str, Any], what: str, name: str) -> tuple[int, ...]:
+    ranks = _list(body, what, name)
+    if not all(type(r) is int and 0 <= r < RANKS for r in ranks):
+        raise ProtocolError(f"{what}: {name} must list ranks, not {str(ranks)[:60]}")
+    return tuple(ranks)
+
+
+def _object(v: Any, what: str) -> dict[str, Any]:
+    if type(v) is not dict:
+        raise ProtocolError(f"{what} must be an object, not {type(v).__name__}")
+    return v
+
+
+# ------------------------------------------------------------------ bodies
+@dataclass(frozen=True)
+class Empty:
+    """No fields (FINISH, STATUS, the acknowledgements)."""
+
+    def to_body(self) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Empty:
+        return cls()
+
+
+@dataclass(frozen=True)
+class Register:
+    """A node joins: its ``role`` (``worker`` or ``server``), where it serves (a server's
+    ``host:port``; a worker's port is 0), its ``pid``, and the ``rank`` the launcher gave it
+    (None: any)."""
+
+    role: str
+    host: str
+    port: int
+    pid: int
+    rank: int | None = None
+
+    def to_body(self) -> dict[str, Any]:
+        return {"role": self.role, "host": self.host, "port": self.port, "pid": self.pid, "rank": self.rank}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Register:
+        role = body.get("role")
+        if role not in ("worker", "server"):
+            raise ProtocolError(f"register: role must be 'worker' or 'server', not {str(role)[:40]!r}")
+        return cls(role, _str(body, "register", "host", MAX_HOST), _int(body, "register", "port", high=65536),
+                   _int(body, "register", "pid"), _opt_int(body, "register", "rank"))
+
+
+@dataclass(frozen=True)
+class ServerAddress:
+    """One entry of the address book: server ``rank`` serves at ``host:port``
+    (on the wire ``[rank, host, port]``)."""
+
+    rank: int
+    host: str
+    port: int
+
+    def to_body(self) -> list[Any]:
+        return [self.rank, self.host, self.port]
+
+    @classmethod
+    def from_body(cls, entry: Any, what: str) -> ServerAddress:
+        if not (type(entry) is list and len(entry) == 3 and type(entry[0]) is int and 0 <= entry[0] < RANKS
+                and type(entry[1]) is str and len(entry[1]) <= MAX_HOST
+                and type(entry[2]) is int and 0 < entry[2] < 65536):
+            raise ProtocolError(f"{what}: bad server address {str(entry)[:80]} (not [rank, host, port])")
+        return cls(entry[0], entry[1], entry[2])
+
+
+def _book(body: dict[str, Any], what: str) -> tuple[ServerAddress, ...]:
+    return tuple(ServerAddress.from_body(e, what) for e in _list(body, what, "servers"))
+
+
+@dataclass(frozen=True)
+class Welcome:
+    """The job is complete (or this node replaces one): the node's ``rank``, the address book
+    ``servers`` (by rank), the scheduler's ``pid``, the job's size, the ``active`` workers'
+    ranks, how often this rank was restarted, ``restore`` (a replaced server loads its last
+    checkpoint) and ``barriers`` (the barriers this rank completed before its restart)."""
+
+    rank: int
+    servers: tuple[ServerAddress, ...]
+    pid: int
+    num_workers: int
+    num_servers: int
+    active: tuple[int, ...]
+    restarts: int = 0
+    restore: bool = False
+    barriers: int = 0
+
+    def to_body(self) -> dict[str, Any]:
+        return {"rank": self.rank, "servers": [s.to_body() for s in self.servers], "pid": self.pid,
+                "num_workers": self.num_workers, "num_servers": self.num_servers, "active": list(self.active),
+                "restarts": self.restarts, "restore": self.restore, "barriers": self.barriers}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Welcome:
+        w = "welcome"
+        return cls(_int(body, w, "rank"), _book(body, w), _int(body, w, "pid"), _int(body, w, "num_workers"),
+                   _int(body, w, "num_servers"), _ranks(body, w, "active"), _int(body, w, "restarts", default=0),
+                   _bool(body, w, "restore", default=False), _int(body, w, "barriers", high=_MAX_COUNT, default=0))
+
+
+def wait_report(raw: Any) -> WaitReport | None:
+    """A heartbeat's wait report (:data:`WaitReport`), checked; None when absent or malformed
+    (then the worker counts as not waiting: it never takes part in a deadlock verdict)."""
+    if not isinstance(raw, dict):
+        return None
+    what = raw.get("what")
+    if what == "barrier":
+        n = raw.get("n")
+        return {"what": "barrier", "n": n} if _rank(n) else None
+    if what not in ("pull", "init"):
+        return None
+    on, of, push = raw.get("on"), raw.get("of"), raw.get("push", 0)
+    if not (isinstance(on, list) and on and len(on) <= 4096 and all(_rank(w) for w in on)
+            and isinstance(of, str) and len(of) <= 300 and _rank(push)):
+        return None
+    return {"what": what, "of": of, "push": push, "on": sorted(set(on))}
+
+
+def _rank(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < RANKS
+
+
+@dataclass(frozen=True)
+class Counters:
+    """A node's counters, sent with each heartbeat (``rounds``: completed sync rounds; ``wait``:
+    what a worker's user thread waits for, :func:`wait_report`)."""
+
+    pushes: int = 0
+    pulls: int = 0
+    rounds: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    retries: int = 0
+    dropped: int = 0
+    refused: int = 0
+    wait: WaitReport | None = None
+
+    @classmethod
+    def of(cls, stats: Mapping[str, Any]) -> Counters:
+        """A role's own counters (a mapping by these names; others are ignored)."""
+        return cls(**{k: int(v) for k, v in stats.items() if k in _COUNTERS}, wait=stats.get("wait"))
+
+    def to_body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"pushes": self.pushes, "pulls": self.pulls, "rounds": self.rounds,
+                                "bytes_in": self.bytes_in, "bytes_out": self.bytes_out, "retries": self.retries,
+                                "dropped": self.dropped, "refused": self.refused}
+        if self.wait is not None:
+            body["wait"] = self.wait
+        return body
+
+    @classmethod
+    def from_body(cls, stats: dict[str, Any]) -> Counters:
+        counts = {name: _int(stats, "heartbeat stats", name, high=_MAX_COUNT, default=0) for name in _COUNTERS}
+        return cls(**counts, wait=wait_report(stats.get("wait")))
+
+
+_COUNTERS = tuple(f.name for f in fields(Counters) if f.name != "wait")
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """A node is alive; its counters (the scheduler's ``mxdist status`` rows)."""
+
+    stats: Counters = field(default_factory=Counters)
+
+    def to_body(self) -> dict[str, Any]:
+        return {"stats": self.stats.to_body()}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Heartbeat:
+        return cls(Counters.from_body(_object(body.get("stats", {}), "heartbeat: stats")))
+
+
+@dataclass(frozen=True)
+class Barrier:
+    """Worker enters its barrier number ``n`` (1, 2, ... per worker; None: its next)."""
+
+    n: int | None = None
+
+    def to_body(self) -> dict[str, Any]:
+        return {} if self.n is None else {"n": self.n}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Barrier:
+        return cls(None if body.get("n") is None else _int(body, "barrier", "n", 1))
+
+
+@dataclass(frozen=True)
+class BarrierDone:
+    """Every active worker entered barrier ``n`` (this worker's barriers up to ``n`` are done)."""
+
+    n: int
+
+    def to_body(self) -> dict[str, Any]:
+        return {"n": self.n}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> BarrierDone:
+        return cls(_int(body, "barrier_done", "n"))
+
+
+@dataclass(frozen=True)
+class Membership:
+    """The ranks of the ``active`` workers, always the full list (psnode.scheduler.roster)."""
+
+    active: tuple[int, ...]
+
+    def to_body(self) -> dict[str, Any]:
+        return {"active": list(self.active)}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Membership:
+        return cls(_ranks(body, "membership", "active"))
+
+
+@dataclass(frozen=True)
+class Servers:
+    """A server changed: ``down`` is down (requests to it wait), or ``restored`` was replaced and
+    serves at its entry of the address book ``servers`` (reconnect, resend).  Exactly one of
+    ``down`` and ``restored`` is set."""
+
+    down: int | None = None
+    restored: int | None = None
+    servers: tuple[ServerAddress, ...] = ()
+
+    def to_body(self) -> dict[str, Any]:
+        if self.down is not None:
+            return {"down": self.down}
+        return {"servers": [s.to_body() for s in self.servers], "restored": self.restored}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Servers:
+        down, restored = _opt_int(body, "servers", "down"), _opt_int(body, "servers", "restored")
+        if (down is None) == (restored is None):
+            raise ProtocolError("servers: exactly one of down and restored must be set")
+        if down is not None:
+            return cls(down=down)
+        book = _book(body, "servers")
+        if not any(s.rank == restored for s in book):
+            raise ProtocolError(f"servers: restored server {restored} is not in the address book")
+        return cls(restored=restored, servers=book)
+
+    def address(self) -> ServerAddress:
+        """The restored server's address."""
+        return next(s for s in self.servers if s.rank == self.restored)
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """The job ends (SHUTDOWN; ``ok``: it succeeded) or failed (PEER_LOST, and SHUTDOWN without
+    ``ok``): ``reason`` for the user, ``node`` the row of the node that failed, when one did."""
+
+    ok: bool = False
+    reason: str = "the job ended"
+    node: NodeRow | None = None
+
+    def to_body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"ok": self.ok, "reason": self.reason}
+        if self.node is not None:
+            body["node"] = self.node.to_dict()
+        return body
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> JobEnd:
+        node = body.get("node")
+        return cls(_bool(body, "job end", "ok", default=False), _str(body, "job end", "reason", default=cls.reason),
+                   None if node is None else NodeRow.from_dict(_object(node, "job end: node")))
+
+
+@dataclass(frozen=True)
+class Bye:
+    """A node leaves: normally (no fields), failed (``error``: the job ends, naming it), or
+    failed to be restarted (``restart``: the scheduler waits for its replacement)."""
+
+    error: str | None = None
+    restart: str | None = None
+
+    def to_body(self) -> dict[str, Any]:
+        if self.restart is not None:
+            return {"restart": self.restart}
+        return {} if self.error is None else {"error": self.error}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Bye:
+        return cls(_opt_str(body, "bye", "error"), _opt_str(body, "bye", "restart"))
+
+
+@dataclass(frozen=True)
+class Stop:
+    """End the job (``mxdist stop``), for ``reason``."""
+
+    reason: str = "stopped by mxdist stop"
+
+    def to_body(self) -> dict[str, Any]:
+        return {"reason": self.reason}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Stop:
+        return cls(_str(body, "stop", "reason", default=cls.reason))
+
+
+@dataclass(frozen=True)
+class StatusAnswer:
+    """The scheduler's node table: the ``job`` id, seconds since the scheduler started, whether
+    the job ``started`` (every node registered), connections the scheduler ``refused``, and one
+    row per node (:class:`psnode.protocol.status.NodeRow`)."""
+
+    job: str
+    uptime: float
+    started: bool
+    refused: int
+    nodes: tuple[NodeRow, ...] = ()
+
+    def to_body(self) -> dict[str, Any]:
+        return {"job": self.job, "uptime": self.uptime, "started": self.started, "refused": self.refused,
+                "nodes": [n.to_dict() for n in self.nodes]}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> StatusAnswer:
+        what = "status_reply"
+        uptime = _field(body, what, "uptime", _NO)
+        if type(uptime) not in (int, float) or not math.isfinite(uptime) or uptime < 0:
+            raise ProtocolError(f"{what}: uptime must be a number of seconds, not {str(uptime)[:40]!r}")
+        rows = [NodeRow.from_dict(_object(r, f"{what}: a node")) for r in _list(body, what, "nodes")]
+        return cls(_str(body, what, "job"), float(uptime), _bool(body, what, "started"),
+                   _int(body, what, "refused", high=_MAX_COUNT), tuple(rows))
+
+
+Body = (Empty | Register | Welcome | Heartbeat | Barrier | BarrierDone | Membership | Servers | JobEnd | Bye
+        | Stop | StatusAnswer)
+
+#: the body of each control command
+BODIES: dict[Command, Any] = {
+    Command.REGISTER: Register, Command.WELCOME: Welcome, Command.HEARTBEAT: Heartbeat,
+    Command.HEARTBEAT_ACK: Empty, Command.BARRIER: Barrier, Command.BARRIER_DONE: BarrierDone,
+    Command.FINISH: Empty, Command.FINISH_ACK: Empty, Command.MEMBERSHIP: Membership, Command.SERVERS: Servers,
+    Command.SHUTDOWN: JobEnd, Command.PEER_LOST: JobEnd, Command.BYE: Bye, Command.STATUS: Empty,
+    Command.STATUS_REPLY: StatusAnswer, Command.STOP: Stop, Command.STOP_ACK: Empty,
+}
+
+
+@dataclass(frozen=True)
+class Control:
+    """A decoded control message: its command, its typed body and who sent it."""
+
+    cmd: Command
+    body: Body
+    sender: str = ""
+
+
+def decode_body(cmd: Command, body: dict[str, Any]) -> Body:
+    """The typed body of command ``cmd``; raises ProtocolError naming the bad field."""
+    cls = BODIES.get(cmd)
+    if cls is None:
+        raise ProtocolError(f"{cmd.value} is not a control command")
+    body_of: Body = cls.from_body(body)
+    return body_of
+
+
+def decode(msg: Message) -> Control:
+    """``msg`` (a decoded control message) with its typed body; raises ProtocolError."""
+    return Control(msg.cmd, decode_body(msg.cmd, msg.body), msg.sender)
+
+
+__all__ = ["BODIES", "Barrier", "BarrierDone", "Body", "Bye", "Control", "Counters", "Empty", "Heartbeat",
+           "JobEnd", "Membership", "Register", "ServerAddress", "Servers", "StatusAnswer", "Stop", "WaitReport",
+           "Welcome", "decode", "decode_body", "wait_report"]
