@@ -221,7 +221,7 @@ class Buckets:
             for m in b.members:
                 out.extend(self.push_member(worker, m.key, m.entry, seq, data[m.span].reshape(m.entry.value.shape),
                                             None))
-            return [*out, *self.answer(b)]
+            return [*out, *b.answer(self.rules.active)]
         if seq <= b.pushed.get(worker, 0) or (b.early and any(q == seq for q, _ in b.early.get(worker, []))):
             return []   # duplicate
         self.pushes += len(b.members)
@@ -273,7 +273,7 @@ class Buckets:
             self.rounds += len(b.members)
             b.contributors.clear()
             b.first, b.summed = None, False
-            out.extend(self.answer(b))
+            out.extend(b.answer(self.rules.active))
             for w, items in list(b.early.items()):
                 for item in list(items):
                     if item[0] == b.round + 1 and w not in b.contributors:
@@ -290,7 +290,7 @@ class Buckets:
             return [self._wait(b, worker, rid, after)]
         self.pulls += len(b.members)
         b.pulls.append((worker, rid, after, dest))
-        return self.answer(b)
+        return b.answer(self.rules.active)
 
     def _wait(self, b: Bucket, worker: int, rid: int, after: int) -> Reply:
         if b.fused:

@@ -17,18 +17,21 @@ from typing import Any
 import numpy as np
 
 from psnode.math.compression import CompressionSpec
-from psnode.protocol import CompressionTag, parse_tag
+from psnode.protocol import parse_tag
 from psnode.server.replies import OpError
 
 
 def spec_of_tag(tag: Any) -> CompressionSpec:
-    """The spec of a compression tag (ProtocolError unless a valid tag: psnode.protocol.comptag)."""
-    return _spec_of(parse_tag(tag))
+    """The spec of a compression tag (ProtocolError unless a valid tag: psnode.protocol.comptag);
+    remembered, as tags come with every compressed push."""
+    if type(tag) is not str:
+        parse_tag(tag)   # (raises)
+    return _spec_of(tag)
 
 
 @functools.lru_cache(maxsize=64)
-def _spec_of(tag: CompressionTag) -> CompressionSpec:
-    return CompressionSpec.from_tag(tag)
+def _spec_of(tag: str) -> CompressionSpec:
+    return CompressionSpec.from_tag(parse_tag(tag))
 
 
 @dataclass(frozen=True, slots=True)
