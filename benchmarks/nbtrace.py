@@ -81,11 +81,11 @@ def install(role: str, rank: int) -> None:
         datapath.DataPath._copier = staticmethod(traced_copier)  # type: ignore[method-assign]
     else:
         from psnode.server import loop as server
-        from psnode.server import store as aggregation
+        from psnode.server import rounds
         _span(server.Server, "_on_ops", "ops",
               lambda self, w, ops, *a, **kw: f"{w} {','.join(type(o).__name__ for o in ops)}")
         _span(server.Server, "_send", "send", lambda self, replies, *a, **kw: ",".join(str(r.worker) for r in replies))
-        _span(aggregation.Store, "_contribute", "contribute", lambda self, e, w, *a: w)
+        _span(rounds.Rounds, "_contribute", "contribute", lambda self, e, w, *a: w)
     path = Path(where) / f"{role}{rank}.json"
     atexit.register(lambda: path.write_text(json.dumps(_RECORDS)))
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from psnode.errors import from_kind
 from psnode.protocol import Command, Failed, Ok, Op
-from psnode.server.parts import sent
+from psnode.server.replies import sent
 from psnode.server.store import Store
 from psnode.worker.engine import Future
 

@@ -2,8 +2,9 @@
 
 A :class:`CompressionSpec` is validated from the user's dict (:meth:`CompressionSpec.from_params`,
 MXNet's argument) and travels as a small JSON object (:meth:`CompressionSpec.to_wire` /
-:meth:`CompressionSpec.from_wire`) or as a short exact string for each push (:attr:`CompressionSpec.tag`
-/ :meth:`CompressionSpec.from_tag`), never pickled.  A worker keeps one :class:`Residual` per key
+:meth:`CompressionSpec.from_wire`) or as a short exact string for each push (:attr:`CompressionSpec.tag`,
+in the grammar psnode.protocol.comptag defines and checks; :meth:`CompressionSpec.from_tag` is the
+spec of a tag it parsed), never pickled.  A worker keeps one :class:`Residual` per key
 (``spec.new_residual(n)``; None for the stateless types) and calls
 ``spec.compress(grad, residual)`` for every push; a server calls ``spec.decompress(packed, n)``
 or ``spec.accumulate(acc, packed)`` and aggregates float32 as for any gradient.  ``'local'``
@@ -48,7 +49,7 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -74,6 +75,16 @@ _THRESHOLDED = (CompressionType.ONEBIT, CompressionType.TWOBIT)
 _PER_WORD = {CompressionType.ONEBIT: 32, CompressionType.TWOBIT: 16}
 _ITEM: dict[CompressionType, np.dtype] = {CompressionType.NONE: np.dtype(np.float32),
                                           CompressionType.FP16: np.dtype(np.float16)}
+
+
+class ParsedTag(Protocol):
+    """A push's compression tag as psnode.protocol.comptag parses it (its CompressionTag)."""
+
+    @property
+    def type(self) -> str: ...
+
+    @property
+    def threshold(self) -> float: ...
 
 
 @dataclass
@@ -164,22 +175,15 @@ class CompressionSpec:
 
     @property
     def tag(self) -> str:
-        """A short exact form for each compressed push: ``"2bit:0.5"``, ``"1bit:-1.0"``, ``"fp16"``."""
+        """The tag of each compressed push, in its exact form (psnode.protocol.comptag's grammar):
+        ``"2bit:0.5"``, ``"1bit:-1.0"``, ``"fp16"``."""
         return f"{self.type.value}:{self.threshold!r}" if self.thresholded else self.type.value
 
     @classmethod
-    def from_tag(cls, tag: Any) -> CompressionSpec:
-        """The inverse of :attr:`tag`; anything else raises ProtocolError."""
-        if not isinstance(tag, str):
-            raise ProtocolError(f"bad compression tag {str(tag)[:40]!r}")
-        kind, sep, threshold = tag.partition(":")
-        obj: dict[str, Any] = {"type": kind}
-        if sep:
-            obj["threshold"] = threshold
-        spec = cls.from_wire(obj)
-        if spec.tag != tag:
-            raise ProtocolError(f"bad compression tag {tag[:40]!r} (the exact form is {spec.tag!r})")
-        return spec
+    def from_tag(cls, tag: ParsedTag) -> CompressionSpec:
+        """The spec of a tag psnode.protocol.comptag parsed (and so checked): the inverse of :attr:`tag`."""
+        kind = CompressionType(tag.type)
+        return cls(kind, float(tag.threshold)) if kind in _THRESHOLDED else cls(kind)
 
     # ------------------------------------------------------------ properties and sizes
     @property
@@ -308,18 +312,6 @@ class CompressionSpec:
         if self.type is CompressionType.TWOBIT:
             return _table_2bit(self.threshold)
         return _table_1bit()
-
-
-def spec_of_tag(tag: Any) -> CompressionSpec:
-    """:meth:`CompressionSpec.from_tag`, remembered (tags come with every compressed push)."""
-    if type(tag) is not str or len(tag) > 64:
-        raise ProtocolError(f"bad compression tag {str(tag)[:40]!r}")
-    return _spec_of_tag(tag)
-
-
-@functools.lru_cache(maxsize=64)
-def _spec_of_tag(tag: str) -> CompressionSpec:
-    return CompressionSpec.from_tag(tag)
 
 
 # ---------------------------------------------------------------- kernels

@@ -45,6 +45,8 @@ Data operations (fields; ``seq`` and the flags live in the record, the rest in t
 ``PUSH``        key, part, seq (1, 2, ... per worker and key part); arrays: data, and with
                 ROWS the local row ids (row_sparse).  NA: answered only if it fails; without
                 NA: Ok, seq = the durable watermark (below) once the push is durable.
+                c: the compression tag of a compressed dense push (its grammar and payload
+                dtype: :mod:`psnode.protocol.comptag`); data is then its payload.
 ``PULL``        key, part, seq = after (the worker's last push); with ROWS: row ids.
                 Ok once that push was applied (sync: its round complete): the value; seq =
                 the worker's durable watermark: its pushes 1..seq of the key part survive a
@@ -83,6 +85,7 @@ from typing import Any
 from psnode.errors import ProtocolError
 from psnode.protocol.answers import Answer, Failed, Missing, Ok, Wait
 from psnode.protocol.codec import Resolver, decode_data, encode_data
+from psnode.protocol.comptag import CompressionTag, parse_tag
 from psnode.protocol.frames import (
     DATA_VERSION,
     DTYPE_NAMES,
@@ -154,6 +157,7 @@ __all__ = [
     "VERSION",
     "Answer",
     "Command",
+    "CompressionTag",
     "Failed",
     "Flag",
     "Flush",
@@ -177,6 +181,7 @@ __all__ = [
     "check_key",
     "decode",
     "encode",
+    "parse_tag",
     "resent",
     "without_dest",
 ]

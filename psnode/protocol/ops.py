@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from psnode.errors import ProtocolError
-from psnode.math.compression import spec_of_tag
+from psnode.protocol.comptag import parse_tag
 from psnode.protocol.frames import DTYPES, MAX_NDIM, check_key
 
 Key = int | str
@@ -119,16 +119,16 @@ def _arrays(arrays: list[np.ndarray], n: int | tuple[int, int], what: str) -> No
 
 def _comp(extra: dict[str, Any], data: np.ndarray, what: str) -> str:
     """The compression tag of a push (``extra["c"]``, "" when absent), checked against its
-    payload: a known tag in its exact form (psnode.math.compression), a 1-d array of its dtype."""
+    payload: a valid tag in its exact form (psnode.protocol.comptag), a 1-d array of its dtype."""
     tag = extra.get("c")
     if tag is None:
         return ""
-    spec = spec_of_tag(tag)
-    if not spec.active:
+    parsed = parse_tag(tag)
+    if not parsed.active:
         raise ProtocolError(f"{what}: compression tag {tag!r} (an uncompressed push has none)")
-    if data.ndim != 1 or data.dtype != spec.wire_dtype:
-        raise ProtocolError(f"{what}: a {tag} payload is 1-d {spec.wire_dtype.name}, "
-                            f"not {data.dtype.name}{list(data.shape)}")
+    want = parsed.payload_dtype
+    if data.ndim != 1 or data.dtype != want:
+        raise ProtocolError(f"{what}: a {tag} payload is 1-d {want.name}, not {data.dtype.name}{list(data.shape)}")
     return tag
 
 
@@ -197,7 +197,7 @@ class Push:
     """Push ``seq`` (1, 2, ... per worker and key part) of a gradient: ``data`` dense, or the
     rows ``rows`` (local row ids) of a row_sparse key.  With ``na`` (the default) it is
     answered only if it fails.  ``comp`` (a dense push only): the gradient compression tag
-    (psnode.math.compression, e.g. ``"2bit:0.5"``); ``data`` is then that type's payload."""
+    (psnode.protocol.comptag, e.g. ``"2bit:0.5"``); ``data`` is then that type's payload."""
 
     key: Key
     part: int

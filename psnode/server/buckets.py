@@ -13,30 +13,39 @@ in the same state (same round, pushes and contributors; nothing parked or early:
 bucket keeps that state once and sums, averages and applies the optimizer to the whole buffer
 with one numpy call each.  Any operation on a single member (or a bucket push while members
 disagree) first *splits* the bucket: each member gets the bucket's state (views of its
-buffers), and from then on the members are served one by one by the store's ordinary logic.
-A bucket fuses again when a bucket operation finds its members in one state.
+buffers), and from then on the members are served one by one by the rounds of single key parts
+(psnode.server.rounds).  A bucket fuses again when a bucket operation finds its members in one
+state.
+
+:class:`Buckets` is given what it needs, nothing more: the store's :class:`~psnode.server.rounds.Rules`
+(read only), the allocator of the store's buffers, ``adopt`` (registers the view answers
+carry) and ``push_member`` (a member's push through the rounds of single key parts:
+:meth:`psnode.server.rounds.Rounds.push`).  It counts its own pushes, pulls and rounds (one
+per member, as if each member had been served alone).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, cast
 
 import numpy as np
 
 from psnode.math import optimizers as opt_mod
 from psnode.protocol import Ok, Wait
 from psnode.server.arith import add_scaled
-from psnode.server.parts import Entry, OpError, Reply, contiguous, first_gap
+from psnode.server.keypart import Entry, Key, contiguous, first_gap, received
+from psnode.server.replies import OpError, Reply
+from psnode.server.rounds import Alloc, Rules
 
-if TYPE_CHECKING:
-    from psnode.server.store import Store
-
-Key = tuple[Any, int]
+#: a member's push through the rounds of single key parts: (worker, key, entry, seq, data, rows)
+PushMember = Callable[[int, Key, Entry, int, np.ndarray, None], list[Reply]]
 
 
 @dataclass
 class Member:
+    """A key part whose value is ``value[offset:offset + size]`` of its bucket."""
+
     key: Key
     entry: Entry
     offset: int
@@ -49,6 +58,8 @@ class Member:
 
 @dataclass
 class Bucket:
+    """One bucket: its buffer, its members, and their common state while fused."""
+
     bid: int
     value: np.ndarray              # 1-d, capacity elements; members' values are views
     members: list[Member] = field(default_factory=list)
@@ -71,14 +82,38 @@ class Bucket:
     pulls: list[tuple[int, int, int, np.ndarray | None]] = field(default_factory=list)
     durable: dict[int, int] = field(default_factory=dict)   # worker -> pushes the last checkpoint holds
 
+    def answer(self, active: Set[int]) -> list[Reply]:
+        """Bucket pulls whose members all reached their push (the answer: the whole buffer);
+        a worker that left (not in ``active``) is answered with what there is, ``seq`` 0."""
+        if not self.pulls:
+            return []
+        out, keep = [], []
+        for worker, rid, after, dest in self.pulls:
+            done = self.round if self.fused else min(m.entry.round for m in self.members)
+            if done >= after or (worker not in active and after > done):
+                view = self.view if self.view is not None else self.value[:self.used]
+                out.append(Reply(worker, Ok(rid, [view], after if done >= after else 0), dest=dest, shared=True,
+                                 fixed=True, holder=self))
+            else:
+                keep.append((worker, rid, after, dest))
+        self.pulls = keep
+        return out
+
 
 class Buckets:
-    """The buckets of one :class:`~psnode.server.store.Store` (see the module docstring)."""
+    """The buckets of one store (see the module docstring)."""
 
-    def __init__(self, store: Store, capacity_bytes: int = 4 * 2**20) -> None:
-        self.store = store
+    def __init__(self, rules: Rules, alloc: Alloc, adopt: Callable[[np.ndarray], np.ndarray],
+                 push_member: PushMember, capacity_bytes: int = 4 * 2**20) -> None:
+        self.rules = rules
+        self.alloc = alloc
+        self.adopt = adopt
+        self.push_member = push_member
         self.capacity_bytes = capacity_bytes
         self.all: dict[int, Bucket] = {}
+        self.pushes = 0
+        self.pulls = 0
+        self.rounds = 0
 
     # ------------------------------------------------------------ membership
     def place(self, bid: int, offset: int, shape: tuple[int, ...], dtype: np.dtype, sync: bool,
@@ -88,7 +123,7 @@ class Buckets:
         b = self.all.get(bid)
         if b is None:
             cap = max(self.capacity_bytes // dtype.itemsize, offset + size)
-            b = self.all[bid] = Bucket(bid, self.store.alloc((cap,), dtype), sync=sync, average=average)
+            b = self.all[bid] = Bucket(bid, self.alloc((cap,), dtype), sync=sync, average=average)
         if b.value.dtype != dtype or offset < b.used or offset + size > len(b.value) \
                 or b.sync != sync or b.average != average:
             raise ValueError(f"member at {offset} ({size} {dtype}) does not fit bucket {bid}")
@@ -99,7 +134,7 @@ class Buckets:
         self.split(b)
         b.members.append(Member(key, entry, offset, entry.value.size))
         b.used = offset + entry.value.size
-        b.view = self.store.adopt(b.value[:b.used])
+        b.view = self.adopt(b.value[:b.used])
         entry.bucket, entry.fixed = b, True
 
     # ------------------------------------------------------------ modes
@@ -123,6 +158,10 @@ class Buckets:
                                            b.state.t)
         b.first, b.summed, b.early, b.contributors = None, False, {}, set()
 
+    def split_member(self, entry: Entry) -> None:
+        """Serve ``entry``, a member of a bucket, on its own from now on."""
+        self.split(cast(Bucket, entry.bucket))
+
     def split_all(self) -> None:
         for b in self.all.values():
             self.split(b)
@@ -131,7 +170,7 @@ class Buckets:
         """Fuse ``b`` when its members are in one quiet state; True if it is fused."""
         if b.fused:
             return True
-        if not b.members or self.store.check_finite:
+        if not b.members or self.rules.check_finite:
             return False
         head = b.members[0].entry
         for m in b.members:
@@ -139,7 +178,7 @@ class Buckets:
             if (e.round != head.round or e.pushed != head.pushed or e.contributors or e.early or e.pulls
                     or e.first is not None or e.sparse or not e.sync):
                 return False
-        optimizer = self.store._optimizer_for(head)
+        optimizer = self.rules.optimizer_for(head)
         if optimizer is not None and not self._fuse_state(b, optimizer):
             return False
         b.round, b.pushed, b.contributors = head.round, dict(head.pushed), set()
@@ -154,7 +193,7 @@ class Buckets:
         names = optimizer.state_names()
         if b.state is None or len(next(iter(b.state.arrays.values()), ())) != b.used \
                 or set(b.state.arrays) != set(names):
-            b.state = opt_mod.OptState({n: self.store.alloc((b.used,), b.value.dtype) for n in names})
+            b.state = opt_mod.OptState({n: self.alloc((b.used,), b.value.dtype) for n in names})
         b.state.t = states[0].t
         for m in b.members:
             e = m.entry
@@ -180,12 +219,12 @@ class Buckets:
         if not self._fuse(b):   # the exact way: member by member
             out: list[Reply] = []
             for m in b.members:
-                out.extend(self.store._take_push(worker, m.key, seq, data[m.span].reshape(m.entry.value.shape),
-                                                 None))
-            return [*out, *self.answer(b)]
+                out.extend(self.push_member(worker, m.key, m.entry, seq, data[m.span].reshape(m.entry.value.shape),
+                                            None))
+            return [*out, *b.answer(self.rules.active)]
         if seq <= b.pushed.get(worker, 0) or (b.early and any(q == seq for q, _ in b.early.get(worker, []))):
             return []   # duplicate
-        self.store.pushes += len(b.members)
+        self.pushes += len(b.members)
         if seq != b.round + 1 or worker in b.contributors:
             b.early.setdefault(worker, []).append((seq, data))
             return []
@@ -199,25 +238,25 @@ class Buckets:
             b.first = data
             return
         if b.acc is None:
-            b.acc = self.store.alloc((len(b.value),), b.value.dtype)
+            b.acc = self.alloc((len(b.value),), b.value.dtype)
         acc = b.acc[:b.used]
-        store = self.store
+        rules = self.rules
         n = len(b.contributors)
         # the push that completes the round also averages into the value, chunk by chunk
-        last = store.active <= b.contributors and b.average and store._optimizer_for(b.members[0].entry) is None
+        last = rules.active <= b.contributors and b.average and rules.optimizer_for(b.members[0].entry) is None
         to = b.value[:b.used] if last else None
         add_scaled(b.first if b.first is not None else acc, data, acc, 1.0 / n if last else 1.0, to)
         b.first, b.summed, b.stored = None, True, last
 
     def _complete(self, b: Bucket) -> list[Reply]:
         out: list[Reply] = []
-        store = self.store
-        while b.contributors and store.active <= b.contributors:
+        rules = self.rules
+        while b.contributors and rules.active <= b.contributors:
             n = len(b.contributors)
             value = b.value[:b.used]
             first = b.first
             agg: np.ndarray = first if first is not None else b.acc[:b.used]   # type: ignore[index]
-            optimizer = store._optimizer_for(b.members[0].entry)
+            optimizer = rules.optimizer_for(b.members[0].entry)
             scale = 1.0 / n if b.average and n > 1 else 1.0
             if b.stored:
                 b.stored = False
@@ -231,10 +270,10 @@ class Buckets:
                     agg = agg * scale if first is not None else np.multiply(agg, scale, out=agg, casting="unsafe")
                 optimizer.update(value, agg, b.state)
             b.round += 1
-            store.rounds += len(b.members)
+            self.rounds += len(b.members)
             b.contributors.clear()
             b.first, b.summed = None, False
-            out.extend(self.answer(b))
+            out.extend(b.answer(self.rules.active))
             for w, items in list(b.early.items()):
                 for item in list(items):
                     if item[0] == b.round + 1 and w not in b.contributors:
@@ -249,9 +288,9 @@ class Buckets:
         self._fuse(b)
         if re and any(w == worker and r == rid for w, r, *_ in b.pulls):
             return [self._wait(b, worker, rid, after)]
-        self.store.pulls += len(b.members)
+        self.pulls += len(b.members)
         b.pulls.append((worker, rid, after, dest))
-        return self.answer(b)
+        return b.answer(self.rules.active)
 
     def _wait(self, b: Bucket, worker: int, rid: int, after: int) -> Reply:
         if b.fused:
@@ -259,30 +298,18 @@ class Buckets:
             have = {q for q, _ in b.early.get(worker, [])}
             while gap in have:
                 gap += 1
-            blockers = sorted(self.store.active - b.contributors)
+            blockers = sorted(self.rules.active - b.contributors)
         else:
             gap = min(first_gap(m.entry, worker) for m in b.members)
-            blockers = sorted(set().union(*(self.store.active - m.entry.contributors for m in b.members)))
+            blockers = sorted(set().union(*(self.rules.active - m.entry.contributors for m in b.members)))
         return Reply(worker, Wait(rid, gap if gap <= after else 0, blockers))
 
     def answer(self, b: Bucket) -> list[Reply]:
-        """Bucket pulls whose members all reached their push (the answer: the whole buffer)."""
-        if not b.pulls:
-            return []
-        out, keep = [], []
-        active = self.store.active
-        for worker, rid, after, dest in b.pulls:
-            done = b.round if b.fused else min(m.entry.round for m in b.members)
-            if done >= after or (worker not in active and after > done):
-                view = b.view if b.view is not None else b.value[:b.used]
-                out.append(Reply(worker, Ok(rid, [view], after if done >= after else 0), dest=dest, shared=True,
-                                 fixed=True, holder=b))
-            else:
-                keep.append((worker, rid, after, dest))
-        b.pulls = keep
-        return out
+        """Bucket pulls of ``b`` its members' rounds let through (:meth:`Bucket.answer`)."""
+        return b.answer(self.rules.active)
 
-    def received(self, bid: int, worker: int, seq: int, received: Callable[[Entry, int, int], bool]) -> bool:
+    def received(self, bid: int, worker: int, seq: int) -> bool:
+        """Push ``seq`` of ``worker`` was taken by every member of bucket ``bid`` (or it has none)."""
         b = self.all.get(bid)
         if b is None or not b.members:
             return True

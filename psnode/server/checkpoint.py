@@ -5,8 +5,9 @@ the optimizer state, the round, the pushes taken per worker and everything of th
 progress (contributors and their partial sum, row_sparse parts, pushes waiting for a later
 round, async pushes applied past a gap), plus a JSON index (keys keep their int/str type).  A
 server restarted inside its job restores exactly that state (:func:`restore`), so every push the
-checkpoint holds is applied once and every other one is still in its worker's journal
-(psnode.worker.journal states the invariant).  It is written to a temporary file in the same
+checkpoint holds is applied once and every other one is still in its worker's journal (the
+exactly-once invariant: psnode.server.store states the server's half, psnode.worker.journal the
+worker's).  It is written to a temporary file in the same
 directory, flushed, fsynced and renamed over the previous one: a kill during the write leaves
 the previous checkpoint loadable; only then are its pushes reported durable
 (:meth:`psnode.server.store.Store.mark_durable`).
@@ -19,14 +20,15 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from psnode.errors import ConfigError
 from psnode.math import optimizers as opt_mod
-from psnode.math.compression import spec_of_tag
-from psnode.server.arith import Packed
+from psnode.server.buckets import Bucket
+from psnode.server.compressed import Packed, spec_of_tag
+from psnode.server.keypart import Entry
 
 if TYPE_CHECKING:
     from psnode.server.store import Store
@@ -56,14 +58,14 @@ def snapshot(store: Store) -> tuple[dict[str, Any], Arrays]:
             "key": key, "part": part, "sparse": entry.sparse, "sync": entry.sync, "average": entry.average,
             "round": entry.round, "state": names, "pushed": {str(w): q for w, q in entry.pushed.items()}}
         if entry.bucket is not None:
-            item["bucket"] = [entry.bucket.bid, _offset(entry)]
+            item["bucket"] = [cast(Bucket, entry.bucket).bid, _offset(entry)]
         item.update(_round_in_progress(i, entry, arrays))
         index.append(item)
     meta = {"index": index, "optimizer": store.optimizer.to_spec() if store.optimizer else None}
     return meta, arrays
 
 
-def _round_in_progress(i: int, entry: Any, arrays: Arrays) -> dict[str, Any]:
+def _round_in_progress(i: int, entry: Entry, arrays: Arrays) -> dict[str, Any]:
     """The index fields (and arrays) of what ``entry`` holds beyond its completed rounds."""
     out: dict[str, Any] = {}
     if entry.contributors:
@@ -71,8 +73,8 @@ def _round_in_progress(i: int, entry: Any, arrays: Arrays) -> dict[str, Any]:
         out["nonfinite"] = sorted(entry.nonfinite)
         acc = entry.first if entry.first is not None else entry.spare
         if entry.sparse_parts:
-            for j, (rows, data) in enumerate(entry.sparse_parts):
-                arrays[f"r{i}_{j}"], arrays[f"d{i}_{j}"] = rows, data
+            for j, (ids, part) in enumerate(entry.sparse_parts):
+                arrays[f"r{i}_{j}"], arrays[f"d{i}_{j}"] = ids, part
             out["sparse_parts"] = len(entry.sparse_parts)
         elif acc is not None:
             arrays[f"a{i}"] = acc
@@ -100,8 +102,6 @@ def restore(store: Store, meta: dict[str, Any], arrays: Any, same_job: bool = Fa
     """Load a :func:`snapshot` into ``store``; returns the number of key parts.  A new job
     (``--resume``) takes the values and optimizer states only, counting rounds and pushes from
     0; a server restarted inside its job (``same_job``) takes everything."""
-    from psnode.server.store import Entry
-
     if meta.get("optimizer"):
         store.optimizer = opt_mod.from_spec(meta["optimizer"])
     for i, item in enumerate(meta["index"]):
@@ -127,7 +127,7 @@ def restore(store: Store, meta: dict[str, Any], arrays: Any, same_job: bool = Fa
     return len(meta["index"])
 
 
-def _restore_round(i: int, item: dict[str, Any], entry: Any, arrays: Any) -> None:
+def _restore_round(i: int, item: dict[str, Any], entry: Entry, arrays: Any) -> None:
     entry.contributors = {int(w) for w in item.get("contributors", [])}
     entry.nonfinite = {int(w) for w in item.get("nonfinite", [])}
     entry.skipped = int(item.get("skipped", 0))

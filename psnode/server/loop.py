@@ -34,7 +34,7 @@ from psnode.protocol import PACK_BYTES, Command, Message, Ok, failure
 from psnode.protocol.control import Bye, Control, JobEnd, Membership, Welcome
 from psnode.samehost import segments as shm
 from psnode.server import checkpoint
-from psnode.server.parts import Reply, sent
+from psnode.server.replies import Reply, sent
 from psnode.server.samehost import SameHost
 from psnode.server.store import Store
 

@@ -1,23 +1,39 @@
-"""A key part's rounds on its server: pushes accepted once, summed, completed, applied (no I/O).
+"""A key part's rounds on its server: pushes taken once, summed, completed, applied, and the
+pulls that wait for them answered (pure: no I/O).
 
-:class:`Rounds` is the half of :class:`psnode.server.store.Store` that turns accepted pushes
-into values (the semantics are in :mod:`psnode.server.store`'s docstring):
+The semantics are those of psnode.server.store's docstring; this module is their arithmetic.
+:class:`Rules` is what every round of one server follows: the workers a round waits for, the
+optimizer or Python updater that folds an aggregate into a value, whether non-finite rounds
+are skipped.  The store owns it and is its only writer; :class:`Rounds` and
+psnode.server.buckets read it.
 
-* :meth:`Rounds._take_push` accepts push ``q`` of a worker once: async pushes are applied at
-  once; sync pushes of the round being summed contribute, later ones wait in ``early``;
-* :meth:`Rounds._contribute` sums a round in place: the first push is kept by reference, the
-  second is added into the spare buffer, and the push that completes the round also averages,
-  chunk by chunk while in cache (psnode.server.arith); a compressed push is decoded where it is summed;
-* :meth:`Rounds._maybe_complete` completes rounds every active worker contributed to (rows of
+Contract of :class:`Rounds` (one per store; the store resolves the key part, ``entry``, and
+checks what is the store's: compression settings, key creation):
+
+* :meth:`Rounds.push` takes push ``q`` of a worker once (a duplicate, whatever path it came by,
+  changes nothing: psnode.server.keypart.received): async pushes are applied at once; sync
+  pushes of the round being summed contribute, later ones wait in ``early``.  Summing is in
+  place: the first push is kept by reference, the second is added into the spare buffer, and
+  the push that completes the round also averages, chunk by chunk while in cache
+  (psnode.server.arith); a compressed push is decoded where it is summed
+  (psnode.server.compressed.Packed).
+* :meth:`Rounds.complete` completes rounds every active worker contributed to (rows of
   row_sparse keys combined, non-finite rounds skipped when asked), answers the pulls that
-  waited for them, and lets waiting pushes of the next round in;
-* :meth:`Rounds._apply` folds an aggregate into the value: the optimizer, or the value becomes
-  it (a spare buffer is swapped in, never written while a zero-copy send still reads it).
+  waited for them (the key part's, and its bucket's: psnode.server.keypart.Group), and lets
+  waiting pushes of the next round in.  An aggregate is folded into the value by the updater,
+  the optimizer, or the value becomes it (a spare buffer is swapped in: a value a send still
+  reads is never written, psnode.server.replies).
+* :meth:`Rounds.pull` parks a pull until the push it follows was applied; a resent pull still
+  parked is answered ``Wait`` naming the first push missing and the workers the round waits for.
+
+Each returns the replies it causes.  The counters ``pushes``, ``pulls`` and ``rounds`` count
+what went through here (a fused bucket counts its own: psnode.server.buckets).
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,65 +41,73 @@ import numpy as np
 from psnode.math import optimizers as opt_mod
 from psnode.math.sparse import RowSparseArray
 from psnode.math.sparse import combine_rows as _combine_rows
-from psnode.server.arith import Packed, add_scaled
-from psnode.server.buckets import Buckets
-from psnode.server.parts import Entry, Key, OpError, Reply, fmt, fresh, mark_async, received
+from psnode.protocol import Ok, Wait
+from psnode.server.arith import add_scaled
+from psnode.server.compressed import Packed
+from psnode.server.keypart import Entry, Key, first_gap, fmt, mark_async, received
+from psnode.server.replies import OpError, Reply, fits
 
 Alloc = Callable[[tuple[int, ...], np.dtype], np.ndarray]
+#: a Python updater ``updater(key, recv, stored)`` ('local' stores: kv.set_updater); it folds
+#: each aggregate into the value in place, before (instead of) the optimizer
+Updater = Callable[[Any, Any, np.ndarray], None]
+
+
+@dataclass
+class Rules:
+    """What every round of one server follows (see the module docstring)."""
+
+    active: set[int]                          # the workers a sync round waits for
+    check_finite: bool = False                # skip a round (or async push) holding inf or NaN
+    optimizer: opt_mod.Optimizer | None = None
+    updater: Updater | None = None
+
+    def optimizer_for(self, entry: Entry) -> opt_mod.Optimizer | None:
+        """Optimizers update floating-point keys; other keys take the aggregate as is."""
+        return self.optimizer if entry.value.dtype.kind == "f" else None
 
 
 class Rounds:
-    """Round machinery over the store's entries (the base of :class:`psnode.server.store.Store`,
-    which sets these attributes and provides ``_entry`` and ``_answer_pulls``)."""
+    """The rounds of the key parts of one store (see the module docstring).  ``alloc(shape,
+    dtype)`` gives the buffers sums live in; ``notify`` takes human-readable notices (e.g. a
+    skipped non-finite round)."""
 
-    active: set[int]
-    optimizer: opt_mod.Optimizer | None
-    #: a Python updater ``updater(key, recv, stored)`` ('local' stores: kv.set_updater); it
-    #: folds each aggregate into the value in place, before (instead of) the optimizer
-    updater: Callable[[Any, Any, np.ndarray], None] | None = None
-    check_finite: bool
-    alloc: Alloc
-    pushes: int
-    rounds: int
-    events: list[str]
-    fused: Buckets
+    def __init__(self, rules: Rules, alloc: Alloc, notify: Callable[[str], None]) -> None:
+        self.rules = rules
+        self.alloc = alloc
+        self.notify = notify
+        self.pushes = 0
+        self.pulls = 0
+        self.rounds = 0
 
-    def _entry(self, key: Key) -> Entry:
-        raise NotImplementedError
-
-    def _answer_pulls(self, entry: Entry) -> list[Reply]:
-        raise NotImplementedError
-
-    def _new(self, like: np.ndarray) -> np.ndarray:
-        return self.alloc(like.shape, like.dtype)
-
-    def _take_push(self, worker: int, key: Key, seq: int, data: np.ndarray | Packed,
-                   rows: np.ndarray | None) -> list[Reply]:
-        """Accept push ``seq`` of ``worker`` (once); the replies it causes (completed pulls)."""
-        entry = self._entry(key)
+    # ---------------------------------------------------------------- push
+    def push(self, worker: int, key: Key, entry: Entry, seq: int, data: np.ndarray | Packed,
+             rows: np.ndarray | None) -> list[Reply]:
+        """Take push ``seq`` of ``worker`` (once); the replies it causes (completed pulls)."""
         if isinstance(data, np.ndarray):   # (a Packed one was checked by packed_push)
             self._validate_push(key, entry, data, rows)
         if received(entry, worker, seq):
             return []  # duplicate: applied once
         self.pushes += 1
-        if isinstance(data, Packed) and (self.check_finite or not entry.sync):
+        check_finite = self.rules.check_finite
+        if isinstance(data, Packed) and (check_finite or not entry.sync):
             data = data.decode()   # (else a sync round decodes it where it sums it: _contribute)
         if not entry.sync:
             assert isinstance(data, np.ndarray)
-            if self.check_finite and data.dtype.kind == "f" and not np.isfinite(data).all():
+            if check_finite and data.dtype.kind == "f" and not np.isfinite(data).all():
                 entry.skipped += 1
-                self.events.append(f"{fmt(*key)}: push {seq} of worker {worker} skipped: non-finite")
+                self.notify(f"{fmt(*key)}: push {seq} of worker {worker} skipped: non-finite")
             else:
                 if rows is not None:
                     rows, data = _combine_rows([(rows, data)])
                 self._apply(key, entry, data, rows, 1, average=False)
             mark_async(entry, worker, seq)
-            return self._answer_pulls(entry)
+            return self.answer_pulls(entry)
         if seq != entry.round + 1 or worker in entry.contributors:
             entry.early.setdefault(worker, []).append((seq, data, rows))
             return []
         self._contribute(entry, worker, seq, data, rows)
-        return self._maybe_complete(key, entry)
+        return self.complete(key, entry)
 
     def _validate_push(self, key: Key, entry: Entry, data: np.ndarray, rows: np.ndarray | None) -> None:
         want = entry.value
@@ -105,11 +129,11 @@ class Rounds:
     def _contribute(self, entry: Entry, worker: int, seq: int, data: np.ndarray | Packed,
                     rows: np.ndarray | None) -> None:
         entry.contributors.add(worker)
-        if isinstance(data, Packed):   # (dense sync, check_finite off: see _take_push)
+        if isinstance(data, Packed):   # (dense sync, check_finite off: see push)
             self._contribute_packed(entry, data)
             entry.pushed[worker] = seq
             return
-        if self.check_finite and data.dtype.kind == "f" and not np.isfinite(data).all():
+        if self.rules.check_finite and data.dtype.kind == "f" and not np.isfinite(data).all():
             entry.nonfinite.add(worker)
         entry.pushed[worker] = seq
         if rows is not None or entry.sparse:
@@ -121,11 +145,12 @@ class Rounds:
         else:
             # the push that completes the round also averages, chunk by chunk while in cache
             n = len(entry.contributors)
-            last = self.active <= entry.contributors and entry.average and not entry.nonfinite \
-                and self._optimizer_for(entry) is None
+            rules = self.rules
+            last = rules.active <= entry.contributors and entry.average and not entry.nonfinite \
+                and rules.optimizer_for(entry) is None
             scale = 1.0 / n if last else 1.0
             if entry.first is not None:
-                entry.spare = fresh(entry.spare, entry.spare_sends, entry.value, self._new)
+                entry.spare = self._fresh(entry.spare, entry.spare_sends, entry.value)
                 entry.spare_sends = []
                 add_scaled(entry.first, data, entry.spare, scale)
                 entry.first = None
@@ -139,15 +164,15 @@ class Rounds:
         the others decoded and added chunk by chunk (the last one also averaging), so no push
         gets a float32 array of its own.  Values are those of decoding, then _contribute."""
         if len(entry.contributors) == 1:
-            entry.spare = fresh(entry.spare, entry.spare_sends, entry.value, self._new)
+            entry.spare = self._fresh(entry.spare, entry.spare_sends, entry.value)
             entry.spare_sends = []
             data.into(entry.spare)
             entry.first, entry.scaled = None, False
             return
-        last = self.active <= entry.contributors and entry.average and self._optimizer_for(entry) is None
+        last = self.rules.active <= entry.contributors and entry.average and self.rules.optimizer_for(entry) is None
         n = len(entry.contributors)
         if entry.first is not None:   # (a float32 first push: only a worker whose setting changed)
-            entry.spare = fresh(entry.spare, entry.spare_sends, entry.value, self._new)
+            entry.spare = self._fresh(entry.spare, entry.spare_sends, entry.value)
             entry.spare_sends = []
             np.copyto(entry.spare, entry.first)
             entry.first = None
@@ -155,14 +180,18 @@ class Rounds:
         data.add_into(entry.spare, 1.0 / n if last else 1.0)
         entry.scaled = last
 
-    def _maybe_complete(self, key: Key, entry: Entry) -> list[Reply]:
+    # ---------------------------------------------------------------- completion
+    def complete(self, key: Key, entry: Entry) -> list[Reply]:
+        """Complete every round of ``entry`` the active workers all contributed to; the pulls
+        (the key part's and its bucket's) that lets through."""
         out: list[Reply] = []
-        while entry.contributors and self.active <= entry.contributors:
+        active = self.rules.active
+        while entry.contributors and active <= entry.contributors:
             n = len(entry.contributors)
             if entry.nonfinite:
                 entry.skipped += 1
-                self.events.append(f"{fmt(*key)}: round {entry.round + 1} skipped: non-finite "
-                                   f"gradient from worker(s) {sorted(entry.nonfinite)}")
+                self.notify(f"{fmt(*key)}: round {entry.round + 1} skipped: non-finite "
+                            f"gradient from worker(s) {sorted(entry.nonfinite)}")
                 entry.nonfinite.clear()
             elif entry.sparse:
                 rows, data = _combine_rows(entry.sparse_parts, self._row_sum(entry))
@@ -180,9 +209,9 @@ class Rounds:
             self.rounds += 1
             entry.contributors.clear()
             entry.sparse_parts.clear()
-            out.extend(self._answer_pulls(entry))
+            out.extend(self.answer_pulls(entry))
             if entry.bucket is not None:
-                out.extend(self.fused.answer(entry.bucket))
+                out.extend(entry.bucket.answer(active))
             for w, queue in list(entry.early.items()):  # pushes waiting for this round
                 for item in list(queue):
                     if item[0] == entry.round + 1 and w not in entry.contributors:
@@ -224,11 +253,12 @@ class Rounds:
         entry.scaled = False
         if rows is not None and not entry.sparse:
             rows = None
-        if self.updater is not None:
+        updater = self.rules.updater
+        if updater is not None:
             value = self._own(entry)
-            self.updater(key[0], data if rows is None else RowSparseArray(data, rows, value.shape), value)
+            updater(key[0], data if rows is None else RowSparseArray(data, rows, value.shape), value)
             return
-        optimizer = self._optimizer_for(entry)
+        optimizer = self.rules.optimizer_for(entry)
         if optimizer is None and rows is None and data is entry.spare and not entry.fixed:
             entry.value, entry.spare = entry.spare, entry.value
             entry.spare_sends, entry.value_sends = entry.value_sends, []
@@ -251,15 +281,57 @@ class Rounds:
         """The entry's value, safe to write in place (copied if a send still reads it; a fixed
         value is never sent without a copy)."""
         if not entry.fixed and (not entry.value.flags.writeable or not all(t.done for t in entry.value_sends)):
-            value = self._new(entry.value)
+            value = self.alloc(entry.value.shape, entry.value.dtype)
             np.copyto(value, entry.value)
             entry.value = value
         entry.value_sends = []
         return entry.value
 
-    def _optimizer_for(self, entry: Entry) -> opt_mod.Optimizer | None:
-        """Optimizers update floating-point keys; other keys take the aggregate as is."""
-        return self.optimizer if entry.value.dtype.kind == "f" else None
+    def _fresh(self, buf: np.ndarray | None, sends: list[Any], like: np.ndarray) -> np.ndarray:
+        """``buf`` if it is writable and no send still reads it; else a new buffer like ``like``."""
+        if buf is not None and buf.flags.writeable and buf.shape == like.shape and all(t.done for t in sends):
+            return buf
+        return self.alloc(like.shape, like.dtype)
+
+    # ---------------------------------------------------------------- pulls
+    def pull(self, worker: int, rid: int, key: Key, entry: Entry, after: int, rows: np.ndarray | None,
+             re: bool, dest: np.ndarray | None = None) -> list[Reply]:
+        """Park request ``rid``: a pull of ``entry`` once push ``after`` of ``worker`` was applied
+        (``rows``: those rows only; ``dest``: its landing area); answered now if it was."""
+        if rows is not None and (rows.ndim != 1 or rows.dtype.kind not in "iu"
+                                 or (len(rows) and (rows.min() < 0 or rows.max() >= entry.value.shape[0]))):
+            raise OpError("ShapeMismatch", f"{fmt(*key)}: row ids must be in 0..{entry.value.shape[0] - 1}")
+        if re and any(w == worker and r == rid for w, r, *_ in entry.pulls):
+            # still parked: the pull was not lost ... but it may wait for a push of this worker
+            # that never came (gap), or for other workers (blockers)
+            gap = first_gap(entry, worker)
+            blockers = sorted(self.rules.active - entry.contributors) if entry.sync else []
+            return [Reply(worker, Wait(rid, gap if gap <= after else 0, blockers))]
+        self.pulls += 1
+        entry.pulls.append((worker, rid, after, rows, dest))
+        return self.answer_pulls(entry)
+
+    def answer_pulls(self, entry: Entry) -> list[Reply]:
+        """The parked pulls of ``entry`` whose push was applied (a worker that left is answered
+        with what there is, ``seq`` 0)."""
+        out, keep = [], []
+        active = self.rules.active
+        for worker, rid, after, rows, dest in entry.pulls:
+            done = entry.round if entry.sync else entry.pushed.get(worker, 0)
+            if done >= after or (entry.sync and worker not in active and after > done):
+                seq = after if done >= after else 0   # (received; restartable: stamped durable)
+                if rows is None:
+                    out.append(Reply(worker, Ok(rid, [entry.value], seq), entry, dest, entry.sync, False, entry))
+                elif fits(dest, (len(rows), *entry.value.shape[1:]), entry.value.dtype):
+                    assert dest is not None
+                    np.take(entry.value, rows, axis=0, out=dest)   # straight into the landing area
+                    out.append(Reply(worker, Ok(rid, [dest], seq), holder=entry))
+                else:
+                    out.append(Reply(worker, Ok(rid, [entry.value[rows]], seq), holder=entry))
+            else:
+                keep.append((worker, rid, after, rows, dest))
+        entry.pulls = keep
+        return out
 
 
-__all__ = ["Alloc", "Rounds"]
+__all__ = ["Alloc", "Rounds", "Rules", "Updater"]

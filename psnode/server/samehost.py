@@ -25,7 +25,7 @@ from psnode.protocol import Message, Ok
 from psnode.samehost import handshake as shmhandshake
 from psnode.samehost.link import KIND_REPLY, Link
 from psnode.samehost.segments import Arena
-from psnode.server.parts import Reply, fits, sent
+from psnode.server.replies import Reply, fits, sent
 
 log = logging.getLogger("psnode.server")
 

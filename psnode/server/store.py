@@ -1,8 +1,11 @@
-"""Server-side key store: sync rounds, async apply, parked pulls, dense and row_sparse.
+"""The key store: every key part one server holds, the operations on them, and what is durable.
 
 Pure logic (no sockets): :meth:`Store.handle` takes one typed operation (psnode.protocol) from
 one worker and returns the replies it causes (possibly to other workers, e.g. pulls parked
-until a round completed).  A bad operation is answered ``Failed``, never raised.
+until a round completed).  A bad operation is answered ``Failed``, never raised.  The store
+creates keys, checks compression settings, answers flushes, keeps optimizer states and decides
+when a checkpoint is due; the rounds of key parts are :mod:`psnode.server.rounds`'s, those of
+buckets of small keys :mod:`psnode.server.buckets`'s.
 
 Semantics (per key part held by this server):
 
@@ -31,11 +34,26 @@ Semantics (per key part held by this server):
   -- and every pull's answer carries ``seq``, the worker's *durable watermark* for the key
   part (its pushes 1..seq are in the last checkpoint).  A server that cannot be restarted
   reports the pushes it received instead.  Workers keep pushes until that watermark covers
-  them (the exactly-once invariant: psnode.worker.journal).
+  them (psnode.worker.journal).
 * row_sparse pushes carry (row ids, rows); rows are combined per round (duplicates summed),
   averaged over the contributors as if missing rows were zero, and applied lazily: only rows
   present change (without an optimizer those rows take the aggregate; others keep their value).
 * Workers leave (``set_active``): rounds then complete over the workers still active.
+
+**Exactly once.**  A push is applied exactly once, on every data path (TCP, the same-host link,
+a bucket of small keys, each part of a split key), across any sequence of worker and server
+restarts.  The worker's half is its journal (psnode.worker.journal: every push kept until a
+durable watermark covers it, resent after a restart).  The server's half, held here:
+
+1. push ``q`` of a worker to a key part is taken once, whatever copy or path it comes by
+   (psnode.server.rounds; a bucket push is push ``q`` of every member, psnode.server.buckets),
+   and a flush names the pushes never received, for the worker to send again;
+2. a restartable server comes back as exactly its last checkpoint (psnode.server.checkpoint)
+   and reports no watermark that checkpoint does not cover (durability, above): every push it
+   lost in a restart is one its worker still holds and resends;
+3. a restarted worker resumes from the count its init answer carries, made durable before it
+   is told; its predecessor's sync pushes past a gap are dropped (:meth:`Store._accepted`), so
+   the replacement pushes those steps again and no round completes without them.
 """
 from __future__ import annotations
 
@@ -63,28 +81,22 @@ from psnode.protocol import (
     Wait,
     bucket_of,
 )
-from psnode.server.arith import Packed, packed_push
 from psnode.server.buckets import Buckets
-from psnode.server.parts import (
-    Entry,
-    Key,
-    OpError,
-    Reply,
-    agree,
-    contiguous,
-    first_gap,
-    fits,
-    fmt,
-    received,
-)
-from psnode.server.rounds import Alloc, Rounds
+from psnode.server.compressed import Packed, agree, packed_push
+from psnode.server.keypart import Entry, Key, contiguous, fmt, received
+from psnode.server.replies import OpError, Reply
+from psnode.server.rounds import Alloc, Rounds, Rules, Updater
 
 
-class Store(Rounds):
+class Store:
     """All key parts of one server.  ``alloc(shape, dtype)`` gives the buffers values and
     aggregates live in (e.g. shared memory; default: plain numpy arrays); ``adopt(view)``
     registers a view of such a buffer that answers will carry (so it is found quickly).
-    Rounds (accepting, summing, completing, applying pushes) are :class:`psnode.server.rounds.Rounds`."""
+
+    Composed of: ``rules`` (:class:`~psnode.server.rounds.Rules`: the active workers, the
+    optimizer, the 'local' store's updater; written only here), ``key_rounds`` (the rounds of
+    single key parts) and ``fused`` (the buckets, which push a split bucket's members through
+    ``key_rounds``).  ``pushes``, ``pulls`` and ``rounds`` count both."""
 
     def __init__(self, num_workers: int, check_finite: bool = False, alloc: Alloc | None = None,
                  adopt: Callable[[np.ndarray], np.ndarray] | None = None, restartable: bool = False) -> None:
@@ -93,23 +105,58 @@ class Store(Rounds):
         self.restartable = restartable   # its checkpoints restore it inside the job (see durability)
         self.must_persist = False        # replies waiting reveal what the last checkpoint lacks
         self.durable_rounds = 0          # ``rounds`` at the last checkpoint
-        self.active: set[int] = set(range(num_workers))
-        self.optimizer: opt_mod.Optimizer | None = None
-        self.check_finite = check_finite
         self.alloc: Alloc = alloc or (lambda shape, dtype: np.empty(shape, dtype))
-        self.adopt: Callable[[np.ndarray], np.ndarray] = adopt or (lambda view: view)
         self.waiting_inits: dict[Key, list[tuple[int, Init]]] = {}
-        self.pushes = 0
-        self.pulls = 0
-        self.rounds = 0
         self.events: list[str] = []  # human-readable notices (e.g. skipped non-finite rounds)
         self.settings: dict[int, str] = {}   # worker -> the compression tag of its pushes ("": none)
-        self.fused = Buckets(self)
+        self.rules = Rules(set(range(num_workers)), check_finite)
+        self.key_rounds = Rounds(self.rules, self.alloc, self.events.append)
+        self.fused = Buckets(self.rules, self.alloc, adopt or (lambda view: view), self.key_rounds.push)
         self._handlers: dict[int, Callable[[int, Any], list[Reply]]] = {
             OpCode.INIT: self._init, OpCode.PUSH: self._push, OpCode.PULL: self._pull,
             OpCode.PUSHPULL: self._pushpull, OpCode.FLUSH: self._flush,
             OpCode.SET_OPTIMIZER: self._set_optimizer, OpCode.GET_STATES: self._get_states,
             OpCode.LOAD_STATES: self._load_states}
+
+    # ---------------------------------------------------------------- the rules and counters
+    @property
+    def active(self) -> set[int]:
+        """The workers a sync round waits for (:meth:`set_active` also completes rounds)."""
+        return self.rules.active
+
+    @active.setter
+    def active(self, workers: set[int]) -> None:
+        self.rules.active = set(workers)
+
+    @property
+    def optimizer(self) -> opt_mod.Optimizer | None:
+        return self.rules.optimizer
+
+    @optimizer.setter
+    def optimizer(self, optimizer: opt_mod.Optimizer | None) -> None:
+        self.rules.optimizer = optimizer
+
+    @property
+    def updater(self) -> Updater | None:
+        """A Python updater ``updater(key, recv, stored)`` ('local' stores: kv.set_updater)."""
+        return self.rules.updater
+
+    @updater.setter
+    def updater(self, updater: Updater | None) -> None:
+        self.rules.updater = updater
+
+    @property
+    def pushes(self) -> int:
+        return self.key_rounds.pushes + self.fused.pushes
+
+    @property
+    def pulls(self) -> int:
+        return self.key_rounds.pulls + self.fused.pulls
+
+    @property
+    def rounds(self) -> int:
+        """Rounds completed, one per key part (a fused bucket's round counts once per member)."""
+        return self.key_rounds.rounds + self.fused.rounds
 
     # ---------------------------------------------------------------- dispatch
     def handle(self, worker: int, op: Op) -> list[Reply]:
@@ -137,7 +184,7 @@ class Store(Rounds):
             raise OpError("KeyNotInitialized",
                           f"{fmt(*key)} is not initialised on this server: call kv.init first")
         if entry.bucket is not None:
-            self.fused.split(entry.bucket)   # served on its own from now on (psnode.server.buckets)
+            self.fused.split_member(entry)   # served on its own from now on (psnode.server.buckets)
         return entry
 
     def _bucket_op(self, worker: int, bid: int, op: Op) -> list[Reply]:
@@ -181,10 +228,10 @@ class Store(Rounds):
             except ValueError as exc:
                 raise OpError("ProtocolError", f"{fmt(*key)}: {exc}") from None
         else:
-            value = self._new(op.value)
+            value = self.alloc(op.value.shape, op.value.dtype)
         np.copyto(value, op.value)
         entry = Entry(value=value, sparse=op.sparse, sync=op.sync, average=op.average)
-        optimizer = self._optimizer_for(entry)
+        optimizer = self.rules.optimizer_for(entry)
         if optimizer is not None:
             entry.state = optimizer.create_state(entry.value)
         self.entries[key] = entry
@@ -227,18 +274,19 @@ class Store(Rounds):
     # ---------------------------------------------------------------- push
     def _push(self, worker: int, op: Push) -> list[Reply]:
         key = (op.key, op.part)
-        out = self._take_push(worker, key, op.seq, self._gradient(worker, key, op), op.rows)
+        data = self._gradient(worker, key, op)
+        entry = self._entry(key)
+        out = self.key_rounds.push(worker, key, entry, op.seq, data, op.rows)
         if op.na:
             return out
         # a push that asks for its answer asks for its durability too (psnode.worker.journal)
-        entry = self.entries[key]
         self.must_persist = True
         return [Reply(worker, Ok(op.id, seq=contiguous(entry, worker)), holder=entry), *out]
 
     def _gradient(self, worker: int, key: Key, op: Push | PushPull) -> np.ndarray | Packed:
         """A push's dense gradient: its data, or its compressed payload checked (decoded where
-        it is summed: psnode.server.arith.Packed); every worker must push with the same gradient
-        compression (psnode.server.parts.agree)."""
+        it is summed: psnode.server.compressed.Packed); every worker must push with the same gradient
+        compression (psnode.server.compressed.agree)."""
         if self.settings.get(worker) != op.comp:
             agree(self.settings, worker, op.comp)
         if not op.comp:
@@ -257,47 +305,16 @@ class Store(Rounds):
 
     # ---------------------------------------------------------------- pull
     def _pull(self, worker: int, op: Pull) -> list[Reply]:
-        return self._park_pull(worker, op.id, (op.key, op.part), op.after, op.rows, op.re, op.dest)
-
-    def _park_pull(self, worker: int, rid: int, key: Key, after: int, rows: np.ndarray | None,
-                   re: bool, dest: np.ndarray | None = None) -> list[Reply]:
-        entry = self._entry(key)
-        if rows is not None and (rows.ndim != 1 or rows.dtype.kind not in "iu"
-                                 or (len(rows) and (rows.min() < 0 or rows.max() >= entry.value.shape[0]))):
-            raise OpError("ShapeMismatch", f"{fmt(*key)}: row ids must be in 0..{entry.value.shape[0] - 1}")
-        if re and any(w == worker and r == rid for w, r, *_ in entry.pulls):
-            # still parked: the pull was not lost ... but it may wait for a push of this worker
-            # that never came (gap), or for other workers (blockers)
-            gap = first_gap(entry, worker)
-            blockers = sorted(self.active - entry.contributors) if entry.sync else []
-            return [Reply(worker, Wait(rid, gap if gap <= after else 0, blockers))]
-        self.pulls += 1
-        entry.pulls.append((worker, rid, after, rows, dest))
-        return self._answer_pulls(entry)
+        key = (op.key, op.part)
+        return self.key_rounds.pull(worker, op.id, key, self._entry(key), op.after, op.rows, op.re, op.dest)
 
     def _pushpull(self, worker: int, op: PushPull) -> list[Reply]:
         key = (op.key, op.part)
-        out = self._take_push(worker, key, op.seq, self._gradient(worker, key, op), None)
-        return [*out, *self._park_pull(worker, op.id, key, op.seq, None, op.re, op.dest)]
-
-    def _answer_pulls(self, entry: Entry) -> list[Reply]:
-        out, keep = [], []
-        for worker, rid, after, rows, dest in entry.pulls:
-            done = entry.round if entry.sync else entry.pushed.get(worker, 0)
-            if done >= after or (entry.sync and worker not in self.active and after > done):
-                seq = after if done >= after else 0   # (received; restartable: stamped durable)
-                if rows is None:
-                    out.append(Reply(worker, Ok(rid, [entry.value], seq), entry, dest, entry.sync, False, entry))
-                elif fits(dest, (len(rows), *entry.value.shape[1:]), entry.value.dtype):
-                    assert dest is not None
-                    np.take(entry.value, rows, axis=0, out=dest)   # straight into the landing area
-                    out.append(Reply(worker, Ok(rid, [dest], seq), holder=entry))
-                else:
-                    out.append(Reply(worker, Ok(rid, [entry.value[rows]], seq), holder=entry))
-            else:
-                keep.append((worker, rid, after, rows, dest))
-        entry.pulls = keep
-        return out
+        data = self._gradient(worker, key, op)
+        entry = self._entry(key)
+        rounds = self.key_rounds
+        out = rounds.push(worker, key, entry, op.seq, data, None)
+        return [*out, *rounds.pull(worker, op.id, key, entry, op.seq, None, op.re, op.dest)]
 
     def _flush(self, worker: int, op: Flush) -> list[Reply]:
         """Answered at once: every earlier request of this worker that arrived has been handled.
@@ -310,7 +327,7 @@ class Store(Rounds):
         for key, part, seqs in op.check:
             bid = bucket_of(key)
             if bid is not None:
-                lost = [q for q in seqs if not self.fused.received(bid, worker, q, received)]
+                lost = [q for q in seqs if not self.fused.received(bid, worker, q)]
                 durable = self.fused.durable(bid, worker)
             else:
                 entry = self.entries.get((key, part))
@@ -329,11 +346,11 @@ class Store(Rounds):
             optimizer = opt_mod.from_spec(op.spec)
         except Exception as exc:  # noqa: BLE001 - validation errors go back to the worker
             raise OpError("ConfigError", str(exc)) from None
-        if self.optimizer is None or self.optimizer.to_spec() != optimizer.to_spec():
+        if self.rules.optimizer is None or self.rules.optimizer.to_spec() != optimizer.to_spec():
             # the same optimizer with other parameters (a new learning rate) keeps the states
-            keep = self.optimizer is not None and self.optimizer.name == optimizer.name \
-                and self.optimizer.state_names() == optimizer.state_names()
-            self.optimizer = optimizer
+            keep = self.rules.optimizer is not None and self.rules.optimizer.name == optimizer.name \
+                and self.rules.optimizer.state_names() == optimizer.state_names()
+            self.rules.optimizer = optimizer
             self.must_persist = True
             for entry in [] if keep else self.entries.values():
                 entry.state = optimizer.create_state(entry.value) if entry.value.dtype.kind == "f" else None
@@ -352,7 +369,7 @@ class Store(Rounds):
         return [Reply(worker, Ok(op.id, out, names=names))]
 
     def _load_states(self, worker: int, op: LoadStates) -> list[Reply]:
-        if self.optimizer is None:
+        if self.rules.optimizer is None:
             raise OpError("ConfigError", "no optimizer is set: call kv.set_optimizer first")
         self.fused.split_all()
         grouped: dict[Key, dict[str, np.ndarray]] = {}
@@ -400,13 +417,14 @@ class Store(Rounds):
     # ---------------------------------------------------------------- membership
     def set_active(self, workers: set[int]) -> list[Reply]:
         """The workers still taking part; completes rounds that only waited for leavers."""
-        self.active = set(workers)
+        self.rules.active = set(workers)
         self.fused.split_all()
         out: list[Reply] = []
+        rounds = self.key_rounds
         for key, entry in self.entries.items():
             if entry.sync:
-                out.extend(self._maybe_complete(key, entry))
-                out.extend(self._answer_pulls(entry))
+                out.extend(rounds.complete(key, entry))
+                out.extend(rounds.answer_pulls(entry))
         for b in self.fused.all.values():
             out.extend(self.fused.answer(b))
         return out

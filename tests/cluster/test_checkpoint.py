@@ -51,7 +51,8 @@ WRITER = """
 import sys, numpy as np
 from psnode.server import checkpoint
 from psnode.math import optimizers as optimizer
-from psnode.server.store import Store, Entry
+from psnode.server.keypart import Entry
+from psnode.server.store import Store
 store = Store(1)
 store.optimizer = optimizer.create('adam')
 i = 0

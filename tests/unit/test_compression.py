@@ -17,6 +17,7 @@ import pytest
 
 from psnode.errors import ConfigError, ProtocolError, ShapeMismatch
 from psnode.math.compression import CHUNK, DEFAULT_THRESHOLD, CompressionSpec, CompressionType, Residual
+from psnode.protocol import parse_tag
 
 # infinities and NaN in the gradients are part of the contract: no warnings about them
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
@@ -350,11 +351,11 @@ def test_wire_form_is_json_and_round_trips() -> None:
     assert [s.tag for s in (TWO, ONE, FP16, NONE)] == ["2bit:0.5", "1bit:0.5", "fp16", "none"]
     for params in ({"type": "2bit", "threshold": 0.1}, {"type": "1bit", "threshold": -3}, {"type": "fp16"}):
         spec = CompressionSpec.from_params(params)
-        assert CompressionSpec.from_tag(spec.tag) == spec
+        assert CompressionSpec.from_tag(parse_tag(spec.tag)) == spec
     assert CompressionSpec.from_params({"type": "2bit", "threshold": 0.1}).tag == "2bit:0.10000000149011612"
     for bad in (None, 3, "", "2bit", "2bit:", "2bit:0.50", "2bit:-1", "fp16:0.5", "3bit:1", "2bit:0.1"):
         with pytest.raises(ProtocolError, match="compression"):
-            CompressionSpec.from_tag(bad)
+            parse_tag(bad)
     for bad in (None, [], "2bit", {"type": "2bit"}, {"type": "3bit"}, {"type": "2bit", "threshold": -1},
                 {"type": "fp16", "threshold": 1}, {"type": "2bit", "threshold": 0.5, "x": 1}):
         with pytest.raises(ProtocolError, match="compression spec"):

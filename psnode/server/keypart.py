@@ -1,0 +1,103 @@
+"""A key part's state on its server, and the rules of its push numbers (pure data, no I/O).
+
+A key is cut into parts, one per server that holds a slice of it (psnode.worker.placement);
+a server keeps one :class:`Entry` per key part it holds: the value, the round being summed,
+the pushes taken per worker, parked pulls, the optimizer state and the durable watermarks.
+Push ``q`` of a worker is taken once (:func:`received`); ``pushed`` counts a worker's pushes
+applied without a gap, ``early`` (sync) and ``ahead`` (async) hold those past one.
+"""
+from __future__ import annotations
+
+from collections.abc import Set
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from psnode.server.replies import Reply
+
+Key = tuple[Any, int]  # (user key, part index)
+
+
+class Group(Protocol):
+    """The bucket a key part's value lives in (psnode.server.buckets), as its rounds see it."""
+
+    def answer(self, active: Set[int]) -> list[Reply]:
+        """The bucket pulls a completed round of a member lets through."""
+        ...
+
+
+@dataclass
+class Entry:
+    """One key part this server holds (see the module docstring)."""
+
+    value: np.ndarray
+    sparse: bool
+    sync: bool
+    average: bool
+    round: int = 0
+    first: np.ndarray | None = None   # the round's first dense push, by reference
+    spare: np.ndarray | None = None   # buffer the next aggregate is summed into
+    spare_sends: list[Any] = field(default_factory=list)
+    contributors: set[int] = field(default_factory=set)
+    sparse_parts: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    # pushes for later rounds: (seq, data: an array or a psnode.server.compressed.Packed, rows)
+    early: dict[int, list[tuple[int, Any, np.ndarray | None]]] = field(default_factory=dict)
+    pushed: dict[int, int] = field(default_factory=dict)
+    ahead: dict[int, set[int]] = field(default_factory=dict)  # async: applied beyond a gap
+    # parked pulls: (worker, request id, after, row ids, landing area)
+    pulls: list[tuple[int, int, int, np.ndarray | None, np.ndarray | None]] = field(default_factory=list)
+    state: Any = None
+    value_sends: list[Any] = field(default_factory=list)  # sends reading ``value`` (psnode.server.replies)
+    nonfinite: set[int] = field(default_factory=set)   # workers whose push this round was bad
+    skipped: int = 0
+    bucket: Group | None = None   # the bucket it belongs to (its value is a view of the bucket's)
+    fixed: bool = False    # value stays where it is (written in place, never swapped)
+    scaled: bool = False   # spare already holds the round's average (summed and scaled at once)
+    row_sum: np.ndarray | None = None   # flat scratch a sync row_sparse round is summed into
+    durable: dict[int, int] = field(default_factory=dict)   # worker -> pushes its last checkpoint holds
+
+
+def fmt(key: Any, part: int) -> str:
+    """A key part as messages name it: ``key 'w'``, ``key 'w' part 1``."""
+    return f"key {key!r}" + (f" part {part}" if part else "")
+
+
+def received(entry: Entry, worker: int, seq: int) -> bool:
+    """Push ``seq`` of ``worker`` was taken (applied, being summed or waiting)."""
+    return (seq <= entry.pushed.get(worker, 0) or seq in entry.ahead.get(worker, ())
+            or any(s == seq for s, *_ in entry.early.get(worker, [])))
+
+
+def first_gap(entry: Entry, worker: int) -> int:
+    """The first push sequence number of ``worker`` this key part has not received."""
+    have = {s for s, *_ in entry.early.get(worker, [])} | entry.ahead.get(worker, set())
+    seq = entry.pushed.get(worker, 0) + 1
+    while seq in have:
+        seq += 1
+    return seq
+
+
+def contiguous(entry: Entry, worker: int) -> int:
+    """How many pushes of ``worker`` this key part holds, counted without a gap (1..n all
+    received: applied, in the round being summed, or waiting for a later round)."""
+    if not entry.early and not entry.ahead:
+        return entry.pushed.get(worker, 0)
+    return first_gap(entry, worker) - 1
+
+
+def mark_async(entry: Entry, worker: int, seq: int) -> None:
+    """Record async push ``seq`` of ``worker`` as applied; ``pushed`` stays contiguous."""
+    done = entry.pushed.get(worker, 0)
+    if seq != done + 1:
+        entry.ahead.setdefault(worker, set()).add(seq)
+        return
+    done = seq
+    ahead = entry.ahead.get(worker)
+    while ahead and done + 1 in ahead:
+        ahead.discard(done + 1)
+        done += 1
+    entry.pushed[worker] = done
+
+
+__all__ = ["Entry", "Group", "Key", "contiguous", "first_gap", "fmt", "mark_async", "received"]
