@@ -1,14 +1,14 @@
 """Backends: how processes are started, watched, signalled, checked and cleaned up on a host.
 
-:class:`Backend` is the contract the supervisor (:mod:`cli.launch`) and :mod:`cli.control`
+:class:`Backend` is the contract the supervisor (:mod:`mxdist.launch`) and :mod:`mxdist.control`
 depend on; a backend implements it for one way of reaching machines:
 
 * :class:`LocalBackend` (here): this machine, through a :class:`LocalRunner`;
-* :class:`cli.ssh.SshBackend`: remote hosts over SSH (paramiko), the same agent run remotely;
-* :class:`cli.slurm.SlurmBackend` (``--launcher slurm``): job steps of a Slurm allocation
+* :class:`mxdist.ssh.SshBackend`: remote hosts over SSH (paramiko), the same agent run remotely;
+* :class:`mxdist.slurm.SlurmBackend` (``--launcher slurm``): job steps of a Slurm allocation
   (``srun`` runs here under a :class:`LocalRunner`; the process itself runs under slurmstepd).
 
-:mod:`cli.registry` builds a backend by name (breaking the import cycle between this module
+:mod:`mxdist.registry` builds a backend by name (breaking the import cycle between this module
 and the backends that use it).
 
 **Capabilities.**  What only some backends can do is declared, not probed: each backend lists
@@ -33,12 +33,13 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol, cast
 
-from cli import agent
-from cli.gpus import HostGpus
-from cli.hosts import Host
-from cli.jobs import ProcRecord
-from cli.plan import ProcSpec
 from psnode.protocol.failure import FailureRecord, path_in, record_of
+
+from . import agent
+from .gpus import HostGpus
+from .hosts import Host
+from .jobs import ProcRecord
+from .plan import ProcSpec
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ class HostProblem:
 @dataclass(frozen=True)
 class Preflight:
     """What preflight found: the problems (none: every host is ready) and, per host label, the
-    GPUs a process of the job sees there (:func:`cli.agent.gpus`; a host missing here did not
+    GPUs a process of the job sees there (:func:`mxdist.agent.gpus`; a host missing here did not
     report them)."""
 
     problems: list[HostProblem] = field(default_factory=list)
@@ -136,13 +137,13 @@ class Backend(Protocol):
     capabilities: frozenset[Capability]
 
     def options(self) -> dict[str, Any]:
-        """JSON-able options that :func:`cli.registry.make_backend` accepts to rebuild this backend."""
+        """JSON-able options that :func:`mxdist.registry.make_backend` accepts to rebuild this backend."""
 
     def preflight(self, hosts: Sequence[Host], modules: Sequence[str], env: Mapping[str, str],
                   target: tuple[str, str] | None = None) -> Preflight:
         """Check every host (in parallel): reachable, authenticated, Python imports ``modules``
         (in the working directory, with ``env`` added to the host's environment), the job's
-        command is there (``target``: :func:`cli.plan.command_target`); report the GPUs a
+        command is there (``target``: :func:`mxdist.plan.command_target`); report the GPUs a
         process with ``env`` sees on each."""
 
     def reachable(self, host: Host, timeout: float) -> None:
@@ -225,7 +226,7 @@ def describer(backend: Backend) -> Describer | None:
 
 
 class LocalRunner:
-    """Processes on this machine under :mod:`cli.agent`'s reaper: the part of a backend that
+    """Processes on this machine under :mod:`mxdist.agent`'s reaper: the part of a backend that
     starts, follows, checks, stops and cleans up local processes.
 
     ``argv`` turns a process spec into the command actually run (Slurm: an ``srun`` line);
@@ -328,7 +329,7 @@ class LocalBackend:
 
 
 def command_fix(problem: str, otherwise: str, remote: bool = False) -> str:
-    """The fix for a preflight problem of :func:`cli.agent.check` about the job's command
+    """The fix for a preflight problem of :func:`mxdist.agent.check` about the job's command
     (``remote``: on a host that is not this machine), else ``otherwise``."""
     if problem.startswith("no script"):
         return ("copy it to the same path on that host (--sync DIR copies a directory first), or pass --workdir"

@@ -1,12 +1,12 @@
 """Recorded jobs from any shell: status, stop, logs and the job list.
 
-The backend of a job is rebuilt from its record (:func:`cli.registry.make_backend`), so these
+The backend of a job is rebuilt from its record (:func:`mxdist.registry.make_backend`), so these
 work whether the supervisor is attached, detached or gone.
 
 **Who writes.**  A job's supervisor is the only writer of its record while it lives
-(:mod:`cli.jobs`).  ``stop`` asks it (a stop request in the job's private directory) and waits
+(:mod:`mxdist.jobs`).  ``stop`` asks it (a stop request in the job's private directory) and waits
 for the final state; only when the supervisor is provably gone do these commands write, through
-:mod:`cli.takeover` (which also finalises the record of a job whose supervisor was lost).
+:mod:`mxdist.takeover` (which also finalises the record of a job whose supervisor was lost).
 
 Status asks the live scheduler first (``psnode.scheduler.client.query_status``); processes it does not
 know are checked on their hosts.  A final record is shown as recorded.
@@ -21,13 +21,14 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-from cli import jobs, teardown
-from cli.backends import describer
-from cli.jobs import DamagedRecord, JobRecord, ProcRecord, ProcState
-from cli.takeover import backend_for, refresh, state_from_check, stop_orphan, supervisor_gone
 from psnode.errors import PSError
 from psnode.protocol.control import StatusAnswer
 from psnode.protocol.status import NodeRow
+
+from . import jobs, teardown
+from .backends import describer
+from .jobs import DamagedRecord, JobRecord, ProcRecord, ProcState
+from .takeover import backend_for, refresh, state_from_check, stop_orphan, supervisor_gone
 
 STOP_MARGIN = 30.0      # seconds a supervisor gets beyond --grace to end the job when asked
 

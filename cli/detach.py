@@ -1,6 +1,6 @@
 """``mxdist launch -d``: the job's supervisor in the background.
 
-The same :class:`cli.launch.Supervisor` runs in a child process of its own session (no
+The same :class:`mxdist.launch.Supervisor` runs in a child process of its own session (no
 controlling terminal, SIGHUP ignored), stdin from /dev/null, stdout and stderr appended to
 ``MXDIST_HOME/jobs/<id>/supervisor.log`` (0600).  The parent returns as soon as the child holds
 the job's lock and has written the record, so ``mxdist status`` and ``mxdist stop`` find the job
@@ -13,8 +13,8 @@ import os
 import signal
 import sys
 
-from cli import jobs
-from cli.launch import Supervisor
+from . import jobs
+from .launch import Supervisor
 
 
 def detach(supervisor: Supervisor) -> None:

@@ -1,8 +1,8 @@
 """GPUs: what each host shows a job's processes, and which of them each worker gets.
 
 Pure: no I/O.  Inputs are what preflight found on each host (:class:`HostGpus`, parsed from
-:func:`cli.agent.gpus`'s report by :meth:`HostGpus.from_report`) and the workers' local ranks;
-:mod:`cli.plan` puts the results into the workers' environments.
+:func:`mxdist.agent.gpus`'s report by :meth:`HostGpus.from_report`) and the workers' local ranks;
+:mod:`mxdist.plan` puts the results into the workers' environments.
 
 Contract:
 
@@ -30,8 +30,9 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
-from cli.plan import Plan, PlanError
 from psnode.config import Role
+
+from .plan import Plan, PlanError
 
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 ORDER = "CUDA_DEVICE_ORDER"
@@ -70,7 +71,7 @@ class HostGpus:
 
     @classmethod
     def from_report(cls, report: Mapping[str, Any] | None) -> HostGpus:
-        """From :func:`cli.agent.gpus`'s dict (missing fields: nothing found)."""
+        """From :func:`mxdist.agent.gpus`'s dict (missing fields: nothing found)."""
         report = report or {}
         listed = tuple(Gpu(str(g.get("index")), str(g.get("name") or ""), g.get("memory_mib"))
                        for g in report.get("gpus") or () if isinstance(g, Mapping))

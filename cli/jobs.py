@@ -232,7 +232,7 @@ def record_path(job_id: str) -> Path:
 
 
 def key_path(job_id: str) -> Path:
-    """Where the launcher keeps the job's secret file on this machine (:mod:`cli.preflight`)."""
+    """Where the launcher keeps the job's secret file on this machine (:mod:`mxdist.preflight`)."""
     return log_dir(job_id) / "job.key"
 
 

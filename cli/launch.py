@@ -1,24 +1,24 @@
 """The job's supervisor: the one owner of a job's life and the only writer of its record.
 
 ``mxdist launch`` is the supervisor (attached); ``mxdist launch -d`` runs the same supervisor
-detached (:func:`cli.detach.detach`: its own session, output to ``jobs/<id>/supervisor.log``).  It holds
-the job's lock (:mod:`cli.jobs`) for as long as it lives.
+detached (:func:`mxdist.detach.detach`: its own session, output to ``jobs/<id>/supervisor.log``).  It holds
+the job's lock (:mod:`mxdist.jobs`) for as long as it lives.
 
 Sequence (:meth:`Supervisor.run`):
 
 1. record the job (``starting``) with who supervises it (pid, start time, host);
 2. ``--sync``, preflight of every host, and (unless ``--insecure``) the job's secret, fresh,
-   on every host (:mod:`cli.preflight`): any problem -> ``failed`` with the reason per host, exit 3, nothing started;
+   on every host (:mod:`mxdist.preflight`): any problem -> ``failed`` with the reason per host, exit 3, nothing started;
 3. start the scheduler, the servers, the workers (each stage per host in parallel); stream
    every process's output (prefixed; ``--ranks`` filters; every line saved to
    ``jobs/<id>/<name>.log``);
-4. watch: process exits go through the rules of :mod:`cli.lifecycle` (restart, after a back
+4. watch: process exits go through the rules of :mod:`mxdist.lifecycle` (restart, after a back
    off when it failed quickly; fail, a crash loop included; wind down); a stop request
    (``mxdist stop``: ``jobs/<id>/stop.request``) or a signal ends it;
 5. the end, always the same way (:meth:`Supervisor._conclude`): stop what still runs on every
    host (TERM, ``--grace``, KILL; a host that does not answer within seconds is *not
    verified*, never waited on), collect what the processes left, name the root cause
-   (:mod:`cli.rootcause`), remove the job's secrets, run files and shared-memory segments on
+   (:mod:`mxdist.rootcause`), remove the job's secrets, run files and shared-memory segments on
    every host, write the final state once, print the closing line.
 
 Exit codes and final states:
@@ -35,7 +35,7 @@ code   state        when
 =====  ===========  =========================================================================
 
 Supervision never depends on the terminal: output to a closed pipe or terminal is dropped
-(:mod:`cli.ui`), the job runs on and ends as it would have; signals only set a flag that the
+(:mod:`mxdist.ui`), the job runs on and ends as it would have; signals only set a flag that the
 loop acts on.  A signal that was ignored when mxdist started (``nohup`` ignores SIGHUP) stays
 ignored.  Job processes run in their own sessions, so the terminal's signals reach the
 supervisor only.
@@ -55,9 +55,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from cli import jobs, teardown, ui
-from cli.agent import last_exception
-from cli.backends import (
+from psnode.config import Role
+from psnode.net.security import Mode
+
+from . import jobs, teardown, ui
+from .agent import last_exception
+from .backends import (
     Backend,
     BackendError,
     ExitStatus,
@@ -65,14 +68,12 @@ from cli.backends import (
     Started,
     run_per_host,
 )
-from cli.hosts import Host
-from cli.jobs import JobRecord, JobState, ProcRecord, ProcState
-from cli.lifecycle import QUICK, Action, Failure, Supervision
-from cli.plan import Plan, ProcSpec, restarted
-from cli.preflight import prepare_hosts
-from cli.rootcause import RootCause, decide, describe_code
-from psnode.config import Role
-from psnode.net.security import Mode
+from .hosts import Host
+from .jobs import JobRecord, JobState, ProcRecord, ProcState
+from .lifecycle import QUICK, Action, Failure, Supervision
+from .plan import Plan, ProcSpec, restarted
+from .preflight import prepare_hosts
+from .rootcause import RootCause, decide, describe_code
 
 EXIT_OK, EXIT_FAILED, EXIT_PREFLIGHT = 0, 1, 3
 EXIT_HANGUP, EXIT_INTERRUPTED, EXIT_STOPPED = 129, 130, 143
@@ -280,7 +281,7 @@ class Supervisor:
         rules = Supervision.of(((p.name, p.role) for p in self.record.procs if p.pid),
                                self.plan.node.max_restarts, self.plan.node.servers_restart)
         wind_down_by: float | None = None
-        later: list[tuple[float, ProcRecord]] = []   # restarts backing off (cli.lifecycle, rule 6)
+        later: list[tuple[float, ProcRecord]] = []   # restarts backing off (mxdist.lifecycle, rule 6)
         while True:
             if (req := self._end_request()) is not None:
                 if rules.winding_down:

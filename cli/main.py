@@ -19,15 +19,16 @@ from typing import Any, TypeVar
 
 import typer
 
-from cli import control, history, jobs, ui
-from cli.backends import BackendError
-from cli.detach import detach
-from cli.gpus import GpuShortageError, describe_worker, gpu_view, with_gpus
-from cli.hosts import HostsError
-from cli.launch import EXIT_PREFLIGHT, Supervisor
-from cli.options import LaunchOptions, launch_default
-from cli.plan import PASSTHROUGH, NodeOptions, Plan, PlanError, is_secret
 from psnode.config import Role
+
+from . import control, history, jobs, ui
+from .backends import BackendError
+from .detach import detach
+from .gpus import GpuShortageError, describe_worker, gpu_view, with_gpus
+from .hosts import HostsError
+from .launch import EXIT_PREFLIGHT, Supervisor
+from .options import LaunchOptions, launch_default
+from .plan import PASSTHROUGH, NodeOptions, Plan, PlanError, is_secret
 
 EXIT_USAGE = 2
 N = NodeOptions()          # the psnode options' defaults (NodeConfig's)
@@ -188,7 +189,7 @@ def launch(
              "unchanged (LOCAL_RANK is always set)"),
 ) -> None:
     """Start a job: scheduler, servers and workers running COMMAND, supervised to its end."""
-    from cli.options import known_gpus, prepare
+    from .options import known_gpus, prepare
 
     try:
         node = NodeOptions(

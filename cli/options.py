@@ -1,10 +1,10 @@
 """From ``mxdist launch`` options to a plan, a backend, a job record and launch settings.
 
-This is the glue between the typer command (:mod:`cli.main`) and the pure modules: it reads
+This is the glue between the typer command (:mod:`mxdist.main`) and the pure modules: it reads
 the hosts file, picks the launcher, resolves hosts through the backend (ssh config), chooses
 ports, and computes the plan.  No process is started here.
 
-Options that become psnode configuration are one :class:`cli.plan.NodeOptions` (filled once by
+Options that become psnode configuration are one :class:`mxdist.plan.NodeOptions` (filled once by
 the typer command, validated there, carried by the plan into every process's NodeConfig);
 :class:`LaunchOptions` holds it and the launcher's own options, each default written once here
 (the typer command reads them from :func:`launch_default`).  Every error is a
@@ -14,7 +14,7 @@ Security (:func:`security_mode`): every job, local ones included, is ``authentic
 default (a fresh secret per job; :mod:`psnode.net.security` says what each mode protects);
 ``--encrypt`` makes it ``encrypted`` (CURVE on every link), ``--insecure`` turns it off.  Every
 process's ``PSNODE_KEY_FILE`` is planned as ``<run dir>/job.key`` on its host; the supervisor
-writes the secret there before anything starts (:mod:`cli.preflight`).
+writes the secret there before anything starts (:mod:`mxdist.preflight`).
 """
 from __future__ import annotations
 
@@ -27,16 +27,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cli import agent, jobs
-from cli.backends import Backend, resolver
-from cli.gpus import VISIBLE, HostGpus
-from cli.hosts import Host, HostsError, looks_like_file, parse_host_list, parse_hosts_file
-from cli.jobs import JobRecord
-from cli.launch import LaunchSettings, new_record
-from cli.plan import NodeOptions, Plan, PlanError, PlanRequest, make_plan, parse_env_assignments, passthrough_env
-from cli.registry import make_backend
 from psnode.net.security import Mode
 from psnode.server.checkpoint import path_for
+
+from . import agent, jobs
+from .backends import Backend, resolver
+from .gpus import VISIBLE, HostGpus
+from .hosts import Host, HostsError, looks_like_file, parse_host_list, parse_hosts_file
+from .jobs import JobRecord
+from .launch import LaunchSettings, new_record
+from .plan import NodeOptions, Plan, PlanError, PlanRequest, make_plan, parse_env_assignments, passthrough_env
+from .registry import make_backend
 
 # Ports a job listens on are chosen where the kernel never puts the source port of an outgoing
 # connection (its ephemeral range: 32768-60999 on Linux by default), so nothing can take a port
@@ -263,7 +264,7 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
         backend = make_backend("local", {"workdir": workdir, "python": sys.executable})
         python = sys.executable
     elif launcher == "slurm":
-        from cli.slurm import from_allocation
+        from .slurm import from_allocation
 
         if opts.hosts or opts.sync:
             raise PlanError("--launcher slurm runs on the nodes of the Slurm allocation, which share "

@@ -17,7 +17,7 @@ Rules:
   as an argument, where ``torch.distributed.launch`` put it (right after a ``.py`` script, before
   its arguments; at the end of any other command), for scripts that read ``args.local_rank``;
 * GPUs: by default visibility is left alone (LOCAL_RANK names ``cuda:LOCAL_RANK``); with
-  ``gpus_per_worker`` the plan records it, and :func:`cli.gpus.with_gpus` gives each worker its
+  ``gpus_per_worker`` the plan records it, and :func:`mxdist.gpus.with_gpus` gives each worker its
   ``CUDA_VISIBLE_DEVICES`` once the hosts' GPU lists are known (an input: preflight's report).
 
 psnode options: one :class:`NodeOptions` per job (filled from ``mxdist launch``'s flags, defaults
@@ -32,7 +32,7 @@ variable comes from an ``mxdist launch`` option through ``NodeConfig.to_env()``.
 
 The job's secret (:mod:`psnode.net.security`): ``key_files`` maps a host label to the secret
 file's path on that host (the launcher writes the file there before starting anything; see
-:mod:`cli.preflight`); hosts without an entry get ``key_file`` (None: insecure).  A path may
+:mod:`mxdist.preflight`); hosts without an entry get ``key_file`` (None: insecure).  A path may
 still start with ``~`` at planning time: :func:`with_key_files` puts the path each host resolved
 into the plan.
 """
@@ -45,13 +45,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from cli.hosts import Host, HostsError, check_env_name
 from psnode.config import LOG_LEVELS, CpuPolicy, Distribution, NodeConfig, Role, default
 from psnode.errors import ConfigError
 from psnode.protocol import failure
 
+from .hosts import Host, HostsError, check_env_name
+
 if TYPE_CHECKING:
-    from cli.gpus import HostGpus
+    from .gpus import HostGpus
 
 #: Variables copied from the launcher's environment to every process (shell-style patterns).
 PASSTHROUGH: tuple[str, ...] = (

@@ -13,11 +13,11 @@ job's processes read it (``PSNODE_KEY_FILE``):
 * SSH (a backend with the ``keys`` capability): sent on the SSH channel's stdin to every host,
   written 0600 in the job's 0700 remote run directory; never on a command line.
 
-The supervisor removes every copy when the job ends, however it ends (:mod:`cli.teardown`,
-:mod:`cli.takeover`).  This runs in a thread of the supervisor, so a stop request or a signal
+The supervisor removes every copy when the job ends, however it ends (:mod:`mxdist.teardown`,
+:mod:`mxdist.takeover`).  This runs in a thread of the supervisor, so a stop request or a signal
 does not wait for slow hosts.
 
-GPUs: preflight's report of each host's GPUs goes into the plan (:func:`cli.gpus.with_gpus`);
+GPUs: preflight's report of each host's GPUs goes into the plan (:func:`mxdist.gpus.with_gpus`);
 with ``--gpus-per-worker`` every worker then has its ``CUDA_VISIBLE_DEVICES``, and a host with
 too few GPUs is a problem like any other.  The report is shown when a host has GPUs or GPUs
 were asked for (a CPU host is fine and quiet).
@@ -27,8 +27,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from cli import jobs, ui
-from cli.backends import (
+from psnode.net.security import Mode
+from psnode.net.transport import new_security
+
+from . import jobs, ui
+from .backends import (
     Backend,
     BackendError,
     HostProblem,
@@ -38,11 +41,9 @@ from cli.backends import (
     run_per_host,
     syncer,
 )
-from cli.gpus import GpuShortageError, HostGpus, gpu_view, with_gpus
-from cli.jobs import JobRecord
-from cli.plan import Plan, command_target, with_key_files
-from psnode.net.security import Mode
-from psnode.net.transport import new_security
+from .gpus import GpuShortageError, HostGpus, gpu_view, with_gpus
+from .jobs import JobRecord
+from .plan import Plan, command_target, with_key_files
 
 
 class PreflightFailed(Exception):

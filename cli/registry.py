@@ -1,6 +1,6 @@
 """Backends by name: ``local``, ``ssh`` and ``slurm`` (the launcher's ``--launcher``).
 
-The one place that knows every backend, so :mod:`cli.backends` (the contract) imports none
+The one place that knows every backend, so :mod:`mxdist.backends` (the contract) imports none
 of them and no import cycle forms.  SSH and Slurm are imported only when used (paramiko is
 not loaded for local jobs).
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cli.backends import Backend, BackendError, LocalBackend
+from .backends import Backend, BackendError, LocalBackend
 
 NAMES = ("local", "ssh", "slurm")
 
@@ -18,11 +18,11 @@ def make_backend(name: str, options: dict[str, Any]) -> Backend:
     if name == "local":
         return LocalBackend(**options)
     if name == "ssh":
-        from cli.ssh import SshBackend
+        from .ssh import SshBackend
 
         return SshBackend(**options)
     if name == "slurm":
-        from cli.slurm import SlurmBackend
+        from .slurm import SlurmBackend
 
         return SlurmBackend(**options)
     raise BackendError(f"unknown launcher {name!r} (choose {', '.join(NAMES)})")

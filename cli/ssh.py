@@ -12,7 +12,7 @@ an unknown key is refused unless ``accept_new_host_keys`` (then it is appended t
 a changed key is always refused.
 
 Every remote operation is one ``exec_command`` of ``<python> -`` (a quoted argv, never an
-interpolated string) whose stdin carries :mod:`cli.agent`'s source and the JSON request, so
+interpolated string) whose stdin carries :mod:`mxdist.agent`'s source and the JSON request, so
 environment values (possibly secrets) never appear on a command line.  One connection per
 host is kept and shared by all threads (paramiko channels are thread-safe).
 
@@ -41,8 +41,10 @@ from typing import Any
 
 import paramiko
 
-from cli import agent
-from cli.backends import (
+from psnode.protocol.failure import path_in
+
+from . import agent
+from .backends import (
     BackendError,
     Capability,
     Evidence,
@@ -54,11 +56,10 @@ from cli.backends import (
     command_fix,
     run_per_host,
 )
-from cli.gpus import HostGpus
-from cli.hosts import Host, HostsError, check_hostname, check_user, parse_host_word
-from cli.jobs import ProcRecord
-from cli.plan import ProcSpec
-from psnode.protocol.failure import path_in
+from .gpus import HostGpus
+from .hosts import Host, HostsError, check_hostname, check_user, parse_host_word
+from .jobs import ProcRecord
+from .plan import ProcSpec
 
 _AGENT_SOURCE = Path(agent.__file__).read_text()
 # paramiko logs a failed connection's traceback from its own thread; the user gets the problem

@@ -1,7 +1,7 @@
 """Acting for a job whose supervisor is gone (``kill -9`` of ``mxdist launch``).
 
 Only here does anyone but the supervisor write a job's record, and only while holding the
-job's lock (:func:`cli.jobs.takeover`) after proving the supervisor gone
+job's lock (:func:`mxdist.jobs.takeover`) after proving the supervisor gone
 (:func:`supervisor_gone`): the lock is free and its recorded pid with its start time is gone;
 for version 1 records (no lock), the launcher's pid is dead or younger than the record.
 
@@ -21,12 +21,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cli import jobs, teardown
-from cli.backends import Backend, ProcStatus
-from cli.jobs import JobRecord, JobState, ProcState
-from cli.launch import proc_start_ticks
-from cli.registry import make_backend
-from cli.rootcause import decide
+from . import jobs, teardown
+from .backends import Backend, ProcStatus
+from .jobs import JobRecord, JobState, ProcState
+from .launch import proc_start_ticks
+from .registry import make_backend
+from .rootcause import decide
 
 
 def backend_for(record: JobRecord) -> Backend:

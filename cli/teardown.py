@@ -12,10 +12,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cli.backends import Backend, Evidence, HostTimeout, run_per_host
-from cli.hosts import Host
-from cli.jobs import JobRecord, ProcRecord
-from cli.rootcause import Outcome
+from .backends import Backend, Evidence, HostTimeout, run_per_host
+from .hosts import Host
+from .jobs import JobRecord, ProcRecord
+from .rootcause import Outcome
 
 PROBE_TIMEOUT = 2.0     # seconds a host gets to answer before it is "not verified"
 STEP_MARGIN = 10.0      # seconds on top of a step's own time (grace) before giving up on a host

@@ -1,4 +1,4 @@
-"""cli.gpus and the GPU parts of cli.plan (pure): host GPU lists, each worker's devices, shortages.
+"""mxdist.gpus and the GPU parts of mxdist.plan (pure): host GPU lists, each worker's devices, shortages.
 
 The hosts' GPU lists are an input of the plan (preflight's report); here they are made up.
 """
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from cli.gpus import (
+from mxdist.gpus import (
     GpuShortageError,
     GpuSource,
     HostGpus,
@@ -16,8 +16,8 @@ from cli.gpus import (
     sharing_warnings,
     with_gpus,
 )
-from cli.hosts import Host
-from cli.plan import PlanError, PlanRequest, make_plan, restarted
+from mxdist.hosts import Host
+from mxdist.plan import PlanError, PlanRequest, make_plan, restarted
 from psnode.config import Role
 
 HOSTS = [Host("a", address="10.0.0.1", slots=4), Host("b", address="10.0.0.2", slots=2)]
