@@ -24,11 +24,11 @@ from psnode.config import Role
 from . import control, history, jobs, ui
 from .backends import BackendError
 from .detach import detach
-from .gpus import GpuShortageError, describe_worker, gpu_view, with_gpus
+from .gpus import describe_worker
 from .hosts import HostsError
 from .launch import EXIT_PREFLIGHT, Supervisor
 from .options import LaunchOptions, launch_default
-from .plan import PASSTHROUGH, NodeOptions, Plan, PlanError, is_secret
+from .plan import PASSTHROUGH, GpuShortageError, NodeOptions, Plan, PlanError, gpu_view, is_secret, with_gpus
 
 EXIT_USAGE = 2
 N = NodeOptions()          # the psnode options' defaults (NodeConfig's)

@@ -17,7 +17,7 @@ The supervisor removes every copy when the job ends, however it ends (:mod:`mxdi
 :mod:`mxdist.takeover`).  This runs in a thread of the supervisor, so a stop request or a signal
 does not wait for slow hosts.
 
-GPUs: preflight's report of each host's GPUs goes into the plan (:func:`mxdist.gpus.with_gpus`);
+GPUs: preflight's report of each host's GPUs goes into the plan (:func:`mxdist.plan.with_gpus`);
 with ``--gpus-per-worker`` every worker then has its ``CUDA_VISIBLE_DEVICES``, and a host with
 too few GPUs is a problem like any other.  The report is shown when a host has GPUs or GPUs
 were asked for (a CPU host is fine and quiet).
@@ -41,9 +41,9 @@ from .backends import (
     run_per_host,
     syncer,
 )
-from .gpus import GpuShortageError, HostGpus, gpu_view, with_gpus
+from .gpus import HostGpus
 from .jobs import JobRecord
-from .plan import Plan, command_target, with_key_files
+from .plan import GpuShortageError, Plan, command_target, gpu_view, with_gpus, with_key_files
 
 
 class PreflightFailed(Exception):

@@ -6,18 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from mxdist.gpus import (
-    GpuShortageError,
-    GpuSource,
-    HostGpus,
-    describe_worker,
-    gpu_view,
-    parse_visible,
-    sharing_warnings,
-    with_gpus,
-)
+from mxdist.gpus import GpuSource, HostGpus, describe_worker, parse_visible, sharing_warnings
 from mxdist.hosts import Host
-from mxdist.plan import PlanError, PlanRequest, make_plan, restarted
+from mxdist.plan import GpuShortageError, PlanError, PlanRequest, gpu_view, make_plan, restarted, with_gpus
 from psnode.config import Role
 
 HOSTS = [Host("a", address="10.0.0.1", slots=4), Host("b", address="10.0.0.2", slots=2)]
