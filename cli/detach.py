@@ -42,16 +42,14 @@ def detach(supervisor: Supervisor) -> None:
         os.close(fd)
         os.close(null)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        original = supervisor._save
 
-        def save_then_tell() -> None:
-            original()
+        def tell() -> None:
             nonlocal ready_w
             if ready_w >= 0:
                 os.close(ready_w)
                 ready_w = -1
 
-        supervisor._save = save_then_tell  # type: ignore[method-assign]
+        supervisor.on_save(tell)
         code = supervisor.run()
     except BaseException as exc:  # noqa: BLE001 - the child must never return into the parent's code
         with contextlib.suppress(Exception):

@@ -303,8 +303,7 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
     if opts.grace < 0 or opts.finish_grace < 0:
         raise PlanError("--grace and --finish-grace are seconds >= 0")
     log_dir = jobs.log_dir(job_id)
-    record = new_record(plan, backend, opts.command, workdir, log_dir)
-    record.security = security.value
+    record = new_record(plan, backend, opts.command, workdir, log_dir, security)
     settings = LaunchSettings(run_dir=run_dir, grace=opts.grace, finish_grace=opts.finish_grace,
                               detach=opts.detach, quiet=opts.quiet or opts.detach, ranks=ranks,
                               sync=_sync_pairs(opts.sync), security=security)

@@ -99,7 +99,7 @@ def _install_secret(plan: Plan, backend: Backend, record: JobRecord, run_dir: st
     local = jobs.key_path(record.id)
     jobs.private_dir(local.parent)
     security.save(str(local))
-    record.key_file = str(local)
+    record.keep_key(str(local))
     save()
     installer = key_installer(backend)
     hosts = plan.busy_hosts
@@ -114,7 +114,7 @@ def _install_secret(plan: Plan, backend: Backend, record: JobRecord, run_dir: st
     problems = [HostProblem(label, f"could not write the job's secret file: {result}",
                             "check that the remote run directory (--remote-dir) is writable")
                 for label, result in results.items() if isinstance(result, Exception)]
-    record.remote_keys = {label: path for label, path in results.items() if not isinstance(path, Exception)}
+    record.keys_on_hosts({label: path for label, path in results.items() if not isinstance(path, Exception)})
     save()
     if problems:
         raise PreflightFailed(problems)

@@ -32,6 +32,11 @@ class HostReport:
     def clean(self) -> bool:
         return not any(self.left.values()) and not self.unverified
 
+    def survivors(self) -> dict[str, str]:
+        """The hosts where processes outlived KILL, with the pids: not verified either."""
+        return {label: f"still running after KILL: pids {', '.join(map(str, pids))}"
+                for label, pids in self.left.items() if pids}
+
 
 def hosts_of(record: JobRecord) -> dict[str, Host]:
     hosts = [Host(**h) for h in record.hosts]
