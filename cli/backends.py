@@ -114,6 +114,16 @@ class Evidence:
         object.__setattr__(self, "failure", record_of(self.failure))
 
 
+@dataclass(frozen=True)
+class BackendStatus:
+    """What a backend adds to a job's status view (:class:`Describer`): ``fields`` for
+    ``--json``, ``title`` for the table's title, and per process name the ``steps`` running it."""
+
+    fields: Mapping[str, Any] = field(default_factory=dict)
+    title: str = ""
+    steps: Mapping[str, str] = field(default_factory=dict)
+
+
 class BackendError(RuntimeError):
     """A host could not be reached or refused an operation; the message says which and why."""
 
@@ -197,8 +207,8 @@ class Resolver(Protocol):
 
 
 class Describer(Protocol):
-    def describe(self, procs: Sequence[ProcRecord]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-        """Job-level fields and fields per process name for the status view."""
+    def describe(self, procs: Sequence[ProcRecord]) -> BackendStatus:
+        """What the backend adds to the job's status view."""
 
 
 def _has(backend: Backend, capability: Capability) -> bool:

@@ -58,6 +58,7 @@ from typing import Any
 from . import agent
 from .backends import (
     BackendError,
+    BackendStatus,
     Capability,
     Evidence,
     ExitStatus,
@@ -356,13 +357,14 @@ class SlurmBackend:
         return [ProcStatus(p.name in steps or st.alive, st.members, st.code)
                 for p, st in zip(procs, self.runner.status(procs), strict=True)]
 
-    def describe(self, procs: Sequence[ProcRecord]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    def describe(self, procs: Sequence[ProcRecord]) -> BackendStatus:
         """For ``mxdist status``: the Slurm job id, and the step id of each running process."""
         try:
             steps = self.steps()
         except SlurmError:
             steps = {}
-        return {"slurm_job": self.job_id}, {name: {"step": sid} for name, (sid, _) in steps.items()}
+        return BackendStatus({"slurm_job": self.job_id}, f"Slurm job {self.job_id}",
+                             {name: sid for name, (sid, _) in steps.items()})
 
     def signal(self, host: Host, procs: Sequence[ProcRecord], signum: int) -> None:
         names = {p.name for p in procs}
