@@ -9,12 +9,15 @@ depend on; a backend implements it for one way of reaching machines:
   (``srun`` runs here under a :class:`LocalRunner`; the process itself runs under slurmstepd).
 
 :mod:`mxdist.registry` builds a backend by name (breaking the import cycle between this module
-and the backends that use it).
+and the backends that use it): from a job record's options, or for a new job from a
+:class:`LaunchRequest` (each backend class's ``for_launch``: the backend and the job's hosts).
 
-**Capabilities.**  What only some backends can do is declared, not probed: each backend lists
-its :class:`Capability` values in ``capabilities``, and an accessor per capability
-(:func:`key_installer`, :func:`syncer`, :func:`explainer`, :func:`resolver`, :func:`describer`)
-returns it typed as that capability's small protocol, or None.
+**Capabilities.**  What a backend is and what only some backends can do is declared, not
+probed, and never read from its name: each backend lists its :class:`Capability` values in
+``capabilities``.  Some say where the processes run (this machine, a shared file system,
+hosts given with ``-H``); for the others an accessor per capability (:func:`key_installer`,
+:func:`syncer`, :func:`explainer`, :func:`describer`) returns the backend
+typed as that capability's small protocol, or None.
 
 Process identity: every process leads its own process group (pid == pgid); a backend signals
 groups, never single pids, so a worker's children go with it.  Exit status: ``int`` exit code,
@@ -26,12 +29,13 @@ Backends are constructed from plain JSON-able options (:meth:`Backend.options`) 
 from __future__ import annotations
 
 import signal as _signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Protocol, cast
+from typing import Any, ClassVar, Protocol, cast
 
 from psnode.protocol.failure import FailureRecord, path_in, record_of
 
@@ -39,7 +43,7 @@ from . import agent
 from .gpus import HostGpus
 from .hosts import Host
 from .jobs import ProcRecord
-from .plan import ProcSpec
+from .plan import PlanError, ProcSpec
 
 
 @dataclass(frozen=True)
@@ -128,11 +132,33 @@ class BackendError(RuntimeError):
     """A host could not be reached or refused an operation; the message says which and why."""
 
 
+@dataclass(frozen=True)
+class LaunchRequest:
+    """What ``mxdist launch`` asks of a backend class (``for_launch``): a backend for the job and
+    its hosts; options that do not apply to the backend raise PlanError (with the fix)."""
+
+    job_id: str
+    workdir: str
+    python: str                             # --python: the interpreter on remote hosts
+    hosts: str | None = None                # -H as given: a hosts file or an inline list
+    num_workers: int | None = None          # -n
+    sync: bool = False                      # --sync was given
+    environ: Mapping[str, str] = field(default_factory=dict)   # the launcher's (Slurm: the allocation)
+    ssh_config: str | None = None           # LOGIN backends: how to reach and trust the hosts
+    known_hosts: str | None = None
+    accept_new_host_keys: bool = False
+    connect_timeout: float = 10.0
+    identity_file: str | None = None
+
+
 class Capability(str, Enum):
+    THIS_MACHINE = "this_machine"  # the processes run here: their ports, GPUs and state are seen from here
+    SHARED_FS = "shared_fs"        # they see this machine's files: the job's directory is their run directory
+    HOSTS = "hosts"        # it runs on the hosts given with -H (the others find their own hosts)
+    LOGIN = "login"        # it logs in to its hosts (-i: the private key)
     KEYS = "keys"          # KeyInstaller: deliver the job's secret file to a host that does not see ours
     SYNC = "sync"          # Syncer: copy a directory to a host
     EXPLAIN = "explain"    # Explainer: turn a connection error into a reason and a fix
-    RESOLVE = "resolve"    # Resolver: a host's address from the backend's configuration
     DESCRIBE = "describe"  # Describer: backend fields for the status view
 
 
@@ -144,7 +170,8 @@ class Backend(Protocol):
     """
 
     name: str
-    capabilities: frozenset[Capability]
+    capabilities: ClassVar[frozenset[Capability]]
+    python: str          # the interpreter that runs the job's Python processes on the hosts
 
     def options(self) -> dict[str, Any]:
         """JSON-able options that :func:`mxdist.registry.make_backend` accepts to rebuild this backend."""
@@ -185,6 +212,18 @@ class Backend(Protocol):
         """Release connections."""
 
 
+class BackendClass(Protocol):
+    """A backend class: what it is before one is made, and the two ways to make one."""
+
+    capabilities: frozenset[Capability]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Backend:
+        """From :meth:`Backend.options` (a job's record)."""
+
+    def for_launch(self, request: LaunchRequest) -> tuple[Backend, list[Host]]:
+        """For a new job: the backend and the job's hosts."""
+
+
 class KeyInstaller(Protocol):
     def install_key(self, host: Host, run_dir: str, key: bytes) -> str:
         """Write the job's secret file (``key``: its content) as ``<run_dir>/job.key``, 0600 in a
@@ -199,11 +238,6 @@ class Syncer(Protocol):
 class Explainer(Protocol):
     def explain(self, label: str, host: Host, exc: BaseException) -> HostProblem:
         """A connection error as a reason and a fix."""
-
-
-class Resolver(Protocol):
-    def resolve(self, host: Host) -> Host:
-        """The host with its address from the backend's configuration."""
 
 
 class Describer(Protocol):
@@ -225,10 +259,6 @@ def syncer(backend: Backend) -> Syncer | None:
 
 def explainer(backend: Backend) -> Explainer | None:
     return cast(Explainer, backend) if _has(backend, Capability.EXPLAIN) else None
-
-
-def resolver(backend: Backend) -> Resolver | None:
-    return cast(Resolver, backend) if _has(backend, Capability.RESOLVE) else None
 
 
 def describer(backend: Backend) -> Describer | None:
@@ -291,12 +321,22 @@ class LocalBackend:
     """This machine: a :class:`LocalRunner`, no connections."""
 
     name = "local"
-    capabilities: frozenset[Capability] = frozenset()
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({Capability.THIS_MACHINE, Capability.SHARED_FS})
 
     def __init__(self, workdir: str, python: str, **_: Any) -> None:
         self.workdir = workdir
         self.python = python
         self.runner = LocalRunner(workdir, python)
+
+    @classmethod
+    def for_launch(cls, request: LaunchRequest) -> tuple[LocalBackend, list[Host]]:
+        """This machine, with ``-n`` slots (default 1), running the launcher's own Python."""
+        if request.hosts:
+            raise PlanError("--launcher local runs on this machine only: drop -H or use --launcher ssh")
+        if request.sync:
+            raise PlanError("--sync copies to remote hosts: it needs -H")
+        slots = request.num_workers if request.num_workers and request.num_workers > 0 else 1
+        return cls(request.workdir, sys.executable), [Host("localhost", address="127.0.0.1", slots=slots)]
 
     def options(self) -> dict[str, Any]:
         return {"workdir": self.workdir, "python": self.python}

@@ -26,7 +26,7 @@ from psnode.protocol.control import StatusAnswer
 from psnode.protocol.status import NodeRow
 
 from . import jobs, teardown
-from .backends import BackendStatus, describer
+from .backends import BackendStatus, Capability, describer
 from .jobs import DamagedRecord, JobRecord, ProcRecord, ProcState
 from .takeover import backend_for, refresh, state_from_check, stop_orphan, supervisor_gone
 from .view import JobRow, JobView
@@ -90,7 +90,7 @@ def job_status(record: JobRecord, timeout: float = 2.0) -> JobView:
     finally:
         backend.close()
     view.backend_fields, view.backend_title = extra.fields, extra.title
-    where = "on this machine" if record.backend == "local" else f"over {record.backend}"
+    where = "on this machine" if Capability.THIS_MACHINE in backend.capabilities else f"over {record.backend}"
     view.source = ("live from the scheduler" + (f"; the rest checked {where}" if checked else "")
                    if live else f"checked {where}")
     for p in record.procs:

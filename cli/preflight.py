@@ -8,9 +8,10 @@ job's processes read it (``PSNODE_KEY_FILE``):
 * always, first, in ``MXDIST_HOME/jobs/<id>/job.key`` (0600 in the 0700 job directory): the
   launcher's copy, named by the job record (``key_file``: the path, never the secret), which
   ``mxdist status`` and ``stop`` use;
-* local jobs and Slurm: the processes read that same file (local: this machine; Slurm: the
-  nodes see ``MXDIST_HOME`` over the shared file system, as they see the job's logs);
-* SSH (a backend with the ``keys`` capability): sent on the SSH channel's stdin to every host,
+* a backend whose processes see this machine's files (``shared_fs``: local jobs; Slurm, whose
+  nodes see ``MXDIST_HOME`` over the shared file system, as they see the job's logs): the
+  processes read that same file;
+* a backend with the ``keys`` capability (SSH): sent on the SSH channel's stdin to every host,
   written 0600 in the job's 0700 remote run directory; never on a command line.
 
 The supervisor removes every copy when the job ends, however it ends (:mod:`mxdist.teardown`,
@@ -34,6 +35,7 @@ from . import jobs, ui
 from .backends import (
     Backend,
     BackendError,
+    Capability,
     HostProblem,
     Preflight,
     explainer,
@@ -104,7 +106,7 @@ def _install_secret(plan: Plan, backend: Backend, record: JobRecord, run_dir: st
     installer = key_installer(backend)
     hosts = plan.busy_hosts
     if installer is None:
-        if Path(run_dir) == local.parent:   # local, Slurm: the processes read the launcher's copy
+        if Capability.SHARED_FS in backend.capabilities:   # the processes read the launcher's copy
             return plan
         raise PreflightFailed([HostProblem(
             h.label, f"the {backend.name} launcher cannot deliver the job's secret",

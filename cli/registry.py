@@ -2,27 +2,44 @@
 
 The one place that knows every backend, so :mod:`mxdist.backends` (the contract) imports none
 of them and no import cycle forms.  SSH and Slurm are imported only when used (paramiko is
-not loaded for local jobs).
+not loaded for local jobs).  Everything else asks a backend what it is
+(:class:`mxdist.backends.Capability`), never its name.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from .backends import Backend, BackendError, LocalBackend
+from .backends import Backend, BackendClass, BackendError, Capability, LaunchRequest, LocalBackend
+from .hosts import Host
 
 NAMES = ("local", "ssh", "slurm")
 
 
-def make_backend(name: str, options: dict[str, Any]) -> Backend:
-    """Build a backend by name from :meth:`Backend.options`-style options."""
+def _backend_class(name: str) -> BackendClass:
     if name == "local":
-        return LocalBackend(**options)
+        return LocalBackend
     if name == "ssh":
         from .ssh import SshBackend
 
-        return SshBackend(**options)
+        return SshBackend
     if name == "slurm":
         from .slurm import SlurmBackend
 
-        return SlurmBackend(**options)
+        return SlurmBackend
     raise BackendError(f"unknown launcher {name!r} (choose {', '.join(NAMES)})")
+
+
+def capabilities(name: str) -> frozenset[Capability]:
+    """What the backend called ``name`` is and can do (before one is made)."""
+    return _backend_class(name).capabilities
+
+
+def make_backend(name: str, options: dict[str, Any]) -> Backend:
+    """Build a backend by name from :meth:`Backend.options`-style options."""
+    return _backend_class(name)(**options)
+
+
+def for_launch(name: str, request: LaunchRequest) -> tuple[Backend, list[Host]]:
+    """The backend called ``name`` for a new job, and the job's hosts (PlanError, HostsError or
+    BackendError when the options do not fit it)."""
+    return _backend_class(name).for_launch(request)

@@ -53,7 +53,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from . import agent
 from .backends import (
@@ -63,6 +63,7 @@ from .backends import (
     Evidence,
     ExitStatus,
     HostProblem,
+    LaunchRequest,
     LocalRunner,
     Preflight,
     ProcStatus,
@@ -72,7 +73,7 @@ from .backends import (
 from .gpus import HostGpus
 from .hosts import Host
 from .jobs import ProcRecord
-from .plan import ProcSpec
+from .plan import PlanError, ProcSpec
 
 HOW_TO_ALLOCATE = (
     "--launcher slurm runs inside a Slurm allocation, and SLURM_JOB_ID is not set here. Get one "
@@ -155,7 +156,8 @@ class SlurmBackend:
     """Processes as steps of Slurm job ``job_id``; see the module docstring."""
 
     name = "slurm"
-    capabilities = frozenset({Capability.DESCRIBE})   # no KEYS: the nodes read the launcher's copy
+    # no KEYS: the nodes read the launcher's copy of the job's secret
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({Capability.SHARED_FS, Capability.DESCRIBE})
 
     def __init__(self, workdir: str, python: str, job_id: str, tag: str,
                  cpus: Mapping[str, int] | None = None, slurm_conf: str | None = None,
@@ -168,6 +170,14 @@ class SlurmBackend:
         self.slurm_conf = slurm_conf
         self.runner = LocalRunner(workdir, sys.executable, argv=self._argv,
                                   exit_code=lambda rc, proc: exit_code(rc, _tail(proc.run_log)))
+
+    @classmethod
+    def for_launch(cls, request: LaunchRequest) -> tuple[SlurmBackend, list[Host]]:
+        """The allocation this command runs in (:func:`from_allocation`)."""
+        if request.hosts or request.sync:
+            raise PlanError("--launcher slurm runs on the nodes of the Slurm allocation, which share "
+                            "the file system: drop -H and --sync")
+        return from_allocation(request.environ, request.workdir, request.python, request.job_id)
 
     def options(self) -> dict[str, Any]:
         return {"workdir": self.workdir, "python": self.python, "job_id": self.job_id, "tag": self.tag,

@@ -30,6 +30,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shlex
 import socket
 import stat
@@ -37,7 +38,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import paramiko
 
@@ -50,6 +51,7 @@ from .backends import (
     Evidence,
     ExitStatus,
     HostProblem,
+    LaunchRequest,
     Preflight,
     ProcStatus,
     Started,
@@ -57,9 +59,18 @@ from .backends import (
     run_per_host,
 )
 from .gpus import HostGpus
-from .hosts import Host, HostsError, check_hostname, check_user, parse_host_word
+from .hosts import (
+    Host,
+    HostsError,
+    check_hostname,
+    check_user,
+    looks_like_file,
+    parse_host_list,
+    parse_host_word,
+    parse_hosts_file,
+)
 from .jobs import ProcRecord
-from .plan import ProcSpec
+from .plan import PlanError, ProcSpec
 
 _AGENT_SOURCE = Path(agent.__file__).read_text()
 # paramiko logs a failed connection's traceback from its own thread; the user gets the problem
@@ -67,6 +78,21 @@ _AGENT_SOURCE = Path(agent.__file__).read_text()
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 _KNOWN_HOSTS_LOCK = threading.Lock()
 MAX_JUMPS = 8   # ProxyJump hops, counted through jump hosts' own ProxyJump
+
+
+def read_hosts(spec: str) -> list[Host]:
+    """``-H`` value: an existing file (hosts file format), else an inline list."""
+    path = Path(spec).expanduser()
+    if path.is_file():
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise HostsError(f"{spec}: cannot read: {exc}") from None
+        return parse_hosts_file(text, str(spec))
+    if looks_like_file(spec) and not re.search(r"[\s;|&$`<>(){}'\"\\]", spec):
+        raise HostsError(f"-H {spec}: no such hosts file")
+    # an inline list; shell characters make it one too, so the host check names the bad value
+    return parse_host_list(spec)
 
 
 class SshConfigError(BackendError):
@@ -136,7 +162,8 @@ class SshBackend:
     """Hosts reached over SSH; see the module docstring."""
 
     name = "ssh"
-    capabilities = frozenset({Capability.KEYS, Capability.SYNC, Capability.EXPLAIN, Capability.RESOLVE})
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({
+        Capability.HOSTS, Capability.LOGIN, Capability.KEYS, Capability.SYNC, Capability.EXPLAIN})
 
     def __init__(self, workdir: str, python: str, ssh_config: str | None = None,
                  known_hosts: str | None = None, accept_new_host_keys: bool = False,
@@ -155,6 +182,17 @@ class SshBackend:
         self._hops: dict[str, list[paramiko.SSHClient]] = {}   # per host: the jump hosts' connections
         self._lock = threading.Lock()
         self._host_locks: dict[str, threading.Lock] = {}
+
+    @classmethod
+    def for_launch(cls, request: LaunchRequest) -> tuple[SshBackend, list[Host]]:
+        """The hosts given with ``-H``, each with its address from the ssh config."""
+        if not request.hosts:
+            raise PlanError("--launcher ssh needs hosts: -H host1,host2 or -H hostsfile")
+        parsed = read_hosts(request.hosts)
+        backend = cls(workdir=request.workdir, python=request.python, ssh_config=request.ssh_config,
+                      known_hosts=request.known_hosts, accept_new_host_keys=request.accept_new_host_keys,
+                      connect_timeout=request.connect_timeout, identity_file=request.identity_file)
+        return backend, [backend.resolve(h) for h in parsed]
 
     def options(self) -> dict[str, Any]:
         return {
