@@ -40,6 +40,9 @@ unknown fields load with defaults; a record that is not JSON or not an object ra
 
 Environment values and secrets are never stored: the record names the local secret file
 (``key_file``, a path), which ``status`` and ``stop`` pass to ``psnode.scheduler.client``.
+
+This module imports nothing but the standard library at run time, so any Python can read and
+check records (tests/cluster/test_launch_privacy.py does, as another user).
 """
 from __future__ import annotations
 
@@ -56,9 +59,10 @@ from collections.abc import Collection, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .rootcause import RootCause
+if TYPE_CHECKING:   # at run time this module needs the standard library only (module docstring)
+    from .rootcause import RootCause
 
 RECORD_VERSION = 2
 LOST_NOTE = "the supervisor was lost (killed?): the processes ran on unsupervised"
