@@ -91,7 +91,7 @@ def run_mxnet(py: str, W: int, S: int, cfg: dict, timeout: float) -> list[dict]:
 def run_psnode(py: str, W: int, S: int, cfg: dict, timeout: float) -> list[dict]:
     out = Path(tempfile.mkdtemp(prefix="gluon-ps-"))
     env = dict(os.environ, MXDIST_HOME=str(out / "home"), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    argv = [py, "-m", "cli.main", "launch", "-q", "-n", str(W), "-s", str(S), str(WORKER), "psnode",
+    argv = [py, "-m", "mxdist", "launch", "-q", "-n", str(W), "-s", str(S), str(WORKER), "psnode",
             json.dumps(cfg), str(out)]
     try:
         r = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)

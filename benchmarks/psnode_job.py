@@ -59,12 +59,12 @@ def run_psnode_launch(h, W: int, S: int, timeout: float) -> list[dict]:
 
 # ---------------------------------------------------------------- through mxdist launch
 def cli_ready() -> tuple[bool, str]:
-    """``mxdist`` usable: ``import cli.main`` works and ``mxdist --help`` runs; (ok, exe or why)."""
+    """``mxdist`` usable: ``import mxdist.main`` works and ``mxdist --help`` runs; (ok, exe or why)."""
     exe = shutil.which("mxdist")
-    r = subprocess.run([sys.executable, "-c", "import cli.main"], cwd=ROOT, env=child_env(),
+    r = subprocess.run([sys.executable, "-c", "import mxdist.main"], cwd=ROOT, env=child_env(),
                        capture_output=True, text=True, timeout=60)
     if r.returncode != 0:
-        return False, f"import cli.main failed: {tail(r.stderr, 1)}"
+        return False, f"import mxdist.main failed: {tail(r.stderr, 1)}"
     if exe is None:
         return False, "no mxdist on PATH"
     r = subprocess.run([exe, "--help"], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=60)

@@ -185,7 +185,7 @@ def run_storm(storm: Storm, workdir: Path) -> Outcome:
         d.mkdir(exist_ok=True)
     script = workdir / "train.py"
     script.write_text(TRAIN)
-    argv = [sys.executable, "-m", "cli.main", "launch", "-n", str(storm.workers), "-s", str(storm.servers),
+    argv = [sys.executable, "-m", "mxdist", "launch", "-n", str(storm.workers), "-s", str(storm.servers),
             "--max-restarts", str(storm.max_restarts), "--checkpoint-dir", str(ckpt), "--checkpoint-rounds", "1",
             *([] if storm.shm else ["--no-shm"]), *storm.extra, str(script), str(storm.rounds), str(marks),
             str(storm.pace)]

@@ -1,4 +1,4 @@
-"""``python -m cli``: the same as the ``mxdist`` command."""
-from cli.main import app
+"""``python -m mxdist``: the same as the ``mxdist`` command."""
+from .main import app
 
 app(prog_name="mxdist")

@@ -1,6 +1,6 @@
 """The host agent: the few operations a launcher needs on a host, for every backend.
 
-Self-contained (standard library only, imports nothing from ``cli``) because the SSH backend
+Self-contained (standard library only, imports nothing from ``mxdist``) because the SSH backend
 sends this file's source to the remote Python on stdin (``python -``) followed by one call to
 :func:`_main` with a JSON request; the local backend calls the same functions in-process.
 Sending it on stdin keeps command lines short and secrets (the processes' environment) off
@@ -18,7 +18,7 @@ Liveness reads ``/proc``: a process in state ``Z`` (zombie, not yet reaped) coun
 GPUs: :func:`gpus` reports what a process started on the host with the job's environment
 would see: ``nvidia-smi --query-gpu``'s list (none without nvidia-smi: a CPU host, not an
 error) and ``CUDA_VISIBLE_DEVICES`` when that environment sets it.  :func:`check` (preflight)
-includes it; :mod:`cli.slurm` runs the same function's source on every node.
+includes it; :mod:`mxdist.slurm` runs the same function's source on every node.
 
 The job's secret: :func:`put_key` writes the secret file (received inside the request, i.e. on
 stdin over SSH) to ``<run_dir>/job.key`` with mode 0600 and returns the absolute path.

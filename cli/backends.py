@@ -1,20 +1,23 @@
 """Backends: how processes are started, watched, signalled, checked and cleaned up on a host.
 
-:class:`Backend` is the contract the supervisor (:mod:`cli.launch`) and :mod:`cli.control`
+:class:`Backend` is the contract the supervisor (:mod:`mxdist.launch`) and :mod:`mxdist.control`
 depend on; a backend implements it for one way of reaching machines:
 
 * :class:`LocalBackend` (here): this machine, through a :class:`LocalRunner`;
-* :class:`cli.ssh.SshBackend`: remote hosts over SSH (paramiko), the same agent run remotely;
-* :class:`cli.slurm.SlurmBackend` (``--launcher slurm``): job steps of a Slurm allocation
+* :class:`mxdist.ssh.SshBackend`: remote hosts over SSH (paramiko), the same agent run remotely;
+* :class:`mxdist.slurm.SlurmBackend` (``--launcher slurm``): job steps of a Slurm allocation
   (``srun`` runs here under a :class:`LocalRunner`; the process itself runs under slurmstepd).
 
-:mod:`cli.registry` builds a backend by name (breaking the import cycle between this module
-and the backends that use it).
+:mod:`mxdist.registry` builds a backend by name (breaking the import cycle between this module
+and the backends that use it): from a job record's options, or for a new job from a
+:class:`LaunchRequest` (each backend class's ``for_launch``: the backend and the job's hosts).
 
-**Capabilities.**  What only some backends can do is declared, not probed: each backend lists
-its :class:`Capability` values in ``capabilities``, and an accessor per capability
-(:func:`key_installer`, :func:`syncer`, :func:`explainer`, :func:`resolver`, :func:`describer`)
-returns it typed as that capability's small protocol, or None.
+**Capabilities.**  What a backend is and what only some backends can do is declared, not
+probed, and never read from its name: each backend lists its :class:`Capability` values in
+``capabilities``.  Some say where the processes run (this machine, a shared file system,
+hosts given with ``-H``); for the others an accessor per capability (:func:`key_installer`,
+:func:`syncer`, :func:`explainer`, :func:`describer`) returns the backend
+typed as that capability's small protocol, or None.
 
 Process identity: every process leads its own process group (pid == pgid); a backend signals
 groups, never single pids, so a worker's children go with it.  Exit status: ``int`` exit code,
@@ -26,19 +29,21 @@ Backends are constructed from plain JSON-able options (:meth:`Backend.options`) 
 from __future__ import annotations
 
 import signal as _signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Protocol, cast
+from typing import Any, ClassVar, Protocol, cast
 
-from cli import agent
-from cli.gpus import HostGpus
-from cli.hosts import Host
-from cli.jobs import ProcRecord
-from cli.plan import ProcSpec
 from psnode.protocol.failure import FailureRecord, path_in, record_of
+
+from . import agent
+from .gpus import HostGpus
+from .hosts import Host
+from .jobs import ProcRecord
+from .plan import PlanError, ProcSpec
 
 
 @dataclass(frozen=True)
@@ -84,7 +89,7 @@ class HostProblem:
 @dataclass(frozen=True)
 class Preflight:
     """What preflight found: the problems (none: every host is ready) and, per host label, the
-    GPUs a process of the job sees there (:func:`cli.agent.gpus`; a host missing here did not
+    GPUs a process of the job sees there (:func:`mxdist.agent.gpus`; a host missing here did not
     report them)."""
 
     problems: list[HostProblem] = field(default_factory=list)
@@ -113,15 +118,47 @@ class Evidence:
         object.__setattr__(self, "failure", record_of(self.failure))
 
 
+@dataclass(frozen=True)
+class BackendStatus:
+    """What a backend adds to a job's status view (:class:`Describer`): ``fields`` for
+    ``--json``, ``title`` for the table's title, and per process name the ``steps`` running it."""
+
+    fields: Mapping[str, Any] = field(default_factory=dict)
+    title: str = ""
+    steps: Mapping[str, str] = field(default_factory=dict)
+
+
 class BackendError(RuntimeError):
     """A host could not be reached or refused an operation; the message says which and why."""
 
 
+@dataclass(frozen=True)
+class LaunchRequest:
+    """What ``mxdist launch`` asks of a backend class (``for_launch``): a backend for the job and
+    its hosts; options that do not apply to the backend raise PlanError (with the fix)."""
+
+    job_id: str
+    workdir: str
+    python: str                             # --python: the interpreter on remote hosts
+    hosts: str | None = None                # -H as given: a hosts file or an inline list
+    num_workers: int | None = None          # -n
+    sync: bool = False                      # --sync was given
+    environ: Mapping[str, str] = field(default_factory=dict)   # the launcher's (Slurm: the allocation)
+    ssh_config: str | None = None           # LOGIN backends: how to reach and trust the hosts
+    known_hosts: str | None = None
+    accept_new_host_keys: bool = False
+    connect_timeout: float = 10.0
+    identity_file: str | None = None
+
+
 class Capability(str, Enum):
+    THIS_MACHINE = "this_machine"  # the processes run here: their ports, GPUs and state are seen from here
+    SHARED_FS = "shared_fs"        # they see this machine's files: the job's directory is their run directory
+    HOSTS = "hosts"        # it runs on the hosts given with -H (the others find their own hosts)
+    LOGIN = "login"        # it logs in to its hosts (-i: the private key)
     KEYS = "keys"          # KeyInstaller: deliver the job's secret file to a host that does not see ours
     SYNC = "sync"          # Syncer: copy a directory to a host
     EXPLAIN = "explain"    # Explainer: turn a connection error into a reason and a fix
-    RESOLVE = "resolve"    # Resolver: a host's address from the backend's configuration
     DESCRIBE = "describe"  # Describer: backend fields for the status view
 
 
@@ -133,16 +170,17 @@ class Backend(Protocol):
     """
 
     name: str
-    capabilities: frozenset[Capability]
+    capabilities: ClassVar[frozenset[Capability]]
+    python: str          # the interpreter that runs the job's Python processes on the hosts
 
     def options(self) -> dict[str, Any]:
-        """JSON-able options that :func:`cli.registry.make_backend` accepts to rebuild this backend."""
+        """JSON-able options that :func:`mxdist.registry.make_backend` accepts to rebuild this backend."""
 
     def preflight(self, hosts: Sequence[Host], modules: Sequence[str], env: Mapping[str, str],
                   target: tuple[str, str] | None = None) -> Preflight:
         """Check every host (in parallel): reachable, authenticated, Python imports ``modules``
         (in the working directory, with ``env`` added to the host's environment), the job's
-        command is there (``target``: :func:`cli.plan.command_target`); report the GPUs a
+        command is there (``target``: :func:`mxdist.plan.command_target`); report the GPUs a
         process with ``env`` sees on each."""
 
     def reachable(self, host: Host, timeout: float) -> None:
@@ -174,6 +212,18 @@ class Backend(Protocol):
         """Release connections."""
 
 
+class BackendClass(Protocol):
+    """A backend class: what it is before one is made, and the two ways to make one."""
+
+    capabilities: frozenset[Capability]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Backend:
+        """From :meth:`Backend.options` (a job's record)."""
+
+    def for_launch(self, request: LaunchRequest) -> tuple[Backend, list[Host]]:
+        """For a new job: the backend and the job's hosts."""
+
+
 class KeyInstaller(Protocol):
     def install_key(self, host: Host, run_dir: str, key: bytes) -> str:
         """Write the job's secret file (``key``: its content) as ``<run_dir>/job.key``, 0600 in a
@@ -190,14 +240,9 @@ class Explainer(Protocol):
         """A connection error as a reason and a fix."""
 
 
-class Resolver(Protocol):
-    def resolve(self, host: Host) -> Host:
-        """The host with its address from the backend's configuration."""
-
-
 class Describer(Protocol):
-    def describe(self, procs: Sequence[ProcRecord]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-        """Job-level fields and fields per process name for the status view."""
+    def describe(self, procs: Sequence[ProcRecord]) -> BackendStatus:
+        """What the backend adds to the job's status view."""
 
 
 def _has(backend: Backend, capability: Capability) -> bool:
@@ -216,16 +261,12 @@ def explainer(backend: Backend) -> Explainer | None:
     return cast(Explainer, backend) if _has(backend, Capability.EXPLAIN) else None
 
 
-def resolver(backend: Backend) -> Resolver | None:
-    return cast(Resolver, backend) if _has(backend, Capability.RESOLVE) else None
-
-
 def describer(backend: Backend) -> Describer | None:
     return cast(Describer, backend) if _has(backend, Capability.DESCRIBE) else None
 
 
 class LocalRunner:
-    """Processes on this machine under :mod:`cli.agent`'s reaper: the part of a backend that
+    """Processes on this machine under :mod:`mxdist.agent`'s reaper: the part of a backend that
     starts, follows, checks, stops and cleans up local processes.
 
     ``argv`` turns a process spec into the command actually run (Slurm: an ``srun`` line);
@@ -280,12 +321,22 @@ class LocalBackend:
     """This machine: a :class:`LocalRunner`, no connections."""
 
     name = "local"
-    capabilities: frozenset[Capability] = frozenset()
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({Capability.THIS_MACHINE, Capability.SHARED_FS})
 
     def __init__(self, workdir: str, python: str, **_: Any) -> None:
         self.workdir = workdir
         self.python = python
         self.runner = LocalRunner(workdir, python)
+
+    @classmethod
+    def for_launch(cls, request: LaunchRequest) -> tuple[LocalBackend, list[Host]]:
+        """This machine, with ``-n`` slots (default 1), running the launcher's own Python."""
+        if request.hosts:
+            raise PlanError("--launcher local runs on this machine only: drop -H or use --launcher ssh")
+        if request.sync:
+            raise PlanError("--sync copies to remote hosts: it needs -H")
+        slots = request.num_workers if request.num_workers and request.num_workers > 0 else 1
+        return cls(request.workdir, sys.executable), [Host("localhost", address="127.0.0.1", slots=slots)]
 
     def options(self) -> dict[str, Any]:
         return {"workdir": self.workdir, "python": self.python}
@@ -328,7 +379,7 @@ class LocalBackend:
 
 
 def command_fix(problem: str, otherwise: str, remote: bool = False) -> str:
-    """The fix for a preflight problem of :func:`cli.agent.check` about the job's command
+    """The fix for a preflight problem of :func:`mxdist.agent.check` about the job's command
     (``remote``: on a host that is not this machine), else ``otherwise``."""
     if problem.startswith("no script"):
         return ("copy it to the same path on that host (--sync DIR copies a directory first), or pass --workdir"

@@ -1,12 +1,12 @@
 """Recorded jobs from any shell: status, stop, logs and the job list.
 
-The backend of a job is rebuilt from its record (:func:`cli.registry.make_backend`), so these
+The backend of a job is rebuilt from its record (:func:`mxdist.registry.make_backend`), so these
 work whether the supervisor is attached, detached or gone.
 
 **Who writes.**  A job's supervisor is the only writer of its record while it lives
-(:mod:`cli.jobs`).  ``stop`` asks it (a stop request in the job's private directory) and waits
+(:mod:`mxdist.jobs`).  ``stop`` asks it (a stop request in the job's private directory) and waits
 for the final state; only when the supervisor is provably gone do these commands write, through
-:mod:`cli.takeover` (which also finalises the record of a job whose supervisor was lost).
+:mod:`mxdist.takeover` (which also finalises the record of a job whose supervisor was lost).
 
 Status asks the live scheduler first (``psnode.scheduler.client.query_status``); processes it does not
 know are checked on their hosts.  A final record is shown as recorded.
@@ -21,13 +21,15 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-from cli import jobs, teardown
-from cli.backends import describer
-from cli.jobs import DamagedRecord, JobRecord, ProcRecord, ProcState
-from cli.takeover import backend_for, refresh, state_from_check, stop_orphan, supervisor_gone
 from psnode.errors import PSError
 from psnode.protocol.control import StatusAnswer
 from psnode.protocol.status import NodeRow
+
+from . import jobs, teardown
+from .backends import BackendStatus, Capability, describer
+from .jobs import DamagedRecord, JobRecord, ProcRecord, ProcState
+from .takeover import backend_for, refresh, state_from_check, stop_orphan, supervisor_gone
+from .view import JobRow, JobView
 
 STOP_MARGIN = 30.0      # seconds a supervisor gets beyond --grace to end the job when asked
 
@@ -47,20 +49,19 @@ def key_file_of(record: JobRecord) -> str | None:
 
 # -- status -----------------------------------------------------------------------------------------
 
-def job_status(record: JobRecord, timeout: float = 2.0) -> dict[str, Any]:
-    """The status view of a job: ``nodes`` (NodeRow, one per recorded process) and the job's
-    state, outcome and notes."""
+def job_status(record: JobRecord, timeout: float = 2.0) -> JobView:
+    """The status view of a job: a NodeRow per recorded process and the job's state, outcome
+    and notes."""
     record = refresh(record)
-    view: dict[str, Any] = {"id": record.id, "state": record.state.value, "scheduler": record.scheduler,
-                            "backend": record.backend, "security": record.security or None,
-                            "exit_code": record.exit_code,
-                            "created": record.created, "ended": record.ended, "duration": record.duration,
-                            "root_cause": (record.root_cause or {}).get("headline"),
-                            "consequences": record.consequences, "notes": _notes(record)}
+    view = JobView(id=record.id, state=record.state, scheduler=record.scheduler, backend=record.backend,
+                   security=record.security or None, exit_code=record.exit_code, created=record.created,
+                   ended=record.ended, duration=record.duration,
+                   root_cause=(record.root_cause or {}).get("headline"), consequences=record.consequences,
+                   notes=_notes(record))
     if not record.state.active:
-        view["source"] = "as recorded at its end"
-        view["nodes"] = [_recorded_row(p) for p in record.procs]
-        view["ended_line"] = _ended_line(record)
+        view.source = "as recorded at its end"
+        view.nodes = [_recorded_row(p) for p in record.procs]
+        view.ended_line = _ended_line(record)
         return view
     live: dict[tuple[str, int | None], NodeRow] = {}
     control = _psnode_control()
@@ -85,23 +86,21 @@ def job_status(record: JobRecord, timeout: float = 2.0) -> dict[str, Any]:
                                           restarts=p.restarts, uptime=time.time() - record.created if alive else None,
                                           source="host")
         describe = describer(backend)
-        extra, per_proc = describe.describe(record.procs) if describe else ({}, {})
+        extra = describe.describe(record.procs) if describe else BackendStatus()
     finally:
         backend.close()
-    view.update(extra)
-    where = "on this machine" if record.backend == "local" else f"over {record.backend}"
-    view["source"] = ("live from the scheduler" + (f"; the rest checked {where}" if checked else "")
-                      if live else f"checked {where}")
-    nodes = []
+    view.backend_fields, view.backend_title = extra.fields, extra.title
+    where = "on this machine" if Capability.THIS_MACHINE in backend.capabilities else f"over {record.backend}"
+    view.source = ("live from the scheduler" + (f"; the rest checked {where}" if checked else "")
+                   if live else f"checked {where}")
     for p in record.procs:
         row = live.get((p.role, p.rank))
         if row is not None:
             row.host = p.host
         else:
             row = checked.get(p.name) or _recorded_row(p)
-        row.step = (per_proc.get(p.name) or {}).get("step")
-        nodes.append(row)
-    view["nodes"] = nodes
+        row.step = extra.steps.get(p.name)
+        view.nodes.append(row)
     return view
 
 
@@ -152,16 +151,17 @@ def match_nodes(procs: Sequence[ProcRecord], rows: Sequence[NodeRow]) -> dict[tu
     return out
 
 
-def summary(record: JobRecord) -> dict[str, Any]:
-    return {"id": record.id, "state": record.state.value + (" (supervisor lost)" if record.supervisor_lost
-                                                            and record.state.active else ""),
-            "created": record.created, "duration": record.duration if record.ended else time.time() - record.created,
-            "backend": record.backend, "hosts": list(teardown.hosts_of(record)),
-            "processes": len(record.procs), "command": record.command, "exit_code": record.exit_code,
-            "root_cause": (record.root_cause or {}).get("headline")}
+def summary(record: JobRecord) -> JobRow:
+    """The job's row in the job list."""
+    lost = " (supervisor lost)" if record.supervisor_lost and record.state.active else ""
+    return JobRow(id=record.id, state=record.state.value + lost, created=record.created,
+                  duration=record.duration if record.ended else time.time() - record.created,
+                  backend=record.backend, hosts=tuple(teardown.hosts_of(record)), processes=len(record.procs),
+                  command=tuple(record.command), exit_code=record.exit_code,
+                  root_cause=(record.root_cause or {}).get("headline"))
 
 
-def job_list(limit: int | None = 20) -> list[dict[str, Any]]:
+def job_list(limit: int | None = 20) -> list[JobRow]:
     """The most recent jobs (damaged records included), oldest first; lost supervisors noticed."""
     items = jobs.listing() if jobs.jobs_dir().is_dir() else []
     if limit:
@@ -169,7 +169,7 @@ def job_list(limit: int | None = 20) -> list[dict[str, Any]]:
     rows = []
     for job_id, rec in items:
         if isinstance(rec, DamagedRecord):
-            rows.append({"id": job_id, "state": "damaged", "problem": str(rec)})
+            rows.append(JobRow.damaged(job_id, str(rec)))
             continue
         with contextlib.suppress(DamagedRecord, jobs.JobNotFound):
             rec = refresh(rec)

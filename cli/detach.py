@@ -1,6 +1,6 @@
 """``mxdist launch -d``: the job's supervisor in the background.
 
-The same :class:`cli.launch.Supervisor` runs in a child process of its own session (no
+The same :class:`mxdist.launch.Supervisor` runs in a child process of its own session (no
 controlling terminal, SIGHUP ignored), stdin from /dev/null, stdout and stderr appended to
 ``MXDIST_HOME/jobs/<id>/supervisor.log`` (0600).  The parent returns as soon as the child holds
 the job's lock and has written the record, so ``mxdist status`` and ``mxdist stop`` find the job
@@ -13,8 +13,8 @@ import os
 import signal
 import sys
 
-from cli import jobs
-from cli.launch import Supervisor
+from . import jobs
+from .launch import Supervisor
 
 
 def detach(supervisor: Supervisor) -> None:
@@ -42,16 +42,14 @@ def detach(supervisor: Supervisor) -> None:
         os.close(fd)
         os.close(null)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        original = supervisor._save
 
-        def save_then_tell() -> None:
-            original()
+        def tell() -> None:
             nonlocal ready_w
             if ready_w >= 0:
                 os.close(ready_w)
                 ready_w = -1
 
-        supervisor._save = save_then_tell  # type: ignore[method-assign]
+        supervisor.on_save(tell)
         code = supervisor.run()
     except BaseException as exc:  # noqa: BLE001 - the child must never return into the parent's code
         with contextlib.suppress(Exception):

@@ -1,8 +1,8 @@
 """GPUs: what each host shows a job's processes, and which of them each worker gets.
 
 Pure: no I/O.  Inputs are what preflight found on each host (:class:`HostGpus`, parsed from
-:func:`cli.agent.gpus`'s report by :meth:`HostGpus.from_report`) and the workers' local ranks;
-:mod:`cli.plan` puts the results into the workers' environments.
+:func:`mxdist.agent.gpus`'s report by :meth:`HostGpus.from_report`) and the workers' local ranks;
+:mod:`mxdist.plan` puts the results into the workers' environments (:func:`mxdist.plan.with_gpus`).
 
 Contract:
 
@@ -26,12 +26,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
-
-from cli.plan import Plan, PlanError
-from psnode.config import Role
 
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 ORDER = "CUDA_DEVICE_ORDER"
@@ -70,7 +67,7 @@ class HostGpus:
 
     @classmethod
     def from_report(cls, report: Mapping[str, Any] | None) -> HostGpus:
-        """From :func:`cli.agent.gpus`'s dict (missing fields: nothing found)."""
+        """From :func:`mxdist.agent.gpus`'s dict (missing fields: nothing found)."""
         report = report or {}
         listed = tuple(Gpu(str(g.get("index")), str(g.get("name") or ""), g.get("memory_mib"))
                        for g in report.get("gpus") or () if isinstance(g, Mapping))
@@ -216,52 +213,3 @@ def sharing_warnings(hosts: Mapping[str, HostGpus], workers: Mapping[str, int]) 
                        "device_ids=[args.local_rank] fails there; use LOCAL_RANK % torch.cuda.device_count() "
                        "to share GPUs, or run fewer workers)")
     return out
-
-
-class GpuShortageError(PlanError):
-    """``--gpus-per-worker`` asks more GPUs of some hosts than they show; one entry per host."""
-
-    def __init__(self, found: Sequence[GpuShortage]) -> None:
-        super().__init__("not enough GPUs: " + "; ".join(f"{s.host} {s.reason}" for s in found))
-        self.shortages = tuple(found)
-
-
-def with_gpus(plan: Plan, found: Mapping[str, HostGpus]) -> Plan:
-    """The plan with the GPUs of the hosts in ``found`` known and, with ``--gpus-per-worker``,
-    the workers of those hosts given theirs (``CUDA_VISIBLE_DEVICES``, the module's rules);
-    workers already given theirs keep them.  Raises :class:`GpuShortageError` naming every host
-    in ``found`` with too few."""
-    known = {**plan.gpus, **found}
-    per = plan.gpus_per_worker
-    if not per:
-        return replace(plan, gpus=known)
-    counts = {label: n for label, n in plan.workers_per_host().items() if label in found}
-    short = shortages(found, counts, per)
-    if short:
-        raise GpuShortageError(short)
-    procs = []
-    for p in plan.procs:
-        if p.role is Role.WORKER and p.gpus is None and p.host.label in found:
-            host = found[p.host.label]
-            slots = worker_slots(p.local_rank, per)
-            devices = host.devices[slots.start:slots.stop]
-            p = replace(p, gpus=devices, env={**p.env, **worker_env(devices, host, p.env)})
-        procs.append(p)
-    return replace(plan, procs=tuple(procs), gpus=known)
-
-
-def gpu_view(plan: Plan) -> tuple[list[str], list[str], list[str]]:
-    """What the plan's hosts show and each worker gets: (a line per host with workers, a line
-    per worker, warnings)."""
-    workers = plan.workers_per_host()
-    hosts = [f"{label}: {plan.gpus[label].describe() if label in plan.gpus else 'known at preflight'}"
-             for label in workers]
-    lines = []
-    for p in plan.of_role(Role.WORKER):
-        visible, device = describe_worker(p.local_rank, p.env, plan.gpus_per_worker, p.gpus,
-                                          plan.gpus.get(p.host.label))
-        shown = (visible.replace("all", "all GPUs visible", 1) if visible.startswith("all")
-                 else f"{VISIBLE}={visible}")
-        lines.append(f"worker {p.rank} @ {p.host.label}: {shown}, LOCAL_RANK {p.local_rank} -> {device}")
-    warnings = [] if plan.gpus_per_worker else sharing_warnings(plan.gpus, workers)
-    return hosts, lines, warnings

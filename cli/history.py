@@ -2,7 +2,7 @@
 
 Only finished jobs are removed (their records and logs here, and whatever they may have left
 on their hosts: run directories, keys, shared-memory segments); a job whose supervisor is gone
-is finalised first (:func:`cli.takeover.refresh`); active jobs are never touched.
+is finalised first (:func:`mxdist.takeover.refresh`); active jobs are never touched.
 """
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from cli import jobs, teardown
-from cli.jobs import JobRecord
-from cli.takeover import backend_for, refresh
+from . import jobs, teardown
+from .jobs import JobRecord
+from .takeover import backend_for, refresh
 
 
 def finished(older_than_days: float | None = None, now: float | None = None) -> list[str]:

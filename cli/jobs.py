@@ -18,11 +18,21 @@ records of older versions that have no lock, when the recorded pid is dead or be
 process started after the record (pid + start time, never a bare pid).  Whoever takes over
 holds the lock while it writes (:func:`takeover`), so two commands never finalise one job.
 
-**Final states** are written once: ``succeeded``, ``failed`` (with the root cause),
-``stopped``; with the exit code, the end time (duration = ended - created), and, when the
-supervisor died first, ``supervisor_lost``.  Hosts whose processes or clean-up could not be
-checked at the end are listed in ``unverified`` (host -> reason); ``status`` and ``stop`` check
-them again.
+**Transitions** are methods of the record, the only code that sets its state fields:
+:meth:`JobRecord.supervise` (the supervisor takes the job), :meth:`JobRecord.mark_running`
+(every process started), :meth:`JobRecord.lose_supervisor` and
+:meth:`JobRecord.run_unsupervised` (the supervisor is gone, processes still run),
+:meth:`JobRecord.finish` (the final state), :meth:`JobRecord.rechecked` (hosts not verified at
+the end, checked again); per process :meth:`ProcRecord.started`, :meth:`ProcRecord.restarted`,
+:meth:`ProcRecord.exited`, :meth:`ProcRecord.stopped`, :meth:`ProcRecord.seen`.  Saving is
+separate (:func:`save`), done by whoever holds the job (above).
+
+**Final states** are written once (:meth:`JobRecord.finish`, from a :class:`JobEnd`):
+``succeeded``, ``failed`` (with the root cause), ``stopped``; with the exit code, the end time
+(duration = ended - created), and, when the supervisor died first, ``supervisor_lost``.  Hosts
+whose processes or clean-up could not be checked at the end are listed in ``unverified`` (host
+-> reason); ``status`` and ``stop`` check them again.  The job's secrets are gone by then
+(``remote_keys`` empty; :func:`discard_key` removes the launcher's copy).
 
 **Tolerant reading.**  Records of older versions, partial records (fields missing) and
 unknown fields load with defaults; a record that is not JSON or not an object raises
@@ -30,6 +40,9 @@ unknown fields load with defaults; a record that is not JSON or not an object ra
 
 Environment values and secrets are never stored: the record names the local secret file
 (``key_file``, a path), which ``status`` and ``stop`` pass to ``psnode.scheduler.client``.
+
+This module imports nothing but the standard library at run time, so any Python can read and
+check records (tests/cluster/test_launch_privacy.py does, as another user).
 """
 from __future__ import annotations
 
@@ -39,15 +52,20 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:   # at run time this module needs the standard library only (module docstring)
+    from .rootcause import RootCause
 
 RECORD_VERSION = 2
+LOST_NOTE = "the supervisor was lost (killed?): the processes ran on unsupervised"
 _home: Path | None = None
 
 
@@ -95,6 +113,37 @@ class ProcRecord:
     def pgid(self) -> int | None:
         return self.pid
 
+    # -- transitions ------------------------------------------------------------------------------
+
+    def started(self, pid: int, run_log: str, rc_file: str) -> None:
+        """It runs: as ``pid`` (its group), logging to ``run_log``, its exit status to ``rc_file``."""
+        self.pid, self.run_log, self.rc_file = pid, run_log, rc_file
+        self.state, self.exit_code, self.ended = ProcState.RUNNING, None, None
+
+    def restarted(self, pid: int, run_log: str, rc_file: str) -> None:
+        """It runs again (one more restart), as :meth:`started`."""
+        self.restarts += 1
+        self.started(pid, run_log, rc_file)
+
+    def exited(self, code: int | None, when: float) -> None:
+        """It ended by itself with ``code`` (None: no exit status): exited, failed or lost."""
+        self.exit_code, self.ended = code, when
+        self.state = ProcState.EXITED if code == 0 else ProcState.LOST if code is None else ProcState.FAILED
+
+    def stopped(self, verified: bool) -> None:
+        """The supervisor or ``mxdist stop`` stopped it: ``stopped`` if it ran or had not started
+        (an ended process keeps its state); ``unknown`` when its host could not be checked."""
+        if not verified:
+            self.state = ProcState.UNKNOWN
+        elif self.state in (ProcState.RUNNING, ProcState.PENDING):
+            self.state = ProcState.STOPPED
+
+    def seen(self, state: ProcState, code: int | None = None, when: float | None = None) -> None:
+        """A check on its host found it in ``state``; with the exit status it left, if any."""
+        if code is not None:
+            self.exit_code, self.ended = code, when
+        self.state = state
+
 
 @dataclass
 class Supervisor:
@@ -105,6 +154,48 @@ class Supervisor:
     start_ticks: int | None
     host: str
     detached: bool = False
+
+    @classmethod
+    def this_process(cls, detached: bool = False) -> Supervisor:
+        pid = os.getpid()
+        return cls(pid, proc_start_ticks(pid), socket.gethostname(), detached)
+
+    @property
+    def alive(self) -> bool:
+        """Its process still runs on this machine: the same pid with the same start time."""
+        return self.start_ticks is not None and proc_start_ticks(self.pid) == self.start_ticks
+
+
+def proc_start_ticks(pid: int) -> int | None:
+    """A live process's start time in clock ticks since boot (/proc/PID/stat field 22); None if
+    it is gone (a zombie counts as gone)."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_text()
+        parts = data[data.rindex(")") + 2:].split()
+        return None if parts[0] == "Z" else int(parts[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """How a job ended, for :meth:`JobRecord.finish`: its final state and exit code, the hosts
+    not verified at its end (label -> why), who stopped it, and its root cause: a verdict on
+    its processes (``cause``), or a ``headline`` alone when it failed before any process could
+    (preflight, start, the supervisor itself).  ``ended``: when (None: now)."""
+
+    state: JobState
+    exit_code: int
+    unverified: Mapping[str, str] = field(default_factory=dict)
+    stopped_by: str | None = None
+    cause: RootCause | None = None
+    headline: str | None = None
+    ended: float | None = None
+    supervisor_lost: bool = False      # the supervisor was gone before the end
+
+    def __post_init__(self) -> None:
+        if self.state.active:
+            raise ValueError(f"a job ends succeeded, failed or stopped, not {self.state.value}")
 
 
 @dataclass
@@ -146,6 +237,67 @@ class JobRecord:
     @property
     def duration(self) -> float | None:
         return None if self.ended is None else max(0.0, self.ended - self.created)
+
+    # -- transitions (the module docstring) --------------------------------------------------------
+
+    def supervise(self, supervisor: Supervisor, run_dir: str) -> None:
+        """``supervisor`` owns the job from now on; its processes keep run files in ``run_dir``."""
+        self.supervisor, self.run_dir = supervisor, run_dir
+
+    def keep_key(self, path: str) -> None:
+        """The launcher's copy of the job's secret is at ``path``."""
+        self.key_file = path
+
+    def keys_on_hosts(self, paths: Mapping[str, str]) -> None:
+        """The job's secret was delivered to these hosts (label -> its path there)."""
+        self.remote_keys = dict(paths)
+
+    def mark_running(self) -> None:
+        """Every process of the job started."""
+        self._still_active("start")
+        self.state = JobState.RUNNING
+
+    def note(self, text: str) -> None:
+        """A note for ``mxdist status`` (once)."""
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def lose_supervisor(self) -> None:
+        """The supervisor is gone (provably: :mod:`mxdist.takeover`) before the job ended."""
+        self.note(LOST_NOTE)
+        self.supervisor_lost = True
+
+    def run_unsupervised(self, unverified: Mapping[str, str]) -> None:
+        """Without its supervisor, processes still run or their hosts (``unverified``: label ->
+        why) could not be checked: the job stays ``running``."""
+        self._still_active("run unsupervised")
+        self.unverified = dict(unverified)
+        self.state = JobState.RUNNING
+
+    def finish(self, end: JobEnd) -> None:
+        """The final state, written once; the job's secrets on its hosts are gone."""
+        self._still_active("finish")
+        self.state, self.exit_code, self.stopped_by = end.state, end.exit_code, end.stopped_by
+        self.ended = time.time() if end.ended is None else end.ended
+        self.unverified = dict(end.unverified)
+        self.remote_keys = {}
+        self.supervisor_lost = self.supervisor_lost or end.supervisor_lost
+        if end.cause is not None:
+            self.root_cause, self.consequences = end.cause.to_dict(), list(end.cause.consequences)
+        elif end.headline is not None:
+            self.root_cause = {"headline": end.headline, "name": None}
+
+    def rechecked(self, answered: Collection[str], unverified: Mapping[str, str]) -> None:
+        """An ended job's hosts not verified at its end were checked again: the processes on the
+        hosts that ``answered`` (their stop) are ``stopped``; ``unverified`` what is left."""
+        for p in self.procs:
+            if p.pid and p.host in answered and p.state is ProcState.UNKNOWN:
+                p.state = ProcState.STOPPED
+        self.unverified = dict(unverified)
+
+    def _still_active(self, what: str) -> None:
+        if not self.state.active:
+            raise ValueError(f"job {self.id} is {self.state.value}: cannot {what} it (a final state is written once)")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, default=lambda o: o.value)
@@ -232,8 +384,14 @@ def record_path(job_id: str) -> Path:
 
 
 def key_path(job_id: str) -> Path:
-    """Where the launcher keeps the job's secret file on this machine (:mod:`cli.preflight`)."""
+    """Where the launcher keeps the job's secret file on this machine (:mod:`mxdist.preflight`)."""
     return log_dir(job_id) / "job.key"
+
+
+def discard_key(job_id: str) -> None:
+    """Remove the launcher's copy of the job's secret (when the job is over)."""
+    with contextlib.suppress(OSError):
+        key_path(job_id).unlink()
 
 
 def stop_request_path(job_id: str) -> Path:

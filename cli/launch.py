@@ -1,24 +1,24 @@
 """The job's supervisor: the one owner of a job's life and the only writer of its record.
 
 ``mxdist launch`` is the supervisor (attached); ``mxdist launch -d`` runs the same supervisor
-detached (:func:`cli.detach.detach`: its own session, output to ``jobs/<id>/supervisor.log``).  It holds
-the job's lock (:mod:`cli.jobs`) for as long as it lives.
+detached (:func:`mxdist.detach.detach`: its own session, output to ``jobs/<id>/supervisor.log``).  It holds
+the job's lock (:mod:`mxdist.jobs`) for as long as it lives.
 
 Sequence (:meth:`Supervisor.run`):
 
 1. record the job (``starting``) with who supervises it (pid, start time, host);
 2. ``--sync``, preflight of every host, and (unless ``--insecure``) the job's secret, fresh,
-   on every host (:mod:`cli.preflight`): any problem -> ``failed`` with the reason per host, exit 3, nothing started;
+   on every host (:mod:`mxdist.preflight`): any problem -> ``failed`` with the reason per host, exit 3, nothing started;
 3. start the scheduler, the servers, the workers (each stage per host in parallel); stream
    every process's output (prefixed; ``--ranks`` filters; every line saved to
    ``jobs/<id>/<name>.log``);
-4. watch: process exits go through the rules of :mod:`cli.lifecycle` (restart, after a back
+4. watch: process exits go through the rules of :mod:`mxdist.lifecycle` (restart, after a back
    off when it failed quickly; fail, a crash loop included; wind down); a stop request
    (``mxdist stop``: ``jobs/<id>/stop.request``) or a signal ends it;
 5. the end, always the same way (:meth:`Supervisor._conclude`): stop what still runs on every
    host (TERM, ``--grace``, KILL; a host that does not answer within seconds is *not
    verified*, never waited on), collect what the processes left, name the root cause
-   (:mod:`cli.rootcause`), remove the job's secrets, run files and shared-memory segments on
+   (:mod:`mxdist.rootcause`), remove the job's secrets, run files and shared-memory segments on
    every host, write the final state once, print the closing line.
 
 Exit codes and final states:
@@ -35,7 +35,7 @@ code   state        when
 =====  ===========  =========================================================================
 
 Supervision never depends on the terminal: output to a closed pipe or terminal is dropped
-(:mod:`cli.ui`), the job runs on and ends as it would have; signals only set a flag that the
+(:mod:`mxdist.ui`), the job runs on and ends as it would have; signals only set a flag that the
 loop acts on.  A signal that was ignored when mxdist started (``nohup`` ignores SIGHUP) stays
 ignored.  Job processes run in their own sessions, so the terminal's signals reach the
 supervisor only.
@@ -46,7 +46,6 @@ import contextlib
 import os
 import queue
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -55,9 +54,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from cli import jobs, teardown, ui
-from cli.agent import last_exception
-from cli.backends import (
+from psnode.config import Role
+from psnode.net.security import Mode
+
+from . import jobs, teardown, ui
+from .agent import last_exception
+from .backends import (
     Backend,
     BackendError,
     ExitStatus,
@@ -65,14 +67,12 @@ from cli.backends import (
     Started,
     run_per_host,
 )
-from cli.hosts import Host
-from cli.jobs import JobRecord, JobState, ProcRecord, ProcState
-from cli.lifecycle import QUICK, Action, Failure, Supervision
-from cli.plan import Plan, ProcSpec, restarted
-from cli.preflight import prepare_hosts
-from cli.rootcause import RootCause, decide, describe_code
-from psnode.config import Role
-from psnode.net.security import Mode
+from .hosts import Host
+from .jobs import JobEnd, JobRecord, JobState, ProcRecord, ProcState
+from .lifecycle import QUICK, Action, Failure, Supervision
+from .plan import Plan, ProcSpec, restarted
+from .preflight import prepare_hosts
+from .rootcause import RootCause, decide, describe_code
 
 EXIT_OK, EXIT_FAILED, EXIT_PREFLIGHT = 0, 1, 3
 EXIT_HANGUP, EXIT_INTERRUPTED, EXIT_STOPPED = 129, 130, 143
@@ -105,17 +105,6 @@ class EndRequest:
     grace: float | None = None
 
 
-def proc_start_ticks(pid: int) -> int | None:
-    """A live process's start time in clock ticks since boot (/proc/PID/stat field 22); None if
-    it is gone (a zombie counts as gone)."""
-    try:
-        data = Path(f"/proc/{pid}/stat").read_text()
-        fields = data[data.rindex(")") + 2:].split()
-        return None if fields[0] == "Z" else int(fields[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 class Supervisor:
     """Runs one job to its end; :meth:`run` returns the exit code (module docstring)."""
 
@@ -132,6 +121,12 @@ class Supervisor:
         self._signal: int | None = None
         self._lock: jobs.Lock | None = None
         self._stopped: set[str] = set()
+        self._on_save: list[Callable[[], None]] = []
+
+    def on_save(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` after every save of the record (``launch -d``: the parent returns
+        once the record is on disk)."""
+        self._on_save.append(callback)
 
     # -- the whole life -------------------------------------------------------------------------
 
@@ -142,10 +137,7 @@ class Supervisor:
         self._lock = jobs.try_lock(self.record.id)
         if self._lock is None:
             raise BackendError(f"job {self.record.id} already has a supervisor")
-        pid = os.getpid()
-        self.record.supervisor = jobs.Supervisor(pid, proc_start_ticks(pid), socket.gethostname(),
-                                                 self.settings.detach)
-        self.record.run_dir = self.settings.run_dir
+        self.record.supervise(jobs.Supervisor.this_process(self.settings.detach), self.settings.run_dir)
         self._save()
         try:
             return self._life()
@@ -226,24 +218,22 @@ class Supervisor:
                     errors.append(f"{label}: {result}")
                     continue
                 for started in result:
-                    self._started(self.record.proc(started.name), started)
+                    rec = self.record.proc(started.name)
+                    rec.started(started.pid, started.run_log, started.rc_file)
+                    self._follow(rec)
             self._save()
             if errors:
                 raise BackendError("could not start processes: " + "; ".join(errors))
-        self.record.state = JobState.RUNNING
+        self.record.mark_running()
         self._save()
 
     def _start_on(self, per_host: dict[str, list[ProcSpec]], host: Host) -> list[Started]:
         return self.backend.start(host, per_host[host.label], self.settings.run_dir)
 
-    def _started(self, rec: ProcRecord, started: Started, offset: int = 0) -> None:
-        rec.pid, rec.run_log, rec.rc_file = started.pid, started.run_log, started.rc_file
-        rec.state, rec.exit_code, rec.ended = ProcState.RUNNING, None, None
-        self._since[rec.name] = (time.monotonic(), offset)
-        self._follow(rec, offset)
-
     def _follow(self, rec: ProcRecord, offset: int = 0) -> None:
-        """A thread streams the process's output (and copies a remote log here), then reports its exit."""
+        """A thread streams the output of the process just started (and copies a remote log
+        here) from ``offset`` of its log, then reports its exit."""
+        self._since[rec.name] = (time.monotonic(), offset)
         host = self.hosts[rec.host]
         copy_log = rec.log != rec.run_log
 
@@ -280,7 +270,7 @@ class Supervisor:
         rules = Supervision.of(((p.name, p.role) for p in self.record.procs if p.pid),
                                self.plan.node.max_restarts, self.plan.node.servers_restart)
         wind_down_by: float | None = None
-        later: list[tuple[float, ProcRecord]] = []   # restarts backing off (cli.lifecycle, rule 6)
+        later: list[tuple[float, ProcRecord]] = []   # restarts backing off (mxdist.lifecycle, rule 6)
         while True:
             if (req := self._end_request()) is not None:
                 if rules.winding_down:
@@ -317,10 +307,7 @@ class Supervisor:
                 ui.warn(f"{rec.name} on {rec.host} {status.describe()} after the workers finished")
 
     def _exited(self, rec: ProcRecord, status: ExitStatus) -> None:
-        rec.exit_code = status.code
-        rec.ended = time.time()
-        rec.state = (ProcState.EXITED if status.ok else
-                     ProcState.LOST if status.code is None else ProcState.FAILED)
+        rec.exited(status.code, time.time())
         self._save()
 
     def _psnode_started(self) -> bool | None:
@@ -368,8 +355,8 @@ class Supervisor:
         except Exception as exc:  # noqa: BLE001 - reported, then the failure counts as final
             ui.warn(f"could not restart {rec.name} on {rec.host}: {exc}")
             return False
-        rec.restarts = count
-        self._started(rec, started, offset)
+        rec.restarted(started.pid, started.run_log, started.rc_file)
+        self._follow(rec, offset)
         self._save()
         return True
 
@@ -387,12 +374,10 @@ class Supervisor:
         report = teardown.stop_everywhere(self.backend, self.hosts, live,
                                           self.settings.grace if grace is None else grace)
         for p in live:
-            p.state = ProcState.UNKNOWN if p.host in report.unverified else ProcState.STOPPED
+            p.stopped(verified=p.host not in report.unverified)
         if any(report.left.values()) or report.unverified:
             ui.stop_report(report.left, report.unverified)
-        for label, pids in report.left.items():
-            if pids:
-                report.unverified[label] = f"still running after KILL: pids {', '.join(map(str, pids))}"
+        report.unverified.update(report.survivors())
         self._join_followers(10.0, report.unverified)
         cause: RootCause | None = None
         if state is JobState.FAILED and headline is None:
@@ -402,17 +387,9 @@ class Supervisor:
         labels = [h.label for h in self.plan.busy_hosts]
         failed_cleanup = teardown.cleanup_everywhere(self.backend, self.hosts, self.record.id,
                                                      self.settings.run_dir, labels, report.unverified)
-        with contextlib.suppress(OSError):
-            jobs.key_path(self.record.id).unlink()
-        self.record.remote_keys = {}
-        self.record.unverified = {**report.unverified, **failed_cleanup}
-        self.record.state, self.record.exit_code = state, code
-        self.record.stopped_by = stopped_by
-        self.record.ended = time.time()
-        if cause is not None:
-            self.record.root_cause, self.record.consequences = cause.to_dict(), list(cause.consequences)
-        elif headline is not None:
-            self.record.root_cause = {"headline": headline, "name": None}
+        jobs.discard_key(self.record.id)
+        self.record.finish(JobEnd(state, code, {**report.unverified, **failed_cleanup}, stopped_by, cause,
+                                  headline))
         self._save()
         self._report(cause, summary)
         return code
@@ -474,6 +451,8 @@ class Supervisor:
 
     def _save(self) -> None:
         jobs.save(self.record)
+        for callback in self._on_save:
+            callback()
 
 
 def _tail(path: str, lines: int = 20) -> list[str]:
@@ -487,14 +466,16 @@ def _tail(path: str, lines: int = 20) -> list[str]:
     return text.splitlines()[-lines:]
 
 
-def new_record(plan: Plan, backend: Backend, command: Sequence[str], workdir: str, log_dir: Path) -> JobRecord:
-    """The initial job record of a plan (no pids yet)."""
+def new_record(plan: Plan, backend: Backend, command: Sequence[str], workdir: str, log_dir: Path,
+               security: Mode | None = None) -> JobRecord:
+    """The initial job record of a plan (no pids yet), of a job in ``security`` mode."""
     procs = [ProcRecord(name=p.name, role=p.role.value, rank=p.rank, host=p.host.label,
                         address=p.host.address, log=str(log_dir / f"{p.name}.log"))
              for p in plan.procs]
     return JobRecord(id=plan.job_id, command=list(command), backend=backend.name,
                      scheduler=plan.scheduler_address, workdir=workdir,
-                     hosts=[asdict(h) for h in plan.hosts], options=backend.options(), procs=procs)
+                     hosts=[asdict(h) for h in plan.hosts], options=backend.options(), procs=procs,
+                     security=security.value if security is not None else "")
 
 
 __all__ = ["EXIT_FAILED", "EXIT_HANGUP", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PREFLIGHT", "EXIT_STOPPED",

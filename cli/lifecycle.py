@@ -1,6 +1,6 @@
 """The supervision rules of a running job (pure: no I/O, no clock).
 
-The supervisor (:mod:`cli.launch`) feeds every process exit to :meth:`Supervision.exited` and
+The supervisor (:mod:`mxdist.launch`) feeds every process exit to :meth:`Supervision.exited` and
 does what it answers:
 
 * ``CONTINUE``: nothing to do;

@@ -19,15 +19,17 @@ from typing import Any, TypeVar
 
 import typer
 
-from cli import control, history, jobs, ui
-from cli.backends import BackendError
-from cli.detach import detach
-from cli.gpus import GpuShortageError, describe_worker, gpu_view, with_gpus
-from cli.hosts import HostsError
-from cli.launch import EXIT_PREFLIGHT, Supervisor
-from cli.options import LaunchOptions, launch_default
-from cli.plan import PASSTHROUGH, NodeOptions, Plan, PlanError, is_secret
 from psnode.config import Role
+
+from . import control, history, jobs, ui
+from .backends import BackendError
+from .detach import detach
+from .gpus import describe_worker
+from .hosts import HostsError
+from .launch import EXIT_PREFLIGHT, Supervisor
+from .options import LaunchOptions, launch_default
+from .plan import PASSTHROUGH, GpuShortageError, NodeOptions, Plan, PlanError, gpu_view, is_secret, with_gpus
+from .view import PlanRow
 
 EXIT_USAGE = 2
 N = NodeOptions()          # the psnode options' defaults (NodeConfig's)
@@ -188,7 +190,7 @@ def launch(
              "unchanged (LOCAL_RANK is always set)"),
 ) -> None:
     """Start a job: scheduler, servers and workers running COMMAND, supervised to its end."""
-    from cli.options import known_gpus, prepare
+    from .options import known_gpus, prepare
 
     try:
         node = NodeOptions(
@@ -253,15 +255,15 @@ def _masked(env: dict[str, str]) -> dict[str, str]:
 def _show_plan(plan: Plan) -> None:
     envs = [dict(p.env) for p in plan.procs]
     common = {k: v for k, v in envs[0].items() if all(e.get(k) == v for e in envs)}
-    rows: list[dict[str, Any]] = []
+    rows: list[PlanRow] = []
     for p, env in zip(plan.procs, envs, strict=True):
         address = plan.scheduler_address if p.rank is None else (
-            f"{p.host.address}:auto" if p.role.value == "server" else p.host.address)
+            f"{p.host.address}:auto" if p.role is Role.SERVER else p.host.address)
         own = {k: v for k, v in env.items() if k not in common}
-        gpus, device = ("", "") if p.role.value != "worker" else describe_worker(
+        gpus, device = ("", "") if p.role is not Role.WORKER else describe_worker(
             p.local_rank, env, plan.gpus_per_worker, p.gpus, plan.gpus.get(p.host.label))
-        rows.append({"host": p.host.label, "role": p.role.value, "rank": p.rank, "address": address,
-                     "gpus": gpus, "device": device, "command": shlex.join(p.argv), "env": _masked(own)})
+        rows.append(PlanRow(host=p.host.label, role=p.role.value, rank=p.rank, address=address,
+                            command=shlex.join(p.argv), env=_masked(own), gpus=gpus, device=device))
     hosts, _, gpu_warnings = gpu_view(plan)
     ui.plan_table(rows, _masked(common), [*plan.warnings, *gpu_warnings], hosts)
 
@@ -282,7 +284,7 @@ def _jobs(limit: int | None, as_json: bool) -> None:
     except jobs.JobNotFound as exc:
         raise _fail("no jobs", str(exc), None, 1) from None
     if as_json:
-        ui.print_json({"jobs": rows})
+        ui.print_json({"jobs": [r.to_dict() for r in rows]})
     elif not rows:
         ui.info(f"no jobs recorded in {jobs.jobs_dir()}")
     else:
@@ -297,10 +299,6 @@ def jobs_command(
 ) -> None:
     """List recent jobs: id, state, start, duration, hosts, command."""
     _jobs(limit or None, as_json)
-
-
-def _view_json(view: dict[str, Any]) -> dict[str, Any]:
-    return {**view, "nodes": [n.to_dict() for n in view["nodes"]]}
 
 
 @app.command()
@@ -321,23 +319,23 @@ def status(
         if len(active) > 1:
             rows = [control.summary(control.refresh(j)) for j in active]
             if as_json:
-                ui.print_json({"jobs": rows})
+                ui.print_json({"jobs": [r.to_dict() for r in rows]})
             else:
                 ui.jobs_table(rows, f"{len(active)} jobs running (mxdist status JOB for one)")
             return
     record = _load(job)
     try:
         if as_json:
-            ui.print_json(_view_json(control.job_status(record)))
+            ui.print_json(control.job_status(record).to_dict())
         elif watch:
             history: dict[str, deque[float]] = {}
             with ui.watch_status() as watching:
                 while True:
                     view = control.job_status(jobs.load(record.id))
-                    for n in view["nodes"]:
+                    for n in view.nodes:
                         history.setdefault(n.name, deque(maxlen=16)).append(n.rate or 0.0)
                     watching.show(view, {name: ui.sparkline(list(v)) for name, v in history.items()})
-                    if view["state"] not in ("starting", "running") or watching.wait(interval):
+                    if not view.active or watching.wait(interval):
                         break
         else:
             ui.print_status(control.job_status(record))

@@ -1,10 +1,12 @@
 """From ``mxdist launch`` options to a plan, a backend, a job record and launch settings.
 
-This is the glue between the typer command (:mod:`cli.main`) and the pure modules: it reads
-the hosts file, picks the launcher, resolves hosts through the backend (ssh config), chooses
-ports, and computes the plan.  No process is started here.
+This is the glue between the typer command (:mod:`mxdist.main`) and the pure modules: it picks
+the launcher, has its backend find the job's hosts (:func:`mxdist.registry.for_launch`), chooses
+ports, and computes the plan.  What depends on the backend is a question to it
+(:class:`mxdist.backends.Capability`: whether the processes run on this machine, whether they
+see its files), never its name.  No process is started here.
 
-Options that become psnode configuration are one :class:`cli.plan.NodeOptions` (filled once by
+Options that become psnode configuration are one :class:`mxdist.plan.NodeOptions` (filled once by
 the typer command, validated there, carried by the plan into every process's NodeConfig);
 :class:`LaunchOptions` holds it and the launcher's own options, each default written once here
 (the typer command reads them from :func:`launch_default`).  Every error is a
@@ -14,29 +16,27 @@ Security (:func:`security_mode`): every job, local ones included, is ``authentic
 default (a fresh secret per job; :mod:`psnode.net.security` says what each mode protects);
 ``--encrypt`` makes it ``encrypted`` (CURVE on every link), ``--insecure`` turns it off.  Every
 process's ``PSNODE_KEY_FILE`` is planned as ``<run dir>/job.key`` on its host; the supervisor
-writes the secret there before anything starts (:mod:`cli.preflight`).
+writes the secret there before anything starts (:mod:`mxdist.preflight`).
 """
 from __future__ import annotations
 
 import os
 import random
-import re
 import socket
 import sys
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
-from cli import agent, jobs
-from cli.backends import Backend, resolver
-from cli.gpus import VISIBLE, HostGpus
-from cli.hosts import Host, HostsError, looks_like_file, parse_host_list, parse_hosts_file
-from cli.jobs import JobRecord
-from cli.launch import LaunchSettings, new_record
-from cli.plan import NodeOptions, Plan, PlanError, PlanRequest, make_plan, parse_env_assignments, passthrough_env
-from cli.registry import make_backend
 from psnode.net.security import Mode
 from psnode.server.checkpoint import path_for
+
+from . import agent, jobs
+from .backends import Backend, Capability, LaunchRequest
+from .gpus import VISIBLE, HostGpus
+from .jobs import JobRecord
+from .launch import LaunchSettings, new_record
+from .plan import NodeOptions, Plan, PlanError, PlanRequest, make_plan, parse_env_assignments, passthrough_env
+from .registry import NAMES, capabilities, for_launch
 
 # Ports a job listens on are chosen where the kernel never puts the source port of an outgoing
 # connection (its ephemeral range: 32768-60999 on Linux by default), so nothing can take a port
@@ -119,21 +119,6 @@ class Prepared:
     settings: LaunchSettings
 
 
-def read_hosts(spec: str) -> list[Host]:
-    """``-H`` value: an existing file (hosts file format), else an inline list."""
-    path = Path(spec).expanduser()
-    if path.is_file():
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise HostsError(f"{spec}: cannot read: {exc}") from None
-        return parse_hosts_file(text, str(spec))
-    if looks_like_file(spec) and not re.search(r"[\s;|&$`<>(){}'\"\\]", spec):
-        raise HostsError(f"-H {spec}: no such hosts file")
-    # an inline list; shell characters make it one too, so the host check names the bad value
-    return parse_host_list(spec)
-
-
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free on this machine now (bind to 0, read, close)."""
     with socket.socket() as s:
@@ -181,10 +166,12 @@ def free_listen_port(host: str = "127.0.0.1", avoid: frozenset[int] = frozenset(
     return port
 
 
-def _ports(opts: LaunchOptions, local: bool) -> tuple[int, int]:
+def _ports(opts: LaunchOptions, here: bool) -> tuple[int, int]:
+    """The scheduler's port and MASTER_PORT: ``--port``, else free on this machine when the job
+    runs ``here``, else drawn from :data:`REMOTE_PORT_RANGE`."""
     if opts.port is not None:
         return opts.port, opts.port + 1
-    if local:
+    if here:
         first = free_listen_port()
         return first, free_listen_port(avoid=frozenset({first}))
     low, high = REMOTE_PORT_RANGE
@@ -215,13 +202,14 @@ def _identity_file(path: str | None) -> str | None:
     return full
 
 
-def checkpoint_dir(opts: LaunchOptions, workdir: str, local: bool) -> str | None:
-    """``--checkpoint-dir`` as an absolute path on the hosts (relative: under the workdir)."""
+def checkpoint_dir(opts: LaunchOptions, workdir: str, shared_fs: bool) -> str | None:
+    """``--checkpoint-dir`` as an absolute path on the hosts (relative: under the workdir; ``~``
+    only where the hosts see this machine's files, ``shared_fs``)."""
     if not opts.node.checkpoint_dir:
         return None
     path = opts.node.checkpoint_dir
     if path.startswith("~"):
-        if not local:
+        if not shared_fs:
             raise PlanError(f"--checkpoint-dir {path}: give an absolute path (or one relative to "
                             "--workdir): the remote home directory is not known here")
         path = os.path.expanduser(path)
@@ -229,8 +217,8 @@ def checkpoint_dir(opts: LaunchOptions, workdir: str, local: bool) -> str | None
 
 
 def check_resume(plan: Plan, directory: str) -> None:
-    """``--resume`` on this machine's file system (local, slurm): every server's checkpoint file
-    must exist before anything starts."""
+    """``--resume`` where the hosts see this machine's files: every server's checkpoint file must
+    exist before anything starts."""
     missing = [os.path.basename(path_for(directory, r)) for r in range(plan.num_servers)
                if not os.path.isfile(path_for(directory, r))]
     if plan.num_servers == 0:
@@ -244,52 +232,28 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
     """Validate options and compute everything a launch needs; raise HostsError/PlanError."""
     environ = dict(os.environ if environ is None else environ)
     launcher = opts.launcher or ("ssh" if opts.hosts else "local")
-    if launcher not in ("local", "ssh", "slurm"):
+    if launcher not in NAMES:
         raise PlanError(f"--launcher {launcher!r}: choose local, ssh or slurm")
     ranks = parse_ranks(opts.ranks)
     job_id = jobs.new_job_id()
     user_env = parse_env_assignments(opts.env)
     workdir = os.path.abspath(opts.workdir or os.getcwd())
-    if opts.identity_file and launcher != "ssh":
+    if opts.identity_file and Capability.LOGIN not in capabilities(launcher):
         raise PlanError(f"-i/--identity-file is for SSH hosts (-H); --launcher {launcher} does not use SSH")
-    identity = _identity_file(opts.identity_file)
-    if launcher == "local":
-        if opts.hosts:
-            raise PlanError("--launcher local runs on this machine only: drop -H or use --launcher ssh")
-        if opts.sync:
-            raise PlanError("--sync copies to remote hosts: it needs -H")
-        slots = opts.num_workers if opts.num_workers and opts.num_workers > 0 else 1
-        hosts = [Host("localhost", address="127.0.0.1", slots=slots)]
-        backend = make_backend("local", {"workdir": workdir, "python": sys.executable})
-        python = sys.executable
-    elif launcher == "slurm":
-        from cli.slurm import from_allocation
-
-        if opts.hosts or opts.sync:
-            raise PlanError("--launcher slurm runs on the nodes of the Slurm allocation, which share "
-                            "the file system: drop -H and --sync")
-        backend, hosts = from_allocation(environ, workdir, opts.python, job_id)
-        python = opts.python
-    else:
-        if not opts.hosts:
-            raise PlanError("--launcher ssh needs hosts: -H host1,host2 or -H hostsfile")
-        parsed = read_hosts(opts.hosts)
-        backend = make_backend("ssh", {
-            "workdir": workdir, "python": opts.python, "ssh_config": opts.ssh_config,
-            "known_hosts": opts.known_hosts, "accept_new_host_keys": opts.accept_new_host_keys,
-            "connect_timeout": opts.connect_timeout, "identity_file": identity})
-        resolve = resolver(backend)
-        hosts = [resolve.resolve(h) for h in parsed] if resolve else parsed
-        python = opts.python
-    scheduler_port, master_port = _ports(opts, launcher == "local")
-    # slurm: srun runs here and writes the logs here; the nodes share the file system
-    run_dir = (str(jobs.log_dir(job_id)) if launcher in ("local", "slurm")
-               else f"{opts.remote_dir.rstrip('/')}/{job_id}")
+    backend, hosts = for_launch(launcher, LaunchRequest(
+        job_id=job_id, workdir=workdir, python=opts.python, hosts=opts.hosts, num_workers=opts.num_workers,
+        sync=bool(opts.sync), environ=environ, ssh_config=opts.ssh_config, known_hosts=opts.known_hosts,
+        accept_new_host_keys=opts.accept_new_host_keys, connect_timeout=opts.connect_timeout,
+        identity_file=_identity_file(opts.identity_file)))
+    scheduler_port, master_port = _ports(opts, Capability.THIS_MACHINE in backend.capabilities)
+    # paths here are the paths the processes see: their run files go to the job's directory here
+    # (Slurm: srun runs here and writes the logs here; the nodes share the file system)
+    shared_fs = Capability.SHARED_FS in backend.capabilities
+    run_dir = str(jobs.log_dir(job_id)) if shared_fs else f"{opts.remote_dir.rstrip('/')}/{job_id}"
     security = security_mode(opts)
-    shared_fs = launcher in ("local", "slurm")   # paths here are the paths the processes see
     ckpt = checkpoint_dir(opts, workdir, shared_fs)
     plan = make_plan(PlanRequest(
-        job_id=job_id, command=opts.command, hosts=hosts, python=python,
+        job_id=job_id, command=opts.command, hosts=hosts, python=backend.python,
         scheduler_port=scheduler_port, master_port=master_port,
         num_workers=opts.num_workers, num_servers=opts.num_servers,
         scheduler_host=opts.scheduler, user_env=user_env, base_env=passthrough_env(environ),
@@ -302,8 +266,7 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
     if opts.grace < 0 or opts.finish_grace < 0:
         raise PlanError("--grace and --finish-grace are seconds >= 0")
     log_dir = jobs.log_dir(job_id)
-    record = new_record(plan, backend, opts.command, workdir, log_dir)
-    record.security = security.value
+    record = new_record(plan, backend, opts.command, workdir, log_dir, security)
     settings = LaunchSettings(run_dir=run_dir, grace=opts.grace, finish_grace=opts.finish_grace,
                               detach=opts.detach, quiet=opts.quiet or opts.detach, ranks=ranks,
                               sync=_sync_pairs(opts.sync), security=security)
@@ -316,7 +279,7 @@ def known_gpus(prepared: Prepared) -> dict[str, HostGpus]:
     process gets (passed through or ``-e``) when there is one; other hosts: at preflight."""
     plan = prepared.plan
     env = {k: v for k, v in plan.procs[0].env.items() if not k.startswith("PSNODE_")}
-    if prepared.backend.name == "local":
+    if Capability.THIS_MACHINE in prepared.backend.capabilities:
         return {h.label: HostGpus.from_report(agent.gpus(env)) for h in plan.busy_hosts}
     if VISIBLE in env:
         return {h.label: HostGpus.from_visible(env[VISIBLE]) for h in plan.busy_hosts}

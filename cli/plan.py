@@ -17,7 +17,7 @@ Rules:
   as an argument, where ``torch.distributed.launch`` put it (right after a ``.py`` script, before
   its arguments; at the end of any other command), for scripts that read ``args.local_rank``;
 * GPUs: by default visibility is left alone (LOCAL_RANK names ``cuda:LOCAL_RANK``); with
-  ``gpus_per_worker`` the plan records it, and :func:`cli.gpus.with_gpus` gives each worker its
+  ``gpus_per_worker`` the plan records it, and :func:`with_gpus` gives each worker its
   ``CUDA_VISIBLE_DEVICES`` once the hosts' GPU lists are known (an input: preflight's report).
 
 psnode options: one :class:`NodeOptions` per job (filled from ``mxdist launch``'s flags, defaults
@@ -32,7 +32,7 @@ variable comes from an ``mxdist launch`` option through ``NodeConfig.to_env()``.
 
 The job's secret (:mod:`psnode.net.security`): ``key_files`` maps a host label to the secret
 file's path on that host (the launcher writes the file there before starting anything; see
-:mod:`cli.preflight`); hosts without an entry get ``key_file`` (None: insecure).  A path may
+:mod:`mxdist.preflight`); hosts without an entry get ``key_file`` (None: insecure).  A path may
 still start with ``~`` at planning time: :func:`with_key_files` puts the path each host resolved
 into the plan.
 """
@@ -43,15 +43,14 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from cli.hosts import Host, HostsError, check_env_name
 from psnode.config import LOG_LEVELS, CpuPolicy, Distribution, NodeConfig, Role, default
 from psnode.errors import ConfigError
 from psnode.protocol import failure
 
-if TYPE_CHECKING:
-    from cli.gpus import HostGpus
+from .gpus import VISIBLE, GpuShortage, HostGpus, describe_worker, sharing_warnings, shortages, worker_env, worker_slots
+from .hosts import Host, HostsError, check_env_name
 
 #: Variables copied from the launcher's environment to every process (shell-style patterns).
 PASSTHROUGH: tuple[str, ...] = (
@@ -406,3 +405,54 @@ def with_key_files(plan: Plan, paths: Mapping[str, str]) -> Plan:
     procs = tuple(replace(p, env=_with_config(p.env, key_file=paths[p.host.label]))
                   if p.host.label in paths else p for p in plan.procs)
     return replace(plan, procs=procs)
+
+
+# -- GPUs (the rules: mxdist.gpus) -------------------------------------------------------------
+
+class GpuShortageError(PlanError):
+    """``--gpus-per-worker`` asks more GPUs of some hosts than they show; one entry per host."""
+
+    def __init__(self, found: Sequence[GpuShortage]) -> None:
+        super().__init__("not enough GPUs: " + "; ".join(f"{s.host} {s.reason}" for s in found))
+        self.shortages = tuple(found)
+
+
+def with_gpus(plan: Plan, found: Mapping[str, HostGpus]) -> Plan:
+    """The plan with the GPUs of the hosts in ``found`` known and, with ``--gpus-per-worker``,
+    the workers of those hosts given theirs (``CUDA_VISIBLE_DEVICES``, :mod:`mxdist.gpus`' rules);
+    workers already given theirs keep them.  Raises :class:`GpuShortageError` naming every host
+    in ``found`` with too few."""
+    known = {**plan.gpus, **found}
+    per = plan.gpus_per_worker
+    if not per:
+        return replace(plan, gpus=known)
+    counts = {label: n for label, n in plan.workers_per_host().items() if label in found}
+    short = shortages(found, counts, per)
+    if short:
+        raise GpuShortageError(short)
+    procs = []
+    for p in plan.procs:
+        if p.role is Role.WORKER and p.gpus is None and p.host.label in found:
+            host = found[p.host.label]
+            slots = worker_slots(p.local_rank, per)
+            devices = host.devices[slots.start:slots.stop]
+            p = replace(p, gpus=devices, env={**p.env, **worker_env(devices, host, p.env)})
+        procs.append(p)
+    return replace(plan, procs=tuple(procs), gpus=known)
+
+
+def gpu_view(plan: Plan) -> tuple[list[str], list[str], list[str]]:
+    """What the plan's hosts show and each worker gets: (a line per host with workers, a line
+    per worker, warnings)."""
+    workers = plan.workers_per_host()
+    hosts = [f"{label}: {plan.gpus[label].describe() if label in plan.gpus else 'known at preflight'}"
+             for label in workers]
+    lines = []
+    for p in plan.of_role(Role.WORKER):
+        visible, device = describe_worker(p.local_rank, p.env, plan.gpus_per_worker, p.gpus,
+                                          plan.gpus.get(p.host.label))
+        shown = (visible.replace("all", "all GPUs visible", 1) if visible.startswith("all")
+                 else f"{VISIBLE}={visible}")
+        lines.append(f"worker {p.rank} @ {p.host.label}: {shown}, LOCAL_RANK {p.local_rank} -> {device}")
+    warnings = [] if plan.gpus_per_worker else sharing_warnings(plan.gpus, workers)
+    return hosts, lines, warnings

@@ -8,16 +8,17 @@ job's processes read it (``PSNODE_KEY_FILE``):
 * always, first, in ``MXDIST_HOME/jobs/<id>/job.key`` (0600 in the 0700 job directory): the
   launcher's copy, named by the job record (``key_file``: the path, never the secret), which
   ``mxdist status`` and ``stop`` use;
-* local jobs and Slurm: the processes read that same file (local: this machine; Slurm: the
-  nodes see ``MXDIST_HOME`` over the shared file system, as they see the job's logs);
-* SSH (a backend with the ``keys`` capability): sent on the SSH channel's stdin to every host,
+* a backend whose processes see this machine's files (``shared_fs``: local jobs; Slurm, whose
+  nodes see ``MXDIST_HOME`` over the shared file system, as they see the job's logs): the
+  processes read that same file;
+* a backend with the ``keys`` capability (SSH): sent on the SSH channel's stdin to every host,
   written 0600 in the job's 0700 remote run directory; never on a command line.
 
-The supervisor removes every copy when the job ends, however it ends (:mod:`cli.teardown`,
-:mod:`cli.takeover`).  This runs in a thread of the supervisor, so a stop request or a signal
+The supervisor removes every copy when the job ends, however it ends (:mod:`mxdist.teardown`,
+:mod:`mxdist.takeover`).  This runs in a thread of the supervisor, so a stop request or a signal
 does not wait for slow hosts.
 
-GPUs: preflight's report of each host's GPUs goes into the plan (:func:`cli.gpus.with_gpus`);
+GPUs: preflight's report of each host's GPUs goes into the plan (:func:`mxdist.plan.with_gpus`);
 with ``--gpus-per-worker`` every worker then has its ``CUDA_VISIBLE_DEVICES``, and a host with
 too few GPUs is a problem like any other.  The report is shown when a host has GPUs or GPUs
 were asked for (a CPU host is fine and quiet).
@@ -27,10 +28,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from cli import jobs, ui
-from cli.backends import (
+from psnode.net.security import Mode
+from psnode.net.transport import new_security
+
+from . import jobs, ui
+from .backends import (
     Backend,
     BackendError,
+    Capability,
     HostProblem,
     Preflight,
     explainer,
@@ -38,11 +43,9 @@ from cli.backends import (
     run_per_host,
     syncer,
 )
-from cli.gpus import GpuShortageError, HostGpus, gpu_view, with_gpus
-from cli.jobs import JobRecord
-from cli.plan import Plan, command_target, with_key_files
-from psnode.net.security import Mode
-from psnode.net.transport import new_security
+from .gpus import HostGpus
+from .jobs import JobRecord
+from .plan import GpuShortageError, Plan, command_target, gpu_view, with_gpus, with_key_files
 
 
 class PreflightFailed(Exception):
@@ -98,12 +101,12 @@ def _install_secret(plan: Plan, backend: Backend, record: JobRecord, run_dir: st
     local = jobs.key_path(record.id)
     jobs.private_dir(local.parent)
     security.save(str(local))
-    record.key_file = str(local)
+    record.keep_key(str(local))
     save()
     installer = key_installer(backend)
     hosts = plan.busy_hosts
     if installer is None:
-        if Path(run_dir) == local.parent:   # local, Slurm: the processes read the launcher's copy
+        if Capability.SHARED_FS in backend.capabilities:   # the processes read the launcher's copy
             return plan
         raise PreflightFailed([HostProblem(
             h.label, f"the {backend.name} launcher cannot deliver the job's secret",
@@ -113,7 +116,7 @@ def _install_secret(plan: Plan, backend: Backend, record: JobRecord, run_dir: st
     problems = [HostProblem(label, f"could not write the job's secret file: {result}",
                             "check that the remote run directory (--remote-dir) is writable")
                 for label, result in results.items() if isinstance(result, Exception)]
-    record.remote_keys = {label: path for label, path in results.items() if not isinstance(path, Exception)}
+    record.keys_on_hosts({label: path for label, path in results.items() if not isinstance(path, Exception)})
     save()
     if problems:
         raise PreflightFailed(problems)

@@ -5,7 +5,7 @@ The only module that runs ``srun``, ``scontrol``, ``squeue`` and ``scancel``.
 Allocation: ``mxdist launch --launcher slurm`` runs inside an allocation (``salloc``, or an
 ``sbatch`` script) and reads it from the environment: ``SLURM_JOB_ID``, ``SLURM_JOB_NODELIST``
 (expanded with ``scontrol show hostnames``), ``SLURM_TASKS_PER_NODE`` (slots: how many workers a
-node runs by default) and ``SLURM_JOB_CPUS_PER_NODE``.  Placement is :mod:`cli.plan`'s, as for
+node runs by default) and ``SLURM_JOB_CPUS_PER_NODE``.  Placement is :mod:`mxdist.plan`'s, as for
 SSH: the nodes are the hosts, in the order Slurm lists them.
 
 Addresses: a process binds to and is reached at its node's address as Slurm knows it, never
@@ -18,14 +18,14 @@ the foreground under slurmstepd, so Slurm tracks it and ``scancel`` ends it with
 ``--overlap`` lets steps share a node; ``--cpus-per-task`` is the job's CPU count on that node so
 a process may use all of them.  The environment (``PSNODE_*``, ``RANK``...) travels in srun's own
 environment (``--export=ALL``), never on a command line.  srun itself runs on this machine under
-:mod:`cli.agent`'s reaper, exactly like a local process (the backend composes a
-:class:`cli.backends.LocalRunner` that runs ``srun`` lines): its output (the task's, plus
+:mod:`mxdist.agent`'s reaper, exactly like a local process (the backend composes a
+:class:`mxdist.backends.LocalRunner` that runs ``srun`` lines): its output (the task's, plus
 srun's own error lines) goes to the job's log file, its exit status to the rc file.  srun reports a task
 killed by signal N as 128+N; :func:`exit_code` turns that back into ``-N``.
 
 The job's secret (``PSNODE_KEY_FILE``) reaches the nodes through the shared file system: the
 processes read the launcher's own copy, ``MXDIST_HOME/jobs/<id>/job.key`` (0600 in a 0700
-directory; :mod:`cli.preflight`), which every node sees as it sees the job's logs.  Not through
+directory; :mod:`mxdist.preflight`), which every node sees as it sees the job's logs.  Not through
 srun's environment: psnode reads its secret from a file whose owner and mode it checks, an
 environment is inherited by everything the training script starts, and srun's environment
 travels in Slurm's launch messages, which munge signs but does not encrypt.
@@ -53,25 +53,27 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
-from cli import agent
-from cli.backends import (
+from . import agent
+from .backends import (
     BackendError,
+    BackendStatus,
     Capability,
     Evidence,
     ExitStatus,
     HostProblem,
+    LaunchRequest,
     LocalRunner,
     Preflight,
     ProcStatus,
     Started,
     command_fix,
 )
-from cli.gpus import HostGpus
-from cli.hosts import Host
-from cli.jobs import ProcRecord
-from cli.plan import ProcSpec
+from .gpus import HostGpus
+from .hosts import Host
+from .jobs import ProcRecord
+from .plan import PlanError, ProcSpec
 
 HOW_TO_ALLOCATE = (
     "--launcher slurm runs inside a Slurm allocation, and SLURM_JOB_ID is not set here. Get one "
@@ -80,7 +82,7 @@ HOW_TO_ALLOCATE = (
     "section Slurm)"
 )
 
-_CHECK = (  # the working directory, the command, the imports and (cli.agent.gpus) the GPUs, on each node
+_CHECK = (  # the working directory, the command, the imports and (mxdist.agent.gpus) the GPUs, on each node
     "from __future__ import annotations\nimport json,os,sys\n"
     + inspect.getsource(agent.gpus) + inspect.getsource(agent.command_problem) +
     "wd,target,mods,errs=sys.argv[1],json.loads(sys.argv[2]),sys.argv[3:],[]\n"
@@ -154,7 +156,8 @@ class SlurmBackend:
     """Processes as steps of Slurm job ``job_id``; see the module docstring."""
 
     name = "slurm"
-    capabilities = frozenset({Capability.DESCRIBE})   # no KEYS: the nodes read the launcher's copy
+    # no KEYS: the nodes read the launcher's copy of the job's secret
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({Capability.SHARED_FS, Capability.DESCRIBE})
 
     def __init__(self, workdir: str, python: str, job_id: str, tag: str,
                  cpus: Mapping[str, int] | None = None, slurm_conf: str | None = None,
@@ -167,6 +170,14 @@ class SlurmBackend:
         self.slurm_conf = slurm_conf
         self.runner = LocalRunner(workdir, sys.executable, argv=self._argv,
                                   exit_code=lambda rc, proc: exit_code(rc, _tail(proc.run_log)))
+
+    @classmethod
+    def for_launch(cls, request: LaunchRequest) -> tuple[SlurmBackend, list[Host]]:
+        """The allocation this command runs in (:func:`from_allocation`)."""
+        if request.hosts or request.sync:
+            raise PlanError("--launcher slurm runs on the nodes of the Slurm allocation, which share "
+                            "the file system: drop -H and --sync")
+        return from_allocation(request.environ, request.workdir, request.python, request.job_id)
 
     def options(self) -> dict[str, Any]:
         return {"workdir": self.workdir, "python": self.python, "job_id": self.job_id, "tag": self.tag,
@@ -356,13 +367,14 @@ class SlurmBackend:
         return [ProcStatus(p.name in steps or st.alive, st.members, st.code)
                 for p, st in zip(procs, self.runner.status(procs), strict=True)]
 
-    def describe(self, procs: Sequence[ProcRecord]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    def describe(self, procs: Sequence[ProcRecord]) -> BackendStatus:
         """For ``mxdist status``: the Slurm job id, and the step id of each running process."""
         try:
             steps = self.steps()
         except SlurmError:
             steps = {}
-        return {"slurm_job": self.job_id}, {name: {"step": sid} for name, (sid, _) in steps.items()}
+        return BackendStatus({"slurm_job": self.job_id}, f"Slurm job {self.job_id}",
+                             {name: sid for name, (sid, _) in steps.items()})
 
     def signal(self, host: Host, procs: Sequence[ProcRecord], signum: int) -> None:
         names = {p.name for p in procs}

@@ -12,7 +12,7 @@ an unknown key is refused unless ``accept_new_host_keys`` (then it is appended t
 a changed key is always refused.
 
 Every remote operation is one ``exec_command`` of ``<python> -`` (a quoted argv, never an
-interpolated string) whose stdin carries :mod:`cli.agent`'s source and the JSON request, so
+interpolated string) whose stdin carries :mod:`mxdist.agent`'s source and the JSON request, so
 environment values (possibly secrets) never appear on a command line.  One connection per
 host is kept and shared by all threads (paramiko channels are thread-safe).
 
@@ -30,6 +30,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shlex
 import socket
 import stat
@@ -37,28 +38,39 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import paramiko
 
-from cli import agent
-from cli.backends import (
+from psnode.protocol.failure import path_in
+
+from . import agent
+from .backends import (
     BackendError,
     Capability,
     Evidence,
     ExitStatus,
     HostProblem,
+    LaunchRequest,
     Preflight,
     ProcStatus,
     Started,
     command_fix,
     run_per_host,
 )
-from cli.gpus import HostGpus
-from cli.hosts import Host, HostsError, check_hostname, check_user, parse_host_word
-from cli.jobs import ProcRecord
-from cli.plan import ProcSpec
-from psnode.protocol.failure import path_in
+from .gpus import HostGpus
+from .hosts import (
+    Host,
+    HostsError,
+    check_hostname,
+    check_user,
+    looks_like_file,
+    parse_host_list,
+    parse_host_word,
+    parse_hosts_file,
+)
+from .jobs import ProcRecord
+from .plan import PlanError, ProcSpec
 
 _AGENT_SOURCE = Path(agent.__file__).read_text()
 # paramiko logs a failed connection's traceback from its own thread; the user gets the problem
@@ -66,6 +78,21 @@ _AGENT_SOURCE = Path(agent.__file__).read_text()
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 _KNOWN_HOSTS_LOCK = threading.Lock()
 MAX_JUMPS = 8   # ProxyJump hops, counted through jump hosts' own ProxyJump
+
+
+def read_hosts(spec: str) -> list[Host]:
+    """``-H`` value: an existing file (hosts file format), else an inline list."""
+    path = Path(spec).expanduser()
+    if path.is_file():
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise HostsError(f"{spec}: cannot read: {exc}") from None
+        return parse_hosts_file(text, str(spec))
+    if looks_like_file(spec) and not re.search(r"[\s;|&$`<>(){}'\"\\]", spec):
+        raise HostsError(f"-H {spec}: no such hosts file")
+    # an inline list; shell characters make it one too, so the host check names the bad value
+    return parse_host_list(spec)
 
 
 class SshConfigError(BackendError):
@@ -135,7 +162,8 @@ class SshBackend:
     """Hosts reached over SSH; see the module docstring."""
 
     name = "ssh"
-    capabilities = frozenset({Capability.KEYS, Capability.SYNC, Capability.EXPLAIN, Capability.RESOLVE})
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({
+        Capability.HOSTS, Capability.LOGIN, Capability.KEYS, Capability.SYNC, Capability.EXPLAIN})
 
     def __init__(self, workdir: str, python: str, ssh_config: str | None = None,
                  known_hosts: str | None = None, accept_new_host_keys: bool = False,
@@ -154,6 +182,17 @@ class SshBackend:
         self._hops: dict[str, list[paramiko.SSHClient]] = {}   # per host: the jump hosts' connections
         self._lock = threading.Lock()
         self._host_locks: dict[str, threading.Lock] = {}
+
+    @classmethod
+    def for_launch(cls, request: LaunchRequest) -> tuple[SshBackend, list[Host]]:
+        """The hosts given with ``-H``, each with its address from the ssh config."""
+        if not request.hosts:
+            raise PlanError("--launcher ssh needs hosts: -H host1,host2 or -H hostsfile")
+        parsed = read_hosts(request.hosts)
+        backend = cls(workdir=request.workdir, python=request.python, ssh_config=request.ssh_config,
+                      known_hosts=request.known_hosts, accept_new_host_keys=request.accept_new_host_keys,
+                      connect_timeout=request.connect_timeout, identity_file=request.identity_file)
+        return backend, [backend.resolve(h) for h in parsed]
 
     def options(self) -> dict[str, Any]:
         return {

@@ -1,7 +1,7 @@
 """Acting for a job whose supervisor is gone (``kill -9`` of ``mxdist launch``).
 
 Only here does anyone but the supervisor write a job's record, and only while holding the
-job's lock (:func:`cli.jobs.takeover`) after proving the supervisor gone
+job's lock (:func:`mxdist.jobs.takeover`) after proving the supervisor gone
 (:func:`supervisor_gone`): the lock is free and its recorded pid with its start time is gone;
 for version 1 records (no lock), the launcher's pid is dead or younger than the record.
 
@@ -14,19 +14,16 @@ for version 1 records (no lock), the launcher's pid is dead or younger than the 
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import time
 from pathlib import Path
-from typing import Any
 
-from cli import jobs, teardown
-from cli.backends import Backend, ProcStatus
-from cli.jobs import JobRecord, JobState, ProcState
-from cli.launch import proc_start_ticks
-from cli.registry import make_backend
-from cli.rootcause import decide
+from . import jobs, teardown
+from .backends import Backend, ProcStatus
+from .jobs import JobEnd, JobRecord, JobState, ProcState
+from .registry import make_backend
+from .rootcause import decide
 
 
 def backend_for(record: JobRecord) -> Backend:
@@ -62,7 +59,7 @@ def supervisor_gone(record: JobRecord) -> bool:
         return False
     lock.release()
     # the lock is free; a supervisor that still runs (same pid, same start time) is ending now
-    return sup.start_ticks is None or proc_start_ticks(sup.pid) != sup.start_ticks
+    return not sup.alive
 
 
 def refresh(record: JobRecord) -> JobRecord:
@@ -87,35 +84,27 @@ def _orphaned(record: JobRecord) -> JobRecord:
         started = [p for p in record.procs if p.pid]
         states, unverified = teardown.check_everywhere(backend, hosts, started)
         running = {name for name, st in states.items() if st.alive}
-        note = "the supervisor was lost (killed?): the processes ran on unsupervised"
-        if note not in record.notes:
-            record.notes.append(note)
-        record.supervisor_lost = True
+        record.lose_supervisor()
         if running or unverified:
             for p in started:
-                p.state = (ProcState.UNKNOWN if p.host in unverified
-                           else state_from_check(states.get(p.name), p.state))
-            record.unverified = unverified
-            record.state = JobState.RUNNING
+                p.seen(ProcState.UNKNOWN if p.host in unverified else state_from_check(states.get(p.name), p.state))
+            record.run_unsupervised(unverified)
             jobs.save(record)
             return record
         evidence, _ = teardown.collect_everywhere(backend, hosts, started, record.run_dir, {})
         for p in started:
             ev = evidence.get(p.name)
-            if ev is not None and ev.code is not None:
-                p.exit_code, p.ended = ev.code, ev.rc_time
-            p.state = state_from_check(states.get(p.name), p.state)
+            p.seen(state_from_check(states.get(p.name), p.state), ev.code if ev else None, ev.rc_time if ev else None)
         workers = [p for p in started if p.role == "worker"]
-        ok = bool(workers) and all(p.exit_code == 0 for p in workers)
-        if ok:
-            record.state, record.exit_code = JobState.SUCCEEDED, 0
+        ended = max((p.ended for p in started if p.ended), default=None) or time.time()
+        labels = sorted({p.host for p in record.procs if p.pid})
+        failed = teardown.cleanup_everywhere(backend, hosts, record.id, record.run_dir, labels, {})
+        jobs.discard_key(record.id)
+        if workers and all(p.exit_code == 0 for p in workers):
+            record.finish(JobEnd(JobState.SUCCEEDED, 0, failed, ended=ended))
         else:
-            record.state, record.exit_code = JobState.FAILED, 1
             cause = decide(teardown.outcomes(record, evidence, set(), {}))
-            if cause is not None:
-                record.root_cause, record.consequences = cause.to_dict(), list(cause.consequences)
-        record.ended = max((p.ended for p in started if p.ended), default=None) or time.time()
-        _cleanup_after(record, backend, hosts)
+            record.finish(JobEnd(JobState.FAILED, 1, failed, cause=cause, ended=ended))
         jobs.save(record)
         return record
     finally:
@@ -129,25 +118,14 @@ def _recheck(record: JobRecord) -> JobRecord:
         hosts = teardown.hosts_of(record)
         procs = [p for p in record.procs if p.pid and p.host in record.unverified]
         report = teardown.stop_everywhere(backend, hosts, procs, 1.0)
-        for p in procs:
-            if p.host not in report.unverified and p.state is ProcState.UNKNOWN:
-                p.state = ProcState.STOPPED
         fresh = {label: why for label, why in record.unverified.items() if label in report.unverified}
         fixed = [label for label in record.unverified if label not in fresh]
         fresh.update(teardown.cleanup_everywhere(backend, hosts, record.id, record.run_dir, fixed, {}))
-        record.unverified = fresh
+        record.rechecked(fixed, fresh)
         jobs.save(record)
         return record
     finally:
         backend.close()
-
-
-def _cleanup_after(record: JobRecord, backend: Backend, hosts: dict[str, Any]) -> None:
-    labels = sorted({p.host for p in record.procs if p.pid})
-    record.unverified = teardown.cleanup_everywhere(backend, hosts, record.id, record.run_dir, labels, {})
-    record.remote_keys = {}
-    with contextlib.suppress(OSError):
-        jobs.key_path(record.id).unlink()
 
 
 def state_from_check(status: ProcStatus | None, recorded: ProcState) -> ProcState:
@@ -170,22 +148,14 @@ def stop_orphan(record: JobRecord, grace: float) -> JobRecord:
         live = [p for p in record.procs if p.pid]
         report = teardown.stop_everywhere(backend, hosts, live, grace)
         for p in live:
-            if p.host in report.unverified:
-                p.state = ProcState.UNKNOWN
-            elif p.state in (ProcState.RUNNING, ProcState.PENDING):
-                p.state = ProcState.STOPPED
-        record.supervisor_lost = record.supervisor_lost or record.supervisor is not None or bool(record.launcher_pid)
-        record.state, record.exit_code, record.stopped_by = JobState.STOPPED, 143, "mxdist stop"
-        record.ended = time.time()
+            p.stopped(verified=p.host not in report.unverified)
+        ended = time.time()
         labels = [label for label in hosts if label not in report.unverified]
         failed = teardown.cleanup_everywhere(backend, hosts, record.id, record.run_dir, labels, report.unverified)
-        with contextlib.suppress(OSError):
-            jobs.key_path(record.id).unlink()
-        record.remote_keys = {}
-        record.unverified = {**report.unverified, **failed}
-        for label, pids in report.left.items():
-            if pids:
-                record.unverified[label] = f"still running after KILL: pids {', '.join(map(str, pids))}"
+        jobs.discard_key(record.id)
+        lost = record.supervisor is not None or bool(record.launcher_pid)
+        record.finish(JobEnd(JobState.STOPPED, 143, {**report.unverified, **failed, **report.survivors()},
+                             stopped_by="mxdist stop", ended=ended, supervisor_lost=lost))
         jobs.save(record)
         return record
     finally:

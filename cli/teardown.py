@@ -12,10 +12,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cli.backends import Backend, Evidence, HostTimeout, run_per_host
-from cli.hosts import Host
-from cli.jobs import JobRecord, ProcRecord
-from cli.rootcause import Outcome
+from .backends import Backend, Evidence, HostTimeout, run_per_host
+from .hosts import Host
+from .jobs import JobRecord, ProcRecord
+from .rootcause import Outcome
 
 PROBE_TIMEOUT = 2.0     # seconds a host gets to answer before it is "not verified"
 STEP_MARGIN = 10.0      # seconds on top of a step's own time (grace) before giving up on a host
@@ -31,6 +31,11 @@ class HostReport:
     @property
     def clean(self) -> bool:
         return not any(self.left.values()) and not self.unverified
+
+    def survivors(self) -> dict[str, str]:
+        """The hosts where processes outlived KILL, with the pids: not verified either."""
+        return {label: f"still running after KILL: pids {', '.join(map(str, pids))}"
+                for label, pids in self.left.items() if pids}
 
 
 def hosts_of(record: JobRecord) -> dict[str, Host]:

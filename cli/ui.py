@@ -42,6 +42,10 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from psnode.protocol.status import NodeRow
+
+from .view import JobRow, JobView, PlanRow
+
 ROLE_STYLE = {"scheduler": "magenta", "server": "blue", "worker": "green"}
 RANK_STYLES = ("green", "cyan", "yellow", "bright_green", "bright_cyan", "bright_yellow", "spring_green3",
                "deep_sky_blue1", "gold3", "medium_purple1")
@@ -267,23 +271,22 @@ class LogPrinter:
         out.print(prefix + Text(text), soft_wrap=True)
 
 
-def plan_table(rows: Sequence[Mapping[str, Any]], common_env: Mapping[str, str],
+def plan_table(rows: Sequence[PlanRow], common_env: Mapping[str, str],
                warnings: Sequence[str], gpus: Sequence[str] = ()) -> None:
-    """The --dry-run view: one row per process (a worker's ``gpus``: its visible GPUs, and
-    ``device``: the cuda device its LOCAL_RANK maps to), the environment every process shares,
-    and what is known of the hosts' GPUs."""
+    """The --dry-run view: one row per process, the environment every process shares, and what
+    is known of the hosts' GPUs."""
     table = Table(title="mxdist launch plan (dry run: nothing started)", title_justify="left")
     for col in ("host", "role", "rank", "address", "gpus", "device", "command"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        table.add_row(Text(r["host"]), Text(r["role"], style=ROLE_STYLE.get(r["role"], "")),
-                      "" if r["rank"] is None else str(r["rank"]), Text(r["address"]), Text(r.get("gpus", "")),
-                      Text(r.get("device", "")), Text(r["command"]))
+        table.add_row(Text(r.host), Text(r.role, style=ROLE_STYLE.get(r.role, "")),
+                      "" if r.rank is None else str(r.rank), Text(r.address), Text(r.gpus),
+                      Text(r.device), Text(r.command))
     _table(table)
     out.print(Text("environment of each process:", style="bold"))
     for r in rows:
-        env = " ".join(f"{k}={v}" for k, v in r["env"].items())
-        out.print(Text(f"  {who(r['role'], r['rank'])}: ", style=ROLE_STYLE.get(r["role"], "")) + Text(env),
+        env = " ".join(f"{k}={v}" for k, v in r.env.items())
+        out.print(Text(f"  {who(r.role, r.rank)}: ", style=ROLE_STYLE.get(r.role, "")) + Text(env),
                   soft_wrap=True)
     out.print(Text("environment of every process:", style="bold"))
     for k, v in common_env.items():
@@ -383,26 +386,26 @@ def sparkline(values: Sequence[float]) -> str:
     return "".join(SPARK[min(len(SPARK) - 1, int(v / top * (len(SPARK) - 1) + 0.5))] for v in values)
 
 
-def _rate(r: Any) -> str:
+def _rate(r: NodeRow) -> str:
     return "-" if r.rate is None else f"{r.rate:.1f}"
 
 
-def status_table(view: Mapping[str, Any], spark: Mapping[str, str] | None = None) -> Table:
-    """A job's processes (``view['nodes']``: NodeRow objects) under a title with the job's state
-    and where the rows came from.  Where the table is wider than the terminal, columns go, in
-    the order of :data:`NARROW_DROPS` (``--json`` has every field)."""
-    title = f"job {view['id']}  {view['state']}"
-    if view.get("scheduler"):
-        title += f"  scheduler {view['scheduler']}"
-    title += f"  ({view['source']})"
-    if view.get("slurm_job"):
-        title += f"  Slurm job {view['slurm_job']}"
-    nodes = view["nodes"]
+def status_table(view: JobView, spark: Mapping[str, str] | None = None) -> Table:
+    """A job's processes (a row per NodeRow) under a title with the job's state and where the
+    rows came from.  Where the table is wider than the terminal, columns go, in the order of
+    :data:`NARROW_DROPS` (``--json`` has every field)."""
+    title = f"job {view.id}  {view.state.value}"
+    if view.scheduler:
+        title += f"  scheduler {view.scheduler}"
+    title += f"  ({view.source})"
+    if view.backend_title:
+        title += f"  {view.backend_title}"
+    nodes = view.nodes
 
-    def io(n: Any) -> str:
+    def io(n: NodeRow) -> str:
         return "-" if n.bytes_in is None else f"{_bytes(n.bytes_in)}/{_bytes(n.bytes_out)}"
 
-    columns: list[tuple[str, Callable[[Any], Any]]] = [
+    columns: list[tuple[str, Callable[[NodeRow], Any]]] = [
         ("node", lambda n: Text(who(n.role, n.rank), style=role_style(n.role, n.rank))),
         ("host", lambda n: Text(str(n.host))),
         ("pid", lambda n: str(n.pid or "-")),
@@ -446,29 +449,29 @@ def _measure(table: Table) -> int:
         table.title = title
 
 
-def job_summary(view: Mapping[str, Any]) -> Group:
+def job_summary(view: JobView) -> Group:
     """The lines under a job's table: outcome, root cause, consequences, notes."""
     parts: list[Any] = []
-    if view.get("ended_line"):
-        parts.append(Text(view["ended_line"], style=STATE_STYLE.get(view["state"], "")))
-    if view.get("root_cause"):
-        parts.append(Text("root cause: ", style="bold") + Text(view["root_cause"]))
-    for line in view.get("consequences") or []:
+    if view.ended_line:
+        parts.append(Text(view.ended_line, style=STATE_STYLE.get(view.state.value, "")))
+    if view.root_cause:
+        parts.append(Text("root cause: ", style="bold") + Text(view.root_cause))
+    for line in view.consequences:
         parts.append(Text(f"  then {line}", style="dim"))
-    for note in view.get("notes") or []:
+    for note in view.notes:
         parts.append(Text(note, style="yellow"))
     return Group(*parts)
 
 
-def print_status(view: Mapping[str, Any]) -> None:
-    if view["nodes"]:
+def print_status(view: JobView) -> None:
+    if view.nodes:
         _table(status_table(view))
     else:
-        out.print(Text(f"job {view['id']}  {view['state']}  (no process was started)"))
+        out.print(Text(f"job {view.id}  {view.state.value}  (no process was started)"))
     out.print(job_summary(view), soft_wrap=not out.is_terminal)
 
 
-def _frame(view: Mapping[str, Any], spark: Mapping[str, str]) -> Group:
+def _frame(view: JobView, spark: Mapping[str, str]) -> Group:
     return Group(status_table(view, spark), job_summary(view), Text(time.strftime("%H:%M:%S"), style="dim"))
 
 
@@ -528,7 +531,7 @@ class StatusWatch:
         self._live = live
         self._keys = keys
 
-    def show(self, view: Mapping[str, Any], spark: Mapping[str, str]) -> None:
+    def show(self, view: JobView, spark: Mapping[str, str]) -> None:
         frame = _frame(view, spark)
         if self._live is not None:
             self._live.update(frame, refresh=True)
@@ -584,16 +587,15 @@ def _command(words: Sequence[str]) -> str:
     return " ".join([os.path.basename(words[0]) or words[0], *words[1:]])
 
 
-def jobs_table(rows: Sequence[Mapping[str, Any]], title: str) -> None:
+def jobs_table(rows: Sequence[JobRow], title: str) -> None:
     now = time.time()
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("job", "state", "started", "duration", "hosts", "command"):
         table.add_column(col, overflow="fold", no_wrap=col not in ("hosts", "command"))
     for j in rows:
-        table.add_row(Text(j["id"]), Text(j["state"], style=STATE_STYLE.get(j["state"].split(" ")[0], "")),
-                      _started(j.get("created"), now), _age(j.get("duration")),
-                      Text(", ".join(j.get("hosts") or [])),
-                      Text(_command(j.get("command") or []) or j.get("problem", "")))
+        table.add_row(Text(j.id), Text(j.state, style=STATE_STYLE.get(j.state.split(" ")[0], "")),
+                      _started(j.created, now), _age(j.duration), Text(", ".join(j.hosts)),
+                      Text(_command(j.command) or j.problem or ""))
     _table(table)
 
 

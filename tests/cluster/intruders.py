@@ -25,7 +25,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from cli import agent
+from mxdist import agent
 from psnode.errors import PeerLost
 from psnode.net.security import Security
 from psnode.scheduler.client import query_status

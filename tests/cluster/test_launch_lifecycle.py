@@ -33,7 +33,7 @@ from tests.ssh.mxdist_testing import (
 )
 from tests.terminal.emulator import Terminal
 
-MXDIST = f"{shlex.quote(PY)} -m cli.main"
+MXDIST = f"{shlex.quote(PY)} -m mxdist"
 
 SLEEPER = textwrap.dedent("""
     import os, time
@@ -120,7 +120,7 @@ def test_ctrl_c_in_a_terminal_through_a_pipe_stops_everything(home, tmp_path, pi
 
 
 def test_closing_the_terminal_stops_the_job_with_129(home, tmp_path):
-    argv = [PY, "-m", "cli.main", "launch", "-n", "2", "-s", "1", script(tmp_path, SLEEPER)]
+    argv = [PY, "-m", "mxdist", "launch", "-n", "2", "-s", "1", script(tmp_path, SLEEPER)]
     term = Terminal(argv, cli_env(home), cwd=ROOT)
     wait_for(lambda: term.raw().count("started rank") == 2, 60, "both workers' first line")
     term.hang_up()

@@ -5,9 +5,10 @@ not take its lock, not signal the job's processes.
 
 The other user is a real Unix user created for the test (``other_user``, tests/conftest.py).
 It runs an interpreter it may run (the project's own lives under /root, which it cannot enter:
-then the system Python) with the project on PYTHONPATH, and uses ``cli.jobs`` -- the
-standard-library module through which ``mxdist status`` and ``mxdist stop`` reach a job -- and
-plain file and signal calls.
+then the system Python) with the project on PYTHONPATH, and uses ``mxdist.jobs`` (imported from
+the ``cli/`` folder, as ``cli.jobs``: that interpreter has no install) -- the standard-library
+module through which ``mxdist status`` and ``mxdist stop`` reach a job -- and plain file and
+signal calls.
 """
 from __future__ import annotations
 

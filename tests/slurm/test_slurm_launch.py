@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tests.ssh.mxdist_testing import ROOT, cli_env, latest, records, wait_for
 
-MXDIST = [sys.executable, "-m", "cli.main"]
+MXDIST = [sys.executable, "-m", "mxdist"]
 
 TRAIN = textwrap.dedent("""
     import os, sys, numpy as np, psnode.kv
@@ -219,7 +219,7 @@ def test_ctrl_c_stops_every_step(slurm3, home, tmp_path):
 
         wait_for(three_started, 30, "three workers to start", interval=0)
         launcher = next(c for c in _children(alloc.pid)
-                        if "cli.main" in Path(f"/proc/{c}/cmdline").read_text())
+                        if "mxdist" in Path(f"/proc/{c}/cmdline").read_text())
         os.kill(launcher, signal.SIGINT)  # what the terminal does on Ctrl-C
         out, _ = alloc.communicate(timeout=60)
         assert alloc.returncode == 130, "".join(seen) + out

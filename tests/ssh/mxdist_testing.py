@@ -33,12 +33,12 @@ def cli_env(home: Path, **extra: str) -> dict[str, str]:
 
 def run_cli(args: list[str], env: dict[str, str], timeout: float = 90.0) -> subprocess.CompletedProcess[str]:
     """Run ``mxdist ARGS`` to completion (bounded); stdout and stderr captured as text."""
-    return subprocess.run([PY, "-m", "cli.main", *args], env=env, cwd=ROOT, capture_output=True,
+    return subprocess.run([PY, "-m", "mxdist", *args], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout)
 
 
 def start_cli(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([PY, "-m", "cli.main", *args], env=env, cwd=ROOT, text=True,
+    return subprocess.Popen([PY, "-m", "mxdist", *args], env=env, cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 

@@ -211,8 +211,8 @@ def test_sync_copies_a_directory_and_skips_unchanged_files(ssh_cluster, home, tm
     assert (dest / "pkg" / "data.bin").read_bytes() == b"x" * 100_000
     assert "sync" in res.stderr  # the progress bar's description
 
-    from cli.hosts import Host
-    from cli.ssh import SshBackend
+    from mxdist.hosts import Host
+    from mxdist.ssh import SshBackend
 
     backend = SshBackend(workdir=str(dest), python="python3", ssh_config=str(ssh_cluster.ssh_config),
                          known_hosts=str(ssh_cluster.known_hosts))

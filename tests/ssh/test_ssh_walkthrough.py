@@ -14,7 +14,7 @@ import sys
 from tests.ssh.mxdist_testing import ROOT, assert_nothing_left, latest
 from tests.terminal.emulator import Terminal, terminal_env
 
-MXDIST = [sys.executable, "-m", "cli.main"]
+MXDIST = [sys.executable, "-m", "mxdist"]
 
 
 def readme_lines(prefix: str) -> list[str]:

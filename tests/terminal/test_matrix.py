@@ -53,7 +53,7 @@ from tests.ssh.mxdist_testing import ROOT, assert_nothing_left, cli_env, latest,
 from tests.support import wait_for
 from tests.terminal.emulator import COLS, Screen, Terminal, terminal_env
 
-MXDIST = [sys.executable, "-m", "cli.main"]
+MXDIST = [sys.executable, "-m", "mxdist"]
 PROMPT = 2.0        # seconds within which q or Ctrl-C ends a command that would run on
 LAUNCH_PROMPT = 3.0  # ... and an attached launch, which stops the job on every host first (0.5-0.9 s here)
 CURSOR_MOVES = re.compile(r"\x1b\[\d*[ABK]")   # what redrawing in place needs (a dumb terminal gets none)

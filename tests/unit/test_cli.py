@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli import jobs
-from cli.jobs import JobRecord, JobState, ProcRecord
-from cli.main import app
+from mxdist import jobs
+from mxdist.jobs import JobRecord, JobState, ProcRecord
+from mxdist.main import app
 
 runner = CliRunner()
 
@@ -265,7 +265,7 @@ def test_ssh_checkpoint_dir_under_home_is_refused(home, ssh_config):
 
 
 def test_status_passes_the_local_key_file_and_stop_deletes_it(home, monkeypatch):
-    from cli import control
+    from mxdist import control
 
     calls = []
 
@@ -293,7 +293,7 @@ def test_status_passes_the_local_key_file_and_stop_deletes_it(home, monkeypatch)
 
 # ---------------------------------------------------------------- listening ports
 def test_listen_range_avoids_the_ephemeral_range() -> None:
-    from cli.options import listen_range
+    from mxdist.options import listen_range
     assert listen_range((32768, 60999)) == (20000, 32767)       # Linux's default
     assert listen_range((15000, 60000)) == (60001, 65535)       # no room below: above
     assert listen_range((1024, 65000)) == (1024, 65535)         # no room at all: anywhere
@@ -301,7 +301,7 @@ def test_listen_range_avoids_the_ephemeral_range() -> None:
 
 
 def test_ephemeral_range_read_or_default(tmp_path: Path) -> None:
-    from cli.options import DEFAULT_EPHEMERAL, ephemeral_range
+    from mxdist.options import DEFAULT_EPHEMERAL, ephemeral_range
     f = tmp_path / "range"
     f.write_text("40000\t50000\n")
     assert ephemeral_range(str(f)) == (40000, 50000)
@@ -313,7 +313,7 @@ def test_ephemeral_range_read_or_default(tmp_path: Path) -> None:
 def test_local_ports_are_free_distinct_and_outside_the_ephemeral_range() -> None:
     import socket
 
-    from cli.options import ephemeral_range, free_listen_port
+    from mxdist.options import ephemeral_range, free_listen_port
     lo, hi = ephemeral_range()
     for _ in range(20):
         first = free_listen_port()

@@ -1,11 +1,11 @@
-"""cli.hosts: the hosts file and -H list; every bad word rejected with file:line and the line."""
+"""mxdist.hosts: the hosts file and -H list; every bad word rejected with file:line and the line."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from cli.hosts import Host, HostsError, check_env_name, parse_host_list, parse_hosts_file
+from mxdist.hosts import Host, HostsError, check_env_name, parse_host_list, parse_hosts_file
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,10 +1,10 @@
-"""cli.plan: placement, ports, argv and environment of every process (pure)."""
+"""mxdist.plan: placement, ports, argv and environment of every process (pure)."""
 from __future__ import annotations
 
 import pytest
 
-from cli.hosts import Host
-from cli.plan import (
+from mxdist.hosts import Host
+from mxdist.plan import (
     NodeOptions,
     PlanError,
     PlanRequest,
@@ -165,7 +165,7 @@ def test_env_cannot_set_psnode_variables(name, hint):
 
 
 def test_key_files_per_host_and_resolution():
-    from cli.plan import with_key_files
+    from mxdist.plan import with_key_files
 
     plan = make_plan(request(key_files={h.label: "~/run/job-1/job.key" for h in HOSTS}))
     assert {NodeConfig.from_env(p.env).key_file for p in plan.procs} == {"~/run/job-1/job.key"}
@@ -180,7 +180,7 @@ def test_key_files_per_host_and_resolution():
 
 
 def test_restarted_worker_keeps_rank_host_argv_and_env():
-    from cli.plan import restarted
+    from mxdist.plan import restarted
 
     plan = make_plan(request(max_restarts=2))
     spec = plan.of_role(Role.WORKER)[1]
@@ -192,8 +192,8 @@ def test_restarted_worker_keeps_rank_host_argv_and_env():
 
 
 def test_local_plan_binds_to_loopback_only(tmp_path):
-    from cli import jobs
-    from cli.options import LaunchOptions, prepare
+    from mxdist import jobs
+    from mxdist.options import LaunchOptions, prepare
 
     jobs.use_home(tmp_path)
     prepared = prepare(LaunchOptions(command=["t.py"], num_workers=2, num_servers=2))
@@ -208,8 +208,8 @@ def test_local_plan_binds_to_loopback_only(tmp_path):
 @pytest.mark.parametrize("flags, mode", [
     ({}, "authenticated"), ({"encrypt": True}, "encrypted"), ({"insecure": True}, "insecure")])
 def test_security_mode_from_the_flags(tmp_path, flags, mode):
-    from cli import jobs
-    from cli.options import LaunchOptions, prepare
+    from mxdist import jobs
+    from mxdist.options import LaunchOptions, prepare
 
     jobs.use_home(tmp_path)
     prepared = prepare(LaunchOptions(command=["t.py"], num_workers=1, num_servers=1, **flags))

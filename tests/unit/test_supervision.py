@@ -1,4 +1,4 @@
-"""The supervisor's rules without processes: the pure rules (cli.lifecycle, cli.rootcause) and
+"""The supervisor's rules without processes: the pure rules (mxdist.lifecycle, mxdist.rootcause) and
 the Supervisor itself driven through a fake backend (the Backend protocol allows it).
 
 The supervisor runs in the test's main thread (it installs signal handlers); a driver thread
@@ -16,16 +16,16 @@ from typing import Any
 
 import pytest
 
-from cli import jobs, lifecycle
-from cli.backends import BackendError, Evidence, ExitStatus, HostProblem, Preflight, ProcStatus, Started
-from cli.hosts import Host
-from cli.jobs import JobState, ProcState
-from cli.launch import LaunchSettings, Supervisor, new_record
-from cli.lifecycle import Action, Failure, Supervision
-from cli.plan import NodeOptions, PlanRequest, make_plan
-from cli.rootcause import Outcome, decide
+from mxdist import jobs, lifecycle
+from mxdist.backends import BackendError, Evidence, ExitStatus, HostProblem, Preflight, ProcStatus, Started
+from mxdist.hosts import Host
+from mxdist.jobs import JobState, ProcState
+from mxdist.launch import LaunchSettings, Supervisor, new_record
+from mxdist.lifecycle import Action, Failure, Supervision
+from mxdist.plan import NodeOptions, PlanRequest, make_plan
+from mxdist.rootcause import Outcome, decide
 
-# -- cli.lifecycle ---------------------------------------------------------------------------------
+# -- mxdist.lifecycle ---------------------------------------------------------------------------------
 
 
 def rules(max_restarts: int = 0, servers_restart: bool = False) -> Supervision:
@@ -102,7 +102,7 @@ def test_wait_for_the_rest_only_when_psnode_started():
     assert not Supervision.wait_for_rest(None)
 
 
-# -- cli.rootcause ---------------------------------------------------------------------------------
+# -- mxdist.rootcause ---------------------------------------------------------------------------------
 
 def exc_record(t: float, kind: str = "exception", typ: str = "ValueError", msg: str = "bad batch") -> dict:
     return {"kind": kind, "time": t, "type": typ, "message": msg}
@@ -449,7 +449,7 @@ def test_a_supervisor_bug_still_ends_the_job_on_every_host(home):
 
 
 def test_output_to_a_reader_that_went_away_is_dropped_not_raised():
-    from cli import ui
+    from mxdist import ui
 
     before = (ui._stdout.stream, ui._stderr.stream)
     r, w = os.pipe()
