@@ -104,7 +104,7 @@ def test_same_key_twice_in_one_push_sums_both() -> None:
 def test_numpy_values_unchanged_and_no_torch_import() -> None:
     """Without torch loaded the routing never imports it and passes values through."""
     code = ("import sys, numpy as np, psnode\n"
-            "from psnode import torch_route\n"
+            "from psnode.worker import torchvalues as torch_route\n"
             "v = np.ones(2)\n"
             "assert torch_route.push_values('k', v, lambda k: None) is v\n"
             "assert torch_route.pull_outs('k', [v], lambda k: None, {}) == ([v], [])\n"
