@@ -29,7 +29,7 @@ def main() -> int:
         print("psnode: PSNODE_ROLE=worker is for training scripts (psnode.kv.create), "
               "not for `python -m psnode`", file=sys.stderr)
         return 2
-    cpupolicy.apply(cfg.cpu_policy)   # (before any thread starts: they inherit it)
+    cpupolicy.apply(cfg.cpu_policy, whole_process=True)   # (numpy's BLAS threads exist already; later ones inherit it)
     try:
         if cfg.role is Role.SCHEDULER:
             from psnode.scheduler import loop as scheduler
