@@ -109,8 +109,9 @@ def numpy_view(tensor: Any, what: str = "tensor") -> np.ndarray:
         raise ConfigError(f"{what} is on {tensor.device}: a numpy view needs a CPU tensor "
                           "(psnode.torch stages device tensors through host buffers)")
     if tensor.layout != _torch.strided:
-        raise ConfigError(f"{what} is a {tensor.layout} tensor; psnode.torch needs dense "
-                          "gradients (e.g. nn.Embedding(..., sparse=False))")
+        raise ConfigError(f"{what} is a {tensor.layout} tensor; psnode.torch takes sparse gradients only "
+                          "from nn.Embedding/nn.EmbeddingBag(..., sparse=True) modules (or use "
+                          "psnode.torch.Embedding, a table on the servers)")
     if not tensor.is_contiguous():
         raise ConfigError(f"{what} is not contiguous; call .contiguous() on it first")
     try:
