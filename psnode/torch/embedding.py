@@ -136,12 +136,14 @@ class ServerTable(_torch.nn.Module):
     def _rows(self, ids: Any) -> tuple[Any, Any, int | None]:
         """The leaf tensor of the batch's distinct rows, ids' inverse into it, and the row of
         ``padding_idx`` in it (None when absent); the lookup is recorded for the gradient."""
-        ids, uniq, inverse = self._distinct(ids)
         ahead = self._ahead
-        pending = None
-        if ahead is not None and ahead.ids.shape == ids.shape and _torch.equal(ahead.ids, ids.to(ahead.ids.dtype)):
+        if ahead is not None and isinstance(ids, _torch.Tensor) and ahead.ids.shape == ids.shape \
+                and ahead.ids.dtype == ids.dtype and _torch.equal(ahead.ids, ids):
             self._ahead = None
             uniq, inverse, pending = ahead.uniq, ahead.inverse, ahead.pending
+        else:
+            ids, uniq, inverse = self._distinct(ids)
+            pending = None
         if pending is None:
             pending = self._fetch(uniq)
         got: RowSparseArray = pending.wait()

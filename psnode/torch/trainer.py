@@ -415,17 +415,18 @@ class DistributedTrainer:
         if self._error is not None:
             error, self._error = self._error, None
             raise error
-        for t in self.tables:
-            self.kv.push(t.key, t.sparse_grad(), priority=1)
-            t.pushed()
-        todo = [s for s in self.slots if not s.pushed]
-        with _torch.no_grad():
-            staged = {s.index for s in todo if s.param.grad is not None and s.host is not None}
-            for s in todo:
-                if s.index in staged:
-                    self._stage_grad(s, s.param.grad)
-            for s in todo:
-                self.kv.push(s.key, self._array(s, s.index in staged), priority=-s.index)
+        with self.kv._engine.batch():
+            for t in self.tables:
+                self.kv.push(t.key, t.sparse_grad(), priority=1)
+                t.pushed()
+            todo = [s for s in self.slots if not s.pushed]
+            with _torch.no_grad():
+                staged = {s.index for s in todo if s.param.grad is not None and s.host is not None}
+                for s in todo:
+                    if s.index in staged:
+                        self._stage_grad(s, s.param.grad)
+                for s in todo:
+                    self.kv.push(s.key, self._array(s, s.index in staged), priority=-s.index)
         for s in self.slots:
             s.pushed = False
 

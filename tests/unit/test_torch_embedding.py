@@ -20,7 +20,7 @@ try:
     import torch
 except ImportError:
     if os.environ.get("CI"):
-        raise ImportError("CI must install torch for tests/unit/test_torch_embedding.py: pip install torch")
+        raise ImportError("CI must install torch for tests/unit/test_torch_embedding.py: pip install torch") from None
     pytest.skip("torch is not installed (pip install torch); CI fails here instead", allow_module_level=True)
 
 import torch.nn.functional as F
