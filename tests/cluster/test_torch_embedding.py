@@ -16,7 +16,8 @@ try:
     import torch  # noqa: F401
 except ImportError:
     if os.environ.get("CI"):
-        raise ImportError("CI must install torch for tests/cluster/test_torch_embedding.py: pip install torch") from None
+        raise ImportError("CI must install torch for tests/cluster/test_torch_embedding.py: "
+                          "pip install torch") from None
     pytest.skip("torch is not installed (pip install torch); CI fails here instead", allow_module_level=True)
 
 import psnode
