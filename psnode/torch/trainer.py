@@ -415,7 +415,7 @@ class DistributedTrainer:
         if self._error is not None:
             error, self._error = self._error, None
             raise error
-        with self.kv._engine.batch():
+        with self.kv.batch():   # (one message per same-host server)
             for t in self.tables:
                 self.kv.push(t.key, t.sparse_grad(), priority=1)
                 t.pushed()

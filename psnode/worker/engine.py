@@ -199,8 +199,10 @@ class Engine:
     def wait(self, fut: Future) -> Ok:
         """Wait for ``fut``; liveness (not a clock) bounds the wait.  An answer from a server
         on this host's link is read by this thread itself.  While it waits, the heartbeats
-        say what for (:meth:`waiting`)."""
+        say what for (:meth:`waiting`).  Inside a batch, what it holds is sent first."""
         if not fut.done:
+            if getattr(self._batching, "depth", 0) > 0:
+                self.send_local()
             self.blocked = fut
             try:
                 while not fut.done:

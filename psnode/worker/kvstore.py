@@ -580,6 +580,13 @@ class KVStore(DataPath):
             uniq, data = self._fetch_rows(key, info, ids, priority, futs)
         return PendingRows(RowSparseArray(data, uniq, info.shape), futs, self._wait)
 
+    def batch(self) -> contextlib.AbstractContextManager[None]:
+        """``with kv.batch():`` the requests of the calls inside (pushes, ``row_sparse_fetch``)
+        go to this host's servers together when the block ends: one message per server instead
+        of one per call.  A call inside that waits for an answer sends what the block holds
+        first.  Requests for servers on other hosts leave as usual (by priority)."""
+        return self._engine.batch()
+
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> Any:
         """``push`` then ``pull`` (into ``out``, or back into ``value`` when out is None): one
         request and one answer per dense key part.  RowSparseArray outputs are not written
