@@ -11,8 +11,9 @@ with learning rate 0.1; one torch thread per rank.
 * psnode: ``psnode.torch.EmbeddingBag`` (the table on the servers, computed there: N(0, 1)),
   ``DistributedTrainer`` with the servers' ``adagrad`` (the mean of the workers' gradients), the
   next batch's rows prefetched after backward (``--no-prefetch``: not).
-* DDP: ``nn.EmbeddingBag(..., sparse=True)`` (N(0, 1), rank 0's copy broadcast by DDP),
-  ``torch.optim.Adagrad``; every rank holds the table and its AdaGrad state.
+* DDP: ``nn.EmbeddingBag(..., sparse=True)`` holding psnode's initial table (computed on rank 0,
+  which DDP broadcasts), ``torch.optim.Adagrad``; every rank holds the table and its AdaGrad
+  state.  Both systems start from the same weights and take the same batches.
 
 Each rank draws its ``warmup + steps + 1`` batches from its own seed before training (no data
 generation in the timing).  After ``warmup`` steps the next ``steps`` are timed: steps/s =
@@ -121,8 +122,12 @@ def run_ddp(cfg: dict) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    torch.manual_seed(1)
-    model = Net(nn.EmbeddingBag(cfg["rows"], DIM, mode="sum", sparse=True))
+    # rank 0's table is psnode's initial table (DDP broadcasts it); the others' is overwritten
+    import psnode
+    shape = (cfg["rows"], DIM)
+    table = psnode.init.ps_initializer(psnode.init.Normal(1.0)).values("emb", shape) if rank == 0 \
+        else np.empty(shape, np.float32)
+    model = Net(nn.EmbeddingBag(cfg["rows"], DIM, mode="sum", sparse=True, _weight=torch.from_numpy(table)))
     ddp = DDP(model)
     opt = torch.optim.Adagrad(ddp.parameters(), lr=cfg["lr"])
     data = batches(cfg, rank)

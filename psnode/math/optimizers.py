@@ -175,8 +175,8 @@ class Optimizer:
         if rows.size == 0:
             return
         coef = self._coefficients(state.t)
-        w = weight[rows]  # gathered copies; the kernel is elementwise, so results are
-        work = {n: state.arrays[n][rows] for n in self.state_names()}  # identical to dense
+        w = np.take(weight, rows, axis=0)  # gathered copies; the kernel is elementwise, so
+        work = {n: np.take(state.arrays[n], rows, axis=0) for n in self.state_names()}  # results equal dense
         self._run(w, grad_rows, work, coef)
         weight[rows] = w
         for n, part in work.items():
