@@ -6,7 +6,8 @@
 The workload (notes/performance.md, "The embedding workload"): an ``EmbeddingBag(rows, 16,
 mode='sum')`` and a linear head to one logit, binary cross-entropy; each step a batch of 256
 samples of 8 ids drawn Zipf(1.3) mod ``rows``, labelled 1 when most of its ids are even; AdaGrad
-with learning rate 0.1; one torch thread per rank.
+with learning rate 0.1 and epsilon 1e-10 (torch's default; psnode's, MXNet's formula, adds it
+under the square root); one torch thread per rank.
 
 * psnode: ``psnode.torch.EmbeddingBag`` (the table on the servers, computed there: N(0, 1)),
   ``DistributedTrainer`` with the servers' ``adagrad`` (the mean of the workers' gradients), the
@@ -96,7 +97,10 @@ def run_psnode(cfg: dict) -> None:
     kv = psnode.kv.create("dist_sync")
     emb = pt.EmbeddingBag(cfg["rows"], DIM, mode="sum", kv=kv, key="emb")
     model = Net(emb)
-    trainer = pt.DistributedTrainer(model, kv, psnode.optimizer.create("adagrad", learning_rate=cfg["lr"]))
+    # eps as torch's Adagrad default (MXNet's formula adds it under the square root: 1e-7 there
+    # damps the small gradients of this model's rows)
+    trainer = pt.DistributedTrainer(model, kv, psnode.optimizer.create("adagrad", learning_rate=cfg["lr"],
+                                                                       eps=1e-10))
     data = batches(cfg, kv.rank)
     prefetch = cfg.get("prefetch", True)
 
