@@ -186,7 +186,10 @@ class Engine:
         self.tracker.pulls += n
 
     def protect(self, guards: list[Any], on: bool) -> None:
-        """Hold back pushes of ``guards`` while this thread reads their answers in place."""
+        """Hold back pushes of ``guards`` while this thread reads their answers in place (inside
+        a batch, what it holds is sent first: those pushes are what the answers wait for)."""
+        if on and getattr(self._batching, "depth", 0) > 0:
+            self.send_local()
         with self.lock:
             self.tracker.protect(guards, on)
 

@@ -13,6 +13,9 @@ Contracts:
   shape, dtype and value: rank 0's array (or the initializer's output on rank 0) is stored, and
   every worker's ``value`` (a writable ndarray) is overwritten with it, so all workers start
   equal.  Re-init with the same shape and dtype is a no-op; another one raises ShapeMismatch.
+  With ``psnode.init.ps_initializer(init)`` each server computes its part of the key instead
+  (psnode.math.initializers.FillSpec) and ``value`` is a template: its shape and dtype (and, a
+  RowSparseArray, its stype) count, its contents are neither read nor written.
 * ``push`` reads ``value`` before returning (the caller may reuse the buffer at once) and sends
   asynchronously; a list of arrays for one key is summed first.  Errors a server reports
   surface at the next call.  ``pull`` blocks until the values after this worker's last push of
@@ -31,6 +34,9 @@ Contracts:
   given, ``kv.mode`` the store it names), ``broadcast``, ``is_capable``, ``set_updater`` /
   ``_set_updater`` (a Python updater on 'local' stores), pulls that skip RowSparseArray outputs
   unless ``ignore_sparse=False``, and one kind of key per store (all ints or all strs).
+  psnode's additions: ``row_sparse_fetch`` (a row pull that returns at once; ``.wait()`` gives
+  the rows) and ``batch()`` (the requests of the calls inside leave as one message per
+  same-host server).
   Deliberate differences: a second broadcast of a key gets the stored value (MXNet's native
   store refuses it; a restarted worker's needs it), ``row_sparse_pull`` fills dense outputs and
   reads dense keys too, and a Python updater on a distributed store is ignored with a warning

@@ -130,6 +130,12 @@ kv.init('w', psnode.kv.template((13, 11), np.float64), ps)        # dense: split
 rows = kv.row_sparse_pull('emb', row_ids=np.arange(301))
 np.save(sys.argv[1] + f'/emb{kv.rank}.npy', rows.data)
 np.save(sys.argv[1] + f'/w{kv.rank}.npy', kv.pull('w'))
+with kv.batch():                                                  # one message per server ...
+    kv.push('w', np.full((13, 11), kv.rank + 1.0))
+    pending = kv.row_sparse_fetch('emb', [300, 0])
+    got = kv.pull('w')                                            # ... but a wait sends them first
+assert (got == 1.5).all(), got
+assert list(pending.wait().indices) == [0, 300]
 kv.close()
 """
 
