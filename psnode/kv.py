@@ -21,7 +21,7 @@ from psnode.errors import ConfigError, DataLost, PeerLost, PSError, user_traceba
 from psnode.local import LocalEngine
 from psnode.protocol import failure
 from psnode.worker.engine import Engine
-from psnode.worker.kvstore import AGGREGATORS, MXNET_TYPES, TYPES, KVStore, resolve_type
+from psnode.worker.kvstore import AGGREGATORS, MXNET_TYPES, TYPES, KVStore, PendingRows, resolve_type, template
 
 
 def create(name: str = "local", num_workers: int | None = None, aggregator: str = "average") -> KVStore:
@@ -119,4 +119,4 @@ def _show(previous: Any, kind: type[BaseException], exc: BaseException, tb: Any)
         previous(kind, exc, tb)
 
 
-__all__ = ["AGGREGATORS", "MXNET_TYPES", "TYPES", "KVStore", "create"]
+__all__ = ["AGGREGATORS", "MXNET_TYPES", "TYPES", "KVStore", "PendingRows", "create", "template"]

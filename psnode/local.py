@@ -33,7 +33,10 @@ class LocalEngine:
                on_reply: Copier | None = None, reply: bool = True, guard: Any = None,
                keys: int = 1, label: str = "", auto: bool = False) -> Future | None:
         fut = Future(on_reply)
-        for r in self.store.handle(0, op):
+        replies = self.store.handle(0, op)
+        if self.store.filling.pending:   # (values computed here: all at once)
+            replies += self.store.fill_some(-1)
+        for r in replies:
             if isinstance(r.answer, Failed):
                 fut.fail(from_kind(r.answer.kind, r.answer.message))
             elif isinstance(r.answer, Ok):

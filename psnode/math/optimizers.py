@@ -21,6 +21,8 @@ Contract
   dense gradient that is zero outside ``rows`` *on those rows*; with ``wd > 0`` the dense
   update would also shrink the other rows, the lazy one does not (as in MXNet).
 * ``state.t`` counts update calls (dense or rows) for this key; Adam's bias correction uses it.
+  A big state's memory is taken page by page as its rows are first written (:func:`lazy_zeros`):
+  a row_sparse key's state occupies the pages of the rows updated so far.
 * ``state_to_arrays`` / ``state_from_arrays`` convert a state to a flat ``dict`` of arrays
   (``t`` as a 0-d int64 array) for ``np.savez`` checkpoints, bit for bit.
 
@@ -39,6 +41,7 @@ Pure module: numpy only, no I/O, no threads.
 from __future__ import annotations
 
 import math
+import mmap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -55,6 +58,7 @@ __all__ = [
     "Optimizer",
     "create",
     "from_spec",
+    "lazy_zeros",
     "registered",
     "state_from_arrays",
     "state_to_arrays",
@@ -145,9 +149,10 @@ class Optimizer:
         return self.STATE
 
     def create_state(self, weight: np.ndarray) -> OptState:
-        """Fresh state for ``weight``: zero arrays of its shape and dtype, ``t = 0``."""
+        """Fresh state for ``weight``: zero arrays of its shape and dtype, ``t = 0`` (big ones
+        take memory page by page as rows are written: :func:`lazy_zeros`)."""
         _check_weight(weight)
-        return OptState({n: np.zeros(weight.shape, weight.dtype) for n in self.state_names()})
+        return OptState({n: lazy_zeros(weight.shape, weight.dtype) for n in self.state_names()})
 
     # -- updates ------------------------------------------------------------------------
     def update(self, weight: np.ndarray, grad: np.ndarray, state: OptState) -> None:
@@ -175,8 +180,8 @@ class Optimizer:
         if rows.size == 0:
             return
         coef = self._coefficients(state.t)
-        w = weight[rows]  # gathered copies; the kernel is elementwise, so results are
-        work = {n: state.arrays[n][rows] for n in self.state_names()}  # identical to dense
+        w = np.take(weight, rows, axis=0)  # gathered copies; the kernel is elementwise, so
+        work = {n: np.take(state.arrays[n], rows, axis=0) for n in self.state_names()}  # results equal dense
         self._run(w, grad_rows, work, coef)
         weight[rows] = w
         for n, part in work.items():
@@ -226,6 +231,24 @@ class Optimizer:
             if not a.flags.c_contiguous or not a.flags.writeable:
                 raise ShapeMismatch(f"{self.name}: state array {n!r} must be C-contiguous "
                                     "and writable")
+
+
+#: state arrays of at least this many bytes are mapped in 4 KiB pages (see lazy_zeros)
+LAZY_BYTES = 1 << 24
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """Zeros whose memory is taken 4 KiB page by 4 KiB page as they are written.  numpy maps big
+    arrays in 2 MiB pages, so the state of a row_sparse key updated a few rows at a time (MXNet's
+    lazy update) would soon occupy all of it; an anonymous mapping without huge pages occupies
+    only the pages of the rows written.  Arrays under :data:`LAZY_BYTES` come from np.zeros."""
+    dt = np.dtype(dtype)
+    nbytes = math.prod(shape) * dt.itemsize
+    if nbytes < LAZY_BYTES or not hasattr(mmap, "MADV_NOHUGEPAGE"):
+        return np.zeros(shape, dt)
+    mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    mm.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(mm, dt).reshape(shape)
 
 
 _REGISTRY: dict[str, type[Optimizer]] = {}

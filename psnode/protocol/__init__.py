@@ -40,7 +40,9 @@ only on the same-host data path, whose datagrams :mod:`psnode.protocol.samehost`
 Data operations (fields; ``seq`` and the flags live in the record, the rest in the JSON):
 
 ============== ======================================================================
-``INIT``        key, part, dtype, shape, SYNC, AVERAGE, SPARSE; array: rank 0's value.
+``INIT``        key, part, dtype, shape, SYNC, AVERAGE, SPARSE; array: rank 0's value, or
+                fill = the spec the server computes the values from (psnode.math.initializers
+                .FillSpec, JSON); bare = true: answer without the value.
                 Ok: the stored value; seq = pushes of this worker's rank already taken.
 ``PUSH``        key, part, seq (1, 2, ... per worker and key part); arrays: data, and with
                 ROWS the local row ids (row_sparse).  NA: answered only if it fails; without

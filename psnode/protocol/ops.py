@@ -149,9 +149,11 @@ def _rows(flags: int, arrays: list[np.ndarray], base: int, what: str) -> np.ndar
 class Init:
     """Create key part ``(key, part)`` (``value``: rank 0's array) or get its value; with
     ``bucket`` >= 0 the part's value lives in that bucket at element ``offset`` (psnode.server.buckets).
+    ``fill`` (instead of ``value``): the JSON spec the server computes the part's values from
+    (psnode.math.initializers.FillSpec); ``bare``: answer without the value.
 
-    Answer: Ok with the stored value and ``seq`` = the pushes of this worker's rank the part
-    has taken (more than 0 after a restart)."""
+    Answer: Ok with the stored value (none when ``bare``) and ``seq`` = the pushes of this
+    worker's rank the part has taken (more than 0 after a restart)."""
 
     key: Key
     part: int
@@ -165,6 +167,8 @@ class Init:
     re: bool = False
     bucket: int = -1
     offset: int = 0
+    fill: dict[str, Any] | None = None
+    bare: bool = False
     code: ClassVar[OpCode] = OpCode.INIT
 
     def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
@@ -174,6 +178,10 @@ class Init:
         extra: dict[str, Any] = {"dtype": self.dtype, "shape": list(self.shape)}
         if self.bucket >= 0:
             extra["bucket"], extra["offset"] = self.bucket, self.offset
+        if self.fill is not None:
+            extra["fill"] = self.fill
+        if self.bare:
+            extra["bare"] = True
         return int(flags), self.part, 0, self.key, arrays, extra
 
     @classmethod
@@ -187,9 +195,14 @@ class Init:
             raise ProtocolError(f"init: bad shape {str(shape)[:60]}")
         bucket = _int(extra.get("bucket", -1), "init bucket", -1)
         offset = _int(extra.get("offset", 0), "init offset")
+        fill, bare = extra.get("fill"), extra.get("bare", False)
+        if fill is not None and (type(fill) is not dict or arrays):
+            raise ProtocolError("init: fill must be an object, sent without a value")
+        if type(bare) is not bool:
+            raise ProtocolError(f"init: bare must be true or false, not {str(bare)[:20]!r}")
         return cls(key, part, dtype, tuple(_int(d, "init shape") for d in shape), bool(flags & SYNC),
                    bool(flags & AVERAGE), bool(flags & SPARSE), arrays[0] if arrays else None,
-                   id, bool(flags & RE), bucket, offset)
+                   id, bool(flags & RE), bucket, offset, fill, bare)
 
 
 @dataclass(slots=True)

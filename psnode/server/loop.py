@@ -193,7 +193,8 @@ class Server:
                 if now >= self.next_checkpoint:
                     self._checkpoint()
                     self.next_checkpoint = now + self.cfg.checkpoint_interval
-                ready = poller.poll(self.link.timeout(now))
+                filling = bool(self.store.filling.pending)   # (parts to compute: psnode.server.fills)
+                ready = poller.poll(0 if filling else self.link.timeout(now))
                 if sched_sock in ready:
                     while (m := self.link.recv()) is not None:
                         code = self._on_scheduler(m)
@@ -215,6 +216,8 @@ class Server:
                                 self._on_data(b"w%d" % worker, msg)
                         if not msgs or not (ready := self.local.waiting()):
                             break
+                if filling and self.rank >= 0:
+                    self._reply(self.store.fill_some())
         except PeerLost as exc:
             failure.write(self.cfg.error_file, "job_ended", "server", self.rank, self.cfg.host, exc=exc)
             print(f"psnode server {self.rank}: {exc}", file=sys.stderr, flush=True)

@@ -12,6 +12,10 @@ Semantics (per key part held by this server):
 * ``init``: the first init carrying an array (rank 0's) creates the key; inits of other workers
   carry only dtype and shape and are answered once the key exists.  Every init reply holds the
   stored value, so all workers end up with rank 0's array.  Another shape or dtype is an error.
+* ``init`` with ``fill`` (rank 0's, ``kv.init`` with ``ps_initializer``): the server computes the
+  part's values itself, a bounded number of elements per :meth:`Store.fill_some` call
+  (psnode.server.fills); the key exists, and its inits are answered, once they are all there.
+  A ``bare`` init is answered without the value (workers that do not hold the key).
 * ``push`` with per-(worker, key) sequence number ``q`` (1, 2, ...):
   - sync: push ``q`` belongs to round ``q``.  A push for a later round than the one being
     aggregated waits (a fast worker never leaks into the current round).  When every active
@@ -64,6 +68,7 @@ import numpy as np
 
 from psnode.errors import PSError, kind_of
 from psnode.math import optimizers as opt_mod
+from psnode.math.initializers import FillSpec
 from psnode.protocol import (
     Failed,
     Flush,
@@ -83,6 +88,7 @@ from psnode.protocol import (
 )
 from psnode.server.buckets import Buckets
 from psnode.server.compressed import Packed, agree, packed_push
+from psnode.server.fills import Fills
 from psnode.server.keypart import Entry, Key, contiguous, fmt, received
 from psnode.server.replies import OpError, Reply
 from psnode.server.rounds import Alloc, Rounds, Rules, Updater
@@ -112,6 +118,7 @@ class Store:
         self.rules = Rules(set(range(num_workers)), check_finite)
         self.key_rounds = Rounds(self.rules, self.alloc, self.events.append)
         self.fused = Buckets(self.rules, self.alloc, adopt or (lambda view: view), self.key_rounds.push)
+        self.filling = Fills()   # parts being computed on this server (psnode.server.fills)
         self._handlers: dict[int, Callable[[int, Any], list[Reply]]] = {
             OpCode.INIT: self._init, OpCode.PUSH: self._push, OpCode.PULL: self._pull,
             OpCode.PUSHPULL: self._pushpull, OpCode.FLUSH: self._flush,
@@ -208,6 +215,8 @@ class Store:
 
     # ---------------------------------------------------------------- init
     def _init(self, worker: int, op: Init) -> list[Reply]:
+        if op.fill is not None or op.bare:
+            return self._init_computed(worker, op)
         key = (op.key, op.part)
         entry = self.entries.get(key)
         if entry is not None:  # (also a restarted worker: it resumes its push count)
@@ -246,6 +255,66 @@ class Store:
             except OpError as exc:
                 out.append(Reply(w, Failed(other.id, exc.kind, str(exc))))
         return out
+
+    # ---------------------------------------------------------------- init computed here
+    def _init_computed(self, worker: int, op: Init) -> list[Reply]:
+        """An init that carries ``fill`` (the values are computed here: psnode.server.fills) or
+        asks for a ``bare`` answer (no value: the worker does not hold the key).  The part
+        exists once its fill completes (:meth:`fill_some`); inits that arrive before wait."""
+        key = (op.key, op.part)
+        if key in self.entries:
+            entry = self._entry(key)
+            self._check_meta(key, entry, op.dtype, op.shape)
+            return [self._init_answer(worker, op, entry)]
+        if op.fill is None or key in self.filling.pending:
+            waiting = self.waiting_inits.setdefault(key, [])
+            pending = self.filling.pending.get(key)
+            if op.re and (any(w == worker and o.id == op.id for w, o in waiting)
+                          or (pending is not None and pending.worker == worker and pending.op.id == op.id)):
+                return [Reply(worker, Wait(op.id))]   # (answered when the part exists)
+            waiting.append((worker, op))
+            return []
+        if op.value is not None or op.bucket >= 0:
+            raise OpError("ProtocolError", f"{fmt(*key)}: an init computed on the server carries no value")
+        try:
+            spec = FillSpec.from_json(op.fill)
+            spec.check(op.dtype)
+        except PSError as exc:
+            raise OpError("ConfigError", f"{fmt(*key)}: {exc}") from None
+        if spec.start + int(np.prod(op.shape, dtype=np.int64)) > int(np.prod(spec.shape, dtype=np.int64)):
+            raise OpError("ShapeMismatch", f"{fmt(*key)}: part {list(op.shape)} at {spec.start} is outside "
+                                           f"the key's shape {list(spec.shape)}")
+        self.filling.start(key, self.alloc(tuple(op.shape), np.dtype(op.dtype)), spec, worker, op)
+        return []
+
+    def fill_some(self, budget: int | None = None) -> list[Reply]:
+        """Compute the next ``budget`` elements of the parts being filled (psnode.server.fills;
+        negative: all); each part completed becomes a key, and the inits waiting for it are
+        answered."""
+        out: list[Reply] = []
+        for fill in self.filling.step(budget):
+            op = fill.op
+            entry = Entry(value=fill.value, sparse=op.sparse, sync=op.sync, average=op.average)
+            optimizer = self.rules.optimizer_for(entry)
+            if optimizer is not None:
+                entry.state = optimizer.create_state(entry.value)
+            self.entries[fill.key] = entry
+            self.must_persist = True   # (as _init)
+            out.append(self._init_answer(fill.worker, op, entry))
+            for w, other in self.waiting_inits.pop(fill.key, []):
+                try:
+                    self._check_meta(fill.key, entry, other.dtype, other.shape)
+                    out.append(self._init_answer(w, other, entry))
+                except OpError as exc:
+                    out.append(Reply(w, Failed(other.id, exc.kind, str(exc))))
+        return out
+
+    def _init_answer(self, worker: int, op: Init, entry: Entry) -> Reply:
+        """An init's Ok: the stored value (none for a ``bare`` init) and the push count."""
+        seq = self._accepted(entry, worker)
+        if op.bare:
+            return Reply(worker, Ok(op.id, [], seq=seq))
+        return Reply(worker, Ok(op.id, [entry.value], seq=seq), entry)
 
     def _accepted(self, entry: Entry, worker: int) -> int:
         """How many pushes of ``worker`` this key part has taken without a gap (applied, being

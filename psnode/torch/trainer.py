@@ -63,6 +63,16 @@ Contract
   parameter without ``.grad`` pushes zeros, so sync rounds still complete (DDP's
   ``find_unused_parameters``).  ``step`` does not clear gradients; call ``zero_grad()``.
 
+* **Embedding tables** (pushed as row_sparse, first, priority 1): every
+  :class:`psnode.torch.Embedding`/:class:`~psnode.torch.EmbeddingBag` of the model (a table on
+  the servers; :mod:`psnode.torch.embedding`) pushes the gradient of the rows its forwards
+  looked up, and a ``torch.nn.Embedding``/``EmbeddingBag`` with ``sparse=True`` (a table each
+  worker holds: a row_sparse key initialised from rank 0's weight) pushes its sparse gradient
+  and, before each of its forwards, pulls the rows of that forward's ids into its weight
+  (:class:`~psnode.torch.embedding.HeldTable`); neither is pulled whole by ``step()``.  The
+  servers' optimizer updates the rows present only (MXNet's lazy update).  Other sparse
+  gradients raise ConfigError.
+
 Several devices per worker (MXNet's device kvstore): :func:`host_value` and :func:`scatter` turn
 lists of torch tensors (one per local GPU) into the one host array a push sends and back
 (see their docstrings; :mod:`psnode.worker.kvstore` calls them for torch values).
@@ -86,6 +96,7 @@ from psnode.errors import ConfigError
 from psnode.math import optimizers as opt_mod
 from psnode.math.compression import CompressionSpec
 from psnode.torch.devices import host_value, scatter
+from psnode.torch.embedding import HeldTable, ServerTable
 
 __all__ = ["DistributedTrainer", "host_dtype", "host_value", "numpy_view", "scatter", "wrap"]
 
@@ -98,8 +109,9 @@ def numpy_view(tensor: Any, what: str = "tensor") -> np.ndarray:
         raise ConfigError(f"{what} is on {tensor.device}: a numpy view needs a CPU tensor "
                           "(psnode.torch stages device tensors through host buffers)")
     if tensor.layout != _torch.strided:
-        raise ConfigError(f"{what} is a {tensor.layout} tensor; psnode.torch needs dense "
-                          "gradients (e.g. nn.Embedding(..., sparse=False))")
+        raise ConfigError(f"{what} is a {tensor.layout} tensor; psnode.torch takes sparse gradients only "
+                          "from nn.Embedding/nn.EmbeddingBag(..., sparse=True) modules (or use "
+                          "psnode.torch.Embedding, a table on the servers)")
     if not tensor.is_contiguous():
         raise ConfigError(f"{what} is not contiguous; call .contiguous() on it first")
     try:
@@ -202,12 +214,23 @@ class DistributedTrainer:
         self.kv = kv
         self.prefix = prefix
         self.slots: list[_Slot] = []
+        # tables pushed as row_sparse (psnode.torch.embedding): on the servers, or held here
+        self.tables: list[Any] = [m for m in model.modules() if isinstance(m, ServerTable)]
+        for t in self.tables:
+            if t.kv is not kv:
+                raise ConfigError(f"{type(t).__name__} {t.key!r} lives on another KVStore than this trainer's")
+        held = {id(m.weight): m for m in model.modules()
+                if isinstance(m, (_torch.nn.Embedding, _torch.nn.EmbeddingBag)) and m.sparse}
+        held_params: list[tuple[str, Any]] = []
         for name, p in model.named_parameters():
             if p.requires_grad:
                 key = prefix + name
+                if id(p) in held:
+                    held_params.append((key, held[id(p)]))
+                    continue
                 what = f"parameter {key!r}"
                 self.slots.append(_Slot(len(self.slots), key, p, host_dtype(p.dtype, multi_precision, what)))
-        if not self.slots:
+        if not self.slots and not self.tables and not held_params:
             raise ConfigError("the model has no parameters that require a gradient")
         if compression is not None:
             spec = CompressionSpec.from_params(compression)
@@ -218,7 +241,7 @@ class DistributedTrainer:
             kv.set_gradient_compression(compression)
         self.keys = [s.key for s in self.slots]
         self.names = list(self.keys)
-        self.params = [s.param for s in self.slots]
+        self.params = [s.param for s in self.slots] + [m.weight for _, m in held_params]
         self._devices: dict[Any, _Device] = {}
         for s in self.slots:
             self._stage_buffers(s)
@@ -233,8 +256,13 @@ class DistributedTrainer:
             for s in self.slots:
                 if s.host_t is not None:
                     s.host_t.copy_(s.param.data)           # rank 0's copy is what init stores
-            kv.init(self.keys, self._weights)
+            if self.keys:
+                kv.init(self.keys, self._weights)
             self._write_back()
+            if held_params:   # (rank 0's tables stored: every worker's weight is overwritten)
+                holders = [HeldTable(key, m, kv) for key, m in held_params]
+                kv.init([h.key for h in holders], [h.view for h in holders], stype="row_sparse")
+                self.tables.extend(holders)
             if broadcast_buffers:
                 self._init_buffers()
         if overlap is None:
@@ -360,11 +388,15 @@ class DistributedTrainer:
 
     # ------------------------------------------------------------ API
     def zero_grad(self) -> None:
-        """Clear the gradients (``set_to_none=False`` semantics: zeros in place)."""
-        for p in self.params:
+        """Clear the gradients (``set_to_none=False`` semantics: zeros in place; the sparse
+        gradients of embedding tables are dropped)."""
+        for s in self.slots:
+            p = s.param
             if p.grad is not None:
                 p.grad.detach_()
                 p.grad.zero_()
+        for t in self.tables:
+            t.zero_grad_rows()
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -376,26 +408,32 @@ class DistributedTrainer:
             self._sync = previous
 
     def push(self) -> None:
-        """Send every gradient no hook sent yet (layer ``i`` with priority ``-i``); no waiting."""
+        """Send every gradient no hook sent yet (embedding tables first, as row_sparse; then
+        layer ``i`` with priority ``-i``); no waiting."""
         if self._pusher is not None:
             self._pusher.drain()
         if self._error is not None:
             error, self._error = self._error, None
             raise error
-        todo = [s for s in self.slots if not s.pushed]
-        with _torch.no_grad():
-            staged = {s.index for s in todo if s.param.grad is not None and s.host is not None}
-            for s in todo:
-                if s.index in staged:
-                    self._stage_grad(s, s.param.grad)
-            for s in todo:
-                self.kv.push(s.key, self._array(s, s.index in staged), priority=-s.index)
+        with self.kv.batch():   # (one message per same-host server)
+            for t in self.tables:
+                self.kv.push(t.key, t.sparse_grad(), priority=1)
+                t.pushed()
+            todo = [s for s in self.slots if not s.pushed]
+            with _torch.no_grad():
+                staged = {s.index for s in todo if s.param.grad is not None and s.host is not None}
+                for s in todo:
+                    if s.index in staged:
+                        self._stage_grad(s, s.param.grad)
+                for s in todo:
+                    self.kv.push(s.key, self._array(s, s.index in staged), priority=-s.index)
         for s in self.slots:
             s.pushed = False
 
     def pull(self) -> None:
         """Fetch every parameter (layer order) and write it into the model; blocks until done."""
-        self.kv.pull(self.keys, out=self._weights, priority=-len(self.keys))
+        if self.keys:
+            self.kv.pull(self.keys, out=self._weights, priority=-len(self.keys))
         with _torch.no_grad():
             self._write_back()
 
@@ -409,6 +447,9 @@ class DistributedTrainer:
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
+        for t in self.tables:
+            if isinstance(t, HeldTable):
+                t.close()
         if self._pusher is not None:
             self._pusher.close()
             self._pusher = None

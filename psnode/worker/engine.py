@@ -186,7 +186,10 @@ class Engine:
         self.tracker.pulls += n
 
     def protect(self, guards: list[Any], on: bool) -> None:
-        """Hold back pushes of ``guards`` while this thread reads their answers in place."""
+        """Hold back pushes of ``guards`` while this thread reads their answers in place (inside
+        a batch, what it holds is sent first: those pushes are what the answers wait for)."""
+        if on and getattr(self._batching, "depth", 0) > 0:
+            self.send_local()
         with self.lock:
             self.tracker.protect(guards, on)
 
@@ -199,8 +202,10 @@ class Engine:
     def wait(self, fut: Future) -> Ok:
         """Wait for ``fut``; liveness (not a clock) bounds the wait.  An answer from a server
         on this host's link is read by this thread itself.  While it waits, the heartbeats
-        say what for (:meth:`waiting`)."""
+        say what for (:meth:`waiting`).  Inside a batch, what it holds is sent first."""
         if not fut.done:
+            if getattr(self._batching, "depth", 0) > 0:
+                self.send_local()
             self.blocked = fut
             try:
                 while not fut.done:

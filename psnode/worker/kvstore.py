@@ -13,6 +13,9 @@ Contracts:
   shape, dtype and value: rank 0's array (or the initializer's output on rank 0) is stored, and
   every worker's ``value`` (a writable ndarray) is overwritten with it, so all workers start
   equal.  Re-init with the same shape and dtype is a no-op; another one raises ShapeMismatch.
+  With ``psnode.init.ps_initializer(init)`` each server computes its part of the key instead
+  (psnode.math.initializers.FillSpec) and ``value`` is a template: its shape and dtype (and, a
+  RowSparseArray, its stype) count, its contents are neither read nor written.
 * ``push`` reads ``value`` before returning (the caller may reuse the buffer at once) and sends
   asynchronously; a list of arrays for one key is summed first.  Errors a server reports
   surface at the next call.  ``pull`` blocks until the values after this worker's last push of
@@ -31,6 +34,9 @@ Contracts:
   given, ``kv.mode`` the store it names), ``broadcast``, ``is_capable``, ``set_updater`` /
   ``_set_updater`` (a Python updater on 'local' stores), pulls that skip RowSparseArray outputs
   unless ``ignore_sparse=False``, and one kind of key per store (all ints or all strs).
+  psnode's additions: ``row_sparse_fetch`` (a row pull that returns at once; ``.wait()`` gives
+  the rows) and ``batch()`` (the requests of the calls inside leave as one message per
+  same-host server).
   Deliberate differences: a second broadcast of a key gets the stored value (MXNet's native
   store refuses it; a restarted worker's needs it), ``row_sparse_pull`` fills dense outputs and
   reads dense keys too, and a Python updater on a distributed store is ignored with a warning
@@ -41,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import json
+import math
 import sys
 import warnings
 from collections.abc import Callable, Iterator
@@ -275,6 +282,8 @@ class KVStore(DataPath):
         self._wait(futs)
 
     def _init_one(self, key: Any, value: Any, initializer: Any, stype: str | None) -> list[Future]:
+        if isinstance(initializer, init_mod.OnServers):
+            return self._init_on_servers(key, value, initializer, stype)
         sparse = stype == "row_sparse" or isinstance(value, RowSparseArray)
         if stype not in (None, "default", "row_sparse"):
             raise ConfigError(f"stype {stype!r} for key {key!r}: use 'default' or 'row_sparse'")
@@ -324,6 +333,49 @@ class KVStore(DataPath):
             futs.append(self._submit(part.server, op, 0, 1 << 30, on_init))
         return futs
 
+
+    def _init_on_servers(self, key: Any, value: Any, ps: init_mod.OnServers, stype: str | None) -> list[Future]:
+        """``init`` with ``ps_initializer``: ``value`` is a template (its shape, dtype and,
+        for a RowSparseArray, stype; never its contents, and it is not written).  Each server
+        computes its part (rank 0 sends the spec: psnode.math.initializers.FillSpec), and no
+        init answer carries a value: no worker ever holds the key."""
+        if stype not in (None, "default", "row_sparse"):
+            raise ConfigError(f"stype {stype!r} for key {key!r}: use 'default' or 'row_sparse'")
+        sparse = stype == "row_sparse" or isinstance(value, RowSparseArray)
+        if not isinstance(value, (np.ndarray, RowSparseArray)):
+            raise ConfigError(f"key {key!r}: a server-side init takes a template of the key's shape and dtype "
+                              "(psnode.sparse.zeros(shape) or psnode.kv.template(shape)), not "
+                              f"{type(value).__name__}")
+        shape, dtype = tuple(int(d) for d in value.shape), np.dtype(value.dtype)
+        if dtype.name not in DTYPES:
+            raise ShapeMismatch(f"key {key!r}: dtype {dtype} cannot be stored")
+        info = self._keys.get(key)
+        if info is not None:
+            if info.shape != shape or info.dtype != dtype:
+                raise ShapeMismatch(f"key {key!r} was initialised as {info.dtype}{list(info.shape)}; "
+                                    f"re-init with {dtype}{list(shape)} is not allowed")
+            return []
+        if sparse and not shape:
+            raise ShapeMismatch(f"row_sparse key {key!r} needs at least one dimension")
+        ps.part(shape).check(dtype)   # (a bad dtype or shape fails here, before anything is sent)
+        placement = self._placer.place(key, shape, dtype.itemsize, by_rows=sparse)
+        info = KeyInfo(shape, dtype, sparse, placement)
+        self._keys[key] = info
+        row = math.prod(shape[1:]) if placement.by_rows else 1
+        futs = []
+        for part in placement.parts:
+            op = Init(key, part.index, dtype.name, info.part_shape(part), sync=self.mode != "dist_async",
+                      average=self._aggregator == "average", sparse=sparse, bare=True)
+            if self.rank == 0:
+                op.fill = ps.part(shape, part.lo * row if placement.split else 0).to_json()
+
+            def on_init(ans: Ok, info: KeyInfo = info, part: int = part.index) -> None:
+                info.counts[part] = ans.seq   # (as _init_one: where a restarted worker resumes)
+                info.taken = min(info.counts.values())
+                if self._resumed:
+                    info.seq = info.taken
+            futs.append(self._submit(part.server, op, 0, 1 << 30, on_init))
+        return futs
 
     # ------------------------------------------------------------ compression
     def set_gradient_compression(self, compression_params: Any) -> None:
@@ -517,6 +569,30 @@ class KVStore(DataPath):
         return shaped if many else shaped[0]
 
 
+    def row_sparse_fetch(self, key: Any, row_ids: Any, priority: int = 0) -> PendingRows:
+        """Start fetching rows ``row_ids`` of ``key`` and return at once (a prefetch: the
+        script may push, pull and compute meanwhile); ``.wait()`` returns what
+        :meth:`row_sparse_pull` with ``out=None`` would have returned at the time of this call:
+        the rows (sorted distinct ids) after this worker's pushes of the key sent before it."""
+        self._check_key_kind(key)
+        self._check_acks()
+        info = self._info(key)
+        if info.placement.split and not info.placement.by_rows:
+            raise ConfigError(f"key {key!r} is a dense key split over servers; row_sparse_fetch needs a "
+                              "row_sparse key")
+        ids = forms.row_ids(row_ids, key)
+        futs: list[Future] = []
+        with self._engine.batch():
+            uniq, data = self._fetch_rows(key, info, ids, priority, futs)
+        return PendingRows(RowSparseArray(data, uniq, info.shape), futs, self._wait)
+
+    def batch(self) -> contextlib.AbstractContextManager[None]:
+        """``with kv.batch():`` the requests of the calls inside (pushes, ``row_sparse_fetch``)
+        go to this host's servers together when the block ends: one message per server instead
+        of one per call.  A call inside that waits for an answer sends what the block holds
+        first.  Requests for servers on other hosts leave as usual (by priority)."""
+        return self._engine.batch()
+
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> Any:
         """``push`` then ``pull`` (into ``out``, or back into ``value`` when out is None): one
         request and one answer per dense key part.  RowSparseArray outputs are not written
@@ -685,6 +761,35 @@ class KVStore(DataPath):
     def __repr__(self) -> str:
         return (f"<KVStore {self.type} rank {self.rank}/{self.num_workers} "
                 f"servers {self.num_servers} {self._aggregator}>")
+
+
+class PendingRows:
+    """Rows on their way (:meth:`KVStore.row_sparse_fetch`): :meth:`wait` returns them."""
+
+    def __init__(self, rows: RowSparseArray, futs: list[Future], wait: Callable[[list[Future]], None]) -> None:
+        self._rows = rows
+        self._futs: list[Future] | None = futs
+        self._waiter = wait
+
+    @property
+    def done(self) -> bool:
+        """Every answer is in (``wait`` then returns without blocking)."""
+        return self._futs is None or all(f.done for f in self._futs)
+
+    def wait(self) -> RowSparseArray:
+        """The rows (a RowSparseArray of the key's shape, ids sorted and distinct); raises what
+        a server reported.  Further calls return the same rows."""
+        if self._futs is not None:
+            futs, self._futs = self._futs, None
+            self._waiter(futs)
+        return self._rows
+
+
+def template(shape: Any, dtype: Any = np.float32) -> np.ndarray:
+    """A read-only array of ``shape`` and ``dtype`` that occupies one element of memory (every
+    element is that one): the value ``kv.init`` takes with a server-side initializer
+    (``psnode.init.ps_initializer``), where only the shape and dtype count."""
+    return np.broadcast_to(np.zeros((), dtype), tuple(int(d) for d in np.atleast_1d(shape)))
 
 
 def _unwritable(value: Any) -> Any:

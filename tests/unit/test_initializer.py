@@ -170,3 +170,91 @@ def test_spec_round_trip_through_json(init):
     a = back(np.empty((4, 6), np.float32), np.random.default_rng(9))
     b = init(np.empty((4, 6), np.float32), np.random.default_rng(9))
     assert np.array_equal(a, b)
+
+
+# -- computed where the values live (ps_initializer) ------------------------------------------
+def _splitmix64(stream: int, i: int) -> int:
+    """Draw ``i`` of a stream, in plain Python integers (the reference for CounterRNG)."""
+    m = (1 << 64) - 1
+    z = (stream + (i + 1) * 0x9E3779B97F4A7C15) & m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    return z ^ (z >> 31)
+
+
+def test_counter_rng_draws_are_splitmix64_of_the_counter():
+    stream = I.stream_of(7, "emb")
+    rng = I.CounterRNG(stream, 10**12)
+    bits = rng._bits(5).copy()
+    assert [int(b) for b in bits] == [_splitmix64(stream, 10**12 + j) for j in range(5)]
+    assert rng.start == 10**12 + 5
+    # float32 uniforms: the top 24 bits; float64: the top 53
+    u32 = I.CounterRNG(stream, 3).random(4, np.float32)
+    assert [float(u) for u in u32] == [(_splitmix64(stream, 3 + j) >> 40) / 2**24 for j in range(4)]
+    u64 = I.CounterRNG(stream, 3).random(4)
+    assert [float(u) for u in u64] == [(_splitmix64(stream, 3 + j) >> 11) / 2**53 for j in range(4)]
+
+
+def test_stream_of_keys_and_seeds():
+    assert I.stream_of(0, 3) == I.stream_of(0, 3)
+    assert len({I.stream_of(0, 3), I.stream_of(0, "3"), I.stream_of(1, 3), I.stream_of(0, 4)}) == 4
+    assert 0 <= I.stream_of(2**63 - 1, "k" * 256) < 2**64
+
+
+@pytest.mark.parametrize("init", [I.Normal(0.5), I.Uniform(0.2), I.Xavier("gaussian"), I.Constant(2)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_any_piece_of_a_key_is_computed_alone(init, dtype):
+    """Element i of the key depends on (seed, key, i) only: pieces computed from any offset (also
+    odd ones, and chunks of the generator's size) equal the whole; rows equal the table's rows."""
+    ps = I.ps_initializer(init, seed=5)
+    shape = (1000, 70)                        # 70_000 elements: more than one generator chunk
+    whole = ps.values("t", shape, dtype)
+    assert whole.dtype == dtype and whole.shape == shape
+    flat = whole.reshape(-1)
+    spec = ps.part(shape)
+    for lo, hi in [(0, 1), (1, 70_000), (65_535, 65_537), (33_333, 66_667), (69_999, 70_000)]:
+        piece = spec.fill("t", np.empty(hi - lo, dtype), lo)
+        assert np.array_equal(piece, flat[lo:hi]), (lo, hi)
+    part = ps.part(shape, start=70 * 400)   # rows 400.. as a server holding them computes them
+    assert np.array_equal(part.fill("t", np.empty(70 * 3, dtype)), flat[70 * 400:70 * 403])
+    assert np.array_equal(ps.values("t", shape, dtype, rows=[999, 0, 400]), whole[[999, 0, 400]])
+    other = I.ps_initializer(init, seed=6).values("t", shape, dtype)
+    assert np.array_equal(other, whole) == isinstance(init, I.Constant)     # another seed: other values
+
+
+def test_counter_normals_and_uniforms_have_the_right_statistics():
+    x = I.ps_initializer(I.Normal(1.0)).values("n", (N,))
+    check_mean_var(x, 1.0, 3.0)
+    assert np.isfinite(x).all() and np.abs(x).max() < 6.0   # (|x| <= sqrt(2 ln 2**24) = 5.77)
+    u = I.ps_initializer(I.Uniform(0.5)).values("u", (N,), np.float64)
+    assert u.min() >= -0.5 and u.max() < 0.5
+    check_mean_var(u, 0.25 / 3, 0.5 ** 4 / 5)
+    xav = I.ps_initializer(I.Xavier()).values("x", (400, 300))
+    bound = I.Xavier().scale_for((400, 300))     # the whole key's fans, not a piece's
+    assert np.abs(xav).max() <= np.float32(bound) and np.abs(xav).max() > 0.99 * bound
+
+
+def test_fill_spec_round_trips_and_is_checked():
+    spec = I.ps_initializer(I.Xavier(magnitude=2), seed=9).part((10, 4), start=8)
+    back = I.FillSpec.from_json(json.loads(json.dumps(spec.to_json())))
+    assert back == spec
+    good = spec.to_json()
+    for bad, words in [
+        ({**good, "pickle": 1}, ["init, seed, shape and start"]),
+        ({**good, "seed": -1}, ["seed"]), ({**good, "seed": 2**63}, ["seed"]), ({**good, "seed": 1.0}, ["seed"]),
+        ({**good, "shape": [10, -4]}, ["shape"]), ({**good, "shape": "10"}, ["shape"]),
+        ({**good, "start": 41}, ["start", "outside"]),
+        ({**good, "init": {"name": "orthogonal", "params": {}}}, ["unknown initializer"]),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            I.FillSpec.from_json(bad)
+        assert all(w in str(info.value) for w in words), (bad, str(info.value))
+    with pytest.raises(ConfigError, match="float32 or float64"):
+        I.ps_initializer(I.Normal()).part((3,)).check(np.int32)
+    I.ps_initializer(I.Constant(4)).part((3,)).check(np.int32)       # constants fill any dtype
+    with pytest.raises(ConfigError, match="at least 2 dims"):
+        I.ps_initializer(I.Xavier()).part((3,)).check(np.float32)
+    with pytest.raises(ConfigError, match="seed"):
+        I.ps_initializer(I.Normal(), seed=-2)
+    with pytest.raises(ConfigError, match="psnode.init initializer"):
+        I.ps_initializer("normal")  # type: ignore[arg-type]

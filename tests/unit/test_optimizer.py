@@ -380,3 +380,32 @@ def test_state_from_arrays_errors_and_readonly_input():
     frozen.setflags(write=False)
     st = O.state_from_arrays({"t": np.array(4), "mom": frozen})
     assert st.t == 4 and st["mom"].flags.writeable
+
+
+def _rss_anon_kib() -> int:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("RssAnon:"))
+
+
+def test_big_states_take_memory_only_for_the_rows_written():
+    """A 64 MiB state written on 40 rows spread over it occupies a few pages (4 KiB each), not
+    the whole array (numpy's np.zeros would map it in 2 MiB pages); values as np.zeros."""
+    weight = np.broadcast_to(np.float32(1), (1_000_000, 16))     # (the weight's memory is not the point)
+    before = _rss_anon_kib()
+    state = O.create("adam").create_state(np.ones((1, 16), np.float32))   # small: np.zeros
+    big = O.lazy_zeros(weight.shape, np.float32)
+    assert big.shape == (1_000_000, 16) and big.dtype == np.float32 and big.flags.writeable
+    assert big.flags.c_contiguous and not big[::997].any()
+    big[np.arange(0, 1_000_000, 25_000)] = 2.0
+    grown = _rss_anon_kib() - before
+    assert grown < 8 * 1024, f"{grown} KiB for 40 rows of a 64 MiB array"
+    assert state.arrays["mean"].shape == (1, 16)
+    rule = O.create("adagrad", learning_rate=0.5)
+    w = np.ones((1_000_000, 16), np.float32)
+    lazy, dense = rule.create_state(w), O.OptState({"history": np.zeros_like(w)})
+    assert lazy.arrays["history"].base is not None          # (the lazy mapping)
+    rows, g = np.array([3, 500_000]), np.full((2, 16), 0.5, np.float32)
+    w2 = w.copy()
+    rule.update_rows(w, rows, g, lazy)
+    rule.update_rows(w2, rows, g, dense)
+    assert np.array_equal(w, w2) and np.array_equal(lazy.arrays["history"], dense.arrays["history"])

@@ -52,6 +52,9 @@ def _same(a, b) -> None:
 REQUESTS = [
     Init("w", 0, "float32", (3, 4), True, True, False, np.arange(12, dtype=F).reshape(3, 4), id=1),
     Init(7, 2, "int64", (), False, False, True, None, id=2, re=True),
+    Init("emb", 1, "float32", (5, 16), True, True, True, None, id=12, fill={
+        "init": {"name": "normal", "params": {"sigma": 0.01}}, "seed": 3, "shape": [10, 16], "start": 80}, bare=True),
+    Init("emb", 0, "float32", (5, 16), True, True, True, None, id=13, bare=True),
     Push("w", 1, 5, np.arange(100_000, dtype=F), id=3),
     Push("emb", 0, 9, np.ones((2, 3), F), np.array([4, 1], np.int64), id=4, re=True, na=False),
     Pull("w", 0, 5, id=5),
@@ -129,6 +132,10 @@ def _arr(code: int = 10, dims=(4,), loc: int = 0, index: int = 0, offset: int = 
     (_data(body=_rec(1, extra=b"{nope")), "not JSON"),
     (_data(body=_rec(1, extra=b'{"dtype": "object", "shape": [1]}')), "not allowed"),
     (_data(body=_rec(1, extra=b'{"dtype": "float32", "shape": [-1]}')), "shape"),
+    (_data(body=_rec(1, extra=b'{"dtype": "float32", "shape": [1], "fill": [1]}')), "fill must be an object"),
+    (_data(n_arrays=1, body=_arr() + _rec(1, count=1, extra=b'{"dtype": "float32", "shape": [4], "fill": {}}'),
+           frames=[b"\0" * 16]), "without a value"),
+    (_data(body=_rec(1, extra=b'{"dtype": "float32", "shape": [1], "bare": 1}')), "bare must be"),
     (_data(body=_rec(5, extra=b'{"check": [["k", 0, [0]]]}')), ">= 1"),
     (_data(body=_rec(5, extra=b'{"check": [[["k"], 0, [1]]]}')), "neither an int nor a str"),
     (_data(body=_rec(7, extra=b'{"spec": "rm -rf /"}')), "not an object"),
