@@ -86,7 +86,7 @@ for step in range(min(done.values()) + 1, rounds + 1):
 for k in SIZES:
     kv.pull(k, out=vals[k])
     check(k, max(rounds, done[k]))
-links = sorted(kv._engine.io.local)          # (the same-host links, back after every restart)
+links = sorted(kv._engine.links.local)          # (the same-host links, back after every restart)
 (marks / f"finishing.{r}").touch()
 print("FINAL OK", r, "restarts", kv.restarts, "links", links, flush=True)
 kv.close()

@@ -76,7 +76,7 @@ def _report_uncaught(kv: KVStore, engine: Engine, cfg: NodeConfig) -> None:
         if not isinstance(exc, Exception):
             previous(kind, exc, tb)
             return
-        fatal = getattr(engine, "fatal", None)   # set once the job ended (or the scheduler is gone)
+        fatal = engine.fatal   # set once the job ended (or the scheduler is gone)
         if isinstance(exc, PeerLost) and fatal is not None:
             failure.write(cfg.error_file, "job_ended", "worker", engine.rank, cfg.host, exc=exc)
             if str(fatal) != str(exc):       # else the engine said it when the job ended

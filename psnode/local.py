@@ -1,7 +1,11 @@
 """The in-process engine behind ``kv.create('local')``: one worker, one server, no sockets.
 
-It runs the servers' own logic (:class:`psnode.server.store.Store`) on the caller's thread, so a
-single process gives the values a distributed job gives.
+:class:`LocalEngine` is what a KVStore holds in place of a job's engine (it implements
+:class:`psnode.worker.kvstore.Backend`): it runs the servers' own logic
+(:class:`psnode.server.store.Store`) on the caller's thread, so a single process gives the values
+a distributed job gives.  Every request is answered before ``submit`` returns; no server is near
+(no shared memory); a Python updater (``kv.set_updater``) runs in the store.  It sits above both
+sides, the only module importing :mod:`psnode.worker` and :mod:`psnode.server` together.
 """
 from __future__ import annotations
 
@@ -11,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from psnode.errors import from_kind
-from psnode.protocol import Command, Failed, Ok, Op
+from psnode.errors import PSError, from_kind
+from psnode.protocol import Failed, Ok, Op
 from psnode.server.replies import sent
 from psnode.server.store import Store
-from psnode.worker.engine import Future
+from psnode.worker.futures import Future
 
 Copier = Callable[[Ok], None]
 
@@ -28,10 +32,11 @@ class LocalEngine:
         self.rank = 0
         self.num_servers = 1
         self.restarts = 0
+        self.fatal: PSError | None = None
 
     def submit(self, server: int, op: Op, nbytes: int = 0, priority: int = 0,
                on_reply: Copier | None = None, reply: bool = True, guard: Any = None,
-               keys: int = 1, label: str = "", auto: bool = False) -> Future | None:
+               keys: int = 1, label: str = "", auto: bool = False, near: bool | None = None) -> Future | None:
         fut = Future(on_reply)
         replies = self.store.handle(0, op)
         if self.store.filling.pending:   # (values computed here: all at once)
@@ -49,15 +54,18 @@ class LocalEngine:
             return None
         return fut
 
-    def stage(self, server: int, key: Any, part: int, index: int, shape: tuple[int, ...],
-              dtype: np.dtype, seq: int) -> np.ndarray:
+    def near(self) -> frozenset[int]:
+        return frozenset()
+
+    def stage(self, key: Any, part: int, index: int, shape: tuple[int, ...], dtype: np.dtype, seq: int,
+              near: bool) -> np.ndarray:
         return np.empty(shape, dtype)
 
-    def land(self, server: int, shape: tuple[int, ...], dtype: np.dtype) -> None:
+    def land(self, shape: tuple[int, ...], dtype: np.dtype, near: bool) -> None:
         return None
 
-    def same_host(self, server: int) -> bool:
-        return False
+    def set_updater(self, updater: Callable[[Any, Any, np.ndarray], None] | None) -> None:
+        self.store.updater = updater
 
     def protect(self, guards: list[Any], on: bool) -> None:
         pass
@@ -71,10 +79,8 @@ class LocalEngine:
     def wait(self, fut: Future) -> Ok:
         return fut.wait(0)
 
-    def control(self, cmd: Command, body: dict[str, Any] | None = None) -> Future:
-        fut = Future()
-        fut.set(Ok(0))
-        return fut
+    def barrier(self) -> None:
+        pass
 
     def check(self) -> None:
         pass

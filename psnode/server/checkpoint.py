@@ -11,9 +11,6 @@ worker's).  It is written to a temporary file in the same
 directory, flushed, fsynced and renamed over the previous one: a kill during the write leaves
 the previous checkpoint loadable; only then are its pushes reported durable
 (:meth:`psnode.server.store.Store.mark_durable`).
-
-``save_states``/``load_states``: the file of ``kv.save_optimizer_states`` (every server's
-optimizer state arrays, named by server, key, part and state name, plus the optimizer spec).
 """
 from __future__ import annotations
 
@@ -183,39 +180,3 @@ def load_server(directory: str, rank: int, store: Store, same_job: bool = False)
 def _offset(entry: Any) -> int:
     """A bucket member's element offset in its bucket."""
     return next(m.offset for m in entry.bucket.members if m.entry is entry)
-
-
-StateNames = list[tuple[Any, int, str]]   # (key, part, state name) per array
-
-
-def save_states(fname: str, per_server: list[tuple[StateNames, list[np.ndarray]]],
-                optimizer: dict[str, Any] | None) -> None:
-    """Write the optimizer states of every server (index = server rank) to ``fname`` (.npz),
-    through a temporary file and a rename."""
-    arrays: dict[str, np.ndarray] = {}
-    names: list[list[Any]] = []
-    for s, (server_names, server_arrays) in enumerate(per_server):
-        for (key, part, name), arr in zip(server_names, server_arrays, strict=False):
-            arrays[f"a{len(names)}"] = np.array(arr)
-            names.append([s, key, part, name])
-    meta = {"names": names, "optimizer": optimizer}
-    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    tmp = f"{fname}.tmp{os.getpid()}"
-    with open(tmp, "wb") as fh:
-        np.savez(fh, **arrays)  # type: ignore[arg-type]
-    os.replace(tmp, fname)
-
-
-def load_states(fname: str) -> dict[int, tuple[StateNames, list[np.ndarray]]]:
-    """The states :func:`save_states` wrote, per server rank; ConfigError if unreadable."""
-    try:
-        with np.load(fname, allow_pickle=False) as data:
-            meta = json.loads(bytes(data["meta"]).decode())
-            per_server: dict[int, tuple[StateNames, list[np.ndarray]]] = {}
-            for i, (s, key, part, name) in enumerate(meta["names"]):
-                names, arrs = per_server.setdefault(int(s), ([], []))
-                names.append((key, int(part), str(name)))
-                arrs.append(np.array(data[f"a{i}"]))
-    except (OSError, KeyError, ValueError, TypeError) as exc:
-        raise ConfigError(f"cannot read optimizer states from {fname}: {exc}") from None
-    return per_server

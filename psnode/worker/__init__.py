@@ -1,15 +1,29 @@
 """The worker side: what a training process runs under ``psnode.kv.create``.
 
-- :mod:`~psnode.worker.kvstore`: the KVStore API (MXNet-style), over an engine it is given.
+The API and what it was given:
+
+- :mod:`~psnode.worker.kvstore`: the KVStore API (MXNet-style); holds a data path over the
+  engine it is given (its :class:`~psnode.worker.kvstore.Backend`).
 - :mod:`~psnode.worker.forms`, :mod:`~psnode.worker.items`, :mod:`~psnode.worker.torchvalues`:
   the arrays a call was given (MXNet's calling conventions, checks, torch tensors).
-- :mod:`~psnode.worker.datapath`: keys into parts and buckets, and parts into requests (no I/O);
+- :mod:`~psnode.worker.keys`: what the worker knows of each key (shape, placement, push count);
   :mod:`~psnode.worker.placement` and :mod:`~psnode.worker.bucketing` decide where a key lives.
-- :mod:`~psnode.worker.engine`: the connection to the job: requests become futures;
-  :mod:`~psnode.worker.ioloop` is its I/O thread, :mod:`~psnode.worker.samehost` its
-  shared-memory links; :mod:`~psnode.worker.tracker`, :mod:`~psnode.worker.journal` and
-  :mod:`~psnode.worker.futures` follow each request until it is answered (pure).
+- :mod:`~psnode.worker.compressor`: gradient compression's residuals;
+  :mod:`~psnode.worker.states`: the file of ``kv.save_optimizer_states``.
 
-Never imports :mod:`psnode.server` or :mod:`psnode.scheduler`: a worker knows them only through
-:mod:`psnode.protocol`.
+Requests and their transport:
+
+- :mod:`~psnode.worker.datapath`: keys into parts and buckets, parts into requests, answers
+  into arrays (no I/O; talks to the engine through :class:`~psnode.worker.datapath.Requests`).
+- :mod:`~psnode.worker.engine`: the connection to the job (requests become futures), and
+  :mod:`~psnode.worker.ioloop` its I/O thread; both share one
+  :class:`~psnode.worker.state.EngineState` (:mod:`~psnode.worker.state`).  The loop holds the
+  same-host links (:mod:`~psnode.worker.samehost`: the one place that decides whether a server
+  is near).
+- :mod:`~psnode.worker.tracker`, :mod:`~psnode.worker.journal` and :mod:`~psnode.worker.futures`
+  follow each request until it is answered (pure).
+
+Imports go one way (kvstore -> datapath -> engine's interface; engine -> ioloop -> samehost ->
+state), with no circle.  Never imports :mod:`psnode.server` or :mod:`psnode.scheduler`: a worker
+knows them only through :mod:`psnode.protocol`.
 """

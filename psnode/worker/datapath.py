@@ -1,100 +1,112 @@
-"""The worker's data path under the KVStore API: key parts, buckets and requests (no I/O).
+"""The worker's data path: keys into parts and buckets, parts into requests, answers into arrays.
 
-:class:`DataPath` (the base of :class:`psnode.worker.kvstore.KVStore`) turns prepared gradients and
-outputs into the engine's typed requests (:mod:`psnode.protocol`) and copies answers out:
+:class:`DataPath` is what the KVStore API (:mod:`psnode.worker.kvstore`) holds to talk to the
+servers: it takes prepared gradients and outputs (``(key, KeyInfo, ...)`` items: the API checked
+them) and hands the engine typed requests (:mod:`psnode.protocol`), through the narrow
+:class:`Requests` interface (:class:`psnode.worker.engine.Engine` for a job,
+:class:`psnode.local.LocalEngine` in one process).  It does no I/O itself.
 
-* a **push** copies each key part's gradient into a slot the engine gives (shared memory on
-  this host's link, psnode.samehost.staging) and sends it; a whole bucket of small keys (psnode.server.buckets)
-  goes as one request; in ``dist_sync`` over this host's link a push asks for its round's
-  value at once (PUSHPULL), so the pull after it sends nothing (:attr:`DataPath._asked`);
-* a **pull** asks each key part (or bucket) for the value after this worker's last push, into a
-  landing area, and copies the answer into ``out`` (read in place when the server's answer is
-  a reference to its value: later pushes of the key wait meanwhile, psnode.worker.tracker);
-* a **row_sparse pull** asks each row range's server for the distinct rows, and writes them
+* **Same host** is decided once per call: :meth:`Requests.near` names the servers reached over
+  this host's shared-memory link, and that answer goes with every request of the call (where
+  to stage, where answers land, which thread sends).
+* A **push** copies each key part's gradient into a slot the engine gives (shared memory for a
+  near server, psnode.samehost.staging) and sends it; a whole bucket of small keys
+  (:mod:`psnode.worker.bucketing`) goes as one request; in ``dist_sync`` a push to a near
+  server asks for its round's value at once (PUSHPULL), so the pull after it sends nothing (the
+  answer is a reference to the server's value, read, if the script pulls, before this worker's
+  next push of the key: it cannot change before).
+* A **pull** asks each key part (or bucket) for the value after this worker's last push, into a
+  landing area, and copies the answer into the destination (read in place when the server's
+  answer is a reference to its value: later pushes of the key wait meanwhile,
+  psnode.worker.tracker).
+* A **row_sparse pull** asks each row range's server for the distinct rows, and writes them
   straight into a dense ``out``.
-* with **gradient compression** (``kv.set_gradient_compression``, psnode.math.compression) a dense
-  push slot holds the payload instead: the part's gradient compressed with the key's residual
-  (a split key's part with its slice of it; a bucket with one residual over its members, each
-  member's residual a view of it), the push carrying the spec's tag.  The journal keeps that
-  payload, so a resend never compresses again (the residual advances once per push).  Parts
-  and keys for other hosts are compressed first (pushes and pushpulls): they travel while the
-  rest is compressed.
+* With **gradient compression** (:mod:`psnode.worker.compressor`) a dense push slot holds the
+  payload: the part's gradient compressed with the key's residual (a bucket: with one residual
+  over its members), the push carrying the spec's tag.  Parts and keys for far servers are
+  compressed first (pushes and pushpulls): they travel while the rest is compressed.
+* **Init** sends each key part's Init (rank 0's value, or its spec of the values a server
+  computes) and copies the stored value back.
 
-Requests of one call leave together (``engine.batch``).
+Requests of one call leave together (``engine.batch``).  Every request raises PSError once the
+path is :attr:`DataPath.closed`.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 import numpy as np
 
-from psnode.errors import ConfigError, KeyNotInitialized, PSError, ShapeMismatch
-from psnode.math.compression import CompressionSpec, Residual
+from psnode.errors import ConfigError, PSError, ShapeMismatch
 from psnode.math.sparse import RowSparseArray
 from psnode.math.sparse import sort_rows as _sort_rows
 from psnode.math.sparse import unique_rows as _unique
-from psnode.protocol import Ok, Op, Pull, Push, PushPull
+from psnode.protocol import Init, Ok, Op, Pull, Push, PushPull
 from psnode.worker import forms
-from psnode.worker.bucketing import Bucket, Bucketer
-from psnode.worker.engine import Future
-from psnode.worker.items import check_shape
-from psnode.worker.placement import Part, Placement
+from psnode.worker.bucketing import Bucket
+from psnode.worker.compressor import Compressor
+from psnode.worker.futures import Future
+from psnode.worker.keys import Item, KeyInfo
+from psnode.worker.placement import Part
 
 Copier = Callable[[Ok], None]
-Item = tuple[Any, "KeyInfo", Any]
+Near = frozenset[int]
+NOWHERE: Near = frozenset()
 
 
-@dataclass
-class KeyInfo:
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    sparse: bool
-    placement: Placement
-    seq: int = 0        # pushes of this key sent by this worker (numbers the next push)
-    taken: int = 0      # pushes of this rank every part's server had taken at init (restarts)
-    counts: dict[int, int] = field(default_factory=dict)   # part -> its server's count at init
-    bucket: Bucket | None = None   # the bucket it shares with other small keys (psnode.server.buckets)
+class Requests(Protocol):
+    """What the data path needs of an engine."""
 
-    def part_shape(self, part: Part) -> tuple[int, ...]:
-        if not self.placement.split:
-            return self.shape
-        return (part.hi - part.lo, *self.shape[1:]) if self.placement.by_rows else (part.hi - part.lo,)
+    def near(self) -> Near:
+        """The servers reached over this host's shared-memory link (decides staging, landing
+        and the sending thread of the requests of one call)."""
 
-    def region(self, arr: np.ndarray, part: Part) -> np.ndarray:
-        """The part of ``arr`` (of the key's shape) that ``part`` holds."""
-        if not self.placement.split:
-            return arr
-        return arr[part.lo:part.hi] if self.placement.by_rows else arr.reshape(-1)[part.lo:part.hi]
+    def stage(self, key: Any, part: int, index: int, shape: tuple[int, ...], dtype: np.dtype, seq: int,
+              near: bool) -> np.ndarray:
+        """Where to copy array ``index`` of push ``seq`` of a key part before submitting it."""
 
-    def part_nbytes(self, part: Part) -> int:
-        return math.prod(self.part_shape(part)) * self.dtype.itemsize
+    def land(self, shape: tuple[int, ...], dtype: np.dtype, near: bool) -> np.ndarray | None:
+        """A landing area for an answer (None: the answer brings its own memory)."""
+
+    def submit(self, server: int, op: Op, nbytes: int = 0, priority: int = 0,
+               on_reply: Copier | None = None, reply: bool = True, guard: Any = None, keys: int = 1,
+               label: str = "", auto: bool = False, near: bool | None = None) -> Future | None:
+        """Queue ``op`` for ``server``: its future, or None with ``reply=False``."""
+
+    def batch(self) -> AbstractContextManager[None]:
+        """Requests submitted inside leave together."""
+
+    def wait(self, fut: Future) -> Ok:
+        """The answer of ``fut`` (raising its error)."""
+
+    def protect(self, guards: list[Any], on: bool) -> None:
+        """Hold back pushes of ``guards`` while their answers are read in place."""
+
+    def count_pulls(self, n: int) -> None:
+        """``n`` key parts were pulled from answers their pushes asked for."""
 
 
 class DataPath:
-    """Request building and answer copying for :class:`psnode.worker.kvstore.KVStore`."""
+    """Requests of one KVStore and the copying of their answers (see the module docstring)."""
 
-    mode: str
-    _engine: Any
-    _keys: dict[Any, KeyInfo]
-    _closed: bool
-    _bucketer: Bucketer
-    _asked: dict[tuple[Any, int], tuple[int, Future]]
-    _comp: CompressionSpec | None = None        # gradient compression (None: off)
-    _residuals: dict[Any, Residual]             # key (or bucket key) -> its residual
-    _scratch: dict[Any, np.ndarray]             # bucket key -> its gradient, before compression
+    def __init__(self, engine: Requests, ask_ahead: bool, comp: Compressor) -> None:
+        self._engine = engine
+        self._ask_ahead = ask_ahead    # dist_sync: a push to a near server asks for its round's value
+        self._comp = comp
+        self.closed = False
+        # (op key, part) -> (push, its future): the answers pushes asked for (see _ask_ahead)
+        self._asked: dict[tuple[Any, int], tuple[int, Future]] = {}
 
-    def _info(self, key: Any) -> KeyInfo:
-        info = self._keys.get(key)
-        if info is None:
-            raise KeyNotInitialized(f"key {key!r} is not initialised: call kv.init({key!r}, value) first")
-        return info
+    # ------------------------------------------------------------ requests and waiting
+    def request(self, server: int, op: Op, priority: int) -> Future:
+        """One request whose answer the caller reads (flush, optimizer, states)."""
+        return self._submit(server, op, 0, priority)
 
-    _check_shape = staticmethod(check_shape)
-
-    def _wait(self, futs: Sequence[Future]) -> None:
+    def wait(self, futs: Sequence[Future]) -> None:
+        """Wait for every future; raise the first error once all are done."""
         first: BaseException | None = None
         for fut in futs:
             try:
@@ -104,27 +116,25 @@ class DataPath:
         if first is not None:
             raise first
 
-    def _submit(self, server: int, op: Op, nbytes: int, priority: int,
-                on_reply: Copier | None = None, guard: Any = None, bucket: Bucket | None = None,
-                auto: bool = False) -> Future:
-        if self._closed:
+    def _submit(self, server: int, op: Op, nbytes: int, priority: int, on_reply: Copier | None = None,
+                guard: Any = None, bucket: Bucket | None = None, auto: bool = False,
+                near: bool | None = None) -> Future:
+        if self.closed:
             raise PSError("this KVStore is closed")
         keys, label = (1, "") if bucket is None else (len(bucket.members), bucket.label)
-        return self._engine.submit(server, op, nbytes, priority, on_reply, guard=guard, keys=keys, label=label,
-                                   auto=auto)
+        fut = self._engine.submit(server, op, nbytes, priority, on_reply, guard=guard, keys=keys, label=label,
+                                  auto=auto, near=near)
+        assert fut is not None
+        return fut
 
-    def _ask_ahead(self, server: int) -> bool:
-        """Whether a push to ``server`` asks for its round's value at once: dist_sync over this
-        host's link, where the answer is a reference to the server's value (read, if the script
-        pulls, before this worker's next push of the key: it cannot change before)."""
-        return self.mode == "dist_sync" and self._engine.same_host(server)
-
-    def _send(self, server: int, op: Op, priority: int, guard: Any = None, bucket: Bucket | None = None) -> None:
+    def _send(self, server: int, op: Op, priority: int, near: bool, guard: Any = None,
+              bucket: Bucket | None = None) -> None:
         """Fire and forget (pushes): a failure is raised by a later call."""
-        if self._closed:
+        if self.closed:
             raise PSError("this KVStore is closed")
         keys, label = (1, "") if bucket is None else (len(bucket.members), bucket.label)
-        self._engine.submit(server, op, 0, priority, None, reply=False, guard=guard, keys=keys, label=label)
+        self._engine.submit(server, op, 0, priority, None, reply=False, guard=guard, keys=keys, label=label,
+                            near=near)
 
     @staticmethod
     def _guard(info: KeyInfo) -> Any:
@@ -139,129 +149,148 @@ class DataPath:
             np.copyto(region, ans.arrays[0].reshape(region.shape))
         return copy
 
-    def _push_one(self, k: Any, info: KeyInfo, v: np.ndarray | RowSparseArray, priority: int) -> None:
+    # ------------------------------------------------------------ init
+    def init(self, key: Any, info: KeyInfo, sync: bool, average: bool, resumed: bool,
+             value: np.ndarray | None = None, target: np.ndarray | None = None,
+             fill: Callable[[Part], dict[str, Any]] | None = None, bare: bool = False) -> list[Future]:
+        """Init every part of a new key: ``value`` is rank 0's array (None elsewhere), the
+        stored value is copied into ``target`` (if given); with ``bare`` (a server-side init)
+        no answer carries a value and ``fill(part)`` is rank 0's spec of a part's values.  Each
+        part's push count goes into ``info`` (a ``resumed`` worker's next push continues it)."""
+        futs = []
+        for part in info.placement.parts:
+            op = Init(key, part.index, info.dtype.name, info.part_shape(part), sync=sync, average=average,
+                      sparse=info.sparse, bare=bare)
+            if info.bucket is not None:
+                op.bucket, op.offset = info.bucket.bid, info.bucket.offsets[key][0]
+            if value is not None:
+                op.value = np.array(info.region(value, part), copy=True)
+            if fill is not None:
+                op.fill = fill(part)
+            copy = self._copier(target, info, part) if target is not None else None
+
+            def on_init(ans: Ok, copy: Copier | None = copy, part: int = part.index) -> None:
+                # > 0 after a restart; a split key resumes where its last part stopped (a
+                # predecessor may have died between pushing two parts: the other is a duplicate)
+                info.counts[part] = ans.seq
+                info.taken = min(info.counts.values())
+                if resumed:
+                    info.seq = info.taken
+                if copy is not None:
+                    copy(ans)
+            futs.append(self._submit(part.server, op, 0, 1 << 30, on_init))
+        return futs
+
+    # ------------------------------------------------------------ push
+    def push(self, items: list[Item], priority: int) -> None:
+        """Send the prepared gradients of one push call (buckets whole, the rest per key part;
+        the caller checked them: ``Compressor.check``)."""
+        near = self._engine.near()
+        if self._comp.spec is not None:
+            items = _far_first(items, lambda item: item[1].placement.parts[0].server, near)
+        whole, rest = _whole_buckets(items)
+        if len(whole) == 1 and not rest:   # one request: nothing to send together
+            self._push_bucket(*whole[0], priority, near)
+            return
+        with self._engine.batch():
+            for bucket, members in whole:
+                self._push_bucket(bucket, members, priority, near)
+            for k, info, v in rest:
+                self._push_one(k, info, v, priority, near)
+
+    def _push_one(self, k: Any, info: KeyInfo, v: np.ndarray | RowSparseArray, priority: int, near: Near) -> None:
         info.seq += 1
         guard = self._guard(info)
         if isinstance(v, RowSparseArray):  # rows sorted once (stable): each part is a slice
             order, ids = _sort_rows(v.indices.astype(np.int64, copy=False), info.shape[0])
         parts: Sequence[Part] = info.placement.parts
-        if self._comp is not None and len(parts) > 1:
-            parts = self._remote_first(parts, lambda p: p.server)
+        if self._comp.spec is not None and len(parts) > 1:
+            parts = _far_first(parts, lambda p: p.server, near)
+        stage = self._engine.stage
         for part in parts:
-            stage = self._engine.stage
+            here = part.server in near
             if isinstance(v, RowSparseArray):   # copies: the caller may reuse v at once
                 a, b = np.searchsorted(ids, (part.lo, part.hi))
-                data = stage(part.server, k, part.index, 0, (b - a, *info.shape[1:]), info.dtype, info.seq)
+                data = stage(k, part.index, 0, (b - a, *info.shape[1:]), info.dtype, info.seq, here)
                 np.take(v.data, order[a:b], axis=0, out=data)
-                rows = stage(part.server, k, part.index, 1, (b - a,), np.dtype(np.int64), info.seq)
+                rows = stage(k, part.index, 1, (b - a,), np.dtype(np.int64), info.seq, here)
                 np.subtract(ids[a:b], part.lo, out=rows, casting="unsafe")
                 op = Push(k, part.index, info.seq, data, rows)
             else:
                 tag = ""
-                if self._comp is None:
-                    data = stage(part.server, k, part.index, 0, info.part_shape(part), info.dtype, info.seq)
+                if self._comp.spec is None:
+                    data = stage(k, part.index, 0, info.part_shape(part), info.dtype, info.seq, here)
                     np.copyto(data, info.region(v, part).reshape(data.shape))
                 else:
-                    data, tag = self._compressed(k, info, part, v)
-                if self._ask_ahead(part.server):
+                    data, tag = self._compressed(k, info, part, v, here)
+                if self._ask_ahead and here:
                     fut = self._submit(part.server, PushPull(k, part.index, info.seq, data, comp=tag),
-                                       info.part_nbytes(part), priority, guard=guard, auto=True)
+                                       info.part_nbytes(part), priority, guard=guard, auto=True, near=True)
                     self._asked[(k, part.index)] = (info.seq, fut)
                     continue
                 op = Push(k, part.index, info.seq, data, comp=tag)
             self._asked.pop((k, part.index), None)
-            self._send(part.server, op, priority, guard)
+            self._send(part.server, op, priority, here, guard)
 
-    def _stage_bucket(self, bucket: Bucket, members: list[tuple[Any, KeyInfo, Any]], seq: int) -> np.ndarray:
+    def _stage_bucket(self, bucket: Bucket, members: list[Item], seq: int, here: bool) -> np.ndarray:
         """Every member's gradient end to end, in a push slot of the bucket (compressed: the
         payload of that, with the bucket's residual)."""
-        spec = self._comp
+        spec = self._comp.spec
         if spec is None:
-            data = self._engine.stage(bucket.server, bucket.key, 0, 0, (bucket.used,), bucket.dtype, seq)
+            data = self._engine.stage(bucket.key, 0, 0, (bucket.used,), bucket.dtype, seq, here)
         else:
-            data = self._scratch.get(bucket.key)
-            if data is None:
-                data = self._scratch[bucket.key] = np.empty(bucket.used, bucket.dtype)
+            data = self._comp.scratch(bucket)
         grads = {k: v for k, _, v in members}
         np.concatenate([grads[k].reshape(-1) for k in bucket.members], out=data)
         for _, info, _ in members:
             info.seq = seq
         if spec is None:
             return data
-        out = self._engine.stage(bucket.server, bucket.key, 0, 0, (spec.packed_size(bucket.used),),
-                                 spec.wire_dtype, seq)
-        return spec.compress(data, self._residual(bucket.key, bucket.used), out)
+        out = self._engine.stage(bucket.key, 0, 0, (spec.packed_size(bucket.used),), spec.wire_dtype, seq, here)
+        return spec.compress(data, self._comp.residual(bucket.key, bucket.used), out)
 
-    def _push_bucket(self, bucket: Bucket, members: list[tuple[Any, KeyInfo, Any]], priority: int) -> None:
+    def _push_bucket(self, bucket: Bucket, members: list[Item], priority: int, near: Near) -> None:
         seq = members[0][1].seq + 1
-        data = self._stage_bucket(bucket, members, seq)
-        tag = "" if self._comp is None else self._comp.tag
-        if self._ask_ahead(bucket.server):
+        here = bucket.server in near
+        data = self._stage_bucket(bucket, members, seq, here)
+        spec = self._comp.spec
+        tag = "" if spec is None else spec.tag
+        if self._ask_ahead and here:
             fut = self._submit(bucket.server, PushPull(bucket.key, 0, seq, data, comp=tag),
-                               bucket.used * bucket.dtype.itemsize, priority, bucket=bucket, auto=True)
+                               bucket.used * bucket.dtype.itemsize, priority, bucket=bucket, auto=True, near=True)
             self._asked[(bucket.key, 0)] = (seq, fut)
             return
         self._asked.pop((bucket.key, 0), None)
-        self._send(bucket.server, Push(bucket.key, 0, seq, data, comp=tag), priority, bucket=bucket)
+        self._send(bucket.server, Push(bucket.key, 0, seq, data, comp=tag), priority, here, bucket=bucket)
 
-    # ------------------------------------------------------------ gradient compression
-    def _residual(self, key: Any, size: int) -> Residual | None:
-        """The residual of ``key`` (a user key, or a bucket's key for the whole bucket), zero
-        at first; a bucket member's is a view of its bucket's.  None: the type keeps none."""
-        spec = self._comp
-        if spec is None or not spec.thresholded:
-            return None
-        res: Residual | None = self._residuals.get(key)
-        if res is None:
-            info = self._keys.get(key)
-            bucket = info.bucket if info is not None else None
-            if bucket is not None:
-                whole = self._residual(bucket.key, bucket.used)
-                assert whole is not None
-                offset, n = bucket.offsets[key]
-                res = whole.part(offset, offset + n)
-            else:
-                res = Residual(np.zeros(size, np.float32))
-            self._residuals[key] = res
-        return res
-
-    def _compressed(self, k: Any, info: KeyInfo, part: Part, grad: np.ndarray) -> tuple[np.ndarray, str]:
+    def _compressed(self, k: Any, info: KeyInfo, part: Part, grad: np.ndarray, here: bool
+                    ) -> tuple[np.ndarray, str]:
         """The push data of ``part`` of ``grad``: its payload, in a push slot, and the tag."""
-        spec = self._comp
+        spec = self._comp.spec
         assert spec is not None
         region = info.region(grad, part)
-        res = self._residual(k, math.prod(info.shape))
+        res = self._comp.residual(k, math.prod(info.shape), info.bucket)
         if res is not None and info.placement.split:
             res = res.part(part.lo, part.hi)
-        data = self._engine.stage(part.server, k, part.index, 0, (spec.packed_size(region.size),),
-                                  spec.wire_dtype, info.seq)
+        data = self._engine.stage(k, part.index, 0, (spec.packed_size(region.size),), spec.wire_dtype, info.seq,
+                                  here)
         return spec.compress(region, res, data), spec.tag
 
-    def _remote_first(self, xs: Sequence[Any], server: Callable[[Any], int]) -> list[Any]:
-        """``xs`` with those for servers off this host's link first (stable)."""
-        same = self._engine.same_host
-        return sorted(xs, key=lambda x: same(server(x)))
-
-    def _check_compressible(self, items: list[tuple[Any, KeyInfo, Any]]) -> None:
-        """ConfigError naming the first key gradient compression cannot push (row_sparse, not
-        float32), before anything is sent."""
-        spec = self._comp
-        if spec is not None:
-            for k, info, v in items:
-                spec.check_key(k, info.dtype, info.sparse or isinstance(v, RowSparseArray))
-
-    def _pull_items(self, items: list[tuple[Any, KeyInfo, Any]], fixups: list[tuple[list[Any], np.ndarray]],
-                    results: list[Any], many: bool, priority: int,
-                    pushed: dict[Any, np.ndarray | RowSparseArray] | None) -> Any:
-        """Submit and wait for the pulls of ``_pull_into``'s items ``(key, info, (dest, grad))``."""
+    # ------------------------------------------------------------ pull
+    def pull(self, items: list[Item], priority: int, pushing: bool) -> None:
+        """Pull ``(key, info, (dest, grad))`` items into their ``dest`` (C-contiguous, the key's
+        shape); with ``pushing``, ``grad`` (a dense gradient, or None) is pushed first, fused
+        with the pull into one request per key part (or bucket).  Returns once every answer was
+        copied (raising the first error)."""
         futs: list[Future] = []
-        whole, rest = _whole_buckets(items, pushing=pushed is not None)
+        whole, rest = _whole_buckets(items, pushing=pushing)
         asked: list[tuple[Future, Copier, Any]] = []   # answers already asked for by the pushes
-        if not rest and pushed is None and all(self._asked_ahead(b, m) for b, m in whole):
-            counted = self._pull_requests(whole, rest, asked, futs, priority, False)   # (sends nothing)
+        if not rest and not pushing and all(self._asked_ahead(b, m) for b, m in whole):
+            counted = self._pull_requests(whole, rest, asked, futs, priority, False, NOWHERE)   # (sends nothing)
         else:
+            near = self._engine.near()
             with self._engine.batch():
-                counted = self._pull_requests(whole, rest, asked, futs, priority, pushed is not None)
+                counted = self._pull_requests(whole, rest, asked, futs, priority, pushing, near)
         if asked:   # (read in place, each as soon as it is there; later pushes of these keys wait)
             guards = [g for _, _, g in asked]
             self._engine.protect(guards, True)
@@ -271,22 +300,17 @@ class DataPath:
             finally:
                 self._engine.protect(guards, False)
             self._engine.count_pulls(counted)
-        self._wait(futs)
-        for done, dest in fixups:
-            for o in done:
-                if o is not dest:
-                    np.copyto(o, dest)
-        return results if many else results[0]
+        self.wait(futs)
 
-    def _asked_ahead(self, bucket: Bucket, members: list[tuple[Any, KeyInfo, Any]]) -> bool:
+    def _asked_ahead(self, bucket: Bucket, members: list[Item]) -> bool:
         """The answer a pull of ``bucket`` wants was asked for by this worker's last push."""
         ahead = self._asked.get((bucket.key, 0))
         return ahead is not None and ahead[0] == members[0][1].seq
 
-    def _pull_requests(self, whole: list[tuple[Bucket, list[tuple[Any, KeyInfo, Any]]]],
-                       rest: list[tuple[Any, KeyInfo, Any]], asked: list[tuple[Future, Copier, Any]],
-                       futs: list[Future], priority: int, pushing: bool) -> int:
-        """Submit the pulls (pushpulls with ``pushing``) of ``_pull_into``; the answers pushes
+    def _pull_requests(self, whole: list[tuple[Bucket, list[Item]]], rest: list[Item],
+                       asked: list[tuple[Future, Copier, Any]], futs: list[Future], priority: int, pushing: bool,
+                       near: Near) -> int:
+        """Submit the pulls (pushpulls with ``pushing``) of :meth:`pull`; the answers pushes
         asked for already go to ``asked``.  Returns the key parts pulled that way."""
         counted = 0
         for bucket, members in whole:
@@ -295,16 +319,17 @@ class DataPath:
                 asked.append((ahead[1], self._bucket_copier(bucket, members), (bucket.key, 0)))
                 counted += len(members)
                 continue
-            futs.append(self._pull_bucket(bucket, members, priority, pushing))
-        if pushing and self._comp is not None:
-            rest = self._remote_first(rest, lambda item: item[1].placement.parts[0].server)
+            futs.append(self._pull_bucket(bucket, members, priority, pushing, bucket.server in near))
+        comp = self._comp.spec
+        if pushing and comp is not None:
+            rest = _far_first(rest, lambda item: item[1].placement.parts[0].server, near)
         for k, info, (dest, grad) in rest:
             guard = self._guard(info)
             if grad is not None:
                 info.seq += 1
             parts: Sequence[Part] = info.placement.parts
-            if grad is not None and self._comp is not None and len(parts) > 1:
-                parts = self._remote_first(parts, lambda p: p.server)   # (as pushes: see _push_one)
+            if grad is not None and comp is not None and len(parts) > 1:
+                parts = _far_first(parts, lambda p: p.server, near)   # (as pushes: see _push_one)
             for part in parts:
                 op: Op
                 ahead = self._asked.get((k, part.index)) if grad is None else None
@@ -312,25 +337,26 @@ class DataPath:
                     asked.append((ahead[1], self._copier(dest, info, part), guard or (k, part.index)))
                     counted += 1
                     continue
+                here = part.server in near
                 shape = info.part_shape(part)
-                land = self._engine.land(part.server, shape, info.dtype)
+                land = self._engine.land(shape, info.dtype, here)
                 if grad is None:
                     op = Pull(k, part.index, info.seq, dest=land)
                 else:
                     assert isinstance(grad, np.ndarray)
                     tag = ""
-                    if self._comp is None:
-                        data = self._engine.stage(part.server, k, part.index, 0, shape, info.dtype, info.seq)
+                    if comp is None:
+                        data = self._engine.stage(k, part.index, 0, shape, info.dtype, info.seq, here)
                         np.copyto(data, info.region(grad, part).reshape(shape))
                     else:
-                        data, tag = self._compressed(k, info, part, grad)
+                        data, tag = self._compressed(k, info, part, grad, here)
                     op = PushPull(k, part.index, info.seq, data, dest=land, comp=tag)
                 futs.append(self._submit(part.server, op, info.part_nbytes(part), priority,
-                                         self._copier(dest, info, part), guard))
+                                         self._copier(dest, info, part), guard, near=here))
         return counted
 
     @staticmethod
-    def _bucket_copier(bucket: Bucket, members: list[tuple[Any, KeyInfo, Any]]) -> Copier:
+    def _bucket_copier(bucket: Bucket, members: list[Item]) -> Copier:
         """Copies a bucket's answer (its whole buffer) into each member's destination."""
         dests = {k: d for k, _, (d, _) in members}
         spans = [(dests[k].reshape(-1), *bucket.offsets[k]) for k in bucket.members]
@@ -341,46 +367,86 @@ class DataPath:
                 np.copyto(dest, whole[offset:offset + size])
         return copy
 
-    def _pull_bucket(self, bucket: Bucket, members: list[tuple[Any, KeyInfo, Any]], priority: int,
-                     pushing: bool) -> Future:
+    def _pull_bucket(self, bucket: Bucket, members: list[Item], priority: int, pushing: bool, here: bool) -> Future:
         """One request for every member of ``bucket`` (a pull, or with ``pushing`` a pushpull);
         the answer is the bucket's buffer, copied out member by member."""
         copy = self._bucket_copier(bucket, members)
-        land = self._engine.land(bucket.server, (bucket.used,), bucket.dtype)
+        land = self._engine.land((bucket.used,), bucket.dtype, here)
         op: Op
         if pushing:
             seq = members[0][1].seq + 1
             grads = [(k, info, g) for k, info, (_, g) in members]
-            op = PushPull(bucket.key, 0, seq, self._stage_bucket(bucket, grads, seq), dest=land,
-                          comp="" if self._comp is None else self._comp.tag)
+            spec = self._comp.spec
+            op = PushPull(bucket.key, 0, seq, self._stage_bucket(bucket, grads, seq, here), dest=land,
+                          comp="" if spec is None else spec.tag)
         else:
             op = Pull(bucket.key, 0, members[0][1].seq, dest=land)
         return self._submit(bucket.server, op, bucket.used * bucket.dtype.itemsize, priority, copy,
-                            bucket=bucket)
+                            bucket=bucket, near=here)
+
+    # ------------------------------------------------------------ row_sparse pull
+    def pull_rows(self, outs: list[forms.Group], id_lists: list[list[np.ndarray]], priority: int,
+                  info: Callable[[Any], KeyInfo]) -> list[Any]:
+        """The outputs of ``row_sparse_pull`` (one per target of ``outs``, in order), each with
+        rows ``id_lists`` of its key (``info``: the key's KeyInfo): a dense target gets the rows
+        written in place, a RowSparseArray target is replaced by them, None becomes a new one."""
+        futs: list[Future] = []
+        fetched: dict[tuple[Any, bytes], tuple[np.ndarray, np.ndarray]] = {}
+        plan: list[tuple[KeyInfo, Any, tuple[Any, bytes] | None]] = []
+        near = self._engine.near()
+        with self._engine.batch():
+            self._row_requests(outs, id_lists, priority, futs, fetched, plan, info, near)
+        self.wait(futs)
+        final: list[Any] = []
+        for key_info, o, fetch in plan:
+            if fetch is None:
+                final.append(o)
+                continue
+            uniq, data = fetched[fetch]
+            if isinstance(o, np.ndarray):
+                o[uniq] = data
+                final.append(o)
+            elif isinstance(o, RowSparseArray):
+                o.data, o.indices, o.shape = data.copy(), uniq.copy(), key_info.shape
+                final.append(o)
+            else:
+                final.append(RowSparseArray(data.copy(), uniq.copy(), key_info.shape))
+        return final
 
     def _row_requests(self, outs: list[forms.Group], id_lists: list[list[np.ndarray]], priority: int,
                       futs: list[Future], fetched: dict[tuple[Any, bytes], tuple[np.ndarray, np.ndarray]],
-                      plan: list[tuple[KeyInfo, Any, tuple[Any, bytes] | None]]) -> None:
-        """Submit the requests of ``row_sparse_pull`` (one per server part and distinct ids)."""
+                      plan: list[tuple[KeyInfo, Any, tuple[Any, bytes] | None]], info_of: Callable[[Any], KeyInfo],
+                      near: Near) -> None:
+        """Submit the requests of :meth:`pull_rows` (one per server part and distinct ids)."""
         for (k, targets), ids_per_out in zip(outs, id_lists, strict=True):
-            info = self._info(k)
+            info = info_of(k)
             if info.placement.split and not info.placement.by_rows:
                 raise ConfigError(f"key {k!r} is a dense key split over servers; "
                                   "row_sparse_pull needs a row_sparse key")
             for o, ids in zip(targets, ids_per_out, strict=True):
                 if isinstance(o, np.ndarray):
-                    self._check_shape(k, info, o.shape, o.dtype, out=True)
+                    info.check(k, o.shape, o.dtype, out=True)
                     if len(targets) == 1:   # the answers go straight into its rows
-                        self._fetch_rows(k, info, ids, priority, futs, o)
+                        self._fetch_rows(k, info, ids, priority, futs, near, o)
                         plan.append((info, o, None))
                         continue
                 tag = (k, ids.tobytes())
                 if tag not in fetched:
-                    fetched[tag] = self._fetch_rows(k, info, ids, priority, futs)
+                    fetched[tag] = self._fetch_rows(k, info, ids, priority, futs, near)
                 plan.append((info, o, tag))
 
-    def _fetch_rows(self, k: Any, info: KeyInfo, ids: np.ndarray, priority: int,
-                    futs: list[Future], into: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def fetch_rows(self, key: Any, info: KeyInfo, ids: np.ndarray, priority: int
+                   ) -> tuple[RowSparseArray, list[Future]]:
+        """Ask for rows ``ids`` of ``key`` and return at once: the rows (sorted distinct ids; their
+        values once every future is answered) and the futures (``row_sparse_fetch``)."""
+        futs: list[Future] = []
+        near = self._engine.near()
+        with self._engine.batch():
+            uniq, data = self._fetch_rows(key, info, ids, priority, futs, near)
+        return RowSparseArray(data, uniq, info.shape), futs
+
+    def _fetch_rows(self, k: Any, info: KeyInfo, ids: np.ndarray, priority: int, futs: list[Future], near: Near,
+                    into: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Ask for rows ``ids`` of ``k``: (sorted distinct ids, their rows once answered); with
         ``into`` (a dense array of the key's shape) the answers are written into its rows."""
         uniq = _unique(ids)
@@ -393,15 +459,17 @@ class DataPath:
             a, b = np.searchsorted(uniq, [lo, hi])
             if a == b:
                 continue
+            here = part.server in near
             shape = (int(b - a), *info.shape[1:])
             copy = self._row_copier(into, uniq[a:b], data[a:b], shape)
-            rows = self._engine.land(part.server, (b - a,), np.dtype(np.int64))
+            rows = self._engine.land((b - a,), np.dtype(np.int64), here)
             if rows is None:
                 rows = np.empty(b - a, np.int64)
             np.subtract(uniq[a:b], lo, out=rows)
-            land = self._engine.land(part.server, shape, info.dtype)
+            land = self._engine.land(shape, info.dtype, here)
             op = Pull(k, part.index, info.seq, rows, dest=land)
-            futs.append(self._submit(part.server, op, math.prod(shape) * info.dtype.itemsize, priority, copy))
+            futs.append(self._submit(part.server, op, math.prod(shape) * info.dtype.itemsize, priority, copy,
+                                     near=here))
         return uniq, data
 
     @staticmethod
@@ -416,11 +484,15 @@ class DataPath:
         return copy
 
 
-def _whole_buckets(items: list[tuple[Any, KeyInfo, Any]], pushing: bool = True
-                   ) -> tuple[list[tuple[Bucket, list[tuple[Any, KeyInfo, Any]]]], list[tuple[Any, KeyInfo, Any]]]:
+def _far_first(xs: Sequence[Any], server: Callable[[Any], int], near: Near) -> list[Any]:
+    """``xs`` with those for servers off this host's link first (stable)."""
+    return sorted(xs, key=lambda x: server(x) in near)
+
+
+def _whole_buckets(items: list[Item], pushing: bool = True) -> tuple[list[tuple[Bucket, list[Item]]], list[Item]]:
     """Split ``(key, info, x)`` items into whole buckets (every member once, one push count,
     dense arrays: one request each) and the rest (one request per key part)."""
-    found: dict[int, list[tuple[Any, KeyInfo, Any]]] = {}
+    found: dict[int, list[Item]] = {}
     rest = []
     for item in items:
         b = item[1].bucket
@@ -442,4 +514,4 @@ def _whole_buckets(items: list[tuple[Any, KeyInfo, Any]], pushing: bool = True
     return whole, rest
 
 
-__all__ = ["Copier", "DataPath", "KeyInfo"]
+__all__ = ["NOWHERE", "Copier", "DataPath", "Near", "Requests"]

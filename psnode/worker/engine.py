@@ -1,20 +1,24 @@
 """A worker's connection to its job: requests become futures; one I/O thread owns the sockets.
 
-The user's thread (the KVStore API) calls :meth:`Engine.submit` with a typed operation
-(:mod:`psnode.protocol`) for one server; the request is queued in the
-:class:`~psnode.worker.tracker.Tracker` and the I/O thread (:mod:`psnode.worker.ioloop`) is woken through an
-eventfd.  The I/O thread sends queued requests in priority order, fusing those bound for the
-same server into one message, within a window of bytes in flight per server.  Answers resolve
-futures by request id; a future's ``on_reply`` callback (e.g. copying a pulled array into the
-caller's ``out``) runs in the I/O thread before the future is set.
+The user's thread (the KVStore API's data path, :mod:`psnode.worker.datapath`) calls
+:meth:`Engine.submit` with a typed operation (:mod:`psnode.protocol`) for one server; the request
+is queued in the :class:`~psnode.worker.tracker.Tracker` and the I/O thread
+(:mod:`psnode.worker.ioloop`) is woken through an eventfd.  The I/O thread sends queued requests in
+priority order, fusing those bound for the same server into one message, within a window of
+bytes in flight per server.  A request to a near server (:meth:`Engine.near`: the servers whose
+same-host link is up, decided by :mod:`psnode.worker.samehost` and passed along with the
+request) is sent by the submitting thread itself, and its answer read by the thread that waits
+for it.  Answers resolve futures by request id; a future's ``on_reply`` callback (e.g. copying
+a pulled array into the caller's ``out``) runs before the future is set.  The engine and its
+I/O loop share one :class:`~psnode.worker.state.EngineState`.
 
 Nothing a worker sent is assumed delivered: the tracker resends what got no answer, keeps
 pushes in its journal until a pull after them returns, and names the server when it gives up
 (see :mod:`psnode.worker.tracker`).  Control requests to the scheduler (BARRIER, FINISH) are numbered
 and sent again until answered.  When the job fails (a peer lost, the scheduler silent or gone)
 every pending and later request raises :class:`PeerLost`; if the user's thread does not come
-back to psnode within a few seconds, the process exits with status 1 so no worker outlives its
-job.
+back to psnode within a few seconds (psnode.worker.ioloop.EXIT_GRACE), the process exits with
+status 1 so no worker outlives its job.
 
 A restarted worker (``mxdist launch --max-restarts``) learns from its WELCOME how many barriers
 its predecessor completed: a script that resumes (``kv.num_pushes`` before its first push, see
@@ -24,12 +28,9 @@ scheduler answers those it already completed at once.
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
-import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -41,9 +42,10 @@ from psnode.protocol import Command, Ok, Op
 from psnode.protocol.control import Barrier, Body, Bye, Empty
 from psnode.samehost.staging import Staging
 from psnode.worker.futures import ControlRequest, Future
-from psnode.worker.tracker import Request, Tracker, settle
+from psnode.worker.ioloop import IoLoop
+from psnode.worker.state import EngineState
+from psnode.worker.tracker import Request, Tracker
 
-EXIT_GRACE = 5.0               # seconds the user's thread has to notice a failed job
 BATCH_PAYLOAD = 2 * 2**20      # a batch leaves once it holds this much data (the server starts
                                # on it while later parts are being copied)
 
@@ -52,37 +54,20 @@ class Engine:
     """Connection of one worker process to its job."""
 
     def __init__(self, cfg: NodeConfig) -> None:
-        from psnode.worker.ioloop import IoLoop
-
         self.cfg = cfg
-        self.rank = -1
-        self.restarts = 0
         self.num_servers = cfg.num_servers
-        self.fatal: PSError | None = None
-        self.lock = threading.Lock()
         self.tracker = Tracker(cfg.num_servers, cfg.retry_timeout, cfg.max_retries, address=self._address,
                                first_id=1 + secrets.randbits(60))
-        self.control_queue: deque[ControlRequest] = deque()
-        self.barriers = 0                  # barriers this worker entered (numbers them)
-        self.barriers_before = 0           # barriers its predecessor completed (restarts)
-        self.welcome = Future()
-        self.blocked: Future | None = None     # what the user's thread waits for (Engine.wait)
-        self.staging: Staging | None = None   # shared-memory buffers (set with the first link)
-        self.closing = False
+        self.state = EngineState(self.tracker)
         self.failed = False
-        self._woken = False
-        self.efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        # same-host links are read by the thread waiting for an answer (psnode.worker.ioloop); one
-        # reader at a time; ``notify`` wakes it when the I/O thread resolved futures
+        self.blocked: Future | None = None     # what the user's thread waits for (Engine.wait)
         self._batching = threading.local()
-        self.reader = threading.Lock()
-        self.readers = 0
-        self.notify = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self.io = IoLoop(self)
+        self.io = IoLoop(cfg, self.state, lambda: self.stats)
+        self.links = self.io.links
         self._thread = threading.Thread(target=self.io.run, name="psnode-io", daemon=True)
         self._thread.start()
         try:  # the I/O thread sets rank, restarts and barriers_before, then resolves it
-            self.welcome.wait(cfg.register_timeout + 5)
+            self.state.welcome.wait(cfg.register_timeout + 5)
         except PeerLost as exc:
             raise PeerLost(f"could not join job {cfg.job_id} through the scheduler at "
                            f"{cfg.scheduler_address}: {exc}") from None
@@ -90,36 +75,63 @@ class Engine:
     def _address(self, server: int) -> str:
         return self.io.address(server)
 
+    @property
+    def rank(self) -> int:
+        return self.state.rank
+
+    @property
+    def restarts(self) -> int:
+        """How many times this worker was restarted (its WELCOME says)."""
+        return self.state.restarts
+
+    @property
+    def fatal(self) -> PSError | None:
+        """The job's failure (or "this KVStore is closed"): every request raises it."""
+        return self.state.fatal
+
     # ------------------------------------------------------------ user side
-    def stage(self, server: int, key: Any, part: int, index: int, shape: tuple[int, ...],
-              dtype: np.dtype, seq: int) -> np.ndarray:
+    def near(self) -> frozenset[int]:
+        """The servers reached over this host's shared-memory link, for the requests of one
+        call (a link that closes meanwhile: the request goes over TCP all the same)."""
+        return self.links.near()
+
+    def same_host(self, server: int) -> bool:
+        """``server`` is reached over this host's shared-memory link."""
+        return self.links.up(server) is not None
+
+    def stage(self, key: Any, part: int, index: int, shape: tuple[int, ...], dtype: np.dtype, seq: int,
+              near: bool) -> np.ndarray:
         """Where to copy array ``index`` of push ``seq`` of a key part before submitting it: a
-        shared-memory slot when ``server`` is on this host's link, else plain memory."""
-        if self.staging is not None and self.io.same_host(server):
-            slot = self.staging.slot((key, part, index), shape, dtype, seq)
+        shared-memory slot for a ``near`` server, else plain memory."""
+        staging = self.state.staging
+        if near and staging is not None:
+            slot = staging.slot((key, part, index), shape, dtype, seq)
             if slot is not None:
                 return slot
         return np.empty(shape, dtype)
 
-    def land(self, server: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
-        """A landing area for an answer (or a request's scratch, e.g. row ids) from ``server``
-        when it is on this host's link (None otherwise); it returns to the pool once the
-        answer was handled."""
-        if self.staging is not None and self.io.same_host(server):
-            return self.staging.land(shape, np.dtype(dtype))
+    def land(self, shape: tuple[int, ...], dtype: np.dtype, near: bool) -> np.ndarray | None:
+        """A landing area for an answer (or a request's scratch, e.g. row ids) from a ``near``
+        server (None otherwise); it returns to the pool once the answer was handled."""
+        staging = self.state.staging
+        if near and staging is not None:
+            return staging.land(shape, np.dtype(dtype))
         return None
 
     def submit(self, server: int, op: Op, nbytes: int = 0, priority: int = 0,
                on_reply: Callable[[Ok], None] | None = None, reply: bool = True,
-               guard: Any = None, keys: int = 1, label: str = "", auto: bool = False) -> Future | None:
-        """Queue one operation for ``server`` (thread-safe).
+               guard: Any = None, keys: int = 1, label: str = "", auto: bool = False,
+               near: bool | None = None) -> Future | None:
+        """Queue one operation for ``server`` (thread-safe); ``near``: whether the server is near
+        (:meth:`near`; None: ask).
 
         Returns its future, or None with ``reply=False`` (a push): the server then answers only
         if the operation fails, and that error is raised by the next call into the engine.
         """
-        if self.fatal is not None or self.tracker.deferred:
+        st = self.state
+        if st.fatal is not None or self.tracker.deferred:
             self.check()
-        staging = self.staging
+        staging = st.staging
         if staging is not None and reply:
             areas = [a for name in _area_fields(op) if (a := getattr(op, name)) is not None and staging.owns(a)]
             if areas:
@@ -128,30 +140,31 @@ class Engine:
         req = Request(server, op, nbytes, fut, priority, 0, guard, keys, label, auto)
         if fut is not None:
             fut.request = req
-        local = server in self.io.local and self.io.same_host(server)
+        if near is None:
+            near = self.same_host(server)
         batching = self._batching
-        if local and getattr(batching, "depth", 0) > 0:
+        if near and getattr(batching, "depth", 0) > 0:
             batching.payload = getattr(batching, "payload", 0) + _payload(op)
-            with self.lock:           # sent when the batch ends, or holds enough data
+            with st.lock:           # sent when the batch ends, or holds enough data
                 self.tracker.add(req)
             if batching.payload >= BATCH_PAYLOAD:
                 batching.payload = 0
                 self.send_local()
-        elif local:                   # this thread sends (no hand-over to the I/O thread)
-            with self.lock:
+        elif near:                  # this thread sends (no hand-over to the I/O thread)
+            with st.lock:
                 if self.tracker.queued:
                     self.tracker.add(req)
-                    batches = self.tracker.take(time.monotonic(), self.io.local)
+                    batches = self.tracker.take(time.monotonic(), self.links.local)
                 else:
                     batches = self.tracker.add_now(req, time.monotonic())
             if batches:
                 self.io.send(batches, io_thread=False)
         else:
-            with self.lock:
+            with st.lock:
                 self.tracker.add(req)
-                wake, self._woken = not self._woken, True
+                wake, st.woken = not st.woken, True
             if wake:
-                os.eventfd_write(self.efd, 1)
+                st.wake()
         return fut
 
     def batch(self) -> _Batch:
@@ -161,9 +174,9 @@ class Engine:
 
     def send_local(self) -> None:
         """Send what waits for same-host servers (the end of a batch)."""
-        if self.io.local and self.tracker.queued:
-            with self.lock:
-                batches = self.tracker.take(time.monotonic(), self.io.local)
+        if self.links.local and self.tracker.queued:
+            with self.state.lock:
+                batches = self.tracker.take(time.monotonic(), self.links.local)
             if batches:
                 self.io.send(batches, io_thread=False)
 
@@ -172,14 +185,14 @@ class Engine:
         self.check()
         req = ControlRequest(cmd, Empty() if body is None else body)
         req.future.request = req
-        with self.lock:
-            self.control_queue.append(req)
-        os.eventfd_write(self.efd, 1)
+        with self.state.lock:
+            self.state.control_queue.append(req)
+        self.state.wake()
         return req.future
 
-    def same_host(self, server: int) -> bool:
-        """``server`` is reached over this host's shared-memory link."""
-        return self.io.same_host(server)
+    def barrier(self) -> None:
+        """Block until every active worker entered this barrier (the scheduler answers)."""
+        self.wait(self.control(Command.BARRIER))
 
     def count_pulls(self, n: int) -> None:
         """``n`` key parts were pulled from answers their pushes asked for (for the counters)."""
@@ -190,14 +203,19 @@ class Engine:
         a batch, what it holds is sent first: those pushes are what the answers wait for)."""
         if on and getattr(self._batching, "depth", 0) > 0:
             self.send_local()
-        with self.lock:
+        with self.state.lock:
             self.tracker.protect(guards, on)
 
     def resume(self) -> None:
         """This (restarted) worker resumes where its predecessor stopped: its barriers continue
         the predecessor's numbering instead of replaying it."""
-        with self.lock:
-            self.barriers = max(self.barriers, self.barriers_before)
+        st = self.state
+        with st.lock:
+            st.barriers = max(st.barriers, st.barriers_before)
+
+    def set_updater(self, updater: Callable[[Any, Any, np.ndarray], None] | None) -> None:
+        """Nothing: a job's servers run optimizer specs, never a worker's Python code
+        (psnode.worker.kvstore warns about a Python updater on a distributed store)."""
 
     def wait(self, fut: Future) -> Ok:
         """Wait for ``fut``; liveness (not a clock) bounds the wait.  An answer from a server
@@ -209,12 +227,13 @@ class Engine:
             self.blocked = fut
             try:
                 while not fut.done:
-                    if self.io.same_host(fut.server):
-                        self.io.read_until(fut, 0.5)
+                    if self.links.up(fut.server) is not None:   # (each turn: the link may close)
+                        self.links.read_until(fut, 0.5)
                     else:
                         fut._wait(0.5)
-                    if self.fatal is not None and not fut.done:
-                        raise self.fatal
+                    fatal = self.state.fatal
+                    if fatal is not None and not fut.done:
+                        raise fatal
             finally:
                 self.blocked = None
         return fut.wait(0)
@@ -230,20 +249,21 @@ class Engine:
             n = req.body.n if isinstance(req.body, Barrier) else None
             if req.cmd is not Command.BARRIER or n is None:
                 return None
-            with self.lock:   # (a push not known to have arrived may be what the others wait for)
+            with self.state.lock:   # (a push not known to have arrived may be what the others wait for)
                 settled = not self.tracker.journal.servers()
             return {"what": "barrier", "n": n} if settled else None
         if req is None:
             return None
-        with self.lock:
+        with self.state.lock:
             return self.tracker.blocked(req, self.rank)
 
     def check(self) -> None:
         """Raise the job's failure, or the first error of a request nobody waited for."""
-        if self.fatal is not None:
-            raise self.fatal
+        fatal = self.state.fatal
+        if fatal is not None:
+            raise fatal
         if self.tracker.deferred:
-            with self.lock:
+            with self.state.lock:
                 error = self.tracker.take_deferred()
             if error is not None:
                 raise error
@@ -251,7 +271,7 @@ class Engine:
     def fail(self, reason: str, restart: bool = False) -> None:
         """Report this worker as failed (e.g. an uncaught exception): the job ends, naming it;
         with ``restart`` the scheduler waits for a replacement with this rank instead."""
-        if self.fatal is not None or self.closing or self.failed:
+        if self.state.fatal is not None or self.state.closing or self.failed:
             return
         self.failed = True
         with contextlib.suppress(PSError):
@@ -259,19 +279,20 @@ class Engine:
 
     def close(self, timeout: float = 30.0) -> None:
         """Tell the scheduler this worker is done, then stop the I/O thread."""
-        if self.closing:
+        st = self.state
+        if st.closing:
             return
         try:
-            if self.fatal is None and not self.failed:
+            if st.fatal is None and not self.failed:
                 self.control(Command.FINISH).wait(timeout)
         except PSError:
             pass
         finally:
-            self.closing = True
-            os.eventfd_write(self.efd, 1)
+            st.closing = True
+            st.wake()
             self._thread.join(timeout)
-            if self.staging is not None:
-                self.staging.close()
+            if st.staging is not None:
+                st.staging.close()
 
     @property
     def retries(self) -> int:
@@ -289,46 +310,6 @@ class Engine:
         if wait is not None:
             stats["wait"] = wait
         return stats
-
-    # ------------------------------------------------------------ I/O thread side
-    def settle(self, io_thread: bool = True) -> None:
-        """Resolve the futures the tracker decided on (outside the lock: callbacks copy data);
-        the I/O thread wakes a thread reading the links, whose answer may be among them."""
-        if self.tracker.outcomes:
-            with self.lock:
-                outcomes, self.tracker.outcomes = self.tracker.outcomes, []
-            settle(outcomes)
-            if io_thread and self.readers:
-                os.eventfd_write(self.notify, 1)
-
-    def read_wake(self) -> None:
-        """Drain the eventfd, then re-arm: in the other order a submit between the two would
-        leave ``_woken`` set with the eventfd empty, and its wake-up would be lost."""
-        with contextlib.suppress(BlockingIOError):
-            os.eventfd_read(self.efd)
-        with self.lock:
-            self._woken = False
-
-    def die(self, exc: PSError) -> None:
-        """The job failed: fail every request, now and later; exit if the user doesn't."""
-        self.fatal = exc
-        self.welcome.fail(exc)
-        with self.lock:
-            self.tracker.fail_all(exc)
-            for req in self.control_queue:
-                req.future.fail(exc)
-            self.control_queue.clear()
-        self.settle()
-        os.eventfd_write(self.notify, 1)
-        print(f"psnode worker {self.rank}: {exc}", file=sys.stderr, flush=True)
-        threading.Thread(target=self._exit_later, daemon=True).start()
-
-    def _exit_later(self) -> None:
-        """A failed job must not leave this process running: exit if the user doesn't."""
-        time.sleep(EXIT_GRACE)
-        if not self.closing:
-            print(f"psnode worker {self.rank}: exiting: the job failed", file=sys.stderr, flush=True)
-            os._exit(1)
 
 
 class _Batch:
@@ -380,4 +361,4 @@ def _releasing(on_reply: Callable[[Ok], None] | None, areas: list[np.ndarray],
     return done
 
 
-__all__ = ["EXIT_GRACE", "ControlRequest", "Engine", "Future"]
+__all__ = ["ControlRequest", "Engine", "Future"]

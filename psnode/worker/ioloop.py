@@ -1,29 +1,40 @@
 """The worker's I/O thread: one poll loop over the scheduler link and the server channels.
 
 :class:`IoLoop` holds everything the thread owns (transport, poller, scheduler link, one
-channel per server, a same-host link per server on this host, control requests awaiting
-answers) and does, each turn: heartbeat, poll, scheduler messages
-(:meth:`IoLoop.on_scheduler`), server answers (fed to the tracker), control requests, queued
-requests, retries.  Every socket is used only by this thread.
+channel per server, control requests awaiting answers), the worker's same-host links
+(:class:`~psnode.worker.samehost.SameHostLinks`, a component it holds) and the
+:class:`~psnode.worker.state.EngineState` it shares with the user's thread.  Each turn:
+heartbeat, poll, scheduler messages (:meth:`IoLoop.on_scheduler`), server answers (fed to the
+tracker), control requests, queued requests, retries.  Every zmq socket is used only by this
+thread.
 
-Routing (:meth:`IoLoop.send`): to a server with a same-host link (psnode.samehost.link) data
+Routing (:meth:`IoLoop.send`): to a server whose same-host link is up (psnode.samehost.link) data
 operations go over it, arrays in shared memory; init and the optimizer's operations, anything
 the link cannot carry, and everything to other servers go over TCP.  When a link closes, its
 server is served over TCP (the tracker's retries resend what was in flight).
 
 Same-host links skip the I/O thread: the user's thread sends its requests on them itself
-(:meth:`psnode.worker.engine.Engine.submit`), and the thread waiting for an answer reads the links
-itself (:mod:`psnode.worker.samehost`; one reader at a time, the engine's ``reader`` lock), so a round
-costs no hand-over between threads.  The I/O thread does not poll the links; each turn (at
-least every ``LINK_TURN`` seconds) it drains what nobody was waiting for, sends backlogs, and
-takes down links that closed.
+(:meth:`psnode.worker.engine.Engine.submit` calls :meth:`IoLoop.send`; TCP sends go to the
+outbox), and the thread waiting for an answer reads the links itself
+(:meth:`~psnode.worker.samehost.SameHostLinks.read_until`), so a round costs no hand-over
+between threads.  The I/O thread does not poll the links; each turn (at least every
+``LINK_TURN`` seconds) it drains what nobody was waiting for, sends backlogs, and takes down
+links that closed.
+
+When the job fails (a peer lost, the scheduler silent or gone) the loop fails every pending and
+later request (:meth:`IoLoop.die`); if the user's thread does not come back to psnode within
+``EXIT_GRACE`` seconds, the process exits with status 1 so no worker outlives its job.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
+import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from psnode.config import NodeConfig
 from psnode.errors import PeerLost, PSError
@@ -33,13 +44,12 @@ from psnode.net.transport import Channel, Poller, Transport
 from psnode.protocol import Command, GetStates, Init, LoadStates, Message, Ok, Op, SetOptimizer, without_dest
 from psnode.protocol.control import Barrier, BarrierDone, Control, JobEnd, Servers, Welcome
 from psnode.samehost import segments as shm
-from psnode.samehost.link import KIND_DATA, Link
+from psnode.samehost.link import KIND_DATA
 from psnode.samehost.staging import Staging
+from psnode.worker.futures import ControlRequest
 from psnode.worker.samehost import SameHostLinks
+from psnode.worker.state import EngineState
 from psnode.worker.tracker import Batches, settle
-
-if TYPE_CHECKING:
-    from psnode.worker.engine import ControlRequest, Engine
 
 log = logging.getLogger("psnode.worker")
 
@@ -47,25 +57,23 @@ BATCH_BYTES = 512 * 2**10      # fuse small requests up to this size per message
 BATCH_OPS = 512
 TCP_ONLY = (Init, SetOptimizer, GetStates, LoadStates)   # rare, answers of any size
 LINK_TURN = 0.25               # the I/O thread's longest sleep while links exist
+EXIT_GRACE = 5.0               # seconds the user's thread has to notice a failed job
 
 
-class IoLoop(SameHostLinks):
-    """The state of the worker's I/O thread (see the module docstring)."""
+class IoLoop:
+    """The worker's I/O thread (see the module docstring); ``stats`` gives the counters each
+    heartbeat carries."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.e = engine
-        self.cfg: NodeConfig = engine.cfg
+    def __init__(self, cfg: NodeConfig, state: EngineState, stats: Callable[[], dict[str, Any]]) -> None:
+        self.cfg = cfg
+        self.state = state
+        self.stats = stats
+        self.links = SameHostLinks(cfg, state, self.answered)
         self.t: Transport | None = None
         self.poller = Poller()
         self.link: SchedulerLink | None = None
         self.servers: list[Channel] = []
-        self.links: list[Link | None] = []
-        self.local: set[int] = set()      # servers whose link is up
         self.outbox: list[tuple[int, list[Op]]] = []   # TCP sends other threads asked for
-        self._links_version = 0                                  # changes when a link comes or goes
-        self._poll_key = -1                                      # the version the reader's poll set is of
-        self._poll: Any = None
-        self._poll_links: dict[int, tuple[int, Link]] = {}
         self.ctrl: dict[tuple[Command, int], ControlRequest] = {}
         self.next_scan = 0.0
         self.next_ctrl = 0.0
@@ -76,58 +84,53 @@ class IoLoop(SameHostLinks):
         return chans[server].address if server < len(chans) else f"server {server}"
 
     def bytes(self) -> tuple[int, int]:
-        chans: list[Any] = [*self.servers, *(x for x in self.links if x is not None)]
-        return sum(c.bytes_in for c in chans), sum(c.bytes_out for c in chans)
-
-    def same_host(self, server: int) -> bool:
-        if server not in self.local:
-            return False
-        link = self.links[server]
-        return link is not None and link.up
+        """Bytes read and written, over TCP and the same-host links."""
+        tcp_in, tcp_out = sum(c.bytes_in for c in self.servers), sum(c.bytes_out for c in self.servers)
+        shm_in, shm_out = self.links.bytes()
+        return tcp_in + shm_in, tcp_out + shm_out
 
     # ------------------------------------------------------------ the loop
     def run(self) -> None:
-        e = self.e
+        e = self.state
         self.t = Transport(self.cfg.job_id, "worker", self.cfg.max_message_bytes, Security.load(self.cfg.key_file))
         try:
-            self.link = SchedulerLink(self.t, self.cfg, "worker", 0, lambda: e.stats)
+            self.link = SchedulerLink(self.t, self.cfg, "worker", 0, self.stats)
             self.poller.add(e.efd)
             self.poller.add(self.link.chan)
             while not e.closing:
                 self.turn(time.monotonic())
         except PSError as exc:
-            e.die(exc)
+            self.die(exc)
         except Exception as exc:  # noqa: BLE001 - never let the I/O thread vanish silently
-            e.die(PSError(f"psnode I/O thread failed: {exc!r}"))
+            self.die(PSError(f"psnode I/O thread failed: {exc!r}"))
         finally:
             self.t.close(linger_ms=500 if e.fatal is None else 0)
             if e.fatal is None:
                 e.fatal = PSError("this KVStore is closed")
             with e.lock:
                 e.tracker.fail_all(e.fatal)
-            e.settle()
+            self.settle()
             for req in self.ctrl.values():
                 req.future.fail(e.fatal)
-            for i in range(len(self.links)):
-                if self.links[i] is not None:
-                    self.links[i].close()  # type: ignore[union-attr]
+            self.links.close()
 
     def turn(self, now: float) -> None:
-        e, link = self.e, self.link
+        e, link = self.state, self.link
         assert link is not None
         link.tick(now)
         timeout = link.timeout(now)
-        ready = self.poller.poll(min(timeout, LINK_TURN) if self.local else timeout)
+        ready = self.poller.poll(min(timeout, LINK_TURN) if self.links.local else timeout)
         if e.efd in ready:
-            e.read_wake()
+            self.read_wake()
         if link.chan.sock in ready:
             while (msg := link.recv()) is not None:
                 self.on_scheduler(msg)
         for i, ch in enumerate(self.servers):
             if ch.sock in ready:
                 self.on_answers(i, ch)
-        if self.local:
-            self.tend_links()
+        if self.links.local:
+            for server in self.links.tend():
+                self.link_down(server)
         if self.outbox:
             with e.lock:
                 outbox, self.outbox = self.outbox, []
@@ -151,7 +154,48 @@ class IoLoop(SameHostLinks):
             for text in warnings:
                 log.warning("worker %d: %s", e.rank, text)
             self.send(batches)
-        e.settle()
+        self.settle()
+
+    def settle(self) -> None:
+        """Resolve the futures the tracker decided on (outside the lock: callbacks copy data),
+        and wake a thread reading the links: its answer may be among them."""
+        e = self.state
+        if e.tracker.outcomes:
+            with e.lock:
+                outcomes, e.tracker.outcomes = e.tracker.outcomes, []
+            settle(outcomes)
+            self.links.wake_readers()
+
+    def read_wake(self) -> None:
+        """Drain the eventfd, then re-arm: in the other order a submit between the two would
+        leave ``woken`` set with the eventfd empty, and its wake-up would be lost."""
+        e = self.state
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(e.efd)
+        with e.lock:
+            e.woken = False
+
+    def die(self, exc: PSError) -> None:
+        """The job failed: fail every request, now and later; exit if the user doesn't."""
+        e = self.state
+        e.fatal = exc
+        e.welcome.fail(exc)
+        with e.lock:
+            e.tracker.fail_all(exc)
+            for req in e.control_queue:
+                req.future.fail(exc)
+            e.control_queue.clear()
+        self.settle()
+        self.links.wake_readers(always=True)
+        print(f"psnode worker {e.rank}: {exc}", file=sys.stderr, flush=True)
+        threading.Thread(target=self._exit_later, daemon=True).start()
+
+    def _exit_later(self) -> None:
+        """A failed job must not leave this process running: exit if the user doesn't."""
+        time.sleep(EXIT_GRACE)
+        if not self.state.closing:
+            print(f"psnode worker {self.state.rank}: exiting: the job failed", file=sys.stderr, flush=True)
+            os._exit(1)
 
     # ------------------------------------------------------------ scheduler
     def on_scheduler(self, msg: Control) -> None:
@@ -171,7 +215,7 @@ class IoLoop(SameHostLinks):
             raise PeerLost(f"job {self.cfg.job_id} ended: {body.reason}")
 
     def welcome(self, body: Welcome) -> None:
-        e = self.e
+        e = self.state
         assert self.t is not None
         e.rank = body.rank
         e.restarts = body.restarts
@@ -181,16 +225,15 @@ class IoLoop(SameHostLinks):
             ch = self.t.dealer(s.host, s.port, f"w{e.rank}")
             self.servers.append(ch)
             self.poller.add(ch)
-            self.links.append(None)
         if self.cfg.shm and shm.available():
             e.staging = Staging(self.cfg.job_id, e.rank, e.tracker.journal.released)
             for i, s in enumerate(body.servers):
-                self.connect(i, s.host, s.port)
+                self.links.connect(i, s.host, s.port, self.t.security)
         e.welcome.set(Ok(0))
 
     def on_servers(self, body: Servers) -> None:
         """A server is down (its requests wait) or was replaced (reconnect, resend)."""
-        e = self.e
+        e = self.state
         assert self.t is not None
         if body.down is not None:
             with e.lock:
@@ -209,7 +252,7 @@ class IoLoop(SameHostLinks):
         self.servers[rank] = ch
         self.poller.add(ch)
         self.link_down(rank)
-        self.connect(rank, row.host, row.port)
+        self.links.connect(rank, row.host, row.port, self.t.security)
         with e.lock:
             batch = e.tracker.restored(rank, time.monotonic())
         log.warning("worker %d: server %d restarted at %s:%s; resending %d request(s)",
@@ -217,7 +260,7 @@ class IoLoop(SameHostLinks):
         self.send({rank: batch})
 
     def send_control(self, now: float) -> None:
-        e, link = self.e, self.link
+        e, link = self.state, self.link
         assert link is not None
         with e.lock:
             queue = list(e.control_queue)
@@ -243,12 +286,22 @@ class IoLoop(SameHostLinks):
                 req.sent = now
 
     # ------------------------------------------------------------ servers
+    def link_down(self, server: int) -> None:
+        """Take down the same-host link to ``server`` (if any): it is served over TCP."""
+        if self.links.take_down(server):
+            e = self.state
+            busy = any(p.request.server == server for p in e.tracker.pending.values())
+            (log.warning if busy else log.info)(
+                "worker %d: the same-host link to server %d closed; using TCP", e.rank, server)
+
     def on_answers(self, server: int, ch: Channel) -> None:
         while (got := ch.recv()) is not None:
             self.answered(server, got[1], io_thread=True)
 
     def answered(self, server: int, msg: Message, io_thread: bool) -> None:
-        e = self.e
+        """Feed the answers of ``msg`` to the tracker, send what they release and resolve their
+        futures (in the thread that read them: the I/O thread, or one reading the links)."""
+        e = self.state
         if msg.cmd is not Command.DATA_REPLY or msg.ops is None:
             return
         now = time.monotonic()
@@ -259,23 +312,23 @@ class IoLoop(SameHostLinks):
                 again = tracker.answered(server, ans, now)
                 for s, ops in again.items() if again else ():
                     resend.setdefault(s, []).extend(ops)
-            if self.local and tracker.queued:   # e.g. a push held back by this pull
-                for s, ops in tracker.take(now, self.local).items():
+            if self.links.local and tracker.queued:   # e.g. a push held back by this pull
+                for s, ops in tracker.take(now, self.links.local).items():
                     resend.setdefault(s, []).extend(ops)
             outcomes, tracker.outcomes = tracker.outcomes, []
         if resend:
             self.send(resend, io_thread)
-        if outcomes:   # (as Engine.settle: outside the lock, callbacks copy data)
+        if outcomes:   # (as IoLoop.settle: outside the lock, callbacks copy data)
             settle(outcomes)
-            if io_thread and e.readers:
-                os.eventfd_write(e.notify, 1)
+            if io_thread:
+                self.links.wake_readers()
 
     def send(self, batches: Batches, io_thread: bool = True) -> None:
         """Send each server its operations (see the module docstring for the route); TCP
         sends of other threads go through the I/O thread (it owns the zmq sockets)."""
         for server, ops in batches.items():
-            link = self.links[server] if server < len(self.links) else None
-            if link is not None and link.up:
+            link = self.links.up(server)
+            if link is not None:
                 tcp = [op for op in ops if isinstance(op, TCP_ONLY)]
                 rest = link.send_ops(KIND_DATA, [op for op in ops if not isinstance(op, TCP_ONLY)])
                 ops = tcp + rest
@@ -285,9 +338,9 @@ class IoLoop(SameHostLinks):
             if io_thread:
                 self.send_tcp(server, ops)
             else:
-                with self.e.lock:
+                with self.state.lock:
                     self.outbox.append((server, ops))
-                os.eventfd_write(self.e.efd, 1)
+                self.state.wake()
 
     def send_tcp(self, server: int, ops: list[Op]) -> None:
         """Send ``ops`` to ``server`` over TCP, fused into messages of at most BATCH_BYTES."""
@@ -308,4 +361,4 @@ def _nbytes(op: Op) -> int:
     return 0 if data is None else int(data.nbytes)
 
 
-__all__ = ["BATCH_BYTES", "BATCH_OPS", "IoLoop"]
+__all__ = ["BATCH_BYTES", "BATCH_OPS", "EXIT_GRACE", "IoLoop"]

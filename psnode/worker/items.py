@@ -4,42 +4,28 @@
 the key's shape and dtype each) in one pass; :func:`prepare` makes one gradient of the arrays
 given for a key (several are summed, row_sparse ones concatenated); :func:`targets` the
 outputs of a pull and the C-contiguous array its answers are copied into.  A wrong shape or
-dtype raises :class:`~psnode.errors.ShapeMismatch` naming the key (:func:`check_shape`;
-:class:`~psnode.errors.DTypeMismatch` when only the dtype differs).
+dtype raises :class:`~psnode.errors.ShapeMismatch` naming the key
+(:meth:`psnode.worker.keys.KeyInfo.check`; :class:`~psnode.errors.DTypeMismatch` when only the
+dtype differs).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from psnode.errors import DTypeMismatch, ShapeMismatch
+from psnode.errors import ShapeMismatch
 from psnode.math.sparse import RowSparseArray
-
-if TYPE_CHECKING:
-    from psnode.worker.datapath import KeyInfo
+from psnode.worker.keys import Item, KeyInfo
 
 
-def check_shape(key: Any, info: KeyInfo, shape: tuple[int, ...], dtype: np.dtype, out: bool = False) -> None:
-    """A value (``out``: a pull's output) of ``shape`` and ``dtype`` for ``key``: ShapeMismatch,
-    or DTypeMismatch (with the fix) when only the dtype differs."""
-    got = np.dtype(dtype)
-    if tuple(shape) == info.shape and got != info.dtype:
-        fix = (f"pull into a {info.dtype.name} array (np.empty({info.shape}, np.{info.dtype.name}))" if out
-               else f"convert it with .astype(np.{info.dtype.name})")
-        raise DTypeMismatch(f"key {key!r} holds {info.dtype}{list(info.shape)}; got {got}{list(shape)}: {fix}")
-    if tuple(shape) != info.shape or got != info.dtype:
-        raise ShapeMismatch(f"key {key!r} holds {info.dtype}{list(info.shape)}; "
-                            f"got {got}{list(shape)}")
-
-
-def plain(infos: dict[Any, KeyInfo], key: Any, arrays: Any, writing: bool) -> list[tuple[Any, KeyInfo, Any]] | None:
+def plain(infos: dict[Any, KeyInfo], key: Any, arrays: Any, writing: bool) -> list[Item] | None:
     """``[(key, info, array)]`` when ``key`` is a list of initialised keys and ``arrays`` a
     list of plain numpy arrays of their shapes and dtypes (writable, C-contiguous when
     ``writing``: pull outputs); None otherwise (the general forms apply)."""
     if type(key) is not list or type(arrays) is not list or len(key) != len(arrays):
         return None
-    items: list[tuple[Any, KeyInfo, Any]] = []
+    items: list[Item] = []
     for k, a in zip(key, arrays, strict=True):
         info = infos.get(k)
         if info is None or type(a) is not np.ndarray or a.shape != info.shape or a.dtype != info.dtype:
@@ -62,17 +48,17 @@ def prepare(key: Any, info: KeyInfo, values: list[Any]) -> np.ndarray | RowSpars
         else:
             parts = [v.todense() if isinstance(v, RowSparseArray) else np.asarray(v) for v in values]
             for p in parts:
-                check_shape(key, info, p.shape, p.dtype)
+                info.check(key, p.shape, p.dtype)
             value = np.sum(parts, axis=0, dtype=info.dtype)
     else:
         value = values[0]
     if isinstance(value, RowSparseArray):
-        check_shape(key, info, value.shape, value.dtype)
+        info.check(key, value.shape, value.dtype)
         if not info.sparse:
             return value.todense()
         return value
     value = np.asarray(value)
-    check_shape(key, info, value.shape, value.dtype)
+    info.check(key, value.shape, value.dtype)
     return value
 
 
@@ -85,11 +71,11 @@ def targets(k: Any, info: KeyInfo, targets: list[Any]) -> tuple[list[Any], np.nd
             o = np.empty(info.shape, info.dtype)
         if not isinstance(o, np.ndarray):
             raise ShapeMismatch(f"key {k!r}: out must be a numpy array, not {type(o).__name__}")
-        check_shape(k, info, o.shape, o.dtype, out=True)
+        info.check(k, o.shape, o.dtype, out=True)
         done.append(o)
     first = done[0]
     dest = first if first.flags.c_contiguous and first.flags.writeable else np.empty_like(first, order="C")
     return done, dest
 
 
-__all__ = ["check_shape", "plain", "prepare", "targets"]
+__all__ = ["plain", "prepare", "targets"]

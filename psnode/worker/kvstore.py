@@ -25,7 +25,7 @@ Contracts:
   as is without one.  ``dist_async``: each push is applied on arrival.
 * ``set_gradient_compression`` (MXNet's): after ``create`` (keys may be initialised already),
   before the first push; dense float32 pushes then travel compressed with this worker's
-  residuals (psnode.math.compression, psnode.worker.datapath); servers decode them and aggregate float32.
+  residuals (psnode.math.compression, psnode.worker.compressor); servers decode them and aggregate float32.
   Init values and pulls are never compressed.  ``'local'`` runs the same arithmetic, except
   for a list of arrays pushed for one key (one per device): there, as in MXNet's local store,
   each array is compressed with its own residual and the decoded arrays are summed (a
@@ -41,6 +41,13 @@ Contracts:
   store refuses it; a restarted worker's needs it), ``row_sparse_pull`` fills dense outputs and
   reads dense keys too, and a Python updater on a distributed store is ignored with a warning
   (MXNet's workers ignore it silently; psnode's servers take optimizer specs, never code).
+* ``save_optimizer_states`` / ``load_optimizer_states``: every server's optimizer state in one
+  file (:mod:`psnode.worker.states`), loaded into a job of the same number of servers or more.
+
+:class:`KVStore` checks what a call was given (:mod:`psnode.worker.forms`,
+:mod:`psnode.worker.items`, :mod:`psnode.worker.torchvalues`), registers keys (placement,
+buckets: :mod:`psnode.worker.keys`) and hands the checked items to the :class:`DataPath` it
+holds; the engine it is given (:class:`Backend`) is the job (or, for ``'local'``, this process).
 """
 from __future__ import annotations
 
@@ -51,35 +58,27 @@ import math
 import sys
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from psnode.config import Distribution, NodeConfig
-from psnode.errors import ConfigError, PSError, ShapeMismatch
+from psnode.errors import ConfigError, KeyNotInitialized, PSError, ShapeMismatch
 from psnode.math import initializers as init_mod
 from psnode.math import optimizers as opt_mod
 from psnode.math.compression import CompressionSpec
 from psnode.math.sparse import RowSparseArray
-from psnode.protocol import (
-    DTYPES,
-    Command,
-    Flush,
-    GetStates,
-    Init,
-    LoadStates,
-    Ok,
-    SetOptimizer,
-    check_key,
-)
-from psnode.server import checkpoint
+from psnode.protocol import DTYPES, Flush, GetStates, LoadStates, Op, SetOptimizer, check_key
 from psnode.worker import forms
 from psnode.worker import items as items_mod
 from psnode.worker import torchvalues as torch_route
 from psnode.worker.bucketing import Bucketer
-from psnode.worker.datapath import Copier, DataPath, KeyInfo, _whole_buckets
-from psnode.worker.engine import Future
-from psnode.worker.placement import Placer
+from psnode.worker.compressor import Compressor
+from psnode.worker.datapath import DataPath, Requests
+from psnode.worker.futures import Future
+from psnode.worker.keys import Item, KeyInfo
+from psnode.worker.placement import Part, Placer
+from psnode.worker.states import load_states, save_states
 
 TYPES = ("local", "dist_sync", "dist_async")
 AGGREGATORS = ("average", "sum")
@@ -118,10 +117,40 @@ def _has_gpu() -> bool:
     return bool(glob.glob("/dev/nvidia[0-9]*"))
 
 
-class KVStore(DataPath):
+class Backend(Requests, Protocol):
+    """What a KVStore needs of its engine besides requests (:class:`~psnode.worker.datapath.Requests`):
+    :class:`psnode.worker.engine.Engine` (a job) or :class:`psnode.local.LocalEngine` (this process)."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def num_servers(self) -> int: ...
+    @property
+    def restarts(self) -> int: ...
+    @property
+    def fatal(self) -> PSError | None:
+        """Set once the job failed or the engine closed."""
+
+    def check(self) -> None:
+        """Raise the job's failure, or an error a server reported for an earlier push."""
+
+    def barrier(self) -> None:
+        """Block until every active worker entered this barrier."""
+
+    def resume(self) -> None:
+        """This restarted worker continues its predecessor's barrier numbering."""
+
+    def set_updater(self, updater: Callable[[Any, Any, np.ndarray], None] | None) -> None:
+        """Fold aggregated pushes with ``updater`` where the values are (in-process only)."""
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Leave the job and stop."""
+
+
+class KVStore:
     """A key-value store for parameters (see the module docstring for the contracts)."""
 
-    def __init__(self, kind: str, engine: Any, cfg: NodeConfig | None, aggregator: str,
+    def __init__(self, kind: str, engine: Backend, cfg: NodeConfig | None, aggregator: str,
                  name: str | None = None) -> None:
         self.mode = kind                       # 'local', 'dist_sync' or 'dist_async'
         self.type = name.lower() if name else kind   # the type name it was created with (MXNet's kv.type)
@@ -132,17 +161,12 @@ class KVStore(DataPath):
         bound = None if cfg is None or cfg.distribution is Distribution.DATA else cfg.big_array_bound
         self._placer = Placer(max(1, engine.num_servers), bound)
         self._keys: dict[Any, KeyInfo] = {}
-        self._closed = False
         self._optimizer: opt_mod.Optimizer | None = None
         self._resumed = False      # a restarted worker continues its predecessor's push counts
         self._pushed = False
         self._bucketer = Bucketer()
-        # a sync push over this host's link asks for its round's value at once (PushPull): the
-        # pull after it then sends nothing (see _asked); (op key, part) -> (push, its future)
-        self._asked: dict[tuple[Any, int], tuple[int, Future]] = {}
-        self._comp: CompressionSpec | None = None   # gradient compression (psnode.worker.datapath)
-        self._residuals = {}
-        self._scratch = {}
+        self._comp = Compressor()  # gradient compression (psnode.worker.compressor)
+        self._path = DataPath(engine, kind == "dist_sync", self._comp)
         self._torch_bufs: dict[Any, np.ndarray] = {}   # host arrays of pulls into torch tensors
         self._key_kind: type | None = None     # int or str: the kind of key the first call used
         self._updater: Callable[[Any, Any, np.ndarray], None] | None = None
@@ -171,6 +195,11 @@ class KVStore(DataPath):
         """How many times this worker was restarted (0 on a first run)."""
         return self._engine.restarts
 
+    @property
+    def _closed(self) -> bool:
+        """Closed: every later request raises PSError (psnode.kv's excepthook passes exceptions on)."""
+        return self._path.closed
+
     def num_pushes(self, key: Any) -> int:
         """Pushes of ``key`` by this worker's rank that the servers have taken.
 
@@ -190,10 +219,11 @@ class KVStore(DataPath):
         return max(info.seq, info.taken)
 
     # ------------------------------------------------------------ helpers
-
-    def _check_acks(self) -> None:
-        """Raise an error a server reported for an earlier push."""
-        self._engine.check()
+    def _info(self, key: Any) -> KeyInfo:
+        info = self._keys.get(key)
+        if info is None:
+            raise KeyNotInitialized(f"key {key!r} is not initialised: call kv.init({key!r}, value) first")
+        return info
 
     def _check_key_kind(self, key: Any) -> None:
         """MXNet's rule: one store's keys are all ints or all strs (its first call decides);
@@ -216,45 +246,8 @@ class KVStore(DataPath):
                                   "all strs (MXNet's rule)")
         self._key_kind = kind
 
-    @contextlib.contextmanager
-    def _uncompressed(self) -> Iterator[None]:
-        """Send without compression: a 'local' store's pushes were decoded already (_device_sum)."""
-        spec, self._comp = self._comp, None
-        try:
-            yield
-        finally:
-            self._comp = spec
-
     def _local_compressed(self) -> bool:
-        return self._comp is not None and self.mode == "local"
-
-    def _device_sum(self, key: Any, info: KeyInfo, values: list[Any]) -> np.ndarray:
-        """MXNet's rule for a 'local' store with gradient compression: each array of the list
-        (one per device) is compressed with its own residual (per key and list position) and
-        decoded, then the decoded arrays are summed (float32)."""
-        spec = self._comp
-        assert spec is not None
-        total: np.ndarray | None = None
-        for i, v in enumerate(values):
-            arr = v.todense() if isinstance(v, RowSparseArray) else np.asarray(v)
-            self._check_shape(key, info, arr.shape, arr.dtype)
-            dec = spec.roundtrip(arr, self._residual(key if i == 0 else (key, i), arr.size))
-            if total is None:
-                total = dec
-            else:
-                np.add(total, dec, out=total)
-        assert total is not None
-        return total
-
-    def _check_device_lists(self, groups: list[forms.Group]) -> list[tuple[Any, KeyInfo, list[Any]]]:
-        """The groups of a 'local' compressed push, every key checked before any is compressed."""
-        assert self._comp is not None
-        checked = []
-        for k, values in groups:
-            info = self._info(k)
-            self._comp.check_key(k, info.dtype, info.sparse)
-            checked.append((k, info, values))
-        return checked
+        return self._comp.spec is not None and self.mode == "local"
 
     @contextlib.contextmanager
     def _updater_errors(self) -> Iterator[None]:
@@ -267,7 +260,12 @@ class KVStore(DataPath):
             if exc is not None:
                 raise exc
 
-
+    def _every_server(self, op: Callable[[], Op], priority: int) -> list[Future]:
+        """Send a new ``op()`` to every server (each request is its own op: it gets its own id)
+        and wait for the answers (raising the first error)."""
+        futs = [self._path.request(s, op(), priority) for s in range(max(1, self.num_servers))]
+        self._path.wait(futs)
+        return futs
 
     # ------------------------------------------------------------ init
     def init(self, key: Any, value: Any, initializer: Any = None, stype: str | None = None) -> None:
@@ -279,7 +277,7 @@ class KVStore(DataPath):
         futs: list[Future] = []
         for k, v in pairs:
             futs.extend(self._init_one(check_key_user(k), v, initializer, stype))
-        self._wait(futs)
+        self._path.wait(futs)
 
     def _init_one(self, key: Any, value: Any, initializer: Any, stype: str | None) -> list[Future]:
         if isinstance(initializer, init_mod.OnServers):
@@ -305,34 +303,13 @@ class KVStore(DataPath):
             initializer(arr)
         placement = self._placer.place(key, arr.shape, arr.dtype.itemsize, by_rows=sparse)
         info = KeyInfo(arr.shape, arr.dtype, sparse, placement)
-        joined = None
         if self.mode == "dist_sync" and not sparse and not placement.split:
             joined = self._bucketer.assign(key, placement.parts[0].server, arr.dtype, arr.size)
-        if joined is not None:
-            info.bucket = joined[0]
-        self._keys[key] = info
-        futs = []
-        for part in placement.parts:
-            op = Init(key, part.index, arr.dtype.name, info.part_shape(part), sync=self.mode != "dist_async",
-                      average=self._aggregator == "average", sparse=sparse)
             if joined is not None:
-                op.bucket, op.offset = joined[0].bid, joined[1]
-            if self.rank == 0:
-                op.value = np.array(info.region(arr, part), copy=True)
-            copy = self._copier(target, info, part) if target is not None else None
-
-            def on_init(ans: Ok, copy: Copier | None = copy, info: KeyInfo = info, part: int = part.index) -> None:
-                # > 0 after a restart; a split key resumes where its last part stopped (a
-                # predecessor may have died between pushing two parts: the other is a duplicate)
-                info.counts[part] = ans.seq
-                info.taken = min(info.counts.values())
-                if self._resumed:
-                    info.seq = info.taken
-                if copy is not None:
-                    copy(ans)
-            futs.append(self._submit(part.server, op, 0, 1 << 30, on_init))
-        return futs
-
+                info.bucket = joined[0]
+        self._keys[key] = info
+        return self._path.init(key, info, sync=self.mode != "dist_async", average=self._aggregator == "average",
+                               resumed=self._resumed, value=arr if self.rank == 0 else None, target=target)
 
     def _init_on_servers(self, key: Any, value: Any, ps: init_mod.OnServers, stype: str | None) -> list[Future]:
         """``init`` with ``ps_initializer``: ``value`` is a template (its shape, dtype and,
@@ -362,20 +339,11 @@ class KVStore(DataPath):
         info = KeyInfo(shape, dtype, sparse, placement)
         self._keys[key] = info
         row = math.prod(shape[1:]) if placement.by_rows else 1
-        futs = []
-        for part in placement.parts:
-            op = Init(key, part.index, dtype.name, info.part_shape(part), sync=self.mode != "dist_async",
-                      average=self._aggregator == "average", sparse=sparse, bare=True)
-            if self.rank == 0:
-                op.fill = ps.part(shape, part.lo * row if placement.split else 0).to_json()
 
-            def on_init(ans: Ok, info: KeyInfo = info, part: int = part.index) -> None:
-                info.counts[part] = ans.seq   # (as _init_one: where a restarted worker resumes)
-                info.taken = min(info.counts.values())
-                if self._resumed:
-                    info.seq = info.taken
-            futs.append(self._submit(part.server, op, 0, 1 << 30, on_init))
-        return futs
+        def fill(part: Part) -> dict[str, Any]:
+            return ps.part(shape, part.lo * row if placement.split else 0).to_json()
+        return self._path.init(key, info, sync=self.mode != "dist_async", average=self._aggregator == "average",
+                               resumed=self._resumed, fill=fill if self.rank == 0 else None, bare=True)
 
     # ------------------------------------------------------------ compression
     def set_gradient_compression(self, compression_params: Any) -> None:
@@ -393,54 +361,41 @@ class KVStore(DataPath):
         if self._pushed:
             raise ConfigError("kv.set_gradient_compression must be called before the first push (MXNet's rule: "
                               "the residuals start with the first compressed push); this worker has pushed already")
-        self._comp = spec if spec.active else None
-        self._residuals, self._scratch = {}, {}
+        self._comp.set(spec)
 
     @property
     def gradient_compression(self) -> dict[str, Any]:
         """The settings in force, as ``set_gradient_compression`` takes them (``{'type': 'none'}``: off)."""
-        return (self._comp or CompressionSpec()).to_params()
+        return (self._comp.spec or CompressionSpec()).to_params()
 
     # ------------------------------------------------------------ push
     def push(self, key: Any, value: Any, priority: int = 0) -> None:
         """Send gradients (see the module docstring; torch tensors: :mod:`psnode.worker.torchvalues`)."""
         self._check_key_kind(key)
         value = torch_route.push_values(key, value, self._keys.get)
-        self._check_acks()
+        self._engine.check()
         self._bucketer.close_all()
         if self._local_compressed():
-            checked = self._check_device_lists(forms.groups(key, value, "push")[0])
-            summed: list[tuple[Any, KeyInfo, Any]] = [(k, info, self._device_sum(k, info, values))
-                                                      for k, info, values in checked]
+            checked = self._comp.check_lists(forms.groups(key, value, "push")[0], self._info)
+            summed: list[Item] = [(k, info, self._comp.device_sum(k, info, values)) for k, info, values in checked]
             self._pushed = True
-            with self._uncompressed(), self._updater_errors():
+            with self._comp.suspended(), self._updater_errors():
                 self._send_pushes(summed, priority)
             return
-        items = self._plain(key, value, False)
+        items = items_mod.plain(self._keys, key, value, False)
         if items is None:
             items = []
             for k, values in forms.groups(key, value, "push")[0]:
                 info = self._info(k)
-                items.append((k, info, self._prepare(k, info, values)))
+                items.append((k, info, items_mod.prepare(k, info, values)))
         with self._updater_errors():
             self._send_pushes(items, priority)
 
-    def _send_pushes(self, items: list[tuple[Any, KeyInfo, Any]], priority: int) -> None:
-        """Send the prepared gradients of one push call (buckets whole, the rest per key part)."""
-        if self._comp is not None:
-            self._check_compressible(items)
-            items = self._remote_first(items, lambda item: item[1].placement.parts[0].server)
+    def _send_pushes(self, items: list[Item], priority: int) -> None:
+        """Send the prepared gradients of one push call (checked for compression first)."""
+        self._comp.check(items)
         self._pushed = True
-        whole, rest = _whole_buckets(items)
-        if len(whole) == 1 and not rest:   # one request: nothing to send together
-            self._push_bucket(*whole[0], priority)
-            return
-        with self._engine.batch():
-            for bucket, members in whole:
-                self._push_bucket(bucket, members, priority)
-            for k, info, v in rest:
-                self._push_one(k, info, v, priority)
-
+        self._path.push(items, priority)
 
     # ------------------------------------------------------------ pull
     def pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None,
@@ -458,11 +413,12 @@ class KVStore(DataPath):
             self.pull(key, host, priority)
             torch_route.finish(scatters)
             return out
-        self._check_acks()
-        items = self._plain(key, out, True)
+        self._engine.check()
+        items = items_mod.plain(self._keys, key, out, True)
         if items is not None:   # (the common case without the general forms' work)
             self._bucketer.close_all()
-            return self._pull_items(items, [], list(out), True, priority, None)
+            self._path.pull(items, priority, False)
+            return list(out)
         outs, many = forms.out_groups(key, out, "pull")
         dense, sparse = self._split_sparse(outs, keep=not ignore_sparse)
         if not sparse and len(dense) == len(outs):
@@ -495,15 +451,6 @@ class KVStore(DataPath):
                 dense.append((k, [o for o in targets if not isinstance(o, RowSparseArray)]))
         return dense, sparse
 
-    def _prepare(self, key: Any, info: KeyInfo, values: list[Any]) -> np.ndarray | RowSparseArray:
-        return items_mod.prepare(key, info, values)
-
-    def _plain(self, key: Any, arrays: Any, writing: bool) -> list[tuple[Any, KeyInfo, Any]] | None:
-        return items_mod.plain(self._keys, key, arrays, writing)
-
-    def _targets(self, k: Any, info: KeyInfo, targets: list[Any]) -> tuple[list[Any], np.ndarray]:
-        return items_mod.targets(k, info, targets)
-
     def _pull_into(self, outs: list[forms.Group], many: bool, priority: int,
                    pushed: dict[Any, np.ndarray | RowSparseArray] | None) -> Any:
         """Pull every key of ``outs`` (with ``pushed``: the dense gradient of each key to push
@@ -512,7 +459,7 @@ class KVStore(DataPath):
         results, fixups, items = [], [], []
         for k, targets in outs:
             info = self._info(k)
-            done, dest = self._targets(k, info, targets)
+            done, dest = items_mod.targets(k, info, targets)
             if len(done) > 1 or dest is not done[0]:
                 fixups.append((done, dest))
             grad = None if pushed is None else pushed.get(k)
@@ -520,8 +467,12 @@ class KVStore(DataPath):
                 self._pushed = True
             items.append((k, info, (dest, grad)))
             results.append(done if len(done) > 1 else done[0])
-        return self._pull_items(items, fixups, results, many, priority, pushed)
-
+        self._path.pull(items, priority, pushed is not None)
+        for done, dest in fixups:
+            for o in done:
+                if o is not dest:
+                    np.copyto(o, dest)
+        return results if many else results[0]
 
     def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None) -> Any:
         """Fetch only rows ``row_ids`` (any shape; duplicates and any order allowed).
@@ -537,29 +488,10 @@ class KVStore(DataPath):
             self.row_sparse_pull(key, host, priority, row_ids)
             torch_route.finish(scatters)
             return out
-        self._check_acks()
+        self._engine.check()
         outs, many = forms.out_groups(key, out, "row_sparse_pull")
         id_lists = forms.row_id_lists(outs, row_ids, many)
-        futs: list[Future] = []
-        fetched: dict[tuple[Any, bytes], tuple[np.ndarray, np.ndarray]] = {}
-        plan: list[tuple[KeyInfo, Any, tuple[Any, bytes] | None]] = []
-        with self._engine.batch():
-            self._row_requests(outs, id_lists, priority, futs, fetched, plan)
-        self._wait(futs)
-        final: list[Any] = []
-        for info, o, fetch in plan:
-            if fetch is None:
-                final.append(o)
-                continue
-            uniq, data = fetched[fetch]
-            if isinstance(o, np.ndarray):
-                o[uniq] = data
-                final.append(o)
-            elif isinstance(o, RowSparseArray):
-                o.data, o.indices, o.shape = data.copy(), uniq.copy(), info.shape
-                final.append(o)
-            else:
-                final.append(RowSparseArray(data.copy(), uniq.copy(), info.shape))
+        final = self._path.pull_rows(outs, id_lists, priority, self._info)
         shaped: list[Any] = []
         i = 0
         for _, targets in outs:
@@ -568,23 +500,20 @@ class KVStore(DataPath):
             shaped.append(group if len(group) > 1 else group[0])
         return shaped if many else shaped[0]
 
-
     def row_sparse_fetch(self, key: Any, row_ids: Any, priority: int = 0) -> PendingRows:
         """Start fetching rows ``row_ids`` of ``key`` and return at once (a prefetch: the
         script may push, pull and compute meanwhile); ``.wait()`` returns what
         :meth:`row_sparse_pull` with ``out=None`` would have returned at the time of this call:
         the rows (sorted distinct ids) after this worker's pushes of the key sent before it."""
         self._check_key_kind(key)
-        self._check_acks()
+        self._engine.check()
         info = self._info(key)
         if info.placement.split and not info.placement.by_rows:
             raise ConfigError(f"key {key!r} is a dense key split over servers; row_sparse_fetch needs a "
                               "row_sparse key")
         ids = forms.row_ids(row_ids, key)
-        futs: list[Future] = []
-        with self._engine.batch():
-            uniq, data = self._fetch_rows(key, info, ids, priority, futs)
-        return PendingRows(RowSparseArray(data, uniq, info.shape), futs, self._wait)
+        rows, futs = self._path.fetch_rows(key, info, ids, priority)
+        return PendingRows(rows, futs, self._path.wait)
 
     def batch(self) -> contextlib.AbstractContextManager[None]:
         """``with kv.batch():`` the requests of the calls inside (pushes, ``row_sparse_fetch``)
@@ -605,18 +534,18 @@ class KVStore(DataPath):
             self.pushpull(key, value, host, priority)
             torch_route.finish(scatters)
             return dest
-        self._check_acks()
+        self._engine.check()
         groups, many = forms.groups(key, value, "pushpull")
         grads: dict[Any, np.ndarray | RowSparseArray] = {}
         local_comp = self._local_compressed()
         if local_comp:
-            for k, info, values in self._check_device_lists(groups):
-                grads[k] = self._device_sum(k, info, values)
+            for k, info, values in self._comp.check_lists(groups, self._info):
+                grads[k] = self._comp.device_sum(k, info, values)
         else:
             for k, values in groups:
-                grads[k] = self._prepare(k, self._info(k), values)
-        if self._comp is not None:
-            self._check_compressible([(k, self._info(k), g) for k, g in grads.items()])
+                grads[k] = items_mod.prepare(k, self._info(k), values)
+        if self._comp.spec is not None:
+            self._comp.check([(k, self._info(k), g) for k, g in grads.items()])
         outs, _ = forms.out_groups(key, value if out is None else out, "pushpull")
         dense, _ = self._split_sparse(outs)
         pulled = {k for k, _ in dense}
@@ -625,7 +554,7 @@ class KVStore(DataPath):
         rest = [k for k, g in grads.items() if isinstance(g, RowSparseArray) or k not in pulled]
         with contextlib.ExitStack() as stack:
             if local_comp:
-                stack.enter_context(self._uncompressed())   # (decoded already: _device_sum)
+                stack.enter_context(self._comp.suspended())   # (decoded already: device_sum)
             stack.enter_context(self._updater_errors())
             if rest:
                 self.push(rest, [grads.pop(k) for k in rest], priority)
@@ -680,7 +609,7 @@ class KVStore(DataPath):
             except Exception as exc:   # noqa: BLE001 - raised to the caller by _updater_errors
                 if self._updater_exc is None:
                     self._updater_exc = exc
-        self._engine.store.updater = run
+        self._engine.set_updater(run)
 
     _set_updater = set_updater
 
@@ -700,53 +629,50 @@ class KVStore(DataPath):
         if self._updater is not None:
             self._updater = None
             if self.mode == "local":
-                self._engine.store.updater = None
-        futs = [self._submit(s, SetOptimizer(spec), 0, 1 << 30) for s in range(max(1, self.num_servers))]
-        self._wait(futs)
+                self._engine.set_updater(None)
+        self._every_server(lambda: SetOptimizer(spec), 1 << 30)
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
-        """Write every server's optimizer state to ``fname`` (an .npz file), atomically."""
+        """Write every server's optimizer state to ``fname`` (an .npz file, :mod:`psnode.worker.states`),
+        atomically."""
         self.wait_all()
-        futs = [self._submit(s, GetStates(), 0, 1 << 30) for s in range(max(1, self.num_servers))]
-        self._wait(futs)
         per_server = []
-        for fut in futs:
+        for fut in self._every_server(GetStates, 1 << 30):
             ans = fut.result
             assert ans is not None
             per_server.append((ans.names or [], ans.arrays))
-        checkpoint.save_states(fname, per_server, self._optimizer.to_spec() if self._optimizer else None)
+        save_states(fname, per_server, self._optimizer.to_spec() if self._optimizer else None)
 
     def load_optimizer_states(self, fname: str) -> None:
         """Restore the states written by :meth:`save_optimizer_states` (same cluster shape)."""
-        per_server = checkpoint.load_states(fname)
+        per_server = load_states(fname)
         if per_server and max(per_server) >= max(1, self.num_servers):
             raise ConfigError(f"{fname} was saved with more servers than this job has")
-        futs = [self._submit(s, LoadStates(names, arrs), 0, 1 << 30) for s, (names, arrs) in per_server.items()]
-        self._wait(futs)
+        futs = [self._path.request(s, LoadStates(names, arrs), 1 << 30) for s, (names, arrs) in per_server.items()]
+        self._path.wait(futs)
 
     # ------------------------------------------------------------ sync points
     def wait_all(self) -> None:
         """Wait until every server has handled this worker's pushes (raising their errors)."""
         if self._closed:
             return
-        futs = [self._submit(s, Flush(), 0, -(1 << 30)) for s in range(max(1, self.num_servers))]
-        self._wait(futs)
+        self._every_server(Flush, -(1 << 30))
         self._engine.check()
 
     def barrier(self) -> None:
         """Block until every active worker has called barrier()."""
         self.wait_all()
-        self._engine.wait(self._engine.control(Command.BARRIER))
+        self._engine.barrier()
 
     def close(self) -> None:
         """Finish this worker: wait for its pushes, tell the scheduler, disconnect."""
         if self._closed:
             return
         try:
-            if self._engine is not None and getattr(self._engine, "fatal", None) is None:
+            if self._engine.fatal is None:
                 self.wait_all()
         finally:
-            self._closed = True
+            self._path.closed = True
             self._engine.close()
             hook = sys.excepthook
             if getattr(hook, "_psnode_store", None) is self:   # give the interpreter its hook back

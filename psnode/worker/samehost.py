@@ -1,12 +1,17 @@
-"""The worker's same-host links (psnode.samehost.link), as its I/O loop uses them: open, read, close.
+"""The worker's same-host links (psnode.samehost.link): the one answer to "is this server near?".
 
-:class:`SameHostLinks` is the part of :class:`psnode.worker.ioloop.IoLoop` that deals with the links
-to servers on this host: :meth:`~SameHostLinks.connect` opens one after the WELCOME (or a
-server's restart), :meth:`~SameHostLinks.read_until` lets the thread waiting for an answer read
-the links itself (one reader at a time: the engine's ``reader`` lock; no hand-over to the I/O
-thread), :meth:`~SameHostLinks.tend_links` lets the I/O thread drain what nobody waited for,
-flush backlogs and take down links that closed (:meth:`~SameHostLinks.link_down`: their server
-is then served over TCP, the tracker's retries resend what was in flight).
+:class:`SameHostLinks` holds a link per server on this host, opened after the WELCOME (or a
+server's restart) by :meth:`~SameHostLinks.connect`.  :meth:`~SameHostLinks.up` (a server's link
+while it is up) and :meth:`~SameHostLinks.near` (every such server) are the only place a worker
+decides whether a server is reached over shared memory; callers pass that answer on.
+
+Reading: the thread waiting for an answer reads the links itself
+(:meth:`~SameHostLinks.read_until`; one reader at a time, ``reader``; no hand-over to the I/O
+thread), and the I/O thread, each turn, drains what nobody waited for and flushes backlogs
+(:meth:`~SameHostLinks.tend`).  Every answer read goes to ``on_answer(server, message,
+io_thread)``.  A thread that resolved futures while another reads calls
+:meth:`~SameHostLinks.wake_readers`.  A link that closed is taken down
+(:meth:`~SameHostLinks.take_down`); its server is then served over TCP.
 """
 from __future__ import annotations
 
@@ -14,136 +19,171 @@ import contextlib
 import logging
 import os
 import select
+import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, KeysView
+from typing import Any
 
 from psnode.config import NodeConfig
 from psnode.errors import ProtocolError
-from psnode.net.transport import Transport
+from psnode.net.security import Security
 from psnode.protocol import Message
 from psnode.samehost import handshake as shmhandshake
 from psnode.samehost.link import Link
-
-if TYPE_CHECKING:
-    from psnode.worker.engine import Engine
+from psnode.worker.futures import Future
+from psnode.worker.state import EngineState
 
 log = logging.getLogger("psnode.worker")
 
+OnAnswer = Callable[[int, Message, bool], None]   # (server, message, read by the I/O thread)
+
 
 class SameHostLinks:
-    """Same-host link handling of the worker's I/O loop (see the module docstring)."""
+    """A worker's links to the servers on its host (see the module docstring)."""
 
-    e: Engine
-    cfg: NodeConfig
-    t: Transport | None
-    links: list[Link | None]
-    local: set[int]
-    _links_version: int
-    _poll_key: int
-    _poll: Any
-    _poll_links: dict[int, tuple[int, Link]]
+    def __init__(self, cfg: NodeConfig, state: EngineState, on_answer: OnAnswer) -> None:
+        self.cfg = cfg
+        self.state = state
+        self.on_answer = on_answer
+        self.links: dict[int, Link] = {}        # server -> its link (up, or closed and not taken down yet)
+        self._all: tuple[tuple[int, Link], ...] = ()   # its items, for other threads (replaced, never changed)
+        self.reader = threading.Lock()          # held by the thread reading the links
+        self.readers = 0                        # threads in read_until
+        self.notify = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)   # wakes a reader
+        self._version = 0                       # changes when a link comes or goes
+        self._poll_key = -1                     # the version the reader's poll set is of
+        self._poll: Any = None
+        self._poll_links: dict[int, tuple[int, Link]] = {}
 
-    def answered(self, server: int, msg: Message, io_thread: bool) -> None:
-        raise NotImplementedError
+    # ------------------------------------------------------------ "is this server near?"
+    @property
+    def local(self) -> KeysView[int]:
+        """The servers with a link (up, or closed and not taken down yet)."""
+        return self.links.keys()
 
-    def connect(self, server: int, host: str, port: int) -> None:
+    def up(self, server: int) -> Link | None:
+        """The link to ``server`` while it is up (None: reach it over TCP)."""
+        link = self.links.get(server)
+        return link if link is not None and link.up else None
+
+    def near(self) -> frozenset[int]:
+        """The servers whose link is up (any thread)."""
+        return frozenset([s for s, link in self._all if link.up])
+
+    # ------------------------------------------------------------ coming and going
+    def connect(self, server: int, host: str, port: int, security: Security) -> None:
         """Open the same-host link to ``server`` when it runs on this host."""
-        e = self.e
-        if e.staging is None or host != self.cfg.host or self.t is None:
+        st = self.state
+        if st.staging is None or host != self.cfg.host:
             return
         try:
-            link = shmhandshake.connect(self.cfg.job_id, e.rank, server, host, port, e.staging.out,
-                                        e.staging.landing, self.cfg.max_message_bytes, self.t.security)
+            link = shmhandshake.connect(self.cfg.job_id, st.rank, server, host, port, st.staging.out,
+                                        st.staging.landing, self.cfg.max_message_bytes, security)
         except (ProtocolError, OSError) as exc:
-            log.warning("worker %d: no same-host link to server %d (%s); using TCP", e.rank, server, exc)
+            log.warning("worker %d: no same-host link to server %d (%s); using TCP", st.rank, server, exc)
             return
         if link is not None:
             self.links[server] = link
-            self.local.add(server)
-            self._links_version += 1
+            self._changed()
 
-    def link_down(self, server: int) -> None:
-        link = self.links[server]
+    def take_down(self, server: int) -> bool:
+        """Close and forget the link to ``server``; False when there was none."""
+        link = self.links.pop(server, None)
         if link is None:
-            return
-        self.local.discard(server)
-        self.links[server] = None
-        self._links_version += 1
-        with self.e.reader, link.send_lock:
+            return False
+        self._changed()
+        with self.reader, link.send_lock:
             link.close()
-        busy = any(p.request.server == server for p in self.e.tracker.pending.values())
-        (log.warning if busy else log.info)(
-            "worker %d: the same-host link to server %d closed; using TCP", self.e.rank, server)
+        return True
 
-    def tend_links(self) -> None:
-        """(I/O thread) Drain what arrived while nobody was reading, flush backlogs, take down
-        links that closed."""
-        e = self.e
-        if e.reader.acquire(blocking=False):
+    def _changed(self) -> None:
+        self._version += 1
+        self._all = tuple(self.links.items())
+
+    def close(self) -> None:
+        """Close every link (the I/O thread ends)."""
+        for link in self.links.values():
+            link.close()
+
+    def bytes(self) -> tuple[int, int]:
+        """Bytes read and written over the links now up or closing."""
+        links = list(self.links.values())
+        return sum(x.bytes_in for x in links), sum(x.bytes_out for x in links)
+
+    # ------------------------------------------------------------ reading
+    def tend(self) -> list[int]:
+        """(I/O thread) Drain what arrived while nobody was reading, flush backlogs; returns the
+        servers whose link closed (for :meth:`take_down`)."""
+        if self.reader.acquire(blocking=False):
             try:
-                for server in list(self.local):
-                    link = self.links[server]
-                    if link is not None:
-                        self.read_link(server, link, io_thread=True)
+                for server, link in list(self.links.items()):
+                    self._read(server, link, io_thread=True)
             finally:
-                e.reader.release()
-        for server in list(self.local):
-            link = self.links[server]
-            if link is not None and link.backlog:
+                self.reader.release()
+        closed = []
+        for server, link in list(self.links.items()):
+            if link.backlog:
                 link.flush()
-            if link is None or not link.up:
-                self.link_down(server)
+            if not link.up:
+                closed.append(server)
+        return closed
 
-    def read_link(self, server: int, link: Link, io_thread: bool, limit: int = 0) -> None:
+    def _read(self, server: int, link: Link, io_thread: bool, limit: int = 0) -> None:
         """Handle every answer waiting on ``link`` (the first ``limit``, if given; the caller
         holds the reader lock)."""
         try:
             for msg in link.recv(limit):
-                self.answered(server, msg, io_thread)
+                self.on_answer(server, msg, io_thread)
         except ProtocolError as exc:
-            log.warning("worker %d: dropped a message: %s", self.e.rank, exc)
+            log.warning("worker %d: dropped a message: %s", self.state.rank, exc)
 
-    def read_until(self, fut: Any, budget: float) -> None:
+    def wake_readers(self, always: bool = False) -> None:
+        """Wake the thread reading the links (if one reads, or ``always``): futures it may wait
+        for were resolved elsewhere."""
+        if always or self.readers:
+            os.eventfd_write(self.notify, 1)
+
+    def read_until(self, fut: Future, budget: float) -> None:
         """(A waiting thread) Read the same-host links until ``fut`` is resolved or ``budget``
         seconds passed; if another thread reads them, wait for the future meanwhile."""
-        e = self.e
-        if not e.reader.acquire(blocking=False) and not e.reader.acquire(timeout=0.05):
+        st = self.state
+        if not self.reader.acquire(blocking=False) and not self.reader.acquire(timeout=0.05):
             fut._wait(0.05)
             return
-        e.readers += 1
+        self.readers += 1
         try:
-            key = self._links_version
+            key = self._version
             if self._poll_key != key:   # (rebuilt only when the set of links changed)
                 self._poll, self._poll_links = select.poll(), {}
-                for server in sorted(self.local):
+                for server in sorted(self.links):
                     link = self.links[server]
-                    if link is not None and link.up:
+                    if link.up:
                         self._poll_links[link.fileno()] = (server, link)
                         self._poll.register(link.fileno(), select.POLLIN)
-                self._poll.register(e.notify, select.POLLIN)
+                self._poll.register(self.notify, select.POLLIN)
                 self._poll_key = key
             poll, links = self._poll, self._poll_links
             deadline = time.monotonic() + budget
-            while not fut.done and e.fatal is None:
+            while not fut.done and st.fatal is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return
                 backlog = any(link.backlog for _, link in links.values())
                 for fd, _ in poll.poll(1 if backlog else int(left * 1000) + 1):
-                    if fd == e.notify:
+                    if fd == self.notify:
                         with contextlib.suppress(BlockingIOError):
-                            os.eventfd_read(e.notify)
+                            os.eventfd_read(self.notify)
                     else:
                         server, link = links[fd]
-                        self.read_link(server, link, io_thread=False, limit=1)   # (the poll sees the rest)
+                        self._read(server, link, io_thread=False, limit=1)   # (the poll sees the rest)
                         if not link.up:
                             return   # (the I/O thread takes it down; the request goes again by TCP)
                 if backlog:
                     for _, link in links.values():
                         link.flush()
         finally:
-            e.readers -= 1
-            e.reader.release()
+            self.readers -= 1
+            self.reader.release()
 
 
-__all__ = ["SameHostLinks"]
+__all__ = ["OnAnswer", "SameHostLinks"]

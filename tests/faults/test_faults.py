@@ -46,7 +46,7 @@ from tests.faults.faultkit import (
 )
 from tests.support import wait_for
 
-EXIT_GRACE = 5.0         # psnode.worker.engine.EXIT_GRACE: a worker outside psnode exits by itself
+EXIT_GRACE = 5.0         # psnode.worker.ioloop.EXIT_GRACE: a worker outside psnode exits by itself
 BOUND = DEAD_AFTER + 5   # the bound: the heartbeat timeout plus a few seconds
 
 @contextmanager

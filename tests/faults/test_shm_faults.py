@@ -44,7 +44,7 @@ keys = ['a', 'b', 'big']
 for k in keys:
     kv.init(k, np.zeros(300_000 if k == 'big' else 1000, np.float32))
 want_links = set(range(kv.num_servers)) if os.environ.get("PSNODE_SHM", "1") == "1" else set()
-assert kv._engine.io.local == want_links, kv._engine.io.local
+assert kv._engine.links.local == want_links, kv._engine.links.local
 limit = int(sys.argv[1])
 step = 0
 while step < limit:
@@ -57,7 +57,7 @@ while step < limit:
     if step == 3:
         (D / f"ready.{r}").touch()
     time.sleep(0.005)
-print("LINKS", sorted(kv._engine.io.local), flush=True)
+print("LINKS", sorted(kv._engine.links.local), flush=True)
 kv.close()
 print("DONE", step, flush=True)
 """
@@ -85,7 +85,7 @@ def test_kill_9_mid_round_on_the_same_host_path_leaves_nothing(tmp_path: Path, r
 
 
 
-EXIT_GRACE = 5.0   # psnode.worker.engine.EXIT_GRACE: a worker outside psnode exits by itself
+EXIT_GRACE = 5.0   # psnode.worker.ioloop.EXIT_GRACE: a worker outside psnode exits by itself
 
 
 @pytest.mark.parametrize("role,rank", [("server", 0), ("worker", 1)])
@@ -132,7 +132,7 @@ def test_a_restarted_server_is_mapped_again_and_the_job_ends_exactly(tmp_path: P
     from tests.cluster.test_server_restore import SCRIPT, reference
     flags = tmp_path / "flags"
     flags.mkdir()
-    script = SCRIPT.replace("kv.close()", "print('LINKS', sorted(kv._engine.io.local), flush=True)\nkv.close()")
+    script = SCRIPT.replace("kv.close()", "print('LINKS', sorted(kv._engine.links.local), flush=True)\nkv.close()")
     env = {"PSNODE_MAX_RESTARTS": "1", "PSNODE_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
            "PSNODE_CHECKPOINT_ROUNDS": "1", "PSNODE_BIG_ARRAY_BOUND": "8", "PSNODE_RETRY_TIMEOUT": "1"}
     job = start_job(script, 2, 2, env=env, args=[str(flags)], tmp=tmp_path)

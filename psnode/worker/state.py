@@ -1,0 +1,51 @@
+"""What a worker's two threads share: the user's thread (:mod:`psnode.worker.engine`) and the
+I/O thread (:mod:`psnode.worker.ioloop`).
+
+:class:`EngineState` is the one object both hold.  Its ``lock`` guards the tracker (every call
+into it), the control queue, ``woken`` and the barrier count; the other fields have one writer:
+the I/O thread sets ``rank``, ``restarts``, ``barriers_before`` and ``staging`` before it resolves
+``welcome`` (the user's thread reads them only after that), and ``fatal`` when the job fails;
+the user's thread sets ``closing``.  A thread hands work to the I/O thread by queueing it under
+the lock, then :meth:`EngineState.wake` (an eventfd the I/O thread polls).
+"""
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+from psnode.errors import PSError
+from psnode.samehost.staging import Staging
+from psnode.worker.futures import ControlRequest, Future
+from psnode.worker.tracker import Tracker
+
+
+def _eventfd() -> int:
+    return os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+
+
+@dataclass(eq=False)
+class EngineState:
+    """The state a worker's user thread and I/O thread share (see the module docstring)."""
+
+    tracker: Tracker
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    control_queue: deque[ControlRequest] = field(default_factory=deque)   # for the I/O thread to send
+    welcome: Future = field(default_factory=Future)   # resolved once the job's WELCOME arrived
+    rank: int = -1
+    restarts: int = 0
+    barriers: int = 0                  # barriers this worker entered (numbers them)
+    barriers_before: int = 0           # barriers its predecessor completed (restarts)
+    staging: Staging | None = None     # shared-memory buffers (with the first same-host link)
+    fatal: PSError | None = None       # the job's failure (or "closed"): every request raises it
+    closing: bool = False              # the user's thread closes the engine: the I/O thread stops
+    woken: bool = False                # a wake-up for queued requests is pending (lock)
+    efd: int = field(default_factory=_eventfd)   # the I/O thread's wake-up
+
+    def wake(self) -> None:
+        """Wake the I/O thread (it polls ``efd``)."""
+        os.eventfd_write(self.efd, 1)
+
+
+__all__ = ["EngineState"]
