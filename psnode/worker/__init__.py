@@ -23,7 +23,9 @@ Requests and their transport:
 - :mod:`~psnode.worker.tracker`, :mod:`~psnode.worker.journal` and :mod:`~psnode.worker.futures`
   follow each request until it is answered (pure).
 
-Imports go one way (kvstore -> datapath -> engine's interface; engine -> ioloop -> samehost ->
-state), with no circle.  Never imports :mod:`psnode.server` or :mod:`psnode.scheduler`: a worker
-knows them only through :mod:`psnode.protocol`.
+Two stacks, imports going one way, no circle: the API (kvstore -> datapath -> compressor, keys,
+...) knows an engine only as the protocols it declares, and the transport (engine -> ioloop ->
+samehost -> state -> tracker -> journal) knows nothing of the API; :mod:`psnode.kv` joins them.
+Never imports :mod:`psnode.server` or :mod:`psnode.scheduler`: a worker knows them only through
+:mod:`psnode.protocol`.
 """

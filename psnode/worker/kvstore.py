@@ -393,7 +393,8 @@ class KVStore:
 
     def _send_pushes(self, items: list[Item], priority: int) -> None:
         """Send the prepared gradients of one push call (checked for compression first)."""
-        self._comp.check(items)
+        if self._comp.spec is not None:
+            self._comp.check(items)
         self._pushed = True
         self._path.push(items, priority)
 

@@ -47,6 +47,7 @@ class SameHostLinks:
         self.on_answer = on_answer
         self.links: dict[int, Link] = {}        # server -> its link (up, or closed and not taken down yet)
         self._all: tuple[tuple[int, Link], ...] = ()   # its items, for other threads (replaced, never changed)
+        self.local: KeysView[int] = self.links.keys()   # the servers with a link (a live view)
         self.reader = threading.Lock()          # held by the thread reading the links
         self.readers = 0                        # threads in read_until
         self.notify = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)   # wakes a reader
@@ -56,11 +57,6 @@ class SameHostLinks:
         self._poll_links: dict[int, tuple[int, Link]] = {}
 
     # ------------------------------------------------------------ "is this server near?"
-    @property
-    def local(self) -> KeysView[int]:
-        """The servers with a link (up, or closed and not taken down yet)."""
-        return self.links.keys()
-
     def up(self, server: int) -> Link | None:
         """The link to ``server`` while it is up (None: reach it over TCP)."""
         link = self.links.get(server)
