@@ -90,7 +90,7 @@ class Link:
         self._bases: list[tuple[int, int, int]] = []      # (address, size, index) of peer segments
         self.told: set[int] = set()
         self.backlog: deque[tuple[bytes, list[int]]] = deque()
-        self.send_lock = threading.RLock()   # senders: any thread (readers: one, see psnode.worker.ioloop)
+        self.send_lock = threading.RLock()   # senders: any thread (readers: one, see psnode.worker.samehost)
         self.up = True
         self.pid = 0                         # the peer's process (SO_PEERCRED), when known
         self.bytes_in = 0

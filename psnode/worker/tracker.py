@@ -1,7 +1,8 @@
 """A worker's requests from submission to answer (pure: no sockets, no threads, no clocks).
 
-The engine (:mod:`psnode.worker.engine`) feeds it requests, answers and the time; the tracker decides
-what to send, what to send again, and which request fails, and resolves futures:
+The engine and its I/O loop (:mod:`psnode.worker.engine`, :mod:`psnode.worker.ioloop`) feed it
+requests, answers and the time; the tracker decides what to send, what to send again, and which
+request fails, and resolves futures:
 
 * **ids and order**: every request gets an id (counting from ``first_id``: a worker starts at a
   random point, so its ids never meet those of a predecessor of its rank, whose answers may
@@ -74,7 +75,7 @@ class Request:
     guard: Any = None        # what a push must not overtake a pull of (default: its key part)
     keys: int = 1            # key parts it stands for (a bucket's members), for the counters
     label: str = ""          # what it is about, for messages (default: its key)
-    auto: bool = False       # a push's answer asked for in advance (psnode.worker.kvstore): not a pull
+    auto: bool = False       # a push's answer asked for in advance (psnode.worker.datapath): not a pull
 
 
 @dataclass(slots=True)
