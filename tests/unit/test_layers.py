@@ -1,7 +1,8 @@
 """Import rules read from the source (every import statement, those under TYPE_CHECKING and
 inside functions included): psnode.protocol and psnode.math import nothing of psnode but
-psnode.errors and themselves, and the modules of psnode.server import one another without a
-circle."""
+psnode.errors and themselves, and the modules of psnode.server (and of psnode.worker) import one
+another without a circle.  Which of worker, server and scheduler may import which: the
+import-linter contracts in pyproject.toml."""
 from __future__ import annotations
 
 import ast
@@ -36,8 +37,10 @@ def test_bottom_layers_import_only_errors(package: str) -> None:
     assert {m: ts for m, ts in wrong.items() if ts} == {}
 
 
-def test_server_modules_have_no_import_circle() -> None:
-    graph = {m: {t for t in ts if t.startswith("psnode.server.")} for m, ts in _imports("psnode.server").items()}
+@pytest.mark.parametrize("package,core", [("psnode.server", "psnode.server.store"),
+                                          ("psnode.worker", "psnode.worker.kvstore")])
+def test_modules_of_a_package_have_no_import_circle(package: str, core: str) -> None:
+    graph = {m: {t for t in ts if t.startswith(package + ".")} for m, ts in _imports(package).items()}
     graph = {m: {t for t in ts if t in graph and t != m} for m, ts in graph.items()}
     done: set[str] = set()
 
@@ -52,4 +55,4 @@ def test_server_modules_have_no_import_circle() -> None:
 
     for m in sorted(graph):
         visit(m, [])
-    assert "psnode.server.store" in graph and len(graph) >= 8
+    assert core in graph and len(graph) >= 8
