@@ -112,6 +112,11 @@ def launch(
     launcher: str | None = typer.Option(None, "--launcher",
                                         help="local, ssh or slurm (default: local without -H, ssh "
                                              "with; slurm: inside salloc/sbatch, nodes from the allocation)"),
+    engine: str = typer.Option(L("engine"), "--engine", metavar="psnode|mxnet",
+                               help="what runs as the scheduler and servers: psnode's (python -m psnode), or "
+                                    "MXNet's own ps-lite processes (python -c 'import mxnet', the DMLC_* "
+                                    "variables) for scripts that call mx.kv.create('dist_sync'); psnode-only "
+                                    "options are refused with mxnet"),
     python: str = typer.Option(L("python"), "--python", help="Python on remote hosts"),
     env: list[str] = typer.Option([], "-e", "--env", help="K=V for every process (repeatable)"),
     workdir: str | None = typer.Option(None, "--workdir", help="working directory (default: the current one)"),
@@ -206,7 +211,8 @@ def launch(
             ssh_config=ssh_config, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys,
             connect_timeout=connect_timeout, identity_file=identity_file, remote_dir=remote_dir,
             insecure=insecure, encrypt=encrypt,
-            keep_jobs=keep_jobs, gpus_per_worker=gpus_per_worker, pass_local_rank=pass_local_rank)
+            keep_jobs=keep_jobs, gpus_per_worker=gpus_per_worker, pass_local_rank=pass_local_rank,
+            engine=engine)
         prepared = prepare(opts)
     except (HostsError, PlanError, BackendError, ValueError) as exc:
         raise _fail("invalid launch options", str(exc), None, EXIT_USAGE) from None
