@@ -26,9 +26,9 @@ TORCH = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 def mxnet_plan(**kw):
-    base = dict(job_id="job-1", command=["train.py", "--lr", "0.1"], hosts=HOSTS, python="/venv/bin/python",
-                scheduler_port=9000, master_port=9001, num_workers=3, num_servers=2, engine=MXNET,
-                user_env={"FOO": "bar"})
+    base = {"job_id": "job-1", "command": ["train.py", "--lr", "0.1"], "hosts": HOSTS, "python": "/venv/bin/python",
+            "scheduler_port": 9000, "master_port": 9001, "num_workers": 3, "num_servers": 2, "engine": MXNET,
+            "user_env": {"FOO": "bar"}}
     base.update(kw)
     return make_plan(PlanRequest(**base))
 
@@ -89,7 +89,7 @@ def test_every_psnode_option_is_refused_or_accepted_by_mxnet_by_name():
     text = str(err.value)
     assert all(f in text for f in ("--checkpoint-dir:", "--max-restarts:", "--encrypt:")) and "--no-shm" not in text
     assert MXNET.admit([]) == [MXNET.UNAUTHENTICATED]                  # neither --insecure nor a note
-    assert PSNODE.admit(flags + ["--encrypt"]) == []                   # psnode runs every option
+    assert PSNODE.admit([*flags, "--encrypt"]) == []                   # psnode runs every option
     with pytest.raises(EngineError, match="--engine 'tf': choose psnode or mxnet"):
         engine_named("tf")
     assert set(ENGINES) == {"psnode", "mxnet"}
@@ -123,8 +123,8 @@ def test_prepare_an_mxnet_job(tmp_path):
         plan, record, settings = prepared.plan, prepared.record, prepared.settings
         assert record.engine == "mxnet" and settings.check_modules == ("mxnet",)
         assert settings.security is Mode.INSECURE and record.security == "insecure"   # ps-lite has no secret
-        assert plan.warnings[:2] == (f"--engine mxnet: --no-shm needs nothing from mxdist: {MXNET.ACCEPTED['--no-shm']}",
-                                     MXNET.UNAUTHENTICATED)
+        no_shm = f"--engine mxnet: --no-shm needs nothing from mxdist: {MXNET.ACCEPTED['--no-shm']}"
+        assert plan.warnings[:2] == (no_shm, MXNET.UNAUTHENTICATED)
         assert plan.base_env == {"MXNET_ENGINE_TYPE": "NaiveEngine", "PS_VERBOSE": "1", "DMLC_INTERFACE": "lo",
                                  "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}   # DMLC_ROLE is each process's own
         assert [p.env["DMLC_ROLE"] for p in plan.procs] == ["scheduler", "server", "worker", "worker"]
