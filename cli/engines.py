@@ -23,10 +23,16 @@ and ``mxdist status`` ask it, never its name.  Pure: no I/O.
 
   ``DMLC_INTERFACE`` is not set: ps-lite reads it only without ``DMLC_NODE_HOST`` (pass it
   through, or ``-e``, if your build wants it).  Workers also get the torch-style variables
-  (:mod:`mxdist.plan`).  ps-lite has no authentication (the job runs ``insecure``), no status
-  to ask, no restarts and no checkpoints: the psnode options that ask for those are refused
-  naming the option; those MXNet's processes satisfy anyway (``--no-shm``, ``--cpu-policy
-  normal``, ``--insecure``) are accepted with a note.
+  (:mod:`mxdist.plan`); ``RANK`` is mxdist's rank of the worker (``worker-N``), while MXNet's
+  ``kv.rank`` is the order ps-lite's scheduler gives the workers (it cannot be set).  A ``.py``
+  worker runs through :data:`MXNET_BOOT` (``python -c MXNET_BOOT script.py ARGS``): as ``python
+  script.py``, except that a failing worker ends at once, so the job fails naming it instead of
+  hanging (MXNet's kvstore waits at exit, in a ps-lite barrier, for every other worker).
+
+  ps-lite has no authentication (the job runs ``insecure``), no status to ask, no restarts and
+  no checkpoints: the psnode options that ask for those are refused naming the option; those
+  MXNet's processes satisfy anyway (``--no-shm``, ``--cpu-policy normal``, ``--insecure``) are
+  accepted with a note.
 """
 from __future__ import annotations
 
@@ -36,6 +42,49 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from psnode.config import NodeConfig, Role
+
+#: How the mxnet engine runs a worker's ``.py`` script: ``python -c MXNET_BOOT SCRIPT ARGS...``
+#: runs SCRIPT as ``python SCRIPT ARGS...`` does (compiled and run in the ``__main__`` module, with
+#: the same ``sys.argv``, the script's directory first on ``sys.path``), except that a worker that fails (an
+#: uncaught exception, ``sys.exit`` non-zero) prints its traceback (``sys.excepthook``) or message,
+#: runs the ``atexit`` handlers (logging's flush among them) and exits at once (``os._exit``):
+#: an MXNet worker that ends normally destroys its dist kvstore, which waits for every other worker
+#: in a ps-lite barrier, so a failed worker would hang the job instead of ending it.  Standard
+#: library only.
+MXNET_BOOT = """\
+def _mxdist_boot():
+    import __main__, atexit, os, sys
+    del __main__._mxdist_boot
+    script = os.path.abspath(sys.argv[1])
+    del sys.argv[0]
+    sys.path[0] = os.path.dirname(os.path.realpath(script))
+    __main__.__file__, __main__.__cached__ = script, None
+    try:
+        with open(script, "rb") as source:
+            code = compile(source.read(), script, "exec")
+        exec(code, __main__.__dict__)
+        return
+    except SystemExit as stop:
+        if stop.code is None or stop.code == 0:
+            raise
+        if not isinstance(stop.code, int):
+            print(stop.code, file=sys.stderr)
+        status = stop.code if isinstance(stop.code, int) else 1
+    except BaseException as exc:
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != script:
+            tb = tb.tb_next
+        sys.excepthook(type(exc), exc, exc.with_traceback(tb).__traceback__)
+        status = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(status)
+_mxdist_boot()
+"""
 
 
 class EngineError(ValueError):
@@ -82,6 +131,11 @@ class Engine(ABC):
         """The command of the scheduler and of each server."""
 
     @abstractmethod
+    def worker_argv(self, argv: tuple[str, ...], script: bool) -> tuple[str, ...]:
+        """A worker's command, from the one planned (``script``: it runs a ``.py`` file with
+        Python, ``argv[0]`` that Python and ``argv[1]`` the file)."""
+
+    @abstractmethod
     def env(self, node: NodeFacts) -> dict[str, str]:
         """The engine's variables for one process (they win over every other layer)."""
 
@@ -108,6 +162,9 @@ class PsnodeEngine(Engine):
 
     def daemon_argv(self, python: str) -> tuple[str, ...]:
         return (python, "-m", "psnode")
+
+    def worker_argv(self, argv: tuple[str, ...], script: bool) -> tuple[str, ...]:
+        return argv
 
     def env(self, node: NodeFacts) -> dict[str, str]:
         """``NodeConfig(...).to_env()``; psnode.errors.ConfigError for values it refuses."""
@@ -181,6 +238,9 @@ class MxnetEngine(Engine):
 
     def daemon_argv(self, python: str) -> tuple[str, ...]:
         return (python, "-c", "import mxnet")
+
+    def worker_argv(self, argv: tuple[str, ...], script: bool) -> tuple[str, ...]:
+        return (argv[0], "-c", MXNET_BOOT, *argv[1:]) if script else argv
 
     def env(self, node: NodeFacts) -> dict[str, str]:
         return {"DMLC_ROLE": node.role.value, "DMLC_PS_ROOT_URI": node.scheduler,

@@ -385,6 +385,7 @@ def make_plan(req: PlanRequest) -> Plan:
             MASTER_PORT=str(req.master_port),
         )
         own_argv = with_local_rank_arg(argv, req.command, local) if req.pass_local_rank else argv
+        own_argv = engine.worker_argv(own_argv, command_target(req.command)[0] == "script")
         procs.append(ProcSpec(Role.WORKER, rank, host, own_argv, env, local_rank=local))
     per = req.gpus_per_worker
     if per and req.pass_local_rank and max(local_ranks.values()) > per:   # a local rank >= per
