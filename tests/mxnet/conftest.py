@@ -14,3 +14,8 @@ import os
 collect_ignore_glob: list[str] = []
 if importlib.util.find_spec("mxnet") is None and not os.environ.get("PSNODE_TEST_MXNET"):
     collect_ignore_glob.append("test_mx_*.py")
+
+# The SSH hosts and the Slurm cluster of tests/ssh and tests/slurm, for test_mx_engine_ssh.py and
+# test_mx_engine_slurm.py (session fixtures: started when a test asks for them).
+from tests.slurm.conftest import slurm3  # noqa: E402, F401
+from tests.ssh.conftest import ssh_cluster  # noqa: E402, F401
