@@ -36,6 +36,7 @@ and ``mxdist status`` ask it, never its name.  Pure: no I/O.
 """
 from __future__ import annotations
 
+import shlex
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -139,6 +140,10 @@ class Engine(ABC):
     def env(self, node: NodeFacts) -> dict[str, str]:
         """The engine's variables for one process (they win over every other layer)."""
 
+    def show_argv(self, argv: Sequence[str]) -> str:
+        """A process's command as ``--dry-run`` shows it (a shell line)."""
+        return shlex.join(argv)
+
     @abstractmethod
     def rest_ends_alone(self, ask: Callable[[], bool | None]) -> bool | None:
         """Once every worker exited 0: do the scheduler and servers end by themselves (they get
@@ -241,6 +246,10 @@ class MxnetEngine(Engine):
 
     def worker_argv(self, argv: tuple[str, ...], script: bool) -> tuple[str, ...]:
         return (argv[0], "-c", MXNET_BOOT, *argv[1:]) if script else argv
+
+    def show_argv(self, argv: Sequence[str]) -> str:
+        """The bootstrap's code is shown by its name."""
+        return " ".join("MXNET_BOOT" if word == MXNET_BOOT else shlex.quote(word) for word in argv)
 
     def env(self, node: NodeFacts) -> dict[str, str]:
         return {"DMLC_ROLE": node.role.value, "DMLC_PS_ROOT_URI": node.scheduler,

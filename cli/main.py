@@ -11,7 +11,6 @@ closed (SIGHUP); 130 interrupted (Ctrl-C); 143 stopped (``mxdist stop`` or SIGTE
 from __future__ import annotations
 
 import functools
-import shlex
 import sys
 from collections import deque
 from collections.abc import Callable
@@ -269,7 +268,7 @@ def _show_plan(plan: Plan) -> None:
         gpus, device = ("", "") if p.role is not Role.WORKER else describe_worker(
             p.local_rank, env, plan.gpus_per_worker, p.gpus, plan.gpus.get(p.host.label))
         rows.append(PlanRow(host=p.host.label, role=p.role.value, rank=p.rank, address=address,
-                            command=shlex.join(p.argv), env=_masked(own), gpus=gpus, device=device))
+                            command=plan.engine.show_argv(p.argv), env=_masked(own), gpus=gpus, device=device))
     hosts, _, gpu_warnings = gpu_view(plan)
     ui.plan_table(rows, _masked(common), [*plan.warnings, *gpu_warnings], hosts)
 

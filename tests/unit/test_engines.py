@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mxdist import jobs
-from mxdist.engines import ENGINES, MXNET, PSNODE, EngineError, engine_named
+from mxdist.engines import ENGINES, MXNET, MXNET_BOOT, PSNODE, EngineError, engine_named
 from mxdist.hosts import Host
 from mxdist.jobs import JobRecord, JobState, ProcRecord
 from mxdist.main import app
@@ -43,7 +43,7 @@ def test_mxnet_plan_starts_mxnet_processes_with_the_dmlc_contract():
         assert not [k for k in p.env if k.startswith("PSNODE_")]          # no psnode variable at all
         assert p.env["FOO"] == "bar" and p.env["PYTHONUNBUFFERED"] == "1"
         if p.role is Role.WORKER:
-            assert p.argv == ("/venv/bin/python", "train.py", "--lr", "0.1")
+            assert p.argv == ("/venv/bin/python", "-c", MXNET_BOOT, "train.py", "--lr", "0.1")   # see test_mx_engine
         else:
             assert p.argv == ("/venv/bin/python", "-c", "import mxnet")
             assert not set(TORCH) & set(p.env)
@@ -55,6 +55,17 @@ def test_mxnet_plan_starts_mxnet_processes_with_the_dmlc_contract():
         {"RANK": "1", "WORLD_SIZE": "3", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "9001"},
         {"RANK": "2", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "9001"}]
     assert plan.engine is MXNET and plan.base_env == {"FOO": "bar", "PYTHONUNBUFFERED": "1"}
+
+
+def test_mxnet_workers_commands():
+    """A .py script runs through the bootstrap (after --local_rank's insertion); a program as given."""
+    plan = mxnet_plan(pass_local_rank=True, num_workers=1)
+    assert plan.of_role(Role.WORKER)[0].argv == (
+        "/venv/bin/python", "-c", MXNET_BOOT, "train.py", "--local_rank=0", "--lr", "0.1")
+    plan = mxnet_plan(command=["./run.sh", "x"], num_workers=1)
+    assert plan.of_role(Role.WORKER)[0].argv == ("./run.sh", "x")
+    assert MXNET.show_argv(("py", "-c", MXNET_BOOT, "a b.py")) == "py -c MXNET_BOOT 'a b.py'"
+    assert PSNODE.show_argv(("py", "a b.py")) == "py 'a b.py'"
 
 
 def test_mxnet_scheduler_on_another_host_and_at_least_one_server():
@@ -173,6 +184,7 @@ def test_cli_dry_run_of_an_mxnet_job(home):
                                  "--insecure", "t.py"])
     assert result.exit_code == 0, result.output
     assert "-c 'import mxnet'" in result.output and "DMLC_ROLE=worker RANK=1" in result.output
+    assert "-c MXNET_BOOT t.py" in result.output and "_mxdist_boot" not in result.output
     assert "--no-shm needs nothing from mxdist" in result.output and "does not authenticate" not in result.output
 
 
