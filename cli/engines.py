@@ -44,14 +44,14 @@ from typing import Any, ClassVar
 
 from psnode.config import NodeConfig, Role
 
-#: How the mxnet engine runs a worker's ``.py`` script: ``python -c MXNET_BOOT SCRIPT ARGS...``
-#: runs SCRIPT as ``python SCRIPT ARGS...`` does (compiled and run in the ``__main__`` module, with
-#: the same ``sys.argv``, the script's directory first on ``sys.path``), except that a worker that fails (an
+#: How the mxnet engine runs a worker's ``.py`` script: ``python -c MXNET_BOOT SCRIPT ARGS...`` runs
+#: SCRIPT as ``python SCRIPT ARGS...`` does (compiled and run in the ``__main__`` module, the same
+#: ``sys.argv``, the script's directory first on ``sys.path``), except that a worker that fails (an
 #: uncaught exception, ``sys.exit`` non-zero) prints its traceback (``sys.excepthook``) or message,
-#: runs the ``atexit`` handlers (logging's flush among them) and exits at once (``os._exit``):
-#: an MXNet worker that ends normally destroys its dist kvstore, which waits for every other worker
-#: in a ps-lite barrier, so a failed worker would hang the job instead of ending it.  Standard
-#: library only.
+#: runs the ``atexit`` handlers (logging's flush among them) and exits at once (``os._exit``): an
+#: MXNet worker that ends normally destroys its dist kvstore, which waits for every other worker in
+#: a ps-lite barrier, so a failed worker would hang the job instead of ending it.  Standard library
+#: only.
 MXNET_BOOT = """\
 def _mxdist_boot():
     import __main__, atexit, os, sys
