@@ -8,9 +8,10 @@ The model, data and step are examples/gluon_mlp.py's (benchmarks/gluon_worker.py
 systems train it with W workers and S servers on 127.0.0.1, in MXNet 1.9.1's venv (the
 interpreter running this script when it has MXNet, else the repository's ``.venv-mxnet``,
 else the one benchmarks/mxnet_job.py makes).
-MXNet's job is started by hand as its own launcher would (``DMLC_*``: a scheduler and S servers
-``python -c "import mxnet"``, W workers); psnode's through ``mxdist launch -q`` with a private
-MXDIST_HOME.  ``OMP_NUM_THREADS=1`` everywhere (2 cores).  A run's value per system is the
+Both jobs start through ``mxdist launch -q`` with a private MXDIST_HOME: MXNet's with
+``--engine mxnet`` (its scheduler and S servers ``python -c "import mxnet"`` with the ``DMLC_*``
+variables, as MXNet's own launcher starts them), psnode's with the default engine.
+``OMP_NUM_THREADS=1`` everywhere (2 cores).  A run's value per system is the
 median over ranks of each rank's steps/s; the table shows median [min-max] over runs and
 psnode/MXNet per run (above 1: psnode faster).  Each system's ranks must end with equal
 weights (checksum), or the run says so.
@@ -26,19 +27,17 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import free_port, tail  # noqa: E402
-from benchmarks.mxnet_job import dmlc_env, mxnet_python  # noqa: E402
+from benchmarks.common import tail  # noqa: E402
+from benchmarks.mxnet_job import mxnet_python  # noqa: E402
 from benchmarks.report import fmt_range, print_table  # noqa: E402
 
 WORKER = Path(__file__).resolve().parent / "gluon_worker.py"
-EXIT_GRACE = 20.0
 
 
 def venv_python() -> tuple[str | None, str]:
@@ -58,49 +57,22 @@ def _collect(out_dir: Path, system: str, W: int) -> list[dict]:
     return found
 
 
-def run_mxnet(py: str, W: int, S: int, cfg: dict, timeout: float) -> list[dict]:
-    port = free_port()
-    out = Path(tempfile.mkdtemp(prefix="gluon-mx-"))
-    env = lambda role: dmlc_env(role, port, W, S)  # noqa: E731
-
-    def spawn(role: str, argv: list[str]) -> subprocess.Popen[str]:
-        return subprocess.Popen([py, *argv], cwd=ROOT, env=env(role), text=True, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)
-    procs = [spawn("scheduler", ["-c", "import mxnet"])] + [spawn("server", ["-c", "import mxnet"]) for _ in range(S)]
-    workers = [spawn("worker", [str(WORKER), "mxnet", json.dumps(cfg), str(out)]) for _ in range(W)]
-    deadline = time.monotonic() + timeout
-    try:
-        for p in workers:
-            _, se = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
-            if p.returncode != 0:
-                print(f"  mxnet worker exited {p.returncode}:\n{tail(se)}", file=sys.stderr)
-        for p in procs:
-            p.communicate(timeout=EXIT_GRACE)
-        return _collect(out, "mxnet", W)
-    except subprocess.TimeoutExpired:
-        print(f"  mxnet W{W}S{S}: timed out after {timeout:.0f} s", file=sys.stderr)
-        return []
-    finally:
-        for p in procs + workers:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-        shutil.rmtree(out, ignore_errors=True)
-
-
-def run_psnode(py: str, W: int, S: int, cfg: dict, timeout: float) -> list[dict]:
-    out = Path(tempfile.mkdtemp(prefix="gluon-ps-"))
+def run_job(system: str, py: str, W: int, S: int, cfg: dict, timeout: float) -> list[dict]:
+    """One job of ``system`` (``mxnet``: ``--engine mxnet``; ``psnode``) through ``mxdist launch``;
+    the workers' records."""
+    out = Path(tempfile.mkdtemp(prefix=f"gluon-{system}-"))
     env = dict(os.environ, MXDIST_HOME=str(out / "home"), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    argv = [py, "-m", "mxdist", "launch", "-q", "-n", str(W), "-s", str(S), str(WORKER), "psnode",
+    engine = ["--engine", "mxnet", "--insecure"] if system == "mxnet" else []
+    argv = [py, "-m", "mxdist", "launch", "-q", *engine, "-n", str(W), "-s", str(S), str(WORKER), system,
             json.dumps(cfg), str(out)]
     try:
         r = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
         if r.returncode != 0:
-            print(f"  psnode W{W}S{S}: mxdist launch exited {r.returncode}:\n{tail(r.stdout + r.stderr)}",
+            print(f"  {system} W{W}S{S}: mxdist launch exited {r.returncode}:\n{tail(r.stdout + r.stderr)}",
                   file=sys.stderr)
-        return _collect(out, "psnode", W)
+        return _collect(out, system, W)
     except subprocess.TimeoutExpired:
-        print(f"  psnode W{W}S{S}: timed out after {timeout:.0f} s (mxdist launch ends the job)", file=sys.stderr)
+        print(f"  {system} W{W}S{S}: timed out after {timeout:.0f} s (mxdist launch ends the job)", file=sys.stderr)
         return []
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -134,8 +106,8 @@ def main() -> None:
     records: list[dict] = []
     per_run: dict[str, list[float]] = {"mxnet": [], "psnode": []}
     for run in range(args.runs):
-        for system, job in (("mxnet", run_mxnet), ("psnode", run_psnode)):
-            got = job(py, W, S, cfg, args.timeout)
+        for system in ("mxnet", "psnode"):
+            got = run_job(system, py, W, S, cfg, args.timeout)
             for r in got:
                 r["run"] = run
             records.extend(got)

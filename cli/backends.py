@@ -343,10 +343,16 @@ class LocalBackend:
 
     def preflight(self, hosts: Sequence[Host], modules: Sequence[str], env: Mapping[str, str],
                   target: tuple[str, str] | None = None) -> Preflight:
-        # the launcher itself imports psnode; only the working directory and the command can be wrong
-        result = agent.check(self.workdir, [], dict(env), list(target) if target else None)
-        return Preflight([HostProblem("localhost", err, command_fix(err, "create it or pass --workdir"))
-                          for err in result["errors"]],
+        # the launcher's own Python runs the job: a module it has imported (psnode) needs no check
+        result = agent.check(self.workdir, [m for m in modules if m not in sys.modules], dict(env),
+                             list(target) if target else None)
+
+        def fix(err: str) -> str:
+            if "cannot import" in err:
+                return f"install it for {self.python} (the Python running mxdist runs the job's processes)"
+            return command_fix(err, "create it or pass --workdir")
+
+        return Preflight([HostProblem("localhost", err, fix(err)) for err in result["errors"]],
                          {h.label: HostGpus.from_report(result["gpus"]) for h in hosts})
 
     def reachable(self, host: Host, timeout: float) -> None:

@@ -9,7 +9,9 @@ for the final state; only when the supervisor is provably gone do these commands
 :mod:`mxdist.takeover` (which also finalises the record of a job whose supervisor was lost).
 
 Status asks the live scheduler first (``psnode.scheduler.client.query_status``); processes it does not
-know are checked on their hosts.  A final record is shown as recorded.
+know are checked on their hosts.  A job whose engine has no status to ask (MXNet's ps-lite:
+:mod:`mxdist.engines`) is checked on its hosts only, and its view says so.  A final record is
+shown as recorded.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from psnode.protocol.status import NodeRow
 
 from . import jobs, teardown
 from .backends import BackendStatus, Capability, describer
+from .engines import ENGINES
 from .jobs import DamagedRecord, JobRecord, ProcRecord, ProcState
 from .takeover import backend_for, refresh, state_from_check, stop_orphan, supervisor_gone
 from .view import JobRow, JobView
@@ -57,14 +60,17 @@ def job_status(record: JobRecord, timeout: float = 2.0) -> JobView:
                    security=record.security or None, exit_code=record.exit_code, created=record.created,
                    ended=record.ended, duration=record.duration,
                    root_cause=(record.root_cause or {}).get("headline"), consequences=record.consequences,
-                   notes=_notes(record))
+                   notes=_notes(record), engine=record.engine)
     if not record.state.active:
         view.source = "as recorded at its end"
         view.nodes = [_recorded_row(p) for p in record.procs]
         view.ended_line = _ended_line(record)
         return view
     live: dict[tuple[str, int | None], NodeRow] = {}
-    control = _psnode_control()
+    engine = ENGINES.get(record.engine)
+    if engine is None or not engine.live_status:     # never send psnode's queries to another scheduler
+        view.notes.append(engine.status_note if engine else f"engine {record.engine!r}: no status to ask")
+    control = _psnode_control() if engine is not None and engine.live_status else None
     if control is not None and record.scheduler:
         try:
             answer = control.query_status(record.scheduler, record.id, key_file=key_file_of(record),

@@ -219,6 +219,7 @@ class JobRecord:
     launcher_pid: int | None = None      # version 1 records only
     run_dir: str = ""                    # on every host (may start with ~ on remote ones)
     security: str = ""                   # the job's mode: authenticated, encrypted, insecure ("": older)
+    engine: str = "psnode"               # what ran its scheduler and servers (mxdist.engines)
     key_file: str | None = None          # the launcher's copy of the job's secret (path only)
     remote_keys: dict[str, str] = field(default_factory=dict)  # host label -> key file path there
     root_cause: dict[str, Any] | None = None

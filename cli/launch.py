@@ -301,7 +301,7 @@ class Supervisor:
             if action is Action.DONE:
                 return self._conclude(JobState.SUCCEEDED, EXIT_OK)
             if action is Action.WIND_DOWN:
-                wait = rules.wait_for_rest(self._psnode_started())
+                wait = rules.wait_for_rest(self.plan.engine.rest_ends_alone(self._psnode_started))
                 wind_down_by = time.monotonic() + (self.settings.finish_grace if wait else 0.0)
             elif rules.winding_down and not status.ok:
                 ui.warn(f"{rec.name} on {rec.host} {status.describe()} after the workers finished")
@@ -475,7 +475,7 @@ def new_record(plan: Plan, backend: Backend, command: Sequence[str], workdir: st
     return JobRecord(id=plan.job_id, command=list(command), backend=backend.name,
                      scheduler=plan.scheduler_address, workdir=workdir,
                      hosts=[asdict(h) for h in plan.hosts], options=backend.options(), procs=procs,
-                     security=security.value if security is not None else "")
+                     security=security.value if security is not None else "", engine=plan.engine.name)
 
 
 __all__ = ["EXIT_FAILED", "EXIT_HANGUP", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PREFLIGHT", "EXIT_STOPPED",

@@ -8,8 +8,8 @@ does what it answers:
 * ``FAIL``: the job failed: stop everything, name the root cause;
 * ``WIND_DOWN``: every worker exited 0: the job succeeded; the scheduler and servers still
   running are given a short time to end by themselves (a psnode job's servers write their
-  final checkpoints), or stopped at once when the job never used psnode
-  (:meth:`Supervision.wait_for_rest`);
+  final checkpoints; MXNet's end when the workers' kvstores close), or stopped at once when
+  the job never used psnode (:meth:`Supervision.wait_for_rest`);
 * ``DONE``: nothing of the job runs any more.
 
 Rules:
@@ -156,8 +156,10 @@ class Supervision:
         return Action.FAIL
 
     @staticmethod
-    def wait_for_rest(psnode_started: bool | None) -> bool:
+    def wait_for_rest(ends_alone: bool | None) -> bool:
         """After ``WIND_DOWN``: give the scheduler and servers time to end by themselves only
+        when the engine says they do (:meth:`mxdist.engines.Engine.rest_ends_alone`): psnode's
         when the job used psnode (the scheduler said the job started), so final checkpoints are
-        written; a command that never used psnode (``hostname``) has nothing to wait for."""
-        return bool(psnode_started)
+        written, and a command that never used psnode (``hostname``) has nothing to wait for;
+        MXNet's always."""
+        return bool(ends_alone)

@@ -11,7 +11,6 @@ closed (SIGHUP); 130 interrupted (Ctrl-C); 143 stopped (``mxdist stop`` or SIGTE
 from __future__ import annotations
 
 import functools
-import shlex
 import sys
 from collections import deque
 from collections.abc import Callable
@@ -112,6 +111,11 @@ def launch(
     launcher: str | None = typer.Option(None, "--launcher",
                                         help="local, ssh or slurm (default: local without -H, ssh "
                                              "with; slurm: inside salloc/sbatch, nodes from the allocation)"),
+    engine: str = typer.Option(L("engine"), "--engine", metavar="psnode|mxnet",
+                               help="what runs as the scheduler and servers: psnode's (python -m psnode), or "
+                                    "MXNet's own ps-lite processes (python -c 'import mxnet', the DMLC_* "
+                                    "variables) for scripts that call mx.kv.create('dist_sync'); psnode-only "
+                                    "options are refused with mxnet"),
     python: str = typer.Option(L("python"), "--python", help="Python on remote hosts"),
     env: list[str] = typer.Option([], "-e", "--env", help="K=V for every process (repeatable)"),
     workdir: str | None = typer.Option(None, "--workdir", help="working directory (default: the current one)"),
@@ -206,7 +210,8 @@ def launch(
             ssh_config=ssh_config, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys,
             connect_timeout=connect_timeout, identity_file=identity_file, remote_dir=remote_dir,
             insecure=insecure, encrypt=encrypt,
-            keep_jobs=keep_jobs, gpus_per_worker=gpus_per_worker, pass_local_rank=pass_local_rank)
+            keep_jobs=keep_jobs, gpus_per_worker=gpus_per_worker, pass_local_rank=pass_local_rank,
+            engine=engine)
         prepared = prepare(opts)
     except (HostsError, PlanError, BackendError, ValueError) as exc:
         raise _fail("invalid launch options", str(exc), None, EXIT_USAGE) from None
@@ -263,7 +268,7 @@ def _show_plan(plan: Plan) -> None:
         gpus, device = ("", "") if p.role is not Role.WORKER else describe_worker(
             p.local_rank, env, plan.gpus_per_worker, p.gpus, plan.gpus.get(p.host.label))
         rows.append(PlanRow(host=p.host.label, role=p.role.value, rank=p.rank, address=address,
-                            command=shlex.join(p.argv), env=_masked(own), gpus=gpus, device=device))
+                            command=plan.engine.show_argv(p.argv), env=_masked(own), gpus=gpus, device=device))
     hosts, _, gpu_warnings = gpu_view(plan)
     ui.plan_table(rows, _masked(common), [*plan.warnings, *gpu_warnings], hosts)
 

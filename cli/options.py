@@ -12,6 +12,11 @@ the typer command, validated there, carried by the plan into every process's Nod
 (the typer command reads them from :func:`launch_default`).  Every error is a
 :class:`PlanError` (exit 2, no traceback).
 
+The engine (``--engine``, :mod:`mxdist.engines`) is asked which of the options given it can run
+(:meth:`~mxdist.engines.Engine.admit`: refusals are errors naming the option, its notes become
+the plan's warnings), what preflight imports, which variables pass through or are its own, and
+whether the job can have a secret.
+
 Security (:func:`security_mode`): every job, local ones included, is ``authenticated`` by
 default (a fresh secret per job; :mod:`psnode.net.security` says what each mode protects);
 ``--encrypt`` makes it ``encrypted`` (CURVE on every link), ``--insecure`` turns it off.  Every
@@ -32,10 +37,20 @@ from psnode.server.checkpoint import path_for
 
 from . import agent, jobs
 from .backends import Backend, Capability, LaunchRequest
+from .engines import Engine, engine_named
 from .gpus import VISIBLE, HostGpus
 from .jobs import JobRecord
 from .launch import LaunchSettings, new_record
-from .plan import NodeOptions, Plan, PlanError, PlanRequest, make_plan, parse_env_assignments, passthrough_env
+from .plan import (
+    PASSTHROUGH,
+    NodeOptions,
+    Plan,
+    PlanError,
+    PlanRequest,
+    make_plan,
+    parse_env_assignments,
+    passthrough_env,
+)
 from .registry import NAMES, capabilities, for_launch
 
 # Ports a job listens on are chosen where the kernel never puts the source port of an outgoing
@@ -79,13 +94,22 @@ class LaunchOptions:
     keep_jobs: int = 100
     gpus_per_worker: int | None = None     # None: every worker sees all of its host's GPUs
     pass_local_rank: bool = False
+    engine: str = "psnode"                 # mxdist.engines: psnode, or MXNet's own ps-lite processes
+
+    def given(self) -> list[str]:
+        """The flags of the psnode and security options given (for the engine to admit)."""
+        return [*self.node.given(), *(["--insecure"] if self.insecure else []),
+                *(["--encrypt"] if self.encrypt else [])]
 
 
-def security_mode(opts: LaunchOptions) -> Mode:
-    """The job's security mode from ``--insecure`` / ``--encrypt`` (neither: authenticated)."""
+def security_mode(opts: LaunchOptions, engine: Engine | None = None) -> Mode:
+    """The job's security mode from ``--insecure`` / ``--encrypt`` (neither: authenticated);
+    ``insecure`` whatever they say for an engine whose processes cannot read a secret."""
     if opts.insecure and opts.encrypt:
         raise PlanError("--insecure and --encrypt contradict each other: choose one (neither: every "
                         "connection authenticated, traffic in clear)")
+    if engine is not None and not engine.secured:
+        return Mode.INSECURE
     return Mode.INSECURE if opts.insecure else Mode.ENCRYPTED if opts.encrypt else Mode.AUTHENTICATED
 
 
@@ -235,8 +259,10 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
     if launcher not in NAMES:
         raise PlanError(f"--launcher {launcher!r}: choose local, ssh or slurm")
     ranks = parse_ranks(opts.ranks)
+    engine = engine_named(opts.engine)
+    notes = engine.admit(opts.given())
     job_id = jobs.new_job_id()
-    user_env = parse_env_assignments(opts.env)
+    user_env = parse_env_assignments(opts.env, engine.reserved_env)
     workdir = os.path.abspath(opts.workdir or os.getcwd())
     if opts.identity_file and Capability.LOGIN not in capabilities(launcher):
         raise PlanError(f"-i/--identity-file is for SSH hosts (-H); --launcher {launcher} does not use SSH")
@@ -250,17 +276,19 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
     # (Slurm: srun runs here and writes the logs here; the nodes share the file system)
     shared_fs = Capability.SHARED_FS in backend.capabilities
     run_dir = str(jobs.log_dir(job_id)) if shared_fs else f"{opts.remote_dir.rstrip('/')}/{job_id}"
-    security = security_mode(opts)
+    security = security_mode(opts, engine)
     ckpt = checkpoint_dir(opts, workdir, shared_fs)
     plan = make_plan(PlanRequest(
         job_id=job_id, command=opts.command, hosts=hosts, python=backend.python,
         scheduler_port=scheduler_port, master_port=master_port,
         num_workers=opts.num_workers, num_servers=opts.num_servers,
-        scheduler_host=opts.scheduler, user_env=user_env, base_env=passthrough_env(environ),
+        scheduler_host=opts.scheduler, user_env=user_env,
+        base_env=passthrough_env(environ, (*PASSTHROUGH, *engine.passthrough)),
         node=replace(opts.node, checkpoint_dir=ckpt), run_dir=run_dir,
         key_files={h.label: f"{run_dir}/job.key" for h in hosts} if security is not Mode.INSECURE else {},
-        gpus_per_worker=opts.gpus_per_worker, pass_local_rank=opts.pass_local_rank,
+        gpus_per_worker=opts.gpus_per_worker, pass_local_rank=opts.pass_local_rank, engine=engine,
     ))
+    plan = replace(plan, warnings=(*notes, *plan.warnings))
     if opts.node.resume and ckpt and shared_fs:
         check_resume(plan, ckpt)
     if opts.grace < 0 or opts.finish_grace < 0:
@@ -269,7 +297,7 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
     record = new_record(plan, backend, opts.command, workdir, log_dir, security)
     settings = LaunchSettings(run_dir=run_dir, grace=opts.grace, finish_grace=opts.finish_grace,
                               detach=opts.detach, quiet=opts.quiet or opts.detach, ranks=ranks,
-                              sync=_sync_pairs(opts.sync), security=security)
+                              sync=_sync_pairs(opts.sync), security=security, check_modules=engine.modules)
     return Prepared(plan, backend, record, settings)
 
 
@@ -278,7 +306,7 @@ def known_gpus(prepared: Prepared) -> dict[str, HostGpus]:
     machine's for a local job (nvidia-smi here), else the ``CUDA_VISIBLE_DEVICES`` that every
     process gets (passed through or ``-e``) when there is one; other hosts: at preflight."""
     plan = prepared.plan
-    env = {k: v for k, v in plan.procs[0].env.items() if not k.startswith("PSNODE_")}
+    env = dict(plan.base_env)
     if Capability.THIS_MACHINE in prepared.backend.capabilities:
         return {h.label: HostGpus.from_report(agent.gpus(env)) for h in plan.busy_hosts}
     if VISIBLE in env:

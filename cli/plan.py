@@ -9,8 +9,10 @@ Rules:
 * servers are spread over the hosts round-robin (default: one per host; 0 is allowed);
 * workers fill the hosts' slots in order (host 1's slots, then host 2's, ...); more workers than
   slots wrap around round-robin and the plan carries a warning;
-* every process gets ``NodeConfig(...).to_env()``; workers also get RANK, WORLD_SIZE,
-  LOCAL_RANK, MASTER_ADDR (the scheduler's address) and MASTER_PORT;
+* the job's engine (:mod:`mxdist.engines`, ``--engine``) says what the scheduler and the servers
+  run and gives every process its variables (psnode's: ``NodeConfig(...).to_env()``; MXNet's:
+  ``DMLC_*``); workers also get RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR (the scheduler's
+  address) and MASTER_PORT, whatever the engine;
 * a command ending in ``.py`` runs with ``python``; anything else runs as given; arguments are
   kept as separate words (never joined into a shell string here);
 * ``pass_local_rank`` (``--pass-local-rank``): each worker also gets ``--local_rank=LOCAL_RANK``
@@ -26,9 +28,11 @@ process gets ``PSNODE_ERROR_FILE=<run_dir>/<name>.failure.json`` (:func:`psnode.
 where it writes its failure record for the supervisor to name the root cause.
 
 Environment of every process = allowlisted variables of the launcher's environment
-(:data:`PASSTHROUGH`) + the user's ``-e K=V`` + ``PYTHONUNBUFFERED=1`` + the psnode and torch
-variables (which win).  ``-e PSNODE_*`` is refused (:func:`parse_env_assignments`): every psnode
-variable comes from an ``mxdist launch`` option through ``NodeConfig.to_env()``.
+(:data:`PASSTHROUGH`, and the engine's own patterns) + the user's ``-e K=V`` +
+``PYTHONUNBUFFERED=1`` (together :attr:`Plan.base_env`) + the engine's and torch variables
+(which win).  ``-e PSNODE_*`` is refused (:func:`parse_env_assignments`): every psnode variable
+comes from an ``mxdist launch`` option through ``NodeConfig.to_env()``; so are the variables the
+engine sets (``Engine.reserved_env``).
 
 The job's secret (:mod:`psnode.net.security`): ``key_files`` maps a host label to the secret
 file's path on that host (the launcher writes the file there before starting anything; see
@@ -49,6 +53,7 @@ from psnode.config import LOG_LEVELS, CpuPolicy, Distribution, NodeConfig, Role,
 from psnode.errors import ConfigError
 from psnode.protocol import failure
 
+from .engines import PSNODE, Engine, NodeFacts
 from .gpus import VISIBLE, GpuShortage, HostGpus, describe_worker, sharing_warnings, shortages, worker_env, worker_slots
 from .hosts import Host, HostsError, check_env_name
 
@@ -137,6 +142,10 @@ class NodeOptions:
         """These options as NodeConfig keyword arguments."""
         return asdict(self)
 
+    def given(self) -> list[str]:
+        """The flags of the options that differ from their defaults (what the user asked for)."""
+        return [f.metadata["flag"] for f in fields(self) if getattr(self, f.name) != f.default]
+
     @property
     def servers_restart(self) -> bool:
         """A failed server is restarted (from its checkpoint) when restarts are allowed and servers
@@ -194,6 +203,7 @@ class PlanRequest:
     run_dir: str | None = None        # where processes keep run files (failure records) on their host
     gpus_per_worker: int | None = None   # None: leave GPU visibility alone (every worker sees all)
     pass_local_rank: bool = False        # workers also get --local_rank=N as an argument
+    engine: Engine = PSNODE              # what runs as the scheduler and servers, their variables
 
 
 @dataclass(frozen=True)
@@ -210,6 +220,9 @@ class Plan:
     warnings: tuple[str, ...] = ()
     gpus_per_worker: int | None = None
     gpus: Mapping[str, HostGpus] = field(default_factory=dict)   # host label -> its GPUs, where known
+    engine: Engine = PSNODE
+    base_env: Mapping[str, str] = field(default_factory=dict)    # what every process gets, before its
+    #                                                              engine's and torch's variables
 
     @property
     def busy_hosts(self) -> list[Host]:
@@ -228,8 +241,9 @@ class Plan:
         return {h.label: counts[h.label] for h in self.hosts if h.label in counts}
 
 
-def parse_env_assignments(items: Sequence[str]) -> dict[str, str]:
-    """``["K=V", ...]`` -> dict; names are validated, values kept verbatim; PSNODE_* refused."""
+def parse_env_assignments(items: Sequence[str], reserved: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``["K=V", ...]`` -> dict; names are validated, values kept verbatim; PSNODE_* refused, and
+    the ``reserved`` names (the engine's variables -> what sets them)."""
     out: dict[str, str] = {}
     for item in items:
         name, eq, value = item.partition("=")
@@ -243,6 +257,8 @@ def parse_env_assignments(items: Sequence[str]) -> dict[str, str]:
             option = PSNODE_OPTION.get(name.upper())
             how = f"use {option} instead" if option else "no option changes this one"
             raise PlanError(f"-e {name}: PSNODE_* variables are set by mxdist; {how}")
+        if reserved and name in reserved:
+            raise PlanError(f"-e {name}: set by mxdist for every process, from {reserved[name]}")
         out[name] = value
     return out
 
@@ -313,6 +329,10 @@ def make_plan(req: PlanRequest) -> Plan:
         raise PlanError(f"-n {workers}: a job needs at least one worker")
     if servers < 0:
         raise PlanError(f"-s {servers}: the number of servers cannot be negative")
+    engine = req.engine
+    if servers < engine.min_servers:
+        raise PlanError(f"-s {servers}: --engine {engine.name} needs at least {engine.min_servers} "
+                        f"server{'s' if engine.min_servers > 1 else ''} (its kvstore keeps the values there)")
     if not 1 <= req.scheduler_port <= 65535 or not 1 <= req.master_port <= 65535:
         raise PlanError("ports must be in 1..65535")
     if req.scheduler_port == req.master_port:
@@ -329,23 +349,20 @@ def make_plan(req: PlanRequest) -> Plan:
             "than slots (set slots=N in the hosts file)"
         )
 
-    common: dict[str, Any] = {
-        "scheduler_host": sched.address, "scheduler_port": req.scheduler_port, "num_workers": workers,
-        "num_servers": servers, "job_id": req.job_id, **req.node.config_fields(),
-    }
     base = {**req.base_env, **req.user_env, "PYTHONUNBUFFERED": "1"}
-    node_argv = (req.python, "-m", "psnode")
+    node_argv = engine.daemon_argv(req.python)
+    options = req.node.config_fields()
 
     def node_env(role: Role, host: Host, rank: int | None, port: int) -> dict[str, str]:
-        key_file = req.key_files.get(host.label, req.key_file)
         name = role.value if rank is None else f"{role.value}-{rank}"
-        error_file = failure.path_in(req.run_dir, name) if req.run_dir else None
+        facts = NodeFacts(job_id=req.job_id, role=role, rank=rank, host=host.address, port=port,
+                          scheduler=sched.address, scheduler_port=req.scheduler_port, num_workers=workers,
+                          num_servers=servers, node=options, key_file=req.key_files.get(host.label, req.key_file),
+                          error_file=failure.path_in(req.run_dir, name) if req.run_dir else None)
         try:
-            cfg = NodeConfig(role=role, host=host.address, port=port, rank=rank,  # type: ignore[arg-type]
-                             key_file=key_file, error_file=error_file, **common)
+            return {**base, **engine.env(facts)}
         except ConfigError as exc:
             raise PlanError(str(exc)) from None
-        return {**base, **cfg.to_env()}
 
     procs: list[ProcSpec] = [
         ProcSpec(Role.SCHEDULER, None, sched, node_argv,
@@ -368,6 +385,7 @@ def make_plan(req: PlanRequest) -> Plan:
             MASTER_PORT=str(req.master_port),
         )
         own_argv = with_local_rank_arg(argv, req.command, local) if req.pass_local_rank else argv
+        own_argv = engine.worker_argv(own_argv, command_target(req.command)[0] == "script")
         procs.append(ProcSpec(Role.WORKER, rank, host, own_argv, env, local_rank=local))
     per = req.gpus_per_worker
     if per and req.pass_local_rank and max(local_ranks.values()) > per:   # a local rank >= per
@@ -385,6 +403,8 @@ def make_plan(req: PlanRequest) -> Plan:
         node=req.node,
         warnings=tuple(warnings),
         gpus_per_worker=per,
+        engine=engine,
+        base_env=base,
     )
 
 

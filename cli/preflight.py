@@ -60,10 +60,9 @@ def prepare_hosts(plan: Plan, backend: Backend, record: JobRecord, run_dir: str,
     try:
         for local, remote in sync:   # first: the working directory may be what it copies
             _sync(plan, backend, local, remote)
-        base_env = {k: v for k, v in plan.procs[0].env.items() if not k.startswith("PSNODE_")}
         hosts = plan.busy_hosts
         with ui.spinner(f"preflight: checking {len(hosts)} host(s)"):
-            report = backend.preflight(hosts, modules, base_env, command_target(record.command))
+            report = backend.preflight(hosts, modules, plan.base_env, command_target(record.command))
         problems = _in_host_order(report.problems, plan)
         if not problems:
             plan = _place_gpus(plan, backend, report)

@@ -42,6 +42,7 @@ class JobView:
     ended_line: str | None = None
     backend_fields: Mapping[str, Any] = field(default_factory=dict)
     backend_title: str = ""
+    engine: str = "psnode"                 # what runs its scheduler and servers (mxdist.engines)
 
     @property
     def active(self) -> bool:
@@ -51,6 +52,7 @@ class JobView:
         """The ``--json`` form."""
         out: dict[str, Any] = {
             "id": self.id, "state": self.state.value, "scheduler": self.scheduler, "backend": self.backend,
+            "engine": self.engine,
             "security": self.security, "exit_code": self.exit_code, "created": self.created, "ended": self.ended,
             "duration": self.duration, "root_cause": self.root_cause, "consequences": self.consequences,
             "notes": self.notes, **self.backend_fields, "source": self.source,

@@ -3,13 +3,16 @@
     pip install -e '.[mxnet,examples]'                       # MXNet 1.9.1 (its own venv: numpy < 1.24)
     python examples/gluon_mlp.py                             # one process (psnode's 'local' store)
     mxdist launch -n 2 -s 2 examples/gluon_mlp.py            # 2 workers, 2 servers: psnode dist_sync
+    mxdist launch --engine mxnet -n 2 -s 2 examples/gluon_mlp.py   # MXNet's own dist_sync (ps-lite)
     python examples/gluon_mlp.py --kvstore none              # MXNet alone, no kvstore
 
 The data, the model (64 -> hidden ReLU -> 10, Xavier uniform weights, zero biases), the
 optimizer (SGD with momentum) and the sharding are those of mlp_numpy.py (examples/common.py):
 each worker trains on its shard, and ``trainer.step(W * batch_size)`` makes a step of W workers
 the update one process makes over the W*b samples (psnode.mxnet sums the workers' gradients,
-as MXNet's dist_sync does).  ``--update-on-kvstore`` runs the SGD on psnode's servers
+as MXNet's dist_sync does).  Started with MXNet's ``DMLC_*`` variables (``mxdist launch --engine
+mxnet``, or MXNet's own launcher) the default store is MXNet's ``dist_sync``; else psnode's.
+``--update-on-kvstore`` runs the SGD on psnode's servers
 (MXNet's optimizer sent as a psnode optimizer spec); ``--no-update-on-kvstore`` pushpulls the
 gradients and runs MXNet's SGD on every worker.  Rank 0 prints one line per epoch and
 ``accuracy=...``; ``--save FILE`` writes the final weights (``{rank}`` in FILE: every worker).
@@ -37,6 +40,11 @@ import psnode.mxnet  # noqa: F401 - registers 'psnode' and 'psnode_async' with M
 KVSTORES = ("psnode", "psnode_async", "local", "device", "dist_sync", "dist_async", "none")
 
 
+def default_kvstore() -> str:
+    """MXNet's dist_sync in a job of MXNet's own processes (``DMLC_ROLE`` set), else psnode."""
+    return "dist_sync" if os.environ.get("DMLC_ROLE") else "psnode"
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=10, help="passes over the training set")
@@ -46,8 +54,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--wd", type=float, default=0.0, help="weight decay")
     p.add_argument("--hidden", type=int, default=64, help="hidden units of the MLP")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the shuffles")
-    p.add_argument("--kvstore", default="psnode", choices=KVSTORES,
-                   help="psnode's stores, MXNet's own, or none")
+    p.add_argument("--kvstore", default=default_kvstore(), choices=KVSTORES,
+                   help="psnode's stores, MXNet's own, or none (default: dist_sync under mxdist launch "
+                        "--engine mxnet, else psnode)")
     p.add_argument("--update-on-kvstore", action=argparse.BooleanOptionalAction, default=None,
                    help="run the optimizer on the kvstore's servers (default: MXNet's choice)")
     p.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: whole epochs)")
