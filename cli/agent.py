@@ -1,10 +1,17 @@
 """The host agent: the few operations a launcher needs on a host, for every backend.
 
 Self-contained (standard library only, imports nothing from ``mxdist``) because the SSH backend
-sends this file's source to the remote Python on stdin (``python -``) followed by one call to
-:func:`_main` with a JSON request; the local backend calls the same functions in-process.
-Sending it on stdin keeps command lines short and secrets (the processes' environment) off
-them.
+sends this file's source to the remote Python on stdin; the local backend calls the same
+functions in-process.  Sending it on stdin keeps command lines short and secrets (the
+processes' environment) off them.  Over SSH it runs one of two ways:
+
+* once (``python -``: the source, then one call to :func:`_main` with a JSON request): the
+  operation's output streams on stdout, its result is the last line of stderr; every
+  :func:`spawn` and :func:`follow` runs so;
+* serving (``python -c BOOT``, :data:`BOOT`: the source's length on the first line of stdin,
+  then the source, ending in a call to :func:`serve`): one JSON request per line in, one JSON
+  reply per line out, until stdin ends.  A host's other operations reuse one serving agent,
+  so each costs a round trip rather than a Python start.
 
 Process model: :func:`spawn` starts each process as ``python -c REAPER RCFILE -- ARGV...`` in
 a new session (so pid == pgid and the whole group can be signalled), with stdout+stderr
@@ -336,7 +343,7 @@ def stop(pgids: list[int], grace: float) -> dict:
     signal_groups(live, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while live and time.monotonic() < deadline:
-        time.sleep(0.1)
+        time.sleep(0.05)
         live = [g for g, m in group_members(live).items() if m]
     killed = list(live)
     signal_groups(live, signal.SIGKILL)
@@ -351,7 +358,7 @@ def stop(pgids: list[int], grace: float) -> dict:
 
 
 def follow(log: str, rc_file: str, pid: int, offset: int, wait: bool,
-           emit: Callable[[bytes], None], poll: float = 0.2) -> dict:
+           emit: Callable[[bytes], None], poll: float = 0.1) -> dict:
     """Copy ``log`` from ``offset`` to ``emit``; with ``wait`` keep going until the process ends.
 
     Returns ``{"rc": int | None, "offset": int}``: ``rc`` None means the process is gone without
@@ -385,8 +392,15 @@ def follow(log: str, rc_file: str, pid: int, offset: int, wait: bool,
     return {"rc": rc, "offset": offset}
 
 
+_OPS: dict[str, Callable[..., Any]] = {
+    "check": check, "gpus": gpus, "spawn": spawn, "status": status, "stop": stop, "signal": signal_groups,
+    "put_key": put_key, "remove_files": remove_files, "collect": collect, "cleanup": cleanup}
+SERVED = frozenset(_OPS) - {"spawn"}   # spawn runs once (a serving agent would be its processes' parent)
+BOOT = 'import sys;_i=sys.stdin.buffer;exec(compile(_i.read(int(_i.readline())),"mxdist-agent","exec"))'
+
+
 def _main(request: dict) -> int:
-    """Entry point when run remotely: one operation, JSON result on stderr's last line."""
+    """Entry point when run once remotely: one operation, JSON result on stderr's last line."""
     op = request.pop("op")
     if op == "follow":
         out = sys.stdout.buffer
@@ -397,11 +411,31 @@ def _main(request: dict) -> int:
 
         result = follow(emit=emit, **request)
     else:
-        ops: dict[str, Callable[..., Any]] = {
-            "check": check, "gpus": gpus, "spawn": spawn, "status": status, "stop": stop,
-            "signal": signal_groups, "put_key": put_key, "remove_files": remove_files,
-            "collect": collect, "cleanup": cleanup}
-        result = ops[op](**request)
+        result = _OPS[op](**request)
     sys.stderr.write("\n" + json.dumps({"result": result}) + "\n")
     sys.stderr.flush()
+    return 0
+
+
+def serve() -> int:
+    """Answer requests (``{"op": ..., ...}``, one JSON line each on stdin) until stdin ends:
+    ``{"result": ...}`` or ``{"error": "..."}``, one JSON line each on stdout.  Only the replies
+    reach stdout (what else writes to it, a child process included, goes to /dev/null)."""
+    replies = os.fdopen(os.dup(1), "wb")
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.close(null)
+    for line in sys.stdin.buffer:
+        try:
+            request = json.loads(line)
+            op = request.pop("op")
+            if op not in SERVED:
+                raise ValueError(f"{op!r} is not served")
+            reply: dict = {"result": _OPS[op](**request)}
+        except Exception:  # noqa: BLE001 - the launcher reports it per host
+            import traceback
+
+            reply = {"error": traceback.format_exc()}
+        replies.write(json.dumps(reply).encode() + b"\n")
+        replies.flush()
     return 0

@@ -19,7 +19,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any
 
@@ -28,7 +28,7 @@ from psnode.protocol.control import StatusAnswer
 from psnode.protocol.status import NodeRow
 
 from . import jobs, teardown
-from .backends import BackendStatus, Capability, describer
+from .backends import Backend, BackendStatus, Capability, describer
 from .engines import ENGINES
 from .jobs import DamagedRecord, JobRecord, ProcRecord, ProcState
 from .takeover import backend_for, refresh, state_from_check, stop_orphan, supervisor_gone
@@ -52,9 +52,10 @@ def key_file_of(record: JobRecord) -> str | None:
 
 # -- status -----------------------------------------------------------------------------------------
 
-def job_status(record: JobRecord, timeout: float = 2.0) -> JobView:
+def job_status(record: JobRecord, timeout: float = 2.0, backend: Backend | None = None) -> JobView:
     """The status view of a job: a NodeRow per recorded process and the job's state, outcome
-    and notes."""
+    and notes.  Its hosts are asked through ``backend`` (kept open) if given, else through a
+    backend of its own."""
     record = refresh(record)
     view = JobView(id=record.id, state=record.state, scheduler=record.scheduler, backend=record.backend,
                    security=record.security or None, exit_code=record.exit_code, created=record.created,
@@ -80,7 +81,8 @@ def job_status(record: JobRecord, timeout: float = 2.0) -> JobView:
             pass
     missing = [p for p in record.procs if (p.role, p.rank) not in live and p.pid]
     checked: dict[str, NodeRow] = {}
-    backend = backend_for(record)
+    own = backend is None
+    backend = backend or backend_for(record)
     try:
         if missing:
             states, unverified = teardown.check_everywhere(backend, teardown.hosts_of(record), missing)
@@ -94,7 +96,8 @@ def job_status(record: JobRecord, timeout: float = 2.0) -> JobView:
         describe = describer(backend)
         extra = describe.describe(record.procs) if describe else BackendStatus()
     finally:
-        backend.close()
+        if own:
+            backend.close()
     view.backend_fields, view.backend_title = extra.fields, extra.title
     where = "on this machine" if Capability.THIS_MACHINE in backend.capabilities else f"over {record.backend}"
     view.source = ("live from the scheduler" + (f"; the rest checked {where}" if checked else "")
@@ -108,6 +111,18 @@ def job_status(record: JobRecord, timeout: float = 2.0) -> JobView:
         row.step = extra.steps.get(p.name)
         view.nodes.append(row)
     return view
+
+
+@contextlib.contextmanager
+def status_frames(job_id: str) -> Iterator[Callable[[], JobView]]:
+    """``mxdist status --watch``: each call, the job's status view as it is now, its hosts asked
+    through one backend kept for the whole watch (its connections and host agents: a frame costs
+    a round trip per host, not a login)."""
+    backend = backend_for(jobs.load(job_id))
+    try:
+        yield lambda: job_status(jobs.load(job_id), backend=backend)
+    finally:
+        backend.close()
 
 
 def _recorded_row(p: ProcRecord) -> NodeRow:

@@ -9,6 +9,8 @@ Sequence (:meth:`Supervisor.run`):
 1. record the job (``starting``) with who supervises it (pid, start time, host);
 2. ``--sync``, preflight of every host, and (unless ``--insecure``) the job's secret, fresh,
    on every host (:mod:`mxdist.preflight`): any problem -> ``failed`` with the reason per host, exit 3, nothing started;
+   a signal or a stop request meanwhile ends the job at once (nothing of the job is on any host
+   before preflight passed: :class:`mxdist.preflight.HostWrites`);
 3. start the scheduler, the servers, the workers (each stage per host in parallel); stream
    every process's output (prefixed; ``--ranks`` filters; every line saved to
    ``jobs/<id>/<name>.log``);
@@ -71,7 +73,7 @@ from .hosts import Host
 from .jobs import JobEnd, JobRecord, JobState, ProcRecord, ProcState
 from .lifecycle import QUICK, Action, Failure, Supervision
 from .plan import Plan, ProcSpec, restarted
-from .preflight import prepare_hosts
+from .preflight import HostWrites, prepare_hosts
 from .rootcause import RootCause, decide, describe_code
 
 EXIT_OK, EXIT_FAILED, EXIT_PREFLIGHT = 0, 1, 3
@@ -114,13 +116,15 @@ class Supervisor:
         self.record = record
         self.settings = settings
         self.hosts: dict[str, Host] = {h.label: h for h in plan.hosts}
-        self.events: queue.Queue[tuple[str, ExitStatus]] = queue.Queue()
+        # exits as the followers report them; None wakes the loop (a signal, the end of preflight)
+        self.events: queue.SimpleQueue[tuple[str, ExitStatus] | None] = queue.SimpleQueue()
         self.printer = ui.LogPrinter(quiet=settings.quiet, ranks=settings.ranks)
         self.threads: list[tuple[str, threading.Thread]] = []   # (host label, follower)
         self._since: dict[str, tuple[float, int]] = {}   # name -> (when it started, its log's size then)
         self._signal: int | None = None
         self._lock: jobs.Lock | None = None
         self._stopped: set[str] = set()
+        self._writes = HostWrites()     # whether anything of the job may be on its hosts
         self._on_save: list[Callable[[], None]] = []
 
     def on_save(self, callback: Callable[[], None]) -> None:
@@ -160,7 +164,7 @@ class Supervisor:
             self._lock.release()
 
     def _life(self) -> int:
-        problems = self._in_background(self._preflight)
+        problems = self._preflight_unless_ended()
         if (req := self._end_request()) is not None:
             return self._conclude(JobState.STOPPED, req.code, stopped_by=req.why)
         if problems:
@@ -180,20 +184,29 @@ class Supervisor:
 
     # -- preflight ------------------------------------------------------------------------------
 
-    def _in_background(self, fn: Callable[[], list[HostProblem]]) -> list[HostProblem]:
-        """Run ``fn`` in a thread; return early (nothing started yet) if the job is ended meanwhile."""
+    def _preflight_unless_ended(self) -> list[HostProblem]:
+        """Preflight in a thread; return early (nothing started yet) if the job is ended meanwhile.
+
+        Ended before preflight began writing the job's files, it writes none: the end has
+        nothing to remove on the hosts and does not wait for a slow one.  Ended after, its
+        writes are waited for (at most :data:`mxdist.teardown.STEP_MARGIN`), so the end removes them."""
         box: dict[str, Any] = {}
 
         def target() -> None:
             try:
-                box["value"] = fn()
+                box["value"] = self._preflight()
             except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
                 box["error"] = exc
+            finally:
+                self.events.put(None)
 
         thread = threading.Thread(target=target, name="preflight", daemon=True)
         thread.start()
-        while thread.is_alive() and self._end_request(peek=True) is None:
-            thread.join(POLL)
+        while thread.is_alive() and self._end_request() is None:
+            with contextlib.suppress(queue.Empty):
+                self.events.get(timeout=POLL)
+        if thread.is_alive() and self._writes.forbid():
+            thread.join(teardown.STEP_MARGIN)
         if "error" in box:
             raise box["error"]
         return box.get("value", [])
@@ -201,7 +214,7 @@ class Supervisor:
     def _preflight(self) -> list[HostProblem]:
         problems, self.plan = prepare_hosts(self.plan, self.backend, self.record, self.settings.run_dir,
                                             self.settings.sync, self.settings.check_modules,
-                                            self.settings.security, self._save)
+                                            self.settings.security, self._save, self._writes)
         return problems
 
     # -- start ----------------------------------------------------------------------------------
@@ -281,11 +294,14 @@ class Supervisor:
                 if not self._restart(item[1]) and rules.restart_failed(item[1].name) is Action.FAIL:
                     return self._conclude(JobState.FAILED, EXIT_FAILED, first_seen=item[1].name)
             try:
-                name, status = self.events.get(timeout=POLL)
+                event = self.events.get(timeout=POLL)
             except queue.Empty:
+                event = None
+            if event is None:
                 if wind_down_by is not None and time.monotonic() >= wind_down_by:
                     return self._conclude(JobState.SUCCEEDED, EXIT_OK)
                 continue
+            name, status = event
             rec = self.record.proc(name)
             self._exited(rec, status)
             action = rules.exited(name, status.ok, None if status.ok else self._failure(rec, status))
@@ -384,7 +400,7 @@ class Supervisor:
             cause = self._root_cause(first_seen, report.unverified)
             if cause is not None and note:
                 cause = replace(cause, headline=f"{cause.headline} ({note})")
-        labels = [h.label for h in self.plan.busy_hosts]
+        labels = [h.label for h in self.plan.busy_hosts] if self._writes.begun else []
         failed_cleanup = teardown.cleanup_everywhere(self.backend, self.hosts, self.record.id,
                                                      self.settings.run_dir, labels, report.unverified)
         jobs.discard_key(self.record.id)
@@ -433,8 +449,9 @@ class Supervisor:
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self._signal is None:
             self._signal = signum
+        self.events.put(None)       # the loop acts at once (SimpleQueue.put is safe in a handler)
 
-    def _end_request(self, peek: bool = False) -> EndRequest | None:
+    def _end_request(self) -> EndRequest | None:
         """A signal received, or ``mxdist stop``'s request file: how the job is to end."""
         if self._signal is not None:
             code, why = SIGNAL_EXIT[signal.Signals(self._signal)]

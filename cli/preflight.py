@@ -16,7 +16,10 @@ job's processes read it (``PSNODE_KEY_FILE``):
 
 The supervisor removes every copy when the job ends, however it ends (:mod:`mxdist.teardown`,
 :mod:`mxdist.takeover`).  This runs in a thread of the supervisor, so a stop request or a signal
-does not wait for slow hosts.
+does not wait for slow hosts.  Until its :class:`HostWrites` lets it go on, preflight writes
+nothing of the job anywhere (``--sync`` copies the user's files, not the job's): a job ended
+before that has nothing to clean up on its hosts, and is not kept waiting for a host that is
+slow to answer.
 
 GPUs: preflight's report of each host's GPUs goes into the plan (:func:`mxdist.plan.with_gpus`);
 with ``--gpus-per-worker`` every worker then has its ``CUDA_VISIBLE_DEVICES``, and a host with
@@ -25,6 +28,7 @@ were asked for (a CPU host is fine and quiet).
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -54,9 +58,44 @@ class PreflightFailed(Exception):
         self.problems = problems
 
 
+class HostWrites:
+    """Whether the job's own files (its secret, its run directory) may be written on its hosts,
+    decided once between the preflight thread and the supervisor, whichever asks first: preflight
+    :meth:`begin` s before it touches the record or a host, the supervisor :meth:`forbid` s when the
+    job ends during preflight.  Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._begun = False
+        self._forbidden = False
+
+    def begin(self) -> bool:
+        """Go on writing (True), unless the job has ended meanwhile (False: stop here)."""
+        with self._lock:
+            self._begun = not self._forbidden
+            return self._begun
+
+    def forbid(self) -> bool:
+        """No write may begin from now on; True if some may have begun already."""
+        with self._lock:
+            self._forbidden = True
+            return self._begun
+
+    @property
+    def begun(self) -> bool:
+        with self._lock:
+            return self._begun
+
+
 def prepare_hosts(plan: Plan, backend: Backend, record: JobRecord, run_dir: str, sync: list[tuple[str, str]],
-                  modules: tuple[str, ...], mode: Mode, save: Callable[[], None]) -> tuple[list[HostProblem], Plan]:
-    """Sync, preflight, secret; the problems found and the plan (with the secret files' paths)."""
+                  modules: tuple[str, ...], mode: Mode, save: Callable[[], None],
+                  writes: HostWrites | None = None) -> tuple[list[HostProblem], Plan]:
+    """Sync, preflight, secret; the problems found and the plan (with the secret files' paths).
+
+    Nothing of the job is written (the record, the hosts) before ``writes`` lets it go on, which
+    it asks only once every host passed preflight; forbidden, this returns no problems and the
+    plan as it was."""
+    writes = writes or HostWrites()
     try:
         for local, remote in sync:   # first: the working directory may be what it copies
             _sync(plan, backend, local, remote)
@@ -64,6 +103,8 @@ def prepare_hosts(plan: Plan, backend: Backend, record: JobRecord, run_dir: str,
         with ui.spinner(f"preflight: checking {len(hosts)} host(s)"):
             report = backend.preflight(hosts, modules, plan.base_env, command_target(record.command))
         problems = _in_host_order(report.problems, plan)
+        if not problems and not writes.begin():
+            return [], plan
         if not problems:
             plan = _place_gpus(plan, backend, report)
         if not problems and mode is not Mode.INSECURE:

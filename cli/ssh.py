@@ -11,10 +11,14 @@ Host keys are checked against ``known_hosts`` (``~/.ssh/known_hosts`` or ``known
 an unknown key is refused unless ``accept_new_host_keys`` (then it is appended to the file);
 a changed key is always refused.
 
-Every remote operation is one ``exec_command`` of ``<python> -`` (a quoted argv, never an
-interpolated string) whose stdin carries :mod:`mxdist.agent`'s source and the JSON request, so
-environment values (possibly secrets) never appear on a command line.  One connection per
-host is kept and shared by all threads (paramiko channels are thread-safe).
+Remote operations run :mod:`mxdist.agent` with a quoted argv (never an interpolated string);
+its source and the JSON requests travel on stdin, so environment values (possibly secrets)
+never appear on a command line.  One connection per host is kept and shared by all threads
+(paramiko channels are thread-safe); on it, one serving agent per host (``<python> -c BOOT``,
+started on first use, ended by :meth:`SshBackend.close`) answers the short operations one at a
+time, each a round trip rather than a Python start.  Starting processes, streaming a log, and an
+operation asked while the serving agent is busy with another thread's each run once on a channel
+of their own (``<python> -``).
 
 The job's secret travels the same way: :meth:`SshBackend.install_key` sends the secret file's
 content inside the agent request on stdin; the agent writes it to a 0600 file in the remote run
@@ -25,6 +29,7 @@ Host key fingerprints are shown as OpenSSH does (``SHA256:`` + base64 of the key
 from __future__ import annotations
 
 import base64
+import contextlib
 import getpass
 import hashlib
 import json
@@ -182,6 +187,7 @@ class SshBackend:
         self._hops: dict[str, list[paramiko.SSHClient]] = {}   # per host: the jump hosts' connections
         self._lock = threading.Lock()
         self._host_locks: dict[str, threading.Lock] = {}
+        self._served: dict[str, _ServingAgent] = {}     # per host: its serving agent
 
     @classmethod
     def for_launch(cls, request: LaunchRequest) -> tuple[SshBackend, list[Host]]:
@@ -300,14 +306,64 @@ class SshBackend:
 
     def _agent(self, host: Host, request: dict[str, Any], emit: Callable[[bytes], None] | None = None,
                timeout: float | None = 120.0) -> Any:
-        """Run one agent operation on ``host``; stream its stdout to ``emit``; return its result."""
+        """Run one agent operation on ``host``; stream its stdout to ``emit``; return its result.
+        On the host's serving agent when the operation is served and the agent is free."""
+        if emit is None and request["op"] in agent.SERVED:
+            served = self._claim(host)
+            if served is not None:
+                return self._ask(host, served, request, timeout)
+        return self._once(host, request, emit, timeout)
+
+    def _channel(self, host: Host) -> paramiko.Channel:
         transport = self._client(host).get_transport()
         if transport is None:
             raise BackendError(f"{host.label}: SSH connection lost")
         try:
-            chan = transport.open_session(timeout=self.connect_timeout)
+            return transport.open_session(timeout=self.connect_timeout)
         except paramiko.SSHException as exc:
             raise BackendError(f"{host.label}: {exc}") from None
+
+    def _claim(self, host: Host) -> _ServingAgent | None:
+        """The host's serving agent, reserved for the caller (who releases it), started if there
+        is none; None while another thread's request is on it."""
+        with self._lock:
+            served = self._served.get(host.label)
+            if served is not None and not served.ended():
+                return served if served.busy.acquire(blocking=False) else None
+            served = _ServingAgent()
+            served.busy.acquire()
+            self._served[host.label] = served
+        try:
+            served.start(self._channel(host), self.python)
+        except BaseException:
+            served.close()
+            with self._lock:
+                if self._served.get(host.label) is served:
+                    del self._served[host.label]
+            served.busy.release()
+            raise
+        return served
+
+    def _ask(self, host: Host, served: _ServingAgent, request: dict[str, Any], timeout: float | None) -> Any:
+        """One request to ``served`` (claimed by the caller, released here)."""
+        try:
+            reply = served.call(request, timeout)
+        except TimeoutError:
+            served.close()      # its answer would be the next request's
+            raise BackendError(f"{host.label}: no answer within {timeout:.0f} s") from None
+        except (OSError, EOFError, paramiko.SSHException):
+            code, text = served.exit()
+            raise _agent_failed(host, self.python, code, text) from None
+        finally:
+            served.busy.release()
+        if "error" in reply:
+            raise BackendError(f"{host.label}: remote agent failed: {str(reply['error']).strip()[-500:]}")
+        return reply["result"]
+
+    def _once(self, host: Host, request: dict[str, Any], emit: Callable[[bytes], None] | None,
+              timeout: float | None) -> Any:
+        """One agent operation on a channel of its own (``<python> -``)."""
+        chan = self._channel(host)
         try:
             chan.settimeout(timeout)
             chan.exec_command(shlex.join([self.python, "-"]))
@@ -336,9 +392,7 @@ class SshBackend:
         last = text.splitlines()[-1] if text else ""
         if last.startswith('{"result"'):
             return json.loads(last)["result"]
-        if code == 127:
-            raise BackendError(f"{host.label}: {self.python} not found (pass --python PATH)")
-        raise BackendError(f"{host.label}: remote agent failed (exit {code}): {text[-500:]}")
+        raise _agent_failed(host, self.python, code, text)
 
     # -- the Backend protocol -------------------------------------------------------------------
 
@@ -538,11 +592,77 @@ class SshBackend:
 
     def close(self) -> None:
         with self._lock:
+            for served in self._served.values():
+                served.close()
+            self._served.clear()
             _close_all(list(self._clients.values()))
             for hops in self._hops.values():
                 _close_all(hops)
             self._clients.clear()
             self._hops.clear()
+
+
+class _ServingAgent:
+    """A serving agent (:func:`mxdist.agent.serve`) on its own channel; one request at a time,
+    by the thread that holds ``busy``."""
+
+    def __init__(self) -> None:
+        self.busy = threading.Lock()
+        self._chan: paramiko.Channel | None = None
+        self._pending = b""          # what arrived after the last reply's line
+
+    def start(self, chan: paramiko.Channel, python: str) -> None:
+        """Run the agent on ``chan`` (a fresh session channel) and send it its source."""
+        self._chan = chan
+        chan.exec_command(shlex.join([python, "-c", agent.BOOT]))
+        source = f"{_AGENT_SOURCE}\nimport sys as _s\n_s.exit(serve())\n".encode()
+        chan.sendall(b"%d\n" % len(source) + source)
+
+    def ended(self) -> bool:
+        """Closed, or its remote end is gone (a free agent never sends anything)."""
+        chan = self._chan
+        return chan is not None and (chan.closed or chan.eof_received or chan.exit_status_ready())
+
+    def call(self, request: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+        """Send ``request``; its reply.  EOFError if the agent ended; TimeoutError after ``timeout``."""
+        chan = self._chan
+        if chan is None:
+            raise EOFError("not started")
+        chan.settimeout(timeout)
+        chan.sendall(json.dumps(request).encode() + b"\n")
+        while b"\n" not in self._pending:
+            data = chan.recv(65536)
+            if not data:
+                raise EOFError("the serving agent ended")
+            self._pending += data
+        line, _, self._pending = self._pending.partition(b"\n")
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def exit(self, wait: float = 2.0) -> tuple[int, str]:
+        """The exit status and stderr of an agent that ended (-1 if it did not say within ``wait``)."""
+        chan = self._chan
+        if chan is None:
+            return -1, ""
+        chan.settimeout(wait)
+        err = b""
+        with contextlib.suppress(OSError, paramiko.SSHException):
+            while data := chan.recv_stderr(65536):
+                err += data
+        code = chan.recv_exit_status() if chan.status_event.wait(wait) else -1
+        self.close()
+        return code, err.decode(errors="replace").strip()
+
+    def close(self) -> None:
+        if self._chan is not None:
+            self._chan.close()
+
+
+def _agent_failed(host: Host, python: str, code: int, stderr: str) -> BackendError:
+    """A remote agent that ended without a result, in words."""
+    if code == 127:
+        return BackendError(f"{host.label}: {python} not found (pass --python PATH)")
+    return BackendError(f"{host.label}: remote agent failed (exit {code}): {stderr[-500:]}")
 
 
 def _close_all(clients: Sequence[paramiko.SSHClient]) -> None:

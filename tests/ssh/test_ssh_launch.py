@@ -9,8 +9,11 @@ import json
 import os
 import signal
 import stat
+import subprocess
+import sys
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -224,6 +227,67 @@ def test_sync_copies_a_directory_and_skips_unchanged_files(ssh_cluster, home, tm
     finally:
         backend.close()
     assert_nothing_left(home)
+
+
+def test_a_hosts_short_operations_share_one_python(ssh_cluster, home, tmp_path):
+    """One Python start per host for any number of short operations (a status frame, a stop:
+    a round trip each); one asked while that agent is busy runs on its own, at once; an agent
+    that died is replaced; close() ends it."""
+    from mxdist.backends import BackendError
+    from mxdist.hosts import Host
+    from mxdist.jobs import ProcRecord
+    from mxdist.ssh import SshBackend
+
+    starts = tmp_path / "python-starts"
+    python = tmp_path / "counting-python"
+    python.write_text(f'#!/bin/sh\necho "$1 $$" >> {starts}\nexec {sys.executable} "$@"\n')   # $$: the Python
+    python.chmod(0o755)
+
+    def started() -> list[str]:
+        return [line.split()[0] for line in starts.read_text().splitlines()] if starts.exists() else []
+
+    def serving() -> list[int]:
+        return [int(line.split()[1]) for line in starts.read_text().splitlines() if line.startswith("-c ")]
+
+    def alive(pid: int) -> bool:
+        with contextlib.suppress(OSError):
+            return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+        return False
+
+    termed = tmp_path / "termed"
+    stubborn = subprocess.Popen(["sh", "-c", f"trap 'touch {termed}' TERM; while :; do sleep 0.1; done"],
+                                start_new_session=True)
+    proc = ProcRecord(name="worker-0", role="worker", rank=0, host="node1", address="127.0.0.2", log="",
+                      pid=stubborn.pid, rc_file=str(tmp_path / "no.rc"))
+    backend = SshBackend(workdir=str(tmp_path), python=str(python), ssh_config=str(ssh_cluster.ssh_config),
+                         known_hosts=str(ssh_cluster.known_hosts))
+    try:
+        host = backend.resolve(Host("node1"))
+        for _ in range(5):
+            assert backend.status(host, [proc])[0].alive
+        assert started() == ["-c"]
+        with ThreadPoolExecutor(1) as pool:
+            stop = pool.submit(backend.stop, host, [proc], 4.0)      # TERM does not end it: 4 s, then KILL
+            wait_for(termed.exists, 10, "the stop's TERM")
+            assert backend.status(host, [proc])[0].alive and not stop.done()   # meanwhile, on its own
+            assert started() == ["-c", "-"]
+            assert stop.result(30) == [] and stubborn.wait(10) == -signal.SIGKILL
+        [first] = serving()
+        os.kill(first, signal.SIGKILL)
+
+        def answers() -> bool:
+            with contextlib.suppress(BackendError):
+                return not backend.status(host, [proc])[0].alive
+            return False
+
+        wait_for(answers, 10, "an answer from a new serving agent")
+        assert started() == ["-c", "-", "-c"] and alive(serving()[1])
+    finally:
+        backend.close()
+        if stubborn.poll() is None:
+            os.killpg(stubborn.pid, signal.SIGKILL)
+            stubborn.wait(10)
+    wait_for(lambda: not alive(serving()[1]), 10, "the serving agent's end once the backend is closed")
 
 
 def test_missing_remote_python_is_reported_per_host(ssh_cluster, home, tmp_path):

@@ -50,7 +50,7 @@ import pytest
 
 from tests.slurm.test_slurm_launch import job_processes
 from tests.ssh.mxdist_testing import ROOT, assert_nothing_left, cli_env, latest, records
-from tests.support import wait_for
+from tests.support import Drained, wait_for
 from tests.terminal.emulator import COLS, Screen, Terminal, terminal_env
 
 MXDIST = [sys.executable, "-m", "mxdist"]
@@ -391,14 +391,19 @@ def test_status_watch_through_a_pipe_and_in_a_dumb_terminal(running):
     proc = subprocess.Popen([*MXDIST, "status", running.job, "--watch", "--interval", "0.3"], env=t.env, cwd=t.cwd,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             stdin=subprocess.DEVNULL)
+    drained = Drained([proc])
+
+    def frames() -> int:
+        return drained.out(proc).count(f"job {running.job}")
+
     try:
-        time.sleep(2.0)
+        wait_for(lambda: frames() >= 1, 30, "the first frame", describe=lambda: drained.err(proc))
+        wait_for(lambda: frames() >= 2, 10, "a second frame", describe=lambda: drained.out(proc))
         os.killpg(proc.pid, signal.SIGINT)          # Ctrl-C reaches every process of a pipeline
-        out, err = proc.communicate(timeout=PROMPT + 1)
+        assert drained.wait([proc], time.monotonic() + PROMPT + 1), "status --watch did not end after Ctrl-C"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        drained.finish()
+    out, err = drained.out(proc), drained.err(proc)
     no_escapes(out + err)
     assert out.count(f"job {running.job}") >= 2, out                           # frame after frame
     _status_shows(running, out)

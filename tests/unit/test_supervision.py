@@ -17,13 +17,14 @@ from typing import Any
 import pytest
 
 from mxdist import jobs, lifecycle
-from mxdist.backends import BackendError, Evidence, ExitStatus, HostProblem, Preflight, ProcStatus, Started
+from mxdist.backends import BackendError, Capability, Evidence, ExitStatus, HostProblem, Preflight, ProcStatus, Started
 from mxdist.hosts import Host
 from mxdist.jobs import JobState, ProcState
 from mxdist.launch import LaunchSettings, Supervisor, new_record
 from mxdist.lifecycle import Action, Failure, Supervision
 from mxdist.plan import NodeOptions, PlanRequest, make_plan
 from mxdist.rootcause import Outcome, decide
+from psnode.net.security import Mode
 
 # -- mxdist.lifecycle ---------------------------------------------------------------------------------
 
@@ -167,6 +168,9 @@ class FakeBackend:
         self.unreachable: set[str] = set()
         self.evidence: dict[str, Evidence] = {}
         self.crash: dict[str, str] = {}
+        self.keys: list[str] = []                     # hosts given the job's secret (install_key)
+        self.hold: dict[str, threading.Event] = {}    # "preflight"/"install_key": waits until set
+        self.entered: dict[str, threading.Event] = {"preflight": threading.Event(), "install_key": threading.Event()}
         self._pid = 1000
         self._lock = threading.Lock()
 
@@ -186,8 +190,20 @@ class FakeBackend:
     def options(self) -> dict[str, Any]:
         return {}
 
+    def _step(self, name: str) -> None:
+        self.entered[name].set()
+        if name in self.hold:
+            assert self.hold[name].wait(30), f"{name} was never released"
+
     def preflight(self, hosts: Sequence[Host], modules: Sequence[str], env: Any, target: Any = None) -> Preflight:
+        self._step("preflight")
         return Preflight(self.problems)
+
+    def install_key(self, host: Host, run_dir: str, key: bytes) -> str:   # with Capability.KEYS
+        self._step("install_key")
+        with self._lock:
+            self.keys.append(host.label)
+        return f"{run_dir}/job.key"
 
     def reachable(self, host: Host, timeout: float) -> None:
         if host.label in self.unreachable:
@@ -414,6 +430,57 @@ def test_an_unreachable_host_is_not_waited_on_and_is_reported_not_verified(home)
     assert rec.root_cause is not None and rec.root_cause["headline"] == "worker 0 on a: exit code 3"
     assert "worker 1 on b: not verified (its host could not be reached)" in rec.consequences
     assert fake.cleaned == ["a"]
+
+
+def _preflight_thread_ends() -> None:
+    for t in threading.enumerate():
+        if t.name == "preflight":
+            t.join(10)
+            assert not t.is_alive()
+
+
+def test_a_job_ended_during_preflight_ends_at_once_and_writes_nothing_of_it_anywhere(home):
+    """A host slow to answer preflight: the stop request ends the job without waiting for it;
+    nothing of the job was written on a host (nothing to clean there), nor is once it answers."""
+    fake = FakeBackend()
+    fake.capabilities = frozenset({Capability.KEYS})
+    fake.hold["preflight"] = threading.Event()
+    sup = supervisor(fake, security=Mode.AUTHENTICATED)
+
+    def play() -> None:
+        assert fake.entered["preflight"].wait(10)
+        jobs.write_private(jobs.stop_request_path(sup.record.id), '{"grace": 0.1}')
+
+    drive(play)
+    t0 = time.monotonic()
+    assert sup.run() == 143
+    assert time.monotonic() - t0 < 2.0
+    fake.hold["preflight"].set()                 # the slow host answers at last
+    _preflight_thread_ends()
+    rec = jobs.load(sup.record.id)
+    assert rec.state is JobState.STOPPED and rec.stopped_by == "mxdist stop" and not fake.starts
+    assert fake.cleaned == [] and fake.keys == [] and not fake.entered["install_key"].is_set()
+    assert rec.key_file is None and not rec.remote_keys and not jobs.key_path(rec.id).exists()
+
+
+def test_a_job_ended_while_its_secret_is_being_written_waits_for_it_and_removes_it(home):
+    fake = FakeBackend()
+    fake.capabilities = frozenset({Capability.KEYS})
+    fake.hold["install_key"] = threading.Event()
+    sup = supervisor(fake, security=Mode.AUTHENTICATED)
+
+    def play() -> None:
+        assert fake.entered["install_key"].wait(10)
+        jobs.write_private(jobs.stop_request_path(sup.record.id), '{"grace": 0.1}')
+        time.sleep(0.5)                          # the supervisor sees the request meanwhile
+        fake.hold["install_key"].set()
+
+    drive(play)
+    assert sup.run() == 143
+    rec = jobs.load(sup.record.id)
+    assert rec.state is JobState.STOPPED and not fake.starts
+    assert sorted(fake.keys) == ["a", "b"] and sorted(fake.cleaned) == ["a", "b"]   # written, then removed
+    assert not jobs.key_path(rec.id).exists()
 
 
 def test_preflight_problems_start_nothing(home):
