@@ -3,7 +3,7 @@
     python benchmarks/embedding_worker.py psnode <config-json>    # under a psnode job (PSNODE_* env)
     python -m benchmarks.embedding_worker ddp <config-json>       # RANK, WORLD_SIZE, MASTER_ADDR/PORT set
 
-The workload (notes/performance.md, "The embedding workload"): an ``EmbeddingBag(rows, 16,
+The embedding workload: an ``EmbeddingBag(rows, 16,
 mode='sum')`` and a linear head to one logit, binary cross-entropy; each step a batch of 256
 samples of 8 ids drawn Zipf(1.3) mod ``rows``, labelled 1 when most of its ids are even; AdaGrad
 with learning rate 0.1 and epsilon 1e-10 (torch's default; psnode's, MXNet's formula, adds it

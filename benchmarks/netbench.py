@@ -354,7 +354,7 @@ def summarize(args: argparse.Namespace, records: list[dict[str, Any]]) -> tuple[
             print(f"  {name:11} epoch {med(ep)} ms   accuracy {', '.join(f'{a:.4f}' for a in acc)}")
             summary["mlp"][name] = {"epoch_s": ep, "accuracy": acc}
     if not args.unlimited and set(summary["cases"]) & set(TARGET_CASES):
-        print("\nchecks (issue 17: within 15% of what the links allow; 2bit >= 1.6x, fp16 >= 1.15x vs none):")
+        print("\nchecks (within 15% of what the links allow; 2bit >= 1.6x, fp16 >= 1.15x vs none):")
         for cname, by in summary["cases"].items():
             if cname not in TARGET_CASES:
                 continue
@@ -414,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(s.active for s in args.compression):
         import psnode.worker.kvstore
         if not hasattr(psnode.worker.kvstore.KVStore, "set_gradient_compression"):
-            print("netbench: this psnode has no kv.set_gradient_compression yet (issue 17, phase 2); "
+            print("netbench: this psnode has no kv.set_gradient_compression; "
                   "use --compression none", file=sys.stderr)
             return 2
     logdir = Path(tempfile.mkdtemp(prefix="netbench-"))

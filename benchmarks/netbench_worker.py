@@ -49,7 +49,7 @@ def create_kv(spec: CompressionSpec) -> Any:
     if spec.active:
         if not hasattr(kv, "set_gradient_compression"):
             fail(f"compression {spec.type.value!r}: this psnode has no kv.set_gradient_compression yet "
-                 f"(issue 17, phase 2); run with --compression none")
+                 f"(kv.set_gradient_compression missing); run with --compression none")
         kv.set_gradient_compression(spec.to_params())
     return kv
 
@@ -127,7 +127,7 @@ def mlp(args: list[str]) -> None:
     common.Progress = Timed
     spec = spec_from_env()
     sys.argv = ["mlp_numpy.py", *args]
-    if spec.active:   # the example's own flag (issue 17, item 4)
+    if spec.active:   # the example's own flag
         sys.argv += ["--compression", spec.type.value]
         if spec.thresholded:
             sys.argv += ["--compression-threshold", str(spec.threshold)]

@@ -144,7 +144,7 @@ def launch_table(stats: Stats, print_fn: PrintFn = print) -> list[dict]:
     return summary
 
 
-# ---------------------------------------------------------------- targets (issue 15)
+# ---------------------------------------------------------------- targets
 def target_values(stats: Stats, system: str, cfg: str) -> list[tuple[str, float, list[float] | None]]:
     """[(target, goal, per-run values or None when not measured)] for ``system`` at ``cfg``.
     Each value is "higher is better" and meets the target when >= goal."""
@@ -185,7 +185,7 @@ def targets(stats: Stats, print_fn: PrintFn = print, psnode: str = "psnode") -> 
         rows.append((verdict, name, *(fmt_range(v, ".2f") if v else "-" for v in per_cfg.values())))
         out.append({"target": name, "goal": goal, "pass": verdict == "PASS",
                     **{cfg: (statistics.median(v) if v else None) for cfg, v in per_cfg.items()}})
-    print_fn("\nTargets (issue 15, per worker, same run; a ratio at or above the goal meets it; PASS/MISS at W2S2):")
+    print_fn("\nTargets (per worker, same run; a ratio at or above the goal meets it; PASS/MISS at W2S2):")
     if rows:
         print_table(hdr, rows, print_fn)
     if unmeasured:

@@ -1,6 +1,6 @@
 """The SSH testbed for benchmarks: real OpenSSH servers on 127.0.0.2, .3, ... (one per fake host).
 
-The same setup as tests/ssh/conftest.py (the notes in shared/notes/testing.md), as a context
+The same setup as tests/ssh/conftest.py, as a context
 manager a benchmark can use outside pytest::
 
     with SshBed(hosts=2) as bed:

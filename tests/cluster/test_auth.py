@@ -124,7 +124,7 @@ def test_another_user_and_another_job_are_refused_and_the_job_is_exact(other_use
 
 def test_without_authentication_the_same_outsider_reads_and_stops_the_job(other_user, tmp_path) -> None:
     """The control: against an insecure job the outsider's STATUS is answered and its STOP
-    ends the job (what issue 14 measured)."""
+    ends the job."""
     go = tmp_path / "go"
     job = start_job(TRAIN, 1, 1, args=[str(go)], tmp=tmp_path)
     try:

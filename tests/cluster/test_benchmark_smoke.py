@@ -49,7 +49,7 @@ def test_quick_benchmark_runs_every_system(tmp_path: Path) -> None:
             assert all(x["n"] == ALL[case].timed(True) and x["median"] > 0 and x["config"] for x in recs), recs
     assert not any(s == "mxnet" for s, _ in got)
     assert all(x["links"] == 2 and x["path"] == "same-host" for x in got[("psnode", "1x4KiB")])   # shared memory
-    # the tables name every peer; the targets are issue 15's, the MXNet ones reported as not measured
+    # the tables name every peer; the targets are the benchmark's, the MXNet ones reported as not measured
     assert "bare PS MiB/s" in r.stdout and "MXNet/psnode (time)" in r.stdout
     assert "200x16KiB MiB/s / 16x1MiB MiB/s >= 0.8" in r.stdout
     assert "not measured in this run" in r.stdout and "1x1MiB: MXNet time / psnode time" in r.stdout

@@ -1,6 +1,6 @@
 """The README's compression line runs: ``mxdist launch -n 2 -s 2 examples/mlp_numpy.py
 --compression 2bit`` trains the digits MLP with 2-bit gradient pushes (MXNet's default threshold
-0.5) to within 2 accuracy points of the same job uncompressed (issue 17; 0.9666 vs 0.9833 here:
+0.5) to within 2 accuracy points of the same job uncompressed (0.9666 vs 0.9833 here:
 both runs are deterministic, dist_sync rounds over the same batches)."""
 from __future__ import annotations
 

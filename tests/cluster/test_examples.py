@@ -1,6 +1,6 @@
 """The examples run as real jobs (scheduler, servers, workers on 127.0.0.1) and learn.
 
-Accuracy check (issue 5): W=2 workers with ``--batch-size b`` against one process with
+Accuracy check: W=2 workers with ``--batch-size b`` against one process with
 ``--batch-size 2b`` over the same epochs, so both see the same number of samples.  The examples
 make the two runs compute the *same* sequence of updates (examples/common.py: one permutation
 per epoch; worker r takes positions r, r+2, ...; batch i of both workers together is batch i of

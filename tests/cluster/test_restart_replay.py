@@ -1,7 +1,7 @@
 """A restarted worker whose script starts over (no ``kv.num_pushes``) replays: its pushes of
 rounds the servers already applied are recognised and not applied again, its barriers already
 passed are answered at once, and the job ends with the values of an uninterrupted run; a script
-that resumes gets the same result (issue 13: it used to resend forever)."""
+that resumes gets the same result (and stops resending)."""
 from __future__ import annotations
 
 import time

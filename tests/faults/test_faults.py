@@ -130,7 +130,7 @@ def test_kill9_scheduler_mid_training(tmp_path: Path) -> None:
         for p in others:
             assert re.search(r"the scheduler \(pid \d+\) at 127\.0\.0\.1:\d+ stopped responding \(\d+\.\d s without",
                              dr.err(p)), f"{p.role} {p.rank}: no clear error\n" + dr.describe()
-        # issue 6: the error names the dead node's pid too (the scheduler's is not known to nodes)
+        # the error names the dead node's pid too (the scheduler's is not known to nodes)
         for p in others:
             assert f"pid {victim.popen.pid}" in dr.err(p), \
                 f"{p.role} {p.rank}: the scheduler's pid is not named:\n{dr.err(p)}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device check of issue 18 (psnode.torch on CUDA): one prepared script, under 5 minutes on one H200.
+# Device check of psnode.torch on CUDA: one prepared script, under 5 minutes on one H200.
 #
 # What it checks (each line of the summary says PASS, FAIL or SKIP and why):
 #   1. pytest: the CPU tests of psnode.torch (tests/unit/test_torch_wrapper.py,
@@ -58,7 +58,7 @@ result() {  # result STATUS NAME DETAIL
     [ "$1" = FAIL ] && FAILED=1
     say "$1 $2 $3"
 }
-mxdist() { timeout "$1" "$PY" -m cli launch "${@:2}"; }
+mxdist() { timeout "$1" "$PY" -m mxdist launch "${@:2}"; }
 accuracy() { grep -o 'accuracy=[0-9.]*' "$1" | tail -1 | cut -d= -f2; }
 
 "$PY" - <<'EOF' | tee "$LOGS/env.log"

@@ -1,4 +1,4 @@
-"""Real Slurm clusters for the slurm tests (see slurm_cluster.py and notes/slurm.md).
+"""Real Slurm clusters for the slurm tests (see slurm_cluster.py).
 
 Two session fixtures, each started once (about 1-2 s) and stopped at the end (the temp dir
 under /tmp removed):

@@ -3,7 +3,7 @@
 Nodes are emulated on loopback addresses (``127.0.0.2``, ``127.0.0.3``, ...), each slurmd on its
 own port, or a single node ``localhost`` (NodeAddr 127.0.0.1).  Everything lives in one temp dir
 (munge key and socket, slurm.conf, state, spool, logs); client commands need ``SLURM_CONF``
-(:meth:`SlurmCluster.env`).  See notes/slurm.md for why each setting is there.
+(:meth:`SlurmCluster.env`).
 
 Start takes about a second; :meth:`SlurmCluster.stop` cancels every job, waits for the queue to
 drain, then ends the daemons by their saved pids and removes the directory.  Every wait is bounded.
