@@ -21,8 +21,9 @@ def test_torch_tensor_lists_in_a_job() -> None:
     """Worker r pushes [r + 1, 2] (two 'devices', one bfloat16) to a small key and a split big
     one: the sum is (1 + 2) + (2 + 2) = 7; every output tensor gets 7 in its own dtype; a
     row_ids pull into a tensor writes only those rows."""
-    job = run_job(PRELUDE + """
-import torch
+    # torch first, as scripts do: importing it holds the GIL for seconds on a loaded machine,
+    # longer than the harness's 1 s heartbeat liveness once the kvstore runs
+    job = run_job("import torch\n" + PRELUDE + """
 big = 300_000
 kv.init(['w', 'big'], [np.zeros(3, np.float32), np.zeros(big, np.float32)])
 kv.init('e', np.zeros((4, 2), np.float32), stype='row_sparse')
