@@ -286,7 +286,10 @@ def cleanup(run_dir: str, job_id: str, remove_dir: bool) -> dict:
         except OSError as exc:
             failed.append(f"{path}: {exc.strerror}")
     if run_dir and remove_dir and os.path.basename(run_dir.rstrip("/")) == job_id and os.path.isdir(run_dir):
-        shutil.rmtree(run_dir, onerror=lambda fn, path, exc: failed.append(f"{path}: {exc[1]}"))
+        def note(fn: object, path: str, exc: tuple) -> None:
+            if not isinstance(exc[1], FileNotFoundError):   # gone already: another host sharing
+                failed.append(f"{path}: {exc[1]}")         # this filesystem removed it first
+        shutil.rmtree(run_dir, onerror=note)
     return {"failed": failed}
 
 

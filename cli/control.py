@@ -271,14 +271,17 @@ def stream_logs(record: JobRecord, procs: Sequence[ProcRecord], follow: bool,
             import threading
 
             gone = threading.Event()    # the reader went away: every follower stops
+            errors: list[BaseException] = []   # a follower's failure, raised here (not in its thread)
 
             def one(p: ProcRecord) -> None:
                 try:
                     backend.follow(hosts[p.host], p, lambda d: emit(p, d), wait=True)
+                    done(p)
                 except BrokenPipeError:
                     gone.set()
-                finally:
-                    done(p)
+                except Exception as exc:  # noqa: BLE001 - reported by the caller's thread
+                    if not gone.is_set():   # after the reader left, the connections close under it
+                        errors.append(exc)
 
             threads = [threading.Thread(target=one, args=(p,), daemon=True) for p in procs if p.pid]
             for t in threads:
@@ -288,6 +291,8 @@ def stream_logs(record: JobRecord, procs: Sequence[ProcRecord], follow: bool,
                     t.join(0.2)
             if gone.is_set():
                 raise BrokenPipeError("the reader of the logs went away")
+            if errors:
+                raise errors[0]
         else:
             for p in procs:
                 if p.pid:
