@@ -95,8 +95,8 @@ import torch as _torch
 from psnode.errors import ConfigError
 from psnode.math import optimizers as opt_mod
 from psnode.math.compression import CompressionSpec
+from psnode.torch.devices import host_value, scatter
 from psnode.torch.embedding import HeldTable, ServerTable
-from psnode.worker.torchdevices import host_value, scatter
 
 __all__ = ["DistributedTrainer", "host_dtype", "host_value", "numpy_view", "scatter", "wrap"]
 

@@ -1,4 +1,4 @@
-"""Torch tensors through the KVStore API: which values go to :mod:`psnode.worker.torchdevices`.
+"""Torch tensors through the KVStore API: which values go to :mod:`psnode.torch.devices`.
 
 ``kv.push(key, t)`` / ``kv.push(key, [g0, g1, ...])`` with torch tensors (one per local device)
 and ``kv.pull(key, out=[w0, w1, ...])`` into torch tensors work like their numpy forms (MXNet's
@@ -6,10 +6,10 @@ device kvstore).  The KVStore calls the functions here first; they replace torch
 arrays and say which tensors get the pulled values afterwards:
 
 * :func:`push_values` -- every torch tensor, or non-empty list of them, given for a key becomes
-  ``torchdevices.host_value(v, dtype=<the key's dtype>, key=k)``; anything else is left as is.
+  ``torch_devices.host_value(v, dtype=<the key's dtype>, key=k)``; anything else is left as is.
 * :func:`pull_outs` -- every torch tensor, or list of them, given as ``out`` for a key becomes
   one host array of the key's shape and dtype (reused across calls, in ``bufs``); the returned
-  :class:`Scatter` list is applied by :func:`finish` after the pull (``torchdevices.scatter``).
+  :class:`Scatter` list is applied by :func:`finish` after the pull (``torch_devices.scatter``).
   With ``row_ids`` (a row_sparse pull writes only the fetched rows) each tensor gets its own
   host array, a copy of the tensor, so the rows not fetched keep their values.
 
@@ -76,7 +76,7 @@ def push_values(key: Any, value: Any, info: Info) -> Any:
     pairs = _per_key(key, value)
     if pairs is None:
         return value
-    from psnode.worker.torchdevices import host_value
+    from psnode.torch.devices import host_value
 
     dup = len({k for k, _ in pairs}) != len(pairs)   # host_value reuses one buffer per key
     done = []
@@ -130,7 +130,7 @@ def finish(scatters: list[Scatter]) -> None:
     """Write each pulled host array into its tensors (the tensors hold it on return)."""
     if not scatters:
         return
-    from psnode.worker.torchdevices import scatter
+    from psnode.torch.devices import scatter
 
     for s in scatters:
         scatter(s.host, s.tensors, key=s.key)
