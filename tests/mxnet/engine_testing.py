@@ -6,10 +6,19 @@ import contextlib
 import os
 import re
 import signal
+import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+
+from tests.ssh.mxdist_testing import ROOT, cli_env
+
+#: The Gluon example both engines train (``kvstore='psnode'``, or MXNet's own dist_sync).
+GLUON_EXAMPLE = str(ROOT / "examples" / "gluon_mlp.py")
 
 #: A worker that takes part in a dist_sync job: rank r pushes r + 1 to key 3, pulls the sum
 #: (MXNet's servers store the sum of the pushes without an optimizer), prints what it got and its
@@ -93,6 +102,28 @@ def metric(out: str, name: str) -> float:
     found = re.findall(rf"{name}=([0-9.]+)", out)
     assert found, f"no {name}= in:\n{out}"
     return float(found[-1])
+
+
+def assert_matches_one_process(dist_out: str, tmp_path: Path, home: Path, args: list[str],
+                               timeout: float) -> tuple[float, float]:
+    """The Gluon example run as one process with twice the batch (``args`` as the job's, the job
+    having saved ``tmp_path/w{rank}.npz`` with batch 32 on each of 2 workers): both ranks end
+    equal, the weights match one process to 1e-3 and the accuracy to 0.01 (and is above 0.9).
+    Returns (the job's accuracy, one process's)."""
+    single = subprocess.run([sys.executable, GLUON_EXAMPLE, *args, "--batch-size", "64", "--save",
+                             str(tmp_path / "one.npz")], capture_output=True, text=True, timeout=timeout,
+                            env=cli_env(home, PYTHONPATH=str(ROOT)), cwd=ROOT)
+    assert single.returncode == 0, single.stdout + single.stderr
+    assert "kvstore=local workers=1" in single.stdout
+    acc_dist, acc_one = metric(dist_out, "accuracy"), metric(single.stdout, "accuracy")
+    assert acc_one > 0.9 and abs(acc_dist - acc_one) <= 0.01, (acc_dist, acc_one)
+    with np.load(tmp_path / "w0.npz") as a, np.load(tmp_path / "w1.npz") as b, \
+            np.load(tmp_path / "one.npz") as one:
+        assert sorted(a.files) == sorted(one.files) and len(a.files) == 4
+        for k in a.files:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)             # both ranks end equal
+            np.testing.assert_allclose(a[k], one[k], atol=1e-3, err_msg=k)   # and as one process
+    return acc_dist, acc_one
 
 
 def logs_say(record: dict[str, Any], text: str, names: tuple[str, ...]) -> bool:

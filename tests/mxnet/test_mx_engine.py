@@ -22,16 +22,15 @@ import time
 from pathlib import Path
 
 import mxnet  # noqa: F401 - this tier runs in MXNet's venv (PSNODE_TEST_MXNET=1: a missing MXNet fails it)
-import numpy as np
 import pytest
 
 from mxdist.engines import MXNET, MXNET_BOOT
 from tests.mxnet.engine_testing import (
     FAILING,
     WAITER,
+    assert_matches_one_process,
     assert_no_mxnet_left,
     logs_say,
-    metric,
     mxnet_processes,
     port_of,
     write,
@@ -52,20 +51,8 @@ def test_gluon_example_on_mxnet_dist_sync_matches_one_process(tmp_path: Path, up
     assert "kvstore=dist_sync workers=2 servers=2" in r.stdout, r.stdout      # MXNet's own store
     assert f"update_on_kvstore={update == '--update-on-kvstore'}" in r.stdout
     assert MXNET.UNAUTHENTICATED in r.stderr
-    single = subprocess.run([sys.executable, EXAMPLE, *args, "--batch-size", "64", "--save",
-                             str(tmp_path / "one.npz")], capture_output=True, text=True, timeout=240,
-                            env=cli_env(home, PYTHONPATH=str(ROOT)), cwd=ROOT)
-    assert single.returncode == 0, single.stdout + single.stderr
-    assert "kvstore=local workers=1" in single.stdout
-    acc_dist, acc_one = metric(r.stdout, "accuracy"), metric(single.stdout, "accuracy")
+    acc_dist, acc_one = assert_matches_one_process(r.stdout, tmp_path, home, args, timeout=240)
     print(f"accuracy {update}: mxnet engine W=2 b=32 {acc_dist:.4f}, one process b=64 {acc_one:.4f}")
-    assert acc_one > 0.9 and abs(acc_dist - acc_one) <= 0.01, (acc_dist, acc_one)
-    with np.load(tmp_path / "w0.npz") as a, np.load(tmp_path / "w1.npz") as b, \
-            np.load(tmp_path / "one.npz") as one:
-        assert sorted(a.files) == sorted(one.files) and len(a.files) == 4
-        for k in a.files:
-            np.testing.assert_array_equal(a[k], b[k], err_msg=k)             # both ranks end equal
-            np.testing.assert_allclose(a[k], one[k], atol=1e-3, err_msg=k)   # and as one process
     rec = latest(home)
     assert (rec["engine"], rec["security"], rec["state"], rec["exit_code"]) == ("mxnet", "insecure", "succeeded", 0)
     # MXNet's scheduler and servers ended by themselves once the workers' kvstores closed

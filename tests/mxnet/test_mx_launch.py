@@ -10,26 +10,17 @@
 """
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 pytest.importorskip("mxnet")
 
+from tests.mxnet.engine_testing import assert_matches_one_process
 from tests.ssh.mxdist_testing import ROOT, assert_nothing_left, cli_env, run_cli
 
 EXAMPLE = str(ROOT / "examples" / "gluon_mlp.py")
-
-
-def metric(out: str, name: str) -> float:
-    found = re.findall(rf"{name}=([0-9.]+)", out)
-    assert found, f"no {name}= in:\n{out}"
-    return float(found[-1])
 
 
 @pytest.mark.parametrize("update", ["--update-on-kvstore", "--no-update-on-kvstore"])
@@ -41,19 +32,7 @@ def test_gluon_example_two_workers_match_one_process(tmp_path: Path, update: str
     assert r.returncode == 0, r.stdout + r.stderr
     assert "kvstore=dist_sync workers=2 servers=2" in r.stdout, r.stdout
     assert f"update_on_kvstore={update == '--update-on-kvstore'}" in r.stdout
-    single = subprocess.run([sys.executable, EXAMPLE, *args, "--batch-size", "64", "--save",
-                             str(tmp_path / "one.npz")], capture_output=True, text=True, timeout=180,
-                            env=cli_env(home, PYTHONPATH=str(ROOT)), cwd=ROOT)
-    assert single.returncode == 0, single.stdout + single.stderr
-    assert "kvstore=local workers=1" in single.stdout
-    acc_dist, acc_one = metric(r.stdout, "accuracy"), metric(single.stdout, "accuracy")
-    assert acc_one > 0.9 and abs(acc_dist - acc_one) <= 0.01, (acc_dist, acc_one)
-    with np.load(tmp_path / "w0.npz") as a, np.load(tmp_path / "w1.npz") as b, \
-            np.load(tmp_path / "one.npz") as one:
-        assert sorted(a.files) == sorted(one.files) and len(a.files) == 4
-        for k in a.files:
-            np.testing.assert_array_equal(a[k], b[k], err_msg=k)             # both ranks end equal
-            np.testing.assert_allclose(a[k], one[k], atol=1e-3, err_msg=k)   # and as one process
+    assert_matches_one_process(r.stdout, tmp_path, home, args, timeout=180)
     assert_nothing_left(home)
 
 

@@ -16,17 +16,6 @@ runner = CliRunner()
 
 
 @pytest.fixture
-def home(tmp_path, monkeypatch):
-    path = tmp_path / "home"
-    monkeypatch.setenv("MXDIST_HOME", str(path))
-    monkeypatch.setenv("COLUMNS", "200")
-    monkeypatch.delenv("MXDIST_SSH_CONFIG", raising=False)
-    jobs.use_home(path)               # for the tests' own jobs.* calls (the CLI sets it per command)
-    yield path
-    jobs.use_home(None)
-
-
-@pytest.fixture
 def supervised():
     """Hold the supervisor's lock of the jobs a test names, as a live supervisor would."""
     held = []

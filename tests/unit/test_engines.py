@@ -157,16 +157,6 @@ def test_prepare_an_mxnet_job(tmp_path):
 runner = CliRunner()
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    path = tmp_path / "home"
-    monkeypatch.setenv("MXDIST_HOME", str(path))
-    monkeypatch.setenv("COLUMNS", "200")
-    jobs.use_home(path)
-    yield path
-    jobs.use_home(None)
-
-
 def test_cli_refuses_psnode_options_with_mxnet_and_exits_2(home):
     for args, named in ((["--checkpoint-dir", "ck"], "--checkpoint-dir"), (["--max-restarts", "1"], "--max-restarts"),
                         (["--encrypt"], "--encrypt"), (["--heartbeat-interval", "2"], "--heartbeat-interval"),
