@@ -200,3 +200,20 @@ def test_a_sampler_with_explicit_world_never_reshards() -> None:
     sampler = ShardSampler(10, num_replicas=2, rank=1, kv=kv)
     sampler.set_epoch(1)
     assert (sampler.num_replicas, sampler.rank, kv.calls) == (2, 1, 0)
+
+
+def test_join_and_a_joiner_init_travel_and_are_checked() -> None:
+    from psnode.errors import ProtocolError
+    from psnode.protocol import Command, Message, decode, encode
+
+    def wire(op):
+        frames = [bytes(memoryview(f)) if not isinstance(f, bytes) else f
+                  for f in encode(Message(Command.DATA, "j", "w", ops=[op]))]
+        got = decode(frames, "j", 2**20).ops
+        assert got is not None
+        return got[0]
+    assert wire(Join("w", 1, 7, 3, id=5)) == Join("w", 1, 7, 3, id=5)
+    init = Init("w", 0, "float32", (2,), id=6, join=True)
+    assert wire(init).join is True
+    with pytest.raises(ProtocolError, match="join start"):
+        wire(Join("w", 0, 0, 1, id=7))
