@@ -269,11 +269,9 @@ class KVStore:
         if not self._engine.leaving or self._closed:
             return
         self.close()
-        raise Leave(f"worker {self.rank} left the job (asked to leave); its {self._pushes_made()} push call(s) "
-                    "were applied")
-
-    def _pushes_made(self) -> int:
-        return max((info.seq for info in self._keys.values()), default=0)
+        message = f"worker {self.rank} left the job (asked to leave); its pushes were applied"
+        print(f"psnode {message}", file=sys.stderr, flush=True)
+        raise Leave(message)
 
     @property
     def num_servers(self) -> int:
