@@ -260,6 +260,7 @@ class KVStore:
         """A barrier of every member, and the membership it completed with: every worker of
         the barrier gets the same ``(generation, members)`` (psnode.data.ShardSampler shards by
         it)."""
+        self.wait_all()
         generation, members = self._engine.agreed_members()
         self._membership_changed()
         return generation, list(members)

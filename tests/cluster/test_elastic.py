@@ -145,3 +145,33 @@ def test_a_rank_in_use_is_refused_by_name(tmp_path: Path) -> None:
         wait_job(job, 60)
     assert "rank 1 is in use" in extra.err, job.describe()
     assert [p.code for p in job.procs if p is not extra] == [0, 0, 0, 0], job.describe()
+
+
+SAMPLER = """
+import json, sys
+import numpy as np, psnode
+from psnode.data import ShardSampler
+kv = psnode.kv.create('dist_sync')
+sampler = ShardSampler(12, kv=kv, seed=5)
+for epoch in range(3):
+    if kv.rank == 2 and epoch == 1:
+        break                                          # rank 2 ends after epoch 0
+    sampler.set_epoch(epoch)
+    print("EPOCH", json.dumps({"rank": kv.rank, "epoch": epoch, "idx": sampler.indices().tolist(),
+                               "members": sampler.num_replicas}), flush=True)
+kv.close()
+"""
+
+
+def test_the_sampler_covers_each_epoch_once_over_that_epochs_members() -> None:
+    job = start_job(SAMPLER, 3, 1, env={"PSNODE_MIN_WORKERS": "2"})
+    wait_job(job, 60)
+    assert [p.code for p in job.procs] == [0] * len(job.procs), job.describe()
+    by_epoch: dict[int, list[int]] = {}
+    for p in job.workers:
+        for rec in _records(p, "EPOCH"):
+            by_epoch.setdefault(rec["epoch"], []).extend(rec["idx"])
+            assert rec["members"] == (3 if rec["epoch"] == 0 else 2), rec
+    assert sorted(by_epoch) == [0, 1, 2]
+    for epoch, idx in by_epoch.items():
+        assert sorted(idx) == list(range(12)), (epoch, idx)
