@@ -36,6 +36,9 @@ for step in range(done + 1, R + 1):
     kv.push('w', np.full(3, r + 1, np.float32))
     kv.push('big', np.full(40, r + 1, np.float32))
     kv.push('emb', row_sparse_array((np.full((6, 2), r + 1, np.float32), np.arange(6)), shape=(6, 2)))
+    if os.environ.get("DIE_AFTER_PUSH") == f"{r}:{step}":   # its pushes of this round arrived; no pull
+        kv.wait_all()
+        os.kill(os.getpid(), 9)
     kv.pull('w', out=w)
     kv.pull('big', out=big)
     emb = kv.row_sparse_pull('emb', row_ids=np.arange(6)).data
@@ -71,9 +74,10 @@ def _records(proc: Proc, tag: str) -> list[dict]:
     return [json.loads(line.split(" ", 1)[1]) for line in proc.out.splitlines() if line.startswith(tag + " ")]
 
 
-def _check_rounds(job: Job, spans: dict[int, tuple[int, int]]) -> None:
+def _check_rounds(job: Job, spans: dict[int, tuple[int, int]], unseen: int = 0) -> None:
     """Every worker's value after round k is the mean of r + 1 over the ranks r whose span
-    (first, last round pushed) holds k, on every key."""
+    (first, last round pushed) holds k, on every key (``unseen``: rounds pushed whose value
+    their worker never pulled)."""
     seen = 0
     for p in job.workers:
         for rec in _records(p, "REC"):
@@ -82,7 +86,7 @@ def _check_rounds(job: Job, spans: dict[int, tuple[int, int]]) -> None:
             want = sum(r + 1 for r in ranks) / len(ranks)
             assert rec["vals"] == [want], (p.rank, rec, ranks, job.describe())
             seen += 1
-    assert seen >= sum(b - a + 1 for a, b in spans.values()), job.describe()
+    assert seen == sum(b - a + 1 for a, b in spans.values()) - unseen, job.describe()
 
 
 def test_join_then_graceful_leave_exact_values(tmp_path: Path) -> None:
@@ -175,3 +179,19 @@ def test_the_sampler_covers_each_epoch_once_over_that_epochs_members() -> None:
     assert sorted(by_epoch) == [0, 1, 2]
     for epoch, idx in by_epoch.items():
         assert sorted(idx) == list(range(12)), (epoch, idx)
+
+
+def test_a_silent_worker_is_removed_and_its_open_rounds_push_is_kept(tmp_path: Path) -> None:
+    """No report_lost: its heartbeats stop (min 2 of 3).  It pushed round 9 on every key and
+    died before the others did: round 9 counts it, later rounds complete over the rest."""
+    R = 16
+    env = {"PSNODE_MIN_WORKERS": "2", "PSNODE_BIG_ARRAY_BOUND": "10"}
+    job = start_job(SCRIPT, 3, 2, env=env, args=[str(tmp_path), str(R)], worker_env={2: {"DIE_AFTER_PUSH": "2:9"}})
+    try:
+        victim = job.workers[2]
+        assert victim.popen.wait(30) == -signal.SIGKILL, job.describe()
+    finally:
+        wait_job(job, 60)
+    assert [p.code for p in job.procs if p is not victim] == [0] * (len(job.procs) - 1), job.describe()
+    _check_rounds(job, {0: (1, R), 1: (1, R), 2: (1, 9)}, unseen=1)
+    assert "worker 2" in job.procs[0].err and "lost" in job.procs[0].err, job.describe()
