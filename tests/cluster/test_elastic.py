@@ -195,3 +195,36 @@ def test_a_silent_worker_is_removed_and_its_open_rounds_push_is_kept(tmp_path: P
     assert [p.code for p in job.procs if p is not victim] == [0] * (len(job.procs) - 1), job.describe()
     _check_rounds(job, {0: (1, R), 1: (1, R), 2: (1, 9)}, unseen=1)
     assert "worker 2" in job.procs[0].err and "lost" in job.procs[0].err, job.describe()
+
+
+PLAIN = """
+import json, sys, time
+import numpy as np, psnode
+kv = psnode.kv.create('dist_sync')
+kv.init('w', np.zeros(5, np.float32))
+start = kv.num_pushes('w') + 1
+print("START", json.dumps({"rank": kv.rank, "start": start}), flush=True)
+w = np.zeros(5, np.float32)
+for step in range(start, 41):
+    kv.push('w', np.full(5, kv.rank + 1, np.float32))
+    kv.pull('w', out=w)
+    print("REC", json.dumps({"rank": kv.rank, "step": step, "vals": sorted({float(v) for v in w})}), flush=True)
+    time.sleep(0.01)
+kv.close()
+"""
+
+
+def test_a_joiner_at_any_moment_gets_exact_values() -> None:
+    """A joiner started with the job (it may register before the first generation is
+    complete: it waits, then joins) or a little later: every round's value is exact over the
+    ranks whose start is at or before it."""
+    job = start_job(PLAIN, 2, 1, env={"PSNODE_MAX_WORKERS": "3"})
+    try:
+        joiner = _start_worker(job, 2, {})
+    finally:
+        wait_job(job, 60)
+    assert [p.code for p in job.procs] == [0] * len(job.procs), job.describe()
+    starts = {p.rank: _records(p, "START")[0]["start"] for p in job.workers}
+    assert starts[0] == starts[1] == 1 and starts[2] >= 2, starts
+    _check_rounds(job, {r: (s, 40) for r, s in starts.items()})
+    assert joiner.code == 0
