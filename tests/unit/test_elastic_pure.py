@@ -217,3 +217,16 @@ def test_join_and_a_joiner_init_travel_and_are_checked() -> None:
     assert wire(init).join is True
     with pytest.raises(ProtocolError, match="join start"):
         wire(Join("w", 0, 0, 1, id=7))
+
+
+def test_a_restored_server_keeps_its_joiners_start_rounds() -> None:
+    from psnode.server import checkpoint
+    st = _store()
+    st.set_membership({0, 1, 2}, 1, {2})
+    _ask(st, 2, Join("w", 0, 3, 1, id=3))
+    meta, arrays = checkpoint.snapshot(st)
+    back = Store(2)
+    back.rules.active, back.rules.joiners = {0, 1, 2}, {2}
+    checkpoint.restore(back, meta, {k: np.array(v) for k, v in arrays.items()}, same_job=True)
+    assert back.entries[("w", 0)].start == {2: 3} and back.rules.admitted == {2: 1}
+    assert back.entries[("w", 0)].pushed[2] == 2
