@@ -230,3 +230,15 @@ def test_a_restored_server_keeps_its_joiners_start_rounds() -> None:
     checkpoint.restore(back, meta, {k: np.array(v) for k, v in arrays.items()}, same_job=True)
     assert back.entries[("w", 0)].start == {2: 3} and back.rules.admitted == {2: 1}
     assert back.entries[("w", 0)].pushed[2] == 2
+
+
+def test_the_local_store_is_generation_0_of_one_member() -> None:
+    import psnode
+    kv = psnode.kv.create("local")
+    calls: list[tuple[int, list[int]]] = []
+    kv.on_membership_change(lambda g, m: calls.append((g, m)))
+    kv.init("w", np.zeros(2, np.float32))
+    kv.push("w", np.ones(2, np.float32))
+    assert (kv.generation, kv.members, kv.num_workers, kv.leaving, kv.elastic) == (0, [0], 1, False, False)
+    assert kv.agreed_members() == (0, [0]) and calls == []
+    assert kv.pull("w").tolist() == [1.0, 1.0]
