@@ -13,10 +13,19 @@ variable                           meaning (default)
 ``PSNODE_HOST``                    address this node binds to and is reached at (scheduler's
                                    host for the scheduler; ``127.0.0.1``)
 ``PSNODE_PORT``                    port a server binds (``0``: any free port)
-``PSNODE_NUM_WORKERS``             number of workers in the job (required, >= 1)
+``PSNODE_NUM_WORKERS``             number of workers of the job's first generation: the job
+                                   starts when they registered (required, >= 1)
+``PSNODE_MIN_WORKERS``             fewest live workers the job runs on (the launcher fails the job
+                                   below it); below ``PSNODE_NUM_WORKERS``, a worker lost for
+                                   good leaves the membership instead of failing the job
+                                   (``PSNODE_NUM_WORKERS``)
+``PSNODE_MAX_WORKERS``             most workers at once: a worker registering after the first
+                                   generation joins the running job (a **joiner**) with the rank
+                                   ``PSNODE_RANK`` (< this) it was given (``PSNODE_NUM_WORKERS``)
 ``PSNODE_NUM_SERVERS``             number of servers in the job (required, >= 0)
 ``PSNODE_JOB_ID``                  job id; frames of another job are dropped (required)
-``PSNODE_RANK``                    requested rank of this node (stable across restarts; none)
+``PSNODE_RANK``                    requested rank of this node (stable across restarts and for a
+                                   worker's life; none)
 ``PSNODE_HEARTBEAT_INTERVAL``      seconds between heartbeats (``1.0``)
 ``PSNODE_HEARTBEAT_LIVENESS``      missed intervals before a node is declared dead (``5``)
 ``PSNODE_REGISTER_TIMEOUT``        seconds to wait for the whole job to register (``120``)
@@ -206,6 +215,8 @@ class NodeConfig:
     shm: bool = True
     cpu_policy: CpuPolicy = CpuPolicy.BATCH
     error_file: str | None = None
+    min_workers: int | None = None   # None: num_workers (workers_min)
+    max_workers: int | None = None   # None: num_workers (workers_max)
 
     def __post_init__(self) -> None:
         if not _JOB_ID_RE.match(self.job_id):
@@ -218,8 +229,27 @@ class NodeConfig:
             raise ConfigError(f"{_PREFIX}NUM_WORKERS={self.num_workers} must be >= 1")
         if self.num_servers < 0:
             raise ConfigError(f"{_PREFIX}NUM_SERVERS={self.num_servers} must be >= 0")
+        if not 1 <= self.workers_min <= self.num_workers <= self.workers_max:
+            raise ConfigError(
+                f"{_PREFIX}MIN_WORKERS={self.workers_min}, {_PREFIX}NUM_WORKERS={self.num_workers} and "
+                f"{_PREFIX}MAX_WORKERS={self.workers_max}: need 1 <= min <= num <= max")
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(f"{_PREFIX}LOG_LEVEL={self.log_level!r} is not one of {LOG_LEVELS}")
+
+    @property
+    def workers_min(self) -> int:
+        """``min_workers``, or ``num_workers`` when unset."""
+        return self.num_workers if self.min_workers is None else self.min_workers
+
+    @property
+    def workers_max(self) -> int:
+        """``max_workers``, or ``num_workers`` when unset."""
+        return self.num_workers if self.max_workers is None else self.max_workers
+
+    @property
+    def elastic(self) -> bool:
+        """May the membership change while the job runs (joins, or losses it survives)?"""
+        return self.workers_min < self.num_workers or self.workers_max > self.num_workers
 
     @property
     def scheduler_address(self) -> str:
@@ -283,6 +313,8 @@ class NodeConfig:
             shm=_flag(env, "SHM", d("shm")),
             cpu_policy=_enum(env, "CPU_POLICY", CpuPolicy, d("cpu_policy")),  # type: ignore[arg-type]
             error_file=env.get(_PREFIX + "ERROR_FILE") or None,
+            min_workers=_int(env, "MIN_WORKERS", None, 1),
+            max_workers=_int(env, "MAX_WORKERS", None, 1),
         )
 
     def to_env(self) -> dict[str, str]:

@@ -16,7 +16,7 @@ BARRIER         :class:`Barrier`      worker -> scheduler (again until answered)
 BARRIER_DONE    :class:`BarrierDone`  scheduler -> worker
 FINISH          :class:`Empty`        worker -> scheduler (again until answered)
 FINISH_ACK      :class:`Empty`        scheduler -> worker
-MEMBERSHIP      :class:`Membership`   scheduler -> servers
+MEMBERSHIP      :class:`Membership`   scheduler -> servers and workers (every change)
 SERVERS         :class:`Servers`      scheduler -> workers
 SHUTDOWN        :class:`JobEnd`       scheduler -> nodes (the job ends; ``ok``: it succeeded)
 PEER_LOST       :class:`JobEnd`       scheduler -> nodes (the job failed: ``node`` names who)
@@ -25,6 +25,10 @@ STATUS          :class:`Empty`        ``mxdist status`` -> scheduler
 STATUS_REPLY    :class:`StatusAnswer` scheduler -> ``mxdist status``
 STOP            :class:`Stop`         ``mxdist stop`` -> scheduler
 STOP_ACK        :class:`Empty`        scheduler -> ``mxdist stop``
+LEAVE           :class:`Leave`        launcher -> scheduler (``mxdist scale`` down)
+LEAVE_ACK       :class:`Empty`        scheduler -> launcher
+LOST            :class:`Lost`         launcher -> scheduler (a worker died, not restarted)
+LOST_ACK        :class:`Empty`        scheduler -> launcher
 =============== ===================== =====================================================
 
 DATA and DATA_REPLY carry typed operations instead (:mod:`psnode.protocol.ops`): as control
@@ -178,7 +182,10 @@ class Welcome:
     """The job is complete (or this node replaces one): the node's ``rank``, the address book
     ``servers`` (by rank), the scheduler's ``pid``, the job's size, the ``active`` workers'
     ranks, how often this rank was restarted, ``restore`` (a replaced server loads its last
-    checkpoint) and ``barriers`` (the barriers this rank completed before its restart)."""
+    checkpoint), ``barriers`` (the barriers this rank completed before its restart), the
+    membership ``generation``, ``joiner`` (this worker joins a running job: its kv.init never
+    initialises, it joins the rounds) and ``joined`` (the active workers that joined the running
+    job: they take part in a key's rounds from the start round they agreed with it)."""
 
     rank: int
     servers: tuple[ServerAddress, ...]
@@ -189,18 +196,26 @@ class Welcome:
     restarts: int = 0
     restore: bool = False
     barriers: int = 0
+    generation: int = 0
+    joiner: bool = False
+    joined: tuple[int, ...] = ()
 
     def to_body(self) -> dict[str, Any]:
-        return {"rank": self.rank, "servers": [s.to_body() for s in self.servers], "pid": self.pid,
+        body = {"rank": self.rank, "servers": [s.to_body() for s in self.servers], "pid": self.pid,
                 "num_workers": self.num_workers, "num_servers": self.num_servers, "active": list(self.active),
                 "restarts": self.restarts, "restore": self.restore, "barriers": self.barriers}
+        if self.generation or self.joiner or self.joined:   # (an elastic job's fields)
+            body.update(generation=self.generation, joiner=self.joiner, joined=list(self.joined))
+        return body
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Welcome:
         w = "welcome"
         return cls(_int(body, w, "rank"), _book(body, w), _int(body, w, "pid"), _int(body, w, "num_workers"),
                    _int(body, w, "num_servers"), _ranks(body, w, "active"), _int(body, w, "restarts", default=0),
-                   _bool(body, w, "restore", default=False), _int(body, w, "barriers", high=_MAX_COUNT, default=0))
+                   _bool(body, w, "restore", default=False), _int(body, w, "barriers", high=_MAX_COUNT, default=0),
+                   _int(body, w, "generation", high=_MAX_COUNT, default=0), _bool(body, w, "joiner", default=False),
+                   _ranks(body, w, "joined") if "joined" in body else ())
 
 
 def wait_report(raw: Any) -> WaitReport | None:
@@ -292,30 +307,52 @@ class Barrier:
 
 @dataclass(frozen=True)
 class BarrierDone:
-    """Every active worker entered barrier ``n`` (this worker's barriers up to ``n`` are done)."""
+    """Every active worker entered barrier ``n`` (this worker's barriers up to ``n`` are done);
+    ``members``: the active workers when it completed, and their ``generation`` (the same for
+    every worker of the barrier: an agreed view of the membership)."""
 
     n: int
+    members: tuple[int, ...] = ()
+    generation: int = 0
 
     def to_body(self) -> dict[str, Any]:
-        return {"n": self.n}
+        body: dict[str, Any] = {"n": self.n}
+        if self.members:
+            body.update(members=list(self.members), generation=self.generation)
+        return body
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> BarrierDone:
-        return cls(_int(body, "barrier_done", "n"))
+        w = "barrier_done"
+        return cls(_int(body, w, "n"), _ranks(body, w, "members") if "members" in body else (),
+                   _int(body, w, "generation", high=_MAX_COUNT, default=0))
 
 
 @dataclass(frozen=True)
 class Membership:
-    """The ranks of the ``active`` workers, always the full list (psnode.scheduler.roster)."""
+    """The ranks of the ``active`` workers, always the full list (psnode.scheduler.roster), as of
+    membership ``generation`` (bumped by the scheduler on every join, leave or loss; a receiver
+    ignores one older than what it has); ``joined``: the active workers that joined the running
+    job (their start round per key is their JOIN's); ``leave``: workers asked to leave at their
+    next push (graceful leave)."""
 
     active: tuple[int, ...]
+    generation: int = 0
+    joined: tuple[int, ...] = ()
+    leave: tuple[int, ...] = ()
 
     def to_body(self) -> dict[str, Any]:
-        return {"active": list(self.active)}
+        body: dict[str, Any] = {"active": list(self.active)}
+        if self.generation or self.joined or self.leave:   # (an elastic job's fields)
+            body.update(generation=self.generation, joined=list(self.joined), leave=list(self.leave))
+        return body
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Membership:
-        return cls(_ranks(body, "membership", "active"))
+        w = "membership"
+        return cls(_ranks(body, w, "active"), _int(body, w, "generation", high=_MAX_COUNT, default=0),
+                   _ranks(body, w, "joined") if "joined" in body else (),
+                   _ranks(body, w, "leave") if "leave" in body else ())
 
 
 @dataclass(frozen=True)
@@ -405,20 +442,60 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class Leave:
+    """Workers ``ranks`` leave the job gracefully at their next push (``mxdist scale`` down)."""
+
+    ranks: tuple[int, ...]
+
+    def to_body(self) -> dict[str, Any]:
+        return {"ranks": list(self.ranks)}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Leave:
+        ranks = _ranks(body, "leave", "ranks")
+        if not ranks or len(ranks) > 4096:
+            raise ProtocolError("leave: ranks must list 1 to 4096 ranks")
+        return cls(ranks)
+
+
+@dataclass(frozen=True)
+class Lost:
+    """Worker ``rank``'s process died and will not be restarted: it leaves the membership at once."""
+
+    rank: int
+    reason: str = "its process died"
+
+    def to_body(self) -> dict[str, Any]:
+        return {"rank": self.rank, "reason": self.reason}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Lost:
+        return cls(_int(body, "lost", "rank"), _str(body, "lost", "reason", 500, default=cls.reason))
+
+
+@dataclass(frozen=True)
 class StatusAnswer:
     """The scheduler's node table: the ``job`` id, seconds since the scheduler started, whether
-    the job ``started`` (every node registered), connections the scheduler ``refused``, and one
-    row per node (:class:`psnode.protocol.status.NodeRow`)."""
+    the job ``started`` (every node registered), connections the scheduler ``refused``, one
+    row per node (:class:`psnode.protocol.status.NodeRow`), the membership ``generation`` (0
+    until the first change), the active workers' ranks ``members`` (sorted), and how many
+    workers ``joined`` the running job, ``left`` it gracefully and were ``lost``."""
 
     job: str
     uptime: float
     started: bool
     refused: int
     nodes: tuple[NodeRow, ...] = ()
+    generation: int = 0
+    members: tuple[int, ...] = ()
+    joined: int = 0
+    left: int = 0
+    lost: int = 0
 
     def to_body(self) -> dict[str, Any]:
         return {"job": self.job, "uptime": self.uptime, "started": self.started, "refused": self.refused,
-                "nodes": [n.to_dict() for n in self.nodes]}
+                "nodes": [n.to_dict() for n in self.nodes], "generation": self.generation,
+                "members": list(self.members), "joined": self.joined, "left": self.left, "lost": self.lost}
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> StatusAnswer:
@@ -427,12 +504,15 @@ class StatusAnswer:
         if type(uptime) not in (int, float) or not math.isfinite(uptime) or uptime < 0:
             raise ProtocolError(f"{what}: uptime must be a number of seconds, not {str(uptime)[:40]!r}")
         rows = [NodeRow.from_dict(_object(r, f"{what}: a node")) for r in _list(body, what, "nodes")]
+        counts = [_int(body, what, name, high=_MAX_COUNT, default=0) for name in ("generation", "joined", "left",
+                                                                                  "lost")]
+        members = tuple(sorted(_ranks(body, what, "members"))) if "members" in body else ()
         return cls(_str(body, what, "job"), float(uptime), _bool(body, what, "started"),
-                   _int(body, what, "refused", high=_MAX_COUNT), tuple(rows))
+                   _int(body, what, "refused", high=_MAX_COUNT), tuple(rows), counts[0], members, *counts[1:])
 
 
 Body = (Empty | Register | Welcome | Heartbeat | Barrier | BarrierDone | Membership | Servers | JobEnd | Bye
-        | Stop | StatusAnswer)
+        | Stop | StatusAnswer | Leave | Lost)
 
 #: the body of each control command
 BODIES: dict[Command, Any] = {
@@ -441,6 +521,7 @@ BODIES: dict[Command, Any] = {
     Command.FINISH: Empty, Command.FINISH_ACK: Empty, Command.MEMBERSHIP: Membership, Command.SERVERS: Servers,
     Command.SHUTDOWN: JobEnd, Command.PEER_LOST: JobEnd, Command.BYE: Bye, Command.STATUS: Empty,
     Command.STATUS_REPLY: StatusAnswer, Command.STOP: Stop, Command.STOP_ACK: Empty,
+    Command.LEAVE: Leave, Command.LEAVE_ACK: Empty, Command.LOST: Lost, Command.LOST_ACK: Empty,
 }
 
 
@@ -468,5 +549,5 @@ def decode(msg: Message) -> Control:
 
 
 __all__ = ["BODIES", "Barrier", "BarrierDone", "Body", "Bye", "Control", "Counters", "Empty", "Heartbeat",
-           "JobEnd", "Membership", "Register", "ServerAddress", "Servers", "StatusAnswer", "Stop", "WaitReport",
-           "Welcome", "decode", "decode_body", "wait_report"]
+           "JobEnd", "Leave", "Lost", "Membership", "Register", "ServerAddress", "Servers", "StatusAnswer", "Stop",
+           "WaitReport", "Welcome", "decode", "decode_body", "wait_report"]

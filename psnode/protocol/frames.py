@@ -45,7 +45,7 @@ class Command(str, Enum):
     BARRIER_DONE = "barrier_done"
     FINISH = "finish"              # worker -> scheduler: this worker is done
     FINISH_ACK = "finish_ack"
-    MEMBERSHIP = "membership"      # scheduler -> servers: the active workers
+    MEMBERSHIP = "membership"      # scheduler -> servers and workers: the active workers
     PEER_LOST = "peer_lost"        # scheduler -> all: a node died; the job ends
     SHUTDOWN = "shutdown"          # scheduler -> all: end now
     BYE = "bye"                    # node -> scheduler: leaving
@@ -55,6 +55,10 @@ class Command(str, Enum):
     STATUS_REPLY = "status_reply"
     STOP = "stop"
     STOP_ACK = "stop_ack"
+    LEAVE = "leave"                # -> scheduler: these workers leave at their next push
+    LEAVE_ACK = "leave_ack"
+    LOST = "lost"                  # -> scheduler: this worker's process died for good
+    LOST_ACK = "lost_ack"
     # data (worker <-> server): binary headers, typed operations (psnode.protocol.ops)
     DATA = "data"
     DATA_REPLY = "data_reply"

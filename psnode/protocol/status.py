@@ -29,6 +29,8 @@ class NodeState(str, Enum):
     RESTARTING = "restarting"   # failed or silent; its replacement is awaited (a worker stays a
                                 # member of the rounds meanwhile: psnode.scheduler.roster)
     EXITED = "exited"           # said goodbye
+    LOST = "lost"               # a worker removed from the membership for good (its process died,
+                                # or went silent, in an elastic job); the job goes on without it
 
 
 @dataclass

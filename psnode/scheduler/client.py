@@ -1,4 +1,5 @@
-"""Control client: what ``mxdist status`` and ``mxdist stop`` ask a job's scheduler.
+"""Control client: what ``mxdist status``, ``stop`` and ``scale`` (and the launcher's supervisor)
+ask a job's scheduler.
 
 Both open a short-lived DEALER to the scheduler on the control plane, with the job's secret
 file when the job has one (``key_file``: its ``PSNODE_KEY_FILE``; the link is then CURVE, the
@@ -20,7 +21,7 @@ from psnode.errors import PeerLost, ProtocolError
 from psnode.net.security import Plane, Security
 from psnode.net.transport import Poller, Transport
 from psnode.protocol import Command
-from psnode.protocol.control import Body, Empty, StatusAnswer, Stop, decode_body
+from psnode.protocol.control import Body, Empty, Leave, Lost, StatusAnswer, Stop, decode_body
 
 log = logging.getLogger("psnode.control")
 
@@ -59,7 +60,8 @@ def status(scheduler: str, job_id: str, key_file: str | None = None, timeout: fl
 def query_status(scheduler: str, job_id: str, key_file: str | None = None,
                  timeout: float = 2.0) -> dict[str, Any]:
     """:func:`status` as its JSON object: ``{"job", "uptime", "started", "refused", "nodes":
-    [row, ...]}`` (:meth:`psnode.protocol.control.StatusAnswer.to_body`)."""
+    [row, ...], "generation", "members", "joined", "left", "lost"}``
+    (:meth:`psnode.protocol.control.StatusAnswer.to_body`)."""
     return status(scheduler, job_id, key_file, timeout).to_body()
 
 
@@ -68,6 +70,31 @@ def request_stop(scheduler: str, job_id: str, key_file: str | None = None,
     """Ask the scheduler to end the job; True once it acknowledged."""
     try:
         _ask(scheduler, job_id, Command.STOP, Command.STOP_ACK, key_file, timeout, Stop(reason))
+        return True
+    except PeerLost:
+        return False
+
+
+def request_leave(scheduler: str, job_id: str, ranks: list[int] | tuple[int, ...], key_file: str | None = None,
+                  timeout: float = 2.0) -> bool:
+    """Ask workers ``ranks`` to leave gracefully: each leaves at its next ``kv.push`` (it flushes
+    what it pushed, leaves the membership and raises :class:`psnode.errors.Leave`, code 0).
+    True once the scheduler acknowledged (ranks it does not know as members are ignored)."""
+    try:
+        _ask(scheduler, job_id, Command.LEAVE, Command.LEAVE_ACK, key_file, timeout,
+             Leave(tuple(sorted({int(r) for r in ranks}))))
+        return True
+    except PeerLost:
+        return False
+
+
+def report_lost(scheduler: str, job_id: str, rank: int, key_file: str | None = None,
+                timeout: float = 2.0, reason: str = "its process died") -> bool:
+    """Worker ``rank``'s process died and will not be restarted: the scheduler removes it from
+    the membership at once (the servers' open rounds complete over the rest) instead of waiting
+    for its heartbeats to stop.  True once the scheduler acknowledged."""
+    try:
+        _ask(scheduler, job_id, Command.LOST, Command.LOST_ACK, key_file, timeout, Lost(int(rank), reason[:500]))
         return True
     except PeerLost:
         return False

@@ -30,7 +30,20 @@ Life of a job as the scheduler sees it:
    per second over the last heartbeats); STOP ends the job.
 6. A job whose live workers all wait for each other (heartbeats say what each waits for) ends
    after the heartbeat timeout, the verdict naming the cycle (:mod:`psnode.scheduler.waitfor`).
-7. When the job fails, the scheduler writes its verdict to its failure record
+7. Elastic membership (``min_workers`` / ``max_workers``, :mod:`psnode.scheduler.elastic`): a
+   worker registering after the first generation (up to ``max_workers`` members) joins the
+   running job with the launcher's rank (a rank in use is refused, naming it) and WELCOME
+   ``joiner``; one registering before the first generation is complete waits for it.  LEAVE
+   (``mxdist scale`` down) asks workers to leave at their next push (MEMBERSHIP ``leave`` to
+   the workers: each flushes, FINISHes and exits 0).  LOST (the launcher saw a worker's
+   process die for good), or a worker's heartbeats stopping in a job whose membership may
+   change (``min_workers < num_workers`` or ``max_workers > num_workers``) and that will not
+   restart it, removes it at once: the servers' open rounds complete over the rest.  Every
+   such change bumps the generation and sends MEMBERSHIP (the full list) to servers and
+   workers; anything a lost worker sends later is answered SHUTDOWN.  Fewer than
+   ``min_workers`` live workers is the launcher's to judge: the scheduler goes on and reports
+   the membership (STATUS).
+8. When the job fails, the scheduler writes its verdict to its failure record
    (``PSNODE_ERROR_FILE``, :mod:`psnode.protocol.failure`): the node it blames (one that reported a
    failure, or one silent past the heartbeat timeout) and when that node failed or was last
    heard from, so the launcher names the root cause and not the processes it took down.
@@ -56,6 +69,8 @@ from psnode.protocol.control import (
     Counters,
     Heartbeat,
     JobEnd,
+    Leave,
+    Lost,
     Membership,
     Register,
     ServerAddress,
@@ -66,6 +81,7 @@ from psnode.protocol.control import (
     decode_body,
 )
 from psnode.protocol.status import NodeRow, NodeState
+from psnode.scheduler.elastic import Elastic
 from psnode.scheduler.roster import Roster
 from psnode.scheduler.waitfor import Watch
 
@@ -87,6 +103,7 @@ class Node:
     stats: Counters = field(default_factory=Counters)
     restarts: int = 0
     barrier_done: int = 0  # number of this worker's last completed barrier
+    joiner: bool = False   # joined the running job (after the first generation)
     rate: float | None = None  # rounds (servers) or pushes (workers) per second
     _sample: tuple[float, int] | None = None  # (time, count) of the last heartbeat's counter
 
@@ -133,6 +150,8 @@ class Scheduler:
         self.waiting_replacement: dict[tuple[str, int], float] = {}  # (role, rank) -> deadline
         self.roster = Roster()  # counts per role, active workers, pending MEMBERSHIP (psnode.scheduler.roster)
         self.watch = Watch(cfg.dead_after)  # the workers' waits: wait-for cycles (psnode.scheduler.waitfor)
+        self.elastic = Elastic(cfg.workers_max)  # generation, joiners, leavers (psnode.scheduler.elastic)
+        self.early: dict[bytes, Node] = {}  # joiners registered before the first generation was complete
 
     # ------------------------------------------------------------ helpers
     def _send(self, node: Node | bytes, cmd: Command, body: Body | None = None) -> None:
@@ -160,6 +179,10 @@ class Scheduler:
             self._late_register(node)
             return
         limit = self.cfg.num_workers if role == "worker" else self.cfg.num_servers
+        if role == "worker" and self.cfg.workers_max > limit and (
+                self.roster.count[role] >= limit or (body.rank is not None and body.rank >= limit)):
+            self.early[ident] = node   # a joiner: admitted once the first generation started
+            return
         if self.roster.count[role] >= limit:
             self._send(ident, Command.SHUTDOWN, JobEnd(False, f"the job already has {limit} {role}s; "
                                                               f"this one (pid {node.pid}) is extra"))
@@ -195,12 +218,17 @@ class Scheduler:
             self._welcome(n, book, active=active)
         log.info("job %s started: %d workers, %d servers", self.cfg.job_id,
                  self.cfg.num_workers, self.cfg.num_servers)
+        early, self.early = self.early, {}
+        for n in early.values():
+            self._join(n)
 
     def _welcome(self, n: Node, book: tuple[ServerAddress, ...], restore: bool = False,
                  active: list[int] | None = None) -> None:
         ranks = self.roster.active_ranks() if active is None else active
+        e = self.elastic
         self._send(n, Command.WELCOME, Welcome(n.rank, book, os.getpid(), self.cfg.num_workers, self.cfg.num_servers,
-                                               tuple(ranks), n.restarts, restore, n.barrier_done))
+                                               tuple(ranks), n.restarts, restore, n.barrier_done, e.generation,
+                                               n.joiner, tuple(sorted(e.joiners))))
 
     def _restartable(self, n: Node) -> bool:
         """May ``n`` be replaced instead of failing the job?  Servers only when they checkpoint."""
@@ -208,12 +236,17 @@ class Scheduler:
             n.role == "worker" or bool(self.cfg.checkpoint_dir))
 
     def _late_register(self, node: Node) -> None:
-        """A restarted node taking over its predecessor's rank (dead, or about to be)."""
+        """A restarted node taking over its predecessor's rank (dead, or about to be), or a
+        joiner (an elastic job's worker beyond the first generation)."""
         old = next((n for n in self.nodes.values() if n.role == node.role and n.rank == node.wish
                     and n.state in (NodeState.DEAD, NodeState.ALIVE, NodeState.RESTARTING)), None)
         allowed = old is not None and (
             (old.role, old.rank) in self.waiting_replacement or
             (old.state == NodeState.ALIVE and self._restartable(old)))
+        if not allowed and node.role == "worker" and self.cfg.workers_max > self.cfg.num_workers \
+                and self.exit_code is None:
+            self._join(node)
+            return
         if not allowed or old is None:
             done = any(n.role == node.role and n.rank == node.wish and n.state == NodeState.FINISHED
                        for n in self.nodes.values())
@@ -239,6 +272,71 @@ class Scheduler:
             self.roster.want_membership()
         log.warning("%s %d rejoined (restart %d)", node.role, node.rank, node.restarts)
 
+    def _join(self, node: Node) -> None:
+        """Admit a joiner (psnode.scheduler.elastic) or refuse it, naming why."""
+        members = {n.rank for n in self.nodes.values() if n.role == "worker"
+                   and n.state in (NodeState.ALIVE, NodeState.RESTARTING, NodeState.REGISTERED)}
+        rank = self.elastic.admit(node.wish, members)
+        if isinstance(rank, str):
+            self._send(node.ident, Command.SHUTDOWN, JobEnd(False, f"worker pid {node.pid} cannot join: {rank}"))
+            log.warning("refused a joiner (pid %d): %s", node.pid, rank)
+            return
+        for old in [n for n in self.nodes.values() if n.role == "worker" and n.rank == rank]:
+            del self.nodes[old.ident]   # a rank that left, finished or was lost, reused
+            if old.state != NodeState.LOST:
+                self.roster.left("worker", old.ident)
+        node.rank, node.joiner = rank, True
+        self.nodes[node.ident] = node
+        self.roster.joined("worker", node.ident)
+        self._set_state(node, NodeState.ALIVE)
+        self.elastic.join(rank)
+        self._membership_changed()
+        self._welcome(node, self._book())
+        log.warning("worker %d joined (pid %d on %s): generation %d, %d workers", rank, node.pid, node.host,
+                    self.elastic.generation, len(self.roster.active))
+
+    def _membership_changed(self) -> None:
+        """Tell the servers (first) and the workers the new membership."""
+        self.roster.want_membership()
+        self._flush_membership(force=True)
+        body = self._membership()
+        for w in self._live("worker"):
+            self._send(w, Command.MEMBERSHIP, body)
+
+    def _membership(self) -> Membership:
+        e = self.elastic
+        return Membership(tuple(self.roster.active_ranks()), e.generation, tuple(sorted(e.joiners)),
+                          tuple(sorted(e.leaving)))
+
+    def _on_leave(self, ranks: tuple[int, ...]) -> None:
+        """LEAVE: these members leave at their next push (they FINISH; MEMBERSHIP tells them)."""
+        if self.elastic.ask_leave(ranks, set(self.roster.active_ranks())):
+            body = self._membership()
+            for w in self._live("worker"):
+                self._send(w, Command.MEMBERSHIP, body)
+            log.warning("workers %s asked to leave", sorted(self.elastic.leaving))
+
+    def _on_lost(self, rank: int, why: str) -> None:
+        """Worker ``rank`` is gone for good: remove it from the membership at once."""
+        n = next((n for n in self.nodes.values() if n.role == "worker" and n.rank == rank and n.state in
+                  (NodeState.ALIVE, NodeState.RESTARTING, NodeState.REGISTERED, NodeState.DEAD)), None)
+        if n is None or not self.started or self.exit_code is not None:
+            return
+        self.waiting_replacement.pop(("worker", rank), None)
+        self.roster.left("worker", n.ident)
+        n.state = NodeState.LOST
+        self.barrier.pop(n.ident, None)
+        self.elastic.gone(rank, "lost")
+        log.warning("%s lost (%s): generation %d, %d workers left", n.name, why, self.elastic.generation,
+                    len(self.roster.active))
+        self._membership_changed()
+        if self.roster.count["worker"] == 0:
+            self._end(False, f"every worker was lost (the last: worker {rank}, {why})", Command.PEER_LOST)
+            return
+        self._check_barrier()
+        if self.roster.all_finished():
+            self._end(ok=True, reason="every worker finished")
+
     def _await_replacement(self, n: Node, why: str) -> None:
         self._set_state(n, NodeState.RESTARTING)   # (a worker stays a member of the rounds)
         self.waiting_replacement[(n.role, n.rank)] = time.monotonic() + self.cfg.register_timeout
@@ -251,23 +349,31 @@ class Scheduler:
     def _check_barrier(self) -> None:
         if self.roster.barrier_complete(self.barrier) and not self.waiting_replacement:
             self._flush_membership(force=True)  # the servers know who left before anyone goes on
+            members = tuple(self.roster.active_ranks()) if self.cfg.elastic else ()
             for ident, n in self.barrier.items():
                 if ident in self.nodes:
                     self.nodes[ident].barrier_done = n
-                    self._send(ident, Command.BARRIER_DONE, BarrierDone(n))
+                    self._send(ident, Command.BARRIER_DONE, BarrierDone(n, members, self.elastic.generation))
             self.barrier.clear()
 
     def _flush_membership(self, force: bool = False) -> None:
         """Send MEMBERSHIP if asked for (``roster.want_membership``) and due (psnode.scheduler.roster)."""
         active = self.roster.take_membership(time.monotonic(), force)
         if active is not None:
+            body = self._membership()
             for ident in self.roster.servers:
-                self._send(ident, Command.MEMBERSHIP, Membership(tuple(active)))
+                self._send(ident, Command.MEMBERSHIP, body)
 
     def _on_finish(self, node: Node) -> None:
         self._set_state(node, NodeState.FINISHED)
         self._send(node, Command.FINISH_ACK)
         self.barrier.pop(node.ident, None)
+        generation = self.elastic.generation
+        self.elastic.gone(node.rank, "finished")
+        if self.elastic.generation != generation:   # a leaver: everyone learns the new membership
+            log.warning("%s left: generation %d, %d workers", node.name, self.elastic.generation,
+                        len(self.roster.active))
+            self._membership_changed()
         self.roster.want_membership()
         self._check_barrier()
         if self.roster.all_finished():
@@ -307,7 +413,7 @@ class Scheduler:
         def not_in_barrier(n: int) -> list[int]:
             return [r for r in waits if entered.get(r, 0) < n]
         gone = {n.rank for n in self.nodes.values() if n.role == "worker" and n.state in
-                (NodeState.FINISHED, NodeState.EXITED)}
+                (NodeState.FINISHED, NodeState.EXITED, NodeState.LOST)}
         verdict = self.watch.check(now, waits, not_in_barrier, gone)
         if verdict is not None:
             self._end(False, verdict, Command.PEER_LOST, what=verdict, since=time.time())
@@ -333,6 +439,9 @@ class Scheduler:
             silent = now - n.last_seen
             if self._restartable(n) and self.exit_code is None:
                 self._await_replacement(n, f"silent for {silent:.1f} s")
+                continue
+            if n.role == "worker" and self.started and self.cfg.elastic and self.exit_code is None:
+                self._on_lost(n.rank, f"silent for {silent:.1f} s")
                 continue
             self._set_state(n, NodeState.DEAD)
             if self.exit_code is not None:
@@ -361,15 +470,25 @@ class Scheduler:
                 self._welcome(node, self._book(), restore=node.role == "server" and node.restarts > 0)
         elif cmd is Command.STATUS:
             now = time.monotonic()
+            e = self.elastic
             self._send(ident, Command.STATUS_REPLY, StatusAnswer(
                 self.cfg.job_id, round(now - self.t0, 3), self.started,
                 self.t.refused,  # connections the scheduler itself refused
-                tuple(n.row(now) for n in sorted(self.nodes.values(), key=lambda n: (n.role, n.rank)))))
+                tuple(n.row(now) for n in sorted(self.nodes.values(), key=lambda n: (n.role, n.rank))),
+                e.generation, tuple(self.roster.active_ranks()), e.joined, e.left, e.lost))
+        elif isinstance(body, Leave):
+            self._send(ident, Command.LEAVE_ACK)
+            self._on_leave(body.ranks)
+        elif isinstance(body, Lost):
+            self._send(ident, Command.LOST_ACK)
+            self._on_lost(body.rank, body.reason)
         elif isinstance(body, Stop):
             self._send(ident, Command.STOP_ACK)
             self._end(True, body.reason)  # a failed job stays failed
         elif node is None:
             log.debug("%s from an unregistered peer dropped", cmd.value)
+        elif node.state == NodeState.LOST:   # removed from the job: it must not take part again
+            self._send(node, Command.SHUTDOWN, JobEnd(False, f"{node.name} was removed from the job (lost)"))
         elif isinstance(body, Heartbeat):
             node.update_stats(body.stats, time.monotonic())
             self._send(node, Command.HEARTBEAT_ACK)

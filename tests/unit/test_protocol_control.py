@@ -27,6 +27,8 @@ from psnode.protocol.control import (
     Empty,
     Heartbeat,
     JobEnd,
+    Leave,
+    Lost,
     Membership,
     Register,
     ServerAddress,
@@ -75,6 +77,15 @@ VALID = [
     (Command.STATUS_REPLY, StatusAnswer("job-a", 12.5, True, 3, (ROW, NodeRow("server", 0, "h", "alive")))),
     (Command.STOP, Stop("stopped by test")),
     (Command.STOP_ACK, Empty()),
+    (Command.LEAVE, Leave((2, 3))),
+    (Command.LEAVE_ACK, Empty()),
+    (Command.LOST, Lost(1, "killed by signal 9")),
+    (Command.LOST_ACK, Empty()),
+    # an elastic job's fields
+    (Command.WELCOME, Welcome(2, BOOK, 99, 2, 2, (0, 1, 2), 0, False, 0, 3, True, (2,))),
+    (Command.BARRIER_DONE, BarrierDone(4, (0, 2), 5)),
+    (Command.MEMBERSHIP, Membership((0, 1, 2), 2, (2,), (1,))),
+    (Command.STATUS_REPLY, StatusAnswer("job-a", 1.0, True, 0, (ROW,), 3, (0, 2), 2, 1, 1)),
 ]
 
 
@@ -117,7 +128,11 @@ def test_bodies_keep_their_wire_form() -> None:
              "refused": 0}
     assert Heartbeat(Counters.of({**stats, "other": 7})).to_body() == {"stats": stats}
     status = StatusAnswer("j", 1.0, False, 0, (ROW,)).to_body()
-    assert status == {"job": "j", "uptime": 1.0, "started": False, "refused": 0, "nodes": [ROW.to_dict()]}
+    assert status == {"job": "j", "uptime": 1.0, "started": False, "refused": 0, "nodes": [ROW.to_dict()],
+                      "generation": 0, "members": [], "joined": 0, "left": 0, "lost": 0}
+    assert Leave((1, 2)).to_body() == {"ranks": [1, 2]} and Lost(1, "r").to_body() == {"rank": 1, "reason": "r"}
+    assert Membership((0, 2), 1, (2,), (0,)).to_body() == {"active": [0, 2], "generation": 1, "joined": [2],
+                                                          "leave": [0]}
 
 
 def test_defaults_of_absent_fields() -> None:
@@ -171,6 +186,18 @@ def test_defaults_of_absent_fields() -> None:
     (Command.STATUS_REPLY, {"job": "j", "uptime": -1, "started": True, "refused": 0, "nodes": []}, "uptime"),
     (Command.STATUS_REPLY, {"job": "j", "uptime": 1, "started": True, "refused": 0, "nodes": [3]}, "node"),
     (Command.STATUS_REPLY, {"job": "j", "uptime": 1, "started": 1, "refused": 0, "nodes": []}, "started"),
+    (Command.STATUS_REPLY, {"job": "j", "uptime": 1, "started": True, "refused": 0, "nodes": [],
+                            "members": [0, -1]}, "members"),
+    (Command.STATUS_REPLY, {"job": "j", "uptime": 1, "started": True, "refused": 0, "nodes": [],
+                            "lost": -1}, "lost"),
+    (Command.LEAVE, {"ranks": []}, "ranks"),
+    (Command.LEAVE, {"ranks": [0, "1"]}, "ranks"),
+    (Command.LOST, {}, "rank"),
+    (Command.LOST, {"rank": 1, "reason": 5}, "reason"),
+    (Command.MEMBERSHIP, {"active": [0], "generation": -1}, "generation"),
+    (Command.MEMBERSHIP, {"active": [0], "leave": [None]}, "leave"),
+    (Command.WELCOME, {**Welcome(1, BOOK, 9, 2, 2, (0, 1)).to_body(), "joiner": 1}, "joiner"),
+    (Command.BARRIER_DONE, {"n": 1, "members": "0"}, "members"),
 ])
 def test_malformed_bodies_name_the_field(cmd: Command, body: dict, field: str) -> None:
     with pytest.raises(ProtocolError, match=field):
