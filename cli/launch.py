@@ -467,8 +467,8 @@ class Supervisor:
         from psnode.scheduler import client
 
         try:
-            told = client.report_lost(self.record.scheduler, self.record.id, rec.rank,
-                                      key_file=self.record.key_file, timeout=STATUS_TIMEOUT * 4)
+            told = client.report_lost(self.record.scheduler, self.record.id, rec.rank or 0,
+                                      key_file=self.record.key_file, timeout=STATUS_TIMEOUT * 4, reason=why)
         except Exception:  # noqa: BLE001 - the scheduler notices the loss by heartbeats too
             told = False
         live = rules.live_workers
