@@ -36,9 +36,10 @@ Rules:
    time to the next kill of a storm of them).
 7. **Elastic jobs** (``minimum`` set: ``--min-workers``/``--max-workers`` other than ``-n``): a
    worker that fails with no restart left (rule 2) is ``LOSE`` while at least ``minimum`` workers
-   still run, and the job goes on without it; else ``FAIL`` with :attr:`Supervision.shortfall`
-   saying why.  Workers that joined while the job runs (:meth:`Supervision.add_worker`) follow the
-   same rules; the job winds down when every worker has finished or is lost.
+   still run (or some worker already finished its work: exit code 0, not asked to leave), and
+   the job goes on without it; else ``FAIL`` with :attr:`Supervision.shortfall` saying why.
+   Workers that joined while the job runs (:meth:`Supervision.add_worker`) follow the same
+   rules; the job winds down when every worker has finished or is lost.
 """
 from __future__ import annotations
 
@@ -146,7 +147,9 @@ class Supervision:
             elif not self.winding_down and name not in self.leaving and self._may_restart(name):
                 return self._restart(name)
             elif self.minimum is not None and not self.winding_down:
-                self.shortfall = shortfall(self.live_workers, self.minimum)
+                # workers that finished their work (exit 0, not asked to leave) still count
+                done = len(self.finished - self.leaving)
+                self.shortfall = None if done else shortfall(self.live_workers, self.minimum)
                 if self.shortfall:
                     return Action.FAIL
                 self.lost.add(name)
