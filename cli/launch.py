@@ -522,8 +522,9 @@ class Supervisor:
         once they ended, lost."""
         names = [n for n in (rules.running & rules.workers) - rules.leaving
                  if self.record.proc(n).host == host.label]
-        ui.warn(f"host discovery: {host.label} is gone" + (f": its worker{'s' if len(names) > 1 else ''} "
-                                                          f"{', '.join(names)} are lost" if names else ""))
+        many = len(names) > 1
+        ui.warn(f"host discovery: {host.label} is gone" + (f": its worker{'s' if many else ''} {', '.join(names)} "
+                                                          f"{'are' if many else 'is'} lost" if names else ""))
         procs = [self.record.proc(n) for n in names]
         for name in names:
             rules.leave(name)      # never restarted there

@@ -147,8 +147,8 @@ def test_scale_up_then_down_exact_values_on_every_rank(home, tmp_path):
     assert [p["exit_code"] for p in rec["procs"] if p["role"] == "worker"] == [0, 0, 0]
     assert [(c["change"], c["rank"]) for c in rec["changes"]] == [("joined", 2), ("left", 2)]
     assert shrunk["membership"]["joined"] == 1 and shrunk["membership"]["left"] == 1
-    # the joiner starts two rounds after the last one completed when it joined (rounds 1..6 done)
-    assert joined_at == 7 - 1
+    # the joiner's first round is two after the last one completed when it joined (rounds 1..6)
+    assert joined_at == 7
     joiner = _rounds(_log(home, job, "worker-2"), 2)
     assert sorted(joiner) == list(range(joined_at + 1, 15)), joiner
     expected = {k: (2.0 if k in joiner else 1.5) for k in range(1, TOTAL + 1)}
