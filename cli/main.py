@@ -451,6 +451,7 @@ def scale(
         if len(running) > 1:
             raise _fail("several jobs are running", f"{len(running)} jobs are running: "
                         f"{', '.join(j.id for j in running)}", "name one: mxdist scale JOB N", EXIT_USAGE)
+        job = running[0].id if running else None
     record = _load(job)
     try:
         answer = control.scale_job(record, target, dry_run)
