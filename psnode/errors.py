@@ -37,6 +37,20 @@ class DataLost(PeerLost):
     go on exactly, and no restart can bring it back, so it ends."""
 
 
+class Leave(SystemExit):
+    """This worker was asked to leave the job (``mxdist scale`` down): raised by the ``kv.push``
+    after the request, once everything it pushed was applied and it left the membership.  A
+    SystemExit with code 0: uncaught, the script ends well (check ``kv.leaving`` to end on
+    your own terms instead)."""
+
+    def __init__(self, message: str = "this worker left the job (asked to leave)") -> None:
+        super().__init__(0)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
 class KeyNotInitialized(PSError, KeyError):
     """Push or pull of a key that no worker has initialised."""
 

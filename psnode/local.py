@@ -82,6 +82,18 @@ class LocalEngine:
     def barrier(self) -> None:
         pass
 
+    joiner = False
+    leaving = False
+
+    def membership(self) -> tuple[int, tuple[int, ...]]:
+        return 0, (0,)
+
+    def membership_changes(self) -> list[tuple[int, tuple[int, ...]]]:
+        return []
+
+    def agreed_members(self) -> tuple[int, tuple[int, ...]]:
+        return 0, (0,)
+
     def check(self) -> None:
         pass
 

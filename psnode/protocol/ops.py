@@ -55,6 +55,7 @@ class OpCode(IntEnum):
     SET_OPTIMIZER = 7
     GET_STATES = 8
     LOAD_STATES = 9
+    JOIN = 10
     OK = 32
     WAIT = 33
     MISSING = 34
@@ -150,10 +151,12 @@ class Init:
     """Create key part ``(key, part)`` (``value``: rank 0's array) or get its value; with
     ``bucket`` >= 0 the part's value lives in that bucket at element ``offset`` (psnode.server.buckets).
     ``fill`` (instead of ``value``): the JSON spec the server computes the part's values from
-    (psnode.math.initializers.FillSpec); ``bare``: answer without the value.
+    (psnode.math.initializers.FillSpec); ``bare``: answer without the value; ``join``: a joiner's
+    init (never creates the key: it waits for rank 0's, like any other worker's).
 
     Answer: Ok with the stored value (none when ``bare``) and ``seq`` = the pushes of this
-    worker's rank the part has taken (more than 0 after a restart)."""
+    worker's rank the part has taken (more than 0 after a restart); for a ``join`` init, the
+    part's completed round instead (the joiner proposes its start round from it: :class:`Join`)."""
 
     key: Key
     part: int
@@ -169,6 +172,7 @@ class Init:
     offset: int = 0
     fill: dict[str, Any] | None = None
     bare: bool = False
+    join: bool = False
     code: ClassVar[OpCode] = OpCode.INIT
 
     def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
@@ -182,6 +186,8 @@ class Init:
             extra["fill"] = self.fill
         if self.bare:
             extra["bare"] = True
+        if self.join:
+            extra["join"] = True
         return int(flags), self.part, 0, self.key, arrays, extra
 
     @classmethod
@@ -195,14 +201,17 @@ class Init:
             raise ProtocolError(f"init: bad shape {str(shape)[:60]}")
         bucket = _int(extra.get("bucket", -1), "init bucket", -1)
         offset = _int(extra.get("offset", 0), "init offset")
-        fill, bare = extra.get("fill"), extra.get("bare", False)
+        fill, bare, join = extra.get("fill"), extra.get("bare", False), extra.get("join", False)
         if fill is not None and (type(fill) is not dict or arrays):
             raise ProtocolError("init: fill must be an object, sent without a value")
-        if type(bare) is not bool:
-            raise ProtocolError(f"init: bare must be true or false, not {str(bare)[:20]!r}")
+        if type(bare) is not bool or type(join) is not bool:
+            raise ProtocolError(f"init: bare and join must be true or false, not {str(bare)[:20]!r}, "
+                                f"{str(join)[:20]!r}")
+        if join and (arrays or fill is not None):
+            raise ProtocolError("init: a joiner's init carries no value and no fill")
         return cls(key, part, dtype, tuple(_int(d, "init shape") for d in shape), bool(flags & SYNC),
                    bool(flags & AVERAGE), bool(flags & SPARSE), arrays[0] if arrays else None,
-                   id, bool(flags & RE), bucket, offset, fill, bare)
+                   id, bool(flags & RE), bucket, offset, fill, bare, join)
 
 
 @dataclass(slots=True)
@@ -401,10 +410,38 @@ class LoadStates:
         return cls(names, list(arrays), id, bool(flags & RE))
 
 
-Op = Init | Push | Pull | PushPull | Flush | SetOptimizer | GetStates | LoadStates
+@dataclass(slots=True)
+class Join:
+    """A joiner (a worker admitted to the running job in membership ``generation``) proposes
+    ``start``: its first push to key part ``(key, part)`` is round ``start`` (its push numbers
+    continue from ``start - 1``).  The part accepts iff round ``start`` has not opened there
+    (no push of that round taken yet), or moves a start it accepted earlier later (nothing
+    pushed since).  Answer: Ok with ``seq`` = ``start`` when accepted, else the earliest start
+    the part could accept now (greater than ``start``: propose it to every part)."""
+
+    key: Key
+    part: int
+    start: int
+    generation: int = 0
+    id: int = 0
+    re: bool = False
+    code: ClassVar[OpCode] = OpCode.JOIN
+
+    def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
+        return int(RE * self.re), self.part, self.start, self.key, [], {"g": self.generation}
+
+    @classmethod
+    def unwire(cls, flags: int, part: int, id: int, seq: int, key: Key, arrays: list[np.ndarray],
+               extra: dict[str, Any]) -> Join:
+        _arrays(arrays, 0, "join")
+        return cls(key, part, _int(seq, "join start", 1), _int(extra.get("g", 0), "join generation"), id,
+                   bool(flags & RE))
+
+
+Op = Init | Push | Pull | PushPull | Flush | SetOptimizer | GetStates | LoadStates | Join
 
 REQUESTS: dict[int, Any] = {c.code: c for c in (Init, Push, Pull, PushPull, Flush, SetOptimizer,
-                                                 GetStates, LoadStates)}
+                                                 GetStates, LoadStates, Join)}
 
 
 def resent(op: Op) -> Op:
@@ -420,6 +457,6 @@ def without_dest(op: Op) -> Op:
     return replace(op, dest=None) if getattr(op, "dest", None) is not None else op  # type: ignore[call-arg, arg-type]
 
 
-__all__ = ["BUCKET", "REQUESTS", "Flag", "Flush", "GetStates", "Init", "Key", "LoadStates", "Op", "OpCode",
+__all__ = ["BUCKET", "REQUESTS", "Flag", "Flush", "GetStates", "Init", "Join", "Key", "LoadStates", "Op", "OpCode",
            "PartKey", "Pull", "Push", "PushPull", "SetOptimizer", "bucket_key", "bucket_of", "resent",
            "without_dest"]

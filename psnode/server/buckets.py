@@ -25,7 +25,7 @@ per member, as if each member had been served alone).
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Set
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -82,15 +82,15 @@ class Bucket:
     pulls: list[tuple[int, int, int, np.ndarray | None]] = field(default_factory=list)
     durable: dict[int, int] = field(default_factory=dict)   # worker -> pushes the last checkpoint holds
 
-    def answer(self, active: Set[int]) -> list[Reply]:
+    def answer(self, member: Callable[[int], bool]) -> list[Reply]:
         """Bucket pulls whose members all reached their push (the answer: the whole buffer);
-        a worker that left (not in ``active``) is answered with what there is, ``seq`` 0."""
+        a worker that left (``member(w)`` false) is answered with what there is, ``seq`` 0."""
         if not self.pulls:
             return []
         out, keep = [], []
         for worker, rid, after, dest in self.pulls:
             done = self.round if self.fused else min(m.entry.round for m in self.members)
-            if done >= after or (worker not in active and after > done):
+            if done >= after or (not member(worker) and after > done):
                 view = self.view if self.view is not None else self.value[:self.used]
                 out.append(Reply(worker, Ok(rid, [view], after if done >= after else 0), dest=dest, shared=True,
                                  fixed=True, holder=self))
@@ -170,8 +170,8 @@ class Buckets:
         """Fuse ``b`` when its members are in one quiet state; True if it is fused."""
         if b.fused:
             return True
-        if not b.members or self.rules.check_finite:
-            return False
+        if not b.members or self.rules.check_finite or self.rules.joiners or self.rules.admitted:
+            return False   # (members of an elastic job's joiners: served one by one, Rules.need)
         head = b.members[0].entry
         for m in b.members:
             e = m.entry
@@ -221,7 +221,7 @@ class Buckets:
             for m in b.members:
                 out.extend(self.push_member(worker, m.key, m.entry, seq, data[m.span].reshape(m.entry.value.shape),
                                             None))
-            return [*out, *b.answer(self.rules.active)]
+            return [*out, *b.answer(self.rules.member)]
         if seq <= b.pushed.get(worker, 0) or (b.early and any(q == seq for q, _ in b.early.get(worker, []))):
             return []   # duplicate
         self.pushes += len(b.members)
@@ -273,7 +273,7 @@ class Buckets:
             self.rounds += len(b.members)
             b.contributors.clear()
             b.first, b.summed = None, False
-            out.extend(b.answer(self.rules.active))
+            out.extend(b.answer(self.rules.member))
             for w, items in list(b.early.items()):
                 for item in list(items):
                     if item[0] == b.round + 1 and w not in b.contributors:
@@ -290,7 +290,7 @@ class Buckets:
             return [self._wait(b, worker, rid, after)]
         self.pulls += len(b.members)
         b.pulls.append((worker, rid, after, dest))
-        return b.answer(self.rules.active)
+        return b.answer(self.rules.member)
 
     def _wait(self, b: Bucket, worker: int, rid: int, after: int) -> Reply:
         if b.fused:
@@ -301,12 +301,12 @@ class Buckets:
             blockers = sorted(self.rules.active - b.contributors)
         else:
             gap = min(first_gap(m.entry, worker) for m in b.members)
-            blockers = sorted(set().union(*(self.rules.active - m.entry.contributors for m in b.members)))
+            blockers = sorted(set().union(*(self.rules.need(m.entry) - m.entry.contributors for m in b.members)))
         return Reply(worker, Wait(rid, gap if gap <= after else 0, blockers))
 
     def answer(self, b: Bucket) -> list[Reply]:
         """Bucket pulls of ``b`` its members' rounds let through (:meth:`Bucket.answer`)."""
-        return b.answer(self.rules.active)
+        return b.answer(self.rules.member)
 
     def received(self, bid: int, worker: int, seq: int) -> bool:
         """Push ``seq`` of ``worker`` was taken by every member of bucket ``bid`` (or it has none)."""

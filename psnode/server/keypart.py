@@ -4,11 +4,13 @@ A key is cut into parts, one per server that holds a slice of it (psnode.worker.
 a server keeps one :class:`Entry` per key part it holds: the value, the round being summed,
 the pushes taken per worker, parked pulls, the optimizer state and the durable watermarks.
 Push ``q`` of a worker is taken once (:func:`received`); ``pushed`` counts a worker's pushes
-applied without a gap, ``early`` (sync) and ``ahead`` (async) hold those past one.
+applied without a gap, ``early`` (sync) and ``ahead`` (async) hold those past one.  ``start``
+holds the start round of each worker that joined the running job and agreed it with this part
+(a JOIN; the workers of the first generation start at round 1).
 """
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -22,8 +24,9 @@ Key = tuple[Any, int]  # (user key, part index)
 class Group(Protocol):
     """The bucket a key part's value lives in (psnode.server.buckets), as its rounds see it."""
 
-    def answer(self, active: Set[int]) -> list[Reply]:
-        """The bucket pulls a completed round of a member lets through."""
+    def answer(self, member: Callable[[int], bool]) -> list[Reply]:
+        """The bucket pulls a completed round of a member lets through (``member(w)``: does
+        worker ``w`` take part)."""
         ...
 
 
@@ -56,6 +59,7 @@ class Entry:
     scaled: bool = False   # spare already holds the round's average (summed and scaled at once)
     row_sum: np.ndarray | None = None   # flat scratch a sync row_sparse round is summed into
     durable: dict[int, int] = field(default_factory=dict)   # worker -> pushes its last checkpoint holds
+    start: dict[int, int] = field(default_factory=dict)   # joiner -> its start round here (psnode.server.rounds)
 
 
 def fmt(key: Any, part: int) -> str:

@@ -53,7 +53,7 @@ class Server:
         self.local: SameHost | None = None
         if cfg.shm and shm.available():
             try:
-                self.local = SameHost(cfg.job_id, cfg.host, self.port, cfg.num_workers,
+                self.local = SameHost(cfg.job_id, cfg.host, self.port, cfg.workers_max,
                                       cfg.max_message_bytes, self.poller, self.t.security)
             except OSError as exc:
                 log.warning("no same-host data link (%s); workers on this host use TCP", exc)
@@ -78,9 +78,9 @@ class Server:
             log.warning("dropped %s from %r: not a worker data message", msg.cmd.value, ident)
             return
         worker = int(ident[1:])
-        if worker >= self.cfg.num_workers:
+        if worker >= self.cfg.workers_max:
             self.t.dropped += 1
-            log.warning("dropped data from %r: no such worker in a job of %d", ident, self.cfg.num_workers)
+            log.warning("dropped data from %r: no such worker in a job of %d", ident, self.cfg.workers_max)
             return
         if msg.ops is None:
             self.t.dropped += 1
@@ -141,12 +141,12 @@ class Server:
                 sent(e, tracker if track else None)
 
     # ------------------------------------------------------------ scheduler
-    def _membership(self, ranks: tuple[int, ...]) -> None:
+    def _membership(self, body: Membership) -> None:
         """The active workers (MEMBERSHIP, always the full list): rounds waiting only for
         leavers complete.  The same set again changes nothing and costs no pass over the keys."""
-        active = set(ranks)
-        if active != self.store.active:
-            self._reply(self.store.set_active(active))
+        active, rules = set(body.active), self.store.rules
+        if active != rules.active or body.generation != rules.generation or set(body.joined) != rules.joiners:
+            self._reply(self.store.set_membership(active, body.generation, set(body.joined)))
 
     def _on_scheduler(self, msg: Control) -> int | None:
         body = msg.body
@@ -159,7 +159,7 @@ class Server:
                 self.store.active = set(body.active)
                 self._restore()
             else:
-                self._reply(self.store.set_active(set(body.active)))
+                self._reply(self.store.set_membership(set(body.active), body.generation, set(body.joined)))
                 if self.cfg.checkpoint_dir and self.cfg.resume:
                     checkpoint.load_server(self.cfg.checkpoint_dir, self.rank, self.store)
                 if self.store.restartable:   # (a restart before any other checkpoint restores this)
@@ -167,7 +167,7 @@ class Server:
             if self.cfg.checkpoint_dir and self.cfg.checkpoint_interval > 0:
                 self.next_checkpoint = time.monotonic() + self.cfg.checkpoint_interval
         elif isinstance(body, Membership):
-            self._membership(body.active)
+            self._membership(body)
         elif isinstance(body, JobEnd) and msg.cmd is Command.SHUTDOWN and body.ok:
             self._checkpoint()
             self.link.chan.send(Command.BYE, Bye().to_body())

@@ -32,8 +32,8 @@ what went through here (a fused bucket counts its own: psnode.server.buckets).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Set
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -55,16 +55,42 @@ Updater = Callable[[Any, Any, np.ndarray], None]
 
 @dataclass
 class Rules:
-    """What every round of one server follows (see the module docstring)."""
+    """What every round of one server follows (see the module docstring).
 
-    active: set[int]                          # the workers a sync round waits for
+    **Who a round waits for** (:meth:`need`).  Round ``r`` of a key part completes when every
+    member ``w`` whose start round there is ``<= r`` has pushed its push ``r``.  A member of
+    the first generation starts at round 1 everywhere; a worker that joined the running job
+    (``joiners``, from the scheduler's MEMBERSHIP) takes part in a key part only from the
+    start its JOIN agreed with that part (``Entry.start``), and a JOIN makes it a member there
+    even before the MEMBERSHIP naming it arrives (``admitted``: joiner -> the generation it was
+    admitted in).  A member removed by a MEMBERSHIP of that generation or later (it left, was
+    lost) no longer counts; its pushes that arrived are kept (they count in their rounds, and
+    ``average`` divides by each round's contributors)."""
+
+    active: set[int]                          # the members (MEMBERSHIP)
     check_finite: bool = False                # skip a round (or async push) holding inf or NaN
     optimizer: opt_mod.Optimizer | None = None
     updater: Updater | None = None
+    joiners: set[int] = field(default_factory=set)          # active ranks that joined the running job
+    admitted: dict[int, int] = field(default_factory=dict)  # joiner -> generation of its JOIN
+    generation: int = 0                                     # of the last MEMBERSHIP taken
 
     def optimizer_for(self, entry: Entry) -> opt_mod.Optimizer | None:
         """Optimizers update floating-point keys; other keys take the aggregate as is."""
         return self.optimizer if entry.value.dtype.kind == "f" else None
+
+    def need(self, entry: Entry) -> Set[int]:
+        """The workers the next round of ``entry`` (``entry.round + 1``) waits for."""
+        if not entry.start and not self.joiners:
+            return self.active   # (every member from round 1: the common case)
+        r = entry.round + 1
+        need = {w for w in self.active if w not in self.joiners and w not in entry.start}
+        need.update(w for w, s in entry.start.items() if s <= r)
+        return need
+
+    def member(self, worker: int) -> bool:
+        """Does ``worker`` take part (a member, or a joiner admitted and not removed)?"""
+        return worker in self.active or worker in self.admitted
 
 
 class Rounds:
@@ -146,7 +172,7 @@ class Rounds:
             # the push that completes the round also averages, chunk by chunk while in cache
             n = len(entry.contributors)
             rules = self.rules
-            last = rules.active <= entry.contributors and entry.average and not entry.nonfinite \
+            last = rules.need(entry) <= entry.contributors and entry.average and not entry.nonfinite \
                 and rules.optimizer_for(entry) is None
             scale = 1.0 / n if last else 1.0
             if entry.first is not None:
@@ -169,7 +195,8 @@ class Rounds:
             data.into(entry.spare)
             entry.first, entry.scaled = None, False
             return
-        last = self.rules.active <= entry.contributors and entry.average and self.rules.optimizer_for(entry) is None
+        last = self.rules.need(entry) <= entry.contributors and entry.average and \
+            self.rules.optimizer_for(entry) is None
         n = len(entry.contributors)
         if entry.first is not None:   # (a float32 first push: only a worker whose setting changed)
             entry.spare = self._fresh(entry.spare, entry.spare_sends, entry.value)
@@ -185,8 +212,8 @@ class Rounds:
         """Complete every round of ``entry`` the active workers all contributed to; the pulls
         (the key part's and its bucket's) that lets through."""
         out: list[Reply] = []
-        active = self.rules.active
-        while entry.contributors and active <= entry.contributors:
+        rules = self.rules
+        while entry.contributors and rules.need(entry) <= entry.contributors:
             n = len(entry.contributors)
             if entry.nonfinite:
                 entry.skipped += 1
@@ -211,7 +238,7 @@ class Rounds:
             entry.sparse_parts.clear()
             out.extend(self.answer_pulls(entry))
             if entry.bucket is not None:
-                out.extend(entry.bucket.answer(active))
+                out.extend(entry.bucket.answer(rules.member))
             for w, queue in list(entry.early.items()):  # pushes waiting for this round
                 for item in list(queue):
                     if item[0] == entry.round + 1 and w not in entry.contributors:
@@ -305,7 +332,7 @@ class Rounds:
             # still parked: the pull was not lost ... but it may wait for a push of this worker
             # that never came (gap), or for other workers (blockers)
             gap = first_gap(entry, worker)
-            blockers = sorted(self.rules.active - entry.contributors) if entry.sync else []
+            blockers = sorted(self.rules.need(entry) - entry.contributors) if entry.sync else []
             return [Reply(worker, Wait(rid, gap if gap <= after else 0, blockers))]
         self.pulls += 1
         entry.pulls.append((worker, rid, after, rows, dest))
@@ -315,10 +342,10 @@ class Rounds:
         """The parked pulls of ``entry`` whose push was applied (a worker that left is answered
         with what there is, ``seq`` 0)."""
         out, keep = [], []
-        active = self.rules.active
+        member = self.rules.member
         for worker, rid, after, rows, dest in entry.pulls:
             done = entry.round if entry.sync else entry.pushed.get(worker, 0)
-            if done >= after or (entry.sync and worker not in active and after > done):
+            if done >= after or (entry.sync and not member(worker) and after > done):
                 seq = after if done >= after else 0   # (received; restartable: stamped durable)
                 if rows is None:
                     out.append(Reply(worker, Ok(rid, [entry.value], seq), entry, dest, entry.sync, False, entry))

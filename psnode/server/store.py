@@ -43,6 +43,16 @@ Semantics (per key part held by this server):
   averaged over the contributors as if missing rows were zero, and applied lazily: only rows
   present change (without an optimizer those rows take the aggregate; others keep their value).
 * Workers leave (``set_active``): rounds then complete over the workers still active.
+* **Elastic membership** (:meth:`set_membership`, ``join``; who a round waits for:
+  psnode.server.rounds.Rules).  A worker that joins the running job inits each key with
+  ``join`` (the answer's ``seq`` is the part's completed round; a joiner never creates or
+  re-initialises a key), then agrees a start round ``s`` with every part of the key (JOIN,
+  a compare-and-set: accepted iff round ``s`` has not opened on the part, no push of round
+  ``s`` taken yet).  Accepted, the part takes the joiner's pushes from round ``s``: its push
+  count and durable watermark become ``s - 1`` (a reused rank's old state for the part is
+  replaced; pushes of the old holder of the rank for earlier rounds are kept).  A member
+  removed from the membership (it left gracefully or was lost) keeps every push that
+  arrived: rounds it contributed to count it, later rounds complete over the rest.
 
 **Exactly once.**  A push is applied exactly once, on every data path (TCP, the same-host link,
 a bucket of small keys, each part of a split key), across any sequence of worker and server
@@ -74,6 +84,7 @@ from psnode.protocol import (
     Flush,
     GetStates,
     Init,
+    Join,
     LoadStates,
     Missing,
     Ok,
@@ -123,7 +134,7 @@ class Store:
             OpCode.INIT: self._init, OpCode.PUSH: self._push, OpCode.PULL: self._pull,
             OpCode.PUSHPULL: self._pushpull, OpCode.FLUSH: self._flush,
             OpCode.SET_OPTIMIZER: self._set_optimizer, OpCode.GET_STATES: self._get_states,
-            OpCode.LOAD_STATES: self._load_states}
+            OpCode.LOAD_STATES: self._load_states, OpCode.JOIN: self._join}
 
     # ---------------------------------------------------------------- the rules and counters
     @property
@@ -222,7 +233,8 @@ class Store:
         if entry is not None:  # (also a restarted worker: it resumes its push count)
             entry = self._entry(key)
             self._check_meta(key, entry, op.dtype, op.shape)
-            return [Reply(worker, Ok(op.id, [entry.value], seq=self._accepted(entry, worker)), entry)]
+            seq = entry.round if op.join else self._accepted(entry, worker)
+            return [Reply(worker, Ok(op.id, [entry.value], seq=seq), entry)]
         if op.value is None:
             waiting = self.waiting_inits.setdefault(key, [])
             if op.re and any(w == worker and o.id == op.id for w, o in waiting):
@@ -251,7 +263,8 @@ class Store:
         for w, other in self.waiting_inits.pop(key, []):
             try:
                 self._check_meta(key, entry, other.dtype, other.shape)
-                out.append(Reply(w, Ok(other.id, [entry.value], seq=self._accepted(entry, w)), entry))
+                seq = entry.round if other.join else self._accepted(entry, w)
+                out.append(Reply(w, Ok(other.id, [entry.value], seq=seq), entry))
             except OpError as exc:
                 out.append(Reply(w, Failed(other.id, exc.kind, str(exc))))
         return out
@@ -310,8 +323,9 @@ class Store:
         return out
 
     def _init_answer(self, worker: int, op: Init, entry: Entry) -> Reply:
-        """An init's Ok: the stored value (none for a ``bare`` init) and the push count."""
-        seq = self._accepted(entry, worker)
+        """An init's Ok: the stored value (none for a ``bare`` init) and the push count (a
+        joiner's: the completed round)."""
+        seq = entry.round if op.join else self._accepted(entry, worker)
         if op.bare:
             return Reply(worker, Ok(op.id, [], seq=seq))
         return Reply(worker, Ok(op.id, [entry.value], seq=seq), entry)
@@ -408,6 +422,55 @@ class Store:
                 self.must_persist = True
         return [Reply(worker, Missing(op.id, missing) if missing else Ok(op.id))]
 
+    # ---------------------------------------------------------------- elastic membership
+    def _join(self, worker: int, op: Join) -> list[Reply]:
+        """A joiner's start round for a key part: the compare-and-set of the module docstring."""
+        rules = self.rules
+        if op.generation < rules.generation and worker not in rules.active:
+            raise OpError("PeerLost", f"worker {worker} was removed from the job (generation {rules.generation})")
+        key = (op.key, op.part)
+        entry = self._entry(key)
+        s = op.start
+        held = entry.start.get(worker)
+        if held == s and worker in rules.admitted:
+            return [Reply(worker, Ok(op.id, seq=s))]   # (sent again)
+        if held is not None and worker in rules.admitted and received(entry, worker, held):
+            raise OpError("ProtocolError", f"worker {worker} pushed {fmt(*key)} already: its start cannot move")
+        if entry.sync:   # (async parts have no rounds: the push numbers just continue from s - 1)
+            opened = entry.round + 1 if entry.contributors else entry.round   # the last round opened
+            if s <= opened:
+                return [Reply(worker, Ok(op.id, seq=opened + 1))]
+        rules.admitted[worker] = max(rules.admitted.get(worker, 0), op.generation)
+        entry.start[worker] = s
+        entry.pushed[worker] = entry.durable[worker] = s - 1
+        entry.ahead.pop(worker, None)
+        queue = [item for item in entry.early.get(worker, []) if item[0] < s]   # (a reused rank's old pushes)
+        if queue:
+            entry.early[worker] = queue
+        else:
+            entry.early.pop(worker, None)
+        out = [Reply(worker, Ok(op.id, seq=s))]
+        if entry.sync and held is not None:   # a start moved later: the round it held may complete
+            out.extend(self.key_rounds.complete(key, entry))
+            out.extend(self.key_rounds.answer_pulls(entry))
+        return out
+
+    def set_membership(self, active: set[int], generation: int = 0, joiners: set[int] | None = None) -> list[Reply]:
+        """A MEMBERSHIP (psnode.server.rounds.Rules): the members, their generation (an older
+        one than the last taken is ignored) and the joiners among them; completes the rounds
+        that waited only for workers removed."""
+        rules = self.rules
+        if generation < rules.generation:
+            return []
+        rules.generation = generation
+        rules.joiners = set(joiners or ())
+        for w, g in list(rules.admitted.items()):
+            if w not in active and generation >= g:   # removed after its admission
+                del rules.admitted[w]
+                for entry in self.entries.values():
+                    entry.start.pop(w, None)
+        return self.set_active(active)
+
     # ---------------------------------------------------------------- optimizer
     def _set_optimizer(self, worker: int, op: SetOptimizer) -> list[Reply]:
         self.fused.split_all()
@@ -461,7 +524,7 @@ class Store:
     def mark_durable(self) -> None:
         """A checkpoint of the store as it is was written (or loaded): every push it holds is
         durable; the watermarks answers report move up to it."""
-        workers = range(self.num_workers)
+        workers = set(range(self.num_workers)) | self.rules.active | set(self.rules.admitted)
         self.fused.split_all()   # (a checkpoint split them already: members hold their state)
         for entry in self.entries.values():
             if not entry.early and not entry.ahead:

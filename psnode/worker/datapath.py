@@ -44,7 +44,7 @@ from psnode.errors import ConfigError, PSError, ShapeMismatch
 from psnode.math.sparse import RowSparseArray
 from psnode.math.sparse import sort_rows as _sort_rows
 from psnode.math.sparse import unique_rows as _unique
-from psnode.protocol import Init, Ok, Op, Pull, Push, PushPull
+from psnode.protocol import Init, Join, Ok, Op, Pull, Push, PushPull
 from psnode.worker import forms
 from psnode.worker.bucketing import Bucket
 from psnode.worker.compressor import Compressor
@@ -152,15 +152,20 @@ class DataPath:
     # ------------------------------------------------------------ init
     def init(self, key: Any, info: KeyInfo, sync: bool, average: bool, resumed: bool,
              value: np.ndarray | None = None, target: np.ndarray | None = None,
-             fill: Callable[[Part], dict[str, Any]] | None = None, bare: bool = False) -> list[Future]:
+             fill: Callable[[Part], dict[str, Any]] | None = None, bare: bool = False,
+             join: bool = False) -> list[Future]:
         """Init every part of a new key: ``value`` is rank 0's array (None elsewhere), the
         stored value is copied into ``target`` (if given); with ``bare`` (a server-side init)
         no answer carries a value and ``fill(part)`` is rank 0's spec of a part's values.  Each
-        part's push count goes into ``info`` (a ``resumed`` worker's next push continues it)."""
+        part's push count goes into ``info`` (a ``resumed`` worker's next push continues it);
+        a joiner's (``join``: no value, no fill) gets each part's completed round instead
+        (then :meth:`join`)."""
         futs = []
+        if join:
+            value, fill = None, None
         for part in info.placement.parts:
             op = Init(key, part.index, info.dtype.name, info.part_shape(part), sync=sync, average=average,
-                      sparse=info.sparse, bare=bare)
+                      sparse=info.sparse, bare=bare, join=join)
             if info.bucket is not None:
                 op.bucket, op.offset = info.bucket.bid, info.bucket.offsets[key][0]
             if value is not None:
@@ -174,12 +179,31 @@ class DataPath:
                 # predecessor may have died between pushing two parts: the other is a duplicate)
                 info.counts[part] = ans.seq
                 info.taken = min(info.counts.values())
-                if resumed:
+                if resumed and not join:
                     info.seq = info.taken
                 if copy is not None:
                     copy(ans)
             futs.append(self._submit(part.server, op, 0, 1 << 30, on_init))
         return futs
+
+    def join(self, key: Any, info: KeyInfo, generation: int) -> int:
+        """A joiner agrees its start round ``s`` with every part of ``key`` (after :meth:`init`
+        with ``join``: ``info.counts`` holds each part's completed round): it proposes the
+        latest completed round + 2 to every part, and a later one to all of them again while a
+        part refuses (round ``s`` opened there; its answer names the earliest it accepts).
+        Its push count becomes ``s - 1``; returns ``s``."""
+        start = max(info.counts.values(), default=0) + 2
+        while True:
+            futs = [self.request(part.server, Join(key, part.index, start, generation), 0)
+                    for part in info.placement.parts]
+            self.wait(futs)
+            want = max(self._engine.wait(f).seq for f in futs)
+            if want == start:
+                break
+            start = want
+        info.seq = info.taken = start - 1
+        info.counts = {part.index: start - 1 for part in info.placement.parts}
+        return start
 
     # ------------------------------------------------------------ push
     def push(self, items: list[Item], priority: int) -> None:

@@ -194,6 +194,41 @@ class Engine:
         """Block until every active worker entered this barrier (the scheduler answers)."""
         self.wait(self.control(Command.BARRIER))
 
+    # ------------------------------------------------------------ membership
+    @property
+    def joiner(self) -> bool:
+        """This worker joined the running job (after the first generation)."""
+        return self.state.joiner
+
+    @property
+    def leaving(self) -> bool:
+        """This worker was asked to leave (at its next push)."""
+        return self.state.leaving
+
+    def membership(self) -> tuple[int, tuple[int, ...]]:
+        """The membership generation and the active workers' ranks, as last heard."""
+        st = self.state
+        with st.lock:
+            return st.generation, st.members
+
+    def membership_changes(self) -> list[tuple[int, tuple[int, ...]]]:
+        """The membership changes (generation, members) since the last call, oldest first."""
+        st = self.state
+        if not st.changes:
+            return []
+        with st.lock:
+            changes, st.changes = st.changes, []
+        return changes
+
+    def agreed_members(self) -> tuple[int, tuple[int, ...]]:
+        """A barrier, and the membership it completed with: every worker of the barrier gets
+        the same (generation, members)."""
+        self.barrier()
+        st = self.state
+        with st.lock:
+            agreed = st.agreed
+        return agreed if agreed is not None else self.membership()
+
     def count_pulls(self, n: int) -> None:
         """``n`` key parts were pulled from answers their pushes asked for (for the counters)."""
         self.tracker.pulls += n

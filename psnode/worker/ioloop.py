@@ -42,7 +42,7 @@ from psnode.net.link import SchedulerLink
 from psnode.net.security import Security
 from psnode.net.transport import Channel, Poller, Transport
 from psnode.protocol import Command, GetStates, Init, LoadStates, Message, Ok, Op, SetOptimizer, without_dest
-from psnode.protocol.control import Barrier, BarrierDone, Control, JobEnd, Servers, Welcome
+from psnode.protocol.control import Barrier, BarrierDone, Control, JobEnd, Membership, Servers, Welcome
 from psnode.samehost import segments as shm
 from psnode.samehost.link import KIND_DATA
 from psnode.samehost.staging import Staging
@@ -205,8 +205,13 @@ class IoLoop:
         if isinstance(body, Welcome) and not self.servers:
             self.welcome(body)
         elif isinstance(body, BarrierDone):
+            if body.members:   # (an elastic job's: the members when it completed, agreed by all)
+                with self.state.lock:
+                    self.state.agreed = (body.generation, tuple(body.members))
             for slot in [s for s in self.ctrl if s[0] is Command.BARRIER and s[1] <= body.n]:
                 self.ctrl.pop(slot).future.set(Ok(0))
+        elif isinstance(body, Membership):
+            self.on_membership(body)
         elif msg.cmd is Command.FINISH_ACK and (Command.FINISH, 0) in self.ctrl:
             self.ctrl.pop((Command.FINISH, 0)).future.set(Ok(0))
         elif isinstance(body, Servers):
@@ -214,12 +219,26 @@ class IoLoop:
         elif isinstance(body, JobEnd):   # PEER_LOST or SHUTDOWN
             raise PeerLost(f"job {self.cfg.job_id} ended: {body.reason}")
 
+    def on_membership(self, body: Membership) -> None:
+        """A membership change (or a request to leave): kept for the user's thread."""
+        e = self.state
+        with e.lock:
+            if body.generation < e.generation:
+                return
+            if body.generation > e.generation or tuple(body.active) != e.members:
+                e.changes.append((body.generation, tuple(body.active)))
+            e.generation, e.members = body.generation, tuple(body.active)
+            e.leaving = e.leaving or e.rank in body.leave
+
     def welcome(self, body: Welcome) -> None:
         e = self.state
         assert self.t is not None
         e.rank = body.rank
         e.restarts = body.restarts
         e.barriers_before = body.barriers
+        e.joiner = body.joiner
+        with e.lock:
+            e.generation, e.members = body.generation, tuple(body.active)
         self.t.sender = f"worker:{e.rank}"
         for s in body.servers:
             ch = self.t.dealer(s.host, s.port, f"w{e.rank}")

@@ -63,7 +63,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from psnode.config import Distribution, NodeConfig
-from psnode.errors import ConfigError, KeyNotInitialized, PSError, ShapeMismatch
+from psnode.errors import ConfigError, KeyNotInitialized, Leave, PSError, ShapeMismatch
 from psnode.math import initializers as init_mod
 from psnode.math import optimizers as opt_mod
 from psnode.math.compression import CompressionSpec
@@ -137,6 +137,24 @@ class Backend(Requests, Protocol):
     def barrier(self) -> None:
         """Block until every active worker entered this barrier."""
 
+    @property
+    def joiner(self) -> bool:
+        """This worker joined the running job (its inits never initialise; it agrees a start
+        round with every key part)."""
+
+    @property
+    def leaving(self) -> bool:
+        """This worker was asked to leave at its next push."""
+
+    def membership(self) -> tuple[int, tuple[int, ...]]:
+        """(generation, sorted member ranks) as last heard."""
+
+    def membership_changes(self) -> list[tuple[int, tuple[int, ...]]]:
+        """The (generation, members) changes since the last call, oldest first."""
+
+    def agreed_members(self) -> tuple[int, tuple[int, ...]]:
+        """A barrier, and the (generation, members) it completed with (the same for all)."""
+
     def resume(self) -> None:
         """This restarted worker continues its predecessor's barrier numbering."""
 
@@ -172,6 +190,7 @@ class KVStore:
         self._updater: Callable[[Any, Any, np.ndarray], None] | None = None
         self._updater_exc: BaseException | None = None   # the updater's first exception in a call
         self._warned: set[Any] = set()         # keys whose row_sparse pull outputs were ignored
+        self._on_change: list[Callable[[int, list[int]], None]] = []   # on_membership_change callbacks
 
     # ------------------------------------------------------------ properties
     @property
@@ -180,7 +199,64 @@ class KVStore:
 
     @property
     def num_workers(self) -> int:
-        return self._cfg.num_workers if self._cfg else 1
+        """The number of workers taking part now (an elastic job's current members; else the
+        job's size)."""
+        if self._cfg is None:
+            return 1
+        if not self._cfg.elastic:
+            return self._cfg.num_workers
+        return len(self._engine.membership()[1])
+
+    # ------------------------------------------------------------ elastic membership
+    @property
+    def generation(self) -> int:
+        """The membership generation: 0 for the first generation, one more after each join,
+        leave or loss (as this worker last heard; 'local': 0)."""
+        return self._engine.membership()[0]
+
+    @property
+    def members(self) -> list[int]:
+        """The ranks of the workers taking part, sorted (as this worker last heard; 'local': [0])."""
+        return list(self._engine.membership()[1])
+
+    @property
+    def leaving(self) -> bool:
+        """This worker was asked to leave (``mxdist scale`` down): its next ``push`` flushes,
+        leaves the job and raises :class:`psnode.errors.Leave` (code 0).  A script that checks
+        it can save what it needs and call ``kv.close()`` itself."""
+        return self._engine.leaving
+
+    def on_membership_change(self, callback: Callable[[int, list[int]], None]) -> None:
+        """Call ``callback(generation, members)`` after each membership change, in the script's
+        thread, at its first ``push``, ``pull``, ``pushpull`` or ``barrier`` after the change
+        was heard (changes heard together: one call each, oldest first)."""
+        self._on_change.append(callback)
+
+    def _membership_changed(self) -> None:
+        """Run the callbacks of changes heard since the last call (cheap when there are none)."""
+        changes = self._engine.membership_changes()
+        for generation, members in changes:
+            for cb in list(self._on_change):
+                cb(generation, list(members))
+
+    def agreed_members(self) -> tuple[int, list[int]]:
+        """A barrier of every member, and the membership it completed with: every worker of
+        the barrier gets the same ``(generation, members)`` (psnode.data.ShardSampler shards by
+        it)."""
+        generation, members = self._engine.agreed_members()
+        self._membership_changed()
+        return generation, list(members)
+
+    def _leave_if_asked(self) -> None:
+        """Graceful leave: flush what this worker pushed, leave the job, raise Leave."""
+        if not self._engine.leaving or self._closed:
+            return
+        self.close()
+        raise Leave(f"worker {self.rank} left the job (asked to leave); its {self._pushes_made()} push call(s) "
+                    "were applied")
+
+    def _pushes_made(self) -> int:
+        return max((info.seq for info in self._keys.values()), default=0)
 
     @property
     def num_servers(self) -> int:
@@ -275,9 +351,14 @@ class KVStore:
         if isinstance(initializer, dict):
             initializer = init_mod.from_spec(initializer)
         futs: list[Future] = []
+        new = [k for k, _ in pairs if check_key_user(k) not in self._keys]
         for k, v in pairs:
             futs.extend(self._init_one(check_key_user(k), v, initializer, stype))
         self._path.wait(futs)
+        if self._engine.joiner:   # (elastic: agree a start round with every part of each new key)
+            generation = self._engine.membership()[0]
+            for k in new:
+                self._path.join(check_key_user(k), self._keys[check_key_user(k)], generation)
 
     def _init_one(self, key: Any, value: Any, initializer: Any, stype: str | None) -> list[Future]:
         if isinstance(initializer, init_mod.OnServers):
@@ -309,7 +390,8 @@ class KVStore:
                 info.bucket = joined[0]
         self._keys[key] = info
         return self._path.init(key, info, sync=self.mode != "dist_async", average=self._aggregator == "average",
-                               resumed=self._resumed, value=arr if self.rank == 0 else None, target=target)
+                               resumed=self._resumed, value=arr if self.rank == 0 else None, target=target,
+                               join=self._engine.joiner)
 
     def _init_on_servers(self, key: Any, value: Any, ps: init_mod.OnServers, stype: str | None) -> list[Future]:
         """``init`` with ``ps_initializer``: ``value`` is a template (its shape, dtype and,
@@ -343,7 +425,8 @@ class KVStore:
         def fill(part: Part) -> dict[str, Any]:
             return ps.part(shape, part.lo * row if placement.split else 0).to_json()
         return self._path.init(key, info, sync=self.mode != "dist_async", average=self._aggregator == "average",
-                               resumed=self._resumed, fill=fill if self.rank == 0 else None, bare=True)
+                               resumed=self._resumed, fill=fill if self.rank == 0 else None, bare=True,
+                               join=self._engine.joiner)
 
     # ------------------------------------------------------------ compression
     def set_gradient_compression(self, compression_params: Any) -> None:
@@ -370,7 +453,11 @@ class KVStore:
 
     # ------------------------------------------------------------ push
     def push(self, key: Any, value: Any, priority: int = 0) -> None:
-        """Send gradients (see the module docstring; torch tensors: :mod:`psnode.worker.torchvalues`)."""
+        """Send gradients (see the module docstring; torch tensors: :mod:`psnode.worker.torchvalues`).
+        A worker asked to leave leaves here instead (:attr:`leaving`)."""
+        if self._engine.leaving:
+            self._leave_if_asked()
+        self._membership_changed()
         self._check_key_kind(key)
         value = torch_route.push_values(key, value, self._keys.get)
         self._engine.check()
@@ -526,7 +613,11 @@ class KVStore:
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> Any:
         """``push`` then ``pull`` (into ``out``, or back into ``value`` when out is None): one
         request and one answer per dense key part.  RowSparseArray outputs are not written
-        (MXNet's rule, as :meth:`pull` with ``ignore_sparse``)."""
+        (MXNet's rule, as :meth:`pull` with ``ignore_sparse``).  A worker asked to leave leaves
+        here (as :meth:`push`)."""
+        if self._engine.leaving:
+            self._leave_if_asked()
+        self._membership_changed()
         self._check_key_kind(key)
         dest = value if out is None else out
         host, scatters = torch_route.pull_outs(key, dest, self._keys.get, self._torch_bufs)
@@ -664,6 +755,7 @@ class KVStore:
         """Block until every active worker has called barrier()."""
         self.wait_all()
         self._engine.barrier()
+        self._membership_changed()
 
     def close(self) -> None:
         """Finish this worker: wait for its pushes, tell the scheduler, disconnect."""

@@ -3,10 +3,13 @@ I/O thread (:mod:`psnode.worker.ioloop`).
 
 :class:`EngineState` is the one object both hold.  Its ``lock`` guards the tracker (every call
 into it), the control queue, ``woken`` and the barrier count; the other fields have one writer:
-the I/O thread sets ``rank``, ``restarts``, ``barriers_before`` and ``staging`` before it resolves
-``welcome`` (the user's thread reads them only after that), and ``fatal`` when the job fails;
-the user's thread sets ``closing``.  A thread hands work to the I/O thread by queueing it under
-the lock, then :meth:`EngineState.wake` (an eventfd the I/O thread polls).
+the I/O thread sets ``rank``, ``restarts``, ``barriers_before``, ``joiner`` and ``staging`` before it
+resolves ``welcome`` (the user's thread reads them only after that), and ``fatal`` when the job
+fails; the user's thread sets ``closing``.  The membership (``generation``, ``members``,
+``leaving``, ``changes``: membership changes the user's thread has not seen yet, ``agreed``: the
+membership the last barrier completed with, the same for every worker) is written by
+the I/O thread and read by the user's thread, both under the lock.  A thread hands work to
+the I/O thread by queueing it under the lock, then :meth:`EngineState.wake` (an eventfd the I/O thread polls).
 """
 from __future__ import annotations
 
@@ -41,6 +44,12 @@ class EngineState:
     fatal: PSError | None = None       # the job's failure (or "closed"): every request raises it
     closing: bool = False              # the user's thread closes the engine: the I/O thread stops
     woken: bool = False                # a wake-up for queued requests is pending (lock)
+    joiner: bool = False               # joined the running job (its WELCOME says)
+    generation: int = 0                # the membership generation (lock)
+    members: tuple[int, ...] = ()      # the active workers' ranks, sorted (lock)
+    leaving: bool = False              # asked to leave at its next push (lock)
+    changes: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)   # (generation, members) (lock)
+    agreed: tuple[int, tuple[int, ...]] | None = None   # the last barrier's (generation, members) (lock)
     efd: int = field(default_factory=_eventfd)   # the I/O thread's wake-up
 
     def wake(self) -> None:
