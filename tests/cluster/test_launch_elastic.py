@@ -34,7 +34,7 @@ ROUNDS = textwrap.dedent("""
         said = False
         deadline = time.monotonic() + 120
         while (ctl / f"hold-{step}").exists() and time.monotonic() < deadline:
-            if getattr(kv, "leaving", False) and not said:
+            if kv.leaving and not said:
                 print("LEAVING", rank, flush=True)
                 said = True
             time.sleep(0.02)
