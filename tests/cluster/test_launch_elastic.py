@@ -236,3 +236,34 @@ def test_scale_a_job_of_fixed_size_is_refused(home, tmp_path):
         _stop(env, home)
     assert rec["state"] == "succeeded" and rec["elastic"] is None
     assert_nothing_left(home)
+
+
+def test_the_elastic_example_takes_a_joiner_and_a_leaver(home, tmp_path):
+    env = cli_env(home)
+    example = Path(__file__).resolve().parents[2] / "examples" / "elastic_numpy.py"
+    done = run_cli(["launch", "-d", "-n", "2", "-s", "1", "--max-workers", "3", str(example),
+                    "--steps", "1000000", "--steps-per-epoch", "20"], env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    job = done.stdout.strip().splitlines()[-1]
+    try:
+        wait_for(lambda: _printed(home, job, "worker-0", r"^epoch 1: .* workers=2 generation=0$"), 90,
+                 "worker 0's second epoch")
+        assert run_cli(["scale", job, "3"], env).returncode == 0
+        start = wait_for(lambda: _printed(home, job, "worker-2", r"^worker 2: starts at step (\d+) of 1000000, "
+                                                                 r"members \[0, 1, 2\]$"), 90, "the joiner")
+        assert int(start.group(1)) > 20
+        wait_for(lambda: _printed(home, job, "worker-0", r"^epoch \d+: .* workers=3 generation=1$"), 90,
+                 "an epoch over three workers")
+        assert run_cli(["scale", job, "2"], env).returncode == 0
+        wait_for(lambda: _printed(home, job, "worker-2", r"^worker 2: leaves at step \d+$"), 90, "the leaver")
+        wait_for(lambda: _printed(home, job, "worker-0", r"^epoch \d+: .* workers=2 generation=2$"), 90,
+                 "an epoch over two workers again")
+        stop = run_cli(["stop", job], env, timeout=120)
+        assert stop.returncode == 0, stop.stderr
+    finally:
+        _stop(env, home)
+    rec = latest(home)
+    assert rec["state"] == "stopped"
+    assert next(p for p in rec["procs"] if p["name"] == "worker-2")["exit_code"] == 0
+    assert [(c["change"], c["rank"]) for c in rec["changes"]] == [("joined", 2), ("left", 2)]
+    assert_nothing_left(home)
