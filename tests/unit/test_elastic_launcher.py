@@ -289,3 +289,17 @@ def test_scale_usage_and_a_job_that_is_not_running(home):
     result = invoke("scale", rec.id, "3")
     assert result.exit_code == 1 and f"job {rec.id} is not running (succeeded)" in " ".join(result.output.split())
     assert not os.path.exists(jobs.log_dir(rec.id) / "scale.request")
+
+
+def test_status_of_an_ended_elastic_job_shows_its_workers_as_recorded(home):
+    rec = JobRecord(id="20260101-000000-bbbb", command=["x"], backend="local", state=jobs.JobState.SUCCEEDED,
+                    ended=2.0, created=1.0, exit_code=0, elastic=Elastic(2, 4, 3),
+                    procs=[ProcRecord("worker-0", "worker", 0, "localhost")])
+    rec.changes.append(jobs.MemberChange(Change.JOINED, 2, "localhost", 1.5))
+    jobs.save(rec)
+    text = invoke("status", rec.id)
+    assert text.exit_code == 0, text.output
+    assert "workers: (target 3, min 2, max 4); 1 joined, 0 left, 0 lost" in text.output
+    data = json.loads(invoke("status", rec.id, "--json").output)
+    assert data["membership"] == {"min_workers": 2, "max_workers": 4, "target": 3, "generation": None,
+                                  "members": None, "joined": 1, "left": 0, "lost": 0, "leaving": []}
