@@ -432,11 +432,18 @@ def stop(
         raise typer.Exit(1)
 
 
-@app.command()
+class _ScaleCommand(typer.core.TyperCommand):
+    """``mxdist scale``'s usage line as users type the command: ``[JOB] N``."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        return ["[OPTIONS]", "[JOB] N"]
+
+
+@app.command(cls=_ScaleCommand)
 @_guarded
 def scale(
-    args: list[str] = typer.Argument(..., metavar="[JOB] N", help="job id (default: the running one) and "
-                                                                   "how many workers it is to run"),
+    args: list[str] = typer.Argument(..., metavar="[JOB] N", show_default=False,
+                                     help="job id (default: the running one) and how many workers it is to run"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print where new workers would go, change nothing"),
 ) -> None:
     """Grow or shrink an elastic job (launched with --min-workers/--max-workers) to N workers:
