@@ -17,6 +17,14 @@ Contract
   (``sampler=`` of a DataLoader) that does not import torch.  World size and rank come from,
   in order: the arguments, ``kv.num_workers`` / ``kv.rank``, the ``WORLD_SIZE`` / ``RANK``
   environment variables (set by the launcher for every worker), else 1 / 0.
+* **Elastic jobs** (``kv.elastic``: the membership may change while the job runs): a
+  ``ShardSampler`` given ``kv`` re-shards at every :meth:`ShardSampler.set_epoch` over the
+  members agreed for that epoch: ``kv.agreed_members()`` (a barrier of every member whose
+  answer carries the member list at completion, the same for all) gives ``(generation,
+  members)``; ``num_replicas`` is ``len(members)`` and the part is this worker's position in
+  that sorted list, so the epoch's shards are disjoint and cover the epoch's samples (as
+  above) over exactly that epoch's members.  :meth:`ShardSampler.reshard` does it at once.
+  Every member must call ``set_epoch`` (it is a barrier).
 * ``shard_arrays(*arrays, ...)`` returns this worker's rows of each array (same resolution of
   world size and rank); ``iterate_minibatches`` cuts arrays into batches.
 * Bad arguments raise :class:`~psnode.errors.ConfigError` naming the value.
@@ -123,13 +131,34 @@ class ShardSampler:
                  kv: Any = None) -> None:
         self.dataset = dataset
         self.dataset_len = _int("len(dataset)", _length(dataset), 1)
+        elastic = num_replicas is None and rank is None and getattr(kv, "elastic", False)
+        if elastic:   # (until the first reshard: this worker's view of the members)
+            members = sorted(getattr(kv, "members", [kv.rank]))
+            num_replicas, rank = len(members), members.index(kv.rank) if kv.rank in members else 0
         self.num_replicas, self.rank = resolve_world(num_replicas, rank, kv)
         self.shuffle = _bool("shuffle", shuffle)
         self.seed = _int("seed", seed, 0)
         self.drop_last = _bool("drop_last", drop_last)
         self.epoch = 0
+        self.kv = kv if elastic else None
+        self.generation: int | None = None     # the membership generation sharded over (elastic)
+        self._sized()
+
+    def _sized(self) -> None:
         self.num_samples = shard_size(self.dataset_len, self.num_replicas, self.drop_last)
         self.total_size = self.num_samples * self.num_replicas
+
+    def reshard(self) -> None:
+        """(Elastic jobs) shard over the members agreed now: a barrier of every member
+        (``kv.agreed_members()``); this worker's part is its position in the member list."""
+        if self.kv is None:
+            return
+        generation, members = self.kv.agreed_members()
+        members = sorted(members)
+        if self.kv.rank not in members:
+            raise ConfigError(f"worker {self.kv.rank} is not among the members {members}")
+        self.generation, self.num_replicas, self.rank = generation, len(members), members.index(self.kv.rank)
+        self._sized()
 
     def indices(self) -> np.ndarray:
         """This epoch's indices as an int64 array."""
@@ -143,8 +172,10 @@ class ShardSampler:
         return self.num_samples
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose permutation the next iteration uses."""
+        """Select the epoch whose permutation the next iteration uses (an elastic job's sampler
+        also re-shards over the members agreed for it: :meth:`reshard`)."""
         self.epoch = _int("epoch", epoch, 0)
+        self.reshard()
 
     def __repr__(self) -> str:
         return (f"ShardSampler(n={self.dataset_len}, rank={self.rank}/{self.num_replicas}, "

@@ -209,6 +209,12 @@ class KVStore:
 
     # ------------------------------------------------------------ elastic membership
     @property
+    def elastic(self) -> bool:
+        """May this job's membership change while it runs (``PSNODE_MIN_WORKERS`` below or
+        ``PSNODE_MAX_WORKERS`` above ``PSNODE_NUM_WORKERS``)?  'local': False."""
+        return self._cfg is not None and self._cfg.elastic
+
+    @property
     def generation(self) -> int:
         """The membership generation: 0 for the first generation, one more after each join,
         leave or loss (as this worker last heard; 'local': 0)."""
@@ -228,7 +234,7 @@ class KVStore:
 
     def on_membership_change(self, callback: Callable[[int, list[int]], None]) -> None:
         """Call ``callback(generation, members)`` after each membership change, in the script's
-        thread, at its first ``push``, ``pull``, ``pushpull`` or ``barrier`` after the change
+        thread, at its first ``push``, ``pushpull`` or ``barrier`` after the change
         was heard (changes heard together: one call each, oldest first)."""
         self._on_change.append(callback)
 

@@ -6,10 +6,8 @@ round, so the value after round k is the mean of r + 1 over the ranks that pushe
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 from psnode.scheduler.client import report_lost, request_leave, status
@@ -43,7 +41,8 @@ for step in range(done + 1, R + 1):
     emb = kv.row_sparse_pull('emb', row_ids=np.arange(6)).data
     vals = {float(v) for v in (*w, *big, *emb.reshape(-1))}
     print("REC", json.dumps({"rank": r, "step": step, "vals": sorted(vals), "n": kv.num_workers}), flush=True)
-    if r == 0 and step == 5 and os.environ.get("GATE_JOIN"):
+    if r == 0 and step == 5 and os.environ.get("GATE_JOIN"):   # round 5 done: a joiner may come
+        open(f"{tmp}/at5", "w").write("")
         while not os.path.exists(f"{tmp}/joined"):
             time.sleep(0.01)
     if done and step == done + 3:                         # the joiner: the test asks it to leave now
@@ -92,6 +91,7 @@ def test_join_then_graceful_leave_exact_values(tmp_path: Path) -> None:
     job = start_job(SCRIPT, 2, 2, env=env, args=[str(tmp_path), str(R)],
                     worker_env={0: {"GATE_JOIN": "1"}})
     try:
+        wait_for_file(tmp_path / "at5")
         joiner = _start_worker(job, 2, {})
         wait_for_file(tmp_path / "joined")
         s = int((tmp_path / "joined").read_text())
@@ -137,6 +137,7 @@ def test_a_rank_in_use_is_refused_by_name(tmp_path: Path) -> None:
     env = {"PSNODE_MAX_WORKERS": "3"}
     job = start_job(SCRIPT, 2, 1, env=env, args=[str(tmp_path), "12"], worker_env={0: {"GATE_JOIN": "1"}})
     try:
+        wait_for_file(tmp_path / "at5")
         extra = _start_worker(job, 1, {})
         assert extra.popen.wait(30) != 0
         (tmp_path / "joined").write_text("0")
