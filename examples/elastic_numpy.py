@@ -15,7 +15,11 @@ The script's own counters are its elastic state, in the pattern of Horovod's
 ``hvd.elastic.State``: :meth:`State.commit` once a step's pull is in, :meth:`State.restore` from
 the servers when the worker starts.  A membership change re-shards the data at the next step
 (``kv.on_membership_change``): each member takes the ``psnode.data.ShardSampler`` shard of its
-position among the members.  A worker asked to leave ends on its own terms (``kv.leaving``).
+position among the members as it sees them.  (``ShardSampler(n, kv=kv)`` shards over members
+agreed in a barrier at ``set_epoch`` instead; a joiner may start mid-epoch, before a barrier the
+others hold at an epoch's start, so this script does without one: two workers may see a change
+one step apart, which only changes the samples drawn, never the exactness of the rounds.)  A
+worker asked to leave ends on its own terms (``kv.leaving``).
 """
 from __future__ import annotations
 
