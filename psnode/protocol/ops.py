@@ -204,9 +204,10 @@ class Init:
         fill, bare, join = extra.get("fill"), extra.get("bare", False), extra.get("join", False)
         if fill is not None and (type(fill) is not dict or arrays):
             raise ProtocolError("init: fill must be an object, sent without a value")
-        if type(bare) is not bool or type(join) is not bool:
-            raise ProtocolError(f"init: bare and join must be true or false, not {str(bare)[:20]!r}, "
-                                f"{str(join)[:20]!r}")
+        if type(bare) is not bool:
+            raise ProtocolError(f"init: bare must be true or false, not {str(bare)[:20]!r}")
+        if type(join) is not bool:
+            raise ProtocolError(f"init: join must be true or false, not {str(join)[:20]!r}")
         if join and (arrays or fill is not None):
             raise ProtocolError("init: a joiner's init carries no value and no fill")
         return cls(key, part, dtype, tuple(_int(d, "init shape") for d in shape), bool(flags & SYNC),

@@ -56,9 +56,13 @@ def snapshot(store: Store) -> tuple[dict[str, Any], Arrays]:
             "round": entry.round, "state": names, "pushed": {str(w): q for w, q in entry.pushed.items()}}
         if entry.bucket is not None:
             item["bucket"] = [cast(Bucket, entry.bucket).bid, _offset(entry)]
+        if entry.start:   # (an elastic job's joiners: their start rounds here)
+            item["start"] = {str(w): s for w, s in entry.start.items()}
         item.update(_round_in_progress(i, entry, arrays))
         index.append(item)
     meta = {"index": index, "optimizer": store.optimizer.to_spec() if store.optimizer else None}
+    if store.rules.admitted:
+        meta["admitted"] = {str(w): g for w, g in store.rules.admitted.items()}
     return meta, arrays
 
 
@@ -114,12 +118,15 @@ def restore(store: Store, meta: dict[str, Any], arrays: Any, same_job: bool = Fa
         if same_job:
             entry.round = int(item.get("round", 0))
             entry.pushed = {int(w): int(q) for w, q in item.get("pushed", {}).items()}
+            entry.start = {int(w): int(q) for w, q in item.get("start", {}).items()}
             _restore_round(i, item, entry, arrays)
         if item["state"]:
             entry.state = opt_mod.state_from_arrays({n: np.array(arrays[f"s{i}_{n}"]) for n in item["state"]})
         store.entries[(item["key"], int(item["part"]))] = entry
         if bucket:
             store.fused.join(int(bucket[0]), (item["key"], int(item["part"])), entry, int(bucket[1]))
+    if same_job:
+        store.rules.admitted = {int(w): int(g) for w, g in meta.get("admitted", {}).items()}
     store.mark_durable()
     return len(meta["index"])
 

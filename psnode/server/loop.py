@@ -157,6 +157,7 @@ class Server:
             self.t.sender = f"server:{self.rank}"
             if body.restore:
                 self.store.active = set(body.active)
+                self.store.rules.joiners, self.store.rules.generation = set(body.joined), body.generation
                 self._restore()
             else:
                 self._reply(self.store.set_membership(set(body.active), body.generation, set(body.joined)))

@@ -41,6 +41,17 @@ Contracts:
   store refuses it; a restarted worker's needs it), ``row_sparse_pull`` fills dense outputs and
   reads dense keys too, and a Python updater on a distributed store is ignored with a warning
   (MXNet's workers ignore it silently; psnode's servers take optimizer specs, never code).
+* **Elastic membership** (``kv.elastic``; docs/python-api.md "Elastic membership"): per key part
+  every worker has a start round (1 for the first generation; a joiner's is agreed with every
+  part of the key at its ``init``: the latest completed round + 2, or later while a part has
+  opened that round), and round r completes when every member whose start is at or before r
+  pushed its push r.  A joiner's ``init`` never initialises: it gets the current value, and
+  ``num_pushes(key)`` is its start - 1.  ``rank`` is stable; ``num_workers``, ``generation``
+  and ``members`` are the current membership; ``on_membership_change(cb)`` runs in the
+  script's thread.  Asked to leave (``leaving``), the next ``push``/``pushpull`` waits for
+  everything pushed, leaves and raises :class:`psnode.errors.Leave` (code 0).  A lost worker's
+  pushes that reached a server are applied once; ``average`` divides by each round's
+  contributors; rounds it did not push complete over the rest.
 * ``save_optimizer_states`` / ``load_optimizer_states``: every server's optimizer state in one
   file (:mod:`psnode.worker.states`), loaded into a job of the same number of servers or more.
 
@@ -249,6 +260,7 @@ class KVStore:
         """A barrier of every member, and the membership it completed with: every worker of
         the barrier gets the same ``(generation, members)`` (psnode.data.ShardSampler shards by
         it)."""
+        self.wait_all()
         generation, members = self._engine.agreed_members()
         self._membership_changed()
         return generation, list(members)
@@ -258,11 +270,9 @@ class KVStore:
         if not self._engine.leaving or self._closed:
             return
         self.close()
-        raise Leave(f"worker {self.rank} left the job (asked to leave); its {self._pushes_made()} push call(s) "
-                    "were applied")
-
-    def _pushes_made(self) -> int:
-        return max((info.seq for info in self._keys.values()), default=0)
+        message = f"worker {self.rank} left the job (asked to leave); its pushes were applied"
+        print(f"psnode {message}", file=sys.stderr, flush=True)
+        raise Leave(message)
 
     @property
     def num_servers(self) -> int:

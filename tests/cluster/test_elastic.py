@@ -36,6 +36,9 @@ for step in range(done + 1, R + 1):
     kv.push('w', np.full(3, r + 1, np.float32))
     kv.push('big', np.full(40, r + 1, np.float32))
     kv.push('emb', row_sparse_array((np.full((6, 2), r + 1, np.float32), np.arange(6)), shape=(6, 2)))
+    if os.environ.get("DIE_AFTER_PUSH") == f"{r}:{step}":   # its pushes of this round arrived; no pull
+        kv.wait_all()
+        os.kill(os.getpid(), 9)
     kv.pull('w', out=w)
     kv.pull('big', out=big)
     emb = kv.row_sparse_pull('emb', row_ids=np.arange(6)).data
@@ -71,9 +74,10 @@ def _records(proc: Proc, tag: str) -> list[dict]:
     return [json.loads(line.split(" ", 1)[1]) for line in proc.out.splitlines() if line.startswith(tag + " ")]
 
 
-def _check_rounds(job: Job, spans: dict[int, tuple[int, int]]) -> None:
+def _check_rounds(job: Job, spans: dict[int, tuple[int, int]], unseen: int = 0) -> None:
     """Every worker's value after round k is the mean of r + 1 over the ranks r whose span
-    (first, last round pushed) holds k, on every key."""
+    (first, last round pushed) holds k, on every key (``unseen``: rounds pushed whose value
+    their worker never pulled)."""
     seen = 0
     for p in job.workers:
         for rec in _records(p, "REC"):
@@ -82,7 +86,7 @@ def _check_rounds(job: Job, spans: dict[int, tuple[int, int]]) -> None:
             want = sum(r + 1 for r in ranks) / len(ranks)
             assert rec["vals"] == [want], (p.rank, rec, ranks, job.describe())
             seen += 1
-    assert seen >= sum(b - a + 1 for a, b in spans.values()), job.describe()
+    assert seen == sum(b - a + 1 for a, b in spans.values()) - unseen, job.describe()
 
 
 def test_join_then_graceful_leave_exact_values(tmp_path: Path) -> None:
@@ -108,7 +112,7 @@ def test_join_then_graceful_leave_exact_values(tmp_path: Path) -> None:
     start = _records(joiner, "START")[0]
     assert start["starts"] == {"w": s - 1, "big": s - 1, "emb": s - 1} and s == 7, start   # (round 6 opened)
     assert start["gen"] == 1 and start["members"] == [0, 1, 2]
-    _check_rounds(job, {0: (1, R), 1: (1, R), 2: (s, s + 3)})
+    _check_rounds(job, {0: (1, R), 1: (1, R), 2: (s, s + 2)})   # (it pushed rounds s .. s + 2)
     ends = {p.rank: _records(p, "END") for p in job.workers}
     assert ends[2] == []     # it left at its push: psnode.errors.Leave, code 0
     for r in (0, 1):
@@ -120,17 +124,17 @@ def test_join_then_graceful_leave_exact_values(tmp_path: Path) -> None:
 def test_lost_worker_is_reported_and_the_job_completes_exactly(tmp_path: Path) -> None:
     R = 20
     env = {"PSNODE_MAX_WORKERS": "3", "PSNODE_MIN_WORKERS": "2", "PSNODE_BIG_ARRAY_BOUND": "10"}
-    job = start_job(SCRIPT, 3, 2, env=env, args=[str(tmp_path), str(R)], worker_env={1: {"DIE_AT": "1:8"}})
+    job = start_job(SCRIPT, 3, 2, env=env, args=[str(tmp_path), str(R)], worker_env={2: {"DIE_AT": "2:8"}})
     try:
-        victim = job.workers[1]
+        victim = job.workers[2]
         assert victim.popen.wait(30) == -signal.SIGKILL, job.describe()
-        assert report_lost(job.scheduler, job.job_id, 1)
+        assert report_lost(job.scheduler, job.job_id, 2)   # (its heartbeats may have said so first)
         got = status(job.scheduler, job.job_id)
-        assert (got.generation, got.members, got.lost) == (1, (0, 2), 1)
+        assert (got.generation, got.members, got.lost) == (1, (0, 1), 1)
     finally:
         wait_job(job, 60)
     assert [p.code for p in job.procs if p is not victim] == [0] * (len(job.procs) - 1), job.describe()
-    _check_rounds(job, {0: (1, R), 1: (1, 8), 2: (1, R)})
+    _check_rounds(job, {0: (1, R), 1: (1, R), 2: (1, 8)})
 
 
 def test_a_rank_in_use_is_refused_by_name(tmp_path: Path) -> None:
@@ -145,3 +149,82 @@ def test_a_rank_in_use_is_refused_by_name(tmp_path: Path) -> None:
         wait_job(job, 60)
     assert "rank 1 is in use" in extra.err, job.describe()
     assert [p.code for p in job.procs if p is not extra] == [0, 0, 0, 0], job.describe()
+
+
+SAMPLER = """
+import json, sys
+import numpy as np, psnode
+from psnode.data import ShardSampler
+kv = psnode.kv.create('dist_sync')
+sampler = ShardSampler(12, kv=kv, seed=5)
+for epoch in range(3):
+    if kv.rank == 2 and epoch == 1:
+        break                                          # rank 2 ends after epoch 0
+    sampler.set_epoch(epoch)
+    print("EPOCH", json.dumps({"rank": kv.rank, "epoch": epoch, "idx": sampler.indices().tolist(),
+                               "members": sampler.num_replicas}), flush=True)
+kv.close()
+"""
+
+
+def test_the_sampler_covers_each_epoch_once_over_that_epochs_members() -> None:
+    job = start_job(SAMPLER, 3, 1, env={"PSNODE_MIN_WORKERS": "2"})
+    wait_job(job, 60)
+    assert [p.code for p in job.procs] == [0] * len(job.procs), job.describe()
+    by_epoch: dict[int, list[int]] = {}
+    for p in job.workers:
+        for rec in _records(p, "EPOCH"):
+            by_epoch.setdefault(rec["epoch"], []).extend(rec["idx"])
+            assert rec["members"] == (3 if rec["epoch"] == 0 else 2), rec
+    assert sorted(by_epoch) == [0, 1, 2]
+    for epoch, idx in by_epoch.items():
+        assert sorted(idx) == list(range(12)), (epoch, idx)
+
+
+def test_a_silent_worker_is_removed_and_its_open_rounds_push_is_kept(tmp_path: Path) -> None:
+    """No report_lost: its heartbeats stop (min 2 of 3).  It pushed round 9 on every key and
+    died before the others did: round 9 counts it, later rounds complete over the rest."""
+    R = 16
+    env = {"PSNODE_MIN_WORKERS": "2", "PSNODE_BIG_ARRAY_BOUND": "10"}
+    job = start_job(SCRIPT, 3, 2, env=env, args=[str(tmp_path), str(R)], worker_env={2: {"DIE_AFTER_PUSH": "2:9"}})
+    try:
+        victim = job.workers[2]
+        assert victim.popen.wait(30) == -signal.SIGKILL, job.describe()
+    finally:
+        wait_job(job, 60)
+    assert [p.code for p in job.procs if p is not victim] == [0] * (len(job.procs) - 1), job.describe()
+    _check_rounds(job, {0: (1, R), 1: (1, R), 2: (1, 9)}, unseen=1)
+    assert "worker 2" in job.procs[0].err and "lost" in job.procs[0].err, job.describe()
+
+
+PLAIN = """
+import json, sys, time
+import numpy as np, psnode
+kv = psnode.kv.create('dist_sync')
+kv.init('w', np.zeros(5, np.float32))
+start = kv.num_pushes('w') + 1
+print("START", json.dumps({"rank": kv.rank, "start": start}), flush=True)
+w = np.zeros(5, np.float32)
+for step in range(start, 41):
+    kv.push('w', np.full(5, kv.rank + 1, np.float32))
+    kv.pull('w', out=w)
+    print("REC", json.dumps({"rank": kv.rank, "step": step, "vals": sorted({float(v) for v in w})}), flush=True)
+    time.sleep(0.01)
+kv.close()
+"""
+
+
+def test_a_joiner_at_any_moment_gets_exact_values() -> None:
+    """A joiner started with the job (it may register before the first generation is
+    complete: it waits, then joins) or a little later: every round's value is exact over the
+    ranks whose start is at or before it."""
+    job = start_job(PLAIN, 2, 1, env={"PSNODE_MAX_WORKERS": "3"})
+    try:
+        joiner = _start_worker(job, 2, {})
+    finally:
+        wait_job(job, 60)
+    assert [p.code for p in job.procs] == [0] * len(job.procs), job.describe()
+    starts = {p.rank: _records(p, "START")[0]["start"] for p in job.workers}
+    assert starts[0] == starts[1] == 1 and starts[2] >= 2, starts
+    _check_rounds(job, {r: (s, 40) for r, s in starts.items()})
+    assert joiner.code == 0

@@ -200,3 +200,45 @@ def test_a_sampler_with_explicit_world_never_reshards() -> None:
     sampler = ShardSampler(10, num_replicas=2, rank=1, kv=kv)
     sampler.set_epoch(1)
     assert (sampler.num_replicas, sampler.rank, kv.calls) == (2, 1, 0)
+
+
+def test_join_and_a_joiner_init_travel_and_are_checked() -> None:
+    from psnode.errors import ProtocolError
+    from psnode.protocol import Command, Message, decode, encode
+
+    def wire(op):
+        frames = [bytes(memoryview(f)) if not isinstance(f, bytes) else f
+                  for f in encode(Message(Command.DATA, "j", "w", ops=[op]))]
+        got = decode(frames, "j", 2**20).ops
+        assert got is not None
+        return got[0]
+    assert wire(Join("w", 1, 7, 3, id=5)) == Join("w", 1, 7, 3, id=5)
+    init = Init("w", 0, "float32", (2,), id=6, join=True)
+    assert wire(init).join is True
+    with pytest.raises(ProtocolError, match="join start"):
+        wire(Join("w", 0, 0, 1, id=7))
+
+
+def test_a_restored_server_keeps_its_joiners_start_rounds() -> None:
+    from psnode.server import checkpoint
+    st = _store()
+    st.set_membership({0, 1, 2}, 1, {2})
+    _ask(st, 2, Join("w", 0, 3, 1, id=3))
+    meta, arrays = checkpoint.snapshot(st)
+    back = Store(2)
+    back.rules.active, back.rules.joiners = {0, 1, 2}, {2}
+    checkpoint.restore(back, meta, {k: np.array(v) for k, v in arrays.items()}, same_job=True)
+    assert back.entries[("w", 0)].start == {2: 3} and back.rules.admitted == {2: 1}
+    assert back.entries[("w", 0)].pushed[2] == 2
+
+
+def test_the_local_store_is_generation_0_of_one_member() -> None:
+    import psnode
+    kv = psnode.kv.create("local")
+    calls: list[tuple[int, list[int]]] = []
+    kv.on_membership_change(lambda g, m: calls.append((g, m)))
+    kv.init("w", np.zeros(2, np.float32))
+    kv.push("w", np.ones(2, np.float32))
+    assert (kv.generation, kv.members, kv.num_workers, kv.leaving, kv.elastic) == (0, [0], 1, False, False)
+    assert kv.agreed_members() == (0, [0]) and calls == []
+    assert kv.pull("w").tolist() == [1.0, 1.0]
