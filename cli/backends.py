@@ -149,6 +149,8 @@ class LaunchRequest:
     accept_new_host_keys: bool = False
     connect_timeout: float = 10.0
     identity_file: str | None = None
+    max_workers: int | None = None          # --max-workers: this machine's slots (with -n)
+    discovered: tuple[Host, ...] = ()       # --host-discovery-script's first answer (instead of -H)
 
 
 class Capability(str, Enum):
@@ -240,6 +242,11 @@ class Explainer(Protocol):
         """A connection error as a reason and a fix."""
 
 
+class Resolver(Protocol):
+    def resolve(self, host: Host) -> Host:
+        """``host`` with the address its processes bind to (BackendError when its name is bad)."""
+
+
 class Describer(Protocol):
     def describe(self, procs: Sequence[ProcRecord]) -> BackendStatus:
         """What the backend adds to the job's status view."""
@@ -259,6 +266,11 @@ def syncer(backend: Backend) -> Syncer | None:
 
 def explainer(backend: Backend) -> Explainer | None:
     return cast(Explainer, backend) if _has(backend, Capability.EXPLAIN) else None
+
+
+def resolver(backend: Backend) -> Resolver | None:
+    """How a backend that runs on the hosts it is given (``-H``) finds a host's address."""
+    return cast(Resolver, backend) if _has(backend, Capability.HOSTS) and hasattr(backend, "resolve") else None
 
 
 def describer(backend: Backend) -> Describer | None:
@@ -330,12 +342,14 @@ class LocalBackend:
 
     @classmethod
     def for_launch(cls, request: LaunchRequest) -> tuple[LocalBackend, list[Host]]:
-        """This machine, with ``-n`` slots (default 1), running the launcher's own Python."""
+        """This machine, with ``-n`` slots (default 1; ``--max-workers`` when more), running the
+        launcher's own Python."""
         if request.hosts:
             raise PlanError("--launcher local runs on this machine only: drop -H or use --launcher ssh")
         if request.sync:
             raise PlanError("--sync copies to remote hosts: it needs -H")
-        slots = request.num_workers if request.num_workers and request.num_workers > 0 else 1
+        slots = max(request.num_workers if request.num_workers and request.num_workers > 0 else 1,
+                    request.max_workers or 0)
         return cls(request.workdir, sys.executable), [Host("localhost", address="127.0.0.1", slots=slots)]
 
     def options(self) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
@@ -29,10 +30,11 @@ from psnode.protocol.status import NodeRow
 
 from . import jobs, teardown
 from .backends import Backend, BackendStatus, Capability, describer
+from .elastic import ScaleAnswer
 from .engines import ENGINES
-from .jobs import DamagedRecord, JobRecord, ProcRecord, ProcState
+from .jobs import Change, DamagedRecord, JobRecord, ProcRecord, ProcState
 from .takeover import backend_for, refresh, state_from_check, stop_orphan, supervisor_gone
-from .view import JobRow, JobView
+from .view import JobRow, JobView, MembershipView
 
 STOP_MARGIN = 30.0      # seconds a supervisor gets beyond --grace to end the job when asked
 
@@ -61,7 +63,7 @@ def job_status(record: JobRecord, timeout: float = 2.0, backend: Backend | None 
                    security=record.security or None, exit_code=record.exit_code, created=record.created,
                    ended=record.ended, duration=record.duration,
                    root_cause=(record.root_cause or {}).get("headline"), consequences=record.consequences,
-                   notes=_notes(record), engine=record.engine)
+                   notes=_notes(record), engine=record.engine, membership=_membership(record, None))
     if not record.state.active:
         view.source = "as recorded at its end"
         view.nodes = [_recorded_row(p) for p in record.procs]
@@ -74,9 +76,10 @@ def job_status(record: JobRecord, timeout: float = 2.0, backend: Backend | None 
     control = _psnode_control() if engine is not None and engine.live_status else None
     if control is not None and record.scheduler:
         try:
-            answer = control.query_status(record.scheduler, record.id, key_file=key_file_of(record),
-                                          timeout=timeout)
-            live = match_nodes(record.procs, StatusAnswer.from_body(answer).nodes)
+            answer = StatusAnswer.from_body(control.query_status(record.scheduler, record.id,
+                                                                 key_file=key_file_of(record), timeout=timeout))
+            live = match_nodes(record.procs, answer.nodes)
+            view.membership = _membership(record, answer)
         except (PSError, OSError):
             pass
     missing = [p for p in record.procs if (p.role, p.rank) not in live and p.pid]
@@ -123,6 +126,20 @@ def status_frames(job_id: str) -> Iterator[Callable[[], JobView]]:
         yield lambda: job_status(jobs.load(job_id), backend=backend)
     finally:
         backend.close()
+
+
+def _membership(record: JobRecord, answer: StatusAnswer | None) -> MembershipView | None:
+    """An elastic job's workers: live from the scheduler's ``answer`` when there is one, else
+    as recorded (None: a job of fixed size)."""
+    el = record.elastic
+    if el is None:
+        return None
+    view = MembershipView(el.min_workers, el.max_workers, el.target, joined=record.count(Change.JOINED),
+                          left=record.count(Change.LEFT), lost=record.count(Change.LOST), leaving=list(el.leaving))
+    if answer is not None:
+        view.generation, view.members = answer.generation, list(answer.members)
+        view.joined, view.left, view.lost = answer.joined, answer.left, answer.lost
+    return view
 
 
 def _recorded_row(p: ProcRecord) -> NodeRow:
@@ -244,6 +261,46 @@ def verify_gone(record: JobRecord) -> tuple[dict[str, list[int]], dict[str, str]
         return left, unverified
     finally:
         backend.close()
+
+
+# -- scale ----------------------------------------------------------------------------------------
+
+SCALE_WAIT = 120.0      # seconds mxdist scale waits for the supervisor's answer (new hosts are prepared first)
+
+
+class ScaleRefused(RuntimeError):
+    """``mxdist scale`` cannot ask this job (not running, no supervisor, no answer)."""
+
+
+def scale_job(record: JobRecord, target: int, dry_run: bool = False, timeout: float = SCALE_WAIT,
+              wait: Callable[[float], None] = time.sleep) -> ScaleAnswer:
+    """Ask the job's supervisor (its one writer) to run ``target`` workers, or with ``dry_run``
+    how it would; its answer.  ScaleRefused when the job is not running or has no supervisor."""
+    record = refresh(record)
+    if not record.state.active:
+        raise ScaleRefused(f"job {record.id} is not running ({record.state.value})")
+    if supervisor_gone(record):
+        raise ScaleRefused(f"the supervisor of job {record.id} is gone: nobody can add or remove its workers "
+                           f"(mxdist stop {record.id} ends it)")
+    token = f"{os.getpid()}-{secrets.token_hex(3)}"
+    path = jobs.scale_request_path(record.id, token)
+    jobs.write_private(path, json.dumps({"target": target, "dry_run": dry_run, "time": time.time()}))
+    answer_path = jobs.scale_answer_path(path)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError):
+                answer = ScaleAnswer.from_dict(json.loads(answer_path.read_text()))
+                answer_path.unlink()
+                return answer
+            current = jobs.load(record.id)
+            if not current.state.active or supervisor_gone(current):
+                raise ScaleRefused(f"job {record.id} ended ({current.state.value}) before its supervisor answered")
+            wait(0.1)
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()
+    raise ScaleRefused(f"the supervisor of job {record.id} did not answer within {timeout:.0f} s")
 
 
 # -- logs -----------------------------------------------------------------------------------------

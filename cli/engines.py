@@ -108,6 +108,8 @@ class NodeFacts:
     node: Mapping[str, Any] = field(default_factory=dict)   # the psnode options (NodeConfig fields)
     key_file: str | None = None     # the job's secret on its host (None: insecure)
     error_file: str | None = None   # where it writes its failure record
+    min_workers: int | None = None  # an elastic job's bounds (None: num_workers, a job of fixed size)
+    max_workers: int | None = None
 
 
 class Engine(ABC):
@@ -173,10 +175,12 @@ class PsnodeEngine(Engine):
 
     def env(self, node: NodeFacts) -> dict[str, str]:
         """``NodeConfig(...).to_env()``; psnode.errors.ConfigError for values it refuses."""
+        bounds: dict[str, Any] = {k: v for k, v in (("min_workers", node.min_workers),
+                                                    ("max_workers", node.max_workers)) if v is not None}
         cfg = NodeConfig(role=node.role, host=node.host, port=node.port, rank=node.rank,  # type: ignore[arg-type]
                          key_file=node.key_file, error_file=node.error_file, scheduler_host=node.scheduler,
                          scheduler_port=node.scheduler_port, num_workers=node.num_workers,
-                         num_servers=node.num_servers, job_id=node.job_id, **node.node)
+                         num_servers=node.num_servers, job_id=node.job_id, **node.node, **bounds)
         return cfg.to_env()
 
     def rest_ends_alone(self, ask: Callable[[], bool | None]) -> bool | None:
@@ -219,6 +223,9 @@ class MxnetEngine(Engine):
         "--skip-nonfinite": "MXNet's servers apply every gradient they get",
         "--max-restarts": "ps-lite cannot take a restarted worker or server back into a running job",
         "--encrypt": "ps-lite neither authenticates nor encrypts its links",
+        "--min-workers": "ps-lite's workers are fixed at the start (DMLC_NUM_WORKER)",
+        "--max-workers": "ps-lite's workers are fixed at the start (DMLC_NUM_WORKER)",
+        "--host-discovery-script": "ps-lite's workers are fixed at the start (DMLC_NUM_WORKER)",
     }
     #: flags that MXNet's processes satisfy without mxdist doing anything -> why
     ACCEPTED: ClassVar[Mapping[str, str]] = {

@@ -8,6 +8,7 @@ files 0600, here and in the run directories on remote hosts)::
     jobs/<id>/job.key           the job's secret (psnode.net.security; every job unless --insecure)
     jobs/<id>/supervisor.lock   held (flock) by the job's supervisor for as long as it lives
     jobs/<id>/stop.request      written by ``mxdist stop`` for the supervisor to act on
+    jobs/<id>/scale-<n>.request written by ``mxdist scale``; the supervisor answers in scale-<n>.answer
     jobs/<id>/supervisor.log    the output of a detached supervisor (``launch -d``)
 
 **One writer.**  A job's record is written by its supervisor only (the attached ``mxdist
@@ -23,8 +24,11 @@ holds the lock while it writes (:func:`takeover`), so two commands never finalis
 (every process started), :meth:`JobRecord.lose_supervisor` and
 :meth:`JobRecord.run_unsupervised` (the supervisor is gone, processes still run),
 :meth:`JobRecord.finish` (the final state), :meth:`JobRecord.rechecked` (hosts not verified at
-the end, checked again); per process :meth:`ProcRecord.started`, :meth:`ProcRecord.restarted`,
-:meth:`ProcRecord.exited`, :meth:`ProcRecord.stopped`, :meth:`ProcRecord.seen`.  Saving is
+the end, checked again); of an elastic job (:mod:`mxdist.elastic`) :meth:`JobRecord.scale_to`,
+:meth:`JobRecord.join`, :meth:`JobRecord.leaving`, :meth:`JobRecord.left`, :meth:`JobRecord.lost`
+and :meth:`JobRecord.discovered` (each change kept in ``changes``); per process
+:meth:`ProcRecord.started`, :meth:`ProcRecord.restarted`, :meth:`ProcRecord.exited`,
+:meth:`ProcRecord.stopped`, :meth:`ProcRecord.placed`, :meth:`ProcRecord.seen`.  Saving is
 separate (:func:`save`), done by whoever holds the job (above).
 
 **Final states** are written once (:meth:`JobRecord.finish`, from a :class:`JobEnd`):
@@ -138,6 +142,11 @@ class ProcRecord:
         elif self.state in (ProcState.RUNNING, ProcState.PENDING):
             self.state = ProcState.STOPPED
 
+    def placed(self, host: str, address: str) -> None:
+        """It is to run (again, as a new worker of an elastic job) on ``host``: pending, no restarts yet."""
+        self.host, self.address, self.restarts = host, address, 0
+        self.state, self.pid, self.exit_code, self.ended = ProcState.PENDING, None, None, None
+
     def seen(self, state: ProcState, code: int | None = None, when: float | None = None) -> None:
         """A check on its host found it in ``state``; with the exit status it left, if any."""
         if code is not None:
@@ -175,6 +184,38 @@ def proc_start_ticks(pid: int) -> int | None:
         return None if parts[0] == "Z" else int(parts[19])
     except (OSError, ValueError, IndexError):
         return None
+
+
+class Change(str, Enum):
+    """A change of an elastic job's workers (:mod:`mxdist.elastic`)."""
+
+    JOINED = "joined"        # started by ``mxdist scale`` while the job ran
+    LEFT = "left"            # left at a round boundary (``mxdist scale`` down), exit code 0
+    LOST = "lost"            # failed with no restart left; the job went on without it
+
+
+@dataclass
+class MemberChange:
+    """One change of the job's workers: which, where, when, and why (a lost worker's exit)."""
+
+    change: Change
+    rank: int
+    host: str
+    when: float
+    why: str = ""
+
+
+@dataclass
+class Elastic:
+    """An elastic job's bounds (``--min-workers``, ``--max-workers``), the worker count asked
+    for last (``target``), the ranks asked to leave that have not left yet, and its host
+    discovery script (None: the hosts given at launch)."""
+
+    min_workers: int
+    max_workers: int
+    target: int
+    leaving: list[int] = field(default_factory=list)
+    discovery: str | None = None
 
 
 @dataclass(frozen=True)
@@ -228,6 +269,8 @@ class JobRecord:
     supervisor_lost: bool = False
     unverified: dict[str, str] = field(default_factory=dict)   # host label -> why not checked
     notes: list[str] = field(default_factory=list)
+    elastic: Elastic | None = None       # None: a job of fixed size
+    changes: list[MemberChange] = field(default_factory=list)   # its workers' joins, leaves, losses
 
     def proc(self, name: str) -> ProcRecord:
         for p in self.procs:
@@ -288,6 +331,53 @@ class JobRecord:
         elif end.headline is not None:
             self.root_cause = {"headline": end.headline, "name": None}
 
+    # -- elastic membership (mxdist.elastic) --------------------------------------------------------
+
+    def scale_to(self, target: int) -> None:
+        """``mxdist scale``: the job is to run ``target`` workers."""
+        self._still_active("scale")
+        if self.elastic is None:
+            raise ValueError(f"job {self.id} has a fixed size")
+        self.elastic.target = target
+
+    def join(self, name: str, rank: int, host: str, address: str, log: str, when: float) -> ProcRecord:
+        """A worker joins the running job as ``name`` (a rank that left or was lost is taken
+        again under its name: its log continues); it is pending until :meth:`ProcRecord.started`."""
+        self._still_active("add a worker to")
+        try:
+            proc = self.proc(name)
+        except KeyError:
+            proc = ProcRecord(name=name, role="worker", rank=rank, host=host, address=address, log=log)
+            self.procs.append(proc)
+        proc.placed(host, address)
+        self.changes.append(MemberChange(Change.JOINED, rank, host, when))
+        return proc
+
+    def leaving(self, ranks: Collection[int]) -> None:
+        """These workers were asked to leave at their next round boundary."""
+        if self.elastic is not None:
+            self.elastic.leaving = sorted({*self.elastic.leaving, *ranks})
+
+    def left(self, proc: ProcRecord, when: float) -> None:
+        """``proc``, asked to leave, ended with exit code 0."""
+        if self.elastic is not None and proc.rank in self.elastic.leaving:
+            self.elastic.leaving.remove(proc.rank)
+        self.changes.append(MemberChange(Change.LEFT, proc.rank or 0, proc.host, when))
+
+    def lost(self, proc: ProcRecord, why: str, when: float) -> None:
+        """``proc`` failed with no restart left; the job goes on without it."""
+        if self.elastic is not None and proc.rank in self.elastic.leaving:
+            self.elastic.leaving.remove(proc.rank)
+        self.changes.append(MemberChange(Change.LOST, proc.rank or 0, proc.host, when, why))
+
+    def discovered(self, hosts: list[dict[str, Any]]) -> None:
+        """The host discovery script's hosts, as they are now."""
+        self.hosts = hosts
+
+    def count(self, change: Change) -> int:
+        """How many times the job's workers changed this way."""
+        return sum(1 for c in self.changes if c.change is change)
+
     def rechecked(self, answered: Collection[str], unverified: Mapping[str, str]) -> None:
         """An ended job's hosts not verified at its end were checked again: the processes on the
         hosts that ``answered`` (their stop) are ``stopped``; ``unverified`` what is left."""
@@ -335,6 +425,11 @@ class JobRecord:
         raw["state"] = _enum(JobState, raw.get("state"), JobState.RUNNING)
         sup = raw.get("supervisor")
         raw["supervisor"] = Supervisor(**sup) if isinstance(sup, dict) else None
+        el = raw.get("elastic")
+        raw["elastic"] = Elastic(**{k: v for k, v in el.items() if k in {f.name for f in fields(Elastic)}}) \
+            if isinstance(el, dict) else None
+        raw["changes"] = [MemberChange(**{**c, "change": Change(c["change"])}) for c in raw.get("changes") or []
+                          if isinstance(c, dict) and c.get("change") in {x.value for x in Change}]
         return cls(**raw)
 
 
@@ -397,6 +492,25 @@ def discard_key(job_id: str) -> None:
 
 def stop_request_path(job_id: str) -> Path:
     return log_dir(job_id) / "stop.request"
+
+
+def scale_request_path(job_id: str, token: str) -> Path:
+    """Where ``mxdist scale`` asks the supervisor (``token``: the request's own name)."""
+    return log_dir(job_id) / f"scale-{token}.request"
+
+
+def scale_answer_path(request: Path) -> Path:
+    """Where the supervisor answers the scale request at ``request``."""
+    return request.with_suffix(".answer")
+
+
+def scale_requests(job_id: str) -> list[Path]:
+    """The scale requests waiting for the supervisor, oldest first."""
+    try:
+        paths = list(log_dir(job_id).glob("scale-*.request"))
+    except OSError:
+        return []
+    return sorted(paths, key=_mtime)
 
 
 def private_dir(path: Path) -> Path:

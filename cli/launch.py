@@ -45,6 +45,7 @@ supervisor only.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import queue
 import signal
@@ -67,13 +68,17 @@ from .backends import (
     ExitStatus,
     HostProblem,
     Started,
+    resolver,
     run_per_host,
 )
+from .discovery import DiscoveryError, Poller
+from .elastic import ElasticError, Joiner, Live, ScaleAnswer, discovery_changes, plan_scale
 from .hosts import Host
-from .jobs import JobEnd, JobRecord, JobState, ProcRecord, ProcState
+from .jobs import Change, Elastic, JobEnd, JobRecord, JobState, ProcRecord, ProcState
 from .lifecycle import QUICK, Action, Failure, Supervision
-from .plan import Plan, ProcSpec, restarted
-from .preflight import HostWrites, prepare_hosts
+from .plan import Plan, ProcSpec, restarted, with_gpus, with_worker
+from .plan import joiner as joiner_spec
+from .preflight import HostWrites, prepare_host, prepare_hosts
 from .rootcause import RootCause, decide, describe_code
 
 EXIT_OK, EXIT_FAILED, EXIT_PREFLIGHT = 0, 1, 3
@@ -126,6 +131,13 @@ class Supervisor:
         self._stopped: set[str] = set()
         self._writes = HostWrites()     # whether anything of the job may be on its hosts
         self._on_save: list[Callable[[], None]] = []
+        # elastic jobs: the discovery script's latest hosts (None: the plan's), its outcomes as the
+        # poller hands them over, the last problem it warned of, why a stopped worker is lost
+        self._poller: Poller | None = None
+        self._discovered: list[Host] | None = None
+        self._discovery_outcomes: queue.SimpleQueue[list[Host] | DiscoveryError] = queue.SimpleQueue()
+        self._discovery_problem: str | None = None
+        self._why_lost: dict[str, str] = {}
 
     def on_save(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` after every save of the record (``launch -d``: the parent returns
@@ -158,8 +170,15 @@ class Supervisor:
             for s, handler in previous.items():
                 with contextlib.suppress(ValueError, TypeError):
                     signal.signal(s, handler)
+            if self._poller is not None:
+                self._poller.stop()
             with contextlib.suppress(OSError):
                 jobs.stop_request_path(self.record.id).unlink()
+            for path in jobs.scale_requests(self.record.id):   # nobody will serve them now
+                with contextlib.suppress(OSError):
+                    jobs.write_private(jobs.scale_answer_path(path), json.dumps(ScaleAnswer(
+                        self.record.id, error=f"job {self.record.id} is {self.record.state.value}").to_dict()))
+                    path.unlink()
             self.backend.close()
             self._lock.release()
 
@@ -280,15 +299,22 @@ class Supervisor:
     # -- watch ----------------------------------------------------------------------------------
 
     def _watch(self) -> int:
+        elastic = self.record.elastic
         rules = Supervision.of(((p.name, p.role) for p in self.record.procs if p.pid),
-                               self.plan.node.max_restarts, self.plan.node.servers_restart)
+                               self.plan.node.max_restarts, self.plan.node.servers_restart,
+                               minimum=elastic.min_workers if elastic is not None else None)
         wind_down_by: float | None = None
         later: list[tuple[float, ProcRecord]] = []   # restarts backing off (mxdist.lifecycle, rule 6)
+        if elastic is not None and elastic.discovery:
+            self._poller = Poller(elastic.discovery, self._on_discovery, cwd=self.record.workdir or None)
+            self._poller.start()
         while True:
             if (req := self._end_request()) is not None:
                 if rules.winding_down:
                     return self._conclude(JobState.SUCCEEDED, EXIT_OK)
                 return self._conclude(JobState.STOPPED, req.code, stopped_by=req.why, grace=req.grace)
+            self._serve_scale_requests(rules)
+            self._apply_discovery(rules)
             for item in [x for x in later if x[0] <= time.monotonic()]:
                 later.remove(item)
                 if not self._restart(item[1]) and rules.restart_failed(item[1].name) is Action.FAIL:
@@ -305,6 +331,10 @@ class Supervisor:
             rec = self.record.proc(name)
             self._exited(rec, status)
             action = rules.exited(name, status.ok, None if status.ok else self._failure(rec, status))
+            if status.ok and rules.leaving and name in rules.leaving:
+                self._left(rec)
+            elif name in rules.lost:
+                self._lose(rec, status, rules)
             if action is Action.RESTART:
                 delay = rules.delay(name)
                 self._announce_restart(rec, status, delay)
@@ -313,7 +343,8 @@ class Supervisor:
                 elif not self._restart(rec):
                     action = rules.restart_failed(name)
             if action is Action.FAIL:
-                return self._conclude(JobState.FAILED, EXIT_FAILED, first_seen=name, note=rules.crash_loop)
+                return self._conclude(JobState.FAILED, EXIT_FAILED, first_seen=name,
+                                      note=rules.crash_loop or rules.shortfall)
             if action is Action.DONE:
                 return self._conclude(JobState.SUCCEEDED, EXIT_OK)
             if action is Action.WIND_DOWN:
@@ -321,6 +352,187 @@ class Supervisor:
                 wind_down_by = time.monotonic() + (self.settings.finish_grace if wait else 0.0)
             elif rules.winding_down and not status.ok:
                 ui.warn(f"{rec.name} on {rec.host} {status.describe()} after the workers finished")
+
+    # -- elastic membership (mxdist.elastic) ----------------------------------------------------------
+
+    def _live(self, rules: Supervision) -> list[Live]:
+        """The workers that run and stay (not asked to leave), with their hosts and local ranks."""
+        specs = {p.name: p for p in self.plan.of_role(Role.WORKER)}
+        names = (rules.running & rules.workers) - rules.leaving
+        return sorted((Live(specs[n].rank or 0, specs[n].host.label, specs[n].local_rank) for n in names),
+                      key=lambda w: w.rank)
+
+    def _serve_scale_requests(self, rules: Supervision) -> None:
+        """Answer every ``mxdist scale`` request waiting (module docstring of :mod:`mxdist.jobs`)."""
+        for path in jobs.scale_requests(self.record.id):
+            try:
+                asked = json.loads(path.read_text())
+                target, dry_run = int(asked["target"]), bool(asked.get("dry_run"))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                answer = ScaleAnswer(self.record.id, error=f"unreadable request {path.name}: {exc}", refused=True)
+            else:
+                answer = self._scale(rules, target, dry_run)
+            with contextlib.suppress(OSError):
+                jobs.write_private(jobs.scale_answer_path(path), json.dumps(answer.to_dict()))
+                path.unlink()
+
+    def _scale(self, rules: Supervision, target: int, dry_run: bool) -> ScaleAnswer:
+        """Take the job to ``target`` workers (``dry_run``: only say how)."""
+        job = self.record.id
+        if self.plan.bounds is None or self.record.elastic is None:
+            return ScaleAnswer(job, error=f"job {job} was launched without --min-workers/--max-workers: "
+                                          f"it keeps its {self.plan.num_workers} workers", refused=True)
+        if rules.winding_down:
+            return ScaleAnswer(job, error=f"job {job} is ending (its workers finished)")
+        try:
+            change = plan_scale(target, self.plan.bounds, self._slot_hosts(), self._live(rules))
+        except ElasticError as exc:
+            return ScaleAnswer(job, error=str(exc), refused=True)
+        if dry_run or change.empty:
+            return ScaleAnswer(job, change, dry_run=dry_run)
+        if change.leavers:
+            if not self._ask_to_leave(change.leavers):
+                return ScaleAnswer(job, error=f"the scheduler of job {job} did not acknowledge the leave request "
+                                              f"for worker{'s' if len(change.leavers) > 1 else ''} "
+                                              f"{', '.join(map(str, change.leavers))}; nothing changed")
+            for rank in change.leavers:
+                rules.leave(f"{Role.WORKER.value}-{rank}")
+            self.record.leaving(change.leavers)
+        started: list[Joiner] = []
+        for joiner in change.joiners:
+            try:
+                self._join(rules, joiner, target)
+            except Exception as exc:  # noqa: BLE001 - reported to mxdist scale; the job goes on
+                self.record.scale_to(len(self._live(rules)))
+                self._save()
+                done = f"; started {', '.join(str(j.rank) for j in started)}" if started else ""
+                return ScaleAnswer(job, error=f"could not start worker {joiner.rank} on {joiner.host}: {exc}{done}")
+            started.append(joiner)
+        self.record.scale_to(target)
+        self._save()
+        for line in ScaleAnswer(job, change).lines():
+            ui.info(line)
+        return ScaleAnswer(job, change)
+
+    def _slot_hosts(self) -> list[Host]:
+        """The hosts offering worker slots now (the discovery script's latest, else the plan's)."""
+        return list(self._discovered) if self._discovered is not None else list(self.plan.hosts)
+
+    def _ask_to_leave(self, ranks: Sequence[int]) -> bool:
+        from psnode.scheduler import client
+
+        try:
+            return bool(client.request_leave(self.record.scheduler, self.record.id, list(ranks),
+                                             key_file=self.record.key_file, timeout=STATUS_TIMEOUT * 4))
+        except Exception as exc:  # noqa: BLE001 - no answer: nothing changed
+            ui.warn(f"could not ask workers {', '.join(map(str, ranks))} to leave: {exc}")
+            return False
+
+    def _join(self, rules: Supervision, joiner: Joiner, world_size: int) -> None:
+        """Start worker ``joiner.rank`` on its host (prepared first if nothing of the job runs
+        there yet) and follow it."""
+        host = self.hosts[joiner.host]
+        key_file = None
+        if host.label not in {h.label for h in self.plan.busy_hosts}:
+            key_file = prepare_host(host, self.backend, self.record, self.settings.run_dir, self.settings.sync,
+                                    self.settings.check_modules, self.plan.base_env)
+        spec = joiner_spec(self.plan, joiner.rank, host, joiner.local_rank, world_size, key_file)
+        self.plan = with_worker(self.plan, spec, host)
+        if self.plan.gpus_per_worker and host.label in self.plan.gpus:
+            self.plan = with_gpus(self.plan, {host.label: self.plan.gpus[host.label]})
+            spec = next(p for p in self.plan.procs if p.name == spec.name)
+        rec = self.record.join(spec.name, joiner.rank, host.label, host.address,
+                               str(jobs.log_dir(self.record.id) / f"{spec.name}.log"), time.time())
+        try:
+            offset = os.path.getsize(rec.log)   # a rank taken again: its log goes on
+        except OSError:
+            offset = 0
+        started = self.backend.start(host, [spec], self.settings.run_dir)[0]
+        rec.started(started.pid, started.run_log, started.rc_file)
+        rules.add_worker(spec.name)
+        self._follow(rec, offset)
+        self._save()
+
+    def _left(self, rec: ProcRecord) -> None:
+        self.record.left(rec, time.time())
+        self._save()
+        ui.info(f"{rec.name} left the job (asked to by mxdist scale)")
+
+    def _lose(self, rec: ProcRecord, status: ExitStatus, rules: Supervision) -> None:
+        """``rec`` failed for good in an elastic job that goes on: recorded, told to the
+        scheduler (it completes the open rounds over the others), one warning line."""
+        why = self._why_lost.pop(rec.name, None) or status.describe()
+        self.record.lost(rec, why, time.time())
+        self._save()
+        from psnode.scheduler import client
+
+        try:
+            told = client.report_lost(self.record.scheduler, self.record.id, rec.rank or 0,
+                                      key_file=self.record.key_file, timeout=STATUS_TIMEOUT * 4, reason=why)
+        except Exception:  # noqa: BLE001 - the scheduler notices the loss by heartbeats too
+            told = False
+        live = rules.live_workers
+        ui.warn(f"{rec.name} on {rec.host} {why}, no restart left: lost; the job goes on with {live} "
+                f"worker{'s' if live != 1 else ''} (--min-workers {rules.minimum})"
+                + ("" if told else " (the scheduler did not acknowledge; it notices by heartbeats)"))
+
+    def _on_discovery(self, outcome: list[Host] | DiscoveryError) -> None:
+        """The discovery poller's thread: hand the outcome to the supervisor's loop."""
+        self._discovery_outcomes.put(outcome)
+        self.events.put(None)
+
+    def _apply_discovery(self, rules: Supervision) -> None:
+        """The discovery script's latest answers: new hosts add free slots; the workers of a host
+        that vanished are stopped and lost; a failing script is a warning (once per message)."""
+        while True:
+            try:
+                outcome = self._discovery_outcomes.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(outcome, DiscoveryError):
+                if str(outcome) != self._discovery_problem:
+                    self._discovery_problem = str(outcome)
+                    ui.warn(f"host discovery: {outcome}; the hosts stay as they were")
+                continue
+            self._discovery_problem = None
+            resolve = resolver(self.backend)
+            try:
+                now = [resolve.resolve(h) if resolve else h for h in outcome]
+            except BackendError as exc:
+                ui.warn(f"host discovery: {exc}; the hosts stay as they were")
+                continue
+            changes = discovery_changes(self._slot_hosts(), now)
+            if changes.empty:
+                continue
+            self._discovered = now
+            for host in now:
+                self.hosts.setdefault(host.label, host)
+            self.record.discovered([asdict(h) for h in {**{h.label: h for h in self.plan.hosts},
+                                                        **{h.label: h for h in now}}.values()])
+            self._save()
+            for host in changes.added:
+                ui.info(f"host discovery: {host.label} added ({host.slots} slot{'s' if host.slots != 1 else ''})")
+            for host in changes.resized:
+                ui.info(f"host discovery: {host.label} has {host.slots} slot{'s' if host.slots != 1 else ''}")
+            for host in changes.removed:
+                self._host_gone(rules, host)
+
+    def _host_gone(self, rules: Supervision, host: Host) -> None:
+        """``host`` left the discovered hosts: its workers are stopped (in the background) and,
+        once they ended, lost."""
+        names = [n for n in (rules.running & rules.workers) - rules.leaving
+                 if self.record.proc(n).host == host.label]
+        many = len(names) > 1
+        ui.warn(f"host discovery: {host.label} is gone" + (f": its worker{'s' if many else ''} {', '.join(names)} "
+                                                          f"{'are' if many else 'is'} lost" if names else ""))
+        procs = [self.record.proc(n) for n in names]
+        for name in names:
+            rules.leave(name)      # never restarted there
+            self._why_lost[name] = f"stopped: its host {host.label} left the discovered hosts"
+        if procs:
+            target = self.hosts[host.label]
+            threading.Thread(target=self.backend.stop, args=(target, procs, self.settings.grace),
+                             name=f"stop-{host.label}", daemon=True).start()
 
     def _exited(self, rec: ProcRecord, status: ExitStatus) -> None:
         rec.exited(status.code, time.time())
@@ -434,6 +646,9 @@ class Supervisor:
                                  None if shown or proc is None else _tail(proc.log), notes)
         elif rec.state is JobState.STOPPED:
             detail = rec.stopped_by or ""
+        if rec.elastic is not None:
+            counts = ", ".join(f"{rec.count(c)} {c.value}" for c in Change)
+            detail = f"{detail} ({counts})" if detail else f"workers: {counts}"
         ui.closing_line(rec.id, rec.state.value, rec.duration, detail)
 
     def _join_followers(self, timeout: float, skip: dict[str, str]) -> None:
@@ -484,15 +699,20 @@ def _tail(path: str, lines: int = 20) -> list[str]:
 
 
 def new_record(plan: Plan, backend: Backend, command: Sequence[str], workdir: str, log_dir: Path,
-               security: Mode | None = None) -> JobRecord:
-    """The initial job record of a plan (no pids yet), of a job in ``security`` mode."""
+               security: Mode | None = None, discovery: str | None = None) -> JobRecord:
+    """The initial job record of a plan (no pids yet), of a job in ``security`` mode; elastic
+    when its bounds say so or its hosts come from a ``discovery`` script."""
     procs = [ProcRecord(name=p.name, role=p.role.value, rank=p.rank, host=p.host.label,
                         address=p.host.address, log=str(log_dir / f"{p.name}.log"))
              for p in plan.procs]
+    b = plan.bounds
+    elastic = Elastic(b.minimum, b.maximum, b.initial, discovery=discovery) \
+        if b is not None and (b.elastic or discovery) else None
     return JobRecord(id=plan.job_id, command=list(command), backend=backend.name,
                      scheduler=plan.scheduler_address, workdir=workdir,
                      hosts=[asdict(h) for h in plan.hosts], options=backend.options(), procs=procs,
-                     security=security.value if security is not None else "", engine=plan.engine.name)
+                     security=security.value if security is not None else "", engine=plan.engine.name,
+                     elastic=elastic)
 
 
 __all__ = ["EXIT_FAILED", "EXIT_HANGUP", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PREFLIGHT", "EXIT_STOPPED",

@@ -5,6 +5,7 @@ does what it answers:
 
 * ``CONTINUE``: nothing to do;
 * ``RESTART``: start the process again (same host, rank and environment; restart count + 1);
+* ``LOSE``: an elastic job's worker is lost for good and the job goes on without it (rule 7);
 * ``FAIL``: the job failed: stop everything, name the root cause;
 * ``WIND_DOWN``: every worker exited 0: the job succeeded; the scheduler and servers still
   running are given a short time to end by themselves (a psnode job's servers write their
@@ -33,6 +34,12 @@ Rules:
    with each further one up to ``BACKOFF_MAX``; after a first one, a process that ran longer
    than ``QUICK``, or one killed from outside, restarts at once (a back off would only hand the
    time to the next kill of a storm of them).
+7. **Elastic jobs** (``minimum`` set: ``--min-workers``/``--max-workers`` other than ``-n``): a
+   worker that fails with no restart left (rule 2) is ``LOSE`` while at least ``minimum`` workers
+   still run (or some worker already finished its work: exit code 0, not asked to leave), and
+   the job goes on without it; else ``FAIL`` with :attr:`Supervision.shortfall` saying why.
+   Workers that joined while the job runs (:meth:`Supervision.add_worker`) follow the same
+   rules; the job winds down when every worker has finished or is lost.
 """
 from __future__ import annotations
 
@@ -40,6 +47,8 @@ import signal
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
+
+from .elastic import shortfall
 
 QUICK = 10.0          # seconds: a failure this soon after the start is quick
 CRASH_LOOP = 3        # quick failures the same way in a row, after the first failure, end the job
@@ -69,6 +78,7 @@ class Failure:
 class Action(str, Enum):
     CONTINUE = "continue"
     RESTART = "restart"
+    LOSE = "lose"
     FAIL = "fail"
     WIND_DOWN = "wind_down"
     DONE = "done"
@@ -87,18 +97,44 @@ class Supervision:
     restarts: dict[str, int] = field(default_factory=dict)
     winding_down: bool = False
     crash_loop: str | None = None          # why the job ended as a crash loop (rule 5)
+    minimum: int | None = None             # an elastic job's --min-workers (rule 7; None: not elastic)
+    lost: set[str] = field(default_factory=set)
+    leaving: set[str] = field(default_factory=set)   # asked to leave: never restarted
+    shortfall: str | None = None           # why an elastic job ended: too few workers (rule 7)
     _last: dict[str, Failure] = field(default_factory=dict)
     _loop: dict[str, int] = field(default_factory=dict)     # quick failures the same way in a row
     _quick: dict[str, int] = field(default_factory=dict)    # quick failures in a row
 
     @classmethod
     def of(cls, procs: Iterable[tuple[str, str]], max_restarts: int = 0,
-           servers_restart: bool = False) -> Supervision:
-        """From ``(name, role)`` pairs of processes that were started."""
+           servers_restart: bool = False, minimum: int | None = None) -> Supervision:
+        """From ``(name, role)`` pairs of processes that were started (``minimum``: rule 7)."""
         items = list(procs)
         workers = {n for n, role in items if role == "worker"}
         others = {n for n, role in items if role != "worker"}
-        return cls(workers, others, max_restarts, servers_restart, running={n for n, _ in items})
+        return cls(workers, others, max_restarts, servers_restart, running={n for n, _ in items},
+                   minimum=minimum)
+
+    def add_worker(self, name: str) -> None:
+        """A worker started while the job runs (an elastic job's joiner; a rank taken again
+        starts afresh: no restarts used, no failures remembered)."""
+        self.workers.add(name)
+        self.running.add(name)
+        self.finished.discard(name)
+        self.lost.discard(name)
+        self.leaving.discard(name)
+        for counts in (self.restarts, self._last, self._loop, self._quick):
+            counts.pop(name, None)
+
+    def leave(self, name: str) -> None:
+        """``name`` was asked to leave: it ends (exit code 0) at its next round boundary, and is
+        not restarted if it fails meanwhile."""
+        self.leaving.add(name)
+
+    @property
+    def live_workers(self) -> int:
+        """Workers running (or restarting) that stay: those asked to leave do not count."""
+        return len((self.running & self.workers) - self.leaving)
 
     def exited(self, name: str, ok: bool, failure: Failure | None = None) -> Action:
         """What to do now that ``name`` ended (``ok``: exit code 0; ``failure``: how it failed)."""
@@ -108,18 +144,31 @@ class Supervision:
         if name in self.workers:
             if ok:
                 self.finished.add(name)
-            elif not self.winding_down and self._may_restart(name):
+            elif not self.winding_down and name not in self.leaving and self._may_restart(name):
                 return self._restart(name)
+            elif self.minimum is not None and not self.winding_down:
+                # workers that finished their work (exit 0, not asked to leave) still count
+                done = len(self.finished - self.leaving)
+                self.shortfall = None if done else shortfall(self.live_workers, self.minimum)
+                if self.shortfall:
+                    return Action.FAIL
+                self.lost.add(name)
+                if self.finished | self.lost == self.workers:
+                    return self._wind_down()
+                return Action.LOSE
             else:
                 return Action.FAIL
         elif not ok and not self.winding_down:
             if name.startswith("server") and self.servers_restart and self._may_restart(name):
                 return self._restart(name)
             return Action.FAIL
-        if not self.winding_down and self.finished == self.workers:
-            self.winding_down = True
-            return Action.WIND_DOWN if self.running else Action.DONE
+        if not self.winding_down and self.finished | self.lost == self.workers:
+            return self._wind_down()
         return Action.CONTINUE if self.running else Action.DONE
+
+    def _wind_down(self) -> Action:
+        self.winding_down = True
+        return Action.WIND_DOWN if self.running else Action.DONE
 
     def _looping(self, name: str, failure: Failure) -> bool:
         """Rule 5: record ``failure``; True (and :attr:`crash_loop` set) when it ends a loop."""

@@ -194,6 +194,19 @@ def launch(
              "seen as cuda:0..N-1; too few GPUs fails before anything starts. Default: visibility left "
              "alone, as torchrun does: every GPU visible and LOCAL_RANK -> cuda:LOCAL_RANK, which "
              "DDP(model, device_ids=[args.local_rank]) needs"),
+    min_workers: int | None = typer.Option(
+        L("min_workers"), "--min-workers", metavar="M",
+        help="elastic: the job goes on while at least M workers live (a worker lost with no restart left "
+             "is a warning, not the job's end); default -n"),
+    max_workers: int | None = typer.Option(
+        L("max_workers"), "--max-workers", metavar="N",
+        help="elastic: mxdist scale may grow the job up to N workers (the hosts' slots must fit them); "
+             "default -n"),
+    host_discovery_script: str | None = typer.Option(
+        L("host_discovery_script"), "--host-discovery-script", metavar="PATH",
+        help="instead of -H: an executable printing the SSH hosts available now, one host[:slots] per line; "
+             "polled while the job runs (new hosts add free slots for mxdist scale; a host that vanishes: "
+             "its workers are lost)"),
     pass_local_rank: bool = typer.Option(
         L("pass_local_rank"), "--pass-local-rank",
         help="also pass --local_rank=LOCAL_RANK to each worker, where torch.distributed.launch did (right "
@@ -218,7 +231,8 @@ def launch(
             connect_timeout=connect_timeout, identity_file=identity_file, remote_dir=remote_dir,
             insecure=insecure, encrypt=encrypt,
             keep_jobs=keep_jobs, gpus_per_worker=gpus_per_worker, pass_local_rank=pass_local_rank,
-            engine=engine)
+            engine=engine, min_workers=min_workers, max_workers=max_workers,
+            host_discovery_script=host_discovery_script)
         prepared = prepare(opts)
     except (HostsError, PlanError, BackendError, ValueError) as exc:
         raise _fail("invalid launch options", str(exc), None, EXIT_USAGE) from None
@@ -416,6 +430,47 @@ def stop(
         clean = clean and not any(left.values()) and not unverified
     if not clean:
         raise typer.Exit(1)
+
+
+class _ScaleCommand(typer.core.TyperCommand):
+    """``mxdist scale``'s usage line as users type the command: ``[JOB] N``."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        return ["[OPTIONS]", "[JOB] N"]
+
+
+@app.command(cls=_ScaleCommand)
+@_guarded
+def scale(
+    args: list[str] = typer.Argument(..., metavar="[JOB] N", show_default=False,
+                                     help="job id (default: the running one) and how many workers it is to run"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print where new workers would go, change nothing"),
+) -> None:
+    """Grow or shrink an elastic job (launched with --min-workers/--max-workers) to N workers:
+    new workers take free slots and the lowest free ranks; the highest ranks leave at their next
+    round boundary (exit code 0)."""
+    if len(args) > 2 or not args[-1].isdigit():
+        raise _fail("invalid scale arguments", f"expected [JOB] N, got {' '.join(args)!r}",
+                    "mxdist scale 3, or mxdist scale JOB 3", EXIT_USAGE)
+    job, target = (args[0] if len(args) == 2 else None), int(args[-1])
+    if job is None:
+        running = [j for j in jobs.all_jobs() if j.state.active]
+        if len(running) > 1:
+            raise _fail("several jobs are running", f"{len(running)} jobs are running: "
+                        f"{', '.join(j.id for j in running)}", "name one: mxdist scale JOB N", EXIT_USAGE)
+        job = running[0].id if running else None
+    record = _load(job)
+    try:
+        answer = control.scale_job(record, target, dry_run)
+    except control.ScaleRefused as exc:
+        raise _fail("cannot scale", str(exc), None, 1) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    if answer.error:
+        raise _fail("scale refused" if answer.refused else "scale failed", answer.error, None,
+                    EXIT_USAGE if answer.refused else 1)
+    for line in answer.lines():
+        ui.plain(line)
 
 
 def _who(p: jobs.ProcRecord) -> str:

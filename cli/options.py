@@ -37,8 +37,10 @@ from psnode.server.checkpoint import path_for
 
 from . import agent, jobs
 from .backends import Backend, Capability, LaunchRequest
+from .discovery import DiscoveryError, discover
 from .engines import Engine, engine_named
 from .gpus import VISIBLE, HostGpus
+from .hosts import Host, looks_like_file
 from .jobs import JobRecord
 from .launch import LaunchSettings, new_record
 from .plan import (
@@ -95,11 +97,17 @@ class LaunchOptions:
     gpus_per_worker: int | None = None     # None: every worker sees all of its host's GPUs
     pass_local_rank: bool = False
     engine: str = "psnode"                 # mxdist.engines: psnode, or MXNet's own ps-lite processes
+    min_workers: int | None = None         # mxdist.elastic: None is -n (a job of fixed size)
+    max_workers: int | None = None
+    host_discovery_script: str | None = None   # mxdist.discovery: the hosts, polled (instead of -H)
 
     def given(self) -> list[str]:
-        """The flags of the psnode and security options given (for the engine to admit)."""
+        """The flags of the psnode, membership and security options given (for the engine to admit)."""
         return [*self.node.given(), *(["--insecure"] if self.insecure else []),
-                *(["--encrypt"] if self.encrypt else [])]
+                *(["--encrypt"] if self.encrypt else []),
+                *(["--min-workers"] if self.min_workers is not None else []),
+                *(["--max-workers"] if self.max_workers is not None else []),
+                *(["--host-discovery-script"] if self.host_discovery_script else [])]
 
 
 def security_mode(opts: LaunchOptions, engine: Engine | None = None) -> Mode:
@@ -255,7 +263,7 @@ def check_resume(plan: Plan, directory: str) -> None:
 def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepared:
     """Validate options and compute everything a launch needs; raise HostsError/PlanError."""
     environ = dict(os.environ if environ is None else environ)
-    launcher = opts.launcher or ("ssh" if opts.hosts else "local")
+    launcher = opts.launcher or ("ssh" if opts.hosts or opts.host_discovery_script else "local")
     if launcher not in NAMES:
         raise PlanError(f"--launcher {launcher!r}: choose local, ssh or slurm")
     ranks = parse_ranks(opts.ranks)
@@ -266,11 +274,13 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
     workdir = os.path.abspath(opts.workdir or os.getcwd())
     if opts.identity_file and Capability.LOGIN not in capabilities(launcher):
         raise PlanError(f"-i/--identity-file is for SSH hosts (-H); --launcher {launcher} does not use SSH")
+    script = discovery_script(opts, launcher, workdir)
     backend, hosts = for_launch(launcher, LaunchRequest(
         job_id=job_id, workdir=workdir, python=opts.python, hosts=opts.hosts, num_workers=opts.num_workers,
         sync=bool(opts.sync), environ=environ, ssh_config=opts.ssh_config, known_hosts=opts.known_hosts,
         accept_new_host_keys=opts.accept_new_host_keys, connect_timeout=opts.connect_timeout,
-        identity_file=_identity_file(opts.identity_file)))
+        identity_file=_identity_file(opts.identity_file), max_workers=opts.max_workers,
+        discovered=tuple(first_hosts(script, workdir)) if script else ()))
     scheduler_port, master_port = _ports(opts, Capability.THIS_MACHINE in backend.capabilities)
     # paths here are the paths the processes see: their run files go to the job's directory here
     # (Slurm: srun runs here and writes the logs here; the nodes share the file system)
@@ -287,6 +297,8 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
         node=replace(opts.node, checkpoint_dir=ckpt), run_dir=run_dir,
         key_files={h.label: f"{run_dir}/job.key" for h in hosts} if security is not Mode.INSECURE else {},
         gpus_per_worker=opts.gpus_per_worker, pass_local_rank=opts.pass_local_rank, engine=engine,
+        min_workers=opts.min_workers, max_workers=opts.max_workers, slots_bound=script is None,
+        slots_from=_slots_from(opts, launcher),
     ))
     plan = replace(plan, warnings=(*notes, *plan.warnings))
     if opts.node.resume and ckpt and shared_fs:
@@ -294,11 +306,50 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
     if opts.grace < 0 or opts.finish_grace < 0:
         raise PlanError("--grace and --finish-grace are seconds >= 0")
     log_dir = jobs.log_dir(job_id)
-    record = new_record(plan, backend, opts.command, workdir, log_dir, security)
+    record = new_record(plan, backend, opts.command, workdir, log_dir, security, script)
     settings = LaunchSettings(run_dir=run_dir, grace=opts.grace, finish_grace=opts.finish_grace,
                               detach=opts.detach, quiet=opts.quiet or opts.detach, ranks=ranks,
                               sync=_sync_pairs(opts.sync), security=security, check_modules=engine.modules)
     return Prepared(plan, backend, record, settings)
+
+
+def discovery_script(opts: LaunchOptions, launcher: str, workdir: str) -> str | None:
+    """``--host-discovery-script`` as an absolute path (None if not given): instead of ``-H``,
+    for a launcher that logs in to hosts it is given."""
+    if not opts.host_discovery_script:
+        return None
+    if opts.hosts:
+        raise PlanError("-H and --host-discovery-script both name the hosts: give one")
+    caps = capabilities(launcher)
+    if Capability.HOSTS not in caps or Capability.LOGIN not in caps:
+        raise PlanError(f"--host-discovery-script names SSH hosts; --launcher {launcher} finds its own "
+                        "(use --launcher ssh)")
+    path = os.path.join(workdir, os.path.expanduser(opts.host_discovery_script))
+    if not os.path.isfile(path) or not os.access(path, os.X_OK):
+        raise PlanError(f"--host-discovery-script {opts.host_discovery_script}: not an executable file "
+                        "(it prints host[:slots] lines; chmod +x it)")
+    return path
+
+
+def first_hosts(script: str, workdir: str) -> list[Host]:
+    """The discovery script's first answer: the job's first hosts (PlanError if it fails or
+    names none)."""
+    try:
+        hosts = discover(script, cwd=workdir)
+    except DiscoveryError as exc:
+        raise PlanError(f"--host-discovery-script: {exc}") from None
+    if not hosts:
+        raise PlanError(f"--host-discovery-script: {script} printed no hosts (host[:slots] per line)")
+    return hosts
+
+
+def _slots_from(opts: LaunchOptions, launcher: str) -> str:
+    """Where the hosts' slots come from, as an error names it."""
+    if opts.hosts:
+        return "the hosts (-H)" if not looks_like_file(opts.hosts) else f"the hosts in {opts.hosts}"
+    if Capability.HOSTS not in capabilities(launcher):
+        return f"the {launcher} launcher's hosts" if launcher != "slurm" else "the allocation's nodes"
+    return "the hosts"
 
 
 def known_gpus(prepared: Prepared) -> dict[str, HostGpus]:

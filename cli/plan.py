@@ -53,6 +53,7 @@ from psnode.config import LOG_LEVELS, CpuPolicy, Distribution, NodeConfig, Role,
 from psnode.errors import ConfigError
 from psnode.protocol import failure
 
+from .elastic import Bounds, ElasticError, bounds
 from .engines import PSNODE, Engine, NodeFacts
 from .gpus import VISIBLE, GpuShortage, HostGpus, describe_worker, sharing_warnings, shortages, worker_env, worker_slots
 from .hosts import Host, HostsError, check_env_name
@@ -158,6 +159,8 @@ PSNODE_OPTION: dict[str, str] = {
     **{f"PSNODE_{f.name.upper()}": f.metadata["flag"] for f in fields(NodeOptions)},
     "PSNODE_KEY_FILE": "--insecure or --encrypt (mxdist writes a fresh secret for every job)",
     "PSNODE_NUM_WORKERS": "-n/--num-workers",
+    "PSNODE_MIN_WORKERS": "--min-workers",
+    "PSNODE_MAX_WORKERS": "--max-workers",
     "PSNODE_NUM_SERVERS": "-s/--num-servers",
     "PSNODE_SCHEDULER": "--scheduler and --port",
     "PSNODE_PORT": "--port",
@@ -204,6 +207,10 @@ class PlanRequest:
     gpus_per_worker: int | None = None   # None: leave GPU visibility alone (every worker sees all)
     pass_local_rank: bool = False        # workers also get --local_rank=N as an argument
     engine: Engine = PSNODE              # what runs as the scheduler and servers, their variables
+    min_workers: int | None = None       # --min-workers (None: the first generation's size)
+    max_workers: int | None = None       # --max-workers (None: the first generation's size)
+    slots_bound: bool = True             # the hosts' slots bound --max-workers (no discovery script)
+    slots_from: str = "the hosts"        # where the slots come from, for the error that says so
 
 
 @dataclass(frozen=True)
@@ -223,6 +230,8 @@ class Plan:
     engine: Engine = PSNODE
     base_env: Mapping[str, str] = field(default_factory=dict)    # what every process gets, before its
     #                                                              engine's and torch's variables
+    bounds: Bounds | None = None       # the workers' bounds (mxdist.elastic; None: -n alone)
+    request: PlanRequest | None = None   # what it was made from: joiners are planned the same way
 
     @property
     def busy_hosts(self) -> list[Host]:
@@ -340,7 +349,14 @@ def make_plan(req: PlanRequest) -> Plan:
     if req.gpus_per_worker is not None and req.gpus_per_worker < 1:
         raise PlanError(f"--gpus-per-worker {req.gpus_per_worker}: must be 1 or more (leave it out to give "
                         "every worker all of its host's GPUs)")
-    sched = _find_host(hosts, req.scheduler_host) if req.scheduler_host else hosts[0]
+    try:
+        limits = bounds(workers, req.min_workers, req.max_workers, hosts, req.slots_bound, req.slots_from)
+    except ElasticError as exc:
+        raise PlanError(str(exc)) from None
+    req = replace(req, num_workers=workers, num_servers=servers, hosts=hosts,
+                  min_workers=limits.minimum if limits.elastic else None,
+                  max_workers=limits.maximum if limits.elastic else None)
+    sched = scheduler_host(req)
     warnings: list[str] = []
     worker_hosts, wrapped = place_workers(hosts, workers)
     if wrapped:
@@ -349,44 +365,19 @@ def make_plan(req: PlanRequest) -> Plan:
             "than slots (set slots=N in the hosts file)"
         )
 
-    base = {**req.base_env, **req.user_env, "PYTHONUNBUFFERED": "1"}
     node_argv = engine.daemon_argv(req.python)
-    options = req.node.config_fields()
-
-    def node_env(role: Role, host: Host, rank: int | None, port: int) -> dict[str, str]:
-        name = role.value if rank is None else f"{role.value}-{rank}"
-        facts = NodeFacts(job_id=req.job_id, role=role, rank=rank, host=host.address, port=port,
-                          scheduler=sched.address, scheduler_port=req.scheduler_port, num_workers=workers,
-                          num_servers=servers, node=options, key_file=req.key_files.get(host.label, req.key_file),
-                          error_file=failure.path_in(req.run_dir, name) if req.run_dir else None)
-        try:
-            return {**base, **engine.env(facts)}
-        except ConfigError as exc:
-            raise PlanError(str(exc)) from None
-
     procs: list[ProcSpec] = [
-        ProcSpec(Role.SCHEDULER, None, sched, node_argv,
-                 node_env(Role.SCHEDULER, sched, None, req.scheduler_port))
+        ProcSpec(Role.SCHEDULER, None, sched, node_argv, _node_env(req, Role.SCHEDULER, sched, None,
+                                                                  req.scheduler_port))
     ]
     for rank in range(servers):
         host = hosts[rank % len(hosts)]
-        procs.append(ProcSpec(Role.SERVER, rank, host, node_argv, node_env(Role.SERVER, host, rank, 0)))
-    argv = command_argv(req.command, req.python)
+        procs.append(ProcSpec(Role.SERVER, rank, host, node_argv, _node_env(req, Role.SERVER, host, rank, 0)))
     local_ranks: dict[str, int] = {}
     for rank, host in enumerate(worker_hosts):
         local = local_ranks.get(host.name, 0)
         local_ranks[host.name] = local + 1
-        env = node_env(Role.WORKER, host, rank, 0)
-        env.update(
-            RANK=str(rank),
-            WORLD_SIZE=str(workers),
-            LOCAL_RANK=str(local),
-            MASTER_ADDR=sched.address,
-            MASTER_PORT=str(req.master_port),
-        )
-        own_argv = with_local_rank_arg(argv, req.command, local) if req.pass_local_rank else argv
-        own_argv = engine.worker_argv(own_argv, command_target(req.command)[0] == "script")
-        procs.append(ProcSpec(Role.WORKER, rank, host, own_argv, env, local_rank=local))
+        procs.append(worker_spec(req, rank, host, local, workers))
     per = req.gpus_per_worker
     if per and req.pass_local_rank and max(local_ranks.values()) > per:   # a local rank >= per
         warnings.append(
@@ -404,8 +395,77 @@ def make_plan(req: PlanRequest) -> Plan:
         warnings=tuple(warnings),
         gpus_per_worker=per,
         engine=engine,
-        base_env=base,
+        base_env=_base_env(req),
+        bounds=limits,
+        request=req,
     )
+
+
+def scheduler_host(req: PlanRequest) -> Host:
+    """The host running the scheduler: ``--scheduler``, else the first host."""
+    return _find_host(req.hosts, req.scheduler_host) if req.scheduler_host else req.hosts[0]
+
+
+def _base_env(req: PlanRequest) -> dict[str, str]:
+    return {**req.base_env, **req.user_env, "PYTHONUNBUFFERED": "1"}
+
+
+def _node_env(req: PlanRequest, role: Role, host: Host, rank: int | None, port: int) -> dict[str, str]:
+    """One process's environment: the base, then its engine's variables (a planned request:
+    ``num_workers`` and ``num_servers`` set)."""
+    assert req.num_workers is not None and req.num_servers is not None
+    sched = scheduler_host(req)
+    name = role.value if rank is None else f"{role.value}-{rank}"
+    facts = NodeFacts(job_id=req.job_id, role=role, rank=rank, host=host.address, port=port,
+                      scheduler=sched.address, scheduler_port=req.scheduler_port, num_workers=req.num_workers,
+                      num_servers=req.num_servers, node=req.node.config_fields(),
+                      key_file=req.key_files.get(host.label, req.key_file),
+                      error_file=failure.path_in(req.run_dir, name) if req.run_dir else None,
+                      min_workers=req.min_workers, max_workers=req.max_workers)
+    try:
+        return {**_base_env(req), **req.engine.env(facts)}
+    except ConfigError as exc:
+        raise PlanError(str(exc)) from None
+
+
+def worker_spec(req: PlanRequest, rank: int, host: Host, local: int, world_size: int) -> ProcSpec:
+    """Worker ``rank`` on ``host`` with local rank ``local`` in a job of ``world_size`` workers
+    (a planned request: :attr:`Plan.request`): its command and environment, psnode's and
+    torch's variables included."""
+    sched = scheduler_host(req)
+    env = _node_env(req, Role.WORKER, host, rank, 0)
+    env.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(local),
+        MASTER_ADDR=sched.address,
+        MASTER_PORT=str(req.master_port),
+    )
+    argv = command_argv(req.command, req.python)
+    own_argv = with_local_rank_arg(argv, req.command, local) if req.pass_local_rank else argv
+    own_argv = req.engine.worker_argv(own_argv, command_target(req.command)[0] == "script")
+    return ProcSpec(Role.WORKER, rank, host, own_argv, env, local_rank=local)
+
+
+def joiner(plan: Plan, rank: int, host: Host, local: int, world_size: int,
+           key_file: str | None = None) -> ProcSpec:
+    """A worker joining ``plan``'s running job: planned as the first ones were (same command and
+    variables; ``PSNODE_RANK`` its rank), with the job's secret file at ``key_file`` on its host,
+    else where the plan's processes there read it, else as planned."""
+    if plan.request is None:
+        raise PlanError("this plan cannot add workers (it was not made by make_plan)")
+    spec = worker_spec(plan.request, rank, host, local, world_size)
+    known = key_file or next((p.env["PSNODE_KEY_FILE"] for p in plan.procs if p.host.label == host.label
+                              and "PSNODE_KEY_FILE" in p.env), None)
+    return replace(spec, env=_with_config(spec.env, key_file=known)) if known else spec
+
+
+def with_worker(plan: Plan, spec: ProcSpec, host: Host) -> Plan:
+    """The plan with worker ``spec`` (replacing a worker of the same rank) and ``host`` among its
+    hosts (a host found by discovery)."""
+    procs = (*(p for p in plan.procs if p.name != spec.name), spec)
+    hosts = plan.hosts if any(h.label == host.label for h in plan.hosts) else (*plan.hosts, host)
+    return replace(plan, procs=procs, hosts=hosts)
 
 
 def _with_config(env: Mapping[str, str], **changes: object) -> dict[str, str]:

@@ -29,7 +29,7 @@ were asked for (a CPU host is fine and quiet).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from psnode.net.security import Mode
@@ -48,6 +48,7 @@ from .backends import (
     syncer,
 )
 from .gpus import HostGpus
+from .hosts import Host
 from .jobs import JobRecord
 from .plan import GpuShortageError, Plan, command_target, gpu_view, with_gpus, with_key_files
 
@@ -184,3 +185,25 @@ def _sync(plan: Plan, backend: Backend, local: str, remote: str) -> None:
                                         "check the remote path and its permissions"))
     if problems:
         raise PreflightFailed(problems)
+
+
+def prepare_host(host: Host, backend: Backend, record: JobRecord, run_dir: str, sync: list[tuple[str, str]],
+                 modules: tuple[str, ...], env: Mapping[str, str]) -> str | None:
+    """A host that runs nothing of the job yet, before a worker joins the running job there (an
+    elastic job's ``mxdist scale``): ``--sync``, its preflight, and the job's secret delivered as
+    at the start (the launcher's copy, on the SSH channel).  The secret file's path there (None:
+    its processes read the launcher's copy, or the job is insecure); BackendError naming the
+    problem and its fix."""
+    copy = syncer(backend)
+    for local, remote in sync if copy is not None else ():
+        assert copy is not None
+        copy.sync(host, local, remote, lambda _: None)
+    report = backend.preflight([host], modules, env, command_target(record.command))
+    if report.problems:
+        raise BackendError("; ".join(f"{p.reason} ({p.fix})" for p in report.problems))
+    installer = key_installer(backend)
+    if installer is None or not record.key_file:
+        return None
+    path = installer.install_key(host, run_dir, Path(record.key_file).read_bytes())
+    record.keys_on_hosts({**record.remote_keys, host.label: path})
+    return path

@@ -191,10 +191,12 @@ class SshBackend:
 
     @classmethod
     def for_launch(cls, request: LaunchRequest) -> tuple[SshBackend, list[Host]]:
-        """The hosts given with ``-H``, each with its address from the ssh config."""
-        if not request.hosts:
-            raise PlanError("--launcher ssh needs hosts: -H host1,host2 or -H hostsfile")
-        parsed = read_hosts(request.hosts)
+        """The hosts given with ``-H`` (or the host discovery script's), each with its address
+        from the ssh config."""
+        if not request.hosts and not request.discovered:
+            raise PlanError("--launcher ssh needs hosts: -H host1,host2 or -H hostsfile "
+                            "(or --host-discovery-script)")
+        parsed = list(request.discovered) if request.discovered else read_hosts(request.hosts or "")
         backend = cls(workdir=request.workdir, python=request.python, ssh_config=request.ssh_config,
                       known_hosts=request.known_hosts, accept_new_host_keys=request.accept_new_host_keys,
                       connect_timeout=request.connect_timeout, identity_file=request.identity_file)

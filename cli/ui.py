@@ -452,6 +452,8 @@ def _measure(table: Table) -> int:
 def job_summary(view: JobView) -> Group:
     """The lines under a job's table: outcome, root cause, consequences, notes."""
     parts: list[Any] = []
+    if view.membership is not None:
+        parts.append(Text(view.membership.line()))
     if view.ended_line:
         parts.append(Text(view.ended_line, style=STATE_STYLE.get(view.state.value, "")))
     if view.root_cause:

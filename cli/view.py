@@ -16,6 +16,38 @@ from .jobs import JobState
 
 
 @dataclass
+class MembershipView:
+    """An elastic job's workers in ``mxdist status``: its bounds and target, the membership
+    generation and members (live from the scheduler; None when it did not answer), and how many
+    workers joined, left and were lost (the scheduler's counts when live, else the record's)."""
+
+    min_workers: int
+    max_workers: int
+    target: int
+    generation: int | None = None
+    members: list[int] | None = None
+    joined: int = 0
+    left: int = 0
+    lost: int = 0
+    leaving: list[int] = field(default_factory=list)
+
+    def line(self) -> str:
+        """``workers: generation 3, members 0,1,2 (target 3, min 2, max 4); 1 joined, 0 left, 0 lost``."""
+        where = "" if self.generation is None else \
+            f"generation {self.generation}, members {','.join(map(str, self.members or [])) or 'none'} "
+        text = (f"workers: {where}(target {self.target}, min {self.min_workers}, max {self.max_workers}); "
+                f"{self.joined} joined, {self.left} left, {self.lost} lost")
+        if self.leaving:
+            text += f"; leaving: {','.join(map(str, self.leaving))}"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"min_workers": self.min_workers, "max_workers": self.max_workers, "target": self.target,
+                "generation": self.generation, "members": self.members, "joined": self.joined,
+                "left": self.left, "lost": self.lost, "leaving": self.leaving}
+
+
+@dataclass
 class JobView:
     """One job in ``mxdist status``: its state and outcome, and a row per recorded process
     (``nodes``: live from the scheduler, checked on the hosts, or as recorded).
@@ -43,6 +75,7 @@ class JobView:
     backend_fields: Mapping[str, Any] = field(default_factory=dict)
     backend_title: str = ""
     engine: str = "psnode"                 # what runs its scheduler and servers (mxdist.engines)
+    membership: MembershipView | None = None   # an elastic job's workers (None: a job of fixed size)
 
     @property
     def active(self) -> bool:
@@ -59,6 +92,8 @@ class JobView:
             "nodes": [n.to_dict() for n in self.nodes]}
         if self.ended_line is not None:
             out["ended_line"] = self.ended_line
+        if self.membership is not None:
+            out["membership"] = self.membership.to_dict()
         return out
 
 
