@@ -5,30 +5,11 @@ tests/cluster/test_launch_elastic.py); nothing left on any host.
 """
 from __future__ import annotations
 
-import re
 import stat
 from pathlib import Path
 
-from tests.cluster.test_launch_elastic import ROUNDS, TOTAL
+from tests.cluster.test_launch_elastic import ROUNDS, TOTAL, _final, _log, _printed, _rounds
 from tests.ssh.mxdist_testing import assert_nothing_left, latest, run_cli, wait_for
-
-
-def _log(home: Path, job: str, name: str) -> str:
-    path = home / "jobs" / job / f"{name}.log"
-    return path.read_text() if path.exists() else ""
-
-
-def _rounds(text: str, rank: int) -> dict[int, float]:
-    return {int(k): float(v) for k, r, v in re.findall(r"^ROUND (\d+) (\d+) (\S+)$", text, re.M) if int(r) == rank}
-
-
-def _printed(home: Path, job: str, name: str, pattern: str) -> re.Match[str] | None:
-    return re.search(pattern, _log(home, job, name), re.M)
-
-
-def _final(home: Path, timeout: float = 120) -> dict:
-    return wait_for(lambda: (r := latest(home)) and r["state"] not in ("starting", "running") and r,
-                    timeout, "the job's final state")
 
 
 def _launch(tmp_path: Path, env: dict, holds: tuple[int, ...], *options: str) -> tuple[str, Path]:
@@ -67,7 +48,7 @@ def test_scale_up_onto_a_second_host(ssh_cluster, home, tmp_path):
         assert set(rec["remote_keys"]) == {"node1", "node2"}
         start = wait_for(lambda: _printed(home, job, "worker-2", r"^START 2 (\d+)$"), 120, "the joiner's start")
         (ctl / "hold-4").unlink()
-        rec = _final(home)
+        rec = _final(home, 120)
     finally:
         _stop(env, home)
     assert rec["state"] == "succeeded", rec.get("root_cause")
@@ -106,7 +87,7 @@ def test_discovery_script_hosts_come_and_go(ssh_cluster, home, tmp_path):
         listed.write_text("node1:2\n")
         wait_for(lambda: latest(home)["changes"][-1]["change"] == "lost", 60, "worker 2 to be lost")
         (ctl / "hold-10").unlink()
-        rec = _final(home)
+        rec = _final(home, 120)
     finally:
         _stop(env, home)
     assert rec["state"] == "succeeded", rec.get("root_cause")
