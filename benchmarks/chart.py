@@ -1,7 +1,10 @@
-"""Draw one chart from a ``benchmarks/run.py --json FILE`` run: psnode against a peer, per case.
+"""Draw one chart from a ``benchmarks/run.py --json FILE`` run: psnode against a peer, per case;
+or, from a ``benchmarks/embedding.py --json FILE`` run, psnode's tables on the servers against
+DDP + gloo per table size (:func:`embedding_series`, :func:`draw_embedding`).
 
     python benchmarks/chart.py RUN.json --out docs/performance.png
     python benchmarks/chart.py RUN.json --out chart.png --config 2,1 --peer zmq,gloo
+    python benchmarks/chart.py EMBEDDING.json --out docs/embedding.png
 
 Left panel: the round time of every case the run measured at one W,S configuration (default
 2,2), psnode beside each peer, median over the run's interleaved runs with the [min-max] range.
@@ -160,6 +163,71 @@ def draw(s: Series, out: Path, note: str = "") -> None:
     plt.close(fig)
 
 
+@dataclass
+class EmbeddingSeries:
+    """Per table size (``rows``, ascending): psnode's steps/s over DDP's, computed per run, and
+    the peak MiB per worker of each system (max over ranks), median [min-max] over runs."""
+
+    rows: list[int]
+    speed: dict[int, Spread]
+    peak: dict[str, dict[int, Spread]]
+
+
+def embedding_series(doc: dict) -> EmbeddingSeries:
+    """The figures of one ``embedding.py --json`` run (pure; the statistics are embedding.py's)."""
+    from benchmarks import embedding as emb
+    records = doc.get("records") or []
+    rows = sorted({r["rows"] for r in records if r["system"] == emb.PSNODE} &
+                  {r["rows"] for r in records if r["system"] == emb.DDP})
+    if not rows:
+        raise ValueError("no table size measured on both psnode and DDP (not an embedding.py --json file?)")
+    speed, peak = {}, {emb.PSNODE: {}, emb.DDP: {}}
+    for n in rows:
+        ddp = emb._per_run(records, emb.DDP, n, "steps_per_s")
+        ps = emb._per_run(records, emb.PSNODE, n, "steps_per_s")
+        speed[n] = Spread.of([ps[r] / ddp[r] for r in sorted(ps) if r in ddp])
+        for system in peak:
+            peak[system][n] = Spread.of(list(emb._per_run(records, system, n, "peak_mib", max).values()))
+    return EmbeddingSeries(rows, speed, peak)
+
+
+def draw_embedding(s: EmbeddingSeries, out: Path, note: str = "") -> None:
+    """Left: psnode's steps/s over DDP's per table size (the 1x line); right: peak MiB per worker."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from benchmarks import embedding as emb
+    labels = [f"{n / 1e6:g} M rows" for n in s.rows]
+    x = list(range(len(s.rows)))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    med = [s.speed[n].median for n in s.rows]
+    err = [[m - s.speed[n].low for m, n in zip(med, s.rows, strict=True)],
+           [s.speed[n].high - m for m, n in zip(med, s.rows, strict=True)]]
+    left.bar(x, med, 0.5, yerr=err, capsize=4, color="tab:blue")
+    left.axhline(1.0, color="black", lw=1)
+    for i, m in enumerate(med):
+        left.text(i, m / 2, f"{m:.2f}x", ha="center", color="white", weight="bold")
+    left.set(xticks=x, xticklabels=labels, ylabel="psnode steps/s / DDP's (above 1: psnode faster)",
+             title="training speed, per run: median [min-max]")
+    for k, (system, color) in enumerate(((emb.PSNODE, "tab:blue"), (emb.DDP, "tab:red"))):
+        vals = [s.peak[system][n].median for n in s.rows]
+        pos = [i + (k - 0.5) * 0.38 for i in x]
+        right.bar(pos, vals, 0.38, color=color, label=f"{system} (table on the servers)" if k == 0 else
+                  f"{system} (table on every rank)")
+        for p_, v in zip(pos, vals, strict=True):
+            right.text(p_, v, f"{v:.0f}", ha="center", va="bottom", fontsize=8)
+    right.set(xticks=x, xticklabels=labels, ylabel="peak MiB per worker (max over ranks)",
+              title="worker memory")
+    right.legend(loc="upper left", fontsize=8)
+    fig.suptitle("embedding tables (EmbeddingBag, 16 dims, AdaGrad), W=2 S=2: psnode vs DDP + gloo")
+    if note:
+        fig.text(0.5, 0.01, note, ha="center", fontsize=8, color="dimgray")
+    fig.tight_layout(rect=(0, 0.04, 1, 0.95))
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", type=Path, help="the JSON file of benchmarks/run.py --json")
@@ -173,6 +241,17 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         raise SystemExit("benchmarks/chart.py needs matplotlib: pip install -e '.[bench]'") from None
     doc = json.loads(a.run.read_text())
+    if str((doc.get("argv") or [""])[0]).endswith("embedding.py"):
+        try:
+            e = embedding_series(doc)
+        except ValueError as exc:
+            raise SystemExit(f"{a.run}: {exc}") from None
+        draw_embedding(e, a.out, "embedding.py " + " ".join(doc.get("argv", [])[1:]))
+        for n in e.rows:
+            sp = e.speed[n]
+            print(f"{n:>10d} rows psnode/DDP steps/s {sp.median:.2f} [{sp.low:.2f}-{sp.high:.2f}]")
+        print(f"wrote {a.out}")
+        return 0
     try:
         s = series(doc, a.config, a.peer.split(",") if a.peer else None, a.system)
     except ValueError as exc:

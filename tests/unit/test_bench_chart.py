@@ -51,3 +51,31 @@ def test_draw_writes_a_png(tmp_path) -> None:
     out = tmp_path / "chart.png"
     chart.draw(chart.series(doc(RUNS)), out, chart.describe(doc(RUNS)))
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def emb(system: str, rows: int, run: int, rank: int, rate: float, peak: float) -> dict:
+    return {"system": system, "rows": rows, "run": run, "rank": rank, "steps_per_s": rate, "peak_mib": peak}
+
+
+EMB = {"argv": ["benchmarks/embedding.py", "--runs", "2"], "records": [
+    emb("psnode", 20, 0, 0, 120.0, 250.0), emb("psnode", 20, 0, 1, 130.0, 260.0),      # median 125
+    emb("DDP gloo", 20, 0, 0, 100.0, 2700.0), emb("DDP gloo", 20, 0, 1, 100.0, 2760.0),
+    emb("psnode", 20, 1, 0, 90.0, 255.0), emb("DDP gloo", 20, 1, 0, 100.0, 2750.0),
+    emb("psnode, no prefetch", 20, 0, 0, 80.0, 250.0), emb("psnode", 40, 0, 0, 1.0, 1.0)]}
+
+
+def test_embedding_runs_give_speed_ratios_per_run_and_peak_memory_per_worker() -> None:
+    s = chart.embedding_series(EMB)
+    assert s.rows == [20]                                   # 40 rows: psnode only, not charted
+    assert s.speed[20] == chart.Spread(1.075, 0.9, 1.25)    # 125/100 and 90/100
+    assert s.peak["psnode"][20] == chart.Spread(257.5, 255.0, 260.0)       # max over ranks per run
+    assert s.peak["DDP gloo"][20] == chart.Spread(2755.0, 2750.0, 2760.0)
+    with pytest.raises(ValueError, match="both psnode and DDP"):
+        chart.embedding_series({"records": [r for r in EMB["records"] if r["system"] != "DDP gloo"]})
+
+
+def test_draw_embedding_writes_a_png(tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "embedding.png"
+    chart.draw_embedding(chart.embedding_series(EMB), out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
