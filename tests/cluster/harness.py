@@ -8,6 +8,7 @@ it printed so far.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -127,6 +128,15 @@ def restart_worker(job: Job, rank: int, count: int, role: str = "worker") -> Pro
     p = subprocess.Popen(old.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, start_new_session=True)
     return job.add(Proc(role, rank, p, old.argv, env))
+
+
+def kill_and_restart_server(job: Job, rank: int) -> Proc:
+    """SIGKILL server ``rank`` (its first process), wait for its end, start its replacement
+    (restart count 1)."""
+    server = next(p for p in job.by_role("server") if p.rank == rank)
+    os.kill(server.popen.pid, signal.SIGKILL)
+    server.popen.wait(10)
+    return restart_worker(job, rank, 1, role="server")
 
 
 def wait_for_file(path: Path, timeout: float = 30.0) -> None:

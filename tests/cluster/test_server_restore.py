@@ -15,7 +15,7 @@ import signal
 import numpy as np
 
 import psnode
-from tests.cluster.harness import alive, restart_worker, start_job, wait_for_file, wait_job
+from tests.cluster.harness import alive, kill_and_restart_server, restart_worker, start_job, wait_for_file, wait_job
 
 STEPS = 8
 KEYS = ["a", "b", "c", "d", "big"]
@@ -70,10 +70,7 @@ def test_killed_server_restores_from_checkpoint_and_the_job_ends_exactly(tmp_pat
     job = start_job(SCRIPT, 2, 2, env=env, args=[str(flags)], tmp=tmp_path)
     try:
         wait_for_file(flags / "pushed", 60)
-        server = next(p for p in job.by_role("server") if p.rank == 1)
-        os.kill(server.popen.pid, signal.SIGKILL)
-        server.popen.wait(10)
-        restart_worker(job, 1, 1, role="server")
+        kill_and_restart_server(job, 1)
         (flags / "go").touch()
     finally:
         wait_job(job, 90)

@@ -7,7 +7,6 @@ CI installs torch: there a missing torch is an error; elsewhere these tests are 
 from __future__ import annotations
 
 import os
-import signal
 
 import numpy as np
 import pytest
@@ -21,7 +20,7 @@ except ImportError:
     pytest.skip("torch is not installed (pip install torch); CI fails here instead", allow_module_level=True)
 
 import psnode
-from tests.cluster.harness import restart_worker, run_job, start_job, wait_for_file, wait_job
+from tests.cluster.harness import kill_and_restart_server, run_job, start_job, wait_for_file, wait_job
 from tests.cluster.test_kvstore_cluster import ok
 
 TRAIN = """
@@ -102,10 +101,7 @@ def test_killed_server_restores_the_table_and_training_ends_as_without_the_kill(
     try:
         wait_for_file(flags / "paused0", 90)
         wait_for_file(flags / "paused1", 90)
-        server = next(p for p in job.by_role("server") if p.rank == 1)
-        os.kill(server.popen.pid, signal.SIGKILL)
-        server.popen.wait(10)
-        restart_worker(job, 1, 1, role="server")
+        kill_and_restart_server(job, 1)
         (flags / "go").touch()
     finally:
         wait_job(job, 120)

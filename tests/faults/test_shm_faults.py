@@ -20,7 +20,7 @@ import pytest
 from psnode.protocol.codec import ARRAY, HEAD, RECORD
 from psnode.samehost import handshake as shmhandshake
 from psnode.samehost import segments as shm
-from tests.cluster.harness import restart_worker, start_job, wait_job
+from tests.cluster.harness import kill_and_restart_server, start_job, wait_job
 from tests.faults.faultkit import DEAD_AFTER, FAST_ENV, assert_none_left, listen_ports, markers
 from tests.support import require, wait_for
 
@@ -138,10 +138,7 @@ def test_a_restarted_server_is_mapped_again_and_the_job_ends_exactly(tmp_path: P
     job = start_job(script, 2, 2, env=env, args=[str(flags)], tmp=tmp_path)
     try:
         wait_for(lambda: (flags / "pushed").exists(), 60, "round 5 to be pushed")
-        server = next(p for p in job.by_role("server") if p.rank == 1)
-        os.kill(server.popen.pid, signal.SIGKILL)
-        server.popen.wait(10)
-        restart_worker(job, 1, 1, role="server")
+        kill_and_restart_server(job, 1)
         (flags / "go").touch()
     finally:
         wait_job(job, 90)
