@@ -114,18 +114,24 @@ class Link:
         return tuple(segs), fds
 
     def add_segments(self, segs: Sequence[Segment], fds: list[int], writable_ok: bool) -> None:
-        """Map the peer's announced segments (fds are closed either way)."""
+        """Map the peer's announced segments.  Every fd is closed exactly once, either way: a
+        second close would close whatever another thread (libzmq's I/O thread) opened under
+        the freed number meanwhile."""
+        rest = list(fds)
         try:
-            for s, fd in zip(segs, fds, strict=True):
+            if len(segs) != len(rest):
+                raise ProtocolError(f"{self.peer} announced {len(segs)} segments with {len(rest)} descriptors")
+            for s in segs:
+                fd = rest.pop(0)     # map_segment closes it, whatever it finds
                 if s.index in self.mapped:
+                    os.close(fd)
                     raise ProtocolError(f"{self.peer} announced segment {s.index} twice")
                 seg = map_segment(fd, s.index, s.size, s.writable and writable_ok, self.peer)
                 self.mapped[s.index] = seg
                 self._bases.append((address(seg.view), s.size, s.index))
         finally:
-            for fd in fds:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+            for fd in rest:
+                os.close(fd)
 
     # ------------------------------------------------------------ sending
     def send_raw(self, data: bytes, fds: Sequence[int] = ()) -> None:

@@ -323,3 +323,41 @@ def test_a_secured_job_admits_only_workers_holding_its_token() -> None:
     other = new_security(Mode.AUTHENTICATED)
     with pytest.raises(ProtocolError, match="does not hold the secret"):
         Pair(server_security=secret, worker_security=other).connect()
+
+
+def test_announced_descriptors_are_closed_once_so_a_reused_number_survives(monkeypatch) -> None:
+    """Every descriptor a peer hands over is closed exactly once.  A second close would hit
+    whatever another thread (libzmq's I/O thread accepting a connection) opened under the freed
+    number in between: libzmq then aborts with 'Bad file descriptor (src/epoll.cpp)'.  The test
+    opens a file under each freed number right after the mapping closed it, as that thread would."""
+    reused: list[int] = []
+    real = shmlink.map_segment
+
+    def map_then_reuse(fd: int, *args, **kw):
+        seg = real(fd, *args, **kw)                      # closes fd
+        reused.append(os.open(os.devnull, os.O_RDONLY))  # the lowest free number: fd's
+        assert reused[-1] == fd
+        return seg
+
+    monkeypatch.setattr(shmlink, "map_segment", map_then_reuse)
+    arena = shm.Arena(f"psnode.t{uuid.uuid4().hex[:8]}")
+    arena.array((1000,), F)
+    arena.array((2 * shm.SEGMENT_BYTES // 4,), F)      # a second segment
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        link = shmlink.Link(a, "worker 0", "j", [], 2**30)
+        segs = tuple(shm_segment(i, arena.segments[i].size) for i in arena.fds)
+        link.add_segments(segs, [os.dup(fd) for fd in arena.fds.values()], writable_ok=False)
+        assert len(reused) == 2
+        for fd in reused:
+            os.fstat(fd)                                  # still open: not closed a second time
+            os.close(fd)
+    finally:
+        a.close()
+        b.close()
+        arena.close()
+
+
+def shm_segment(index: int, size: int):
+    from psnode.protocol.samehost import Segment
+    return Segment(index, size, False)
