@@ -49,7 +49,7 @@ from psnode.samehost.staging import Staging
 from psnode.worker.futures import ControlRequest
 from psnode.worker.samehost import SameHostLinks
 from psnode.worker.state import EngineState
-from psnode.worker.tracker import Batches, settle
+from psnode.worker.tracker import ASK_AFTER, Batches, settle
 
 log = logging.getLogger("psnode.worker")
 
@@ -148,7 +148,7 @@ class IoLoop:
                 batches = e.tracker.take(now)
             self.send(batches)
         if e.tracker.pending and now >= self.next_scan:
-            self.next_scan = now + max(0.02, self.cfg.retry_timeout / 4)
+            self.next_scan = now + max(0.02, min(ASK_AFTER, self.cfg.retry_timeout / 4))
             with e.lock:
                 batches, warnings = e.tracker.due(now)
             for text in warnings:
