@@ -88,6 +88,7 @@ SIGNAL_EXIT = {signal.SIGHUP: (EXIT_HANGUP, "hangup (the terminal closed)"),
                signal.SIGTERM: (EXIT_STOPPED, "SIGTERM")}
 POLL = 0.2
 STATUS_TIMEOUT = 0.5     # asking the scheduler whether psnode started, when the workers are done
+SLOW_POLL = 2.0          # seconds between the supervisor's questions to the scheduler about slow workers
 
 
 @dataclass
@@ -138,6 +139,8 @@ class Supervisor:
         self._discovery_outcomes: queue.SimpleQueue[list[Host] | DiscoveryError] = queue.SimpleQueue()
         self._discovery_problem: str | None = None
         self._why_lost: dict[str, str] = {}
+        self._slowest: str | None = None     # the closing line's words on the slowest worker (_ask_slowness)
+        self._ended = threading.Event()
 
     def on_save(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` after every save of the record (``launch -d``: the parent returns
@@ -298,7 +301,31 @@ class Supervisor:
 
     # -- watch ----------------------------------------------------------------------------------
 
+    def _ask_slowness(self) -> None:
+        """Until the job ends, ask the scheduler every :data:`SLOW_POLL` seconds whom the
+        workers waited for (psnode.scheduler.slowness), for the closing line."""
+        from psnode.scheduler import client as control
+
+        from .view import slowest
+
+        while not self._ended.wait(SLOW_POLL):
+            try:
+                answer = control.status(self.record.scheduler, self.record.id, key_file=self.record.key_file,
+                                        timeout=STATUS_TIMEOUT)
+            except Exception:  # noqa: BLE001 - no answer (yet, or any more): the last one stands
+                continue
+            if answer.started:
+                self._slowest = slowest(list(answer.nodes), answer.uptime)
+
     def _watch(self) -> int:
+        if self.plan.num_servers and self.plan.engine.name == "psnode":
+            threading.Thread(target=self._ask_slowness, name="slowness", daemon=True).start()
+        try:
+            return self._supervise()
+        finally:
+            self._ended.set()
+
+    def _supervise(self) -> int:
         elastic = self.record.elastic
         rules = Supervision.of(((p.name, p.role) for p in self.record.procs if p.pid),
                                self.plan.node.max_restarts, self.plan.node.servers_restart,
@@ -649,6 +676,8 @@ class Supervisor:
         if rec.elastic is not None:
             counts = ", ".join(f"{rec.count(c)} {c.value}" for c in Change)
             detail = f"{detail} ({counts})" if detail else f"workers: {counts}"
+        if self._slowest and rec.state is not JobState.STOPPED:
+            detail = f"{detail}; {self._slowest}" if detail else self._slowest
         ui.closing_line(rec.id, rec.state.value, rec.duration, detail)
 
     def _join_followers(self, timeout: float, skip: dict[str, str]) -> None:

@@ -144,6 +144,9 @@ def launch(
     heartbeat_liveness: int = typer.Option(N.heartbeat_liveness, "--heartbeat-liveness",
                                            help="missed heartbeats before a node is dead"),
     log_level: str = typer.Option(N.log_level, "--log-level", help="psnode log level"),
+    stall_warning: float = typer.Option(N.stall_warning, "--stall-warning", metavar="SECONDS",
+                                        help="warn when a worker has waited SECONDS for other workers in one "
+                                             "pull or barrier, naming them (0: never)"),
     ssh_config: str | None = typer.Option(None, "--ssh-config", envvar="MXDIST_SSH_CONFIG",
                                           help="ssh config file (default ~/.ssh/config)"),
     known_hosts: str | None = typer.Option(None, "--known-hosts", envvar="MXDIST_KNOWN_HOSTS",
@@ -222,7 +225,7 @@ def launch(
             heartbeat_liveness=heartbeat_liveness, log_level=log_level, checkpoint_dir=checkpoint_dir,
             checkpoint_interval=checkpoint_interval, checkpoint_rounds=checkpoint_rounds, resume=resume,
             skip_nonfinite=skip_nonfinite, max_restarts=max_restarts, shm=not no_shm,
-            cpu_policy=cpu_policy)  # type: ignore[arg-type]
+            cpu_policy=cpu_policy, stall_warning=stall_warning)  # type: ignore[arg-type]
         opts = LaunchOptions(
             command=command, node=node, hosts=hosts, num_workers=num_workers, num_servers=num_servers,
             launcher=launcher, python=python, env=env, workdir=workdir, sync=sync, scheduler=scheduler,

@@ -106,6 +106,7 @@ class NodeOptions:
     max_restarts: int = field(default=default("max_restarts"), metadata={"flag": "--max-restarts"})
     shm: bool = field(default=default("shm"), metadata={"flag": "--no-shm"})
     cpu_policy: CpuPolicy = field(default=default("cpu_policy"), metadata={"flag": "--cpu-policy"})
+    stall_warning: float = field(default=default("stall_warning"), metadata={"flag": "--stall-warning"})
 
     def __post_init__(self) -> None:
         if not isinstance(self.distribution, Distribution):
@@ -124,6 +125,8 @@ class NodeOptions:
             raise PlanError(f"--log-level {self.log_level}: choose one of {', '.join(LOG_LEVELS)}")
         if not math.isfinite(self.heartbeat_interval) or self.heartbeat_interval <= 0:
             raise PlanError(f"--heartbeat-interval {self.heartbeat_interval:g}: must be seconds > 0")
+        if not math.isfinite(self.stall_warning) or self.stall_warning < 0:
+            raise PlanError(f"--stall-warning {self.stall_warning:g}: must be seconds >= 0 (0: never warn)")
         if self.heartbeat_liveness < 1:
             raise PlanError(f"--heartbeat-liveness {self.heartbeat_liveness}: must be 1 or more")
         if self.max_restarts < 0:
