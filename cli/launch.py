@@ -104,6 +104,8 @@ class LaunchSettings:
     sync: list[tuple[str, str]] = field(default_factory=list)  # (local dir, remote dir)
     check_modules: tuple[str, ...] = ("psnode",)
     security: Mode = Mode.INSECURE   # authenticated/encrypted: write and deliver a fresh secret
+    timeline_dir: str | None = None  # --timeline: where the processes append their events, on their host
+    timeline_local: bool = True      # that directory is readable here (a shared file system)
 
 
 @dataclass(frozen=True)
@@ -634,6 +636,7 @@ class Supervisor:
             ui.stop_report(report.left, report.unverified)
         report.unverified.update(report.survivors())
         self._join_followers(10.0, report.unverified)
+        self._write_timeline()
         cause: RootCause | None = None
         if state is JobState.FAILED and headline is None:
             cause = self._root_cause(first_seen, report.unverified)
@@ -648,6 +651,35 @@ class Supervisor:
         self._save()
         self._report(cause, summary)
         return code
+
+    def _write_timeline(self) -> None:
+        """``--timeline``: merge the processes' event files into the job's trace (psnode.timeline)."""
+        path, directory = self.record.timeline, self.settings.timeline_dir
+        if not path or not directory:
+            return
+        if not self.settings.timeline_local:
+            ui.warn(f"--timeline: the processes' events stay on their hosts in {directory} "
+                    f"({self.backend.name} hosts do not share this machine's files); no trace written")
+            return
+        from psnode import timeline
+
+        files = sorted(Path(directory).glob(f"*{timeline.SUFFIX}"))
+        if not files:
+            if any(p.pid for p in self.record.procs):
+                ui.warn(f"--timeline: no process recorded events in {directory}; no trace written")
+            return
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(json.dumps(timeline.merge(files)))
+        except OSError as exc:
+            ui.warn(f"--timeline: could not write {path}: {exc}")
+            return
+        for f in files:
+            with contextlib.suppress(OSError):
+                f.unlink()
+        with contextlib.suppress(OSError):
+            Path(directory).rmdir()
+        ui.info(f"timeline: {path} (open it in https://ui.perfetto.dev or chrome://tracing)")
 
     def _root_cause(self, first_seen: str | None, unverified: dict[str, str]) -> RootCause | None:
         started = [p for p in self.record.procs if p.pid]

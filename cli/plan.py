@@ -207,6 +207,7 @@ class PlanRequest:
     key_file: str | None = None
     key_files: Mapping[str, str] = field(default_factory=dict)   # host label -> key file there
     run_dir: str | None = None        # where processes keep run files (failure records) on their host
+    timeline: bool = False            # --timeline: processes append timeline events to <run_dir>/timeline
     gpus_per_worker: int | None = None   # None: leave GPU visibility alone (every worker sees all)
     pass_local_rank: bool = False        # workers also get --local_rank=N as an argument
     engine: Engine = PSNODE              # what runs as the scheduler and servers, their variables
@@ -424,6 +425,7 @@ def _node_env(req: PlanRequest, role: Role, host: Host, rank: int | None, port: 
                       num_servers=req.num_servers, node=req.node.config_fields(),
                       key_file=req.key_files.get(host.label, req.key_file),
                       error_file=failure.path_in(req.run_dir, name) if req.run_dir else None,
+                      timeline=f"{req.run_dir}/timeline" if req.timeline and req.run_dir else None,
                       min_workers=req.min_workers, max_workers=req.max_workers)
     try:
         return {**_base_env(req), **req.engine.env(facts)}

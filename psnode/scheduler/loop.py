@@ -59,6 +59,7 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 
+from psnode import timeline
 from psnode.config import NodeConfig
 from psnode.errors import ProtocolError
 from psnode.net.security import Plane, Security
@@ -159,6 +160,7 @@ class Scheduler:
         self.stalls = Stalls(cfg.stall_warning)
         self.elastic = Elastic(cfg.workers_max)  # generation, joiners, leavers (psnode.scheduler.elastic)
         self.early: dict[bytes, Node] = {}  # joiners registered before the first generation was complete
+        timeline.start(cfg.timeline, "scheduler", None)
 
     # ------------------------------------------------------------ helpers
     def _send(self, node: Node | bytes, cmd: Command, body: Body | None = None) -> None:
@@ -307,6 +309,8 @@ class Scheduler:
         self.roster.want_membership()
         self._flush_membership(force=True)
         body = self._membership()
+        if timeline.current is not None:
+            timeline.current.instant("membership", generation=body.generation, workers=list(body.active))
         for w in self._live("worker"):
             self._send(w, Command.MEMBERSHIP, body)
 

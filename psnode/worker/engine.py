@@ -37,9 +37,10 @@ from typing import Any
 
 import numpy as np
 
+from psnode import timeline
 from psnode.config import NodeConfig
 from psnode.errors import PeerLost, PSError
-from psnode.protocol import Command, Ok, Op
+from psnode.protocol import Command, Init, Ok, Op
 from psnode.protocol.control import Barrier, Body, Bye, Empty, WaitReport
 from psnode.samehost.staging import Staging
 from psnode.worker.futures import ControlRequest, Future
@@ -276,6 +277,13 @@ class Engine:
                         raise fatal
             finally:
                 self.blocked = None
+                tl = timeline.current
+                if tl is not None:
+                    req = fut.request
+                    what = "barrier-wait" if isinstance(req, ControlRequest) else \
+                        "init-wait" if isinstance(getattr(req, "op", None), Init) else "pull-wait"
+                    tl.span(what, time.time() - (time.monotonic() - self._blocked_since),
+                            on=list(getattr(req, "blockers", ())))
                 on = getattr(fut.request, "blockers", ())
                 if on:
                     spent = time.monotonic() - self._blocked_since

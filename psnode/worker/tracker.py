@@ -16,8 +16,8 @@ request fails, and resolves futures:
   the exactly-once invariant is stated there), and asks for an answer when its key part's
   journal holds ``ASK_DEPTH`` pushes;
 * **asking** (:meth:`due`): a pull (or init) unanswered for ``ASK_AFTER`` seconds is sent
-  again once, marked resent, only to ask the server what it waits for: a server holding it for
-  other workers' pushes answers Wait naming them (``Request.blockers``: whom the worker's wait
+  again once, marked resent (a push-pull as its pull alone), only to ask the server what it
+  waits for: a server holding it for other workers' pushes answers Wait naming them (``Request.blockers``: whom the worker's wait
   is credited to, psnode.worker.engine), else it answers the pull (a second answer is ignored);
 * **retry** (:meth:`due`): a request unanswered for ``retry_timeout`` is sent again marked
   resent; after ``max_retries`` resends without a sign of life it fails with PeerLost naming
@@ -368,10 +368,13 @@ class Tracker:
                                 "it (every worker must push a key as often as the others; a restarted worker "
                                 "that skips steps must resume from kv.num_pushes)")
             if req.server in self.down or now - p.sent < limit:
+                op = req.op
                 if not p.asked and not p.parked and now - p.since >= ASK_AFTER and req.future is not None \
-                        and not req.auto and isinstance(req.op, (Pull, PushPull, Init)) and req.server not in self.down:
-                    p.asked = True   # (not a retry: the request is not thought lost)
-                    out.setdefault(req.server, []).append(resent(req.op))
+                        and isinstance(op, (Pull, PushPull, Init)) and req.server not in self.down:
+                    p.asked = True   # (not a retry: the request is not thought lost; a push-pull asks
+                    # with its pull alone: its data is not sent again)
+                    ask = Pull(op.key, op.part, op.seq, id=op.id, re=True) if isinstance(op, PushPull) else resent(op)
+                    out.setdefault(req.server, []).append(ask)
                 continue
             if p.tries >= self.max_retries:
                 self._drop(rid, PeerLost(

@@ -55,7 +55,7 @@ def test_status_names_the_slowed_worker_and_so_do_a_stall_warning_and_the_closin
             view = json.loads(run_cli(["status", job_id, "--json"], env).stdout)
             rows = {n["rank"]: n for n in view["nodes"] if n["role"] == "worker"}
             named.update(rows=rows)
-            return rows[2]["waited_for"] >= 0.5 and all(rows[r]["waited_for"] < 0.2 for r in (0, 1))
+            return rows[2]["waited_for"] >= 0.6 and all(rows[r]["waited_for"] < 0.2 for r in (0, 1))
 
         wait_for(slow_named, 10, "status --json to name worker 2 as the one the others wait for")
         took = time.monotonic() - t0
