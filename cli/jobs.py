@@ -271,6 +271,7 @@ class JobRecord:
     notes: list[str] = field(default_factory=list)
     elastic: Elastic | None = None       # None: a job of fixed size
     changes: list[MemberChange] = field(default_factory=list)   # its workers' joins, leaves, losses
+    timeline: str | None = None          # --timeline: where the job's merged trace is written
 
     def proc(self, name: str) -> ProcRecord:
         for p in self.procs:

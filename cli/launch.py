@@ -88,6 +88,7 @@ SIGNAL_EXIT = {signal.SIGHUP: (EXIT_HANGUP, "hangup (the terminal closed)"),
                signal.SIGTERM: (EXIT_STOPPED, "SIGTERM")}
 POLL = 0.2
 STATUS_TIMEOUT = 0.5     # asking the scheduler whether psnode started, when the workers are done
+SLOW_POLL = 2.0          # seconds between the supervisor's questions to the scheduler about slow workers
 
 
 @dataclass
@@ -103,6 +104,8 @@ class LaunchSettings:
     sync: list[tuple[str, str]] = field(default_factory=list)  # (local dir, remote dir)
     check_modules: tuple[str, ...] = ("psnode",)
     security: Mode = Mode.INSECURE   # authenticated/encrypted: write and deliver a fresh secret
+    timeline_dir: str | None = None  # --timeline: where the processes append their events, on their host
+    timeline_local: bool = True      # that directory is readable here (a shared file system)
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,8 @@ class Supervisor:
         self._discovery_outcomes: queue.SimpleQueue[list[Host] | DiscoveryError] = queue.SimpleQueue()
         self._discovery_problem: str | None = None
         self._why_lost: dict[str, str] = {}
+        self._slowest: str | None = None     # the closing line's words on the slowest worker (_ask_slowness)
+        self._ended = threading.Event()
 
     def on_save(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` after every save of the record (``launch -d``: the parent returns
@@ -298,7 +303,31 @@ class Supervisor:
 
     # -- watch ----------------------------------------------------------------------------------
 
+    def _ask_slowness(self) -> None:
+        """Until the job ends, ask the scheduler every :data:`SLOW_POLL` seconds whom the
+        workers waited for (psnode.scheduler.slowness), for the closing line."""
+        from psnode.scheduler import client as control
+
+        from .view import slowest
+
+        while not self._ended.wait(SLOW_POLL):
+            try:
+                answer = control.status(self.record.scheduler, self.record.id, key_file=self.record.key_file,
+                                        timeout=STATUS_TIMEOUT)
+            except Exception:  # noqa: BLE001 - no answer (yet, or any more): the last one stands
+                continue
+            if answer.started:
+                self._slowest = slowest(list(answer.nodes), answer.uptime)
+
     def _watch(self) -> int:
+        if self.plan.num_servers and self.plan.engine.name == "psnode":
+            threading.Thread(target=self._ask_slowness, name="slowness", daemon=True).start()
+        try:
+            return self._supervise()
+        finally:
+            self._ended.set()
+
+    def _supervise(self) -> int:
         elastic = self.record.elastic
         rules = Supervision.of(((p.name, p.role) for p in self.record.procs if p.pid),
                                self.plan.node.max_restarts, self.plan.node.servers_restart,
@@ -607,6 +636,7 @@ class Supervisor:
             ui.stop_report(report.left, report.unverified)
         report.unverified.update(report.survivors())
         self._join_followers(10.0, report.unverified)
+        self._write_timeline()
         cause: RootCause | None = None
         if state is JobState.FAILED and headline is None:
             cause = self._root_cause(first_seen, report.unverified)
@@ -621,6 +651,35 @@ class Supervisor:
         self._save()
         self._report(cause, summary)
         return code
+
+    def _write_timeline(self) -> None:
+        """``--timeline``: merge the processes' event files into the job's trace (psnode.timeline)."""
+        path, directory = self.record.timeline, self.settings.timeline_dir
+        if not path or not directory:
+            return
+        if not self.settings.timeline_local:
+            ui.warn(f"--timeline: the processes' events stay on their hosts in {directory} "
+                    f"({self.backend.name} hosts do not share this machine's files); no trace written")
+            return
+        from psnode import timeline
+
+        files = sorted(Path(directory).glob(f"*{timeline.SUFFIX}"))
+        if not files:
+            if any(p.pid for p in self.record.procs):
+                ui.warn(f"--timeline: no process recorded events in {directory}; no trace written")
+            return
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(json.dumps(timeline.merge(files)))
+        except OSError as exc:
+            ui.warn(f"--timeline: could not write {path}: {exc}")
+            return
+        for f in files:
+            with contextlib.suppress(OSError):
+                f.unlink()
+        with contextlib.suppress(OSError):
+            Path(directory).rmdir()
+        ui.info(f"timeline: {path} (open it in https://ui.perfetto.dev or chrome://tracing)")
 
     def _root_cause(self, first_seen: str | None, unverified: dict[str, str]) -> RootCause | None:
         started = [p for p in self.record.procs if p.pid]
@@ -649,6 +708,8 @@ class Supervisor:
         if rec.elastic is not None:
             counts = ", ".join(f"{rec.count(c)} {c.value}" for c in Change)
             detail = f"{detail} ({counts})" if detail else f"workers: {counts}"
+        if self._slowest and rec.state is not JobState.STOPPED:
+            detail = f"{detail}; {self._slowest}" if detail else self._slowest
         ui.closing_line(rec.id, rec.state.value, rec.duration, detail)
 
     def _join_followers(self, timeout: float, skip: dict[str, str]) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import functools
 import gc
+import os
 import sys
 from collections import deque
 from collections.abc import Callable
@@ -144,6 +145,16 @@ def launch(
     heartbeat_liveness: int = typer.Option(N.heartbeat_liveness, "--heartbeat-liveness",
                                            help="missed heartbeats before a node is dead"),
     log_level: str = typer.Option(N.log_level, "--log-level", help="psnode log level"),
+    timeline: bool = typer.Option(False, "--timeline",
+                                  help="record a timeline of every process (compute, push, pull-wait, barrier-wait, "
+                                       "apply, ...) and write it as a Chrome trace, timeline.json in the job's "
+                                       "directory (mxdist logs --timeline says where); it opens in "
+                                       "https://ui.perfetto.dev"),
+    timeline_path: str | None = typer.Option(None, "--timeline-path", metavar="PATH",
+                                             help="--timeline, the trace written to PATH"),
+    stall_warning: float = typer.Option(N.stall_warning, "--stall-warning", metavar="SECONDS",
+                                        help="warn when a worker has waited SECONDS for other workers in one "
+                                             "pull or barrier, naming them (0: never)"),
     ssh_config: str | None = typer.Option(None, "--ssh-config", envvar="MXDIST_SSH_CONFIG",
                                           help="ssh config file (default ~/.ssh/config)"),
     known_hosts: str | None = typer.Option(None, "--known-hosts", envvar="MXDIST_KNOWN_HOSTS",
@@ -222,7 +233,7 @@ def launch(
             heartbeat_liveness=heartbeat_liveness, log_level=log_level, checkpoint_dir=checkpoint_dir,
             checkpoint_interval=checkpoint_interval, checkpoint_rounds=checkpoint_rounds, resume=resume,
             skip_nonfinite=skip_nonfinite, max_restarts=max_restarts, shm=not no_shm,
-            cpu_policy=cpu_policy)  # type: ignore[arg-type]
+            cpu_policy=cpu_policy, stall_warning=stall_warning)  # type: ignore[arg-type]
         opts = LaunchOptions(
             command=command, node=node, hosts=hosts, num_workers=num_workers, num_servers=num_servers,
             launcher=launcher, python=python, env=env, workdir=workdir, sync=sync, scheduler=scheduler,
@@ -232,7 +243,8 @@ def launch(
             insecure=insecure, encrypt=encrypt,
             keep_jobs=keep_jobs, gpus_per_worker=gpus_per_worker, pass_local_rank=pass_local_rank,
             engine=engine, min_workers=min_workers, max_workers=max_workers,
-            host_discovery_script=host_discovery_script)
+            host_discovery_script=host_discovery_script,
+            timeline=timeline_path if timeline_path else ("" if timeline else None))
         prepared = prepare(opts)
     except (HostsError, PlanError, BackendError, ValueError) as exc:
         raise _fail("invalid launch options", str(exc), None, EXIT_USAGE) from None
@@ -484,9 +496,20 @@ def logs(
     role: Role | None = typer.Option(None, "--role", case_sensitive=False, help="only this role's processes"),
     rank: int | None = typer.Option(None, "--rank", help="only the processes of this rank (with --role: one)"),
     follow: bool = typer.Option(False, "-f", "--follow", help="keep printing until the processes end"),
+    timeline: bool = typer.Option(False, "--timeline", help="print where the job's timeline (--timeline) is"),
 ) -> None:
     """Print the logs of a job's processes."""
     record = _load(job)
+    if timeline:
+        if not record.timeline:
+            raise _fail("no timeline", f"job {record.id} was launched without --timeline",
+                        "launch it with mxdist launch --timeline [PATH]", EXIT_USAGE)
+        if not os.path.exists(record.timeline):
+            state = "is still running: its trace is written when it ends" if record.state.active else \
+                "ended without writing its trace (its launcher's output says why)"
+            raise _fail("no timeline yet", f"job {record.id} {state}: {record.timeline}", None, EXIT_USAGE)
+        ui.plain(record.timeline)
+        return
     procs = control.select(record, role.value if role else None, rank)
     if not procs:
         wanted = " ".join(x for x in (role.value if role else "process", None if rank is None else str(rank)) if x)

@@ -100,6 +100,7 @@ class LaunchOptions:
     min_workers: int | None = None         # mxdist.elastic: None is -n (a job of fixed size)
     max_workers: int | None = None
     host_discovery_script: str | None = None   # mxdist.discovery: the hosts, polled (instead of -H)
+    timeline: str | None = None            # --timeline: None off, "" the job's directory, else the trace's path
 
     def given(self) -> list[str]:
         """The flags of the psnode, membership and security options given (for the engine to admit)."""
@@ -298,7 +299,7 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
         key_files={h.label: f"{run_dir}/job.key" for h in hosts} if security is not Mode.INSECURE else {},
         gpus_per_worker=opts.gpus_per_worker, pass_local_rank=opts.pass_local_rank, engine=engine,
         min_workers=opts.min_workers, max_workers=opts.max_workers, slots_bound=script is None,
-        slots_from=_slots_from(opts, launcher),
+        slots_from=_slots_from(opts, launcher), timeline=opts.timeline is not None,
     ))
     plan = replace(plan, warnings=(*notes, *plan.warnings))
     if opts.node.resume and ckpt and shared_fs:
@@ -307,9 +308,14 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
         raise PlanError("--grace and --finish-grace are seconds >= 0")
     log_dir = jobs.log_dir(job_id)
     record = new_record(plan, backend, opts.command, workdir, log_dir, security, script)
+    if opts.timeline is not None:
+        record.timeline = os.path.abspath(os.path.join(workdir, os.path.expanduser(opts.timeline))) \
+            if opts.timeline else str(log_dir / "timeline.json")
     settings = LaunchSettings(run_dir=run_dir, grace=opts.grace, finish_grace=opts.finish_grace,
                               detach=opts.detach, quiet=opts.quiet or opts.detach, ranks=ranks,
-                              sync=_sync_pairs(opts.sync), security=security, check_modules=engine.modules)
+                              sync=_sync_pairs(opts.sync), security=security, check_modules=engine.modules,
+                              timeline_dir=f"{run_dir}/timeline" if opts.timeline is not None else None,
+                              timeline_local=shared_fs)
     return Prepared(plan, backend, record, settings)
 
 

@@ -106,6 +106,7 @@ class NodeOptions:
     max_restarts: int = field(default=default("max_restarts"), metadata={"flag": "--max-restarts"})
     shm: bool = field(default=default("shm"), metadata={"flag": "--no-shm"})
     cpu_policy: CpuPolicy = field(default=default("cpu_policy"), metadata={"flag": "--cpu-policy"})
+    stall_warning: float = field(default=default("stall_warning"), metadata={"flag": "--stall-warning"})
 
     def __post_init__(self) -> None:
         if not isinstance(self.distribution, Distribution):
@@ -124,6 +125,8 @@ class NodeOptions:
             raise PlanError(f"--log-level {self.log_level}: choose one of {', '.join(LOG_LEVELS)}")
         if not math.isfinite(self.heartbeat_interval) or self.heartbeat_interval <= 0:
             raise PlanError(f"--heartbeat-interval {self.heartbeat_interval:g}: must be seconds > 0")
+        if not math.isfinite(self.stall_warning) or self.stall_warning < 0:
+            raise PlanError(f"--stall-warning {self.stall_warning:g}: must be seconds >= 0 (0: never warn)")
         if self.heartbeat_liveness < 1:
             raise PlanError(f"--heartbeat-liveness {self.heartbeat_liveness}: must be 1 or more")
         if self.max_restarts < 0:
@@ -204,6 +207,7 @@ class PlanRequest:
     key_file: str | None = None
     key_files: Mapping[str, str] = field(default_factory=dict)   # host label -> key file there
     run_dir: str | None = None        # where processes keep run files (failure records) on their host
+    timeline: bool = False            # --timeline: processes append timeline events to <run_dir>/timeline
     gpus_per_worker: int | None = None   # None: leave GPU visibility alone (every worker sees all)
     pass_local_rank: bool = False        # workers also get --local_rank=N as an argument
     engine: Engine = PSNODE              # what runs as the scheduler and servers, their variables
@@ -421,6 +425,7 @@ def _node_env(req: PlanRequest, role: Role, host: Host, rank: int | None, port: 
                       num_servers=req.num_servers, node=req.node.config_fields(),
                       key_file=req.key_files.get(host.label, req.key_file),
                       error_file=failure.path_in(req.run_dir, name) if req.run_dir else None,
+                      timeline=f"{req.run_dir}/timeline" if req.timeline and req.run_dir else None,
                       min_workers=req.min_workers, max_workers=req.max_workers)
     try:
         return {**_base_env(req), **req.engine.env(facts)}

@@ -44,7 +44,7 @@ from rich.text import Text
 
 from psnode.protocol.status import NodeRow
 
-from .view import JobRow, JobView, PlanRow
+from .view import JobRow, JobView, PlanRow, slow_lines
 
 ROLE_STYLE = {"scheduler": "magenta", "server": "blue", "worker": "green"}
 RANK_STYLES = ("green", "cyan", "yellow", "bright_green", "bright_cyan", "bright_yellow", "spring_green3",
@@ -454,6 +454,8 @@ def job_summary(view: JobView) -> Group:
     parts: list[Any] = []
     if view.membership is not None:
         parts.append(Text(view.membership.line()))
+    for line in slow_lines(view.nodes):
+        parts.append(Text(line, style="yellow"))
     if view.ended_line:
         parts.append(Text(view.ended_line, style=STATE_STYLE.get(view.state.value, "")))
     if view.root_cause:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from psnode.protocol.status import NodeRow
+from psnode.protocol.status import SLOW_WINDOW, NodeRow
 
 from .jobs import JobState
 
@@ -45,6 +45,32 @@ class MembershipView:
         return {"min_workers": self.min_workers, "max_workers": self.max_workers, "target": self.target,
                 "generation": self.generation, "members": self.members, "joined": self.joined,
                 "left": self.left, "lost": self.lost, "leaving": self.leaving}
+
+
+#: the share of the time the others waited for a worker from which ``mxdist status`` marks it
+#: slow, and the job's closing line names it
+SLOW_SHARE = 0.2
+
+
+def slow_lines(nodes: list[NodeRow]) -> list[str]:
+    """``worker 2  slow: the others waited for it 71% of the last 30 s``, per worker the others
+    waited for at least :data:`SLOW_SHARE` of the window (most first)."""
+    slow = sorted((n for n in nodes if n.role == "worker" and (n.waited_for or 0.0) >= SLOW_SHARE),
+                  key=lambda n: -(n.waited_for or 0.0))
+    return [f"worker {n.rank}  slow: the others waited for it {(n.waited_for or 0.0):.0%} of the last "
+            f"{SLOW_WINDOW:.0f} s" for n in slow]
+
+
+def slowest(nodes: list[NodeRow], uptime: float) -> str | None:
+    """The job's closing words about the worker the others waited for most over ``uptime``
+    seconds, when that is at least :data:`SLOW_SHARE` of it: ``the others waited most for
+    worker 2 (64% of the job)``."""
+    rows = [n for n in nodes if n.role == "worker" and n.waited_for_total]
+    if not rows or uptime <= 0:
+        return None
+    top = max(rows, key=lambda n: n.waited_for_total or 0.0)
+    share = min(1.0, (top.waited_for_total or 0.0) / uptime)
+    return f"the others waited most for worker {top.rank} ({share:.0%} of the job)" if share >= SLOW_SHARE else None
 
 
 @dataclass

@@ -60,6 +60,13 @@ variable                           meaning (default)
                                    ``normal``: the policy is left as it was (``batch``)
 ``PSNODE_ERROR_FILE``              where this process writes its failure record (JSON) when it
                                    fails, for the launcher to name the root cause (none)
+``PSNODE_STALL_WARNING``           seconds a worker waits for other workers in one pull or
+                                   barrier before the scheduler warns, naming them (``30``;
+                                   ``0``: never; psnode.scheduler.slowness)
+``PSNODE_TIMELINE``                a directory: every process appends its timeline events
+                                   (compute, push, pull-wait, barrier-wait, apply, ...) to its
+                                   own file there, for the launcher to merge into one trace
+                                   (psnode.timeline; unset: none recorded)
 =================================  ==========================================================
 
 Workers additionally receive the torch.distributed variables ``RANK``, ``WORLD_SIZE``,
@@ -215,6 +222,8 @@ class NodeConfig:
     shm: bool = True
     cpu_policy: CpuPolicy = CpuPolicy.BATCH
     error_file: str | None = None
+    stall_warning: float = 30.0
+    timeline: str | None = None
     min_workers: int | None = None   # None: num_workers (workers_min)
     max_workers: int | None = None   # None: num_workers (workers_max)
 
@@ -313,6 +322,8 @@ class NodeConfig:
             shm=_flag(env, "SHM", d("shm")),
             cpu_policy=_enum(env, "CPU_POLICY", CpuPolicy, d("cpu_policy")),  # type: ignore[arg-type]
             error_file=env.get(_PREFIX + "ERROR_FILE") or None,
+            stall_warning=_float(env, "STALL_WARNING", d("stall_warning"), positive=False),
+            timeline=env.get(_PREFIX + "TIMELINE") or None,
             min_workers=_int(env, "MIN_WORKERS", None, 1),
             max_workers=_int(env, "MAX_WORKERS", None, 1),
         )

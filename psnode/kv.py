@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any
 
-from psnode import cpupolicy
+from psnode import cpupolicy, timeline
 from psnode.config import NodeConfig, Role
 from psnode.errors import ConfigError, DataLost, PeerLost, PSError, user_traceback
 from psnode.local import LocalEngine
@@ -49,6 +49,8 @@ def create(name: str = "local", num_workers: int | None = None, aggregator: str 
     cpupolicy.apply(cfg.cpu_policy, whole_process=True)   # (the engine's threads inherit it)
     engine = Engine(cfg)
     kv = KVStore(mode, engine, cfg, aggregator, name)
+    if timeline.start(cfg.timeline, "worker", engine.rank, cfg.restart_count) is not None:
+        timeline.trace_calls(kv, ("push", "pull", "pushpull", "row_sparse_pull", "barrier"))
     _report_uncaught(kv, engine, cfg)
     atexit.register(kv.close)
     return kv

@@ -50,9 +50,36 @@ MAX_HOST = 255          # characters of a host name or address
 _MAX_COUNT = 2**63      # counters
 _NO = object()          # no default: the field is required
 
-#: what a worker's user thread waits for (psnode.scheduler.waitfor): ``{"what": "barrier", "n": 1}``
-#: or ``{"what": "pull" | "init", "of": "'w'", "push": 2, "on": [0]}``
-WaitReport = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class WaitReport:
+    """What a worker's user thread waits for, when that is other workers
+    (psnode.scheduler.waitfor): barrier ``n`` (``what="barrier"``), or the pull (or init,
+    ``what="init"``) of ``of`` after its push ``push``, whose round lacks the pushes of the
+    workers ``on``; ``waited``: seconds the thread has waited so far.  On the wire:
+    ``{"what": "barrier", "n": 1, "s": 3.5}`` or ``{"what": "pull", "of": "'w'", "push": 2,
+    "on": [0], "s": 3.5}``."""
+
+    what: str
+    n: int = 0
+    of: str = ""
+    push: int = 0
+    on: tuple[int, ...] = ()
+    waited: float = 0.0
+
+    def to_body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"what": self.what, "s": round(self.waited, 3)}
+        if self.what == "barrier":
+            body["n"] = self.n
+        else:
+            body.update({"of": self.of, "push": self.push, "on": list(self.on)})
+        return body
+
+    @property
+    def episode(self) -> tuple[str, int, str, int]:
+        """What it waits in, apart from whom and for how long (one wait, across heartbeats)."""
+        return self.what, self.n, self.of, self.push
 
 
 # ------------------------------------------------------------------ field checks
@@ -219,21 +246,36 @@ class Welcome:
 
 
 def wait_report(raw: Any) -> WaitReport | None:
-    """A heartbeat's wait report (:data:`WaitReport`), checked; None when absent or malformed
+    """A heartbeat's wait report (:class:`WaitReport`), checked; None when absent or malformed
     (then the worker counts as not waiting: it never takes part in a deadlock verdict)."""
     if not isinstance(raw, dict):
         return None
-    what = raw.get("what")
+    what, waited = raw.get("what"), raw.get("s", 0.0)
+    if type(waited) not in (int, float) or not math.isfinite(waited) or waited < 0:
+        return None
     if what == "barrier":
         n = raw.get("n")
-        return {"what": "barrier", "n": n} if _rank(n) else None
+        return WaitReport("barrier", n=n, waited=float(waited)) if isinstance(n, int) and _rank(n) else None
     if what not in ("pull", "init"):
         return None
     on, of, push = raw.get("on"), raw.get("of"), raw.get("push", 0)
     if not (isinstance(on, list) and on and len(on) <= 4096 and all(_rank(w) for w in on)
             and isinstance(of, str) and len(of) <= 300 and _rank(push)):
         return None
-    return {"what": what, "of": of, "push": push, "on": sorted(set(on))}
+    return WaitReport(what, of=of, push=push, on=tuple(sorted(set(on))), waited=float(waited))
+
+
+def waited_on(raw: Any) -> tuple[tuple[int, float], ...]:
+    """A heartbeat's ``waited_on``: ``[[rank, seconds], ...]``, checked; malformed pairs are
+    left out (at most 4096)."""
+    if not isinstance(raw, list):
+        return ()
+    out = []
+    for pair in raw[:4096]:
+        if (isinstance(pair, list) and len(pair) == 2 and _rank(pair[0]) and type(pair[1]) in (int, float)
+                and math.isfinite(pair[1]) and pair[1] >= 0):
+            out.append((pair[0], float(pair[1])))
+    return tuple(out)
 
 
 def _rank(v: Any) -> bool:
@@ -243,7 +285,9 @@ def _rank(v: Any) -> bool:
 @dataclass(frozen=True)
 class Counters:
     """A node's counters, sent with each heartbeat (``rounds``: completed sync rounds; ``wait``:
-    what a worker's user thread waits for, :func:`wait_report`)."""
+    what a worker's user thread waits for, :func:`wait_report`; ``waited_on``: per other
+    worker, the seconds this worker's user thread has waited for that worker's pushes in all,
+    the wait in progress included, :func:`waited_on`)."""
 
     pushes: int = 0
     pulls: int = 0
@@ -254,27 +298,31 @@ class Counters:
     dropped: int = 0
     refused: int = 0
     wait: WaitReport | None = None
+    waited_on: tuple[tuple[int, float], ...] = ()
 
     @classmethod
     def of(cls, stats: Mapping[str, Any]) -> Counters:
         """A role's own counters (a mapping by these names; others are ignored)."""
-        return cls(**{k: int(v) for k, v in stats.items() if k in _COUNTERS}, wait=stats.get("wait"))
+        return cls(**{k: int(v) for k, v in stats.items() if k in _COUNTERS}, wait=stats.get("wait"),
+                   waited_on=tuple(stats.get("waited_on", ())))
 
     def to_body(self) -> dict[str, Any]:
         body: dict[str, Any] = {"pushes": self.pushes, "pulls": self.pulls, "rounds": self.rounds,
                                 "bytes_in": self.bytes_in, "bytes_out": self.bytes_out, "retries": self.retries,
                                 "dropped": self.dropped, "refused": self.refused}
         if self.wait is not None:
-            body["wait"] = self.wait
+            body["wait"] = self.wait.to_body()
+        if self.waited_on:
+            body["waited_on"] = [[r, round(s, 3)] for r, s in self.waited_on]
         return body
 
     @classmethod
     def from_body(cls, stats: dict[str, Any]) -> Counters:
         counts = {name: _int(stats, "heartbeat stats", name, high=_MAX_COUNT, default=0) for name in _COUNTERS}
-        return cls(**counts, wait=wait_report(stats.get("wait")))
+        return cls(**counts, wait=wait_report(stats.get("wait")), waited_on=waited_on(stats.get("waited_on")))
 
 
-_COUNTERS = tuple(f.name for f in fields(Counters) if f.name != "wait")
+_COUNTERS = tuple(f.name for f in fields(Counters) if f.name not in ("wait", "waited_on"))
 
 
 @dataclass(frozen=True)
@@ -550,4 +598,4 @@ def decode(msg: Message) -> Control:
 
 __all__ = ["BODIES", "Barrier", "BarrierDone", "Body", "Bye", "Control", "Counters", "Empty", "Heartbeat",
            "JobEnd", "Leave", "Lost", "Membership", "Register", "ServerAddress", "Servers", "StatusAnswer", "Stop",
-           "WaitReport", "Welcome", "decode", "decode_body", "wait_report"]
+           "WaitReport", "Welcome", "decode", "decode_body", "wait_report", "waited_on"]

@@ -18,6 +18,9 @@ from dataclasses import asdict, dataclass, fields
 from enum import Enum
 from typing import Any
 
+#: seconds over which a worker's ``waited_for`` share is measured (psnode.scheduler.slowness)
+SLOW_WINDOW = 30.0
+
 
 class NodeState(str, Enum):
     """A node as the scheduler sees it."""
@@ -36,7 +39,10 @@ class NodeState(str, Enum):
 @dataclass
 class NodeRow:
     """One process in ``mxdist status`` (``rate``: rounds per second for servers, pushes per
-    second for workers, over the last heartbeats)."""
+    second for workers, over the last heartbeats; a worker's ``waited_for``: the largest share
+    of the last :data:`SLOW_WINDOW` seconds one other worker spent waiting for it, 0..1, and
+    ``waited_for_total``: the most seconds one other worker waited for it over the job;
+    psnode.scheduler.slowness)."""
 
     role: str
     rank: int | None
@@ -56,6 +62,8 @@ class NodeRow:
     dropped: int | None = None
     refused: int | None = None
     retries: int | None = None
+    waited_for: float | None = None
+    waited_for_total: float | None = None
     step: str | None = None      # Slurm: the step running the process
     source: str = "scheduler"    # scheduler | host
 

@@ -30,6 +30,9 @@ Life of a job as the scheduler sees it:
    per second over the last heartbeats); STOP ends the job.
 6. A job whose live workers all wait for each other (heartbeats say what each waits for) ends
    after the heartbeat timeout, the verdict naming the cycle (:mod:`psnode.scheduler.waitfor`).
+   The same reports, and the barriers, say per worker how long the others waited for it
+   (STATUS rows' ``waited_for``), and a wait longer than ``stall_warning`` is logged as a
+   warning naming whom it waits for (:mod:`psnode.scheduler.slowness`).
 7. Elastic membership (``min_workers`` / ``max_workers``, :mod:`psnode.scheduler.elastic`): a
    worker registering after the first generation (up to ``max_workers`` members) joins the
    running job with the launcher's rank (a rank in use is refused, naming it) and WELCOME
@@ -54,8 +57,9 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from psnode import timeline
 from psnode.config import NodeConfig
 from psnode.errors import ProtocolError
 from psnode.net.security import Plane, Security
@@ -83,6 +87,7 @@ from psnode.protocol.control import (
 from psnode.protocol.status import NodeRow, NodeState
 from psnode.scheduler.elastic import Elastic
 from psnode.scheduler.roster import Roster
+from psnode.scheduler.slowness import Slowness, Stalls
 from psnode.scheduler.waitfor import Watch
 
 log = logging.getLogger("psnode.scheduler")
@@ -144,14 +149,18 @@ class Scheduler:
         self.started = False
         self.t0 = time.monotonic()
         self.barrier: dict[bytes, int] = {}  # worker ident -> the number of the barrier it entered
+        self.barrier_since: dict[bytes, float] = {}  # worker ident -> when it entered it
         self.exit_code: int | None = None
         self.shutdown_deadline: float | None = None
         self.ending: tuple[Command, JobEnd] | None = None  # what _end told everyone
         self.waiting_replacement: dict[tuple[str, int], float] = {}  # (role, rank) -> deadline
         self.roster = Roster()  # counts per role, active workers, pending MEMBERSHIP (psnode.scheduler.roster)
         self.watch = Watch(cfg.dead_after)  # the workers' waits: wait-for cycles (psnode.scheduler.waitfor)
+        self.slowness = Slowness()          # whom the workers wait for (psnode.scheduler.slowness)
+        self.stalls = Stalls(cfg.stall_warning)
         self.elastic = Elastic(cfg.workers_max)  # generation, joiners, leavers (psnode.scheduler.elastic)
         self.early: dict[bytes, Node] = {}  # joiners registered before the first generation was complete
+        timeline.start(cfg.timeline, "scheduler", None)
 
     # ------------------------------------------------------------ helpers
     def _send(self, node: Node | bytes, cmd: Command, body: Body | None = None) -> None:
@@ -300,6 +309,8 @@ class Scheduler:
         self.roster.want_membership()
         self._flush_membership(force=True)
         body = self._membership()
+        if timeline.current is not None:
+            timeline.current.instant("membership", generation=body.generation, workers=list(body.active))
         for w in self._live("worker"):
             self._send(w, Command.MEMBERSHIP, body)
 
@@ -350,6 +361,9 @@ class Scheduler:
         if self.roster.barrier_complete(self.barrier) and not self.waiting_replacement:
             self._flush_membership(force=True)  # the servers know who left before anyone goes on
             members = tuple(self.roster.active_ranks()) if self.cfg.elastic else ()
+            self.slowness.barrier({self.nodes[i].rank: t for i, t in self.barrier_since.items() if i in self.nodes},
+                                  time.monotonic())
+            self.barrier_since.clear()
             for ident, n in self.barrier.items():
                 if ident in self.nodes:
                     self.nodes[ident].barrier_done = n
@@ -368,6 +382,8 @@ class Scheduler:
         self._set_state(node, NodeState.FINISHED)
         self._send(node, Command.FINISH_ACK)
         self.barrier.pop(node.ident, None)
+        self.barrier_since.pop(node.ident, None)
+        self.slowness.forget(node.rank)
         generation = self.elastic.generation
         self.elastic.gone(node.rank, "finished")
         if self.elastic.generation != generation:   # a leaver: everyone learns the new membership
@@ -399,10 +415,10 @@ class Scheduler:
         (log.info if ok else log.error)("job %s ending: %s", self.cfg.job_id, reason)
 
     # ------------------------------------------------------------ deadlocks
-    def _check_deadlock(self, now: float) -> None:
-        """End the job when its live workers wait for each other in a cycle (psnode.scheduler.waitfor)."""
-        if not self.started or self.waiting_replacement:
-            self.watch.reset()
+    def _check_waits(self, now: float) -> None:
+        """Warn of a wait longer than ``stall_warning``; end the job when its live workers wait
+        for each other in a cycle (psnode.scheduler.waitfor)."""
+        if not self.started:
             return
         live = [n for n in self.nodes.values() if n.role == "worker" and n.state == NodeState.ALIVE]
         waits = {n.rank: n.stats.wait for n in live}
@@ -412,11 +428,28 @@ class Scheduler:
 
         def not_in_barrier(n: int) -> list[int]:
             return [r for r in waits if entered.get(r, 0) < n]
+        for line in self.stalls.check(waits, not_in_barrier):
+            log.warning("%s", line)
+        if self.waiting_replacement:
+            self.watch.reset()
+            return
         gone = {n.rank for n in self.nodes.values() if n.role == "worker" and n.state in
                 (NodeState.FINISHED, NodeState.EXITED, NodeState.LOST)}
         verdict = self.watch.check(now, waits, not_in_barrier, gone)
         if verdict is not None:
             self._end(False, verdict, Command.PEER_LOST, what=verdict, since=time.time())
+
+    def _rows(self, now: float) -> tuple[NodeRow, ...]:
+        """The STATUS table: a row per node, a worker's with how long the others waited for it."""
+        shares, totals = self.slowness.shares(now), self.slowness.totals()
+        rows = []
+        for n in sorted(self.nodes.values(), key=lambda n: (n.role, n.rank)):
+            row = n.row(now)
+            if n.role == "worker":
+                row = replace(row, waited_for=round(shares.get(n.rank, 0.0), 3),
+                              waited_for_total=round(totals.get(n.rank, 0.0), 3))
+            rows.append(row)
+        return tuple(rows)
 
     # ------------------------------------------------------------ liveness
     def _check_liveness(self, now: float) -> None:
@@ -474,7 +507,7 @@ class Scheduler:
             self._send(ident, Command.STATUS_REPLY, StatusAnswer(
                 self.cfg.job_id, round(now - self.t0, 3), self.started,
                 self.t.refused,  # connections the scheduler itself refused
-                tuple(n.row(now) for n in sorted(self.nodes.values(), key=lambda n: (n.role, n.rank))),
+                self._rows(now),
                 e.generation, tuple(self.roster.active_ranks()), e.joined, e.left, e.lost))
         elif isinstance(body, Leave):
             self._send(ident, Command.LEAVE_ACK)
@@ -491,12 +524,16 @@ class Scheduler:
             self._send(node, Command.SHUTDOWN, JobEnd(False, f"{node.name} was removed from the job (lost)"))
         elif isinstance(body, Heartbeat):
             node.update_stats(body.stats, time.monotonic())
+            if node.role == "worker" and node.rank >= 0:
+                self.slowness.report(node.rank, body.stats.waited_on, time.monotonic())
             self._send(node, Command.HEARTBEAT_ACK)
         elif isinstance(body, Barrier) and node.role == "worker":
             n = node.barrier_done + 1 if body.n is None else body.n
             if n <= node.barrier_done:  # sent again: its answer was lost
                 self._send(node, Command.BARRIER_DONE, BarrierDone(node.barrier_done))
                 return
+            if self.barrier.get(ident) != n:
+                self.barrier_since[ident] = time.monotonic()
             self.barrier[ident] = n
             self._check_barrier()
         elif cmd is Command.FINISH and node.role == "worker" and node.state == NodeState.FINISHED:
@@ -533,7 +570,7 @@ class Scheduler:
             if self.exit_code is None:
                 self._check_liveness(now)
             if self.exit_code is None:
-                self._check_deadlock(now)
+                self._check_waits(now)
             elif not self._live("server") or (self.shutdown_deadline and now > self.shutdown_deadline):
                 break
             elif self.ending is not None and now >= resend_at:

@@ -2,9 +2,9 @@
 
 Every heartbeat of a worker says what its user's thread waits for, when that is other workers
 (psnode.worker.engine ``Engine.waiting``; the report is checked on receipt:
-:func:`psnode.protocol.control.wait_report`): a barrier ``{"what": "barrier", "n": 1}``, or a pull
-(or init) parked on its server, ``{"what": "pull", "of": "'w'", "push": 2, "on": [0]}``, ``on``
-being the workers whose pushes its round lacks.  A worker reports such a wait only once every
+:func:`psnode.protocol.control.wait_report`): a barrier (``what="barrier"``, ``n``), or a pull
+(or init) parked on its server (``what="pull"``, ``of``, ``push``, ``on``), ``on`` being the
+workers whose pushes its round lacks.  A worker reports such a wait only once every
 push it sent is known to have arrived (a lost push is resent, never taken for a cycle), and
 reports nothing while it computes.  The workers a barrier waits for are those not in it
 (:class:`Watch` is told them).
@@ -20,7 +20,6 @@ node being replaced (its replacement will push).
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -28,11 +27,11 @@ from psnode.protocol.control import WaitReport as Wait
 
 
 def describe(w: Wait) -> str:
-    if w["what"] == "barrier":
-        return f"barrier {w['n']}"
-    if w["what"] == "init":
-        return f"the init of {w['of']}"
-    return f"the pull of {w['of']} (push {w['push']})"
+    if w.what == "barrier":
+        return f"barrier {w.n}"
+    if w.what == "init":
+        return f"the init of {w.of}"
+    return f"the pull of {w.of} (push {w.push})"
 
 
 @dataclass
@@ -40,11 +39,11 @@ class Watch:
     """The scheduler's view of the workers' waits (see the module docstring)."""
 
     settle: float
-    _key: str = ""
+    _key: object = None
     _since: float = 0.0
 
     def reset(self) -> None:
-        self._key = ""
+        self._key = None
 
     def check(self, now: float, waits: Mapping[int, Wait | None], in_barrier: Callable[[int], list[int]],
               gone: set[int]) -> str | None:
@@ -52,9 +51,9 @@ class Watch:
         not waiting); ``in_barrier(n)``: the live workers not in barrier ``n``; ``gone``:
         workers that will never push again."""
         if not waits or any(w is None for w in waits.values()):
-            self._key = ""
+            self._key = None
             return None
-        key = json.dumps(sorted((r, w) for r, w in waits.items()), sort_keys=True)
+        key = sorted((r, w.episode, w.on) for r, w in waits.items() if w is not None)
         if key != self._key:
             self._key, self._since = key, now
             return None
@@ -63,7 +62,7 @@ class Watch:
         edges: dict[int, list[int]] = {}
         for r, w in waits.items():
             assert w is not None
-            on = in_barrier(w["n"]) if w["what"] == "barrier" else w["on"]
+            on = in_barrier(w.n) if w.what == "barrier" else list(w.on)
             on = [x for x in on if x != r]
             if not on or any(x not in waits and x not in gone for x in on):
                 return None   # (it waits for someone who may still push)

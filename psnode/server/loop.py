@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from psnode import timeline
 from psnode.config import NodeConfig
 from psnode.errors import ConfigError, PeerLost, PSError
 from psnode.net.link import SchedulerLink
@@ -155,6 +156,10 @@ class Server:
         elif isinstance(body, Welcome):
             self.rank = body.rank
             self.t.sender = f"server:{self.rank}"
+            if timeline.start(self.cfg.timeline, "server", self.rank, self.cfg.restart_count) is not None:
+                rounds, fused = self.store.key_rounds, self.store.fused   # (a key's round; a bucket's)
+                rounds._apply = timeline.traced(rounds._apply, "apply")  # type: ignore[method-assign]
+                fused._complete = timeline.traced(fused._complete, "apply")  # type: ignore[method-assign]
             if body.restore:
                 self.store.active = set(body.active)
                 self.store.rules.joiners, self.store.rules.generation = set(body.joined), body.generation
@@ -179,7 +184,10 @@ class Server:
 
     def _checkpoint(self) -> None:
         if self.cfg.checkpoint_dir and self.rank >= 0:
+            start = time.time()
             checkpoint.save_server(self.cfg.checkpoint_dir, self.rank, self.store)
+            if timeline.current is not None:
+                timeline.current.span("checkpoint", start)
 
     # ------------------------------------------------------------ loop
     def run(self) -> int:

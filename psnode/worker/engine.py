@@ -32,14 +32,16 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+from psnode import timeline
 from psnode.config import NodeConfig
 from psnode.errors import PeerLost, PSError
-from psnode.protocol import Command, Ok, Op
-from psnode.protocol.control import Barrier, Body, Bye, Empty
+from psnode.protocol import Command, Init, Ok, Op
+from psnode.protocol.control import Barrier, Body, Bye, Empty, WaitReport
 from psnode.samehost.staging import Staging
 from psnode.worker.futures import ControlRequest, Future
 from psnode.worker.ioloop import IoLoop
@@ -61,6 +63,9 @@ class Engine:
         self.state = EngineState(self.tracker)
         self.failed = False
         self.blocked: Future | None = None     # what the user's thread waits for (Engine.wait)
+        self._blocked_since = 0.0              # when it began to wait for it
+        self._waited: dict[int, float] = {}     # other worker -> seconds the user's thread waited for
+                                                # its pushes, in waits that ended (Engine.wait)
         self._batching = threading.local()
         self.io = IoLoop(cfg, self.state, lambda: self.stats)
         self.links = self.io.links
@@ -259,6 +264,7 @@ class Engine:
         if not fut.done:
             if getattr(self._batching, "depth", 0) > 0:
                 self.send_local()
+            self._blocked_since = time.monotonic()
             self.blocked = fut
             try:
                 while not fut.done:
@@ -271,14 +277,28 @@ class Engine:
                         raise fatal
             finally:
                 self.blocked = None
+                tl = timeline.current
+                if tl is not None:
+                    req = fut.request
+                    what = "barrier-wait" if isinstance(req, ControlRequest) else \
+                        "init-wait" if isinstance(getattr(req, "op", None), Init) else "pull-wait"
+                    tl.span(what, time.time() - (time.monotonic() - self._blocked_since),
+                            on=list(getattr(req, "blockers", ())))
+                on = getattr(fut.request, "blockers", ())
+                if on:
+                    spent = time.monotonic() - self._blocked_since
+                    for r in on:
+                        if r != self.rank:
+                            self._waited[r] = self._waited.get(r, 0.0) + spent
         return fut.wait(0)
 
-    def waiting(self) -> dict[str, Any] | None:
+    def waiting(self) -> WaitReport | None:
         """What the user's thread waits for, when that is other workers (for the scheduler's
-        wait-for graph, psnode.scheduler.loop): a barrier ``{"what": "barrier", "n": 1}``, or a
-        pull (or init) parked on its server, ``{"what": "pull", "of": "'w'", "push": 2, "on":
-        [0]}`` (psnode.worker.tracker.Tracker.blocked); None while it computes or waits for a server."""
+        wait-for graph, psnode.scheduler.loop): a barrier, or a pull (or init) parked on its
+        server (psnode.worker.tracker.Tracker.blocked), with the seconds it has waited; None
+        while it computes or waits for a server."""
         fut = self.blocked
+        since = self._blocked_since
         req = None if fut is None or fut.done else fut.request
         if isinstance(req, ControlRequest):
             n = req.body.n if isinstance(req.body, Barrier) else None
@@ -286,11 +306,25 @@ class Engine:
                 return None
             with self.state.lock:   # (a push not known to have arrived may be what the others wait for)
                 settled = not self.tracker.journal.servers()
-            return {"what": "barrier", "n": n} if settled else None
+            return WaitReport("barrier", n=n, waited=time.monotonic() - since) if settled else None
         if req is None:
             return None
         with self.state.lock:
-            return self.tracker.blocked(req, self.rank)
+            wait = self.tracker.blocked(req, self.rank)
+        return None if wait is None else replace(wait, waited=time.monotonic() - since)
+
+    def waited_on(self) -> tuple[tuple[int, float], ...]:
+        """Per other worker, the seconds the user's thread has waited for its pushes in all (the
+        wait in progress included, credited to the workers its server last named)."""
+        waited = dict(self._waited)
+        fut, since = self.blocked, self._blocked_since
+        on = getattr(fut.request, "blockers", ()) if fut is not None and not fut.done else ()
+        if on:
+            spent = time.monotonic() - since
+            for r in on:
+                if r != self.rank:
+                    waited[r] = waited.get(r, 0.0) + spent
+        return tuple(sorted(waited.items()))
 
     def check(self) -> None:
         """Raise the job's failure, or the first error of a request nobody waited for."""
@@ -344,6 +378,9 @@ class Engine:
         wait = self.waiting()
         if wait is not None:
             stats["wait"] = wait
+        waited = self.waited_on()
+        if waited:
+            stats["waited_on"] = waited
         return stats
 
 

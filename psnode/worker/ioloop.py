@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from psnode import timeline
 from psnode.config import NodeConfig
 from psnode.errors import PeerLost, PSError
 from psnode.net.link import SchedulerLink
@@ -49,7 +50,7 @@ from psnode.samehost.staging import Staging
 from psnode.worker.futures import ControlRequest
 from psnode.worker.samehost import SameHostLinks
 from psnode.worker.state import EngineState
-from psnode.worker.tracker import Batches, settle
+from psnode.worker.tracker import ASK_AFTER, Batches, settle
 
 log = logging.getLogger("psnode.worker")
 
@@ -148,7 +149,7 @@ class IoLoop:
                 batches = e.tracker.take(now)
             self.send(batches)
         if e.tracker.pending and now >= self.next_scan:
-            self.next_scan = now + max(0.02, self.cfg.retry_timeout / 4)
+            self.next_scan = now + max(0.02, min(ASK_AFTER, self.cfg.retry_timeout / 4))
             with e.lock:
                 batches, warnings = e.tracker.due(now)
             for text in warnings:
@@ -227,6 +228,8 @@ class IoLoop:
                 return
             if body.generation > e.generation or tuple(body.active) != e.members:
                 e.changes.append((body.generation, tuple(body.active)))
+                if timeline.current is not None:
+                    timeline.current.instant("membership", generation=body.generation, workers=list(body.active))
             e.generation, e.members = body.generation, tuple(body.active)
             e.leaving = e.leaving or e.rank in body.leave
 
@@ -274,6 +277,8 @@ class IoLoop:
         self.links.connect(rank, row.host, row.port, self.t.security)
         with e.lock:
             batch = e.tracker.restored(rank, time.monotonic())
+        if timeline.current is not None:
+            timeline.current.instant("failover", server=rank)
         log.warning("worker %d: server %d restarted at %s:%s; resending %d request(s)",
                     e.rank, rank, row.host, row.port, len(batch))
         self.send({rank: batch})

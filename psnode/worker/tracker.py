@@ -15,6 +15,11 @@ request fails, and resolves futures:
   again; a push goes into the :class:`~psnode.worker.journal.PushJournal` instead (until durable:
   the exactly-once invariant is stated there), and asks for an answer when its key part's
   journal holds ``ASK_DEPTH`` pushes;
+* **asking** (:meth:`due`): a pull (or init) unanswered for ``ASK_AFTER`` seconds is sent
+  again once, marked resent (a push-pull as its pull alone), only to ask the server what it
+  waits for: a server holding it for other workers' pushes answers Wait naming them
+  (``Request.blockers``: whom the worker's wait is credited to, psnode.worker.engine), else it
+  answers the pull (a second answer is ignored);
 * **retry** (:meth:`due`): a request unanswered for ``retry_timeout`` is sent again marked
   resent; after ``max_retries`` resends without a sign of life it fails with PeerLost naming
   the server; requests to a server the scheduler reports down wait without retries;
@@ -54,10 +59,12 @@ from psnode.protocol import (
     bucket_of,
     resent,
 )
+from psnode.protocol.control import WaitReport
 from psnode.worker.journal import PushJournal
 
 WINDOW_BYTES = 64 * 2**20      # bytes of answers in flight per server before pulls wait
 SLOW_NOTICE = 30.0             # seconds a parked request waits before the worker says for whom
+ASK_AFTER = 0.2                # seconds a pull waits before the worker asks its server for whom
 
 Batches = dict[int, list[Op]]  # server -> operations to send, in order
 
@@ -76,6 +83,7 @@ class Request:
     keys: int = 1            # key parts it stands for (a bucket's members), for the counters
     label: str = ""          # what it is about, for messages (default: its key)
     auto: bool = False       # a push's answer asked for in advance (psnode.worker.datapath): not a pull
+    blockers: tuple[int, ...] = ()   # the workers its server last said it waits for (Wait)
 
 
 @dataclass(slots=True)
@@ -88,6 +96,7 @@ class Pending:
     tries: int = 0           # resends since the last sign of life
     parked: bool = False     # the server answered Wait: it holds the request
     noticed: bool = False    # the long wait was reported
+    asked: bool = False      # sent again once to learn what it waits for (ASK_AFTER)
     blockers: list[int] = field(default_factory=list)  # workers a parked pull waits for
 
 
@@ -296,6 +305,8 @@ class Tracker:
         op = req.op
         if isinstance(ans, Wait):
             entry.blockers, entry.parked = ans.blockers, True
+            if ans.blockers:
+                req.blockers = tuple(ans.blockers)
             if not ans.gap or not isinstance(op, (Pull, PushPull)):
                 return {}
             # a bucket's push q is push q of every member, sent whole or member by member
@@ -358,6 +369,13 @@ class Tracker:
                                 "it (every worker must push a key as often as the others; a restarted worker "
                                 "that skips steps must resume from kv.num_pushes)")
             if req.server in self.down or now - p.sent < limit:
+                op = req.op
+                if not p.asked and not p.parked and now - p.since >= ASK_AFTER and req.future is not None \
+                        and isinstance(op, (Pull, PushPull, Init)) and req.server not in self.down:
+                    p.asked = True   # (not a retry: the request is not thought lost; a push-pull asks
+                    # with its pull alone: its data is not sent again)
+                    ask = Pull(op.key, op.part, op.seq, id=op.id, re=True) if isinstance(op, PushPull) else resent(op)
+                    out.setdefault(req.server, []).append(ask)
                 continue
             if p.tries >= self.max_retries:
                 self._drop(rid, PeerLost(
@@ -395,11 +413,11 @@ class Tracker:
             self._checked[server] = now
             out.setdefault(server, []).append(self._sent(req, now))
 
-    def blocked(self, req: Request | None, rank: int) -> dict[str, Any] | None:
+    def blocked(self, req: Request | None, rank: int) -> WaitReport | None:
         """What the request ``req`` (the one the user's thread waits for) waits on, when that is
         other workers and every push this worker sent has been verified to have arrived since
-        it was sent (so a lost push cannot pass for a wait-for cycle): ``{"what": "pull",
-        "of": "'w'", "push": 2, "on": [0]}``; None otherwise."""
+        it was sent (so a lost push cannot pass for a wait-for cycle): a pull's (or init's)
+        :class:`~psnode.protocol.control.WaitReport` (``waited`` left 0); None otherwise."""
         if req is None:
             return None
         p = self.pending.get(req.op.id)  # type: ignore[union-attr]
@@ -411,10 +429,8 @@ class Tracker:
         op = p.request.op
         name = "init" if isinstance(op, Init) else "pull"
         of = about(op, p.request.label).removeprefix("keys ").removeprefix("key ")
-        wait: dict[str, Any] = {"what": name, "of": of, "on": on}
-        if isinstance(op, (Pull, PushPull)):
-            wait["push"] = op.after if isinstance(op, Pull) else op.seq
-        return wait
+        push = (op.after if isinstance(op, Pull) else op.seq) if isinstance(op, (Pull, PushPull)) else 0
+        return WaitReport(name, of=of, push=push, on=tuple(sorted(set(on))))
 
     # ------------------------------------------------------------ restored servers
     def restored(self, server: int, now: float) -> list[Op]:
@@ -464,4 +480,5 @@ def settle(outcomes: list[tuple[Any, Any]]) -> None:
             fut.set(outcome)
 
 
-__all__ = ["QUIET", "WINDOW_BYTES", "Batches", "Pending", "Request", "Tracker", "about", "describe", "settle"]
+__all__ = ["ASK_AFTER", "QUIET", "WINDOW_BYTES", "Batches", "Pending", "Request", "Tracker", "about", "describe",
+           "settle"]

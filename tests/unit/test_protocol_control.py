@@ -35,6 +35,7 @@ from psnode.protocol.control import (
     Servers,
     StatusAnswer,
     Stop,
+    WaitReport,
     Welcome,
     decode_body,
 )
@@ -51,14 +52,15 @@ from psnode.protocol.status import NodeRow
 
 BOOK = (ServerAddress(0, "127.0.0.1", 4000), ServerAddress(1, "10.0.0.2", 4001))
 ROW = NodeRow("worker", 1, "10.0.0.3", "dead", pid=9, port=0, pushes=4, rate=1.5)
-WAIT = {"what": "pull", "of": "'w'", "push": 2, "on": [0]}
+WAIT = WaitReport("pull", of="'w'", push=2, on=(0,), waited=2.5)
 
 #: one valid body of every control command (two where a body has two forms)
 VALID = [
     (Command.REGISTER, Register("worker", "127.0.0.1", 0, 4242, None)),
     (Command.REGISTER, Register("server", "10.0.0.2", 4001, 7, 1)),
     (Command.WELCOME, Welcome(1, BOOK, 99, 2, 2, (0, 1), 3, True, 5)),
-    (Command.HEARTBEAT, Heartbeat(Counters(pushes=10, pulls=9, rounds=5, bytes_in=2**40, retries=1, wait=WAIT))),
+    (Command.HEARTBEAT, Heartbeat(Counters(pushes=10, pulls=9, rounds=5, bytes_in=2**40, retries=1, wait=WAIT,
+                                         waited_on=((2, 1.5),)))),
     (Command.HEARTBEAT, Heartbeat(Counters(rounds=3, dropped=2, refused=1))),
     (Command.HEARTBEAT_ACK, Empty()),
     (Command.BARRIER, Barrier(3)),

@@ -6,6 +6,7 @@ import pytest
 
 from psnode.errors import DataLost, KeyNotInitialized, PeerLost, ShapeMismatch
 from psnode.protocol import Failed, Flush, Missing, Ok, Pull, Push, PushPull, Wait, bucket_key
+from psnode.protocol.control import WaitReport
 from psnode.worker.journal import ASK_DEPTH
 from psnode.worker.tracker import QUIET, Request, Tracker, settle
 
@@ -58,7 +59,9 @@ def test_unanswered_requests_are_resent_then_fail_naming_the_server() -> None:
     fut = Fut()
     t.add(Request(1, Pull("w", 0, 3), 8, fut))
     (op,) = t.take(0.0)[1]
-    assert t.due(1.0) == ({}, [])
+    asked, warnings = t.due(1.0)   # (once, after ASK_AFTER: whom does it wait for?  Not a retry)
+    assert [(o.id, o.re) for o in asked[1]] == [(op.id, True)] and warnings == [] and t.retries == 0
+    assert t.due(1.5) == ({}, [])
     again, warnings = t.due(2.0)
     assert [(o.id, o.re) for o in again[1]] == [(op.id, True)] and not op.re
     assert warnings == ["1 request(s) to server 1 got no answer in 2.0 s; sending again"]
@@ -198,7 +201,8 @@ def test_a_wait_is_reported_only_once_a_check_found_nothing_lost() -> None:
     (check,) = [op for op in again[0] if isinstance(op, Flush)]
     assert not check.durable and check.check == [("w", 0, [1])]
     t.answered(0, Ok(check.id), 4.3)
-    assert t.blocked(req, rank=3) == {"what": "pull", "of": "'w'", "push": 1, "on": [1]}
+    assert t.blocked(req, rank=3) == WaitReport("pull", of="'w'", push=1, on=(1,))
+    assert req.blockers == (1, 3)                          # (whom the worker's wait is credited to)
 
 
 def test_counters_for_heartbeats_and_fail_all() -> None:

@@ -1,0 +1,139 @@
+"""Who the others wait for: per worker, how long the other workers waited for it (pure).
+
+Two sources, both in seconds of a worker's user thread blocked:
+
+* each worker's heartbeat says, per other worker, how long it has waited for that worker's
+  pushes in all, the wait in progress included (``Counters.waited_on``, kept by
+  psnode.worker.engine from what its servers said each parked pull waits for):
+  :meth:`Slowness.report`;
+* barriers, which the scheduler sees itself: when a barrier completes, each worker waited for
+  each worker that entered after it, from its own entry to that worker's: :meth:`Slowness.barrier`.
+
+From them, per worker ``x``:
+
+* :meth:`Slowness.shares`: over the last ``window`` seconds (:data:`WINDOW`), the largest
+  fraction of that time any one other worker spent waiting for ``x`` (0..1);
+* :meth:`Slowness.totals`: the most seconds any one other worker waited for ``x`` over the job.
+
+:class:`Stalls` turns the workers' wait reports into one warning per wait longer than a
+threshold, naming whom it waits for.
+"""
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from psnode.protocol.control import WaitReport
+from psnode.protocol.status import SLOW_WINDOW as WINDOW
+
+MIN_SPAN = 3.0       # seconds of an observer's heartbeats before its share counts
+
+Totals = dict[int, float]   # other worker -> seconds waited for it
+
+
+@dataclass
+class Slowness:
+    """The waits of a job's workers for each other (see the module docstring)."""
+
+    window: float = WINDOW
+    _reported: dict[int, Totals] = field(default_factory=dict)   # observer -> its heartbeat's totals
+    _credited: dict[int, Totals] = field(default_factory=dict)   # observer -> barrier waits
+    _samples: dict[int, deque[tuple[float, Totals]]] = field(default_factory=dict)
+
+    def report(self, observer: int, waited: Iterable[tuple[int, float]], now: float) -> None:
+        """Worker ``observer``'s heartbeat at ``now``: its totals (``Counters.waited_on``)."""
+        self._reported[observer] = {x: s for x, s in waited if x != observer}
+        self._sample(observer, now)
+
+    def barrier(self, entered: Mapping[int, float], now: float) -> None:
+        """A barrier completed at ``now``: ``entered`` says when each worker entered it."""
+        for o, t_o in entered.items():
+            credit = self._credited.setdefault(o, {})
+            for x, t_x in entered.items():
+                if x != o and t_x > t_o:
+                    credit[x] = credit.get(x, 0.0) + (t_x - t_o)
+        for o in entered:
+            self._sample(o, now)
+
+    def forget(self, worker: int) -> None:
+        """``worker`` left the job: it waits no more (what others waited for it stays)."""
+        self._samples.pop(worker, None)
+
+    def _totals(self, o: int) -> Totals:
+        out = dict(self._reported.get(o, {}))
+        for x, s in self._credited.get(o, {}).items():
+            out[x] = out.get(x, 0.0) + s
+        return out
+
+    def _sample(self, o: int, now: float) -> None:
+        q = self._samples.setdefault(o, deque())
+        q.append((now, self._totals(o)))
+        while len(q) >= 3 and q[1][0] <= now - self.window:   # (one sample at or before the window stays)
+            q.popleft()
+
+    def shares(self, now: float) -> dict[int, float]:
+        """Per worker, the largest share of the last ``window`` seconds one other worker spent
+        waiting for it (workers nobody waited for are left out)."""
+        out: dict[int, float] = {}
+        for q in self._samples.values():
+            t_last, last = q[-1]
+            if now - t_last > self.window:
+                continue
+            t_base, base = q[0]
+            for t, totals in q:
+                if t > now - self.window:
+                    break
+                t_base, base = t, totals
+            span = t_last - t_base
+            if span < MIN_SPAN:
+                continue
+            for x, s in last.items():
+                share = min(1.0, max(0.0, s - base.get(x, 0.0)) / span)
+                if share > out.get(x, 0.0):
+                    out[x] = share
+        return out
+
+    def totals(self) -> dict[int, float]:
+        """Per worker, the most seconds one other worker waited for it over the job."""
+        out: dict[int, float] = {}
+        for o in set(self._reported) | set(self._credited):
+            for x, s in self._totals(o).items():
+                out[x] = max(out.get(x, 0.0), s)
+        return out
+
+
+@dataclass
+class Stalls:
+    """One warning per wait of a worker that lasts ``threshold`` seconds (0: none)."""
+
+    threshold: float
+    _warned: set[tuple[int, tuple[str, int, str, int]]] = field(default_factory=set)
+
+    def check(self, waits: Mapping[int, WaitReport | None], in_barrier: Callable[[int], list[int]]) -> list[str]:
+        """The new warnings: ``waits``, every live worker's last report; ``in_barrier(n)``: the
+        workers not in barrier ``n`` yet."""
+        if self.threshold <= 0:
+            return []
+        out = []
+        current = set()
+        for r, w in sorted(waits.items()):
+            if w is None:
+                continue
+            key = (r, w.episode)
+            current.add(key)
+            if w.waited < self.threshold or key in self._warned:
+                continue
+            on = [x for x in (in_barrier(w.n) if w.what == "barrier" else w.on) if x != r]
+            if not on:
+                continue
+            self._warned.add(key)
+            whom = f"worker {on[0]}" if len(on) == 1 else "workers " + ", ".join(map(str, on))
+            where = f"barrier {w.n}" if w.what == "barrier" else f"the {w.what} of {w.of}" + \
+                (f" (push {w.push})" if w.what == "pull" else "")
+            out.append(f"stall: worker {r} has waited {w.waited:.0f} s in {where} for {whom}")
+        self._warned &= current   # (a wait that ended may be warned about again next time)
+        return out
+
+
+__all__ = ["MIN_SPAN", "WINDOW", "Slowness", "Stalls"]
