@@ -12,6 +12,10 @@ the typer command, validated there, carried by the plan into every process's Nod
 (the typer command reads them from :func:`launch_default`).  Every error is a
 :class:`PlanError` (exit 2, no traceback).
 
+The command (:func:`job_command`): ``-m`` makes it ``-m MODULE ARGS`` (run as ``python -m``); a
+first word that looks like an option is refused, never run.  ``--nproc-per-node`` gives every
+host its slots (:func:`mxdist.plan.per_node`).
+
 The engine (``--engine``, :mod:`mxdist.engines`) is asked which of the options given it can run
 (:meth:`~mxdist.engines.Engine.admit`: refusals are errors naming the option, its notes become
 the plan's warnings), what preflight imports, which variables pass through or are its own, and

@@ -157,3 +157,24 @@ def test_addr_is_what_the_processes_bind_to(home):
     assert "10.1.0.1:23000" in out                        # the scheduler, reached on h1's addr
     assert "MASTER_ADDR=10.1.0.1" in out and "PSNODE_SCHEDULER=10.1.0.1:23000" in out
     assert "server 1: PSNODE_ROLE=server PSNODE_HOST=10.1.0.2" in out
+
+
+def test_the_slurm_preflight_looks_for_a_module_as_python_m_would(tmp_path):
+    """The check Slurm runs on every node (its source, run here as srun would run it)."""
+    import json
+    import subprocess
+    import sys
+
+    from mxdist.slurm import _CHECK
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "train.py").write_text("")
+    found = {}
+    for module in ("pkg.train", "pkg.trian"):
+        out = subprocess.run([sys.executable, "-c", _CHECK, str(tmp_path), json.dumps(["module", module])],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        line = next(x for x in out.stdout.splitlines() if x.startswith("MXDIST-CHECK "))
+        found[module] = json.loads(line.split(" ", 1)[1])["errors"]
+    assert found == {"pkg.train": [],
+                     "pkg.trian": [f"no module pkg.trian in {tmp_path} (python -m pkg.trian: not found)"]}
