@@ -110,16 +110,29 @@ def gpus(env: dict | None = None, timeout: float = 20.0) -> dict:
 
 def command_problem(workdir: str, kind: str, word: str, env: dict | None = None) -> str | None:
     """Why the job's command cannot start in ``workdir`` on this host, or None: ``kind``
-    ``script``: ``word`` must be a file (relative to ``workdir``); ``program``: an executable
-    file (a path) or a name on the PATH of a process started with ``env``.  Self-contained
-    (the Slurm preflight runs its source)."""
+    ``script``: ``word`` must be a file (relative to ``workdir``); ``module``: ``python -m word``
+    finds it (from ``workdir``, with ``env``'s PYTHONPATH); ``program``: an executable file (a
+    path) or a name on the PATH of a process started with ``env``.  Self-contained (the Slurm
+    preflight runs its source)."""
     import os
     import shutil
+    import subprocess
+    import sys
 
     path = os.path.join(workdir, os.path.expanduser(word))
     where = "" if os.path.isabs(os.path.expanduser(word)) else f" in {workdir}"
     if kind == "script":
         return None if os.path.isfile(path) else f"no script {word}{where}"
+    if kind == "module":
+        find = ("import importlib.util,sys\ntry:s=importlib.util.find_spec(sys.argv[1])\n"
+                "except Exception as e:sys.exit('%s: %s'%(type(e).__name__,e))\nsys.exit(0 if s else 'not found')")
+        try:
+            done = subprocess.run([sys.executable, "-c", find, word], cwd=os.path.expanduser(workdir),
+                                  env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"no module {word} in {workdir}: cannot look for it ({exc})"
+        said = (done.stderr.strip().splitlines() or [""])[-1]
+        return None if done.returncode == 0 else f"no module {word} in {workdir} (python -m {word}: {said})"
     if "/" in word:
         if os.path.isfile(path) and os.access(path, os.X_OK):
             return None

@@ -404,6 +404,9 @@ def command_fix(problem: str, otherwise: str, remote: bool = False) -> str:
     if problem.startswith("no script"):
         return ("copy it to the same path on that host (--sync DIR copies a directory first), or pass --workdir"
                 if remote else "check the path: it is relative to the working directory (--workdir)")
+    if problem.startswith("no module"):
+        return ("python -m runs a module of the working directory (--workdir) or of PYTHONPATH: check the name"
+                + (", or copy it there (--sync DIR copies a directory first)" if remote else ""))
     if problem.startswith("no program") or "not an executable file" in problem:
         return "check the path (relative to the working directory), and chmod +x it"
     if "command not found" in problem:

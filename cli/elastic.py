@@ -16,17 +16,17 @@ every change (docs/python-api.md, "Elastic membership").  The launcher's part:
 * **Lost** (:func:`shortfall`): a worker that failed with no restart left is lost; the job goes
   on while at least ``M`` workers live, else it fails naming the reason.
 * **Discovery** (:func:`parse_discovery`): a host discovery script prints one ``host[:slots]``
-  per line (Horovod's contract; ``#`` comments and blank lines ignored; ``slots`` default 1; the
-  host may carry ``user@``, its port comes from the ssh config).  :func:`discovery_changes`
-  compares two answers: hosts that appeared (new free slots) and hosts that vanished (their
-  workers are lost).
+  per line (Horovod's contract; ``#`` comments and blank lines ignored; ``slots`` default 1);
+  a line is a host entry as in a hosts file (:mod:`mxdist.hosts`: ``user@``, ``port=``,
+  ``addr=``).  :func:`discovery_changes` compares two answers: hosts that appeared (new free
+  slots) and hosts that vanished (their workers are lost).
 """
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from .hosts import Host, HostsError, check_hostname, check_user
+from .hosts import Host, HostsError, parse_host_entry
 
 
 class ElasticError(ValueError):
@@ -179,17 +179,7 @@ def parse_discovery(text: str, where: str = "discovery script") -> list[Host]:
         if not line:
             continue
         at = f"{where}:{number}"
-        word, sep, count = line.rpartition(":")
-        if not sep:
-            word = line
-        elif not count.isdigit() or int(count) < 1:
-            raise HostsError(f"{at}: slots {count!r} in {line!r} must be a whole number >= 1 (host[:slots])")
-        user = None
-        if "@" in word:
-            user, _, word = word.rpartition("@")
-            check_user(user, at)
-        check_hostname(word, at)
-        host = Host(name=word, user=user, slots=int(count) if sep else 1, origin=at)
+        host = parse_host_entry(line, at)
         if host.label in seen:
             raise HostsError(f"{at}: {host.label} is listed twice")
         seen.add(host.label)

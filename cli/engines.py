@@ -228,6 +228,7 @@ class MxnetEngine(Engine):
         "--min-workers": "ps-lite's workers are fixed at the start (DMLC_NUM_WORKER)",
         "--max-workers": "ps-lite's workers are fixed at the start (DMLC_NUM_WORKER)",
         "--host-discovery-script": "ps-lite's workers are fixed at the start (DMLC_NUM_WORKER)",
+        "--start-timeout": "ps-lite's scheduler waits for its nodes as long as it does (no setting for it)",
     }
     #: flags that MXNet's processes satisfy without mxdist doing anything -> why
     ACCEPTED: ClassVar[Mapping[str, str]] = {

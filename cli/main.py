@@ -108,10 +108,20 @@ class _LaunchCommand(typer.core.TyperCommand):
              context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
 @_guarded
 def launch(
+    ctx: typer.Context,
     command: list[str] = typer.Argument(..., metavar="COMMAND [ARGS]...",
-                                        help="a .py script (run with Python) or any program"),
-    hosts: str | None = typer.Option(None, "-H", "--hosts", help="hosts file, or inline list a,b:2222,user@c"),
-    num_workers: int | None = typer.Option(None, "-n", "--num-workers",
+                                        help="a .py script (run with Python), a module with -m, or any program"),
+    module: bool = typer.Option(L("module"), "-m", "--module",
+                                help="COMMAND is a Python module: every worker runs python -m COMMAND ARGS "
+                                     "(as torchrun -m)"),
+    hosts: str | None = typer.Option(None, "-H", "--hosts",
+                                     help="hosts file, or inline list h1:2,h2,user@h3:port=2222 (HOST:N: N "
+                                          "slots, as horovodrun -H; fields slots=N port=N addr=ADDRESS)"),
+    nproc_per_node: int | None = typer.Option(
+        L("nproc_per_node"), "--nproc-per-node", metavar="N",
+        help="N workers on every host (its slots, as torchrun's --nproc-per-node; on this machine: N workers); "
+             "refused if the hosts' slots or -n say otherwise"),
+    num_workers: int | None = typer.Option(None, "-n", "-np", "--num-workers",
                                            help="workers (default: the hosts' slots in total with -H; the "
                                                 "allocation's tasks in Slurm; 1 on this machine)"),
     num_servers: int | None = typer.Option(None, "-s", "--num-servers",
@@ -155,6 +165,9 @@ def launch(
     stall_warning: float = typer.Option(N.stall_warning, "--stall-warning", metavar="SECONDS",
                                         help="warn when a worker has waited SECONDS for other workers in one "
                                              "pull or barrier, naming them (0: never)"),
+    start_timeout: float = typer.Option(N.register_timeout, "--start-timeout", metavar="SECONDS",
+                                        help="how long the scheduler waits for every process to start and "
+                                             "register (a replacement too) before the job fails"),
     ssh_config: str | None = typer.Option(None, "--ssh-config", envvar="MXDIST_SSH_CONFIG",
                                           help="ssh config file (default ~/.ssh/config)"),
     known_hosts: str | None = typer.Option(None, "--known-hosts", envvar="MXDIST_KNOWN_HOSTS",
@@ -233,7 +246,8 @@ def launch(
             heartbeat_liveness=heartbeat_liveness, log_level=log_level, checkpoint_dir=checkpoint_dir,
             checkpoint_interval=checkpoint_interval, checkpoint_rounds=checkpoint_rounds, resume=resume,
             skip_nonfinite=skip_nonfinite, max_restarts=max_restarts, shm=not no_shm,
-            cpu_policy=cpu_policy, stall_warning=stall_warning)  # type: ignore[arg-type]
+            cpu_policy=cpu_policy,  # type: ignore[arg-type]
+            stall_warning=stall_warning, register_timeout=start_timeout)
         opts = LaunchOptions(
             command=command, node=node, hosts=hosts, num_workers=num_workers, num_servers=num_servers,
             launcher=launcher, python=python, env=env, workdir=workdir, sync=sync, scheduler=scheduler,
@@ -243,8 +257,9 @@ def launch(
             insecure=insecure, encrypt=encrypt,
             keep_jobs=keep_jobs, gpus_per_worker=gpus_per_worker, pass_local_rank=pass_local_rank,
             engine=engine, min_workers=min_workers, max_workers=max_workers,
-            host_discovery_script=host_discovery_script,
-            timeline=timeline_path if timeline_path else ("" if timeline else None))
+            timeline=timeline_path if timeline_path else ("" if timeline else None),
+            host_discovery_script=host_discovery_script, module=module, nproc_per_node=nproc_per_node,
+            known_options=tuple(name for param in ctx.command.params for name in param.opts))
         prepared = prepare(opts)
     except (HostsError, PlanError, BackendError, ValueError) as exc:
         raise _fail("invalid launch options", str(exc), None, EXIT_USAGE) from None

@@ -12,6 +12,10 @@ the typer command, validated there, carried by the plan into every process's Nod
 (the typer command reads them from :func:`launch_default`).  Every error is a
 :class:`PlanError` (exit 2, no traceback).
 
+The command (:func:`job_command`): ``-m`` makes it ``-m MODULE ARGS`` (run as ``python -m``); a
+first word that looks like an option is refused, never run.  ``--nproc-per-node`` gives every
+host its slots (:func:`mxdist.plan.per_node`).
+
 The engine (``--engine``, :mod:`mxdist.engines`) is asked which of the options given it can run
 (:meth:`~mxdist.engines.Engine.admit`: refusals are errors naming the option, its notes become
 the plan's warnings), what preflight imports, which variables pass through or are its own, and
@@ -25,10 +29,12 @@ writes the secret there before anything starts (:mod:`mxdist.preflight`).
 """
 from __future__ import annotations
 
+import difflib
 import os
 import random
 import socket
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -52,6 +58,7 @@ from .plan import (
     make_plan,
     parse_env_assignments,
     passthrough_env,
+    per_node,
 )
 from .registry import NAMES, capabilities, for_launch
 
@@ -101,6 +108,9 @@ class LaunchOptions:
     max_workers: int | None = None
     host_discovery_script: str | None = None   # mxdist.discovery: the hosts, polled (instead of -H)
     timeline: str | None = None            # --timeline: None off, "" the job's directory, else the trace's path
+    module: bool = False                   # -m: the command is a module, run as python -m COMMAND ARGS
+    nproc_per_node: int | None = None      # every host's slots (None: the hosts say)
+    known_options: tuple[str, ...] = ()    # the command's option names, to suggest one for a typo
 
     def given(self) -> list[str]:
         """The flags of the psnode, membership and security options given (for the engine to admit)."""
@@ -109,6 +119,39 @@ class LaunchOptions:
                 *(["--min-workers"] if self.min_workers is not None else []),
                 *(["--max-workers"] if self.max_workers is not None else []),
                 *(["--host-discovery-script"] if self.host_discovery_script else [])]
+
+
+#: Options of torchrun and horovodrun that mxdist spells otherwise -> what to write.
+HABITS: dict[str, str] = {
+    "-np": "-n N (workers in total)",
+    "--nnodes": "-H with one entry per node (and --nproc-per-node N, or HOST:N slots)",
+    "--node-rank": "nothing: mxdist starts every node itself",
+    "--master-addr": "--scheduler HOST",
+    "--master-port": "--port PORT",
+    "--standalone": "nothing: without -H mxdist runs on this machine",
+    "--rdzv-timeout": "--start-timeout SECONDS",
+    "--rdzv-endpoint": "--scheduler HOST --port PORT",
+    "--hostfile": "-H FILE",
+}
+
+
+def job_command(command: Sequence[str], module: bool, known: Sequence[str] = ()) -> list[str]:
+    """The command as the job runs it: ``-m MODULE ARGS`` with ``module``, else as given.  A first
+    word that looks like an option is one mxdist does not know, typed before the script (the
+    options go before it): refused, naming the nearest of ``known`` or the torchrun/horovodrun
+    habit it looks like, rather than run as the command."""
+    if command and command[0].startswith("-") and command[0] != "-":
+        word = command[0].split("=", 1)[0]
+        spelled = word.replace("_", "-")
+        if spelled in HABITS:
+            hint = f"; mxdist says {HABITS[spelled]}"
+        else:
+            same = [k for k in known if k.startswith("--") == spelled.startswith("--")]
+            near = difflib.get_close_matches(spelled, same, n=1, cutoff=0.6)
+            hint = f"; did you mean {near[0]}?" if near else "; mxdist launch --help lists them"
+        raise PlanError(f"unknown option {word} before the command{hint} (mxdist launch [OPTIONS] COMMAND "
+                        "[ARGS]...: mxdist's options go before the command, the command's own after it)")
+    return ["-m", *command] if module else list(command)
 
 
 def security_mode(opts: LaunchOptions, engine: Engine | None = None) -> Mode:
@@ -264,6 +307,7 @@ def check_resume(plan: Plan, directory: str) -> None:
 def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepared:
     """Validate options and compute everything a launch needs; raise HostsError/PlanError."""
     environ = dict(os.environ if environ is None else environ)
+    opts = replace(opts, command=job_command(opts.command, opts.module, opts.known_options), module=False)
     launcher = opts.launcher or ("ssh" if opts.hosts or opts.host_discovery_script else "local")
     if launcher not in NAMES:
         raise PlanError(f"--launcher {launcher!r}: choose local, ssh or slurm")
@@ -276,12 +320,17 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
     if opts.identity_file and Capability.LOGIN not in capabilities(launcher):
         raise PlanError(f"-i/--identity-file is for SSH hosts (-H); --launcher {launcher} does not use SSH")
     script = discovery_script(opts, launcher, workdir)
+    if script and opts.nproc_per_node is not None:
+        raise PlanError("--nproc-per-node and --host-discovery-script both say the slots: the script prints "
+                        "host:slots for each host; give one")
     backend, hosts = for_launch(launcher, LaunchRequest(
         job_id=job_id, workdir=workdir, python=opts.python, hosts=opts.hosts, num_workers=opts.num_workers,
         sync=bool(opts.sync), environ=environ, ssh_config=opts.ssh_config, known_hosts=opts.known_hosts,
         accept_new_host_keys=opts.accept_new_host_keys, connect_timeout=opts.connect_timeout,
         identity_file=_identity_file(opts.identity_file), max_workers=opts.max_workers,
         discovered=tuple(first_hosts(script, workdir)) if script else ()))
+    hosts = per_node(hosts, opts.nproc_per_node, opts.num_workers, opts.max_workers is not None,
+                     Capability.HOSTS not in backend.capabilities, _slots_from(opts, launcher))
     scheduler_port, master_port = _ports(opts, Capability.THIS_MACHINE in backend.capabilities)
     # paths here are the paths the processes see: their run files go to the job's directory here
     # (Slurm: srun runs here and writes the logs here; the nodes share the file system)

@@ -107,6 +107,7 @@ class NodeOptions:
     shm: bool = field(default=default("shm"), metadata={"flag": "--no-shm"})
     cpu_policy: CpuPolicy = field(default=default("cpu_policy"), metadata={"flag": "--cpu-policy"})
     stall_warning: float = field(default=default("stall_warning"), metadata={"flag": "--stall-warning"})
+    register_timeout: float = field(default=default("register_timeout"), metadata={"flag": "--start-timeout"})
 
     def __post_init__(self) -> None:
         if not isinstance(self.distribution, Distribution):
@@ -127,6 +128,9 @@ class NodeOptions:
             raise PlanError(f"--heartbeat-interval {self.heartbeat_interval:g}: must be seconds > 0")
         if not math.isfinite(self.stall_warning) or self.stall_warning < 0:
             raise PlanError(f"--stall-warning {self.stall_warning:g}: must be seconds >= 0 (0: never warn)")
+        if not math.isfinite(self.register_timeout) or self.register_timeout <= 0:
+            raise PlanError(f"--start-timeout {self.register_timeout:g}: must be seconds > 0 (how long the "
+                            "scheduler waits for every process to register)")
         if self.heartbeat_liveness < 1:
             raise PlanError(f"--heartbeat-liveness {self.heartbeat_liveness}: must be 1 or more")
         if self.max_restarts < 0:
@@ -288,10 +292,25 @@ def is_secret(name: str) -> bool:
     return name not in _NOT_SECRET and bool(_SECRET_RE.search(name))
 
 
+_MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def is_module(command: Sequence[str]) -> bool:
+    """Whether the command is ``-m MODULE ARGS`` (``mxdist launch -m``)."""
+    return len(command) > 0 and command[0] == "-m"
+
+
 def command_argv(command: Sequence[str], python: str) -> tuple[str, ...]:
-    """A ``.py`` script runs with ``python``; anything else runs as given."""
+    """A ``.py`` script and ``-m MODULE`` run with ``python``; anything else runs as given."""
     if not command:
         raise PlanError("no command given (example: mxdist launch train.py --epochs 3)")
+    if is_module(command):
+        if len(command) < 2 or not _MODULE_RE.match(command[1]) or command[1].endswith(".py"):
+            what = repr(command[1]) if len(command) > 1 else "nothing"
+            fix = f"mxdist launch {command[1]}" if len(command) > 1 and command[1].endswith(".py") else \
+                "mxdist launch -m pkg.module ARGS"
+            raise PlanError(f"-m takes a Python module name (pkg.module), got {what}: write {fix}")
+        return (python, *command)
     if command[0].endswith(".py"):
         return (python, *command)
     return tuple(command)
@@ -299,18 +318,47 @@ def command_argv(command: Sequence[str], python: str) -> tuple[str, ...]:
 
 def command_target(command: Sequence[str]) -> tuple[str, str]:
     """What must exist on every host for the command to start (preflight checks it):
-    ``("script", path)`` for a ``.py`` command (path relative to the working directory), else
+    ``("script", path)`` for a ``.py`` command (path relative to the working directory),
+    ``("module", name)`` for ``-m MODULE`` (importable from the working directory), else
     ``("program", name)`` (a path, or a name looked up on the PATH)."""
+    if is_module(command):
+        return ("module", command[1])
     return ("script", command[0]) if command[0].endswith(".py") else ("program", command[0])
 
 
 def with_local_rank_arg(argv: Sequence[str], command: Sequence[str], local_rank: int) -> tuple[str, ...]:
     """``argv`` (from :func:`command_argv`) with ``--local_rank=N`` where torch.distributed.launch
-    put it: right after a ``.py`` script; at the end of any other command."""
+    put it: right after a ``.py`` script or ``-m MODULE``; at the end of any other command."""
     arg = f"--local_rank={local_rank}"
+    if is_module(command):
+        return (*argv[:3], arg, *argv[3:])
     if command[0].endswith(".py"):
         return (*argv[:2], arg, *argv[2:])
     return (*argv, arg)
+
+
+def per_node(hosts: Sequence[Host], nproc: int | None, num_workers: int | None, elastic: bool,
+             derived: bool, slots_from: str) -> list[Host]:
+    """``--nproc-per-node N``: every host gets N slots (torchrun's habit).  Refused by name when
+    it contradicts a host's own slots (``derived``: the hosts' slots come from ``-n``, not from
+    the user, and never contradict) or ``-n`` (a job of fixed size runs N per host: ``-n`` is
+    then N times the hosts; an ``elastic`` one starts with at most that)."""
+    if nproc is None:
+        return list(hosts)
+    if nproc < 1:
+        raise PlanError(f"--nproc-per-node {nproc}: must be 1 or more")
+    if not derived:
+        odd = [h for h in hosts if h.slots not in (1, nproc)]
+        if odd:
+            listed = "; ".join(f"{h.origin + ' ' if ':' in h.origin else ''}{h.label} slots={h.slots}" for h in odd[:4])
+            raise PlanError(f"--nproc-per-node {nproc} contradicts the slots of {slots_from} ({listed}): give the "
+                            "slots once (drop --nproc-per-node, or the hosts' slots)")
+    total = nproc * len(hosts)
+    if num_workers is not None and (num_workers > total or (num_workers != total and not elastic)):
+        many = f"{len(hosts)} host{'s' if len(hosts) != 1 else ''}"
+        raise PlanError(f"-n {num_workers} contradicts --nproc-per-node {nproc} on {many} ({total} workers): "
+                        f"give one of them (-n {total}, or leave -n out)")
+    return [h.with_slots(nproc) for h in hosts]
 
 
 def _find_host(hosts: Sequence[Host], wanted: str) -> Host:

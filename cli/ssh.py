@@ -5,7 +5,7 @@ IdentityFile, IdentitiesOnly, ProxyJump (each jump host looked up in the config 
 ProxyCommand (its ``%h``/``%p``/``%r`` from the config) and ServerAliveInterval (SSH
 keepalives).  Keys: ``identity_file`` (``mxdist launch -i``) first, then the config's
 IdentityFile; the ssh agent and the default keys are tried unless IdentitiesOnly is set.
-Explicit ``user@host:port`` in the hosts list wins over the config.
+An explicit ``user@`` or ``port=N`` of a host entry (:mod:`mxdist.hosts`) wins over the config.
 
 Host keys are checked against ``known_hosts`` (``~/.ssh/known_hosts`` or ``known_hosts``):
 an unknown key is refused unless ``accept_new_host_keys`` (then it is appended to the file);
@@ -65,10 +65,12 @@ from .backends import (
 )
 from .gpus import HostGpus
 from .hosts import (
+    LONE_WORD,
     Host,
     HostsError,
     check_hostname,
     check_user,
+    lone_word,
     looks_like_file,
     parse_host_list,
     parse_host_word,
@@ -86,18 +88,26 @@ MAX_JUMPS = 8   # ProxyJump hops, counted through jump hosts' own ProxyJump
 
 
 def read_hosts(spec: str) -> list[Host]:
-    """``-H`` value: an existing file (hosts file format), else an inline list."""
+    """``-H`` value: an existing file (hosts file format), else an inline list.  A value that
+    cannot be a path (too long, a NUL) is a list; a lone name that is no file is a host whose
+    origin says so (:data:`mxdist.hosts.LONE_WORD`)."""
     path = Path(spec).expanduser()
-    if path.is_file():
+    try:
+        is_file = path.is_file()
+    except (OSError, ValueError):
+        is_file = False
+    if is_file:
         try:
             text = path.read_text()
-        except OSError as exc:
-            raise HostsError(f"{spec}: cannot read: {exc}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            why = getattr(exc, "strerror", None) or exc
+            raise HostsError(f"-H {spec}: cannot read the hosts file: {why}") from None
         return parse_hosts_file(text, str(spec))
     if looks_like_file(spec) and not re.search(r"[\s;|&$`<>(){}'\"\\]", spec):
-        raise HostsError(f"-H {spec}: no such hosts file")
+        raise HostsError(f"-H {spec}: no such hosts file (in {os.getcwd()})")
     # an inline list; shell characters make it one too, so the host check names the bad value
-    return parse_host_list(spec)
+    hosts = parse_host_list(spec)
+    return [replace(hosts[0], origin=LONE_WORD)] if lone_word(spec) else hosts
 
 
 class SshConfigError(BackendError):
@@ -463,6 +473,11 @@ class SshBackend:
                                "add your public key to ~/.ssh/authorized_keys on the host (ssh-copy-id), "
                                "pass the matching key with -i, load it into ssh-agent, or set IdentityFile "
                                "in the ssh config")
+        if isinstance(exc, socket.gaierror) and host.origin == LONE_WORD:
+            return HostProblem(label, f"-H {host.name}: neither an existing hosts file (no file {host.name} in "
+                               f"{os.getcwd()}) nor a host name that resolves",
+                               f"a hosts file: give its path (-H ./{host.name}); a host: check the spelling, DNS, "
+                               "or HostName in the ssh config")
         if isinstance(exc, socket.gaierror):
             return HostProblem(label, f"unknown host name {address}",
                                "check the spelling, DNS, or HostName in the ssh config")
@@ -472,7 +487,8 @@ class SshBackend:
         if isinstance(exc, (paramiko.ssh_exception.NoValidConnectionsError, ConnectionError, OSError)):
             return HostProblem(label, f"cannot connect to {where}: {_connect_error(exc)}",
                                "is sshd running there and listening on that port? "
-                               "(host:port in the hosts file, or Port in the ssh config)")
+                               f"(the SSH port: {host.name}:port=N with -H or in the hosts file, or Port in "
+                               f"the ssh config; {host.name}:N means N slots)")
         if isinstance(exc, SshConfigError):
             return HostProblem(label, str(exc), f"fix the ssh config ({self.ssh_config}; ssh -G {host.name} "
                                "shows what OpenSSH reads)")

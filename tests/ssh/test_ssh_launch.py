@@ -168,7 +168,7 @@ def test_unreachable_host_is_reported_and_nothing_starts(ssh_cluster, home, tmp_
     assert res.returncode == 3, res.stdout + res.stderr
     assert "preflight failed" in res.stderr and "127.0.0.5" in res.stderr
     assert "cannot connect" in res.stderr
-    closed = run_cli(["launch", "-H", "127.0.0.2:9", "-s", "0", show], ssh_cluster.env(home))
+    closed = run_cli(["launch", "-H", "127.0.0.2:port=9", "-s", "0", show], ssh_cluster.env(home))
     assert closed.returncode == 3 and "127.0.0.2:9: connection refused" in closed.stderr, closed.stderr
     assert "Errno None" not in closed.stderr
     status = run_cli(["status"], ssh_cluster.env(home))                # a preflight failure: no crash

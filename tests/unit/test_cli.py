@@ -57,7 +57,7 @@ def test_local_dry_run_prints_the_plan_and_starts_nothing(home):
 
 
 def test_ssh_dry_run_resolves_hosts_without_connecting(home, ssh_config):
-    result = invoke("launch", "--dry-run", "-H", "n1,n2:2222,carol@n3", "-s", "0", "--port", "23000",
+    result = invoke("launch", "--dry-run", "-H", "n1,n2:port=2222,carol@n3", "-s", "0", "--port", "23000",
                     "--python", "/opt/py/bin/python3", "train.py")
     assert result.exit_code == 0, result.output
     assert "10.1.0.1:23000" in result.output            # the scheduler on n1's HostName
@@ -75,7 +75,7 @@ def test_hosts_file_errors_name_file_and_line(home, tmp_path):
 
 
 @pytest.mark.parametrize("spec", ["h;touch /tmp/mxdist-x", "$(id)", "`id`", "-oProxyCommand=touch_x",
-                                  "a,b c", "$(id)@h", "h:99999"])
+                                  "a,b c", "$(id)@h", "h:port=99999", "h:addr=$(id)"])
 def test_dangerous_hosts_rejected_before_any_connection(home, spec):
     result = invoke("launch", "-H", spec, "train.py")
     assert result.exit_code == 2, result.output

@@ -138,7 +138,7 @@ def test_discovery_output_host_and_slots():
 
 @pytest.mark.parametrize("text, message", [
     ("node1:0\n", "find.sh:1: slots '0'"),
-    ("node1:x\n", "find.sh:1: slots 'x'"),
+    ("node1:x\n", "find.sh:1: 'x' after ':' in 'node1:x' is neither a slot count nor a field"),
     ("a;b\n", "find.sh:1: host 'a;b' is not a valid host name"),
     ("-oProxy\n", "starts with '-'"),
     ("n1\nn1:2\n", "find.sh:2: n1 is listed twice"),

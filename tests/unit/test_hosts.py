@@ -5,19 +5,24 @@ from pathlib import Path
 
 import pytest
 
-from mxdist.hosts import Host, HostsError, check_env_name, parse_host_list, parse_hosts_file
+from mxdist.elastic import parse_discovery
+from mxdist.hosts import Host, HostsError, check_env_name, parse_host_entry, parse_host_list, parse_hosts_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_hosts_file_forms_comments_and_blank_lines():
-    text = "# cluster\n\nnode1\nnode2:2222   # sshd port\nalice@node3 slots=4\n  [::1]:22 slots=2\n"
+    text = ("# cluster\n\nnode1\nnode2 port=2222   # sshd port\nalice@node3 slots=4\n  [::1]:port=22 slots=2\n"
+            "node5:3\nnode6:2:port=2200 addr=10.1.0.6\n")
     hosts = parse_hosts_file(text, "hosts")
-    assert [(h.name, h.port, h.user, h.slots) for h in hosts] == [
-        ("node1", None, None, 1), ("node2", 2222, None, 1), ("node3", None, "alice", 4), ("[::1]", 22, None, 2)]
-    assert [h.label for h in hosts] == ["node1", "node2:2222", "alice@node3", "[::1]:22"]
-    assert hosts[3].address == "::1"
+    assert [(h.name, h.port, h.user, h.slots, h.address) for h in hosts] == [
+        ("node1", None, None, 1, "node1"), ("node2", 2222, None, 1, "node2"), ("node3", None, "alice", 4, "node3"),
+        ("[::1]", 22, None, 2, "::1"), ("node5", None, None, 3, "node5"), ("node6", 2200, None, 2, "10.1.0.6")]
+    assert [h.label for h in hosts] == ["node1", "node2:port=2222", "alice@node3", "[::1]:port=22", "node5",
+                                        "node6:port=2200"]
     assert hosts[1].origin == "hosts:4"
+    # a label is a host entry again
+    assert [parse_host_entry(h.label).port for h in hosts] == [h.port for h in hosts]
 
 
 def test_hosts_example_parses():
@@ -27,13 +32,21 @@ def test_hosts_example_parses():
 
 
 @pytest.mark.parametrize("line, why", [
-    ("node1 slots=x", "slots='x'"),
-    ("node1 slots=0", "slots='0'"),
+    ("node1 slots=x", "slots 'x' in 'node1 slots=x' must be a whole number >= 1"),
+    ("node1 slots=0", "slots '0'"),
     ("node1 cpus=2", "unknown field"),
+    ("node1 slot=2", "did you mean slots=?"),
     ("node1 node2", "unknown field"),
-    ("node1:0", "outside 1..65535"),
-    ("node1:70000", "outside 1..65535"),
-    ("node1:ssh", "not a number"),
+    ("node1:0", "slots '0'"),
+    ("node1:port=0", "outside 1..65535"),
+    ("node1 port=70000", "outside 1..65535"),
+    ("node1 port=ssh", "not a number"),
+    ("node1:ssh", "neither a slot count nor a field"),
+    ("node1:2 slots=3", "slots given twice in 'node1:2 slots=3' (:2 and slots=3)"),
+    ("node1 port=22 port=23", "port given twice"),
+    ("fe80::1", "an IPv6 address goes in brackets: [fe80::1]:2"),
+    ("node1 addr=$(id)", "not a valid host name"),
+    ("node1 addr=", "addr= needs an address"),
     ("h;touch /tmp/x", "not a valid host name"),
     ("$(id)", "not a valid host name"),
     ("`id`", "not a valid host name"),
@@ -56,7 +69,7 @@ def test_duplicates_are_rejected_with_both_places():
     with pytest.raises(HostsError, match=r"f:3: duplicate host 'node1' \(first at f:1\)"):
         parse_hosts_file("node1\nnode2\nnode1 slots=2\n", "f")
     # same name on another port or user is another host
-    assert len(parse_hosts_file("node1\nnode1:2222\nbob@node1\n", "f")) == 3
+    assert len(parse_hosts_file("node1\nnode1 port=2222\nbob@node1\n", "f")) == 3
 
 
 def test_empty_file_is_an_error():
@@ -65,8 +78,8 @@ def test_empty_file_is_an_error():
 
 
 def test_inline_list():
-    hosts = parse_host_list("a,b:2222,user@c")
-    assert [h.label for h in hosts] == ["a", "b:2222", "user@c"]
+    hosts = parse_host_list("a,b:port=2222,user@c")
+    assert [h.label for h in hosts] == ["a", "b:port=2222", "user@c"]
     assert all(h.slots == 1 for h in hosts)
     with pytest.raises(HostsError, match="-H item 2"):
         parse_host_list("a,h;id")
@@ -86,3 +99,29 @@ def test_env_names():
 def test_host_defaults():
     host = Host("node1")
     assert host.address == "node1" and host.slots == 1 and host.label == "node1"
+
+
+def test_one_rule_for_slots_in_a_list_a_file_and_a_discovery_script():
+    """horovodrun's ``-H h1:2,h2:4``: HOST:N is N slots wherever a host is written."""
+    inline = parse_host_list("h1:2,alice@h2:4,[::1]:3,h4")
+    in_file = parse_hosts_file("h1:2\nalice@h2 slots=4\n[::1]:3\nh4\n", "hosts")
+    found = parse_discovery("h1:2\nalice@h2:4\n[::1]:3\nh4\n", "find.sh")
+    for hosts in (inline, in_file, found):
+        assert [(h.label, h.slots, h.port) for h in hosts] == [("h1", 2, None), ("alice@h2", 4, None),
+                                                               ("[::1]", 3, None), ("h4", 1, None)]
+    assert [(h.port, h.slots) for h in parse_host_list("h1:port=2222,h2:2:port=2200,'h3 slots=2 port=22'".replace(
+        "'", ""))] == [(2222, 1), (2200, 2), (22, 2)]
+
+
+@pytest.mark.parametrize("spec", ["node2:2222", "node2:8022", "alice@node2:2222"])
+def test_a_port_written_as_host_colon_port_says_what_to_write(spec):
+    with pytest.raises(HostsError) as info:
+        parse_host_list(spec)
+    port = spec.rsplit(":", 1)[1]
+    host = spec.split(":")[0].split("@")[-1]
+    assert str(info.value) == (
+        f"-H: '{spec.split('@')[-1]}': HOST:N means N slots (as horovodrun -H and the discovery script), and {port} is "
+        f"more than 1024; for SSH port {port} write {host}:port={port} (or Port in ~/.ssh/config)")
+    # in a hosts file, with the line quoted
+    with pytest.raises(HostsError, match=f"hosts:1: .* write {host}:port={port} .*\n  1 \\| {spec} slots=2"):
+        parse_hosts_file(f"{spec} slots=2\n", "hosts")

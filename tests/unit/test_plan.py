@@ -155,7 +155,8 @@ def test_node_option_errors(kw, message):
     ("PSNODE_DISTRIBUTION", "--distribution"), ("PSNODE_MAX_RESTARTS", "--max-restarts"),
     ("PSNODE_CHECKPOINT_DIR", "--checkpoint-dir"), ("PSNODE_RESUME", "--resume"),
     ("PSNODE_SKIP_NONFINITE", "--skip-nonfinite"), ("PSNODE_KEY_FILE", "--insecure"),
-    ("psnode_log_level", "--log-level"), ("PSNODE_REGISTER_TIMEOUT", "no option"),
+    ("psnode_log_level", "--log-level"), ("PSNODE_REGISTER_TIMEOUT", "--start-timeout"),
+    ("PSNODE_RETRY_TIMEOUT", "no option"),
     ("PSNODE_CPU_POLICY", "--cpu-policy"),
 ])
 def test_env_cannot_set_psnode_variables(name, hint):

@@ -1,0 +1,180 @@
+"""torchrun and horovodrun habits at ``mxdist launch`` (typer's CliRunner: nothing is started).
+
+An unknown option before the script, ``-m MODULE``, horovodrun's ``-H host:slots``, a long inline
+host list, ``--nproc-per-node``, ``--start-timeout`` and ``addr=``: each as the user types it.
+"""
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from mxdist.main import app
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    result = runner.invoke(app, list(args))
+    assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception, SystemExit)
+    return result
+
+
+def no_record(home) -> bool:
+    return not (home / "jobs").exists() or not list((home / "jobs").glob("*.json"))
+
+
+def workers(output: str) -> list[str]:
+    """The plan table's worker rows (host and command columns)."""
+    return [line for line in output.splitlines() if "│ worker " in line]
+
+
+@pytest.mark.parametrize("typed, said", [
+    (["--dryrun", "-n", "2"], "unknown option --dryrun before the command; did you mean --dry-run?"),
+    (["--max-worker", "4"], "unknown option --max-worker before the command; did you mean --max-workers?"),
+    (["--nproc_per_node=2"], "unknown option --nproc_per_node before the command; did you mean --nproc-per-node?"),
+    (["--nnodes", "2"], "unknown option --nnodes before the command; mxdist says -H with one entry per node"),
+    (["--master-addr", "h1"], "unknown option --master-addr before the command; mxdist says --scheduler HOST"),
+    (["-x"], "unknown option -x before the command; mxdist launch --help lists them"),
+])
+def test_an_unknown_option_before_the_script_is_refused_not_run(home, typed, said):
+    result = invoke("launch", *typed, "examples/mlp_numpy.py")
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.replace("│", " ").split())
+    assert said in text, text
+    assert "mxdist's options go before the command, the command's own after it" in text
+    assert "command not found" not in text
+    assert no_record(home)
+
+
+def test_options_after_the_script_still_belong_to_it(home):
+    result = invoke("launch", "--dry-run", "-n", "1", "train.py", "--dryrun", "--max-worker", "4")
+    assert result.exit_code == 0, result.output
+    assert "train.py --dryrun --max-worker 4" in result.output
+
+
+def test_horovodrun_np_is_the_number_of_workers(home):
+    result = invoke("launch", "--dry-run", "-np", "3", "train.py")
+    assert result.exit_code == 0, result.output
+    assert len(workers(result.output)) == 3
+
+
+def test_module_runs_as_python_dash_m_and_the_dry_run_shows_it(home):
+    result = invoke("launch", "--dry-run", "-n", "2", "--pass-local-rank", "-m", "pkg.train", "--lr", "3", "-n", "9")
+    assert result.exit_code == 0, result.output
+    rows = workers(result.output)
+    assert len(rows) == 2
+    for local, row in enumerate(rows):
+        assert f"-m pkg.train --local_rank={local} --lr 3 -n 9" in row, row
+
+
+@pytest.mark.parametrize("typed, said", [
+    (["-m", "train.py"], "-m takes a Python module name (pkg.module), got 'train.py': write mxdist launch train.py"),
+    (["-m", "pkg/train"], "-m takes a Python module name (pkg.module), got 'pkg/train'"),
+])
+def test_module_that_is_no_module_name(home, typed, said):
+    result = invoke("launch", "-n", "1", *typed)
+    assert result.exit_code == 2, result.output
+    assert said in " ".join(result.output.replace("│", " ").split())
+    assert no_record(home)
+
+
+def test_inline_slots_as_horovodrun(home):
+    result = invoke("launch", "--dry-run", "-H", "h1:2,h2:4", "-s", "0", "--port", "23000", "train.py")
+    assert result.exit_code == 0, result.output
+    hosts = [row.split("│")[1].strip() for row in workers(result.output)]
+    assert hosts == ["h1"] * 2 + ["h2"] * 4
+
+
+def test_a_long_inline_list_is_a_list_not_a_path(home):
+    """32 entries (about 600 characters) are longer than a file name may be."""
+    spec = ",".join(f"10.0.{i // 200}.{i % 200 + 1}:port=22001" for i in range(32))
+    assert len(spec) > 500
+    result = invoke("launch", "--dry-run", "-H", spec, "-s", "0", "--port", "23000", "train.py")
+    assert result.exit_code == 0, result.output
+    assert len(workers(result.output)) == 32
+    # the same list written the ssh way (addr:port) is refused by its first entry, with what to write
+    old = spec.replace(":port=", ":")
+    result = invoke("launch", "--dry-run", "-H", old, "train.py")
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.replace("│", " ").split())
+    assert ("-H item 1: '10.0.0.1:22001': HOST:N means N slots (as horovodrun -H and the discovery script), and "
+            "22001 is more than 1024; for SSH port 22001 write 10.0.0.1:port=22001 (or Port in ~/.ssh/config)") in text
+
+
+def test_a_port_the_ssh_way_says_what_to_write(home, tmp_path):
+    hosts = tmp_path / "cluster.hosts"
+    hosts.write_text("node1 slots=2\nnode2:2222 slots=2\n")
+    result = invoke("launch", "-H", str(hosts), "train.py")
+    assert result.exit_code == 2
+    text = " ".join(result.output.replace("│", " ").split())
+    assert f"{hosts}:2: 'node2:2222': HOST:N means N slots" in text and "write node2:port=2222" in text
+    assert "2 | node2:2222 slots=2" in text
+
+
+@pytest.mark.parametrize("typed, count, per_host", [
+    (["--nproc-per-node", "3"], 3, {"localhost": 3}),
+    (["--nproc-per-node", "2", "-H", "a,b"], 4, {"a": 2, "b": 2}),
+    (["--nproc-per-node", "2", "-H", "a:2,b", "-n", "4"], 4, {"a": 2, "b": 2}),
+    (["--nproc-per-node", "2", "-H", "a,b", "-n", "2", "--max-workers", "4"], 2, {"a": 2}),
+])
+def test_nproc_per_node_gives_every_host_its_slots(home, typed, count, per_host):
+    result = invoke("launch", "--dry-run", "-s", "0", "--port", "23000", *typed, "train.py")
+    assert result.exit_code == 0, result.output
+    hosts = [row.split("│")[1].strip() for row in workers(result.output)]
+    assert len(hosts) == count and {h: hosts.count(h) for h in hosts} == per_host
+
+
+@pytest.mark.parametrize("typed, said", [
+    (["--nproc-per-node", "2", "-n", "3"],
+     "-n 3 contradicts --nproc-per-node 2 on 1 host (2 workers): give one of them (-n 2, or leave -n out)"),
+    (["--nproc-per-node", "2", "-H", "a,b", "-n", "5"],
+     "-n 5 contradicts --nproc-per-node 2 on 2 hosts (4 workers)"),
+    (["--nproc-per-node", "2", "-H", "a:4,b"],
+     "--nproc-per-node 2 contradicts the slots of the hosts (-H) (a slots=4): give the slots once"),
+    (["--nproc-per-node", "0"], "--nproc-per-node 0: must be 1 or more"),
+])
+def test_nproc_per_node_contradictions_are_named(home, typed, said):
+    result = invoke("launch", "--dry-run", *typed, "train.py")
+    assert result.exit_code == 2, result.output
+    assert said in " ".join(result.output.replace("│", " ").split())
+
+
+def test_start_timeout_reaches_every_process(home):
+    result = invoke("launch", "--dry-run", "-n", "2", "--start-timeout", "7.5", "train.py")
+    assert result.exit_code == 0, result.output
+    assert "PSNODE_REGISTER_TIMEOUT=7.5" in result.output
+    result = invoke("launch", "--dry-run", "--start-timeout", "0", "train.py")
+    assert result.exit_code == 2
+    assert "--start-timeout 0: must be seconds > 0" in " ".join(result.output.replace("│", " ").split())
+    result = invoke("launch", "--dry-run", "--engine", "mxnet", "--start-timeout", "9", "train.py")
+    assert result.exit_code == 2 and "--start-timeout" in result.output
+
+
+def test_addr_is_what_the_processes_bind_to(home):
+    result = invoke("launch", "--dry-run", "-H", "h1:addr=10.1.0.1,h2 addr=10.1.0.2", "--port", "23000", "train.py")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "10.1.0.1:23000" in out                        # the scheduler, reached on h1's addr
+    assert "MASTER_ADDR=10.1.0.1" in out and "PSNODE_SCHEDULER=10.1.0.1:23000" in out
+    assert "server 1: PSNODE_ROLE=server PSNODE_HOST=10.1.0.2" in out
+
+
+def test_the_slurm_preflight_looks_for_a_module_as_python_m_would(tmp_path):
+    """The check Slurm runs on every node (its source, run here as srun would run it)."""
+    import json
+    import subprocess
+    import sys
+
+    from mxdist.slurm import _CHECK
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "train.py").write_text("")
+    found = {}
+    for module in ("pkg.train", "pkg.trian"):
+        out = subprocess.run([sys.executable, "-c", _CHECK, str(tmp_path), json.dumps(["module", module])],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        line = next(x for x in out.stdout.splitlines() if x.startswith("MXDIST-CHECK "))
+        found[module] = json.loads(line.split(" ", 1)[1])["errors"]
+    assert found == {"pkg.train": [],
+                     "pkg.trian": [f"no module pkg.trian in {tmp_path} (python -m pkg.trian: not found)"]}
