@@ -15,7 +15,8 @@ Sequence (:meth:`Supervisor.run`):
    every process's output (prefixed; ``--ranks`` filters; every line saved to
    ``jobs/<id>/<name>.log``);
 4. watch: process exits go through the rules of :mod:`mxdist.lifecycle` (restart, after a back
-   off when it failed quickly; fail, a crash loop included; wind down); a stop request
+   off when it failed quickly; fail, a crash loop included; wind down; a killed scheduler is
+   restarted at its address and rebuilds the job from the live nodes); a stop request
    (``mxdist stop``: ``jobs/<id>/stop.request``) or a signal ends it;
 5. the end, always the same way (:meth:`Supervisor._conclude`): stop what still runs on every
    host (TERM, ``--grace``, KILL; a host that does not answer within seconds is *not
@@ -75,7 +76,7 @@ from .discovery import DiscoveryError, Poller
 from .elastic import ElasticError, Joiner, Live, ScaleAnswer, discovery_changes, plan_scale
 from .hosts import Host
 from .jobs import Change, Elastic, JobEnd, JobRecord, JobState, ProcRecord, ProcState
-from .lifecycle import QUICK, Action, Failure, Supervision
+from .lifecycle import QUICK, SCHEDULER_RESTARTS, Action, Failure, Supervision
 from .plan import Plan, ProcSpec, restarted, with_gpus, with_worker
 from .plan import joiner as joiner_spec
 from .preflight import HostWrites, prepare_host, prepare_hosts
@@ -143,6 +144,7 @@ class Supervisor:
         self._why_lost: dict[str, str] = {}
         self._slowest: str | None = None     # the closing line's words on the slowest worker (_ask_slowness)
         self._ended = threading.Event()
+        self._rules: Supervision | None = None
 
     def on_save(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` after every save of the record (``launch -d``: the parent returns
@@ -331,7 +333,9 @@ class Supervisor:
         elastic = self.record.elastic
         rules = Supervision.of(((p.name, p.role) for p in self.record.procs if p.pid),
                                self.plan.node.max_restarts, self.plan.node.servers_restart,
-                               minimum=elastic.min_workers if elastic is not None else None)
+                               minimum=elastic.min_workers if elastic is not None else None,
+                               scheduler_restarts=SCHEDULER_RESTARTS if self._psnode_job else 0)
+        self._rules = rules
         wind_down_by: float | None = None
         later: list[tuple[float, ProcRecord]] = []   # restarts backing off (mxdist.lifecycle, rule 6)
         if elastic is not None and elastic.discovery:
@@ -594,14 +598,29 @@ class Supervisor:
         exception = last_exception(rec.log, min(size, 16384)) if size > 0 else None
         return Failure(status.code, exception, time.monotonic() - since)
 
+    @property
+    def _psnode_job(self) -> bool:
+        """Is the scheduler psnode's (it rebuilds the job when restarted)?"""
+        return self.plan.engine.live_status and self.plan.num_servers > 0
+
     def _announce_restart(self, rec: ProcRecord, status: ExitStatus, delay: float) -> None:
         when = f" in {delay:g} s (it failed within {QUICK:g} s of its start)" if delay else ""
+        limit = self._rules.limit(rec.name) if self._rules is not None else self.plan.node.max_restarts
+        if rec.role == Role.SCHEDULER.value:
+            ui.warn(f"{rec.name} on {rec.host} {status.describe()}: restarting it at {self.record.scheduler}{when}; "
+                    f"the nodes rejoin it (restart {rec.restarts + 1} of {limit})")
+            return
         ui.warn(f"{rec.name} on {rec.host} {status.describe()}: restarting it with rank {rec.rank}{when} "
-                f"(restart {rec.restarts + 1} of {self.plan.node.max_restarts})")
+                f"(restart {rec.restarts + 1} of {limit})")
 
     def _restart(self, rec: ProcRecord) -> bool:
-        """Start ``rec`` again (same host, rank, env + PSNODE_RESTART_COUNT); False if that failed."""
+        """Start ``rec`` again (same host, rank, env + PSNODE_RESTART_COUNT); False if that failed.
+        One that ended without an exit status (its reaper killed) may still run: its process
+        group is stopped first."""
         count = rec.restarts + 1
+        if rec.state is ProcState.LOST and rec.pid:
+            with contextlib.suppress(Exception):
+                self.backend.stop(self.hosts[rec.host], [rec], 0.0)
         spec = restarted(next(p for p in self.plan.procs if p.name == rec.name), count)
         try:
             offset = os.path.getsize(rec.log)  # the local log (or local copy) holds all output so far
@@ -710,6 +729,10 @@ class Supervisor:
             detail = f"{detail} ({counts})" if detail else f"workers: {counts}"
         if self._slowest and rec.state is not JobState.STOPPED:
             detail = f"{detail}; {self._slowest}" if detail else self._slowest
+        sched = next((p for p in rec.procs if p.role == Role.SCHEDULER.value), None)
+        if sched is not None and sched.restarts:
+            times = f"scheduler restarted {sched.restarts} time{'s' if sched.restarts > 1 else ''}"
+            detail = f"{detail} ({times})" if detail else times
         ui.closing_line(rec.id, rec.state.value, rec.duration, detail)
 
     def _join_followers(self, timeout: float, skip: dict[str, str]) -> None:

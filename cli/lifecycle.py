@@ -19,7 +19,11 @@ Rules:
 2. A worker that fails (non-zero, signal, vanished) is restarted while it has restarts left
    (``--max-restarts``, counted per process) and the job is not winding down; else ``FAIL``.
 3. A server that fails is restarted when servers checkpoint (``--checkpoint-dir``) and it has
-   restarts left; else ``FAIL``.  The scheduler failing is ``FAIL``.
+   restarts left; else ``FAIL``.  The scheduler killed by a signal or lost without an exit
+   status (kill -9, the OOM killer) is restarted at its address up to ``scheduler_restarts``
+   times (:data:`SCHEDULER_RESTARTS` for a psnode job, whatever ``--max-restarts``: it holds
+   nothing the live nodes cannot give back, :mod:`psnode.scheduler.rebuild`); any other end of
+   the scheduler before the workers finished (its exit code: the job's verdict) is ``FAIL``.
 4. The scheduler or a server exiting 0 is not an event (psnode's scheduler ends a job before
    its workers' interpreters exit); after ``WIND_DOWN`` their failures are reported but do not
    change the outcome: the workers' results are in.
@@ -54,6 +58,7 @@ QUICK = 10.0          # seconds: a failure this soon after the start is quick
 CRASH_LOOP = 3        # quick failures the same way in a row, after the first failure, end the job
 BACKOFF = 1.0         # seconds before the restart after a second quick failure in a row (doubling)
 BACKOFF_MAX = 30.0
+SCHEDULER_RESTARTS = 3  # restarts of a psnode job's scheduler (rule 3)
 _OUTSIDE = {-signal.SIGKILL, -signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP}
 
 
@@ -92,6 +97,7 @@ class Supervision:
     others: set[str]                       # scheduler and servers
     max_restarts: int = 0
     servers_restart: bool = False          # --max-restarts with --checkpoint-dir
+    scheduler_restarts: int = 0            # rule 3: restarts of the scheduler when killed
     running: set[str] = field(default_factory=set)
     finished: set[str] = field(default_factory=set)
     restarts: dict[str, int] = field(default_factory=dict)
@@ -107,13 +113,15 @@ class Supervision:
 
     @classmethod
     def of(cls, procs: Iterable[tuple[str, str]], max_restarts: int = 0,
-           servers_restart: bool = False, minimum: int | None = None) -> Supervision:
-        """From ``(name, role)`` pairs of processes that were started (``minimum``: rule 7)."""
+           servers_restart: bool = False, minimum: int | None = None,
+           scheduler_restarts: int = 0) -> Supervision:
+        """From ``(name, role)`` pairs of processes that were started (``minimum``: rule 7;
+        ``scheduler_restarts``: rule 3)."""
         items = list(procs)
         workers = {n for n, role in items if role == "worker"}
         others = {n for n, role in items if role != "worker"}
         return cls(workers, others, max_restarts, servers_restart, running={n for n, _ in items},
-                   minimum=minimum)
+                   minimum=minimum, scheduler_restarts=scheduler_restarts)
 
     def add_worker(self, name: str) -> None:
         """A worker started while the job runs (an elastic job's joiner; a rank taken again
@@ -161,6 +169,9 @@ class Supervision:
         elif not ok and not self.winding_down:
             if name.startswith("server") and self.servers_restart and self._may_restart(name):
                 return self._restart(name)
+            if name == "scheduler" and (failure is None or failure.code is None or failure.code < 0) \
+                    and self.restarts.get(name, 0) < self.scheduler_restarts:
+                return self._restart(name)
             return Action.FAIL
         if not self.winding_down and self.finished | self.lost == self.workers:
             return self._wind_down()
@@ -193,6 +204,10 @@ class Supervision:
 
     def _may_restart(self, name: str) -> bool:
         return self.restarts.get(name, 0) < self.max_restarts
+
+    def limit(self, name: str) -> int:
+        """How many restarts ``name`` may have (rules 2 and 3)."""
+        return self.scheduler_restarts if name == "scheduler" else self.max_restarts
 
     def _restart(self, name: str) -> Action:
         self.restarts[name] = self.restarts.get(name, 0) + 1

@@ -7,6 +7,13 @@ the scheduler acknowledges each heartbeat.  No acknowledgement for ``dead_after`
 means the scheduler is gone: :meth:`SchedulerLink.check` raises :class:`PeerLost`.
 :meth:`SchedulerLink.recv` decodes what the scheduler sends (:mod:`psnode.protocol.control`);
 a malformed message is logged and dropped.
+
+A scheduler restarted at its address (:mod:`psnode.scheduler.rebuild`) does not know the node
+and answers it REJOIN: a welcomed node then registers again, with its rank and the
+:class:`~psnode.protocol.control.Rejoin` report its role gives (:attr:`SchedulerLink.report`),
+with each heartbeat until the new WELCOME.  The link hands that WELCOME to the role like any
+other.  REJOIN counts as an answer; the heartbeat timeout bounds how long a node waits for any
+scheduler to answer.
 """
 from __future__ import annotations
 
@@ -22,7 +29,7 @@ from psnode.errors import PeerLost, ProtocolError
 from psnode.net.security import Plane
 from psnode.net.transport import Channel, Transport
 from psnode.protocol import Command
-from psnode.protocol.control import Bye, Control, Counters, Heartbeat, Register, Welcome, decode
+from psnode.protocol.control import Bye, Control, Counters, Heartbeat, Register, Rejoin, Welcome, decode
 
 log = logging.getLogger("psnode.link")
 
@@ -38,15 +45,25 @@ class SchedulerLink:
         self.scheduler_pid: int | None = None
         self.last_ack = time.monotonic()
         self.welcomed = False
-        self._register = Register(role, cfg.host, port, os.getpid(), cfg.rank).to_body()
-        self.chan.send(Command.REGISTER, self._register)
+        self._register = Register(role, cfg.host, port, os.getpid(), cfg.rank)
+        self.rank: int | None = None
+        #: what this node reports to a restarted scheduler (None: it does not rejoin)
+        self.report: Callable[[], Rejoin] | None = None
+        self.rejoining = False
+        self.chan.send(Command.REGISTER, self._register.to_body())
+
+    def _registration(self) -> dict[str, Any]:
+        if self.rejoining and self.report is not None:
+            r = self._register
+            return Register(r.role, r.host, r.port, r.pid, self.rank, self.report()).to_body()
+        return self._register.to_body()
 
     def tick(self, now: float) -> None:
         """Heartbeat when due (and register again until welcomed: a REGISTER or its WELCOME can
         be lost with a connection); raise PeerLost when the scheduler has been silent too long."""
         if now >= self._next_beat:
             if not self.welcomed:
-                self.chan.send(Command.REGISTER, self._register)
+                self.chan.send(Command.REGISTER, self._registration())
             self.chan.send(Command.HEARTBEAT, Heartbeat(Counters.of(self._stats())).to_body())
             self._next_beat = now + self.cfg.heartbeat_interval
         silent = now - self.last_ack
@@ -68,9 +85,21 @@ class SchedulerLink:
             except ProtocolError as exc:
                 log.warning("dropped %s from the scheduler: %s", got[1].cmd.value, exc)
                 continue
+            if msg.cmd is Command.REJOIN:
+                if self.welcomed and self.report is not None:   # a restarted scheduler
+                    log.warning("the scheduler at %s restarted; registering again as %s %s",
+                                self.cfg.scheduler_address, self._register.role, self.rank)
+                    self.welcomed, self.rejoining = False, True
+                    self.chan.send(Command.REGISTER, self._registration())
+                elif self.rejoining:
+                    self.chan.send(Command.REGISTER, self._registration())
+                continue
             if isinstance(msg.body, Welcome):
-                self.welcomed = True
+                if self.rejoining and msg.body.rank != self.rank:
+                    continue   # a WELCOME for an earlier registration
+                self.welcomed, self.rejoining = True, False
                 self.scheduler_pid = msg.body.pid
+                self.rank = msg.body.rank
             return msg
         return None
 

@@ -9,6 +9,7 @@ and the field.  Unknown fields are ignored.  Roles log and drop a message that f
 command         body                  from -> to
 =============== ===================== =====================================================
 REGISTER        :class:`Register`     node -> scheduler (again until welcomed)
+REJOIN          :class:`Empty`        restarted scheduler -> a node it does not know
 WELCOME         :class:`Welcome`      scheduler -> node (again for a repeated REGISTER)
 HEARTBEAT       :class:`Heartbeat`    node -> scheduler, every ``heartbeat_interval``
 HEARTBEAT_ACK   :class:`Empty`        scheduler -> node
@@ -156,27 +157,66 @@ class Empty:
 
 
 @dataclass(frozen=True)
+class Rejoin:
+    """What a welcomed node tells a restarted scheduler (REGISTER after REJOIN), from which it
+    rebuilds its state (:mod:`psnode.scheduler.rebuild`): how often this rank was
+    ``restarts``-ed, the ``barriers`` a worker completed, whether it is a ``joiner``, and the
+    membership as the node knows it: ``generation``, the ``active`` workers and those that
+    ``joined`` the running job (a server's view is the one the scheduler trusts: servers hear
+    every MEMBERSHIP first)."""
+
+    restarts: int = 0
+    barriers: int = 0
+    joiner: bool = False
+    generation: int = 0
+    active: tuple[int, ...] = ()
+    joined: tuple[int, ...] = ()
+
+    def to_body(self) -> dict[str, Any]:
+        return {"restarts": self.restarts, "barriers": self.barriers, "joiner": self.joiner,
+                "generation": self.generation, "active": list(self.active), "joined": list(self.joined)}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Rejoin:
+        w = "register: rejoin"
+        return cls(_int(body, w, "restarts", default=0), _int(body, w, "barriers", high=_MAX_COUNT, default=0),
+                   _bool(body, w, "joiner", default=False), _int(body, w, "generation", high=_MAX_COUNT, default=0),
+                   _ranks(body, w, "active") if "active" in body else (),
+                   _ranks(body, w, "joined") if "joined" in body else ())
+
+
+@dataclass(frozen=True)
 class Register:
     """A node joins: its ``role`` (``worker`` or ``server``), where it serves (a server's
     ``host:port``; a worker's port is 0), its ``pid``, and the ``rank`` the launcher gave it
-    (None: any)."""
+    (None: any).  ``rejoin`` (a node already in the job, answering a restarted scheduler's
+    REJOIN): ``rank`` is its rank in the job, and :class:`Rejoin` what it knows."""
 
     role: str
     host: str
     port: int
     pid: int
     rank: int | None = None
+    rejoin: Rejoin | None = None
 
     def to_body(self) -> dict[str, Any]:
-        return {"role": self.role, "host": self.host, "port": self.port, "pid": self.pid, "rank": self.rank}
+        body = {"role": self.role, "host": self.host, "port": self.port, "pid": self.pid, "rank": self.rank}
+        if self.rejoin is not None:
+            body["rejoin"] = self.rejoin.to_body()
+        return body
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Register:
         role = body.get("role")
         if role not in ("worker", "server"):
             raise ProtocolError(f"register: role must be 'worker' or 'server', not {str(role)[:40]!r}")
+        rejoin = None
+        if body.get("rejoin") is not None:
+            rejoin = Rejoin.from_body(_object(body["rejoin"], "register: rejoin"))
+            if body.get("rank") is None:
+                raise ProtocolError("register: a rejoining node must give its rank")
         return cls(role, _str(body, "register", "host", MAX_HOST), _int(body, "register", "port", high=65536),
-                   _int(body, "register", "pid"), _opt_int(body, "register", "rank"))
+                   _int(body, "register", "pid"), _opt_int(body, "register", "rank"), rejoin)
 
 
 @dataclass(frozen=True)
@@ -570,6 +610,7 @@ BODIES: dict[Command, Any] = {
     Command.SHUTDOWN: JobEnd, Command.PEER_LOST: JobEnd, Command.BYE: Bye, Command.STATUS: Empty,
     Command.STATUS_REPLY: StatusAnswer, Command.STOP: Stop, Command.STOP_ACK: Empty,
     Command.LEAVE: Leave, Command.LEAVE_ACK: Empty, Command.LOST: Lost, Command.LOST_ACK: Empty,
+    Command.REJOIN: Empty,
 }
 
 
@@ -597,5 +638,5 @@ def decode(msg: Message) -> Control:
 
 
 __all__ = ["BODIES", "Barrier", "BarrierDone", "Body", "Bye", "Control", "Counters", "Empty", "Heartbeat",
-           "JobEnd", "Leave", "Lost", "Membership", "Register", "ServerAddress", "Servers", "StatusAnswer", "Stop",
-           "WaitReport", "Welcome", "decode", "decode_body", "wait_report", "waited_on"]
+           "JobEnd", "Leave", "Lost", "Membership", "Register", "Rejoin", "ServerAddress", "Servers", "StatusAnswer",
+           "Stop", "WaitReport", "Welcome", "decode", "decode_body", "wait_report", "waited_on"]

@@ -50,6 +50,7 @@ class Command(str, Enum):
     SHUTDOWN = "shutdown"          # scheduler -> all: end now
     BYE = "bye"                    # node -> scheduler: leaving
     SERVERS = "servers"            # scheduler -> workers: a server is down or was replaced
+    REJOIN = "rejoin"              # restarted scheduler -> node it does not know: register again
     # control (mxdist status / stop -> scheduler)
     STATUS = "status"
     STATUS_REPLY = "status_reply"

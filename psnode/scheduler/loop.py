@@ -50,6 +50,14 @@ Life of a job as the scheduler sees it:
    (``PSNODE_ERROR_FILE``, :mod:`psnode.protocol.failure`): the node it blames (one that reported a
    failure, or one silent past the heartbeat timeout) and when that node failed or was last
    heard from, so the launcher names the root cause and not the processes it took down.
+9. A scheduler the launcher restarted (``restart_count > 0``, same address; it is killed or
+   crashed) rebuilds the job from the live nodes (:mod:`psnode.scheduler.rebuild`): it answers
+   a node it does not know with REJOIN; each welcomed node registers again with its rank and
+   what it knows; after every expected node reported, or the heartbeat timeout, it welcomes
+   them again, tells the servers the membership, and handles what was held meanwhile (barriers,
+   finishes, registrations of new nodes, requests of the launcher).  Workers send an unanswered
+   BARRIER or FINISH again on their new WELCOME.  Data does not pass the scheduler: rounds go on
+   meanwhile.  Expected nodes that did not report count as silent since the restart.
 """
 from __future__ import annotations
 
@@ -86,6 +94,7 @@ from psnode.protocol.control import (
 )
 from psnode.protocol.status import NodeRow, NodeState
 from psnode.scheduler.elastic import Elastic
+from psnode.scheduler.rebuild import Rebuild, done_elsewhere
 from psnode.scheduler.roster import Roster
 from psnode.scheduler.slowness import Slowness, Stalls
 from psnode.scheduler.waitfor import Watch
@@ -140,6 +149,10 @@ class Node:
             refused=s.refused, retries=s.retries)
 
 
+#: what only a node of the job sends (answered REJOIN by a restarted scheduler that does not know it)
+_NODE_COMMANDS = frozenset({Command.HEARTBEAT, Command.BARRIER, Command.FINISH, Command.BYE})
+
+
 class Scheduler:
     def __init__(self, cfg: NodeConfig) -> None:
         self.cfg = cfg
@@ -161,6 +174,10 @@ class Scheduler:
         self.elastic = Elastic(cfg.workers_max)  # generation, joiners, leavers (psnode.scheduler.elastic)
         self.early: dict[bytes, Node] = {}  # joiners registered before the first generation was complete
         timeline.start(cfg.timeline, "scheduler", None)
+        # a restarted scheduler: the live nodes' reports, until the job is rebuilt (psnode.scheduler.rebuild)
+        self.rebuild: Rebuild | None = Rebuild(cfg.num_servers) if cfg.restart_count > 0 else None
+        self.rebuild_by = self.t0 + cfg.dead_after
+        self.held: list[tuple[bytes, Message]] = []  # what arrived while rebuilding, handled after
 
     # ------------------------------------------------------------ helpers
     def _send(self, node: Node | bytes, cmd: Command, body: Body | None = None) -> None:
@@ -172,7 +189,8 @@ class Scheduler:
                 if n.state in (NodeState.REGISTERED, NodeState.ALIVE) and (role is None or n.role == role)]
 
     def _book(self) -> tuple[ServerAddress, ...]:
-        servers = sorted((n for n in self.nodes.values() if n.role == "server"), key=lambda n: n.rank)
+        """The servers' addresses (one missing since a scheduler restart has none yet)."""
+        servers = sorted((n for n in self.nodes.values() if n.role == "server" and n.port), key=lambda n: n.rank)
         return tuple(ServerAddress(n.rank, n.host, n.port) for n in servers)
 
     def _set_state(self, n: Node, state: NodeState) -> None:
@@ -182,6 +200,9 @@ class Scheduler:
 
     # ------------------------------------------------------------ registration
     def _on_register(self, ident: bytes, body: Register) -> None:
+        if body.rejoin is not None:
+            self._adopt(ident, body)
+            return
         role = body.role
         node = Node(role=role, host=body.host, port=body.port, pid=body.pid, ident=ident, wish=body.rank)
         if self.started:
@@ -356,6 +377,93 @@ class Scheduler:
             for w in self._live("worker"):
                 self._send(w, Command.SERVERS, Servers(down=n.rank))
 
+    # ------------------------------------------------------------ restart (psnode.scheduler.rebuild)
+    def _while_rebuilding(self, ident: bytes, msg: Message, body: Body) -> None:
+        """A message before the job is rebuilt: reports are collected, heartbeats of the nodes
+        heard from answered, a node not heard from asked to REJOIN, the rest held."""
+        rb = self.rebuild
+        assert rb is not None
+        if isinstance(body, Register) and body.rejoin is not None:
+            why = rb.rejoin(ident, body)
+            if why is not None:
+                self._send(ident, Command.SHUTDOWN, JobEnd(False, f"{body.role} pid {body.pid} cannot rejoin: {why}"))
+        elif isinstance(body, Register):
+            rb.fresh.setdefault(ident, body)
+        elif rb.knows(ident) and isinstance(body, Heartbeat):
+            self._send(ident, Command.HEARTBEAT_ACK)
+        elif not rb.knows(ident) and msg.cmd in _NODE_COMMANDS:
+            self._send(ident, Command.REJOIN)
+        else:
+            self.held.append((ident, msg))
+
+    def _rebuilt(self) -> None:
+        """The reports are in (or the heartbeat timeout passed): take the job over."""
+        rb, self.rebuild = self.rebuild, None
+        assert rb is not None
+        if rb.started:
+            plan = rb.plan()
+            self.started = True
+            self.elastic.generation, self.elastic.joiners = plan.generation, set(plan.joiners)
+            for (role, rank), (ident, body) in rb.nodes.items():
+                assert body.rejoin is not None
+                node = Node(role=role, host=body.host, port=body.port, pid=body.pid, ident=ident, wish=rank,
+                            rank=rank, restarts=body.rejoin.restarts, barrier_done=body.rejoin.barriers,
+                            joiner=body.rejoin.joiner and role == "worker")
+                self.nodes[ident] = node
+                self.roster.joined(role, ident)
+                finished = role == "worker" and rank in plan.finished
+                self._set_state(node, NodeState.FINISHED if finished else NodeState.ALIVE)
+            for role, rank in plan.missing:   # silent since the restart: the usual rules decide
+                ident = f"?{role}-{rank}".encode()   # (no node's identity: what is sent there is dropped)
+                node = Node(role=role, host="unknown", port=0, pid=0, ident=ident, wish=rank, rank=rank,
+                            last_seen=self.t0, joiner=rank in plan.joiners)
+                self.nodes[ident] = node
+                self.roster.joined(role, ident)
+                self._set_state(node, NodeState.ALIVE)
+            book = self._book()
+            for n in self._live():
+                if n.pid:
+                    self._welcome(n, book)
+            self.roster.want_membership()
+            self._flush_membership(force=True)
+            log.warning("scheduler restart %d: job %s rebuilt from %d live nodes (generation %d, workers %s%s)",
+                        self.cfg.restart_count, self.cfg.job_id, len(rb.nodes), plan.generation,
+                        sorted(plan.members), f"; not heard from: {plan.missing}" if plan.missing else "")
+        for ident, body in rb.fresh.items():
+            if ident not in self.nodes:
+                self._on_register(ident, body)
+        held, self.held = self.held, []
+        for ident, msg in held:
+            self._dispatch(ident, msg)
+        if self.started and self.exit_code is None:
+            self._check_barrier()
+            if self.roster.all_finished():
+                self._end(ok=True, reason="every worker finished")
+
+    def _adopt(self, ident: bytes, body: Register) -> None:
+        """A node of the job registering again after the job was rebuilt (it was slow to hear of
+        the restart): it takes the place kept for it, or its rank's place when none is."""
+        assert body.rank is not None and body.rejoin is not None
+        old = next((n for n in self.nodes.values() if n.role == body.role and n.rank == body.rank
+                    and n.state in (NodeState.ALIVE, NodeState.REGISTERED, NodeState.RESTARTING)), None)
+        if old is not None and old.pid:
+            self._send(ident, Command.SHUTDOWN, JobEnd(False, f"{body.role} pid {body.pid} cannot rejoin: "
+                                                              f"{old.name} holds rank {body.rank}"))
+            return
+        if old is not None:
+            self.waiting_replacement.pop((old.role, old.rank), None)
+            del self.nodes[old.ident]
+            self.roster.left(old.role, old.ident)
+        node = Node(role=body.role, host=body.host, port=body.port, pid=body.pid, ident=ident, wish=body.rank,
+                    rank=body.rank, restarts=body.rejoin.restarts, barrier_done=body.rejoin.barriers,
+                    joiner=body.rejoin.joiner and body.role == "worker")
+        self.nodes[ident] = node
+        self.roster.joined(node.role, ident)
+        self._set_state(node, NodeState.ALIVE)
+        self._welcome(node, self._book())   # (a server serves where it did: the workers know it)
+        self.roster.want_membership()
+        log.warning("%s rejoined after the scheduler restart", node.name)
+
     # ------------------------------------------------------------ barrier / finish
     def _check_barrier(self) -> None:
         if self.roster.barrier_complete(self.barrier) and not self.waiting_replacement:
@@ -495,7 +603,11 @@ class Scheduler:
         except ProtocolError as exc:
             log.warning("dropped %s from %r: %s", cmd.value, ident, exc)
             return
-        if isinstance(body, Register) and node is None:
+        if self.rebuild is not None and cmd is not Command.STATUS:
+            self._while_rebuilding(ident, msg, body)
+        elif node is None and self.cfg.restart_count and cmd in _NODE_COMMANDS:
+            self._send(ident, Command.REJOIN)   # a node of the job the restart has not heard from yet
+        elif isinstance(body, Register) and node is None:
             self._on_register(ident, body)
         elif cmd is Command.REGISTER:
             assert node is not None
@@ -505,7 +617,7 @@ class Scheduler:
             now = time.monotonic()
             e = self.elastic
             self._send(ident, Command.STATUS_REPLY, StatusAnswer(
-                self.cfg.job_id, round(now - self.t0, 3), self.started,
+                self.cfg.job_id, round(now - self.t0, 3), self.started or bool(self.rebuild and self.rebuild.started),
                 self.t.refused,  # connections the scheduler itself refused
                 self._rows(now),
                 e.generation, tuple(self.roster.active_ranks()), e.joined, e.left, e.lost))
@@ -531,6 +643,12 @@ class Scheduler:
             n = node.barrier_done + 1 if body.n is None else body.n
             if n <= node.barrier_done:  # sent again: its answer was lost
                 self._send(node, Command.BARRIER_DONE, BarrierDone(node.barrier_done))
+                return
+            if self.cfg.restart_count and not node.joiner and done_elsewhere(n, (
+                    w.barrier_done for w in self.nodes.values() if w.role == "worker" and not w.joiner)):
+                node.barrier_done = n   # completed by the previous scheduler; its answer was lost
+                members = tuple(self.roster.active_ranks()) if self.cfg.elastic else ()
+                self._send(node, Command.BARRIER_DONE, BarrierDone(n, members, self.elastic.generation))
                 return
             if self.barrier.get(ident) != n:
                 self.barrier_since[ident] = time.monotonic()
@@ -567,6 +685,10 @@ class Scheduler:
                         log.warning("dropped %s from %r: %r", got[1].cmd.value, got[0], exc)
             self._flush_membership()  # after the turn: for all the FINISHes it handled, once
             now = time.monotonic()
+            if self.rebuild is not None:
+                if not self.rebuild.complete() and now < self.rebuild_by:
+                    continue
+                self._rebuilt()
             if self.exit_code is None:
                 self._check_liveness(now)
             if self.exit_code is None:

@@ -32,7 +32,7 @@ from psnode.net.link import SchedulerLink
 from psnode.net.security import Security
 from psnode.net.transport import Poller, Transport
 from psnode.protocol import PACK_BYTES, Command, Message, Ok, failure
-from psnode.protocol.control import Bye, Control, JobEnd, Membership, Welcome
+from psnode.protocol.control import Bye, Control, JobEnd, Membership, Rejoin, Welcome
 from psnode.samehost import segments as shm
 from psnode.server import checkpoint
 from psnode.server.replies import Reply, sent
@@ -63,6 +63,7 @@ class Server:
                            alloc=arena.array if arena else None, adopt=arena.adopt if arena else None,
                            restartable=bool(cfg.checkpoint_dir) and cfg.max_restarts > 0)
         self.link = SchedulerLink(self.t, cfg, "server", self.port, self._stats)
+        self.link.report = self._rejoin_report
         self.rank = -1
         self.next_checkpoint = float("inf")
 
@@ -72,6 +73,13 @@ class Server:
         return {"pushes": self.store.pushes, "pulls": self.store.pulls,
                 "bytes_in": self.chan.bytes_in + local_in, "bytes_out": self.chan.bytes_out + local_out,
                 "rounds": self.store.rounds, "dropped": dropped, "refused": self.t.refused}
+
+    def _rejoin_report(self) -> Rejoin:
+        """What this server tells a restarted scheduler (psnode.scheduler.rebuild): the membership
+        as the last MEMBERSHIP said."""
+        rules = self.store.rules
+        return Rejoin(restarts=self.cfg.restart_count, generation=rules.generation,
+                      active=tuple(sorted(rules.active)), joined=tuple(sorted(rules.joiners)))
 
     # ------------------------------------------------------------ data
     def _on_data(self, ident: bytes, msg: Message) -> None:

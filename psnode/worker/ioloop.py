@@ -43,7 +43,7 @@ from psnode.net.link import SchedulerLink
 from psnode.net.security import Security
 from psnode.net.transport import Channel, Poller, Transport
 from psnode.protocol import Command, GetStates, Init, LoadStates, Message, Ok, Op, SetOptimizer, without_dest
-from psnode.protocol.control import Barrier, BarrierDone, Control, JobEnd, Membership, Servers, Welcome
+from psnode.protocol.control import Barrier, BarrierDone, Control, JobEnd, Membership, Rejoin, Servers, Welcome
 from psnode.samehost import segments as shm
 from psnode.samehost.link import KIND_DATA
 from psnode.samehost.staging import Staging
@@ -96,6 +96,7 @@ class IoLoop:
         self.t = Transport(self.cfg.job_id, "worker", self.cfg.max_message_bytes, Security.load(self.cfg.key_file))
         try:
             self.link = SchedulerLink(self.t, self.cfg, "worker", 0, self.stats)
+            self.link.report = self.rejoin_report
             self.poller.add(e.efd)
             self.poller.add(self.link.chan)
             while not e.closing:
@@ -205,6 +206,8 @@ class IoLoop:
         body = msg.body
         if isinstance(body, Welcome) and not self.servers:
             self.welcome(body)
+        elif isinstance(body, Welcome):   # again (a restarted scheduler): what waits for it, again now
+            self.resend_control(time.monotonic(), every=True)
         elif isinstance(body, BarrierDone):
             if body.members:   # (an elastic job's: the members when it completed, agreed by all)
                 with self.state.lock:
@@ -300,14 +303,25 @@ class IoLoop:
                 req.sent = now
                 self.ctrl[req.slot] = req
 
-    def resend_control(self, now: float) -> None:
+    def resend_control(self, now: float, every: bool = False) -> None:
         """Send BARRIER/FINISH again when unanswered for ``retry_timeout`` (lost on the way, or
-        still waiting: the scheduler answers a repeat and never counts it twice)."""
+        still waiting: the scheduler answers a repeat and never counts it twice); ``every``: all
+        of them now."""
         assert self.link is not None
         for req in self.ctrl.values():
-            if now - req.sent >= self.cfg.retry_timeout:
+            if every or now - req.sent >= self.cfg.retry_timeout:
                 self.link.chan.send(req.cmd, req.body.to_body())
                 req.sent = now
+
+    def rejoin_report(self) -> Rejoin:
+        """What this worker tells a restarted scheduler (psnode.scheduler.rebuild)."""
+        e = self.state
+        pending = [n for cmd, n in self.ctrl if cmd is Command.BARRIER]
+        done = min(pending) - 1 if pending else e.barriers
+        with e.lock:
+            generation, members = e.generation, e.members
+        return Rejoin(restarts=e.restarts, barriers=max(done, e.barriers_before), joiner=e.joiner,
+                      generation=generation, active=tuple(members))
 
     # ------------------------------------------------------------ servers
     def link_down(self, server: int) -> None:

@@ -31,6 +31,7 @@ from psnode.protocol.control import (
     Lost,
     Membership,
     Register,
+    Rejoin,
     ServerAddress,
     Servers,
     StatusAnswer,
@@ -58,6 +59,8 @@ WAIT = WaitReport("pull", of="'w'", push=2, on=(0,), waited=2.5)
 VALID = [
     (Command.REGISTER, Register("worker", "127.0.0.1", 0, 4242, None)),
     (Command.REGISTER, Register("server", "10.0.0.2", 4001, 7, 1)),
+    (Command.REGISTER, Register("server", "10.0.0.2", 4001, 7, 1, Rejoin(1, 0, False, 2, (0, 3), (3,)))),
+    (Command.REJOIN, Empty()),
     (Command.WELCOME, Welcome(1, BOOK, 99, 2, 2, (0, 1), 3, True, 5)),
     (Command.HEARTBEAT, Heartbeat(Counters(pushes=10, pulls=9, rounds=5, bytes_in=2**40, retries=1, wait=WAIT,
                                          waited_on=((2, 1.5),)))),

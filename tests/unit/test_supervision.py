@@ -34,6 +34,22 @@ def rules(max_restarts: int = 0, servers_restart: bool = False) -> Supervision:
     return Supervision.of(procs, max_restarts, servers_restart)
 
 
+def test_a_killed_scheduler_is_restarted_a_bounded_number_of_times_and_a_verdict_is_final():
+    procs = [("scheduler", "scheduler"), ("server-0", "server"), ("worker-0", "worker")]
+    r = Supervision.of(procs, scheduler_restarts=lifecycle.SCHEDULER_RESTARTS)
+    assert lifecycle.SCHEDULER_RESTARTS == 3 and r.limit("scheduler") == 3 and r.limit("worker-0") == 0
+    killed, lost = Failure(-signal.SIGKILL, None, 60.0), Failure(None, None, 60.0)
+    assert [r.exited("scheduler", False, f) for f in (killed, lost, killed)] == [Action.RESTART] * 3
+    assert r.exited("scheduler", False, killed) is Action.FAIL          # no restart left
+    r = Supervision.of(procs, scheduler_restarts=3)
+    assert r.exited("scheduler", False, Failure(1, None, 60.0)) is Action.FAIL   # its exit code: the verdict
+    r = Supervision.of(procs, max_restarts=5)                               # not psnode's: never restarted
+    assert r.exited("scheduler", False, killed) is Action.FAIL
+    r = Supervision.of(procs, scheduler_restarts=3)
+    assert r.exited("worker-0", True) is Action.WIND_DOWN
+    assert r.exited("scheduler", False, killed) is Action.CONTINUE      # after the workers finished
+
+
 def test_workers_done_winds_down_then_done():
     r = rules()
     assert r.exited("worker-0", True) is Action.CONTINUE
