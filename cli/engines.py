@@ -229,6 +229,7 @@ class MxnetEngine(Engine):
         "--max-workers": "ps-lite's workers are fixed at the start (DMLC_NUM_WORKER)",
         "--host-discovery-script": "ps-lite's workers are fixed at the start (DMLC_NUM_WORKER)",
         "--start-timeout": "ps-lite's scheduler waits for its nodes as long as it does (no setting for it)",
+        "--stall-warning": "ps-lite's nodes report no waits (the slow worker is named for psnode jobs only)",
     }
     #: flags that MXNet's processes satisfy without mxdist doing anything -> why
     ACCEPTED: ClassVar[Mapping[str, str]] = {
