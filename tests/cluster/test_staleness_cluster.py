@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.cluster.harness import run_job
+from tests.cluster.harness import restart_worker, run_job, start_job, wait_job
 
 T = 16   # steps per worker
 
@@ -115,3 +115,71 @@ def test_staleness_zero_gives_dist_sync_values_exactly() -> None:
         hashes[args[0]] = {p.rank: p.out.split("HASH ")[1].split()[0] for p in job.workers}
     assert hashes["dist_ssp"] == hashes["dist_sync"]
     assert len(set(hashes["dist_sync"].values())) == 1   # (every worker pulled the same values)
+
+
+TORCH_JOB = """
+import torch
+import numpy as np, psnode, psnode.torch
+import time
+torch.set_num_threads(1)
+kv = psnode.kv.create('dist_ssp', staleness=1)
+r = kv.rank
+model = torch.nn.Linear(4, 1, bias=False)
+torch.nn.init.ones_(model.weight)
+trainer = psnode.torch.DistributedTrainer(model, kv, psnode.optimizer.create('sgd', learning_rate=2.0 ** -10))
+for t in range(1, 13):
+    if r == 1:
+        time.sleep(0.03)   # (the slow one)
+    model.weight.grad = torch.full((1, 4), float(r + 1))    # rank r's gradient: r + 1
+    trainer.step()
+    n = (1 - model.weight.detach().numpy()) * 1024          # = own pushes * (r + 1) + other's * (2 - r)
+    other = (n - t * (r + 1)) / (2 - r)
+    assert (other == other[0, 0]).all() and other[0, 0] >= t - 1, (t, other)
+    print("OTHER", t, int(other[0, 0]), flush=True)
+kv.barrier()
+final = kv.pull('weight')
+assert np.array_equal(final, np.full((1, 4), 1 - 3 * 12 / 1024, np.float32)), final
+print("OK", flush=True)
+kv.close()
+"""
+
+
+def test_torch_trainer_on_dist_ssp() -> None:
+    pytest.importorskip("torch")
+    job = run_job(TORCH_JOB, 2, 1, timeout=120)
+    assert [p.code for p in job.procs] == [0] * len(job.procs), job.describe()
+    assert all("OK" in p.out for p in job.workers)
+
+
+RESTART_JOB = """
+import os, numpy as np, psnode
+kv = psnode.kv.create('dist_ssp', staleness=1)
+kv.set_optimizer(psnode.optimizer.create('sgd', learning_rate=0.125))
+kv.init('w', np.zeros(3, np.float32))
+start = kv.num_pushes('w')
+print("START", start, "RESTARTS", kv.restarts, flush=True)
+for step in range(start, 6):
+    if kv.rank == 1 and step == 3 and os.environ.get('PSNODE_RESTART_COUNT', '0') == '0':
+        os._exit(9)                                   # a hard crash after three pushes
+    kv.push('w', np.full(3, (kv.rank + 1) * (step + 1), np.float32))
+    kv.pull('w')
+kv.barrier()
+print("FINAL", kv.pull('w').tolist(), flush=True)
+kv.close()
+"""
+
+
+def test_a_restarted_worker_resumes_its_clock_and_every_push_counts_once() -> None:
+    job = start_job(RESTART_JOB, 2, 2, env={"PSNODE_MAX_RESTARTS": "1"})
+    first = next(p for p in job.workers if p.rank == 1)
+    first.popen.wait(30)
+    assert first.popen.returncode == 9
+    restart_worker(job, 1, 1)
+    wait_job(job, 60)
+    codes = [(p.role, p.rank, p.code) for p in job.procs]
+    assert [c for c in codes if c[2] != 0] == [("worker", 1, 9)], job.describe()
+    # every push applied once, each on its own: w = -lr * sum_s (1 + 2) (s + 1)
+    want = [-0.125 * 3 * sum(range(1, 7))] * 3
+    finals = [line for p in job.workers for line in p.out.splitlines() if line.startswith("FINAL")]
+    assert finals == [f"FINAL {want}"] * 2, job.describe()
+    assert "START 3 RESTARTS 1" in job.workers[-1].out
