@@ -1,11 +1,11 @@
 """``psnode.kv``: the KVStore entry point (``psnode.kv.create('dist_sync')``).
 
 :func:`create` makes a :class:`~psnode.worker.kvstore.KVStore`: ``'local'`` in this process, or
-``'dist_sync'``/``'dist_async'`` joining the job this process was launched in (its
+``'dist_sync'``/``'dist_async'``/``'dist_ssp'`` joining the job this process was launched in (its
 ``PSNODE_*`` environment, psnode.config) as a worker; a distributed store installs the
 worker's ``sys.excepthook`` (:func:`_report_uncaught`) and closes at exit.  Every store shows an
 uncaught psnode error without psnode's own frames.  MXNet's type names (``'device'``,
-``'local_allreduce_cpu'``, ``'dist_device_sync'``, ...) name one of these three
+``'local_allreduce_cpu'``, ``'dist_device_sync'``, ...) name one of these
 (:data:`psnode.worker.kvstore.MXNET_TYPES`); ``kv.type`` is the name given.
 """
 from __future__ import annotations
@@ -20,15 +20,20 @@ from psnode.config import NodeConfig, Role
 from psnode.errors import ConfigError, DataLost, PeerLost, PSError, user_traceback
 from psnode.local import LocalEngine
 from psnode.protocol import failure
+from psnode.server.staleness import check_staleness
 from psnode.worker.engine import Engine
 from psnode.worker.kvstore import AGGREGATORS, MXNET_TYPES, TYPES, KVStore, PendingRows, resolve_type, template
 
 
-def create(name: str = "local", num_workers: int | None = None, aggregator: str = "average") -> KVStore:
-    """Create a KVStore: ``'local'``, ``'dist_sync'`` or ``'dist_async'`` (or an MXNet name of one)."""
+def create(name: str = "local", num_workers: int | None = None, aggregator: str = "average",
+           staleness: int | None = None) -> KVStore:
+    """Create a KVStore: ``'local'``, ``'dist_sync'``, ``'dist_async'`` or ``'dist_ssp'`` (or an
+    MXNet name of one).  ``staleness`` (``'dist_ssp'`` only, required there): how many clocks a
+    worker may run ahead of the slowest (psnode.server.staleness; 0 is dist_sync)."""
     mode = resolve_type(name)
     if aggregator not in AGGREGATORS:
         raise ConfigError(f"unknown aggregator {aggregator!r}: use 'average' or 'sum'")
+    staleness = _staleness(name, mode, staleness)
     if mode == "local":
         if num_workers not in (None, 1):
             raise ConfigError(f"a {name!r} KVStore has one worker, not num_workers={num_workers}")
@@ -48,12 +53,28 @@ def create(name: str = "local", num_workers: int | None = None, aggregator: str 
         raise ConfigError("this job has no servers (-s 0); launch with -s 1 or more to use a KVStore")
     cpupolicy.apply(cfg.cpu_policy, whole_process=True)   # (the engine's threads inherit it)
     engine = Engine(cfg)
-    kv = KVStore(mode, engine, cfg, aggregator, name)
+    kv = KVStore(mode, engine, cfg, aggregator, name, staleness)
     if timeline.start(cfg.timeline, "worker", engine.rank, cfg.restart_count) is not None:
         timeline.trace_calls(kv, ("push", "pull", "pushpull", "row_sparse_pull", "barrier"))
     _report_uncaught(kv, engine, cfg)
     atexit.register(kv.close)
     return kv
+
+
+def _staleness(name: str, mode: str, staleness: object) -> int | None:
+    """``staleness`` checked for a store of ``mode``: an int for 'dist_ssp', None otherwise."""
+    if mode != "dist_ssp":
+        if staleness is not None:
+            raise ConfigError(f"staleness={staleness!r} is for kv.create('dist_ssp', staleness=s); "
+                              f"a {name!r} store has no staleness bound")
+        return None
+    if staleness is None:
+        raise ConfigError("kv.create('dist_ssp') needs a bound: kv.create('dist_ssp', staleness=s) with s >= 0 "
+                          "(0 is dist_sync; 1 to 3 lets a worker run that many steps ahead of the slowest)")
+    try:
+        return check_staleness(staleness, "kv.create('dist_ssp')")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _report_uncaught(kv: KVStore, engine: Engine, cfg: NodeConfig) -> None:

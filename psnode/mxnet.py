@@ -1,11 +1,15 @@
 """``psnode.mxnet``: psnode as an MXNet 1.9 kvstore (``import psnode.mxnet``; needs ``pip install 'mxdist[mxnet]'``).
 
-Importing this module registers two stores with MXNet's kvstore registry
+Importing this module registers three stores with MXNet's kvstore registry
 (``mx.kvstore.KVStoreBase.register``), the way Horovod and BytePS plug in:
 
 * ``mx.kv.create('psnode')``: under ``mxdist launch`` a psnode ``dist_sync`` worker of the job,
   in a process started without a launcher the in-process ``'local'`` store;
-* ``mx.kv.create('psnode_async')``: ``dist_async`` under a launcher, ``'local'`` otherwise.
+* ``mx.kv.create('psnode_async')``: ``dist_async`` under a launcher, ``'local'`` otherwise;
+* ``mx.kv.create('psnode_ssp')``: ``dist_ssp`` (bounded staleness) under a launcher, with
+  ``PSNode_SSP.STALENESS`` (default 3; set it before the store is created), ``'local'``
+  otherwise.  Its pushes are applied by the servers' optimizer (``update_on_kvstore=True``);
+  a push before ``set_optimizer`` is refused (ConfigError) while the bound is above 0.
 
 ``gluon.Trainer(net.collect_params(), 'sgd', {...}, kvstore='psnode')`` then trains through
 psnode.  MXNet 1.9's Trainer creates no kvstore at all for a string naming a store when the
@@ -231,7 +235,16 @@ class PSNode(KVStoreBase):
 
     def push(self, key: Any, value: Any, priority: int = 0) -> None:
         self._refresh_optimizer()
+        self._check_updates()
         self._kv.push(key, _map(_value, value), priority)
+
+    def _check_updates(self) -> None:
+        """(dist_ssp above 0) Every push is applied by the servers' optimizer on arrival: with
+        none set, the stored value would become each push, not an aggregate."""
+        if self._sent is None and self._kv.staleness and self._kv.mode == "dist_ssp":
+            raise ConfigError("mx.kv.create('psnode_ssp') applies each push with the servers' optimizer, and none "
+                              "is set: create the Trainer with update_on_kvstore=True (or call kv.set_optimizer "
+                              "first), or use kvstore='psnode' to aggregate gradients")
 
     def pull(self, key: Any, out: Any = None, priority: int = 0, ignore_sparse: bool = True) -> None:
         if out is None:
@@ -242,6 +255,7 @@ class PSNode(KVStoreBase):
 
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> None:
         self._refresh_optimizer()
+        self._check_updates()
         outs = _Outs()
         dest = _map(outs.array, value if out is None else out)
         self._kv.pushpull(key, _map(_value, value), dest, priority)
@@ -317,6 +331,18 @@ class PSNode_Async(PSNode):
     MODE = "dist_async"
 
 
+class PSNode_SSP(PSNode):
+    """``mx.kv.create('psnode_ssp')``: psnode's ``dist_ssp`` store under a launcher, bounded by
+    ``STALENESS`` as it is when the store is created (psnode.server.staleness)."""
+
+    MODE = "dist_ssp"
+    STALENESS = 3
+
+
+#: psnode's store kind -> the MXNet store name that makes it
+_NAME_OF = {"dist_sync": "psnode", "dist_async": "psnode_async", "dist_ssp": "psnode_ssp"}
+
+
 def _store(mode: str) -> KVStore:
     """The launched worker's store (one per process), or a fresh 'local' one."""
     if not os.environ.get("PSNODE_ROLE"):
@@ -325,13 +351,14 @@ def _store(mode: str) -> KVStore:
     if kv is None or kv._closed:
         other = next((m for m, s in _shared.items() if m != mode and not s._closed), None)
         if other is not None:
-            raise ConfigError(f"this worker joined the job as {other!r} already (mx.kv.create('psnode"
-                              f"{'' if other == 'dist_sync' else '_async'}')); one process is one worker")
-        kv = _shared[mode] = kv_mod.create(mode, aggregator="sum")
+            raise ConfigError(f"this worker joined the job as {other!r} already (mx.kv.create("
+                              f"{_NAME_OF[other]!r})); one process is one worker")
+        staleness = PSNode_SSP.STALENESS if mode == "dist_ssp" else None
+        kv = _shared[mode] = kv_mod.create(mode, aggregator="sum", staleness=staleness)
     return kv
 
 
-NAMES = ("psnode", "psnode_async")
+NAMES = ("psnode", "psnode_async", "psnode_ssp")
 
 
 def _with_psnode(create: Callable[..., Any]) -> Callable[..., Any]:
@@ -383,6 +410,7 @@ def _one_call(allreduce: Callable[[Any], None]) -> Callable[[Any], None]:
 def _register() -> None:
     KVStoreBase.register(PSNode)
     KVStoreBase.register(PSNode_Async)
+    KVStoreBase.register(PSNode_SSP)
     from mxnet import model
     from mxnet.gluon import trainer
     model._create_kvstore = _with_psnode(model._create_kvstore)
@@ -392,4 +420,4 @@ def _register() -> None:
 
 _register()
 
-__all__ = ["NAMES", "OPTIMIZERS", "PSNode", "PSNode_Async", "optimizer_spec"]
+__all__ = ["NAMES", "OPTIMIZERS", "PSNode", "PSNode_Async", "PSNode_SSP", "optimizer_spec"]

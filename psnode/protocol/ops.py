@@ -156,7 +156,9 @@ class Init:
 
     Answer: Ok with the stored value (none when ``bare``) and ``seq`` = the pushes of this
     worker's rank the part has taken (more than 0 after a restart); for a ``join`` init, the
-    part's completed round instead (the joiner proposes its start round from it: :class:`Join`)."""
+    part's completed round instead (the joiner proposes its start round from it: :class:`Join`).
+    ``staleness`` >= 0 (async parts only: dist_ssp): pulls of the part wait for that bound
+    (psnode.server.staleness); -1: none."""
 
     key: Key
     part: int
@@ -173,6 +175,7 @@ class Init:
     fill: dict[str, Any] | None = None
     bare: bool = False
     join: bool = False
+    staleness: int = -1
     code: ClassVar[OpCode] = OpCode.INIT
 
     def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
@@ -188,6 +191,8 @@ class Init:
             extra["bare"] = True
         if self.join:
             extra["join"] = True
+        if self.staleness >= 0:
+            extra["staleness"] = self.staleness
         return int(flags), self.part, 0, self.key, arrays, extra
 
     @classmethod
@@ -210,9 +215,12 @@ class Init:
             raise ProtocolError(f"init: join must be true or false, not {str(join)[:20]!r}")
         if join and (arrays or fill is not None):
             raise ProtocolError("init: a joiner's init carries no value and no fill")
+        staleness = _int(extra.get("staleness", -1), "init staleness", -1)
+        if staleness >= 0 and flags & SYNC:
+            raise ProtocolError("init: a staleness bound is for async key parts only")
         return cls(key, part, dtype, tuple(_int(d, "init shape") for d in shape), bool(flags & SYNC),
                    bool(flags & AVERAGE), bool(flags & SPARSE), arrays[0] if arrays else None,
-                   id, bool(flags & RE), bucket, offset, fill, bare, join)
+                   id, bool(flags & RE), bucket, offset, fill, bare, join, staleness)
 
 
 @dataclass(slots=True)

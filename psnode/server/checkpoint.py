@@ -56,6 +56,8 @@ def snapshot(store: Store) -> tuple[dict[str, Any], Arrays]:
             "round": entry.round, "state": names, "pushed": {str(w): q for w, q in entry.pushed.items()}}
         if entry.bucket is not None:
             item["bucket"] = [cast(Bucket, entry.bucket).bid, _offset(entry)]
+        if entry.staleness >= 0:   # (a dist_ssp part: psnode.server.staleness)
+            item["staleness"] = entry.staleness
         if entry.start:   # (an elastic job's joiners: their start rounds here)
             item["start"] = {str(w): s for w, s in entry.start.items()}
         item.update(_round_in_progress(i, entry, arrays))
@@ -114,7 +116,8 @@ def restore(store: Store, meta: dict[str, Any], arrays: Any, same_job: bool = Fa
         else:
             value = store.alloc(saved.shape, saved.dtype)
         np.copyto(value, saved)
-        entry = Entry(value=value, sparse=item["sparse"], sync=item["sync"], average=item["average"])
+        entry = Entry(value=value, sparse=item["sparse"], sync=item["sync"], average=item["average"],
+                      staleness=int(item.get("staleness", -1)))
         if same_job:
             entry.round = int(item.get("round", 0))
             entry.pushed = {int(w): int(q) for w, q in item.get("pushed", {}).items()}

@@ -60,6 +60,7 @@ class Entry:
     row_sum: np.ndarray | None = None   # flat scratch a sync row_sparse round is summed into
     durable: dict[int, int] = field(default_factory=dict)   # worker -> pushes its last checkpoint holds
     start: dict[int, int] = field(default_factory=dict)   # joiner -> its start round here (psnode.server.rounds)
+    staleness: int = -1   # async: pulls wait for the bound (dist_ssp: psnode.server.staleness); -1: none
 
 
 def fmt(key: Any, part: int) -> str:

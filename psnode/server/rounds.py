@@ -23,8 +23,10 @@ checks what is the store's: compression settings, key creation):
   waiting pushes of the next round in.  An aggregate is folded into the value by the updater,
   the optimizer, or the value becomes it (a spare buffer is swapped in: a value a send still
   reads is never written, psnode.server.replies).
-* :meth:`Rounds.pull` parks a pull until the push it follows was applied; a resent pull still
-  parked is answered ``Wait`` naming the first push missing and the workers the round waits for.
+* :meth:`Rounds.pull` parks a pull until the push it follows was applied (on a dist_ssp part,
+  also until the slowest gating worker is within the staleness bound: psnode.server.staleness);
+  a resent pull still parked is answered ``Wait`` naming the first push missing and the workers
+  the round (or the bound) waits for.
 
 Each returns the replies it causes.  The counters ``pushes``, ``pulls`` and ``rounds`` count
 what went through here (a fused bucket counts its own: psnode.server.buckets).
@@ -42,6 +44,7 @@ from psnode.math import optimizers as opt_mod
 from psnode.math.sparse import RowSparseArray
 from psnode.math.sparse import combine_rows as _combine_rows
 from psnode.protocol import Ok, Wait
+from psnode.server import staleness as bound
 from psnode.server.arith import add_scaled
 from psnode.server.compressed import Packed
 from psnode.server.keypart import Entry, Key, first_gap, fmt, mark_async, received
@@ -86,6 +89,15 @@ class Rules:
         r = entry.round + 1
         need = {w for w in self.active if w not in self.joiners and w not in entry.start}
         need.update(w for w, s in entry.start.items() if s <= r)
+        return need
+
+    def gating(self, entry: Entry) -> Set[int]:
+        """The workers whose clocks bound the pulls of a dist_ssp part (psnode.server.staleness):
+        the members taking part there (a joiner once it agreed its start with the part)."""
+        if not entry.start and not self.joiners:
+            return self.active
+        need = {w for w in self.active if w not in self.joiners and w not in entry.start}
+        need.update(entry.start)
         return need
 
     def member(self, worker: int) -> bool:
@@ -332,7 +344,12 @@ class Rounds:
             # still parked: the pull was not lost ... but it may wait for a push of this worker
             # that never came (gap), or for other workers (blockers)
             gap = first_gap(entry, worker)
-            blockers = sorted(self.rules.need(entry) - entry.contributors) if entry.sync else []
+            if entry.sync:
+                blockers = sorted(self.rules.need(entry) - entry.contributors)
+            elif entry.staleness >= 0:
+                blockers = bound.blockers(entry.pushed, self.rules.gating(entry), after, entry.staleness)
+            else:
+                blockers = []
             return [Reply(worker, Wait(rid, gap if gap <= after else 0, blockers))]
         self.pulls += 1
         entry.pulls.append((worker, rid, after, rows, dest))
@@ -343,8 +360,16 @@ class Rounds:
         with what there is, ``seq`` 0)."""
         out, keep = [], []
         member = self.rules.member
+        staleness = -1 if entry.sync else entry.staleness
+        low: int | None = None
+        if staleness >= 0 and entry.pulls:
+            low = bound.floor(entry.pushed, self.rules.gating(entry))
         for worker, rid, after, rows, dest in entry.pulls:
             done = entry.round if entry.sync else entry.pushed.get(worker, 0)
+            if staleness >= 0 and done >= after and not bound.ready(after, staleness, done, low) \
+                    and member(worker):   # (a worker that left is answered with what there is)
+                keep.append((worker, rid, after, rows, dest))
+                continue
             if done >= after or (entry.sync and not member(worker) and after > done):
                 seq = after if done >= after else 0   # (received; restartable: stamped durable)
                 if rows is None:

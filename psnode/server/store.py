@@ -22,12 +22,17 @@ Semantics (per key part held by this server):
     worker has contributed, the round completes: sum, divided by the number of contributors for
     ``average``; then the optimizer, or the value becomes the aggregate.
   - async: applied on arrival (the optimizer, or the value becomes the push).
+  - dist_ssp (an async part with a ``staleness`` bound ``s``): applied on arrival as async;
+    pulls wait for the bound (below).
   - a push whose ``q`` was already accepted is a duplicate: acknowledged, not applied again.
     (Workers resend pushes a lost message or a restarted server may have missed; async pushes
     arriving out of order are applied once each, and ``pushed`` counts only the contiguous ones.)
 * ``pull`` with ``after = n``: answered once the worker's push ``n`` has been applied (sync: round
   ``n`` completed), so a pull after a push always sees it.  ``rows`` selects rows (row_sparse).
   A resent pull (``re``) still parked is answered ``wait`` (the server holds it; nothing lost).
+  On a dist_ssp part it also waits until every gating worker's clock (its pushes applied) is at
+  least ``n - s`` (psnode.server.staleness); a joiner starts at the part's highest clock.  Every
+  worker's init of a dist_ssp part names the same staleness (another is refused: ConfigError).
 * ``pushpull``: a push, then a pull after it: one request and one answer per key part.
 * **durability** (a server that can be restarted: ``restartable``): what a checkpoint holds
   survives the server's restart, and nothing else does (psnode.server.checkpoint: everything,
@@ -97,6 +102,7 @@ from psnode.protocol import (
     Wait,
     bucket_of,
 )
+from psnode.server import staleness as bound
 from psnode.server.buckets import Buckets
 from psnode.server.compressed import Packed, agree, packed_push
 from psnode.server.fills import Fills
@@ -233,7 +239,8 @@ class Store:
         if entry is not None:  # (also a restarted worker: it resumes its push count)
             entry = self._entry(key)
             self._check_meta(key, entry, op.dtype, op.shape)
-            seq = entry.round if op.join else self._accepted(entry, worker)
+            self._check_mode(key, entry, op)
+            seq = self._join_count(entry) if op.join else self._accepted(entry, worker)
             return [Reply(worker, Ok(op.id, [entry.value], seq=seq), entry)]
         if op.value is None:
             waiting = self.waiting_inits.setdefault(key, [])
@@ -251,7 +258,7 @@ class Store:
         else:
             value = self.alloc(op.value.shape, op.value.dtype)
         np.copyto(value, op.value)
-        entry = Entry(value=value, sparse=op.sparse, sync=op.sync, average=op.average)
+        entry = Entry(value=value, sparse=op.sparse, sync=op.sync, average=op.average, staleness=op.staleness)
         optimizer = self.rules.optimizer_for(entry)
         if optimizer is not None:
             entry.state = optimizer.create_state(entry.value)
@@ -307,7 +314,8 @@ class Store:
         out: list[Reply] = []
         for fill in self.filling.step(budget):
             op = fill.op
-            entry = Entry(value=fill.value, sparse=op.sparse, sync=op.sync, average=op.average)
+            entry = Entry(value=fill.value, sparse=op.sparse, sync=op.sync, average=op.average,
+                          staleness=op.staleness)
             optimizer = self.rules.optimizer_for(entry)
             if optimizer is not None:
                 entry.state = optimizer.create_state(entry.value)
@@ -317,6 +325,7 @@ class Store:
             for w, other in self.waiting_inits.pop(fill.key, []):
                 try:
                     self._check_meta(fill.key, entry, other.dtype, other.shape)
+                    self._check_mode(fill.key, entry, other)
                     out.append(self._init_answer(w, other, entry))
                 except OpError as exc:
                     out.append(Reply(w, Failed(other.id, exc.kind, str(exc))))
@@ -325,7 +334,7 @@ class Store:
     def _init_answer(self, worker: int, op: Init, entry: Entry) -> Reply:
         """An init's Ok: the stored value (none for a ``bare`` init) and the push count (a
         joiner's: the completed round)."""
-        seq = entry.round if op.join else self._accepted(entry, worker)
+        seq = self._join_count(entry) if op.join else self._accepted(entry, worker)
         if op.bare:
             return Reply(worker, Ok(op.id, [], seq=seq))
         return Reply(worker, Ok(op.id, [entry.value], seq=seq), entry)
@@ -346,6 +355,24 @@ class Store:
         if count > entry.durable.get(worker, 0):
             self.must_persist = True
         return count
+
+    def _join_count(self, entry: Entry) -> int:
+        """What a joiner's init answers: the part's completed round (a dist_ssp part: the
+        highest clock of its gating workers, psnode.server.staleness.join_clock)."""
+        if entry.sync or entry.staleness < 0:
+            return entry.round
+        return bound.join_clock(entry.pushed, self.rules.gating(entry))
+
+    @staticmethod
+    def _check_mode(key: Key, entry: Entry, op: Init) -> None:
+        """Every worker of a dist_ssp part uses its staleness (a store of another kind or bound
+        is refused by name)."""
+        if entry.staleness != op.staleness and (entry.staleness >= 0 or op.staleness >= 0):
+            def kind(sync: bool, s: int) -> str:
+                return f"dist_ssp staleness={s}" if s >= 0 else ("dist_sync" if sync else "dist_async")
+            raise OpError("ConfigError", f"{fmt(*key)} was created by a {kind(entry.sync, entry.staleness)} store; "
+                                         f"this worker's is {kind(op.sync, op.staleness)}: every worker must "
+                                         "create the same kind of store")
 
     @staticmethod
     def _check_meta(key: Key, entry: Entry, dtype: str, shape: tuple[int, ...]) -> None:
@@ -453,6 +480,8 @@ class Store:
         if entry.sync and held is not None:   # a start moved later: the round it held may complete
             out.extend(self.key_rounds.complete(key, entry))
             out.extend(self.key_rounds.answer_pulls(entry))
+        elif entry.staleness >= 0:   # (the joiner gates the part from its start on)
+            out.extend(self.key_rounds.answer_pulls(entry))
         return out
 
     def set_membership(self, active: set[int], generation: int = 0, joiners: set[int] | None = None) -> list[Reply]:
@@ -556,6 +585,8 @@ class Store:
         for key, entry in self.entries.items():
             if entry.sync:
                 out.extend(rounds.complete(key, entry))
+                out.extend(rounds.answer_pulls(entry))
+            elif entry.staleness >= 0:   # (the floor may rise: psnode.server.staleness)
                 out.extend(rounds.answer_pulls(entry))
         for b in self.fused.all.values():
             out.extend(self.fused.answer(b))

@@ -22,7 +22,11 @@ Contracts:
   each key are in ``out``.  Higher ``priority`` requests are sent first when requests queue.
 * ``dist_sync``: the value after a round is the aggregate of every active worker's push
   (``average`` divides the sum by the number of contributors) fed to the optimizer, or stored
-  as is without one.  ``dist_async``: each push is applied on arrival.
+  as is without one.  ``dist_async``: each push is applied on arrival.  ``dist_ssp`` (bounded
+  staleness ``s``, ``kv.staleness``): each push is applied on arrival as in dist_async, and the
+  pull after this worker's push ``t`` of a key holds every active worker's pushes 1..t-s of it
+  (it waits while the slowest is further behind: psnode.server.staleness); ``s = 0`` runs
+  dist_sync's rounds (its values exactly, the aggregator and buckets included).
 * ``set_gradient_compression`` (MXNet's): after ``create`` (keys may be initialised already),
   before the first push; dense float32 pushes then travel compressed with this worker's
   residuals (psnode.math.compression, psnode.worker.compressor); servers decode them and aggregate float32.
@@ -91,7 +95,7 @@ from psnode.worker.keys import Item, KeyInfo
 from psnode.worker.placement import Part, Placer
 from psnode.worker.states import load_states, save_states
 
-TYPES = ("local", "dist_sync", "dist_async")
+TYPES = ("local", "dist_sync", "dist_async", "dist_ssp")
 AGGREGATORS = ("average", "sum")
 #: MXNet's other store type names and the psnode store each one is.  MXNet's device
 #: communication (``'device'`` names) is a way to sum per-device arrays; psnode stores sum a
@@ -180,8 +184,11 @@ class KVStore:
     """A key-value store for parameters (see the module docstring for the contracts)."""
 
     def __init__(self, kind: str, engine: Backend, cfg: NodeConfig | None, aggregator: str,
-                 name: str | None = None) -> None:
-        self.mode = kind                       # 'local', 'dist_sync' or 'dist_async'
+                 name: str | None = None, staleness: int | None = None) -> None:
+        self.mode = kind                       # 'local', 'dist_sync', 'dist_async' or 'dist_ssp'
+        #: dist_ssp's bound (None for other stores); 0 runs dist_sync's rounds
+        self.staleness = staleness if kind == "dist_ssp" else None
+        self._sync = kind in ("local", "dist_sync") or staleness == 0   # rounds on the servers
         self.type = name.lower() if name else kind   # the type name it was created with (MXNet's kv.type)
         self._engine = engine
         self._aggregator = aggregator
@@ -195,7 +202,7 @@ class KVStore:
         self._pushed = False
         self._bucketer = Bucketer()
         self._comp = Compressor()  # gradient compression (psnode.worker.compressor)
-        self._path = DataPath(engine, kind == "dist_sync", self._comp)
+        self._path = DataPath(engine, kind != "local" and self._sync, self._comp)
         self._torch_bufs: dict[Any, np.ndarray] = {}   # host arrays of pulls into torch tensors
         self._key_kind: type | None = None     # int or str: the kind of key the first call used
         self._updater: Callable[[Any, Any, np.ndarray], None] | None = None
@@ -281,6 +288,12 @@ class KVStore:
     @property
     def aggregator(self) -> str:
         return self._aggregator
+
+    @property
+    def _bound(self) -> int:
+        """The staleness bound the key parts of this store keep (-1: none; dist_ssp with s = 0
+        runs dist_sync's rounds, which need none)."""
+        return self.staleness if self.staleness is not None and not self._sync else -1
 
     @property
     def restarts(self) -> int:
@@ -400,14 +413,14 @@ class KVStore:
             initializer(arr)
         placement = self._placer.place(key, arr.shape, arr.dtype.itemsize, by_rows=sparse)
         info = KeyInfo(arr.shape, arr.dtype, sparse, placement)
-        if self.mode == "dist_sync" and not sparse and not placement.split:
+        if self._sync and self.mode != "local" and not sparse and not placement.split:
             joined = self._bucketer.assign(key, placement.parts[0].server, arr.dtype, arr.size)
             if joined is not None:
                 info.bucket = joined[0]
         self._keys[key] = info
-        return self._path.init(key, info, sync=self.mode != "dist_async", average=self._aggregator == "average",
+        return self._path.init(key, info, sync=self._sync, average=self._aggregator == "average",
                                resumed=self._resumed, value=arr if self.rank == 0 else None, target=target,
-                               join=self._engine.joiner)
+                               join=self._engine.joiner, staleness=self._bound)
 
     def _init_on_servers(self, key: Any, value: Any, ps: init_mod.OnServers, stype: str | None) -> list[Future]:
         """``init`` with ``ps_initializer``: ``value`` is a template (its shape, dtype and,
@@ -440,9 +453,9 @@ class KVStore:
 
         def fill(part: Part) -> dict[str, Any]:
             return ps.part(shape, part.lo * row if placement.split else 0).to_json()
-        return self._path.init(key, info, sync=self.mode != "dist_async", average=self._aggregator == "average",
+        return self._path.init(key, info, sync=self._sync, average=self._aggregator == "average",
                                resumed=self._resumed, fill=fill if self.rank == 0 else None, bare=True,
-                               join=self._engine.joiner)
+                               join=self._engine.joiner, staleness=self._bound)
 
     # ------------------------------------------------------------ compression
     def set_gradient_compression(self, compression_params: Any) -> None:
@@ -794,7 +807,8 @@ class KVStore:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"<KVStore {self.type} rank {self.rank}/{self.num_workers} "
+        bound = "" if self.staleness is None else f" staleness {self.staleness}"
+        return (f"<KVStore {self.type}{bound} rank {self.rank}/{self.num_workers} "
                 f"servers {self.num_servers} {self._aggregator}>")
 
 
