@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import textwrap
 from pathlib import Path
@@ -92,4 +93,57 @@ def test_lightning_ddp_on_one_host(ssh_cluster, home, tmp_path, workers):
     assert {r: (g["rank"], g["world"], g["local_rank"], g["node_rank"]) for r, g in got.items()} == {
         r: (r, workers, r, 0) for r in range(workers)}
     assert len({json.dumps(g["weights"]) for g in got.values()}) == 1
+    assert_nothing_left(home)
+
+
+def test_accelerate_on_two_hosts_exits_0_every_time(ssh_cluster, home, tmp_path):
+    """Repeated (``MXDIST_TEST_REPEATS``, default 4): every run trains ranks 0-3 to equal
+    weights and exits 0.  Python's fault handler is on, so an abort would leave its stacks in the
+    worker's log (the assertion message shows the runs that failed and their output)."""
+    need("accelerate")
+    hosts = two_by_two(tmp_path)
+    failed = []
+    runs = int(os.environ.get("MXDIST_TEST_REPEATS", "4"))
+    for run in range(runs):
+        res = run_cli(["launch", "-H", hosts, "-n", "4", "-s", "0", "-e", "PYTHONFAULTHANDLER=1",
+                       str(EXAMPLES / "accelerate_ddp.py")], ssh_cluster.env(home), timeout=300)
+        got = results(res.stdout)
+        ok = (res.returncode == 0 and sorted(got) == [0, 1, 2, 3]
+              and all((g["rank"], g["world"], g["local_rank"]) == (r, 4, r % 2) for r, g in got.items())
+              and len({json.dumps(g["weights"]) for g in got.values()}) == 1)
+        if not ok:
+            failed.append(f"run {run}: exit {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+        assert_nothing_left(home)
+    assert not failed, f"{len(failed)} of {runs} runs failed:\n" + "\n".join(failed)
+
+
+RECORD = textwrap.dedent("""
+    import os, time
+    import torch.distributed as dist
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    @record
+    def main():
+        dist.init_process_group("gloo")
+        if dist.get_rank() == 1:
+            raise ValueError(f"bad batch on rank {dist.get_rank()}")
+        dist.barrier()          # the others wait for rank 1 until the job is stopped
+
+    main()
+""")
+
+
+def test_a_record_decorated_failure_is_named_from_its_error_file_on_a_remote_host(ssh_cluster, home, tmp_path):
+    need("torch")
+    script = tmp_path / "record_fails.py"
+    script.write_text(RECORD)
+    res = run_cli(["launch", "-H", "node1,node2", "-s", "0", str(script)], ssh_cluster.env(home), timeout=180)
+    assert res.returncode == 1, res.stdout + res.stderr
+    rec = latest(home)
+    cause = rec["root_cause"]
+    remote = f"{home / 'remote'}/{rec['id']}/worker-1.torch-error.json"
+    assert cause["headline"] == "worker 1 on node2: ValueError: bad batch on rank 1"
+    assert cause["source"] == remote and cause["time"] is not None
+    assert re.search(rf"from its error file {re.escape(remote)} on node2, written \d{{4}}-\d\d-\d\d "
+                     r"\d\d:\d\d:\d\d\.\d{3}", res.stderr), res.stderr
     assert_nothing_left(home)
