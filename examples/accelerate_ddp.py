@@ -7,9 +7,12 @@
 ``MASTER_PORT`` from the environment mxdist gives every worker and wraps the model in DDP over
 gloo.  A tiny linear regression on random data (seed 0), a few steps, one torch thread; each
 rank prints ``RESULT {json}``: its process index, local index, the number of processes and the
-final weights (equal on every rank).  ``--end`` ends as Accelerate's examples do
-(``accelerator.end_training()``, which destroys the process group); without it the script
-just returns.
+final weights (equal on every rank), then ends as Accelerate's documentation says
+(``accelerator.wait_for_everyone()``, ``accelerator.end_training()``: the process group is
+destroyed before the interpreter exits).  ``--bare-exit`` just returns instead: with torch 2.13
+one rank in a few runs then aborts at interpreter exit, after its result ("terminate called
+without an active exception", SIGABRT), under torchrun as under mxdist: gloo's process group
+torn down by the interpreter's finalization.
 """
 from __future__ import annotations
 
@@ -24,7 +27,8 @@ from torch import nn
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--end", action="store_true", help="call accelerator.end_training() at the end")
+    p.add_argument("--bare-exit", action="store_true",
+                   help="return without wait_for_everyone() and end_training() (torch may abort at exit)")
     args = p.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -51,7 +55,8 @@ def main() -> None:
     print("RESULT " + json.dumps({"rank": accelerator.process_index, "world": accelerator.num_processes,
                                   "local_rank": accelerator.local_process_index,
                                   "distributed": str(accelerator.distributed_type), "weights": weights}), flush=True)
-    if args.end:
+    if not args.bare_exit:
+        accelerator.wait_for_everyone()
         accelerator.end_training()
 
 

@@ -98,8 +98,11 @@ def test_lightning_ddp_on_one_host(ssh_cluster, home, tmp_path, workers):
 
 def test_accelerate_on_two_hosts_exits_0_every_time(ssh_cluster, home, tmp_path):
     """Repeated (``MXDIST_TEST_REPEATS``, default 4): every run trains ranks 0-3 to equal
-    weights and exits 0.  Python's fault handler is on, so an abort would leave its stacks in the
-    worker's log (the assertion message shows the runs that failed and their output)."""
+    weights and exits 0.  The script ends as Accelerate documents (``wait_for_everyone()``,
+    ``end_training()``); one that just returns aborts now and then at interpreter exit, under
+    torchrun too (examples/accelerate_ddp.py ``--bare-exit``).  Python's fault handler is on, so
+    an abort would leave its stacks in the worker's log (the assertion message shows the runs
+    that failed and their output)."""
     need("accelerate")
     hosts = two_by_two(tmp_path)
     failed = []
