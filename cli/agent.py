@@ -32,11 +32,15 @@ stdin over SSH) to ``<run_dir>/job.key`` with mode 0600 and returns the absolute
 
 Privacy: run directories (and missing parents) are created 0700, logs and secrets 0600.
 
+torch elastic's error file: a worker's ``TORCHELASTIC_ERROR_FILE`` (where torch's ``@record``
+writes the exception that ends it) names a path on this host; a leading ``~`` in it is expanded
+here (torch does not expand it), and a stale file is removed before the worker starts.
+
 After a job: :func:`collect` reads what each process left (exit status and when it was
-written, its failure record at the path the launcher names, the last exception line of a
-Python traceback at the end of its log); :func:`cleanup` removes the job's secret file, the run
-directory when it is a remote one, and the job's shared-memory segments
-(``/dev/shm/psnode.<job_id>.*``).
+written, its failure record at the path the launcher names, its torch elastic error file and
+when that was written, the last exception line of a Python traceback at the end of its log); :func:`cleanup`
+removes the job's secret file, the run directory when it is a remote one, and the job's
+shared-memory segments (``/dev/shm/psnode.<job_id>.*``).
 """
 from __future__ import annotations
 
@@ -181,20 +185,29 @@ def private_dirs(path: str) -> str:
     return path
 
 
+#: Variables whose value is a path on this host that the process reading it does not expand.
+_HOST_PATHS = ("TORCHELASTIC_ERROR_FILE",)
+
+
 def spawn(workdir: str, run_dir: str, python: str, procs: list[dict]) -> list[dict]:
-    """Start each ``{"name", "argv", "env", "failure"}`` under a reaper (``failure``: where it
-    writes its failure record: a stale one is removed); return ``{"name", "pid", "log", "rc"}``."""
+    """Start each ``{"name", "argv", "env", "failure", "error_file"}`` under a reaper
+    (``failure``: where it writes its failure record, ``error_file``: its torch elastic error
+    file; stale ones are removed); return ``{"name", "pid", "log", "rc"}``."""
     run_dir = private_dirs(run_dir)
     workdir = _expand(workdir)
     started = []
     for spec in procs:
         log = os.path.join(run_dir, spec["name"] + ".log")
         rc = os.path.join(run_dir, spec["name"] + ".rc")
-        for stale in (rc, rc + ".tmp", _expand(spec["failure"])):
+        for stale in (rc, rc + ".tmp", _expand(spec["failure"]),
+                      *([_expand(spec["error_file"])] if spec.get("error_file") else [])):
             if os.path.exists(stale):
                 os.unlink(stale)
         env = dict(os.environ)
         env.update(spec["env"])
+        for name in _HOST_PATHS:
+            if env.get(name, "").startswith("~"):
+                env[name] = _expand(env[name])
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         with os.fdopen(fd, "ab") as out, open(os.devnull, "rb") as devnull:
             proc = subprocess.Popen(
@@ -261,9 +274,23 @@ def last_exception(log: str, size: int = 16384) -> str | None:
     return found[:500] if found else None
 
 
+def _json_file(path: str) -> tuple[dict | None, float | None]:
+    """The JSON object in ``path`` and when the file was last modified; (None, None) when there
+    is none."""
+    try:
+        with open(_expand(path)) as f:
+            written = os.fstat(f.fileno()).st_mtime
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None, None
+    return (data, written) if isinstance(data, dict) else (None, None)
+
+
 def collect(procs: list[dict]) -> list[dict]:
-    """For ``{"name", "rc", "log", "failure"}`` items (``failure``: the path of its failure
-    record): ``{"rc", "rc_time", "failure", "exception"}``."""
+    """For ``{"name", "rc", "log", "failure", "error_file"}`` items (``failure``: the path of its
+    failure record; ``error_file``: of its torch elastic error file, optional): ``{"rc",
+    "rc_time", "failure", "exception", "error_file", "error_time"}`` (``error_file``: that file's
+    JSON object, ``error_time`` its modification time)."""
     out = []
     for p in procs:
         rc_file = _expand(p["rc"]) if p.get("rc") else ""
@@ -271,15 +298,11 @@ def collect(procs: list[dict]) -> list[dict]:
             rc_time = os.stat(rc_file).st_mtime if rc_file else None
         except OSError:
             rc_time = None
-        failure = None
-        try:
-            with open(_expand(p["failure"])) as f:
-                failure = json.load(f)
-        except (OSError, ValueError):
-            pass
-        out.append({"rc": read_rc(rc_file) if rc_file else None, "rc_time": rc_time,
-                    "failure": failure if isinstance(failure, dict) else None,
-                    "exception": last_exception(p["log"]) if p.get("log") else None})
+        failure, _ = _json_file(p["failure"])
+        error, error_time = _json_file(p["error_file"]) if p.get("error_file") else (None, None)
+        out.append({"rc": read_rc(rc_file) if rc_file else None, "rc_time": rc_time, "failure": failure,
+                    "exception": last_exception(p["log"]) if p.get("log") else None,
+                    "error_file": error, "error_time": error_time})
     return out
 
 

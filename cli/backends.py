@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar, Protocol, cast
 
-from psnode.protocol.failure import FailureRecord, path_in, record_of
+from psnode.protocol.failure import FailureRecord, from_torch, path_in, record_of, torch_path_in
 
 from . import agent
 from .gpus import HostGpus
@@ -103,6 +103,13 @@ class ProcStatus:
     code: int | None
 
 
+def run_files(run_dir: str, name: str) -> dict[str, str]:
+    """Where the process ``name`` leaves its failure record (``failure``) and its torch elastic
+    error file (``error_file``) in its host's ``run_dir``: the paths the host agent's spawn and
+    collect take."""
+    return {"failure": path_in(run_dir, name), "error_file": torch_path_in(run_dir, name)}
+
+
 @dataclass(frozen=True)
 class Evidence:
     """What a process left behind on its host, for the root cause: its exit status and when
@@ -116,6 +123,15 @@ class Evidence:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "failure", record_of(self.failure))
+
+    @classmethod
+    def collected(cls, item: Mapping[str, Any], code: int | None, run_dir: str, name: str) -> Evidence:
+        """The evidence of the process ``name`` from the host agent's ``collect`` answer: its
+        psnode failure record, else its torch elastic error file read as one (its ``source``
+        the file)."""
+        failure = record_of(item["failure"]) or from_torch(item.get("error_file"), torch_path_in(run_dir, name),
+                                                           item.get("error_time"))
+        return cls(code, item["rc_time"], failure, item["exception"])
 
 
 @dataclass(frozen=True)
@@ -294,8 +310,8 @@ class LocalRunner:
         self._exit_code = exit_code or (lambda rc, proc: rc)
 
     def start(self, host: Host, procs: Sequence[ProcSpec], run_dir: str) -> list[Started]:
-        items = [{"name": p.name, "argv": self._argv(host, p), "env": dict(p.env),
-                  "failure": path_in(run_dir, p.name)} for p in procs]
+        items = [{"name": p.name, "argv": self._argv(host, p), "env": dict(p.env), **run_files(run_dir, p.name)}
+                 for p in procs]
         started = agent.spawn(self.workdir, run_dir, self.reaper_python, items)
         return [Started(s["name"], s["pid"], s["log"], s["rc"]) for s in started]
 
@@ -320,9 +336,9 @@ class LocalRunner:
         return sorted(pid for pids in result["left"].values() for pid in pids)
 
     def collect(self, procs: Sequence[ProcRecord], run_dir: str) -> list[Evidence]:
-        items = agent.collect([{"name": p.name, "rc": p.rc_file, "log": p.run_log,
-                                "failure": path_in(run_dir, p.name)} for p in procs])
-        return [Evidence(self._exit_code(i["rc"], p), i["rc_time"], i["failure"], i["exception"])
+        items = agent.collect([{"name": p.name, "rc": p.rc_file, "log": p.run_log, **run_files(run_dir, p.name)}
+                               for p in procs])
+        return [Evidence.collected(i, self._exit_code(i["rc"], p), run_dir, p.name)
                 for i, p in zip(items, procs, strict=True)]
 
     def cleanup(self, job_id: str, run_dir: str) -> None:

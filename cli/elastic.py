@@ -113,6 +113,14 @@ class ScaleChange:
     def empty(self) -> bool:
         return not self.joiners and not self.leavers
 
+    def workers_after(self, live: Sequence[Live]) -> dict[str, int]:
+        """Host label -> its workers once this change is done (the ``live`` ones that stay and
+        the joiners): a joiner's ``LOCAL_WORLD_SIZE`` (:mod:`mxdist.torchenv`)."""
+        counts: dict[str, int] = {}
+        for host in [w.host for w in live if w.rank not in self.leavers] + [j.host for j in self.joiners]:
+            counts[host] = counts.get(host, 0) + 1
+        return counts
+
 
 def free_ranks(live: Iterable[int], count: int, maximum: int) -> list[int]:
     """The ``count`` lowest ranks in ``[0, maximum)`` that no live worker holds."""

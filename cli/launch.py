@@ -432,9 +432,10 @@ class Supervisor:
                 rules.leave(f"{Role.WORKER.value}-{rank}")
             self.record.leaving(change.leavers)
         started: list[Joiner] = []
+        after = change.workers_after(self._live(rules))
         for joiner in change.joiners:
             try:
-                self._join(rules, joiner, target)
+                self._join(rules, joiner, target, after[joiner.host])
             except Exception as exc:  # noqa: BLE001 - reported to mxdist scale; the job goes on
                 self.record.scale_to(len(self._live(rules)))
                 self._save()
@@ -461,15 +462,15 @@ class Supervisor:
             ui.warn(f"could not ask workers {', '.join(map(str, ranks))} to leave: {exc}")
             return False
 
-    def _join(self, rules: Supervision, joiner: Joiner, world_size: int) -> None:
+    def _join(self, rules: Supervision, joiner: Joiner, world_size: int, local_world_size: int) -> None:
         """Start worker ``joiner.rank`` on its host (prepared first if nothing of the job runs
-        there yet) and follow it."""
+        there yet; ``local_world_size``: the workers there once the change is done) and follow it."""
         host = self.hosts[joiner.host]
         key_file = None
         if host.label not in {h.label for h in self.plan.busy_hosts}:
             key_file = prepare_host(host, self.backend, self.record, self.settings.run_dir, self.settings.sync,
                                     self.settings.check_modules, self.plan.base_env)
-        spec = joiner_spec(self.plan, joiner.rank, host, joiner.local_rank, world_size, key_file)
+        spec = joiner_spec(self.plan, joiner.rank, host, joiner.local_rank, world_size, local_world_size, key_file)
         self.plan = with_worker(self.plan, spec, host)
         if self.plan.gpus_per_worker and host.label in self.plan.gpus:
             self.plan = with_gpus(self.plan, {host.label: self.plan.gpus[host.label]})
@@ -720,8 +721,9 @@ class Supervisor:
                 how = headline + (f" (after {proc.restarts} restart{'s' if proc.restarts > 1 else ''})"
                                   if proc and proc.restarts else "")
                 shown = proc is not None and self.printer.shows(proc.role, proc.rank)  # its output, streamed above
+                source = (cause.source, proc.host if proc else "its host", cause.time) if cause.source else None
                 ui.failure_panel(how, cause.consequences, proc.log if proc else None,
-                                 None if shown or proc is None else _tail(proc.log), notes)
+                                 None if shown or proc is None else _tail(proc.log), notes, source)
         elif rec.state is JobState.STOPPED:
             detail = rec.stopped_by or ""
         if rec.elastic is not None:

@@ -11,8 +11,10 @@ Rules:
   slots wrap around round-robin and the plan carries a warning;
 * the job's engine (:mod:`mxdist.engines`, ``--engine``) says what the scheduler and the servers
   run and gives every process its variables (psnode's: ``NodeConfig(...).to_env()``; MXNet's:
-  ``DMLC_*``); workers also get RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR (the scheduler's
-  address) and MASTER_PORT, whatever the engine;
+  ``DMLC_*``); workers also get torchrun's whole environment (RANK, WORLD_SIZE, LOCAL_RANK,
+  LOCAL_WORLD_SIZE, GROUP_RANK/NODE_RANK by host order, MASTER_ADDR: the scheduler's address,
+  MASTER_PORT, TORCHELASTIC_*...: :mod:`mxdist.torchenv`, the one place it is built), whatever
+  the engine and the backend;
 * a command ending in ``.py`` runs with ``python``; anything else runs as given; arguments are
   kept as separate words (never joined into a shell string here);
 * ``pass_local_rank`` (``--pass-local-rank``): each worker also gets ``--local_rank=LOCAL_RANK``
@@ -57,6 +59,8 @@ from .elastic import Bounds, ElasticError, bounds
 from .engines import PSNODE, Engine, NodeFacts
 from .gpus import VISIBLE, GpuShortage, HostGpus, describe_worker, sharing_warnings, shortages, worker_env, worker_slots
 from .hosts import Host, HostsError, check_env_name
+from .torchenv import TorchJob, TorchPlace, node_ranks, places, torch_env
+from .torchenv import restarted as torch_restarted
 
 #: Variables copied from the launcher's environment to every process (shell-style patterns).
 PASSTHROUGH: tuple[str, ...] = (
@@ -239,6 +243,7 @@ class Plan:
     base_env: Mapping[str, str] = field(default_factory=dict)    # what every process gets, before its
     #                                                              engine's and torch's variables
     bounds: Bounds | None = None       # the workers' bounds (mxdist.elastic; None: -n alone)
+    nodes: tuple[str, ...] = ()        # host names in node-rank order (GROUP_RANK; mxdist.torchenv)
     request: PlanRequest | None = None   # what it was made from: joiners are planned the same way
 
     @property
@@ -425,13 +430,11 @@ def make_plan(req: PlanRequest) -> Plan:
     for rank in range(servers):
         host = hosts[rank % len(hosts)]
         procs.append(ProcSpec(Role.SERVER, rank, host, node_argv, _node_env(req, Role.SERVER, host, rank, 0)))
-    local_ranks: dict[str, int] = {}
-    for rank, host in enumerate(worker_hosts):
-        local = local_ranks.get(host.name, 0)
-        local_ranks[host.name] = local + 1
-        procs.append(worker_spec(req, rank, host, local, workers))
+    nodes, worker_places = places([h.name for h in worker_hosts])
+    for host, place in zip(worker_hosts, worker_places, strict=True):
+        procs.append(worker_spec(req, host, place))
     per = req.gpus_per_worker
-    if per and req.pass_local_rank and max(local_ranks.values()) > per:   # a local rank >= per
+    if per and req.pass_local_rank and max(p.local_world_size for p in worker_places) > per:   # a local rank >= per
         warnings.append(
             f"--pass-local-rank with --gpus-per-worker {per}: each worker sees its GPUs as "
             f"{'cuda:0' if per == 1 else f'cuda:0-{per - 1}'}, so a script using cuda:args.local_rank "
@@ -449,6 +452,7 @@ def make_plan(req: PlanRequest) -> Plan:
         engine=engine,
         base_env=_base_env(req),
         bounds=limits,
+        nodes=nodes,
         request=req,
     )
 
@@ -481,33 +485,35 @@ def _node_env(req: PlanRequest, role: Role, host: Host, rank: int | None, port: 
         raise PlanError(str(exc)) from None
 
 
-def worker_spec(req: PlanRequest, rank: int, host: Host, local: int, world_size: int) -> ProcSpec:
-    """Worker ``rank`` on ``host`` with local rank ``local`` in a job of ``world_size`` workers
-    (a planned request: :attr:`Plan.request`): its command and environment, psnode's and
-    torch's variables included."""
-    sched = scheduler_host(req)
-    env = _node_env(req, Role.WORKER, host, rank, 0)
-    env.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_RANK=str(local),
-        MASTER_ADDR=sched.address,
-        MASTER_PORT=str(req.master_port),
-    )
+def worker_spec(req: PlanRequest, host: Host, place: TorchPlace) -> ProcSpec:
+    """The worker at ``place`` (its rank, local rank, node rank...) on ``host`` (a planned
+    request: :attr:`Plan.request`): its command and environment, psnode's and torchrun's
+    variables included."""
+    env = _node_env(req, Role.WORKER, host, place.rank, 0)
+    job = TorchJob(req.job_id, scheduler_host(req).address, req.master_port, req.node.max_restarts, req.run_dir)
+    env.update(torch_env(job, place, f"{Role.WORKER.value}-{place.rank}"))
     argv = command_argv(req.command, req.python)
+    local = place.local_rank
     own_argv = with_local_rank_arg(argv, req.command, local) if req.pass_local_rank else argv
     own_argv = req.engine.worker_argv(own_argv, command_target(req.command)[0] == "script")
-    return ProcSpec(Role.WORKER, rank, host, own_argv, env, local_rank=local)
+    return ProcSpec(Role.WORKER, place.rank, host, own_argv, env, local_rank=local)
 
 
-def joiner(plan: Plan, rank: int, host: Host, local: int, world_size: int,
+def joiner(plan: Plan, rank: int, host: Host, local: int, world_size: int, local_world_size: int,
            key_file: str | None = None) -> ProcSpec:
     """A worker joining ``plan``'s running job: planned as the first ones were (same command and
-    variables; ``PSNODE_RANK`` its rank), with the job's secret file at ``key_file`` on its host,
-    else where the plan's processes there read it, else as planned."""
+    variables; ``PSNODE_RANK`` its rank), in a job of ``world_size`` workers of which
+    ``local_world_size`` on ``host`` (it included), its host keeping its node rank or, new to
+    the job, taking the next one (:mod:`mxdist.torchenv`); with the job's secret file at
+    ``key_file`` on its host, else where the plan's processes there read it, else as planned."""
     if plan.request is None:
         raise PlanError("this plan cannot add workers (it was not made by make_plan)")
-    spec = worker_spec(plan.request, rank, host, local, world_size)
+    nodes = node_ranks(plan.nodes, [host.name])
+    try:
+        place = TorchPlace(rank, world_size, local, local_world_size, nodes.index(host.name), len(nodes))
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
+    spec = worker_spec(plan.request, host, place)
     known = key_file or next((p.env["PSNODE_KEY_FILE"] for p in plan.procs if p.host.label == host.label
                               and "PSNODE_KEY_FILE" in p.env), None)
     return replace(spec, env=_with_config(spec.env, key_file=known)) if known else spec
@@ -518,7 +524,7 @@ def with_worker(plan: Plan, spec: ProcSpec, host: Host) -> Plan:
     hosts (a host found by discovery)."""
     procs = (*(p for p in plan.procs if p.name != spec.name), spec)
     hosts = plan.hosts if any(h.label == host.label for h in plan.hosts) else (*plan.hosts, host)
-    return replace(plan, procs=procs, hosts=hosts)
+    return replace(plan, procs=procs, hosts=hosts, nodes=node_ranks(plan.nodes, [host.name]))
 
 
 def _with_config(env: Mapping[str, str], **changes: object) -> dict[str, str]:
@@ -529,8 +535,9 @@ def _with_config(env: Mapping[str, str], **changes: object) -> dict[str, str]:
 
 
 def restarted(spec: ProcSpec, count: int) -> ProcSpec:
-    """The same process (rank, host, argv, env) with ``PSNODE_RESTART_COUNT=count``."""
-    return replace(spec, env=_with_config(spec.env, restart_count=count))
+    """The same process (rank, host, argv, env) with ``PSNODE_RESTART_COUNT=count`` (and, for a
+    worker, ``TORCHELASTIC_RESTART_COUNT``)."""
+    return replace(spec, env=torch_restarted(_with_config(spec.env, restart_count=count), count))
 
 
 def with_key_files(plan: Plan, paths: Mapping[str, str]) -> Plan:

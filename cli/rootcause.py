@@ -2,7 +2,8 @@
 
 Evidence per process (:class:`Outcome`): how it ended (exit status, and when its exit status
 was written), its failure record (:mod:`psnode.protocol.failure`: written by the process itself, with a
-timestamp, when it failed), the last exception line of its log, and whether the supervisor
+timestamp, when it failed; for a script decorated with torch elastic's ``@record``, the error
+file torch wrote, read as such a record), the last exception line of its log, and whether the supervisor
 stopped it.  The scheduler's failure record carries its verdict: the node it blames (one that
 reported a failure, or one silent past the heartbeat timeout) and since when.
 
@@ -22,7 +23,9 @@ Rules (:func:`decide`):
    supervisor); processes on hosts that could not be reached are "not verified".
 
 Headline: ``worker 1 on host-b: ValueError: bad batch`` (the exception when a Python script
-raised; else the exit status or the scheduler's words).
+raised; else the exit status or the scheduler's words).  When the root cause's exception comes
+from a torch elastic error file, :attr:`RootCause.source` names that file (on its host) and
+:attr:`RootCause.time` is when it was written.
 """
 from __future__ import annotations
 
@@ -70,9 +73,11 @@ class RootCause:
     reason: str = ""                   # "ValueError: bad batch" / "exit code 3" / "stopped responding ..."
     time: float | None = None
     consequences: tuple[str, ...] = field(default_factory=tuple)
+    source: str | None = None          # the torch elastic error file the reason was read from
 
     def to_dict(self) -> dict[str, Any]:
-        return {"headline": self.headline, "name": self.name, "reason": self.reason, "time": self.time}
+        out = {"headline": self.headline, "name": self.name, "reason": self.reason, "time": self.time}
+        return {**out, "source": self.source} if self.source else out
 
 
 def describe_code(code: int | None) -> str:
@@ -149,8 +154,9 @@ def decide(outcomes: Sequence[Outcome], first_seen: str | None = None) -> RootCa
     when, reason = candidates[name]
     cause = by_name[name]
     consequences = tuple(_consequence(o) for o in outcomes if o.name != name and _consequence(o))
+    source = cause.failure.source if cause.failure is not None and _kind(cause) is FailureKind.EXCEPTION else None
     return RootCause(headline=f"{cause.who}: {reason}", name=name, reason=reason,
-                     time=None if math.isinf(when) else when, consequences=consequences)
+                     time=None if math.isinf(when) else when, consequences=consequences, source=source)
 
 
 def _consequence(o: Outcome) -> str:

@@ -47,8 +47,6 @@ from typing import Any, ClassVar
 
 import paramiko
 
-from psnode.protocol.failure import path_in
-
 from . import agent
 from .backends import (
     BackendError,
@@ -61,6 +59,7 @@ from .backends import (
     ProcStatus,
     Started,
     command_fix,
+    run_files,
     run_per_host,
 )
 from .gpus import HostGpus
@@ -499,7 +498,7 @@ class SshBackend:
                            "config and keys)")
 
     def start(self, host: Host, procs: Sequence[ProcSpec], run_dir: str) -> list[Started]:
-        items = [{"name": p.name, "argv": list(p.argv), "env": dict(p.env), "failure": path_in(run_dir, p.name)}
+        items = [{"name": p.name, "argv": list(p.argv), "env": dict(p.env), **run_files(run_dir, p.name)}
                  for p in procs]
         started = self._agent(host, {"op": "spawn", "workdir": self.workdir, "run_dir": run_dir,
                                      "python": self.python, "procs": items})
@@ -552,9 +551,9 @@ class SshBackend:
 
     def collect(self, host: Host, procs: Sequence[ProcRecord], run_dir: str) -> list[Evidence]:
         items = self._agent(host, {"op": "collect", "procs": [
-            {"name": p.name, "rc": p.rc_file, "log": p.run_log, "failure": path_in(run_dir, p.name)}
+            {"name": p.name, "rc": p.rc_file, "log": p.run_log, **run_files(run_dir, p.name)}
             for p in procs]}, timeout=30)
-        return [Evidence(i["rc"], i["rc_time"], i["failure"], i["exception"]) for i in items]
+        return [Evidence.collected(i, i["rc"], run_dir, p.name) for i, p in zip(items, procs, strict=True)]
 
     def cleanup(self, host: Host, job_id: str, run_dir: str) -> None:
         result = self._agent(host, {"op": "cleanup", "run_dir": run_dir, "job_id": job_id,

@@ -321,10 +321,16 @@ def preflight_panel(problems: Sequence[Any]) -> None:
 
 
 def failure_panel(headline: str, consequences: Sequence[str], log: str | None, tail: Sequence[str] | None,
-                  notes: Sequence[str] = ()) -> None:
-    """The root cause of a failed job, its consequences (one line each), where its log is and
+                  notes: Sequence[str] = (), error_file: tuple[str, str, float | None] | None = None) -> None:
+    """The root cause of a failed job, the torch elastic error file it was read from (``error_file``:
+    path, host, when it was written), its consequences (one line each), where its log is and
     (``tail`` not None: its output was not streamed above) the log's last lines."""
     body = Text(headline + "\n", style="bold")
+    if error_file is not None:
+        path, host, written = error_file
+        when = "" if written is None else (time.strftime(", written %Y-%m-%d %H:%M:%S", time.localtime(written))
+                                           + f".{int(written % 1 * 1000):03d}")
+        body += Text(f"from its error file {path} on {host}{when}\n")
     if consequences:
         body += Text("then:\n", style="dim")
         for line in consequences:

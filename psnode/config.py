@@ -69,9 +69,10 @@ variable                           meaning (default)
                                    (psnode.timeline; unset: none recorded)
 =================================  ==========================================================
 
-Workers additionally receive the torch.distributed variables ``RANK``, ``WORLD_SIZE``,
-``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` from the launcher; psnode itself does not
-read them.
+Workers additionally receive torchrun's variables from the launcher (``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``,
+``TORCHELASTIC_*``...; ``mxdist``'s ``torchenv`` module lists them); psnode itself does not read
+them.
 """
 from __future__ import annotations
 

@@ -26,12 +26,23 @@ Kinds (:class:`FailureKind`):
 :func:`read` and :meth:`FailureRecord.from_dict` never raise: a missing, partial or foreign file
 reads as None; a record's missing or mistyped fields other than ``kind`` and ``time`` read as
 their defaults.
+
+torch elastic's error files: a script decorated with
+``torch.distributed.elastic.multiprocessing.errors.record`` writes the exception that ends it to
+``TORCHELASTIC_ERROR_FILE`` (the launcher sets it to :func:`torch_path_in`) as
+``{"message": {"message": "Type: text", "extraInfo": {"py_callstack": "...", "timestamp":
+"<whole seconds>"}}}``.  :func:`from_torch` reads such a file as an ``exception`` record whose
+``source`` is that file; its ``time`` is the file's modification time when that agrees with the
+timestamp (a finer clock, so two failures within one second are still told apart), else the
+timestamp.
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import re
 import time
 import traceback
 from collections.abc import Mapping
@@ -40,6 +51,7 @@ from enum import Enum
 from typing import Any
 
 FILE_SUFFIX = ".failure.json"
+TORCH_SUFFIX = ".torch-error.json"
 _MAX_TEXT = 2000
 
 
@@ -61,6 +73,12 @@ def path_in(run_dir: str, name: str) -> str:
     """The failure record of the process ``name`` in its host's ``run_dir`` (a POSIX path,
     ``~`` left for the host to expand)."""
     return f"{run_dir.rstrip('/')}/{file_name(name)}"
+
+
+def torch_path_in(run_dir: str, name: str) -> str:
+    """The torch elastic error file (``TORCHELASTIC_ERROR_FILE``) of the process ``name`` in its
+    host's ``run_dir`` (a POSIX path, ``~`` left for the host to expand)."""
+    return f"{run_dir.rstrip('/')}/{name}{TORCH_SUFFIX}"
 
 
 def _opt(data: Mapping[str, Any], name: str, kind: type) -> Any:
@@ -104,6 +122,7 @@ class FailureRecord:
     culprit: Culprit | None = None
     reason: str | None = None
     version: int = 1
+    source: str | None = None     # torch elastic's error file it was read from (None: psnode's own)
 
     @property
     def exception(self) -> str:
@@ -129,6 +148,8 @@ class FailureRecord:
             record["culprit"] = self.culprit.to_dict()
         if self.reason is not None:
             record["reason"] = self.reason
+        if self.source is not None:
+            record["source"] = self.source
         return record
 
     @classmethod
@@ -142,7 +163,7 @@ class FailureRecord:
         return cls(FailureKind(data["kind"]), float(when), _opt(data, "role", str) or "", _opt(data, "rank", int),
                    _opt(data, "host", str) or "", _opt(data, "pid", int), _opt(data, "type", str),
                    _opt(data, "message", str), _opt(data, "traceback", str), Culprit.from_dict(data.get("culprit")),
-                   _opt(data, "reason", str), _opt(data, "version", int) or 1)
+                   _opt(data, "reason", str), _opt(data, "version", int) or 1, _opt(data, "source", str))
 
     def save(self, path: str) -> None:
         """Write this record to ``path`` atomically (mode 0600); never raises."""
@@ -163,6 +184,37 @@ def record_of(value: FailureRecord | Mapping[str, Any] | None) -> FailureRecord 
     if value is None or isinstance(value, FailureRecord):
         return value
     return FailureRecord.from_dict(value)
+
+
+_TYPE_RE = re.compile(r"([A-Za-z_][\w.]*): (.*)", re.S)
+
+
+def from_torch(data: Any, path: str, written: float | None = None) -> FailureRecord | None:
+    """The ``exception`` record of torch elastic's error file ``data`` (its JSON object, read
+    from ``path``, modified at ``written``); None when it is not one.  Never raises."""
+    if not isinstance(data, dict):
+        return None
+    message, extra = data.get("message"), None
+    if isinstance(message, dict):
+        extra = message.get("extraInfo")
+        message = message.get("message")
+    if not isinstance(extra, dict):
+        extra = {}
+    if not isinstance(message, str):
+        return None
+    try:
+        stamp: float | None = float(int(str(extra.get("timestamp"))))
+    except ValueError:
+        stamp = None
+    ok = written is not None and math.isfinite(written) and (stamp is None or stamp - 1 < written < stamp + 2)
+    when = written if ok else stamp
+    if when is None:
+        return None
+    match = _TYPE_RE.fullmatch(message)
+    kind_of, text = (match.group(1), match.group(2)) if match else (None, message)
+    trace = extra.get("py_callstack")
+    return FailureRecord(FailureKind.EXCEPTION, when, type=kind_of, message=text[:_MAX_TEXT],
+                         traceback=trace[-_MAX_TEXT:] if isinstance(trace, str) else None, source=path)
 
 
 def write(path: str | None, kind: str, role: str, rank: int | None, host: str, *,
@@ -191,5 +243,5 @@ def read(path: str) -> FailureRecord | None:
     return FailureRecord.from_dict(data)
 
 
-__all__ = ["FILE_SUFFIX", "KINDS", "Culprit", "FailureKind", "FailureRecord", "file_name", "path_in", "read",
-           "record_of", "write"]
+__all__ = ["FILE_SUFFIX", "KINDS", "TORCH_SUFFIX", "Culprit", "FailureKind", "FailureRecord", "file_name", "from_torch",
+           "path_in", "read", "record_of", "torch_path_in", "write"]

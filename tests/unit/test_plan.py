@@ -63,6 +63,60 @@ def test_workers_get_torch_variables():
     assert "RANK" not in plan.procs[0].env
 
 
+def test_workers_get_torchruns_whole_environment():
+    """Hosts a (2 slots), b, c: node ranks by host order, local world size per host, the run id,
+    restarts and each worker's error file in the run directory."""
+    from mxdist.torchenv import VARIABLES
+
+    plan = make_plan(request(max_restarts=3, run_dir="~/.mxdist/run/job-1"))
+    got = [{k: w.env[k] for k in VARIABLES} for w in plan.of_role(Role.WORKER)]
+    same = {"WORLD_SIZE": "4", "ROLE_WORLD_SIZE": "4", "GROUP_WORLD_SIZE": "3", "ROLE_NAME": "default",
+            "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "9001", "TORCHELASTIC_RUN_ID": "job-1",
+            "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "3"}
+    own = [(0, 0, 2, 0), (1, 1, 2, 0), (2, 0, 1, 1), (3, 0, 1, 2)]   # rank, local rank, local world, node
+    assert got == [{**same, "RANK": str(r), "ROLE_RANK": str(r), "LOCAL_RANK": str(lr), "LOCAL_WORLD_SIZE": str(lw),
+                    "GROUP_RANK": str(n), "NODE_RANK": str(n),
+                    "TORCHELASTIC_ERROR_FILE": f"~/.mxdist/run/job-1/worker-{r}.torch-error.json"}
+                   for r, lr, lw, n in own]
+    assert plan.nodes == ("a", "b", "c")
+    assert not any(k in p.env for p in plan.procs if p.role is not Role.WORKER for k in VARIABLES)
+
+
+def test_torch_node_ranks_count_hosts_with_workers_only():
+    """Two workers on a host of three: one node; wrapped placement keeps local ranks dense."""
+    plan = make_plan(request(num_workers=2))
+    assert [(w.env["GROUP_RANK"], w.env["GROUP_WORLD_SIZE"], w.env["LOCAL_WORLD_SIZE"])
+            for w in plan.of_role(Role.WORKER)] == [("0", "1", "2"), ("0", "1", "2")]
+    assert "TORCHELASTIC_ERROR_FILE" not in plan.of_role(Role.WORKER)[0].env   # no run directory
+    wrapped = make_plan(request(num_workers=6))
+    assert [(w.host.name, w.env["LOCAL_RANK"], w.env["LOCAL_WORLD_SIZE"], w.env["GROUP_RANK"])
+            for w in wrapped.of_role(Role.WORKER)] == [
+        ("a", "0", "3", "0"), ("a", "1", "3", "0"), ("b", "0", "2", "1"), ("c", "0", "1", "2"),
+        ("a", "2", "3", "0"), ("b", "1", "2", "1")]
+
+
+def test_joiners_keep_node_ranks_stable():
+    """An elastic job on a and b: a joiner on b keeps b's node rank; one on a new host d takes
+    the next node rank, and GROUP_WORLD_SIZE counts it."""
+    from mxdist.plan import joiner, with_worker
+
+    b = Host("b", address="10.0.0.2", slots=2)
+    plan = make_plan(request(num_workers=3, max_workers=6, hosts=[HOSTS[0], b], slots_bound=False))
+    assert plan.nodes == ("a", "b")
+    on_b = joiner(plan, 3, b, 1, 4, 2)
+    assert {k: on_b.env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                     "GROUP_WORLD_SIZE")} == {
+        "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
+        "GROUP_WORLD_SIZE": "2"}
+    plan = with_worker(plan, on_b, b)
+    new = Host("d", address="10.0.0.4", slots=2)
+    on_d = joiner(plan, 4, new, 0, 5, 1)
+    assert (on_d.env["GROUP_RANK"], on_d.env["NODE_RANK"], on_d.env["GROUP_WORLD_SIZE"]) == ("2", "2", "3")
+    assert with_worker(plan, on_d, new).nodes == ("a", "b", "d")
+    with pytest.raises(PlanError, match="inconsistent placement"):
+        joiner(plan, 4, new, 1, 5, 1)     # local rank 1 of 1 worker
+
+
 def test_counts_scheduler_choice_and_zero_servers():
     plan = make_plan(request(num_workers=2, num_servers=0, scheduler_host="c"))
     assert plan.num_servers == 0 and not plan.of_role(Role.SERVER)
@@ -187,9 +241,12 @@ def test_restarted_worker_keeps_rank_host_argv_and_env():
     spec = plan.of_role(Role.WORKER)[1]
     again = restarted(spec, 2)
     assert (again.rank, again.host, again.argv, again.name) == (spec.rank, spec.host, spec.argv, spec.name)
-    assert again.env["PSNODE_RESTART_COUNT"] == "2"
-    assert {k: v for k, v in again.env.items() if k != "PSNODE_RESTART_COUNT"} == {
-        k: v for k, v in spec.env.items() if k != "PSNODE_RESTART_COUNT"}
+    assert again.env["PSNODE_RESTART_COUNT"] == again.env["TORCHELASTIC_RESTART_COUNT"] == "2"
+    counts = ("PSNODE_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
+    assert {k: v for k, v in again.env.items() if k not in counts} == {
+        k: v for k, v in spec.env.items() if k not in counts}
+    server = restarted(plan.of_role(Role.SERVER)[0], 1)
+    assert server.env["PSNODE_RESTART_COUNT"] == "1" and "TORCHELASTIC_RESTART_COUNT" not in server.env
 
 
 def test_local_plan_binds_to_loopback_only(tmp_path):
