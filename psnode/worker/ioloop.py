@@ -309,7 +309,8 @@ class IoLoop:
         """Take down the same-host link to ``server`` (if any): it is served over TCP."""
         if self.links.take_down(server):
             e = self.state
-            busy = any(p.request.server == server for p in e.tracker.pending.values())
+            busy = (e.fatal is None and not e.closing   # (the job ending takes every link down)
+                    and any(p.request.server == server for p in e.tracker.pending.values()))
             (log.warning if busy else log.info)(
                 "worker %d: the same-host link to server %d closed; using TCP", e.rank, server)
 
