@@ -61,6 +61,7 @@ from .backends import (
     ProcStatus,
     Started,
     command_fix,
+    import_fix,
     run_per_host,
 )
 from .gpus import HostGpus
@@ -412,10 +413,13 @@ class SshBackend:
                 continue
             gpus[label] = HostGpus.from_report(result.get("gpus"))
             for err in result["errors"]:
-                fix = ("create it, pass --workdir, or copy the project with --sync"
-                       if "directory" in err else
-                       "install it on that host (pip install ...), set PYTHONPATH, or --sync the project")
-                problems.append(HostProblem(label, err, command_fix(err, fix, remote=True)))
+                if "cannot import" in err:
+                    fix = import_fix(result.get("executable") or self.python,
+                                     list(result.get("missing") or ["psnode"]),
+                                     "pass --python with a Python that has them on that host")
+                else:
+                    fix = command_fix(err, "create it, pass --workdir, or copy the project with --sync", remote=True)
+                problems.append(HostProblem(label, err, fix))
         return Preflight(problems, gpus)
 
     def explain(self, label: str, host: Host, exc: BaseException) -> HostProblem:

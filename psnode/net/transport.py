@@ -32,7 +32,7 @@ import threading
 from typing import Any
 
 import zmq
-import zmq.utils.garbage  # noqa: F401 - its atexit callback first (the docstring: Exit)
+import zmq.utils.garbage  # (its atexit callback first: the docstring, Exit)
 from zmq.utils import z85
 
 from psnode.errors import ConfigError, ProtocolError
