@@ -15,7 +15,7 @@ import functools
 import gc
 import sys
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import typer
@@ -28,7 +28,7 @@ from .detach import detach
 from .gpus import describe_worker
 from .hosts import HostsError
 from .launch import EXIT_PREFLIGHT, Supervisor
-from .options import LaunchOptions, launch_default
+from .options import LaunchOptions, Prepared, launch_default
 from .plan import PASSTHROUGH, GpuShortageError, NodeOptions, Plan, PlanError, gpu_view, is_secret, with_gpus
 from .view import PlanRow
 
@@ -125,7 +125,8 @@ def launch(
                                     "options are refused with mxnet"),
     python: str = typer.Option(L("python"), "--python", help="Python on remote hosts"),
     env: list[str] = typer.Option([], "-e", "--env", help="K=V for every process (repeatable)"),
-    workdir: str | None = typer.Option(None, "--workdir", help="working directory (default: the current one)"),
+    workdir: str | None = typer.Option(None, "--workdir", help="where the processes run (default: where --sync puts "
+                                                              "the current directory, else the current one)"),
     sync: list[str] = typer.Option([], "--sync", help="DIR[:REMOTE_DIR] to copy to every host first"),
     scheduler: str | None = typer.Option(None, "--scheduler", help="host running the scheduler"),
     port: int | None = typer.Option(None, "--port", help="scheduler port (MASTER_PORT = port+1)"),
@@ -244,7 +245,7 @@ def launch(
         except GpuShortageError as exc:
             raise _fail("not enough GPUs (the launch would fail at preflight)", "\n".join(
                 f"{s.host}: {s.reason}" for s in exc.shortages), exc.shortages[0].fix, EXIT_PREFLIGHT) from None
-        _show_plan(plan)
+        _show_plan(plan, _where(prepared))
         return
     plan, job = prepared.plan, prepared.record.id
     for warning in plan.warnings:
@@ -278,7 +279,13 @@ def _masked(env: dict[str, str]) -> dict[str, str]:
     return {k: ("****" if is_secret(k) else v) for k, v in env.items()}
 
 
-def _show_plan(plan: Plan) -> None:
+def _where(prepared: Prepared) -> list[str]:
+    """The dry run's lines on files: each ``--sync`` copy, the working directory of the processes."""
+    lines = [f"--sync copies {local} to {remote} on every host first" for local, remote in prepared.settings.sync]
+    return [*lines, f"working directory of every process: {prepared.record.workdir}"]
+
+
+def _show_plan(plan: Plan, where: Sequence[str] = ()) -> None:
     envs = [dict(p.env) for p in plan.procs]
     common = {k: v for k, v in envs[0].items() if all(e.get(k) == v for e in envs)}
     rows: list[PlanRow] = []
@@ -291,7 +298,7 @@ def _show_plan(plan: Plan) -> None:
         rows.append(PlanRow(host=p.host.label, role=p.role.value, rank=p.rank, address=address,
                             command=plan.engine.show_argv(p.argv), env=_masked(own), gpus=gpus, device=device))
     hosts, _, gpu_warnings = gpu_view(plan)
-    ui.plan_table(rows, _masked(common), [*plan.warnings, *gpu_warnings], hosts)
+    ui.plan_table(rows, _masked(common), [*plan.warnings, *gpu_warnings], hosts, where)
 
 
 def _load(job: str | None) -> jobs.JobRecord:

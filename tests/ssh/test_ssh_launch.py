@@ -464,3 +464,30 @@ def test_preflight_checks_psnode_from_the_scripts_folder(ssh_cluster, home, tmp_
             ) in text, res.stderr
     assert "/usr/bin/python3 -m pip install mxdist (mxdist holds psnode" in text, res.stderr
     assert all(p["pid"] is None for r in records(home) for p in r["procs"])
+
+
+def test_sync_destination_is_the_working_directory(ssh_cluster, home, tmp_path):
+    """``--sync .:DEST`` from the project: the processes run in DEST (no --workdir); --dry-run
+    says so, and where the copy goes; an explicit --workdir still wins."""
+    src = tmp_path / "project"
+    src.mkdir()
+    (src / "where.py").write_text("import os\nprint('CWD', os.getcwd())\n")
+    dest = tmp_path / "remote-copy"
+    env = ssh_cluster.env(home)
+
+    def mxdist(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "mxdist", *args], env=env, cwd=src, capture_output=True,
+                              text=True, timeout=120)
+
+    dry = mxdist("launch", "--dry-run", "-H", "node1", "-s", "0", "--sync", f".:{dest}", "where.py")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert f"--sync copies {src} to {dest} on every host first" in dry.stdout, dry.stdout
+    assert f"working directory of every process: {dest}" in dry.stdout, dry.stdout
+    res = mxdist("launch", "-H", "node1", "-s", "0", "--sync", f".:{dest}", "where.py")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"[worker 0 @ node1] CWD {dest}" in res.stdout, res.stdout
+    assert latest(home)["workdir"] == str(dest)
+    res = mxdist("launch", "-H", "node1", "-s", "0", "--sync", f".:{dest}", "--workdir", str(src), "where.py")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"[worker 0 @ node1] CWD {src}" in res.stdout, res.stdout
+    assert_nothing_left(home)
