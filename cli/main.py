@@ -487,12 +487,17 @@ def _who(p: jobs.ProcRecord) -> str:
 @app.command()
 @_guarded
 def logs(
-    job: str | None = typer.Argument(None, help="job id (default: the latest)"),
+    job: str | None = typer.Argument(None, help="job id (default: the latest; name one when several run)"),
     role: Role | None = typer.Option(None, "--role", case_sensitive=False, help="only this role's processes"),
     rank: int | None = typer.Option(None, "--rank", help="only the processes of this rank (with --role: one)"),
     follow: bool = typer.Option(False, "-f", "--follow", help="keep printing until the processes end"),
 ) -> None:
     """Print the logs of a job's processes."""
+    if job is None:
+        running = [r for r in (control.refresh(j) for j in jobs.all_jobs() if j.state.active) if r.state.active]
+        if len(running) > 1:
+            raise _fail("several jobs are running", f"{len(running)} jobs are running: "
+                        f"{', '.join(j.id for j in running)}", "name one: mxdist logs JOB", EXIT_USAGE)
     record = _load(job)
     procs = control.select(record, role.value if role else None, rank)
     if not procs:
@@ -539,10 +544,16 @@ def clean(
     yes: bool = typer.Option(False, "-y", "--yes", help="do not ask before removing every finished job"),
 ) -> None:
     """Remove finished jobs: their records and logs here, and their run files on remote hosts."""
+    unknown = [j for j in job or () if not jobs.record_path(j).is_file()]
+    if unknown:
+        names = ", ".join(repr(j) for j in unknown)
+        raise _fail("no such job", f"no job {names} in {jobs.jobs_dir()} (mxdist jobs lists them); nothing removed",
+                    None, 1)
     if not job and not yes:
         finished = history.finished(older_than)
         if not finished:
-            ui.info("no finished job to remove" + (f" older than {older_than:g} days" if older_than else ""))
+            days = f" older than {older_than:g} day{'s' if older_than != 1 else ''}" if older_than else ""
+            ui.info(f"no finished job to remove{days}")
             return
         what = (f"{len(finished)} finished job{'s' if len(finished) != 1 else ''} (records, logs, and run "
                 f"files on their hosts): {', '.join(finished[:10])}{', ...' if len(finished) > 10 else ''}")
