@@ -275,8 +275,12 @@ def remove_files(paths: list[str]) -> list[str]:
 _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*)(: .*)?$")
 
 
+_USAGE_ERROR = re.compile(r"^[\w.-]+: error: \S.*$")   # argparse's "PROG: error: MESSAGE"
+
+
 def last_exception(log: str, size: int = 16384) -> str | None:
-    """``Type: message`` of the last Python traceback at the end of ``log``, or None."""
+    """``Type: message`` of the last Python traceback at the end of ``log``; without one, an
+    argparse error among its last lines (``train.py: error: unrecognized arguments: --x``); or None."""
     try:
         with open(_expand(log), "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -286,7 +290,9 @@ def last_exception(log: str, size: int = 16384) -> str | None:
         return None
     starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
     if not starts:
-        return None
+        tail = [line.rstrip() for line in lines if line.strip()][-3:]
+        usage = [line for line in tail if _USAGE_ERROR.match(line)]
+        return usage[-1][:500] if usage else None
     found = None
     for line in lines[starts[-1] + 1:]:
         if line and not line[0].isspace():

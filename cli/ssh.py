@@ -668,7 +668,10 @@ def _agent_failed(host: Host, python: str, code: int, stderr: str) -> BackendErr
     """A remote agent that ended without a result, in words."""
     if code == 127:
         return BackendError(f"{host.label}: {python} not found (pass --python PATH)")
-    return BackendError(f"{host.label}: remote agent failed (exit {code}): {stderr[-500:]}")
+    if code == -1:   # (paramiko's word for a channel that closed without an exit status)
+        why = "the remote agent ended without an exit status (killed by a signal, or the SSH connection was lost)"
+        return BackendError(f"{host.label}: {why}" + (f": {stderr[-500:]}" if stderr else ""))
+    return BackendError(f"{host.label}: remote agent failed (exit {code}): {stderr[-500:] or 'no message'}")
 
 
 def _close_all(clients: Sequence[paramiko.SSHClient]) -> None:

@@ -58,3 +58,22 @@ def test_one_slot_is_singular(tmp_path):
                   cli_env(tmp_path / "home"))
     assert res.returncode == 0, res.stdout + res.stderr
     assert "2 workers but the hosts have 1 slot: some hosts run more workers than slots" in flat(res.stderr)
+
+
+ARGS = textwrap.dedent("""
+    import argparse
+    p = argparse.ArgumentParser()
+    p.add_argument("--epochs", type=int, default=1)
+    p.parse_args()
+""")
+
+
+def test_a_scripts_usage_error_is_the_root_cause_in_its_own_words(tmp_path):
+    home = tmp_path / "home"
+    script = tmp_path / "train.py"
+    script.write_text(ARGS)
+    res = run_cli(["launch", "-n", "1", "-s", "0", str(script), "--epochs", "2", "--bogus"], cli_env(home))
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert ("failed in" in res.stderr and res.stderr.rstrip().endswith(
+        "worker 0 on localhost: train.py: error: unrecognized arguments: --bogus (exit code 2)")), res.stderr
+    assert_nothing_left(home)
