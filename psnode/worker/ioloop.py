@@ -150,7 +150,12 @@ class IoLoop:
         if e.tracker.pending and now >= self.next_scan:
             self.next_scan = now + max(0.02, self.cfg.retry_timeout / 4)
             with e.lock:
+                before = e.tracker.retries
                 batches, warnings = e.tracker.due(now)
+                resent = e.tracker.retries - before
+            if resent:   # (said at WARNING only for a last resend, by the tracker)
+                log.debug("worker %d: %d request(s) got no answer in %.1f s; sending again", e.rank, resent,
+                          self.cfg.retry_timeout)
             for text in warnings:
                 log.warning("worker %d: %s", e.rank, text)
             self.send(batches)

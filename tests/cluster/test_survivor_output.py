@@ -1,5 +1,6 @@
 """What the workers that survive a failure print, and what a misspelt store type prints: one line
-each, the user's frames only (never psnode's, never ``Exception ignored in atexit callback``).
+each, the user's frames only (never psnode's, never ``Exception ignored in atexit callback``);
+and a worker whose server stalls for a while waits for it without a word.
 
 Real scheduler, server and worker processes on 127.0.0.1 (tests/cluster/harness.py): no launcher
 stops the survivors, so each ends on its own, through its own ``kv.close()`` or the one at exit.
@@ -87,3 +88,46 @@ def test_a_misspelt_store_type_shows_the_users_frames_and_a_guess(tmp_path: Path
     assert len(streamed) == 7, res.stdout
     assert "did you mean 'dist_sync'?" in res.stderr     # the panel's root cause
     assert_nothing_left(home)
+
+
+STEADY = textwrap.dedent("""
+    import os, sys, time
+    import numpy as np, psnode.kv
+    kv = psnode.kv.create('dist_sync')
+    kv.init(0, np.zeros(4, np.float32))
+    out = np.empty(4, np.float32)
+    open(os.path.join(sys.argv[1], "ready"), "w").close()
+    end = time.monotonic() + 6.0
+    steps = 0
+    while time.monotonic() < end:
+        kv.push(0, np.ones(4, np.float32)); kv.pull(0, out=out); steps += 1
+        time.sleep(0.01)
+    print("steps", steps, "value", float(out[0]), flush=True)
+    kv.close()
+""")
+
+
+def test_a_server_silent_for_less_than_its_last_resend_is_waited_for_quietly(tmp_path: Path) -> None:
+    """A server that stops for 2.5 s (SIGSTOP: a stall, as under memory pressure) answers a resend:
+    the worker says nothing (no "sending again" warning), and the job ends well."""
+    import os
+    import signal
+    import time
+
+    from tests.cluster.harness import start_job, wait_for_file, wait_job
+
+    job = start_job(STEADY, 1, 1, args=[str(tmp_path)], tmp=tmp_path,
+                    env={"PSNODE_HEARTBEAT_INTERVAL": "1.0", "PSNODE_RETRY_TIMEOUT": "1.0"})
+    wait_for_file(tmp_path / "ready")
+    server = job.by_role("server")[0]
+    time.sleep(0.5)
+    os.kill(server.popen.pid, signal.SIGSTOP)
+    try:
+        time.sleep(2.5)
+    finally:
+        os.kill(server.popen.pid, signal.SIGCONT)
+    wait_job(job, 60)
+    worker = job.workers[0]
+    assert [p.code for p in job.procs] == [0, 0, 0], job.describe()
+    assert worker.out.startswith("steps "), job.describe()
+    assert worker.err == "", worker.err
