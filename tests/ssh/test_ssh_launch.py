@@ -420,6 +420,8 @@ def test_a_host_that_stops_answering_is_named_and_not_waited_on(ssh_cluster, hom
     assert stop.returncode == 0, stop.stdout + stop.stderr
     assert "node3: nothing of the job left" in stop.stderr
     assert not latest(home)["unverified"]
+    status = run_cli(["status", final["id"]], env)
+    assert status.returncode == 0 and "not verified" not in status.stdout + status.stderr, status.stdout
     assert_nothing_left(home)
 
 
