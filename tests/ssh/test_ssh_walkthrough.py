@@ -43,8 +43,8 @@ def test_the_readme_walkthrough_for_real_hosts(ssh_cluster, tmp_path):
     (keyscan,) = readme_lines("mkdir -p -m 700 ~/.ssh && ssh-keyscan -p PORT ADDRESS")      # step 2
     for host in ("host1", "host2"):
         # (-F: ssh finds ~/.ssh/config through the password database, not $HOME)
-        shown = subprocess.run(["ssh", "-F", str(user / ".ssh" / "config"), "-G", host], env=env, check=True, capture_output=True, text=True,
-                               timeout=30).stdout
+        shown = subprocess.run(["ssh", "-F", str(user / ".ssh" / "config"), "-G", host], env=env, check=True,
+                               capture_output=True, text=True, timeout=30).stdout
         said = dict(line.split(" ", 1) for line in shown.splitlines()
                     if line.startswith(("hostname ", "port ")))
         line = keyscan.replace("PORT", said["port"]).replace("ADDRESS", said["hostname"])
