@@ -145,12 +145,50 @@ def command_problem(workdir: str, kind: str, word: str, env: dict | None = None)
     return None if shutil.which(word, path=search) else f"{word}: command not found (PATH={search})"
 
 
+_IMPORTS = (
+    "import importlib,json,sys\n"
+    "sys.path[0]=sys.argv[1]\n"
+    "out={}\n"
+    "for m in sys.argv[2:]:\n"
+    " try:importlib.import_module(m)\n"
+    " except Exception as e:out[m]='%s: %s'%(type(e).__name__,e)\n"
+    "print(json.dumps(out))\n"
+)
+
+
+def missing_modules(workdir: str, path0: str, modules: list[str], env: dict | None = None) -> dict:
+    """Which of ``modules`` this Python cannot import, run in ``workdir`` with ``path0`` first on
+    its path (as ``python -m`` there: ``workdir``; as ``python dir/script.py``: ``dir``), each
+    with ``Type: message``.  Self-contained."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _IMPORTS, path0, *modules], cwd=workdir, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, **(env or {})})
+    try:
+        return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError):
+        said = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        return dict.fromkeys(modules, f"the import check failed (exit {proc.returncode}): {said}")
+
+
+_IMPORTS_PSNODE = re.compile(r"^\s*(?:import\s[^\n#]*\bpsnode\b|from\s+psnode\b)", re.MULTILINE)
+
+
 def check(workdir: str, modules: list[str], env: dict | None = None, target: list | None = None) -> dict:
-    """Preflight: Python version, the workdir, whether ``modules`` import there with ``env``,
-    whether the job's command (``target``: ``[kind, word]``, :func:`command_problem`) is there,
-    and the GPUs a process with ``env`` sees there (:func:`gpus`)."""
+    """Preflight: Python version, the workdir, whether ``modules`` import with ``env`` from
+    there as the job's processes import them, whether the job's command (``target``: ``[kind,
+    word]``, :func:`command_problem`) is there, and the GPUs a process with ``env`` sees there
+    (:func:`gpus`).
+
+    ``modules`` import in ``workdir`` (the scheduler's and servers' ``python -m psnode`` runs
+    there, with it on the path); a ``.py`` script that imports psnode must also import it from the
+    script's own folder (``python dir/script.py`` puts that folder, not ``workdir``, on its path).
+    ``missing``: ``{module: why}`` for every module that does not import (one error names them)."""
     out: dict = {"python": sys.version.split()[0], "executable": sys.executable, "errors": [],
-                 "gpus": gpus(env)}
+                 "gpus": gpus(env), "missing": {}}
     workdir = _expand(workdir)
     if not os.path.isdir(workdir):
         out["errors"].append(f"working directory {workdir} does not exist")
@@ -158,14 +196,25 @@ def check(workdir: str, modules: list[str], env: dict | None = None, target: lis
     problem = command_problem(workdir, target[0], target[1], env) if target else None
     if problem:
         out["errors"].append(problem)
-    for module in modules:
-        proc = subprocess.run(
-            [sys.executable, "-c", f"import {module}"],
-            cwd=workdir, capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})},
-        )
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["?"])[-1]
-            out["errors"].append(f"python cannot import {module} in {workdir}: {last}")
+    missing = missing_modules(workdir, workdir, modules, env) if modules else {}
+    if missing:
+        first = next(iter(missing.values()))
+        out["errors"].append(f"{sys.executable} cannot import {', '.join(missing)} in {workdir}: {first}")
+    elif target and target[0] == "script" and not problem and "psnode" in modules:
+        script = os.path.join(workdir, os.path.expanduser(target[1]))
+        try:
+            with open(script, encoding="utf-8", errors="replace") as f:
+                uses = bool(_IMPORTS_PSNODE.search(f.read(1 << 20)))
+        except OSError:
+            uses = False
+        folder = os.path.dirname(os.path.abspath(script))
+        if uses and folder != workdir:
+            missing = missing_modules(workdir, folder, ["psnode"], env)
+            if missing:
+                out["errors"].append(
+                    f"{sys.executable} cannot import psnode from {target[1]}'s folder {folder} "
+                    f"(python puts the script's folder on its path, not {workdir}): {missing['psnode']}")
+    out["missing"] = missing
     return out
 
 
@@ -252,8 +301,12 @@ def remove_files(paths: list[str]) -> list[str]:
 _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*)(: .*)?$")
 
 
+_USAGE_ERROR = re.compile(r"^[\w.-]+: error: \S.*$")   # argparse's "PROG: error: MESSAGE"
+
+
 def last_exception(log: str, size: int = 16384) -> str | None:
-    """``Type: message`` of the last Python traceback at the end of ``log``, or None."""
+    """``Type: message`` of the last Python traceback at the end of ``log``; without one, an
+    argparse error among its last lines (``train.py: error: unrecognized arguments: --x``); or None."""
     try:
         with open(_expand(log), "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -263,7 +316,9 @@ def last_exception(log: str, size: int = 16384) -> str | None:
         return None
     starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
     if not starts:
-        return None
+        tail = [line.rstrip() for line in lines if line.strip()][-3:]
+        usage = [line for line in tail if _USAGE_ERROR.match(line)]
+        return usage[-1][:500] if usage else None
     found = None
     for line in lines[starts[-1] + 1:]:
         if line and not line[0].isspace():

@@ -373,13 +373,14 @@ class LocalBackend:
 
     def preflight(self, hosts: Sequence[Host], modules: Sequence[str], env: Mapping[str, str],
                   target: tuple[str, str] | None = None) -> Preflight:
-        # the launcher's own Python runs the job: a module it has imported (psnode) needs no check
+        # the launcher's own Python runs the job: a module it has imported needs no check
         result = agent.check(self.workdir, [m for m in modules if m not in sys.modules], dict(env),
                              list(target) if target else None)
 
         def fix(err: str) -> str:
             if "cannot import" in err:
-                return f"install it for {self.python} (the Python running mxdist runs the job's processes)"
+                return import_fix(self.python, list(result.get("missing") or ["psnode"]),
+                                  "the Python running mxdist runs the job's processes")
             return command_fix(err, "create it or pass --workdir")
 
         return Preflight([HostProblem("localhost", err, fix(err)) for err in result["errors"]],
@@ -428,6 +429,20 @@ def command_fix(problem: str, otherwise: str, remote: bool = False) -> str:
     if "command not found" in problem:
         return "install it there, or give its full path"
     return otherwise
+
+
+#: The pip package of each module preflight checks, where the names differ.
+PIP_NAMES = {"zmq": "pyzmq", "psnode": "mxdist"}
+
+
+def import_fix(python: str, missing: list[str], other: str) -> str:
+    """The fix for a preflight problem ``python cannot import MODULES``: install them for that
+    Python (``other``: the other way out, e.g. ``--python``)."""
+    names = [PIP_NAMES.get(m, m) for m in missing]
+    fix = f"install {'them' if len(names) > 1 else 'it'} for that Python: {python} -m pip install {' '.join(names)}"
+    if "psnode" in missing:
+        fix += " (mxdist holds psnode: pip install -e a checkout, or set PYTHONPATH to one)"
+    return f"{fix}; or {other}"
 
 
 class HostTimeout(BackendError):

@@ -157,7 +157,7 @@ class PsnodeEngine(Engine):
     """psnode's scheduler and servers (``python -m psnode``); see the module docstring."""
 
     name = "psnode"
-    modules = ("psnode",)
+    modules = ("psnode", "numpy", "zmq")   # what every process of the job imports
     live_status = True
     status_note = ""
     secured = True

@@ -146,7 +146,7 @@ def describe_worker(local_rank: int, env: Mapping[str, str], per_worker: int | N
     """(visible GPUs, the cuda device(s) its LOCAL_RANK maps to) of one worker, for the plan.
 
     ``devices``: what ``--gpus-per-worker`` gave it (None: not placed yet, or not asked);
-    ``host``: its host's GPUs when known.
+    ``host``: its host's GPUs when known (None: nothing is said of them).
     """
     if per_worker:
         if devices is not None:
@@ -159,8 +159,8 @@ def describe_worker(local_rank: int, env: Mapping[str, str], per_worker: int | N
         visible = parse_visible(env[VISIBLE])
         shown = ",".join(visible) if visible else "none"
         return shown, device if local_rank < len(visible) else f"{device} (not visible)"
-    if host is None:
-        return "all", device
+    if host is None:   # not known before preflight (a remote host): nothing to show
+        return "", ""
     if not host.devices:
         return "all (no GPU)", "-"
     return "all", device if local_rank < len(host.devices) else f"{device} (host has {len(host.devices)})"

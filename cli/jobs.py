@@ -69,6 +69,8 @@ if TYPE_CHECKING:   # at run time this module needs the standard library only (m
     from .rootcause import RootCause
 
 RECORD_VERSION = 2
+UNVERIFIED = "not verified (its host could not be reached)"   # a root cause's consequence (mxdist.rootcause)
+RECHECKED = "stopped when its host was checked again"          # the same, once its host answered
 LOST_NOTE = "the supervisor was lost (killed?): the processes ran on unsupervised"
 _home: Path | None = None
 
@@ -381,10 +383,14 @@ class JobRecord:
 
     def rechecked(self, answered: Collection[str], unverified: Mapping[str, str]) -> None:
         """An ended job's hosts not verified at its end were checked again: the processes on the
-        hosts that ``answered`` (their stop) are ``stopped``; ``unverified`` what is left."""
+        hosts that ``answered`` (their stop) are ``stopped``, and so say the root cause's
+        consequences; ``unverified`` what is left."""
         for p in self.procs:
             if p.pid and p.host in answered and p.state is ProcState.UNKNOWN:
                 p.state = ProcState.STOPPED
+        ends = tuple(f" on {label}: {UNVERIFIED}" for label in answered)
+        self.consequences = [line[:-len(UNVERIFIED)] + RECHECKED if line.endswith(ends) else line
+                             for line in self.consequences]
         self.unverified = dict(unverified)
 
     def _still_active(self, what: str) -> None:

@@ -339,7 +339,8 @@ class Supervisor:
         wind_down_by: float | None = None
         later: list[tuple[float, ProcRecord]] = []   # restarts backing off (mxdist.lifecycle, rule 6)
         if elastic is not None and elastic.discovery:
-            self._poller = Poller(elastic.discovery, self._on_discovery, cwd=self.record.workdir or None)
+            here = self.record.workdir if self.record.workdir and os.path.isdir(self.record.workdir) else None
+            self._poller = Poller(elastic.discovery, self._on_discovery, cwd=here)   # (--sync: a remote workdir)
             self._poller.start()
         while True:
             if (req := self._end_request()) is not None:

@@ -16,7 +16,7 @@ import gc
 import os
 import sys
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import typer
@@ -29,7 +29,7 @@ from .detach import detach
 from .gpus import describe_worker
 from .hosts import HostsError
 from .launch import EXIT_PREFLIGHT, Supervisor
-from .options import LaunchOptions, launch_default
+from .options import LaunchOptions, Prepared, launch_default
 from .plan import PASSTHROUGH, GpuShortageError, NodeOptions, Plan, PlanError, gpu_view, is_secret, with_gpus
 from .view import PlanRow
 
@@ -136,7 +136,8 @@ def launch(
                                     "options are refused with mxnet"),
     python: str = typer.Option(L("python"), "--python", help="Python on remote hosts"),
     env: list[str] = typer.Option([], "-e", "--env", help="K=V for every process (repeatable)"),
-    workdir: str | None = typer.Option(None, "--workdir", help="working directory (default: the current one)"),
+    workdir: str | None = typer.Option(None, "--workdir", help="where the processes run (default: where --sync puts "
+                                                              "the current directory, else the current one)"),
     sync: list[str] = typer.Option([], "--sync", help="DIR[:REMOTE_DIR] to copy to every host first"),
     scheduler: str | None = typer.Option(None, "--scheduler", help="host running the scheduler"),
     port: int | None = typer.Option(None, "--port", help="scheduler port (MASTER_PORT = port+1)"),
@@ -271,7 +272,7 @@ def launch(
         except GpuShortageError as exc:
             raise _fail("not enough GPUs (the launch would fail at preflight)", "\n".join(
                 f"{s.host}: {s.reason}" for s in exc.shortages), exc.shortages[0].fix, EXIT_PREFLIGHT) from None
-        _show_plan(plan)
+        _show_plan(plan, _where(prepared))
         return
     plan, job = prepared.plan, prepared.record.id
     for warning in plan.warnings:
@@ -305,7 +306,13 @@ def _masked(env: dict[str, str]) -> dict[str, str]:
     return {k: ("****" if is_secret(k) else v) for k, v in env.items()}
 
 
-def _show_plan(plan: Plan) -> None:
+def _where(prepared: Prepared) -> list[str]:
+    """The dry run's lines on files: each ``--sync`` copy, the working directory of the processes."""
+    lines = [f"--sync copies {local} to {remote} on every host first" for local, remote in prepared.settings.sync]
+    return [*lines, f"working directory of every process: {prepared.record.workdir}"]
+
+
+def _show_plan(plan: Plan, where: Sequence[str] = ()) -> None:
     envs = [dict(p.env) for p in plan.procs]
     common = {k: v for k, v in envs[0].items() if all(e.get(k) == v for e in envs)}
     rows: list[PlanRow] = []
@@ -318,7 +325,7 @@ def _show_plan(plan: Plan) -> None:
         rows.append(PlanRow(host=p.host.label, role=p.role.value, rank=p.rank, address=address,
                             command=plan.engine.show_argv(p.argv), env=_masked(own), gpus=gpus, device=device))
     hosts, _, gpu_warnings = gpu_view(plan)
-    ui.plan_table(rows, _masked(common), [*plan.warnings, *gpu_warnings], hosts)
+    ui.plan_table(rows, _masked(common), [*plan.warnings, *gpu_warnings], hosts, where)
 
 
 def _load(job: str | None) -> jobs.JobRecord:
@@ -507,13 +514,18 @@ def _who(p: jobs.ProcRecord) -> str:
 @app.command()
 @_guarded
 def logs(
-    job: str | None = typer.Argument(None, help="job id (default: the latest)"),
+    job: str | None = typer.Argument(None, help="job id (default: the latest; name one when several run)"),
     role: Role | None = typer.Option(None, "--role", case_sensitive=False, help="only this role's processes"),
     rank: int | None = typer.Option(None, "--rank", help="only the processes of this rank (with --role: one)"),
     follow: bool = typer.Option(False, "-f", "--follow", help="keep printing until the processes end"),
     timeline: bool = typer.Option(False, "--timeline", help="print where the job's timeline (--timeline) is"),
 ) -> None:
     """Print the logs of a job's processes."""
+    if job is None:
+        running = [r for r in (control.refresh(j) for j in jobs.all_jobs() if j.state.active) if r.state.active]
+        if len(running) > 1:
+            raise _fail("several jobs are running", f"{len(running)} jobs are running: "
+                        f"{', '.join(j.id for j in running)}", "name one: mxdist logs JOB", EXIT_USAGE)
     record = _load(job)
     if timeline:
         if not record.timeline:
@@ -570,10 +582,16 @@ def clean(
     yes: bool = typer.Option(False, "-y", "--yes", help="do not ask before removing every finished job"),
 ) -> None:
     """Remove finished jobs: their records and logs here, and their run files on remote hosts."""
+    unknown = [j for j in job or () if not jobs.record_path(j).is_file()]
+    if unknown:
+        names = ", ".join(repr(j) for j in unknown)
+        raise _fail("no such job", f"no job {names} in {jobs.jobs_dir()} (mxdist jobs lists them); nothing removed",
+                    None, 1)
     if not job and not yes:
         finished = history.finished(older_than)
         if not finished:
-            ui.info("no finished job to remove" + (f" older than {older_than:g} days" if older_than else ""))
+            days = f" older than {older_than:g} day{'s' if older_than != 1 else ''}" if older_than else ""
+            ui.info(f"no finished job to remove{days}")
             return
         what = (f"{len(finished)} finished job{'s' if len(finished) != 1 else ''} (records, logs, and run "
                 f"files on their hosts): {', '.join(finished[:10])}{', ...' if len(finished) > 10 else ''}")

@@ -266,6 +266,22 @@ def _sync_pairs(items: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
+def run_workdir(given: str | None, sync: list[tuple[str, str]], cwd: str) -> str:
+    """Where the job's processes run: ``--workdir`` when given; else, with ``--sync``, where the
+    directory launched from lands (the destination of the synced directory that holds ``cwd``,
+    plus ``cwd``'s path inside it; with one ``--sync`` and ``cwd`` outside it, its destination);
+    else ``cwd``."""
+    if given:
+        return os.path.abspath(given)
+    for local, remote in sync:
+        if cwd == local or cwd.startswith(local.rstrip(os.sep) + os.sep):
+            inside = os.path.relpath(cwd, local)
+            return remote if inside == "." else f"{remote.rstrip('/')}/{inside}"
+    if len(sync) == 1:
+        return sync[0][1]
+    return cwd
+
+
 def _identity_file(path: str | None) -> str | None:
     """``-i PATH`` as an absolute path to a readable private key file (None if not given)."""
     if not path:
@@ -316,10 +332,12 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
     notes = engine.admit(opts.given())
     job_id = jobs.new_job_id()
     user_env = parse_env_assignments(opts.env, engine.reserved_env)
-    workdir = os.path.abspath(opts.workdir or os.getcwd())
+    sync = _sync_pairs(opts.sync)
+    workdir = run_workdir(opts.workdir, sync, os.getcwd())
     if opts.identity_file and Capability.LOGIN not in capabilities(launcher):
         raise PlanError(f"-i/--identity-file is for SSH hosts (-H); --launcher {launcher} does not use SSH")
-    script = discovery_script(opts, launcher, workdir)
+    here = os.path.abspath(opts.workdir or os.getcwd())   # (the discovery script runs on this machine)
+    script = discovery_script(opts, launcher, here)
     if script and opts.nproc_per_node is not None:
         raise PlanError("--nproc-per-node and --host-discovery-script both say the slots: the script prints "
                         "host:slots for each host; give one")
@@ -328,7 +346,7 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
         sync=bool(opts.sync), environ=environ, ssh_config=opts.ssh_config, known_hosts=opts.known_hosts,
         accept_new_host_keys=opts.accept_new_host_keys, connect_timeout=opts.connect_timeout,
         identity_file=_identity_file(opts.identity_file), max_workers=opts.max_workers,
-        discovered=tuple(first_hosts(script, workdir)) if script else ()))
+        discovered=tuple(first_hosts(script, here)) if script else ()))
     hosts = per_node(hosts, opts.nproc_per_node, opts.num_workers, opts.max_workers is not None,
                      Capability.HOSTS not in backend.capabilities, _slots_from(opts, launcher))
     scheduler_port, master_port = _ports(opts, Capability.THIS_MACHINE in backend.capabilities)
@@ -358,11 +376,11 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
     log_dir = jobs.log_dir(job_id)
     record = new_record(plan, backend, opts.command, workdir, log_dir, security, script)
     if opts.timeline is not None:
-        record.timeline = os.path.abspath(os.path.join(workdir, os.path.expanduser(opts.timeline))) \
+        record.timeline = os.path.abspath(os.path.join(here, os.path.expanduser(opts.timeline))) \
             if opts.timeline else str(log_dir / "timeline.json")
     settings = LaunchSettings(run_dir=run_dir, grace=opts.grace, finish_grace=opts.finish_grace,
                               detach=opts.detach, quiet=opts.quiet or opts.detach, ranks=ranks,
-                              sync=_sync_pairs(opts.sync), security=security, check_modules=engine.modules,
+                              sync=sync, security=security, check_modules=engine.modules,
                               timeline_dir=f"{run_dir}/timeline" if opts.timeline is not None else None,
                               timeline_local=shared_fs)
     return Prepared(plan, backend, record, settings)

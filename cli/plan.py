@@ -418,8 +418,8 @@ def make_plan(req: PlanRequest) -> Plan:
     worker_hosts, wrapped = place_workers(hosts, workers)
     if wrapped:
         warnings.append(
-            f"{workers} workers but the hosts have {total} slots: some hosts run more workers "
-            "than slots (set slots=N in the hosts file)"
+            f"{workers} workers but the hosts have {total} slot{'s' if total != 1 else ''}: some hosts run "
+            "more workers than slots (set slots=N in the hosts file)"
         )
 
     node_argv = engine.daemon_argv(req.python)

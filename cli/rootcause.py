@@ -37,6 +37,8 @@ from typing import Any
 
 from psnode.protocol.failure import FailureKind, FailureRecord, record_of
 
+from .jobs import UNVERIFIED
+
 _ROLE_ORDER = {"worker": 0, "server": 1, "scheduler": 2}
 
 
@@ -162,7 +164,7 @@ def decide(outcomes: Sequence[Outcome], first_seen: str | None = None) -> RootCa
 def _consequence(o: Outcome) -> str:
     """One line for a process that did not end well because of the root cause ('' if it did)."""
     if not o.verified:
-        return f"{o.who}: not verified (its host could not be reached)"
+        return f"{o.who}: {UNVERIFIED}"
     if o.running:
         return f"{o.who}: still running"
     if _kind(o) is FailureKind.JOB_ENDED or o.stopped:   # by itself or stopped by the supervisor: the same reason

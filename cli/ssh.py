@@ -59,6 +59,7 @@ from .backends import (
     ProcStatus,
     Started,
     command_fix,
+    import_fix,
     run_files,
     run_per_host,
 )
@@ -421,10 +422,13 @@ class SshBackend:
                 continue
             gpus[label] = HostGpus.from_report(result.get("gpus"))
             for err in result["errors"]:
-                fix = ("create it, pass --workdir, or copy the project with --sync"
-                       if "directory" in err else
-                       "install it on that host (pip install ...), set PYTHONPATH, or --sync the project")
-                problems.append(HostProblem(label, err, command_fix(err, fix, remote=True)))
+                if "cannot import" in err:
+                    fix = import_fix(result.get("executable") or self.python,
+                                     list(result.get("missing") or ["psnode"]),
+                                     "pass --python with a Python that has them on that host")
+                else:
+                    fix = command_fix(err, "create it, pass --workdir, or copy the project with --sync", remote=True)
+                problems.append(HostProblem(label, err, fix))
         return Preflight(problems, gpus)
 
     def explain(self, label: str, host: Host, exc: BaseException) -> HostProblem:
@@ -679,7 +683,10 @@ def _agent_failed(host: Host, python: str, code: int, stderr: str) -> BackendErr
     """A remote agent that ended without a result, in words."""
     if code == 127:
         return BackendError(f"{host.label}: {python} not found (pass --python PATH)")
-    return BackendError(f"{host.label}: remote agent failed (exit {code}): {stderr[-500:]}")
+    if code == -1:   # (paramiko's word for a channel that closed without an exit status)
+        why = "the remote agent ended without an exit status (killed by a signal, or the SSH connection was lost)"
+        return BackendError(f"{host.label}: {why}" + (f": {stderr[-500:]}" if stderr else ""))
+    return BackendError(f"{host.label}: remote agent failed (exit {code}): {stderr[-500:] or 'no message'}")
 
 
 def _close_all(clients: Sequence[paramiko.SSHClient]) -> None:

@@ -272,9 +272,9 @@ class LogPrinter:
 
 
 def plan_table(rows: Sequence[PlanRow], common_env: Mapping[str, str],
-               warnings: Sequence[str], gpus: Sequence[str] = ()) -> None:
-    """The --dry-run view: one row per process, the environment every process shares, and what
-    is known of the hosts' GPUs."""
+               warnings: Sequence[str], gpus: Sequence[str] = (), where: Sequence[str] = ()) -> None:
+    """The --dry-run view: one row per process, the environment every process shares, what is
+    known of the hosts' GPUs, and ``where`` (the copies made first, the working directory)."""
     table = Table(title="mxdist launch plan (dry run: nothing started)", title_justify="left")
     for col in ("host", "role", "rank", "address", "gpus", "device", "command"):
         table.add_column(col, overflow="fold")
@@ -294,6 +294,10 @@ def plan_table(rows: Sequence[PlanRow], common_env: Mapping[str, str],
     if gpus:
         out.print(Text("GPUs of the hosts:", style="bold"))
         for line in gpus:
+            out.print(Text(f"  {line}"), soft_wrap=True)
+    if where:
+        out.print(Text("files:", style="bold"))
+        for line in where:
             out.print(Text(f"  {line}"), soft_wrap=True)
     for w in warnings:
         warn(w)

@@ -5,6 +5,10 @@
     mxdist scale 2          # workers 3 and 2 leave at a round boundary (exit code 0)
     python examples/elastic_numpy.py                                   # one process ('local')
 
+By default it runs about a minute (1200 steps of at least ``--step-time`` 0.05 s, the time a
+real step's compute would take), long enough to scale it by hand; ``--step-time 0`` runs the
+steps as fast as they go.
+
 Least squares on synthetic data (``y = X @ w_true``).  Each step every member pushes the
 gradient of one batch of its shard; the servers average the pushes of the round's contributors
 and run SGD; every worker pulls the new weights.  A step is a round of the key ``w``: a worker
@@ -24,6 +28,7 @@ worker asked to leave ends on its own terms (``kv.leaving``).
 from __future__ import annotations
 
 import argparse
+import time
 from dataclasses import dataclass
 
 import common
@@ -67,7 +72,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kvstore", default="dist_sync", choices=psnode.kv.TYPES,
                    help="KVStore type; without a launcher dist_* falls back to 'local'")
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, default=1200)
+    p.add_argument("--step-time", type=float, default=0.05,
+                   help="seconds each step takes at least (a stand-in for a real step's compute)")
     p.add_argument("--steps-per-epoch", type=int, default=50)
     p.add_argument("--samples", type=int, default=4096)
     p.add_argument("--dim", type=int, default=16)
@@ -97,6 +104,7 @@ def main() -> None:
         if sampler is None or changed or batch == 0:
             changed.clear()
             sampler = shard(kv, len(x), epoch, args.seed)
+        time.sleep(args.step_time)
         idx = sampler.indices()
         take = idx[np.arange(batch * args.batch_size, (batch + 1) * args.batch_size) % len(idx)]
         grad = x[take].T @ (x[take] @ w - y[take]) / len(take)

@@ -29,7 +29,18 @@ def create(name: str = "local", num_workers: int | None = None, aggregator: str 
            staleness: int | None = None) -> KVStore:
     """Create a KVStore: ``'local'``, ``'dist_sync'``, ``'dist_async'`` or ``'dist_ssp'`` (or an
     MXNet name of one).  ``staleness`` (``'dist_ssp'`` only, required there): how many clocks a
-    worker may run ahead of the slowest (psnode.server.staleness; 0 is dist_sync)."""
+    worker may run ahead of the slowest (psnode.server.staleness; 0 is dist_sync).
+
+    A psnode error raised here (a misspelt type, a process no launcher started) is about the
+    caller's code: uncaught, it is shown with the caller's frames only (:func:`_show`)."""
+    try:
+        return _create(name, num_workers, aggregator, staleness)
+    except PSError:
+        _show_psnode_errors()
+        raise
+
+
+def _create(name: str, num_workers: int | None, aggregator: str, staleness: int | None) -> KVStore:
     mode = resolve_type(name)
     if aggregator not in AGGREGATORS:
         raise ConfigError(f"unknown aggregator {aggregator!r}: use 'average' or 'sum'")
@@ -57,7 +68,7 @@ def create(name: str = "local", num_workers: int | None = None, aggregator: str 
     if timeline.start(cfg.timeline, "worker", engine.rank, cfg.restart_count) is not None:
         timeline.trace_calls(kv, ("push", "pull", "pushpull", "row_sparse_pull", "barrier"))
     _report_uncaught(kv, engine, cfg)
-    atexit.register(kv.close)
+    atexit.register(_close_at_exit, kv, engine, cfg)
     return kv
 
 
@@ -75,6 +86,24 @@ def _staleness(name: str, mode: str, staleness: object) -> int | None:
         return check_staleness(staleness, "kv.create('dist_ssp')")
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _close_at_exit(kv: KVStore, engine: Engine, cfg: NodeConfig) -> None:
+    """``kv.close()`` when the script did not close it; never raises.  A psnode error there is
+    said in one line, as an uncaught one in the script would be: after the job ended elsewhere
+    (a consequence: the engine said why; a ``job_ended`` failure record), or this worker's own
+    (its pushes may not all be applied: ``psnode worker N: kv.close() at exit: ...``)."""
+    try:
+        kv.close()
+    except PSError as exc:
+        fatal = engine.fatal
+        if isinstance(exc, PeerLost) and fatal is not None:
+            failure.write(cfg.error_file, "job_ended", "worker", engine.rank, cfg.host, exc=exc)
+            if str(fatal) != str(exc):
+                print(f"psnode worker {engine.rank}: {exc}", file=sys.stderr, flush=True)
+            return
+        print(f"psnode worker {engine.rank}: kv.close() at exit: {type(exc).__name__}: {exc}",
+              file=sys.stderr, flush=True)
 
 
 def _report_uncaught(kv: KVStore, engine: Engine, cfg: NodeConfig) -> None:
@@ -122,13 +151,27 @@ def _install(kv: KVStore, handle: Any) -> None:
     previous = getattr(sys.excepthook, "_psnode_previous", sys.excepthook)
 
     def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
-        if kv._closed:
+        if kv._closed and exc is not kv.close_error:
             previous(kind, exc, tb)
         else:
             handle(kind, exc, tb, previous)
 
     hook._psnode_previous = previous  # type: ignore[attr-defined]
     hook._psnode_store = kv  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
+def _show_psnode_errors() -> None:
+    """Make ``sys.excepthook`` show an uncaught psnode error without psnode's frames (a store's
+    hook does already; installed once)."""
+    current = sys.excepthook
+    if hasattr(current, "_psnode_previous"):
+        return
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+        _show(current, kind, exc, tb)
+
+    hook._psnode_previous = current  # type: ignore[attr-defined]
     sys.excepthook = hook
 
 

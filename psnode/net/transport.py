@@ -14,6 +14,10 @@ the ``authenticated`` mode a data link's server shows its own proof in the hands
 and the worker's channel drops every message from a peer without it (a process that took a
 dead server's port).  Refused handshakes and dropped unproven messages are counted
 (``Transport.refused``).  Sockets bind only to the configured address, never a wildcard.
+
+Exit: zero-copy sends use pyzmq's garbage collector, which refuses to start once its atexit
+callback ran.  It is imported with this module, so that callback is registered before any
+store's ``close`` at exit (``psnode.kv``) and runs after it (atexit runs last-in first-out).
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ import threading
 from typing import Any
 
 import zmq
+import zmq.utils.garbage  # (its atexit callback first: the docstring, Exit)
 from zmq.utils import z85
 
 from psnode.errors import ConfigError, ProtocolError

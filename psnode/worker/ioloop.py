@@ -152,7 +152,12 @@ class IoLoop:
         if e.tracker.pending and now >= self.next_scan:
             self.next_scan = now + max(0.02, min(ASK_AFTER, self.cfg.retry_timeout / 4))
             with e.lock:
+                before = e.tracker.retries
                 batches, warnings = e.tracker.due(now)
+                resent = e.tracker.retries - before
+            if resent:   # (said at WARNING only for a last resend, by the tracker)
+                log.debug("worker %d: %d request(s) got no answer in %.1f s; sending again", e.rank, resent,
+                          self.cfg.retry_timeout)
             for text in warnings:
                 log.warning("worker %d: %s", e.rank, text)
             self.send(batches)
@@ -328,7 +333,8 @@ class IoLoop:
         """Take down the same-host link to ``server`` (if any): it is served over TCP."""
         if self.links.take_down(server):
             e = self.state
-            busy = any(p.request.server == server for p in e.tracker.pending.values())
+            busy = (e.fatal is None and not e.closing   # (the job ending takes every link down)
+                    and any(p.request.server == server for p in e.tracker.pending.values()))
             (log.warning if busy else log.info)(
                 "worker %d: the same-host link to server %d closed; using TCP", e.rank, server)
 

@@ -67,6 +67,7 @@ holds; the engine it is given (:class:`Backend`) is the job (or, for ``'local'``
 from __future__ import annotations
 
 import contextlib
+import difflib
 import glob
 import json
 import math
@@ -120,7 +121,9 @@ def resolve_type(name: Any) -> str:
     low = name.lower()
     mode = low if low in TYPES else MXNET_TYPES.get(low)
     if mode is None:
-        raise ConfigError(f"unknown KVStore type {name!r}: use one of {', '.join(TYPES)} "
+        close = difflib.get_close_matches(low, [*TYPES, *MXNET_TYPES], n=1)
+        guess = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(f"unknown KVStore type {name!r}: {guess}use one of {', '.join(TYPES)} "
                           f"(or MXNet's {', '.join(MXNET_TYPES)})")
     if low in GPU_TYPES and not _has_gpu():
         raise ConfigError(f"KVStore type {name!r} is MXNet's NCCL store and needs an NVIDIA GPU; this machine "
@@ -209,6 +212,7 @@ class KVStore:
         self._updater_exc: BaseException | None = None   # the updater's first exception in a call
         self._warned: set[Any] = set()         # keys whose row_sparse pull outputs were ignored
         self._on_change: list[Callable[[int, list[int]], None]] = []   # on_membership_change callbacks
+        self.close_error: PSError | None = None   # what close() raised (see close)
 
     # ------------------------------------------------------------ properties
     @property
@@ -787,18 +791,25 @@ class KVStore:
         self._membership_changed()
 
     def close(self) -> None:
-        """Finish this worker: wait for its pushes, tell the scheduler, disconnect."""
+        """Finish this worker: wait for its pushes, tell the scheduler, disconnect.
+
+        A psnode error while waiting (the job ended meanwhile: PeerLost) is raised once the store
+        is closed, as :attr:`close_error`; the store's ``sys.excepthook`` stays for it, so uncaught
+        it reads as the same error raised by any other call."""
         if self._closed:
             return
         try:
             if self._engine.fatal is None:
                 self.wait_all()
+        except PSError as exc:
+            self.close_error = exc
+            raise
         finally:
             self._path.closed = True
             self._engine.close()
             hook = sys.excepthook
-            if getattr(hook, "_psnode_store", None) is self:   # give the interpreter its hook back
-                sys.excepthook = hook._psnode_previous  # type: ignore[attr-defined]
+            if self.close_error is None and getattr(hook, "_psnode_store", None) is self:
+                sys.excepthook = hook._psnode_previous  # type: ignore[attr-defined]   # the interpreter's, back
 
     def __enter__(self) -> KVStore:
         return self

@@ -351,9 +351,10 @@ class Tracker:
     # ------------------------------------------------------------ time
     def due(self, now: float) -> tuple[Batches, list[str]]:
         """Requests unanswered for ``retry_timeout``: sent again, or failed after
-        ``max_retries`` resends.  Returns what to send and the warnings: one per server resent
-        requests without a sign of life went to, and one per request parked for SLOW_NOTICE
-        seconds, naming the workers its round waits for."""
+        ``max_retries`` resends.  Returns what to send and the warnings: one per server whose
+        requests went out for the last time without a sign of life (earlier resends are counted
+        in ``retries``, not said), and one per request parked for SLOW_NOTICE seconds, naming the
+        workers its round waits for."""
         limit = self.retry_timeout
         out: Batches = {}
         lost: dict[int, int] = {}
@@ -389,10 +390,13 @@ class Tracker:
             # server's Wait names that gap and only that push is sent again
             out.setdefault(req.server, []).append(resent(req.op))
             self.retries += 1
-            if not p.parked:   # (a parked request is asked about again, quietly)
+            # (a parked request is asked about again quietly; a busy server may take a resend
+            # or two to answer: said once a request is sent for the last time)
+            if not p.parked and p.tries == self.max_retries:
                 lost[req.server] = lost.get(req.server, 0) + 1
         for server, n in lost.items():
-            warnings.append(f"{n} request(s) to server {server} got no answer in {limit:.1f} s; sending again")
+            warnings.append(f"{n} request(s) to server {server} got no answer in {self.max_retries * limit:.1f} s; "
+                            "sending a last time (then the job fails: the server is dead or unreachable)")
         if parked:
             self._check(now, out)
         return out, warnings

@@ -242,7 +242,7 @@ def test_the_elastic_example_takes_a_joiner_and_a_leaver(home, tmp_path):
     env = cli_env(home)
     example = Path(__file__).resolve().parents[2] / "examples" / "elastic_numpy.py"
     done = run_cli(["launch", "-d", "-n", "2", "-s", "1", "--max-workers", "3", str(example),
-                    "--steps", "1000000", "--steps-per-epoch", "20"], env)
+                    "--steps", "1000000", "--steps-per-epoch", "20", "--step-time", "0"], env)
     assert done.returncode == 0, done.stdout + done.stderr
     job = done.stdout.strip().splitlines()[-1]
     try:

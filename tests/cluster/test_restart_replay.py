@@ -34,7 +34,8 @@ kv.close()
 
 @pytest.mark.parametrize("mode", ["replay", "resume"])
 def test_restarted_worker_that_starts_over_or_resumes_ends_exactly(mode: str) -> None:
-    job = start_job(SCRIPT, 2, 2, env={"PSNODE_MAX_RESTARTS": "1", "PSNODE_RETRY_TIMEOUT": "0.5"},
+    job = start_job(SCRIPT, 2, 2, env={"PSNODE_MAX_RESTARTS": "1", "PSNODE_RETRY_TIMEOUT": "0.5",
+                                       "PSNODE_LOG_LEVEL": "DEBUG"},   # (resends are said at DEBUG)
                     args=[mode])
     first = next(p for p in job.workers if p.rank == 1)
     deadline = time.monotonic() + 30

@@ -92,4 +92,4 @@ def test_preflight_names_the_hosts_where_mxnet_cannot_be_imported(ssh_cluster, t
     assert "node1" in text and "node2" in text and text.count("cannot import mxnet") == 2, r.stderr
     rec = latest(home)
     assert rec["state"] == "failed" and not any(p["pid"] for p in rec["procs"])     # nothing started
-    assert rec["root_cause"]["headline"].startswith("preflight failed: node1: python cannot import mxnet")
+    assert rec["root_cause"]["headline"].startswith(f"preflight failed: node1: {python} cannot import mxnet")

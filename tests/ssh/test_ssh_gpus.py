@@ -67,3 +67,16 @@ def test_the_users_visible_devices_are_each_hosts_list(ssh_cluster, home, tmp_pa
     for host in ("node1", "node2"):
         assert f"GPUs on {host}: CUDA_VISIBLE_DEVICES=5,7: 2 GPUs" in res.stderr
     assert_nothing_left(home)
+
+
+def test_dry_run_claims_no_gpu_device_on_hosts_it_has_not_checked(ssh_cluster, home, tmp_path):
+    """A dry run does not connect: the hosts' GPUs are not known, so no worker row names a cuda
+    device (these hosts have none)."""
+    train = tmp_path / "train.py"
+    train.write_text("print('hi')\n")
+    res = run_cli(["launch", "--dry-run", "-H", "node1,node2", "-n", "2", "-s", "0", str(train)],
+                  ssh_cluster.env(home))
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = [line for line in res.stdout.splitlines() if line.startswith("│") and "│ worker " in line]
+    assert len(rows) == 2 and all(f"{train}" in row for row in rows), res.stdout
+    assert "cuda" not in res.stdout and "node1: known at preflight" in res.stdout, res.stdout

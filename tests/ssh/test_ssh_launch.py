@@ -420,4 +420,76 @@ def test_a_host_that_stops_answering_is_named_and_not_waited_on(ssh_cluster, hom
     assert stop.returncode == 0, stop.stdout + stop.stderr
     assert "node3: nothing of the job left" in stop.stderr
     assert not latest(home)["unverified"]
+    status = run_cli(["status", final["id"]], env)
+    assert status.returncode == 0 and "not verified" not in status.stdout + status.stderr, status.stdout
+    assert_nothing_left(home)
+
+
+def test_preflight_names_each_module_the_job_cannot_import_with_its_python(ssh_cluster, home, tmp_path):
+    """From the checkout (psnode/ in the working directory), a --python without numpy and zmq
+    (this machine's Debian python3) is refused, one row per host, before anything starts."""
+    env = ssh_cluster.env(home)
+    env.pop("PYTHONPATH")
+    res = run_cli(["launch", "-H", "node1,node2", "-n", "2", "--python", "/usr/bin/python3",
+                   "examples/mlp_numpy.py"], env)
+    assert res.returncode == 3, res.stdout + res.stderr
+    text = " ".join(res.stderr.replace("│", " ").split())
+    root = str(Path(__file__).resolve().parents[2])
+    for node in ("node1", "node2"):
+        assert (f"{node}: /usr/bin/python3 cannot import numpy, zmq in {root}: "
+                "ModuleNotFoundError: No module named 'numpy'") in text, res.stderr
+    assert text.count("install them for that Python: /usr/bin/python3 -m pip install numpy pyzmq; "
+                      "or pass --python with a Python that has them on that host") == 2, res.stderr
+    assert "Traceback" not in res.stdout + res.stderr
+    assert all(p["pid"] is None for r in records(home) for p in r["procs"])
+
+
+def test_preflight_checks_psnode_from_the_scripts_folder(ssh_cluster, home, tmp_path):
+    """psnode importable in the working directory (python -m psnode finds it there) but not from
+    the script's folder, where ``python sub/train.py`` looks: refused before anything starts."""
+    work = tmp_path / "work"
+    (work / "sub").mkdir(parents=True)
+    (work / "psnode").symlink_to(Path(__file__).resolve().parents[2] / "psnode")
+    (work / "sub" / "train.py").write_text(TRAIN)
+    env = ssh_cluster.env(home)
+    env.pop("PYTHONPATH")
+    import numpy
+    import zmq
+    # this machine's python3 (without mxdist's editable install) with the test's numpy and zmq
+    site = ":".join(sorted({str(Path(m.__file__).resolve().parents[1]) for m in (numpy, zmq)}))
+    res = run_cli(["launch", "-H", "node1", "-n", "1", "--workdir", str(work), "--python", "/usr/bin/python3",
+                   "-e", f"PYTHONPATH={site}", "sub/train.py"], env)
+    assert res.returncode == 3, res.stdout + res.stderr
+    text = " ".join(res.stderr.replace("│", " ").split())
+    assert (f"node1: /usr/bin/python3 cannot import psnode from sub/train.py's folder {work}/sub (python "
+            f"puts the script's folder on its path, not {work}): ModuleNotFoundError: No module named 'psnode'"
+            ) in text, res.stderr
+    assert "/usr/bin/python3 -m pip install mxdist (mxdist holds psnode" in text, res.stderr
+    assert all(p["pid"] is None for r in records(home) for p in r["procs"])
+
+
+def test_sync_destination_is_the_working_directory(ssh_cluster, home, tmp_path):
+    """``--sync .:DEST`` from the project: the processes run in DEST (no --workdir); --dry-run
+    says so, and where the copy goes; an explicit --workdir still wins."""
+    src = tmp_path / "project"
+    src.mkdir()
+    (src / "where.py").write_text("import os\nprint('CWD', os.getcwd())\n")
+    dest = tmp_path / "remote-copy"
+    env = ssh_cluster.env(home)
+
+    def mxdist(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "mxdist", *args], env=env, cwd=src, capture_output=True,
+                              text=True, timeout=120)
+
+    dry = mxdist("launch", "--dry-run", "-H", "node1", "-s", "0", "--sync", f".:{dest}", "where.py")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert f"--sync copies {src} to {dest} on every host first" in dry.stdout, dry.stdout
+    assert f"working directory of every process: {dest}" in dry.stdout, dry.stdout
+    res = mxdist("launch", "-H", "node1", "-s", "0", "--sync", f".:{dest}", "where.py")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"[worker 0 @ node1] CWD {dest}" in res.stdout, res.stdout
+    assert latest(home)["workdir"] == str(dest)
+    res = mxdist("launch", "-H", "node1", "-s", "0", "--sync", f".:{dest}", "--workdir", str(src), "where.py")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"[worker 0 @ node1] CWD {src}" in res.stdout, res.stdout
     assert_nothing_left(home)

@@ -1,8 +1,8 @@
 """README.md's walk-through for real hosts, as typed, in a real terminal, by a user whose home
 has only a key and an ssh config (``host1``, ``host2``: two sshd hosts of conftest.py).
 
-Two substitutions, both about this machine: the hosts' sshd listen on the fixture's port, not
-22, and ``ssh-keyscan`` (which reads no ssh config) is given their addresses.
+Step 2 as the README says: each host's ``ssh-keyscan -p PORT ADDRESS`` with the HostName and
+Port that ``ssh -G`` reads from the user's ssh config (the fixture's port, not 22).
 """
 from __future__ import annotations
 
@@ -40,10 +40,15 @@ def test_the_readme_walkthrough_for_real_hosts(ssh_cluster, tmp_path):
         del env[name]
     env.pop("SSH_AUTH_SOCK", None)
 
-    (keyscan,) = readme_lines("mkdir -p -m 700 ~/.ssh && ssh-keyscan")      # step 2
-    keyscan = keyscan.replace("ssh-keyscan host1 host2", f"ssh-keyscan -p {ssh_cluster.port} "
-                              f"{ssh_cluster.addresses[0]} {ssh_cluster.addresses[1]}")
-    subprocess.run(["bash", "-c", keyscan], env=env, check=True, capture_output=True, timeout=30)
+    (keyscan,) = readme_lines("mkdir -p -m 700 ~/.ssh && ssh-keyscan -p PORT ADDRESS")      # step 2
+    for host in ("host1", "host2"):
+        # (-F: ssh finds ~/.ssh/config through the password database, not $HOME)
+        shown = subprocess.run(["ssh", "-F", str(user / ".ssh" / "config"), "-G", host], env=env, check=True,
+                               capture_output=True, text=True, timeout=30).stdout
+        said = dict(line.split(" ", 1) for line in shown.splitlines()
+                    if line.startswith(("hostname ", "port ")))
+        line = keyscan.replace("PORT", said["port"]).replace("ADDRESS", said["hostname"])
+        subprocess.run(["bash", "-c", line], env=env, check=True, capture_output=True, timeout=30)
 
     launches = readme_lines("mxdist launch -H host1,host2")                  # steps 4 and 5
     assert len(launches) == 2 and "--sync ." in launches[0], launches

@@ -23,7 +23,8 @@ def test_type_names(name: str, mode: str) -> None:
 
 
 def test_type_name_errors(monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(ConfigError, match="unknown KVStore type 'dist_syncc': use one of local, dist_sync"):
+    with pytest.raises(ConfigError,
+                       match=r"unknown KVStore type 'dist_syncc': did you mean 'dist_sync'\? use one of local"):
         psnode.kv.create("dist_syncc")
     with pytest.raises(ConfigError, match="a KVStore type is a string, not int 3"):
         resolve_type(3)

@@ -446,6 +446,10 @@ def test_an_unreachable_host_is_not_waited_on_and_is_reported_not_verified(home)
     assert rec.root_cause is not None and rec.root_cause["headline"] == "worker 0 on a: exit code 3"
     assert "worker 1 on b: not verified (its host could not be reached)" in rec.consequences
     assert fake.cleaned == ["a"]
+    rec.rechecked(["b"], {})           # (mxdist status / stop: b answers, its worker is stopped)
+    assert not rec.unverified and rec.proc("worker-1").state is ProcState.STOPPED
+    assert "worker 1 on b: stopped when its host was checked again" in rec.consequences
+    assert not [line for line in rec.consequences if "not verified" in line]
 
 
 def _preflight_thread_ends() -> None:
