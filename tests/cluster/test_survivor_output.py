@@ -75,7 +75,7 @@ def test_a_misspelt_store_type_shows_the_users_frames_and_a_guess(tmp_path: Path
     streamed = [line.split("] ", 1)[1] for line in res.stdout.splitlines() if line.startswith("[worker 0 @")]
     streamed = [line for line in streamed if line.strip(" ^~")]       # (Python 3.11's markers under a call)
     error = ("psnode.errors.ConfigError: unknown KVStore type 'dist_synk': did you mean 'dist_sync'? "
-             "use one of local, dist_sync, dist_async (or MXNet's ")
+             "use one of local, dist_sync, dist_async, dist_ssp (or MXNet's ")
     assert streamed[:6] == [
         "Traceback (most recent call last):",
         f'  File "{script}", line 7, in <module>',

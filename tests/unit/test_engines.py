@@ -144,7 +144,7 @@ def test_prepare_an_mxnet_job(tmp_path):
         assert {p.env["DMLC_NODE_HOST"] for p in plan.procs} == {"127.0.0.1"}     # a local job binds to loopback
         psnode_job = prepare(LaunchOptions(command=["t.py"]), environ)
         assert "MXNET_ENGINE_TYPE" not in psnode_job.plan.base_env and psnode_job.record.engine == "psnode"
-        assert psnode_job.settings.security is Mode.AUTHENTICATED and psnode_job.settings.check_modules == ("psnode",)
+        assert psnode_job.settings.security is Mode.AUTHENTICATED and psnode_job.settings.check_modules == ("psnode", "numpy", "zmq")
         with pytest.raises(EngineError, match="--resume"):
             prepare(LaunchOptions(command=["t.py"], engine="mxnet",
                                   node=NodeOptions(checkpoint_dir="/ck", resume=True)), environ)
