@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar, Protocol, cast
 
-from psnode.protocol.failure import FailureRecord, path_in, record_of
+from psnode.launcher import FailureRecord, path_in, record_of
 
 from . import agent
 from .gpus import HostGpus

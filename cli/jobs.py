@@ -5,7 +5,7 @@ files 0600, here and in the run directories on remote hosts)::
 
     jobs/<id>.json              the record (written atomically: tmp file + os.replace)
     jobs/<id>/<name>.log        one log per process (name: scheduler, server-0, worker-3, ...)
-    jobs/<id>/job.key           the job's secret (psnode.net.security; every job unless --insecure)
+    jobs/<id>/job.key           the job's secret (psnode.launcher; every job unless --insecure)
     jobs/<id>/supervisor.lock   held (flock) by the job's supervisor for as long as it lives
     jobs/<id>/stop.request      written by ``mxdist stop`` for the supervisor to act on
     jobs/<id>/scale-<n>.request written by ``mxdist scale``; the supervisor answers in scale-<n>.answer
@@ -43,7 +43,7 @@ unknown fields load with defaults; a record that is not JSON or not an object ra
 :class:`DamagedRecord` naming the file and the problem, never a traceback.
 
 Environment values and secrets are never stored: the record names the local secret file
-(``key_file``, a path), which ``status`` and ``stop`` pass to ``psnode.scheduler.client``.
+(``key_file``, a path), which ``status`` and ``stop`` pass to :func:`psnode.launcher.status`.
 
 This module imports nothing but the standard library at run time, so any Python can read and
 check records (tests/cluster/test_launch_privacy.py does, as another user).

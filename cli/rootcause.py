@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from psnode.protocol.failure import FailureKind, FailureRecord, record_of
+from psnode.launcher import FailureKind, FailureRecord, record_of
 
 _ROLE_ORDER = {"worker": 0, "server": 1, "scheduler": 2}
 

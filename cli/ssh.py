@@ -47,7 +47,7 @@ from typing import Any, ClassVar
 
 import paramiko
 
-from psnode.protocol.failure import path_in
+from psnode.launcher import path_in
 
 from . import agent
 from .backends import (

@@ -14,7 +14,6 @@ import logging
 import os
 import secrets
 import time
-from typing import Any
 
 from psnode.config import parse_address
 from psnode.errors import PeerLost, ProtocolError
@@ -55,14 +54,6 @@ def status(scheduler: str, job_id: str, key_file: str | None = None, timeout: fl
     answer = _ask(scheduler, job_id, Command.STATUS, Command.STATUS_REPLY, key_file, timeout, Empty())
     assert isinstance(answer, StatusAnswer)
     return answer
-
-
-def query_status(scheduler: str, job_id: str, key_file: str | None = None,
-                 timeout: float = 2.0) -> dict[str, Any]:
-    """:func:`status` as its JSON object: ``{"job", "uptime", "started", "refused", "nodes":
-    [row, ...], "generation", "members", "joined", "left", "lost"}``
-    (:meth:`psnode.protocol.control.StatusAnswer.to_body`)."""
-    return status(scheduler, job_id, key_file, timeout).to_body()
 
 
 def request_stop(scheduler: str, job_id: str, key_file: str | None = None,
