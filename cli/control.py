@@ -25,6 +25,7 @@ from functools import partial
 
 from psnode import launcher as door
 from psnode.errors import PSError
+from psnode.files import write_atomic
 from psnode.launcher import NodeRow, StatusAnswer
 
 from . import jobs, teardown
@@ -214,7 +215,7 @@ def stop_job(record: JobRecord, grace: float, wait: Callable[[float], None] = ti
         return record
     if not supervisor_gone(record):
         path = jobs.stop_request_path(record.id)
-        jobs.write_private(path, json.dumps({"grace": grace, "time": time.time(), "pid": os.getpid()}))
+        write_atomic(path, json.dumps({"grace": grace, "time": time.time(), "pid": os.getpid()}))
         deadline = time.monotonic() + grace + STOP_MARGIN
         while time.monotonic() < deadline:
             current = jobs.load(record.id)
@@ -273,7 +274,7 @@ def scale_job(record: JobRecord, target: int, dry_run: bool = False, timeout: fl
                            f"(mxdist stop {record.id} ends it)")
     token = f"{os.getpid()}-{secrets.token_hex(3)}"
     path = jobs.scale_request_path(record.id, token)
-    jobs.write_private(path, json.dumps({"target": target, "dry_run": dry_run, "time": time.time()}))
+    write_atomic(path, json.dumps({"target": target, "dry_run": dry_run, "time": time.time()}))
     answer_path = jobs.scale_answer_path(path)
     deadline = time.monotonic() + timeout
     try:

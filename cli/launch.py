@@ -60,6 +60,7 @@ from typing import Any
 
 from psnode import launcher as door
 from psnode.config import Role
+from psnode.files import write_atomic
 from psnode.launcher import Mode
 
 from . import jobs, teardown, ui
@@ -184,7 +185,7 @@ class Supervisor:
                 jobs.stop_request_path(self.record.id).unlink()
             for path in jobs.scale_requests(self.record.id):   # nobody will serve them now
                 with contextlib.suppress(OSError):
-                    jobs.write_private(jobs.scale_answer_path(path), json.dumps(ScaleAnswer(
+                    write_atomic(jobs.scale_answer_path(path), json.dumps(ScaleAnswer(
                         self.record.id, error=f"job {self.record.id} is {self.record.state.value}").to_dict()))
                     path.unlink()
             self.backend.close()
@@ -405,7 +406,7 @@ class Supervisor:
             else:
                 answer = self._scale(rules, target, dry_run)
             with contextlib.suppress(OSError):
-                jobs.write_private(jobs.scale_answer_path(path), json.dumps(answer.to_dict()))
+                write_atomic(jobs.scale_answer_path(path), json.dumps(answer.to_dict()))
                 path.unlink()
 
     def _scale(self, rules: Supervision, target: int, dry_run: bool) -> ScaleAnswer:

@@ -2,12 +2,13 @@
 
 **psnode's public API** is :mod:`psnode` (the error types, ``__version__``), :mod:`psnode.errors`,
 :mod:`psnode.config` (:class:`~psnode.config.NodeConfig`, :class:`~psnode.config.Role`, the
-``PSNODE_*`` environment contract) and, for training scripts, :mod:`psnode.kv`, ``psnode.init``,
-``psnode.initializer``, ``psnode.optimizer``, ``psnode.sparse``, ``psnode.data``, ``psnode.torch``
-and ``psnode.mxnet``.  A launcher imports those and this module, nothing else of psnode: the
-import-linter contract "mxdist enters psnode only through psnode.launcher and the public API"
-(pyproject.toml) keeps it so.  Every other module of psnode is internal and may change shape
-without notice; the names here stay.
+``PSNODE_*`` environment contract), :mod:`psnode.files` (atomic 0600 file writes; standard library
+only, so a launcher's code that must run on any Python may use it) and, for training scripts,
+:mod:`psnode.kv`, ``psnode.init``, ``psnode.initializer``, ``psnode.optimizer``,
+``psnode.sparse``, ``psnode.data``, ``psnode.torch`` and ``psnode.mxnet``. A launcher imports
+those and this module, nothing else of psnode: the import-linter contract "mxdist enters psnode
+only through psnode.launcher and the public API" (pyproject.toml) keeps it so. Every other module
+of psnode is internal and may change shape without notice; the names here stay.
 
 What a launcher finds here:
 
