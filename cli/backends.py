@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar, Protocol, cast
 
-from psnode.protocol.failure import FailureRecord, from_torch, path_in, record_of, torch_path_in
+from psnode.launcher import FailureRecord, from_torch, path_in, record_of, torch_path_in
 
 from . import agent
 from .gpus import HostGpus

@@ -8,7 +8,7 @@ work whether the supervisor is attached, detached or gone.
 for the final state; only when the supervisor is provably gone do these commands write, through
 :mod:`mxdist.takeover` (which also finalises the record of a job whose supervisor was lost).
 
-Status asks the live scheduler first (``psnode.scheduler.client.query_status``); processes it does not
+Status asks the live scheduler first (:func:`psnode.launcher.status`); processes it does not
 know are checked on their hosts.  A job whose engine has no status to ask (MXNet's ps-lite:
 :mod:`mxdist.engines`) is checked on its hosts only, and its view says so.  A final record is
 shown as recorded.
@@ -22,11 +22,11 @@ import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from typing import Any
 
+from psnode import launcher as door
 from psnode.errors import PSError
-from psnode.protocol.control import StatusAnswer
-from psnode.protocol.status import NodeRow
+from psnode.files import write_atomic
+from psnode.launcher import NodeRow, StatusAnswer
 
 from . import jobs, teardown
 from .backends import Backend, BackendStatus, Capability, describer
@@ -37,14 +37,6 @@ from .takeover import backend_for, refresh, state_from_check, stop_orphan, super
 from .view import JobRow, JobView, MembershipView
 
 STOP_MARGIN = 30.0      # seconds a supervisor gets beyond --grace to end the job when asked
-
-
-def _psnode_control() -> Any:
-    try:
-        from psnode.scheduler import client as control
-    except ImportError:
-        return None
-    return control
 
 
 def key_file_of(record: JobRecord) -> str | None:
@@ -73,11 +65,9 @@ def job_status(record: JobRecord, timeout: float = 2.0, backend: Backend | None 
     engine = ENGINES.get(record.engine)
     if engine is None or not engine.live_status:     # never send psnode's queries to another scheduler
         view.notes.append(engine.status_note if engine else f"engine {record.engine!r}: no status to ask")
-    control = _psnode_control() if engine is not None and engine.live_status else None
-    if control is not None and record.scheduler:
+    if engine is not None and engine.live_status and record.scheduler:
         try:
-            answer = StatusAnswer.from_body(control.query_status(record.scheduler, record.id,
-                                                                 key_file=key_file_of(record), timeout=timeout))
+            answer = door.status(record.scheduler, record.id, key_file=key_file_of(record), timeout=timeout)
             live = match_nodes(record.procs, answer.nodes)
             view.membership = _membership(record, answer)
         except (PSError, OSError):
@@ -225,7 +215,7 @@ def stop_job(record: JobRecord, grace: float, wait: Callable[[float], None] = ti
         return record
     if not supervisor_gone(record):
         path = jobs.stop_request_path(record.id)
-        jobs.write_private(path, json.dumps({"grace": grace, "time": time.time(), "pid": os.getpid()}))
+        write_atomic(path, json.dumps({"grace": grace, "time": time.time(), "pid": os.getpid()}))
         deadline = time.monotonic() + grace + STOP_MARGIN
         while time.monotonic() < deadline:
             current = jobs.load(record.id)
@@ -284,7 +274,7 @@ def scale_job(record: JobRecord, target: int, dry_run: bool = False, timeout: fl
                            f"(mxdist stop {record.id} ends it)")
     token = f"{os.getpid()}-{secrets.token_hex(3)}"
     path = jobs.scale_request_path(record.id, token)
-    jobs.write_private(path, json.dumps({"target": target, "dry_run": dry_run, "time": time.time()}))
+    write_atomic(path, json.dumps({"target": target, "dry_run": dry_run, "time": time.time()}))
     answer_path = jobs.scale_answer_path(path)
     deadline = time.monotonic() + timeout
     try:

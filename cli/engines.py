@@ -118,7 +118,7 @@ class Engine(ABC):
 
     name: ClassVar[str]                        # --engine
     modules: ClassVar[tuple[str, ...]]         # preflight: --python imports these on every host
-    live_status: ClassVar[bool]                # its scheduler answers mxdist status (psnode.scheduler.client)
+    live_status: ClassVar[bool]                # its scheduler answers mxdist status (psnode.launcher.status)
     status_note: ClassVar[str]                 # what mxdist status says instead, when not live
     secured: ClassVar[bool]                    # its processes read the job's secret (else: the job is insecure)
     min_servers: ClassVar[int]                 # -s below this is refused

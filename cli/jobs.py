@@ -5,7 +5,7 @@ files 0600, here and in the run directories on remote hosts)::
 
     jobs/<id>.json              the record (written atomically: tmp file + os.replace)
     jobs/<id>/<name>.log        one log per process (name: scheduler, server-0, worker-3, ...)
-    jobs/<id>/job.key           the job's secret (psnode.net.security; every job unless --insecure)
+    jobs/<id>/job.key           the job's secret (psnode.launcher; every job unless --insecure)
     jobs/<id>/supervisor.lock   held (flock) by the job's supervisor for as long as it lives
     jobs/<id>/stop.request      written by ``mxdist stop`` for the supervisor to act on
     jobs/<id>/scale-<n>.request written by ``mxdist scale``; the supervisor answers in scale-<n>.answer
@@ -43,9 +43,10 @@ unknown fields load with defaults; a record that is not JSON or not an object ra
 :class:`DamagedRecord` naming the file and the problem, never a traceback.
 
 Environment values and secrets are never stored: the record names the local secret file
-(``key_file``, a path), which ``status`` and ``stop`` pass to ``psnode.scheduler.client``.
+(``key_file``, a path), which ``status`` and ``stop`` pass to :func:`psnode.launcher.status`.
 
-This module imports nothing but the standard library at run time, so any Python can read and
+This module imports nothing but the standard library (and :mod:`psnode.files`, which does
+the same) at run time, so any Python can read and
 check records (tests/cluster/test_launch_privacy.py does, as another user).
 """
 from __future__ import annotations
@@ -64,6 +65,8 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from psnode.files import write_atomic
 
 if TYPE_CHECKING:   # at run time this module needs the standard library only (module docstring)
     from .rootcause import RootCause
@@ -535,25 +538,11 @@ def private_dir(path: Path) -> Path:
     return path
 
 
-def write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically with mode 0600."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(3)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def save(record: JobRecord) -> Path:
     """Write the record atomically (0600); create the job's private directory."""
     private_dir(log_dir(record.id))
     path = record_path(record.id)
-    write_private(path, record.to_json())
+    write_atomic(path, record.to_json())
     return path
 
 

@@ -58,8 +58,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from psnode import launcher as door
 from psnode.config import Role
-from psnode.net.security import Mode
+from psnode.files import write_atomic
+from psnode.launcher import Mode
 
 from . import jobs, teardown, ui
 from .agent import last_exception
@@ -183,7 +185,7 @@ class Supervisor:
                 jobs.stop_request_path(self.record.id).unlink()
             for path in jobs.scale_requests(self.record.id):   # nobody will serve them now
                 with contextlib.suppress(OSError):
-                    jobs.write_private(jobs.scale_answer_path(path), json.dumps(ScaleAnswer(
+                    write_atomic(jobs.scale_answer_path(path), json.dumps(ScaleAnswer(
                         self.record.id, error=f"job {self.record.id} is {self.record.state.value}").to_dict()))
                     path.unlink()
             self.backend.close()
@@ -307,14 +309,12 @@ class Supervisor:
 
     def _ask_slowness(self) -> None:
         """Until the job ends, ask the scheduler every :data:`SLOW_POLL` seconds whom the
-        workers waited for (psnode.scheduler.slowness), for the closing line."""
-        from psnode.scheduler import client as control
-
+        workers waited for (psnode's slowness counters), for the closing line."""
         from .view import slowest
 
         while not self._ended.wait(SLOW_POLL):
             try:
-                answer = control.status(self.record.scheduler, self.record.id, key_file=self.record.key_file,
+                answer = door.status(self.record.scheduler, self.record.id, key_file=self.record.key_file,
                                         timeout=STATUS_TIMEOUT)
             except Exception:  # noqa: BLE001 - no answer (yet, or any more): the last one stands
                 continue
@@ -407,7 +407,7 @@ class Supervisor:
             else:
                 answer = self._scale(rules, target, dry_run)
             with contextlib.suppress(OSError):
-                jobs.write_private(jobs.scale_answer_path(path), json.dumps(answer.to_dict()))
+                write_atomic(jobs.scale_answer_path(path), json.dumps(answer.to_dict()))
                 path.unlink()
 
     def _scale(self, rules: Supervision, target: int, dry_run: bool) -> ScaleAnswer:
@@ -454,10 +454,8 @@ class Supervisor:
         return list(self._discovered) if self._discovered is not None else list(self.plan.hosts)
 
     def _ask_to_leave(self, ranks: Sequence[int]) -> bool:
-        from psnode.scheduler import client
-
         try:
-            return bool(client.request_leave(self.record.scheduler, self.record.id, list(ranks),
+            return bool(door.request_leave(self.record.scheduler, self.record.id, list(ranks),
                                              key_file=self.record.key_file, timeout=STATUS_TIMEOUT * 4))
         except Exception as exc:  # noqa: BLE001 - no answer: nothing changed
             ui.warn(f"could not ask workers {', '.join(map(str, ranks))} to leave: {exc}")
@@ -499,10 +497,8 @@ class Supervisor:
         why = self._why_lost.pop(rec.name, None) or status.describe()
         self.record.lost(rec, why, time.time())
         self._save()
-        from psnode.scheduler import client
-
         try:
-            told = client.report_lost(self.record.scheduler, self.record.id, rec.rank or 0,
+            told = door.report_lost(self.record.scheduler, self.record.id, rec.rank or 0,
                                       key_file=self.record.key_file, timeout=STATUS_TIMEOUT * 4, reason=why)
         except Exception:  # noqa: BLE001 - the scheduler notices the loss by heartbeats too
             told = False
@@ -581,9 +577,7 @@ class Supervisor:
         if sched.state is ProcState.EXITED:
             return True
         try:
-            from psnode.scheduler import client as control
-
-            answer = control.status(self.record.scheduler, self.record.id, key_file=self.record.key_file,
+            answer = door.status(self.record.scheduler, self.record.id, key_file=self.record.key_file,
                                     timeout=STATUS_TIMEOUT)
         except Exception:  # noqa: BLE001 - no answer: nothing to wait for
             return None
@@ -674,7 +668,7 @@ class Supervisor:
         return code
 
     def _write_timeline(self) -> None:
-        """``--timeline``: merge the processes' event files into the job's trace (psnode.timeline)."""
+        """``--timeline``: merge the processes' event files into the job's trace (psnode.launcher.merge_timeline)."""
         path, directory = self.record.timeline, self.settings.timeline_dir
         if not path or not directory:
             return
@@ -682,16 +676,14 @@ class Supervisor:
             ui.warn(f"--timeline: the processes' events stay on their hosts in {directory} "
                     f"({self.backend.name} hosts do not share this machine's files); no trace written")
             return
-        from psnode import timeline
-
-        files = sorted(Path(directory).glob(f"*{timeline.SUFFIX}"))
+        files = sorted(Path(directory).glob(f"*{door.TIMELINE_SUFFIX}"))
         if not files:
             if any(p.pid for p in self.record.procs):
                 ui.warn(f"--timeline: no process recorded events in {directory}; no trace written")
             return
         try:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_text(json.dumps(timeline.merge(files)))
+            Path(path).write_text(json.dumps(door.merge_timeline(files)))
         except OSError as exc:
             ui.warn(f"--timeline: could not write {path}: {exc}")
             return

@@ -22,7 +22,7 @@ the plan's warnings), what preflight imports, which variables pass through or ar
 whether the job can have a secret.
 
 Security (:func:`security_mode`): every job, local ones included, is ``authenticated`` by
-default (a fresh secret per job; :mod:`psnode.net.security` says what each mode protects);
+default (a fresh secret per job; :mod:`psnode.launcher` says what each mode protects);
 ``--encrypt`` makes it ``encrypted`` (CURVE on every link), ``--insecure`` turns it off.  Every
 process's ``PSNODE_KEY_FILE`` is planned as ``<run dir>/job.key`` on its host; the supervisor
 writes the secret there before anything starts (:mod:`mxdist.preflight`).
@@ -38,8 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from psnode.net.security import Mode
-from psnode.server.checkpoint import path_for
+from psnode.launcher import Mode, checkpoint_path
 
 from . import agent, jobs
 from .backends import Backend, Capability, LaunchRequest
@@ -311,8 +310,8 @@ def checkpoint_dir(opts: LaunchOptions, workdir: str, shared_fs: bool) -> str | 
 def check_resume(plan: Plan, directory: str) -> None:
     """``--resume`` where the hosts see this machine's files: every server's checkpoint file must
     exist before anything starts."""
-    missing = [os.path.basename(path_for(directory, r)) for r in range(plan.num_servers)
-               if not os.path.isfile(path_for(directory, r))]
+    missing = [os.path.basename(checkpoint_path(directory, r)) for r in range(plan.num_servers)
+               if not os.path.isfile(checkpoint_path(directory, r))]
     if plan.num_servers == 0:
         raise PlanError("--resume loads the servers' checkpoints: the job has no servers (-s 0)")
     if missing:

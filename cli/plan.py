@@ -26,7 +26,7 @@ Rules:
 
 psnode options: one :class:`NodeOptions` per job (filled from ``mxdist launch``'s flags, defaults
 from NodeConfig) becomes the NodeConfig fields of every process.  With ``run_dir`` set, each
-process gets ``PSNODE_ERROR_FILE=<run_dir>/<name>.failure.json`` (:func:`psnode.protocol.failure.path_in`):
+process gets ``PSNODE_ERROR_FILE=<run_dir>/<name>.failure.json`` (:func:`psnode.launcher.path_in`):
 where it writes its failure record for the supervisor to name the root cause.
 
 Environment of every process = allowlisted variables of the launcher's environment
@@ -53,7 +53,7 @@ from typing import Any
 
 from psnode.config import LOG_LEVELS, CpuPolicy, Distribution, NodeConfig, Role, default
 from psnode.errors import ConfigError
-from psnode.protocol import failure
+from psnode.launcher import path_in
 
 from .elastic import Bounds, ElasticError, bounds
 from .engines import PSNODE, Engine, NodeFacts
@@ -476,7 +476,7 @@ def _node_env(req: PlanRequest, role: Role, host: Host, rank: int | None, port: 
                       scheduler=sched.address, scheduler_port=req.scheduler_port, num_workers=req.num_workers,
                       num_servers=req.num_servers, node=req.node.config_fields(),
                       key_file=req.key_files.get(host.label, req.key_file),
-                      error_file=failure.path_in(req.run_dir, name) if req.run_dir else None,
+                      error_file=path_in(req.run_dir, name) if req.run_dir else None,
                       timeline=f"{req.run_dir}/timeline" if req.timeline and req.run_dir else None,
                       min_workers=req.min_workers, max_workers=req.max_workers)
     try:

@@ -32,8 +32,7 @@ import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from psnode.net.security import Mode
-from psnode.net.transport import new_security
+from psnode.launcher import Mode, new_security
 
 from . import jobs, ui
 from .backends import (

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from psnode.protocol.failure import FailureKind, FailureRecord, record_of
+from psnode.launcher import FailureKind, FailureRecord, record_of
 
 from .jobs import UNVERIFIED
 

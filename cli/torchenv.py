@@ -42,7 +42,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from psnode.protocol.failure import torch_path_in
+from psnode.launcher import torch_path_in
 
 #: torchrun's role name (one role per job).
 ROLE_NAME = "default"

@@ -42,7 +42,7 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
-from psnode.protocol.status import NodeRow
+from psnode.launcher import NodeRow
 
 from .view import JobRow, JobView, PlanRow, slow_lines
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from psnode.protocol.status import SLOW_WINDOW, NodeRow
+from psnode.launcher import SLOW_WINDOW, NodeRow
 
 from .jobs import JobState
 

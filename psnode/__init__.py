@@ -1,10 +1,13 @@
 """psnode: a parameter server for Python (MXNet-KVStore-style API over ZeroMQ).
 
 Public names: ``psnode.kv`` (``create``), ``psnode.init`` (initializers), ``psnode.optimizer``,
-``psnode.sparse`` (row_sparse values), ``psnode.data`` (data-parallel sharding),
-``psnode.torch`` (PyTorch glue, needs torch), ``psnode.mxnet`` (psnode as an MXNet kvstore,
-needs mxnet) and the error types below.  Submodules load on
-first use, so ``import psnode`` stays cheap (the ``mxdist`` CLI imports it for every command).
+``psnode.sparse`` (row_sparse values), ``psnode.data`` (data-parallel sharding), ``psnode.torch``
+(PyTorch glue, needs torch), ``psnode.mxnet`` (psnode as an MXNet kvstore, needs mxnet),
+``psnode.config`` (the ``PSNODE_*`` environment contract), ``psnode.errors``, ``psnode.files``
+(atomic file writes) and the error types below. A launcher uses those and its door,
+``psnode.launcher``; every other module is internal (an import-linter contract in pyproject.toml
+keeps ``mxdist`` to that). Submodules load on first use, so ``import psnode`` stays cheap (the
+``mxdist`` CLI imports it for every command).
 """
 from __future__ import annotations
 

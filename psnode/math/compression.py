@@ -1,8 +1,7 @@
 """Gradient compression: MXNet's ``set_gradient_compression`` rules, pure numpy, no I/O.
 
 A :class:`CompressionSpec` is validated from the user's dict (:meth:`CompressionSpec.from_params`,
-MXNet's argument) and travels as a small JSON object (:meth:`CompressionSpec.to_wire` /
-:meth:`CompressionSpec.from_wire`) or as a short exact string for each push (:attr:`CompressionSpec.tag`,
+MXNet's argument) and travels as a short exact string with each push (:attr:`CompressionSpec.tag`,
 in the grammar psnode.protocol.comptag defines and checks; :meth:`CompressionSpec.from_tag` is the
 spec of a tag it parsed), never pickled.  A worker keeps one :class:`Residual` per key
 (``spec.new_residual(n)``; None for the stateless types) and calls
@@ -39,7 +38,7 @@ none, ``2n`` fp16, ``4 ceil(n/16)`` 2bit, ``4 ceil(n/32)`` 1bit); a split key:
 :meth:`CompressionSpec.push_nbytes`.  Pulls are never compressed (MXNet's behaviour).
 
 Errors: a bad user dict raises :class:`ConfigError` naming the field and the accepted values;
-a bad wire object or a payload of the wrong size :class:`ProtocolError`; a gradient that is not
+a payload of the wrong size :class:`ProtocolError`; a gradient that is not
 float32, or a residual of another size, :class:`ShapeMismatch`.
 """
 from __future__ import annotations
@@ -157,21 +156,6 @@ class CompressionSpec:
     def to_params(self) -> dict[str, Any]:
         """The user-level dict that :meth:`from_params` maps to this spec."""
         return {"type": self.type.value, "threshold": self.threshold} if self.thresholded else {"type": self.type.value}
-
-    def to_wire(self) -> dict[str, Any]:
-        """A JSON object for the wire: ``{"type": "2bit", "threshold": 0.5}`` or ``{"type": "fp16"}``."""
-        return self.to_params()
-
-    @classmethod
-    def from_wire(cls, obj: Any) -> CompressionSpec:
-        """The inverse of :meth:`to_wire`; anything else raises ProtocolError."""
-        try:
-            spec = cls.from_params(obj)
-        except ConfigError as exc:
-            raise ProtocolError(f"bad compression spec on the wire: {exc}") from None
-        if spec.thresholded and "threshold" not in obj:
-            raise ProtocolError(f"bad compression spec on the wire: {str(obj)[:80]} has no threshold")
-        return spec
 
     @property
     def tag(self) -> str:

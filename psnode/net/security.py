@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from psnode.errors import ConfigError
+from psnode.files import write_atomic
 
 MAGIC = "psnode-secret"
 FORMAT_VERSION = 1
@@ -153,13 +154,9 @@ class Security:
                 ).encode()
 
     def save(self, path: str) -> None:
-        """Write the secret file with mode 0600 (an existing file is narrowed to 0600 first)."""
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        try:
-            os.fchmod(fd, 0o600)
-            os.write(fd, self.dumps())
-        finally:
-            os.close(fd)
+        """Write the secret file atomically with mode 0600 (a file or link already there is
+        replaced, never written through)."""
+        write_atomic(path, self.dumps())
 
     @classmethod
     def load(cls, path: str | None) -> Security:

@@ -50,6 +50,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from psnode.files import write_atomic
+
 FILE_SUFFIX = ".failure.json"
 TORCH_SUFFIX = ".torch-error.json"
 _MAX_TEXT = 2000
@@ -167,16 +169,8 @@ class FailureRecord:
 
     def save(self, path: str) -> None:
         """Write this record to ``path`` atomically (mode 0600); never raises."""
-        target = os.path.expanduser(path)
-        tmp = f"{target}.{os.getpid()}.tmp"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.to_dict(), f)
-            os.replace(tmp, target)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+        with contextlib.suppress(OSError):
+            write_atomic(os.path.expanduser(path), json.dumps(self.to_dict()))
 
 
 def record_of(value: FailureRecord | Mapping[str, Any] | None) -> FailureRecord | None:

@@ -1,10 +1,10 @@
-"""Control client: what ``mxdist status``, ``stop`` and ``scale`` (and the launcher's supervisor)
-ask a job's scheduler.
+"""Control client: what ``mxdist status`` and the launcher's supervisor (``mxdist scale``, an
+elastic job's lost workers) ask a job's scheduler, through :mod:`psnode.launcher`.
 
-Both open a short-lived DEALER to the scheduler on the control plane, with the job's secret
+Each call opens a short-lived DEALER to the scheduler on the control plane, with the job's secret
 file when the job has one (``key_file``: its ``PSNODE_KEY_FILE``; the link is then CURVE, the
-scheduler refuses anyone without the job's key before reading a message), send one request
-and wait at most ``timeout`` seconds for the answer; no answer raises :class:`PeerLost` (a
+scheduler refuses anyone without the job's key before reading a message), sends one request
+and waits at most ``timeout`` seconds for the answer; no answer raises :class:`PeerLost` (a
 malformed one is logged and dropped).  An unreadable or world-readable secret file raises
 :class:`ConfigError` naming the file.
 """
@@ -14,14 +14,13 @@ import logging
 import os
 import secrets
 import time
-from typing import Any
 
 from psnode.config import parse_address
 from psnode.errors import PeerLost, ProtocolError
 from psnode.net.security import Plane, Security
 from psnode.net.transport import Poller, Transport
 from psnode.protocol import Command
-from psnode.protocol.control import Body, Empty, Leave, Lost, StatusAnswer, Stop, decode_body
+from psnode.protocol.control import Body, Empty, Leave, Lost, StatusAnswer, decode_body
 
 log = logging.getLogger("psnode.control")
 
@@ -55,24 +54,6 @@ def status(scheduler: str, job_id: str, key_file: str | None = None, timeout: fl
     answer = _ask(scheduler, job_id, Command.STATUS, Command.STATUS_REPLY, key_file, timeout, Empty())
     assert isinstance(answer, StatusAnswer)
     return answer
-
-
-def query_status(scheduler: str, job_id: str, key_file: str | None = None,
-                 timeout: float = 2.0) -> dict[str, Any]:
-    """:func:`status` as its JSON object: ``{"job", "uptime", "started", "refused", "nodes":
-    [row, ...], "generation", "members", "joined", "left", "lost"}``
-    (:meth:`psnode.protocol.control.StatusAnswer.to_body`)."""
-    return status(scheduler, job_id, key_file, timeout).to_body()
-
-
-def request_stop(scheduler: str, job_id: str, key_file: str | None = None,
-                 timeout: float = 2.0, reason: str = "stopped by mxdist stop") -> bool:
-    """Ask the scheduler to end the job; True once it acknowledged."""
-    try:
-        _ask(scheduler, job_id, Command.STOP, Command.STOP_ACK, key_file, timeout, Stop(reason))
-        return True
-    except PeerLost:
-        return False
 
 
 def request_leave(scheduler: str, job_id: str, ranks: list[int] | tuple[int, ...], key_file: str | None = None,

@@ -68,7 +68,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from psnode import timeline
-from psnode.config import NodeConfig
+from psnode.config import NodeConfig, Role
 from psnode.errors import ProtocolError
 from psnode.net.security import Plane, Security
 from psnode.net.transport import Poller, Transport
@@ -131,7 +131,7 @@ class Node:
     def update_stats(self, stats: Counters, now: float) -> None:
         """Take a heartbeat's counters; the rate is over the last few seconds of heartbeats."""
         self.stats = stats
-        count = stats.rounds if self.role == "server" else stats.pushes
+        count = stats.rounds if self.role == Role.SERVER else stats.pushes
         if self._sample is None:
             self._sample = (now, count)
         elif now - self._sample[0] >= 1.0:
@@ -156,7 +156,7 @@ _NODE_COMMANDS = frozenset({Command.HEARTBEAT, Command.BARRIER, Command.FINISH, 
 class Scheduler:
     def __init__(self, cfg: NodeConfig) -> None:
         self.cfg = cfg
-        self.t = Transport(cfg.job_id, "scheduler", 2**20, Security.load(cfg.key_file))
+        self.t = Transport(cfg.job_id, Role.SCHEDULER.value, 2**20, Security.load(cfg.key_file))
         self.chan, _ = self.t.router(cfg.host, cfg.scheduler_port, Plane.CONTROL)
         self.nodes: dict[bytes, Node] = {}
         self.started = False
@@ -173,7 +173,7 @@ class Scheduler:
         self.stalls = Stalls(cfg.stall_warning)
         self.elastic = Elastic(cfg.workers_max)  # generation, joiners, leavers (psnode.scheduler.elastic)
         self.early: dict[bytes, Node] = {}  # joiners registered before the first generation was complete
-        timeline.start(cfg.timeline, "scheduler", None)
+        timeline.start(cfg.timeline, Role.SCHEDULER.value, None)
         # a restarted scheduler: the live nodes' reports, until the job is rebuilt (psnode.scheduler.rebuild)
         self.rebuild: Rebuild | None = Rebuild(cfg.num_servers) if cfg.restart_count > 0 else None
         self.rebuild_by = self.t0 + cfg.dead_after
@@ -190,7 +190,7 @@ class Scheduler:
 
     def _book(self) -> tuple[ServerAddress, ...]:
         """The servers' addresses (one missing since a scheduler restart has none yet)."""
-        servers = sorted((n for n in self.nodes.values() if n.role == "server" and n.port), key=lambda n: n.rank)
+        servers = sorted((n for n in self.nodes.values() if n.role == Role.SERVER and n.port), key=lambda n: n.rank)
         return tuple(ServerAddress(n.rank, n.host, n.port) for n in servers)
 
     def _set_state(self, n: Node, state: NodeState) -> None:
@@ -208,8 +208,8 @@ class Scheduler:
         if self.started:
             self._late_register(node)
             return
-        limit = self.cfg.num_workers if role == "worker" else self.cfg.num_servers
-        if role == "worker" and self.cfg.workers_max > limit and (
+        limit = self.cfg.num_workers if role == Role.WORKER else self.cfg.num_servers
+        if role == Role.WORKER and self.cfg.workers_max > limit and (
                 self.roster.count[role] >= limit or (body.rank is not None and body.rank >= limit)):
             self.early[ident] = node   # a joiner: admitted once the first generation started
             return
@@ -219,8 +219,8 @@ class Scheduler:
             return
         self.nodes[ident] = node
         self.roster.joined(role, ident)
-        if self.roster.count["worker"] == self.cfg.num_workers and \
-                self.roster.count["server"] == self.cfg.num_servers:
+        if self.roster.count[Role.WORKER] == self.cfg.num_workers and \
+                self.roster.count[Role.SERVER] == self.cfg.num_servers:
             self._start()
 
     def _assign(self, role: str) -> None:
@@ -237,8 +237,8 @@ class Scheduler:
                 n.rank = next(free)
 
     def _start(self) -> None:
-        self._assign("worker")
-        self._assign("server")
+        self._assign(Role.WORKER)
+        self._assign(Role.SERVER)
         self.started = True
         book = self._book()
         for n in self.nodes.values():
@@ -263,7 +263,7 @@ class Scheduler:
     def _restartable(self, n: Node) -> bool:
         """May ``n`` be replaced instead of failing the job?  Servers only when they checkpoint."""
         return self.started and n.restarts < self.cfg.max_restarts and (
-            n.role == "worker" or bool(self.cfg.checkpoint_dir))
+            n.role == Role.WORKER or bool(self.cfg.checkpoint_dir))
 
     def _late_register(self, node: Node) -> None:
         """A restarted node taking over its predecessor's rank (dead, or about to be), or a
@@ -273,7 +273,7 @@ class Scheduler:
         allowed = old is not None and (
             (old.role, old.rank) in self.waiting_replacement or
             (old.state == NodeState.ALIVE and self._restartable(old)))
-        if not allowed and node.role == "worker" and self.cfg.workers_max > self.cfg.num_workers \
+        if not allowed and node.role == Role.WORKER and self.cfg.workers_max > self.cfg.num_workers \
                 and self.exit_code is None:
             self._join(node)
             return
@@ -294,9 +294,9 @@ class Scheduler:
         node.stats, node.barrier_done = old.stats, old.barrier_done  # a replay's barriers: answered
         self.nodes[node.ident] = node
         book = self._book()
-        self._welcome(node, book, restore=node.role == "server")
-        if node.role == "server":
-            for w in self._live("worker"):
+        self._welcome(node, book, restore=node.role == Role.SERVER)
+        if node.role == Role.SERVER:
+            for w in self._live(Role.WORKER):
                 self._send(w, Command.SERVERS, Servers(restored=node.rank, servers=book))
         else:
             self.roster.want_membership()
@@ -304,20 +304,20 @@ class Scheduler:
 
     def _join(self, node: Node) -> None:
         """Admit a joiner (psnode.scheduler.elastic) or refuse it, naming why."""
-        members = {n.rank for n in self.nodes.values() if n.role == "worker"
+        members = {n.rank for n in self.nodes.values() if n.role == Role.WORKER
                    and n.state in (NodeState.ALIVE, NodeState.RESTARTING, NodeState.REGISTERED)}
         rank = self.elastic.admit(node.wish, members)
         if isinstance(rank, str):
             self._send(node.ident, Command.SHUTDOWN, JobEnd(False, f"worker pid {node.pid} cannot join: {rank}"))
             log.warning("refused a joiner (pid %d): %s", node.pid, rank)
             return
-        for old in [n for n in self.nodes.values() if n.role == "worker" and n.rank == rank]:
+        for old in [n for n in self.nodes.values() if n.role == Role.WORKER and n.rank == rank]:
             del self.nodes[old.ident]   # a rank that left, finished or was lost, reused
             if old.state != NodeState.LOST:
-                self.roster.left("worker", old.ident)
+                self.roster.left(Role.WORKER, old.ident)
         node.rank, node.joiner = rank, True
         self.nodes[node.ident] = node
-        self.roster.joined("worker", node.ident)
+        self.roster.joined(Role.WORKER, node.ident)
         self._set_state(node, NodeState.ALIVE)
         self.elastic.join(rank)
         self._membership_changed()
@@ -332,7 +332,7 @@ class Scheduler:
         body = self._membership()
         if timeline.current is not None:
             timeline.current.instant("membership", generation=body.generation, workers=list(body.active))
-        for w in self._live("worker"):
+        for w in self._live(Role.WORKER):
             self._send(w, Command.MEMBERSHIP, body)
 
     def _membership(self) -> Membership:
@@ -344,25 +344,25 @@ class Scheduler:
         """LEAVE: these members leave at their next push (they FINISH; MEMBERSHIP tells them)."""
         if self.elastic.ask_leave(ranks, set(self.roster.active_ranks())):
             body = self._membership()
-            for w in self._live("worker"):
+            for w in self._live(Role.WORKER):
                 self._send(w, Command.MEMBERSHIP, body)
             log.warning("workers %s asked to leave", sorted(self.elastic.leaving))
 
     def _on_lost(self, rank: int, why: str) -> None:
         """Worker ``rank`` is gone for good: remove it from the membership at once."""
-        n = next((n for n in self.nodes.values() if n.role == "worker" and n.rank == rank and n.state in
+        n = next((n for n in self.nodes.values() if n.role == Role.WORKER and n.rank == rank and n.state in
                   (NodeState.ALIVE, NodeState.RESTARTING, NodeState.REGISTERED, NodeState.DEAD)), None)
         if n is None or not self.started or self.exit_code is not None:
             return
-        self.waiting_replacement.pop(("worker", rank), None)
-        self.roster.left("worker", n.ident)
+        self.waiting_replacement.pop((Role.WORKER, rank), None)
+        self.roster.left(Role.WORKER, n.ident)
         n.state = NodeState.LOST
         self.barrier.pop(n.ident, None)
         self.elastic.gone(rank, "lost")
         log.warning("%s lost (%s): generation %d, %d workers left", n.name, why, self.elastic.generation,
                     len(self.roster.active))
         self._membership_changed()
-        if self.roster.count["worker"] == 0:
+        if self.roster.count[Role.WORKER] == 0:
             self._end(False, f"every worker was lost (the last: worker {rank}, {why})", Command.PEER_LOST)
             return
         self._check_barrier()
@@ -373,8 +373,8 @@ class Scheduler:
         self._set_state(n, NodeState.RESTARTING)   # (a worker stays a member of the rounds)
         self.waiting_replacement[(n.role, n.rank)] = time.monotonic() + self.cfg.register_timeout
         log.warning("%s %s; waiting for its restart", n.name, why)
-        if n.role == "server":
-            for w in self._live("worker"):
+        if n.role == Role.SERVER:
+            for w in self._live(Role.WORKER):
                 self._send(w, Command.SERVERS, Servers(down=n.rank))
 
     # ------------------------------------------------------------ restart (psnode.scheduler.rebuild)
@@ -408,10 +408,10 @@ class Scheduler:
                 assert body.rejoin is not None
                 node = Node(role=role, host=body.host, port=body.port, pid=body.pid, ident=ident, wish=rank,
                             rank=rank, restarts=body.rejoin.restarts, barrier_done=body.rejoin.barriers,
-                            joiner=body.rejoin.joiner and role == "worker")
+                            joiner=body.rejoin.joiner and role == Role.WORKER)
                 self.nodes[ident] = node
                 self.roster.joined(role, ident)
-                finished = role == "worker" and rank in plan.finished
+                finished = role == Role.WORKER and rank in plan.finished
                 self._set_state(node, NodeState.FINISHED if finished else NodeState.ALIVE)
             for role, rank in plan.missing:   # silent since the restart: the usual rules decide
                 ident = f"?{role}-{rank}".encode()   # (no node's identity: what is sent there is dropped)
@@ -456,7 +456,7 @@ class Scheduler:
             self.roster.left(old.role, old.ident)
         node = Node(role=body.role, host=body.host, port=body.port, pid=body.pid, ident=ident, wish=body.rank,
                     rank=body.rank, restarts=body.rejoin.restarts, barrier_done=body.rejoin.barriers,
-                    joiner=body.rejoin.joiner and body.role == "worker")
+                    joiner=body.rejoin.joiner and body.role == Role.WORKER)
         self.nodes[ident] = node
         self.roster.joined(node.role, ident)
         self._set_state(node, NodeState.ALIVE)
@@ -513,7 +513,7 @@ class Scheduler:
             return
         self._flush_membership(force=True)  # what the FINISHes before the end changed, as before
         if not ok:
-            failure.write(self.cfg.error_file, "verdict", "scheduler", None, self.cfg.host,
+            failure.write(self.cfg.error_file, "verdict", Role.SCHEDULER.value, None, self.cfg.host,
                           reason=what or reason, culprit=culprit.identity() if culprit else None, when=since)
         self.exit_code = 0 if ok else 1
         self.ending = (cmd, JobEnd(ok, reason, node))
@@ -528,7 +528,7 @@ class Scheduler:
         for each other in a cycle (psnode.scheduler.waitfor)."""
         if not self.started:
             return
-        live = [n for n in self.nodes.values() if n.role == "worker" and n.state == NodeState.ALIVE]
+        live = [n for n in self.nodes.values() if n.role == Role.WORKER and n.state == NodeState.ALIVE]
         waits = {n.rank: n.stats.wait for n in live}
         if not waits:
             return
@@ -541,7 +541,7 @@ class Scheduler:
         if self.waiting_replacement:
             self.watch.reset()
             return
-        gone = {n.rank for n in self.nodes.values() if n.role == "worker" and n.state in
+        gone = {n.rank for n in self.nodes.values() if n.role == Role.WORKER and n.state in
                 (NodeState.FINISHED, NodeState.EXITED, NodeState.LOST)}
         verdict = self.watch.check(now, waits, not_in_barrier, gone)
         if verdict is not None:
@@ -553,7 +553,7 @@ class Scheduler:
         rows = []
         for n in sorted(self.nodes.values(), key=lambda n: (n.role, n.rank)):
             row = n.row(now)
-            if n.role == "worker":
+            if n.role == Role.WORKER:
                 row = replace(row, waited_for=round(shares.get(n.rank, 0.0), 3),
                               waited_for_total=round(totals.get(n.rank, 0.0), 3))
             rows.append(row)
@@ -563,7 +563,7 @@ class Scheduler:
     def _check_liveness(self, now: float) -> None:
         limit = self.cfg.dead_after
         if not self.started and now - self.t0 > self.cfg.register_timeout:
-            w = self.roster.count["worker"]
+            w = self.roster.count[Role.WORKER]
             s = len(self.nodes) - w
             self._end(False, f"only {w} of {self.cfg.num_workers} workers and {s} of "
                              f"{self.cfg.num_servers} servers registered within "
@@ -581,7 +581,7 @@ class Scheduler:
             if self._restartable(n) and self.exit_code is None:
                 self._await_replacement(n, f"silent for {silent:.1f} s")
                 continue
-            if n.role == "worker" and self.started and self.cfg.elastic and self.exit_code is None:
+            if n.role == Role.WORKER and self.started and self.cfg.elastic and self.exit_code is None:
                 self._on_lost(n.rank, f"silent for {silent:.1f} s")
                 continue
             self._set_state(n, NodeState.DEAD)
@@ -612,7 +612,7 @@ class Scheduler:
         elif cmd is Command.REGISTER:
             assert node is not None
             if self.started and node.state == NodeState.ALIVE:  # its WELCOME was lost: again
-                self._welcome(node, self._book(), restore=node.role == "server" and node.restarts > 0)
+                self._welcome(node, self._book(), restore=node.role == Role.SERVER and node.restarts > 0)
         elif cmd is Command.STATUS:
             now = time.monotonic()
             e = self.elastic
@@ -636,16 +636,16 @@ class Scheduler:
             self._send(node, Command.SHUTDOWN, JobEnd(False, f"{node.name} was removed from the job (lost)"))
         elif isinstance(body, Heartbeat):
             node.update_stats(body.stats, time.monotonic())
-            if node.role == "worker" and node.rank >= 0:
+            if node.role == Role.WORKER and node.rank >= 0:
                 self.slowness.report(node.rank, body.stats.waited_on, time.monotonic())
             self._send(node, Command.HEARTBEAT_ACK)
-        elif isinstance(body, Barrier) and node.role == "worker":
+        elif isinstance(body, Barrier) and node.role == Role.WORKER:
             n = node.barrier_done + 1 if body.n is None else body.n
             if n <= node.barrier_done:  # sent again: its answer was lost
                 self._send(node, Command.BARRIER_DONE, BarrierDone(node.barrier_done))
                 return
             if self.cfg.restart_count and not node.joiner and done_elsewhere(n, (
-                    w.barrier_done for w in self.nodes.values() if w.role == "worker" and not w.joiner)):
+                    w.barrier_done for w in self.nodes.values() if w.role == Role.WORKER and not w.joiner)):
                 node.barrier_done = n   # completed by the previous scheduler; its answer was lost
                 members = tuple(self.roster.active_ranks()) if self.cfg.elastic else ()
                 self._send(node, Command.BARRIER_DONE, BarrierDone(n, members, self.elastic.generation))
@@ -654,9 +654,9 @@ class Scheduler:
                 self.barrier_since[ident] = time.monotonic()
             self.barrier[ident] = n
             self._check_barrier()
-        elif cmd is Command.FINISH and node.role == "worker" and node.state == NodeState.FINISHED:
+        elif cmd is Command.FINISH and node.role == Role.WORKER and node.state == NodeState.FINISHED:
             self._send(node, Command.FINISH_ACK)  # sent again: its answer was lost
-        elif cmd is Command.FINISH and node.role == "worker":
+        elif cmd is Command.FINISH and node.role == Role.WORKER:
             self._on_finish(node)
         elif isinstance(body, Bye) and body.restart and self._restartable(node) \
                 and node.state == NodeState.ALIVE:
@@ -693,7 +693,7 @@ class Scheduler:
                 self._check_liveness(now)
             if self.exit_code is None:
                 self._check_waits(now)
-            elif not self._live("server") or (self.shutdown_deadline and now > self.shutdown_deadline):
+            elif not self._live(Role.SERVER) or (self.shutdown_deadline and now > self.shutdown_deadline):
                 break
             elif self.ending is not None and now >= resend_at:
                 resend_at = now + tick

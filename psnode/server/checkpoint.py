@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from psnode.errors import ConfigError
+from psnode.files import atomic_file
 from psnode.math import optimizers as opt_mod
 from psnode.server.buckets import Bucket
 from psnode.server.compressed import Packed, spec_of_tag
@@ -158,18 +158,9 @@ def save_server(directory: str, rank: int, store: Store) -> str:
     os.makedirs(directory, exist_ok=True)
     meta, arrays = snapshot(store)
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    fd, tmp = tempfile.mkstemp(prefix=f".server-{rank}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)  # type: ignore[arg-type]
-            fh.flush()
-            os.fsync(fh.fileno())
-        final = path_for(directory, rank)
-        os.replace(tmp, final)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    final = path_for(directory, rank)
+    with atomic_file(final, sync=True) as fh:
+        np.savez(fh, **arrays)  # type: ignore[arg-type]
     store.mark_durable()
     return final
 

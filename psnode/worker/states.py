@@ -10,12 +10,12 @@ or the new one, never a part; :func:`load_states` reads it back per server rank,
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import numpy as np
 
 from psnode.errors import ConfigError
+from psnode.files import atomic_file
 
 StateNames = list[tuple[Any, int, str]]   # (key, part, state name) per array
 
@@ -32,10 +32,8 @@ def save_states(fname: str, per_server: list[tuple[StateNames, list[np.ndarray]]
             names.append([s, key, part, name])
     meta = {"names": names, "optimizer": optimizer}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    tmp = f"{fname}.tmp{os.getpid()}"
-    with open(tmp, "wb") as fh:
+    with atomic_file(fname, mode=0o666) as fh:      # the user's file: the umask decides who reads it
         np.savez(fh, **arrays)  # type: ignore[arg-type]
-    os.replace(tmp, fname)
 
 
 def load_states(fname: str) -> dict[int, tuple[StateNames, list[np.ndarray]]]:

@@ -28,7 +28,7 @@ from typing import Any
 from mxdist import agent
 from psnode.errors import PeerLost
 from psnode.net.security import Security
-from psnode.scheduler.client import query_status
+from psnode.scheduler.client import status as scheduler_status
 from tests.ssh.mxdist_testing import kill_cli, run_cli, wait_for
 
 HERE = Path(__file__).resolve().parent
@@ -111,7 +111,7 @@ def finish_attacked_job(proc: subprocess.Popen[str], home: Path, rec: dict) -> N
 
 def _status(rec: dict, key: str | None) -> dict | None:
     try:
-        return query_status(rec["scheduler"], rec["id"], key_file=key, timeout=1.0)
+        return scheduler_status(rec["scheduler"], rec["id"], key_file=key, timeout=1.0).to_body()
     except PeerLost:
         return None
 

@@ -23,7 +23,7 @@ from psnode.errors import PeerLost
 from psnode.net.security import Mode
 from psnode.net.transport import new_security
 from psnode.protocol import decode
-from psnode.scheduler.client import query_status
+from psnode.scheduler.client import status as scheduler_status
 from tests.cluster.harness import Job, alive, start_job, wait_job
 from tests.cluster.intruders import (
     OTHER_JOB,
@@ -42,7 +42,7 @@ JOB_REGEX = r"/(t[0-9a-f]{10})\.py"      # the harness runs workers as python /t
 
 def _status(job: Job, key: str | None) -> dict | None:
     try:
-        return query_status(job.scheduler, job.job_id, key_file=key, timeout=1.0)
+        return scheduler_status(job.scheduler, job.job_id, key_file=key, timeout=1.0).to_body()
     except PeerLost:
         return None
 
@@ -103,7 +103,7 @@ def test_another_user_and_another_job_are_refused_and_the_job_is_exact(other_use
         other = tmp_path / "other.key"
         new_security(mode).save(str(other))
         with pytest.raises(PeerLost):
-            query_status(job.scheduler, job.job_id, key_file=str(other), timeout=0.5)
+            scheduler_status(job.scheduler, job.job_id, key_file=str(other), timeout=0.5)
         env = dict(os.environ, PYTHONPATH=str(HERE.parents[1]), PSNODE_KEY_FILE=str(other))
         res = subprocess.run([sys.executable, "-c", textwrap.dedent(OTHER_JOB), job.job_id, *targets],
                              capture_output=True, text=True, timeout=60, env=env)

@@ -13,7 +13,7 @@ import json
 import numpy as np
 import pytest
 
-from psnode.scheduler.client import query_status
+from psnode.scheduler.client import status as scheduler_status
 from tests.cluster.comp_cases import BOUND, KEYS, STEPS, expected
 from tests.cluster.harness import run_job, start_job, wait_for_file, wait_job
 from tests.cluster.test_kvstore_cluster import ok
@@ -141,7 +141,7 @@ def test_bytes_on_the_wire_per_push(tmp_path, params: dict, ratio: float) -> Non
         assert payload <= per_push <= payload * 1.01 + 1024, (per_push, payload)
 
         def servers_in() -> float | None:   # heartbeats (every 0.2 s) carry the servers' counters
-            rows = [n for n in query_status(job.scheduler, job.job_id)["nodes"] if n["role"] == "server"]
+            rows = [n for n in scheduler_status(job.scheduler, job.job_id).to_body()["nodes"] if n["role"] == "server"]
             total = sum(n["bytes_in"] for n in rows)
             return total if len(rows) == 2 and total >= full + 5 * payload else None
         total = wait_for(servers_in, 10, "the servers' counters")

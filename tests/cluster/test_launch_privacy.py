@@ -51,7 +51,7 @@ PROBE = textwrap.dedent("""
     attempt("list jobs", lambda: os.listdir(home / "jobs"))
     attempt("read record", lambda: (home / "jobs" / f"{job}.json").read_text())
     attempt("read log", lambda: (home / "jobs" / job / "worker-0.log").read_text())
-    attempt("stop request", lambda: jobs.write_private(jobs.stop_request_path(job), "{}"))
+    attempt("stop request", lambda: jobs.write_atomic(jobs.stop_request_path(job), "{}"))
     attempt("supervisor lock", lambda: jobs.try_lock(job))
     attempt("write record", lambda: jobs.save(jobs.JobRecord(id=job, command=[], backend="local")))
     try:

@@ -13,7 +13,7 @@ from zmq.utils.monitor import recv_monitor_message
 from psnode.errors import PeerLost
 from psnode.net.security import Mode, Security
 from psnode.net.transport import new_security
-from psnode.scheduler.client import query_status
+from psnode.scheduler.client import status as scheduler_status
 from tests.cluster.harness import start_job, wait_job
 from tests.cluster.test_kvstore_cluster import ok
 from tests.support import wait_for
@@ -46,7 +46,7 @@ def _status(job, keyfile: str | None, deadline: float = 15.0) -> dict:
     """The scheduler's answer once every node has registered (bounded)."""
     def started() -> dict | None:
         try:
-            st = query_status(job.scheduler, job.job_id, key_file=keyfile, timeout=1.0)
+            st = scheduler_status(job.scheduler, job.job_id, key_file=keyfile, timeout=1.0).to_body()
         except PeerLost:
             return None
         return st if st["started"] else None
@@ -92,7 +92,7 @@ def test_curve_refuses_outsiders_and_the_job_still_trains(tmp_path) -> None:
             _attack(host, port, other_job, other_job.curve_public, bad_frames)    # wrong server key
         # the status query itself without the key gets no answer
         with pytest.raises(PeerLost, match="did not answer"):
-            query_status(job.scheduler, job.job_id, key_file=None, timeout=0.5)
+            scheduler_status(job.scheduler, job.job_id, key_file=None, timeout=0.5)
         # the server's counters reach the scheduler with its next heartbeat
         srv2 = wait_for(lambda: (s := _server(_status(job, str(keyfile))))["refused"] and s, 10,
                         "the server's refusal counter", describe=job.describe)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from psnode.scheduler.client import query_status
+from psnode.scheduler.client import status as scheduler_status
 from tests.cluster.harness import start_job, wait_for_file, wait_job
 from tests.cluster.test_kvstore_cluster import ok
 
@@ -31,7 +31,7 @@ def test_status_shows_worker_pushes_pulls_and_rounds(tmp_path) -> None:
             wait_for_file(tmp_path / f"ready{r}")
         deadline = time.monotonic() + 10
         while True:     # the next heartbeat (every 0.2 s) carries the final counts
-            rows = [n for n in query_status(job.scheduler, job.job_id)["nodes"] if n["role"] == "worker"]
+            rows = [n for n in scheduler_status(job.scheduler, job.job_id).to_body()["nodes"] if n["role"] == "worker"]
             if all(n["rounds"] == 5 for n in rows) or time.monotonic() > deadline:
                 break
             time.sleep(0.1)

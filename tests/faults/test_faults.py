@@ -299,7 +299,7 @@ def test_duplicated_messages_applied_once(tmp_path: Path, kind: str) -> None:
         want = 2 * 2 * 20   # workers x keys x steps: the pushes the servers should count
 
         def pushes():
-            rows = control.query_status(addr, job.job_id)["nodes"]
+            rows = control.status(addr, job.job_id).to_body()["nodes"]
             return sum(row["pushes"] for row in rows if row["role"] == "server")
         # heartbeats carry the counters; wait (bounded) until they are up to date
         wait_for(lambda: pushes() >= want, 5, "server push counters", describe=dr.describe, poll=dr.poll)

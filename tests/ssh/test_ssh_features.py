@@ -82,10 +82,10 @@ def test_multi_host_job_runs_with_a_secret_that_never_leaks(ssh_cluster, home, t
         assert view["source"].startswith("live from the scheduler"), view
         # ... and nobody without them
         from psnode.errors import PeerLost
-        from psnode.scheduler.client import query_status
+        from psnode.scheduler.client import status as scheduler_status
 
         with pytest.raises(PeerLost):
-            query_status(rec["scheduler"], rec["id"], key_file=None, timeout=1.0)
+            scheduler_status(rec["scheduler"], rec["id"], key_file=None, timeout=1.0)
 
         ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, timeout=30).stdout
         assert not [s for s in secrets if s in ps]

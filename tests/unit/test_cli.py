@@ -258,13 +258,11 @@ def test_status_passes_the_local_key_file_and_stop_deletes_it(home, monkeypatch)
 
     calls = []
 
-    class FakeControl:
-        @staticmethod
-        def query_status(scheduler, job_id, key_file=None, timeout=2.0):
-            calls.append(("status", key_file))
-            raise OSError("no scheduler")
+    def status(scheduler, job_id, key_file=None, timeout=2.0):
+        calls.append(("status", key_file))
+        raise OSError("no scheduler")
 
-    monkeypatch.setattr(control, "_psnode_control", lambda: FakeControl)
+    monkeypatch.setattr(control.door, "status", status)
     rec = _record("job-k", JobState.RUNNING, 1.0)
     key = jobs.key_path("job-k")
     key.write_text("k\n")

@@ -340,14 +340,7 @@ def test_spec_defaults_and_forms() -> None:
     assert CompressionSpec.from_params({"type": "2bit", "threshold": 0.1}).threshold == float(F32(0.1))
 
 
-def test_wire_form_is_json_and_round_trips() -> None:
-    for params in ({"type": "2bit", "threshold": 0.1}, {"type": "1bit", "threshold": -3}, {"type": "fp16"},
-                   {"type": "none"}):
-        spec = CompressionSpec.from_params(params)
-        text = json.dumps(spec.to_wire())
-        assert CompressionSpec.from_wire(json.loads(text)) == spec
-    assert TWO.to_wire() == {"type": "2bit", "threshold": 0.5}
-    assert FP16.to_wire() == {"type": "fp16"}
+def test_tag_form_round_trips() -> None:
     assert [s.tag for s in (TWO, ONE, FP16, NONE)] == ["2bit:0.5", "1bit:0.5", "fp16", "none"]
     for params in ({"type": "2bit", "threshold": 0.1}, {"type": "1bit", "threshold": -3}, {"type": "fp16"}):
         spec = CompressionSpec.from_params(params)
@@ -356,10 +349,6 @@ def test_wire_form_is_json_and_round_trips() -> None:
     for bad in (None, 3, "", "2bit", "2bit:", "2bit:0.50", "2bit:-1", "fp16:0.5", "3bit:1", "2bit:0.1"):
         with pytest.raises(ProtocolError, match="compression"):
             parse_tag(bad)
-    for bad in (None, [], "2bit", {"type": "2bit"}, {"type": "3bit"}, {"type": "2bit", "threshold": -1},
-                {"type": "fp16", "threshold": 1}, {"type": "2bit", "threshold": 0.5, "x": 1}):
-        with pytest.raises(ProtocolError, match="compression spec"):
-            CompressionSpec.from_wire(bad)
 
 
 @pytest.mark.parametrize(("params", "message"), [

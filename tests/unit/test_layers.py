@@ -1,6 +1,6 @@
 """Import rules read from the source (every import statement, those under TYPE_CHECKING and
 inside functions included): psnode.protocol and psnode.math import nothing of psnode but
-psnode.errors and themselves, and the modules of psnode.server (and of psnode.worker) import one
+psnode.errors, psnode.files (atomic writes, standard library only) and themselves, and the modules of psnode.server (and of psnode.worker) import one
 another without a circle.  Which of worker, server and scheduler may import which: the
 import-linter contracts in pyproject.toml."""
 from __future__ import annotations
@@ -31,7 +31,7 @@ def _imports(package: str) -> dict[str, set[str]]:
 
 @pytest.mark.parametrize("package", ["psnode.protocol", "psnode.math"])
 def test_bottom_layers_import_only_errors(package: str) -> None:
-    allowed = ("psnode.errors", package)
+    allowed = ("psnode.errors", "psnode.files", package)
     wrong = {m: sorted(t for t in ts if not any(t == a or t.startswith(a + ".") for a in allowed))
              for m, ts in _imports(package).items()}
     assert {m: ts for m, ts in wrong.items() if ts} == {}

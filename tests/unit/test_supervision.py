@@ -403,7 +403,7 @@ def test_mxdist_stop_asks_the_supervisor_through_the_job_directory(home):
 
     def play() -> None:
         fake.wait_started(ALL)
-        jobs.write_private(jobs.stop_request_path(sup.record.id), '{"grace": 0.1}')
+        jobs.write_atomic(jobs.stop_request_path(sup.record.id), '{"grace": 0.1}')
 
     drive(play)
     assert sup.run() == 143
@@ -469,7 +469,7 @@ def test_a_job_ended_during_preflight_ends_at_once_and_writes_nothing_of_it_anyw
 
     def play() -> None:
         assert fake.entered["preflight"].wait(10)
-        jobs.write_private(jobs.stop_request_path(sup.record.id), '{"grace": 0.1}')
+        jobs.write_atomic(jobs.stop_request_path(sup.record.id), '{"grace": 0.1}')
 
     drive(play)
     t0 = time.monotonic()
@@ -491,7 +491,7 @@ def test_a_job_ended_while_its_secret_is_being_written_waits_for_it_and_removes_
 
     def play() -> None:
         assert fake.entered["install_key"].wait(10)
-        jobs.write_private(jobs.stop_request_path(sup.record.id), '{"grace": 0.1}')
+        jobs.write_atomic(jobs.stop_request_path(sup.record.id), '{"grace": 0.1}')
         time.sleep(0.5)                          # the supervisor sees the request meanwhile
         fake.hold["install_key"].set()
 
