@@ -55,7 +55,7 @@ def create(name: str = "local", num_workers: int | None = None, aggregator: str 
     engine = Engine(cfg)
     kv = KVStore(mode, engine, cfg, aggregator, name, staleness)
     if timeline.start(cfg.timeline, "worker", engine.rank, cfg.restart_count) is not None:
-        timeline.trace_calls(kv, ("push", "pull", "pushpull", "row_sparse_pull", "barrier"))
+        timeline.trace_calls(kv, timeline.CALLS)
     _report_uncaught(kv, engine, cfg)
     atexit.register(kv.close)
     return kv
