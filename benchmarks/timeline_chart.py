@@ -63,10 +63,12 @@ def draw(trace: dict[str, Any], out: Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(12, 0.55 * len(order) + 1.6))
     seen: set[str] = set()
     spans = sorted((e for e in events if e["ph"] == "X"), key=lambda e: LAYER.get(e["name"], 2))
+    end = max((e["ts"] + e["dur"] for e in spans), default=1.0) / 1e3
+    thinnest = end / 400   # (ms: a short span, e.g. an apply, stays visible)
     for e in spans:
         y = row[e["pid"]]
         colour = COLOURS.get(e["name"], "#bdbdbd")
-        ax.broken_barh([(e["ts"] / 1e3, max(e["dur"] / 1e3, 0.3))], (y - 0.35, 0.7), facecolors=colour,
+        ax.broken_barh([(e["ts"] / 1e3, max(e["dur"] / 1e3, thinnest))], (y - 0.35, 0.7), facecolors=colour,
                        linewidth=0)
         seen.add(e["name"])
     for e in events:

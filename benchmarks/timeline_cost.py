@@ -125,7 +125,7 @@ def one(job: Path, home: Path, timeline: bool, rounds: int, warmup: int, timeout
 
 def per_event(n: int = 100_000) -> dict[str, float]:
     """The best of 5 tries, microseconds to record a worker's call,
-    a span, and a span with an argument, in this process."""
+    a span, and a wait (a span naming the workers waited for), in this process."""
     from psnode import timeline
 
     with tempfile.TemporaryDirectory(prefix="timeline-event-") as tmp:
@@ -133,7 +133,7 @@ def per_event(n: int = 100_000) -> dict[str, float]:
         out = {}
         for what, fn in (("call", lambda: rec.call("push", rec.now())),
                          ("span", lambda: rec.span("apply", rec.now())),
-                         ("span with args", lambda: rec.span("pull-wait", rec.now(), on=[1]))):
+                         ("wait", lambda: rec.wait("pull-wait", rec.now(), (1,)))):
             best = float("inf")
             for _ in range(5):   # (the best of 5: the least disturbed by other load)
                 t0 = time.perf_counter()

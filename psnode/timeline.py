@@ -36,6 +36,8 @@ SUFFIX = ".jsonl"
 CALLS = ("push", "pull", "pushpull", "row_sparse_pull", "barrier")
 
 _ns = time.time_ns
+Args = dict[str, Any] | tuple[int, ...] | None   # an event's args (a tuple: a wait's workers)
+Event = tuple[str, str, int, int, int, Args]     # ph, name, ts ns, dur ns, tid, args
 
 
 class Timeline:
@@ -48,7 +50,7 @@ class Timeline:
         Path(directory).mkdir(parents=True, exist_ok=True)
         self.path = os.path.join(directory, f"{self.name}-{os.getpid()}{SUFFIX}")
         self.pid = os.getpid()
-        self._events: list[tuple[str, str, int, int, int, dict[str, Any] | None]] = []
+        self._events: list[Event] = []
         self._lock = threading.Lock()
         self._flush_at = time.monotonic() + FLUSH_SECONDS
         self._meta = {"role": role, "rank": rank, "pid": self.pid}
@@ -60,6 +62,10 @@ class Timeline:
         """A span ``name`` from ``start`` to ``end`` (default: now), nanoseconds (:meth:`now`)."""
         self._add(("X", name, start, (_ns() if end is None else end) - start, tid, args or None))
 
+    def wait(self, name: str, start: int, on: tuple[int, ...]) -> None:
+        """A wait ``name`` from ``start`` (ns) to now for the workers ``on`` (``args.on``)."""
+        self._add(("X", name, start, _ns() - start, 0, on))
+
     def instant(self, name: str, **args: Any) -> None:
         self._add(("i", name, _ns(), 0, 0, args or None))
 
@@ -68,7 +74,7 @@ class Timeline:
         (``compute``, the time between two calls, is added by :func:`merge`)."""
         self._add(("X", name, start, _ns() - start, 0, None))
 
-    def _add(self, event: tuple[str, str, int, int, int, dict[str, Any] | None]) -> None:
+    def _add(self, event: Event) -> None:
         with self._lock:
             self._events.append(event)
             if len(self._events) < FLUSH_EVENTS and time.monotonic() < self._flush_at:
@@ -81,10 +87,10 @@ class Timeline:
             self._flush_at = time.monotonic() + FLUSH_SECONDS
         self._write(events)
 
-    def _write(self, events: list[tuple[str, str, int, int, int, dict[str, Any] | None]]) -> None:
+    def _write(self, events: list[Event]) -> None:
         # names are the module's own words (no quoting needed); args go through json
         lines = [f'{{"ph":"{ph}","name":"{name}","ts":{ts // 1000},"dur":{dur // 1000},"tid":{tid},'
-                 f'"args":{"{}" if args is None else _args(args)}}}' for ph, name, ts, dur, tid, args in events]
+                 f'"args":{_args(args)}}}' for ph, name, ts, dur, tid, args in events]
         if not self._started:
             lines.insert(0, json.dumps({"ph": "meta", "args": self._meta}))
         if lines:
@@ -93,9 +99,14 @@ class Timeline:
             self._started = True
 
 
-def _args(args: dict[str, Any]) -> str:
-    """``args`` as JSON: ints and lists of ints (the common case) written directly, the rest
-    through :func:`json.dumps`."""
+def _args(args: Args) -> str:
+    """An event's ``args`` as JSON: none, a wait's workers (a tuple: ``{"on": [...]}``), or a
+    dict, its ints and lists of ints (the common case) written directly, the rest through
+    :func:`json.dumps`."""
+    if args is None:
+        return "{}"
+    if isinstance(args, tuple):
+        return '{"on":[' + ",".join(map(str, args)) + "]}"
     parts = []
     for k, v in args.items():
         if type(v) is int:
