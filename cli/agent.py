@@ -40,7 +40,8 @@ After a job: :func:`collect` reads what each process left (exit status and when 
 written, its failure record at the path the launcher names, its torch elastic error file and
 when that was written, the last exception line of a Python traceback at the end of its log); :func:`cleanup`
 removes the job's secret file, the run directory when it is a remote one, and the job's
-shared-memory segments (``/dev/shm/psnode.<job_id>.*``).
+shared-memory segments (``/dev/shm/psnode.<job_id>.*``); :func:`read_files` returns the files a
+job's processes left in a directory (their ``--timeline`` events) for the launcher to merge.
 """
 from __future__ import annotations
 
@@ -384,6 +385,28 @@ def cleanup(run_dir: str, job_id: str, remove_dir: bool) -> dict:
     return {"failed": failed}
 
 
+def read_files(directory: str, suffix: str, limit: int) -> dict:
+    """The files ``<directory>/*<suffix>`` (not below it): ``{"files": {name: text}, "left":
+    [names not read: ``limit`` bytes in all were read, or unreadable]}``; a missing directory
+    has none."""
+    out: dict = {"files": {}, "left": []}
+    budget = limit
+    for path in sorted(glob.glob(os.path.join(glob.escape(_expand(directory)), "*" + glob.escape(suffix)))):
+        name = os.path.basename(path)
+        try:
+            if os.path.getsize(path) > budget:
+                out["left"].append(name)
+                continue
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read(budget)
+        except OSError:
+            out["left"].append(name)
+            continue
+        budget -= len(text.encode())
+        out["files"][name] = text
+    return out
+
+
 def _stat(pid: int) -> tuple[str, int] | None:
     """(state, pgid) of a live pid, or None."""
     try:
@@ -488,7 +511,8 @@ def follow(log: str, rc_file: str, pid: int, offset: int, wait: bool,
 
 _OPS: dict[str, Callable[..., Any]] = {
     "check": check, "gpus": gpus, "spawn": spawn, "status": status, "stop": stop, "signal": signal_groups,
-    "put_key": put_key, "remove_files": remove_files, "collect": collect, "cleanup": cleanup}
+    "put_key": put_key, "remove_files": remove_files, "collect": collect, "cleanup": cleanup,
+    "read_files": read_files}
 SERVED = frozenset(_OPS) - {"spawn"}   # spawn runs once (a serving agent would be its processes' parent)
 BOOT = 'import sys;_i=sys.stdin.buffer;exec(compile(_i.read(int(_i.readline())),"mxdist-agent","exec"))'
 

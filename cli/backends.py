@@ -176,6 +176,7 @@ class Capability(str, Enum):
     LOGIN = "login"        # it logs in to its hosts (-i: the private key)
     KEYS = "keys"          # KeyInstaller: deliver the job's secret file to a host that does not see ours
     SYNC = "sync"          # Syncer: copy a directory to a host
+    FETCH = "fetch"        # Fetcher: read the files a job's processes left in a directory on a host
     EXPLAIN = "explain"    # Explainer: turn a connection error into a reason and a fix
     DESCRIBE = "describe"  # Describer: backend fields for the status view
 
@@ -253,6 +254,20 @@ class Syncer(Protocol):
         """Copy ``local_dir`` to ``remote_dir`` on ``host``."""
 
 
+@dataclass(frozen=True)
+class Fetched:
+    """Files read from a host: ``files``, name -> text; ``left``, the names not read (too large
+    for what was left of the limit, or unreadable)."""
+
+    files: dict[str, str]
+    left: list[str]
+
+
+class Fetcher(Protocol):
+    def fetch(self, host: Host, directory: str, suffix: str, limit: int) -> Fetched:
+        """The files ``<directory>/*<suffix>`` on ``host``, at most ``limit`` bytes in all."""
+
+
 class Explainer(Protocol):
     def explain(self, label: str, host: Host, exc: BaseException) -> HostProblem:
         """A connection error as a reason and a fix."""
@@ -278,6 +293,10 @@ def key_installer(backend: Backend) -> KeyInstaller | None:
 
 def syncer(backend: Backend) -> Syncer | None:
     return cast(Syncer, backend) if _has(backend, Capability.SYNC) else None
+
+
+def fetcher(backend: Backend) -> Fetcher | None:
+    return cast(Fetcher, backend) if _has(backend, Capability.FETCH) else None
 
 
 def explainer(backend: Backend) -> Explainer | None:

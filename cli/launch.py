@@ -50,6 +50,7 @@ import json
 import os
 import queue
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -71,6 +72,7 @@ from .backends import (
     ExitStatus,
     HostProblem,
     Started,
+    fetcher,
     resolver,
     run_per_host,
 )
@@ -91,6 +93,8 @@ SIGNAL_EXIT = {signal.SIGHUP: (EXIT_HANGUP, "hangup (the terminal closed)"),
                signal.SIGTERM: (EXIT_STOPPED, "SIGTERM")}
 POLL = 0.2
 STATUS_TIMEOUT = 0.5     # asking the scheduler whether psnode started, when the workers are done
+TIMELINE_LIMIT = 512 << 20   # bytes of --timeline events read from one host
+TIMELINE_FETCH = 120.0       # seconds a host is given to send its --timeline events
 SLOW_POLL = 2.0          # seconds between the supervisor's questions to the scheduler about slow workers
 
 
@@ -651,7 +655,7 @@ class Supervisor:
             ui.stop_report(report.left, report.unverified)
         report.unverified.update(report.survivors())
         self._join_followers(10.0, report.unverified)
-        self._write_timeline()
+        self._write_timeline(report.unverified)
         cause: RootCause | None = None
         if state is JobState.FAILED and headline is None:
             cause = self._root_cause(first_seen, report.unverified)
@@ -667,32 +671,73 @@ class Supervisor:
         self._report(cause, summary)
         return code
 
-    def _write_timeline(self) -> None:
-        """``--timeline``: merge the processes' event files into the job's trace (psnode.launcher.merge_timeline)."""
+    def _write_timeline(self, unverified: dict[str, str]) -> None:
+        """``--timeline``: merge the processes' event files into the job's trace (psnode.launcher.merge_timeline);
+        hosts that do not share this machine's files send theirs through the backend first
+        (``unverified``: hosts not to ask)."""
         path, directory = self.record.timeline, self.settings.timeline_dir
         if not path or not directory:
             return
-        if not self.settings.timeline_local:
+        with tempfile.TemporaryDirectory(prefix="mxdist-timeline-") as fetched:
+            if self.settings.timeline_local:
+                files = sorted(Path(directory).glob(f"*{door.TIMELINE_SUFFIX}"))
+            else:
+                got = self._fetch_timeline(directory, Path(fetched), unverified)
+                if got is None:
+                    return
+                files = got
+            if not files:
+                if any(p.pid for p in self.record.procs):
+                    ui.warn(f"--timeline: no process recorded events in {directory}; no trace written")
+                return
+            try:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                Path(path).write_text(json.dumps(door.merge_timeline(files)))
+            except OSError as exc:
+                ui.warn(f"--timeline: could not write {path}: {exc}")
+                return
+        if self.settings.timeline_local:
+            for f in files:
+                with contextlib.suppress(OSError):
+                    f.unlink()
+            with contextlib.suppress(OSError):
+                Path(directory).rmdir()
+        ui.info(f"timeline: {path} (open it in https://ui.perfetto.dev or chrome://tracing)")
+
+    def _fetch_timeline(self, directory: str, into: Path, unverified: dict[str, str]) -> list[Path] | None:
+        """Each busy host's event files in ``directory``, copied into ``into`` as
+        ``<host>-<file>`` (a file that several hosts sharing a file system all read, once);
+        None when the backend cannot read its hosts' files."""
+        fetch = fetcher(self.backend)
+        if fetch is None:
             ui.warn(f"--timeline: the processes' events stay on their hosts in {directory} "
                     f"({self.backend.name} hosts do not share this machine's files); no trace written")
-            return
-        files = sorted(Path(directory).glob(f"*{door.TIMELINE_SUFFIX}"))
-        if not files:
-            if any(p.pid for p in self.record.procs):
-                ui.warn(f"--timeline: no process recorded events in {directory}; no trace written")
-            return
-        try:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_text(json.dumps(door.merge_timeline(files)))
-        except OSError as exc:
-            ui.warn(f"--timeline: could not write {path}: {exc}")
-            return
-        for f in files:
-            with contextlib.suppress(OSError):
-                f.unlink()
-        with contextlib.suppress(OSError):
-            Path(directory).rmdir()
-        ui.info(f"timeline: {path} (open it in https://ui.perfetto.dev or chrome://tracing)")
+            return None
+        targets = [self.hosts[h.label] for h in self.plan.busy_hosts
+                   if h.label in self.hosts and h.label not in unverified]
+        results = run_per_host(targets, lambda h: fetch.fetch(h, directory, door.TIMELINE_SUFFIX, TIMELINE_LIMIT),
+                               timeout=TIMELINE_FETCH)
+        files = []
+        seen: set[tuple[str, str]] = set()
+        for label, got in sorted(results.items()):
+            if isinstance(got, Exception):
+                ui.warn(f"--timeline: could not read the events on {label} in {directory}: {got}; "
+                        "its processes are left out of the trace")
+                continue
+            if got.left:
+                ui.warn(f"--timeline: left out of the trace on {label}: {', '.join(got.left)} (more than "
+                        f"{TIMELINE_LIMIT >> 20} MiB in all, or unreadable)")
+            for name, text in got.files.items():
+                if (name, text) in seen:   # (hosts sharing a file system: one file, read from each)
+                    continue
+                seen.add((name, text))
+                safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in label)
+                target = into / f"{safe}-{os.path.basename(name)}"
+                target.write_text(text)
+                files.append(target)
+        for label in sorted(unverified):
+            ui.warn(f"--timeline: {label} was not asked for its events ({unverified[label]})")
+        return files
 
     def _root_cause(self, first_seen: str | None, unverified: dict[str, str]) -> RootCause | None:
         started = [p for p in self.record.procs if p.pid]

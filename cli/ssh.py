@@ -53,6 +53,7 @@ from .backends import (
     Capability,
     Evidence,
     ExitStatus,
+    Fetched,
     HostProblem,
     LaunchRequest,
     Preflight,
@@ -178,7 +179,8 @@ class SshBackend:
 
     name = "ssh"
     capabilities: ClassVar[frozenset[Capability]] = frozenset({
-        Capability.HOSTS, Capability.LOGIN, Capability.KEYS, Capability.SYNC, Capability.EXPLAIN})
+        Capability.HOSTS, Capability.LOGIN, Capability.KEYS, Capability.SYNC, Capability.EXPLAIN,
+        Capability.FETCH})
 
     def __init__(self, workdir: str, python: str, ssh_config: str | None = None,
                  known_hosts: str | None = None, accept_new_host_keys: bool = False,
@@ -564,6 +566,12 @@ class SshBackend:
                                     "remove_dir": True}, timeout=30)
         if result["failed"]:
             raise BackendError(f"{host.label}: could not remove {', '.join(result['failed'])}")
+
+    def fetch(self, host: Host, directory: str, suffix: str, limit: int) -> Fetched:
+        """The files ``<directory>/*<suffix>`` on ``host`` (the agent's ``read_files``)."""
+        got = self._agent(host, {"op": "read_files", "directory": directory, "suffix": suffix,
+                                 "limit": limit}, timeout=120)
+        return Fetched(dict(got["files"]), list(got["left"]))
 
     def install_key(self, host: Host, run_dir: str, key: bytes) -> str:
         """Write the job's secret file to ``<run_dir>/job.key`` (0600) on ``host``, its content on

@@ -66,7 +66,7 @@ def _create(name: str, num_workers: int | None, aggregator: str, staleness: int 
     engine = Engine(cfg)
     kv = KVStore(mode, engine, cfg, aggregator, name, staleness)
     if timeline.start(cfg.timeline, "worker", engine.rank, cfg.restart_count) is not None:
-        timeline.trace_calls(kv, ("push", "pull", "pushpull", "row_sparse_pull", "barrier"))
+        timeline.trace_calls(kv, timeline.CALLS)
     _report_uncaught(kv, engine, cfg)
     atexit.register(_close_at_exit, kv, engine, cfg)
     return kv

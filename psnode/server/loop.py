@@ -192,7 +192,7 @@ class Server:
 
     def _checkpoint(self) -> None:
         if self.cfg.checkpoint_dir and self.rank >= 0:
-            start = time.time()
+            start = time.time_ns()
             checkpoint.save_server(self.cfg.checkpoint_dir, self.rank, self.store)
             if timeline.current is not None:
                 timeline.current.span("checkpoint", start)

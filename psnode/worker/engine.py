@@ -282,8 +282,8 @@ class Engine:
                     req = fut.request
                     what = "barrier-wait" if isinstance(req, ControlRequest) else \
                         "init-wait" if isinstance(getattr(req, "op", None), Init) else "pull-wait"
-                    tl.span(what, time.time() - (time.monotonic() - self._blocked_since),
-                            on=list(getattr(req, "blockers", ())))
+                    tl.wait(what, tl.now() - int((time.monotonic() - self._blocked_since) * 1e9),
+                            getattr(req, "blockers", ()))
                 on = getattr(fut.request, "blockers", ())
                 if on:
                     spent = time.monotonic() - self._blocked_since

@@ -121,6 +121,8 @@ class IoLoop:
         assert link is not None
         link.tick(now)
         timeout = link.timeout(now)
+        if e.tracker.pending and self.servers:   # (a pending request is scanned on time: asked about, resent)
+            timeout = min(timeout, max(0.0, self.next_scan - now))
         ready = self.poller.poll(min(timeout, LINK_TURN) if self.links.local else timeout)
         if e.efd in ready:
             self.read_wake()
