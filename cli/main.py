@@ -110,6 +110,10 @@ def launch(
     command: list[str] = typer.Argument(..., metavar="COMMAND [ARGS]...",
                                         help="a .py script (run with Python) or any program"),
     hosts: str | None = typer.Option(None, "-H", "--hosts", help="hosts file, or inline list a,b:2222,user@c"),
+    server_hosts: str | None = typer.Option(None, "--server-hosts", metavar="HOSTS",
+                                            help="hosts that run only servers (a hosts file or inline list, "
+                                                 "as -H): one server each by default; the workers' hosts "
+                                                 "then run none"),
     num_workers: int | None = typer.Option(None, "-n", "--num-workers",
                                            help="workers (default: the hosts' slots in total with -H; the "
                                                 "allocation's tasks in Slurm; 1 on this machine)"),
@@ -224,7 +228,7 @@ def launch(
             skip_nonfinite=skip_nonfinite, max_restarts=max_restarts, shm=not no_shm,
             cpu_policy=cpu_policy)  # type: ignore[arg-type]
         opts = LaunchOptions(
-            command=command, node=node, hosts=hosts, num_workers=num_workers, num_servers=num_servers,
+            command=command, node=node, hosts=hosts, server_hosts=server_hosts, num_workers=num_workers, num_servers=num_servers,
             launcher=launcher, python=python, env=env, workdir=workdir, sync=sync, scheduler=scheduler,
             port=port, quiet=quiet, detach=detach_, ranks=ranks, grace=grace, finish_grace=finish_grace,
             ssh_config=ssh_config, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys,

@@ -36,11 +36,11 @@ from psnode.net.security import Mode
 from psnode.server.checkpoint import path_for
 
 from . import agent, jobs
-from .backends import Backend, Capability, LaunchRequest
+from .backends import Backend, Capability, LaunchRequest, resolver
 from .discovery import DiscoveryError, discover
 from .engines import Engine, engine_named
 from .gpus import VISIBLE, HostGpus
-from .hosts import Host, looks_like_file
+from .hosts import Host, HostsError, looks_like_file, parse_host_list, parse_hosts_file
 from .jobs import JobRecord
 from .launch import LaunchSettings, new_record
 from .plan import (
@@ -71,6 +71,7 @@ class LaunchOptions:
     command: list[str]
     node: NodeOptions = field(default_factory=NodeOptions)
     hosts: str | None = None
+    server_hosts: str | None = None        # hosts that run only servers (same forms as -H)
     num_workers: int | None = None
     num_servers: int | None = None
     launcher: str | None = None
@@ -281,6 +282,7 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
         accept_new_host_keys=opts.accept_new_host_keys, connect_timeout=opts.connect_timeout,
         identity_file=_identity_file(opts.identity_file), max_workers=opts.max_workers,
         discovered=tuple(first_hosts(script, workdir)) if script else ()))
+    server_hosts = _server_hosts(opts, backend, script)
     scheduler_port, master_port = _ports(opts, Capability.THIS_MACHINE in backend.capabilities)
     # paths here are the paths the processes see: their run files go to the job's directory here
     # (Slurm: srun runs here and writes the logs here; the nodes share the file system)
@@ -292,10 +294,10 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
         job_id=job_id, command=opts.command, hosts=hosts, python=backend.python,
         scheduler_port=scheduler_port, master_port=master_port,
         num_workers=opts.num_workers, num_servers=opts.num_servers,
-        scheduler_host=opts.scheduler, user_env=user_env,
+        scheduler_host=opts.scheduler, server_hosts=server_hosts, user_env=user_env,
         base_env=passthrough_env(environ, (*PASSTHROUGH, *engine.passthrough)),
         node=replace(opts.node, checkpoint_dir=ckpt), run_dir=run_dir,
-        key_files={h.label: f"{run_dir}/job.key" for h in hosts} if security is not Mode.INSECURE else {},
+        key_files={h.label: f"{run_dir}/job.key" for h in (*hosts, *server_hosts)} if security is not Mode.INSECURE else {},
         gpus_per_worker=opts.gpus_per_worker, pass_local_rank=opts.pass_local_rank, engine=engine,
         min_workers=opts.min_workers, max_workers=opts.max_workers, slots_bound=script is None,
         slots_from=_slots_from(opts, launcher),
@@ -311,6 +313,38 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
                               detach=opts.detach, quiet=opts.quiet or opts.detach, ranks=ranks,
                               sync=_sync_pairs(opts.sync), security=security, check_modules=engine.modules)
     return Prepared(plan, backend, record, settings)
+
+
+def _server_hosts(opts: LaunchOptions, backend: Backend, script: str | None) -> list[Host]:
+    """``--server-hosts`` (a hosts file or an inline list, as ``-H``), resolved like ``-H``'s hosts;
+    [] when not given.  Only for SSH hosts, and only for a job of fixed size (an elastic job's
+    new workers go to hosts with free slots, which a server host must not offer)."""
+    if not opts.server_hosts:
+        return []
+    found = resolver(backend)
+    if found is None or not opts.hosts:
+        raise PlanError("--server-hosts names SSH hosts for the servers: give the workers' hosts with -H "
+                        "(and --launcher ssh)")
+    if script or opts.min_workers is not None or opts.max_workers is not None:
+        raise PlanError("--server-hosts is for a job of fixed size: leave out --min-workers, --max-workers "
+                        "and --host-discovery-script, or put the servers on the workers' hosts")
+    spec = opts.server_hosts
+    path = os.path.expanduser(spec)
+    if os.path.isfile(path):
+        try:
+            with open(path) as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise HostsError(f"--server-hosts {spec}: cannot read: {exc}") from None
+        hosts = parse_hosts_file(text, spec)
+    elif looks_like_file(spec):
+        raise HostsError(f"--server-hosts {spec}: no such hosts file")
+    else:
+        try:
+            hosts = parse_host_list(spec)
+        except HostsError as exc:   # (its messages name -H's items: the same form)
+            raise HostsError(str(exc).replace("-H item", "--server-hosts item")) from None
+    return [found.resolve(h) for h in hosts]
 
 
 def discovery_script(opts: LaunchOptions, launcher: str, workdir: str) -> str | None:
