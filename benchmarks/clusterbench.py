@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import netns  # noqa: E402
+from benchmarks import netbench, netns  # noqa: E402
 from benchmarks.cases import MARK, Case, MiB, encode_cases  # noqa: E402
 from benchmarks.netbench import (FRAME_EFFICIENCY, JobFailed, Proc, parse_rate,  # noqa: E402
                                  preflight, wait_job)
@@ -66,7 +66,7 @@ WORKER = ROOT / "benchmarks" / "clusterbench_worker.py"
 N = 4                      # workers (and servers)
 HOSTS = 2 * N + 1          # workers, dedicated servers, the scheduler
 SCHED_HOST = 2 * N
-DESIGNS = ("psnode-dedicated", "psnode-colocated", "gloo")
+DESIGNS = ("psnode-dedicated", "psnode-colocated", "gloo", "tcp-mesh")
 CASES = {c.name: c for c in (Case("1x16MiB", 1, 16 * MiB, 2, 10, 2), Case("1x64MiB", 1, 64 * MiB, 1, 5, 1),
                              Case("16x1MiB", 16, 1 * MiB, 2, 10, 2), Case("1x1MiB", 1, 1 * MiB, 2, 10, 2))}
 DEFAULT_CASES = "1x16MiB,1x64MiB,16x1MiB"
@@ -90,6 +90,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "the default 2 s on these links, and a resent pull brings its answer twice)")
     p.add_argument("--push-then-pull", action="store_true",
                    help="psnode's rounds call kv.push then kv.pull (default: kv.pushpull)")
+    p.add_argument("--trace", type=Path, default=None,
+                   help="psnode's per-phase timestamps (benchmarks/nbtrace.py) of every job under this folder")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 run, 1x1MiB, 2 timed rounds")
     p.add_argument("--timeout", type=float, default=300, help="seconds per job (300)")
     p.add_argument("--json", type=Path, default=None, help="write every record and the summary here")
@@ -124,7 +126,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def bound_bytes(design: str, c: Case) -> float:
     """The bytes of a round on the busiest link direction (see the module docstring)."""
     b = c.keys * c.nbytes
-    return float(b) if design == "psnode-dedicated" else 2 * (N - 1) / N * b
+    return float(b) if design in ("psnode-dedicated", "tcp-mesh") else 2 * (N - 1) / N * b
 
 
 def bound_s(design: str, c: Case, rate_bytes: float) -> float:
@@ -156,6 +158,10 @@ def start_job(bed: netns.Testbed, design: str, port: int, args: argparse.Namespa
     markdir.mkdir()
     env = base_env()
     env["CLUSTERBENCH_PUSHPULL"] = "0" if args.push_then_pull else "1"
+    if args.trace is not None and design != "gloo":
+        (args.trace / job_id).mkdir(parents=True)
+        env["NETBENCH_TRACE"] = str(args.trace / job_id)
+        netbench.TRACE = args.trace
     cases = encode_cases(args.case_list)
     quick = "1" if args.quick else "0"
     meters = []
@@ -165,6 +171,18 @@ def start_job(bed: netns.Testbed, design: str, port: int, args: argparse.Namespa
                            bed.spawn(h, [sys.executable, str(WORKER), "meter", str(markdir), str(h.index)],
                                      env, log, cwd=ROOT), log))
     procs: list[Proc] = []
+    if design == "tcp-mesh":
+        servers = [bed.hosts[N + r] for r in range(N)]
+        for r, h in enumerate(servers):
+            log = logdir / f"{job_id}.mesh-server{r}.log"
+            procs.append(Proc("server", r, h.index, bed.spawn(h, [sys.executable, str(WORKER), "meshserver", h.addr,
+                                                                 str(port), str(N)], env, log, cwd=ROOT), log))
+        for r in range(N):
+            log = logdir / f"{job_id}.mesh-worker{r}.log"
+            argv = [sys.executable, str(WORKER), "meshworker", cases, quick, str(markdir),
+                    ",".join(h.addr for h in servers), str(port), str(r)]
+            procs.append(Proc("worker", r, r, bed.spawn(bed.hosts[r], argv, env, log, cwd=ROOT), log))
+        return Job(design, procs, markdir, meters)
     if design == "gloo":
         master = bed.hosts[0].addr
         for r in range(N):
@@ -187,7 +205,7 @@ def start_job(bed: netns.Testbed, design: str, port: int, args: argparse.Namespa
 
     spawn(Role.SCHEDULER, 0, SCHED_HOST, [sys.executable, "-m", "psnode"])
     for r in range(N):
-        spawn(Role.SERVER, r, N + r if design == "psnode-dedicated" else r, [sys.executable, "-m", "psnode"])
+        spawn(Role.SERVER, r, N + r if design == "psnode-dedicated" else r, netbench.server_argv(r))
     for r in range(N):
         spawn(Role.WORKER, r, r, [sys.executable, str(WORKER), "psnode", cases, quick, str(markdir)])
     return Job(design, procs, markdir, meters)
@@ -278,7 +296,7 @@ def summarize(args: argparse.Namespace, records: list[dict[str, Any]]) -> tuple[
             up = max(x["tx"] for x in wk) / MiB
             down = max(x["rx"] for x in wk) / MiB
             srv = (f"{max(x['rx'] for x in sv) / MiB:.1f},{max(x['tx'] for x in sv) / MiB:.1f}"
-                   if d == "psnode-dedicated" else "-")
+                   if d in ("psnode-dedicated", "tcp-mesh") else "-")
             print(f"{c.name:8} {d:17} {med(rounds):>18} {bnd * 1e3:8.0f} {t / bnd:6.2f} {speed:9.2f} "
                   f"{up:>14.1f},{down:<15.1f} {srv:>16}")
             summary["cases"].setdefault(c.name, {})[d] = {
@@ -336,8 +354,9 @@ def main(argv: list[str] | None = None) -> int:
         except netns.TestbedError as exc:
             print(f"clusterbench: cannot build the testbed: {exc}", file=sys.stderr)
             return 3
+        cc = netns.run("ip", "netns", "exec", bed.hosts[0].ns, "sysctl", "-n", "net.ipv4.tcp_congestion_control").strip()
         print(f"clusterbench: testbed {bed.tag}: {HOSTS} hosts {bed.hosts[0].addr}-{bed.hosts[-1].addr} on one "
-              f"switch; logs in {logdir}\n  host 0: {bed.qdisc(bed.hosts[0])}", flush=True)
+              f"switch; TCP congestion control {cc}; logs in {logdir}\n  host 0: {bed.qdisc(bed.hosts[0])}", flush=True)
         port = BASE_PORT
         for run in range(args.runs):
             k = run % len(args.design_list)

@@ -3,6 +3,9 @@
 argv: psnode <cases-json> <quick 0|1> <markdir>    a psnode worker (``PSNODE_*`` environment)
       gloo <cases-json> <quick 0|1> <markdir> <master-addr> <port> <rank> <world>
                                                    a torch.distributed (gloo) rank
+      meshserver <addr> <port> <workers>           the raw TCP reference's server: echoes what it gets
+      meshworker <cases-json> <quick 0|1> <markdir> <server,addrs> <port> <rank>
+                                                   its worker: B/S to each server and back, per round
       meter <markdir> <host-index>                 this host's link counters at the marks
 
 A round on each worker (both systems): the case's K gradients of B bytes are summed over the
@@ -68,11 +71,14 @@ class Rounds:
         self.barrier()
         if self.rank == 0:
             mark(self.markdir, c.name, "end")
+        self.barrier()   # (nobody starts the next case's traffic before the end mark)
         report(system=system, case=c.name, rank=self.rank, bytes=2 * c.keys * c.nbytes, **summarize(times[warm:]))
 
 
 def psnode_worker(cases_json: str, quick: bool, markdir: Path) -> None:
     import psnode
+    from benchmarks import nbtrace
+    nbtrace.install("worker", int(os.environ.get("PSNODE_RANK", "0")))   # (with NETBENCH_TRACE only)
     kv = psnode.kv.create("dist_sync")
     W, rank = kv.num_workers, kv.rank
     rounds = Rounds(rank, markdir, kv.barrier)
@@ -123,6 +129,83 @@ def gloo_worker(cases_json: str, quick: bool, markdir: Path, master: str, port: 
     dist.destroy_process_group()
 
 
+CONNECT_S = 60.0
+
+
+def mesh_server(addr: str, port: int, workers: int) -> None:
+    """Echo every byte each of ``workers`` connections sends, as it arrives (until they close)."""
+    import socket
+    import threading
+    lsock = socket.create_server((addr, port), backlog=workers)
+    lsock.settimeout(CONNECT_S)
+
+    def echo(conn: socket.socket) -> None:
+        buf = memoryview(bytearray(1 << 20))
+        while (n := conn.recv_into(buf)) > 0:
+            conn.sendall(buf[:n])
+        conn.close()
+    threads = []
+    for _ in range(workers):
+        conn, _ = lsock.accept()
+        conn.settimeout(None)
+        threads.append(threading.Thread(target=echo, args=(conn,), daemon=True))
+        threads[-1].start()
+    for t in threads:
+        t.join()
+
+
+def mesh_worker(cases_json: str, quick: bool, markdir: Path, servers: list[str], port: int, rank: int) -> None:
+    """A parameter server's traffic in raw TCP: each round sends B/S to each of the S servers
+    while receiving their echoes (full duplex), no aggregation, no synchronisation between workers
+    but the marks' barrier (a file per worker and case)."""
+    import socket
+    import threading
+    conns = []
+    for a in servers:
+        end = time.monotonic() + CONNECT_S
+        while True:
+            try:
+                conns.append(socket.create_connection((a, port), timeout=CONNECT_S))
+                break
+            except OSError:
+                if time.monotonic() > end:
+                    raise
+                time.sleep(0.05)
+    S = len(conns)
+
+    def barrier(tag: str) -> None:
+        (markdir / f"mesh.{tag}.{rank}").touch()
+        end = time.monotonic() + CONNECT_S * 5
+        while not all((markdir / f"mesh.{tag}.{r}").exists() for r in range(S)):
+            if time.monotonic() > end:
+                fail(f"mesh barrier {tag}: the other workers did not come")
+            time.sleep(0.002)
+
+    for c in decode_cases(cases_json):
+        share = c.keys * c.nbytes // S
+        out = memoryview(bytearray(share))
+        back = [memoryview(bytearray(share)) for _ in range(S)]
+        stamp = iter(range(1_000_000))
+
+        def one_round() -> None:
+            def recv(i: int) -> None:
+                got = 0
+                while got < share:
+                    n = conns[i].recv_into(back[i][got:])
+                    if not n:
+                        fail("a mesh server closed the connection")
+                    got += n
+            rs = [threading.Thread(target=recv, args=(i,)) for i in range(S)]
+            ss = [threading.Thread(target=conns[i].sendall, args=(out,)) for i in range(S)]
+            for t in rs + ss:
+                t.start()
+            for t in rs + ss:
+                t.join()
+        Rounds(rank, markdir, lambda: barrier(f"{c.name}.{next(stamp)}")).run(c, quick, one_round, "tcp-mesh")
+    for conn in conns:
+        conn.close()
+
+
 def meter(markdir: Path, host: int) -> None:
     """Until killed (or an hour): the link counters at every mark, one file per case."""
     seen: dict[str, dict[str, int]] = {}
@@ -151,6 +234,11 @@ if __name__ == "__main__":
     elif what == "gloo":
         gloo_worker(sys.argv[2], sys.argv[3] == "1", Path(sys.argv[4]), sys.argv[5], int(sys.argv[6]),
                     int(sys.argv[7]), int(sys.argv[8]))
+    elif what == "meshserver":
+        mesh_server(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    elif what == "meshworker":
+        mesh_worker(sys.argv[2], sys.argv[3] == "1", Path(sys.argv[4]), sys.argv[5].split(","), int(sys.argv[6]),
+                    int(sys.argv[7]))
     elif what == "meter":
         meter(Path(sys.argv[2]), int(sys.argv[3]))
     else:

@@ -183,6 +183,10 @@ def launch(
                                    help="batch: scheduler, servers and psnode workers run under SCHED_BATCH "
                                         "(a process woken by a message does not preempt a busy one: fewer "
                                         "context switches when processes outnumber cores); normal: left as is"),
+    slice_bytes: int = typer.Option(N.slice_bytes, "--slice-bytes", metavar="N",
+                                    help="arrays sliced over the servers go in parts of at most N bytes, dealt "
+                                         "round-robin (0: one part per server; default 262144 with "
+                                         "--server-hosts, so that answers flow back while pushes still go)"),
     insecure: bool = typer.Option(L("insecure"), "--insecure",
                                   help="no secret: anyone who reaches a port can join, read or stop the job "
                                        "(trusted networks only)"),
@@ -226,7 +230,7 @@ def launch(
             heartbeat_liveness=heartbeat_liveness, log_level=log_level, checkpoint_dir=checkpoint_dir,
             checkpoint_interval=checkpoint_interval, checkpoint_rounds=checkpoint_rounds, resume=resume,
             skip_nonfinite=skip_nonfinite, max_restarts=max_restarts, shm=not no_shm,
-            cpu_policy=cpu_policy)  # type: ignore[arg-type]
+            cpu_policy=cpu_policy, slice_bytes=slice_bytes)  # type: ignore[arg-type]
         opts = LaunchOptions(
             command=command, node=node, hosts=hosts, server_hosts=server_hosts, num_workers=num_workers, num_servers=num_servers,
             launcher=launcher, python=python, env=env, workdir=workdir, sync=sync, scheduler=scheduler,

@@ -9,6 +9,8 @@ Rules:
 * servers are spread over the hosts round-robin (default: one per host; 0 is allowed); with
   ``server_hosts`` (``--server-hosts``) over those instead (default: one per server host), and
   the workers' hosts run no server: every worker's link then carries its gradient once each way;
+  big arrays are then sliced into parts of at most :data:`SERVER_HOSTS_SLICE_BYTES` (unless
+  ``--slice-bytes`` says otherwise), so that a pushpull's answers flow back while it still pushes;
 * workers fill the hosts' slots in order (host 1's slots, then host 2's, ...); more workers than
   slots wrap around round-robin and the plan carries a warning;
 * the job's engine (:mod:`mxdist.engines`, ``--engine``) says what the scheduler and the servers
@@ -85,6 +87,9 @@ class PlanError(ValueError):
     """Options that cannot be placed (too few hosts, bad counts, unknown scheduler host...)."""
 
 
+SERVER_HOSTS_SLICE_BYTES = 256 * 1024   # --server-hosts' slices (benchmarks/clusterbench.py)
+
+
 @dataclass(frozen=True)
 class NodeOptions:
     """The psnode options of one job: the same for every process.
@@ -108,6 +113,7 @@ class NodeOptions:
     max_restarts: int = field(default=default("max_restarts"), metadata={"flag": "--max-restarts"})
     shm: bool = field(default=default("shm"), metadata={"flag": "--no-shm"})
     cpu_policy: CpuPolicy = field(default=default("cpu_policy"), metadata={"flag": "--cpu-policy"})
+    slice_bytes: int = field(default=default("slice_bytes"), metadata={"flag": "--slice-bytes"})
 
     def __post_init__(self) -> None:
         if not isinstance(self.distribution, Distribution):
@@ -132,6 +138,8 @@ class NodeOptions:
             raise PlanError(f"--max-restarts {self.max_restarts}: must be 0 or more")
         if not math.isfinite(self.checkpoint_interval) or self.checkpoint_interval < 0:
             raise PlanError(f"--checkpoint-interval {self.checkpoint_interval:g}: must be seconds >= 0")
+        if self.slice_bytes < 0:
+            raise PlanError(f"--slice-bytes {self.slice_bytes}: must be 0 (one part per server) or more")
         if self.checkpoint_rounds < 0:
             raise PlanError(f"--checkpoint-rounds {self.checkpoint_rounds}: must be 0 or more")
         if not self.checkpoint_dir:
@@ -363,6 +371,8 @@ def make_plan(req: PlanRequest) -> Plan:
         limits = bounds(workers, req.min_workers, req.max_workers, hosts, req.slots_bound, req.slots_from)
     except ElasticError as exc:
         raise PlanError(str(exc)) from None
+    if req.server_hosts and not req.node.slice_bytes:
+        req = replace(req, node=replace(req.node, slice_bytes=SERVER_HOSTS_SLICE_BYTES))
     req = replace(req, num_workers=workers, num_servers=servers, hosts=hosts, server_hosts=tuple(req.server_hosts),
                   min_workers=limits.minimum if limits.elastic else None,
                   max_workers=limits.maximum if limits.elastic else None)
