@@ -58,8 +58,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks import netbench, netns  # noqa: E402
 from benchmarks.cases import MARK, Case, MiB, encode_cases  # noqa: E402
-from benchmarks.netbench import (FRAME_EFFICIENCY, JobFailed, Proc, parse_rate,  # noqa: E402
-                                 preflight, wait_job)
+from benchmarks.netbench import FRAME_EFFICIENCY, JobFailed, Proc, parse_rate, preflight, wait_job  # noqa: E402
 from psnode.config import NodeConfig, Role  # noqa: E402
 
 WORKER = ROOT / "benchmarks" / "clusterbench_worker.py"
@@ -276,7 +275,8 @@ def summarize(args: argparse.Namespace, records: list[dict[str, Any]]) -> tuple[
 
     def per_run(design: str, case: str) -> list[float]:
         recs = [r for r in records if r["design"] == design and r.get("case") == case and "median" in r]
-        return [statistics.median([r["median"] for r in recs if r["run"] == k]) for k in sorted({r["run"] for r in recs})]
+        runs = sorted({r["run"] for r in recs})
+        return [statistics.median([r["median"] for r in recs if r["run"] == k]) for k in runs]
 
     for c in args.case_list:
         gloo = per_run("gloo", c.name)
@@ -354,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
         except netns.TestbedError as exc:
             print(f"clusterbench: cannot build the testbed: {exc}", file=sys.stderr)
             return 3
-        cc = netns.run("ip", "netns", "exec", bed.hosts[0].ns, "sysctl", "-n", "net.ipv4.tcp_congestion_control").strip()
+        cc = netns.run("ip", "netns", "exec", bed.hosts[0].ns, "sysctl", "-n",
+                       "net.ipv4.tcp_congestion_control").strip()
         print(f"clusterbench: testbed {bed.tag}: {HOSTS} hosts {bed.hosts[0].addr}-{bed.hosts[-1].addr} on one "
               f"switch; TCP congestion control {cc}; logs in {logdir}\n  host 0: {bed.qdisc(bed.hosts[0])}", flush=True)
         port = BASE_PORT

@@ -187,7 +187,7 @@ def mesh_worker(cases_json: str, quick: bool, markdir: Path, servers: list[str],
         back = [memoryview(bytearray(share)) for _ in range(S)]
         stamp = iter(range(1_000_000))
 
-        def one_round() -> None:
+        def one_round(share: int = share, back: list[memoryview] = back, out: memoryview = out) -> None:
             def recv(i: int) -> None:
                 got = 0
                 while got < share:
@@ -201,7 +201,10 @@ def mesh_worker(cases_json: str, quick: bool, markdir: Path, servers: list[str],
                 t.start()
             for t in rs + ss:
                 t.join()
-        Rounds(rank, markdir, lambda: barrier(f"{c.name}.{next(stamp)}")).run(c, quick, one_round, "tcp-mesh")
+
+        def sync(name: str = c.name, stamp: Any = stamp) -> None:
+            barrier(f"{name}.{next(stamp)}")
+        Rounds(rank, markdir, sync).run(c, quick, one_round, "tcp-mesh")
     for conn in conns:
         conn.close()
 

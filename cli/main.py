@@ -232,7 +232,8 @@ def launch(
             skip_nonfinite=skip_nonfinite, max_restarts=max_restarts, shm=not no_shm,
             cpu_policy=cpu_policy, slice_bytes=slice_bytes)  # type: ignore[arg-type]
         opts = LaunchOptions(
-            command=command, node=node, hosts=hosts, server_hosts=server_hosts, num_workers=num_workers, num_servers=num_servers,
+            command=command, node=node, hosts=hosts, server_hosts=server_hosts, num_workers=num_workers,
+            num_servers=num_servers,
             launcher=launcher, python=python, env=env, workdir=workdir, sync=sync, scheduler=scheduler,
             port=port, quiet=quiet, detach=detach_, ranks=ranks, grace=grace, finish_grace=finish_grace,
             ssh_config=ssh_config, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys,

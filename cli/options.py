@@ -297,7 +297,8 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
         scheduler_host=opts.scheduler, server_hosts=server_hosts, user_env=user_env,
         base_env=passthrough_env(environ, (*PASSTHROUGH, *engine.passthrough)),
         node=replace(opts.node, checkpoint_dir=ckpt), run_dir=run_dir,
-        key_files={h.label: f"{run_dir}/job.key" for h in (*hosts, *server_hosts)} if security is not Mode.INSECURE else {},
+        key_files=({h.label: f"{run_dir}/job.key" for h in (*hosts, *server_hosts)}
+                   if security is not Mode.INSECURE else {}),
         gpus_per_worker=opts.gpus_per_worker, pass_local_rank=opts.pass_local_rank, engine=engine,
         min_workers=opts.min_workers, max_workers=opts.max_workers, slots_bound=script is None,
         slots_from=_slots_from(opts, launcher),
