@@ -1,7 +1,7 @@
 """A cluster on one switch: four workers on four hosts, psnode's placements against gloo's ring.
 
-    python benchmarks/clusterbench.py                       # 3 interleaved runs, 400 Mbit/s ports
-    python benchmarks/clusterbench.py --rate 200mbit --runs 5 --json /tmp/cluster.json
+    python benchmarks/clusterbench.py                       # 3 interleaved runs, 200 Mbit/s ports
+    python benchmarks/clusterbench.py --rate 100mbit --runs 5 --json /tmp/cluster.json
     python benchmarks/clusterbench.py --quick               # smoke run (tiny cases, 1 run)
     python benchmarks/clusterbench.py --cleanup             # remove testbeds of a killed run
 
@@ -76,13 +76,13 @@ BASE_PORT = 9400
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rate", default="400mbit", help="every host port's rate, both directions (400mbit)")
+    p.add_argument("--rate", default="200mbit", help="every host port's rate, both directions (200mbit)")
     p.add_argument("--cases", default=DEFAULT_CASES, help=f"comma list of {', '.join(CASES)} ({DEFAULT_CASES})")
     p.add_argument("--designs", default=",".join(DESIGNS), help=f"comma list of {', '.join(DESIGNS)} (all)")
     p.add_argument("--runs", type=int, default=3, help="interleaved runs (3)")
     p.add_argument("--rounds", type=int, default=0, help="timed rounds per case (0: 10, 5 at 64 MiB)")
-    p.add_argument("--slice-bytes", type=int, default=2**20,
-                   help="psnode's PSNODE_SLICE_BYTES: big arrays in parts of at most this many bytes (1 MiB; 0: "
+    p.add_argument("--slice-bytes", type=int, default=256 * 1024,
+                   help="psnode's PSNODE_SLICE_BYTES: big arrays in parts of at most this many bytes (256 KiB; 0: "
                         "one part per server)")
     p.add_argument("--retry-timeout", type=float, default=10.0,
                    help="psnode's PSNODE_RETRY_TIMEOUT, seconds (10: a 64 MiB round's answers take longer than "

@@ -10,9 +10,10 @@ Contract:
   ``i`` on server ``i``.  Dense keys are split over the flattened array (equal element counts);
   row_sparse keys by ranges of rows, so a row lives on exactly one server.  A pulled big array is
   reassembled straight into the caller's ``out``.
-* With ``slice_bytes`` > 0, a split dense key has ``m * num_servers`` parts of at most
-  ``slice_bytes`` each (the least such ``m``), part ``i`` on server ``i % num_servers``: the parts
-  of one array complete one after another, so answers flow back while later parts are pushed.
+* With ``slice_bytes`` > 0, a dense key of more than ``slice_bytes`` bytes is split too (below
+  ``bound``), into ``m * num_servers`` parts of at most ``slice_bytes`` each (the least such
+  ``m``), part ``i`` on server ``i % num_servers``: the parts of one array complete one after
+  another, so answers flow back while later parts are pushed.
 * ``bound=None`` (the ``data`` distribution) never splits.
 """
 from __future__ import annotations
@@ -76,7 +77,8 @@ class Placer:
         for d in shape:
             size *= d
         rows = shape[0] if shape else 1
-        big = self.bound is not None and size > self.bound and self.num_servers > 1
+        sliced = self.slice_bytes > 0 and not by_rows and size * itemsize > self.slice_bytes
+        big = self.bound is not None and (size > self.bound or sliced) and self.num_servers > 1
         if big and by_rows and rows < self.num_servers:
             big = False
         if big:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
+
 from tests.cluster.harness import run_job
 from tests.cluster.test_kvstore_cluster import PRELUDE, ok
 
@@ -72,10 +74,12 @@ SLICED = textwrap.dedent('''
 ''')
 
 
-def test_sliced_big_keys_in_a_job() -> None:
+@pytest.mark.parametrize("shm", ["0", "1"])
+def test_sliced_big_keys_in_a_job(shm: str) -> None:
     """PSNODE_SLICE_BYTES: a big key in many parts dealt round-robin over the servers; push, pull
-    and pushpull give the exact mean, init values arrive whole."""
-    job = run_job(SLICED, 2, 2, env={"PSNODE_BIG_ARRAY_BOUND": "100", "PSNODE_SLICE_BYTES": "256"})
+    and pushpull give the exact mean, init values arrive whole; over TCP (where a worker keeps
+    two slices unanswered per server) and the same-host link."""
+    job = run_job(SLICED, 2, 2, env={"PSNODE_BIG_ARRAY_BOUND": "100", "PSNODE_SLICE_BYTES": "256", "PSNODE_SHM": shm})
     ok(job)
     assert all("SLICED OK 40" in w.out for w in job.workers), job.describe()
 

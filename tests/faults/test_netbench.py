@@ -212,7 +212,7 @@ def test_clusterbench_quick_run_every_design_and_leaves_nothing() -> None:
     try:
         out, _ = p.communicate(timeout=400)
         assert p.returncode == 0, out[-3000:]
-        assert "rate 400Mbit" in out and "9 hosts" in out, out[-3000:]
+        assert "rate 200Mbit" in out and "9 hosts" in out, out[-3000:]
         for design in ("psnode-dedicated", "psnode-colocated", "gloo", "tcp-mesh"):
             line = next((ln for ln in out.splitlines() if ln.startswith(f"1x1MiB   {design} ")), None)
             assert line is not None, out[-3000:]
