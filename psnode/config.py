@@ -36,10 +36,11 @@ variable                           meaning (default)
                                    error naming the server (``3``)
 ``PSNODE_BIG_ARRAY_BOUND``         arrays with more elements are sliced over all servers
                                    (``1000000``)
-``PSNODE_SLICE_BYTES``             ``0``: a sliced array has one part per server; N: parts of at
-                                   most N bytes (rounded up to a multiple of the servers), dealt
-                                   round-robin over the servers, so that pushpulls of one array
-                                   pipeline (``0``)
+``PSNODE_SLICE_BYTES``             ``0``: a sliced array has one part per server; N: dense arrays
+                                   of more than N bytes go in parts of at most N bytes (their
+                                   count a multiple of the servers), dealt round-robin over the
+                                   servers, and a worker keeps at most two parts unanswered per
+                                   remote server, so that pushpulls of one array pipeline (``0``)
 ``PSNODE_DISTRIBUTION``            ``data``, ``param`` or ``hybrid`` (``hybrid``)
 ``PSNODE_KEY_FILE``                the job's secret file (mode 0600; :mod:`psnode.net.security`);
                                    unset: insecure
