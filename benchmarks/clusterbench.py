@@ -59,7 +59,7 @@ if str(ROOT) not in sys.path:
 from benchmarks import netbench, netns  # noqa: E402
 from benchmarks.cases import MARK, Case, MiB, encode_cases  # noqa: E402
 from benchmarks.netbench import FRAME_EFFICIENCY, JobFailed, Proc, parse_rate, preflight, wait_job  # noqa: E402
-from psnode.config import NodeConfig, Role  # noqa: E402
+from psnode.config import NodeConfig, Role, default  # noqa: E402
 
 WORKER = ROOT / "benchmarks" / "clusterbench_worker.py"
 N = 4                      # workers (and servers)
@@ -84,9 +84,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--slice-bytes", type=int, default=256 * 1024,
                    help="psnode's PSNODE_SLICE_BYTES: big arrays in parts of at most this many bytes (256 KiB; 0: "
                         "one part per server)")
-    p.add_argument("--retry-timeout", type=float, default=10.0,
-                   help="psnode's PSNODE_RETRY_TIMEOUT, seconds (10: a 64 MiB round's answers take longer than "
-                        "the default 2 s on these links, and a resent pull brings its answer twice)")
+    p.add_argument("--retry-timeout", type=float, default=default("retry_timeout"),
+                   help="psnode's PSNODE_RETRY_TIMEOUT, seconds (psnode's default; with --push-then-pull or "
+                        "--slice-bytes 0 a 64 MiB round's answers take longer than 2 s on these links, and a "
+                        "pull resent meanwhile brings its answer twice: give 10)")
     p.add_argument("--push-then-pull", action="store_true",
                    help="psnode's rounds call kv.push then kv.pull (default: kv.pushpull)")
     p.add_argument("--trace", type=Path, default=None,
