@@ -1,10 +1,13 @@
 """Draw one chart from a ``benchmarks/run.py --json FILE`` run: psnode against a peer, per case;
 or, from a ``benchmarks/embedding.py --json FILE`` run, psnode's tables on the servers against
-DDP + gloo per table size (:func:`embedding_series`, :func:`draw_embedding`).
+DDP + gloo per table size (:func:`embedding_series`, :func:`draw_embedding`); or, from a
+``benchmarks/clusterbench.py --json FILE`` run, the four-host cluster's designs per case
+(:func:`cluster_series`, :func:`draw_cluster`).
 
     python benchmarks/chart.py RUN.json --out docs/performance.png
     python benchmarks/chart.py RUN.json --out chart.png --config 2,1 --peer zmq,gloo
     python benchmarks/chart.py EMBEDDING.json --out docs/embedding.png
+    python benchmarks/chart.py CLUSTER.json --out docs/cluster.png
 
 Left panel: the round time of every case the run measured at one W,S configuration (default
 2,2), psnode beside each peer, median over the run's interleaved runs with the [min-max] range.
@@ -228,6 +231,85 @@ def draw_embedding(s: EmbeddingSeries, out: Path, note: str = "") -> None:
     plt.close(fig)
 
 
+CLUSTER_LABEL = {"psnode-dedicated": "psnode, servers on hosts of their own",
+                 "psnode-colocated": "psnode, servers on the workers' hosts",
+                 "gloo": "torch gloo all_reduce (ring)", "tcp-mesh": "raw TCP, a PS's traffic"}
+CLUSTER_COLOR = {"psnode-dedicated": "#1f77b4", "psnode-colocated": "#9ecae1", "gloo": "#d62728",
+                 "tcp-mesh": "#bbbbbb"}
+
+
+@dataclass(frozen=True)
+class ClusterSeries:
+    """Per case and design: the round time, the links' bound, and gloo's time over the design's."""
+
+    cases: list[str]
+    designs: list[str]
+    round_s: dict[str, dict[str, Spread]]
+    bound_s: dict[str, dict[str, float]]
+    over_gloo: dict[str, dict[str, Spread]]
+    rate: str
+    goal: float
+
+
+def cluster_series(doc: dict) -> ClusterSeries:
+    """The figures of one ``clusterbench.py --json`` run (pure); ratios per run, then median."""
+    from benchmarks import clusterbench as cb
+    summ = doc["summary"]
+    cases = list(summ["cases"])
+    if not cases:
+        raise ValueError("no case measured (not a clusterbench.py --json file?)")
+    designs = [d for d in cb.DESIGNS if any(d in summ["cases"][c] for c in cases)]
+    rounds = {c: {d: Spread.of(v["round_s"]) for d, v in summ["cases"][c].items()} for c in cases}
+    bounds = {c: {d: v["bound_s"] for d, v in summ["cases"][c].items()} for c in cases}
+    over: dict[str, dict[str, Spread]] = {}
+    for c in cases:
+        g = summ["cases"][c].get("gloo")
+        if g:
+            over[c] = {d: Spread.of([a / b for a, b in zip(g["round_s"], v["round_s"], strict=False)])
+                       for d, v in summ["cases"][c].items()}
+    return ClusterSeries(cases, designs, rounds, bounds, over, summ["rate"], cb.SPEEDUP_GOAL)
+
+
+def draw_cluster(s: ClusterSeries, out: Path, note: str = "") -> None:
+    """Left: round time per case and design ([min-max] bars) with each design's bound (black
+    tick); right: gloo's round time over each design's (above 1: faster than the ring)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    width = 0.8 / len(s.designs)
+    for i, d in enumerate(s.designs):
+        xs = [k + (i - (len(s.designs) - 1) / 2) * width for k in range(len(s.cases))]
+        sp = [s.round_s[c].get(d) for c in s.cases]
+        ys = [x.median if x else 0 for x in sp]
+        err = [[(x.median - x.low) if x else 0 for x in sp], [(x.high - x.median) if x else 0 for x in sp]]
+        left.bar(xs, ys, width * 0.95, yerr=err, capsize=3, color=CLUSTER_COLOR[d], label=CLUSTER_LABEL[d])
+        for x, c in zip(xs, s.cases, strict=True):
+            if d in s.bound_s[c]:
+                left.plot([x - width / 2, x + width / 2], [s.bound_s[c][d]] * 2, color="black", lw=1.5)
+        if d != "gloo" and s.over_gloo:
+            rs = [s.over_gloo.get(c, {}).get(d) for c in s.cases]
+            lo = [(r.median - r.low) if r else 0 for r in rs]
+            hi = [(r.high - r.median) if r else 0 for r in rs]
+            right.bar(xs, [r.median if r else 0 for r in rs], width * 0.95, color=CLUSTER_COLOR[d],
+                      yerr=[lo, hi], capsize=3, label=CLUSTER_LABEL[d])
+    left.set_xticks(range(len(s.cases)), s.cases)
+    left.set_ylabel("round time, s (black: what the links allow)")
+    left.legend(fontsize=8)
+    right.set_xticks(range(len(s.cases)), s.cases)
+    right.axhline(1.0, color="#d62728", lw=1, label="gloo's ring")
+    right.axhline(s.goal, color="black", ls="--", lw=1, label=f"goal {s.goal}x")
+    right.axhline(1.5, color="grey", ls=":", lw=1, label="ideal at 4 workers, 1.5x")
+    right.set_ylabel("gloo's round time / this design's (above 1: faster)")
+    right.set_ylim(0, 1.9)
+    right.legend(fontsize=8, loc="upper left", ncol=2)
+    fig.suptitle(f"4 workers on 4 hosts, one switch, every port {s.rate} both ways: parameter server vs ring")
+    if note:
+        fig.text(0.01, 0.01, note, fontsize=7, color="grey")
+    fig.tight_layout(rect=(0, 0.03, 1, 0.95))
+    fig.savefig(out, dpi=110)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", type=Path, help="the JSON file of benchmarks/run.py --json")
@@ -241,6 +323,20 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         raise SystemExit("benchmarks/chart.py needs matplotlib: pip install -e '.[bench]'") from None
     doc = json.loads(a.run.read_text())
+    if isinstance(doc.get("summary"), dict) and "workers" in doc["summary"]:   # clusterbench.py
+        try:
+            cs = cluster_series(doc)
+        except (ValueError, KeyError) as exc:
+            raise SystemExit(f"{a.run}: {exc}") from None
+        draw_cluster(cs, a.out, f"benchmarks/clusterbench.py, {doc['summary']['runs']} run(s)")
+        for c in cs.cases:
+            for d in cs.designs:
+                if d in cs.round_s[c]:
+                    r, g = cs.round_s[c][d], cs.over_gloo.get(c, {}).get(d)
+                    print(f"{c:8s} {d:17s} round {r.median * 1e3:7.0f} ms  bound {cs.bound_s[c][d] * 1e3:6.0f} ms"
+                          + (f"  gloo/this {g.median:.2f} [{g.low:.2f}-{g.high:.2f}]" if g else ""))
+        print(f"wrote {a.out}")
+        return 0
     if str((doc.get("argv") or [""])[0]).endswith("embedding.py"):
         try:
             e = embedding_series(doc)

@@ -87,7 +87,7 @@ def dense_case(kv: Any, spec: CompressionSpec, c: Case, quick: bool) -> None:
             times.append(t1 - t0)
     tx1, rx1 = link_bytes()
     kv.barrier()
-    report(system="psnode", case=c.name, rank=rank, compression=spec.to_wire(), bytes=2 * c.keys * c.nbytes,
+    report(system="psnode", case=c.name, rank=rank, compression=spec.to_params(), bytes=2 * c.keys * c.nbytes,
            pushpull=pushpull, link_tx=(tx1 - tx0) / timed, link_rx=(rx1 - rx0) / timed, **summarize(times))
 
 

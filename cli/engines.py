@@ -218,6 +218,7 @@ class MxnetEngine(Engine):
         "--heartbeat-interval": "ps-lite's heartbeats are set with -e PS_HEARTBEAT_INTERVAL=SECONDS",
         "--heartbeat-liveness": "ps-lite's heartbeats are set with -e PS_HEARTBEAT_TIMEOUT=SECONDS",
         "--log-level": "that is psnode's log level; ps-lite logs more with -e PS_VERBOSE=1 (or 2)",
+        "--slice-bytes": "MXNet's servers split big arrays their own way (MXNET_KVSTORE_BIGARRAY_BOUND)",
         "--checkpoint-dir": _NO_CHECKPOINTS,
         "--checkpoint-interval": _NO_CHECKPOINTS,
         "--checkpoint-rounds": _NO_CHECKPOINTS,

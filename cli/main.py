@@ -117,6 +117,10 @@ def launch(
     hosts: str | None = typer.Option(None, "-H", "--hosts",
                                      help="hosts file, or inline list h1:2,h2,user@h3:port=2222 (HOST:N: N "
                                           "slots, as horovodrun -H; fields slots=N port=N addr=ADDRESS)"),
+    server_hosts: str | None = typer.Option(None, "--server-hosts", metavar="HOSTS",
+                                            help="hosts that run only servers (a hosts file or inline list, "
+                                                 "as -H): one server each by default; the workers' hosts "
+                                                 "then run none"),
     nproc_per_node: int | None = typer.Option(
         L("nproc_per_node"), "--nproc-per-node", metavar="N",
         help="N workers on every host (its slots, as torchrun's --nproc-per-node; on this machine: N workers); "
@@ -204,6 +208,10 @@ def launch(
                                    help="batch: scheduler, servers and psnode workers run under SCHED_BATCH "
                                         "(a process woken by a message does not preempt a busy one: fewer "
                                         "context switches when processes outnumber cores); normal: left as is"),
+    slice_bytes: int = typer.Option(N.slice_bytes, "--slice-bytes", metavar="N",
+                                    help="arrays sliced over the servers go in parts of at most N bytes, dealt "
+                                         "round-robin (0: one part per server; default 262144 with "
+                                         "--server-hosts, so that answers flow back while pushes still go)"),
     insecure: bool = typer.Option(L("insecure"), "--insecure",
                                   help="no secret: anyone who reaches a port can join, read or stop the job "
                                        "(trusted networks only)"),
@@ -248,9 +256,10 @@ def launch(
             checkpoint_interval=checkpoint_interval, checkpoint_rounds=checkpoint_rounds, resume=resume,
             skip_nonfinite=skip_nonfinite, max_restarts=max_restarts, shm=not no_shm,
             cpu_policy=cpu_policy,  # type: ignore[arg-type]
-            stall_warning=stall_warning, register_timeout=start_timeout)
+            stall_warning=stall_warning, register_timeout=start_timeout, slice_bytes=slice_bytes)
         opts = LaunchOptions(
-            command=command, node=node, hosts=hosts, num_workers=num_workers, num_servers=num_servers,
+            command=command, node=node, hosts=hosts, server_hosts=server_hosts, num_workers=num_workers,
+            num_servers=num_servers,
             launcher=launcher, python=python, env=env, workdir=workdir, sync=sync, scheduler=scheduler,
             port=port, quiet=quiet, detach=detach_, ranks=ranks, grace=grace, finish_grace=finish_grace,
             ssh_config=ssh_config, known_hosts=known_hosts, accept_new_host_keys=accept_new_host_keys,

@@ -41,11 +41,11 @@ from typing import Any
 from psnode.launcher import Mode, checkpoint_path
 
 from . import agent, jobs
-from .backends import Backend, Capability, LaunchRequest
+from .backends import Backend, Capability, LaunchRequest, resolver
 from .discovery import DiscoveryError, discover
 from .engines import Engine, engine_named
 from .gpus import VISIBLE, HostGpus
-from .hosts import Host, looks_like_file
+from .hosts import Host, HostsError, looks_like_file, parse_host_list, parse_hosts_file
 from .jobs import JobRecord
 from .launch import LaunchSettings, new_record
 from .plan import (
@@ -77,6 +77,7 @@ class LaunchOptions:
     command: list[str]
     node: NodeOptions = field(default_factory=NodeOptions)
     hosts: str | None = None
+    server_hosts: str | None = None        # hosts that run only servers (same forms as -H)
     num_workers: int | None = None
     num_servers: int | None = None
     launcher: str | None = None
@@ -348,6 +349,7 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
         discovered=tuple(first_hosts(script, here)) if script else ()))
     hosts = per_node(hosts, opts.nproc_per_node, opts.num_workers, opts.max_workers is not None,
                      Capability.HOSTS not in backend.capabilities, _slots_from(opts, launcher))
+    server_hosts = _server_hosts(opts, backend, script)
     scheduler_port, master_port = _ports(opts, Capability.THIS_MACHINE in backend.capabilities)
     # paths here are the paths the processes see: their run files go to the job's directory here
     # (Slurm: srun runs here and writes the logs here; the nodes share the file system)
@@ -359,10 +361,11 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
         job_id=job_id, command=opts.command, hosts=hosts, python=backend.python,
         scheduler_port=scheduler_port, master_port=master_port,
         num_workers=opts.num_workers, num_servers=opts.num_servers,
-        scheduler_host=opts.scheduler, user_env=user_env,
+        scheduler_host=opts.scheduler, server_hosts=server_hosts, user_env=user_env,
         base_env=passthrough_env(environ, (*PASSTHROUGH, *engine.passthrough)),
         node=replace(opts.node, checkpoint_dir=ckpt), run_dir=run_dir,
-        key_files={h.label: f"{run_dir}/job.key" for h in hosts} if security is not Mode.INSECURE else {},
+        key_files=({h.label: f"{run_dir}/job.key" for h in (*hosts, *server_hosts)}
+                   if security is not Mode.INSECURE else {}),
         gpus_per_worker=opts.gpus_per_worker, pass_local_rank=opts.pass_local_rank, engine=engine,
         min_workers=opts.min_workers, max_workers=opts.max_workers, slots_bound=script is None,
         slots_from=_slots_from(opts, launcher), timeline=opts.timeline is not None,
@@ -383,6 +386,38 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
                               timeline_dir=f"{run_dir}/timeline" if opts.timeline is not None else None,
                               timeline_local=shared_fs)
     return Prepared(plan, backend, record, settings)
+
+
+def _server_hosts(opts: LaunchOptions, backend: Backend, script: str | None) -> list[Host]:
+    """``--server-hosts`` (a hosts file or an inline list, as ``-H``), resolved like ``-H``'s hosts;
+    [] when not given.  Only for SSH hosts, and only for a job of fixed size (an elastic job's
+    new workers go to hosts with free slots, which a server host must not offer)."""
+    if not opts.server_hosts:
+        return []
+    found = resolver(backend)
+    if found is None or not opts.hosts:
+        raise PlanError("--server-hosts names SSH hosts for the servers: give the workers' hosts with -H "
+                        "(and --launcher ssh)")
+    if script or opts.min_workers is not None or opts.max_workers is not None:
+        raise PlanError("--server-hosts is for a job of fixed size: leave out --min-workers, --max-workers "
+                        "and --host-discovery-script, or put the servers on the workers' hosts")
+    spec = opts.server_hosts
+    path = os.path.expanduser(spec)
+    if os.path.isfile(path):
+        try:
+            with open(path) as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise HostsError(f"--server-hosts {spec}: cannot read: {exc}") from None
+        hosts = parse_hosts_file(text, spec)
+    elif looks_like_file(spec):
+        raise HostsError(f"--server-hosts {spec}: no such hosts file")
+    else:
+        try:
+            hosts = parse_host_list(spec)
+        except HostsError as exc:   # (its messages name -H's items: the same form)
+            raise HostsError(str(exc).replace("-H item", "--server-hosts item")) from None
+    return [found.resolve(h) for h in hosts]
 
 
 def discovery_script(opts: LaunchOptions, launcher: str, workdir: str) -> str | None:

@@ -6,7 +6,11 @@ binds), the command, counts and ports; :func:`make_plan` returns every process t
 Rules:
 
 * the scheduler runs on the first host, or on ``scheduler_host`` (a host's name or label);
-* servers are spread over the hosts round-robin (default: one per host; 0 is allowed);
+* servers are spread over the hosts round-robin (default: one per host; 0 is allowed); with
+  ``server_hosts`` (``--server-hosts``) over those instead (default: one per server host), and
+  the workers' hosts run no server: every worker's link then carries its gradient once each way;
+  big arrays are then sliced into parts of at most :data:`SERVER_HOSTS_SLICE_BYTES` (unless
+  ``--slice-bytes`` says otherwise), so that a pushpull's answers flow back while it still pushes;
 * workers fill the hosts' slots in order (host 1's slots, then host 2's, ...); more workers than
   slots wrap around round-robin and the plan carries a warning;
 * the job's engine (:mod:`mxdist.engines`, ``--engine``) says what the scheduler and the servers
@@ -87,6 +91,9 @@ class PlanError(ValueError):
     """Options that cannot be placed (too few hosts, bad counts, unknown scheduler host...)."""
 
 
+SERVER_HOSTS_SLICE_BYTES = 256 * 1024   # --server-hosts' slices (benchmarks/clusterbench.py)
+
+
 @dataclass(frozen=True)
 class NodeOptions:
     """The psnode options of one job: the same for every process.
@@ -112,6 +119,7 @@ class NodeOptions:
     cpu_policy: CpuPolicy = field(default=default("cpu_policy"), metadata={"flag": "--cpu-policy"})
     stall_warning: float = field(default=default("stall_warning"), metadata={"flag": "--stall-warning"})
     register_timeout: float = field(default=default("register_timeout"), metadata={"flag": "--start-timeout"})
+    slice_bytes: int = field(default=default("slice_bytes"), metadata={"flag": "--slice-bytes"})
 
     def __post_init__(self) -> None:
         if not isinstance(self.distribution, Distribution):
@@ -141,6 +149,8 @@ class NodeOptions:
             raise PlanError(f"--max-restarts {self.max_restarts}: must be 0 or more")
         if not math.isfinite(self.checkpoint_interval) or self.checkpoint_interval < 0:
             raise PlanError(f"--checkpoint-interval {self.checkpoint_interval:g}: must be seconds >= 0")
+        if self.slice_bytes < 0:
+            raise PlanError(f"--slice-bytes {self.slice_bytes}: must be 0 (one part per server) or more")
         if self.checkpoint_rounds < 0:
             raise PlanError(f"--checkpoint-rounds {self.checkpoint_rounds}: must be 0 or more")
         if not self.checkpoint_dir:
@@ -209,6 +219,7 @@ class PlanRequest:
     num_workers: int | None = None
     num_servers: int | None = None
     scheduler_host: str | None = None
+    server_hosts: Sequence[Host] = ()    # hosts that run only servers (none: the workers' hosts)
     user_env: Mapping[str, str] = field(default_factory=dict)
     base_env: Mapping[str, str] = field(default_factory=dict)
     node: NodeOptions = field(default_factory=NodeOptions)
@@ -389,8 +400,15 @@ def make_plan(req: PlanRequest) -> Plan:
     if not hosts:
         raise PlanError("no hosts")
     total = sum(h.slots for h in hosts)
+    server_hosts = tuple(req.server_hosts) or hosts
+    both = [h.label for h in req.server_hosts if h.label in {w.label for w in hosts}]
+    if both:
+        raise PlanError(f"--server-hosts {', '.join(both)}: also among the workers' hosts (-H); a server host "
+                        "runs servers only (leave --server-hosts out to share the workers' hosts)")
     workers = total if req.num_workers is None else req.num_workers
-    servers = len(hosts) if req.num_servers is None else req.num_servers
+    servers = len(server_hosts) if req.num_servers is None else req.num_servers
+    if req.server_hosts and servers < 1:
+        raise PlanError(f"-s {servers} with --server-hosts: the server hosts need at least one server")
     if workers < 1:
         raise PlanError(f"-n {workers}: a job needs at least one worker")
     if servers < 0:
@@ -410,7 +428,9 @@ def make_plan(req: PlanRequest) -> Plan:
         limits = bounds(workers, req.min_workers, req.max_workers, hosts, req.slots_bound, req.slots_from)
     except ElasticError as exc:
         raise PlanError(str(exc)) from None
-    req = replace(req, num_workers=workers, num_servers=servers, hosts=hosts,
+    if req.server_hosts and not req.node.slice_bytes:
+        req = replace(req, node=replace(req.node, slice_bytes=SERVER_HOSTS_SLICE_BYTES))
+    req = replace(req, num_workers=workers, num_servers=servers, hosts=hosts, server_hosts=tuple(req.server_hosts),
                   min_workers=limits.minimum if limits.elastic else None,
                   max_workers=limits.maximum if limits.elastic else None)
     sched = scheduler_host(req)
@@ -428,7 +448,7 @@ def make_plan(req: PlanRequest) -> Plan:
                                                                   req.scheduler_port))
     ]
     for rank in range(servers):
-        host = hosts[rank % len(hosts)]
+        host = server_hosts[rank % len(server_hosts)]
         procs.append(ProcSpec(Role.SERVER, rank, host, node_argv, _node_env(req, Role.SERVER, host, rank, 0)))
     nodes, worker_places = places([h.name for h in worker_hosts])
     for host, place in zip(worker_hosts, worker_places, strict=True):
@@ -441,7 +461,7 @@ def make_plan(req: PlanRequest) -> Plan:
             f"fails on local ranks {per} and up; use cuda:0 there, or leave --gpus-per-worker out")
     return Plan(
         job_id=req.job_id,
-        hosts=hosts,
+        hosts=(*hosts, *req.server_hosts),
         procs=tuple(procs),
         scheduler_address=f"{sched.address}:{req.scheduler_port}",
         num_workers=workers,
@@ -458,8 +478,8 @@ def make_plan(req: PlanRequest) -> Plan:
 
 
 def scheduler_host(req: PlanRequest) -> Host:
-    """The host running the scheduler: ``--scheduler``, else the first host."""
-    return _find_host(req.hosts, req.scheduler_host) if req.scheduler_host else req.hosts[0]
+    """The host running the scheduler: ``--scheduler`` (any host, server hosts too), else the first host."""
+    return _find_host((*req.hosts, *req.server_hosts), req.scheduler_host) if req.scheduler_host else req.hosts[0]
 
 
 def _base_env(req: PlanRequest) -> dict[str, str]:

@@ -36,6 +36,11 @@ variable                           meaning (default)
                                    error naming the server (``3``)
 ``PSNODE_BIG_ARRAY_BOUND``         arrays with more elements are sliced over all servers
                                    (``1000000``)
+``PSNODE_SLICE_BYTES``             ``0``: a sliced array has one part per server; N: dense arrays
+                                   of more than N bytes go in parts of at most N bytes (their
+                                   count a multiple of the servers), dealt round-robin over the
+                                   servers, and a worker keeps at most two parts unanswered per
+                                   remote server, so that pushpulls of one array pipeline (``0``)
 ``PSNODE_DISTRIBUTION``            ``data``, ``param`` or ``hybrid`` (``hybrid``)
 ``PSNODE_KEY_FILE``                the job's secret file (mode 0600; :mod:`psnode.net.security`);
                                    unset: insecure
@@ -209,6 +214,7 @@ class NodeConfig:
     retry_timeout: float = 2.0
     max_retries: int = 3
     big_array_bound: int = 1_000_000
+    slice_bytes: int = 0
     distribution: Distribution = Distribution.HYBRID
     key_file: str | None = None
     max_message_bytes: int = 4 * 2**30
@@ -309,6 +315,7 @@ class NodeConfig:
             retry_timeout=_float(env, "RETRY_TIMEOUT", d("retry_timeout")),
             max_retries=_int(env, "MAX_RETRIES", d("max_retries"), 0) or 0,
             big_array_bound=_int(env, "BIG_ARRAY_BOUND", d("big_array_bound"), 1) or 1,
+            slice_bytes=_int(env, "SLICE_BYTES", d("slice_bytes"), 0) or 0,
             distribution=_enum(env, "DISTRIBUTION", Distribution, d("distribution")),  # type: ignore[arg-type]
             key_file=env.get(_PREFIX + "KEY_FILE") or None,
             max_message_bytes=_int(env, "MAX_MESSAGE_BYTES", d("max_message_bytes"), 1024) or 1024,

@@ -46,7 +46,7 @@ from psnode.samehost.staging import Staging
 from psnode.worker.futures import ControlRequest, Future
 from psnode.worker.ioloop import IoLoop
 from psnode.worker.state import EngineState
-from psnode.worker.tracker import Request, Tracker
+from psnode.worker.tracker import SLICE_WINDOW, Request, Tracker
 
 BATCH_PAYLOAD = 2 * 2**20      # a batch leaves once it holds this much data (the server starts
                                # on it while later parts are being copied)
@@ -58,8 +58,11 @@ class Engine:
     def __init__(self, cfg: NodeConfig) -> None:
         self.cfg = cfg
         self.num_servers = cfg.num_servers
+        # sliced arrays: a few slices unanswered per remote server, so that no worker's parts run
+        # ahead of the others' on a server (a part's answer waits for every worker's push)
         self.tracker = Tracker(cfg.num_servers, cfg.retry_timeout, cfg.max_retries, address=self._address,
-                               first_id=1 + secrets.randbits(60))
+                               first_id=1 + secrets.randbits(60), far_window=SLICE_WINDOW * cfg.slice_bytes,
+                               near=self.same_host)
         self.state = EngineState(self.tracker)
         self.failed = False
         self.blocked: Future | None = None     # what the user's thread waits for (Engine.wait)

@@ -55,6 +55,7 @@ from psnode.worker.tracker import ASK_AFTER, Batches, settle
 log = logging.getLogger("psnode.worker")
 
 BATCH_BYTES = 512 * 2**10      # fuse small requests up to this size per message
+ALONE_BYTES = 64 * 2**10       # a request with this much data goes in a message of its own
 BATCH_OPS = 512
 TCP_ONLY = (Init, SetOptimizer, GetStates, LoadStates)   # rare, answers of any size
 LINK_TURN = 0.25               # the I/O thread's longest sleep while links exist
@@ -389,13 +390,19 @@ class IoLoop:
                 self.state.wake()
 
     def send_tcp(self, server: int, ops: list[Op]) -> None:
-        """Send ``ops`` to ``server`` over TCP, fused into messages of at most BATCH_BYTES."""
+        """Send ``ops`` to ``server`` over TCP, small ones fused into messages of about
+        BATCH_BYTES; one of ALONE_BYTES or more alone (the server handles each message once it is
+        whole: a big request fused with the next would wait for it)."""
         if ops:
             ch = self.servers[server]
             start, size = 0, 0
             for i, op in enumerate(ops):
-                size += _nbytes(op)
-                if size >= BATCH_BYTES or i + 1 - start >= BATCH_OPS:
+                n = _nbytes(op)
+                if n >= ALONE_BYTES and i > start:   # what came before it leaves first
+                    ch.send(Command.DATA, ops=ops[start:i])
+                    start, size = i, 0
+                size += n
+                if size >= BATCH_BYTES or n >= ALONE_BYTES or i + 1 - start >= BATCH_OPS:
                     ch.send(Command.DATA, ops=ops[start:i + 1])
                     start, size = i + 1, 0
             if start < len(ops):

@@ -198,7 +198,7 @@ class KVStore:
         self._cfg = cfg
         self.distribution = cfg.distribution.value if cfg else Distribution.HYBRID.value
         bound = None if cfg is None or cfg.distribution is Distribution.DATA else cfg.big_array_bound
-        self._placer = Placer(max(1, engine.num_servers), bound)
+        self._placer = Placer(max(1, engine.num_servers), bound, cfg.slice_bytes if cfg else 0)
         self._keys: dict[Any, KeyInfo] = {}
         self._optimizer: opt_mod.Optimizer | None = None
         self._resumed = False      # a restarted worker continues its predecessor's push counts

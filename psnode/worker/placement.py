@@ -10,6 +10,10 @@ Contract:
   ``i`` on server ``i``.  Dense keys are split over the flattened array (equal element counts);
   row_sparse keys by ranges of rows, so a row lives on exactly one server.  A pulled big array is
   reassembled straight into the caller's ``out``.
+* With ``slice_bytes`` > 0, a dense key of more than ``slice_bytes`` bytes is split too (below
+  ``bound``), into ``m * num_servers`` parts of at most ``slice_bytes`` each (the least such
+  ``m``), part ``i`` on server ``i % num_servers``: the parts of one array complete one after
+  another, so answers flow back while later parts are pushed.
 * ``bound=None`` (the ``data`` distribution) never splits.
 """
 from __future__ import annotations
@@ -55,6 +59,7 @@ class Placer:
 
     num_servers: int
     bound: int | None = 1_000_000
+    slice_bytes: int = 0
     load: list[int] = field(default_factory=list)
     placed: dict[int | str, Placement] = field(default_factory=dict)
 
@@ -72,16 +77,21 @@ class Placer:
         for d in shape:
             size *= d
         rows = shape[0] if shape else 1
-        big = self.bound is not None and size > self.bound and self.num_servers > 1
+        sliced = self.slice_bytes > 0 and not by_rows and size * itemsize > self.slice_bytes
+        big = self.bound is not None and (size > self.bound or sliced) and self.num_servers > 1
         if big and by_rows and rows < self.num_servers:
             big = False
         if big:
             n = rows if by_rows else size
             row_elems = size // rows if by_rows and rows else 1
+            count = self.num_servers
+            if self.slice_bytes > 0 and not by_rows:
+                per = self.num_servers * self.slice_bytes
+                count *= max(1, -(-size * itemsize // per))
             parts = []
-            for i, (lo, hi) in enumerate(split_ranges(n, self.num_servers)):
-                parts.append(Part(server=i, index=i, lo=lo, hi=hi))
-                self.load[i] += (hi - lo) * row_elems * itemsize
+            for i, (lo, hi) in enumerate(split_ranges(n, count)):
+                parts.append(Part(server=i % self.num_servers, index=i, lo=lo, hi=hi))
+                self.load[i % self.num_servers] += (hi - lo) * row_elems * itemsize
         else:
             server = min(range(self.num_servers), key=lambda s: (self.load[s], s))
             self.load[server] += size * itemsize

@@ -8,7 +8,9 @@ request fails, and resolves futures:
   random point, so its ids never meet those of a predecessor of its rank, whose answers may
   still reach it: they are ignored); queued requests leave in priority order (higher
   first, then submission order) within a window of bytes in flight per server
-  (``window_bytes``: pulls wait; pushes never do, so nothing deadlocks); a push of a key part
+  (``window_bytes``: pulls wait; pushes never do, so nothing deadlocks; ``far_window`` bytes,
+  when set, for servers not ``near``: sliced arrays keep workers in step on a server, whose
+  answer to a part waits for every worker's push of it); a push of a key part
   waits while a pull of that key part is unanswered (a same-host worker may read the value in
   place until its next push: psnode.samehost.link);
 * **pending**: a request that expects an answer is kept whole until answered, so it can be sent
@@ -63,6 +65,7 @@ from psnode.protocol.control import WaitReport
 from psnode.worker.journal import PushJournal
 
 WINDOW_BYTES = 64 * 2**20      # bytes of answers in flight per server before pulls wait
+SLICE_WINDOW = 2               # with PSNODE_SLICE_BYTES: the window is this many slices
 SLOW_NOTICE = 30.0             # seconds a parked request waits before the worker says for whom
 ASK_AFTER = 0.2                # seconds a pull waits before the worker asks its server for whom
 
@@ -134,10 +137,13 @@ class Tracker:
     """Requests of one worker to its servers (see the module docstring)."""
 
     def __init__(self, num_servers: int, retry_timeout: float, max_retries: int,
-                 window_bytes: int = WINDOW_BYTES, address: Callable[[int], str] = str, first_id: int = 1) -> None:
+                 window_bytes: int = WINDOW_BYTES, address: Callable[[int], str] = str, first_id: int = 1,
+                 far_window: int = 0, near: Callable[[int], bool] = lambda server: False) -> None:
         self.retry_timeout = retry_timeout
         self.max_retries = max_retries
         self.window_bytes = window_bytes
+        self.far_window = far_window         # 0: window_bytes for every server
+        self.near = near                     # server -> reached over this host's link
         self.address = address               # server -> "host:port", for messages
         self.journal = PushJournal()
         self.pending: dict[int, Pending] = {}
@@ -168,6 +174,9 @@ class Tracker:
     def queued(self) -> bool:
         return bool(self._queue)
 
+    def _window(self, server: int) -> int:
+        return self.far_window if self.far_window and not self.near(server) else self.window_bytes
+
     def add_now(self, req: Request, now: float) -> Batches:
         """``add`` then ``take(now)`` (any server), in one step: what :meth:`take` would
         return after :meth:`add`."""
@@ -177,7 +186,7 @@ class Tracker:
         req.op.id = next(self._ids)
         req.order = next(self._order)
         s = req.server
-        if (req.nbytes and self.inflight[s] > 0 and self.inflight[s] + req.nbytes > self.window_bytes) or \
+        if (req.nbytes and self.inflight[s] > 0 and self.inflight[s] + req.nbytes > self._window(s)) or \
                 (self.reading and isinstance(req.op, (Push, PushPull)) and self._behind_a_pull(req)):
             heapq.heappush(self._queue, (-req.priority, req.order, req))
             return {}
@@ -196,7 +205,7 @@ class Tracker:
             if only is not None and s not in only:
                 held.append(item)
                 continue
-            if req.nbytes and self.inflight[s] > 0 and self.inflight[s] + req.nbytes > self.window_bytes:
+            if req.nbytes and self.inflight[s] > 0 and self.inflight[s] + req.nbytes > self._window(s):
                 held.append(item)
                 continue
             if isinstance(req.op, (Push, PushPull)) and self._behind_a_pull(req):
@@ -484,5 +493,5 @@ def settle(outcomes: list[tuple[Any, Any]]) -> None:
             fut.set(outcome)
 
 
-__all__ = ["ASK_AFTER", "QUIET", "WINDOW_BYTES", "Batches", "Pending", "Request", "Tracker", "about", "describe",
-           "settle"]
+__all__ = ["ASK_AFTER", "QUIET", "SLICE_WINDOW", "WINDOW_BYTES", "Batches", "Pending", "Request", "Tracker", "about",
+           "describe", "settle"]

@@ -2,6 +2,10 @@
 the same meaning as on the 'local' store (tests/unit/test_forms.py), exact values."""
 from __future__ import annotations
 
+import textwrap
+
+import pytest
+
 from tests.cluster.harness import run_job
 from tests.cluster.test_kvstore_cluster import PRELUDE, ok
 
@@ -44,6 +48,40 @@ check(two[1][:2], want[:2], "one row id array per output")
 kv.close()
 print("OK")
 """
+
+
+SLICED = textwrap.dedent('''
+    import numpy as np, psnode
+    kv = psnode.kv.create("dist_sync")
+    init = np.arange(2500, dtype=np.float32).reshape(50, 50)
+    kv.init("w", init)
+    out = np.empty((50, 50), np.float32)
+    kv.pull("w", out=out)
+    assert (out == init).all(), out
+    parts = kv._placer.placed["w"].parts
+    assert len(parts) == 40 and [p.server for p in parts] == [0, 1] * 20, parts   # 10000 bytes, 256 each
+    for step in range(3):
+        g = np.full((50, 50), kv.rank + 1 + step, np.float32) * np.arange(2500, dtype=np.float32).reshape(50, 50)
+        if step == 1:
+            kv.pushpull("w", g, out=out)
+        else:
+            kv.push("w", g)
+            kv.pull("w", out=out)
+        want = (1.5 + step) * np.arange(2500, dtype=np.float32).reshape(50, 50)
+        assert (out == want).all(), (step, out[:2, :4])
+    print("SLICED OK", len(parts), flush=True)
+    kv.close()
+''')
+
+
+@pytest.mark.parametrize("shm", ["0", "1"])
+def test_sliced_big_keys_in_a_job(shm: str) -> None:
+    """PSNODE_SLICE_BYTES: a big key in many parts dealt round-robin over the servers; push, pull
+    and pushpull give the exact mean, init values arrive whole; over TCP (where a worker keeps
+    two slices unanswered per server) and the same-host link."""
+    job = run_job(SLICED, 2, 2, env={"PSNODE_BIG_ARRAY_BOUND": "100", "PSNODE_SLICE_BYTES": "256", "PSNODE_SHM": shm})
+    ok(job)
+    assert all("SLICED OK 40" in w.out for w in job.workers), job.describe()
 
 
 def test_mxnet_calling_forms_in_a_job() -> None:

@@ -9,6 +9,7 @@ every process that was in them is dead.  No speed is asserted here (netbench mea
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -196,3 +197,33 @@ def test_bad_options_are_refused_before_any_namespace() -> None:
                           (["--cases", "1x4GiB"], "unknown case(s) ['1x4GiB']")):
         r = subprocess.run([*NETBENCH, *args], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and message in r.stderr, (args, r.stderr)
+
+
+CLUSTERBENCH = [sys.executable, str(ROOT / "benchmarks" / "clusterbench.py")]
+
+
+def test_clusterbench_quick_run_every_design_and_leaves_nothing() -> None:
+    """benchmarks/clusterbench.py --quick: nine namespaces, each design's check round exact
+    (psnode dedicated and co-located, gloo, the raw TCP mesh), every host's link metered, then
+    no namespace and no process of the run left."""
+    p = subprocess.Popen([*CLUSTERBENCH, "--quick", "--timeout", "120"], cwd=ROOT, env=env(), text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    tag = f"{netns.PREFIX}-{p.pid}"
+    try:
+        out, _ = p.communicate(timeout=400)
+        assert p.returncode == 0, out[-3000:]
+        assert "rate 200Mbit" in out and "9 hosts" in out, out[-3000:]
+        for design in ("psnode-dedicated", "psnode-colocated", "gloo", "tcp-mesh"):
+            line = next((ln for ln in out.splitlines() if ln.startswith(f"1x1MiB   {design} ")), None)
+            assert line is not None, out[-3000:]
+            # the busiest worker host's link carried at least 3/4 of the 1 MiB gradient each way
+            up, down = (float(x) for x in re.search(r"(\d+\.\d),(\d+\.\d)", line).groups())  # type: ignore[union-attr]
+            assert up >= 0.7 and down >= 0.7, line
+        assert f"testbed {tag} removed" in out
+        assert not [ns for ns in netns.namespaces() if ns.startswith(tag + "-")]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+        for ns in [n for n in netns.namespaces() if n.startswith(tag + "-")]:
+            netns.remove_namespace(ns)

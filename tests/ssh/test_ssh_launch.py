@@ -493,3 +493,47 @@ def test_sync_destination_is_the_working_directory(ssh_cluster, home, tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"[worker 0 @ node1] CWD {src}" in res.stdout, res.stdout
     assert_nothing_left(home)
+
+
+SERVERS_AT = textwrap.dedent("""
+    import numpy as np, psnode.kv
+    kv = psnode.kv.create('dist_sync')
+    kv.init('w', np.zeros(3_000_000, np.float32))     # above the bound: sliced over both servers
+    out = np.empty(3_000_000, np.float32)
+    kv.pushpull('w', np.full(3_000_000, kv.rank + 1, np.float32), out=out)
+    assert (out == 1.5).all(), out[:4]
+    print("servers at", " ".join(kv._engine._address(s) for s in range(kv.num_servers)), flush=True)
+    kv.close()
+""")
+
+
+def test_server_hosts_run_the_servers_and_nothing_else(ssh_cluster, home, tmp_path):
+    """--server-hosts: the servers run on those hosts (the workers reach them there), the
+    workers and the scheduler on -H's; the dry run shows the same placement."""
+    train = script(tmp_path, "servers_at.py", SERVERS_AT)
+    args = ["launch", "-H", "node1,node2", "--server-hosts", "node3", "-s", "2", train]
+    dry = run_cli([*args[:1], "--dry-run", *args[1:]], ssh_cluster.env(home))
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    rows = [line.split("│")[1:4] for line in dry.stdout.splitlines() if line.startswith("│")]
+    assert [[c.strip() for c in r] for r in rows] == [
+        ["node1", "scheduler", ""], ["node3", "server", "0"], ["node3", "server", "1"],
+        ["node1", "worker", "0"], ["node2", "worker", "1"]], dry.stdout
+    res = run_cli(args, ssh_cluster.env(home), timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rec = latest(home)
+    assert rec["state"] == "succeeded"
+    where = {p["name"]: p["address"] for p in rec["procs"]}
+    assert where == {"scheduler": "127.0.0.2", "server-0": "127.0.0.4", "server-1": "127.0.0.4",
+                     "worker-0": "127.0.0.2", "worker-1": "127.0.0.3"}, where
+    for rank, host in ((0, "node1"), (1, "node2")):
+        line = next(line for line in res.stdout.splitlines() if f"[worker {rank} @ {host}] servers at" in line)
+        addresses = line.split("servers at ", 1)[1].split()
+        assert len(addresses) == 2 and all("127.0.0.4:" in a for a in addresses), line
+    assert_nothing_left(home)
+
+
+def test_server_hosts_refused_with_a_workers_host(ssh_cluster, home, tmp_path):
+    res = run_cli(["launch", "-H", "node1,node2", "--server-hosts", "node2", "--dry-run", "python", "-c", "pass"],
+                  ssh_cluster.env(home))
+    assert res.returncode != 0
+    assert "--server-hosts node2: also among the workers' hosts (-H)" in res.stdout + res.stderr

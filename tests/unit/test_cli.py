@@ -66,6 +66,24 @@ def test_ssh_dry_run_resolves_hosts_without_connecting(home, ssh_config):
     assert "server" not in result.output.split("environment")[0]
 
 
+def test_server_hosts_file_resolved_and_user_errors(home, ssh_config, tmp_path):
+    """--server-hosts FILE: resolved through the ssh config like -H; its user errors name it."""
+    servers = tmp_path / "servers.hosts"
+    servers.write_text("n1\n")
+    result = invoke("launch", "--dry-run", "-H", "n2,n3", "--server-hosts", str(servers), "train.py")
+    assert result.exit_code == 0, result.output
+    assert "PSNODE_ROLE=server PSNODE_HOST=10.1.0.1" in result.output       # n1's HostName
+    assert "PSNODE_SLICE_BYTES=262144" in result.output
+    for args, message in (
+            (["-H", "n2", "--server-hosts", str(tmp_path / "none.hosts")], "none.hosts: no such hosts file"),
+            (["-H", "n2", "--server-hosts", "n1,$(id)"], "--server-hosts item 2: host '$(id)' is not a valid"),
+            (["--server-hosts", "n1"], "--server-hosts names SSH hosts for the servers: give the workers' hosts"),
+            (["-H", "n2", "--server-hosts", "n1", "--max-workers", "3"], "--server-hosts is for a job of fixed size"),
+            (["-H", "n2", "--slice-bytes", "-1"], "--slice-bytes -1: must be 0")):
+        result = invoke("launch", "--dry-run", *args, "train.py")
+        assert result.exit_code == 2 and message in " ".join(result.output.split()), (args, result.output)
+
+
 def test_hosts_file_errors_name_file_and_line(home, tmp_path):
     hosts = tmp_path / "cluster.hosts"
     hosts.write_text("node1\nnode2 slots=two\n")

@@ -116,6 +116,18 @@ def test_placement_balances_bytes_and_splits_big_keys() -> None:
     assert not Placer(3, bound=None).place("big", (10**7,), 4).split
 
 
+def test_slice_bytes_deals_parts_of_a_big_key_round_robin() -> None:
+    p = Placer(3, bound=1000, slice_bytes=4000)   # parts of at most 1000 float32
+    big = p.place("big", (5000,), 4)              # 6 parts (the least multiple of 3 with <= 1000 each)
+    assert [(x.server, x.index, x.lo, x.hi) for x in big.parts] == [
+        (0, 0, 0, 834), (1, 1, 834, 1668), (2, 2, 1668, 2501), (0, 3, 2501, 3334), (1, 4, 3334, 4167),
+        (2, 5, 4167, 5000)]
+    assert p.load == [1667 * 4, 1667 * 4, 1666 * 4]
+    assert len(p.place("fits", (2400,), 4).parts) == 3          # 800 each: one part per server
+    assert len(p.place("emb", (4000, 2), 4, by_rows=True).parts) == 3   # rows: one part per server
+    assert not p.place("small", (1000,), 4).split
+
+
 # ------------------------------------------------------------------ aggregation
 def _push(store: Store, w: int, key, seq: int, value, rows=None):
     rows = None if rows is None else np.asarray(rows, np.int64)

@@ -326,3 +326,33 @@ def test_cpu_policy_reaches_every_process():
         assert [NodeConfig.from_env(p.env).cpu_policy for p in plan.procs] == [want] * len(plan.procs)
         assert {p.env["PSNODE_CPU_POLICY"] for p in plan.procs} == {want.value}
 
+
+
+SERVER_HOSTS = [Host("s1", address="10.0.1.1"), Host("s2", address="10.0.1.2")]
+
+
+def test_server_hosts_run_only_the_servers():
+    """--server-hosts: one server per server host by default, workers only on -H's hosts."""
+    plan = make_plan(request(server_hosts=SERVER_HOSTS))
+    assert plan.num_servers == 2 and plan.num_workers == 4
+    assert [(p.name, p.host.name) for p in plan.procs] == [
+        ("scheduler", "a"), ("server-0", "s1"), ("server-1", "s2"),
+        ("worker-0", "a"), ("worker-1", "a"), ("worker-2", "b"), ("worker-3", "c")]
+    assert [h.name for h in plan.hosts] == ["a", "b", "c", "s1", "s2"]
+    assert [NodeConfig.from_env(p.env).host for p in plan.of_role(Role.SERVER)] == ["10.0.1.1", "10.0.1.2"]
+    assert {NodeConfig.from_env(p.env).slice_bytes for p in plan.procs} == {256 * 1024}   # big arrays sliced
+    assert {p.env["PSNODE_SLICE_BYTES"] for p in make_plan(request(server_hosts=SERVER_HOSTS, slice_bytes=2**20)).procs
+            } == {"1048576"}
+    assert {p.env["PSNODE_SLICE_BYTES"] for p in make_plan(request()).procs} == {"0"}   # shared hosts: per server
+    more = make_plan(request(server_hosts=SERVER_HOSTS, num_servers=3, scheduler_host="s2"))
+    assert [p.host.name for p in more.of_role(Role.SERVER)] == ["s1", "s2", "s1"]
+    assert more.procs[0].host.name == "s2" and more.scheduler_address == "10.0.1.2:9000"
+
+
+def test_server_hosts_refuses_a_workers_host_and_no_servers():
+    with pytest.raises(PlanError, match=r"--server-hosts b: also among the workers' hosts \(-H\)"):
+        make_plan(request(server_hosts=[Host("b", address="10.0.0.2")]))
+    with pytest.raises(PlanError, match=r"--slice-bytes -1: must be 0 \(one part per server\) or more"):
+        make_plan(request(slice_bytes=-1))
+    with pytest.raises(PlanError, match=r"-s 0 with --server-hosts: the server hosts need at least one server"):
+        make_plan(request(server_hosts=SERVER_HOSTS, num_servers=0))

@@ -54,6 +54,21 @@ def test_queued_requests_leave_by_priority_within_the_window() -> None:
     assert futs["b"].result.id == ids[0] and futs["a"].result is None
 
 
+def test_far_window_holds_remote_pushpulls_only() -> None:
+    """far_window (sliced arrays): two 256-byte slices unanswered per remote server; a near
+    server keeps window_bytes."""
+    t = _tracker(far_window=512, near=lambda s: s == 1)
+    for server in (0, 1):
+        for i in range(4):
+            t.add(Request(server, PushPull("w", 2 * i + server, 1, np.ones(64, F)), 256, Fut()))
+    sent = t.take(0.0)
+    assert [op.part for op in sent[0]] == [0, 2] and [op.part for op in sent[1]] == [1, 3, 5, 7]
+    assert t.inflight == [512, 1024] and t.queued
+    t.answered(0, Ok(sent[0][0].id, [np.ones(64, F)]), 0.1)
+    assert [op.part for op in t.take(0.2)[0]] == [4]
+    _settle(t)
+
+
 def test_unanswered_requests_are_resent_then_fail_naming_the_server() -> None:
     t = _tracker()
     fut = Fut()
