@@ -307,7 +307,8 @@ _USAGE_ERROR = re.compile(r"^[\w.-]+: error: \S.*$")   # argparse's "PROG: error
 
 def last_exception(log: str, size: int = 16384) -> str | None:
     """``Type: message`` of the last Python traceback at the end of ``log``; without one, an
-    argparse error among its last lines (``train.py: error: unrecognized arguments: --x``); or None."""
+    argparse error among its last lines (``train.py: error: unrecognized arguments: --x`` after
+    its ``usage:`` lines; another program's ``srun: error: ...`` is no usage error); or None."""
     try:
         with open(_expand(log), "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -316,10 +317,11 @@ def last_exception(log: str, size: int = 16384) -> str | None:
     except OSError:
         return None
     starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
-    if not starts:
-        tail = [line.rstrip() for line in lines if line.strip()][-3:]
-        usage = [line for line in tail if _USAGE_ERROR.match(line)]
-        return usage[-1][:500] if usage else None
+    if not starts:   # argparse prints "usage: ..." (maybe over several lines), then "PROG: error: ..."
+        tail = [line.rstrip() for line in lines if line.strip()][-12:]
+        usage = [i for i, line in enumerate(tail) if _USAGE_ERROR.match(line)
+                 and any(earlier.startswith("usage: ") for earlier in tail[:i])]
+        return tail[usage[-1]][:500] if usage else None
     found = None
     for line in lines[starts[-1] + 1:]:
         if line and not line[0].isspace():
