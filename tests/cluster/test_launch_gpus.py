@@ -60,8 +60,7 @@ SEED = textwrap.dedent("""
     print("SEED rank", dist.get_rank(), "local_rank", args.local_rank, "LOCAL_RANK", os.environ["LOCAL_RANK"],
           "grad", model.weight.grad.item(), flush=True)
     dist.barrier()
-    sys.stdout.flush()
-    os._exit(0)   # (no gloo teardown: torch 2.13 can abort in it, see examples/ddp_gloo.py)
+    os._exit(0)   # (printed with flush=True; no gloo teardown: torch 2.13 can abort in it, see examples/ddp_gloo.py)
 """)
 
 
