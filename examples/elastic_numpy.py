@@ -108,7 +108,11 @@ def main() -> None:
         idx = sampler.indices()
         take = idx[np.arange(batch * args.batch_size, (batch + 1) * args.batch_size) % len(idx)]
         grad = x[take].T @ (x[take] @ w - y[take]) / len(take)
-        kv.push("w", grad.astype(np.float32))
+        try:
+            kv.push("w", grad.astype(np.float32))
+        except psnode.errors.Leave:   # asked to leave after the check above: the push left
+            print(f"worker {kv.rank}: leaves at step {state.step}", flush=True)
+            raise
         kv.pull("w", out=w)
         state.step += 1
         state.commit()
