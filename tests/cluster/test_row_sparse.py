@@ -88,14 +88,15 @@ ids = np.arange(r, N, 100)[:2000]                           # 1% of rows
 kv.push('emb', row_sparse_array((np.ones((len(ids), D), np.float32), ids), shape=(N, D)))
 kv.row_sparse_pull('emb', row_ids=ids)
 after = sent()
-print("BYTES", json.dumps([after - before, len(ids) * (D * 4 + 8 + 8), N * D * 4]))  # rows + ids pushed, ids pulled
+print("BYTES", json.dumps([after - before, len(ids) * (D * 4 + 8 + 8), N * D * 4, eng.retries]))  # rows + ids pushed, ids pulled
 kv.close()
-""", 2, 2)
+""", 2, 2, env={"PSNODE_RETRY_TIMEOUT": "60"})
     ok(job)
     import json
 
     for w in job.workers:
         line = next(x for x in w.out.splitlines() if x.startswith("BYTES"))
-        sent, touched, table = json.loads(line[6:])
+        sent, touched, table, retries = json.loads(line[6:])
+        assert retries == 0        # a resend (an answer later than the retry timeout) sends its bytes again
         assert touched <= sent < touched + 8192, (sent, touched)   # rows + ids + small headers
         assert sent * 50 < table
