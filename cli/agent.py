@@ -239,12 +239,39 @@ def private_dirs(path: str) -> str:
 _HOST_PATHS = ("TORCHELASTIC_ERROR_FILE",)
 
 
+def exit_guard_dir() -> str | None:
+    """This host's ``psnode/exitguard`` (the directory of psnode's ``sitecustomize``, which ends
+    ``torch.distributed`` before the interpreter does), found without importing psnode; None
+    when this Python has no psnode."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("psnode")
+    except (ImportError, ValueError):
+        return None
+    for where in (spec.submodule_search_locations or []) if spec else []:
+        guard = os.path.join(where, "exitguard")
+        if os.path.isfile(os.path.join(guard, "sitecustomize.py")):
+            return guard
+    return None
+
+
+def with_exit_guard(env: dict, guard: str | None) -> dict:
+    """``env`` with ``guard`` first on its ``PYTHONPATH`` (unless ``MXDIST_EXIT_GUARD=0``)."""
+    if guard is None or env.get("MXDIST_EXIT_GUARD") == "0":
+        return env
+    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != guard]
+    return {**env, "PYTHONPATH": os.pathsep.join([guard, *rest])}
+
+
 def spawn(workdir: str, run_dir: str, python: str, procs: list[dict]) -> list[dict]:
     """Start each ``{"name", "argv", "env", "failure", "error_file"}`` under a reaper
     (``failure``: where it writes its failure record, ``error_file``: its torch elastic error
-    file; stale ones are removed); return ``{"name", "pid", "log", "rc"}``."""
+    file; stale ones are removed); return ``{"name", "pid", "log", "rc"}``.  Every process gets
+    psnode's exit guard first on its ``PYTHONPATH`` (:func:`exit_guard_dir`)."""
     run_dir = private_dirs(run_dir)
     workdir = _expand(workdir)
+    guard = exit_guard_dir()
     started = []
     for spec in procs:
         log = os.path.join(run_dir, spec["name"] + ".log")
@@ -258,6 +285,7 @@ def spawn(workdir: str, run_dir: str, python: str, procs: list[dict]) -> list[di
         for name in _HOST_PATHS:
             if env.get(name, "").startswith("~"):
                 env[name] = _expand(env[name])
+        env = with_exit_guard(env, guard)
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         with os.fdopen(fd, "ab") as out, open(os.devnull, "rb") as devnull:
             proc = subprocess.Popen(
