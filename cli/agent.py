@@ -267,7 +267,8 @@ def with_exit_guard(env: dict, guard: str | None) -> dict:
 def spawn(workdir: str, run_dir: str, python: str, procs: list[dict]) -> list[dict]:
     """Start each ``{"name", "argv", "env", "failure", "error_file"}`` under a reaper
     (``failure``: where it writes its failure record, ``error_file``: its torch elastic error
-    file; stale ones are removed); return ``{"name", "pid", "log", "rc"}``.  Every process gets
+    file; stale ones are removed); return ``{"name", "pid", "log", "rc", "offset"}`` (``offset``:
+    the log's size before the process started, where its output begins).  Every process gets
     psnode's exit guard first on its ``PYTHONPATH`` (:func:`exit_guard_dir`)."""
     run_dir = private_dirs(run_dir)
     workdir = _expand(workdir)
@@ -287,13 +288,14 @@ def spawn(workdir: str, run_dir: str, python: str, procs: list[dict]) -> list[di
                 env[name] = _expand(env[name])
         env = with_exit_guard(env, guard)
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        offset = os.fstat(fd).st_size
         with os.fdopen(fd, "ab") as out, open(os.devnull, "rb") as devnull:
             proc = subprocess.Popen(
                 [python, "-c", REAPER, rc, "--", *spec["argv"]],
                 cwd=workdir, env=env, stdin=devnull, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True, close_fds=True,
             )
-        started.append({"name": spec["name"], "pid": proc.pid, "log": log, "rc": rc})
+        started.append({"name": spec["name"], "pid": proc.pid, "log": log, "rc": rc, "offset": offset})
     return started
 
 

@@ -69,12 +69,14 @@ class ExitStatus:
 
 @dataclass(frozen=True)
 class Started:
-    """A process a backend started: its pid (== pgid), log and rc file where it runs."""
+    """A process a backend started: its pid (== pgid), log and rc file where it runs, and where
+    its output begins in that log (``log_offset``: the log's size before it started)."""
 
     name: str
     pid: int
     run_log: str
     rc_file: str
+    log_offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -332,7 +334,7 @@ class LocalRunner:
         items = [{"name": p.name, "argv": self._argv(host, p), "env": dict(p.env), **run_files(run_dir, p.name)}
                  for p in procs]
         started = agent.spawn(self.workdir, run_dir, self.reaper_python, items)
-        return [Started(s["name"], s["pid"], s["log"], s["rc"]) for s in started]
+        return [Started(s["name"], s["pid"], s["log"], s["rc"], s.get("offset", 0)) for s in started]
 
     def follow(self, proc: ProcRecord, emit: Callable[[bytes], None], wait: bool = True,
                offset: int = 0) -> ExitStatus | None:

@@ -15,6 +15,9 @@ every change (docs/python-api.md, "Elastic membership").  The launcher's part:
   Workers already leaving do not count as live.
 * **Lost** (:func:`shortfall`): a worker that failed with no restart left is lost; the job goes
   on while at least ``M`` workers live, else it fails naming the reason.
+* **Moved** (:func:`new_home`): a worker to restart (``--max-restarts``) whose host does not
+  answer restarts with its rank in the first free slot of a host that answers, never on the
+  host that does not.
 * **Discovery** (:func:`parse_discovery`): a host discovery script prints one ``host[:slots]``
   per line (Horovod's contract; ``#`` comments and blank lines ignored; ``slots`` default 1);
   a line is a host entry as in a hosts file (:mod:`mxdist.hosts`: ``user@``, ``port=``,
@@ -23,7 +26,7 @@ every change (docs/python-api.md, "Elastic membership").  The launcher's part:
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from .hosts import Host, HostsError, parse_host_entry
@@ -152,6 +155,21 @@ def free_slots(hosts: Sequence[Host], live: Sequence[Live], count: int) -> list[
                            f"{count} free slot{'s' if count != 1 else ''}, the hosts have {len(out)} "
                            f"({total} slot{'s' if total != 1 else ''}, {len(live)} in use)")
     return out
+
+
+def new_home(rank: int, hosts: Sequence[Host], live: Sequence[Live], lost: Collection[str]) -> Joiner:
+    """Where worker ``rank``, whose host does not answer, restarts with its rank: the first free
+    slot (:func:`free_slots`, host order) of a host not in ``lost`` (labels), the ``live``
+    workers other than ``rank`` holding theirs; ElasticError saying why there is none."""
+    usable = [h for h in hosts if h.label not in lost]
+    try:
+        [(label, local)] = free_slots(usable, [w for w in live if w.rank != rank], 1)
+    except ElasticError:
+        gone = ", ".join(sorted(lost)) or "none"
+        raise ElasticError(f"no host that answers has a free slot for worker {rank} (hosts lost: {gone}; "
+                           f"give spare slots in the hosts file, e.g. a host with slots=1 that runs nothing "
+                           f"at launch)") from None
+    return Joiner(rank, label, local)
 
 
 def plan_scale(target: int, limits: Bounds, hosts: Sequence[Host], live: Sequence[Live]) -> ScaleChange:

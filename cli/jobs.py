@@ -197,6 +197,7 @@ class Change(str, Enum):
     JOINED = "joined"        # started by ``mxdist scale`` while the job ran
     LEFT = "left"            # left at a round boundary (``mxdist scale`` down), exit code 0
     LOST = "lost"            # failed with no restart left; the job went on without it
+    MOVED = "moved"          # restarted with its rank on ``host``: its own host did not answer
 
 
 @dataclass
@@ -375,6 +376,11 @@ class JobRecord:
         if self.elastic is not None and proc.rank in self.elastic.leaving:
             self.elastic.leaving.remove(proc.rank)
         self.changes.append(MemberChange(Change.LOST, proc.rank or 0, proc.host, when, why))
+
+    def moved(self, proc: ProcRecord, host: str, address: str, why: str, when: float) -> None:
+        """``proc`` restarts with its rank on ``host``: its own host did not answer (``why``)."""
+        proc.host, proc.address = host, address
+        self.changes.append(MemberChange(Change.MOVED, proc.rank or 0, host, when, why))
 
     def discovered(self, hosts: list[dict[str, Any]]) -> None:
         """The host discovery script's hosts, as they are now."""

@@ -77,7 +77,7 @@ from .backends import (
     run_per_host,
 )
 from .discovery import DiscoveryError, Poller
-from .elastic import ElasticError, Joiner, Live, ScaleAnswer, discovery_changes, plan_scale
+from .elastic import ElasticError, Joiner, Live, ScaleAnswer, discovery_changes, new_home, plan_scale
 from .hosts import Host
 from .jobs import Change, Elastic, JobEnd, JobRecord, JobState, ProcRecord, ProcState
 from .lifecycle import QUICK, SCHEDULER_RESTARTS, Action, Failure, Supervision
@@ -96,6 +96,7 @@ STATUS_TIMEOUT = 0.5     # asking the scheduler whether psnode started, when the
 TIMELINE_LIMIT = 512 << 20   # bytes of --timeline events read from one host
 TIMELINE_FETCH = 120.0       # seconds a host is given to send its --timeline events
 SLOW_POLL = 2.0          # seconds between the supervisor's questions to the scheduler about slow workers
+REACH_TIMEOUT = 10.0     # seconds a host is given to answer before a process that vanished there restarts
 
 
 @dataclass
@@ -148,6 +149,7 @@ class Supervisor:
         self._discovery_outcomes: queue.SimpleQueue[list[Host] | DiscoveryError] = queue.SimpleQueue()
         self._discovery_problem: str | None = None
         self._why_lost: dict[str, str] = {}
+        self._lost_hosts: dict[str, float] = {}   # hosts that did not answer (label -> when): never used again
         self._slowest: str | None = None     # the closing line's words on the slowest worker (_ask_slowness)
         self._ended = threading.Event()
         self._rules: Supervision | None = None
@@ -278,9 +280,13 @@ class Supervisor:
     def _follow(self, rec: ProcRecord, offset: int = 0) -> None:
         """A thread streams the output of the process just started (and copies a remote log
         here) from ``offset`` of its log, then reports its exit."""
-        self._since[rec.name] = (time.monotonic(), offset)
         host = self.hosts[rec.host]
         copy_log = rec.log != rec.run_log
+        try:   # where this run's output begins in the log the launcher reads (_failure)
+            here = os.path.getsize(rec.log) if copy_log else offset
+        except OSError:
+            here = 0
+        self._since[rec.name] = (time.monotonic(), here)
 
         def run() -> None:
             sink = None
@@ -613,11 +619,65 @@ class Supervisor:
         ui.warn(f"{rec.name} on {rec.host} {status.describe()}: restarting it with rank {rec.rank}{when} "
                 f"(restart {rec.restarts + 1} of {limit})")
 
+    def _answers(self, host: Host) -> bool:
+        """Does ``host`` answer (the backend's check, at most :data:`REACH_TIMEOUT` s)?  One that
+        does not is lost for the rest of the job: said once, never started on again."""
+        if host.label in self._lost_hosts:
+            return False
+        try:
+            self.backend.reachable(host, REACH_TIMEOUT)
+            return True
+        except Exception as exc:  # noqa: BLE001 - any failure to reach it is the same answer
+            self._lost_hosts[host.label] = time.time()
+            said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            ui.warn(f"host {host.label} does not answer ({said}): lost; nothing of the job starts there again")
+            return False
+
+    def _relocate(self, rec: ProcRecord, count: int) -> bool:
+        """Restart worker ``rec``, whose host does not answer, with its rank in a free slot of a
+        host that does (:func:`mxdist.elastic.new_home`); False when there is none or it failed."""
+        assert self._rules is not None
+        old = rec.host
+        try:
+            home = new_home(rec.rank or 0, self._slot_hosts(), self._live(self._rules), self._lost_hosts)
+        except ElasticError as exc:
+            ui.warn(f"cannot restart {rec.name}: {old} does not answer and {exc}")
+            return False
+        host = self.hosts[home.host]
+        planned = next(p for p in self.plan.procs if p.name == rec.name)
+        world = int(planned.env.get("WORLD_SIZE", self.plan.num_workers))
+        here = 1 + sum(1 for w in self._live(self._rules) if w.host == host.label and w.rank != rec.rank)
+        try:
+            key_file = None
+            if host.label not in {h.label for h in self.plan.busy_hosts}:
+                key_file = prepare_host(host, self.backend, self.record, self.settings.run_dir, self.settings.sync,
+                                        self.settings.check_modules, self.plan.base_env)
+            spec = restarted(joiner_spec(self.plan, rec.rank or 0, host, home.local_rank, world, here, key_file), count)
+            self.plan = with_worker(self.plan, spec, host)
+            started = self.backend.start(host, [spec], self.settings.run_dir)[0]
+        except Exception as exc:  # noqa: BLE001 - reported, then the failure counts as final
+            ui.warn(f"could not restart {rec.name} on {host.label} (its host {old} does not answer): {exc}")
+            return False
+        self.record.moved(rec, host.label, host.address, f"{old} did not answer", time.time())
+        rec.restarted(started.pid, started.run_log, started.rc_file)
+        ui.warn(f"{rec.name} restarts with rank {rec.rank} on {host.label} (local rank {home.local_rank}): "
+                f"its host {old} does not answer")
+        self._follow(rec, started.log_offset)   # (its log there may hold another run's output: a shared disk)
+        self._save()
+        return True
+
     def _restart(self, rec: ProcRecord) -> bool:
         """Start ``rec`` again (same host, rank, env + PSNODE_RESTART_COUNT); False if that failed.
         One that ended without an exit status (its reaper killed) may still run: its process
-        group is stopped first."""
+        group is stopped first.  When its host does not answer (:meth:`_answers`), a worker moves
+        (:meth:`_relocate`); a server or the scheduler cannot (their state lives there)."""
         count = rec.restarts + 1
+        if rec.state is ProcState.LOST and not self._answers(self.hosts[rec.host]):
+            if rec.role == Role.WORKER.value:
+                return self._relocate(rec, count)
+            ui.warn(f"cannot restart {rec.name}: its host {rec.host} does not answer, and a {rec.role} "
+                    f"restarts only on its own host")
+            return False
         if rec.state is ProcState.LOST and rec.pid:
             with contextlib.suppress(Exception):
                 self.backend.stop(self.hosts[rec.host], [rec], 0.0)
@@ -765,8 +825,11 @@ class Supervisor:
         elif rec.state is JobState.STOPPED:
             detail = rec.stopped_by or ""
         if rec.elastic is not None:
-            counts = ", ".join(f"{rec.count(c)} {c.value}" for c in Change)
+            counts = ", ".join(f"{rec.count(c)} {c.value}" for c in (Change.JOINED, Change.LEFT, Change.LOST))
             detail = f"{detail} ({counts})" if detail else f"workers: {counts}"
+        moves = [f"worker {c.rank} moved to {c.host} ({c.why})" for c in rec.changes if c.change is Change.MOVED]
+        if moves:
+            detail = f"{detail}; {', '.join(moves)}" if detail else ", ".join(moves)
         if self._slowest and rec.state is not JobState.STOPPED:
             detail = f"{detail}; {self._slowest}" if detail else self._slowest
         sched = next((p for p in rec.procs if p.role == Role.SCHEDULER.value), None)

@@ -508,7 +508,7 @@ class SshBackend:
                  for p in procs]
         started = self._agent(host, {"op": "spawn", "workdir": self.workdir, "run_dir": run_dir,
                                      "python": self.python, "procs": items})
-        return [Started(s["name"], s["pid"], s["log"], s["rc"]) for s in started]
+        return [Started(s["name"], s["pid"], s["log"], s["rc"], s.get("offset", 0)) for s in started]
 
     def follow(self, host: Host, proc: ProcRecord, emit: Callable[[bytes], None],
                wait: bool = True, offset: int = 0) -> ExitStatus | None:

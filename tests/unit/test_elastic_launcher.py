@@ -303,3 +303,19 @@ def test_status_of_an_ended_elastic_job_shows_its_workers_as_recorded(home):
     data = json.loads(invoke("status", rec.id, "--json").output)
     assert data["membership"] == {"min_workers": 2, "max_workers": 4, "target": 3, "generation": None,
                                   "members": None, "joined": 1, "left": 0, "lost": 0, "leaving": []}
+
+
+# ------------------------------------------------------------------ a lost host's worker (new_home)
+def test_a_lost_hosts_worker_takes_the_first_free_slot_of_a_host_that_answers() -> None:
+    from mxdist.elastic import Joiner, Live, new_home
+
+    hosts = [Host("a", slots=2), Host("b", slots=1), Host("c", slots=2)]
+    live = [Live(0, "a", 0), Live(1, "a", 1), Live(2, "b", 0), Live(3, "c", 1)]
+    # worker 2's host b is lost: a is full, so c's free local rank 0
+    assert new_home(2, hosts, live, {"b"}) == Joiner(2, "c", 0)
+    # worker 1's host a is lost: never a again, though its slot is free once 1 is gone
+    assert new_home(1, hosts, live, {"a"}) == Joiner(1, "c", 0)
+    # nothing free on the hosts that answer: the error names the lost hosts and the fix
+    with pytest.raises(ElasticError, match=r"no host that answers has a free slot for worker 3 \(hosts lost: c; "
+                                           r"give spare slots in the hosts file"):
+        new_home(3, hosts[:2] + [Host("c", slots=2)], live + [Live(4, "b", 1)], {"c"})
