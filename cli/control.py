@@ -140,6 +140,10 @@ def _recorded_row(p: ProcRecord) -> NodeRow:
 
 def _notes(record: JobRecord) -> list[str]:
     notes = list(record.notes)
+    for c in record.changes:
+        if c.change is Change.MOVED:
+            at = time.strftime("%H:%M:%S", time.localtime(c.when))
+            notes.append(f"worker {c.rank} moved to {c.host} at {at}: {c.why}")
     for host, why in record.unverified.items():
         notes.append(f"{host}: not verified: {why} (checked again by mxdist status / stop)")
     if record.version < jobs.RECORD_VERSION:

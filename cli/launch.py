@@ -722,6 +722,9 @@ class Supervisor:
             if cause is not None and note:
                 cause = replace(cause, headline=f"{cause.headline} ({note})")
         labels = [h.label for h in self.plan.busy_hosts] if self._writes.begun else []
+        for label, when in self._lost_hosts.items():   # never waited on again: its files stay there
+            report.unverified.setdefault(label, f"lost at {time.strftime('%H:%M:%S', time.localtime(when))} "
+                                                f"(it did not answer); the job's files there were not removed")
         failed_cleanup = teardown.cleanup_everywhere(self.backend, self.hosts, self.record.id,
                                                      self.settings.run_dir, labels, report.unverified)
         jobs.discard_key(self.record.id)

@@ -10,6 +10,7 @@ loopback has no link to cut).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -151,4 +152,8 @@ def test_a_crashed_hosts_worker_restarts_on_a_spare_slot_with_exact_values(ssh_c
     assert (worker1["host"], worker1["restarts"]) == ("node3", 1)
     assert [(c["change"], c["rank"], c["host"]) for c in rec.get("changes", [])] == [("moved", 1, "node3")]
     assert took < 120, f"the job took {took:.0f} s after the crash"
+    st = run_cli(["status", rec["id"]], env)
+    assert st.returncode == 0, st.stdout + st.stderr
+    assert re.search(r"worker 1 moved to node3 at \d\d:\d\d:\d\d: node4 did not answer", st.stdout), st.stdout
+    assert re.search(r"worker +1 +node3 .* exited", st.stdout) and "node4: not verified" in st.stdout, st.stdout
     assert_nothing_left(home)
