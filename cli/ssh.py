@@ -2,8 +2,11 @@
 
 Connection: ``~/.ssh/config`` (or ``ssh_config``) is honoured for HostName, User, Port,
 IdentityFile, IdentitiesOnly, ProxyJump (each jump host looked up in the config too),
-ProxyCommand (its ``%h``/``%p``/``%r`` from the config) and ServerAliveInterval (SSH
-keepalives).  Keys: ``identity_file`` (``mxdist launch -i``) first, then the config's
+ProxyCommand (its ``%h``/``%p``/``%r`` from the config), ServerAliveInterval and
+ServerAliveCountMax (SSH keepalives, every :data:`KEEPALIVE` s by default; a direct connection
+whose host acknowledges none of them for interval x count seconds fails, ``TCP_USER_TIMEOUT``,
+so a host that vanished without a word ends its streams and is seen as lost).
+Keys: ``identity_file`` (``mxdist launch -i``) first, then the config's
 IdentityFile; the ssh agent and the default keys are tried unless IdentitiesOnly is set.
 An explicit ``user@`` or ``port=N`` of a host entry (:mod:`mxdist.hosts`) wins over the config.
 
@@ -86,6 +89,8 @@ _AGENT_SOURCE = Path(agent.__file__).read_text()
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 _KNOWN_HOSTS_LOCK = threading.Lock()
 MAX_JUMPS = 8   # ProxyJump hops, counted through jump hosts' own ProxyJump
+KEEPALIVE = 5         # seconds between SSH keepalives (ServerAliveInterval unset)
+KEEPALIVE_COUNT = 3   # keepalives unanswered before the connection counts as dead (ServerAliveCountMax unset)
 
 
 def read_hosts(spec: str) -> list[Host]:
@@ -263,10 +268,14 @@ class SshBackend:
             allow_agent=not only, look_for_keys=not only, timeout=timeout,
             banner_timeout=timeout, auth_timeout=timeout, sock=sock,
         )
-        alive = _seconds(cfg.get("serveraliveinterval"))
         transport = client.get_transport()
-        if alive and transport is not None:
+        if transport is not None:
+            alive = _seconds(cfg.get("serveraliveinterval")) or KEEPALIVE
             transport.set_keepalive(alive)
+            dead_after = alive * (_seconds(cfg.get("serveralivecountmax")) or KEEPALIVE_COUNT)
+            if isinstance(transport.sock, socket.socket) and hasattr(socket, "TCP_USER_TIMEOUT"):
+                with contextlib.suppress(OSError):   # a host that stops acknowledging: the connection fails
+                    transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, dead_after * 1000)
         return client
 
     def _proxy(self, host: Host, cfg: Any, address: str, port: int, timeout: float,
