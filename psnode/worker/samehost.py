@@ -1,9 +1,8 @@
-"""The worker's same-host links (psnode.samehost.link): the one answer to "is this server near?".
+"""Reading the worker's same-host links (psnode.samehost.link), all of them together.
 
-:class:`SameHostLinks` holds a link per server on this host, opened after the WELCOME (or a
-server's restart) by :meth:`~SameHostLinks.connect`.  :meth:`~SameHostLinks.up` (a server's link
-while it is up) and :meth:`~SameHostLinks.near` (every such server) are the only place a worker
-decides whether a server is reached over shared memory; callers pass that answer on.
+:class:`SameHostLinks` holds a link per server on this host, given to it
+(:meth:`~SameHostLinks.add`) by the connection that opened it (psnode.worker.connection: the one
+place that decides whether a server is on this host); it decides nothing about routing.
 
 Reading: the thread waiting for an answer reads the links itself
 (:meth:`~SameHostLinks.read_until`; one reader at a time, ``reader``; no hand-over to the I/O
@@ -26,9 +25,7 @@ from typing import Any
 
 from psnode.config import NodeConfig
 from psnode.errors import ProtocolError
-from psnode.net.security import Security
 from psnode.protocol import Message
-from psnode.samehost import handshake as shmhandshake
 from psnode.samehost.link import Link
 from psnode.worker.futures import Future
 from psnode.worker.state import EngineState
@@ -56,31 +53,19 @@ class SameHostLinks:
         self._poll: Any = None
         self._poll_links: dict[int, tuple[int, Link]] = {}
 
-    # ------------------------------------------------------------ "is this server near?"
-    def up(self, server: int) -> Link | None:
-        """The link to ``server`` while it is up (None: reach it over TCP)."""
-        link = self.links.get(server)
-        return link if link is not None and link.up else None
-
-    def near(self) -> frozenset[int]:
-        """The servers whose link is up (any thread)."""
-        return frozenset([s for s, link in self._all if link.up])
-
     # ------------------------------------------------------------ coming and going
-    def connect(self, server: int, host: str, port: int, security: Security) -> None:
-        """Open the same-host link to ``server`` when it runs on this host."""
-        st = self.state
-        if st.staging is None or host != self.cfg.host:
-            return
-        try:
-            link = shmhandshake.connect(self.cfg.job_id, st.rank, server, host, port, st.staging.out,
-                                        st.staging.landing, self.cfg.max_message_bytes, security)
-        except (ProtocolError, OSError) as exc:
-            log.warning("worker %d: no same-host link to server %d (%s); using TCP", st.rank, server, exc)
-            return
-        if link is not None:
-            self.links[server] = link
-            self._changed()
+    @property
+    def rank(self) -> int:
+        return self.state.rank
+
+    def add(self, server: int, link: Link) -> None:
+        """(I/O thread) Read ``link``, the same-host link to ``server``
+        (psnode.worker.connection opened it)."""
+        self.links[server] = link
+        self._changed()
+
+    def log_no_link(self, server: int, exc: Exception) -> None:
+        log.warning("worker %d: no same-host link to server %d (%s); using TCP", self.state.rank, server, exc)
 
     def take_down(self, server: int) -> bool:
         """Close and forget the link to ``server``; False when there was none."""
