@@ -86,6 +86,7 @@ class TcpConnection:
         self._wake = wake                       # wakes the I/O thread
         self._lock = threading.Lock()           # guards the outbox
         self._outbox: list[list[Op]] = []       # sends other threads asked for
+        self._successor: TcpConnection | None = None   # took over (the server moved): queue there
         self.pending = False                    # the outbox may hold something
 
     @property
@@ -104,10 +105,18 @@ class TcpConnection:
         if io_thread:
             self.send_now(ops)
         else:
-            with self._lock:
+            self._queue(ops)
+
+    def _queue(self, ops: list[Op]) -> None:
+        with self._lock:
+            successor = self._successor
+            if successor is None:
                 self._outbox.append(ops)
-            self.pending = True
-            self._wake()
+        if successor is not None:   # (a thread that held this connection while it was replaced)
+            successor._queue(ops)
+            return
+        self.pending = True
+        self._wake()
 
     def flush(self) -> None:
         """(I/O thread) Send what other threads queued."""
@@ -140,10 +149,11 @@ class TcpConnection:
 
     def take_over(self, old: TcpConnection) -> None:
         """(I/O thread) Replace ``old`` (the server moved): keep its byte counts and what it
-        had queued."""
+        had queued, and what other threads still queue there."""
         self.chan.bytes_in, self.chan.bytes_out = old.chan.bytes_in, old.chan.bytes_out
         with old._lock:
             outbox, old._outbox = old._outbox, []
+            old._successor = self
         if outbox:
             with self._lock:
                 self._outbox[:0] = outbox
