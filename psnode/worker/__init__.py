@@ -26,7 +26,7 @@ Requests and their transport:
 
 Two stacks, imports going one way, no circle: the API (kvstore -> datapath -> compressor, keys,
 ...) knows an engine only as the protocols it declares, and the transport (engine -> ioloop ->
-connection -> samehost -> state -> tracker -> journal) knows nothing of the API; :mod:`psnode.kv` joins them.
+connection -> samehost; ioloop -> state -> tracker -> journal) knows nothing of the API; :mod:`psnode.kv` joins them.
 Never imports :mod:`psnode.server` or :mod:`psnode.scheduler`: a worker knows them only through
 :mod:`psnode.protocol`.
 """

@@ -64,7 +64,7 @@ class IoLoop:
         self.cfg = cfg
         self.state = state
         self.stats = stats
-        self.links = SameHostLinks(cfg, state, self.answered)
+        self.links = SameHostLinks(cfg, self.answered, lambda: state.rank, lambda: state.fatal is not None)
         self.conns = Connections(cfg, self.links, state.wake)
         self.t: Transport | None = None
         self.poller = Poller()

@@ -2,7 +2,8 @@
 
 :class:`SameHostLinks` holds a link per server on this host, given to it
 (:meth:`~SameHostLinks.add`) by the connection that opened it (psnode.worker.connection: the one
-place that decides whether a server is on this host); it decides nothing about routing.
+place that decides whether a server is on this host); it decides nothing about routing and
+shares no state with the engine: it is told the worker's rank and whether the job failed.
 
 Reading: the thread waiting for an answer reads the links itself
 (:meth:`~SameHostLinks.read_until`; one reader at a time, ``reader``; no hand-over to the I/O
@@ -28,7 +29,6 @@ from psnode.errors import ProtocolError
 from psnode.protocol import Message
 from psnode.samehost.link import Link
 from psnode.worker.futures import Future
-from psnode.worker.state import EngineState
 
 log = logging.getLogger("psnode.worker")
 
@@ -38,9 +38,11 @@ OnAnswer = Callable[[int, Message, bool], None]   # (server, message, read by th
 class SameHostLinks:
     """A worker's links to the servers on its host (see the module docstring)."""
 
-    def __init__(self, cfg: NodeConfig, state: EngineState, on_answer: OnAnswer) -> None:
+    def __init__(self, cfg: NodeConfig, on_answer: OnAnswer, rank: Callable[[], int],
+                 failed: Callable[[], bool]) -> None:
         self.cfg = cfg
-        self.state = state
+        self._rank = rank                       # this worker's rank (known after the WELCOME)
+        self._failed = failed                   # the job failed: readers stop
         self.on_answer = on_answer
         self.links: dict[int, Link] = {}        # server -> its link (up, or closed and not taken down yet)
         self._all: tuple[tuple[int, Link], ...] = ()   # its items, for other threads (replaced, never changed)
@@ -56,7 +58,7 @@ class SameHostLinks:
     # ------------------------------------------------------------ coming and going
     @property
     def rank(self) -> int:
-        return self.state.rank
+        return self._rank()
 
     def add(self, server: int, link: Link) -> None:
         """(I/O thread) Read ``link``, the same-host link to ``server``
@@ -65,7 +67,7 @@ class SameHostLinks:
         self._changed()
 
     def log_no_link(self, server: int, exc: Exception) -> None:
-        log.warning("worker %d: no same-host link to server %d (%s); using TCP", self.state.rank, server, exc)
+        log.warning("worker %d: no same-host link to server %d (%s); using TCP", self._rank(), server, exc)
 
     def take_down(self, server: int) -> bool:
         """Close and forget the link to ``server``; False when there was none."""
@@ -116,7 +118,7 @@ class SameHostLinks:
             for msg in link.recv(limit):
                 self.on_answer(server, msg, io_thread)
         except ProtocolError as exc:
-            log.warning("worker %d: dropped a message: %s", self.state.rank, exc)
+            log.warning("worker %d: dropped a message: %s", self._rank(), exc)
 
     def wake_readers(self, always: bool = False) -> None:
         """Wake the thread reading the links (if one reads, or ``always``): futures it may wait
@@ -127,7 +129,6 @@ class SameHostLinks:
     def read_until(self, fut: Future, budget: float) -> None:
         """(A waiting thread) Read the same-host links until ``fut`` is resolved or ``budget``
         seconds passed; if another thread reads them, wait for the future meanwhile."""
-        st = self.state
         if not self.reader.acquire(blocking=False) and not self.reader.acquire(timeout=0.05):
             fut._wait(0.05)
             return
@@ -145,7 +146,7 @@ class SameHostLinks:
                 self._poll_key = key
             poll, links = self._poll, self._poll_links
             deadline = time.monotonic() + budget
-            while not fut.done and st.fatal is None:
+            while not fut.done and not self._failed():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return

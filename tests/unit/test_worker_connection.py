@@ -14,8 +14,6 @@ from psnode.protocol import Message, Op, Push
 from psnode.worker.connection import Connections, TcpConnection
 from psnode.worker.futures import Future
 from psnode.worker.samehost import SameHostLinks
-from psnode.worker.state import EngineState
-from psnode.worker.tracker import Tracker
 from tests.support import wait_for
 
 
@@ -39,9 +37,8 @@ def _push(seq: int) -> Push:
 def _conns(t: Transport, host: str = "127.0.0.1") -> tuple[Connections, list[int]]:
     cfg = NodeConfig(role=Role.WORKER, scheduler_host="127.0.0.1", scheduler_port=1, num_workers=1,
                      num_servers=1, job_id="jc", host=host)
-    state = EngineState(Tracker(1, 1.0, 3))
     woken: list[int] = []
-    links = SameHostLinks(cfg, state, lambda server, msg, io: None)
+    links = SameHostLinks(cfg, lambda server, msg, io: None, lambda: 0, lambda: False)
     return Connections(cfg, links, lambda: woken.append(1)), woken
 
 
