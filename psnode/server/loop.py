@@ -134,7 +134,7 @@ class Server:
         for r in replies:
             by_worker.setdefault(r.worker, []).append(r)
         for worker, group in by_worker.items():
-            if self.local is not None and worker in self.local.links:
+            if self.local is not None:   # (it knows which workers have a link)
                 group = self.local.answer(worker, group)
                 if not group:
                     continue

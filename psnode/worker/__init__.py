@@ -17,15 +17,16 @@ Requests and their transport:
   into arrays (no I/O; talks to the engine through :class:`~psnode.worker.datapath.Requests`).
 - :mod:`~psnode.worker.engine`: the connection to the job (requests become futures), and
   :mod:`~psnode.worker.ioloop` its I/O thread; both share one
-  :class:`~psnode.worker.state.EngineState` (:mod:`~psnode.worker.state`).  The loop holds the
-  same-host links (:mod:`~psnode.worker.samehost`: the one place that decides whether a server
-  is near).
+  :class:`~psnode.worker.state.EngineState` (:mod:`~psnode.worker.state`).  The loop makes one
+  connection per server (:mod:`~psnode.worker.connection`: TCP or same-host, the one place that
+  decides whether a server is near); both send through it.  :mod:`~psnode.worker.samehost`
+  reads the same-host links.
 - :mod:`~psnode.worker.tracker`, :mod:`~psnode.worker.journal` and :mod:`~psnode.worker.futures`
   follow each request until it is answered (pure).
 
 Two stacks, imports going one way, no circle: the API (kvstore -> datapath -> compressor, keys,
 ...) knows an engine only as the protocols it declares, and the transport (engine -> ioloop ->
-samehost -> state -> tracker -> journal) knows nothing of the API; :mod:`psnode.kv` joins them.
+connection -> samehost; ioloop -> state -> tracker -> journal) knows nothing of the API; :mod:`psnode.kv` joins them.
 Never imports :mod:`psnode.server` or :mod:`psnode.scheduler`: a worker knows them only through
 :mod:`psnode.protocol`.
 """

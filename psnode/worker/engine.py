@@ -5,12 +5,14 @@ The user's thread (the KVStore API's data path, :mod:`psnode.worker.datapath`) c
 is queued in the :class:`~psnode.worker.tracker.Tracker` and the I/O thread
 (:mod:`psnode.worker.ioloop`) is woken through an eventfd.  The I/O thread sends queued requests in
 priority order, fusing those bound for the same server into one message, within a window of
-bytes in flight per server.  A request to a near server (:meth:`Engine.near`: the servers whose
-same-host link is up, decided by :mod:`psnode.worker.samehost` and passed along with the
-request) is sent by the submitting thread itself, and its answer read by the thread that waits
-for it.  Answers resolve futures by request id; a future's ``on_reply`` callback (e.g. copying
-a pulled array into the caller's ``out``) runs before the future is set.  The engine and its
-I/O loop share one :class:`~psnode.worker.state.EngineState`.
+bytes in flight per server.  Each server is reached through its connection
+(:mod:`psnode.worker.connection`, made by the I/O thread; the one place that knows whether a
+server is on this host).  A request to a near server (:meth:`Engine.near`: the servers whose
+same-host link is up, passed along with the request) is sent by the submitting thread itself
+through that connection, and its answer read by the thread that waits for it.  Answers resolve
+futures by request id; a future's ``on_reply`` callback (e.g. copying a pulled array into the
+caller's ``out``) runs before the future is set.  The engine and its
+I/O loop share one :class:`~psnode.worker.state.EngineState` and the connections.
 
 Nothing a worker sent is assumed delivered: the tracker resends what got no answer, keeps
 pushes in its journal until a pull after them returns, and names the server when it gives up
@@ -71,7 +73,8 @@ class Engine:
                                                 # its pushes, in waits that ended (Engine.wait)
         self._batching = threading.local()
         self.io = IoLoop(cfg, self.state, lambda: self.stats)
-        self.links = self.io.links
+        self.conns = self.io.conns
+        self.links = self.conns.links
         self._thread = threading.Thread(target=self.io.run, name="psnode-io", daemon=True)
         self._thread.start()
         try:  # the I/O thread sets rank, restarts and barriers_before, then resolves it
@@ -81,7 +84,7 @@ class Engine:
                            f"{cfg.scheduler_address}: {exc}") from None
 
     def _address(self, server: int) -> str:
-        return self.io.address(server)
+        return self.conns.address(server)
 
     @property
     def rank(self) -> int:
@@ -101,17 +104,17 @@ class Engine:
     def near(self) -> frozenset[int]:
         """The servers reached over this host's shared-memory link, for the requests of one
         call (a link that closes meanwhile: the request goes over TCP all the same)."""
-        return self.links.near()
+        return self.conns.near()
 
     def same_host(self, server: int) -> bool:
         """``server`` is reached over this host's shared-memory link."""
-        return self.links.up(server) is not None
+        return self.conns.is_near(server)
 
     def stage(self, key: Any, part: int, index: int, shape: tuple[int, ...], dtype: np.dtype, seq: int,
               near: bool) -> np.ndarray:
         """Where to copy array ``index`` of push ``seq`` of a key part before submitting it: a
         shared-memory slot for a ``near`` server, else plain memory."""
-        staging = self.state.staging
+        staging = self.conns.staging
         if near and staging is not None:
             slot = staging.slot((key, part, index), shape, dtype, seq)
             if slot is not None:
@@ -121,7 +124,7 @@ class Engine:
     def land(self, shape: tuple[int, ...], dtype: np.dtype, near: bool) -> np.ndarray | None:
         """A landing area for an answer (or a request's scratch, e.g. row ids) from a ``near``
         server (None otherwise); it returns to the pool once the answer was handled."""
-        staging = self.state.staging
+        staging = self.conns.staging
         if near and staging is not None:
             return staging.land(shape, np.dtype(dtype))
         return None
@@ -139,7 +142,7 @@ class Engine:
         st = self.state
         if st.fatal is not None or self.tracker.deferred:
             self.check()
-        staging = st.staging
+        staging = self.conns.staging
         if staging is not None and reply:
             areas = [a for name in _area_fields(op) if (a := getattr(op, name)) is not None and staging.owns(a)]
             if areas:
@@ -162,11 +165,11 @@ class Engine:
             with st.lock:
                 if self.tracker.queued:
                     self.tracker.add(req)
-                    batches = self.tracker.take(time.monotonic(), self.links.local)
+                    batches = self.tracker.take(time.monotonic(), self.conns.local)
                 else:
                     batches = self.tracker.add_now(req, time.monotonic())
             if batches:
-                self.io.send(batches, io_thread=False)
+                self.conns.send(batches, io_thread=False)
         else:
             with st.lock:
                 self.tracker.add(req)
@@ -182,11 +185,12 @@ class Engine:
 
     def send_local(self) -> None:
         """Send what waits for same-host servers (the end of a batch)."""
-        if self.links.local and self.tracker.queued:
+        local = self.conns.local
+        if local and self.tracker.queued:
             with self.state.lock:
-                batches = self.tracker.take(time.monotonic(), self.links.local)
+                batches = self.tracker.take(time.monotonic(), local)
             if batches:
-                self.io.send(batches, io_thread=False)
+                self.conns.send(batches, io_thread=False)
 
     def control(self, cmd: Command, body: Body | None = None) -> Future:
         """Send a message to the scheduler; the future resolves on its answer."""
@@ -271,10 +275,7 @@ class Engine:
             self.blocked = fut
             try:
                 while not fut.done:
-                    if self.links.up(fut.server) is not None:   # (each turn: the link may close)
-                        self.links.read_until(fut, 0.5)
-                    else:
-                        fut._wait(0.5)
+                    self.conns.wait(fut, 0.5)   # (reads the link, if its server has one up)
                     fatal = self.state.fatal
                     if fatal is not None and not fut.done:
                         raise fatal
@@ -363,8 +364,8 @@ class Engine:
             st.closing = True
             st.wake()
             self._thread.join(timeout)
-            if st.staging is not None:
-                st.staging.close()
+            if self.conns.staging is not None:
+                self.conns.staging.close()
 
     @property
     def retries(self) -> int:

@@ -1,21 +1,19 @@
 """The worker's I/O thread: one poll loop over the scheduler link and the server channels.
 
 :class:`IoLoop` holds everything the thread owns (transport, poller, scheduler link, one
-channel per server, control requests awaiting answers), the worker's same-host links
-(:class:`~psnode.worker.samehost.SameHostLinks`, a component it holds) and the
-:class:`~psnode.worker.state.EngineState` it shares with the user's thread.  Each turn:
+connection per server: :class:`~psnode.worker.connection.Connections`, which it makes and
+re-points, control requests awaiting answers) and the :class:`~psnode.worker.state.EngineState`
+it shares with the user's thread.  Each turn:
 heartbeat, poll, scheduler messages (:meth:`IoLoop.on_scheduler`), server answers (fed to the
 tracker), control requests, queued requests, retries.  Every zmq socket is used only by this
 thread.
 
-Routing (:meth:`IoLoop.send`): to a server whose same-host link is up (psnode.samehost.link) data
-operations go over it, arrays in shared memory; init and the optimizer's operations, anything
-the link cannot carry, and everything to other servers go over TCP.  When a link closes, its
-server is served over TCP (the tracker's retries resend what was in flight).
+Routing is each server's connection's (psnode.worker.connection).  When a same-host link
+closes, its server is served over TCP (the tracker's retries resend what was in flight).
 
 Same-host links skip the I/O thread: the user's thread sends its requests on them itself
-(:meth:`psnode.worker.engine.Engine.submit` calls :meth:`IoLoop.send`; TCP sends go to the
-outbox), and the thread waiting for an answer reads the links itself
+(through the connection; TCP sends it queues in the connection's outbox), and the thread waiting
+for an answer reads the links itself
 (:meth:`~psnode.worker.samehost.SameHostLinks.read_until`), so a round costs no hand-over
 between threads.  The I/O thread does not poll the links; each turn (at least every
 ``LINK_TURN`` seconds) it drains what nobody was waiting for, sends backlogs, and takes down
@@ -42,11 +40,11 @@ from psnode.errors import PeerLost, PSError
 from psnode.net.link import SchedulerLink
 from psnode.net.security import Security
 from psnode.net.transport import Channel, Poller, Transport
-from psnode.protocol import Command, GetStates, Init, LoadStates, Message, Ok, Op, SetOptimizer, without_dest
+from psnode.protocol import Command, Message, Ok
 from psnode.protocol.control import Barrier, BarrierDone, Control, JobEnd, Membership, Rejoin, Servers, Welcome
 from psnode.samehost import segments as shm
-from psnode.samehost.link import KIND_DATA
 from psnode.samehost.staging import Staging
+from psnode.worker.connection import BATCH_BYTES, BATCH_OPS, Connections
 from psnode.worker.futures import ControlRequest
 from psnode.worker.samehost import SameHostLinks
 from psnode.worker.state import EngineState
@@ -54,10 +52,6 @@ from psnode.worker.tracker import ASK_AFTER, Batches, settle
 
 log = logging.getLogger("psnode.worker")
 
-BATCH_BYTES = 512 * 2**10      # fuse small requests up to this size per message
-ALONE_BYTES = 64 * 2**10       # a request with this much data goes in a message of its own
-BATCH_OPS = 512
-TCP_ONLY = (Init, SetOptimizer, GetStates, LoadStates)   # rare, answers of any size
 LINK_TURN = 0.25               # the I/O thread's longest sleep while links exist
 EXIT_GRACE = 5.0               # seconds the user's thread has to notice a failed job
 
@@ -70,24 +64,19 @@ class IoLoop:
         self.cfg = cfg
         self.state = state
         self.stats = stats
-        self.links = SameHostLinks(cfg, state, self.answered)
+        self.links = SameHostLinks(cfg, self.answered, lambda: state.rank, lambda: state.fatal is not None)
+        self.conns = Connections(cfg, self.links, state.wake)
         self.t: Transport | None = None
         self.poller = Poller()
         self.link: SchedulerLink | None = None
-        self.servers: list[Channel] = []
-        self.outbox: list[tuple[int, list[Op]]] = []   # TCP sends other threads asked for
         self.ctrl: dict[tuple[Command, int], ControlRequest] = {}
         self.next_scan = 0.0
         self.next_ctrl = 0.0
 
     # ------------------------------------------------------------ for other threads
-    def address(self, server: int) -> str:
-        chans = self.servers
-        return chans[server].address if server < len(chans) else f"server {server}"
-
     def bytes(self) -> tuple[int, int]:
         """Bytes read and written, over TCP and the same-host links."""
-        tcp_in, tcp_out = sum(c.bytes_in for c in self.servers), sum(c.bytes_out for c in self.servers)
+        tcp_in, tcp_out = self.conns.tcp_bytes()
         shm_in, shm_out = self.links.bytes()
         return tcp_in + shm_in, tcp_out + shm_out
 
@@ -122,7 +111,7 @@ class IoLoop:
         assert link is not None
         link.tick(now)
         timeout = link.timeout(now)
-        if e.tracker.pending and self.servers:   # (a pending request is scanned on time: asked about, resent)
+        if e.tracker.pending and len(self.conns):   # (a pending request is scanned on time: asked about, resent)
             timeout = min(timeout, max(0.0, self.next_scan - now))
         ready = self.poller.poll(min(timeout, LINK_TURN) if self.links.local else timeout)
         if e.efd in ready:
@@ -130,23 +119,20 @@ class IoLoop:
         if link.chan.sock in ready:
             while (msg := link.recv()) is not None:
                 self.on_scheduler(msg)
-        for i, ch in enumerate(self.servers):
+        for i in range(len(self.conns)):
+            ch = self.conns[i].tcp.chan
             if ch.sock in ready:
                 self.on_answers(i, ch)
         if self.links.local:
             for server in self.links.tend():
                 self.link_down(server)
-        if self.outbox:
-            with e.lock:
-                outbox, self.outbox = self.outbox, []
-            for server, ops in outbox:
-                self.send_tcp(server, ops)
+        self.conns.flush()
         if e.control_queue:
             self.send_control(now)
         if self.ctrl and now >= self.next_ctrl:
             self.next_ctrl = now + max(0.02, self.cfg.retry_timeout / 4)
             self.resend_control(now)
-        if not self.servers:
+        if not len(self.conns):
             return
         if e.tracker.queued:
             with e.lock:
@@ -212,7 +198,7 @@ class IoLoop:
         """Every message from the scheduler: WELCOME, barrier and finish answers, server
         changes, and the end of the job (raised as PeerLost)."""
         body = msg.body
-        if isinstance(body, Welcome) and not self.servers:
+        if isinstance(body, Welcome) and not len(self.conns):
             self.welcome(body)
         elif isinstance(body, Welcome):   # again (a restarted scheduler): what waits for it, again now
             self.resend_control(time.monotonic(), every=True)
@@ -254,15 +240,18 @@ class IoLoop:
         with e.lock:
             e.generation, e.members = body.generation, tuple(body.active)
         self.t.sender = f"worker:{e.rank}"
-        for s in body.servers:
-            ch = self.t.dealer(s.host, s.port, f"w{e.rank}")
-            self.servers.append(ch)
-            self.poller.add(ch)
         if self.cfg.shm and shm.available():
-            e.staging = Staging(self.cfg.job_id, e.rank, e.tracker.journal.released)
-            for i, s in enumerate(body.servers):
-                self.links.connect(i, s.host, s.port, self.t.security)
+            self.conns.staging = Staging(self.cfg.job_id, e.rank, e.tracker.journal.released)
+        for i, s in enumerate(body.servers):
+            self.connect(i, s.host, s.port)
         e.welcome.set(Ok(0))
+
+    def connect(self, server: int, host: str, port: int) -> None:
+        """Point ``server`` at ``host:port`` (its connection: psnode.worker.connection)."""
+        assert self.t is not None
+        ch = self.t.dealer(host, port, f"w{self.state.rank}")
+        self.conns.connect(server, host, port, ch, self.t.security)
+        self.poller.add(ch)
 
     def on_servers(self, body: Servers) -> None:
         """A server is down (its requests wait) or was replaced (reconnect, resend)."""
@@ -274,18 +263,14 @@ class IoLoop:
             log.warning("worker %d: server %d is down; waiting for its replacement", e.rank, body.down)
             return
         rank = body.restored
-        if rank is None or not 0 <= rank < len(self.servers):
+        if rank is None or not 0 <= rank < len(self.conns):
             return
         row = body.address()
-        old = self.servers[rank]
+        old = self.conns[rank].tcp.chan
         self.poller.remove(old)
         old.close()
-        ch = self.t.dealer(row.host, row.port, f"w{e.rank}")
-        ch.bytes_in, ch.bytes_out = old.bytes_in, old.bytes_out
-        self.servers[rank] = ch
-        self.poller.add(ch)
         self.link_down(rank)
-        self.links.connect(rank, row.host, row.port, self.t.security)
+        self.connect(rank, row.host, row.port)
         with e.lock:
             batch = e.tracker.restored(rank, time.monotonic())
         if timeline.current is not None:
@@ -334,7 +319,7 @@ class IoLoop:
     # ------------------------------------------------------------ servers
     def link_down(self, server: int) -> None:
         """Take down the same-host link to ``server`` (if any): it is served over TCP."""
-        if self.links.take_down(server):
+        if self.conns.link_down(server):
             e = self.state
             busy = (e.fatal is None and not e.closing   # (the job ending takes every link down)
                     and any(p.request.server == server for p in e.tracker.pending.values()))
@@ -359,8 +344,8 @@ class IoLoop:
                 again = tracker.answered(server, ans, now)
                 for s, ops in again.items() if again else ():
                     resend.setdefault(s, []).extend(ops)
-            if self.links.local and tracker.queued:   # e.g. a push held back by this pull
-                for s, ops in tracker.take(now, self.links.local).items():
+            if self.conns.local and tracker.queued:   # e.g. a push held back by this pull
+                for s, ops in tracker.take(now, self.conns.local).items():
                     resend.setdefault(s, []).extend(ops)
             outcomes, tracker.outcomes = tracker.outcomes, []
         if resend:
@@ -371,47 +356,8 @@ class IoLoop:
                 self.links.wake_readers()
 
     def send(self, batches: Batches, io_thread: bool = True) -> None:
-        """Send each server its operations (see the module docstring for the route); TCP
-        sends of other threads go through the I/O thread (it owns the zmq sockets)."""
-        for server, ops in batches.items():
-            link = self.links.up(server)
-            if link is not None:
-                tcp = [op for op in ops if isinstance(op, TCP_ONLY)]
-                rest = link.send_ops(KIND_DATA, [op for op in ops if not isinstance(op, TCP_ONLY)])
-                ops = tcp + rest
-            if not ops:
-                continue
-            ops = [without_dest(op) for op in ops]
-            if io_thread:
-                self.send_tcp(server, ops)
-            else:
-                with self.state.lock:
-                    self.outbox.append((server, ops))
-                self.state.wake()
-
-    def send_tcp(self, server: int, ops: list[Op]) -> None:
-        """Send ``ops`` to ``server`` over TCP, small ones fused into messages of about
-        BATCH_BYTES; one of ALONE_BYTES or more alone (the server handles each message once it is
-        whole: a big request fused with the next would wait for it)."""
-        if ops:
-            ch = self.servers[server]
-            start, size = 0, 0
-            for i, op in enumerate(ops):
-                n = _nbytes(op)
-                if n >= ALONE_BYTES and i > start:   # what came before it leaves first
-                    ch.send(Command.DATA, ops=ops[start:i])
-                    start, size = i, 0
-                size += n
-                if size >= BATCH_BYTES or n >= ALONE_BYTES or i + 1 - start >= BATCH_OPS:
-                    ch.send(Command.DATA, ops=ops[start:i + 1])
-                    start, size = i + 1, 0
-            if start < len(ops):
-                ch.send(Command.DATA, ops=ops[start:])
-
-
-def _nbytes(op: Op) -> int:
-    data = getattr(op, "data", None)
-    return 0 if data is None else int(data.nbytes)
+        """Send each server its operations, through its connection."""
+        self.conns.send(batches, io_thread)
 
 
 __all__ = ["BATCH_BYTES", "BATCH_OPS", "EXIT_GRACE", "IoLoop"]

@@ -1,9 +1,9 @@
-"""The worker's same-host links (psnode.samehost.link): the one answer to "is this server near?".
+"""Reading the worker's same-host links (psnode.samehost.link), all of them together.
 
-:class:`SameHostLinks` holds a link per server on this host, opened after the WELCOME (or a
-server's restart) by :meth:`~SameHostLinks.connect`.  :meth:`~SameHostLinks.up` (a server's link
-while it is up) and :meth:`~SameHostLinks.near` (every such server) are the only place a worker
-decides whether a server is reached over shared memory; callers pass that answer on.
+:class:`SameHostLinks` holds a link per server on this host, given to it
+(:meth:`~SameHostLinks.add`) by the connection that opened it (psnode.worker.connection: the one
+place that decides whether a server is on this host); it decides nothing about routing and
+shares no state with the engine: it is told the worker's rank and whether the job failed.
 
 Reading: the thread waiting for an answer reads the links itself
 (:meth:`~SameHostLinks.read_until`; one reader at a time, ``reader``; no hand-over to the I/O
@@ -26,12 +26,9 @@ from typing import Any
 
 from psnode.config import NodeConfig
 from psnode.errors import ProtocolError
-from psnode.net.security import Security
 from psnode.protocol import Message
-from psnode.samehost import handshake as shmhandshake
 from psnode.samehost.link import Link
 from psnode.worker.futures import Future
-from psnode.worker.state import EngineState
 
 log = logging.getLogger("psnode.worker")
 
@@ -41,9 +38,11 @@ OnAnswer = Callable[[int, Message, bool], None]   # (server, message, read by th
 class SameHostLinks:
     """A worker's links to the servers on its host (see the module docstring)."""
 
-    def __init__(self, cfg: NodeConfig, state: EngineState, on_answer: OnAnswer) -> None:
+    def __init__(self, cfg: NodeConfig, on_answer: OnAnswer, rank: Callable[[], int],
+                 failed: Callable[[], bool]) -> None:
         self.cfg = cfg
-        self.state = state
+        self._rank = rank                       # this worker's rank (known after the WELCOME)
+        self._failed = failed                   # the job failed: readers stop
         self.on_answer = on_answer
         self.links: dict[int, Link] = {}        # server -> its link (up, or closed and not taken down yet)
         self._all: tuple[tuple[int, Link], ...] = ()   # its items, for other threads (replaced, never changed)
@@ -56,31 +55,19 @@ class SameHostLinks:
         self._poll: Any = None
         self._poll_links: dict[int, tuple[int, Link]] = {}
 
-    # ------------------------------------------------------------ "is this server near?"
-    def up(self, server: int) -> Link | None:
-        """The link to ``server`` while it is up (None: reach it over TCP)."""
-        link = self.links.get(server)
-        return link if link is not None and link.up else None
-
-    def near(self) -> frozenset[int]:
-        """The servers whose link is up (any thread)."""
-        return frozenset([s for s, link in self._all if link.up])
-
     # ------------------------------------------------------------ coming and going
-    def connect(self, server: int, host: str, port: int, security: Security) -> None:
-        """Open the same-host link to ``server`` when it runs on this host."""
-        st = self.state
-        if st.staging is None or host != self.cfg.host:
-            return
-        try:
-            link = shmhandshake.connect(self.cfg.job_id, st.rank, server, host, port, st.staging.out,
-                                        st.staging.landing, self.cfg.max_message_bytes, security)
-        except (ProtocolError, OSError) as exc:
-            log.warning("worker %d: no same-host link to server %d (%s); using TCP", st.rank, server, exc)
-            return
-        if link is not None:
-            self.links[server] = link
-            self._changed()
+    @property
+    def rank(self) -> int:
+        return self._rank()
+
+    def add(self, server: int, link: Link) -> None:
+        """(I/O thread) Read ``link``, the same-host link to ``server``
+        (psnode.worker.connection opened it)."""
+        self.links[server] = link
+        self._changed()
+
+    def log_no_link(self, server: int, exc: Exception) -> None:
+        log.warning("worker %d: no same-host link to server %d (%s); using TCP", self._rank(), server, exc)
 
     def take_down(self, server: int) -> bool:
         """Close and forget the link to ``server``; False when there was none."""
@@ -131,7 +118,7 @@ class SameHostLinks:
             for msg in link.recv(limit):
                 self.on_answer(server, msg, io_thread)
         except ProtocolError as exc:
-            log.warning("worker %d: dropped a message: %s", self.state.rank, exc)
+            log.warning("worker %d: dropped a message: %s", self._rank(), exc)
 
     def wake_readers(self, always: bool = False) -> None:
         """Wake the thread reading the links (if one reads, or ``always``): futures it may wait
@@ -142,7 +129,6 @@ class SameHostLinks:
     def read_until(self, fut: Future, budget: float) -> None:
         """(A waiting thread) Read the same-host links until ``fut`` is resolved or ``budget``
         seconds passed; if another thread reads them, wait for the future meanwhile."""
-        st = self.state
         if not self.reader.acquire(blocking=False) and not self.reader.acquire(timeout=0.05):
             fut._wait(0.05)
             return
@@ -160,7 +146,7 @@ class SameHostLinks:
                 self._poll_key = key
             poll, links = self._poll, self._poll_links
             deadline = time.monotonic() + budget
-            while not fut.done and st.fatal is None:
+            while not fut.done and not self._failed():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return

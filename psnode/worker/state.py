@@ -3,7 +3,7 @@ I/O thread (:mod:`psnode.worker.ioloop`).
 
 :class:`EngineState` is the one object both hold.  Its ``lock`` guards the tracker (every call
 into it), the control queue, ``woken`` and the barrier count; the other fields have one writer:
-the I/O thread sets ``rank``, ``restarts``, ``barriers_before``, ``joiner`` and ``staging`` before it
+the I/O thread sets ``rank``, ``restarts``, ``barriers_before`` and ``joiner`` before it
 resolves ``welcome`` (the user's thread reads them only after that), and ``fatal`` when the job
 fails; the user's thread sets ``closing``.  The membership (``generation``, ``members``,
 ``leaving``, ``changes``: membership changes the user's thread has not seen yet, ``agreed``: the
@@ -19,7 +19,6 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from psnode.errors import PSError
-from psnode.samehost.staging import Staging
 from psnode.worker.futures import ControlRequest, Future
 from psnode.worker.tracker import Tracker
 
@@ -40,7 +39,6 @@ class EngineState:
     restarts: int = 0
     barriers: int = 0                  # barriers this worker entered (numbers them)
     barriers_before: int = 0           # barriers its predecessor completed (restarts)
-    staging: Staging | None = None     # shared-memory buffers (with the first same-host link)
     fatal: PSError | None = None       # the job's failure (or "closed"): every request raises it
     closing: bool = False              # the user's thread closes the engine: the I/O thread stops
     woken: bool = False                # a wake-up for queued requests is pending (lock)
