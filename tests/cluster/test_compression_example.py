@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from tests.cluster.test_examples import require
-from tests.ssh.mxdist_testing import assert_nothing_left, cli_env, run_cli
+from tests.support.cli import assert_nothing_left, cli_env, run_cli
 
 
 def _accuracy(out: str) -> float:

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.cluster.harness import ROOT, free_port, kill_job, start_job, wait_job
+from tests.support.cluster import ROOT, free_port, kill_job, start_job, wait_job
 
 EXAMPLES = ROOT / "examples"
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ssh.mxdist_testing import assert_nothing_left, cli_env, latest, run_cli, wait_for
+from tests.support.cli import assert_nothing_left, cli_env, latest, run_cli, wait_for
 
 ROUNDS = textwrap.dedent("""
     import os, pathlib, sys, time

@@ -15,7 +15,7 @@ import signal
 import textwrap
 from pathlib import Path
 
-from tests.ssh.mxdist_testing import assert_nothing_left, cli_env, kill_cli, latest, run_cli, start_cli, wait_for
+from tests.support.cli import assert_nothing_left, cli_env, kill_cli, latest, run_cli, start_cli, wait_for
 
 ROUNDS = textwrap.dedent("""
     import pathlib, sys, time, numpy as np, psnode

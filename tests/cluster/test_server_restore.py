@@ -15,7 +15,7 @@ import signal
 import numpy as np
 
 import psnode
-from tests.cluster.harness import alive, kill_and_restart_server, restart_worker, start_job, wait_for_file, wait_job
+from tests.support.cluster import alive, kill_and_restart_server, restart_worker, start_job, wait_for_file, wait_job
 
 STEPS = 8
 KEYS = ["a", "b", "c", "d", "big"]

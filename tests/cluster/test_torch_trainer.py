@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.cluster.harness import run_job
+from tests.support.cluster import run_job
 
 try:
     import torch

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.harness import alive, start_job, wait_for_file, wait_job
+from tests.support.cluster import alive, start_job, wait_for_file, wait_job
 from tests.support import require
 
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from psnode.config import NodeConfig, Role
-from tests.cluster.harness import ROOT, Job, Proc, alive
-from tests.faults.faultkit import DEAD_AFTER, FAST_ENV, TRAIN, assert_none_left, markers
+from tests.support.cluster import ROOT, Job, Proc, alive
+from tests.support.faults import DEAD_AFTER, FAST_ENV, TRAIN, assert_none_left, markers
 from tests.support import require, wait_for
 
 BOUND = DEAD_AFTER + 5

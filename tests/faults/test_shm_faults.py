@@ -20,8 +20,8 @@ import pytest
 from psnode.protocol.codec import ARRAY, HEAD, RECORD
 from psnode.samehost import handshake as shmhandshake
 from psnode.samehost import segments as shm
-from tests.cluster.harness import kill_and_restart_server, start_job, wait_job
-from tests.faults.faultkit import DEAD_AFTER, FAST_ENV, assert_none_left, listen_ports, markers
+from tests.support.cluster import kill_and_restart_server, start_job, wait_job
+from tests.support.faults import DEAD_AFTER, FAST_ENV, assert_none_left, listen_ports, markers
 from tests.support import require, wait_for
 
 

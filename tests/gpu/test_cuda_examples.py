@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.harness import ROOT, free_port
+from tests.support.cluster import ROOT, free_port
 from tests.cluster.test_examples import metric, require, run_example
 
 pytestmark = pytest.mark.cuda

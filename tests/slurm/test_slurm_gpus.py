@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from tests.slurm.test_slurm_launch import MXDIST, assert_nothing_left, salloc, write
-from tests.ssh.mxdist_testing import latest
+from tests.support.cli import latest
 
 SHOW = textwrap.dedent("""
     import os

@@ -17,7 +17,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from tests.ssh.mxdist_testing import ROOT, cli_env, latest, records, wait_for
+from tests.support.cli import ROOT, cli_env, latest, records, wait_for
 
 MXDIST = [sys.executable, "-m", "mxdist"]
 

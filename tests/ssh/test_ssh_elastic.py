@@ -9,7 +9,7 @@ import stat
 from pathlib import Path
 
 from tests.cluster.test_launch_elastic import ROUNDS, TOTAL, _final, _log, _printed, _rounds
-from tests.ssh.mxdist_testing import assert_nothing_left, latest, run_cli, wait_for
+from tests.support.cli import assert_nothing_left, latest, run_cli, wait_for
 
 
 def _launch(tmp_path: Path, env: dict, holds: tuple[int, ...], *options: str) -> tuple[str, Path]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ssh.mxdist_testing import ROOT, assert_nothing_left, latest, run_cli
+from tests.support.cli import ROOT, assert_nothing_left, latest, run_cli
 from tests.support import require
 
 EXAMPLES = ROOT / "examples"

@@ -29,7 +29,7 @@ from mxdist import agent
 from psnode.errors import PeerLost
 from psnode.net.security import Security
 from psnode.scheduler.client import status as scheduler_status
-from tests.ssh.mxdist_testing import kill_cli, run_cli, wait_for
+from tests.support.cli import kill_cli, run_cli, wait_for
 
 HERE = Path(__file__).resolve().parent
 OUTSIDER = (HERE / "outsider.py").read_text()
