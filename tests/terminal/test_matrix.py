@@ -48,9 +48,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.test_slurm_launch import job_processes
-from tests.support.cli import ROOT, assert_nothing_left, cli_env, latest, records
 from tests.support import Drained, wait_for
+from tests.support.cli import ROOT, assert_nothing_left, cli_env, latest, records
+from tests.support.slurm_launch import job_processes
 from tests.support.terminal import COLS, Screen, Terminal, terminal_env
 
 MXDIST = [sys.executable, "-m", "mxdist"]
