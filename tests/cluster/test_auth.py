@@ -24,6 +24,7 @@ from psnode.net.security import Mode
 from psnode.net.transport import new_security
 from psnode.protocol import decode
 from psnode.scheduler.client import status as scheduler_status
+from tests.support import wait_for
 from tests.support.cluster import Job, alive, start_job, wait_job
 from tests.support.intruders import (
     OTHER_JOB,
@@ -34,7 +35,6 @@ from tests.support.intruders import (
     other_job_report,
     run_outsider,
 )
-from tests.support import wait_for
 
 HERE = Path(__file__).resolve().parent
 JOB_REGEX = r"/(t[0-9a-f]{10})\.py"      # the harness runs workers as python /tmp/<job id>.py

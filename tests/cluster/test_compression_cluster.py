@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from psnode.scheduler.client import status as scheduler_status
-from tests.support.compression_cases import BOUND, KEYS, STEPS, expected
-from tests.support.cluster import ok, run_job, start_job, wait_for_file, wait_job
 from tests.support import wait_for
+from tests.support.cluster import ok, run_job, start_job, wait_for_file, wait_job
+from tests.support.compression_cases import BOUND, KEYS, STEPS, expected
 
 SCRIPT = """
 import json, sys, numpy as np, psnode

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from psnode.net.security import Mode, Security
-from tests.support.intruders import TRAIN, attack_a_running_job, finish_attacked_job, script
 from tests.support.cli import assert_nothing_left, cli_env, records, start_cli, wait_for
+from tests.support.intruders import TRAIN, attack_a_running_job, finish_attacked_job, script
 
 
 @pytest.mark.parametrize("flags, mode", [([], Mode.AUTHENTICATED), (["--encrypt"], Mode.ENCRYPTED)],

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.orphans import let_it_finish, start_and_kill_the_supervisor, stop_it
 from tests.support.cli import cli_env
+from tests.support.orphans import let_it_finish, start_and_kill_the_supervisor, stop_it
 
 
 @pytest.mark.parametrize("detached", [False, True], ids=["attached", "detached"])

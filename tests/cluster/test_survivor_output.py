@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cluster import run_job
 from tests.support.cli import assert_nothing_left, cli_env, run_cli
+from tests.support.cluster import run_job
 
 SURVIVORS = textwrap.dedent("""
     import os, sys, time

@@ -34,6 +34,7 @@ from psnode.protocol import (
     encode,
 )
 from psnode.scheduler import client as control
+from tests.support import wait_for
 from tests.support.cluster import start_job
 from tests.support.faults import (
     DEAD_AFTER,
@@ -44,7 +45,6 @@ from tests.support.faults import (
     listen_ports,
     markers,
 )
-from tests.support import wait_for
 
 EXIT_GRACE = 5.0         # psnode.worker.ioloop.EXIT_GRACE: a worker outside psnode exits by itself
 BOUND = DEAD_AFTER + 5   # the bound: the heartbeat timeout plus a few seconds

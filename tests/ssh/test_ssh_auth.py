@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from psnode.net.security import Mode, Security
-from tests.support.intruders import TRAIN, attack_a_running_job, finish_attacked_job, script
 from tests.support.cli import assert_nothing_left, records, start_cli, wait_for
+from tests.support.intruders import TRAIN, attack_a_running_job, finish_attacked_job, script
 
 
 def test_another_user_and_another_job_cannot_touch_an_ssh_job(ssh_cluster, other_user, home, tmp_path):
