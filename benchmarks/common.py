@@ -17,13 +17,13 @@ MARK_RE = re.compile(re.escape(MARK) + r"(\{.*\})")
 
 
 def harness():
-    """tests/cluster/harness.py (starts psnode jobs through the env contract, no launcher):
-    imported as ``tests.cluster.harness`` when ``tests`` is a package, else loaded by path."""
+    """tests/support/cluster.py (starts psnode jobs through the env contract, no launcher):
+    imported as ``tests.support.cluster`` when ``tests`` is a package, else loaded by path."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     if (ROOT / "tests" / "__init__.py").exists():
-        return importlib.import_module("tests.cluster.harness")
-    spec = importlib.util.spec_from_file_location("_psnode_harness", ROOT / "tests" / "cluster" / "harness.py")
+        return importlib.import_module("tests.support.cluster")
+    spec = importlib.util.spec_from_file_location("_psnode_harness", ROOT / "tests" / "support" / "cluster.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod   # dataclasses look their module up here

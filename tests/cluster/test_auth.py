@@ -4,7 +4,7 @@ The job runs through the test harness (scheduler, 2 servers, 2 workers on 127.0.
 secret file written by psnode (``new_security``).  Another user, created for these tests,
 learns what any local user can (job ids from /proc/*/cmdline, listening ports from
 /proc/net/tcp) and sends STOP, STATUS, REGISTER and a DATA push to every port of the job,
-speaking ZMTP by hand with the NULL and PLAIN mechanisms (tests/cluster/outsider.py): every
+speaking ZMTP by hand with the NULL and PLAIN mechanisms (tests/support/outsider.py): every
 attempt is refused at the handshake and counted, and the job ends with exact values.  The
 same outsider against an insecure job gets its STATUS answered and stops the job: the attack
 is real.
@@ -24,8 +24,9 @@ from psnode.net.security import Mode
 from psnode.net.transport import new_security
 from psnode.protocol import decode
 from psnode.scheduler.client import status as scheduler_status
-from tests.cluster.harness import Job, alive, start_job, wait_job
-from tests.cluster.intruders import (
+from tests.support import wait_for
+from tests.support.cluster import Job, alive, start_job, wait_job
+from tests.support.intruders import (
     OTHER_JOB,
     OUTSIDER,
     TRAIN,
@@ -34,7 +35,6 @@ from tests.cluster.intruders import (
     other_job_report,
     run_outsider,
 )
-from tests.support import wait_for
 
 HERE = Path(__file__).resolve().parent
 JOB_REGEX = r"/(t[0-9a-f]{10})\.py"      # the harness runs workers as python /tmp/<job id>.py

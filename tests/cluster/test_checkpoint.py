@@ -9,8 +9,7 @@ import time
 
 import numpy as np
 
-from tests.cluster.harness import ROOT, run_job
-from tests.cluster.test_kvstore_cluster import PRELUDE, ok
+from tests.support.cluster import PRELUDE, ROOT, ok, run_job
 
 
 def test_checkpoint_then_resume_in_a_new_job(tmp_path) -> None:

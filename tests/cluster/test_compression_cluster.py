@@ -1,6 +1,6 @@
 """Gradient compression end to end: real scheduler, 2 servers and 2 workers on 127.0.0.1.
 
-Exact values over several rounds with each worker's residual carried (tests.cluster.comp_cases:
+Exact values over several rounds with each worker's residual carried (tests.support.compression_cases:
 a bucket of two small keys and a key split over both servers; average and sum; with and without
 a server optimizer; dist_sync and dist_async), on both data paths (the same-host shared-memory
 link, the default here, and TCP with ``PSNODE_SHM=0``); bytes on the wire per push from the
@@ -14,14 +14,13 @@ import numpy as np
 import pytest
 
 from psnode.scheduler.client import status as scheduler_status
-from tests.cluster.comp_cases import BOUND, KEYS, STEPS, expected
-from tests.cluster.harness import run_job, start_job, wait_for_file, wait_job
-from tests.cluster.test_kvstore_cluster import ok
 from tests.support import wait_for
+from tests.support.cluster import ok, run_job, start_job, wait_for_file, wait_job
+from tests.support.compression_cases import BOUND, KEYS, STEPS, expected
 
 SCRIPT = """
 import json, sys, numpy as np, psnode
-from tests.cluster.comp_cases import KEYS, SHAPES, STEPS, INIT, LR, MOMENTUM, gradient
+from tests.support.compression_cases import KEYS, SHAPES, STEPS, INIT, LR, MOMENTUM, gradient
 outdir, params, aggregator, optimizer, mode = sys.argv[1], json.loads(sys.argv[2]), *sys.argv[3:6]
 kv = psnode.kv.create(mode, aggregator=aggregator)
 kv.init(KEYS, [np.full(SHAPES[k], INIT, np.float32) for k in KEYS])   # before: MXNet's nightly test does

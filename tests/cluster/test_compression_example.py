@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.cluster.test_examples import require
-from tests.ssh.mxdist_testing import assert_nothing_left, cli_env, run_cli
+from tests.support.cli import assert_nothing_left, cli_env, run_cli
+from tests.support.examples import require_module
 
 
 def _accuracy(out: str) -> float:
@@ -18,7 +18,7 @@ def _accuracy(out: str) -> float:
 
 
 def test_mlp_example_with_2bit_compression_within_2_points(tmp_path: Path) -> None:
-    require("sklearn")
+    require_module("sklearn")
     env = cli_env(tmp_path / "home")
     base = ["launch", "-n", "2", "-s", "2", "examples/mlp_numpy.py"]
     try:

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 from psnode.scheduler.client import report_lost, request_leave, status
-from tests.cluster.harness import Job, Proc, start_job, wait_for_file, wait_job
+from tests.support.cluster import Job, Proc, start_job, wait_for_file, wait_job
 
 SCRIPT = """
 import json, os, sys, time

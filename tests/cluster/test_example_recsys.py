@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.cluster.harness import ROOT, run_job
+from tests.support.cluster import ROOT, run_job
 
 EXAMPLE = ROOT / "examples" / "recsys_torch.py"
 

@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-from tests.cluster.harness import ROOT, run_job
+from tests.support.cluster import ROOT, run_job
 
 EXAMPLE = ROOT / "examples" / "embedding_rowsparse.py"
 

@@ -22,37 +22,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 
-from tests.cluster.harness import ROOT, free_port, kill_job, start_job, wait_job
-
-EXAMPLES = ROOT / "examples"
-
-
-def require(module: str) -> None:
-    try:
-        __import__(module)
-    except ImportError:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"{module} is not installed (pip install -e '.[examples,torch]'); CI fails instead")
-
-
-def runner(example: str, args: list[str]) -> str:
-    """Worker script for the harness: run examples/<example> as __main__ with ``args``."""
-    path = str(EXAMPLES / example)
-    return (f"import runpy, sys\n"
-            f"sys.path.insert(0, {str(EXAMPLES)!r})\n"
-            f"sys.argv = [{path!r}] + {args!r}\n"
-            f"runpy.run_path({path!r}, run_name='__main__')\n")
-
-
-def run_example(example: str, workers: int, servers: int, args: list[str], tmp: Path,
-                timeout: float = 60, **kw) -> str:
-    """Run a job, check every process exited 0, return rank 0's stdout."""
-    job = wait_job(start_job(runner(example, args), workers, servers, tmp=tmp, **kw), timeout)
-    assert all(p.code == 0 for p in job.procs), job.describe()
-    return job.workers[0].out
+from tests.support.cluster import ROOT, free_port, kill_job, start_job
+from tests.support.examples import EXAMPLES, metric, require_module, run_example, runner
 
 
 def run_single(example: str, args: list[str], timeout: float = 60) -> str:
@@ -65,19 +37,13 @@ def run_single(example: str, args: list[str], timeout: float = 60) -> str:
     return proc.stdout
 
 
-def metric(out: str, name: str) -> float:
-    found = re.findall(rf"^{name}=([0-9.]+)$", out, re.M)
-    assert found, f"no {name}= line in:\n{out}"
-    return float(found[-1])
-
-
 def assert_progress(out: str, epochs: int) -> None:
     for e in range(1, epochs + 1):
         assert re.search(rf"^epoch {e}/{epochs} loss=\S+ test_acc=0\.\d+", out, re.M), out
 
 
 def test_numpy_dist_sync_matches_single_process(tmp_path: Path) -> None:
-    require("sklearn")
+    require_module("sklearn")
     epochs, b = 3, 32
     dist = run_example("mlp_numpy.py", 2, 2, ["--epochs", str(epochs), "--batch-size", str(b),
                                               "--save", str(tmp_path / "dist.npz")], tmp_path)
@@ -96,7 +62,7 @@ def test_numpy_dist_sync_matches_single_process(tmp_path: Path) -> None:
 
 
 def test_numpy_dist_async_learns_and_workers_end_equal(tmp_path: Path) -> None:
-    require("sklearn")
+    require_module("sklearn")
     out = run_example("async_numpy.py", 2, 2, ["--epochs", "2", "--save", str(tmp_path / "w{rank}.npz")],
                       tmp_path)
     assert "kvstore=dist_async" in out
@@ -109,8 +75,8 @@ def test_numpy_dist_async_learns_and_workers_end_equal(tmp_path: Path) -> None:
 
 def test_torch_example_workers_agree(tmp_path: Path) -> None:
     """mlp_torch.py as a job (its equality with single-process torch: test_torch_trainer.py)."""
-    require("torch")
-    require("sklearn")
+    require_module("torch")
+    require_module("sklearn")
     out = run_example("mlp_torch.py", 2, 2, ["--epochs", "1", "--save", str(tmp_path / "t{rank}.npz")],
                       tmp_path)
     assert_progress(out, 1)
@@ -123,8 +89,8 @@ def test_torch_example_workers_agree(tmp_path: Path) -> None:
 
 def test_ddp_gloo_runs_with_launcher_env(tmp_path: Path) -> None:
     """Collective mode (-s 0): the launcher's torch variables are all DDP needs."""
-    require("torch")
-    require("sklearn")
+    require_module("torch")
+    require_module("sklearn")
     master = str(free_port())
     env = {r: {"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": master} for r in range(2)}

@@ -6,8 +6,7 @@ import textwrap
 
 import pytest
 
-from tests.cluster.harness import run_job
-from tests.cluster.test_kvstore_cluster import PRELUDE, ok
+from tests.support.cluster import PRELUDE, ok, run_job
 
 FORMS = """
 S, B = (2, 3), (40, 5)                 # B has 200 elements: split over both servers

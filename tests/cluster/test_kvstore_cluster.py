@@ -3,22 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.cluster.harness import run_job
-
-PRELUDE = """
-import numpy as np, psnode, sys
-from psnode.errors import *
-kv = psnode.kv.create(sys.argv[1] if len(sys.argv) > 1 else 'dist_sync',
-                      aggregator=sys.argv[2] if len(sys.argv) > 2 else 'average')
-W, r = kv.num_workers, kv.rank
-def check(got, want, what):
-    if not np.array_equal(got, want):
-        print(f"MISMATCH {what}: got {got!r} want {want!r}", flush=True); sys.exit(3)
-"""
-
-
-def ok(job) -> None:
-    assert [p.code for p in job.procs] == [0] * len(job.procs), job.describe()
+from tests.support.cluster import PRELUDE, ok, run_job
 
 
 @pytest.mark.parametrize("agg,workers,servers", [("average", 3, 2), ("sum", 4, 3), ("average", 1, 1)])

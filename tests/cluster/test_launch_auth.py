@@ -4,7 +4,7 @@ The launcher gives the job a fresh secret (authenticated by default; ``--encrypt
 second user (``other_user``) learns the job id from ``/proc/*/cmdline``, the ports from
 ``/proc/net/tcp`` and the same-host addresses from ``/proc/net/unix``, and sends STOP, STATUS,
 REGISTER and a push to every TCP port of the job and a HELLO to every same-host address
-(``tests/cluster/intruders.py``); a worker of a second ``mxdist launch`` job (its own secret)
+(``tests/support/intruders.py``); a worker of a second ``mxdist launch`` job (its own secret)
 does the same speaking psnode properly.  Every attempt is refused and counted by the node it
 was aimed at, and the job ends with exact values; its secret never appears on a command line
 or in the record, and is gone when the job ends.
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from psnode.net.security import Mode, Security
-from tests.cluster.intruders import TRAIN, attack_a_running_job, finish_attacked_job, script
-from tests.ssh.mxdist_testing import assert_nothing_left, cli_env, records, start_cli, wait_for
+from tests.support.cli import assert_nothing_left, cli_env, records, start_cli, wait_for
+from tests.support.intruders import TRAIN, attack_a_running_job, finish_attacked_job, script
 
 
 @pytest.mark.parametrize("flags, mode", [([], Mode.AUTHENTICATED), (["--encrypt"], Mode.ENCRYPTED)],

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import textwrap
 
-from tests.ssh.mxdist_testing import assert_nothing_left, cli_env, run_cli, wait_for
+from tests.support.cli import assert_nothing_left, cli_env, run_cli, wait_for
 
 SLEEPER = textwrap.dedent("""
     import os, time

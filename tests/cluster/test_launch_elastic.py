@@ -13,39 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.ssh.mxdist_testing import assert_nothing_left, cli_env, latest, run_cli, wait_for
-
-ROUNDS = textwrap.dedent("""
-    import os, pathlib, sys, time
-    import numpy as np, psnode
-    ctl, total = pathlib.Path(sys.argv[1]), int(sys.argv[2])
-    kv = psnode.kv.create('dist_sync')
-    kv.init('w', np.zeros(4, np.float32))
-    rank, start = kv.rank, kv.num_pushes('w')
-    print("START", rank, start, flush=True)
-    for step in range(start, total):
-        said = False
-        deadline = time.monotonic() + 120
-        while (ctl / f"hold-{step}").exists() and time.monotonic() < deadline:
-            if kv.leaving and not said:
-                print("LEAVING", rank, flush=True)
-                said = True
-            time.sleep(0.02)
-        kv.push('w', np.full(4, rank + 1, np.float32))
-        got = kv.pull('w')
-        assert (got == got[0]).all(), got
-        print("ROUND", step + 1, rank, float(got[0]), flush=True)
-    print("DONE", rank, flush=True)
-    kv.close()
-""")
-TOTAL = 24
+from tests.support.cli import assert_nothing_left, cli_env, latest, run_cli, wait_for
+from tests.support.elastic import ROUNDS, TOTAL, final_state, printed, role_log, rounds_of
 
 
 @pytest.fixture
@@ -65,24 +39,6 @@ def _job(tmp_path: Path, home: Path, *options: str, holds: tuple[int, ...] = ())
     done = run_cli(["launch", "-d", "-s", "1", *options, str(script), str(ctl), str(TOTAL)], env)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout.strip().splitlines()[-1], ctl, env
-
-
-def _log(home: Path, job: str, name: str) -> str:
-    path = home / "jobs" / job / f"{name}.log"
-    return path.read_text() if path.exists() else ""
-
-
-def _rounds(text: str, rank: int) -> dict[int, float]:
-    return {int(k): float(v) for k, r, v in re.findall(r"^ROUND (\d+) (\d+) (\S+)$", text, re.M) if int(r) == rank}
-
-
-def _printed(home: Path, job: str, name: str, pattern: str) -> re.Match[str] | None:
-    return re.search(pattern, _log(home, job, name), re.M)
-
-
-def _final(home: Path, timeout: float = 90) -> dict:
-    return wait_for(lambda: (r := latest(home)) and r["state"] not in ("starting", "running") and r,
-                    timeout, "the job's final state")
 
 
 def _status(env: dict, job: str) -> dict:
@@ -108,7 +64,7 @@ def _stop(env: dict, home: Path) -> None:
 def test_scale_up_then_down_exact_values_on_every_rank(home, tmp_path):
     job, ctl, env = _job(tmp_path, home, "-n", "2", "--max-workers", "3", holds=(6, 14))
     try:
-        wait_for(lambda: all(_printed(home, job, f"worker-{r}", r"^ROUND 6 ") for r in (0, 1)), 90,
+        wait_for(lambda: all(printed(home, job, f"worker-{r}", r"^ROUND 6 ") for r in (0, 1)), 90,
                  "workers 0 and 1 to finish round 6")
         before = _status(env, job)["membership"]
         assert before["members"] == [0, 1] and before["target"] == 2 and before["max_workers"] == 3
@@ -123,23 +79,23 @@ def test_scale_up_then_down_exact_values_on_every_rank(home, tmp_path):
         assert up.returncode == 0, up.stderr
         assert up.stdout.splitlines() == [f"job {job}: scaled from 2 to 3 workers",
                                           "started worker 2 on localhost (local rank 2)"]
-        start = wait_for(lambda: _printed(home, job, "worker-2", r"^START 2 (\d+)$"), 90, "the joiner's start")
+        start = wait_for(lambda: printed(home, job, "worker-2", r"^START 2 (\d+)$"), 90, "the joiner's start")
         joined_at = int(start.group(1))
         grown = wait_for(lambda: (m := _status(env, job)["membership"]) and m["members"] == [0, 1, 2] and m, 30,
                          "three members")
         assert grown["joined"] == 1 and grown["generation"] > before["generation"] and grown["target"] == 3
         (ctl / "hold-6").unlink()
 
-        wait_for(lambda: all(_printed(home, job, f"worker-{r}", r"^ROUND 14 ") for r in (0, 1, 2)), 90,
+        wait_for(lambda: all(printed(home, job, f"worker-{r}", r"^ROUND 14 ") for r in (0, 1, 2)), 90,
                  "every worker to finish round 14")
         down = run_cli(["scale", job, "2"], env)
         assert down.returncode == 0, down.stderr
         assert down.stdout.splitlines() == [
             f"job {job}: scaled from 3 to 2 workers",
             "asked worker 2 to leave: it ends at the next round boundary, exit code 0"]
-        wait_for(lambda: _printed(home, job, "worker-2", r"^LEAVING 2$"), 30, "worker 2 to know it leaves")
+        wait_for(lambda: printed(home, job, "worker-2", r"^LEAVING 2$"), 30, "worker 2 to know it leaves")
         (ctl / "hold-14").unlink()
-        rec = _final(home)
+        rec = final_state(home)
         shrunk = _status(env, job)
     finally:
         _stop(env, home)
@@ -149,11 +105,11 @@ def test_scale_up_then_down_exact_values_on_every_rank(home, tmp_path):
     assert shrunk["membership"]["joined"] == 1 and shrunk["membership"]["left"] == 1
     # the joiner's first round is two after the last one completed when it joined (rounds 1..6)
     assert joined_at == 7
-    joiner = _rounds(_log(home, job, "worker-2"), 2)
+    joiner = rounds_of(role_log(home, job, "worker-2"), 2)
     assert sorted(joiner) == list(range(joined_at + 1, 15)), joiner
     expected = {k: (2.0 if k in joiner else 1.5) for k in range(1, TOTAL + 1)}
     for rank in (0, 1):
-        assert _rounds(_log(home, job, f"worker-{rank}"), rank) == expected
+        assert rounds_of(role_log(home, job, f"worker-{rank}"), rank) == expected
     assert joiner == dict.fromkeys(joiner, 2.0)
     assert ": workers: 1 joined, 1 left, 0 lost\n" in (home / "jobs" / job / "supervisor.log").read_text()
     assert_nothing_left(home)
@@ -162,20 +118,20 @@ def test_scale_up_then_down_exact_values_on_every_rank(home, tmp_path):
 def test_lost_worker_above_min_workers_the_job_goes_on(home, tmp_path):
     job, ctl, env = _job(tmp_path, home, "-n", "3", "--min-workers", "2", holds=(5,))
     try:
-        wait_for(lambda: all(_printed(home, job, f"worker-{r}", r"^ROUND 5 ") for r in (0, 1, 2)), 90,
+        wait_for(lambda: all(printed(home, job, f"worker-{r}", r"^ROUND 5 ") for r in (0, 1, 2)), 90,
                  "every worker to finish round 5")
         _kill_worker(home, "worker-2")
         wait_for(lambda: (m := _status(env, job)["membership"]) and m["members"] == [0, 1], 30,
                  "worker 2 out of the membership")
         (ctl / "hold-5").unlink()
-        rec = _final(home)
+        rec = final_state(home)
     finally:
         _stop(env, home)
     assert rec["state"] == "succeeded" and rec["exit_code"] == 0
     assert [(c["change"], c["rank"], c["why"]) for c in rec["changes"]] == [("lost", 2, "killed by SIGKILL")]
     expected = {k: (2.0 if k <= 5 else 1.5) for k in range(1, TOTAL + 1)}
     for rank in (0, 1):
-        assert _rounds(_log(home, job, f"worker-{rank}"), rank) == expected
+        assert rounds_of(role_log(home, job, f"worker-{rank}"), rank) == expected
     supervisor = (home / "jobs" / job / "supervisor.log").read_text()
     assert ("warning: worker-2 on localhost killed by SIGKILL, no restart left: lost; the job goes on with "
             "2 workers (--min-workers 2)") in supervisor
@@ -186,10 +142,10 @@ def test_lost_worker_above_min_workers_the_job_goes_on(home, tmp_path):
 def test_fewer_than_min_workers_fails_the_job_naming_the_reason(home, tmp_path):
     job, _, env = _job(tmp_path, home, "-n", "3", "--min-workers", "3", "--max-workers", "4", holds=(3,))
     try:
-        wait_for(lambda: all(_printed(home, job, f"worker-{r}", r"^ROUND 3 ") for r in (0, 1, 2)), 90,
+        wait_for(lambda: all(printed(home, job, f"worker-{r}", r"^ROUND 3 ") for r in (0, 1, 2)), 90,
                  "every worker to finish round 3")
         _kill_worker(home, "worker-1")
-        rec = _final(home)
+        rec = final_state(home)
     finally:
         _stop(env, home)
     assert rec["state"] == "failed" and rec["exit_code"] == 1
@@ -201,7 +157,7 @@ def test_fewer_than_min_workers_fails_the_job_naming_the_reason(home, tmp_path):
 def test_scale_refusals(home, tmp_path):
     job, ctl, env = _job(tmp_path, home, "-n", "2", "--min-workers", "2", "--max-workers", "3", holds=(2,))
     try:
-        wait_for(lambda: all(_printed(home, job, f"worker-{r}", r"^ROUND 2 ") for r in (0, 1)), 90,
+        wait_for(lambda: all(printed(home, job, f"worker-{r}", r"^ROUND 2 ") for r in (0, 1)), 90,
                  "workers to finish round 2")
         high = run_cli(["scale", job, "4"], env)
         assert high.returncode == 2
@@ -213,7 +169,7 @@ def test_scale_refusals(home, tmp_path):
         assert same.returncode == 0 and same.stdout.strip() == f"job {job} runs 2 workers already: nothing to change"
         assert latest(home)["changes"] == []
         (ctl / "hold-2").unlink()
-        rec = _final(home)
+        rec = final_state(home)
     finally:
         _stop(env, home)
     assert rec["state"] == "succeeded"
@@ -225,13 +181,13 @@ def test_scale_refusals(home, tmp_path):
 def test_scale_a_job_of_fixed_size_is_refused(home, tmp_path):
     job, ctl, env = _job(tmp_path, home, "-n", "2", holds=(1,))
     try:
-        wait_for(lambda: all(_printed(home, job, f"worker-{r}", r"^ROUND 1 ") for r in (0, 1)), 90,
+        wait_for(lambda: all(printed(home, job, f"worker-{r}", r"^ROUND 1 ") for r in (0, 1)), 90,
                  "workers to finish round 1")
         done = run_cli(["scale", job, "3"], env)
         assert done.returncode == 2
         assert "was launched without --min-workers/--max-workers: it keeps its 2 workers" in done.stderr
         (ctl / "hold-1").unlink()
-        rec = _final(home)
+        rec = final_state(home)
     finally:
         _stop(env, home)
     assert rec["state"] == "succeeded" and rec["elastic"] is None
@@ -246,17 +202,17 @@ def test_the_elastic_example_takes_a_joiner_and_a_leaver(home, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     job = done.stdout.strip().splitlines()[-1]
     try:
-        wait_for(lambda: _printed(home, job, "worker-0", r"^epoch 1: .* workers=2 generation=0$"), 90,
+        wait_for(lambda: printed(home, job, "worker-0", r"^epoch 1: .* workers=2 generation=0$"), 90,
                  "worker 0's second epoch")
         assert run_cli(["scale", job, "3"], env).returncode == 0
-        start = wait_for(lambda: _printed(home, job, "worker-2", r"^worker 2: starts at step (\d+) of 1000000, "
+        start = wait_for(lambda: printed(home, job, "worker-2", r"^worker 2: starts at step (\d+) of 1000000, "
                                                                  r"members \[0, 1, 2\]$"), 90, "the joiner")
         assert int(start.group(1)) > 20
-        wait_for(lambda: _printed(home, job, "worker-0", r"^epoch \d+: .* workers=3 generation=1$"), 90,
+        wait_for(lambda: printed(home, job, "worker-0", r"^epoch \d+: .* workers=3 generation=1$"), 90,
                  "an epoch over three workers")
         assert run_cli(["scale", job, "2"], env).returncode == 0
-        wait_for(lambda: _printed(home, job, "worker-2", r"^worker 2: leaves at step \d+$"), 90, "the leaver")
-        wait_for(lambda: _printed(home, job, "worker-0", r"^epoch \d+: .* workers=2 generation=2$"), 90,
+        wait_for(lambda: printed(home, job, "worker-2", r"^worker 2: leaves at step \d+$"), 90, "the leaver")
+        wait_for(lambda: printed(home, job, "worker-0", r"^epoch \d+: .* workers=2 generation=2$"), 90,
                  "an epoch over two workers again")
         stop = run_cli(["stop", job], env, timeout=120)
         assert stop.returncode == 0, stop.stderr

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ssh.mxdist_testing import (
+from tests.support.cli import (
     assert_nothing_left,
     cli_env,
     group_members,

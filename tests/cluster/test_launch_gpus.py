@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from mxdist import agent
-from tests.ssh.mxdist_testing import assert_nothing_left, cli_env, latest, run_cli
+from tests.support.cli import assert_nothing_left, cli_env, latest, run_cli
 
 SHOW = textwrap.dedent("""
     import json, os, sys

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ssh.mxdist_testing import assert_nothing_left, cli_env, latest, records, run_cli
+from tests.support.cli import assert_nothing_left, cli_env, latest, records, run_cli
 
 MODULE = textwrap.dedent("""
     import os, sys

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ssh.mxdist_testing import (
+from tests.support.cli import (
     PY,
     ROOT,
     assert_nothing_left,
@@ -31,7 +31,7 @@ from tests.ssh.mxdist_testing import (
     start_cli,
     wait_for,
 )
-from tests.terminal.emulator import Terminal
+from tests.support.terminal import Terminal
 
 MXDIST = f"{shlex.quote(PY)} -m mxdist"
 

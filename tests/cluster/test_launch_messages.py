@@ -8,7 +8,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from tests.ssh.mxdist_testing import assert_nothing_left, cli_env, latest, run_cli
+from tests.support.cli import assert_nothing_left, cli_env, latest, run_cli
 
 RAISES = textwrap.dedent("""
     import time, numpy as np, psnode

@@ -1,14 +1,14 @@
 """A local job whose supervisor (``mxdist launch``, attached or ``-d``) is killed with SIGKILL
 while the job runs: ``mxdist stop <id>``, or the ``mxdist status`` after the job ended by itself,
 ends every process and removes the job's secret (``MXDIST_HOME/jobs/<id>/job.key``).  See
-``tests/cluster/orphans.py``; every test ends with ``assert_nothing_left``.
+``tests/support/orphans.py``; every test ends with ``assert_nothing_left``.
 """
 from __future__ import annotations
 
 import pytest
 
-from tests.cluster.orphans import let_it_finish, start_and_kill_the_supervisor, stop_it
-from tests.ssh.mxdist_testing import cli_env
+from tests.support.cli import cli_env
+from tests.support.orphans import let_it_finish, start_and_kill_the_supervisor, stop_it
 
 
 @pytest.mark.parametrize("detached", [False, True], ids=["attached", "detached"])

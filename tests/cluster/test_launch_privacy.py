@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ssh.mxdist_testing import ROOT, assert_nothing_left, cli_env, latest, run_cli, wait_for
+from tests.support.cli import ROOT, assert_nothing_left, cli_env, latest, run_cli, wait_for
 
 SLEEPER = textwrap.dedent("""
     import os, time

@@ -2,8 +2,7 @@
 sync round completes over exactly the workers still pushing, and the job ends cleanly."""
 from __future__ import annotations
 
-from tests.cluster.harness import run_job
-from tests.cluster.test_kvstore_cluster import PRELUDE, ok
+from tests.support.cluster import PRELUDE, ok, run_job
 
 
 def test_workers_finishing_one_by_one_rounds_over_the_rest() -> None:

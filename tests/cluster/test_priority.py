@@ -7,8 +7,7 @@ after the barrier, which worker 0 enters after queueing them: they leave in prio
 """
 from __future__ import annotations
 
-from tests.cluster.harness import run_job
-from tests.cluster.test_kvstore_cluster import PRELUDE, ok
+from tests.support.cluster import PRELUDE, ok, run_job
 
 
 def test_queued_pulls_leave_in_priority_order() -> None:

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.harness import ROOT
-from tests.ssh.mxdist_testing import assert_nothing_left
 from tests.support import require
+from tests.support.cli import assert_nothing_left
+from tests.support.cluster import ROOT
 
 pytestmark = pytest.mark.first_command
 

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from tests.cluster.harness import restart_worker, start_job, wait_job
+from tests.support.cluster import restart_worker, start_job, wait_job
 
 SCRIPT = """
 import os, sys, numpy as np, psnode

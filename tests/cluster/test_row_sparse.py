@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.cluster.harness import run_job
-from tests.cluster.test_kvstore_cluster import PRELUDE, ok
+from tests.support.cluster import PRELUDE, ok, run_job
 
 SPARSE = PRELUDE + """
 from psnode.math.sparse import row_sparse_array

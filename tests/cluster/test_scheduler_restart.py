@@ -15,30 +15,8 @@ import signal
 import textwrap
 from pathlib import Path
 
-from tests.ssh.mxdist_testing import assert_nothing_left, cli_env, kill_cli, latest, run_cli, start_cli, wait_for
-
-ROUNDS = textwrap.dedent("""
-    import pathlib, sys, time, numpy as np, psnode
-    flags, rounds = pathlib.Path(sys.argv[1]), int(sys.argv[2])
-    kv = psnode.kv.create('dist_sync')
-    keys = ['a', 'b', 'c', 'd']
-    for k in keys:
-        kv.init(k, np.zeros(1000, np.float32))
-    bad = []
-    for step in range(rounds):
-        for k in keys:
-            kv.push(k, np.full(1000, (kv.rank + 1) * (step + 1), np.float32))
-        for k in keys:
-            got = kv.pull(k)
-            if not (got == 2.0 * (step + 1)).all():
-                bad.append((step, k, float(got[0])))
-        if kv.rank == 0 and step == 5:
-            (flags / 'round5').touch()
-        time.sleep(0.05)
-    kv.barrier()
-    print('RANK', kv.rank, 'ROUNDS', rounds, 'BAD', bad, flush=True)
-    kv.close()
-""")
+from tests.support.cli import assert_nothing_left, cli_env, kill_cli, latest, run_cli, start_cli, wait_for
+from tests.support.scheduler_restart import ROUNDS
 
 # workers 0 and 1 wait in kv.barrier() while the scheduler is killed; worker 2 enters it after
 IN_BARRIER = textwrap.dedent("""

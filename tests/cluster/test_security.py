@@ -14,9 +14,8 @@ from psnode.errors import PeerLost
 from psnode.net.security import Mode, Security
 from psnode.net.transport import new_security
 from psnode.scheduler.client import status as scheduler_status
-from tests.cluster.harness import start_job, wait_job
-from tests.cluster.test_kvstore_cluster import ok
 from tests.support import wait_for
+from tests.support.cluster import ok, start_job, wait_job
 
 TRAIN = """
 import numpy as np, psnode, sys, time

@@ -12,53 +12,8 @@ from __future__ import annotations
 import os
 import signal
 
-import numpy as np
-
-import psnode
-from tests.cluster.harness import alive, kill_and_restart_server, restart_worker, start_job, wait_for_file, wait_job
-
-STEPS = 8
-KEYS = ["a", "b", "c", "d", "big"]
-
-SCRIPT = """
-import os, sys, time, pathlib, numpy as np, psnode
-flags = pathlib.Path(sys.argv[1])
-kv = psnode.kv.create('dist_sync')
-kv.set_optimizer(psnode.optimizer.create('sgd', learning_rate=0.25, momentum=0.5))
-keys = ['a', 'b', 'c', 'd', 'big']
-shapes = {'a': 4, 'b': 4, 'c': 4, 'd': 4, 'big': 16}
-for k in keys:
-    kv.init(k, np.zeros(shapes[k], np.float32))
-for step in range(8):
-    if kv.rank == 1 and step == 5:
-        deadline = time.monotonic() + 60
-        while not (flags / 'go').exists():
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-    for i, k in enumerate(keys):
-        kv.push(k, np.arange(shapes[k], dtype=np.float32) * (kv.rank + 1) + step + i)
-    if kv.rank == 0 and step == 5:
-        (flags / 'pushed').touch()
-    for k in keys:
-        kv.pull(k)
-for k in keys:
-    print('FINAL', k, kv.pull(k).tolist(), flush=True)
-kv.close()
-"""
-
-
-def reference() -> dict[str, list[float]]:
-    """The same training on a 'local' store fed the workers' average gradient."""
-    kv = psnode.kv.create("local")
-    kv.set_optimizer(psnode.optimizer.create("sgd", learning_rate=0.25, momentum=0.5))
-    shapes = {"a": 4, "b": 4, "c": 4, "d": 4, "big": 16}
-    for k in KEYS:
-        kv.init(k, np.zeros(shapes[k], np.float32))
-    for step in range(STEPS):
-        for i, k in enumerate(KEYS):
-            g = [np.arange(shapes[k], dtype=np.float32) * (r + 1) + step + i for r in (0, 1)]
-            kv.push(k, (g[0] + g[1]) * np.float32(0.5))
-    return {k: kv.pull(k).tolist() for k in KEYS}
+from tests.support.cluster import alive, kill_and_restart_server, restart_worker, start_job, wait_for_file, wait_job
+from tests.support.server_restore import SCRIPT, reference
 
 
 def test_killed_server_restores_from_checkpoint_and_the_job_ends_exactly(tmp_path) -> None:

@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from tests.ssh.mxdist_testing import assert_nothing_left, cli_env, kill_cli, latest, run_cli, start_cli, wait_for
+from tests.support.cli import assert_nothing_left, cli_env, kill_cli, latest, run_cli, start_cli, wait_for
 
 SLOWED = textwrap.dedent("""
     import sys, time, pathlib, numpy as np, psnode

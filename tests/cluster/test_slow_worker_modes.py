@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ssh.mxdist_testing import assert_nothing_left, cli_env, kill_cli, latest, run_cli, start_cli, wait_for
+from tests.support.cli import assert_nothing_left, cli_env, kill_cli, latest, run_cli, start_cli, wait_for
 
 STEPS = 60
 

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.cluster.harness import restart_worker, run_job, start_job, wait_job
+from tests.support.cluster import restart_worker, run_job, start_job, wait_job
 
 T = 16   # steps per worker
 

@@ -2,7 +2,7 @@
 each, the user's frames only (never psnode's, never ``Exception ignored in atexit callback``);
 and a worker whose server stalls for a while waits for it without a word.
 
-Real scheduler, server and worker processes on 127.0.0.1 (tests/cluster/harness.py): no launcher
+Real scheduler, server and worker processes on 127.0.0.1 (tests/support/cluster.py): no launcher
 stops the survivors, so each ends on its own, through its own ``kv.close()`` or the one at exit.
 Rank 1 fails once rank 0 has queued its pushes, so the survivors are inside ``close`` (waiting
 for their pushes to be applied) when the job ends.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.harness import run_job
-from tests.ssh.mxdist_testing import assert_nothing_left, cli_env, run_cli
+from tests.support.cli import assert_nothing_left, cli_env, run_cli
+from tests.support.cluster import run_job
 
 SURVIVORS = textwrap.dedent("""
     import os, sys, time
@@ -114,7 +114,7 @@ def test_a_server_silent_for_less_than_its_last_resend_is_waited_for_quietly(tmp
     import signal
     import time
 
-    from tests.cluster.harness import start_job, wait_for_file, wait_job
+    from tests.support.cluster import start_job, wait_for_file, wait_job
 
     job = start_job(STEADY, 1, 1, args=[str(tmp_path)], tmp=tmp_path,
                     env={"PSNODE_HEARTBEAT_INTERVAL": "1.0", "PSNODE_RETRY_TIMEOUT": "1.0"})

@@ -6,7 +6,7 @@ import json
 import textwrap
 from pathlib import Path
 
-from tests.ssh.mxdist_testing import assert_nothing_left, cli_env, latest, run_cli
+from tests.support.cli import assert_nothing_left, cli_env, latest, run_cli
 
 JOB = textwrap.dedent("""
     import time, numpy as np, psnode

@@ -19,7 +19,7 @@ import pytest
 import psnode
 from psnode.errors import ConfigError
 from psnode.math.compression import CompressionSpec
-from tests.cluster.harness import run_job
+from tests.support.cluster import run_job
 
 try:
     import torch

@@ -20,8 +20,7 @@ except ImportError:
     pytest.skip("torch is not installed (pip install torch); CI fails here instead", allow_module_level=True)
 
 import psnode
-from tests.cluster.harness import kill_and_restart_server, run_job, start_job, wait_for_file, wait_job
-from tests.cluster.test_kvstore_cluster import ok
+from tests.support.cluster import kill_and_restart_server, ok, run_job, start_job, wait_for_file, wait_job
 
 TRAIN = """
 import pathlib, sys, time, numpy as np, torch, torch.nn.functional as F, psnode, psnode.torch as pt

@@ -13,8 +13,7 @@ except ImportError:  # pragma: no cover
         raise
     pytest.skip("torch is not installed (pip install torch); CI fails here instead", allow_module_level=True)
 
-from tests.cluster.harness import run_job
-from tests.cluster.test_kvstore_cluster import PRELUDE, ok
+from tests.support.cluster import PRELUDE, ok, run_job
 
 
 def test_torch_tensor_lists_in_a_job() -> None:

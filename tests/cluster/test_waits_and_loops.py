@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ssh.mxdist_testing import assert_nothing_left, cli_env, latest, run_cli
+from tests.support.cli import assert_nothing_left, cli_env, latest, run_cli
 
 CYCLE = textwrap.dedent("""
     import numpy as np, psnode

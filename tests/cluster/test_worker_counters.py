@@ -5,8 +5,7 @@ from __future__ import annotations
 import time
 
 from psnode.scheduler.client import status as scheduler_status
-from tests.cluster.harness import start_job, wait_for_file, wait_job
-from tests.cluster.test_kvstore_cluster import ok
+from tests.support.cluster import ok, start_job, wait_for_file, wait_job
 
 SCRIPT = """
 import sys, pathlib, time, numpy as np, psnode

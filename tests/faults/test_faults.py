@@ -34,8 +34,9 @@ from psnode.protocol import (
     encode,
 )
 from psnode.scheduler import client as control
-from tests.cluster.harness import start_job
-from tests.faults.faultkit import (
+from tests.support import wait_for
+from tests.support.cluster import start_job
+from tests.support.faults import (
     DEAD_AFTER,
     FAST_ENV,
     TRAIN,
@@ -44,7 +45,6 @@ from tests.faults.faultkit import (
     listen_ports,
     markers,
 )
-from tests.support import wait_for
 
 EXIT_GRACE = 5.0         # psnode.worker.ioloop.EXIT_GRACE: a worker outside psnode exits by itself
 BOUND = DEAD_AFTER + 5   # the bound: the heartbeat timeout plus a few seconds
@@ -545,7 +545,7 @@ def test_scheduler_survives_bad_register_bodies() -> None:
     from psnode.config import NodeConfig, Role
     from psnode.protocol import Command, Message
     from psnode.scheduler.loop import Scheduler
-    from tests.cluster.harness import free_port
+    from tests.support.cluster import free_port
     cfg = NodeConfig(role=Role.SCHEDULER, scheduler_host="127.0.0.1", scheduler_port=free_port(),
                      num_workers=1, num_servers=1, job_id="jreg", host="127.0.0.1")
     s = Scheduler(cfg)
@@ -571,7 +571,7 @@ def test_scheduler_survives_bad_bodies_of_every_command() -> None:
     from psnode.protocol.control import Register
     from psnode.protocol.status import NodeState
     from psnode.scheduler.loop import Scheduler
-    from tests.cluster.harness import free_port
+    from tests.support.cluster import free_port
     cfg = NodeConfig(role=Role.SCHEDULER, scheduler_host="127.0.0.1", scheduler_port=free_port(),
                      num_workers=2, num_servers=1, job_id="jbad", host="127.0.0.1")
     s = Scheduler(cfg)

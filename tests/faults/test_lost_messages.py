@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.harness import alive, start_job, wait_for_file, wait_job
 from tests.support import require
+from tests.support.cluster import alive, start_job, wait_for_file, wait_job
 
 
 @pytest.fixture(autouse=True)

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from psnode.config import NodeConfig, Role
-from tests.cluster.harness import ROOT, Job, Proc, alive
-from tests.faults.faultkit import DEAD_AFTER, FAST_ENV, TRAIN, assert_none_left, markers
 from tests.support import require, wait_for
+from tests.support.cluster import ROOT, Job, Proc, alive
+from tests.support.faults import DEAD_AFTER, FAST_ENV, TRAIN, assert_none_left, markers
 
 BOUND = DEAD_AFTER + 5
 MAIN_IP, CUT_IP = "10.213.7.1", "10.213.7.2"

@@ -20,9 +20,9 @@ import pytest
 from psnode.protocol.codec import ARRAY, HEAD, RECORD
 from psnode.samehost import handshake as shmhandshake
 from psnode.samehost import segments as shm
-from tests.cluster.harness import kill_and_restart_server, start_job, wait_job
-from tests.faults.faultkit import DEAD_AFTER, FAST_ENV, assert_none_left, listen_ports, markers
 from tests.support import require, wait_for
+from tests.support.cluster import kill_and_restart_server, start_job, wait_job
+from tests.support.faults import DEAD_AFTER, FAST_ENV, assert_none_left, listen_ports, markers
 
 
 @pytest.fixture(autouse=True)
@@ -129,7 +129,7 @@ def test_sigstop_on_the_same_host_path_is_named_and_leaves_nothing(tmp_path: Pat
 
 
 def test_a_restarted_server_is_mapped_again_and_the_job_ends_exactly(tmp_path: Path) -> None:
-    from tests.cluster.test_server_restore import SCRIPT, reference
+    from tests.support.server_restore import SCRIPT, reference
     flags = tmp_path / "flags"
     flags.mkdir()
     script = SCRIPT.replace("kv.close()", "print('LINKS', sorted(kv._engine.links.local), flush=True)\nkv.close()")

@@ -2,7 +2,7 @@
 
 CI machines have no GPU, so there every test here reports as skipped "CUDA is not available";
 ``tests/gpu/device_check.sh`` runs them on a GPU machine.  They share the cluster harness and
-the CPU tests' scripts (``tests.cluster...``).
+the CPU tests' scripts (``tests.support``).
 """
 from __future__ import annotations
 

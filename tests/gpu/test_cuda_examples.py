@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.harness import ROOT, free_port
-from tests.cluster.test_examples import metric, require, run_example
+from tests.support.cluster import ROOT, free_port
+from tests.support.examples import metric, require_module, run_example
 
 pytestmark = pytest.mark.cuda
 
 
 def test_mlp_on_cuda_reaches_the_cpu_accuracy(tmp_path: Path) -> None:
-    require("torch")
-    require("sklearn")
+    require_module("torch")
+    require_module("sklearn")
     args = ["--epochs", "10"]
     cpu = run_example("mlp_torch.py", 2, 2, args, tmp_path, timeout=180)
     gpu = run_example("mlp_torch.py", 2, 2, [*args, "--device", "cuda"], tmp_path, timeout=180)
@@ -28,8 +28,8 @@ def test_mlp_on_cuda_reaches_the_cpu_accuracy(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("mode", ["param", "hybrid"])
 def test_seed_nccl_snippet_one_rank(mode: str) -> None:
-    require("torch")
-    require("sklearn")
+    require_module("torch")
+    require_module("sklearn")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PSNODE_")}
     env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))

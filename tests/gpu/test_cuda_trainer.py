@@ -23,8 +23,8 @@ except ImportError:
 
 import psnode
 import psnode.torch as pt
-from tests.cluster.harness import run_job
-from tests.cluster.test_torch_trainer import check_closed_form, closed_form_script
+from tests.support.cluster import run_job
+from tests.support.torch_trainer import check_closed_form, closed_form_script
 
 pytestmark = pytest.mark.cuda
 

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("mxnet")
 
-from tests.ssh.mxdist_testing import ROOT
+from tests.support.cli import ROOT
 
 
 def test_gluon_benchmark_quick() -> None:

@@ -25,7 +25,8 @@ import mxnet  # noqa: F401 - this tier runs in MXNet's venv (PSNODE_TEST_MXNET=1
 import pytest
 
 from mxdist.engines import MXNET, MXNET_BOOT
-from tests.mxnet.engine_testing import (
+from tests.support.cli import ROOT, assert_nothing_left, cli_env, kill_cli, latest, run_cli, start_cli, wait_for
+from tests.support.mxnet_engine import (
     FAILING,
     WAITER,
     assert_matches_one_process,
@@ -35,7 +36,6 @@ from tests.mxnet.engine_testing import (
     port_of,
     write,
 )
-from tests.ssh.mxdist_testing import ROOT, assert_nothing_left, cli_env, kill_cli, latest, run_cli, start_cli, wait_for
 
 EXAMPLE = str(ROOT / "examples" / "gluon_mlp.py")
 ENGINE = ["launch", "--engine", "mxnet"]

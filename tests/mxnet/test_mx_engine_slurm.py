@@ -10,8 +10,8 @@ from pathlib import Path
 
 import mxnet  # noqa: F401 - this tier runs in MXNet's venv
 
-from tests.mxnet.engine_testing import assert_no_mxnet_left, metric, port_of
-from tests.ssh.mxdist_testing import ROOT, cli_env, latest, wait_for
+from tests.support.cli import ROOT, cli_env, latest, wait_for
+from tests.support.mxnet_engine import assert_no_mxnet_left, metric, port_of
 
 EXAMPLE = str(ROOT / "examples" / "gluon_mlp.py")
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import mxnet  # noqa: F401 - this tier runs in MXNet's venv
 import numpy as np
 
-from tests.mxnet.engine_testing import WAITER, assert_no_mxnet_left, logs_say, metric, port_of, write
-from tests.ssh.mxdist_testing import ROOT, assert_nothing_left, kill_cli, latest, run_cli, start_cli, wait_for
+from tests.support.cli import ROOT, assert_nothing_left, kill_cli, latest, run_cli, start_cli, wait_for
+from tests.support.mxnet_engine import WAITER, assert_no_mxnet_left, logs_say, metric, port_of, write
 
 EXAMPLE = str(ROOT / "examples" / "gluon_mlp.py")
 

@@ -19,8 +19,8 @@ import pytest
 
 pytest.importorskip("mxnet")
 
-from tests.mxnet.engine_testing import assert_matches_one_process
-from tests.ssh.mxdist_testing import ROOT, assert_nothing_left, cli_env, run_cli
+from tests.support.cli import ROOT, assert_nothing_left, cli_env, run_cli
+from tests.support.mxnet_engine import assert_matches_one_process
 
 EXAMPLE = str(ROOT / "examples" / "gluon_mlp.py")
 

@@ -3,7 +3,7 @@
 workers ignore it, pulls into row_sparse outputs, and int and str keys never mixed."""
 from __future__ import annotations
 
-from tests.cluster.harness import run_job
+from tests.support.cluster import run_job
 
 SCRIPT = """
 import warnings

@@ -1,4 +1,4 @@
-"""MXNet 1.9's ``tests/python/unittest/test_kvstore.py``, ported to psnode's numpy API (tests.mxnet.port).
+"""MXNet 1.9's ``tests/python/unittest/test_kvstore.py``, ported to psnode's numpy API (tests.support.mxnet_port).
 
 Each MXNet test is one function here, its loops (storage types, int or str keys, store types)
 made pytest parameters.  ``mx.kv.create()`` is ``psnode.kv.create()``: a 'local' store.
@@ -11,7 +11,7 @@ import pytest
 import psnode
 from psnode.errors import ConfigError, PSError
 from psnode.math.sparse import RowSparseArray
-from tests.mxnet.port import F, asnumpy, check_diff_to_scalar, copy, ones, rand_ndarray, zeros
+from tests.support.mxnet_port import F, asnumpy, check_diff_to_scalar, copy, ones, rand_ndarray, zeros
 
 shape = (4, 4)
 keys = [5, 7, 11]

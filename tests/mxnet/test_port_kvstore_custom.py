@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import psnode
-from tests.mxnet.port import F, check_diff_to_scalar
+from tests.support.mxnet_port import F, check_diff_to_scalar
 
 shape = (4, 4)
 keys = [5, 7, 11]

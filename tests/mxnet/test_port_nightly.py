@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import psnode
-from tests.mxnet.port import F, asnumpy, check_diff_to_scalar, tostype
+from tests.support.mxnet_port import F, asnumpy, check_diff_to_scalar, tostype
 
 keys = [3, 5, 7]
 shapes = [(4, 4), (100, 100), (2000, 2000)]   # the last exceeds MXNET_KVSTORE_BIGARRAY_BOUND

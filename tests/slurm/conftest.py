@@ -1,4 +1,4 @@
-"""Real Slurm clusters for the slurm tests (see slurm_cluster.py).
+"""Real Slurm clusters for the slurm tests (see tests/support/slurm.py).
 
 Two session fixtures, each started once (about 1-2 s) and stopped at the end (the temp dir
 under /tmp removed):
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.slurm_cluster import SlurmCluster, missing_binaries
+from tests.support.slurm import SlurmCluster, missing_binaries
 
 
 def _cluster(tmp_path_factory: pytest.TempPathFactory, name: str, nodes: tuple[str, ...]):

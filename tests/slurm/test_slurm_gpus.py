@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 
-from tests.slurm.test_slurm_launch import MXDIST, assert_nothing_left, salloc, write
-from tests.ssh.mxdist_testing import latest
+from tests.support.cli import latest
+from tests.support.slurm_launch import MXDIST, assert_nothing_left, salloc, write
 
 SHOW = textwrap.dedent("""
     import os

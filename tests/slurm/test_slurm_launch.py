@@ -14,12 +14,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
-from tests.ssh.mxdist_testing import ROOT, cli_env, latest, records, wait_for
-
-MXDIST = [sys.executable, "-m", "mxdist"]
+from tests.support.cli import ROOT, latest, records, wait_for
+from tests.support.slurm_launch import MXDIST, assert_nothing_left, env_for, mxdist_steps, salloc, write
 
 TRAIN = textwrap.dedent("""
     import os, sys, numpy as np, psnode.kv
@@ -46,55 +44,6 @@ FAILING = textwrap.dedent("""
         time.sleep(1); print("rank 1 gives up", flush=True); sys.exit(3)
     time.sleep(300)
 """)
-
-
-def write(tmp_path: Path, name: str, text: str) -> str:
-    (tmp_path / name).write_text(text)
-    return name
-
-
-def env_for(cluster, home: Path) -> dict[str, str]:
-    return cluster.env(cli_env(home))
-
-
-def salloc(cluster, alloc: list[str], home: Path, cwd: Path, *command: str,
-           timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """``salloc ALLOC COMMAND`` to completion: COMMAND runs with the allocation in its env."""
-    return subprocess.run(["salloc", *alloc, "--immediate=30", *command], env=env_for(cluster, home),
-                          cwd=cwd, capture_output=True, text=True, timeout=timeout)
-
-
-def job_processes(job_id: str) -> list[int]:
-    """Live pids whose environment carries PSNODE_JOB_ID=job_id."""
-    marker = f"PSNODE_JOB_ID={job_id}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            if marker in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
-                if Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
-
-
-def mxdist_steps(cluster) -> list[str]:
-    return [s for s in cluster.steps() if " mxdist." in s]
-
-
-def assert_nothing_left(cluster, job_id: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while (steps := mxdist_steps(cluster)) or job_processes(job_id):
-        if time.monotonic() > deadline:
-            for pid in job_processes(job_id):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-            raise AssertionError(f"left of job {job_id}: steps {steps}, pids {job_processes(job_id)}")
-        time.sleep(0.1)
 
 
 def test_psnode_job_on_three_nodes(slurm3, home, tmp_path):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ssh.mxdist_testing import cli_env
+from tests.support.cli import cli_env
 
 SSHD = "/usr/sbin/sshd"
 ADDRESSES = ("127.0.0.2", "127.0.0.3", "127.0.0.4")

@@ -1,6 +1,6 @@
 """A job on the SSH testbed (hosts on 127.0.0.2-4), against another Unix user and another job.
 
-The same attack as ``tests/cluster/test_launch_auth.py`` (``tests/cluster/intruders.py``), on a
+The same attack as ``tests/cluster/test_launch_auth.py`` (``tests/support/intruders.py``), on a
 job that ``mxdist launch -H`` started with its default security: the secret was delivered to
 each host over SSH, and the processes on every host refuse the other user's STOP, STATUS,
 REGISTER and push on every TCP port and its HELLO on every same-host address, and the same from
@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from psnode.net.security import Mode, Security
-from tests.cluster.intruders import TRAIN, attack_a_running_job, finish_attacked_job, script
-from tests.ssh.mxdist_testing import assert_nothing_left, records, start_cli, wait_for
+from tests.support.cli import assert_nothing_left, records, start_cli, wait_for
+from tests.support.intruders import TRAIN, attack_a_running_job, finish_attacked_job, script
 
 
 def test_another_user_and_another_job_cannot_touch_an_ssh_job(ssh_cluster, other_user, home, tmp_path):

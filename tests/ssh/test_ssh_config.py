@@ -11,7 +11,7 @@ import subprocess
 import textwrap
 from pathlib import Path
 
-from tests.ssh.mxdist_testing import assert_nothing_left, latest, run_cli, wait_for
+from tests.support.cli import assert_nothing_left, latest, run_cli, wait_for
 
 SHOW = textwrap.dedent("""
     import os

@@ -8,8 +8,8 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from tests.cluster.test_launch_elastic import ROUNDS, TOTAL, _final, _log, _printed, _rounds
-from tests.ssh.mxdist_testing import assert_nothing_left, latest, run_cli, wait_for
+from tests.support.cli import assert_nothing_left, latest, run_cli, wait_for
+from tests.support.elastic import ROUNDS, TOTAL, final_state, printed, role_log, rounds_of
 
 
 def _launch(tmp_path: Path, env: dict, holds: tuple[int, ...], *options: str) -> tuple[str, Path]:
@@ -36,7 +36,7 @@ def test_scale_up_onto_a_second_host(ssh_cluster, home, tmp_path):
     hosts.write_text("node1 slots=2\nnode2\n")
     job, ctl = _launch(tmp_path, env, (4,), "-H", str(hosts), "-n", "2", "--max-workers", "3")
     try:
-        wait_for(lambda: all(_printed(home, job, f"worker-{r}", r"^ROUND 4 ") for r in (0, 1)), 120,
+        wait_for(lambda: all(printed(home, job, f"worker-{r}", r"^ROUND 4 ") for r in (0, 1)), 120,
                  "workers 0 and 1 to finish round 4")
         up = run_cli(["scale", job, "3"], env, timeout=150)
         assert up.returncode == 0, up.stderr
@@ -46,18 +46,18 @@ def test_scale_up_onto_a_second_host(ssh_cluster, home, tmp_path):
         joiner = next(p for p in rec["procs"] if p["name"] == "worker-2")
         assert joiner["host"] == "node2" and joiner["address"] == ssh_cluster.addresses[1]
         assert set(rec["remote_keys"]) == {"node1", "node2"}
-        start = wait_for(lambda: _printed(home, job, "worker-2", r"^START 2 (\d+)$"), 120, "the joiner's start")
+        start = wait_for(lambda: printed(home, job, "worker-2", r"^START 2 (\d+)$"), 120, "the joiner's start")
         (ctl / "hold-4").unlink()
-        rec = _final(home, 120)
+        rec = final_state(home, 120)
     finally:
         _stop(env, home)
     assert rec["state"] == "succeeded", rec.get("root_cause")
     joined_at = int(start.group(1))
     assert joined_at == 5
-    assert _rounds(_log(home, job, "worker-2"), 2) == dict.fromkeys(range(joined_at + 1, TOTAL + 1), 2.0)
+    assert rounds_of(role_log(home, job, "worker-2"), 2) == dict.fromkeys(range(joined_at + 1, TOTAL + 1), 2.0)
     expected = {k: (2.0 if k > joined_at else 1.5) for k in range(1, TOTAL + 1)}
     for rank in (0, 1):
-        assert _rounds(_log(home, job, f"worker-{rank}"), rank) == expected
+        assert rounds_of(role_log(home, job, f"worker-{rank}"), rank) == expected
     assert_nothing_left(home)
 
 
@@ -71,7 +71,7 @@ def test_discovery_script_hosts_come_and_go(ssh_cluster, home, tmp_path):
     job, ctl = _launch(tmp_path, env, (4, 10), "--host-discovery-script", str(find), "-n", "2",
                        "--max-workers", "3")
     try:
-        wait_for(lambda: all(_printed(home, job, f"worker-{r}", r"^ROUND 4 ") for r in (0, 1)), 120,
+        wait_for(lambda: all(printed(home, job, f"worker-{r}", r"^ROUND 4 ") for r in (0, 1)), 120,
                  "workers 0 and 1 to finish round 4")
         full = run_cli(["scale", job, "3"], env)
         assert full.returncode == 2 and "1 more worker needs 1 free slot, the hosts have 0" in full.stderr
@@ -80,14 +80,14 @@ def test_discovery_script_hosts_come_and_go(ssh_cluster, home, tmp_path):
         up = run_cli(["scale", job, "3"], env, timeout=150)
         assert up.returncode == 0, up.stderr
         assert up.stdout.splitlines()[1] == "started worker 2 on node2 (local rank 0)"
-        start = wait_for(lambda: _printed(home, job, "worker-2", r"^START 2 (\d+)$"), 120, "the joiner's start")
+        start = wait_for(lambda: printed(home, job, "worker-2", r"^START 2 (\d+)$"), 120, "the joiner's start")
         (ctl / "hold-4").unlink()
-        wait_for(lambda: all(_printed(home, job, f"worker-{r}", r"^ROUND 10 ") for r in (0, 1, 2)), 120,
+        wait_for(lambda: all(printed(home, job, f"worker-{r}", r"^ROUND 10 ") for r in (0, 1, 2)), 120,
                  "every worker to finish round 10")
         listed.write_text("node1:2\n")
         wait_for(lambda: latest(home)["changes"][-1]["change"] == "lost", 60, "worker 2 to be lost")
         (ctl / "hold-10").unlink()
-        rec = _final(home, 120)
+        rec = final_state(home, 120)
     finally:
         _stop(env, home)
     assert rec["state"] == "succeeded", rec.get("root_cause")
@@ -96,10 +96,10 @@ def test_discovery_script_hosts_come_and_go(ssh_cluster, home, tmp_path):
     assert rec["changes"][1]["why"] == "stopped: its host node2 left the discovered hosts"
     joined_at = int(start.group(1))
     assert joined_at == 5
-    assert _rounds(_log(home, job, "worker-2"), 2) == dict.fromkeys(range(joined_at + 1, 11), 2.0)
+    assert rounds_of(role_log(home, job, "worker-2"), 2) == dict.fromkeys(range(joined_at + 1, 11), 2.0)
     expected = {k: (2.0 if joined_at < k <= 10 else 1.5) for k in range(1, TOTAL + 1)}
     for rank in (0, 1):
-        assert _rounds(_log(home, job, f"worker-{rank}"), rank) == expected
+        assert rounds_of(role_log(home, job, f"worker-{rank}"), rank) == expected
     supervisor = (home / "jobs" / job / "supervisor.log").read_text()
     assert "host discovery: node2 added (1 slot)" in supervisor
     assert "host discovery: node2 is gone: its worker worker-2 is lost" in supervisor

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from psnode.net.security import Mode, Security
-from tests.ssh.mxdist_testing import assert_nothing_left, kill_cli, latest, run_cli, start_cli, wait_for
+from tests.support.cli import assert_nothing_left, kill_cli, latest, run_cli, start_cli, wait_for
 
 TRAIN = textwrap.dedent("""
     import os, sys, time, numpy as np, psnode

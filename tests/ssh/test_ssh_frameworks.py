@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.ssh.mxdist_testing import ROOT, assert_nothing_left, latest, run_cli
 from tests.support import require
+from tests.support.cli import ROOT, assert_nothing_left, latest, run_cli
 
 EXAMPLES = ROOT / "examples"
 TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "GROUP_WORLD_SIZE",

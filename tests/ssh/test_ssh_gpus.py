@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ssh.mxdist_testing import assert_nothing_left, latest, run_cli
+from tests.support.cli import assert_nothing_left, latest, run_cli
 
 SHOW = textwrap.dedent("""
     import json, os

@@ -10,7 +10,7 @@ import json
 import textwrap
 from pathlib import Path
 
-from tests.ssh.mxdist_testing import assert_nothing_left, latest, records, run_cli
+from tests.support.cli import assert_nothing_left, latest, records, run_cli
 
 SHOW = textwrap.dedent("""
     import json, os, sys

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ssh.mxdist_testing import (
+from tests.support.cli import (
     assert_nothing_left,
     group_members,
     kill_cli,

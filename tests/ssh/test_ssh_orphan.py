@@ -2,13 +2,13 @@
 killed with SIGKILL while the job runs: ``mxdist stop <id>``, or the ``mxdist status`` after the
 job ended by itself, ends every process on every host and removes the job's secret files, the
 launcher's copy and ``<run dir>/job.key`` on each host (delivered there over SSH).  See
-``tests/cluster/orphans.py``; every test ends with ``assert_nothing_left``.
+``tests/support/orphans.py``; every test ends with ``assert_nothing_left``.
 """
 from __future__ import annotations
 
 import pytest
 
-from tests.cluster.orphans import let_it_finish, start_and_kill_the_supervisor, stop_it
+from tests.support.orphans import let_it_finish, start_and_kill_the_supervisor, stop_it
 
 
 @pytest.mark.parametrize("detached, end", [(True, "stop"), (False, "finish")],

@@ -8,8 +8,8 @@ import json
 import os
 import signal
 
-from tests.cluster.test_scheduler_restart import ROUNDS
-from tests.ssh.mxdist_testing import assert_nothing_left, kill_cli, latest, run_cli, start_cli, wait_for
+from tests.support.cli import assert_nothing_left, kill_cli, latest, run_cli, start_cli, wait_for
+from tests.support.scheduler_restart import ROUNDS
 
 
 def test_remote_scheduler_killed_is_restarted_on_its_host_and_the_job_ends_exactly(ssh_cluster, home, tmp_path):

@@ -8,7 +8,7 @@ import os
 import textwrap
 from pathlib import Path
 
-from tests.ssh.mxdist_testing import assert_nothing_left, latest, run_cli
+from tests.support.cli import assert_nothing_left, latest, run_cli
 
 JOB = textwrap.dedent("""
     import time, numpy as np, psnode

@@ -11,8 +11,8 @@ import shutil
 import subprocess
 import sys
 
-from tests.ssh.mxdist_testing import ROOT, assert_nothing_left, latest
-from tests.terminal.emulator import Terminal, terminal_env
+from tests.support.cli import ROOT, assert_nothing_left, latest
+from tests.support.terminal import Terminal, terminal_env
 
 MXDIST = [sys.executable, "-m", "mxdist"]
 

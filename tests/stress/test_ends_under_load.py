@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ssh.mxdist_testing import PY, ROOT, assert_nothing_left, cli_env, latest, run_cli, wait_for
+from tests.support.cli import PY, ROOT, assert_nothing_left, cli_env, latest, run_cli, wait_for
 
 RUNS = int(os.environ.get("PSNODE_STRESS_RUNS", "30"))
 SLOW_RUNS = max(1, RUNS // 3)

@@ -1,5 +1,5 @@
 """Every command that draws, as users run it, on every backend: in a real terminal (a pty with a
-size, its screen replayed by :class:`~tests.terminal.emulator.Screen`), through a pipe, and in
+size, its screen replayed by :class:`~tests.support.terminal.Screen`), through a pipe, and in
 a dumb terminal (TERM=dumb); on this machine, on the sshd hosts of tests/ssh and in the Slurm
 cluster of tests/slurm (one :class:`Target` each, module-scoped).
 
@@ -48,10 +48,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.test_slurm_launch import job_processes
-from tests.ssh.mxdist_testing import ROOT, assert_nothing_left, cli_env, latest, records
 from tests.support import Drained, wait_for
-from tests.terminal.emulator import COLS, Screen, Terminal, terminal_env
+from tests.support.cli import ROOT, assert_nothing_left, cli_env, latest, records
+from tests.support.slurm_launch import job_processes
+from tests.support.terminal import COLS, Screen, Terminal, terminal_env
 
 MXDIST = [sys.executable, "-m", "mxdist"]
 PROMPT = 2.0        # seconds within which q or Ctrl-C ends a command that would run on

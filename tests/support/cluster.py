@@ -162,3 +162,22 @@ def kill_job(job: Job) -> None:
 
 def run_job(script: str, num_workers: int, num_servers: int, timeout: float = 60.0, **kw) -> Job:
     return wait_job(start_job(script, num_workers, num_servers, **kw), timeout)
+
+
+#: Worker-script prelude of the kvstore tests: a ``kv`` (type and aggregator from argv), ``W``, ``r``
+#: and ``check(got, want, what)``, which exits 3 naming a mismatch.
+PRELUDE = """
+import numpy as np, psnode, sys
+from psnode.errors import *
+kv = psnode.kv.create(sys.argv[1] if len(sys.argv) > 1 else 'dist_sync',
+                      aggregator=sys.argv[2] if len(sys.argv) > 2 else 'average')
+W, r = kv.num_workers, kv.rank
+def check(got, want, what):
+    if not np.array_equal(got, want):
+        print(f"MISMATCH {what}: got {got!r} want {want!r}", flush=True); sys.exit(3)
+"""
+
+
+def ok(job: Job) -> None:
+    """Assert that every process of ``job`` exited 0 (its description otherwise)."""
+    assert [p.code for p in job.procs] == [0] * len(job.procs), job.describe()

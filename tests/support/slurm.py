@@ -7,7 +7,7 @@ own port, or a single node ``localhost`` (NodeAddr 127.0.0.1).  Everything lives
 
 Start takes about a second; :meth:`SlurmCluster.stop` cancels every job, waits for the queue to
 drain, then ends the daemons by their saved pids and removes the directory.  Every wait is bounded.
-Usable by hand too: ``python -m tests.slurm.slurm_cluster DIR 127.0.0.2 127.0.0.3`` starts one and
+Usable by hand too: ``python -m tests.support.slurm DIR 127.0.0.2 127.0.0.3`` starts one and
 prints the ``SLURM_CONF`` to export; Ctrl-C or SIGTERM stops it.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What the gradient compression cluster tests push, and the values they must pull (closed form).
 
-Shared by the worker scripts (imported as ``tests.cluster.comp_cases``) and the tests.  Every
+Shared by the worker scripts (imported as ``tests.support.compression_cases``) and the tests.  Every
 gradient element is a multiple of 1/8 in [-2, 2] plus a multiple of 2^-13 (at most 3), so every
 value involved -- residuals, decoded payloads (2bit: +-t or 0; 1bit: +-1; fp16: the gradient
 rounded to float16, which drops the 2^-13 part above 1/4), sums, averages, SGD updates with

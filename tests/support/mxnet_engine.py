@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.ssh.mxdist_testing import ROOT, cli_env
+from tests.support.cli import ROOT, cli_env
 
 #: The Gluon example both engines train (``kvstore='psnode'``, or MXNet's own dist_sync).
 GLUON_EXAMPLE = str(ROOT / "examples" / "gluon_mlp.py")

@@ -1,5 +1,6 @@
 """Helpers for tests that run the ``mxdist`` CLI as a user would (a subprocess) and check
-that nothing of a job is left running.  Used by tests/ssh and tests/cluster/test_launch*.py.
+that nothing of a job is left running.  Used by every tier that launches jobs through the CLI
+(cluster, ssh, slurm, terminal, mxnet, stress).
 
 Every wait is bounded; a timeout fails the test with what was awaited.
 """

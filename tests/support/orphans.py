@@ -19,7 +19,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from tests.ssh.mxdist_testing import (
+from tests.support.cli import (
     assert_nothing_left,
     kill_cli,
     records,
@@ -27,7 +27,7 @@ from tests.ssh.mxdist_testing import (
     start_cli,
     wait_for,
 )
-from tests.ssh.mxdist_testing import left_over as processes_left
+from tests.support.cli import left_over as processes_left
 
 #: each worker marks itself ready after the barrier, then waits (bounded) for the ``go`` file
 WAITS = textwrap.dedent("""

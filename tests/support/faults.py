@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.cluster.harness import Job, alive
+from tests.support.cluster import Job, alive
 
 INTERVAL = 0.2
 LIVENESS = 5

@@ -1,7 +1,7 @@
 """Attacks on a running job from outside it: another Unix user, and a process of another job.
 
-Shared by the harness test (``test_auth.py``), the ``mxdist launch`` test on this machine
-(``test_launch_auth.py``) and the SSH-testbed test (``tests/ssh/test_ssh_auth.py``):
+Shared by the harness test (``tests/cluster/test_auth.py``), the ``mxdist launch`` test on this
+machine (``tests/cluster/test_launch_auth.py``) and the SSH-testbed test (``tests/ssh/test_ssh_auth.py``):
 
 * :func:`job_sockets` -- what the job listens on, read (as root) from ``/proc``: every TCP
   port and every abstract Unix address (a server's same-host data plane) of every process in
@@ -29,7 +29,7 @@ from mxdist import agent
 from psnode.errors import PeerLost
 from psnode.net.security import Security
 from psnode.scheduler.client import status as scheduler_status
-from tests.ssh.mxdist_testing import kill_cli, run_cli, wait_for
+from tests.support.cli import kill_cli, run_cli, wait_for
 
 HERE = Path(__file__).resolve().parent
 OUTSIDER = (HERE / "outsider.py").read_text()

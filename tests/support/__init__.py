@@ -10,6 +10,23 @@ requirements that skip on a developer's machine but fail under CI.
   blocks on a full pipe while the test waits for another one.
 * :func:`require` skips a test whose outside prerequisite is missing, except under CI
   (environment variable ``CI`` set, as ``.ci/run`` does), where a skip would hide a broken setup.
+
+Every helper more than one test module uses lives in this package (test modules import no other
+test module; tests/unit/test_test_layout.py checks it):
+
+* ``cli`` -- ``mxdist`` as a subprocess, job records, nothing of a job left running;
+* ``cluster`` -- a psnode job started through the env contract, no launcher (also the
+  benchmarks' harness), and the kvstore tests' worker prelude;
+* ``terminal`` -- a command in a real pty and the screen it draws;
+* ``slurm``, ``slurm_launch`` -- a real Slurm cluster, and ``mxdist`` inside its allocations;
+* ``faults``, ``storm`` -- the fault tests' training script and helpers, and the restart storm
+  (benchmarks/soak.py runs it N times);
+* ``intruders`` (+ ``outsider.py``), ``orphans`` -- attacks on a job, and a job whose supervisor
+  was killed;
+* ``elastic``, ``scheduler_restart``, ``server_restore``, ``torch_trainer``, ``examples``,
+  ``compression_cases`` -- jobs and references shared by the local, SSH, fault and GPU tiers;
+* ``mxnet_engine``, ``mxnet_port`` -- the MXNet engine tests' scripts, and MXNet's test
+  helpers on numpy arrays.
 """
 from __future__ import annotations
 

@@ -1,0 +1,52 @@
+"""The server-restore job (tests/cluster/test_server_restore.py, tests/faults/test_shm_faults.py):
+:data:`SCRIPT`, two workers training five keys with momentum SGD for :data:`STEPS` steps (rank 1
+waits for ``argv[1]/go`` at step 5, rank 0 marks ``argv[1]/pushed``), and :func:`reference`,
+the same training on one 'local' store."""
+from __future__ import annotations
+
+import numpy as np
+
+import psnode
+
+STEPS = 8
+KEYS = ["a", "b", "c", "d", "big"]
+
+SCRIPT = """
+import os, sys, time, pathlib, numpy as np, psnode
+flags = pathlib.Path(sys.argv[1])
+kv = psnode.kv.create('dist_sync')
+kv.set_optimizer(psnode.optimizer.create('sgd', learning_rate=0.25, momentum=0.5))
+keys = ['a', 'b', 'c', 'd', 'big']
+shapes = {'a': 4, 'b': 4, 'c': 4, 'd': 4, 'big': 16}
+for k in keys:
+    kv.init(k, np.zeros(shapes[k], np.float32))
+for step in range(8):
+    if kv.rank == 1 and step == 5:
+        deadline = time.monotonic() + 60
+        while not (flags / 'go').exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    for i, k in enumerate(keys):
+        kv.push(k, np.arange(shapes[k], dtype=np.float32) * (kv.rank + 1) + step + i)
+    if kv.rank == 0 and step == 5:
+        (flags / 'pushed').touch()
+    for k in keys:
+        kv.pull(k)
+for k in keys:
+    print('FINAL', k, kv.pull(k).tolist(), flush=True)
+kv.close()
+"""
+
+
+def reference() -> dict[str, list[float]]:
+    """The same training on a 'local' store fed the workers' average gradient."""
+    kv = psnode.kv.create("local")
+    kv.set_optimizer(psnode.optimizer.create("sgd", learning_rate=0.25, momentum=0.5))
+    shapes = {"a": 4, "b": 4, "c": 4, "d": 4, "big": 16}
+    for k in KEYS:
+        kv.init(k, np.zeros(shapes[k], np.float32))
+    for step in range(STEPS):
+        for i, k in enumerate(KEYS):
+            g = [np.arange(shapes[k], dtype=np.float32) * (r + 1) + step + i for r in (0, 1)]
+            kv.push(k, (g[0] + g[1]) * np.float32(0.5))
+    return {k: kv.pull(k).tolist() for k in KEYS}
