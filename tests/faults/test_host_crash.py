@@ -17,38 +17,18 @@ import re
 import shutil
 import subprocess
 import sys
-import textwrap
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.ssh.mxdist_testing import ROOT, assert_nothing_left, cli_env, latest
 from tests.support import require, wait_for
+from tests.support.cli import ROOT, assert_nothing_left, cli_env, latest
+from tests.support.hosts import HOST_LOSS, HOST_LOSS_FINAL, SSHD, ip, keygen, kill_namespace, sshd_config
 
-SSHD = "/usr/sbin/sshd"
 PORT = 2222                                  # each namespace has its own ports
 NODES = {"node1": "10.213.9.1", "node3": "10.213.9.3", "node4": "10.213.9.4"}
-
-TRAIN = textwrap.dedent("""
-    import sys, time, pathlib, numpy as np, psnode
-    flags = pathlib.Path(sys.argv[1])
-    kv = psnode.kv.create('dist_sync')
-    kv.set_optimizer(psnode.optimizer.create('sgd', learning_rate=0.125))
-    kv.init('w', np.zeros(3, np.float32))
-    start = kv.num_pushes('w')
-    print("START", start, "RESTARTS", kv.restarts, flush=True)
-    for step in range(start, 6):
-        if kv.rank == 1 and step == 3 and kv.restarts == 0:
-            (flags / 'ready').touch()
-            time.sleep(600)                       # its host crashes here
-        kv.push('w', np.full(3, (kv.rank + 1) * (step + 1), np.float32))
-        kv.pull('w')
-    print("FINAL", kv.pull('w').tolist(), flush=True)
-    kv.close()
-""")
-
 
 @pytest.fixture(autouse=True)
 def _possible() -> None:
@@ -59,27 +39,12 @@ def _possible() -> None:
             "run as root with iproute2 and openssh-server (apt-get install iproute2 openssh-server)")
 
 
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
 
 
-def ns_pids(ns: str) -> list[int]:
-    out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=10).stdout
-    return [int(x) for x in out.split()]
 
 
-def kill_namespace(ns: str) -> None:
-    for pid in ns_pids(ns):
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
 
 
-def keygen(path: Path) -> str:
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(path)],
-                   check=True, timeout=30)
-    return " ".join(path.with_suffix(".pub").read_text().split()[:2])
 
 
 def hosts_in_namespaces(root: Path, main: str, cut: str) -> tuple[Path, Path]:
@@ -100,11 +65,7 @@ def hosts_in_namespaces(root: Path, main: str, cut: str) -> tuple[Path, Path]:
         pub = keygen(root / f"{name}_key")
         known.append(f"[{addr}]:{PORT} {pub}\n")
         conf = root / f"{name}.conf"
-        conf.write_text(
-            f"Port {PORT}\nListenAddress {addr}\nHostKey {root}/{name}_key\nPidFile {root}/{name}.pid\n"
-            f"AuthorizedKeysFile {root}/authorized_keys\nPermitRootLogin prohibit-password\n"
-            "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
-            "MaxSessions 100\nMaxStartups 100:30:200\nLogLevel ERROR\n")
+        conf.write_text(sshd_config(PORT, addr, root / f"{name}_key", root / f"{name}.pid", root / "authorized_keys"))
         ns = cut if name == "node4" else main
         subprocess.Popen(["ip", "netns", "exec", ns, SSHD, "-D", "-f", str(conf), "-E", str(root / f"{name}.log")],
                          start_new_session=True)
@@ -125,7 +86,7 @@ def test_a_silently_crashed_hosts_worker_restarts_elsewhere_with_exact_values(tm
     flags = tmp_path / "flags"
     flags.mkdir()
     train = tmp_path / "train.py"
-    train.write_text(TRAIN)
+    train.write_text(HOST_LOSS)
     hosts = tmp_path / "hosts"
     hosts.write_text("node1 slots=1\nnode4 slots=1\nnode3 slots=1   # spare\n")
     cli = None
@@ -157,8 +118,7 @@ def test_a_silently_crashed_hosts_worker_restarts_elsewhere_with_exact_values(tm
     assert "host node4 does not answer" in out, out
     assert "worker-1 restarts with rank 1 on node3 (local rank 0): its host node4 does not answer" in out, out
     assert "[worker 1 @ node3] START 3 RESTARTS 1" in out, out
-    want = [-0.125 * 1.5 * sum(range(1, 7))] * 3                 # the uninterrupted run's closed form
-    assert out.count(f"FINAL {want}") == 2, out
+    assert out.count(HOST_LOSS_FINAL) == 2, out                  # the uninterrupted run's closed form
     assert re.search(r"succeeded in .*worker 1 moved to node3 \(node4 did not answer\)", out.splitlines()[-1]), out
     assert took < 90, f"the job ended {took:.0f} s after the crash\n{out}"
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

@@ -24,6 +24,7 @@ from psnode.config import NodeConfig, Role
 from tests.support import require, wait_for
 from tests.support.cluster import ROOT, Job, Proc, alive
 from tests.support.faults import DEAD_AFTER, FAST_ENV, TRAIN, assert_none_left, markers
+from tests.support.hosts import ip, ns_pids
 
 BOUND = DEAD_AFTER + 5
 MAIN_IP, CUT_IP = "10.213.7.1", "10.213.7.2"
@@ -38,13 +39,8 @@ def _namespaces_possible() -> None:
             "run as root with iproute2 (apt-get install iproute2)")
 
 
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
 
 
-def ns_pids(ns: str) -> list[int]:
-    out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=10).stdout
-    return [int(x) for x in out.split()]
 
 
 def make_namespaces(tag: str) -> tuple[str, str]:

@@ -14,70 +14,26 @@ import re
 import shutil
 import signal
 import subprocess
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.ssh.conftest import SSHD, SshCluster
-from tests.ssh.mxdist_testing import assert_nothing_left, latest, run_cli, start_cli
 from tests.support import wait_for
+from tests.support.cli import assert_nothing_left, latest, run_cli, start_cli
+from tests.support.hosts import HOST_LOSS, HOST_LOSS_FINAL, SSHD, descendants, keygen, sshd_config
 
 CRASH_ADDR = "127.0.0.6"
 
-TRAIN = textwrap.dedent("""
-    import os, sys, time, pathlib, numpy as np, psnode
-    flags = pathlib.Path(sys.argv[1])
-    kv = psnode.kv.create('dist_sync')
-    kv.set_optimizer(psnode.optimizer.create('sgd', learning_rate=0.125))
-    kv.init('w', np.zeros(3, np.float32))
-    start = kv.num_pushes('w')
-    print("START", start, "RESTARTS", kv.restarts, flush=True)
-    for step in range(start, 6):
-        if kv.rank == 1 and step == 3 and kv.restarts == 0:
-            (flags / 'ready').touch()
-            time.sleep(300)                       # its host crashes here
-        kv.push('w', np.full(3, (kv.rank + 1) * (step + 1), np.float32))
-        kv.pull('w')
-    print("FINAL", kv.pull('w').tolist(), flush=True)
-    kv.close()
-""")
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
 @pytest.fixture
-def crashable(ssh_cluster: SshCluster, tmp_path: Path):
+def crashable(ssh_cluster, tmp_path: Path):
     """A fourth host, ``node4`` at 127.0.0.6, with its own sshd: (ssh config, known_hosts, sshd)."""
     root = tmp_path / "node4"
     root.mkdir()
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(root / "host_key")],
-                   check=True, timeout=30)
-    pub = " ".join((root / "host_key.pub").read_text().split()[:2])
+    pub = keygen(root / "host_key")
     conf = root / "sshd.conf"
-    conf.write_text(
-        f"Port {ssh_cluster.port}\nListenAddress {CRASH_ADDR}\nHostKey {root}/host_key\n"
-        f"PidFile {root}/sshd.pid\nAuthorizedKeysFile {ssh_cluster.root}/authorized_keys\n"
-        "PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
-        "UsePAM no\nStrictModes no\nMaxSessions 100\nMaxStartups 100:30:200\nLogLevel ERROR\n")
+    conf.write_text(sshd_config(ssh_cluster.port, CRASH_ADDR, root / "host_key", root / "sshd.pid",
+                                ssh_cluster.root / "authorized_keys"))
     sshd = subprocess.Popen([SSHD, "-D", "-f", str(conf), "-E", str(root / "sshd.log")])
     try:
         wait_for(lambda: (root / "sshd.pid").exists(), 10, "node4's sshd to start")
@@ -121,7 +77,7 @@ def test_a_crashed_hosts_worker_restarts_on_a_spare_slot_with_exact_values(ssh_c
     flags = tmp_path / "flags"
     flags.mkdir()
     train = tmp_path / "train.py"
-    train.write_text(TRAIN)
+    train.write_text(HOST_LOSS)
     cli = start_cli(["launch", "-H", str(hosts), "-n", "2", "-s", "1", "--max-restarts", "1",
                      str(train), str(flags)], env)
     try:
@@ -143,8 +99,7 @@ def test_a_crashed_hosts_worker_restarts_on_a_spare_slot_with_exact_values(ssh_c
     assert "worker-1 restarts with rank 1 on node3 (local rank 0): its host node4 does not answer" in out, out
     assert "[worker 1 @ node3] START 3 RESTARTS 1" in out, out
     assert "succeeded in" in out and "worker 1 moved to node3 (node4 did not answer)" in out.splitlines()[-1], out
-    want = [-0.125 * 1.5 * sum(range(1, 7))] * 3                 # the uninterrupted run's closed form
-    assert out.count(f"FINAL {want}") == 2, out
+    assert out.count(HOST_LOSS_FINAL) == 2, out                  # the uninterrupted run's closed form
     assert "[worker 0 @ node1] FINAL" in out and "[worker 1 @ node3] FINAL" in out, out
     rec = latest(home)
     assert rec["state"] == "succeeded"

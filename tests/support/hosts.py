@@ -1,0 +1,95 @@
+"""Hosts that fail: network namespaces and their processes, real sshd hosts to crash, and the
+training script of the host-loss tests.
+
+* :func:`ip`, :func:`ns_pids`, :func:`kill_namespace`: iproute2 on namespaces the tests create
+  (never the machine's own interfaces);
+* :func:`keygen`, :func:`sshd_config`: an OpenSSH host of a test's own (keys, config);
+* :func:`descendants`: every process below a pid (an sshd and the sessions it serves);
+* :data:`HOST_LOSS`: a ``dist_sync`` job whose worker 1 blocks at step 3 on its first run
+  (``flags/ready`` written) while its host is crashed; it resumes from ``kv.num_pushes``, so
+  each rank ends at the uninterrupted closed form :data:`HOST_LOSS_FINAL`.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import textwrap
+from pathlib import Path
+
+#: OpenSSH's server, as Debian installs it.
+SSHD = "/usr/sbin/sshd"
+
+HOST_LOSS = textwrap.dedent("""
+    import sys, time, pathlib, numpy as np, psnode
+    flags = pathlib.Path(sys.argv[1])
+    kv = psnode.kv.create('dist_sync')
+    kv.set_optimizer(psnode.optimizer.create('sgd', learning_rate=0.125))
+    kv.init('w', np.zeros(3, np.float32))
+    start = kv.num_pushes('w')
+    print("START", start, "RESTARTS", kv.restarts, flush=True)
+    for step in range(start, 6):
+        if kv.rank == 1 and step == 3 and kv.restarts == 0:
+            (flags / 'ready').touch()
+            time.sleep(600)                       # its host crashes here
+        kv.push('w', np.full(3, (kv.rank + 1) * (step + 1), np.float32))
+        kv.pull('w')
+    print("FINAL", kv.pull('w').tolist(), flush=True)
+    kv.close()
+""")
+
+#: What each rank of :data:`HOST_LOSS` prints last: w = -lr * sum_s mean_grad_s = -0.125 * sum_s 1.5 (s + 1).
+HOST_LOSS_FINAL = f"FINAL {[-0.125 * 1.5 * sum(range(1, 7))] * 3}"
+
+
+def ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
+
+
+def ns_pids(ns: str) -> list[int]:
+    out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=10).stdout
+    return [int(x) for x in out.split()]
+
+
+def kill_namespace(ns: str) -> list[int]:
+    """SIGKILL every process in ``ns`` (all started by the test); the pids it found."""
+    found = ns_pids(ns)
+    for pid in found:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    return found
+
+
+def keygen(path: Path) -> str:
+    """A new ed25519 key at ``path``; its public half as ``ssh-ed25519 AAAA...``."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(path)],
+                   check=True, timeout=30)
+    return " ".join(path.with_suffix(".pub").read_text().split()[:2])
+
+
+def sshd_config(port: int, address: str, host_key: Path, pid_file: Path, authorized_keys: Path) -> str:
+    """An sshd_config for a test host: root by key only, no PAM, quiet."""
+    return (f"Port {port}\nListenAddress {address}\nHostKey {host_key}\nPidFile {pid_file}\n"
+            f"AuthorizedKeysFile {authorized_keys}\nPermitRootLogin prohibit-password\n"
+            "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+            "MaxSessions 100\nMaxStartups 100:30:200\nLogLevel ERROR\n")
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
