@@ -23,6 +23,7 @@ from psnode.errors import (
     RemoteError,
     ShapeMismatch,
 )
+from psnode.worker import routes as _routes
 
 __version__ = "0.1.0"
 
@@ -32,6 +33,16 @@ _SUBMODULES = {
     "data": "psnode.data", "torch": "psnode.torch", "mxnet": "psnode.mxnet", "config": "psnode.config",
     "initializer": "psnode.math.initializers",
 }
+
+
+def _torch_values() -> Any:
+    """The torch route of the KVStore's values (loaded once torch is)."""
+    from psnode.torch import values
+
+    return values
+
+
+_routes.install("torch", _torch_values)
 
 
 def __getattr__(name: str) -> Any:

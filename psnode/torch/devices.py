@@ -9,7 +9,7 @@ KVStore does this through the two functions here, for values that are torch tens
 
 Their docstrings are the contract.  Buffers (device sums, pinned host copies) are allocated on
 first use per ``(key, shape, dtype, device)`` and reused: no allocation per step.  Imported
-only with torch installed: :mod:`psnode.worker.torchvalues` imports it lazily, when a value is a
+only with torch installed: :mod:`psnode.torch.values` (the KVStore's torch route) imports it lazily, when a value is a
 tensor; :mod:`psnode.torch` re-exports both functions.
 """
 from __future__ import annotations

@@ -4,8 +4,9 @@ The API and what it was given:
 
 - :mod:`~psnode.worker.kvstore`: the KVStore API (MXNet-style); holds a data path over the
   engine it is given (its :class:`~psnode.worker.kvstore.Backend`).
-- :mod:`~psnode.worker.forms`, :mod:`~psnode.worker.items`, :mod:`~psnode.worker.torchvalues`:
-  the arrays a call was given (MXNet's calling conventions, checks, torch tensors).
+- :mod:`~psnode.worker.forms`, :mod:`~psnode.worker.items`, :mod:`~psnode.worker.routes`:
+  the arrays a call was given (MXNet's calling conventions, checks, the hook through which
+  other libraries' values pass: torch's route is :mod:`psnode.torch.values`).
 - :mod:`~psnode.worker.keys`: what the worker knows of each key (shape, placement, push count);
   :mod:`~psnode.worker.placement` and :mod:`~psnode.worker.bucketing` decide where a key lives.
 - :mod:`~psnode.worker.compressor`: gradient compression's residuals;

@@ -60,8 +60,8 @@ Contracts:
   file (:mod:`psnode.worker.states`), loaded into a job of the same number of servers or more.
 
 :class:`KVStore` checks what a call was given (:mod:`psnode.worker.forms`,
-:mod:`psnode.worker.items`, :mod:`psnode.worker.torchvalues`), registers keys (placement,
-buckets: :mod:`psnode.worker.keys`) and hands the checked items to the :class:`DataPath` it
+:mod:`psnode.worker.items`, :mod:`psnode.worker.routes`: for torch :mod:`psnode.torch.values`),
+registers keys (placement, buckets: :mod:`psnode.worker.keys`) and hands the checked items to the :class:`DataPath` it
 holds; the engine it is given (:class:`Backend`) is the job (or, for ``'local'``, this process).
 """
 from __future__ import annotations
@@ -85,9 +85,8 @@ from psnode.math import optimizers as opt_mod
 from psnode.math.compression import CompressionSpec
 from psnode.math.sparse import RowSparseArray
 from psnode.protocol import DTYPES, Flush, GetStates, LoadStates, Op, SetOptimizer, check_key
-from psnode.worker import forms
+from psnode.worker import forms, routes
 from psnode.worker import items as items_mod
-from psnode.worker import torchvalues as torch_route
 from psnode.worker.bucketing import Bucketer
 from psnode.worker.compressor import Compressor
 from psnode.worker.datapath import DataPath, Requests
@@ -486,13 +485,13 @@ class KVStore:
 
     # ------------------------------------------------------------ push
     def push(self, key: Any, value: Any, priority: int = 0) -> None:
-        """Send gradients (see the module docstring; torch tensors: :mod:`psnode.worker.torchvalues`).
+        """Send gradients (see the module docstring; torch tensors: :mod:`psnode.torch.values`).
         A worker asked to leave leaves here instead (:attr:`leaving`)."""
         if self._engine.leaving:
             self._leave_if_asked()
         self._membership_changed()
         self._check_key_kind(key)
-        value = torch_route.push_values(key, value, self._keys.get)
+        value = routes.push_values(key, value, self._keys.get)
         self._engine.check()
         self._bucketer.close_all()
         if self._local_compressed():
@@ -529,10 +528,10 @@ class KVStore:
         if row_ids is not None:
             return self.row_sparse_pull(key, out=out, priority=priority, row_ids=row_ids)
         self._check_key_kind(key)
-        host, scatters = torch_route.pull_outs(key, out, self._keys.get, self._torch_bufs)
+        host, scatters = routes.pull_outs(key, out, self._keys.get, self._torch_bufs)
         if scatters:   # torch tensors: pulled into host arrays, then copied to every tensor
             self.pull(key, host, priority)
-            torch_route.finish(scatters)
+            routes.finish(scatters)
             return out
         self._engine.check()
         items = items_mod.plain(self._keys, key, out, True)
@@ -601,13 +600,13 @@ class KVStore:
         ``out`` may be a dense array of the key's full shape (only those rows are written), a
         RowSparseArray (replaced by the rows), None (a RowSparseArray is returned), or a list
         of these; see :mod:`psnode.worker.forms` for the forms of ``row_ids``.  Torch tensors (dense,
-        the key's full shape) get the rows too (:mod:`psnode.worker.torchvalues`).
+        the key's full shape) get the rows too (:mod:`psnode.torch.values`).
         """
         self._check_key_kind(key)
-        host, scatters = torch_route.pull_outs(key, out, self._keys.get, self._torch_bufs, rows=True)
+        host, scatters = routes.pull_outs(key, out, self._keys.get, self._torch_bufs, rows=True)
         if scatters:
             self.row_sparse_pull(key, host, priority, row_ids)
-            torch_route.finish(scatters)
+            routes.finish(scatters)
             return out
         self._engine.check()
         outs, many = forms.out_groups(key, out, "row_sparse_pull")
@@ -653,11 +652,11 @@ class KVStore:
         self._membership_changed()
         self._check_key_kind(key)
         dest = value if out is None else out
-        host, scatters = torch_route.pull_outs(key, dest, self._keys.get, self._torch_bufs)
-        value = torch_route.push_values(key, value, self._keys.get)
-        if scatters:   # torch tensors (psnode.worker.torchvalues)
+        host, scatters = routes.pull_outs(key, dest, self._keys.get, self._torch_bufs)
+        value = routes.push_values(key, value, self._keys.get)
+        if scatters:   # torch tensors (psnode.worker.routes)
             self.pushpull(key, value, host, priority)
-            torch_route.finish(scatters)
+            routes.finish(scatters)
             return dest
         self._engine.check()
         groups, many = forms.groups(key, value, "pushpull")

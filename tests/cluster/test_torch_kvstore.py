@@ -1,4 +1,4 @@
-"""Torch tensors straight through a distributed KVStore (psnode.worker.torchvalues): 2 workers, 2
+"""Torch tensors straight through a distributed KVStore (psnode.torch.values): 2 workers, 2
 servers, dist_sync with 'sum', closed-form values."""
 from __future__ import annotations
 

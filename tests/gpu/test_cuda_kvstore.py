@@ -1,5 +1,5 @@
 """kv.push / kv.pull / kv.pushpull with CUDA tensors straight through the KVStore API
-(psnode.worker.torchvalues -> psnode.torch.devices), on the 'local' store: closed-form values.
+(psnode.torch.values -> psnode.torch.devices), on the 'local' store: closed-form values.
 
 Marked ``cuda``: skipped without a CUDA device (CI); tests/gpu/device_check.sh runs it.
 """

@@ -1,4 +1,4 @@
-"""Torch tensors straight through the KVStore API (psnode.worker.torchvalues) on the 'local' store.
+"""Torch tensors straight through the KVStore API (psnode.worker.routes, psnode.torch.values) on the 'local' store.
 
 Every expected value is closed-form: SGD with learning rate 0.5 on the stored value, the pushed
 gradient the sum of the tensors given for the key.
@@ -21,7 +21,7 @@ except ImportError:  # pragma: no cover
 
 import psnode
 from psnode.errors import KeyNotInitialized, ShapeMismatch
-from psnode.worker import torchvalues as torch_route
+from psnode.worker import routes as torch_route
 
 
 def _store() -> psnode.worker.kvstore.KVStore:
@@ -104,7 +104,7 @@ def test_same_key_twice_in_one_push_sums_both() -> None:
 def test_numpy_values_unchanged_and_no_torch_import() -> None:
     """Without torch loaded the routing never imports it and passes values through."""
     code = ("import sys, numpy as np, psnode\n"
-            "from psnode.worker import torchvalues as torch_route\n"
+            "from psnode.worker import routes as torch_route\n"
             "v = np.ones(2)\n"
             "assert torch_route.push_values('k', v, lambda k: None) is v\n"
             "assert torch_route.pull_outs('k', [v], lambda k: None, {}) == ([v], [])\n"

@@ -410,7 +410,7 @@ def test_device_list_push_and_pull_through_a_kvstore() -> None:
 
 def test_kvstore_takes_torch_tensor_lists_directly() -> None:
     """The same through the KVStore API itself: kvstore.py routes torch values to
-    host_value/scatter (psnode.worker.torchvalues)."""
+    host_value/scatter (psnode.torch.values)."""
     kv = psnode.kv.create("local")
     kv.init("w", np.ones((2, 2), np.float32))
     kv.set_optimizer(psnode.optimizer.create("sgd", learning_rate=0.5))

@@ -1,9 +1,11 @@
-"""Torch tensors through the KVStore API: which values go to :mod:`psnode.torch.devices`.
+"""Torch tensors through the KVStore API: the torch route (:mod:`psnode.worker.routes`) that hands
+them to :mod:`psnode.torch.devices`.
 
 ``kv.push(key, t)`` / ``kv.push(key, [g0, g1, ...])`` with torch tensors (one per local device)
 and ``kv.pull(key, out=[w0, w1, ...])`` into torch tensors work like their numpy forms (MXNet's
-device kvstore).  The KVStore calls the functions here first; they replace torch values by host
-arrays and say which tensors get the pulled values afterwards:
+device kvstore).  The KVStore calls the functions here first (through the route ``psnode`` installs:
+this module is loaded once ``torch`` is); they replace torch values by host arrays and say which
+tensors get the pulled values afterwards:
 
 * :func:`push_values` -- every torch tensor, or non-empty list of them, given for a key becomes
   ``torch_devices.host_value(v, dtype=<the key's dtype>, key=k)``; anything else is left as is.
@@ -13,8 +15,8 @@ arrays and say which tensors get the pulled values afterwards:
   With ``row_ids`` (a row_sparse pull writes only the fetched rows) each tensor gets its own
   host array, a copy of the tensor, so the rows not fetched keep their values.
 
-Torch is never imported here: without ``torch`` in ``sys.modules`` no value can be a tensor and
-every function returns its input unchanged at the cost of one dict lookup.  Keys not
+Torch is never imported here (it is loaded already when this module is): every function returns
+its input unchanged when no value is a tensor.  Keys not
 initialised, or of another shape, are left for the KVStore's own checks (its usual errors).
 """
 from __future__ import annotations
