@@ -1,0 +1,102 @@
+"""Every typed wire's round trip: to_json gives the exact JSON fields, from_json reads them back."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from mxdist import agent
+
+
+def wire(message: dict) -> dict:
+    """What the other end reads: the JSON text, parsed."""
+    return json.loads(json.dumps(message))
+
+
+REQUESTS = [
+    (agent.CheckRequest("/w", ["psnode"], {"A": "1"}, ["script", "train.py"]),
+     {"op": "check", "workdir": "/w", "modules": ["psnode"], "env": {"A": "1"}, "target": ["script", "train.py"]}),
+    (agent.GpusRequest({"PATH": "/bin"}), {"op": "gpus", "env": {"PATH": "/bin"}}),
+    (agent.SpawnRequest("/w", "~/run", "/usr/bin/python3", [
+        agent.SpawnItem("worker-0", ["python", "t.py"], {"K": "v"}, "/r/worker-0.failure.json", None)]),
+     {"op": "spawn", "workdir": "/w", "run_dir": "~/run", "python": "/usr/bin/python3",
+      "procs": [{"name": "worker-0", "argv": ["python", "t.py"], "env": {"K": "v"},
+                 "failure": "/r/worker-0.failure.json", "error_file": None}]}),
+    (agent.FollowRequest("/r/w.log", "/r/w.rc", 4242, 17, True),
+     {"op": "follow", "log": "/r/w.log", "rc_file": "/r/w.rc", "pid": 4242, "offset": 17, "wait": True}),
+    (agent.StatusRequest([agent.ProcRef(12, "/r/a.rc"), agent.ProcRef(13, "/r/b.rc")]),
+     {"op": "status", "procs": [{"pid": 12, "rc": "/r/a.rc"}, {"pid": 13, "rc": "/r/b.rc"}]}),
+    (agent.StopRequest([12, 13], 2.5), {"op": "stop", "pgids": [12, 13], "grace": 2.5}),
+    (agent.SignalRequest([12], 15), {"op": "signal", "pgids": [12], "signum": 15}),
+    (agent.PutKeyRequest("/r", "s3cret"), {"op": "put_key", "run_dir": "/r", "key": "s3cret"}),
+    (agent.RemoveFilesRequest(["/a", "/b"]), {"op": "remove_files", "paths": ["/a", "/b"]}),
+    (agent.CollectRequest([agent.CollectItem("worker-1", "/r/w.rc", "/r/w.log", "/r/f.json", "/r/t.json")]),
+     {"op": "collect", "procs": [{"name": "worker-1", "rc": "/r/w.rc", "log": "/r/w.log", "failure": "/r/f.json",
+                                  "error_file": "/r/t.json"}]}),
+    (agent.CleanupRequest("/r/j1", "j1", True),
+     {"op": "cleanup", "run_dir": "/r/j1", "job_id": "j1", "remove_dir": True}),
+    (agent.ReadFilesRequest("/r/tl", ".jsonl", 1000),
+     {"op": "read_files", "directory": "/r/tl", "suffix": ".jsonl", "limit": 1000}),
+]
+
+
+@pytest.mark.parametrize(("request_", "expected"), REQUESTS, ids=[r.op for r, _ in REQUESTS])
+def test_each_agent_request_round_trips_with_its_exact_fields(request_, expected) -> None:
+    assert request_.to_json() == expected
+    assert agent.request_from_json(wire(expected)) == request_
+
+
+def test_every_operation_has_its_request_and_the_served_ones_are_named() -> None:
+    assert sorted(agent.REQUESTS) == sorted(r.op for r, _ in REQUESTS)
+    assert sorted(agent.SERVED) == ["check", "cleanup", "collect", "gpus", "put_key", "read_files", "remove_files",
+                                    "signal", "status", "stop"]
+    with pytest.raises(ValueError, match="unknown operation 'format_disk'"):
+        agent.request_from_json({"op": "format_disk"})
+
+
+def test_each_agent_reply_reads_its_exact_values() -> None:
+    check = {"python": "3.11.7", "executable": "/usr/bin/python3", "errors": ["no script t.py in /w"],
+             "gpus": {"visible": "0", "gpus": [], "error": None}, "missing": {"psnode": "ModuleNotFoundError: x"}}
+    assert agent.CheckRequest("/w", []).reply(wire(check)) == agent.CheckReply(
+        "3.11.7", "/usr/bin/python3", ["no script t.py in /w"], {"visible": "0", "gpus": [], "error": None},
+        {"psnode": "ModuleNotFoundError: x"})
+    spawned = [{"name": "worker-0", "pid": 101, "log": "/r/worker-0.log", "rc": "/r/worker-0.rc"}]
+    assert agent.SpawnRequest("/w", "/r", "py", []).reply(wire(spawned)) == [
+        agent.Spawned("worker-0", 101, "/r/worker-0.log", "/r/worker-0.rc")]
+    assert agent.FollowRequest("l", "r", 1, 0, False).reply({"rc": None, "offset": 5}) == agent.FollowReply(None, 5)
+    assert agent.StatusRequest([]).reply([{"alive": True, "members": [7, 8], "rc": -9}]) == [
+        agent.ProcState(True, [7, 8], -9)]
+    stopped = agent.StopRequest([], 1.0).reply(wire({"killed": [7], "left": {"7": [9, 8], "3": [4]}}))
+    assert stopped == agent.StopReply([7], {"7": [9, 8], "3": [4]})
+    assert stopped.survivors() == [4, 8, 9]
+    assert agent.SignalRequest([], 15).reply(None) is None
+    assert agent.PutKeyRequest("/r", "k").reply("/r/job.key") == "/r/job.key"
+    assert agent.RemoveFilesRequest([]).reply(["/a"]) == ["/a"]
+    collected = {"rc": 1, "rc_time": 12.5, "failure": {"kind": "exception"}, "exception": "ValueError: x",
+                 "error_file": {"message": "m"}, "error_time": 13.25}
+    assert agent.CollectRequest([]).reply(wire([collected])) == [
+        agent.Collected(1, 12.5, {"kind": "exception"}, "ValueError: x", {"message": "m"}, 13.25)]
+    assert agent.CleanupRequest("/r", "j", False).reply({"failed": ["/r/job.key: Permission denied"]}) == \
+        agent.CleanupReply(["/r/job.key: Permission denied"])
+    assert agent.ReadFilesRequest("/r", ".jsonl", 9).reply({"files": {"a.jsonl": "{}\n"}, "left": ["b.jsonl"]}) == \
+        agent.FilesReply({"a.jsonl": "{}\n"}, ["b.jsonl"])
+
+
+def test_the_answer_envelope_round_trips() -> None:
+    assert agent.Answer(result=[1, 2]).to_json() == {"result": [1, 2]}
+    assert agent.Answer(error="Traceback ...").to_json() == {"error": "Traceback ..."}
+    assert agent.Answer.from_json(wire({"result": None})) == agent.Answer(None, None)
+    assert agent.Answer.from_json(wire({"error": "boom"})) == agent.Answer(None, "boom")
+
+
+def test_a_request_answered_here_reads_as_its_reply(tmp_path) -> None:
+    (tmp_path / "a.jsonl").write_text('{"t": 1}\n')
+    assert agent.answer(agent.ReadFilesRequest(str(tmp_path), ".jsonl", 100)) == agent.FilesReply(
+        {"a.jsonl": '{"t": 1}\n'}, [])
+    rc = tmp_path / "w.rc"
+    rc.write_text("3")
+    [state] = agent.answer(agent.StatusRequest([agent.ProcRef(os.getpgrp(), str(rc))]))
+    assert (state.alive, state.rc) == (True, 3) and os.getpid() in state.members
+    assert agent.answer(agent.CheckRequest(str(tmp_path), [])).python == sys.version.split()[0]
