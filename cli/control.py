@@ -54,7 +54,8 @@ def job_status(record: JobRecord, timeout: float = 2.0, backend: Backend | None 
     view = JobView(id=record.id, state=record.state, scheduler=record.scheduler, backend=record.backend,
                    security=record.security or None, exit_code=record.exit_code, created=record.created,
                    ended=record.ended, duration=record.duration,
-                   root_cause=(record.root_cause or {}).get("headline"), consequences=record.consequences,
+                   root_cause=record.root_cause.headline if record.root_cause else None,
+                   consequences=record.consequences,
                    notes=_notes(record), engine=record.engine, membership=_membership(record, None))
     if not record.state.active:
         view.source = "as recorded at its end"
@@ -186,7 +187,7 @@ def summary(record: JobRecord) -> JobRow:
                   duration=record.duration if record.ended else time.time() - record.created,
                   backend=record.backend, hosts=tuple(teardown.hosts_of(record)), processes=len(record.procs),
                   command=tuple(record.command), exit_code=record.exit_code,
-                  root_cause=(record.root_cause or {}).get("headline"))
+                  root_cause=record.root_cause.headline if record.root_cause else None)
 
 
 def job_list(limit: int | None = 20) -> list[JobRow]:

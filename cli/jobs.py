@@ -244,6 +244,38 @@ class JobEnd:
             raise ValueError(f"a job ends succeeded, failed or stopped, not {self.state.value}")
 
 
+@dataclass(frozen=True)
+class Cause:
+    """A failed job's root cause as recorded: a verdict on its processes
+    (:meth:`mxdist.rootcause.RootCause.recorded`: the process ``name``, its ``reason``, when it
+    failed, and the torch elastic error file it was read from, if one), or a ``headline`` alone
+    (``reason`` None) when the job failed before any process could.  On disk (:meth:`to_json`):
+    ``{"headline", "name"}``, and for a verdict ``"reason"``, ``"time"`` (``"source"`` when set)."""
+
+    headline: str
+    name: str | None = None
+    reason: str | None = None
+    time: float | None = None
+    source: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"headline": self.headline, "name": self.name}
+        if self.reason is not None:
+            out.update(reason=self.reason, time=self.time)
+        return {**out, "source": self.source} if self.source else out
+
+    @classmethod
+    def from_json(cls, data: Any) -> Cause | None:
+        """The cause in a record's ``root_cause`` (None: none, or no headline in it)."""
+        if not isinstance(data, dict) or not isinstance(data.get("headline"), str):
+            return None
+        name, reason, when, source = data.get("name"), data.get("reason"), data.get("time"), data.get("source")
+        return cls(data["headline"], name if isinstance(name, str) else None,
+                   reason if isinstance(reason, str) else None,
+                   float(when) if isinstance(when, (int, float)) else None,
+                   source if isinstance(source, str) else None)
+
+
 @dataclass
 class JobRecord:
     """A launched job (see the module docstring)."""
@@ -268,7 +300,7 @@ class JobRecord:
     engine: str = "psnode"               # what ran its scheduler and servers (mxdist.engines)
     key_file: str | None = None          # the launcher's copy of the job's secret (path only)
     remote_keys: dict[str, str] = field(default_factory=dict)  # host label -> key file path there
-    root_cause: dict[str, Any] | None = None
+    root_cause: Cause | None = None
     consequences: list[str] = field(default_factory=list)
     stopped_by: str | None = None
     supervisor_lost: bool = False
@@ -333,9 +365,9 @@ class JobRecord:
         self.remote_keys = {}
         self.supervisor_lost = self.supervisor_lost or end.supervisor_lost
         if end.cause is not None:
-            self.root_cause, self.consequences = end.cause.to_dict(), list(end.cause.consequences)
+            self.root_cause, self.consequences = end.cause.recorded(), list(end.cause.consequences)
         elif end.headline is not None:
-            self.root_cause = {"headline": end.headline, "name": None}
+            self.root_cause = Cause(end.headline)
 
     # -- elastic membership (mxdist.elastic) --------------------------------------------------------
 
@@ -401,7 +433,9 @@ class JobRecord:
             raise ValueError(f"job {self.id} is {self.state.value}: cannot {what} it (a final state is written once)")
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, default=lambda o: o.value)
+        data = asdict(self)
+        data["root_cause"] = self.root_cause.to_json() if self.root_cause is not None else None
+        return json.dumps(data, indent=2, default=lambda o: o.value)
 
     @classmethod
     def from_json(cls, text: str, where: str = "record") -> JobRecord:
@@ -438,6 +472,7 @@ class JobRecord:
         el = raw.get("elastic")
         raw["elastic"] = Elastic(**{k: v for k, v in el.items() if k in {f.name for f in fields(Elastic)}}) \
             if isinstance(el, dict) else None
+        raw["root_cause"] = Cause.from_json(raw.get("root_cause"))
         raw["changes"] = [MemberChange(**{**c, "change": Change(c["change"])}) for c in raw.get("changes") or []
                           if isinstance(c, dict) and c.get("change") in {x.value for x in Change}]
         return cls(**raw)

@@ -750,7 +750,7 @@ class Supervisor:
         rec = self.record
         detail = ""
         if rec.state is JobState.FAILED:
-            headline = cause.headline if cause else (rec.root_cause or {}).get("headline", "failed")
+            headline = cause.headline if cause else (rec.root_cause.headline if rec.root_cause else "failed")
             detail = summary or headline
             if cause is not None:
                 proc = rec.proc(cause.name) if cause.name else None

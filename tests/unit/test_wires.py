@@ -8,6 +8,8 @@ import sys
 import pytest
 
 from mxdist import agent
+from mxdist.jobs import Cause, JobEnd, JobRecord, JobState
+from mxdist.rootcause import RootCause
 
 
 def wire(message: dict) -> dict:
@@ -100,3 +102,35 @@ def test_a_request_answered_here_reads_as_its_reply(tmp_path) -> None:
     [state] = agent.answer(agent.StatusRequest([agent.ProcRef(os.getpgrp(), str(rc))]))
     assert (state.alive, state.rc) == (True, 3) and os.getpid() in state.members
     assert agent.answer(agent.CheckRequest(str(tmp_path), [])).python == sys.version.split()[0]
+
+
+def test_the_recorded_root_cause_keeps_its_json_fields() -> None:
+    verdict = Cause("worker 1 on b: ValueError: x", "worker-1", "ValueError: x", 12.5, "/r/worker-1.torch-error.json")
+    assert verdict.to_json() == {"headline": "worker 1 on b: ValueError: x", "name": "worker-1",
+                                 "reason": "ValueError: x", "time": 12.5, "source": "/r/worker-1.torch-error.json"}
+    assert Cause.from_json(wire(verdict.to_json())) == verdict
+    no_source = Cause("worker 0 on a: exit code 3", "worker-0", "exit code 3", None)
+    assert no_source.to_json() == {"headline": "worker 0 on a: exit code 3", "name": "worker-0",
+                                   "reason": "exit code 3", "time": None}
+    assert Cause.from_json(wire(no_source.to_json())) == no_source
+    alone = Cause("preflight failed: node1: no script t.py")
+    assert alone.to_json() == {"headline": "preflight failed: node1: no script t.py", "name": None}
+    assert Cause.from_json(wire(alone.to_json())) == alone
+    for junk in (None, [], {}, {"headline": 3}, "text"):
+        assert Cause.from_json(junk) is None
+
+
+def test_a_record_writes_and_reads_its_root_cause() -> None:
+    rec = JobRecord(id="j1", command=["t.py"], backend="local")
+    rec.finish(JobEnd(JobState.FAILED, 1, headline="preflight failed: localhost: no script t.py"))
+    assert json.loads(rec.to_json())["root_cause"] == {"headline": "preflight failed: localhost: no script t.py",
+                                                       "name": None}
+    assert JobRecord.from_json(rec.to_json()).root_cause == Cause("preflight failed: localhost: no script t.py")
+    cause = RootCause("worker 1 on b: KeyError: 'k'", "worker-1", "KeyError: 'k'", 7.25, ("worker 0 on a: x",))
+    done = JobRecord(id="j2", command=["t.py"], backend="local")
+    done.finish(JobEnd(JobState.FAILED, 1, cause=cause))
+    assert json.loads(done.to_json())["root_cause"] == {"headline": "worker 1 on b: KeyError: 'k'",
+                                                        "name": "worker-1", "reason": "KeyError: 'k'", "time": 7.25}
+    back = JobRecord.from_json(done.to_json())
+    assert back.root_cause == Cause("worker 1 on b: KeyError: 'k'", "worker-1", "KeyError: 'k'", 7.25)
+    assert back.consequences == ["worker 0 on a: x"]
