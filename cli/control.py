@@ -216,7 +216,7 @@ def stop_job(record: JobRecord, grace: float, wait: Callable[[float], None] = ti
         return record
     if not supervisor_gone(record):
         path = jobs.stop_request_path(record.id)
-        write_atomic(path, json.dumps({"grace": grace, "time": time.time(), "pid": os.getpid()}))
+        write_atomic(path, json.dumps(jobs.StopRequest(grace, time.time(), os.getpid()).to_json()))
         deadline = time.monotonic() + grace + STOP_MARGIN
         while time.monotonic() < deadline:
             current = jobs.load(record.id)
@@ -275,7 +275,7 @@ def scale_job(record: JobRecord, target: int, dry_run: bool = False, timeout: fl
                            f"(mxdist stop {record.id} ends it)")
     token = f"{os.getpid()}-{secrets.token_hex(3)}"
     path = jobs.scale_request_path(record.id, token)
-    write_atomic(path, json.dumps({"target": target, "dry_run": dry_run, "time": time.time()}))
+    write_atomic(path, json.dumps(jobs.ScaleRequest(target, dry_run, time.time()).to_json()))
     answer_path = jobs.scale_answer_path(path)
     deadline = time.monotonic() + timeout
     try:

@@ -539,6 +539,64 @@ def stop_request_path(job_id: str) -> Path:
     return log_dir(job_id) / "stop.request"
 
 
+@dataclass(frozen=True)
+class StopRequest:
+    """``mxdist stop``'s request (:func:`stop_request_path`): end the job, giving its processes
+    ``grace`` seconds (None: the supervisor's own); who asked (``pid``) and when.  On disk:
+    ``{"grace", "time", "pid"}``."""
+
+    grace: float | None = None
+    time: float | None = None
+    pid: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"grace": self.grace, "time": self.time, "pid": self.pid}
+
+    @classmethod
+    def from_json(cls, data: Any) -> StopRequest:
+        """Any content asks to stop: what is not a number of its fields reads as None."""
+        if not isinstance(data, dict):
+            return cls()
+        grace, when, pid = data.get("grace"), data.get("time"), data.get("pid")
+
+        def number(x: Any) -> float | None:
+            return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+        return cls(number(grace), number(when), pid if isinstance(pid, int) and not isinstance(pid, bool) else None)
+
+    @classmethod
+    def read(cls, path: Path) -> StopRequest:
+        """The request at ``path`` (which exists; unreadable or not JSON: a stop all the same)."""
+        try:
+            return cls.from_json(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            return cls()
+
+
+@dataclass(frozen=True)
+class ScaleRequest:
+    """``mxdist scale``'s request (:func:`scale_request_path`): run ``target`` workers (with
+    ``dry_run``: say how, change nothing); when it was asked.  On disk: ``{"target", "dry_run",
+    "time"}``."""
+
+    target: int
+    dry_run: bool = False
+    time: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"target": self.target, "dry_run": self.dry_run, "time": self.time}
+
+    @classmethod
+    def from_json(cls, data: Any) -> ScaleRequest:
+        """KeyError, TypeError or ValueError (its message says which field) when ``data`` asks
+        for no worker count."""
+        if not isinstance(data, dict):
+            raise TypeError(f"not a JSON object: {data!r}"[:200])
+        when = data.get("time")
+        return cls(int(data["target"]), bool(data.get("dry_run")),
+                   float(when) if isinstance(when, (int, float)) and not isinstance(when, bool) else None)
+
+
 def scale_request_path(job_id: str, token: str) -> Path:
     """Where ``mxdist scale`` asks the supervisor (``token``: the request's own name)."""
     return log_dir(job_id) / f"scale-{token}.request"

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from mxdist import agent
-from mxdist.jobs import Cause, JobEnd, JobRecord, JobState
+from mxdist.jobs import Cause, JobEnd, JobRecord, JobState, ScaleRequest, StopRequest
 from mxdist.rootcause import RootCause
 
 
@@ -134,3 +134,31 @@ def test_a_record_writes_and_reads_its_root_cause() -> None:
     back = JobRecord.from_json(done.to_json())
     assert back.root_cause == Cause("worker 1 on b: KeyError: 'k'", "worker-1", "KeyError: 'k'", 7.25)
     assert back.consequences == ["worker 0 on a: x"]
+
+
+def test_the_stop_request_file_keeps_its_json_fields(tmp_path) -> None:
+    asked = StopRequest(2.5, 1700000000.25, 4242)
+    assert asked.to_json() == {"grace": 2.5, "time": 1700000000.25, "pid": 4242}
+    assert StopRequest.from_json(wire(asked.to_json())) == asked
+    assert StopRequest.from_json({"grace": 0.1}) == StopRequest(0.1)
+    assert StopRequest.from_json({"grace": 3}) == StopRequest(3.0)
+    for any_content in ({}, {"grace": "soon"}, [], None, {"grace": True, "pid": "x"}):
+        assert StopRequest.from_json(any_content) == StopRequest()
+    path = tmp_path / "stop.request"
+    path.write_text(json.dumps(asked.to_json()))
+    assert StopRequest.read(path) == asked
+    path.write_text("{not json")
+    assert StopRequest.read(path) == StopRequest()
+
+
+def test_the_scale_request_file_keeps_its_json_fields() -> None:
+    asked = ScaleRequest(5, True, 1700000000.5)
+    assert asked.to_json() == {"target": 5, "dry_run": True, "time": 1700000000.5}
+    assert ScaleRequest.from_json(wire(asked.to_json())) == asked
+    assert ScaleRequest.from_json({"target": "3"}) == ScaleRequest(3, False, None)
+    with pytest.raises(KeyError, match="'target'"):
+        ScaleRequest.from_json({"dry_run": True})
+    with pytest.raises(ValueError, match="invalid literal for int"):
+        ScaleRequest.from_json({"target": "many"})
+    with pytest.raises(TypeError, match="not a JSON object: \\[3\\]"):
+        ScaleRequest.from_json([3])
