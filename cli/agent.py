@@ -157,6 +157,40 @@ def command_problem(workdir: str, kind: str, word: str, env: dict | None = None)
     return None if shutil.which(word, path=search) else f"{word}: command not found (PATH={search})"
 
 
+@dataclass(frozen=True)
+class NodeCheck:
+    """One Slurm node's preflight answer, a line of the preflight step's stdout (:meth:`to_line`):
+    ``MXDIST-CHECK {"node", "errors", "gpus"}``: the node (its ``SLURMD_NODENAME``), what is
+    wrong there, and :func:`gpus`'s report.  Self-contained (the Slurm preflight runs its source);
+    :meth:`from_line` is None for any other line."""
+
+    node: str | None
+    errors: list[str]
+    gpus: dict
+
+    def to_line(self) -> str:
+        import json
+
+        return "MXDIST-CHECK " + json.dumps({"node": self.node, "errors": self.errors, "gpus": self.gpus})
+
+    @classmethod
+    def from_line(cls, line: str) -> NodeCheck | None:
+        import json
+
+        mark, _, text = line.partition(" ")
+        if mark != "MXDIST-CHECK":
+            return None
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(data, dict):
+            return None
+        node = data.get("node")
+        return cls(node if isinstance(node, str) else None, [str(e) for e in data.get("errors") or []],
+                   dict(data.get("gpus") or {}))
+
+
 _IMPORTS = (
     "import importlib,json,sys\n"
     "sys.path[0]=sys.argv[1]\n"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -162,3 +163,33 @@ def test_the_scale_request_file_keeps_its_json_fields() -> None:
         ScaleRequest.from_json({"target": "many"})
     with pytest.raises(TypeError, match="not a JSON object: \\[3\\]"):
         ScaleRequest.from_json([3])
+
+
+def test_a_slurm_check_line_keeps_its_json_fields() -> None:
+    report = {"visible": None, "gpus": [{"index": 0, "uuid": "GPU-1", "name": "H200", "memory_mib": 143771}],
+              "error": None}
+    check = agent.NodeCheck("node-2", ["no script t.py in /w"], report)
+    line = check.to_line()
+    assert line.startswith("MXDIST-CHECK ")
+    assert json.loads(line[len("MXDIST-CHECK "):]) == {"node": "node-2", "errors": ["no script t.py in /w"],
+                                                       "gpus": report}
+    assert agent.NodeCheck.from_line(line) == check
+    for other in ("", "srun: error: x", "MXDIST-CHECK {bad", "MXDIST-CHECK [1]", "MXDIST-CHECKS {}"):
+        assert agent.NodeCheck.from_line(other) is None
+
+
+def test_the_slurm_check_script_prints_a_line_its_reader_reads(tmp_path) -> None:
+    """The script srun runs on each node (mxdist.slurm), run here as one node would run it."""
+    from mxdist.slurm import _CHECK
+
+    env = {**{k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"},
+           "SLURMD_NODENAME": "node-7", "PATH": str(tmp_path)}   # no nvidia-smi there
+    done = subprocess.run([sys.executable, "-c", _CHECK, str(tmp_path), json.dumps(["script", "t.py"]), "json",
+                           "no_such_module_x"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    [line] = done.stdout.splitlines()
+    assert agent.NodeCheck.from_line(line) == agent.NodeCheck(
+        "node-7", [f"no script t.py in {tmp_path}",
+                   f"python cannot import no_such_module_x in {tmp_path}: ModuleNotFoundError: "
+                   "No module named 'no_such_module_x'"],
+        {"visible": None, "gpus": [], "error": None})
