@@ -124,6 +124,42 @@ def gpus(env: dict | None = None, timeout: float = 20.0) -> dict:
     return out
 
 
+@dataclass(frozen=True)
+class GpuEntry:
+    """One GPU of :func:`gpus`'s report (``index`` as nvidia-smi numbers it, as text)."""
+
+    index: str
+    uuid: str = ""
+    name: str = ""
+    memory_mib: int | None = None
+
+
+@dataclass(frozen=True)
+class GpusReport:
+    """:func:`gpus`'s report, read (:meth:`from_json`) from its dict: ``{"visible", "gpus":
+    [{"index", "uuid", "name", "memory_mib"}, ...], "error"}``; a missing or malformed field
+    reads as nothing found (no report at all: no GPU)."""
+
+    visible: str | None = None
+    gpus: tuple[GpuEntry, ...] = ()
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"visible": self.visible, "error": self.error,
+                "gpus": [{"index": int(g.index) if g.index.isdigit() else g.index, "uuid": g.uuid, "name": g.name,
+                          "memory_mib": g.memory_mib} for g in self.gpus]}
+
+    @classmethod
+    def from_json(cls, data: Any) -> GpusReport:
+        if not isinstance(data, dict):
+            return cls()
+        visible = data.get("visible")
+        listed = tuple(GpuEntry(str(g.get("index")), str(g.get("uuid") or ""), str(g.get("name") or ""),
+                                g.get("memory_mib") if isinstance(g.get("memory_mib"), int) else None)
+                       for g in data.get("gpus") or () if isinstance(g, dict))
+        return cls(visible if isinstance(visible, str) else None, listed, str(data.get("error") or "") or None)
+
+
 def command_problem(workdir: str, kind: str, word: str, env: dict | None = None) -> str | None:
     """Why the job's command cannot start in ``workdir`` on this host, or None: ``kind``
     ``script``: ``word`` must be a file (relative to ``workdir``); ``module``: ``python -m word``

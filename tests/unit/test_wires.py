@@ -193,3 +193,17 @@ def test_the_slurm_check_script_prints_a_line_its_reader_reads(tmp_path) -> None
                    f"python cannot import no_such_module_x in {tmp_path}: ModuleNotFoundError: "
                    "No module named 'no_such_module_x'"],
         {"visible": None, "gpus": [], "error": None})
+
+
+def test_the_gpu_report_reads_its_exact_fields() -> None:
+    report = {"visible": "1,0", "error": None,
+              "gpus": [{"index": 0, "uuid": "GPU-a", "name": "NVIDIA H200", "memory_mib": 143771},
+                       {"index": 1, "uuid": "GPU-b", "name": "NVIDIA H200", "memory_mib": None}]}
+    read = agent.GpusReport.from_json(wire(report))
+    assert read == agent.GpusReport("1,0", (agent.GpuEntry("0", "GPU-a", "NVIDIA H200", 143771),
+                                            agent.GpuEntry("1", "GPU-b", "NVIDIA H200", None)), None)
+    assert read.to_json() == report
+    assert agent.GpusReport.from_json(read.to_json()) == read
+    assert agent.GpusReport.from_json(None) == agent.GpusReport() == agent.GpusReport.from_json({"gpus": [3]})
+    failed = "nvidia-smi failed (exit 9): x"
+    assert agent.GpusReport.from_json({"error": failed}) == agent.GpusReport(error=failed)
