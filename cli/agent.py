@@ -44,7 +44,9 @@ answers it with :meth:`Request.run`.  They live in this file, not in a module of
 because this file is what reaches the remote Python: one source, sent whole, keeps both ends
 the same version with nothing else to send.  The wire form is ``{"op": OP, FIELD: value, ...}``
 in, ``{"result": ...}`` or ``{"error": text}`` (:class:`Answer`) out; the local backends call
-:func:`answer` on the same request objects, without JSON.
+:func:`answer` on the same request objects, without JSON.  The GPU report is read by
+:class:`GpusReport`; the Slurm preflight's line per node is :class:`NodeCheck`, whose source
+:mod:`mxdist.slurm` sends with :func:`gpus`'s.
 
 After a job: :func:`collect` reads what each process left (exit status and when it was
 written, its failure record at the path the launcher names, its torch elastic error file and
