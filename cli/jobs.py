@@ -7,8 +7,9 @@ files 0600, here and in the run directories on remote hosts)::
     jobs/<id>/<name>.log        one log per process (name: scheduler, server-0, worker-3, ...)
     jobs/<id>/job.key           the job's secret (psnode.launcher; every job unless --insecure)
     jobs/<id>/supervisor.lock   held (flock) by the job's supervisor for as long as it lives
-    jobs/<id>/stop.request      written by ``mxdist stop`` for the supervisor to act on
-    jobs/<id>/scale-<n>.request written by ``mxdist scale``; the supervisor answers in scale-<n>.answer
+    jobs/<id>/stop.request      written by ``mxdist stop`` for the supervisor to act on (StopRequest)
+    jobs/<id>/scale-<n>.request written by ``mxdist scale`` (ScaleRequest); the supervisor answers in
+                                scale-<n>.answer
     jobs/<id>/supervisor.log    the output of a detached supervisor (``launch -d``)
 
 **One writer.**  A job's record is written by its supervisor only (the attached ``mxdist
@@ -560,7 +561,12 @@ class StopRequest:
         grace, when, pid = data.get("grace"), data.get("time"), data.get("pid")
 
         def number(x: Any) -> float | None:
-            return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+            if isinstance(x, bool) or not isinstance(x, (int, float, str)):
+                return None
+            try:
+                return float(x)
+            except ValueError:
+                return None
 
         return cls(number(grace), number(when), pid if isinstance(pid, int) and not isinstance(pid, bool) else None)
 

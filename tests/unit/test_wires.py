@@ -143,6 +143,7 @@ def test_the_stop_request_file_keeps_its_json_fields(tmp_path) -> None:
     assert StopRequest.from_json(wire(asked.to_json())) == asked
     assert StopRequest.from_json({"grace": 0.1}) == StopRequest(0.1)
     assert StopRequest.from_json({"grace": 3}) == StopRequest(3.0)
+    assert StopRequest.from_json({"grace": "1.5"}) == StopRequest(1.5)
     for any_content in ({}, {"grace": "soon"}, [], None, {"grace": True, "pid": "x"}):
         assert StopRequest.from_json(any_content) == StopRequest()
     path = tmp_path / "stop.request"
