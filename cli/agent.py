@@ -631,7 +631,8 @@ class Request(Generic[R]):
     """A request to the agent, whose reply reads as ``R``.  Its wire form (:meth:`to_json`,
     :meth:`from_json`) is ``{"op": op, FIELD: value, ...}``, the fields as the operation's
     function takes them; :meth:`run` answers it on the host (the JSON result) and :meth:`reply`
-    reads that result on the launcher's side."""
+    reads that result on the launcher's side.  A subclass quotes a ``list[...]`` reply type (a base
+    class is evaluated: a host's older Python still reads this file and says what it lacks)."""
 
     op: ClassVar[str]
 
@@ -725,7 +726,7 @@ class Spawned:
 
 
 @dataclass(frozen=True)
-class SpawnRequest(Request[list[Spawned]]):
+class SpawnRequest(Request["list[Spawned]"]):
     op: ClassVar[str] = "spawn"
     workdir: str
     run_dir: str
@@ -795,7 +796,7 @@ class ProcState:
 
 
 @dataclass(frozen=True)
-class StatusRequest(Request[list[ProcState]]):
+class StatusRequest(Request["list[ProcState]"]):
     op: ClassVar[str] = "status"
     procs: list[ProcRef]
 
@@ -869,7 +870,7 @@ class PutKeyRequest(Request[str]):
 
 
 @dataclass(frozen=True)
-class RemoveFilesRequest(Request[list[str]]):
+class RemoveFilesRequest(Request["list[str]"]):
     """:func:`remove_files`; the reply lists those that could not be removed."""
 
     op: ClassVar[str] = "remove_files"
@@ -918,7 +919,7 @@ class Collected:
 
 
 @dataclass(frozen=True)
-class CollectRequest(Request[list[Collected]]):
+class CollectRequest(Request["list[Collected]"]):
     op: ClassVar[str] = "collect"
     procs: list[CollectItem]
 
