@@ -208,3 +208,24 @@ def test_the_gpu_report_reads_its_exact_fields() -> None:
     assert agent.GpusReport.from_json(None) == agent.GpusReport() == agent.GpusReport.from_json({"gpus": [3]})
     failed = "nvidia-smi failed (exit 9): x"
     assert agent.GpusReport.from_json({"error": failed}) == agent.GpusReport(error=failed)
+
+
+def test_the_agent_source_answers_requests_on_stdin_as_the_ssh_backend_sends_them(tmp_path) -> None:
+    """Its source run by a fresh Python, as mxdist.ssh runs it: once (``python -``) and serving."""
+    from pathlib import Path
+
+    source = Path(agent.__file__).read_text()
+    (tmp_path / "a.jsonl").write_text("{}\n")
+    asked = agent.ReadFilesRequest(str(tmp_path), ".jsonl", 100)
+    once = f"{source}\nimport json as _j, sys as _s\n_s.exit(_main(_j.loads({json.dumps(asked.to_json())!r})))\n"
+    done = subprocess.run([sys.executable, "-"], input=once.encode(), capture_output=True, timeout=120)
+    last = done.stderr.decode().strip().splitlines()[-1]
+    assert asked.reply(agent.Answer.from_json(json.loads(last)).result) == agent.FilesReply({"a.jsonl": "{}\n"}, [])
+    served = f"{source}\nimport sys as _s\n_s.exit(serve())\n".encode()
+    lines = [asked.to_json(), agent.StopRequest([], 0.0).to_json(), {"op": "spawn"}]
+    feed = b"%d\n" % len(served) + served + b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+    done = subprocess.run([sys.executable, "-c", agent.BOOT], input=feed, capture_output=True, timeout=120)
+    first, second, third = (agent.Answer.from_json(json.loads(line)) for line in done.stdout.decode().splitlines())
+    assert asked.reply(first.result) == agent.FilesReply({"a.jsonl": "{}\n"}, [])
+    assert agent.StopRequest([], 0.0).reply(second.result) == agent.StopReply([], {})
+    assert third.result is None and third.error is not None and "ValueError: 'spawn' is not served" in third.error
