@@ -36,6 +36,18 @@ torch elastic's error file: a worker's ``TORCHELASTIC_ERROR_FILE`` (where torch'
 writes the exception that ends it) names a path on this host; a leading ``~`` in it is expanded
 here (torch does not expand it), and a stale file is removed before the worker starts.
 
+Messages: every operation is a request dataclass (:class:`Request`: ``CheckRequest``,
+``SpawnRequest``, ...) paired with its reply's dataclass (``CheckReply``, ``Spawned``, ...),
+defined here once for both ends: the launcher builds a request and reads its reply with the
+request's :meth:`Request.reply`; the agent reads the request with :func:`request_from_json` and
+answers it with :meth:`Request.run`.  They live in this file, not in a module of their own,
+because this file is what reaches the remote Python: one source, sent whole, keeps both ends
+the same version with nothing else to send.  The wire form is ``{"op": OP, FIELD: value, ...}``
+in, ``{"result": ...}`` or ``{"error": text}`` (:class:`Answer`) out; the local backends call
+:func:`answer` on the same request objects, without JSON.  The GPU report is read by
+:class:`GpusReport`; the Slurm preflight's line per node is :class:`NodeCheck`, whose source
+:mod:`mxdist.slurm` sends with :func:`gpus`'s.
+
 After a job: :func:`collect` reads what each process left (exit status and when it was
 written, its failure record at the path the launcher names, its torch elastic error file and
 when that was written, the last exception line of a Python traceback at the end of its log); :func:`cleanup`
@@ -56,7 +68,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 REAPER = (
     "import os,signal,subprocess,sys\n"
@@ -113,6 +126,42 @@ def gpus(env: dict | None = None, timeout: float = 20.0) -> dict:
     return out
 
 
+@dataclass(frozen=True)
+class GpuEntry:
+    """One GPU of :func:`gpus`'s report (``index`` as nvidia-smi numbers it, as text)."""
+
+    index: str
+    uuid: str = ""
+    name: str = ""
+    memory_mib: int | None = None
+
+
+@dataclass(frozen=True)
+class GpusReport:
+    """:func:`gpus`'s report, read (:meth:`from_json`) from its dict: ``{"visible", "gpus":
+    [{"index", "uuid", "name", "memory_mib"}, ...], "error"}``; a missing or malformed field
+    reads as nothing found (no report at all: no GPU)."""
+
+    visible: str | None = None
+    gpus: tuple[GpuEntry, ...] = ()
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"visible": self.visible, "error": self.error,
+                "gpus": [{"index": int(g.index) if g.index.isdigit() else g.index, "uuid": g.uuid, "name": g.name,
+                          "memory_mib": g.memory_mib} for g in self.gpus]}
+
+    @classmethod
+    def from_json(cls, data: Any) -> GpusReport:
+        if not isinstance(data, dict):
+            return cls()
+        visible = data.get("visible")
+        listed = tuple(GpuEntry(str(g.get("index")), str(g.get("uuid") or ""), str(g.get("name") or ""),
+                                g.get("memory_mib") if isinstance(g.get("memory_mib"), int) else None)
+                       for g in data.get("gpus") or () if isinstance(g, dict))
+        return cls(visible if isinstance(visible, str) else None, listed, str(data.get("error") or "") or None)
+
+
 def command_problem(workdir: str, kind: str, word: str, env: dict | None = None) -> str | None:
     """Why the job's command cannot start in ``workdir`` on this host, or None: ``kind``
     ``script``: ``word`` must be a file (relative to ``workdir``); ``module``: ``python -m word``
@@ -144,6 +193,40 @@ def command_problem(workdir: str, kind: str, word: str, env: dict | None = None)
         return f"{word}{where} is not an executable file" if os.path.exists(path) else f"no program {word}{where}"
     search = {**os.environ, **(env or {})}.get("PATH") or os.defpath
     return None if shutil.which(word, path=search) else f"{word}: command not found (PATH={search})"
+
+
+@dataclass(frozen=True)
+class NodeCheck:
+    """One Slurm node's preflight answer, a line of the preflight step's stdout (:meth:`to_line`):
+    ``MXDIST-CHECK {"node", "errors", "gpus"}``: the node (its ``SLURMD_NODENAME``), what is
+    wrong there, and :func:`gpus`'s report.  Self-contained (the Slurm preflight runs its source);
+    :meth:`from_line` is None for any other line."""
+
+    node: str | None
+    errors: list[str]
+    gpus: dict
+
+    def to_line(self) -> str:
+        import json
+
+        return "MXDIST-CHECK " + json.dumps({"node": self.node, "errors": self.errors, "gpus": self.gpus})
+
+    @classmethod
+    def from_line(cls, line: str) -> NodeCheck | None:
+        import json
+
+        mark, _, text = line.partition(" ")
+        if mark != "MXDIST-CHECK":
+            return None
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(data, dict):
+            return None
+        node = data.get("node")
+        return cls(node if isinstance(node, str) else None, [str(e) for e in data.get("errors") or []],
+                   dict(data.get("gpus") or {}))
 
 
 _IMPORTS = (
@@ -541,51 +624,444 @@ def follow(log: str, rc_file: str, pid: int, offset: int, wait: bool,
     return {"rc": rc, "offset": offset}
 
 
-_OPS: dict[str, Callable[..., Any]] = {
-    "check": check, "gpus": gpus, "spawn": spawn, "status": status, "stop": stop, "signal": signal_groups,
-    "put_key": put_key, "remove_files": remove_files, "collect": collect, "cleanup": cleanup,
-    "read_files": read_files}
-SERVED = frozenset(_OPS) - {"spawn"}   # spawn runs once (a serving agent would be its processes' parent)
+# -- messages: every request and its reply, typed, for both ends ------------------------------
+
+R = TypeVar("R")
+
+
+class Request(Generic[R]):
+    """A request to the agent, whose reply reads as ``R``.  Its wire form (:meth:`to_json`,
+    :meth:`from_json`) is ``{"op": op, FIELD: value, ...}``, the fields as the operation's
+    function takes them; :meth:`run` answers it on the host (the JSON result) and :meth:`reply`
+    reads that result on the launcher's side.  A subclass quotes a ``list[...]`` reply type (a base
+    class is evaluated: a host's older Python still reads this file and says what it lacks)."""
+
+    op: ClassVar[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, **asdict(cast(Any, self))}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Request[R]:
+        return cast(Any, cls)(**{f.name: data[f.name] for f in fields(cast(Any, cls)) if f.name in data})
+
+    def run(self, emit: Callable[[bytes], None] | None = None) -> Any:
+        raise NotImplementedError
+
+    def reply(self, result: Any) -> R:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class CheckReply:
+    """:func:`check`'s answer: ``gpus`` is :func:`gpus`'s report (read by ``HostGpus.from_report``)."""
+
+    python: str
+    executable: str
+    errors: list[str]
+    gpus: dict[str, Any]
+    missing: dict[str, str]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CheckReply:
+        return cls(str(data["python"]), str(data["executable"]), list(data["errors"]), dict(data["gpus"] or {}),
+                   dict(data["missing"] or {}))
+
+
+@dataclass(frozen=True)
+class CheckRequest(Request[CheckReply]):
+    op: ClassVar[str] = "check"
+    workdir: str
+    modules: list[str]
+    env: dict[str, str] | None = None
+    target: list[str] | None = None    # [kind, word] (:func:`command_problem`)
+
+    def run(self, emit: Callable[[bytes], None] | None = None) -> Any:
+        return check(self.workdir, self.modules, self.env, self.target)
+
+    def reply(self, result: Any) -> CheckReply:
+        return CheckReply.from_json(result)
+
+
+@dataclass(frozen=True)
+class GpusRequest(Request[dict]):
+    """:func:`gpus`; its report is read by ``HostGpus.from_report``."""
+
+    op: ClassVar[str] = "gpus"
+    env: dict[str, str] | None = None
+
+    def run(self, emit: Callable[[bytes], None] | None = None) -> Any:
+        return gpus(self.env)
+
+    def reply(self, result: Any) -> dict:
+        return dict(result)
+
+
+@dataclass(frozen=True)
+class SpawnItem:
+    """One process for :func:`spawn`: ``failure`` where it writes its failure record,
+    ``error_file`` its torch elastic error file (None: none)."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    failure: str
+    error_file: str | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SpawnItem:
+        return cls(data["name"], list(data["argv"]), dict(data["env"]), data["failure"], data.get("error_file"))
+
+
+@dataclass(frozen=True)
+class Spawned:
+    """A process :func:`spawn` started: its pid (== pgid), log and rc file, and where its output
+    begins in that log (``offset``: the log's size before it started)."""
+
+    name: str
+    pid: int
+    log: str
+    rc: str
+    offset: int = 0
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Spawned:
+        return cls(str(data["name"]), int(data["pid"]), str(data["log"]), str(data["rc"]), int(data.get("offset", 0)))
+
+
+@dataclass(frozen=True)
+class SpawnRequest(Request["list[Spawned]"]):
+    op: ClassVar[str] = "spawn"
+    workdir: str
+    run_dir: str
+    python: str
+    procs: list[SpawnItem]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SpawnRequest:
+        return cls(data["workdir"], data["run_dir"], data["python"], [SpawnItem.from_json(p) for p in data["procs"]])
+
+    def run(self, emit: Callable[[bytes], None] | None = None) -> Any:
+        return spawn(self.workdir, self.run_dir, self.python, [asdict(p) for p in self.procs])
+
+    def reply(self, result: Any) -> list[Spawned]:
+        return [Spawned.from_json(s) for s in result]
+
+
+@dataclass(frozen=True)
+class FollowReply:
+    """:func:`follow`'s answer: ``rc`` None: gone without a recorded status or still running."""
+
+    rc: int | None
+    offset: int
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> FollowReply:
+        return cls(data["rc"], int(data["offset"]))
+
+
+@dataclass(frozen=True)
+class FollowRequest(Request[FollowReply]):
+    """:func:`follow`: the log streams to ``emit`` (over SSH: the agent's stdout)."""
+
+    op: ClassVar[str] = "follow"
+    log: str
+    rc_file: str
+    pid: int
+    offset: int
+    wait: bool
+
+    def run(self, emit: Callable[[bytes], None] | None = None) -> Any:
+        return follow(self.log, self.rc_file, self.pid, self.offset, self.wait, emit or (lambda data: None))
+
+    def reply(self, result: Any) -> FollowReply:
+        return FollowReply.from_json(result)
+
+
+@dataclass(frozen=True)
+class ProcRef:
+    """A process for :func:`status`: its pid (== pgid) and rc file."""
+
+    pid: int
+    rc: str
+
+
+@dataclass(frozen=True)
+class ProcState:
+    """:func:`status`'s answer for one process."""
+
+    alive: bool
+    members: list[int]
+    rc: int | None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ProcState:
+        return cls(bool(data["alive"]), [int(m) for m in data["members"]], data["rc"])
+
+
+@dataclass(frozen=True)
+class StatusRequest(Request["list[ProcState]"]):
+    op: ClassVar[str] = "status"
+    procs: list[ProcRef]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StatusRequest:
+        return cls([ProcRef(int(p["pid"]), p["rc"]) for p in data["procs"]])
+
+    def run(self, emit: Callable[[bytes], None] | None = None) -> Any:
+        return status([asdict(p) for p in self.procs])
+
+    def reply(self, result: Any) -> list[ProcState]:
+        return [ProcState.from_json(i) for i in result]
+
+
+@dataclass(frozen=True)
+class StopReply:
+    """:func:`stop`'s answer: the groups it killed, and per group (its pgid as a string, JSON's
+    keys) the pids still alive."""
+
+    killed: list[int]
+    left: dict[str, list[int]]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StopReply:
+        return cls([int(g) for g in data["killed"]], {str(g): [int(p) for p in m] for g, m in data["left"].items()})
+
+    def survivors(self) -> list[int]:
+        """Every pid still alive, sorted."""
+        return sorted(pid for pids in self.left.values() for pid in pids)
+
+
+@dataclass(frozen=True)
+class StopRequest(Request[StopReply]):
+    op: ClassVar[str] = "stop"
+    pgids: list[int]
+    grace: float
+
+    def run(self, emit: Callable[[bytes], None] | None = None) -> Any:
+        return stop(self.pgids, self.grace)
+
+    def reply(self, result: Any) -> StopReply:
+        return StopReply.from_json(result)
+
+
+@dataclass(frozen=True)
+class SignalRequest(Request[None]):
+    op: ClassVar[str] = "signal"
+    pgids: list[int]
+    signum: int
+
+    def run(self, emit: Callable[[bytes], None] | None = None) -> Any:
+        return signal_groups(self.pgids, self.signum)
+
+    def reply(self, result: Any) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class PutKeyRequest(Request[str]):
+    """:func:`put_key`; the reply is the key file's absolute path."""
+
+    op: ClassVar[str] = "put_key"
+    run_dir: str
+    key: str
+
+    def run(self, emit: Callable[[bytes], None] | None = None) -> Any:
+        return put_key(self.run_dir, self.key)
+
+    def reply(self, result: Any) -> str:
+        return str(result)
+
+
+@dataclass(frozen=True)
+class RemoveFilesRequest(Request["list[str]"]):
+    """:func:`remove_files`; the reply lists those that could not be removed."""
+
+    op: ClassVar[str] = "remove_files"
+    paths: list[str]
+
+    def run(self, emit: Callable[[bytes], None] | None = None) -> Any:
+        return remove_files(self.paths)
+
+    def reply(self, result: Any) -> list[str]:
+        return [str(p) for p in result]
+
+
+@dataclass(frozen=True)
+class CollectItem:
+    """A process for :func:`collect`: ``rc``, ``log``: its files (empty: none);
+    ``failure``: where its failure record is; ``error_file``: its torch elastic error file."""
+
+    name: str
+    rc: str
+    log: str
+    failure: str
+    error_file: str | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CollectItem:
+        return cls(data["name"], data["rc"], data["log"], data["failure"], data.get("error_file"))
+
+
+@dataclass(frozen=True)
+class Collected:
+    """What :func:`collect` found of one process: ``failure`` and ``error_file`` the JSON objects
+    of its failure record and torch elastic error file, ``rc_time`` and ``error_time`` when its
+    exit status and that error file were written."""
+
+    rc: int | None
+    rc_time: float | None
+    failure: dict[str, Any] | None
+    exception: str | None
+    error_file: dict[str, Any] | None
+    error_time: float | None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Collected:
+        return cls(data["rc"], data["rc_time"], data["failure"], data["exception"], data.get("error_file"),
+                   data.get("error_time"))
+
+
+@dataclass(frozen=True)
+class CollectRequest(Request["list[Collected]"]):
+    op: ClassVar[str] = "collect"
+    procs: list[CollectItem]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CollectRequest:
+        return cls([CollectItem.from_json(p) for p in data["procs"]])
+
+    def run(self, emit: Callable[[bytes], None] | None = None) -> Any:
+        return collect([asdict(p) for p in self.procs])
+
+    def reply(self, result: Any) -> list[Collected]:
+        return [Collected.from_json(i) for i in result]
+
+
+@dataclass(frozen=True)
+class CleanupReply:
+    """:func:`cleanup`'s answer: ``PATH: why`` for each thing that could not be removed."""
+
+    failed: list[str]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CleanupReply:
+        return cls([str(f) for f in data["failed"]])
+
+
+@dataclass(frozen=True)
+class CleanupRequest(Request[CleanupReply]):
+    op: ClassVar[str] = "cleanup"
+    run_dir: str
+    job_id: str
+    remove_dir: bool
+
+    def run(self, emit: Callable[[bytes], None] | None = None) -> Any:
+        return cleanup(self.run_dir, self.job_id, self.remove_dir)
+
+    def reply(self, result: Any) -> CleanupReply:
+        return CleanupReply.from_json(result)
+
+
+@dataclass(frozen=True)
+class FilesReply:
+    """:func:`read_files`'s answer: the text of each file read, by name; the names not read."""
+
+    files: dict[str, str]
+    left: list[str]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> FilesReply:
+        return cls({str(k): str(v) for k, v in data["files"].items()}, [str(n) for n in data["left"]])
+
+
+@dataclass(frozen=True)
+class ReadFilesRequest(Request[FilesReply]):
+    op: ClassVar[str] = "read_files"
+    directory: str
+    suffix: str
+    limit: int
+
+    def run(self, emit: Callable[[bytes], None] | None = None) -> Any:
+        return read_files(self.directory, self.suffix, self.limit)
+
+    def reply(self, result: Any) -> FilesReply:
+        return FilesReply.from_json(result)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The agent's answer to one request on the wire: ``{"result": ...}`` or ``{"error": text}``."""
+
+    result: Any = None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": self.error} if self.error is not None else {"result": self.result}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Answer:
+        return cls(error=str(data["error"])) if "error" in data else cls(result=data["result"])
+
+
+REQUESTS: dict[str, type[Request[Any]]] = {c.op: c for c in (
+    CheckRequest, GpusRequest, SpawnRequest, FollowRequest, StatusRequest, StopRequest, SignalRequest,
+    PutKeyRequest, RemoveFilesRequest, CollectRequest, CleanupRequest, ReadFilesRequest)}
+# spawn runs once (a serving agent would be its processes' parent); follow streams on stdout
+SERVED = frozenset(REQUESTS) - {"spawn", "follow"}
 BOOT = 'import sys;_i=sys.stdin.buffer;exec(compile(_i.read(int(_i.readline())),"mxdist-agent","exec"))'
 
 
-def _main(request: dict) -> int:
-    """Entry point when run once remotely: one operation, JSON result on stderr's last line."""
-    op = request.pop("op")
-    if op == "follow":
+def request_from_json(data: dict[str, Any]) -> Request[Any]:
+    """The request ``data`` (its wire form) asks for; ValueError for an unknown operation."""
+    kind = REQUESTS.get(str(data.get("op")))
+    if kind is None:
+        raise ValueError(f"unknown operation {data.get('op')!r}")
+    return kind.from_json(data)
+
+
+def answer(request: Request[R], emit: Callable[[bytes], None] | None = None) -> R:
+    """Answer ``request`` here (what the local backends call), read as its reply."""
+    return request.reply(request.run(emit))
+
+
+def _main(data: dict) -> int:
+    """Entry point when run once remotely: one operation (its wire form), JSON answer on
+    stderr's last line."""
+    request = request_from_json(data)
+    if isinstance(request, FollowRequest):
         out = sys.stdout.buffer
 
-        def emit(data: bytes) -> None:
-            out.write(data)
+        def emit(chunk: bytes) -> None:
+            out.write(chunk)
             out.flush()
 
-        result = follow(emit=emit, **request)
+        result = request.run(emit)
     else:
-        result = _OPS[op](**request)
-    sys.stderr.write("\n" + json.dumps({"result": result}) + "\n")
+        result = request.run()
+    sys.stderr.write("\n" + json.dumps(Answer(result=result).to_json()) + "\n")
     sys.stderr.flush()
     return 0
 
 
 def serve() -> int:
-    """Answer requests (``{"op": ..., ...}``, one JSON line each on stdin) until stdin ends:
-    ``{"result": ...}`` or ``{"error": "..."}``, one JSON line each on stdout.  Only the replies
-    reach stdout (what else writes to it, a child process included, goes to /dev/null)."""
+    """Answer requests (their wire form, one JSON line each on stdin) until stdin ends: an
+    :class:`Answer`, one JSON line each on stdout.  Only the answers reach stdout (what else
+    writes to it, a child process included, goes to /dev/null)."""
     replies = os.fdopen(os.dup(1), "wb")
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)
     os.close(null)
     for line in sys.stdin.buffer:
         try:
-            request = json.loads(line)
-            op = request.pop("op")
-            if op not in SERVED:
-                raise ValueError(f"{op!r} is not served")
-            reply: dict = {"result": _OPS[op](**request)}
+            data = json.loads(line)
+            if data.get("op") not in SERVED:
+                raise ValueError(f"{data.get('op')!r} is not served")
+            reply = Answer(result=request_from_json(data).run())
         except Exception:  # noqa: BLE001 - the launcher reports it per host
             import traceback
 
-            reply = {"error": traceback.format_exc()}
-        replies.write(json.dumps(reply).encode() + b"\n")
+            reply = Answer(error=traceback.format_exc())
+        replies.write(json.dumps(reply.to_json()).encode() + b"\n")
         replies.flush()
     return 0

@@ -107,9 +107,23 @@ class ProcStatus:
 
 def run_files(run_dir: str, name: str) -> dict[str, str]:
     """Where the process ``name`` leaves its failure record (``failure``) and its torch elastic
-    error file (``error_file``) in its host's ``run_dir``: the paths the host agent's spawn and
-    collect take."""
+    error file (``error_file``) in its host's ``run_dir``: the keyword arguments of the host
+    agent's :class:`~mxdist.agent.SpawnItem` and :class:`~mxdist.agent.CollectItem`."""
     return {"failure": path_in(run_dir, name), "error_file": torch_path_in(run_dir, name)}
+
+
+def spawn_item(run_dir: str, name: str, argv: Sequence[str], env: Mapping[str, str]) -> agent.SpawnItem:
+    """The host agent's spawn item for the process ``name`` (its files: :func:`run_files`)."""
+    return agent.SpawnItem(name, list(argv), dict(env), **run_files(run_dir, name))
+
+
+def collect_item(run_dir: str, proc: ProcRecord) -> agent.CollectItem:
+    """The host agent's collect item for ``proc`` (its files: :func:`run_files`)."""
+    return agent.CollectItem(proc.name, proc.rc_file, proc.run_log, **run_files(run_dir, proc.name))
+
+
+def started(spawned: list[agent.Spawned]) -> list[Started]:
+    return [Started(s.name, s.pid, s.log, s.rc, s.offset) for s in spawned]
 
 
 @dataclass(frozen=True)
@@ -127,13 +141,13 @@ class Evidence:
         object.__setattr__(self, "failure", record_of(self.failure))
 
     @classmethod
-    def collected(cls, item: Mapping[str, Any], code: int | None, run_dir: str, name: str) -> Evidence:
+    def collected(cls, item: agent.Collected, code: int | None, run_dir: str, name: str) -> Evidence:
         """The evidence of the process ``name`` from the host agent's ``collect`` answer: its
         psnode failure record, else its torch elastic error file read as one (its ``source``
         the file)."""
-        failure = record_of(item["failure"]) or from_torch(item.get("error_file"), torch_path_in(run_dir, name),
-                                                           item.get("error_time"))
-        return cls(code, item["rc_time"], failure, item["exception"])
+        failure = record_of(item.failure) or from_torch(item.error_file, torch_path_in(run_dir, name),
+                                                        item.error_time)
+        return cls(code, item.rc_time, failure, item.exception)
 
 
 @dataclass(frozen=True)
@@ -331,39 +345,35 @@ class LocalRunner:
         self._exit_code = exit_code or (lambda rc, proc: rc)
 
     def start(self, host: Host, procs: Sequence[ProcSpec], run_dir: str) -> list[Started]:
-        items = [{"name": p.name, "argv": self._argv(host, p), "env": dict(p.env), **run_files(run_dir, p.name)}
-                 for p in procs]
-        started = agent.spawn(self.workdir, run_dir, self.reaper_python, items)
-        return [Started(s["name"], s["pid"], s["log"], s["rc"], s.get("offset", 0)) for s in started]
+        items = [spawn_item(run_dir, p.name, self._argv(host, p), p.env) for p in procs]
+        return started(agent.answer(agent.SpawnRequest(self.workdir, run_dir, self.reaper_python, items)))
 
     def follow(self, proc: ProcRecord, emit: Callable[[bytes], None], wait: bool = True,
                offset: int = 0) -> ExitStatus | None:
         assert proc.pid is not None
-        result = agent.follow(proc.run_log, proc.rc_file, proc.pid, offset, wait, emit)
-        if not wait and result["rc"] is None:
+        result = agent.answer(agent.FollowRequest(proc.run_log, proc.rc_file, proc.pid, offset, wait), emit)
+        if not wait and result.rc is None:
             return None
-        return ExitStatus(self._exit_code(result["rc"], proc))
+        return ExitStatus(self._exit_code(result.rc, proc))
 
     def status(self, procs: Sequence[ProcRecord]) -> list[ProcStatus]:
-        items = agent.status([{"pid": p.pid, "rc": p.rc_file} for p in procs])
-        return [ProcStatus(i["alive"], tuple(i["members"]), self._exit_code(i["rc"], p))
+        items = agent.answer(agent.StatusRequest([agent.ProcRef(cast(int, p.pid), p.rc_file) for p in procs]))
+        return [ProcStatus(i.alive, tuple(i.members), self._exit_code(i.rc, p))
                 for i, p in zip(items, procs, strict=True)]
 
     def signal(self, procs: Sequence[ProcRecord], signum: int) -> None:
-        agent.signal_groups([p.pid for p in procs if p.pid], signum)
+        agent.answer(agent.SignalRequest([p.pid for p in procs if p.pid], signum))
 
     def stop(self, procs: Sequence[ProcRecord], grace: float) -> list[int]:
-        result = agent.stop([p.pid for p in procs if p.pid], grace)
-        return sorted(pid for pids in result["left"].values() for pid in pids)
+        return agent.answer(agent.StopRequest([p.pid for p in procs if p.pid], grace)).survivors()
 
     def collect(self, procs: Sequence[ProcRecord], run_dir: str) -> list[Evidence]:
-        items = agent.collect([{"name": p.name, "rc": p.rc_file, "log": p.run_log, **run_files(run_dir, p.name)}
-                               for p in procs])
-        return [Evidence.collected(i, self._exit_code(i["rc"], p), run_dir, p.name)
+        items = agent.answer(agent.CollectRequest([collect_item(run_dir, p) for p in procs]))
+        return [Evidence.collected(i, self._exit_code(i.rc, p), run_dir, p.name)
                 for i, p in zip(items, procs, strict=True)]
 
     def cleanup(self, job_id: str, run_dir: str) -> None:
-        agent.cleanup(run_dir, job_id, remove_dir=False)
+        agent.answer(agent.CleanupRequest(run_dir, job_id, remove_dir=False))
 
 
 class LocalBackend:
@@ -395,17 +405,17 @@ class LocalBackend:
     def preflight(self, hosts: Sequence[Host], modules: Sequence[str], env: Mapping[str, str],
                   target: tuple[str, str] | None = None) -> Preflight:
         # the launcher's own Python runs the job: a module it has imported needs no check
-        result = agent.check(self.workdir, [m for m in modules if m not in sys.modules], dict(env),
-                             list(target) if target else None)
+        result = agent.answer(agent.CheckRequest(self.workdir, [m for m in modules if m not in sys.modules],
+                                                 dict(env), list(target) if target else None))
 
         def fix(err: str) -> str:
             if "cannot import" in err:
-                return import_fix(self.python, list(result.get("missing") or ["psnode"]),
+                return import_fix(self.python, list(result.missing or ["psnode"]),
                                   "the Python running mxdist runs the job's processes")
             return command_fix(err, "create it or pass --workdir")
 
-        return Preflight([HostProblem("localhost", err, fix(err)) for err in result["errors"]],
-                         {h.label: HostGpus.from_report(result["gpus"]) for h in hosts})
+        return Preflight([HostProblem("localhost", err, fix(err)) for err in result.errors],
+                         {h.label: HostGpus.from_report(result.gpus) for h in hosts})
 
     def reachable(self, host: Host, timeout: float) -> None:
         pass

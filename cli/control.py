@@ -54,7 +54,8 @@ def job_status(record: JobRecord, timeout: float = 2.0, backend: Backend | None 
     view = JobView(id=record.id, state=record.state, scheduler=record.scheduler, backend=record.backend,
                    security=record.security or None, exit_code=record.exit_code, created=record.created,
                    ended=record.ended, duration=record.duration,
-                   root_cause=(record.root_cause or {}).get("headline"), consequences=record.consequences,
+                   root_cause=record.root_cause.headline if record.root_cause else None,
+                   consequences=record.consequences,
                    notes=_notes(record), engine=record.engine, membership=_membership(record, None))
     if not record.state.active:
         view.source = "as recorded at its end"
@@ -190,7 +191,7 @@ def summary(record: JobRecord) -> JobRow:
                   duration=record.duration if record.ended else time.time() - record.created,
                   backend=record.backend, hosts=tuple(teardown.hosts_of(record)), processes=len(record.procs),
                   command=tuple(record.command), exit_code=record.exit_code,
-                  root_cause=(record.root_cause or {}).get("headline"))
+                  root_cause=record.root_cause.headline if record.root_cause else None)
 
 
 def job_list(limit: int | None = 20) -> list[JobRow]:
@@ -219,7 +220,7 @@ def stop_job(record: JobRecord, grace: float, wait: Callable[[float], None] = ti
         return record
     if not supervisor_gone(record):
         path = jobs.stop_request_path(record.id)
-        write_atomic(path, json.dumps({"grace": grace, "time": time.time(), "pid": os.getpid()}))
+        write_atomic(path, json.dumps(jobs.StopRequest(grace, time.time(), os.getpid()).to_json()))
         deadline = time.monotonic() + grace + STOP_MARGIN
         while time.monotonic() < deadline:
             current = jobs.load(record.id)
@@ -278,7 +279,7 @@ def scale_job(record: JobRecord, target: int, dry_run: bool = False, timeout: fl
                            f"(mxdist stop {record.id} ends it)")
     token = f"{os.getpid()}-{secrets.token_hex(3)}"
     path = jobs.scale_request_path(record.id, token)
-    write_atomic(path, json.dumps({"target": target, "dry_run": dry_run, "time": time.time()}))
+    write_atomic(path, json.dumps(jobs.ScaleRequest(target, dry_run, time.time()).to_json()))
     answer_path = jobs.scale_answer_path(path)
     deadline = time.monotonic() + timeout
     try:

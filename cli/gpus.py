@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from .agent import GpusReport
+
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 ORDER = "CUDA_DEVICE_ORDER"
 
@@ -67,12 +69,11 @@ class HostGpus:
 
     @classmethod
     def from_report(cls, report: Mapping[str, Any] | None) -> HostGpus:
-        """From :func:`mxdist.agent.gpus`'s dict (missing fields: nothing found)."""
-        report = report or {}
-        listed = tuple(Gpu(str(g.get("index")), str(g.get("name") or ""), g.get("memory_mib"))
-                       for g in report.get("gpus") or () if isinstance(g, Mapping))
-        problem = report.get("error") or None
-        visible = report.get("visible")
+        """From :func:`mxdist.agent.gpus`'s dict (:class:`mxdist.agent.GpusReport`: missing fields,
+        nothing found)."""
+        read = GpusReport.from_json(dict(report) if isinstance(report, Mapping) else None)
+        listed = tuple(Gpu(g.index, g.name, g.memory_mib) for g in read.gpus)
+        problem, visible = read.error, read.visible
         if isinstance(visible, str):
             return cls(parse_visible(visible), GpuSource.ENV, listed, problem)
         if listed:

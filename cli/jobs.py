@@ -7,8 +7,9 @@ files 0600, here and in the run directories on remote hosts)::
     jobs/<id>/<name>.log        one log per process (name: scheduler, server-0, worker-3, ...)
     jobs/<id>/job.key           the job's secret (psnode.launcher; every job unless --insecure)
     jobs/<id>/supervisor.lock   held (flock) by the job's supervisor for as long as it lives
-    jobs/<id>/stop.request      written by ``mxdist stop`` for the supervisor to act on
-    jobs/<id>/scale-<n>.request written by ``mxdist scale``; the supervisor answers in scale-<n>.answer
+    jobs/<id>/stop.request      written by ``mxdist stop`` for the supervisor to act on (StopRequest)
+    jobs/<id>/scale-<n>.request written by ``mxdist scale`` (ScaleRequest); the supervisor answers in
+                                scale-<n>.answer
     jobs/<id>/supervisor.log    the output of a detached supervisor (``launch -d``)
 
 **One writer.**  A job's record is written by its supervisor only (the attached ``mxdist
@@ -245,6 +246,38 @@ class JobEnd:
             raise ValueError(f"a job ends succeeded, failed or stopped, not {self.state.value}")
 
 
+@dataclass(frozen=True)
+class Cause:
+    """A failed job's root cause as recorded: a verdict on its processes
+    (:meth:`mxdist.rootcause.RootCause.recorded`: the process ``name``, its ``reason``, when it
+    failed, and the torch elastic error file it was read from, if one), or a ``headline`` alone
+    (``reason`` None) when the job failed before any process could.  On disk (:meth:`to_json`):
+    ``{"headline", "name"}``, and for a verdict ``"reason"``, ``"time"`` (``"source"`` when set)."""
+
+    headline: str
+    name: str | None = None
+    reason: str | None = None
+    time: float | None = None
+    source: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"headline": self.headline, "name": self.name}
+        if self.reason is not None:
+            out.update(reason=self.reason, time=self.time)
+        return {**out, "source": self.source} if self.source else out
+
+    @classmethod
+    def from_json(cls, data: Any) -> Cause | None:
+        """The cause in a record's ``root_cause`` (None: none, or no headline in it)."""
+        if not isinstance(data, dict) or not isinstance(data.get("headline"), str):
+            return None
+        name, reason, when, source = data.get("name"), data.get("reason"), data.get("time"), data.get("source")
+        return cls(data["headline"], name if isinstance(name, str) else None,
+                   reason if isinstance(reason, str) else None,
+                   float(when) if isinstance(when, (int, float)) else None,
+                   source if isinstance(source, str) else None)
+
+
 @dataclass
 class JobRecord:
     """A launched job (see the module docstring)."""
@@ -269,7 +302,7 @@ class JobRecord:
     engine: str = "psnode"               # what ran its scheduler and servers (mxdist.engines)
     key_file: str | None = None          # the launcher's copy of the job's secret (path only)
     remote_keys: dict[str, str] = field(default_factory=dict)  # host label -> key file path there
-    root_cause: dict[str, Any] | None = None
+    root_cause: Cause | None = None
     consequences: list[str] = field(default_factory=list)
     stopped_by: str | None = None
     supervisor_lost: bool = False
@@ -334,9 +367,9 @@ class JobRecord:
         self.remote_keys = {}
         self.supervisor_lost = self.supervisor_lost or end.supervisor_lost
         if end.cause is not None:
-            self.root_cause, self.consequences = end.cause.to_dict(), list(end.cause.consequences)
+            self.root_cause, self.consequences = end.cause.recorded(), list(end.cause.consequences)
         elif end.headline is not None:
-            self.root_cause = {"headline": end.headline, "name": None}
+            self.root_cause = Cause(end.headline)
 
     # -- elastic membership (mxdist.elastic) --------------------------------------------------------
 
@@ -407,7 +440,9 @@ class JobRecord:
             raise ValueError(f"job {self.id} is {self.state.value}: cannot {what} it (a final state is written once)")
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, default=lambda o: o.value)
+        data = asdict(self)
+        data["root_cause"] = self.root_cause.to_json() if self.root_cause is not None else None
+        return json.dumps(data, indent=2, default=lambda o: o.value)
 
     @classmethod
     def from_json(cls, text: str, where: str = "record") -> JobRecord:
@@ -444,6 +479,7 @@ class JobRecord:
         el = raw.get("elastic")
         raw["elastic"] = Elastic(**{k: v for k, v in el.items() if k in {f.name for f in fields(Elastic)}}) \
             if isinstance(el, dict) else None
+        raw["root_cause"] = Cause.from_json(raw.get("root_cause"))
         raw["changes"] = [MemberChange(**{**c, "change": Change(c["change"])}) for c in raw.get("changes") or []
                           if isinstance(c, dict) and c.get("change") in {x.value for x in Change}]
         return cls(**raw)
@@ -508,6 +544,69 @@ def discard_key(job_id: str) -> None:
 
 def stop_request_path(job_id: str) -> Path:
     return log_dir(job_id) / "stop.request"
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """``mxdist stop``'s request (:func:`stop_request_path`): end the job, giving its processes
+    ``grace`` seconds (None: the supervisor's own); who asked (``pid``) and when.  On disk:
+    ``{"grace", "time", "pid"}``."""
+
+    grace: float | None = None
+    time: float | None = None
+    pid: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"grace": self.grace, "time": self.time, "pid": self.pid}
+
+    @classmethod
+    def from_json(cls, data: Any) -> StopRequest:
+        """Any content asks to stop: what is not a number of its fields reads as None."""
+        if not isinstance(data, dict):
+            return cls()
+        grace, when, pid = data.get("grace"), data.get("time"), data.get("pid")
+
+        def number(x: Any) -> float | None:
+            if isinstance(x, bool) or not isinstance(x, (int, float, str)):
+                return None
+            try:
+                return float(x)
+            except ValueError:
+                return None
+
+        return cls(number(grace), number(when), pid if isinstance(pid, int) and not isinstance(pid, bool) else None)
+
+    @classmethod
+    def read(cls, path: Path) -> StopRequest:
+        """The request at ``path`` (which exists; unreadable or not JSON: a stop all the same)."""
+        try:
+            return cls.from_json(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            return cls()
+
+
+@dataclass(frozen=True)
+class ScaleRequest:
+    """``mxdist scale``'s request (:func:`scale_request_path`): run ``target`` workers (with
+    ``dry_run``: say how, change nothing); when it was asked.  On disk: ``{"target", "dry_run",
+    "time"}``."""
+
+    target: int
+    dry_run: bool = False
+    time: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"target": self.target, "dry_run": self.dry_run, "time": self.time}
+
+    @classmethod
+    def from_json(cls, data: Any) -> ScaleRequest:
+        """KeyError, TypeError or ValueError (its message says which field) when ``data`` asks
+        for no worker count."""
+        if not isinstance(data, dict):
+            raise TypeError(f"not a JSON object: {data!r}"[:200])
+        when = data.get("time")
+        return cls(int(data["target"]), bool(data.get("dry_run")),
+                   float(when) if isinstance(when, (int, float)) and not isinstance(when, bool) else None)
 
 
 def scale_request_path(job_id: str, token: str) -> Path:

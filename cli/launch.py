@@ -410,12 +410,11 @@ class Supervisor:
         """Answer every ``mxdist scale`` request waiting (module docstring of :mod:`mxdist.jobs`)."""
         for path in jobs.scale_requests(self.record.id):
             try:
-                asked = json.loads(path.read_text())
-                target, dry_run = int(asked["target"]), bool(asked.get("dry_run"))
+                asked = jobs.ScaleRequest.from_json(json.loads(path.read_text()))
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 answer = ScaleAnswer(self.record.id, error=f"unreadable request {path.name}: {exc}", refused=True)
             else:
-                answer = self._scale(rules, target, dry_run)
+                answer = self._scale(rules, asked.target, asked.dry_run)
             with contextlib.suppress(OSError):
                 write_atomic(jobs.scale_answer_path(path), json.dumps(answer.to_dict()))
                 path.unlink()
@@ -813,7 +812,7 @@ class Supervisor:
         rec = self.record
         detail = ""
         if rec.state is JobState.FAILED:
-            headline = cause.headline if cause else (rec.root_cause or {}).get("headline", "failed")
+            headline = cause.headline if cause else (rec.root_cause.headline if rec.root_cause else "failed")
             detail = summary or headline
             if cause is not None:
                 proc = rec.proc(cause.name) if cause.name else None
@@ -863,12 +862,7 @@ class Supervisor:
             return EndRequest(code, why)
         path = jobs.stop_request_path(self.record.id)
         if path.exists():
-            grace = None
-            with contextlib.suppress(OSError, ValueError):
-                import json
-
-                grace = float(json.loads(path.read_text()).get("grace"))
-            return EndRequest(EXIT_STOPPED, "mxdist stop", grace)
+            return EndRequest(EXIT_STOPPED, "mxdist stop", jobs.StopRequest.read(path).grace)
         return None
 
     def _save(self) -> None:

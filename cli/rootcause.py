@@ -33,11 +33,10 @@ import math
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from psnode.launcher import FailureKind, FailureRecord, record_of
 
-from .jobs import UNVERIFIED
+from .jobs import UNVERIFIED, Cause
 
 _ROLE_ORDER = {"worker": 0, "server": 1, "scheduler": 2}
 
@@ -77,9 +76,9 @@ class RootCause:
     consequences: tuple[str, ...] = field(default_factory=tuple)
     source: str | None = None          # the torch elastic error file the reason was read from
 
-    def to_dict(self) -> dict[str, Any]:
-        out = {"headline": self.headline, "name": self.name, "reason": self.reason, "time": self.time}
-        return {**out, "source": self.source} if self.source else out
+    def recorded(self) -> Cause:
+        """As the job record keeps it."""
+        return Cause(self.headline, self.name, self.reason, self.time, self.source)
 
 
 def describe_code(code: int | None) -> str:

@@ -83,8 +83,8 @@ HOW_TO_ALLOCATE = (
 )
 
 _CHECK = (  # the working directory, the command, the imports and (mxdist.agent.gpus) the GPUs, on each node
-    "from __future__ import annotations\nimport json,os,sys\n"
-    + inspect.getsource(agent.gpus) + inspect.getsource(agent.command_problem) +
+    "from __future__ import annotations\nimport json,os,sys\nfrom dataclasses import dataclass\n"
+    + inspect.getsource(agent.gpus) + inspect.getsource(agent.command_problem) + inspect.getsource(agent.NodeCheck) +
     "wd,target,mods,errs=sys.argv[1],json.loads(sys.argv[2]),sys.argv[3:],[]\n"
     "if os.path.realpath(os.getcwd())!=os.path.realpath(wd):\n"
     " errs.append('working directory %s does not exist on this node'%wd)\n"
@@ -94,8 +94,7 @@ _CHECK = (  # the working directory, the command, the imports and (mxdist.agent.
     " for m in mods:\n"
     "  try:__import__(m)\n"
     "  except Exception as e:errs.append('python cannot import %s in %s: %s: %s'%(m,wd,type(e).__name__,e))\n"
-    "print('MXDIST-CHECK '+json.dumps({'node':os.environ.get('SLURMD_NODENAME'),'errors':errs,'gpus':gpus()}),"
-    "flush=True)\n"
+    "print(NodeCheck(os.environ.get('SLURMD_NODENAME'),errs,gpus()).to_line(),flush=True)\n"
 )
 
 
@@ -312,11 +311,10 @@ class SlurmBackend:
         label = {h.name: h.label for h in hosts}
         gpus: dict[str, HostGpus] = {}
         for line in proc.stdout.splitlines():
-            if line.startswith("MXDIST-CHECK "):
-                item = json.loads(line[len("MXDIST-CHECK "):])
-                reports[item["node"]] = item["errors"]
-                if item["node"] in label:
-                    gpus[label[item["node"]]] = HostGpus.from_report(item.get("gpus"))
+            if (item := agent.NodeCheck.from_line(line)) is not None and item.node is not None:
+                reports[item.node] = item.errors
+                if item.node in label:
+                    gpus[label[item.node]] = HostGpus.from_report(item.gpus)
         problems = []
         err = " ".join(proc.stderr.split())[-300:]
         for node in names:
@@ -403,11 +401,11 @@ class SlurmBackend:
             end = time.monotonic() + 30  # Slurm's KillWait and the step's cleanup
             while (left := mine()) and time.monotonic() < end:
                 time.sleep(0.2)
-        leftover = agent.stop(pids, 2.0)["left"] if pids else {}
+        leftover = agent.answer(agent.StopRequest(pids, 2.0)).survivors() if pids else []
         if left:
             raise SlurmError(f"Slurm steps still present after scancel: {', '.join(left)} "
                              f"(squeue -s -j {self.job_id}; scancel {' '.join(left)})")
-        return sorted(pid for group in leftover.values() for pid in group)
+        return leftover
 
 
 

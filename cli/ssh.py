@@ -46,7 +46,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar, cast
 
 import paramiko
 
@@ -62,10 +62,12 @@ from .backends import (
     Preflight,
     ProcStatus,
     Started,
+    collect_item,
     command_fix,
     import_fix,
-    run_files,
     run_per_host,
+    spawn_item,
+    started,
 )
 from .gpus import HostGpus
 from .hosts import (
@@ -87,6 +89,7 @@ _AGENT_SOURCE = Path(agent.__file__).read_text()
 # paramiko logs a failed connection's traceback from its own thread; the user gets the problem
 # and its fix from explain() instead (without a handler, Python would print those records)
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
+R = TypeVar("R")
 _KNOWN_HOSTS_LOCK = threading.Lock()
 MAX_JUMPS = 8   # ProxyJump hops, counted through jump hosts' own ProxyJump
 KEEPALIVE = 5         # seconds between SSH keepalives (ServerAliveInterval unset)
@@ -327,15 +330,15 @@ class SshBackend:
                     self._hops[host.label] = hops
             return client
 
-    def _agent(self, host: Host, request: dict[str, Any], emit: Callable[[bytes], None] | None = None,
-               timeout: float | None = 120.0) -> Any:
-        """Run one agent operation on ``host``; stream its stdout to ``emit``; return its result.
+    def _agent(self, host: Host, request: agent.Request[R], emit: Callable[[bytes], None] | None = None,
+               timeout: float | None = 120.0) -> R:
+        """Run one agent operation on ``host``; stream its stdout to ``emit``; return its reply.
         On the host's serving agent when the operation is served and the agent is free."""
-        if emit is None and request["op"] in agent.SERVED:
+        if emit is None and request.op in agent.SERVED:
             served = self._claim(host)
             if served is not None:
-                return self._ask(host, served, request, timeout)
-        return self._once(host, request, emit, timeout)
+                return request.reply(self._ask(host, served, request.to_json(), timeout))
+        return request.reply(self._once(host, request.to_json(), emit, timeout))
 
     def _channel(self, host: Host) -> paramiko.Channel:
         transport = self._client(host).get_transport()
@@ -370,7 +373,7 @@ class SshBackend:
     def _ask(self, host: Host, served: _ServingAgent, request: dict[str, Any], timeout: float | None) -> Any:
         """One request to ``served`` (claimed by the caller, released here)."""
         try:
-            reply = served.call(request, timeout)
+            answer = served.call(request, timeout)
         except TimeoutError:
             served.close()      # its answer would be the next request's
             raise BackendError(f"{host.label}: no answer within {timeout:.0f} s") from None
@@ -379,9 +382,9 @@ class SshBackend:
             raise _agent_failed(host, self.python, code, text) from None
         finally:
             served.busy.release()
-        if "error" in reply:
-            raise BackendError(f"{host.label}: remote agent failed: {str(reply['error']).strip()[-500:]}")
-        return reply["result"]
+        if answer.error is not None:
+            raise BackendError(f"{host.label}: remote agent failed: {answer.error.strip()[-500:]}")
+        return answer.result
 
     def _once(self, host: Host, request: dict[str, Any], emit: Callable[[bytes], None] | None,
               timeout: float | None) -> Any:
@@ -414,7 +417,7 @@ class SshBackend:
         text = err.decode(errors="replace").strip()
         last = text.splitlines()[-1] if text else ""
         if last.startswith('{"result"'):
-            return json.loads(last)["result"]
+            return agent.Answer.from_json(json.loads(last)).result
         raise _agent_failed(host, self.python, code, text)
 
     # -- the Backend protocol -------------------------------------------------------------------
@@ -422,8 +425,8 @@ class SshBackend:
     def preflight(self, hosts: Sequence[Host], modules: Sequence[str], env: Mapping[str, str],
                   target: tuple[str, str] | None = None) -> Preflight:
         def one(host: Host) -> Any:
-            return self._agent(host, {"op": "check", "workdir": self.workdir, "modules": list(modules),
-                                      "env": dict(env), "target": list(target) if target else None})
+            return self._agent(host, agent.CheckRequest(self.workdir, list(modules), dict(env),
+                                                        list(target) if target else None))
 
         problems = []
         gpus = {}
@@ -431,11 +434,11 @@ class SshBackend:
             if isinstance(result, Exception):
                 problems.append(self.explain(label, next(h for h in hosts if h.label == label), result))
                 continue
-            gpus[label] = HostGpus.from_report(result.get("gpus"))
-            for err in result["errors"]:
+            gpus[label] = HostGpus.from_report(result.gpus)
+            for err in result.errors:
                 if "cannot import" in err:
-                    fix = import_fix(result.get("executable") or self.python,
-                                     list(result.get("missing") or ["psnode"]),
+                    fix = import_fix(result.executable or self.python,
+                                     list(result.missing or ["psnode"]),
                                      "pass --python with a Python that has them on that host")
                 else:
                     fix = command_fix(err, "create it, pass --workdir, or copy the project with --sync", remote=True)
@@ -513,32 +516,28 @@ class SshBackend:
                            "config and keys)")
 
     def start(self, host: Host, procs: Sequence[ProcSpec], run_dir: str) -> list[Started]:
-        items = [{"name": p.name, "argv": list(p.argv), "env": dict(p.env), **run_files(run_dir, p.name)}
-                 for p in procs]
-        started = self._agent(host, {"op": "spawn", "workdir": self.workdir, "run_dir": run_dir,
-                                     "python": self.python, "procs": items})
-        return [Started(s["name"], s["pid"], s["log"], s["rc"], s.get("offset", 0)) for s in started]
+        items = [spawn_item(run_dir, p.name, p.argv, p.env) for p in procs]
+        return started(self._agent(host, agent.SpawnRequest(self.workdir, run_dir, self.python, items)))
 
     def follow(self, host: Host, proc: ProcRecord, emit: Callable[[bytes], None],
                wait: bool = True, offset: int = 0) -> ExitStatus | None:
-        result = self._agent(host, {"op": "follow", "log": proc.run_log, "rc_file": proc.rc_file,
-                                    "pid": proc.pid, "offset": offset, "wait": wait},
+        assert proc.pid is not None
+        result = self._agent(host, agent.FollowRequest(proc.run_log, proc.rc_file, proc.pid, offset, wait),
                              emit=emit, timeout=None if wait else 60.0)
-        if not wait and result["rc"] is None:
+        if not wait and result.rc is None:
             return None
-        return ExitStatus(result["rc"])
+        return ExitStatus(result.rc)
 
     def status(self, host: Host, procs: Sequence[ProcRecord]) -> list[ProcStatus]:
-        items = self._agent(host, {"op": "status", "procs": [{"pid": p.pid, "rc": p.rc_file} for p in procs]})
-        return [ProcStatus(i["alive"], tuple(i["members"]), i["rc"]) for i in items]
+        items = self._agent(host, agent.StatusRequest([agent.ProcRef(cast(int, p.pid), p.rc_file) for p in procs]))
+        return [ProcStatus(i.alive, tuple(i.members), i.rc) for i in items]
 
     def signal(self, host: Host, procs: Sequence[ProcRecord], signum: int) -> None:
-        self._agent(host, {"op": "signal", "pgids": [p.pid for p in procs if p.pid], "signum": signum})
+        self._agent(host, agent.SignalRequest([p.pid for p in procs if p.pid], signum))
 
     def stop(self, host: Host, procs: Sequence[ProcRecord], grace: float) -> list[int]:
-        result = self._agent(host, {"op": "stop", "pgids": [p.pid for p in procs if p.pid], "grace": grace},
-                             timeout=grace + 30)
-        return sorted(pid for pids in result["left"].values() for pid in pids)
+        return self._agent(host, agent.StopRequest([p.pid for p in procs if p.pid], grace),
+                           timeout=grace + 30).survivors()
 
     def reachable(self, host: Host, timeout: float) -> None:
         """One round trip on the host's connection (an SSH keepalive request, answered by sshd
@@ -565,27 +564,23 @@ class SshBackend:
             raise BackendError(f"{host.label}: no answer within {timeout:g} s")
 
     def collect(self, host: Host, procs: Sequence[ProcRecord], run_dir: str) -> list[Evidence]:
-        items = self._agent(host, {"op": "collect", "procs": [
-            {"name": p.name, "rc": p.rc_file, "log": p.run_log, **run_files(run_dir, p.name)}
-            for p in procs]}, timeout=30)
-        return [Evidence.collected(i, i["rc"], run_dir, p.name) for i, p in zip(items, procs, strict=True)]
+        items = self._agent(host, agent.CollectRequest([collect_item(run_dir, p) for p in procs]), timeout=30)
+        return [Evidence.collected(i, i.rc, run_dir, p.name) for i, p in zip(items, procs, strict=True)]
 
     def cleanup(self, host: Host, job_id: str, run_dir: str) -> None:
-        result = self._agent(host, {"op": "cleanup", "run_dir": run_dir, "job_id": job_id,
-                                    "remove_dir": True}, timeout=30)
-        if result["failed"]:
-            raise BackendError(f"{host.label}: could not remove {', '.join(result['failed'])}")
+        result = self._agent(host, agent.CleanupRequest(run_dir, job_id, remove_dir=True), timeout=30)
+        if result.failed:
+            raise BackendError(f"{host.label}: could not remove {', '.join(result.failed)}")
 
     def fetch(self, host: Host, directory: str, suffix: str, limit: int) -> Fetched:
         """The files ``<directory>/*<suffix>`` on ``host`` (the agent's ``read_files``)."""
-        got = self._agent(host, {"op": "read_files", "directory": directory, "suffix": suffix,
-                                 "limit": limit}, timeout=120)
-        return Fetched(dict(got["files"]), list(got["left"]))
+        got = self._agent(host, agent.ReadFilesRequest(directory, suffix, limit), timeout=120)
+        return Fetched(got.files, got.left)
 
     def install_key(self, host: Host, run_dir: str, key: bytes) -> str:
         """Write the job's secret file to ``<run_dir>/job.key`` (0600) on ``host``, its content on
         the channel's stdin; its absolute path."""
-        return str(self._agent(host, {"op": "put_key", "run_dir": run_dir, "key": key.decode()}))
+        return self._agent(host, agent.PutKeyRequest(run_dir, key.decode()))
 
     def sync(self, host: Host, local_dir: str, remote_dir: str,
              progress: Callable[[int], None]) -> tuple[int, int]:
@@ -661,8 +656,9 @@ class _ServingAgent:
         chan = self._chan
         return chan is not None and (chan.closed or chan.eof_received or chan.exit_status_ready())
 
-    def call(self, request: dict[str, Any], timeout: float | None) -> dict[str, Any]:
-        """Send ``request``; its reply.  EOFError if the agent ended; TimeoutError after ``timeout``."""
+    def call(self, request: dict[str, Any], timeout: float | None) -> agent.Answer:
+        """Send ``request`` (its wire form); the answer.  EOFError if the agent ended; TimeoutError
+        after ``timeout``."""
         chan = self._chan
         if chan is None:
             raise EOFError("not started")
@@ -674,8 +670,7 @@ class _ServingAgent:
                 raise EOFError("the serving agent ended")
             self._pending += data
         line, _, self._pending = self._pending.partition(b"\n")
-        reply: dict[str, Any] = json.loads(line)
-        return reply
+        return agent.Answer.from_json(json.loads(line))
 
     def exit(self, wait: float = 2.0) -> tuple[int, str]:
         """The exit status and stderr of an agent that ended (-1 if it did not say within ``wait``)."""

@@ -339,7 +339,7 @@ def test_a_failure_is_named_by_its_evidence_not_by_the_first_exit_seen(home):
     assert sup.run() == 1
     rec = jobs.load(sup.record.id)
     assert rec.state is JobState.FAILED and rec.exit_code == 1
-    assert rec.root_cause is not None and rec.root_cause["headline"] == "worker 1 on b: ValueError: bad batch"
+    assert rec.root_cause is not None and rec.root_cause.headline == "worker 1 on b: ValueError: bad batch"
     assert "server 0 on a: exit code 1" in rec.consequences
     assert saved.count(JobState.FAILED) == 1                 # the final state is written once
     assert sorted(fake.cleaned) == ["a", "b"]
@@ -390,7 +390,7 @@ def test_a_crash_loop_ends_the_job_early_with_its_cause_after_backing_off(home, 
     rec = jobs.load(sup.record.id)
     assert rec.state is JobState.FAILED and rec.proc("worker-1").restarts == 3      # not 50
     assert rec.root_cause is not None
-    headline = rec.root_cause["headline"]
+    headline = rec.root_cause.headline
     assert headline.startswith("worker 1 on b: RuntimeError: no GPU left on this host (crash loop: worker-1 "
                                "failed the same way 4 times in a row"), headline
     gaps = [b - a for a, b in zip(starts, starts[1:])]
@@ -443,7 +443,7 @@ def test_an_unreachable_host_is_not_waited_on_and_is_reported_not_verified(home)
     assert time.monotonic() - t0 < 5.0
     rec = jobs.load(sup.record.id)
     assert set(rec.unverified) == {"b"} and rec.proc("worker-1").state is ProcState.UNKNOWN
-    assert rec.root_cause is not None and rec.root_cause["headline"] == "worker 0 on a: exit code 3"
+    assert rec.root_cause is not None and rec.root_cause.headline == "worker 0 on a: exit code 3"
     assert "worker 1 on b: not verified (its host could not be reached)" in rec.consequences
     assert fake.cleaned == ["a"]
     rec.rechecked(["b"], {})           # (mxdist status / stop: b answers, its worker is stopped)
@@ -510,7 +510,7 @@ def test_preflight_problems_start_nothing(home):
     assert sup.run() == 3
     rec = jobs.load(sup.record.id)
     assert rec.state is JobState.FAILED and not fake.starts
-    assert rec.root_cause is not None and "connection refused" in rec.root_cause["headline"]
+    assert rec.root_cause is not None and "connection refused" in rec.root_cause.headline
 
 
 def test_a_verdict_on_the_job_itself_is_the_headline():
@@ -531,7 +531,7 @@ def test_a_supervisor_bug_still_ends_the_job_on_every_host(home):
     sup._watch = broken  # type: ignore[method-assign]
     assert sup.run() == 1
     rec = jobs.load(sup.record.id)
-    assert rec.state is JobState.FAILED and "KeyError" in rec.root_cause["headline"]
+    assert rec.state is JobState.FAILED and "KeyError" in rec.root_cause.headline
     assert sorted(fake.stopped) == sorted(ALL) and sorted(fake.cleaned) == ["a", "b"]
 
 

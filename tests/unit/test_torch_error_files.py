@@ -37,7 +37,7 @@ def record_with_torch(tmp_path, name: str, exc: Exception, monkeypatch) -> None:
 
 def collected(tmp_path, name: str) -> Evidence:
     items = agent.collect([{"name": name, "rc": "", "log": "", **run_files(str(tmp_path), name)}])
-    return Evidence.collected(items[0], 1, str(tmp_path), name)
+    return Evidence.collected(agent.Collected.from_json(items[0]), 1, str(tmp_path), name)
 
 
 def test_a_record_decorated_exception_is_read_from_its_error_file(tmp_path, monkeypatch):
