@@ -36,11 +36,11 @@ torch elastic's error file: a worker's ``TORCHELASTIC_ERROR_FILE`` (where torch'
 writes the exception that ends it) names a path on this host; a leading ``~`` in it is expanded
 here (torch does not expand it), and a stale file is removed before the worker starts.
 
-Messages: every operation is a request dataclass (:class:`Request`: ``CheckRequest``,
+Messages: every operation is a request dataclass (:class:`AgentRequest`: ``CheckRequest``,
 ``SpawnRequest``, ...) paired with its reply's dataclass (``CheckReply``, ``Spawned``, ...),
 defined here once for both ends: the launcher builds a request and reads its reply with the
-request's :meth:`Request.reply`; the agent reads the request with :func:`request_from_json` and
-answers it with :meth:`Request.run`.  They live in this file, not in a module of their own,
+request's :meth:`AgentRequest.reply`; the agent reads the request with :func:`request_from_json` and
+answers it with :meth:`AgentRequest.run`.  They live in this file, not in a module of their own,
 because this file is what reaches the remote Python: one source, sent whole, keeps both ends
 the same version with nothing else to send.  The wire form is ``{"op": OP, FIELD: value, ...}``
 in, ``{"result": ...}`` or ``{"error": text}`` (:class:`Answer`) out; the local backends call
@@ -629,7 +629,7 @@ def follow(log: str, rc_file: str, pid: int, offset: int, wait: bool,
 R = TypeVar("R")
 
 
-class Request(Generic[R]):
+class AgentRequest(Generic[R]):
     """A request to the agent, whose reply reads as ``R``.  Its wire form (:meth:`to_json`,
     :meth:`from_json`) is ``{"op": op, FIELD: value, ...}``, the fields as the operation's
     function takes them; :meth:`run` answers it on the host (the JSON result) and :meth:`reply`
@@ -642,7 +642,7 @@ class Request(Generic[R]):
         return {"op": self.op, **asdict(cast(Any, self))}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Request[R]:
+    def from_json(cls, data: dict[str, Any]) -> AgentRequest[R]:
         return cast(Any, cls)(**{f.name: data[f.name] for f in fields(cast(Any, cls)) if f.name in data})
 
     def run(self, emit: Callable[[bytes], None] | None = None) -> Any:
@@ -669,7 +669,7 @@ class CheckReply:
 
 
 @dataclass(frozen=True)
-class CheckRequest(Request[CheckReply]):
+class CheckRequest(AgentRequest[CheckReply]):
     op: ClassVar[str] = "check"
     workdir: str
     modules: list[str]
@@ -684,7 +684,7 @@ class CheckRequest(Request[CheckReply]):
 
 
 @dataclass(frozen=True)
-class GpusRequest(Request[dict]):
+class GpusRequest(AgentRequest[dict]):
     """:func:`gpus`; its report is read by ``HostGpus.from_report``."""
 
     op: ClassVar[str] = "gpus"
@@ -730,7 +730,7 @@ class Spawned:
 
 
 @dataclass(frozen=True)
-class SpawnRequest(Request["list[Spawned]"]):
+class SpawnRequest(AgentRequest["list[Spawned]"]):
     op: ClassVar[str] = "spawn"
     workdir: str
     run_dir: str
@@ -761,7 +761,7 @@ class FollowReply:
 
 
 @dataclass(frozen=True)
-class FollowRequest(Request[FollowReply]):
+class FollowRequest(AgentRequest[FollowReply]):
     """:func:`follow`: the log streams to ``emit`` (over SSH: the agent's stdout)."""
 
     op: ClassVar[str] = "follow"
@@ -787,7 +787,7 @@ class ProcRef:
 
 
 @dataclass(frozen=True)
-class ProcState:
+class Liveness:
     """:func:`status`'s answer for one process."""
 
     alive: bool
@@ -795,12 +795,12 @@ class ProcState:
     rc: int | None
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ProcState:
+    def from_json(cls, data: dict[str, Any]) -> Liveness:
         return cls(bool(data["alive"]), [int(m) for m in data["members"]], data["rc"])
 
 
 @dataclass(frozen=True)
-class StatusRequest(Request["list[ProcState]"]):
+class StatusRequest(AgentRequest["list[Liveness]"]):
     op: ClassVar[str] = "status"
     procs: list[ProcRef]
 
@@ -811,8 +811,8 @@ class StatusRequest(Request["list[ProcState]"]):
     def run(self, emit: Callable[[bytes], None] | None = None) -> Any:
         return status([asdict(p) for p in self.procs])
 
-    def reply(self, result: Any) -> list[ProcState]:
-        return [ProcState.from_json(i) for i in result]
+    def reply(self, result: Any) -> list[Liveness]:
+        return [Liveness.from_json(i) for i in result]
 
 
 @dataclass(frozen=True)
@@ -833,7 +833,7 @@ class StopReply:
 
 
 @dataclass(frozen=True)
-class StopRequest(Request[StopReply]):
+class StopGroupsRequest(AgentRequest[StopReply]):
     op: ClassVar[str] = "stop"
     pgids: list[int]
     grace: float
@@ -846,7 +846,7 @@ class StopRequest(Request[StopReply]):
 
 
 @dataclass(frozen=True)
-class SignalRequest(Request[None]):
+class SignalRequest(AgentRequest[None]):
     op: ClassVar[str] = "signal"
     pgids: list[int]
     signum: int
@@ -859,7 +859,7 @@ class SignalRequest(Request[None]):
 
 
 @dataclass(frozen=True)
-class PutKeyRequest(Request[str]):
+class PutKeyRequest(AgentRequest[str]):
     """:func:`put_key`; the reply is the key file's absolute path."""
 
     op: ClassVar[str] = "put_key"
@@ -874,7 +874,7 @@ class PutKeyRequest(Request[str]):
 
 
 @dataclass(frozen=True)
-class RemoveFilesRequest(Request["list[str]"]):
+class RemoveFilesRequest(AgentRequest["list[str]"]):
     """:func:`remove_files`; the reply lists those that could not be removed."""
 
     op: ClassVar[str] = "remove_files"
@@ -923,7 +923,7 @@ class Collected:
 
 
 @dataclass(frozen=True)
-class CollectRequest(Request["list[Collected]"]):
+class CollectRequest(AgentRequest["list[Collected]"]):
     op: ClassVar[str] = "collect"
     procs: list[CollectItem]
 
@@ -950,7 +950,7 @@ class CleanupReply:
 
 
 @dataclass(frozen=True)
-class CleanupRequest(Request[CleanupReply]):
+class CleanupRequest(AgentRequest[CleanupReply]):
     op: ClassVar[str] = "cleanup"
     run_dir: str
     job_id: str
@@ -976,7 +976,7 @@ class FilesReply:
 
 
 @dataclass(frozen=True)
-class ReadFilesRequest(Request[FilesReply]):
+class ReadFilesRequest(AgentRequest[FilesReply]):
     op: ClassVar[str] = "read_files"
     directory: str
     suffix: str
@@ -1004,15 +1004,15 @@ class Answer:
         return cls(error=str(data["error"])) if "error" in data else cls(result=data["result"])
 
 
-REQUESTS: dict[str, type[Request[Any]]] = {c.op: c for c in (
-    CheckRequest, GpusRequest, SpawnRequest, FollowRequest, StatusRequest, StopRequest, SignalRequest,
+REQUESTS: dict[str, type[AgentRequest[Any]]] = {c.op: c for c in (
+    CheckRequest, GpusRequest, SpawnRequest, FollowRequest, StatusRequest, StopGroupsRequest, SignalRequest,
     PutKeyRequest, RemoveFilesRequest, CollectRequest, CleanupRequest, ReadFilesRequest)}
 # spawn runs once (a serving agent would be its processes' parent); follow streams on stdout
 SERVED = frozenset(REQUESTS) - {"spawn", "follow"}
 BOOT = 'import sys;_i=sys.stdin.buffer;exec(compile(_i.read(int(_i.readline())),"mxdist-agent","exec"))'
 
 
-def request_from_json(data: dict[str, Any]) -> Request[Any]:
+def request_from_json(data: dict[str, Any]) -> AgentRequest[Any]:
     """The request ``data`` (its wire form) asks for; ValueError for an unknown operation."""
     kind = REQUESTS.get(str(data.get("op")))
     if kind is None:
@@ -1020,7 +1020,7 @@ def request_from_json(data: dict[str, Any]) -> Request[Any]:
     return kind.from_json(data)
 
 
-def answer(request: Request[R], emit: Callable[[bytes], None] | None = None) -> R:
+def answer(request: AgentRequest[R], emit: Callable[[bytes], None] | None = None) -> R:
     """Answer ``request`` here (what the local backends call), read as its reply."""
     return request.reply(request.run(emit))
 

@@ -365,7 +365,7 @@ class LocalRunner:
         agent.answer(agent.SignalRequest([p.pid for p in procs if p.pid], signum))
 
     def stop(self, procs: Sequence[ProcRecord], grace: float) -> list[int]:
-        return agent.answer(agent.StopRequest([p.pid for p in procs if p.pid], grace)).survivors()
+        return agent.answer(agent.StopGroupsRequest([p.pid for p in procs if p.pid], grace)).survivors()
 
     def collect(self, procs: Sequence[ProcRecord], run_dir: str) -> list[Evidence]:
         items = agent.answer(agent.CollectRequest([collect_item(run_dir, p) for p in procs]))

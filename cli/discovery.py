@@ -4,7 +4,7 @@ The contract is Horovod's: an executable that prints the hosts available now, on
 ``host[:slots]`` per line (:func:`mxdist.elastic.parse_discovery`), and exits 0.  ``mxdist
 launch`` runs it once before anything starts (its hosts are the job's first hosts; a failure
 there is a launch error) and then every :data:`INTERVAL` seconds while the job runs
-(:class:`Poller`), each run bounded by :data:`TIMEOUT` seconds.  A run that fails (exit status,
+(:class:`DiscoveryPoller`), each run bounded by :data:`TIMEOUT` seconds.  A run that fails (exit status,
 timeout, unreadable output) is a warning and the hosts stay as they were; the job goes on.
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ def discover(path: str, timeout: float = TIMEOUT, cwd: str | None = None) -> lis
         raise DiscoveryError(str(exc)) from None
 
 
-class Poller:
+class DiscoveryPoller:
     """Runs the script every ``interval`` seconds in a thread of its own and hands each outcome
     (the hosts, or the DiscoveryError) to ``report``; :meth:`stop` ends it."""
 

@@ -1,7 +1,7 @@
 """Engines (``mxdist launch --engine``): what runs as a job's scheduler and servers, with which
 environment, and what ``mxdist status`` can ask them.
 
-An engine is a small strategy object (:class:`Engine`); the plan, the options, the supervisor
+An engine is a small strategy object (:class:`JobEngine`); the plan, the options, the supervisor
 and ``mxdist status`` ask it, never its name.  Pure: no I/O.
 
 * ``psnode`` (default): the scheduler and servers are ``python -m psnode``; every process gets
@@ -113,7 +113,7 @@ class NodeFacts:
     max_workers: int | None = None
 
 
-class Engine(ABC):
+class JobEngine(ABC):
     """What the launcher needs to know about an engine (one instance per engine, stateless)."""
 
     name: ClassVar[str]                        # --engine
@@ -153,7 +153,7 @@ class Engine(ABC):
         ``--finish-grace``)?  ``ask``: the scheduler's answer (psnode's: did the job use it)."""
 
 
-class PsnodeEngine(Engine):
+class PsnodeEngine(JobEngine):
     """psnode's scheduler and servers (``python -m psnode``); see the module docstring."""
 
     name = "psnode"
@@ -192,7 +192,7 @@ class PsnodeEngine(Engine):
 _NO_CHECKPOINTS = "MXNet's servers keep no checkpoints (save from a worker: trainer.save_states, net.save_parameters)"
 
 
-class MxnetEngine(Engine):
+class MxnetEngine(JobEngine):
     """MXNet's ps-lite scheduler and servers (``python -c "import mxnet"``, ``DMLC_*``); see the
     module docstring."""
 
@@ -274,10 +274,10 @@ class MxnetEngine(Engine):
 
 PSNODE = PsnodeEngine()
 MXNET = MxnetEngine()
-ENGINES: Mapping[str, Engine] = {e.name: e for e in (PSNODE, MXNET)}
+ENGINES: Mapping[str, JobEngine] = {e.name: e for e in (PSNODE, MXNET)}
 
 
-def engine_named(name: str) -> Engine:
+def engine_named(name: str) -> JobEngine:
     """The engine called ``name`` (EngineError naming the choices)."""
     try:
         return ENGINES[name]

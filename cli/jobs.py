@@ -32,7 +32,7 @@ and :meth:`JobRecord.discovered` (each change kept in ``changes``); per process
 :meth:`ProcRecord.stopped`, :meth:`ProcRecord.placed`, :meth:`ProcRecord.seen`.  Saving is
 separate (:func:`save`), done by whoever holds the job (above).
 
-**Final states** are written once (:meth:`JobRecord.finish`, from a :class:`JobEnd`):
+**Final states** are written once (:meth:`JobRecord.finish`, from a :class:`JobOutcome`):
 ``succeeded``, ``failed`` (with the root cause), ``stopped``; with the exit code, the end time
 (duration = ended - created), and, when the supervisor died first, ``supervisor_lost``.  Hosts
 whose processes or clean-up could not be checked at the end are listed in ``unverified`` (host
@@ -161,9 +161,9 @@ class ProcRecord:
 
 
 @dataclass
-class Supervisor:
-    """Who owns the job: pid, its start time (clock ticks since boot, /proc/PID/stat field 22)
-    and host; ``detached`` for ``launch -d``."""
+class Owner:
+    """The job's supervisor process, which owns the job: pid, its start time (clock ticks since
+    boot, /proc/PID/stat field 22) and host; ``detached`` for ``launch -d``."""
 
     pid: int
     start_ticks: int | None
@@ -171,7 +171,7 @@ class Supervisor:
     detached: bool = False
 
     @classmethod
-    def this_process(cls, detached: bool = False) -> Supervisor:
+    def this_process(cls, detached: bool = False) -> Owner:
         pid = os.getpid()
         return cls(pid, proc_start_ticks(pid), socket.gethostname(), detached)
 
@@ -226,7 +226,7 @@ class Elastic:
 
 
 @dataclass(frozen=True)
-class JobEnd:
+class JobOutcome:
     """How a job ended, for :meth:`JobRecord.finish`: its final state and exit code, the hosts
     not verified at its end (label -> why), who stopped it, and its root cause: a verdict on
     its processes (``cause``), or a ``headline`` alone when it failed before any process could
@@ -295,7 +295,7 @@ class JobRecord:
     ended: float | None = None
     exit_code: int | None = None
     version: int = RECORD_VERSION
-    supervisor: Supervisor | None = None
+    supervisor: Owner | None = None
     launcher_pid: int | None = None      # version 1 records only
     run_dir: str = ""                    # on every host (may start with ~ on remote ones)
     security: str = ""                   # the job's mode: authenticated, encrypted, insecure ("": older)
@@ -324,7 +324,7 @@ class JobRecord:
 
     # -- transitions (the module docstring) --------------------------------------------------------
 
-    def supervise(self, supervisor: Supervisor, run_dir: str) -> None:
+    def supervise(self, supervisor: Owner, run_dir: str) -> None:
         """``supervisor`` owns the job from now on; its processes keep run files in ``run_dir``."""
         self.supervisor, self.run_dir = supervisor, run_dir
 
@@ -358,7 +358,7 @@ class JobRecord:
         self.unverified = dict(unverified)
         self.state = JobState.RUNNING
 
-    def finish(self, end: JobEnd) -> None:
+    def finish(self, end: JobOutcome) -> None:
         """The final state, written once; the job's secrets on its hosts are gone."""
         self._still_active("finish")
         self.state, self.exit_code, self.stopped_by = end.state, end.exit_code, end.stopped_by
@@ -475,7 +475,7 @@ class JobRecord:
         raw["procs"] = procs
         raw["state"] = _enum(JobState, raw.get("state"), JobState.RUNNING)
         sup = raw.get("supervisor")
-        raw["supervisor"] = Supervisor(**sup) if isinstance(sup, dict) else None
+        raw["supervisor"] = Owner(**sup) if isinstance(sup, dict) else None
         el = raw.get("elastic")
         raw["elastic"] = Elastic(**{k: v for k, v in el.items() if k in {f.name for f in fields(Elastic)}}) \
             if isinstance(el, dict) else None

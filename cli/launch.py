@@ -76,10 +76,10 @@ from .backends import (
     resolver,
     run_per_host,
 )
-from .discovery import DiscoveryError, Poller
+from .discovery import DiscoveryError, DiscoveryPoller
 from .elastic import ElasticError, Joiner, Live, ScaleAnswer, discovery_changes, new_home, plan_scale
 from .hosts import Host
-from .jobs import Change, Elastic, JobEnd, JobRecord, JobState, ProcRecord, ProcState
+from .jobs import Change, Elastic, JobOutcome, JobRecord, JobState, ProcRecord, ProcState
 from .lifecycle import QUICK, SCHEDULER_RESTARTS, Action, Failure, Supervision
 from .plan import Plan, ProcSpec, restarted, with_gpus, with_worker
 from .plan import joiner as joiner_spec
@@ -144,7 +144,7 @@ class Supervisor:
         self._on_save: list[Callable[[], None]] = []
         # elastic jobs: the discovery script's latest hosts (None: the plan's), its outcomes as the
         # poller hands them over, the last problem it warned of, why a stopped worker is lost
-        self._poller: Poller | None = None
+        self._poller: DiscoveryPoller | None = None
         self._discovered: list[Host] | None = None
         self._discovery_outcomes: queue.SimpleQueue[list[Host] | DiscoveryError] = queue.SimpleQueue()
         self._discovery_problem: str | None = None
@@ -168,7 +168,7 @@ class Supervisor:
         self._lock = jobs.try_lock(self.record.id)
         if self._lock is None:
             raise BackendError(f"job {self.record.id} already has a supervisor")
-        self.record.supervise(jobs.Supervisor.this_process(self.settings.detach), self.settings.run_dir)
+        self.record.supervise(jobs.Owner.this_process(self.settings.detach), self.settings.run_dir)
         self._save()
         try:
             return self._life()
@@ -350,7 +350,7 @@ class Supervisor:
         later: list[tuple[float, ProcRecord]] = []   # restarts backing off (mxdist.lifecycle, rule 6)
         if elastic is not None and elastic.discovery:
             here = self.record.workdir if self.record.workdir and os.path.isdir(self.record.workdir) else None
-            self._poller = Poller(elastic.discovery, self._on_discovery, cwd=here)   # (--sync: a remote workdir)
+            self._poller = DiscoveryPoller(elastic.discovery, self._on_discovery, cwd=here)  # (--sync: remote workdir)
             self._poller.start()
         while True:
             if (req := self._end_request()) is not None:
@@ -727,7 +727,7 @@ class Supervisor:
         failed_cleanup = teardown.cleanup_everywhere(self.backend, self.hosts, self.record.id,
                                                      self.settings.run_dir, labels, report.unverified)
         jobs.discard_key(self.record.id)
-        self.record.finish(JobEnd(state, code, {**report.unverified, **failed_cleanup}, stopped_by, cause,
+        self.record.finish(JobOutcome(state, code, {**report.unverified, **failed_cleanup}, stopped_by, cause,
                                   headline))
         self._save()
         self._report(cause, summary)

@@ -222,7 +222,7 @@ class Supervision:
     @staticmethod
     def wait_for_rest(ends_alone: bool | None) -> bool:
         """After ``WIND_DOWN``: give the scheduler and servers time to end by themselves only
-        when the engine says they do (:meth:`mxdist.engines.Engine.rest_ends_alone`): psnode's
+        when the engine says they do (:meth:`mxdist.engines.JobEngine.rest_ends_alone`): psnode's
         when the job used psnode (the scheduler said the job started), so final checkpoints are
         written, and a command that never used psnode (``hostname``) has nothing to wait for;
         MXNet's always."""

@@ -17,7 +17,7 @@ first word that looks like an option is refused, never run.  ``--nproc-per-node`
 host its slots (:func:`mxdist.plan.per_node`).
 
 The engine (``--engine``, :mod:`mxdist.engines`) is asked which of the options given it can run
-(:meth:`~mxdist.engines.Engine.admit`: refusals are errors naming the option, its notes become
+(:meth:`~mxdist.engines.JobEngine.admit`: refusals are errors naming the option, its notes become
 the plan's warnings), what preflight imports, which variables pass through or are its own, and
 whether the job can have a secret.
 
@@ -43,7 +43,7 @@ from psnode.launcher import Mode, checkpoint_path
 from . import agent, jobs
 from .backends import Backend, Capability, LaunchRequest, resolver
 from .discovery import DiscoveryError, discover
-from .engines import Engine, engine_named
+from .engines import JobEngine, engine_named
 from .gpus import VISIBLE, HostGpus
 from .hosts import Host, HostsError, looks_like_file, parse_host_list, parse_hosts_file
 from .jobs import JobRecord
@@ -154,7 +154,7 @@ def job_command(command: Sequence[str], module: bool, known: Sequence[str] = ())
     return ["-m", *command] if module else list(command)
 
 
-def security_mode(opts: LaunchOptions, engine: Engine | None = None) -> Mode:
+def security_mode(opts: LaunchOptions, engine: JobEngine | None = None) -> Mode:
     """The job's security mode from ``--insecure`` / ``--encrypt`` (neither: authenticated);
     ``insecure`` whatever they say for an engine whose processes cannot read a secret."""
     if opts.insecure and opts.encrypt:

@@ -38,7 +38,7 @@ Environment of every process = allowlisted variables of the launcher's environme
 ``PYTHONUNBUFFERED=1`` (together :attr:`Plan.base_env`) + the engine's and torch variables
 (which win).  ``-e PSNODE_*`` is refused (:func:`parse_env_assignments`): every psnode variable
 comes from an ``mxdist launch`` option through ``NodeConfig.to_env()``; so are the variables the
-engine sets (``Engine.reserved_env``).
+engine sets (``JobEngine.reserved_env``).
 
 The job's secret (:mod:`psnode.net.security`): ``key_files`` maps a host label to the secret
 file's path on that host (the launcher writes the file there before starting anything; see
@@ -60,7 +60,7 @@ from psnode.errors import ConfigError
 from psnode.launcher import path_in
 
 from .elastic import Bounds, ElasticError, bounds
-from .engines import PSNODE, Engine, NodeFacts
+from .engines import PSNODE, JobEngine, NodeFacts
 from .gpus import VISIBLE, GpuShortage, HostGpus, describe_worker, sharing_warnings, shortages, worker_env, worker_slots
 from .hosts import Host, HostsError, check_env_name
 from .torchenv import TorchJob, TorchPlace, node_ranks, places, torch_env
@@ -229,7 +229,7 @@ class PlanRequest:
     timeline: bool = False            # --timeline: processes append timeline events to <run_dir>/timeline
     gpus_per_worker: int | None = None   # None: leave GPU visibility alone (every worker sees all)
     pass_local_rank: bool = False        # workers also get --local_rank=N as an argument
-    engine: Engine = PSNODE              # what runs as the scheduler and servers, their variables
+    engine: JobEngine = PSNODE              # what runs as the scheduler and servers, their variables
     min_workers: int | None = None       # --min-workers (None: the first generation's size)
     max_workers: int | None = None       # --max-workers (None: the first generation's size)
     slots_bound: bool = True             # the hosts' slots bound --max-workers (no discovery script)
@@ -250,7 +250,7 @@ class Plan:
     warnings: tuple[str, ...] = ()
     gpus_per_worker: int | None = None
     gpus: Mapping[str, HostGpus] = field(default_factory=dict)   # host label -> its GPUs, where known
-    engine: Engine = PSNODE
+    engine: JobEngine = PSNODE
     base_env: Mapping[str, str] = field(default_factory=dict)    # what every process gets, before its
     #                                                              engine's and torch's variables
     bounds: Bounds | None = None       # the workers' bounds (mxdist.elastic; None: -n alone)

@@ -401,7 +401,7 @@ class SlurmBackend:
             end = time.monotonic() + 30  # Slurm's KillWait and the step's cleanup
             while (left := mine()) and time.monotonic() < end:
                 time.sleep(0.2)
-        leftover = agent.answer(agent.StopRequest(pids, 2.0)).survivors() if pids else []
+        leftover = agent.answer(agent.StopGroupsRequest(pids, 2.0)).survivors() if pids else []
         if left:
             raise SlurmError(f"Slurm steps still present after scancel: {', '.join(left)} "
                              f"(squeue -s -j {self.job_id}; scancel {' '.join(left)})")

@@ -330,7 +330,7 @@ class SshBackend:
                     self._hops[host.label] = hops
             return client
 
-    def _agent(self, host: Host, request: agent.Request[R], emit: Callable[[bytes], None] | None = None,
+    def _agent(self, host: Host, request: agent.AgentRequest[R], emit: Callable[[bytes], None] | None = None,
                timeout: float | None = 120.0) -> R:
         """Run one agent operation on ``host``; stream its stdout to ``emit``; return its reply.
         On the host's serving agent when the operation is served and the agent is free."""
@@ -536,7 +536,7 @@ class SshBackend:
         self._agent(host, agent.SignalRequest([p.pid for p in procs if p.pid], signum))
 
     def stop(self, host: Host, procs: Sequence[ProcRecord], grace: float) -> list[int]:
-        return self._agent(host, agent.StopRequest([p.pid for p in procs if p.pid], grace),
+        return self._agent(host, agent.StopGroupsRequest([p.pid for p in procs if p.pid], grace),
                            timeout=grace + 30).survivors()
 
     def reachable(self, host: Host, timeout: float) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from . import jobs, teardown
 from .backends import Backend, ProcStatus
-from .jobs import JobEnd, JobRecord, JobState, ProcState
+from .jobs import JobOutcome, JobRecord, JobState, ProcState
 from .registry import make_backend
 from .rootcause import decide
 
@@ -101,10 +101,10 @@ def _orphaned(record: JobRecord) -> JobRecord:
         failed = teardown.cleanup_everywhere(backend, hosts, record.id, record.run_dir, labels, {})
         jobs.discard_key(record.id)
         if workers and all(p.exit_code == 0 for p in workers):
-            record.finish(JobEnd(JobState.SUCCEEDED, 0, failed, ended=ended))
+            record.finish(JobOutcome(JobState.SUCCEEDED, 0, failed, ended=ended))
         else:
             cause = decide(teardown.outcomes(record, evidence, set(), {}))
-            record.finish(JobEnd(JobState.FAILED, 1, failed, cause=cause, ended=ended))
+            record.finish(JobOutcome(JobState.FAILED, 1, failed, cause=cause, ended=ended))
         jobs.save(record)
         return record
     finally:
@@ -154,7 +154,7 @@ def stop_orphan(record: JobRecord, grace: float) -> JobRecord:
         failed = teardown.cleanup_everywhere(backend, hosts, record.id, record.run_dir, labels, report.unverified)
         jobs.discard_key(record.id)
         lost = record.supervisor is not None or bool(record.launcher_pid)
-        record.finish(JobEnd(JobState.STOPPED, 143, {**report.unverified, **failed, **report.survivors()},
+        record.finish(JobOutcome(JobState.STOPPED, 143, {**report.unverified, **failed, **report.survivors()},
                              stopped_by="mxdist stop", ended=ended, supervisor_lost=lost))
         jobs.save(record)
         return record

@@ -1,7 +1,7 @@
 """The in-process engine behind ``kv.create('local')``: one worker, one server, no sockets.
 
 :class:`LocalEngine` is what a KVStore holds in place of a job's engine (it implements
-:class:`psnode.worker.kvstore.Backend`): it runs the servers' own logic
+:class:`psnode.worker.kvstore.KVBackend`): it runs the servers' own logic
 (:class:`psnode.server.store.Store`) on the caller's thread, so a single process gives the values
 a distributed job gives.  Every request is answered before ``submit`` returns; no server is near
 (no shared memory); a Python updater (``kv.set_updater``) runs in the store.  It sits above both

@@ -4,15 +4,15 @@ Contracts:
 
 * The first generation is the ``num_workers`` workers the job started with (generation 0).
   Every later change of the membership -- a worker joins, leaves gracefully, or is lost --
-  bumps :attr:`Elastic.generation` by one (:meth:`Elastic.changed`); a worker that finishes
+  bumps :attr:`ElasticRoster.generation` by one (:meth:`ElasticRoster.changed`); a worker that finishes
   (its script ended) leaves the rounds without a new generation.
-* :meth:`Elastic.admit` decides a joiner's rank: the launcher's (``wish``) when it is below
+* :meth:`ElasticRoster.admit` decides a joiner's rank: the launcher's (``wish``) when it is below
   ``max_workers`` and no member holds it, else the lowest rank no member holds; it refuses,
   naming why, when ``max_workers`` members are active or the wished rank is in use.
-* :attr:`Elastic.joiners` are the active ranks that joined the running job: servers let them
+* :attr:`ElasticRoster.joiners` are the active ranks that joined the running job: servers let them
   take part in a key's rounds only from the start round their JOIN agreed with that key.
-* :attr:`Elastic.leaving` are the members asked to leave (LEAVE); each leaves at its next push
-  by finishing; :meth:`Elastic.gone` records how a member left and forgets it.
+* :attr:`ElasticRoster.leaving` are the members asked to leave (LEAVE); each leaves at its next push
+  by finishing; :meth:`ElasticRoster.gone` records how a member left and forgets it.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 
 @dataclass
-class Elastic:
+class ElasticRoster:
     """The scheduler's elastic bookkeeping (see the module docstring)."""
 
     max_workers: int
@@ -73,4 +73,4 @@ class Elastic:
         self.generation += 1
 
 
-__all__ = ["Elastic"]
+__all__ = ["ElasticRoster"]

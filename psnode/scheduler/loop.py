@@ -93,7 +93,7 @@ from psnode.protocol.control import (
     decode_body,
 )
 from psnode.protocol.status import NodeRow, NodeState
-from psnode.scheduler.elastic import Elastic
+from psnode.scheduler.elastic import ElasticRoster
 from psnode.scheduler.rebuild import Rebuild, done_elsewhere
 from psnode.scheduler.roster import Roster
 from psnode.scheduler.slowness import Slowness, Stalls
@@ -171,7 +171,7 @@ class Scheduler:
         self.watch = Watch(cfg.dead_after)  # the workers' waits: wait-for cycles (psnode.scheduler.waitfor)
         self.slowness = Slowness()          # whom the workers wait for (psnode.scheduler.slowness)
         self.stalls = Stalls(cfg.stall_warning)
-        self.elastic = Elastic(cfg.workers_max)  # generation, joiners, leavers (psnode.scheduler.elastic)
+        self.elastic = ElasticRoster(cfg.workers_max)  # generation, joiners, leavers (psnode.scheduler.elastic)
         self.early: dict[bytes, Node] = {}  # joiners registered before the first generation was complete
         timeline.start(cfg.timeline, Role.SCHEDULER.value, None)
         # a restarted scheduler: the live nodes' reports, until the job is rebuilt (psnode.scheduler.rebuild)

@@ -39,7 +39,7 @@ from psnode.protocol.control import Register, Rejoin
 
 
 @dataclass(frozen=True)
-class Plan:
+class RebuildPlan:
     """The job as rebuilt: the workers that are members, those that finished, the expected
     nodes that did not report (``(role, rank)``), the generation and the joiners."""
 
@@ -103,7 +103,7 @@ class Rebuild:
         workers = self._reports("worker")
         return view is None or view[1] <= workers.keys()
 
-    def plan(self) -> Plan:
+    def plan(self) -> RebuildPlan:
         """What the job is, from the reports so far (see the module docstring)."""
         workers = self._reports("worker")
         servers = self._reports("server")
@@ -117,7 +117,7 @@ class Rebuild:
         missing = [("server", r) for r in range(self.num_servers) if r not in servers]
         missing += [("worker", r) for r in sorted(members) if r not in workers]
         joiners = {r for r in members if (r in workers and workers[r].joiner) or r in joined}
-        return Plan(frozenset(members), frozenset(set(workers) - members), tuple(missing), generation,
+        return RebuildPlan(frozenset(members), frozenset(set(workers) - members), tuple(missing), generation,
                     frozenset(joiners))
 
 
@@ -126,4 +126,4 @@ def done_elsewhere(n: int, completed: Iterable[int]) -> bool:
     return any(c >= n for c in completed)
 
 
-__all__ = ["Plan", "Rebuild", "done_elsewhere"]
+__all__ = ["Rebuild", "RebuildPlan", "done_elsewhere"]

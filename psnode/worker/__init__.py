@@ -3,7 +3,7 @@
 The API and what it was given:
 
 - :mod:`~psnode.worker.kvstore`: the KVStore API (MXNet-style); holds a data path over the
-  engine it is given (its :class:`~psnode.worker.kvstore.Backend`).
+  engine it is given (its :class:`~psnode.worker.kvstore.KVBackend`).
 - :mod:`~psnode.worker.forms`, :mod:`~psnode.worker.items`, :mod:`~psnode.worker.routes`:
   the arrays a call was given (MXNet's calling conventions, checks, the hook through which
   other libraries' values pass: torch's route is :mod:`psnode.torch.values`).

@@ -62,7 +62,7 @@ Contracts:
 :class:`KVStore` checks what a call was given (:mod:`psnode.worker.forms`,
 :mod:`psnode.worker.items`, :mod:`psnode.worker.routes`: for torch :mod:`psnode.torch.values`),
 registers keys (placement, buckets: :mod:`psnode.worker.keys`) and hands the checked items to the :class:`DataPath` it
-holds; the engine it is given (:class:`Backend`) is the job (or, for ``'local'``, this process).
+holds; the engine it is given (:class:`KVBackend`) is the job (or, for ``'local'``, this process).
 """
 from __future__ import annotations
 
@@ -134,7 +134,7 @@ def _has_gpu() -> bool:
     return bool(glob.glob("/dev/nvidia[0-9]*"))
 
 
-class Backend(Requests, Protocol):
+class KVBackend(Requests, Protocol):
     """What a KVStore needs of its engine besides requests (:class:`~psnode.worker.datapath.Requests`):
     :class:`psnode.worker.engine.Engine` (a job) or :class:`psnode.local.LocalEngine` (this process)."""
 
@@ -185,7 +185,7 @@ class Backend(Requests, Protocol):
 class KVStore:
     """A key-value store for parameters (see the module docstring for the contracts)."""
 
-    def __init__(self, kind: str, engine: Backend, cfg: NodeConfig | None, aggregator: str,
+    def __init__(self, kind: str, engine: KVBackend, cfg: NodeConfig | None, aggregator: str,
                  name: str | None = None, staleness: int | None = None) -> None:
         self.mode = kind                       # 'local', 'dist_sync', 'dist_async' or 'dist_ssp'
         #: dist_ssp's bound (None for other stores); 0 runs dist_sync's rounds

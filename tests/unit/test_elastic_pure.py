@@ -6,7 +6,7 @@ import pytest
 
 from psnode.config import NodeConfig, Role
 from psnode.errors import ConfigError
-from psnode.scheduler.elastic import Elastic
+from psnode.scheduler.elastic import ElasticRoster
 
 ENV = {"PSNODE_ROLE": "worker", "PSNODE_SCHEDULER": "127.0.0.1:9000", "PSNODE_NUM_WORKERS": "3",
        "PSNODE_NUM_SERVERS": "1", "PSNODE_JOB_ID": "j"}
@@ -50,7 +50,7 @@ def test_node_config_checks_bounds_when_built_directly() -> None:
 
 # ------------------------------------------------------------------ scheduler bookkeeping
 def test_admit_honours_the_launchers_rank_and_refuses_one_in_use() -> None:
-    e = Elastic(max_workers=4)
+    e = ElasticRoster(max_workers=4)
     assert e.admit(2, {0, 1}) == 2
     assert e.admit(None, {0, 2}) == 1
     assert e.admit(1, {0, 1}) == "rank 1 is in use by a member of the job"
@@ -59,7 +59,7 @@ def test_admit_honours_the_launchers_rank_and_refuses_one_in_use() -> None:
 
 
 def test_generation_counts_joins_leaves_and_losses_not_finishes() -> None:
-    e = Elastic(max_workers=4)
+    e = ElasticRoster(max_workers=4)
     e.join(2)
     assert (e.generation, e.joiners, e.joined) == (1, {2}, 1)
     assert e.ask_leave([2, 3], {0, 1, 2}) and e.leaving == {2}

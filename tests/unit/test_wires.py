@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from mxdist import agent
-from mxdist.jobs import Cause, JobEnd, JobRecord, JobState, ScaleRequest, StopRequest
+from mxdist.jobs import Cause, JobOutcome, JobRecord, JobState, ScaleRequest, StopRequest
 from mxdist.rootcause import RootCause
 
 
@@ -31,7 +31,7 @@ REQUESTS = [
      {"op": "follow", "log": "/r/w.log", "rc_file": "/r/w.rc", "pid": 4242, "offset": 17, "wait": True}),
     (agent.StatusRequest([agent.ProcRef(12, "/r/a.rc"), agent.ProcRef(13, "/r/b.rc")]),
      {"op": "status", "procs": [{"pid": 12, "rc": "/r/a.rc"}, {"pid": 13, "rc": "/r/b.rc"}]}),
-    (agent.StopRequest([12, 13], 2.5), {"op": "stop", "pgids": [12, 13], "grace": 2.5}),
+    (agent.StopGroupsRequest([12, 13], 2.5), {"op": "stop", "pgids": [12, 13], "grace": 2.5}),
     (agent.SignalRequest([12], 15), {"op": "signal", "pgids": [12], "signum": 15}),
     (agent.PutKeyRequest("/r", "s3cret"), {"op": "put_key", "run_dir": "/r", "key": "s3cret"}),
     (agent.RemoveFilesRequest(["/a", "/b"]), {"op": "remove_files", "paths": ["/a", "/b"]}),
@@ -70,8 +70,8 @@ def test_each_agent_reply_reads_its_exact_values() -> None:
         agent.Spawned("worker-0", 101, "/r/worker-0.log", "/r/worker-0.rc")]
     assert agent.FollowRequest("l", "r", 1, 0, False).reply({"rc": None, "offset": 5}) == agent.FollowReply(None, 5)
     assert agent.StatusRequest([]).reply([{"alive": True, "members": [7, 8], "rc": -9}]) == [
-        agent.ProcState(True, [7, 8], -9)]
-    stopped = agent.StopRequest([], 1.0).reply(wire({"killed": [7], "left": {"7": [9, 8], "3": [4]}}))
+        agent.Liveness(True, [7, 8], -9)]
+    stopped = agent.StopGroupsRequest([], 1.0).reply(wire({"killed": [7], "left": {"7": [9, 8], "3": [4]}}))
     assert stopped == agent.StopReply([7], {"7": [9, 8], "3": [4]})
     assert stopped.survivors() == [4, 8, 9]
     assert agent.SignalRequest([], 15).reply(None) is None
@@ -123,13 +123,13 @@ def test_the_recorded_root_cause_keeps_its_json_fields() -> None:
 
 def test_a_record_writes_and_reads_its_root_cause() -> None:
     rec = JobRecord(id="j1", command=["t.py"], backend="local")
-    rec.finish(JobEnd(JobState.FAILED, 1, headline="preflight failed: localhost: no script t.py"))
+    rec.finish(JobOutcome(JobState.FAILED, 1, headline="preflight failed: localhost: no script t.py"))
     assert json.loads(rec.to_json())["root_cause"] == {"headline": "preflight failed: localhost: no script t.py",
                                                        "name": None}
     assert JobRecord.from_json(rec.to_json()).root_cause == Cause("preflight failed: localhost: no script t.py")
     cause = RootCause("worker 1 on b: KeyError: 'k'", "worker-1", "KeyError: 'k'", 7.25, ("worker 0 on a: x",))
     done = JobRecord(id="j2", command=["t.py"], backend="local")
-    done.finish(JobEnd(JobState.FAILED, 1, cause=cause))
+    done.finish(JobOutcome(JobState.FAILED, 1, cause=cause))
     assert json.loads(done.to_json())["root_cause"] == {"headline": "worker 1 on b: KeyError: 'k'",
                                                         "name": "worker-1", "reason": "KeyError: 'k'", "time": 7.25}
     back = JobRecord.from_json(done.to_json())
@@ -222,10 +222,10 @@ def test_the_agent_source_answers_requests_on_stdin_as_the_ssh_backend_sends_the
     last = done.stderr.decode().strip().splitlines()[-1]
     assert asked.reply(agent.Answer.from_json(json.loads(last)).result) == agent.FilesReply({"a.jsonl": "{}\n"}, [])
     served = f"{source}\nimport sys as _s\n_s.exit(serve())\n".encode()
-    lines = [asked.to_json(), agent.StopRequest([], 0.0).to_json(), {"op": "spawn"}]
+    lines = [asked.to_json(), agent.StopGroupsRequest([], 0.0).to_json(), {"op": "spawn"}]
     feed = b"%d\n" % len(served) + served + b"".join(json.dumps(line).encode() + b"\n" for line in lines)
     done = subprocess.run([sys.executable, "-c", agent.BOOT], input=feed, capture_output=True, timeout=120)
     first, second, third = (agent.Answer.from_json(json.loads(line)) for line in done.stdout.decode().splitlines())
     assert asked.reply(first.result) == agent.FilesReply({"a.jsonl": "{}\n"}, [])
-    assert agent.StopRequest([], 0.0).reply(second.result) == agent.StopReply([], {})
+    assert agent.StopGroupsRequest([], 0.0).reply(second.result) == agent.StopReply([], {})
     assert third.result is None and third.error is not None and "ValueError: 'spawn' is not served" in third.error
