@@ -361,8 +361,15 @@ class Supervisor:
             self._apply_discovery(rules)
             for item in [x for x in later if x[0] <= time.monotonic()]:
                 later.remove(item)
-                if not self._restart(item[1]) and rules.restart_failed(item[1].name) is Action.FAIL:
-                    return self._conclude(JobState.FAILED, EXIT_FAILED, first_seen=item[1].name)
+                if not self._restart(item[1]):
+                    after = rules.restart_failed(item[1].name)
+                    if after is Action.FAIL:
+                        return self._conclude(JobState.FAILED, EXIT_FAILED, first_seen=item[1].name,
+                                              note=rules.shortfall)
+                    if item[1].name in rules.lost:
+                        self._lose(item[1], ExitStatus(item[1].exit_code), rules)
+                    if after is Action.WIND_DOWN:
+                        wind_down_by = time.monotonic() + self.settings.finish_grace
             try:
                 event = self.events.get(timeout=POLL)
             except queue.Empty:
@@ -386,6 +393,8 @@ class Supervisor:
                     later.append((time.monotonic() + delay, rec))
                 elif not self._restart(rec):
                     action = rules.restart_failed(name)
+                    if name in rules.lost:
+                        self._lose(rec, status, rules)
             if action is Action.FAIL:
                 return self._conclude(JobState.FAILED, EXIT_FAILED, first_seen=name,
                                       note=rules.crash_loop or rules.shortfall)
@@ -641,6 +650,7 @@ class Supervisor:
             home = new_home(rec.rank or 0, self._slot_hosts(), self._live(self._rules), self._lost_hosts)
         except ElasticError as exc:
             ui.warn(f"cannot restart {rec.name}: {old} does not answer and {exc}")
+            self._why_lost[rec.name] = f"its host {old} did not answer, and no host that answers had a free slot"
             return False
         host = self.hosts[home.host]
         planned = next(p for p in self.plan.procs if p.name == rec.name)

@@ -155,15 +155,7 @@ class Supervision:
             elif not self.winding_down and name not in self.leaving and self._may_restart(name):
                 return self._restart(name)
             elif self.minimum is not None and not self.winding_down:
-                # workers that finished their work (exit 0, not asked to leave) still count
-                done = len(self.finished - self.leaving)
-                self.shortfall = None if done else shortfall(self.live_workers, self.minimum)
-                if self.shortfall:
-                    return Action.FAIL
-                self.lost.add(name)
-                if self.finished | self.lost == self.workers:
-                    return self._wind_down()
-                return Action.LOSE
+                return self._lose(name)
             else:
                 return Action.FAIL
         elif not ok and not self.winding_down:
@@ -215,9 +207,24 @@ class Supervision:
         return Action.RESTART
 
     def restart_failed(self, name: str) -> Action:
-        """The restart of ``name`` could not be started: the failure is final."""
+        """The restart of ``name`` could not be started (e.g. no host with a free slot answers):
+        the failure is final, and a worker of an elastic job is lost as by rule 7."""
         self.running.discard(name)
+        if name in self.workers and self.minimum is not None and not self.winding_down:
+            return self._lose(name)
         return Action.FAIL
+
+    def _lose(self, name: str) -> Action:
+        """Rule 7: worker ``name`` failed for good in an elastic job: lost while enough live."""
+        # workers that finished their work (exit 0, not asked to leave) still count
+        done = len(self.finished - self.leaving)
+        self.shortfall = None if done else shortfall(self.live_workers, self.minimum or 0)
+        if self.shortfall:
+            return Action.FAIL
+        self.lost.add(name)
+        if self.finished | self.lost == self.workers:
+            return self._wind_down()
+        return Action.LOSE
 
     @staticmethod
     def wait_for_rest(ends_alone: bool | None) -> bool:

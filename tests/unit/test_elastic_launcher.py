@@ -319,3 +319,20 @@ def test_a_lost_hosts_worker_takes_the_first_free_slot_of_a_host_that_answers() 
     with pytest.raises(ElasticError, match=r"no host that answers has a free slot for worker 3 \(hosts lost: c; "
                                            r"give spare slots in the hosts file"):
         new_home(3, hosts[:2] + [Host("c", slots=2)], live + [Live(4, "b", 1)], {"c"})
+
+
+def test_a_restart_that_cannot_start_loses_an_elastic_worker_and_fails_a_fixed_job() -> None:
+    """A lost host's worker with no free slot to move to: its restart cannot start.  An
+    elastic job goes on without it while enough workers live (rule 7); a fixed one fails."""
+    procs = [("scheduler", "scheduler"), ("server-0", "server"), ("worker-0", "worker"),
+             ("worker-1", "worker"), ("worker-2", "worker")]
+    lost = Failure(None, None, 60.0)
+    r = Supervision.of(procs, 1, minimum=2)
+    assert r.exited("worker-2", False, lost) is Action.RESTART
+    assert r.restart_failed("worker-2") is Action.LOSE and r.lost == {"worker-2"}
+    assert r.exited("worker-1", False, lost) is Action.RESTART
+    assert r.restart_failed("worker-1") is Action.FAIL                     # one left: below --min-workers 2
+    assert r.shortfall == "1 worker live, at least 2 needed (--min-workers)"
+    fixed = Supervision.of(procs, 1)
+    assert fixed.exited("worker-2", False, lost) is Action.RESTART
+    assert fixed.restart_failed("worker-2") is Action.FAIL and not fixed.lost
