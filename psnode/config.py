@@ -10,6 +10,12 @@ variable                           meaning (default)
 =================================  ==========================================================
 ``PSNODE_ROLE``                    ``scheduler``, ``server`` or ``worker`` (required)
 ``PSNODE_SCHEDULER``               scheduler address ``host:port`` (required)
+``PSNODE_SCHEDULER_STANDBY``       a standby scheduler's ``host:port`` (none): a node whose
+                                   scheduler is silent for the heartbeat timeout goes over to it
+                                   once, and registers there again with what it knows
+``PSNODE_STANDBY``                 ``1``: this scheduler is the standby (at ``PSNODE_SCHEDULER``,
+                                   its own address): it waits, and takes the job over from the
+                                   live nodes when the first one comes (``0``)
 ``PSNODE_HOST``                    address this node binds to and is reached at (scheduler's
                                    host for the scheduler; ``127.0.0.1``)
 ``PSNODE_PORT``                    port a server binds (``0``: any free port)
@@ -233,6 +239,8 @@ class NodeConfig:
     timeline: str | None = None
     min_workers: int | None = None   # None: num_workers (workers_min)
     max_workers: int | None = None   # None: num_workers (workers_max)
+    scheduler_standby: str | None = None   # "host:port" of the standby scheduler
+    standby: bool = False
 
     def __post_init__(self) -> None:
         if not _JOB_ID_RE.match(self.job_id):
@@ -249,6 +257,8 @@ class NodeConfig:
             raise ConfigError(
                 f"{_PREFIX}MIN_WORKERS={self.workers_min}, {_PREFIX}NUM_WORKERS={self.num_workers} and "
                 f"{_PREFIX}MAX_WORKERS={self.workers_max}: need 1 <= min <= num <= max")
+        if self.scheduler_standby is not None:
+            parse_address(self.scheduler_standby, f"{_PREFIX}SCHEDULER_STANDBY")
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(f"{_PREFIX}LOG_LEVEL={self.log_level!r} is not one of {LOG_LEVELS}")
 
@@ -334,6 +344,8 @@ class NodeConfig:
             timeline=env.get(_PREFIX + "TIMELINE") or None,
             min_workers=_int(env, "MIN_WORKERS", None, 1),
             max_workers=_int(env, "MAX_WORKERS", None, 1),
+            scheduler_standby=env.get(_PREFIX + "SCHEDULER_STANDBY") or None,
+            standby=_flag(env, "STANDBY", d("standby")),
         )
 
     def to_env(self) -> dict[str, str]:

@@ -14,6 +14,12 @@ and answers it REJOIN: a welcomed node then registers again, with its rank and t
 with each heartbeat until the new WELCOME.  The link hands that WELCOME to the role like any
 other.  REJOIN counts as an answer; the heartbeat timeout bounds how long a node waits for any
 scheduler to answer.
+
+With a standby scheduler (``PSNODE_SCHEDULER_STANDBY``: the launcher runs one on a second host),
+a node whose scheduler stays silent for the heartbeat timeout goes over to the standby once, at
+once, with the same socket (:meth:`Channel.repoint`): it registers there again as after a
+restart (the standby rebuilds the job from the live nodes: :mod:`psnode.scheduler.rebuild`), and
+the heartbeat timeout starts again.  Silent there too, the node fails as without a standby.
 """
 from __future__ import annotations
 
@@ -24,7 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from psnode.config import NodeConfig
+from psnode.config import NodeConfig, parse_address
 from psnode.errors import PeerLost, ProtocolError
 from psnode.net.security import Plane
 from psnode.net.transport import Channel, Transport
@@ -50,6 +56,8 @@ class SchedulerLink:
         #: what this node reports to a restarted scheduler (None: it does not rejoin)
         self.report: Callable[[], Rejoin] | None = None
         self.rejoining = False
+        #: where to go once when the scheduler is silent (None: nowhere, or gone there already)
+        self.standby: str | None = cfg.scheduler_standby
         self.chan.send(Command.REGISTER, self._register.to_body())
 
     def _registration(self) -> dict[str, Any]:
@@ -67,10 +75,28 @@ class SchedulerLink:
             self.chan.send(Command.HEARTBEAT, Heartbeat(Counters.of(self._stats())).to_body())
             self._next_beat = now + self.cfg.heartbeat_interval
         silent = now - self.last_ack
-        if silent > self.cfg.dead_after:
+        if silent > self.cfg.dead_after and self.standby is not None:
+            self._go_to_standby(now, silent)
+        elif silent > self.cfg.dead_after:
             pid = f" (pid {self.scheduler_pid})" if self.scheduler_pid else ""
-            raise PeerLost(f"the scheduler{pid} at {self.cfg.scheduler_address} stopped responding "
+            raise PeerLost(f"the scheduler{pid} at {self.chan.address} stopped responding "
                            f"({silent:.1f} s without a heartbeat reply)")
+
+    def _go_to_standby(self, now: float, silent: float) -> None:
+        """The scheduler is silent: repoint at the standby and register there again."""
+        assert self.standby is not None
+        gone, (host, port) = self.chan.address, parse_address(self.standby, "PSNODE_SCHEDULER_STANDBY")
+        self.standby = None
+        log.warning("the scheduler at %s stopped responding (%.1f s without a heartbeat reply); "
+                    "going over to the standby scheduler at %s", gone, silent, self.cfg.scheduler_standby)
+        self.chan.repoint(host, port)
+        self.scheduler_pid = None
+        self.last_ack = now
+        if self.welcomed and self.report is not None:
+            self.welcomed, self.rejoining = False, True
+        self.chan.send(Command.REGISTER, self._registration())
+        self.chan.send(Command.HEARTBEAT, Heartbeat(Counters.of(self._stats())).to_body())
+        self._next_beat = now + self.cfg.heartbeat_interval
 
     def timeout(self, now: float) -> float:
         """Seconds until the next heartbeat is due."""
@@ -88,7 +114,7 @@ class SchedulerLink:
             if msg.cmd is Command.REJOIN:
                 if self.welcomed and self.report is not None:   # a restarted scheduler
                     log.warning("the scheduler at %s restarted; registering again as %s %s",
-                                self.cfg.scheduler_address, self._register.role, self.rank)
+                                self.chan.address, self._register.role, self.rank)
                     self.welcomed, self.rejoining = False, True
                     self.chan.send(Command.REGISTER, self._registration())
                 elif self.rejoining:

@@ -21,6 +21,7 @@ store's ``close`` at exit (``psnode.kv``) and runs after it (atexit runs last-in
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import hmac
 import logging
@@ -322,6 +323,18 @@ class Channel:
         self.bytes_in = 0
         self.bytes_out = 0
         self._proof = proof     # the server proof every message must carry (authenticated data links)
+
+    def repoint(self, host: str, port: int) -> None:
+        """A DEALER of the control plane (CURVE or NULL: nothing in it names the address) leaves
+        its peer for ``host:port``; the socket stays the same (pollers keep it), what was queued
+        for the old peer is dropped."""
+        old = self.address
+        if old:
+            old_host, _, old_port = old.rpartition(":")
+            with contextlib.suppress(zmq.ZMQError):
+                self.sock.disconnect(f"tcp://{_bracket(old_host)}:{old_port}")
+        self.sock.connect(f"tcp://{_bracket(host)}:{port}")
+        self.address = f"{host}:{port}"
 
     def send(self, cmd: Any, body: dict[str, Any] | None = None, arrays: list[Any] | None = None,
              to: bytes | None = None, track: bool = False, ops: list[Any] | None = None) -> Any:

@@ -50,7 +50,10 @@ Life of a job as the scheduler sees it:
    (``PSNODE_ERROR_FILE``, :mod:`psnode.protocol.failure`): the node it blames (one that reported a
    failure, or one silent past the heartbeat timeout) and when that node failed or was last
    heard from, so the launcher names the root cause and not the processes it took down.
-9. A scheduler the launcher restarted (``restart_count > 0``, same address; it is killed or
+9. A standby scheduler (``standby``: at its own address on another host) waits idle until a
+   node comes over to it (its scheduler silent for the heartbeat timeout: psnode.net.link),
+   then takes the job over exactly as a restarted one does (below).
+10. A scheduler the launcher restarted (``restart_count > 0``, same address; it is killed or
    crashed) rebuilds the job from the live nodes (:mod:`psnode.scheduler.rebuild`): it answers
    a node it does not know with REJOIN; each welcomed node registers again with its rank and
    what it knows; after every expected node reported, or the heartbeat timeout, it welcomes
@@ -175,9 +178,25 @@ class Scheduler:
         self.early: dict[bytes, Node] = {}  # joiners registered before the first generation was complete
         timeline.start(cfg.timeline, Role.SCHEDULER.value, None)
         # a restarted scheduler: the live nodes' reports, until the job is rebuilt (psnode.scheduler.rebuild)
-        self.rebuild: Rebuild | None = Rebuild(cfg.num_servers) if cfg.restart_count > 0 else None
+        self.rebuild: Rebuild | None = Rebuild(cfg.num_servers) if self.rebuilds else None
         self.rebuild_by = self.t0 + cfg.dead_after
+        # a standby waits, idle, until the first node comes (its scheduler silent): then it takes over
+        self.active = not cfg.standby
         self.held: list[tuple[bytes, Message]] = []  # what arrived while rebuilding, handled after
+
+    @property
+    def rebuilds(self) -> bool:
+        """Does this scheduler take a running job over from its live nodes (restarted, or the standby)?"""
+        return self.cfg.restart_count > 0 or self.cfg.standby
+
+    def _take_over(self) -> None:
+        """The standby's first node: the job's scheduler is gone; rebuild the job from the live
+        nodes within the heartbeat timeout from now (psnode.scheduler.rebuild)."""
+        self.active = True
+        self.t0 = time.monotonic()
+        self.rebuild_by = self.t0 + self.cfg.dead_after
+        log.warning("standby scheduler at %s:%s: a node came over; taking the job %s over from its live nodes",
+                    self.cfg.host, self.cfg.scheduler_port, self.cfg.job_id)
 
     # ------------------------------------------------------------ helpers
     def _send(self, node: Node | bytes, cmd: Command, body: Body | None = None) -> None:
@@ -603,9 +622,11 @@ class Scheduler:
         except ProtocolError as exc:
             log.warning("dropped %s from %r: %s", cmd.value, ident, exc)
             return
+        if not self.active and (cmd in _NODE_COMMANDS or cmd is Command.REGISTER):
+            self._take_over()
         if self.rebuild is not None and cmd is not Command.STATUS:
             self._while_rebuilding(ident, msg, body)
-        elif node is None and self.cfg.restart_count and cmd in _NODE_COMMANDS:
+        elif node is None and self.rebuilds and cmd in _NODE_COMMANDS:
             self._send(ident, Command.REJOIN)   # a node of the job the restart has not heard from yet
         elif isinstance(body, Register) and node is None:
             self._on_register(ident, body)
@@ -644,7 +665,7 @@ class Scheduler:
             if n <= node.barrier_done:  # sent again: its answer was lost
                 self._send(node, Command.BARRIER_DONE, BarrierDone(node.barrier_done))
                 return
-            if self.cfg.restart_count and not node.joiner and done_elsewhere(n, (
+            if self.rebuilds and not node.joiner and done_elsewhere(n, (
                     w.barrier_done for w in self.nodes.values() if w.role == Role.WORKER and not w.joiner)):
                 node.barrier_done = n   # completed by the previous scheduler; its answer was lost
                 members = tuple(self.roster.active_ranks()) if self.cfg.elastic else ()
@@ -686,7 +707,7 @@ class Scheduler:
             self._flush_membership()  # after the turn: for all the FINISHes it handled, once
             now = time.monotonic()
             if self.rebuild is not None:
-                if not self.rebuild.complete() and now < self.rebuild_by:
+                if not self.active or (not self.rebuild.complete() and now < self.rebuild_by):
                     continue
                 self._rebuilt()
             if self.exit_code is None:
