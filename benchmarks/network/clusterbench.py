@@ -56,8 +56,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.network import netbench, netns  # noqa: E402
 from benchmarks.cases import MARK, Case, MiB, encode_cases  # noqa: E402
+from benchmarks.network import netbench, netns  # noqa: E402
 from benchmarks.network.netbench import FRAME_EFFICIENCY, JobFailed, Proc, parse_rate, preflight, wait_job  # noqa: E402
 from psnode.config import NodeConfig, Role, default  # noqa: E402
 

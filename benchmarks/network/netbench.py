@@ -54,8 +54,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.network import netns  # noqa: E402
 from benchmarks.cases import DENSE, MARK, Case, encode_cases  # noqa: E402
+from benchmarks.network import netns  # noqa: E402
 from psnode.config import NodeConfig, Role  # noqa: E402
 from psnode.errors import ConfigError  # noqa: E402
 from psnode.math.compression import CompressionSpec  # noqa: E402
@@ -127,7 +127,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pushpull", action="store_true",
                    help="timed rounds call kv.pushpull (one request per key part) instead of push then pull")
     p.add_argument("--trace", type=Path, default=None,
-                   help="per-phase timestamps of every worker and server (benchmarks/network/nbtrace.py) under this folder")
+                   help="per-phase timestamps of every worker and server (benchmarks/network/nbtrace.py) "
+                        "under this folder")
     p.add_argument("--cleanup", action="store_true", help="only remove testbeds left by killed runs")
     args = p.parse_args(argv)
     try:
@@ -205,7 +206,8 @@ def server_argv(rank: int) -> list[str]:
     """``python -m psnode``, or (--trace) the same with benchmarks/network/nbtrace.py's timestamps."""
     if TRACE is None:
         return [sys.executable, "-m", "psnode"]
-    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); from benchmarks.network import nbtrace; "
+    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
+            "from benchmarks.network import nbtrace; "
             f"nbtrace.install('server', {rank}); from psnode.__main__ import main; sys.exit(main())"]
 
 

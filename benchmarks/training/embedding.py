@@ -184,7 +184,8 @@ def run_psnode(h, rows: int, cfg: dict, timeout: float, cap: float, floor: float
 
 def run_ddp(rows: int, cfg: dict, timeout: float, cap: float, floor: float) -> Outcome:
     port = free_port()
-    argv = [sys.executable, "-m", "benchmarks.training.embedding_worker", "ddp", json.dumps(dict(cfg, rows=rows, system=DDP))]
+    argv = [sys.executable, "-m", "benchmarks.training.embedding_worker", "ddp",
+            json.dumps(dict(cfg, rows=rows, system=DDP))]
     procs = [subprocess.Popen(argv, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               start_new_session=True,
                               env=child_env(**ENV, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r),

@@ -23,8 +23,8 @@ def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], 
             raise
         pytest.skip("torch is not installed (pip install torch); CI fails here instead")
     out = tmp_path / "emb.json"
-    r = subprocess.run([sys.executable, "benchmarks/training/embedding.py", "--quick", "--timeout", "120", "--json", str(out),
-                        *args], cwd=ROOT, capture_output=True, text=True, timeout=400)
+    r = subprocess.run([sys.executable, "benchmarks/training/embedding.py", "--quick", "--timeout", "120",
+                        "--json", str(out), *args], cwd=ROOT, capture_output=True, text=True, timeout=400)
     return r, json.loads(out.read_text())
 
 
