@@ -1,7 +1,7 @@
-"""Draw one chart from a ``benchmarks/run.py --json FILE`` run: psnode against a peer, per case;
-or, from a ``benchmarks/embedding.py --json FILE`` run, psnode's tables on the servers against
+"""Draw one chart from a ``benchmarks/kvstore/run.py --json FILE`` run: psnode against a peer, per case;
+or, from a ``benchmarks/training/embedding.py --json FILE`` run, psnode's tables on the servers against
 DDP + gloo per table size (:func:`embedding_series`, :func:`draw_embedding`); or, from a
-``benchmarks/clusterbench.py --json FILE`` run, the four-host cluster's designs per case
+``benchmarks/network/clusterbench.py --json FILE`` run, the four-host cluster's designs per case
 (:func:`cluster_series`, :func:`draw_cluster`).
 
     python benchmarks/chart.py RUN.json --out docs/performance.png
@@ -178,7 +178,7 @@ class EmbeddingSeries:
 
 def embedding_series(doc: dict) -> EmbeddingSeries:
     """The figures of one ``embedding.py --json`` run (pure; the statistics are embedding.py's)."""
-    from benchmarks import embedding as emb
+    from benchmarks.training import embedding as emb
     records = doc.get("records") or []
     rows = sorted({r["rows"] for r in records if r["system"] == emb.PSNODE} &
                   {r["rows"] for r in records if r["system"] == emb.DDP})
@@ -200,7 +200,7 @@ def draw_embedding(s: EmbeddingSeries, out: Path, note: str = "") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from benchmarks import embedding as emb
+    from benchmarks.training import embedding as emb
     labels = [f"{n / 1e6:g} M rows" for n in s.rows]
     x = list(range(len(s.rows)))
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -253,7 +253,7 @@ class ClusterSeries:
 
 def cluster_series(doc: dict) -> ClusterSeries:
     """The figures of one ``clusterbench.py --json`` run (pure); ratios per run, then median."""
-    from benchmarks import clusterbench as cb
+    from benchmarks.network import clusterbench as cb
     summ = doc["summary"]
     cases = list(summ["cases"])
     if not cases:
@@ -312,7 +312,7 @@ def draw_cluster(s: ClusterSeries, out: Path, note: str = "") -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("run", type=Path, help="the JSON file of benchmarks/run.py --json")
+    ap.add_argument("run", type=Path, help="the JSON file of benchmarks/kvstore/run.py --json")
     ap.add_argument("--out", type=Path, required=True, help="the PNG to write")
     ap.add_argument("--config", default="2,2", help="the W,S configuration to chart (default 2,2)")
     ap.add_argument("--peer", help="comma list of peers (default: mxnet if the run has it, else every peer it has)")
@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             cs = cluster_series(doc)
         except (ValueError, KeyError) as exc:
             raise SystemExit(f"{a.run}: {exc}") from None
-        draw_cluster(cs, a.out, f"benchmarks/clusterbench.py, {doc['summary']['runs']} run(s)")
+        draw_cluster(cs, a.out, f"benchmarks/network/clusterbench.py, {doc['summary']['runs']} run(s)")
         for c in cs.cases:
             for d in cs.designs:
                 if d in cs.round_s[c]:

@@ -1,4 +1,4 @@
-"""Statistics, tables and targets of benchmarks/run.py (pure: no processes, no I/O but print_fn).
+"""Statistics, tables and targets of benchmarks/kvstore/run.py (pure: no processes, no I/O but print_fn).
 
 Records are dicts with ``system``, ``config`` ("W,S"; "1,1" for raw zmq, "2" for gloo), ``case``,
 ``run`` and ``median`` (seconds per round; ``wall`` for launch).  :func:`collect` turns them into

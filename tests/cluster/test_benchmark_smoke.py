@@ -1,8 +1,8 @@
 """The benchmark driver runs end to end: psnode, the raw zmq peer and the bare PS each pass their
 check round (the exact average) and report every timed round; MXNet, when it cannot be set up,
 is skipped with one line and the run goes on.  With MXNet's venv present (made by a previous
-``benchmarks/run.py``), MXNet passes its check round too.  No speed is asserted here (speed is
-measured by benchmarks/run.py itself, never in tests)."""
+``benchmarks/kvstore/run.py``), MXNet passes its check round too.  No speed is asserted here (speed is
+measured by benchmarks/kvstore/run.py itself, never in tests)."""
 from __future__ import annotations
 
 import json
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(args: list[str], out: Path) -> tuple[subprocess.CompletedProcess[str], dict]:
-    r = subprocess.run([sys.executable, "benchmarks/run.py", "--quick", "--no-launch", "--configs", "2,2",
+    r = subprocess.run([sys.executable, "benchmarks/kvstore/run.py", "--quick", "--no-launch", "--configs", "2,2",
                         "--timeout", "120", "--json", str(out), *args], cwd=ROOT, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -68,9 +68,9 @@ def test_quick_benchmark_over_tcp_only(tmp_path: Path) -> None:
 
 
 def test_quick_benchmark_with_mxnet(tmp_path: Path) -> None:
-    from benchmarks.mxnet_job import DEFAULT_VENV
+    from benchmarks.kvstore.mxnet_job import DEFAULT_VENV
     if not (DEFAULT_VENV / ".ready").exists():
-        pytest.skip(f"no MXNet venv at {DEFAULT_VENV} (benchmarks/run.py makes it on first use)")
+        pytest.skip(f"no MXNet venv at {DEFAULT_VENV} (benchmarks/kvstore/run.py makes it on first use)")
     r, data = _run(["--peers", "mxnet", "--no-mxnet-install", "--cases", "1x4KiB,200x16KiB,rowsparse1%"],
                    tmp_path / "bench.json")
     got = _by_system(data)

@@ -1,4 +1,4 @@
-"""benchmarks/embedding.py runs end to end: both systems report every rank from the same start
+"""benchmarks/training/embedding.py runs end to end: both systems report every rank from the same start
 (the same weights and batches give the same first losses), the memory records name every
 process, and the watchdog kills a job that passes its memory cap (recorded, not hung).  No speed
 is asserted (benchmarks measure speed, tests do not)."""
@@ -23,8 +23,8 @@ def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], 
             raise
         pytest.skip("torch is not installed (pip install torch); CI fails here instead")
     out = tmp_path / "emb.json"
-    r = subprocess.run([sys.executable, "benchmarks/embedding.py", "--quick", "--timeout", "120", "--json", str(out),
-                        *args], cwd=ROOT, capture_output=True, text=True, timeout=400)
+    r = subprocess.run([sys.executable, "benchmarks/training/embedding.py", "--quick", "--timeout", "120",
+                        "--json", str(out), *args], cwd=ROOT, capture_output=True, text=True, timeout=400)
     return r, json.loads(out.read_text())
 
 

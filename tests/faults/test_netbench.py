@@ -1,4 +1,4 @@
-"""benchmarks/netbench.py, the rate-limited testbed: it runs, and it leaves nothing behind.
+"""benchmarks/network/netbench.py, the rate-limited testbed: it runs, and it leaves nothing behind.
 
 A quick run passes its check round (the exact average) over the namespaces; then every exit path
 is taken for real: SIGTERM, SIGINT and SIGHUP mid-run, a psnode process killed -9 mid-run, a job
@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import netns
+from benchmarks.network import netns
 from tests.support import require, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-NETBENCH = [sys.executable, str(ROOT / "benchmarks" / "netbench.py")]
+NETBENCH = [sys.executable, str(ROOT / "benchmarks" / "network" / "netbench.py")]
 
 
 @pytest.fixture(autouse=True)
@@ -199,11 +199,11 @@ def test_bad_options_are_refused_before_any_namespace() -> None:
         assert r.returncode == 2 and message in r.stderr, (args, r.stderr)
 
 
-CLUSTERBENCH = [sys.executable, str(ROOT / "benchmarks" / "clusterbench.py")]
+CLUSTERBENCH = [sys.executable, str(ROOT / "benchmarks" / "network" / "clusterbench.py")]
 
 
 def test_clusterbench_quick_run_every_design_and_leaves_nothing() -> None:
-    """benchmarks/clusterbench.py --quick: nine namespaces, each design's check round exact
+    """benchmarks/network/clusterbench.py --quick: nine namespaces, each design's check round exact
     (psnode dedicated and co-located, gloo, the raw TCP mesh), every host's link metered, then
     no namespace and no process of the run left."""
     p = subprocess.Popen([*CLUSTERBENCH, "--quick", "--timeout", "120"], cwd=ROOT, env=env(), text=True,

@@ -1,7 +1,7 @@
 """The restart storm, bounded for CI: 300 rounds of two keys (one in a bucket of small keys,
 one split over both servers) while a seeded schedule kills eight random workers and servers
 with SIGKILL, ``mxdist launch -n 3 -s 2 --max-restarts 50 --checkpoint-dir D
---checkpoint-rounds 1`` (tests/support/storm.py; benchmarks/soak.py runs the long storm again and again).
+--checkpoint-rounds 1`` (tests/support/storm.py; benchmarks/faults/soak.py runs the long storm again and again).
 
 Every rank checks the exact closed-form value after every round and at the end (a push
 applied twice or lost changes it), the launcher exits 0, the same-host links are back to

@@ -1,4 +1,4 @@
-"""benchmarks/gluon.py runs (its smoke run: one run, few steps): MXNet's dist_sync and psnode
+"""benchmarks/training/gluon.py runs (its smoke run: one run, few steps): MXNet's dist_sync and psnode
 both train the example's model to the end, each with its ranks ending equal."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tests.support.cli import ROOT
 
 
 def test_gluon_benchmark_quick() -> None:
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gluon.py"), "--quick"], cwd=ROOT,
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "training" / "gluon.py"), "--quick"], cwd=ROOT,
                        capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
     for system in ("mxnet", "psnode"):

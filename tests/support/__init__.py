@@ -20,7 +20,7 @@ test module; tests/unit/test_test_layout.py checks it):
 * ``terminal`` -- a command in a real pty and the screen it draws;
 * ``slurm``, ``slurm_launch`` -- a real Slurm cluster, and ``mxdist`` inside its allocations;
 * ``faults``, ``storm`` -- the fault tests' training script and helpers, and the restart storm
-  (benchmarks/soak.py runs it N times);
+  (benchmarks/faults/soak.py runs it N times);
 * ``intruders`` (+ ``outsider.py``), ``orphans`` -- attacks on a job, and a job whose supervisor
   was killed;
 * ``elastic``, ``scheduler_restart``, ``server_restore``, ``torch_trainer``, ``examples``,

@@ -1,5 +1,5 @@
 """The restart storm: a training job that must end exact while its workers and servers are
-killed with SIGKILL (tests/faults/test_storm.py runs it bounded; benchmarks/soak.py runs it N
+killed with SIGKILL (tests/faults/test_storm.py runs it bounded; benchmarks/faults/soak.py runs it N
 times and prints N/N).
 
 One storm (:func:`run_storm`): ``mxdist launch -n 3 -s 2 --max-restarts 50 --checkpoint-dir D

@@ -11,7 +11,7 @@ def rec(system: str, config: str, case: str, run: int, median: float, rank: int 
 
 
 def doc(records: list[dict]) -> dict:
-    return {"argv": ["benchmarks/run.py", "--configs", "2,2"], "python": "3.11", "cpus": 2, "path": "same-host",
+    return {"argv": ["benchmarks/kvstore/run.py", "--configs", "2,2"], "python": "3.11", "cpus": 2, "path": "same-host",
             "cpu_policy": "batch", "records": records}
 
 
@@ -57,7 +57,7 @@ def emb(system: str, rows: int, run: int, rank: int, rate: float, peak: float) -
     return {"system": system, "rows": rows, "run": run, "rank": rank, "steps_per_s": rate, "peak_mib": peak}
 
 
-EMB = {"argv": ["benchmarks/embedding.py", "--runs", "2"], "records": [
+EMB = {"argv": ["benchmarks/training/embedding.py", "--runs", "2"], "records": [
     emb("psnode", 20, 0, 0, 120.0, 250.0), emb("psnode", 20, 0, 1, 130.0, 260.0),      # median 125
     emb("DDP gloo", 20, 0, 0, 100.0, 2700.0), emb("DDP gloo", 20, 0, 1, 100.0, 2760.0),
     emb("psnode", 20, 1, 0, 90.0, 255.0), emb("DDP gloo", 20, 1, 0, 100.0, 2750.0),

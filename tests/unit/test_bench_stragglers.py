@@ -1,11 +1,11 @@
-"""benchmarks/stragglers.py's pure parts: the sleeps-only wall time of each mode, and the goals."""
+"""benchmarks/training/stragglers.py's pure parts: the sleeps-only wall time of each mode, and the goals."""
 from __future__ import annotations
 
 import argparse
 
 import pytest
 
-from benchmarks import stragglers
+from benchmarks.training import stragglers
 
 
 def ideal(kind: str, mode: str, workers: int = 3) -> float:

@@ -1,11 +1,11 @@
 """A cluster on one switch: four workers on four hosts, psnode's placements against gloo's ring.
 
-    python benchmarks/clusterbench.py                       # 3 interleaved runs, 200 Mbit/s ports
-    python benchmarks/clusterbench.py --rate 100mbit --runs 5 --json /tmp/cluster.json
-    python benchmarks/clusterbench.py --quick               # smoke run (tiny cases, 1 run)
-    python benchmarks/clusterbench.py --cleanup             # remove testbeds of a killed run
+    python benchmarks/network/clusterbench.py                       # 3 interleaved runs, 200 Mbit/s ports
+    python benchmarks/network/clusterbench.py --rate 100mbit --runs 5 --json /tmp/cluster.json
+    python benchmarks/network/clusterbench.py --quick               # smoke run (tiny cases, 1 run)
+    python benchmarks/network/clusterbench.py --cleanup             # remove testbeds of a killed run
 
-Needs root, iproute2 (``ip``, ``tc`` with tbf) and torch (gloo).  The testbed (benchmarks/netns.py)
+Needs root, iproute2 (``ip``, ``tc`` with tbf) and torch (gloo).  The testbed (benchmarks/network/netns.py)
 is nine hosts on one switch, every port limited to ``--rate`` in both directions (a tbf on the
 host's veth end for what it sends and on the switch's end for what it receives): hosts 0-3 run
 the workers, hosts 4-7 the servers of the dedicated placement, host 8 psnode's scheduler.
@@ -52,16 +52,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import netbench, netns  # noqa: E402
 from benchmarks.cases import MARK, Case, MiB, encode_cases  # noqa: E402
-from benchmarks.netbench import FRAME_EFFICIENCY, JobFailed, Proc, parse_rate, preflight, wait_job  # noqa: E402
+from benchmarks.network import netbench, netns  # noqa: E402
+from benchmarks.network.netbench import FRAME_EFFICIENCY, JobFailed, Proc, parse_rate, preflight, wait_job  # noqa: E402
 from psnode.config import NodeConfig, Role, default  # noqa: E402
 
-WORKER = ROOT / "benchmarks" / "clusterbench_worker.py"
+WORKER = Path(__file__).resolve().parent / "clusterbench_worker.py"
 N = 4                      # workers (and servers)
 HOSTS = 2 * N + 1          # workers, dedicated servers, the scheduler
 SCHED_HOST = 2 * N
@@ -91,7 +91,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--push-then-pull", action="store_true",
                    help="psnode's rounds call kv.push then kv.pull (default: kv.pushpull)")
     p.add_argument("--trace", type=Path, default=None,
-                   help="psnode's per-phase timestamps (benchmarks/nbtrace.py) of every job under this folder")
+                   help="psnode's per-phase timestamps (benchmarks/network/nbtrace.py) of every job under this folder")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 run, 1x1MiB, 2 timed rounds")
     p.add_argument("--timeout", type=float, default=300, help="seconds per job (300)")
     p.add_argument("--json", type=Path, default=None, help="write every record and the summary here")

@@ -1,7 +1,7 @@
 """The control plane at scale: jobs of 16, 32 and 64 processes (tiny keys) on this machine.
 
-    python benchmarks/control_plane.py                  # 16, 32, 64 processes, S=4, 3 runs (~2 minutes)
-    python benchmarks/control_plane.py --procs 64 --runs 3 --json /tmp/cp.json
+    python benchmarks/control/control_plane.py                  # 16, 32, 64 processes, S=4, 3 runs (~2 minutes)
+    python benchmarks/control/control_plane.py --procs 64 --runs 3 --json /tmp/cp.json
 
 A job of P processes is the scheduler, S servers and W = P - 1 - S workers (benchmarks/
 control_worker.py), started by the test harness with a 1 s heartbeat.  Measured:
@@ -39,7 +39,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

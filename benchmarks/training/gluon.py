@@ -1,13 +1,13 @@
 """One Gluon model trained with MXNet's own dist_sync and with ``kvstore='psnode'``, steps/s side by side.
 
-    python benchmarks/gluon.py                     # 3 interleaved runs, W=2 S=2, the example's MLP
-    python benchmarks/gluon.py --quick             # smoke run: 1 run, few steps
-    python benchmarks/gluon.py --hidden 1024 --no-update-on-kvstore --runs 5 --json /tmp/gluon.json
+    python benchmarks/training/gluon.py                     # 3 interleaved runs, W=2 S=2, the example's MLP
+    python benchmarks/training/gluon.py --quick             # smoke run: 1 run, few steps
+    python benchmarks/training/gluon.py --hidden 1024 --no-update-on-kvstore --runs 5 --json /tmp/gluon.json
 
-The model, data and step are examples/gluon_mlp.py's (benchmarks/gluon_worker.py); both
+The model, data and step are examples/gluon_mlp.py's (benchmarks/training/gluon_worker.py); both
 systems train it with W workers and S servers on 127.0.0.1, in MXNet 1.9.1's venv (the
 interpreter running this script when it has MXNet, else the repository's ``.venv-mxnet``,
-else the one benchmarks/mxnet_job.py makes).
+else the one benchmarks/kvstore/mxnet_job.py makes).
 Both jobs start through ``mxdist launch -q`` with a private MXDIST_HOME: MXNet's with
 ``--engine mxnet`` (its scheduler and S servers ``python -c "import mxnet"`` with the ``DMLC_*``
 variables, as MXNet's own launcher starts them), psnode's with the default engine.
@@ -29,19 +29,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import tail  # noqa: E402
-from benchmarks.mxnet_job import mxnet_python  # noqa: E402
+from benchmarks.kvstore.mxnet_job import mxnet_python  # noqa: E402
 from benchmarks.report import fmt_range, print_table  # noqa: E402
 
 WORKER = Path(__file__).resolve().parent / "gluon_worker.py"
 
 
 def venv_python() -> tuple[str | None, str]:
-    """An interpreter with MXNet: this one, the repository's .venv-mxnet, or benchmarks/mxnet_job.py's."""
+    """An interpreter with MXNet: this one, the repository's .venv-mxnet, or benchmarks/kvstore/mxnet_job.py's."""
     if importlib.util.find_spec("mxnet") is not None:
         return sys.executable, sys.prefix
     local = ROOT / ".venv-mxnet" / "bin" / "python"

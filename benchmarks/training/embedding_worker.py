@@ -1,7 +1,7 @@
-"""One rank of benchmarks/embedding.py: the embedding workload trained with psnode or DDP + gloo.
+"""One rank of benchmarks/training/embedding.py: the embedding workload trained with psnode or DDP + gloo.
 
-    python benchmarks/embedding_worker.py psnode <config-json>    # under a psnode job (PSNODE_* env)
-    python -m benchmarks.embedding_worker ddp <config-json>       # RANK, WORLD_SIZE, MASTER_ADDR/PORT set
+    python benchmarks/training/embedding_worker.py psnode <config-json>    # under a psnode job (PSNODE_* env)
+    python -m benchmarks.training.embedding_worker ddp <config-json>       # RANK, WORLD_SIZE, MASTER_ADDR/PORT set
 
 The embedding workload: an ``EmbeddingBag(rows, 16,
 mode='sum')`` and a linear head to one logit, binary cross-entropy; each step a batch of 256

@@ -1,13 +1,13 @@
 """Run the workload of benchmarks/cases.py on psnode and its peers (MXNet, raw pyzmq, torch gloo, a bare
 PS), interleaved in one run; print tables, the issue's targets and a JSON file.
 
-    python benchmarks/run.py                 # full: 3 interleaved runs, every case, W,S = 1,1 2,1 2,2
-    python benchmarks/run.py --quick         # smoke run: 1 run, W2S2 only, few rounds
-    python benchmarks/run.py --cases 1x4KiB,1x1MiB --configs 2,2 --runs 3 --json out.json
-    python benchmarks/run.py --no-shm        # psnode's data over TCP only (no same-host link)
-    python benchmarks/run.py --cpu-policy normal   # psnode's processes left under SCHED_OTHER
-    python benchmarks/run.py --psnode-via mxdist --launch-flags "--no-shm"     # psnode through the launcher
-    python benchmarks/run.py --ssh 2 --security-modes --runs 2                 # modes over the SSH testbed
+    python benchmarks/kvstore/run.py                 # full: 3 interleaved runs, every case, W,S = 1,1 2,1 2,2
+    python benchmarks/kvstore/run.py --quick         # smoke run: 1 run, W2S2 only, few rounds
+    python benchmarks/kvstore/run.py --cases 1x4KiB,1x1MiB --configs 2,2 --runs 3 --json out.json
+    python benchmarks/kvstore/run.py --no-shm        # psnode's data over TCP only (no same-host link)
+    python benchmarks/kvstore/run.py --cpu-policy normal   # psnode's processes left under SCHED_OTHER
+    python benchmarks/kvstore/run.py --psnode-via mxdist --launch-flags "--no-shm"     # psnode through the launcher
+    python benchmarks/kvstore/run.py --ssh 2 --security-modes --runs 2                 # modes over the SSH testbed
 
 See benchmarks/README.md for what is measured and how.
 """
@@ -27,16 +27,16 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import report  # noqa: E402
 from benchmarks.cases import ALL, select  # noqa: E402
 from benchmarks.common import harness  # noqa: E402
-from benchmarks.mxnet_job import DEFAULT_VENV, mxnet_python, run_mxnet, run_mxnet_launch  # noqa: E402
-from benchmarks.peers_run import run_bare, run_gloo, run_zmq, torch_available  # noqa: E402
-from benchmarks.psnode_job import (  # noqa: E402
+from benchmarks.kvstore.mxnet_job import DEFAULT_VENV, mxnet_python, run_mxnet, run_mxnet_launch  # noqa: E402
+from benchmarks.kvstore.peers_run import run_bare, run_gloo, run_zmq, torch_available  # noqa: E402
+from benchmarks.kvstore.psnode_job import (  # noqa: E402
     Launcher,
     cli_ready,
     run_mxdist_launch,
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(f"launch to first pull via the harness only: mxdist not usable: {why}")
         if a.ssh:
-            from benchmarks.sshbed import SshBed, SshBedError
+            from benchmarks.kvstore.sshbed import SshBed, SshBedError
             try:
                 bed = stack.enter_context(SshBed(a.ssh))
             except SshBedError as exc:

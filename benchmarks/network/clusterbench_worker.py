@@ -1,4 +1,4 @@
-"""The processes of benchmarks/clusterbench.py, each started inside one host's namespace.
+"""The processes of benchmarks/network/clusterbench.py, each started inside one host's namespace.
 
 argv: psnode <cases-json> <quick 0|1> <markdir>    a psnode worker (``PSNODE_*`` environment)
       gloo <cases-json> <quick 0|1> <markdir> <master-addr> <port> <rank> <world>
@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -77,7 +77,7 @@ class Rounds:
 
 def psnode_worker(cases_json: str, quick: bool, markdir: Path) -> None:
     import psnode
-    from benchmarks import nbtrace
+    from benchmarks.network import nbtrace
     nbtrace.install("worker", int(os.environ.get("PSNODE_RANK", "0")))   # (with NETBENCH_TRACE only)
     kv = psnode.kv.create("dist_sync")
     W, rank = kv.num_workers, kv.rank

@@ -10,7 +10,7 @@ goes on without MXNet.
 
 A job (:func:`run_mxnet`): the scheduler and S servers are ``python -c "import mxnet"``
 (``DMLC_ROLE`` scheduler/server: MXNet serves at import and exits when the workers are done),
-W workers run ``benchmarks/mxnet_peer.py``; everything on 127.0.0.1 (``DMLC_NODE_HOST``,
+W workers run ``benchmarks/kvstore/mxnet_peer.py``; everything on 127.0.0.1 (``DMLC_NODE_HOST``,
 ``DMLC_INTERFACE=lo``), ``OMP_NUM_THREADS=1`` in every process (as for gloo: 2 cores).  Every
 wait is bounded; on timeout or failure only the processes started here are killed.
 """
@@ -89,7 +89,7 @@ def _job(py: str, W: int, S: int, worker_args: list[str], timeout: float, who: s
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     daemons = [spawn("scheduler", ["-c", "import mxnet"])]
     daemons += [spawn("server", ["-c", "import mxnet"]) for _ in range(S)]
-    workers = [spawn("worker", ["-m", "benchmarks.mxnet_peer", *worker_args]) for _ in range(W)]
+    workers = [spawn("worker", ["-m", "benchmarks.kvstore.mxnet_peer", *worker_args]) for _ in range(W)]
     out: list[dict] = []
     deadline = time.monotonic() + timeout
     try:

@@ -3,9 +3,9 @@
 One storm (tests/support/storm.py, which tests/faults/test_storm.py runs bounded) is a training
 job that must end exact while its workers and servers are killed with SIGKILL.
 
-    python benchmarks/soak.py                     # 20 storms of 900 rounds, same-host shared memory
-    python benchmarks/soak.py --no-shm --runs 5   # the same over TCP
-    python benchmarks/soak.py --rounds 300 --kills 8 --seed 7 --runs 1 --keep /tmp/storm
+    python benchmarks/faults/soak.py                     # 20 storms of 900 rounds, same-host shared memory
+    python benchmarks/faults/soak.py --no-shm --runs 5   # the same over TCP
+    python benchmarks/faults/soak.py --rounds 300 --kills 8 --seed 7 --runs 1 --keep /tmp/storm
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -1,12 +1,12 @@
 """psnode on a rate-limited network: three namespaces, 1 Gbit/s per host, W=2 S=2.
 
-    python benchmarks/netbench.py                                # uncompressed, 3 interleaved runs
-    python benchmarks/netbench.py --compression none,fp16,2bit,1bit   # side by side
-    python benchmarks/netbench.py --quick --no-mlp               # smoke run (~10 s)
-    python benchmarks/netbench.py --cleanup                      # remove testbeds of a killed run
-    python benchmarks/netbench.py --loopback --compression none,fp16,2bit   # all on this host, no limit
+    python benchmarks/network/netbench.py                                # uncompressed, 3 interleaved runs
+    python benchmarks/network/netbench.py --compression none,fp16,2bit,1bit   # side by side
+    python benchmarks/network/netbench.py --quick --no-mlp               # smoke run (~10 s)
+    python benchmarks/network/netbench.py --cleanup                      # remove testbeds of a killed run
+    python benchmarks/network/netbench.py --loopback --compression none,fp16,2bit   # all on this host, no limit
 
-Needs root and iproute2 (``ip``, ``tc`` with the tbf qdisc).  The testbed (benchmarks/netns.py)
+Needs root and iproute2 (``ip``, ``tc`` with the tbf qdisc).  The testbed (benchmarks/network/netns.py)
 is three hosts on one switch, every port limited to ``--rate`` in both directions; host 0 runs
 server 0 and worker 0, host 1 server 1 and worker 1, host 2 the scheduler: mxdist's own placement
 on a two-machine cluster (one server per host, workers in the hosts' slots).  A worker's push and
@@ -50,19 +50,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import netns  # noqa: E402
 from benchmarks.cases import DENSE, MARK, Case, encode_cases  # noqa: E402
+from benchmarks.network import netns  # noqa: E402
 from psnode.config import NodeConfig, Role  # noqa: E402
 from psnode.errors import ConfigError  # noqa: E402
 from psnode.math.compression import CompressionSpec  # noqa: E402
 from psnode.worker.placement import Placer  # noqa: E402
 
-WORKER = ROOT / "benchmarks" / "netbench_worker.py"
-RAW = ROOT / "benchmarks" / "netbench_raw.py"
+WORKER = Path(__file__).resolve().parent / "netbench_worker.py"
+RAW = Path(__file__).resolve().parent / "netbench_raw.py"
 DEFAULT_CASES = "1x16MiB,16x1MiB"
 TARGET_CASES = ("1x16MiB", "16x1MiB")   # the issue's targets are checked on these
 FRAME_EFFICIENCY = 1448 / 1514     # TCP payload per Ethernet frame at MTU 1500 (timestamps on)
@@ -127,7 +127,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pushpull", action="store_true",
                    help="timed rounds call kv.pushpull (one request per key part) instead of push then pull")
     p.add_argument("--trace", type=Path, default=None,
-                   help="per-phase timestamps of every worker and server (benchmarks/nbtrace.py) under this folder")
+                   help="per-phase timestamps of every worker and server (benchmarks/network/nbtrace.py) "
+                        "under this folder")
     p.add_argument("--cleanup", action="store_true", help="only remove testbeds left by killed runs")
     args = p.parse_args(argv)
     try:
@@ -202,10 +203,11 @@ def child_env(spec: CompressionSpec, iface: str = "eth0") -> dict[str, str]:
 
 
 def server_argv(rank: int) -> list[str]:
-    """``python -m psnode``, or (--trace) the same with benchmarks/nbtrace.py's timestamps."""
+    """``python -m psnode``, or (--trace) the same with benchmarks/network/nbtrace.py's timestamps."""
     if TRACE is None:
         return [sys.executable, "-m", "psnode"]
-    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); from benchmarks import nbtrace; "
+    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
+            "from benchmarks.network import nbtrace; "
             f"nbtrace.install('server', {rank}); from psnode.__main__ import main; sys.exit(main())"]
 
 

@@ -2,9 +2,9 @@
 same interleaved run, round times of 1 MiB and 200 x 16 KiB (the workload's dense round:
 push every key, pull every key; benchmarks/README.md).
 
-    python benchmarks/scaling.py                     # 3 runs, every W and S (about 7 minutes here)
-    python benchmarks/scaling.py --quick             # 1 run, W 1,2 x S 1, few rounds
-    python benchmarks/scaling.py --workers 1,2,4 --servers 1,2 --runs 3 --json /tmp/scaling.json
+    python benchmarks/kvstore/scaling.py                     # 3 runs, every W and S (about 7 minutes here)
+    python benchmarks/kvstore/scaling.py --quick             # 1 run, W 1,2 x S 1, few rounds
+    python benchmarks/kvstore/scaling.py --workers 1,2,4 --servers 1,2 --runs 3 --json /tmp/scaling.json
 
 All W + S + 1 processes share this machine's cores, so the round time grows with W for every
 system; what matters is how fast: for each S, growth(W) = round time at W / round time at W=1,
@@ -24,14 +24,14 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.cases import ALL, Case  # noqa: E402
 from benchmarks.common import harness  # noqa: E402
-from benchmarks.mxnet_job import DEFAULT_VENV, mxnet_python, run_mxnet  # noqa: E402
-from benchmarks.psnode_job import Launcher, cli_ready, run_psnode, run_psnode_mxdist  # noqa: E402
+from benchmarks.kvstore.mxnet_job import DEFAULT_VENV, mxnet_python, run_mxnet  # noqa: E402
+from benchmarks.kvstore.psnode_job import Launcher, cli_ready, run_psnode, run_psnode_mxdist  # noqa: E402
 from benchmarks.report import Stats, collect, fmt_range, print_table, ratios  # noqa: E402
 
 CASES = [dataclasses.replace(ALL["1x1MiB"], warmup=10, rounds=60, quick_rounds=10),

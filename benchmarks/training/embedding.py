@@ -1,13 +1,13 @@
 """The embedding workload: psnode (the table on the servers) against DDP + gloo (every rank holds
 the table), W=2, in one interleaved run: steps/s, peak memory per worker and per server, loss.
 
-    python benchmarks/embedding.py                       # 2 M and 20 M rows, 3 interleaved runs
-    python benchmarks/embedding.py --quick               # smoke run: 1 run, 200 k rows, few steps
-    python benchmarks/embedding.py --rows 2e6,20e6 --runs 3 --steps 400 --json /tmp/emb.json
-    python benchmarks/embedding.py --with-plain          # also psnode without prefetch
-    python benchmarks/embedding.py --largest --cap-gib 12        # the largest table each one trains
+    python benchmarks/training/embedding.py                       # 2 M and 20 M rows, 3 interleaved runs
+    python benchmarks/training/embedding.py --quick               # smoke run: 1 run, 200 k rows, few steps
+    python benchmarks/training/embedding.py --rows 2e6,20e6 --runs 3 --steps 400 --json /tmp/emb.json
+    python benchmarks/training/embedding.py --with-plain          # also psnode without prefetch
+    python benchmarks/training/embedding.py --largest --cap-gib 12        # the largest table each one trains
 
-The model, data and step are in benchmarks/embedding_worker.py.  psnode jobs start through the
+The model, data and step are in benchmarks/training/embedding_worker.py.  psnode jobs start through the
 test harness (scheduler, S=2 servers, 2 workers; the table is split by rows over both servers);
 DDP's two ranks are plain processes.  Every process has ``OMP_NUM_THREADS=1``.
 
@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -184,7 +184,8 @@ def run_psnode(h, rows: int, cfg: dict, timeout: float, cap: float, floor: float
 
 def run_ddp(rows: int, cfg: dict, timeout: float, cap: float, floor: float) -> Outcome:
     port = free_port()
-    argv = [sys.executable, "-m", "benchmarks.embedding_worker", "ddp", json.dumps(dict(cfg, rows=rows, system=DDP))]
+    argv = [sys.executable, "-m", "benchmarks.training.embedding_worker", "ddp",
+            json.dumps(dict(cfg, rows=rows, system=DDP))]
     procs = [subprocess.Popen(argv, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               start_new_session=True,
                               env=child_env(**ENV, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r),

@@ -1,10 +1,10 @@
 """The peers, on the same workload: raw pyzmq request/reply, torch gloo all_reduce, and a bare PS.
 
-python -m benchmarks.peers zmq-server <port>
-python -m benchmarks.peers zmq-client <port> <cases-json> <quick>
-python -m benchmarks.peers gloo <rank> <world> <port> <cases-json> <quick> <t0>
-python -m benchmarks.peers bare-server <port> <W>
-python -m benchmarks.peers bare-worker <rank> <W> <port,port,...> <cases-json> <quick>
+python -m benchmarks.kvstore.peers zmq-server <port>
+python -m benchmarks.kvstore.peers zmq-client <port> <cases-json> <quick>
+python -m benchmarks.kvstore.peers gloo <rank> <world> <port> <cases-json> <quick> <t0>
+python -m benchmarks.kvstore.peers bare-server <port> <W>
+python -m benchmarks.kvstore.peers bare-worker <rank> <W> <port,port,...> <cases-json> <quick>
 
 zmq: one DEALER (client) and one ROUTER (server) over tcp://127.0.0.1; the server echoes every
 request frame back (zero-copy).  A round sends the K requests of B bytes (K in flight) and

@@ -1,16 +1,16 @@
 """MXNet 1.9.1 KVStore (``dist_sync``, ps-lite) on the workload: the worker side.
 
-Runs under the MXNet venv's Python (benchmarks/mxnet_job.py makes the venv and starts the
+Runs under the MXNet venv's Python (benchmarks/kvstore/mxnet_job.py makes the venv and starts the
 processes); imports only the standard library, numpy, mxnet and benchmarks/cases.py.
 
-    python -m benchmarks.mxnet_peer bench <cases-json> <quick 0|1>
-    python -m benchmarks.mxnet_peer launch <t0>
+    python -m benchmarks.kvstore.mxnet_peer bench <cases-json> <quick 0|1>
+    python -m benchmarks.kvstore.mxnet_peer launch <t0>
 
 The scheduler and the servers are ``python -c "import mxnet"`` with ``DMLC_ROLE`` set (MXNet
 runs its server loop at import); workers run this module.  Every process gets the ``DMLC_*``
 variables by hand (see mxnet_job.dmlc_env).
 
-What a round is, exactly as for psnode (benchmarks/psnode_worker.py): push the K gradients,
+What a round is, exactly as for psnode (benchmarks/kvstore/psnode_worker.py): push the K gradients,
 pull the K values into reused ``out`` arrays, wait until they are readable
 (``wait_to_read``).  MXNet's server without an updater stores the *sum* of the pushes
 (``CopyFromTo(merged, stored)``), so the check round pushes rank+1 and expects exactly

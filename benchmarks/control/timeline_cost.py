@@ -1,7 +1,7 @@
 """What ``mxdist launch --timeline`` costs, in round time of W2S2 jobs (4 KiB and 1 MiB keys).
 
-    python benchmarks/timeline_cost.py                        # 7 runs, the A/B method
-    python benchmarks/timeline_cost.py --method jobs --runs 9 --json /tmp/timeline_cost.json
+    python benchmarks/control/timeline_cost.py                        # 7 runs, the A/B method
+    python benchmarks/control/timeline_cost.py --method jobs --runs 9 --json /tmp/timeline_cost.json
 
 Two methods, both through ``mxdist launch -n 2 -s 2``; per case one key (4 KiB, 1 MiB), a
 warm-up, a barrier, then ``--rounds`` timed rounds (a push and a pull each):

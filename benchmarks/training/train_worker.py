@@ -1,13 +1,10 @@
-"""One rank of benchmarks/train.py: the same PyTorch model trained with psnode or with DDP + gloo.
+"""One rank of benchmarks/training/train.py: the same PyTorch model trained with psnode or with DDP + gloo.
 
-    python benchmarks/train_worker.py psnode <config-json>    # under a psnode job (PSNODE_* env)
-    python -m benchmarks.train_worker ddp <config-json>       # RANK, WORLD_SIZE, MASTER_ADDR/PORT set
-
-(Run as a module, or from a copy outside benchmarks/: benchmarks/profile.py would shadow the
-standard library's ``profile``, which torch imports.)
+    python benchmarks/training/train_worker.py psnode <config-json>    # under a psnode job (PSNODE_* env)
+    python -m benchmarks.training.train_worker ddp <config-json>       # RANK, WORLD_SIZE, MASTER_ADDR/PORT set
 
 The model (:class:`Net`): an MLP of ``depth`` residual blocks ``h + relu(Linear(LayerNorm(h)))``
-(width x width) between an input and an output Linear: with benchmarks/train.py's defaults
+(width x width) between an input and an output Linear: with benchmarks/training/train.py's defaults
 (inp 512, width 1024, depth 15, 100 classes) 16.4 M float32 parameters in 64 tensors.
 Synthetic data: each rank draws ``batches`` batches of (``batch`` x ``inp``) normal inputs and
 class labels from its own seed once, and cycles through them (no data loading in the timing).

@@ -1,8 +1,8 @@
-"""One worker of benchmarks/stragglers.py: examples/mlp_numpy.py's digits MLP, trained with
+"""One worker of benchmarks/training/stragglers.py: examples/mlp_numpy.py's digits MLP, trained with
 plain SGD on the servers, a fixed data shard per worker, and a sleep per step that stands for
 its compute time (straggling as the scenario says).
 
-    python benchmarks/stragglers_worker.py '{"mode": "dist_ssp", "staleness": 3, ...}'   # under a job
+    python benchmarks/training/stragglers_worker.py '{"mode": "dist_ssp", "staleness": 3, ...}'   # under a job
 
 Per step a worker sleeps ``step_s`` (times ``slow`` on a straggling step: transient, each step
 each worker with probability ``p``, seeded per rank; persistent, every step of rank
@@ -21,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1] if (Path(__file__).resolve().parents[1] / "examples").exists() \
-    else Path(next(p for p in sys.path if (Path(p) / "examples" / "mlp_numpy.py").exists()))
+#: The repository: a folder above this file, or (the harness runs a copy of it) the one on sys.path.
+ROOT = next(p for p in [*Path(__file__).resolve().parents, *map(Path, sys.path)]
+            if (p / "examples" / "mlp_numpy.py").exists())
 sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT))
 

@@ -1,7 +1,7 @@
 """Start psnode benchmark jobs: through the test harness (the env contract, no launcher) or
 through ``mxdist launch`` (this machine or the SSH testbed, with any extra launch flags).
 
-Workers run benchmarks/psnode_worker.py.  Through mxdist they write their result lines to
+Workers run benchmarks/kvstore/psnode_worker.py.  Through mxdist they write their result lines to
 files in a private temp dir named on their command line (the launcher's streamed output is
 prefixed and may be wrapped; files are exact), which the driver reads when the job has ended.
 """

@@ -6,7 +6,7 @@ argv: cases <cases-json> <quick 0|1>   the dense workload cases, one BENCHRESULT
 Environment: the ``PSNODE_*`` variables of the job, ``NETBENCH_COMPRESSION`` (a JSON object for
 ``kv.set_gradient_compression``, or ``{"type": "none"}``), ``NETBENCH_IFACE`` (the host's link,
 whose byte counters each result reports), ``NETBENCH_PUSHPULL=1`` (timed rounds call
-``kv.pushpull`` instead of ``push`` then ``pull``) and ``NETBENCH_TRACE`` (benchmarks/nbtrace.py).
+``kv.pushpull`` instead of ``push`` then ``pull``) and ``NETBENCH_TRACE`` (benchmarks/network/nbtrace.py).
 
 A ``cases`` round on each worker: push the K gradients, pull the K aggregated values.  The
 first round pushes ``rank + 1`` and checks the pulled value exactly: the mean over the workers of
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -135,7 +135,7 @@ def mlp(args: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    from benchmarks import nbtrace
+    from benchmarks.network import nbtrace
     nbtrace.install("worker", int(os.environ.get("PSNODE_RANK", "0")))
     if sys.argv[1] == "cases":
         cases(sys.argv[2], sys.argv[3] == "1")

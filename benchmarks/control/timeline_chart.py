@@ -1,7 +1,7 @@
 """A picture of a job's ``--timeline`` trace: one row per process, spans coloured by kind.
 
-    python benchmarks/timeline_chart.py --out docs/timeline.png          # runs the straggler job
-    python benchmarks/timeline_chart.py --trace TRACE.json --out timeline.png   # any merged trace
+    python benchmarks/control/timeline_chart.py --out docs/timeline.png          # runs the straggler job
+    python benchmarks/control/timeline_chart.py --trace TRACE.json --out timeline.png   # any merged trace
 
 Without ``--trace`` it launches the straggler job below through ``mxdist launch -n 3 -s 1
 --timeline-path ...`` (``dist_sync``; worker 2's step takes 3x the others') and draws its trace.

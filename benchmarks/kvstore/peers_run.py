@@ -1,4 +1,4 @@
-"""Start the peers of benchmarks/peers.py (raw pyzmq, torch gloo, the bare PS) as processes.
+"""Start the peers of benchmarks/kvstore/peers.py (raw pyzmq, torch gloo, the bare PS) as processes.
 
 Every wait is bounded by ``timeout``; on timeout (or a failed bare worker) only the processes
 started here are killed.
@@ -16,7 +16,7 @@ from benchmarks.common import ROOT, child_env, free_port, parse_results, tail
 
 def run_zmq(cases: list[Case], quick: bool, timeout: float) -> list[dict]:
     port = free_port()
-    py = [sys.executable, "-m", "benchmarks.peers"]
+    py = [sys.executable, "-m", "benchmarks.kvstore.peers"]
     srv = subprocess.Popen([*py, "zmq-server", str(port)], cwd=ROOT, env=child_env(),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -37,7 +37,7 @@ def run_zmq(cases: list[Case], quick: bool, timeout: float) -> list[dict]:
 
 
 def run_bare(W: int, S: int, cases: list[Case], quick: bool, timeout: float) -> list[dict]:
-    """The bare PS (benchmarks/peers.py) with S servers and W workers on free ports; its records.
+    """The bare PS (benchmarks/kvstore/peers.py) with S servers and W workers on free ports; its records.
 
     Waits for every process within ``timeout`` seconds in all; on timeout, or when a worker
     fails, kills the processes it started (and only those)."""
@@ -46,7 +46,7 @@ def run_bare(W: int, S: int, cases: list[Case], quick: bool, timeout: float) -> 
         port = free_port()
         if port not in ports:
             ports.append(port)
-    py = [sys.executable, "-m", "benchmarks.peers"]
+    py = [sys.executable, "-m", "benchmarks.kvstore.peers"]
 
     def spawn(argv: list[str]) -> subprocess.Popen:
         return subprocess.Popen(py + argv, cwd=ROOT, env=child_env(), stdout=subprocess.PIPE,
@@ -83,7 +83,7 @@ def torch_available() -> bool:
 def run_gloo(cases: list[Case], quick: bool, timeout: float, world: int = 2) -> list[dict]:
     port = free_port()
     t0 = time.time()
-    procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.peers", "gloo", str(r), str(world), str(port),
+    procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.kvstore.peers", "gloo", str(r), str(world), str(port),
                                encode_cases(cases), "1" if quick else "0", repr(t0)],
                               cwd=ROOT, env=child_env(OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in range(world)]

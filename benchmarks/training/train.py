@@ -1,14 +1,14 @@
 """End to end, as users train: one PyTorch model, W=2 on this machine, psnode (S=1 and S=2)
 against DDP + gloo, steps per second side by side in one interleaved run.
 
-    python benchmarks/train.py                  # 3 interleaved runs
-    python benchmarks/train.py --quick          # smoke run: 1 run, few steps, a small model
-    python benchmarks/train.py --runs 5 --batch 64 --json /tmp/train.json
+    python benchmarks/training/train.py                  # 3 interleaved runs
+    python benchmarks/training/train.py --quick          # smoke run: 1 run, few steps, a small model
+    python benchmarks/training/train.py --runs 5 --batch 64 --json /tmp/train.json
 
-The model, data and step are in benchmarks/train_worker.py.  psnode jobs start through the
+The model, data and step are in benchmarks/training/train_worker.py.  psnode jobs start through the
 test harness (the env contract: scheduler, S servers, 2 workers); DDP's two ranks are plain
 processes with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT.  Every process has
-``OMP_NUM_THREADS=1`` (2 cores; as benchmarks/run.py's gloo).  A run's value per system is the
+``OMP_NUM_THREADS=1`` (2 cores; as benchmarks/kvstore/run.py's gloo).  A run's value per system is the
 median over ranks of each rank's steps/s; the table shows median [min-max] over runs, and
 psnode/DDP per run (above 1: psnode faster).  Each system's ranks must end with equal weights
 (checksum), or the run says so.
@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -55,7 +55,7 @@ def run_psnode(h, S: int, cfg: dict, timeout: float, W: int = 2) -> list[dict]:
 
 def run_ddp(cfg: dict, timeout: float, W: int = 2) -> list[dict]:
     port = free_port()
-    argv = [sys.executable, "-m", "benchmarks.train_worker", "ddp", json.dumps(dict(cfg, system="DDP gloo"))]
+    argv = [sys.executable, "-m", "benchmarks.training.train_worker", "ddp", json.dumps(dict(cfg, system="DDP gloo"))]
     procs = [subprocess.Popen(argv, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               env=child_env(**ENV, RANK=str(r), WORLD_SIZE=str(W), LOCAL_RANK=str(r),
                                             MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))

@@ -7,7 +7,7 @@ the records go to ``$NETBENCH_TRACE/<role><rank>.json`` at exit. Worker events: 
 part, with its server), ``submit`` (a request handed to the engine), ``send_tcp`` (the I/O
 thread writes requests for a server), ``answer`` (a reply's message read), ``copy`` (its values
 copied out). Server events: ``ops`` (one data message handled, with its worker and op kinds),
-``contribute`` (a push summed), ``send`` (the replies of one message sent). ``python benchmarks/nbtrace.py
+``contribute`` (a push summed), ``send`` (the replies of one message sent). ``python benchmarks/network/nbtrace.py
 JOBDIR...`` prints each job's phase times (median over the timed rounds). It changes no
 behaviour; it costs microseconds per call.
 """

@@ -1,6 +1,6 @@
-"""One worker of benchmarks/gluon.py: examples/gluon_mlp.py's model and data, timed steps.
+"""One worker of benchmarks/training/gluon.py: examples/gluon_mlp.py's model and data, timed steps.
 
-    python benchmarks/gluon_worker.py SYSTEM CONFIG_JSON OUT_DIR
+    python benchmarks/training/gluon_worker.py SYSTEM CONFIG_JSON OUT_DIR
 
 SYSTEM ``mxnet``: MXNet's own ``dist_sync`` store (its scheduler and servers started with the
 DMLC_* variables); ``psnode``: ``mx.kv.create('psnode')`` under ``mxdist launch``.  The step is
@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 
 import common  # noqa: E402  (examples/common.py)

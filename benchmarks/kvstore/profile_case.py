@@ -1,7 +1,7 @@
 """Profile psnode on one benchmark case with py-spy (sampling every process of a W,S job).
 
-    python benchmarks/profile.py --case 1x1MiB --config 2,2 --seconds 8
-    python benchmarks/profile.py --case 1x4KiB --config 2,2 --top 25 --out /tmp/prof
+    python benchmarks/kvstore/profile_case.py --case 1x1MiB --config 2,2 --seconds 8
+    python benchmarks/kvstore/profile_case.py --case 1x4KiB --config 2,2 --top 25 --out /tmp/prof
 
 Starts a harness job running the case for many rounds, attaches ``py-spy record`` (pip install
 py-spy) to the servers and the workers, and prints, per role, the functions with the most
@@ -20,14 +20,14 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.cases import ALL, encode_cases  # noqa: E402
 from benchmarks.common import harness  # noqa: E402
-from benchmarks.psnode_job import PSNODE_ENV, WORKER  # noqa: E402
-from benchmarks.run import parse_configs  # noqa: E402
+from benchmarks.kvstore.psnode_job import PSNODE_ENV, WORKER  # noqa: E402
+from benchmarks.kvstore.run import parse_configs  # noqa: E402
 
 
 def frame_name(fr: str) -> str:

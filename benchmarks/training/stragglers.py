@@ -1,10 +1,10 @@
 """Stragglers: dist_sync, dist_ssp (s = 1, 3) and dist_async on one real model, W = 3, same run.
 
-    python benchmarks/stragglers.py                       # every kind, every mode, 1 run
-    python benchmarks/stragglers.py --runs 3 --json /tmp/stragglers.json --chart docs/stragglers.png
-    python benchmarks/stragglers.py --kinds transient --modes sync,ssp3 --quick
+    python benchmarks/training/stragglers.py                       # every kind, every mode, 1 run
+    python benchmarks/training/stragglers.py --runs 3 --json /tmp/stragglers.json --chart docs/stragglers.png
+    python benchmarks/training/stragglers.py --kinds transient --modes sync,ssp3 --quick
 
-The model is examples/mlp_numpy.py's digits MLP (benchmarks/stragglers_worker.py): each worker
+The model is examples/mlp_numpy.py's digits MLP (benchmarks/training/stragglers_worker.py): each worker
 trains on a fixed shard of the training set, with plain SGD on the servers at one learning rate
 for every mode.  Equal work per clock: a dist_ssp or dist_async server applies each worker's
 push on its own, so dist_sync runs with the ``sum`` aggregator (one step with the sum of the
@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

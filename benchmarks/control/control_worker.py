@@ -1,4 +1,4 @@
-"""A worker of benchmarks/control_plane.py (started by the test harness: PSNODE_* env).
+"""A worker of benchmarks/control/control_plane.py (started by the test harness: PSNODE_* env).
 
 argv: <config-json> with barriers, rounds, idle (seconds), keys.
 
