@@ -91,7 +91,7 @@ class PlanError(ValueError):
     """Options that cannot be placed (too few hosts, bad counts, unknown scheduler host...)."""
 
 
-SERVER_HOSTS_SLICE_BYTES = 256 * 1024   # --server-hosts' slices (benchmarks/clusterbench.py)
+SERVER_HOSTS_SLICE_BYTES = 256 * 1024   # --server-hosts' slices (benchmarks/network/clusterbench.py)
 
 
 @dataclass(frozen=True)

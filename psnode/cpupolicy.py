@@ -6,7 +6,7 @@ by a message does not preempt the one that is running.  A parameter-server round
 of short messages; on a host with more busy processes than cores (the local default: W
 workers, S servers and the scheduler on one machine) normal scheduling hands the core to each
 message's receiver at once, so the sender stops mid-work, and every round pays several extra
-context switches.  ``benchmarks/run.py`` measures the difference (README, Performance).
+context switches.  ``benchmarks/kvstore/run.py`` measures the difference (README, Performance).
 
 ``normal`` leaves the policy as the process got it.  Nothing here raises: where the policy
 cannot be set (not Linux, a sandbox refusing sched_setscheduler) the process runs as it was and
