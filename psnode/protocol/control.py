@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from enum import Enum
 from typing import Any
 
 from psnode.errors import ProtocolError
@@ -50,19 +51,30 @@ RANKS = 2**31           # ranks, pids and counts of nodes are below this
 MAX_HOST = 255          # characters of a host name or address
 _MAX_COUNT = 2**63      # counters
 _NO = object()          # no default: the field is required
+MAX_ON = 4096           # workers one wait report names
+MAX_OF = 300            # characters of what a wait report's pull is of
 
+
+
+class WaitKind(str, Enum):
+    """What a worker's user thread waits in, when that is other workers."""
+
+    BARRIER = "barrier"
+    PULL = "pull"
+    INIT = "init"
 
 
 @dataclass(frozen=True)
 class WaitReport:
     """What a worker's user thread waits for, when that is other workers
-    (psnode.scheduler.waitfor): barrier ``n`` (``what="barrier"``), or the pull (or init,
-    ``what="init"``) of ``of`` after its push ``push``, whose round lacks the pushes of the
-    workers ``on``; ``waited``: seconds the thread has waited so far.  On the wire:
-    ``{"what": "barrier", "n": 1, "s": 3.5}`` or ``{"what": "pull", "of": "'w'", "push": 2,
-    "on": [0], "s": 3.5}``."""
+    (psnode.scheduler.waitfor): barrier ``n`` (``what=BARRIER``), or the pull (or init,
+    ``what=INIT``) of ``of`` after its push ``push``, whose round lacks the pushes of the
+    workers ``on`` (at least one, at most :data:`MAX_ON`); ``waited``: seconds the thread has
+    waited so far.  On the wire: ``{"what": "barrier", "n": 1, "s": 3.5}`` or
+    ``{"what": "pull", "of": "'w'", "push": 2, "on": [0], "s": 3.5}`` (``on`` sorted, without
+    repeats, once decoded)."""
 
-    what: str
+    what: WaitKind
     n: int = 0
     of: str = ""
     push: int = 0
@@ -70,17 +82,39 @@ class WaitReport:
     waited: float = 0.0
 
     def to_body(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"what": self.what, "s": round(self.waited, 3)}
-        if self.what == "barrier":
+        body: dict[str, Any] = {"what": self.what.value, "s": round(self.waited, 3)}
+        if self.what is WaitKind.BARRIER:
             body["n"] = self.n
         else:
             body.update({"of": self.of, "push": self.push, "on": list(self.on)})
         return body
 
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> WaitReport:
+        """The report, checked: a wrong ``what``, a missing or out-of-range field raises
+        :class:`ProtocolError` naming it."""
+        w = "heartbeat wait"
+        raw_what = _str(body, w, "what", limit=16)
+        try:
+            what = WaitKind(raw_what)
+        except ValueError:
+            kinds = ", ".join(k.value for k in WaitKind)
+            raise ProtocolError(f"{w}: what must be one of {kinds}, not {raw_what!r}") from None
+        waited = _field(body, w, "s", 0.0)
+        if type(waited) not in (int, float) or not math.isfinite(waited) or waited < 0:
+            raise ProtocolError(f"{w}: s must be a non-negative number of seconds, not {str(waited)[:40]!r}")
+        if what is WaitKind.BARRIER:
+            return cls(what, n=_int(body, w, "n"), waited=float(waited))
+        on = _ranks(body, w, "on")
+        if not 0 < len(on) <= MAX_ON:
+            raise ProtocolError(f"{w}: on must list 1 to {MAX_ON} ranks, not {len(on)}")
+        return cls(what, of=_str(body, w, "of", limit=MAX_OF), push=_int(body, w, "push", default=0),
+                   on=tuple(sorted(set(on))), waited=float(waited))
+
     @property
     def episode(self) -> tuple[str, int, str, int]:
         """What it waits in, apart from whom and for how long (one wait, across heartbeats)."""
-        return self.what, self.n, self.of, self.push
+        return self.what.value, self.n, self.of, self.push
 
 
 # ------------------------------------------------------------------ field checks
@@ -286,23 +320,15 @@ class Welcome:
 
 
 def wait_report(raw: Any) -> WaitReport | None:
-    """A heartbeat's wait report (:class:`WaitReport`), checked; None when absent or malformed
-    (then the worker counts as not waiting: it never takes part in a deadlock verdict)."""
+    """A heartbeat's wait report (:meth:`WaitReport.from_body`); None when absent or malformed
+    (then the worker counts as not waiting: it never takes part in a deadlock verdict, and
+    its heartbeat still counts)."""
     if not isinstance(raw, dict):
         return None
-    what, waited = raw.get("what"), raw.get("s", 0.0)
-    if type(waited) not in (int, float) or not math.isfinite(waited) or waited < 0:
+    try:
+        return WaitReport.from_body(raw)
+    except ProtocolError:
         return None
-    if what == "barrier":
-        n = raw.get("n")
-        return WaitReport("barrier", n=n, waited=float(waited)) if isinstance(n, int) and _rank(n) else None
-    if what not in ("pull", "init"):
-        return None
-    on, of, push = raw.get("on"), raw.get("of"), raw.get("push", 0)
-    if not (isinstance(on, list) and on and len(on) <= 4096 and all(_rank(w) for w in on)
-            and isinstance(of, str) and len(of) <= 300 and _rank(push)):
-        return None
-    return WaitReport(what, of=of, push=push, on=tuple(sorted(set(on))), waited=float(waited))
 
 
 def waited_on(raw: Any) -> tuple[tuple[int, float], ...]:
@@ -639,4 +665,4 @@ def decode(msg: Message) -> Control:
 
 __all__ = ["BODIES", "Barrier", "BarrierDone", "Body", "Bye", "Control", "Counters", "Empty", "Heartbeat",
            "JobEnd", "Leave", "Lost", "Membership", "Register", "Rejoin", "ServerAddress", "Servers", "StatusAnswer",
-           "Stop", "WaitReport", "Welcome", "decode", "decode_body", "wait_report", "waited_on"]
+           "Stop", "WaitKind", "WaitReport", "Welcome", "decode", "decode_body", "wait_report", "waited_on"]

@@ -24,8 +24,9 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from psnode.protocol.control import WaitReport
+from psnode.protocol.control import WaitKind, WaitReport
 from psnode.protocol.status import SLOW_WINDOW as WINDOW
+from psnode.scheduler.waitfor import describe
 
 MIN_SPAN = 3.0       # seconds of an observer's heartbeats before its share counts
 
@@ -124,14 +125,12 @@ class Stalls:
             current.add(key)
             if w.waited < self.threshold or key in self._warned:
                 continue
-            on = [x for x in (in_barrier(w.n) if w.what == "barrier" else w.on) if x != r]
+            on = [x for x in (in_barrier(w.n) if w.what is WaitKind.BARRIER else w.on) if x != r]
             if not on:
                 continue
             self._warned.add(key)
             whom = f"worker {on[0]}" if len(on) == 1 else "workers " + ", ".join(map(str, on))
-            where = f"barrier {w.n}" if w.what == "barrier" else f"the {w.what} of {w.of}" + \
-                (f" (push {w.push})" if w.what == "pull" else "")
-            out.append(f"stall: worker {r} has waited {w.waited:.0f} s in {where} for {whom}")
+            out.append(f"stall: worker {r} has waited {w.waited:.0f} s in {describe(w)} for {whom}")
         self._warned &= current   # (a wait that ended may be warned about again next time)
         return out
 

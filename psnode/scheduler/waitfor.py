@@ -23,13 +23,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from psnode.protocol.control import WaitKind
 from psnode.protocol.control import WaitReport as Wait
 
 
 def describe(w: Wait) -> str:
-    if w.what == "barrier":
+    """What ``w`` waits in, in words: ``barrier 1``, ``the init of 'w'``, ``the pull of 'w' (push 2)``."""
+    if w.what is WaitKind.BARRIER:
         return f"barrier {w.n}"
-    if w.what == "init":
+    if w.what is WaitKind.INIT:
         return f"the init of {w.of}"
     return f"the pull of {w.of} (push {w.push})"
 
@@ -62,7 +64,7 @@ class Watch:
         edges: dict[int, list[int]] = {}
         for r, w in waits.items():
             assert w is not None
-            on = in_barrier(w.n) if w.what == "barrier" else list(w.on)
+            on = in_barrier(w.n) if w.what is WaitKind.BARRIER else list(w.on)
             on = [x for x in on if x != r]
             if not on or any(x not in waits and x not in gone for x in on):
                 return None   # (it waits for someone who may still push)

@@ -13,9 +13,11 @@
   :mod:`~psnode.server.arith`: the sum kernel; :mod:`~psnode.server.compressed`: compressed
   pushes (one setting for all workers, checked, decoded where summed).
 - :mod:`~psnode.server.checkpoint`: a server's whole state, written atomically, and restored.
-- :mod:`~psnode.server.samehost`: the server's side of the same-host links.
+- :mod:`~psnode.server.samehost`: the server's side of the same-host links; it alone decides
+  which workers are on this host, and tells :mod:`~psnode.server.routes` (each worker's route:
+  TCP, or its link with TCP behind it), through which the loop sends every reply.
 
-All but loop, checkpoint and samehost are pure (no I/O).  Imports go one way, no circles:
+All but loop, checkpoint, routes and samehost are pure (no I/O).  Imports go one way, no circles:
 replies <- keypart <- rounds <- buckets <- store <- checkpoint <- loop (arith and compressed
 below rounds).  Never imports :mod:`psnode.worker` or :mod:`psnode.scheduler`.
 """

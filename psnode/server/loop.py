@@ -23,19 +23,18 @@ import sys
 import time
 from typing import Any
 
-import numpy as np
-
 from psnode import timeline
 from psnode.config import NodeConfig
 from psnode.errors import ConfigError, PeerLost, PSError
 from psnode.net.link import SchedulerLink
 from psnode.net.security import Security
 from psnode.net.transport import Poller, Transport
-from psnode.protocol import PACK_BYTES, Command, Message, Ok, failure
+from psnode.protocol import Command, Message, failure
 from psnode.protocol.control import Bye, Control, JobEnd, Membership, Rejoin, Welcome
 from psnode.samehost import segments as shm
 from psnode.server import checkpoint
-from psnode.server.replies import Reply, sent
+from psnode.server.replies import Reply
+from psnode.server.routes import Routes
 from psnode.server.samehost import SameHost
 from psnode.server.store import Store
 
@@ -51,11 +50,12 @@ class Server:
         self.t = Transport(cfg.job_id, "server", cfg.max_message_bytes, Security.load(cfg.key_file))
         self.chan, self.port = self.t.router(cfg.host, cfg.port)
         self.poller = Poller()
+        self.routes = Routes(self.chan)   # (a worker's is TCP until self.local admits its link)
         self.local: SameHost | None = None
         if cfg.shm and shm.available():
             try:
                 self.local = SameHost(cfg.job_id, cfg.host, self.port, cfg.workers_max,
-                                      cfg.max_message_bytes, self.poller, self.t.security)
+                                      cfg.max_message_bytes, self.poller, self.t.security, self.routes)
             except OSError as exc:
                 log.warning("no same-host data link (%s); workers on this host use TCP", exc)
         arena = self.local.arena if self.local is not None else None
@@ -126,28 +126,13 @@ class Server:
                     checkpoint.path_for(where, self.rank))
 
     def _send(self, replies: list[Reply]) -> None:
-        """One DATA_REPLY per worker (over its same-host link when it has one); big values go
-        zero-copy and are tracked."""
-        if not replies:
-            return
+        """Each worker's replies through its route (psnode.server.routes: over its same-host
+        link when it has one)."""
         by_worker: dict[int, list[Reply]] = {}
         for r in replies:
             by_worker.setdefault(r.worker, []).append(r)
         for worker, group in by_worker.items():
-            if self.local is not None:   # (it knows which workers have a link)
-                group = self.local.answer(worker, group)
-                if not group:
-                    continue
-            for r in group:   # a value later rounds overwrite in place: zmq gets a copy
-                if r.fixed and isinstance(r.answer, Ok):
-                    r.answer.arrays = [np.array(a) for a in r.answer.arrays]
-            entries = [r.entry for r in group if r.entry is not None]
-            track = any(r.entry is not None and isinstance(r.answer, Ok) and r.answer.arrays[0].nbytes >= PACK_BYTES
-                        for r in group)
-            tracker = self.chan.send(Command.DATA_REPLY, ops=[r.answer for r in group],
-                                     to=f"w{worker}".encode(), track=track)
-            for e in entries:
-                sent(e, tracker if track else None)
+            self.routes.to(worker).send(group)
 
     # ------------------------------------------------------------ scheduler
     def _membership(self, body: Membership) -> None:

@@ -3,13 +3,16 @@
 :class:`SameHost` owns the server's arena (where its values live, so same-host workers read
 them in place), the listening Unix socket, connections still in their handshake, and one
 :class:`~psnode.samehost.link.Link` per admitted worker.  It plugs into the server's poll loop:
-:meth:`SameHost.on_ready` turns readable sockets into data messages, :meth:`SameHost.answer`
-sends a worker its replies (what cannot go this way is returned, for TCP).  A refused or broken
-connection is logged, naming the peer, and closed; it never stops the server.
+:meth:`SameHost.on_ready` turns readable sockets into data messages.  It is the one place that
+decides which workers are on this host: it tells the server's routes (psnode.server.routes)
+when a worker's link is admitted (replies then go over the link: :meth:`SameHost._answer`)
+and when it closes.  A refused or broken connection is logged, naming the peer, and closed; it
+never stops the server.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import select
@@ -26,6 +29,7 @@ from psnode.samehost import handshake as shmhandshake
 from psnode.samehost.link import KIND_REPLY, Link
 from psnode.samehost.segments import Arena
 from psnode.server.replies import Reply, fits, sent
+from psnode.server.routes import Routes
 
 log = logging.getLogger("psnode.server")
 
@@ -34,8 +38,9 @@ class SameHost:
     """The server's same-host links (see the module docstring)."""
 
     def __init__(self, job: str, host: str, port: int, num_workers: int, max_bytes: int,
-                 poller: Poller, security: Security) -> None:
+                 poller: Poller, security: Security, routes: Routes) -> None:
         self.job = job
+        self.routes = routes
         self.security = security
         self.num_workers = num_workers
         self.max_bytes = max_bytes
@@ -116,6 +121,7 @@ class SameHost:
         self.links[worker] = link
         self._by_fd[fd] = worker
         self._quick.register(fd, select.POLLIN)
+        self.routes.link_up(worker, functools.partial(self._answer, link))
         log.info("%s joined over the same-host link", link.peer)
 
     def _busy(self, worker: int) -> bool:
@@ -140,6 +146,7 @@ class SameHost:
 
     def _forget(self, worker: int) -> None:
         link = self.links.pop(worker)
+        self.routes.link_down(worker)
         fd = link.fileno()
         self._by_fd.pop(fd, None)
         self.writing.discard(fd)
@@ -158,12 +165,11 @@ class SameHost:
             self.writing.add(fd)
             self.poller.watch(fd, write=True)
 
-    def answer(self, worker: int, replies: list[Reply]) -> list[Reply]:
-        """Send ``worker`` its replies over its link: a value the worker may read in place goes
+    def _answer(self, link: Link, replies: list[Reply]) -> list[Reply]:
+        """Send a worker its replies over its ``link``: a value the worker may read in place goes
         as a reference to the arena, others are copied into the pull's landing area, small ones
-        travel inline.  Returns the replies that must go over TCP (no link, or too big)."""
-        link = self.links.get(worker)
-        if link is None or not link.up:
+        travel inline.  Returns the replies that must go over TCP (the link broke, or too big)."""
+        if not link.up:
             return replies
         answers = []
         for r in replies:

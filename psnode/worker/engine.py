@@ -43,7 +43,7 @@ from psnode import timeline
 from psnode.config import NodeConfig
 from psnode.errors import PeerLost, PSError
 from psnode.protocol import Command, Init, Ok, Op
-from psnode.protocol.control import Barrier, Body, Bye, Empty, WaitReport
+from psnode.protocol.control import Barrier, Body, Bye, Empty, WaitKind, WaitReport
 from psnode.samehost.staging import Staging
 from psnode.worker.futures import ControlRequest, Future
 from psnode.worker.ioloop import IoLoop
@@ -310,7 +310,7 @@ class Engine:
                 return None
             with self.state.lock:   # (a push not known to have arrived may be what the others wait for)
                 settled = not self.tracker.journal.servers()
-            return WaitReport("barrier", n=n, waited=time.monotonic() - since) if settled else None
+            return WaitReport(WaitKind.BARRIER, n=n, waited=time.monotonic() - since) if settled else None
         if req is None:
             return None
         with self.state.lock:

@@ -61,7 +61,7 @@ from psnode.protocol import (
     bucket_of,
     resent,
 )
-from psnode.protocol.control import WaitReport
+from psnode.protocol.control import WaitKind, WaitReport
 from psnode.worker.journal import PushJournal
 
 WINDOW_BYTES = 64 * 2**20      # bytes of answers in flight per server before pulls wait
@@ -440,10 +440,10 @@ class Tracker:
         if not on or any(self._verified.get(s, -1.0) < p.since for s in self.journal.servers()):
             return None
         op = p.request.op
-        name = "init" if isinstance(op, Init) else "pull"
+        kind = WaitKind.INIT if isinstance(op, Init) else WaitKind.PULL
         of = about(op, p.request.label).removeprefix("keys ").removeprefix("key ")
         push = (op.after if isinstance(op, Pull) else op.seq) if isinstance(op, (Pull, PushPull)) else 0
-        return WaitReport(name, of=of, push=push, on=tuple(sorted(set(on))))
+        return WaitReport(kind, of=of, push=push, on=tuple(sorted(set(on))))
 
     # ------------------------------------------------------------ restored servers
     def restored(self, server: int, now: float) -> list[Op]:

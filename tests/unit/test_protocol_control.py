@@ -7,6 +7,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import time
 
 import numpy as np
@@ -36,6 +37,7 @@ from psnode.protocol.control import (
     Servers,
     StatusAnswer,
     Stop,
+    WaitKind,
     WaitReport,
     Welcome,
     decode_body,
@@ -53,7 +55,7 @@ from psnode.protocol.status import NodeRow
 
 BOOK = (ServerAddress(0, "127.0.0.1", 4000), ServerAddress(1, "10.0.0.2", 4001))
 ROW = NodeRow("worker", 1, "10.0.0.3", "dead", pid=9, port=0, pushes=4, rate=1.5)
-WAIT = WaitReport("pull", of="'w'", push=2, on=(0,), waited=2.5)
+WAIT = WaitReport(WaitKind.PULL, of="'w'", push=2, on=(0,), waited=2.5)
 
 #: one valid body of every control command (two where a body has two forms)
 VALID = [
@@ -207,6 +209,42 @@ def test_defaults_of_absent_fields() -> None:
 def test_malformed_bodies_name_the_field(cmd: Command, body: dict, field: str) -> None:
     with pytest.raises(ProtocolError, match=field):
         decode_body(cmd, body)
+
+
+def test_wait_reports_round_trip_with_their_wire_names() -> None:
+    barrier = WaitReport(WaitKind.BARRIER, n=3, waited=1.23456)
+    assert barrier.to_body() == {"what": "barrier", "n": 3, "s": 1.235}
+    assert WaitReport.from_body(barrier.to_body()) == WaitReport(WaitKind.BARRIER, n=3, waited=1.235)
+    pull = WaitReport(WaitKind.PULL, of="'w', 'b'", push=7, on=(0, 2), waited=2.5)
+    assert pull.to_body() == {"what": "pull", "of": "'w', 'b'", "push": 7, "on": [0, 2], "s": 2.5}
+    assert WaitReport.from_body(pull.to_body()) == pull
+    init = WaitReport.from_body({"what": "init", "of": "'w'", "on": [4, 1, 4]})
+    assert init == WaitReport(WaitKind.INIT, of="'w'", push=0, on=(1, 4), waited=0.0)
+    assert init.what is WaitKind.INIT and init.episode == ("init", 0, "'w'", 0)
+    got = decode_body(Command.HEARTBEAT, Heartbeat(Counters(pushes=1, wait=pull, waited_on=((2, 4.0),))).to_body())
+    assert got == Heartbeat(Counters(pushes=1, wait=pull, waited_on=((2, 4.0),)))
+
+
+@pytest.mark.parametrize("body,message", [
+    ({"what": "sleep", "n": 1}, "what must be one of barrier, pull, init, not 'sleep'"),
+    ({"n": 1}, "what is missing"),
+    ({"what": "barrier"}, "n is missing"),
+    ({"what": "barrier", "n": True}, "n must be an integer"),
+    ({"what": "barrier", "n": 1, "s": -1}, "s must be a non-negative number"),
+    ({"what": "barrier", "n": 1, "s": float("inf")}, "s must be a non-negative number"),
+    ({"what": "pull", "of": "'w'", "on": []}, "on must list 1 to 4096 ranks, not 0"),
+    ({"what": "pull", "of": "'w'", "on": list(range(4097))}, "on must list 1 to 4096 ranks, not 4097"),
+    ({"what": "pull", "of": "'w'", "on": [0, -1]}, "on must list ranks"),
+    ({"what": "pull", "on": [0]}, "of is missing"),
+    ({"what": "pull", "of": "x" * 301, "on": [0]}, "of must be a string of at most 300 characters"),
+    ({"what": "init", "of": "'w'", "on": [0], "push": "2"}, "push must be an integer"),
+])
+def test_malformed_wait_reports_raise_protocol_error(body: dict, message: str) -> None:
+    with pytest.raises(ProtocolError, match=re.escape(f"heartbeat wait: {message}")):
+        WaitReport.from_body(body)
+    # in a heartbeat, the worker counts as not waiting; its heartbeat and counters still count
+    got = decode_body(Command.HEARTBEAT, {"stats": {"pushes": 5, "wait": body}})
+    assert got == Heartbeat(Counters(pushes=5))
 
 
 BAD_VALUES = [None, True, -1, 2**70, 1.5, float("nan"), "x", "", [], [1, "a"], {}, {"a": [None]}]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from psnode.protocol.control import WaitReport
+from psnode.protocol.control import WaitKind, WaitReport
 from psnode.scheduler.slowness import Slowness, Stalls
 
 
@@ -48,13 +48,13 @@ def test_a_barrier_credits_each_worker_with_the_wait_for_those_that_entered_afte
 
 def test_a_stall_is_warned_of_once_naming_whom_it_waits_for() -> None:
     st = Stalls(30.0)
-    pull = WaitReport("pull", of="'w'", push=7, on=(2,), waited=29.0)
+    pull = WaitReport(WaitKind.PULL, of="'w'", push=7, on=(2,), waited=29.0)
     assert st.check({0: pull, 1: None}, lambda n: []) == []
-    pull = WaitReport("pull", of="'w'", push=7, on=(2,), waited=31.2)
+    pull = WaitReport(WaitKind.PULL, of="'w'", push=7, on=(2,), waited=31.2)
     assert st.check({0: pull, 1: None}, lambda n: []) == [
         "stall: worker 0 has waited 31 s in the pull of 'w' (push 7) for worker 2"]
     assert st.check({0: pull}, lambda n: []) == []            # once per wait
-    barrier = WaitReport("barrier", n=3, waited=45.0)
+    barrier = WaitReport(WaitKind.BARRIER, n=3, waited=45.0)
     assert st.check({0: barrier, 1: barrier}, lambda n: [0, 1, 2, 3]) == [
         "stall: worker 0 has waited 45 s in barrier 3 for workers 1, 2, 3",
         "stall: worker 1 has waited 45 s in barrier 3 for workers 0, 2, 3"]

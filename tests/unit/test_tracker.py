@@ -6,7 +6,7 @@ import pytest
 
 from psnode.errors import DataLost, KeyNotInitialized, PeerLost, ShapeMismatch
 from psnode.protocol import Failed, Flush, Missing, Ok, Pull, Push, PushPull, Wait, bucket_key
-from psnode.protocol.control import WaitReport
+from psnode.protocol.control import WaitKind, WaitReport
 from psnode.worker.journal import ASK_DEPTH
 from psnode.worker.tracker import QUIET, Request, Tracker, settle
 
@@ -219,7 +219,7 @@ def test_a_wait_is_reported_only_once_a_check_found_nothing_lost() -> None:
     (check,) = [op for op in again[0] if isinstance(op, Flush)]
     assert not check.durable and check.check == [("w", 0, [1])]
     t.answered(0, Ok(check.id), 4.3)
-    assert t.blocked(req, rank=3) == WaitReport("pull", of="'w'", push=1, on=(1,))
+    assert t.blocked(req, rank=3) == WaitReport(WaitKind.PULL, of="'w'", push=1, on=(1,))
     assert req.blockers == (1, 3)                          # (whom the worker's wait is credited to)
 
 

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from psnode.protocol.control import WaitReport
+from psnode.protocol.control import WaitKind, WaitReport
 from psnode.protocol.control import wait_report as parse
 from psnode.scheduler.waitfor import Watch
 
-PULL_W = WaitReport("pull", of="'w'", push=2, on=(0,))
-BARRIER = WaitReport("barrier", n=1)
+PULL_W = WaitReport(WaitKind.PULL, of="'w'", push=2, on=(0,))
+BARRIER = WaitReport(WaitKind.BARRIER, n=1)
 
 
 def _settled(watch: Watch, waits, in_barrier=lambda n: [1], gone=frozenset()):
@@ -33,10 +33,10 @@ def test_a_worker_computing_or_a_changing_wait_is_no_deadlock() -> None:
 
 
 def test_waiting_for_a_finished_worker_is_a_deadlock_too_and_others_on_the_way_are_not_named() -> None:
-    waits = {1: WaitReport("pull", of="'a', 'b'", push=7, on=(0,)), 2: WaitReport("init", of="'w'", on=(1,))}
+    waits = {1: WaitReport(WaitKind.PULL, of="'a', 'b'", push=7, on=(0,)), 2: WaitReport(WaitKind.INIT, of="'w'", on=(1,))}
     verdict = _settled(Watch(5.0), waits, gone={0})
     assert verdict == "deadlock: worker 1 waits in the pull of 'a', 'b' (push 7) for worker 0, which has finished"
-    cycle = {0: WaitReport("pull", of="'x'", push=1, on=(1,)), 1: replace(PULL_W, on=(0,)),
+    cycle = {0: WaitReport(WaitKind.PULL, of="'x'", push=1, on=(1,)), 1: replace(PULL_W, on=(0,)),
              2: replace(PULL_W, on=(1,))}
     assert _settled(Watch(5.0), cycle) == ("deadlock: worker 0 waits in the pull of 'x' (push 1) for worker 1; "
                                            "worker 1 waits in the pull of 'w' (push 2) for worker 0")
@@ -48,7 +48,7 @@ def test_malformed_reports_are_ignored() -> None:
                 {"what": "pull", "of": "x" * 400, "on": [1]}):
         assert parse(bad) is None, bad
     assert parse({"what": "pull", "of": "'w'", "push": 2, "on": [3, 0, 3]}) == \
-        WaitReport("pull", of="'w'", push=2, on=(0, 3))
+        WaitReport(WaitKind.PULL, of="'w'", push=2, on=(0, 3))
     assert parse({"what": "barrier", "n": 1, "s": -1}) is None
     assert parse(BARRIER.to_body()) == BARRIER and parse(replace(PULL_W, waited=2.5).to_body()).waited == 2.5
 
