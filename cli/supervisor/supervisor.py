@@ -1,27 +1,28 @@
 """The job's supervisor: the one owner of a job's life and the only writer of its record.
 
 ``mxdist launch`` is the supervisor (attached); ``mxdist launch -d`` runs the same supervisor
-detached (:func:`mxdist.detach.detach`: its own session, output to ``jobs/<id>/supervisor.log``).  It holds
-the job's lock (:mod:`mxdist.jobs`) for as long as it lives.
+detached (:func:`mxdist.supervisor.detach.detach`: its own session, output to ``jobs/<id>/supervisor.log``).  It holds
+the job's lock (:mod:`mxdist.job.records`) for as long as it lives.
 
 Sequence (:meth:`Supervisor.run`):
 
 1. record the job (``starting``) with who supervises it (pid, start time, host);
 2. ``--sync``, preflight of every host, and (unless ``--insecure``) the job's secret, fresh,
-   on every host (:mod:`mxdist.preflight`): any problem -> ``failed`` with the reason per host, exit 3, nothing started;
+   on every host (:mod:`mxdist.supervisor.preflight`): any problem -> ``failed`` with the reason
+   per host, exit 3, nothing started;
    a signal or a stop request meanwhile ends the job at once (nothing of the job is on any host
-   before preflight passed: :class:`mxdist.preflight.HostWrites`);
+   before preflight passed: :class:`mxdist.supervisor.preflight.HostWrites`);
 3. start the scheduler, the servers, the workers (each stage per host in parallel); stream
    every process's output (prefixed; ``--ranks`` filters; every line saved to
    ``jobs/<id>/<name>.log``);
-4. watch: process exits go through the rules of :mod:`mxdist.lifecycle` (restart, after a back
+4. watch: process exits go through the rules of :mod:`mxdist.job.lifecycle` (restart, after a back
    off when it failed quickly; fail, a crash loop included; wind down; a killed scheduler is
    restarted at its address and rebuilds the job from the live nodes); a stop request
    (``mxdist stop``: ``jobs/<id>/stop.request``) or a signal ends it;
 5. the end, always the same way (:meth:`Supervisor._conclude`): stop what still runs on every
    host (TERM, ``--grace``, KILL; a host that does not answer within seconds is *not
    verified*, never waited on), collect what the processes left, name the root cause
-   (:mod:`mxdist.rootcause`), remove the job's secrets, run files and shared-memory segments on
+   (:mod:`mxdist.job.rootcause`), remove the job's secrets, run files and shared-memory segments on
    every host, write the final state once, print the closing line.
 
 Exit codes and final states:
@@ -64,9 +65,9 @@ from psnode.config import Role
 from psnode.files import write_atomic
 from psnode.launcher import Mode
 
-from . import jobs, teardown, ui
-from .agent import last_exception
-from .backends import (
+from .. import ui
+from ..backends.agent import last_exception
+from ..backends.base import (
     Backend,
     BackendError,
     ExitStatus,
@@ -76,15 +77,16 @@ from .backends import (
     resolver,
     run_per_host,
 )
-from .discovery import DiscoveryError, DiscoveryPoller
-from .elastic import ElasticError, Joiner, Live, ScaleAnswer, discovery_changes, new_home, plan_scale
-from .hosts import Host
-from .jobs import Change, Elastic, JobOutcome, JobRecord, JobState, ProcRecord, ProcState
-from .lifecycle import QUICK, SCHEDULER_RESTARTS, Action, Failure, Supervision
-from .plan import Plan, ProcSpec, restarted, with_gpus, with_worker
-from .plan import joiner as joiner_spec
+from ..elastic.discovery import DiscoveryError, DiscoveryPoller
+from ..elastic.rules import ElasticError, Joiner, Live, ScaleAnswer, discovery_changes, new_home, plan_scale
+from ..job import records, teardown
+from ..job.lifecycle import QUICK, SCHEDULER_RESTARTS, Action, Failure, Supervision
+from ..job.records import Change, Elastic, JobOutcome, JobRecord, JobState, ProcRecord, ProcState
+from ..job.rootcause import RootCause, decide, describe_code
+from ..planning.hosts import Host
+from ..planning.plan import Plan, ProcSpec, restarted, with_gpus, with_worker
+from ..planning.plan import joiner as joiner_spec
 from .preflight import HostWrites, prepare_host, prepare_hosts
-from .rootcause import RootCause, decide, describe_code
 
 EXIT_OK, EXIT_FAILED, EXIT_PREFLIGHT = 0, 1, 3
 EXIT_HANGUP, EXIT_INTERRUPTED, EXIT_STOPPED = 129, 130, 143
@@ -138,7 +140,7 @@ class Supervisor:
         self.threads: list[tuple[str, threading.Thread]] = []   # (host label, follower)
         self._since: dict[str, tuple[float, int]] = {}   # name -> (when it started, its log's size then)
         self._signal: int | None = None
-        self._lock: jobs.Lock | None = None
+        self._lock: records.Lock | None = None
         self._stopped: set[str] = set()
         self._writes = HostWrites()     # whether anything of the job may be on its hosts
         self._on_save: list[Callable[[], None]] = []
@@ -165,10 +167,10 @@ class Supervisor:
         # a signal ignored when mxdist started stays ignored (nohup; a background job of a script)
         previous = {s: signal.signal(s, self._on_signal) for s in SIGNAL_EXIT
                     if signal.getsignal(s) is not signal.SIG_IGN}
-        self._lock = jobs.try_lock(self.record.id)
+        self._lock = records.try_lock(self.record.id)
         if self._lock is None:
             raise BackendError(f"job {self.record.id} already has a supervisor")
-        self.record.supervise(jobs.Owner.this_process(self.settings.detach), self.settings.run_dir)
+        self.record.supervise(records.Owner.this_process(self.settings.detach), self.settings.run_dir)
         self._save()
         try:
             return self._life()
@@ -188,10 +190,10 @@ class Supervisor:
             if self._poller is not None:
                 self._poller.stop()
             with contextlib.suppress(OSError):
-                jobs.stop_request_path(self.record.id).unlink()
-            for path in jobs.scale_requests(self.record.id):   # nobody will serve them now
+                records.stop_request_path(self.record.id).unlink()
+            for path in records.scale_requests(self.record.id):   # nobody will serve them now
                 with contextlib.suppress(OSError):
-                    write_atomic(jobs.scale_answer_path(path), json.dumps(ScaleAnswer(
+                    write_atomic(records.scale_answer_path(path), json.dumps(ScaleAnswer(
                         self.record.id, error=f"job {self.record.id} is {self.record.state.value}").to_dict()))
                     path.unlink()
             self.backend.close()
@@ -223,7 +225,7 @@ class Supervisor:
 
         Ended before preflight began writing the job's files, it writes none: the end has
         nothing to remove on the hosts and does not wait for a slow one.  Ended after, its
-        writes are waited for (at most :data:`mxdist.teardown.STEP_MARGIN`), so the end removes them."""
+        writes are waited for (at most :data:`mxdist.job.teardown.STEP_MARGIN`), so the end removes them."""
         box: dict[str, Any] = {}
 
         def target() -> None:
@@ -320,7 +322,7 @@ class Supervisor:
     def _ask_slowness(self) -> None:
         """Until the job ends, ask the scheduler every :data:`SLOW_POLL` seconds whom the
         workers waited for (psnode's slowness counters), for the closing line."""
-        from .view import slowest
+        from ..view import slowest
 
         while not self._ended.wait(SLOW_POLL):
             try:
@@ -347,7 +349,7 @@ class Supervisor:
                                scheduler_restarts=SCHEDULER_RESTARTS if self._psnode_job else 0)
         self._rules = rules
         wind_down_by: float | None = None
-        later: list[tuple[float, ProcRecord]] = []   # restarts backing off (mxdist.lifecycle, rule 6)
+        later: list[tuple[float, ProcRecord]] = []   # restarts backing off (mxdist.job.lifecycle, rule 6)
         if elastic is not None and elastic.discovery:
             here = self.record.workdir if self.record.workdir and os.path.isdir(self.record.workdir) else None
             self._poller = DiscoveryPoller(elastic.discovery, self._on_discovery, cwd=here)  # (--sync: remote workdir)
@@ -397,7 +399,7 @@ class Supervisor:
             elif rules.winding_down and not status.ok:
                 ui.warn(f"{rec.name} on {rec.host} {status.describe()} after the workers finished")
 
-    # -- elastic membership (mxdist.elastic) ----------------------------------------------------------
+    # -- elastic membership (mxdist.elastic.rules) ----------------------------------------------------------
 
     def _live(self, rules: Supervision) -> list[Live]:
         """The workers that run and stay (not asked to leave), with their hosts and local ranks."""
@@ -407,16 +409,16 @@ class Supervisor:
                       key=lambda w: w.rank)
 
     def _serve_scale_requests(self, rules: Supervision) -> None:
-        """Answer every ``mxdist scale`` request waiting (module docstring of :mod:`mxdist.jobs`)."""
-        for path in jobs.scale_requests(self.record.id):
+        """Answer every ``mxdist scale`` request waiting (module docstring of :mod:`mxdist.job.records`)."""
+        for path in records.scale_requests(self.record.id):
             try:
-                asked = jobs.ScaleRequest.from_json(json.loads(path.read_text()))
+                asked = records.ScaleRequest.from_json(json.loads(path.read_text()))
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 answer = ScaleAnswer(self.record.id, error=f"unreadable request {path.name}: {exc}", refused=True)
             else:
                 answer = self._scale(rules, asked.target, asked.dry_run)
             with contextlib.suppress(OSError):
-                write_atomic(jobs.scale_answer_path(path), json.dumps(answer.to_dict()))
+                write_atomic(records.scale_answer_path(path), json.dumps(answer.to_dict()))
                 path.unlink()
 
     def _scale(self, rules: Supervision, target: int, dry_run: bool) -> ScaleAnswer:
@@ -484,7 +486,7 @@ class Supervisor:
             self.plan = with_gpus(self.plan, {host.label: self.plan.gpus[host.label]})
             spec = next(p for p in self.plan.procs if p.name == spec.name)
         rec = self.record.join(spec.name, joiner.rank, host.label, host.address,
-                               str(jobs.log_dir(self.record.id) / f"{spec.name}.log"), time.time())
+                               str(records.log_dir(self.record.id) / f"{spec.name}.log"), time.time())
         try:
             offset = os.path.getsize(rec.log)   # a rank taken again: its log goes on
         except OSError:
@@ -634,7 +636,7 @@ class Supervisor:
 
     def _relocate(self, rec: ProcRecord, count: int) -> bool:
         """Restart worker ``rec``, whose host does not answer, with its rank in a free slot of a
-        host that does (:func:`mxdist.elastic.new_home`); False when there is none or it failed."""
+        host that does (:func:`mxdist.elastic.rules.new_home`); False when there is none or it failed."""
         assert self._rules is not None
         old = rec.host
         try:
@@ -726,7 +728,7 @@ class Supervisor:
                                                 f"(it did not answer); the job's files there were not removed")
         failed_cleanup = teardown.cleanup_everywhere(self.backend, self.hosts, self.record.id,
                                                      self.settings.run_dir, labels, report.unverified)
-        jobs.discard_key(self.record.id)
+        records.discard_key(self.record.id)
         self.record.finish(JobOutcome(state, code, {**report.unverified, **failed_cleanup}, stopped_by, cause,
                                   headline))
         self._save()
@@ -860,13 +862,13 @@ class Supervisor:
         if self._signal is not None:
             code, why = SIGNAL_EXIT[signal.Signals(self._signal)]
             return EndRequest(code, why)
-        path = jobs.stop_request_path(self.record.id)
+        path = records.stop_request_path(self.record.id)
         if path.exists():
-            return EndRequest(EXIT_STOPPED, "mxdist stop", jobs.StopRequest.read(path).grace)
+            return EndRequest(EXIT_STOPPED, "mxdist stop", records.StopRequest.read(path).grace)
         return None
 
     def _save(self) -> None:
-        jobs.save(self.record)
+        records.save(self.record)
         for callback in self._on_save:
             callback()
 

@@ -1,14 +1,14 @@
 """Backends: how processes are started, watched, signalled, checked and cleaned up on a host.
 
-:class:`Backend` is the contract the supervisor (:mod:`mxdist.launch`) and :mod:`mxdist.control`
+:class:`Backend` is the contract the supervisor (:mod:`mxdist.supervisor.supervisor`) and :mod:`mxdist.job.control`
 depend on; a backend implements it for one way of reaching machines:
 
 * :class:`LocalBackend` (here): this machine, through a :class:`LocalRunner`;
-* :class:`mxdist.ssh.SshBackend`: remote hosts over SSH (paramiko), the same agent run remotely;
-* :class:`mxdist.slurm.SlurmBackend` (``--launcher slurm``): job steps of a Slurm allocation
+* :class:`mxdist.backends.ssh.SshBackend`: remote hosts over SSH (paramiko), the same agent run remotely;
+* :class:`mxdist.backends.slurm.SlurmBackend` (``--launcher slurm``): job steps of a Slurm allocation
   (``srun`` runs here under a :class:`LocalRunner`; the process itself runs under slurmstepd).
 
-:mod:`mxdist.registry` builds a backend by name (breaking the import cycle between this module
+:mod:`mxdist.backends.registry` builds a backend by name (breaking the import cycle between this module
 and the backends that use it): from a job record's options, or for a new job from a
 :class:`LaunchRequest` (each backend class's ``for_launch``: the backend and the job's hosts).
 
@@ -39,11 +39,11 @@ from typing import Any, ClassVar, Protocol, cast
 
 from psnode.launcher import FailureRecord, from_torch, path_in, record_of, torch_path_in
 
+from ..job.records import ProcRecord
+from ..planning.gpus import HostGpus
+from ..planning.hosts import Host
+from ..planning.plan import PlanError, ProcSpec
 from . import agent
-from .gpus import HostGpus
-from .hosts import Host
-from .jobs import ProcRecord
-from .plan import PlanError, ProcSpec
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class HostProblem:
 @dataclass(frozen=True)
 class Preflight:
     """What preflight found: the problems (none: every host is ready) and, per host label, the
-    GPUs a process of the job sees there (:func:`mxdist.agent.gpus`; a host missing here did not
+    GPUs a process of the job sees there (:func:`mxdist.backends.agent.gpus`; a host missing here did not
     report them)."""
 
     problems: list[HostProblem] = field(default_factory=list)
@@ -108,7 +108,7 @@ class ProcStatus:
 def run_files(run_dir: str, name: str) -> dict[str, str]:
     """Where the process ``name`` leaves its failure record (``failure``) and its torch elastic
     error file (``error_file``) in its host's ``run_dir``: the keyword arguments of the host
-    agent's :class:`~mxdist.agent.SpawnItem` and :class:`~mxdist.agent.CollectItem`."""
+    agent's :class:`~mxdist.backends.agent.SpawnItem` and :class:`~mxdist.backends.agent.CollectItem`."""
     return {"failure": path_in(run_dir, name), "error_file": torch_path_in(run_dir, name)}
 
 
@@ -209,13 +209,13 @@ class Backend(Protocol):
     python: str          # the interpreter that runs the job's Python processes on the hosts
 
     def options(self) -> dict[str, Any]:
-        """JSON-able options that :func:`mxdist.registry.make_backend` accepts to rebuild this backend."""
+        """JSON-able options that :func:`mxdist.backends.registry.make_backend` accepts to rebuild this backend."""
 
     def preflight(self, hosts: Sequence[Host], modules: Sequence[str], env: Mapping[str, str],
                   target: tuple[str, str] | None = None) -> Preflight:
         """Check every host (in parallel): reachable, authenticated, Python imports ``modules``
         (in the working directory, with ``env`` added to the host's environment), the job's
-        command is there (``target``: :func:`mxdist.plan.command_target`); report the GPUs a
+        command is there (``target``: :func:`mxdist.planning.plan.command_target`); report the GPUs a
         process with ``env`` sees on each."""
 
     def reachable(self, host: Host, timeout: float) -> None:
@@ -329,7 +329,7 @@ def describer(backend: Backend) -> Describer | None:
 
 
 class LocalRunner:
-    """Processes on this machine under :mod:`mxdist.agent`'s reaper: the part of a backend that
+    """Processes on this machine under :mod:`mxdist.backends.agent`'s reaper: the part of a backend that
     starts, follows, checks, stops and cleans up local processes.
 
     ``argv`` turns a process spec into the command actually run (Slurm: an ``srun`` line);
@@ -447,7 +447,7 @@ class LocalBackend:
 
 
 def command_fix(problem: str, otherwise: str, remote: bool = False) -> str:
-    """The fix for a preflight problem of :func:`mxdist.agent.check` about the job's command
+    """The fix for a preflight problem of :func:`mxdist.backends.agent.check` about the job's command
     (``remote``: on a host that is not this machine), else ``otherwise``."""
     if problem.startswith("no script"):
         return ("copy it to the same path on that host (--sync DIR copies a directory first), or pass --workdir"

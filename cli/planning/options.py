@@ -1,12 +1,12 @@
 """From ``mxdist launch`` options to a plan, a backend, a job record and launch settings.
 
 This is the glue between the typer command (:mod:`mxdist.main`) and the pure modules: it picks
-the launcher, has its backend find the job's hosts (:func:`mxdist.registry.for_launch`), chooses
+the launcher, has its backend find the job's hosts (:func:`mxdist.backends.registry.for_launch`), chooses
 ports, and computes the plan.  What depends on the backend is a question to it
-(:class:`mxdist.backends.Capability`: whether the processes run on this machine, whether they
+(:class:`mxdist.backends.base.Capability`: whether the processes run on this machine, whether they
 see its files), never its name.  No process is started here.
 
-Options that become psnode configuration are one :class:`mxdist.plan.NodeOptions` (filled once by
+Options that become psnode configuration are one :class:`mxdist.planning.plan.NodeOptions` (filled once by
 the typer command, validated there, carried by the plan into every process's NodeConfig);
 :class:`LaunchOptions` holds it and the launcher's own options, each default written once here
 (the typer command reads them from :func:`launch_default`).  Every error is a
@@ -14,10 +14,10 @@ the typer command, validated there, carried by the plan into every process's Nod
 
 The command (:func:`job_command`): ``-m`` makes it ``-m MODULE ARGS`` (run as ``python -m``); a
 first word that looks like an option is refused, never run.  ``--nproc-per-node`` gives every
-host its slots (:func:`mxdist.plan.per_node`).
+host its slots (:func:`mxdist.planning.plan.per_node`).
 
-The engine (``--engine``, :mod:`mxdist.engines`) is asked which of the options given it can run
-(:meth:`~mxdist.engines.JobEngine.admit`: refusals are errors naming the option, its notes become
+The engine (``--engine``, :mod:`mxdist.planning.engines`) is asked which of the options given it can run
+(:meth:`~mxdist.planning.engines.JobEngine.admit`: refusals are errors naming the option, its notes become
 the plan's warnings), what preflight imports, which variables pass through or are its own, and
 whether the job can have a secret.
 
@@ -25,7 +25,7 @@ Security (:func:`security_mode`): every job, local ones included, is ``authentic
 default (a fresh secret per job; :mod:`psnode.launcher` says what each mode protects);
 ``--encrypt`` makes it ``encrypted`` (CURVE on every link), ``--insecure`` turns it off.  Every
 process's ``PSNODE_KEY_FILE`` is planned as ``<run dir>/job.key`` on its host; the supervisor
-writes the secret there before anything starts (:mod:`mxdist.preflight`).
+writes the secret there before anything starts (:mod:`mxdist.supervisor.preflight`).
 """
 from __future__ import annotations
 
@@ -40,14 +40,16 @@ from typing import Any
 
 from psnode.launcher import Mode, checkpoint_path
 
-from . import agent, jobs
-from .backends import Backend, Capability, LaunchRequest, resolver
-from .discovery import DiscoveryError, discover
+from ..backends import agent
+from ..backends.base import Backend, Capability, LaunchRequest, resolver
+from ..backends.registry import NAMES, capabilities, for_launch
+from ..elastic.discovery import DiscoveryError, discover
+from ..job import records
+from ..job.records import JobRecord
+from ..supervisor.supervisor import LaunchSettings, new_record
 from .engines import JobEngine, engine_named
 from .gpus import VISIBLE, HostGpus
 from .hosts import Host, HostsError, looks_like_file, parse_host_list, parse_hosts_file
-from .jobs import JobRecord
-from .launch import LaunchSettings, new_record
 from .plan import (
     PASSTHROUGH,
     NodeOptions,
@@ -59,7 +61,6 @@ from .plan import (
     passthrough_env,
     per_node,
 )
-from .registry import NAMES, capabilities, for_launch
 
 # Ports a job listens on are chosen where the kernel never puts the source port of an outgoing
 # connection (its ephemeral range: 32768-60999 on Linux by default), so nothing can take a port
@@ -103,10 +104,10 @@ class LaunchOptions:
     keep_jobs: int = 100
     gpus_per_worker: int | None = None     # None: every worker sees all of its host's GPUs
     pass_local_rank: bool = False
-    engine: str = "psnode"                 # mxdist.engines: psnode, or MXNet's own ps-lite processes
-    min_workers: int | None = None         # mxdist.elastic: None is -n (a job of fixed size)
+    engine: str = "psnode"                 # mxdist.planning.engines: psnode, or MXNet's own ps-lite processes
+    min_workers: int | None = None         # mxdist.elastic.rules: None is -n (a job of fixed size)
     max_workers: int | None = None
-    host_discovery_script: str | None = None   # mxdist.discovery: the hosts, polled (instead of -H)
+    host_discovery_script: str | None = None   # mxdist.elastic.discovery: the hosts, polled (instead of -H)
     timeline: str | None = None            # --timeline: None off, "" the job's directory, else the trace's path
     module: bool = False                   # -m: the command is a module, run as python -m COMMAND ARGS
     nproc_per_node: int | None = None      # every host's slots (None: the hosts say)
@@ -330,7 +331,7 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
     ranks = parse_ranks(opts.ranks)
     engine = engine_named(opts.engine)
     notes = engine.admit(opts.given())
-    job_id = jobs.new_job_id()
+    job_id = records.new_job_id()
     user_env = parse_env_assignments(opts.env, engine.reserved_env)
     sync = _sync_pairs(opts.sync)
     workdir = run_workdir(opts.workdir, sync, os.getcwd())
@@ -354,7 +355,7 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
     # paths here are the paths the processes see: their run files go to the job's directory here
     # (Slurm: srun runs here and writes the logs here; the nodes share the file system)
     shared_fs = Capability.SHARED_FS in backend.capabilities
-    run_dir = str(jobs.log_dir(job_id)) if shared_fs else f"{opts.remote_dir.rstrip('/')}/{job_id}"
+    run_dir = str(records.log_dir(job_id)) if shared_fs else f"{opts.remote_dir.rstrip('/')}/{job_id}"
     security = security_mode(opts, engine)
     ckpt = checkpoint_dir(opts, workdir, shared_fs)
     plan = make_plan(PlanRequest(
@@ -375,7 +376,7 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
         check_resume(plan, ckpt)
     if opts.grace < 0 or opts.finish_grace < 0:
         raise PlanError("--grace and --finish-grace are seconds >= 0")
-    log_dir = jobs.log_dir(job_id)
+    log_dir = records.log_dir(job_id)
     record = new_record(plan, backend, opts.command, workdir, log_dir, security, script)
     if opts.timeline is not None:
         record.timeline = os.path.abspath(os.path.join(here, os.path.expanduser(opts.timeline))) \
