@@ -28,9 +28,10 @@ from .backends.base import BackendError
 from .job import control, history, records
 from .planning.gpus import describe_worker
 from .planning.hosts import HostsError
-from .planning.options import LaunchOptions, Prepared, launch_default
+from .planning.options import LaunchOptions, launch_default
 from .planning.plan import PASSTHROUGH, GpuShortageError, NodeOptions, Plan, PlanError, gpu_view, is_secret, with_gpus
 from .supervisor.detach import detach
+from .supervisor.setup import Prepared
 from .supervisor.supervisor import EXIT_PREFLIGHT, Supervisor
 from .view import PlanRow
 
@@ -248,7 +249,7 @@ def launch(
              "unchanged (LOCAL_RANK is always set)"),
 ) -> None:
     """Start a job: scheduler, servers and workers running COMMAND, supervised to its end."""
-    from .planning.options import known_gpus, prepare
+    from .supervisor.setup import known_gpus, prepare
 
     try:
         node = NodeOptions(

@@ -306,7 +306,8 @@ def test_listen_range_avoids_the_ephemeral_range() -> None:
 
 
 def test_ephemeral_range_read_or_default(tmp_path: Path) -> None:
-    from mxdist.planning.options import DEFAULT_EPHEMERAL, ephemeral_range
+    from mxdist.planning.options import DEFAULT_EPHEMERAL
+    from mxdist.supervisor.setup import ephemeral_range
     f = tmp_path / "range"
     f.write_text("40000\t50000\n")
     assert ephemeral_range(str(f)) == (40000, 50000)
@@ -318,7 +319,7 @@ def test_ephemeral_range_read_or_default(tmp_path: Path) -> None:
 def test_local_ports_are_free_distinct_and_outside_the_ephemeral_range() -> None:
     import socket
 
-    from mxdist.planning.options import ephemeral_range, free_listen_port
+    from mxdist.supervisor.setup import ephemeral_range, free_listen_port
     lo, hi = ephemeral_range()
     for _ in range(20):
         first = free_listen_port()

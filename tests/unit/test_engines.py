@@ -16,8 +16,9 @@ from mxdist.job.records import JobRecord, JobState, ProcRecord
 from mxdist.main import app
 from mxdist.planning.engines import ENGINES, MXNET, MXNET_BOOT, PSNODE, EngineError, engine_named
 from mxdist.planning.hosts import Host
-from mxdist.planning.options import LaunchOptions, prepare
+from mxdist.planning.options import LaunchOptions
 from mxdist.planning.plan import NodeOptions, PlanError, PlanRequest, make_plan, parse_env_assignments
+from mxdist.supervisor.setup import prepare
 from psnode.config import Role
 from psnode.net.security import Mode
 

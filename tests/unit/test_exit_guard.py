@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psnode
 from mxdist.backends import agent
-from mxdist.planning.options import free_listen_port
+from mxdist.supervisor.setup import free_listen_port
 from tests.support import require, wait_for
 
 GUARD = str(Path(psnode.__file__).parent / "exitguard")

@@ -251,7 +251,8 @@ def test_restarted_worker_keeps_rank_host_argv_and_env():
 
 def test_local_plan_binds_to_loopback_only(tmp_path):
     from mxdist.job import records
-    from mxdist.planning.options import LaunchOptions, prepare
+    from mxdist.planning.options import LaunchOptions
+    from mxdist.supervisor.setup import prepare
 
     records.use_home(tmp_path)
     prepared = prepare(LaunchOptions(command=["t.py"], num_workers=2, num_servers=2))
@@ -267,7 +268,8 @@ def test_local_plan_binds_to_loopback_only(tmp_path):
     ({}, "authenticated"), ({"encrypt": True}, "encrypted"), ({"insecure": True}, "insecure")])
 def test_security_mode_from_the_flags(tmp_path, flags, mode):
     from mxdist.job import records
-    from mxdist.planning.options import LaunchOptions, prepare
+    from mxdist.planning.options import LaunchOptions
+    from mxdist.supervisor.setup import prepare
 
     records.use_home(tmp_path)
     prepared = prepare(LaunchOptions(command=["t.py"], num_workers=1, num_servers=1, **flags))
