@@ -337,8 +337,8 @@ def test_a_failure_is_named_by_its_evidence_not_by_the_first_exit_seen(home):
                      "server-0": Evidence(1, now + 1, None, None)}
     sup = supervisor(fake)
     saved: list[JobState] = []
-    original = sup._save
-    sup._save = lambda: (saved.append(sup.record.state), original())[1]  # type: ignore[method-assign]
+    original = sup.save
+    sup.save = lambda: (saved.append(sup.record.state), original())[1]  # type: ignore[method-assign]
 
     def play() -> None:
         fake.wait_started(ALL)
