@@ -10,8 +10,8 @@ room               modules
                    the only importer of rich), ``view`` (pure: what status, jobs and the dry
                    run show), ``__main__`` (``python -m mxdist``)
 ``planning``       pure: ``hosts``, ``plan``, ``gpus``, ``torchenv``, ``engines``, ``options``
-``backends``       ``base`` (the Backend contract, capabilities, the local backend),
-                   ``registry``, ``ssh``, ``slurm``, ``agent`` (host-side, standard library only)
+``backends``       ``base`` (the Backend contract, capabilities), ``local``, ``ssh``,
+                   ``slurm``, ``registry``, ``agent`` (host-side, standard library only)
 ``job``            ``records``, ``lifecycle``, ``rootcause``, ``teardown``, ``control``,
                    ``takeover``, ``history``
 ``supervisor``     ``setup``, ``preflight``, ``supervisor``, ``membership``, ``conclusion``,

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..planning.hosts import Host
-from .base import Backend, BackendClass, BackendError, Capability, LaunchRequest, LocalBackend
+from .base import Backend, BackendClass, BackendError, Capability, LaunchRequest
+from .local import LocalBackend
 
 NAMES = ("local", "ssh", "slurm")
 

@@ -19,7 +19,7 @@ the foreground under slurmstepd, so Slurm tracks it and ``scancel`` ends it with
 a process may use all of them.  The environment (``PSNODE_*``, ``RANK``...) travels in srun's own
 environment (``--export=ALL``), never on a command line.  srun itself runs on this machine under
 :mod:`mxdist.backends.agent`'s reaper, exactly like a local process (the backend composes a
-:class:`mxdist.backends.base.LocalRunner` that runs ``srun`` lines): its output (the task's, plus
+:class:`mxdist.backends.local.LocalRunner` that runs ``srun`` lines): its output (the task's, plus
 srun's own error lines) goes to the job's log file, its exit status to the rc file.  srun reports a task
 killed by signal N as 128+N; :func:`exit_code` turns that back into ``-N``.
 
@@ -68,12 +68,12 @@ from .base import (
     ExitStatus,
     HostProblem,
     LaunchRequest,
-    LocalRunner,
     Preflight,
     ProcStatus,
     Started,
     command_fix,
 )
+from .local import LocalRunner
 
 HOW_TO_ALLOCATE = (
     "--launcher slurm runs inside a Slurm allocation, and SLURM_JOB_ID is not set here. Get one "
