@@ -25,6 +25,13 @@ Sequence (:meth:`Supervisor.run`):
    (:mod:`mxdist.job.rootcause`), remove the job's secrets, run files and shared-memory segments on
    every host, write the final state once, print the closing line.
 
+The supervisor composes two collaborators, each reading the job through a small protocol of
+what it needs: :class:`mxdist.supervisor.membership.Membership` (an elastic job's changes:
+``mxdist scale``, the discovery script's hosts, workers that leave or are lost, hosts that do not
+answer, a lost host's worker moved) and :class:`mxdist.supervisor.conclusion.Conclusion` (step
+5).  The supervisor keeps the loop: starting and following processes, the lifecycle rules,
+restarts, requests to end.
+
 Exit codes and final states:
 
 =====  ===========  =========================================================================
