@@ -1,15 +1,21 @@
 """mxdist: the command-line launcher for psnode jobs (``mxdist launch|status|stop|logs|jobs|clean``).
 
 Installed as the package ``mxdist`` from the ``cli/`` folder; modules import each other
-relatively.  Modules: ``main`` (typer commands), ``hosts`` and ``plan`` (pure: hosts,
-placement, the NodeOptions of a job), ``gpus`` (pure: the hosts' GPUs and each worker's),
-``options`` (options -> plan, backend, record), ``jobs`` (job records and their transitions,
-the supervisor's lock), ``backends`` (Backend protocol, capabilities, LocalRunner,
-LocalBackend), ``registry`` (backends by name), ``ssh`` (SshBackend), ``slurm``
-(SlurmBackend), ``agent`` (host-side operations), ``launch`` (the job's supervisor),
-``preflight`` (sync, host checks, keys), ``detach`` (``launch -d``), ``lifecycle`` and
-``rootcause`` (pure: supervision rules, root cause), ``teardown`` (the end of a job on every
-host), ``control`` (status/stop/logs/jobs of recorded jobs), ``takeover`` (when a supervisor is
-gone), ``history`` (clean, bounded history), ``view`` (pure: what status, jobs and the dry run
-show), ``ui`` (rendering).
+relatively.  The rooms (each sub-package's docstring states its contract):
+
+=================  =========================================================================
+room               modules
+=================  =========================================================================
+``mxdist``         ``main`` (typer commands: the only importer of typer), ``ui`` (rendering:
+                   the only importer of rich), ``view`` (pure: what status, jobs and the dry
+                   run show), ``__main__`` (``python -m mxdist``)
+``planning``       pure: ``hosts``, ``plan``, ``gpus``, ``torchenv``, ``engines``, ``options``
+``backends``       ``base`` (the Backend contract, capabilities), ``local``, ``ssh``,
+                   ``slurm``, ``registry``, ``agent`` (host-side, standard library only)
+``job``            ``records``, ``lifecycle``, ``rootcause``, ``teardown``, ``control``,
+                   ``takeover``, ``history``
+``supervisor``     ``setup``, ``preflight``, ``supervisor``, ``membership``, ``conclusion``,
+                   ``detach``
+``elastic``        ``rules`` (pure), ``discovery``
+=================  =========================================================================
 """

@@ -23,14 +23,16 @@ import typer
 
 from psnode.config import Role
 
-from . import control, history, jobs, ui
-from .backends import BackendError
-from .detach import detach
-from .gpus import describe_worker
-from .hosts import HostsError
-from .launch import EXIT_PREFLIGHT, Supervisor
-from .options import LaunchOptions, Prepared, launch_default
-from .plan import PASSTHROUGH, GpuShortageError, NodeOptions, Plan, PlanError, gpu_view, is_secret, with_gpus
+from . import ui
+from .backends.base import BackendError
+from .job import control, history, records
+from .planning.gpus import describe_worker
+from .planning.hosts import HostsError
+from .planning.options import LaunchOptions, launch_default
+from .planning.plan import PASSTHROUGH, GpuShortageError, NodeOptions, Plan, PlanError, gpu_view, is_secret, with_gpus
+from .supervisor.detach import detach
+from .supervisor.setup import Prepared
+from .supervisor.supervisor import EXIT_PREFLIGHT, Supervisor
 from .view import PlanRow
 
 EXIT_USAGE = 2
@@ -68,7 +70,7 @@ def main(
 ) -> None:
     """Launch psnode parameter-server jobs locally, over SSH or in Slurm; inspect and stop them."""
     ui.bind(sys.stdout, sys.stderr)
-    jobs.use_home(home)
+    records.use_home(home)
     # At exit the interpreter's last collections walk everything the command imported (numpy,
     # paramiko, rich: a quarter of a second on a busy machine, after Ctrl-C too) to free memory
     # the process hands back anyway; frozen, they skip it.
@@ -247,7 +249,7 @@ def launch(
              "unchanged (LOCAL_RANK is always set)"),
 ) -> None:
     """Start a job: scheduler, servers and workers running COMMAND, supervised to its end."""
-    from .options import known_gpus, prepare
+    from .supervisor.setup import known_gpus, prepare
 
     try:
         node = NodeOptions(
@@ -294,7 +296,7 @@ def launch(
             ui.info(f"job {job} started in the background: mxdist status {job} | mxdist logs {job} -f | "
                     f"mxdist stop {job}")
             raise typer.Exit(0)
-        ui.info(f"job {job}: {_placement(plan)}; logs in {jobs.log_dir(job)}")
+        ui.info(f"job {job}: {_placement(plan)}; logs in {records.log_dir(job)}")
         code = supervisor.run()
     except BackendError as exc:
         raise _fail("launch failed", str(exc), None, EXIT_PREFLIGHT) from None
@@ -337,12 +339,12 @@ def _show_plan(plan: Plan, where: Sequence[str] = ()) -> None:
     ui.plan_table(rows, _masked(common), [*plan.warnings, *gpu_warnings], hosts, where)
 
 
-def _load(job: str | None) -> jobs.JobRecord:
+def _load(job: str | None) -> records.JobRecord:
     try:
-        return jobs.resolve(job)
-    except jobs.JobNotFound as exc:
+        return records.resolve(job)
+    except records.JobNotFound as exc:
         raise _fail("no such job", str(exc), None, 1) from None
-    except jobs.DamagedRecord as exc:
+    except records.DamagedRecord as exc:
         raise _fail("damaged job record", str(exc),
                     "mxdist jobs lists every record; mxdist clean JOB removes this one", 1) from None
 
@@ -350,14 +352,14 @@ def _load(job: str | None) -> jobs.JobRecord:
 def _jobs(limit: int | None, as_json: bool) -> None:
     try:
         rows = control.job_list(limit)
-    except jobs.JobNotFound as exc:
+    except records.JobNotFound as exc:
         raise _fail("no jobs", str(exc), None, 1) from None
     if as_json:
         ui.print_json({"jobs": [r.to_dict() for r in rows]})
     elif not rows:
-        ui.info(f"no jobs recorded in {jobs.jobs_dir()}")
+        ui.info(f"no jobs recorded in {records.jobs_dir()}")
     else:
-        ui.jobs_table(rows, f"{len(rows)} most recent job{'s' if len(rows) != 1 else ''} ({jobs.jobs_dir()})")
+        ui.jobs_table(rows, f"{len(rows)} most recent job{'s' if len(rows) != 1 else ''} ({records.jobs_dir()})")
 
 
 @app.command("jobs")
@@ -384,7 +386,7 @@ def status(
         _jobs(20, as_json)
         return
     if job is None:
-        active = [j for j in jobs.all_jobs() if j.state.active] if jobs.jobs_dir().is_dir() else []
+        active = [j for j in records.all_jobs() if j.state.active] if records.jobs_dir().is_dir() else []
         if len(active) > 1:
             rows = [control.summary(control.refresh(j)) for j in active]
             if as_json:
@@ -414,7 +416,7 @@ def status(
         raise _fail("status unavailable", str(exc), "check that the hosts are reachable", EXIT_PREFLIGHT) from None
 
 
-def _to_stop(job: str | None, all_jobs: bool) -> list[jobs.JobRecord]:
+def _to_stop(job: str | None, all_jobs: bool) -> list[records.JobRecord]:
     """The jobs ``mxdist stop`` ends: JOB, every running one (--all), or the one running; a job
     that already ended, or nothing running, is said and is not an error."""
     if job:
@@ -428,10 +430,10 @@ def _to_stop(job: str | None, all_jobs: bool) -> list[jobs.JobRecord]:
                     raise typer.Exit(1)
             return []
         return [record]
-    running = [control.refresh(j) for j in jobs.all_jobs() if j.state.active]
+    running = [control.refresh(j) for j in records.all_jobs() if j.state.active]
     running = [j for j in running if j.state.active]
     if not running:
-        latest = jobs.all_jobs()[-1:] if jobs.jobs_dir().is_dir() else []
+        latest = records.all_jobs()[-1:] if records.jobs_dir().is_dir() else []
         ui.info("no running jobs" + (f" (the latest, {latest[0].id}, {latest[0].state.value})" if latest else ""))
         return []
     if len(running) > 1 and not all_jobs:
@@ -497,7 +499,7 @@ def scale(
                     "mxdist scale 3, or mxdist scale JOB 3", EXIT_USAGE)
     job, target = (args[0] if len(args) == 2 else None), int(args[-1])
     if job is None:
-        running = [j for j in jobs.all_jobs() if j.state.active]
+        running = [j for j in records.all_jobs() if j.state.active]
         if len(running) > 1:
             raise _fail("several jobs are running", f"{len(running)} jobs are running: "
                         f"{', '.join(j.id for j in running)}", "name one: mxdist scale JOB N", EXIT_USAGE)
@@ -516,7 +518,7 @@ def scale(
         ui.plain(line)
 
 
-def _who(p: jobs.ProcRecord) -> str:
+def _who(p: records.ProcRecord) -> str:
     return ui.who(p.role, p.rank)
 
 
@@ -531,7 +533,7 @@ def logs(
 ) -> None:
     """Print the logs of a job's processes."""
     if job is None:
-        running = [r for r in (control.refresh(j) for j in jobs.all_jobs() if j.state.active) if r.state.active]
+        running = [r for r in (control.refresh(j) for j in records.all_jobs() if j.state.active) if r.state.active]
         if len(running) > 1:
             raise _fail("several jobs are running", f"{len(running)} jobs are running: "
                         f"{', '.join(j.id for j in running)}", "name one: mxdist logs JOB", EXIT_USAGE)
@@ -555,7 +557,7 @@ def logs(
     printer = ui.LogPrinter()
     printed: set[str] = set()
 
-    def emit(p: jobs.ProcRecord, data: bytes) -> None:
+    def emit(p: records.ProcRecord, data: bytes) -> None:
         if ui.output_closed():
             raise BrokenPipeError("stdout's reader went away")
         printed.add(p.name)
@@ -564,7 +566,7 @@ def logs(
         else:
             printer.feed(p.name, p.role, p.rank, p.host, data)
 
-    def done(p: jobs.ProcRecord) -> None:
+    def done(p: records.ProcRecord) -> None:
         printer.flush(p.name, p.role, p.rank, p.host)
 
     try:
@@ -591,10 +593,10 @@ def clean(
     yes: bool = typer.Option(False, "-y", "--yes", help="do not ask before removing every finished job"),
 ) -> None:
     """Remove finished jobs: their records and logs here, and their run files on remote hosts."""
-    unknown = [j for j in job or () if not jobs.record_path(j).is_file()]
+    unknown = [j for j in job or () if not records.record_path(j).is_file()]
     if unknown:
         names = ", ".join(repr(j) for j in unknown)
-        raise _fail("no such job", f"no job {names} in {jobs.jobs_dir()} (mxdist jobs lists them); nothing removed",
+        raise _fail("no such job", f"no job {names} in {records.jobs_dir()} (mxdist jobs lists them); nothing removed",
                     None, 1)
     if not job and not yes:
         finished = history.finished(older_than)

@@ -1,6 +1,6 @@
 """What ``mxdist status``, ``mxdist jobs`` and ``launch --dry-run`` show: typed views (pure: no I/O).
 
-:mod:`mxdist.control` builds them from records, the scheduler and the hosts; :mod:`mxdist.ui`
+:mod:`mxdist.job.control` builds them from records, the scheduler and the hosts; :mod:`mxdist.ui`
 renders them; ``--json`` prints :meth:`JobView.to_dict` / :meth:`JobRow.to_dict`, whose keys
 and values are the machine-readable interface (scripts and tests read them).
 """
@@ -12,7 +12,7 @@ from typing import Any
 
 from psnode.launcher import SLOW_WINDOW, NodeRow
 
-from .jobs import JobState
+from .job.records import JobState
 
 
 @dataclass
@@ -100,7 +100,7 @@ class JobView:
     ended_line: str | None = None
     backend_fields: Mapping[str, Any] = field(default_factory=dict)
     backend_title: str = ""
-    engine: str = "psnode"                 # what runs its scheduler and servers (mxdist.engines)
+    engine: str = "psnode"                 # what runs its scheduler and servers (mxdist.planning.engines)
     membership: MembershipView | None = None   # an elastic job's workers (None: a job of fixed size)
 
     @property

@@ -1,7 +1,7 @@
 """A restarted scheduler rebuilds the job from what its live nodes report (pure: no I/O, no clock).
 
 The scheduler holds no state that the live nodes cannot give back.  A scheduler started with
-``restart_count > 0`` (the launcher restarted it at its address: :mod:`mxdist.lifecycle`)
+``restart_count > 0`` (the launcher restarted it at its address: :mod:`mxdist.job.lifecycle`)
 answers any node it does not know with REJOIN; a node that was welcomed by its predecessor
 registers again with its rank and what it knows (:class:`psnode.protocol.control.Rejoin`).
 :class:`Rebuild` collects those reports for at most the heartbeat timeout, or until every

@@ -1,6 +1,6 @@
 """mxdist launch on GPU hosts, end to end on this (CPU) machine with real processes.
 
-* preflight's GPU report (mxdist.agent.gpus: nvidia-smi --query-gpu, CUDA_VISIBLE_DEVICES): a CPU
+* preflight's GPU report (mxdist.backends.agent.gpus: nvidia-smi --query-gpu, CUDA_VISIBLE_DEVICES): a CPU
   host is quiet; ``--gpus-per-worker`` on it fails before anything starts, naming the host, what
   it has and what was asked;
 * ``--gpus-per-worker`` with a stand-in ``nvidia-smi`` (a script on PATH printing what the real
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from mxdist import agent
+from mxdist.backends import agent
 from tests.support.cli import assert_nothing_left, cli_env, latest, run_cli
 
 SHOW = textwrap.dedent("""

@@ -5,7 +5,7 @@ not take its lock, not signal the job's processes.
 
 The other user is a real Unix user created for the test (``other_user``, tests/conftest.py).
 It runs an interpreter it may run (the project's own lives under /root, which it cannot enter:
-then the system Python) with the project on PYTHONPATH, and uses ``mxdist.jobs`` (imported from
+then the system Python) with the project on PYTHONPATH, and uses ``mxdist.job.records`` (imported from
 the ``cli/`` folder, as ``cli.jobs``: that interpreter has no install) -- the standard-library
 module through which ``mxdist status`` and ``mxdist stop`` reach a job -- and plain file and
 signal calls.
@@ -33,9 +33,9 @@ SLEEPER = textwrap.dedent("""
 PROBE = textwrap.dedent("""
     import json, os, signal, sys
     from pathlib import Path
-    from cli import jobs
+    from cli.job import records
     home, job, pids = Path(sys.argv[1]), sys.argv[2], [int(p) for p in sys.argv[3:]]
-    jobs.use_home(home)
+    records.use_home(home)
     out = {}
 
     def attempt(name, fn):
@@ -51,13 +51,13 @@ PROBE = textwrap.dedent("""
     attempt("list jobs", lambda: os.listdir(home / "jobs"))
     attempt("read record", lambda: (home / "jobs" / f"{job}.json").read_text())
     attempt("read log", lambda: (home / "jobs" / job / "worker-0.log").read_text())
-    attempt("stop request", lambda: jobs.write_atomic(jobs.stop_request_path(job), "{}"))
-    attempt("supervisor lock", lambda: jobs.try_lock(job))
-    attempt("write record", lambda: jobs.save(jobs.JobRecord(id=job, command=[], backend="local")))
+    attempt("stop request", lambda: records.write_atomic(records.stop_request_path(job), "{}"))
+    attempt("supervisor lock", lambda: records.try_lock(job))
+    attempt("write record", lambda: records.save(records.JobRecord(id=job, command=[], backend="local")))
     try:
-        jobs.resolve(job)
+        records.resolve(job)
         out["status"] = "allowed"
-    except jobs.JobNotFound as exc:
+    except records.JobNotFound as exc:
         out["status"] = str(exc)
     for pid in pids:
         attempt(f"kill {pid}", lambda pid=pid: os.kill(pid, signal.SIGTERM))

@@ -60,7 +60,7 @@ def _scheduler(home: Path) -> dict:
 
 
 def _psnode_child(reaper: int) -> int:
-    """The psnode scheduler under its reaper (mxdist.agent)."""
+    """The psnode scheduler under its reaper (mxdist.backends.agent)."""
     children = wait_for(lambda: Path(f"/proc/{reaper}/task/{reaper}/children").read_text().split(), 30,
                         "the scheduler's process under its reaper")
     return int(children[0])

@@ -6,7 +6,7 @@
 * A slow worker still computing, its peers waiting for it longer than that, is no deadlock.
 * A crash loop: a replacement that fails the same way as its predecessor within seconds of its
   start, three times in a row, ends the job naming the failure, long before ``--max-restarts
-  50`` is spent, the restarts backing off (mxdist.lifecycle).
+  50`` is spent, the restarts backing off (mxdist.job.lifecycle).
 
 Each ends with exit code 1 (or 0 for the slow worker), a final state, and nothing left.
 """

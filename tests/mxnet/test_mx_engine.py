@@ -24,7 +24,7 @@ from pathlib import Path
 import mxnet  # noqa: F401 - this tier runs in MXNet's venv (PSNODE_TEST_MXNET=1: a missing MXNet fails it)
 import pytest
 
-from mxdist.engines import MXNET, MXNET_BOOT
+from mxdist.planning.engines import MXNET, MXNET_BOOT
 from tests.support.cli import ROOT, assert_nothing_left, cli_env, kill_cli, latest, run_cli, start_cli, wait_for
 from tests.support.mxnet_engine import (
     FAILING,

@@ -1,5 +1,5 @@
 """GPUs under --launcher slurm (see conftest.py): the preflight step reports each node's GPUs
-(mxdist.agent.gpus run on the node).  The emulated nodes are this machine, which has no GPU: the
+(mxdist.backends.agent.gpus run on the node).  The emulated nodes are this machine, which has no GPU: the
 report says so quietly, ``--gpus-per-worker`` fails before any step starts (one row per node),
 and a CUDA_VISIBLE_DEVICES given to every process is each node's list.
 """

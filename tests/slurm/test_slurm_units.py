@@ -1,10 +1,10 @@
-"""Pure parts of mxdist.slurm (no cluster needed)."""
+"""Pure parts of mxdist.backends.slurm (no cluster needed)."""
 from __future__ import annotations
 
 import pytest
 
-from mxdist.registry import make_backend
-from mxdist.slurm import HOW_TO_ALLOCATE, SlurmError, exit_code, from_allocation, parse_counts, step_name
+from mxdist.backends.registry import make_backend
+from mxdist.backends.slurm import HOW_TO_ALLOCATE, SlurmError, exit_code, from_allocation, parse_counts, step_name
 
 
 @pytest.mark.parametrize("spec, expected", [

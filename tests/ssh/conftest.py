@@ -52,7 +52,8 @@ class SshCluster:
 def _free_port() -> int:
     """A port free on every test address, outside the kernel's range for outgoing connections
     (as the launcher picks its own: no connection can take it before the sshds bind it)."""
-    from mxdist.options import ephemeral_range, listen_range
+    from mxdist.planning.options import listen_range
+    from mxdist.supervisor.setup import ephemeral_range
 
     low, high = listen_range(ephemeral_range())
     for _ in range(200):

@@ -151,8 +151,8 @@ def test_proxyjump_and_proxycommand_and_keepalives_from_the_ssh_config(ssh_clust
     assert res.returncode == 3 and "the ssh config's ProxyCommand for broken failed" in flat(res.stderr), res.stderr
 
     # ServerAliveInterval: the connection sends keepalives at that interval (paramiko keeps it here)
-    from mxdist.hosts import Host
-    from mxdist.ssh import SshBackend
+    from mxdist.backends.ssh import SshBackend
+    from mxdist.planning.hosts import Host
 
     backend = SshBackend(workdir=str(tmp_path), python="python3", ssh_config=config, known_hosts=str(known))
     try:

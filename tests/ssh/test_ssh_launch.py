@@ -214,8 +214,8 @@ def test_sync_copies_a_directory_and_skips_unchanged_files(ssh_cluster, home, tm
     assert (dest / "pkg" / "data.bin").read_bytes() == b"x" * 100_000
     assert "sync" in res.stderr  # the progress bar's description
 
-    from mxdist.hosts import Host
-    from mxdist.ssh import SshBackend
+    from mxdist.backends.ssh import SshBackend
+    from mxdist.planning.hosts import Host
 
     backend = SshBackend(workdir=str(dest), python="python3", ssh_config=str(ssh_cluster.ssh_config),
                          known_hosts=str(ssh_cluster.known_hosts))
@@ -233,10 +233,10 @@ def test_a_hosts_short_operations_share_one_python(ssh_cluster, home, tmp_path):
     """One Python start per host for any number of short operations (a status frame, a stop:
     a round trip each); one asked while that agent is busy runs on its own, at once; an agent
     that died is replaced; close() ends it."""
-    from mxdist.backends import BackendError
-    from mxdist.hosts import Host
-    from mxdist.jobs import ProcRecord
-    from mxdist.ssh import SshBackend
+    from mxdist.backends.base import BackendError
+    from mxdist.backends.ssh import SshBackend
+    from mxdist.job.records import ProcRecord
+    from mxdist.planning.hosts import Host
 
     starts = tmp_path / "python-starts"
     python = tmp_path / "counting-python"

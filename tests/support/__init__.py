@@ -40,7 +40,7 @@ from typing import IO, Any
 
 import pytest
 
-from mxdist.options import free_listen_port
+from mxdist.supervisor.setup import free_listen_port
 
 
 def wait_for(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.05,

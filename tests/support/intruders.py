@@ -25,7 +25,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from mxdist import agent
+from mxdist.backends import agent
 from psnode.errors import PeerLost
 from psnode.net.security import Security
 from psnode.scheduler.client import status as scheduler_status

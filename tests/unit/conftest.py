@@ -3,17 +3,17 @@ from __future__ import annotations
 
 import pytest
 
-from mxdist import jobs
+from mxdist.job import records
 
 
 @pytest.fixture
 def home(tmp_path, monkeypatch):
-    """A private MXDIST_HOME (``tmp_path/home``) for the CLI and for the tests' own ``jobs.*``
+    """A private MXDIST_HOME (``tmp_path/home``) for the CLI and for the tests' own ``records.*``
     calls, a wide terminal, no SSH config of the user's."""
     path = tmp_path / "home"
     monkeypatch.setenv("MXDIST_HOME", str(path))
     monkeypatch.setenv("COLUMNS", "200")
     monkeypatch.delenv("MXDIST_SSH_CONFIG", raising=False)
-    jobs.use_home(path)               # for the tests' own jobs.* calls (the CLI sets it per command)
+    records.use_home(path)               # for the tests' own records.* calls (the CLI sets it per command)
     yield path
-    jobs.use_home(None)
+    records.use_home(None)

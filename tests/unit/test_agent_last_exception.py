@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mxdist import agent
+from mxdist.backends import agent
 
 
 def test_an_argparse_error_after_its_usage_is_the_cause(tmp_path: Path) -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from mxdist import jobs
-from mxdist.jobs import JobRecord, JobState, ProcRecord
+from mxdist.job import records
+from mxdist.job.records import JobRecord, JobState, ProcRecord
 from mxdist.main import app
 
 runner = CliRunner()
@@ -21,7 +21,7 @@ def supervised():
     held = []
 
     def hold(job_id: str) -> None:
-        lock = jobs.try_lock(job_id)
+        lock = records.try_lock(job_id)
         assert lock is not None
         held.append(lock)
 
@@ -142,7 +142,7 @@ def _record(job_id: str, state: JobState, created: float) -> JobRecord:
                                       address="127.0.0.1", log="/nonexistent.log", pid=2**22 + 7,
                                       run_log="/nonexistent.log", rc_file="/nonexistent.rc")],
                     state=state, created=created)
-    jobs.save(rec)
+    records.save(rec)
     return rec
 
 
@@ -184,7 +184,7 @@ def test_status_finalises_a_job_whose_supervisor_is_gone(home):
     view = json.loads(result.output)
     assert view["state"] == "failed" and view["nodes"][0]["state"] == "lost"
     assert any("supervisor was lost" in n for n in view["notes"])
-    rec = jobs.load("job-a")
+    rec = records.load("job-a")
     assert rec.supervisor_lost and rec.state is JobState.FAILED and rec.ended is not None
 
 
@@ -194,7 +194,7 @@ def test_stop_is_idempotent(home):
         result = invoke("stop", "job-a")
         assert result.exit_code == 0, result.output
         assert "job job-a already failed: nothing to stop" in result.output
-    assert jobs.load("job-a").state is JobState.FAILED and jobs.load("job-a").supervisor_lost
+    assert records.load("job-a").state is JobState.FAILED and records.load("job-a").supervisor_lost
 
 
 def test_logs_filters_by_role_and_rank(home):
@@ -212,9 +212,9 @@ def test_logs_filters_by_role_and_rank(home):
 
 def test_record_round_trip(home):
     rec = _record("job-z", JobState.STARTING, 5.0)
-    loaded = jobs.load("job-z")
+    loaded = records.load("job-z")
     assert loaded == rec
-    assert jobs.resolve(None).id == "job-z"
+    assert records.resolve(None).id == "job-z"
     assert not list((home / "jobs").glob(".*tmp"))
 
 
@@ -272,7 +272,7 @@ def test_ssh_checkpoint_dir_under_home_is_refused(home, ssh_config):
 
 
 def test_status_passes_the_local_key_file_and_stop_deletes_it(home, monkeypatch):
-    from mxdist import control
+    from mxdist.job import control
 
     calls = []
 
@@ -282,23 +282,23 @@ def test_status_passes_the_local_key_file_and_stop_deletes_it(home, monkeypatch)
 
     monkeypatch.setattr(control.door, "status", status)
     rec = _record("job-k", JobState.RUNNING, 1.0)
-    key = jobs.key_path("job-k")
+    key = records.key_path("job-k")
     key.write_text("k\n")
     rec.key_file = str(key)
-    jobs.save(rec)
-    lock = jobs.try_lock("job-k")           # a live supervisor
+    records.save(rec)
+    lock = records.try_lock("job-k")           # a live supervisor
     assert invoke("status", "job-k", "--json").exit_code == 0
     assert calls == [("status", str(key))]
     lock.release()                          # ... that is gone: stop takes over
     result = invoke("stop", "job-k")
     assert result.exit_code == 0, result.output
     assert not key.exists()                 # stop deletes the job's keys once nothing is left
-    assert jobs.load("job-k").state is JobState.FAILED     # its process was gone: lost
+    assert records.load("job-k").state is JobState.FAILED     # its process was gone: lost
 
 
 # ---------------------------------------------------------------- listening ports
 def test_listen_range_avoids_the_ephemeral_range() -> None:
-    from mxdist.options import listen_range
+    from mxdist.planning.options import listen_range
     assert listen_range((32768, 60999)) == (20000, 32767)       # Linux's default
     assert listen_range((15000, 60000)) == (60001, 65535)       # no room below: above
     assert listen_range((1024, 65000)) == (1024, 65535)         # no room at all: anywhere
@@ -306,7 +306,8 @@ def test_listen_range_avoids_the_ephemeral_range() -> None:
 
 
 def test_ephemeral_range_read_or_default(tmp_path: Path) -> None:
-    from mxdist.options import DEFAULT_EPHEMERAL, ephemeral_range
+    from mxdist.planning.options import DEFAULT_EPHEMERAL
+    from mxdist.supervisor.setup import ephemeral_range
     f = tmp_path / "range"
     f.write_text("40000\t50000\n")
     assert ephemeral_range(str(f)) == (40000, 50000)
@@ -318,7 +319,7 @@ def test_ephemeral_range_read_or_default(tmp_path: Path) -> None:
 def test_local_ports_are_free_distinct_and_outside_the_ephemeral_range() -> None:
     import socket
 
-    from mxdist.options import ephemeral_range, free_listen_port
+    from mxdist.supervisor.setup import ephemeral_range, free_listen_port
     lo, hi = ephemeral_range()
     for _ in range(20):
         first = free_listen_port()
@@ -425,7 +426,7 @@ def test_stop_with_nothing_running_says_so_and_touches_no_host(home, supervised)
     result = invoke("stop")                        # which one? not a guess: the user names it
     text = _flat(result.output)
     assert result.exit_code == 2 and "2 jobs are running: job-b, job-c" in text and "--all" in text, text
-    assert not jobs.stop_request_path("job-b").exists() and not jobs.stop_request_path("job-c").exists()
+    assert not records.stop_request_path("job-b").exists() and not records.stop_request_path("job-c").exists()
 
 
 def test_clean_asks_before_removing_every_finished_job(home):
@@ -434,9 +435,9 @@ def test_clean_asks_before_removing_every_finished_job(home):
     result = invoke("clean")                       # CliRunner's stdin is no terminal: nobody to ask
     text = _flat(result.output)
     assert result.exit_code == 2 and "removes 2 finished jobs" in text and "pass --yes" in text, text
-    assert [j.id for j in jobs.all_jobs()] == ["job-a", "job-b"]
+    assert [j.id for j in records.all_jobs()] == ["job-a", "job-b"]
     result = runner.invoke(app, ["clean"], input="y\n")      # an answer on a pipe confirms nothing: --yes does
-    assert result.exit_code == 2 and len(jobs.all_jobs()) == 2
+    assert result.exit_code == 2 and len(records.all_jobs()) == 2
     result = invoke("clean", "job-a")              # named jobs: no question
     assert result.exit_code == 0 and "removed 1 job: job-a" in result.output
     result = invoke("clean", "--yes")
@@ -450,7 +451,7 @@ def test_logs_says_when_a_log_is_empty(home, tmp_path):
     empty = tmp_path / "worker-0.log"
     empty.write_text("")
     rec.procs[0].log = str(empty)
-    jobs.save(rec)
+    records.save(rec)
     result = invoke("logs", "job-a")
     assert result.exit_code == 0 and f"worker 0: the log is empty ({empty})" in _flat(result.output)
 

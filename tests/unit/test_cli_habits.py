@@ -165,7 +165,7 @@ def test_the_slurm_preflight_looks_for_a_module_as_python_m_would(tmp_path):
     import subprocess
     import sys
 
-    from mxdist.slurm import _CHECK
+    from mxdist.backends.slurm import _CHECK
 
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")

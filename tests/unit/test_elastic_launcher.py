@@ -1,4 +1,4 @@
-"""The launcher's elastic rules (mxdist.elastic, the supervision rule 7, the record's changes, the
+"""The launcher's elastic rules (mxdist.elastic.rules, the supervision rule 7, the record's changes, the
 options) without processes: bounds, slot and rank choice, scale plans, discovery parsing."""
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import stat
 import pytest
 from typer.testing import CliRunner
 
-from mxdist import jobs
-from mxdist.elastic import (
+from mxdist.elastic.rules import (
     Bounds,
     ElasticError,
     Joiner,
@@ -25,10 +24,11 @@ from mxdist.elastic import (
     plan_scale,
     shortfall,
 )
-from mxdist.hosts import Host, HostsError, parse_hosts_file
-from mxdist.jobs import Change, Elastic, JobRecord, ProcRecord
-from mxdist.lifecycle import Action, Failure, Supervision
+from mxdist.job import records
+from mxdist.job.lifecycle import Action, Failure, Supervision
+from mxdist.job.records import Change, Elastic, JobRecord, ProcRecord
 from mxdist.main import app
+from mxdist.planning.hosts import Host, HostsError, parse_hosts_file
 
 runner = CliRunner()
 
@@ -232,9 +232,9 @@ def home(tmp_path, monkeypatch):
     monkeypatch.setenv("MXDIST_HOME", str(path))
     monkeypatch.setenv("COLUMNS", "200")
     monkeypatch.delenv("MXDIST_SSH_CONFIG", raising=False)
-    jobs.use_home(path)
+    records.use_home(path)
     yield path
-    jobs.use_home(None)
+    records.use_home(None)
 
 
 def invoke(*args: str):
@@ -283,20 +283,20 @@ def test_discovery_script_gives_the_first_hosts(home, tmp_path):
 def test_scale_usage_and_a_job_that_is_not_running(home):
     assert invoke("scale", "a", "b", "c").exit_code == 2
     assert invoke("scale", "x").exit_code == 2
-    rec = JobRecord(id="20260101-000000-aaaa", command=["x"], backend="local", state=jobs.JobState.SUCCEEDED,
+    rec = JobRecord(id="20260101-000000-aaaa", command=["x"], backend="local", state=records.JobState.SUCCEEDED,
                     ended=1.0)
-    jobs.save(rec)
+    records.save(rec)
     result = invoke("scale", rec.id, "3")
     assert result.exit_code == 1 and f"job {rec.id} is not running (succeeded)" in " ".join(result.output.split())
-    assert not os.path.exists(jobs.log_dir(rec.id) / "scale.request")
+    assert not os.path.exists(records.log_dir(rec.id) / "scale.request")
 
 
 def test_status_of_an_ended_elastic_job_shows_its_workers_as_recorded(home):
-    rec = JobRecord(id="20260101-000000-bbbb", command=["x"], backend="local", state=jobs.JobState.SUCCEEDED,
+    rec = JobRecord(id="20260101-000000-bbbb", command=["x"], backend="local", state=records.JobState.SUCCEEDED,
                     ended=2.0, created=1.0, exit_code=0, elastic=Elastic(2, 4, 3),
                     procs=[ProcRecord("worker-0", "worker", 0, "localhost")])
-    rec.changes.append(jobs.MemberChange(Change.JOINED, 2, "localhost", 1.5))
-    jobs.save(rec)
+    rec.changes.append(records.MemberChange(Change.JOINED, 2, "localhost", 1.5))
+    records.save(rec)
     text = invoke("status", rec.id)
     assert text.exit_code == 0, text.output
     assert "workers: (target 3, min 2, max 4); 1 joined, 0 left, 0 lost" in text.output
@@ -307,7 +307,7 @@ def test_status_of_an_ended_elastic_job_shows_its_workers_as_recorded(home):
 
 # ------------------------------------------------------------------ a lost host's worker (new_home)
 def test_a_lost_hosts_worker_takes_the_first_free_slot_of_a_host_that_answers() -> None:
-    from mxdist.elastic import Joiner, Live, new_home
+    from mxdist.elastic.rules import Joiner, Live, new_home
 
     hosts = [Host("a", slots=2), Host("b", slots=1), Host("c", slots=2)]
     live = [Live(0, "a", 0), Live(1, "a", 1), Live(2, "b", 0), Live(3, "c", 1)]

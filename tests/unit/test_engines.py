@@ -1,4 +1,4 @@
-"""mxdist.engines: what each engine starts and with which variables, what it refuses, and what
+"""mxdist.planning.engines: what each engine starts and with which variables, what it refuses, and what
 ``mxdist status`` may ask of it (the plan is pure; status is checked against a real socket)."""
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from dataclasses import fields
 import pytest
 from typer.testing import CliRunner
 
-from mxdist import jobs
-from mxdist.engines import ENGINES, MXNET, MXNET_BOOT, PSNODE, EngineError, engine_named
-from mxdist.hosts import Host
-from mxdist.jobs import JobRecord, JobState, ProcRecord
+from mxdist.job import records
+from mxdist.job.records import JobRecord, JobState, ProcRecord
 from mxdist.main import app
-from mxdist.options import LaunchOptions, prepare
-from mxdist.plan import NodeOptions, PlanError, PlanRequest, make_plan, parse_env_assignments
+from mxdist.planning.engines import ENGINES, MXNET, MXNET_BOOT, PSNODE, EngineError, engine_named
+from mxdist.planning.hosts import Host
+from mxdist.planning.options import LaunchOptions
+from mxdist.planning.plan import NodeOptions, PlanError, PlanRequest, make_plan, parse_env_assignments
+from mxdist.supervisor.setup import prepare
 from psnode.config import Role
 from psnode.net.security import Mode
 
@@ -125,7 +126,7 @@ def test_env_cannot_set_the_engines_variables():
 
 
 def test_prepare_an_mxnet_job(tmp_path):
-    jobs.use_home(tmp_path)
+    records.use_home(tmp_path)
     try:
         environ = {"MXNET_ENGINE_TYPE": "NaiveEngine", "PS_VERBOSE": "1", "DMLC_INTERFACE": "lo",
                    "DMLC_ROLE": "server", "OMP_NUM_THREADS": "1", "UNRELATED": "x"}
@@ -149,7 +150,7 @@ def test_prepare_an_mxnet_job(tmp_path):
             prepare(LaunchOptions(command=["t.py"], engine="mxnet",
                                   node=NodeOptions(checkpoint_dir="/ck", resume=True)), environ)
     finally:
-        jobs.use_home(None)
+        records.use_home(None)
 
 
 # -- the command line ------------------------------------------------------------------------------
@@ -199,8 +200,8 @@ def test_status_asks_only_a_psnode_scheduler(home, engine):
                                           address="127.0.0.1", log="/nonexistent.log", pid=2**22 + 7,
                                           run_log="/nonexistent.log", rc_file="/nonexistent.rc")],
                         state=JobState.RUNNING)
-        jobs.save(rec)
-        lock = jobs.try_lock(rec.id)          # a live supervisor owns it
+        records.save(rec)
+        lock = records.try_lock(rec.id)          # a live supervisor owns it
         try:
             result = runner.invoke(app, ["status", rec.id, "--json"])
         finally:
@@ -215,4 +216,4 @@ def test_status_asks_only_a_psnode_scheduler(home, engine):
     assert view["engine"] == engine and view["source"] == "checked on this machine"
     assert asked is (engine == "psnode")
     assert (MXNET.status_note in view["notes"]) is (engine == "mxnet")
-    assert jobs.load(rec.id).engine == engine
+    assert records.load(rec.id).engine == engine

@@ -10,8 +10,8 @@ import textwrap
 from pathlib import Path
 
 import psnode
-from mxdist import agent
-from mxdist.options import free_listen_port
+from mxdist.backends import agent
+from mxdist.supervisor.setup import free_listen_port
 from tests.support import require, wait_for
 
 GUARD = str(Path(psnode.__file__).parent / "exitguard")

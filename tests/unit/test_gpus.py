@@ -1,4 +1,4 @@
-"""mxdist.gpus and the GPU parts of mxdist.plan (pure): host GPU lists, each worker's devices, shortages.
+"""mxdist.planning.gpus and the GPU parts of mxdist.planning.plan (pure): host GPU lists, each worker's devices, shortages.
 
 The hosts' GPU lists are an input of the plan (preflight's report); here they are made up.
 """
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from mxdist.gpus import GpuSource, HostGpus, describe_worker, parse_visible, sharing_warnings
-from mxdist.hosts import Host
-from mxdist.plan import GpuShortageError, PlanError, PlanRequest, gpu_view, make_plan, restarted, with_gpus
+from mxdist.planning.gpus import GpuSource, HostGpus, describe_worker, parse_visible, sharing_warnings
+from mxdist.planning.hosts import Host
+from mxdist.planning.plan import GpuShortageError, PlanError, PlanRequest, gpu_view, make_plan, restarted, with_gpus
 from psnode.config import Role
 
 HOSTS = [Host("a", address="10.0.0.1", slots=4), Host("b", address="10.0.0.2", slots=2)]

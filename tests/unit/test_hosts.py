@@ -1,12 +1,12 @@
-"""mxdist.hosts: the hosts file and -H list; every bad word rejected with file:line and the line."""
+"""mxdist.planning.hosts: the hosts file and -H list; every bad word rejected with file:line and the line."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from mxdist.elastic import parse_discovery
-from mxdist.hosts import Host, HostsError, check_env_name, parse_host_entry, parse_host_list, parse_hosts_file
+from mxdist.elastic.rules import parse_discovery
+from mxdist.planning.hosts import Host, HostsError, check_env_name, parse_host_entry, parse_host_list, parse_hosts_file
 
 ROOT = Path(__file__).resolve().parents[2]
 

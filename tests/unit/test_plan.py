@@ -1,10 +1,10 @@
-"""mxdist.plan: placement, ports, argv and environment of every process (pure)."""
+"""mxdist.planning.plan: placement, ports, argv and environment of every process (pure)."""
 from __future__ import annotations
 
 import pytest
 
-from mxdist.hosts import Host
-from mxdist.plan import (
+from mxdist.planning.hosts import Host
+from mxdist.planning.plan import (
     NodeOptions,
     PlanError,
     PlanRequest,
@@ -66,7 +66,7 @@ def test_workers_get_torch_variables():
 def test_workers_get_torchruns_whole_environment():
     """Hosts a (2 slots), b, c: node ranks by host order, local world size per host, the run id,
     restarts and each worker's error file in the run directory."""
-    from mxdist.torchenv import VARIABLES
+    from mxdist.planning.torchenv import VARIABLES
 
     plan = make_plan(request(max_restarts=3, run_dir="~/.mxdist/run/job-1"))
     got = [{k: w.env[k] for k in VARIABLES} for w in plan.of_role(Role.WORKER)]
@@ -98,7 +98,7 @@ def test_torch_node_ranks_count_hosts_with_workers_only():
 def test_joiners_keep_node_ranks_stable():
     """An elastic job on a and b: a joiner on b keeps b's node rank; one on a new host d takes
     the next node rank, and GROUP_WORLD_SIZE counts it."""
-    from mxdist.plan import joiner, with_worker
+    from mxdist.planning.plan import joiner, with_worker
 
     b = Host("b", address="10.0.0.2", slots=2)
     plan = make_plan(request(num_workers=3, max_workers=6, hosts=[HOSTS[0], b], slots_bound=False))
@@ -220,7 +220,7 @@ def test_env_cannot_set_psnode_variables(name, hint):
 
 
 def test_key_files_per_host_and_resolution():
-    from mxdist.plan import with_key_files
+    from mxdist.planning.plan import with_key_files
 
     plan = make_plan(request(key_files={h.label: "~/run/job-1/job.key" for h in HOSTS}))
     assert {NodeConfig.from_env(p.env).key_file for p in plan.procs} == {"~/run/job-1/job.key"}
@@ -235,7 +235,7 @@ def test_key_files_per_host_and_resolution():
 
 
 def test_restarted_worker_keeps_rank_host_argv_and_env():
-    from mxdist.plan import restarted
+    from mxdist.planning.plan import restarted
 
     plan = make_plan(request(max_restarts=2))
     spec = plan.of_role(Role.WORKER)[1]
@@ -250,30 +250,32 @@ def test_restarted_worker_keeps_rank_host_argv_and_env():
 
 
 def test_local_plan_binds_to_loopback_only(tmp_path):
-    from mxdist import jobs
-    from mxdist.options import LaunchOptions, prepare
+    from mxdist.job import records
+    from mxdist.planning.options import LaunchOptions
+    from mxdist.supervisor.setup import prepare
 
-    jobs.use_home(tmp_path)
+    records.use_home(tmp_path)
     prepared = prepare(LaunchOptions(command=["t.py"], num_workers=2, num_servers=2))
     assert prepared.plan.scheduler_address.startswith("127.0.0.1:")
     for p in prepared.plan.procs:
         cfg = NodeConfig.from_env(p.env)
         assert cfg.host == "127.0.0.1" and cfg.scheduler_host == "127.0.0.1"
-        assert cfg.key_file == str(jobs.key_path(prepared.record.id))   # the launcher's own copy
+        assert cfg.key_file == str(records.key_path(prepared.record.id))   # the launcher's own copy
     assert prepared.settings.security is Mode.AUTHENTICATED                # the default, local jobs too
 
 
 @pytest.mark.parametrize("flags, mode", [
     ({}, "authenticated"), ({"encrypt": True}, "encrypted"), ({"insecure": True}, "insecure")])
 def test_security_mode_from_the_flags(tmp_path, flags, mode):
-    from mxdist import jobs
-    from mxdist.options import LaunchOptions, prepare
+    from mxdist.job import records
+    from mxdist.planning.options import LaunchOptions
+    from mxdist.supervisor.setup import prepare
 
-    jobs.use_home(tmp_path)
+    records.use_home(tmp_path)
     prepared = prepare(LaunchOptions(command=["t.py"], num_workers=1, num_servers=1, **flags))
     assert prepared.settings.security.value == mode
     keys = {NodeConfig.from_env(p.env).key_file for p in prepared.plan.procs}
-    assert keys == ({None} if mode == "insecure" else {str(jobs.key_path(prepared.record.id))})
+    assert keys == ({None} if mode == "insecure" else {str(records.key_path(prepared.record.id))})
     with pytest.raises(PlanError, match="--insecure and --encrypt contradict each other"):
         prepare(LaunchOptions(command=["t.py"], insecure=True, encrypt=True))
 

@@ -1,4 +1,4 @@
-"""The supervisor's rules without processes: the pure rules (mxdist.lifecycle, mxdist.rootcause) and
+"""The supervisor's rules without processes: the pure rules (mxdist.job.lifecycle, mxdist.job.rootcause) and
 the Supervisor itself driven through a fake backend (the Backend protocol allows it).
 
 The supervisor runs in the test's main thread (it installs signal handlers); a driver thread
@@ -16,17 +16,26 @@ from typing import Any
 
 import pytest
 
-from mxdist import jobs, lifecycle
-from mxdist.backends import BackendError, Capability, Evidence, ExitStatus, HostProblem, Preflight, ProcStatus, Started
-from mxdist.hosts import Host
-from mxdist.jobs import JobState, ProcState
-from mxdist.launch import LaunchSettings, Supervisor, new_record
-from mxdist.lifecycle import Action, Failure, Supervision
-from mxdist.plan import NodeOptions, PlanRequest, make_plan
-from mxdist.rootcause import Outcome, decide
+from mxdist.backends.base import (
+    BackendError,
+    Capability,
+    Evidence,
+    ExitStatus,
+    HostProblem,
+    Preflight,
+    ProcStatus,
+    Started,
+)
+from mxdist.job import lifecycle, records
+from mxdist.job.lifecycle import Action, Failure, Supervision
+from mxdist.job.records import JobState, ProcState
+from mxdist.job.rootcause import Outcome, decide
+from mxdist.planning.hosts import Host
+from mxdist.planning.plan import NodeOptions, PlanRequest, make_plan
+from mxdist.supervisor.supervisor import LaunchSettings, Supervisor, new_record
 from psnode.net.security import Mode
 
-# -- mxdist.lifecycle ---------------------------------------------------------------------------------
+# -- mxdist.job.lifecycle ---------------------------------------------------------------------------------
 
 
 def rules(max_restarts: int = 0, servers_restart: bool = False) -> Supervision:
@@ -119,7 +128,7 @@ def test_wait_for_the_rest_only_when_psnode_started():
     assert not Supervision.wait_for_rest(None)
 
 
-# -- mxdist.rootcause ---------------------------------------------------------------------------------
+# -- mxdist.job.rootcause ---------------------------------------------------------------------------------
 
 def exc_record(t: float, kind: str = "exception", typ: str = "ValueError", msg: str = "bad batch") -> dict:
     return {"kind": kind, "time": t, "type": typ, "message": msg}
@@ -274,18 +283,18 @@ HOSTS = [Host("a", address="127.0.0.1", slots=1), Host("b", address="127.0.0.2",
 
 @pytest.fixture
 def home(tmp_path):
-    jobs.use_home(tmp_path / "home")
+    records.use_home(tmp_path / "home")
     yield tmp_path / "home"
-    jobs.use_home(None)
+    records.use_home(None)
 
 
 def supervisor(backend: FakeBackend, max_restarts: int = 0, **settings: Any) -> Supervisor:
-    job = jobs.new_job_id()
+    job = records.new_job_id()
     plan = make_plan(PlanRequest(job_id=job, command=["train.py"], hosts=HOSTS, python="python3",
                                  scheduler_port=9000, master_port=9001, num_servers=1,
                                  node=NodeOptions(max_restarts=max_restarts)))
-    record = new_record(plan, backend, ["train.py"], "/w", jobs.log_dir(job))  # type: ignore[arg-type]
-    sup = Supervisor(plan, backend, record, LaunchSettings(run_dir=str(jobs.log_dir(job)), quiet=True,  # type: ignore[arg-type]
+    record = new_record(plan, backend, ["train.py"], "/w", records.log_dir(job))  # type: ignore[arg-type]
+    sup = Supervisor(plan, backend, record, LaunchSettings(run_dir=str(records.log_dir(job)), quiet=True,  # type: ignore[arg-type]
                                                             grace=0.1, finish_grace=5.0, **settings))
     sup._psnode_started = lambda: None  # type: ignore[method-assign] # no scheduler to ask
     return sup
@@ -314,11 +323,11 @@ def test_all_workers_exit_0_the_job_succeeds_at_once_and_every_host_is_cleaned(h
     t0 = time.monotonic()
     assert sup.run() == 0
     assert time.monotonic() - t0 < 3.0                       # no finish-grace wait without psnode
-    rec = jobs.load(sup.record.id)
+    rec = records.load(sup.record.id)
     assert rec.state is JobState.SUCCEEDED and rec.exit_code == 0 and rec.ended is not None
     assert sorted(fake.stopped) == ["scheduler", "server-0"] and sorted(fake.cleaned) == ["a", "b"]
     assert {p.name: p.state for p in rec.procs}["worker-1"] is ProcState.EXITED
-    assert jobs.try_lock(rec.id) is not None                 # the supervisor let go of the job
+    assert records.try_lock(rec.id) is not None                 # the supervisor let go of the job
 
 
 def test_a_failure_is_named_by_its_evidence_not_by_the_first_exit_seen(home):
@@ -328,8 +337,8 @@ def test_a_failure_is_named_by_its_evidence_not_by_the_first_exit_seen(home):
                      "server-0": Evidence(1, now + 1, None, None)}
     sup = supervisor(fake)
     saved: list[JobState] = []
-    original = sup._save
-    sup._save = lambda: (saved.append(sup.record.state), original())[1]  # type: ignore[method-assign]
+    original = sup.save
+    sup.save = lambda: (saved.append(sup.record.state), original())[1]  # type: ignore[method-assign]
 
     def play() -> None:
         fake.wait_started(ALL)
@@ -337,7 +346,7 @@ def test_a_failure_is_named_by_its_evidence_not_by_the_first_exit_seen(home):
 
     drive(play)
     assert sup.run() == 1
-    rec = jobs.load(sup.record.id)
+    rec = records.load(sup.record.id)
     assert rec.state is JobState.FAILED and rec.exit_code == 1
     assert rec.root_cause is not None and rec.root_cause.headline == "worker 1 on b: ValueError: bad batch"
     assert "server 0 on a: exit code 1" in rec.consequences
@@ -361,7 +370,7 @@ def test_a_failed_worker_is_restarted_and_the_job_goes_on(home):
 
     drive(play)
     assert sup.run() == 0
-    rec = jobs.load(sup.record.id)
+    rec = records.load(sup.record.id)
     assert rec.state is JobState.SUCCEEDED and rec.proc("worker-1").restarts == 1
 
 
@@ -387,7 +396,7 @@ def test_a_crash_loop_ends_the_job_early_with_its_cause_after_backing_off(home, 
 
     drive(play)
     assert sup.run() == 1
-    rec = jobs.load(sup.record.id)
+    rec = records.load(sup.record.id)
     assert rec.state is JobState.FAILED and rec.proc("worker-1").restarts == 3      # not 50
     assert rec.root_cause is not None
     headline = rec.root_cause.headline
@@ -403,14 +412,14 @@ def test_mxdist_stop_asks_the_supervisor_through_the_job_directory(home):
 
     def play() -> None:
         fake.wait_started(ALL)
-        jobs.write_atomic(jobs.stop_request_path(sup.record.id), '{"grace": 0.1}')
+        records.write_atomic(records.stop_request_path(sup.record.id), '{"grace": 0.1}')
 
     drive(play)
     assert sup.run() == 143
-    rec = jobs.load(sup.record.id)
+    rec = records.load(sup.record.id)
     assert rec.state is JobState.STOPPED and rec.stopped_by == "mxdist stop" and rec.exit_code == 143
     assert sorted(fake.stopped) == sorted(ALL)
-    assert not jobs.stop_request_path(rec.id).exists()
+    assert not records.stop_request_path(rec.id).exists()
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGHUP, 129), (signal.SIGINT, 130), (signal.SIGTERM, 143)])
@@ -424,7 +433,7 @@ def test_signals_end_the_job_with_their_exit_codes(home, signum, code):
 
     drive(play)
     assert sup.run() == code
-    assert jobs.load(sup.record.id).state is JobState.STOPPED
+    assert records.load(sup.record.id).state is JobState.STOPPED
     assert sorted(fake.stopped) == sorted(ALL)
 
 
@@ -441,7 +450,7 @@ def test_an_unreachable_host_is_not_waited_on_and_is_reported_not_verified(home)
     t0 = time.monotonic()
     assert sup.run() == 1
     assert time.monotonic() - t0 < 5.0
-    rec = jobs.load(sup.record.id)
+    rec = records.load(sup.record.id)
     assert set(rec.unverified) == {"b"} and rec.proc("worker-1").state is ProcState.UNKNOWN
     assert rec.root_cause is not None and rec.root_cause.headline == "worker 0 on a: exit code 3"
     assert "worker 1 on b: not verified (its host could not be reached)" in rec.consequences
@@ -469,7 +478,7 @@ def test_a_job_ended_during_preflight_ends_at_once_and_writes_nothing_of_it_anyw
 
     def play() -> None:
         assert fake.entered["preflight"].wait(10)
-        jobs.write_atomic(jobs.stop_request_path(sup.record.id), '{"grace": 0.1}')
+        records.write_atomic(records.stop_request_path(sup.record.id), '{"grace": 0.1}')
 
     drive(play)
     t0 = time.monotonic()
@@ -477,10 +486,10 @@ def test_a_job_ended_during_preflight_ends_at_once_and_writes_nothing_of_it_anyw
     assert time.monotonic() - t0 < 2.0
     fake.hold["preflight"].set()                 # the slow host answers at last
     _preflight_thread_ends()
-    rec = jobs.load(sup.record.id)
+    rec = records.load(sup.record.id)
     assert rec.state is JobState.STOPPED and rec.stopped_by == "mxdist stop" and not fake.starts
     assert fake.cleaned == [] and fake.keys == [] and not fake.entered["install_key"].is_set()
-    assert rec.key_file is None and not rec.remote_keys and not jobs.key_path(rec.id).exists()
+    assert rec.key_file is None and not rec.remote_keys and not records.key_path(rec.id).exists()
 
 
 def test_a_job_ended_while_its_secret_is_being_written_waits_for_it_and_removes_it(home):
@@ -491,16 +500,16 @@ def test_a_job_ended_while_its_secret_is_being_written_waits_for_it_and_removes_
 
     def play() -> None:
         assert fake.entered["install_key"].wait(10)
-        jobs.write_atomic(jobs.stop_request_path(sup.record.id), '{"grace": 0.1}')
+        records.write_atomic(records.stop_request_path(sup.record.id), '{"grace": 0.1}')
         time.sleep(0.5)                          # the supervisor sees the request meanwhile
         fake.hold["install_key"].set()
 
     drive(play)
     assert sup.run() == 143
-    rec = jobs.load(sup.record.id)
+    rec = records.load(sup.record.id)
     assert rec.state is JobState.STOPPED and not fake.starts
     assert sorted(fake.keys) == ["a", "b"] and sorted(fake.cleaned) == ["a", "b"]   # written, then removed
-    assert not jobs.key_path(rec.id).exists()
+    assert not records.key_path(rec.id).exists()
 
 
 def test_preflight_problems_start_nothing(home):
@@ -508,7 +517,7 @@ def test_preflight_problems_start_nothing(home):
     fake.problems = [HostProblem("b", "cannot connect to b:22: connection refused", "is sshd running?")]
     sup = supervisor(fake)
     assert sup.run() == 3
-    rec = jobs.load(sup.record.id)
+    rec = records.load(sup.record.id)
     assert rec.state is JobState.FAILED and not fake.starts
     assert rec.root_cause is not None and "connection refused" in rec.root_cause.headline
 
@@ -530,7 +539,7 @@ def test_a_supervisor_bug_still_ends_the_job_on_every_host(home):
 
     sup._watch = broken  # type: ignore[method-assign]
     assert sup.run() == 1
-    rec = jobs.load(sup.record.id)
+    rec = records.load(sup.record.id)
     assert rec.state is JobState.FAILED and "KeyError" in rec.root_cause.headline
     assert sorted(fake.stopped) == sorted(ALL) and sorted(fake.cleaned) == ["a", "b"]
 

@@ -6,7 +6,7 @@ import itertools
 import json
 from pathlib import Path
 
-from cli import agent
+from mxdist.backends import agent
 from psnode import timeline
 
 

@@ -1,7 +1,7 @@
 """torch elastic's error files as root-cause evidence: what torch's ``@record`` really writes, read
 by the host agent (as the local and SSH backends do), turned into a failure record, and the
-earliest failure chosen (psnode.protocol.failure.from_torch, mxdist.agent.collect,
-mxdist.backends.Evidence, mxdist.rootcause.decide)."""
+earliest failure chosen (psnode.protocol.failure.from_torch, mxdist.backends.agent.collect,
+mxdist.backends.base.Evidence, mxdist.job.rootcause.decide)."""
 from __future__ import annotations
 
 import importlib.util
@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from mxdist import agent
-from mxdist.backends import Evidence, run_files
-from mxdist.rootcause import Outcome, decide
+from mxdist.backends import agent
+from mxdist.backends.base import Evidence, run_files
+from mxdist.job.rootcause import Outcome, decide
 from psnode.protocol.failure import FailureKind, FailureRecord, from_torch
 from tests.support import require
 

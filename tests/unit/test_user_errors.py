@@ -1,5 +1,5 @@
 """What a user's mistake looks like: psnode's API errors (the caller's frames, the fix), and the
-preflight check of a job's command (:func:`mxdist.agent.command_problem`), without processes."""
+preflight check of a job's command (:func:`mxdist.backends.agent.command_problem`), without processes."""
 from __future__ import annotations
 
 import os
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import psnode
-from mxdist.agent import command_problem
-from mxdist.plan import command_target
+from mxdist.backends.agent import command_problem
+from mxdist.planning.plan import command_target
 from psnode.errors import DTypeMismatch, KeyNotInitialized, ShapeMismatch, user_traceback
 
 

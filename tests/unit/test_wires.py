@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from mxdist import agent
-from mxdist.jobs import Cause, JobOutcome, JobRecord, JobState, ScaleRequest, StopRequest
-from mxdist.rootcause import RootCause
+from mxdist.backends import agent
+from mxdist.job.records import Cause, JobOutcome, JobRecord, JobState, ScaleRequest, StopRequest
+from mxdist.job.rootcause import RootCause
 
 
 def wire(message: dict) -> dict:
@@ -180,8 +180,8 @@ def test_a_slurm_check_line_keeps_its_json_fields() -> None:
 
 
 def test_the_slurm_check_script_prints_a_line_its_reader_reads(tmp_path) -> None:
-    """The script srun runs on each node (mxdist.slurm), run here as one node would run it."""
-    from mxdist.slurm import _CHECK
+    """The script srun runs on each node (mxdist.backends.slurm), run here as one node would run it."""
+    from mxdist.backends.slurm import _CHECK
 
     env = {**{k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"},
            "SLURMD_NODENAME": "node-7", "PATH": str(tmp_path)}   # no nvidia-smi there
@@ -211,7 +211,7 @@ def test_the_gpu_report_reads_its_exact_fields() -> None:
 
 
 def test_the_agent_source_answers_requests_on_stdin_as_the_ssh_backend_sends_them(tmp_path) -> None:
-    """Its source run by a fresh Python, as mxdist.ssh runs it: once (``python -``) and serving."""
+    """Its source run by a fresh Python, as mxdist.backends.ssh runs it: once (``python -``) and serving."""
     from pathlib import Path
 
     source = Path(agent.__file__).read_text()

@@ -12,9 +12,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .backends import Backend, Evidence, HostTimeout, run_per_host
-from .hosts import Host
-from .jobs import JobRecord, ProcRecord
+from ..backends.base import Backend, Evidence, HostTimeout, run_per_host
+from ..planning.hosts import Host
+from .records import JobRecord, ProcRecord
 from .rootcause import Outcome
 
 PROBE_TIMEOUT = 2.0     # seconds a host gets to answer before it is "not verified"

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from psnode.launcher import FailureKind, FailureRecord, record_of
 
-from .jobs import UNVERIFIED, Cause
+from .records import UNVERIFIED, Cause
 
 _ROLE_ORDER = {"worker": 0, "server": 1, "scheduler": 2}
 

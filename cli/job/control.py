@@ -1,16 +1,16 @@
 """Recorded jobs from any shell: status, stop, logs and the job list.
 
-The backend of a job is rebuilt from its record (:func:`mxdist.registry.make_backend`), so these
+The backend of a job is rebuilt from its record (:func:`mxdist.backends.registry.make_backend`), so these
 work whether the supervisor is attached, detached or gone.
 
 **Who writes.**  A job's supervisor is the only writer of its record while it lives
-(:mod:`mxdist.jobs`).  ``stop`` asks it (a stop request in the job's private directory) and waits
+(:mod:`mxdist.job.records`).  ``stop`` asks it (a stop request in the job's private directory) and waits
 for the final state; only when the supervisor is provably gone do these commands write, through
-:mod:`mxdist.takeover` (which also finalises the record of a job whose supervisor was lost).
+:mod:`mxdist.job.takeover` (which also finalises the record of a job whose supervisor was lost).
 
 Status asks the live scheduler first (:func:`psnode.launcher.status`); processes it does not
 know are checked on their hosts.  A job whose engine has no status to ask (MXNet's ps-lite:
-:mod:`mxdist.engines`) is checked on its hosts only, and its view says so.  A final record is
+:mod:`mxdist.planning.engines`) is checked on its hosts only, and its view says so.  A final record is
 shown as recorded.
 """
 from __future__ import annotations
@@ -28,13 +28,13 @@ from psnode.errors import PSError
 from psnode.files import write_atomic
 from psnode.launcher import NodeRow, StatusAnswer
 
-from . import jobs, teardown
-from .backends import Backend, BackendStatus, Capability, describer
-from .elastic import ScaleAnswer
-from .engines import ENGINES
-from .jobs import Change, DamagedRecord, JobRecord, ProcRecord, ProcState
+from ..backends.base import Backend, BackendStatus, Capability, describer
+from ..elastic.rules import ScaleAnswer
+from ..planning.engines import ENGINES
+from ..view import JobRow, JobView, MembershipView
+from . import records, teardown
+from .records import Change, DamagedRecord, JobRecord, ProcRecord, ProcState
 from .takeover import backend_for, refresh, state_from_check, stop_orphan, supervisor_gone
-from .view import JobRow, JobView, MembershipView
 
 STOP_MARGIN = 30.0      # seconds a supervisor gets beyond --grace to end the job when asked
 
@@ -112,9 +112,9 @@ def status_frames(job_id: str) -> Iterator[Callable[[], JobView]]:
     """``mxdist status --watch``: each call, the job's status view as it is now, its hosts asked
     through one backend kept for the whole watch (its connections and host agents: a frame costs
     a round trip per host, not a login)."""
-    backend = backend_for(jobs.load(job_id))
+    backend = backend_for(records.load(job_id))
     try:
-        yield lambda: job_status(jobs.load(job_id), backend=backend)
+        yield lambda: job_status(records.load(job_id), backend=backend)
     finally:
         backend.close()
 
@@ -147,7 +147,7 @@ def _notes(record: JobRecord) -> list[str]:
             notes.append(f"worker {c.rank} moved to {c.host} at {at}: {c.why}")
     for host, why in record.unverified.items():
         notes.append(f"{host}: not verified: {why} (checked again by mxdist status / stop)")
-    if record.version < jobs.RECORD_VERSION:
+    if record.version < records.RECORD_VERSION:
         notes.append(f"a version {record.version} record (an older mxdist): shown as far as it goes")
     return notes
 
@@ -196,7 +196,7 @@ def summary(record: JobRecord) -> JobRow:
 
 def job_list(limit: int | None = 20) -> list[JobRow]:
     """The most recent jobs (damaged records included), oldest first; lost supervisors noticed."""
-    items = jobs.listing() if jobs.jobs_dir().is_dir() else []
+    items = records.listing() if records.jobs_dir().is_dir() else []
     if limit:
         items = items[-limit:]
     rows = []
@@ -204,7 +204,7 @@ def job_list(limit: int | None = 20) -> list[JobRow]:
         if isinstance(rec, DamagedRecord):
             rows.append(JobRow.damaged(job_id, str(rec)))
             continue
-        with contextlib.suppress(DamagedRecord, jobs.JobNotFound):
+        with contextlib.suppress(DamagedRecord, records.JobNotFound):
             rec = refresh(rec)
         rows.append(summary(rec))
     return rows
@@ -219,11 +219,11 @@ def stop_job(record: JobRecord, grace: float, wait: Callable[[float], None] = ti
     if not record.state.active:
         return record
     if not supervisor_gone(record):
-        path = jobs.stop_request_path(record.id)
-        write_atomic(path, json.dumps(jobs.StopRequest(grace, time.time(), os.getpid()).to_json()))
+        path = records.stop_request_path(record.id)
+        write_atomic(path, json.dumps(records.StopRequest(grace, time.time(), os.getpid()).to_json()))
         deadline = time.monotonic() + grace + STOP_MARGIN
         while time.monotonic() < deadline:
-            current = jobs.load(record.id)
+            current = records.load(record.id)
             if not current.state.active:
                 return current
             if supervisor_gone(current):
@@ -234,9 +234,9 @@ def stop_job(record: JobRecord, grace: float, wait: Callable[[float], None] = ti
             where = f"pid {sup.pid} on {sup.host}" if sup else f"pid {record.launcher_pid}"
             raise TimeoutError(f"the supervisor of job {record.id} ({where}) did not end it within "
                                f"{grace + STOP_MARGIN:.0f} s")
-    with jobs.takeover(record.id) as owned:
+    with records.takeover(record.id) as owned:
         if owned is None:
-            return jobs.load(record.id)
+            return records.load(record.id)
         if not owned.state.active:
             return owned
         return stop_orphan(owned, grace)
@@ -278,9 +278,9 @@ def scale_job(record: JobRecord, target: int, dry_run: bool = False, timeout: fl
         raise ScaleRefused(f"the supervisor of job {record.id} is gone: nobody can add or remove its workers "
                            f"(mxdist stop {record.id} ends it)")
     token = f"{os.getpid()}-{secrets.token_hex(3)}"
-    path = jobs.scale_request_path(record.id, token)
-    write_atomic(path, json.dumps(jobs.ScaleRequest(target, dry_run, time.time()).to_json()))
-    answer_path = jobs.scale_answer_path(path)
+    path = records.scale_request_path(record.id, token)
+    write_atomic(path, json.dumps(records.ScaleRequest(target, dry_run, time.time()).to_json()))
+    answer_path = records.scale_answer_path(path)
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
@@ -288,7 +288,7 @@ def scale_job(record: JobRecord, target: int, dry_run: bool = False, timeout: fl
                 answer = ScaleAnswer.from_dict(json.loads(answer_path.read_text()))
                 answer_path.unlink()
                 return answer
-            current = jobs.load(record.id)
+            current = records.load(record.id)
             if not current.state.active or supervisor_gone(current):
                 raise ScaleRefused(f"job {record.id} ended ({current.state.value}) before its supervisor answered")
             wait(0.1)

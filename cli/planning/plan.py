@@ -13,11 +13,11 @@ Rules:
   ``--slice-bytes`` says otherwise), so that a pushpull's answers flow back while it still pushes;
 * workers fill the hosts' slots in order (host 1's slots, then host 2's, ...); more workers than
   slots wrap around round-robin and the plan carries a warning;
-* the job's engine (:mod:`mxdist.engines`, ``--engine``) says what the scheduler and the servers
+* the job's engine (:mod:`mxdist.planning.engines`, ``--engine``) says what the scheduler and the servers
   run and gives every process its variables (psnode's: ``NodeConfig(...).to_env()``; MXNet's:
   ``DMLC_*``); workers also get torchrun's whole environment (RANK, WORLD_SIZE, LOCAL_RANK,
   LOCAL_WORLD_SIZE, GROUP_RANK/NODE_RANK by host order, MASTER_ADDR: the scheduler's address,
-  MASTER_PORT, TORCHELASTIC_*...: :mod:`mxdist.torchenv`, the one place it is built), whatever
+  MASTER_PORT, TORCHELASTIC_*...: :mod:`mxdist.planning.torchenv`, the one place it is built), whatever
   the engine and the backend;
 * a command ending in ``.py`` runs with ``python``; anything else runs as given; arguments are
   kept as separate words (never joined into a shell string here);
@@ -42,7 +42,7 @@ engine sets (``JobEngine.reserved_env``).
 
 The job's secret (:mod:`psnode.net.security`): ``key_files`` maps a host label to the secret
 file's path on that host (the launcher writes the file there before starting anything; see
-:mod:`mxdist.preflight`); hosts without an entry get ``key_file`` (None: insecure).  A path may
+:mod:`mxdist.supervisor.preflight`); hosts without an entry get ``key_file`` (None: insecure).  A path may
 still start with ``~`` at planning time: :func:`with_key_files` puts the path each host resolved
 into the plan.
 """
@@ -59,7 +59,7 @@ from psnode.config import LOG_LEVELS, CpuPolicy, Distribution, NodeConfig, Role,
 from psnode.errors import ConfigError
 from psnode.launcher import path_in
 
-from .elastic import Bounds, ElasticError, bounds
+from ..elastic.rules import Bounds, ElasticError, bounds
 from .engines import PSNODE, JobEngine, NodeFacts
 from .gpus import VISIBLE, GpuShortage, HostGpus, describe_worker, sharing_warnings, shortages, worker_env, worker_slots
 from .hosts import Host, HostsError, check_env_name
@@ -253,8 +253,8 @@ class Plan:
     engine: JobEngine = PSNODE
     base_env: Mapping[str, str] = field(default_factory=dict)    # what every process gets, before its
     #                                                              engine's and torch's variables
-    bounds: Bounds | None = None       # the workers' bounds (mxdist.elastic; None: -n alone)
-    nodes: tuple[str, ...] = ()        # host names in node-rank order (GROUP_RANK; mxdist.torchenv)
+    bounds: Bounds | None = None       # the workers' bounds (mxdist.elastic.rules; None: -n alone)
+    nodes: tuple[str, ...] = ()        # host names in node-rank order (GROUP_RANK; mxdist.planning.torchenv)
     request: PlanRequest | None = None   # what it was made from: joiners are planned the same way
 
     @property
@@ -524,7 +524,7 @@ def joiner(plan: Plan, rank: int, host: Host, local: int, world_size: int, local
     """A worker joining ``plan``'s running job: planned as the first ones were (same command and
     variables; ``PSNODE_RANK`` its rank), in a job of ``world_size`` workers of which
     ``local_world_size`` on ``host`` (it included), its host keeping its node rank or, new to
-    the job, taking the next one (:mod:`mxdist.torchenv`); with the job's secret file at
+    the job, taking the next one (:mod:`mxdist.planning.torchenv`); with the job's secret file at
     ``key_file`` on its host, else where the plan's processes there read it, else as planned."""
     if plan.request is None:
         raise PlanError("this plan cannot add workers (it was not made by make_plan)")
@@ -567,7 +567,7 @@ def with_key_files(plan: Plan, paths: Mapping[str, str]) -> Plan:
     return replace(plan, procs=procs)
 
 
-# -- GPUs (the rules: mxdist.gpus) -------------------------------------------------------------
+# -- GPUs (the rules: mxdist.planning.gpus) -------------------------------------------------------------
 
 class GpuShortageError(PlanError):
     """``--gpus-per-worker`` asks more GPUs of some hosts than they show; one entry per host."""
@@ -579,7 +579,7 @@ class GpuShortageError(PlanError):
 
 def with_gpus(plan: Plan, found: Mapping[str, HostGpus]) -> Plan:
     """The plan with the GPUs of the hosts in ``found`` known and, with ``--gpus-per-worker``,
-    the workers of those hosts given theirs (``CUDA_VISIBLE_DEVICES``, :mod:`mxdist.gpus`' rules);
+    the workers of those hosts given theirs (``CUDA_VISIBLE_DEVICES``, :mod:`mxdist.planning.gpus`' rules);
     workers already given theirs keep them.  Raises :class:`GpuShortageError` naming every host
     in ``found`` with too few."""
     known = {**plan.gpus, **found}

@@ -1,6 +1,6 @@
 """``mxdist launch -d``: the job's supervisor in the background.
 
-The same :class:`mxdist.launch.Supervisor` runs in a child process of its own session (no
+The same :class:`mxdist.supervisor.supervisor.Supervisor` runs in a child process of its own session (no
 controlling terminal, SIGHUP ignored), stdin from /dev/null, stdout and stderr appended to
 ``MXDIST_HOME/jobs/<id>/supervisor.log`` (0600).  The parent returns as soon as the child holds
 the job's lock and has written the record, so ``mxdist status`` and ``mxdist stop`` find the job
@@ -13,16 +13,16 @@ import os
 import signal
 import sys
 
-from . import jobs
-from .launch import Supervisor
+from ..job import records
+from .supervisor import Supervisor
 
 
 def detach(supervisor: Supervisor) -> None:
     """Run ``supervisor`` in a child process of its own session, output to the job directory;
     return in the parent once the child holds the job's lock and has written the record."""
     job = supervisor.record.id
-    jobs.private_dir(jobs.log_dir(job))
-    log = jobs.log_dir(job) / "supervisor.log"
+    records.private_dir(records.log_dir(job))
+    log = records.log_dir(job) / "supervisor.log"
     ready_r, ready_w = os.pipe()
     pid = os.fork()
     if pid:

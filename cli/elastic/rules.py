@@ -20,7 +20,7 @@ every change (docs/python-api.md, "Elastic membership").  The launcher's part:
   host that does not.
 * **Discovery** (:func:`parse_discovery`): a host discovery script prints one ``host[:slots]``
   per line (Horovod's contract; ``#`` comments and blank lines ignored; ``slots`` default 1);
-  a line is a host entry as in a hosts file (:mod:`mxdist.hosts`: ``user@``, ``port=``,
+  a line is a host entry as in a hosts file (:mod:`mxdist.planning.hosts`: ``user@``, ``port=``,
   ``addr=``).  :func:`discovery_changes` compares two answers: hosts that appeared (new free
   slots) and hosts that vanished (their workers are lost).
 """
@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from .hosts import Host, HostsError, parse_host_entry
+from ..planning.hosts import Host, HostsError, parse_host_entry
 
 
 class ElasticError(ValueError):
@@ -118,7 +118,7 @@ class ScaleChange:
 
     def workers_after(self, live: Sequence[Live]) -> dict[str, int]:
         """Host label -> its workers once this change is done (the ``live`` ones that stay and
-        the joiners): a joiner's ``LOCAL_WORLD_SIZE`` (:mod:`mxdist.torchenv`)."""
+        the joiners): a joiner's ``LOCAL_WORLD_SIZE`` (:mod:`mxdist.planning.torchenv`)."""
         counts: dict[str, int] = {}
         for host in [w.host for w in live if w.rank not in self.leavers] + [j.host for j in self.joiners]:
             counts[host] = counts.get(host, 0) + 1

@@ -1,7 +1,7 @@
 """Acting for a job whose supervisor is gone (``kill -9`` of ``mxdist launch``).
 
 Only here does anyone but the supervisor write a job's record, and only while holding the
-job's lock (:func:`mxdist.jobs.takeover`) after proving the supervisor gone
+job's lock (:func:`mxdist.job.records.takeover`) after proving the supervisor gone
 (:func:`supervisor_gone`): the lock is free and its recorded pid with its start time is gone;
 for version 1 records (no lock), the launcher's pid is dead or younger than the record.
 
@@ -19,10 +19,10 @@ import socket
 import time
 from pathlib import Path
 
-from . import jobs, teardown
-from .backends import Backend, ProcStatus
-from .jobs import JobOutcome, JobRecord, JobState, ProcState
-from .registry import make_backend
+from ..backends.base import Backend, ProcStatus
+from ..backends.registry import make_backend
+from . import records, teardown
+from .records import JobOutcome, JobRecord, JobState, ProcState
 from .rootcause import decide
 
 
@@ -54,7 +54,7 @@ def supervisor_gone(record: JobRecord) -> bool:
         return started is None or started > record.created + 1.0
     if sup.host != socket.gethostname():
         return False   # its lock may not be visible from here: ask it, never take over
-    lock = jobs.try_lock(record.id)
+    lock = records.try_lock(record.id)
     if lock is None:
         return False
     lock.release()
@@ -65,12 +65,12 @@ def supervisor_gone(record: JobRecord) -> bool:
 def refresh(record: JobRecord) -> JobRecord:
     """The record, finalised if its supervisor died first; unverified hosts checked again."""
     if record.state.active and supervisor_gone(record):
-        with jobs.takeover(record.id) as current:
+        with records.takeover(record.id) as current:
             if current is not None and current.state.active:
                 return _orphaned(current)
-            return current or jobs.load(record.id)
+            return current or records.load(record.id)
     if not record.state.active and record.unverified:
-        with jobs.takeover(record.id) as current:
+        with records.takeover(record.id) as current:
             if current is not None:
                 return _recheck(current)
     return record
@@ -89,7 +89,7 @@ def _orphaned(record: JobRecord) -> JobRecord:
             for p in started:
                 p.seen(ProcState.UNKNOWN if p.host in unverified else state_from_check(states.get(p.name), p.state))
             record.run_unsupervised(unverified)
-            jobs.save(record)
+            records.save(record)
             return record
         evidence, _ = teardown.collect_everywhere(backend, hosts, started, record.run_dir, {})
         for p in started:
@@ -99,13 +99,13 @@ def _orphaned(record: JobRecord) -> JobRecord:
         ended = max((p.ended for p in started if p.ended), default=None) or time.time()
         labels = sorted({p.host for p in record.procs if p.pid})
         failed = teardown.cleanup_everywhere(backend, hosts, record.id, record.run_dir, labels, {})
-        jobs.discard_key(record.id)
+        records.discard_key(record.id)
         if workers and all(p.exit_code == 0 for p in workers):
             record.finish(JobOutcome(JobState.SUCCEEDED, 0, failed, ended=ended))
         else:
             cause = decide(teardown.outcomes(record, evidence, set(), {}))
             record.finish(JobOutcome(JobState.FAILED, 1, failed, cause=cause, ended=ended))
-        jobs.save(record)
+        records.save(record)
         return record
     finally:
         backend.close()
@@ -122,7 +122,7 @@ def _recheck(record: JobRecord) -> JobRecord:
         fixed = [label for label in record.unverified if label not in fresh]
         fresh.update(teardown.cleanup_everywhere(backend, hosts, record.id, record.run_dir, fixed, {}))
         record.rechecked(fixed, fresh)
-        jobs.save(record)
+        records.save(record)
         return record
     finally:
         backend.close()
@@ -152,11 +152,11 @@ def stop_orphan(record: JobRecord, grace: float) -> JobRecord:
         ended = time.time()
         labels = [label for label in hosts if label not in report.unverified]
         failed = teardown.cleanup_everywhere(backend, hosts, record.id, record.run_dir, labels, report.unverified)
-        jobs.discard_key(record.id)
+        records.discard_key(record.id)
         lost = record.supervisor is not None or bool(record.launcher_pid)
         record.finish(JobOutcome(JobState.STOPPED, 143, {**report.unverified, **failed, **report.survivors()},
                              stopped_by="mxdist stop", ended=ended, supervisor_lost=lost))
-        jobs.save(record)
+        records.save(record)
         return record
     finally:
         backend.close()

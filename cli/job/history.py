@@ -2,7 +2,7 @@
 
 Only finished jobs are removed (their records and logs here, and whatever they may have left
 on their hosts: run directories, keys, shared-memory segments); a job whose supervisor is gone
-is finalised first (:func:`mxdist.takeover.refresh`); active jobs are never touched.
+is finalised first (:func:`mxdist.job.takeover.refresh`); active jobs are never touched.
 """
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import jobs, teardown
-from .jobs import JobRecord
+from . import records, teardown
+from .records import JobRecord
 from .takeover import backend_for, refresh
 
 
@@ -19,9 +19,9 @@ def finished(older_than_days: float | None = None, now: float | None = None) -> 
     """The finished jobs :func:`clean` would remove (damaged records too), oldest first."""
     now = time.time() if now is None else now
     out: list[str] = []
-    if not jobs.jobs_dir().is_dir():
+    if not records.jobs_dir().is_dir():
         return out
-    for job_id, rec in jobs.listing():
+    for job_id, rec in records.listing():
         if isinstance(rec, JobRecord):
             rec = refresh(rec)
             if rec.state.active:
@@ -32,7 +32,7 @@ def finished(older_than_days: float | None = None, now: float | None = None) -> 
 
 
 def _ended(job_id: str, rec: JobRecord | Exception) -> float:
-    return rec.ended or rec.created if isinstance(rec, JobRecord) else _mtime(jobs.record_path(job_id))
+    return rec.ended or rec.created if isinstance(rec, JobRecord) else _mtime(records.record_path(job_id))
 
 
 def clean(older_than_days: float | None = None, only: Sequence[str] = (),
@@ -42,9 +42,9 @@ def clean(older_than_days: float | None = None, only: Sequence[str] = (),
     now = time.time() if now is None else now
     removed: list[str] = []
     kept: dict[str, str] = {}
-    if not jobs.jobs_dir().is_dir():
+    if not records.jobs_dir().is_dir():
         return removed, kept
-    for job_id, rec in jobs.listing():
+    for job_id, rec in records.listing():
         if only and job_id not in only:
             continue
         if older_than_days is not None and now - _ended(job_id, rec) < older_than_days * 86400:
@@ -58,7 +58,7 @@ def clean(older_than_days: float | None = None, only: Sequence[str] = (),
             if problem:
                 kept[job_id] = problem
                 continue
-        jobs.remove(job_id)
+        records.remove(job_id)
         removed.append(job_id)
     return removed, kept
 
@@ -90,15 +90,15 @@ def _mtime(path: Path) -> float:
 def prune(keep: int) -> list[str]:
     """Bounded history: remove the oldest finished local jobs beyond the newest ``keep``
     (jobs with hosts not verified are kept: status checks them again)."""
-    if keep <= 0 or not jobs.jobs_dir().is_dir():
+    if keep <= 0 or not records.jobs_dir().is_dir():
         return []
-    items = [(i, r) for i, r in jobs.listing() if isinstance(r, JobRecord)]
+    items = [(i, r) for i, r in records.listing() if isinstance(r, JobRecord)]
     finished = [r for _, r in items if not r.state.active]
     extra = finished[:-keep] if len(finished) > keep else []
     removed = []
     for rec in extra:
         if rec.unverified:
             continue
-        jobs.remove(rec.id)
+        records.remove(rec.id)
         removed.append(rec.id)
     return removed

@@ -5,7 +5,7 @@ The only module that runs ``srun``, ``scontrol``, ``squeue`` and ``scancel``.
 Allocation: ``mxdist launch --launcher slurm`` runs inside an allocation (``salloc``, or an
 ``sbatch`` script) and reads it from the environment: ``SLURM_JOB_ID``, ``SLURM_JOB_NODELIST``
 (expanded with ``scontrol show hostnames``), ``SLURM_TASKS_PER_NODE`` (slots: how many workers a
-node runs by default) and ``SLURM_JOB_CPUS_PER_NODE``.  Placement is :mod:`mxdist.plan`'s, as for
+node runs by default) and ``SLURM_JOB_CPUS_PER_NODE``.  Placement is :mod:`mxdist.planning.plan`'s, as for
 SSH: the nodes are the hosts, in the order Slurm lists them.
 
 Addresses: a process binds to and is reached at its node's address as Slurm knows it, never
@@ -18,14 +18,14 @@ the foreground under slurmstepd, so Slurm tracks it and ``scancel`` ends it with
 ``--overlap`` lets steps share a node; ``--cpus-per-task`` is the job's CPU count on that node so
 a process may use all of them.  The environment (``PSNODE_*``, ``RANK``...) travels in srun's own
 environment (``--export=ALL``), never on a command line.  srun itself runs on this machine under
-:mod:`mxdist.agent`'s reaper, exactly like a local process (the backend composes a
-:class:`mxdist.backends.LocalRunner` that runs ``srun`` lines): its output (the task's, plus
+:mod:`mxdist.backends.agent`'s reaper, exactly like a local process (the backend composes a
+:class:`mxdist.backends.local.LocalRunner` that runs ``srun`` lines): its output (the task's, plus
 srun's own error lines) goes to the job's log file, its exit status to the rc file.  srun reports a task
 killed by signal N as 128+N; :func:`exit_code` turns that back into ``-N``.
 
 The job's secret (``PSNODE_KEY_FILE``) reaches the nodes through the shared file system: the
 processes read the launcher's own copy, ``MXDIST_HOME/jobs/<id>/job.key`` (0600 in a 0700
-directory; :mod:`mxdist.preflight`), which every node sees as it sees the job's logs.  Not through
+directory; :mod:`mxdist.supervisor.preflight`), which every node sees as it sees the job's logs.  Not through
 srun's environment: psnode reads its secret from a file whose owner and mode it checks, an
 environment is inherited by everything the training script starts, and srun's environment
 travels in Slurm's launch messages, which munge signs but does not encrypt.
@@ -55,8 +55,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
+from ..job.records import ProcRecord
+from ..planning.gpus import HostGpus
+from ..planning.hosts import Host
+from ..planning.plan import PlanError, ProcSpec
 from . import agent
-from .backends import (
+from .base import (
     BackendError,
     BackendStatus,
     Capability,
@@ -64,16 +68,12 @@ from .backends import (
     ExitStatus,
     HostProblem,
     LaunchRequest,
-    LocalRunner,
     Preflight,
     ProcStatus,
     Started,
     command_fix,
 )
-from .gpus import HostGpus
-from .hosts import Host
-from .jobs import ProcRecord
-from .plan import PlanError, ProcSpec
+from .local import LocalRunner
 
 HOW_TO_ALLOCATE = (
     "--launcher slurm runs inside a Slurm allocation, and SLURM_JOB_ID is not set here. Get one "
@@ -82,7 +82,7 @@ HOW_TO_ALLOCATE = (
     "section Slurm)"
 )
 
-_CHECK = (  # the working directory, the command, the imports and (mxdist.agent.gpus) the GPUs, on each node
+_CHECK = (  # the working directory, the command, the imports and (mxdist.backends.agent.gpus) the GPUs, on each node
     "from __future__ import annotations\nimport json,os,sys\nfrom dataclasses import dataclass\n"
     + inspect.getsource(agent.gpus) + inspect.getsource(agent.command_problem) + inspect.getsource(agent.NodeCheck) +
     "wd,target,mods,errs=sys.argv[1],json.loads(sys.argv[2]),sys.argv[3:],[]\n"

@@ -14,14 +14,14 @@ job's processes read it (``PSNODE_KEY_FILE``):
 * a backend with the ``keys`` capability (SSH): sent on the SSH channel's stdin to every host,
   written 0600 in the job's 0700 remote run directory; never on a command line.
 
-The supervisor removes every copy when the job ends, however it ends (:mod:`mxdist.teardown`,
-:mod:`mxdist.takeover`).  This runs in a thread of the supervisor, so a stop request or a signal
+The supervisor removes every copy when the job ends, however it ends (:mod:`mxdist.job.teardown`,
+:mod:`mxdist.job.takeover`).  This runs in a thread of the supervisor, so a stop request or a signal
 does not wait for slow hosts.  Until its :class:`HostWrites` lets it go on, preflight writes
 nothing of the job anywhere (``--sync`` copies the user's files, not the job's): a job ended
 before that has nothing to clean up on its hosts, and is not kept waiting for a host that is
 slow to answer.
 
-GPUs: preflight's report of each host's GPUs goes into the plan (:func:`mxdist.plan.with_gpus`);
+GPUs: preflight's report of each host's GPUs goes into the plan (:func:`mxdist.planning.plan.with_gpus`);
 with ``--gpus-per-worker`` every worker then has its ``CUDA_VISIBLE_DEVICES``, and a host with
 too few GPUs is a problem like any other.  The report is shown when a host has GPUs or GPUs
 were asked for (a CPU host is fine and quiet).
@@ -34,8 +34,8 @@ from pathlib import Path
 
 from psnode.launcher import Mode, new_security
 
-from . import jobs, ui
-from .backends import (
+from .. import ui
+from ..backends.base import (
     Backend,
     BackendError,
     Capability,
@@ -46,10 +46,11 @@ from .backends import (
     run_per_host,
     syncer,
 )
-from .gpus import HostGpus
-from .hosts import Host
-from .jobs import JobRecord
-from .plan import GpuShortageError, Plan, command_target, gpu_view, with_gpus, with_key_files
+from ..job import records
+from ..job.records import JobRecord
+from ..planning.gpus import HostGpus
+from ..planning.hosts import Host
+from ..planning.plan import GpuShortageError, Plan, command_target, gpu_view, with_gpus, with_key_files
 
 
 class PreflightFailed(Exception):
@@ -138,8 +139,8 @@ def _install_secret(plan: Plan, backend: Backend, record: JobRecord, run_dir: st
                     save: Callable[[], None]) -> Plan:
     """A fresh secret for the job: the launcher's copy, then (SSH) one on every host."""
     security = new_security(mode)
-    local = jobs.key_path(record.id)
-    jobs.private_dir(local.parent)
+    local = records.key_path(record.id)
+    records.private_dir(local.parent)
     security.save(str(local))
     record.keep_key(str(local))
     save()

@@ -8,13 +8,13 @@ whose host acknowledges none of them for interval x count seconds fails, ``TCP_U
 so a host that vanished without a word ends its streams and is seen as lost).
 Keys: ``identity_file`` (``mxdist launch -i``) first, then the config's
 IdentityFile; the ssh agent and the default keys are tried unless IdentitiesOnly is set.
-An explicit ``user@`` or ``port=N`` of a host entry (:mod:`mxdist.hosts`) wins over the config.
+An explicit ``user@`` or ``port=N`` of a host entry (:mod:`mxdist.planning.hosts`) wins over the config.
 
 Host keys are checked against ``known_hosts`` (``~/.ssh/known_hosts`` or ``known_hosts``):
 an unknown key is refused unless ``accept_new_host_keys`` (then it is appended to the file);
 a changed key is always refused.
 
-Remote operations run :mod:`mxdist.agent` with a quoted argv (never an interpolated string);
+Remote operations run :mod:`mxdist.backends.agent` with a quoted argv (never an interpolated string);
 its source and the JSON requests travel on stdin, so environment values (possibly secrets)
 never appear on a command line.  One connection per host is kept and shared by all threads
 (paramiko channels are thread-safe); on it, one serving agent per host (``<python> -c BOOT``,
@@ -50,8 +50,23 @@ from typing import Any, ClassVar, TypeVar, cast
 
 import paramiko
 
+from ..job.records import ProcRecord
+from ..planning.gpus import HostGpus
+from ..planning.hosts import (
+    LONE_WORD,
+    Host,
+    HostsError,
+    check_hostname,
+    check_user,
+    lone_word,
+    looks_like_file,
+    parse_host_list,
+    parse_host_word,
+    parse_hosts_file,
+)
+from ..planning.plan import PlanError, ProcSpec
 from . import agent
-from .backends import (
+from .base import (
     BackendError,
     Capability,
     Evidence,
@@ -69,21 +84,6 @@ from .backends import (
     spawn_item,
     started,
 )
-from .gpus import HostGpus
-from .hosts import (
-    LONE_WORD,
-    Host,
-    HostsError,
-    check_hostname,
-    check_user,
-    lone_word,
-    looks_like_file,
-    parse_host_list,
-    parse_host_word,
-    parse_hosts_file,
-)
-from .jobs import ProcRecord
-from .plan import PlanError, ProcSpec
 
 _AGENT_SOURCE = Path(agent.__file__).read_text()
 # paramiko logs a failed connection's traceback from its own thread; the user gets the problem
@@ -99,7 +99,7 @@ KEEPALIVE_COUNT = 3   # keepalives unanswered before the connection counts as de
 def read_hosts(spec: str) -> list[Host]:
     """``-H`` value: an existing file (hosts file format), else an inline list.  A value that
     cannot be a path (too long, a NUL) is a list; a lone name that is no file is a host whose
-    origin says so (:data:`mxdist.hosts.LONE_WORD`)."""
+    origin says so (:data:`mxdist.planning.hosts.LONE_WORD`)."""
     path = Path(spec).expanduser()
     try:
         is_file = path.is_file()
@@ -636,7 +636,7 @@ class SshBackend:
 
 
 class _ServingAgent:
-    """A serving agent (:func:`mxdist.agent.serve`) on its own channel; one request at a time,
+    """A serving agent (:func:`mxdist.backends.agent.serve`) on its own channel; one request at a time,
     by the thread that holds ``busy``."""
 
     def __init__(self) -> None:

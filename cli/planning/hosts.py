@@ -46,7 +46,7 @@ MAX_SLOTS = 1024
 #: The fields a host entry may carry (``NAME=VALUE``).
 FIELDS = ("slots", "port", "addr")
 #: ``Host.origin`` of the only word of ``-H WORD`` that names no file: if it does not resolve
-#: either, the error says both (:mod:`mxdist.ssh`).
+#: either, the error says both (:mod:`mxdist.backends.ssh`).
 LONE_WORD = "-H (no such file)"
 
 

@@ -25,7 +25,7 @@ Liveness reads ``/proc``: a process in state ``Z`` (zombie, not yet reaped) coun
 GPUs: :func:`gpus` reports what a process started on the host with the job's environment
 would see: ``nvidia-smi --query-gpu``'s list (none without nvidia-smi: a CPU host, not an
 error) and ``CUDA_VISIBLE_DEVICES`` when that environment sets it.  :func:`check` (preflight)
-includes it; :mod:`mxdist.slurm` runs the same function's source on every node.
+includes it; :mod:`mxdist.backends.slurm` runs the same function's source on every node.
 
 The job's secret: :func:`put_key` writes the secret file (received inside the request, i.e. on
 stdin over SSH) to ``<run_dir>/job.key`` with mode 0600 and returns the absolute path.
@@ -46,7 +46,7 @@ the same version with nothing else to send.  The wire form is ``{"op": OP, FIELD
 in, ``{"result": ...}`` or ``{"error": text}`` (:class:`Answer`) out; the local backends call
 :func:`answer` on the same request objects, without JSON.  The GPU report is read by
 :class:`GpusReport`; the Slurm preflight's line per node is :class:`NodeCheck`, whose source
-:mod:`mxdist.slurm` sends with :func:`gpus`'s.
+:mod:`mxdist.backends.slurm` sends with :func:`gpus`'s.
 
 After a job: :func:`collect` reads what each process left (exit status and when it was
 written, its failure record at the path the launcher names, its torch elastic error file and

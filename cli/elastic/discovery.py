@@ -1,7 +1,7 @@
 """``--host-discovery-script``: run the script, read its hosts, poll it while the job runs.
 
 The contract is Horovod's: an executable that prints the hosts available now, one
-``host[:slots]`` per line (:func:`mxdist.elastic.parse_discovery`), and exits 0.  ``mxdist
+``host[:slots]`` per line (:func:`mxdist.elastic.rules.parse_discovery`), and exits 0.  ``mxdist
 launch`` runs it once before anything starts (its hosts are the job's first hosts; a failure
 there is a launch error) and then every :data:`INTERVAL` seconds while the job runs
 (:class:`DiscoveryPoller`), each run bounded by :data:`TIMEOUT` seconds.  A run that fails (exit status,
@@ -14,8 +14,8 @@ import subprocess
 import threading
 from collections.abc import Callable
 
-from .elastic import parse_discovery
-from .hosts import Host, HostsError
+from ..planning.hosts import Host, HostsError
+from .rules import parse_discovery
 
 INTERVAL = 3.0      # seconds between runs of the script while the job runs
 TIMEOUT = 10.0      # seconds one run may take

@@ -25,7 +25,7 @@ holds the lock while it writes (:func:`takeover`), so two commands never finalis
 (every process started), :meth:`JobRecord.lose_supervisor` and
 :meth:`JobRecord.run_unsupervised` (the supervisor is gone, processes still run),
 :meth:`JobRecord.finish` (the final state), :meth:`JobRecord.rechecked` (hosts not verified at
-the end, checked again); of an elastic job (:mod:`mxdist.elastic`) :meth:`JobRecord.scale_to`,
+the end, checked again); of an elastic job (:mod:`mxdist.elastic.rules`) :meth:`JobRecord.scale_to`,
 :meth:`JobRecord.join`, :meth:`JobRecord.leaving`, :meth:`JobRecord.left`, :meth:`JobRecord.lost`
 and :meth:`JobRecord.discovered` (each change kept in ``changes``); per process
 :meth:`ProcRecord.started`, :meth:`ProcRecord.restarted`, :meth:`ProcRecord.exited`,
@@ -73,7 +73,7 @@ if TYPE_CHECKING:   # at run time this module needs the standard library only (m
     from .rootcause import RootCause
 
 RECORD_VERSION = 2
-UNVERIFIED = "not verified (its host could not be reached)"   # a root cause's consequence (mxdist.rootcause)
+UNVERIFIED = "not verified (its host could not be reached)"   # a root cause's consequence (mxdist.job.rootcause)
 RECHECKED = "stopped when its host was checked again"          # the same, once its host answered
 LOST_NOTE = "the supervisor was lost (killed?): the processes ran on unsupervised"
 _home: Path | None = None
@@ -193,7 +193,7 @@ def proc_start_ticks(pid: int) -> int | None:
 
 
 class Change(str, Enum):
-    """A change of an elastic job's workers (:mod:`mxdist.elastic`)."""
+    """A change of an elastic job's workers (:mod:`mxdist.elastic.rules`)."""
 
     JOINED = "joined"        # started by ``mxdist scale`` while the job ran
     LEFT = "left"            # left at a round boundary (``mxdist scale`` down), exit code 0
@@ -249,7 +249,7 @@ class JobOutcome:
 @dataclass(frozen=True)
 class Cause:
     """A failed job's root cause as recorded: a verdict on its processes
-    (:meth:`mxdist.rootcause.RootCause.recorded`: the process ``name``, its ``reason``, when it
+    (:meth:`mxdist.job.rootcause.RootCause.recorded`: the process ``name``, its ``reason``, when it
     failed, and the torch elastic error file it was read from, if one), or a ``headline`` alone
     (``reason`` None) when the job failed before any process could.  On disk (:meth:`to_json`):
     ``{"headline", "name"}``, and for a verdict ``"reason"``, ``"time"`` (``"source"`` when set)."""
@@ -299,7 +299,7 @@ class JobRecord:
     launcher_pid: int | None = None      # version 1 records only
     run_dir: str = ""                    # on every host (may start with ~ on remote ones)
     security: str = ""                   # the job's mode: authenticated, encrypted, insecure ("": older)
-    engine: str = "psnode"               # what ran its scheduler and servers (mxdist.engines)
+    engine: str = "psnode"               # what ran its scheduler and servers (mxdist.planning.engines)
     key_file: str | None = None          # the launcher's copy of the job's secret (path only)
     remote_keys: dict[str, str] = field(default_factory=dict)  # host label -> key file path there
     root_cause: Cause | None = None
@@ -347,7 +347,7 @@ class JobRecord:
             self.notes.append(text)
 
     def lose_supervisor(self) -> None:
-        """The supervisor is gone (provably: :mod:`mxdist.takeover`) before the job ended."""
+        """The supervisor is gone (provably: :mod:`mxdist.job.takeover`) before the job ended."""
         self.note(LOST_NOTE)
         self.supervisor_lost = True
 
@@ -371,7 +371,7 @@ class JobRecord:
         elif end.headline is not None:
             self.root_cause = Cause(end.headline)
 
-    # -- elastic membership (mxdist.elastic) --------------------------------------------------------
+    # -- elastic membership (mxdist.elastic.rules) --------------------------------------------------------
 
     def scale_to(self, target: int) -> None:
         """``mxdist scale``: the job is to run ``target`` workers."""
@@ -532,7 +532,7 @@ def record_path(job_id: str) -> Path:
 
 
 def key_path(job_id: str) -> Path:
-    """Where the launcher keeps the job's secret file on this machine (:mod:`mxdist.preflight`)."""
+    """Where the launcher keeps the job's secret file on this machine (:mod:`mxdist.supervisor.preflight`)."""
     return log_dir(job_id) / "job.key"
 
 

@@ -1,14 +1,15 @@
 """Backends: how processes are started, watched, signalled, checked and cleaned up on a host.
 
-:class:`Backend` is the contract the supervisor (:mod:`mxdist.launch`) and :mod:`mxdist.control`
+:class:`Backend` is the contract the supervisor (:mod:`mxdist.supervisor.supervisor`) and :mod:`mxdist.job.control`
 depend on; a backend implements it for one way of reaching machines:
 
-* :class:`LocalBackend` (here): this machine, through a :class:`LocalRunner`;
-* :class:`mxdist.ssh.SshBackend`: remote hosts over SSH (paramiko), the same agent run remotely;
-* :class:`mxdist.slurm.SlurmBackend` (``--launcher slurm``): job steps of a Slurm allocation
-  (``srun`` runs here under a :class:`LocalRunner`; the process itself runs under slurmstepd).
+* :class:`mxdist.backends.local.LocalBackend`: this machine, through a
+  :class:`mxdist.backends.local.LocalRunner`;
+* :class:`mxdist.backends.ssh.SshBackend`: remote hosts over SSH (paramiko), the same agent run remotely;
+* :class:`mxdist.backends.slurm.SlurmBackend` (``--launcher slurm``): job steps of a Slurm allocation
+  (``srun`` runs here under a ``LocalRunner``; the process itself runs under slurmstepd).
 
-:mod:`mxdist.registry` builds a backend by name (breaking the import cycle between this module
+:mod:`mxdist.backends.registry` builds a backend by name (breaking the import cycle between this module
 and the backends that use it): from a job record's options, or for a new job from a
 :class:`LaunchRequest` (each backend class's ``for_launch``: the backend and the job's hosts).
 
@@ -29,7 +30,6 @@ Backends are constructed from plain JSON-able options (:meth:`Backend.options`) 
 from __future__ import annotations
 
 import signal as _signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -39,11 +39,11 @@ from typing import Any, ClassVar, Protocol, cast
 
 from psnode.launcher import FailureRecord, from_torch, path_in, record_of, torch_path_in
 
+from ..job.records import ProcRecord
+from ..planning.gpus import HostGpus
+from ..planning.hosts import Host
+from ..planning.plan import ProcSpec
 from . import agent
-from .gpus import HostGpus
-from .hosts import Host
-from .jobs import ProcRecord
-from .plan import PlanError, ProcSpec
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class HostProblem:
 @dataclass(frozen=True)
 class Preflight:
     """What preflight found: the problems (none: every host is ready) and, per host label, the
-    GPUs a process of the job sees there (:func:`mxdist.agent.gpus`; a host missing here did not
+    GPUs a process of the job sees there (:func:`mxdist.backends.agent.gpus`; a host missing here did not
     report them)."""
 
     problems: list[HostProblem] = field(default_factory=list)
@@ -108,7 +108,7 @@ class ProcStatus:
 def run_files(run_dir: str, name: str) -> dict[str, str]:
     """Where the process ``name`` leaves its failure record (``failure``) and its torch elastic
     error file (``error_file``) in its host's ``run_dir``: the keyword arguments of the host
-    agent's :class:`~mxdist.agent.SpawnItem` and :class:`~mxdist.agent.CollectItem`."""
+    agent's :class:`~mxdist.backends.agent.SpawnItem` and :class:`~mxdist.backends.agent.CollectItem`."""
     return {"failure": path_in(run_dir, name), "error_file": torch_path_in(run_dir, name)}
 
 
@@ -209,13 +209,13 @@ class Backend(Protocol):
     python: str          # the interpreter that runs the job's Python processes on the hosts
 
     def options(self) -> dict[str, Any]:
-        """JSON-able options that :func:`mxdist.registry.make_backend` accepts to rebuild this backend."""
+        """JSON-able options that :func:`mxdist.backends.registry.make_backend` accepts to rebuild this backend."""
 
     def preflight(self, hosts: Sequence[Host], modules: Sequence[str], env: Mapping[str, str],
                   target: tuple[str, str] | None = None) -> Preflight:
         """Check every host (in parallel): reachable, authenticated, Python imports ``modules``
         (in the working directory, with ``env`` added to the host's environment), the job's
-        command is there (``target``: :func:`mxdist.plan.command_target`); report the GPUs a
+        command is there (``target``: :func:`mxdist.planning.plan.command_target`); report the GPUs a
         process with ``env`` sees on each."""
 
     def reachable(self, host: Host, timeout: float) -> None:
@@ -328,126 +328,8 @@ def describer(backend: Backend) -> Describer | None:
     return cast(Describer, backend) if _has(backend, Capability.DESCRIBE) else None
 
 
-class LocalRunner:
-    """Processes on this machine under :mod:`mxdist.agent`'s reaper: the part of a backend that
-    starts, follows, checks, stops and cleans up local processes.
-
-    ``argv`` turns a process spec into the command actually run (Slurm: an ``srun`` line);
-    ``exit_code`` turns a recorded exit status into the process's (Slurm: srun's 128+N).
-    """
-
-    def __init__(self, workdir: str, reaper_python: str,
-                 argv: Callable[[Host, ProcSpec], list[str]] | None = None,
-                 exit_code: Callable[[int | None, ProcRecord], int | None] | None = None) -> None:
-        self.workdir = workdir
-        self.reaper_python = reaper_python
-        self._argv = argv or (lambda host, spec: list(spec.argv))
-        self._exit_code = exit_code or (lambda rc, proc: rc)
-
-    def start(self, host: Host, procs: Sequence[ProcSpec], run_dir: str) -> list[Started]:
-        items = [spawn_item(run_dir, p.name, self._argv(host, p), p.env) for p in procs]
-        return started(agent.answer(agent.SpawnRequest(self.workdir, run_dir, self.reaper_python, items)))
-
-    def follow(self, proc: ProcRecord, emit: Callable[[bytes], None], wait: bool = True,
-               offset: int = 0) -> ExitStatus | None:
-        assert proc.pid is not None
-        result = agent.answer(agent.FollowRequest(proc.run_log, proc.rc_file, proc.pid, offset, wait), emit)
-        if not wait and result.rc is None:
-            return None
-        return ExitStatus(self._exit_code(result.rc, proc))
-
-    def status(self, procs: Sequence[ProcRecord]) -> list[ProcStatus]:
-        items = agent.answer(agent.StatusRequest([agent.ProcRef(cast(int, p.pid), p.rc_file) for p in procs]))
-        return [ProcStatus(i.alive, tuple(i.members), self._exit_code(i.rc, p))
-                for i, p in zip(items, procs, strict=True)]
-
-    def signal(self, procs: Sequence[ProcRecord], signum: int) -> None:
-        agent.answer(agent.SignalRequest([p.pid for p in procs if p.pid], signum))
-
-    def stop(self, procs: Sequence[ProcRecord], grace: float) -> list[int]:
-        return agent.answer(agent.StopGroupsRequest([p.pid for p in procs if p.pid], grace)).survivors()
-
-    def collect(self, procs: Sequence[ProcRecord], run_dir: str) -> list[Evidence]:
-        items = agent.answer(agent.CollectRequest([collect_item(run_dir, p) for p in procs]))
-        return [Evidence.collected(i, self._exit_code(i.rc, p), run_dir, p.name)
-                for i, p in zip(items, procs, strict=True)]
-
-    def cleanup(self, job_id: str, run_dir: str) -> None:
-        agent.answer(agent.CleanupRequest(run_dir, job_id, remove_dir=False))
-
-
-class LocalBackend:
-    """This machine: a :class:`LocalRunner`, no connections."""
-
-    name = "local"
-    capabilities: ClassVar[frozenset[Capability]] = frozenset({Capability.THIS_MACHINE, Capability.SHARED_FS})
-
-    def __init__(self, workdir: str, python: str, **_: Any) -> None:
-        self.workdir = workdir
-        self.python = python
-        self.runner = LocalRunner(workdir, python)
-
-    @classmethod
-    def for_launch(cls, request: LaunchRequest) -> tuple[LocalBackend, list[Host]]:
-        """This machine, with ``-n`` slots (default 1; ``--max-workers`` when more), running the
-        launcher's own Python."""
-        if request.hosts:
-            raise PlanError("--launcher local runs on this machine only: drop -H or use --launcher ssh")
-        if request.sync:
-            raise PlanError("--sync copies to remote hosts: it needs -H")
-        slots = max(request.num_workers if request.num_workers and request.num_workers > 0 else 1,
-                    request.max_workers or 0)
-        return cls(request.workdir, sys.executable), [Host("localhost", address="127.0.0.1", slots=slots)]
-
-    def options(self) -> dict[str, Any]:
-        return {"workdir": self.workdir, "python": self.python}
-
-    def preflight(self, hosts: Sequence[Host], modules: Sequence[str], env: Mapping[str, str],
-                  target: tuple[str, str] | None = None) -> Preflight:
-        # the launcher's own Python runs the job: a module it has imported needs no check
-        result = agent.answer(agent.CheckRequest(self.workdir, [m for m in modules if m not in sys.modules],
-                                                 dict(env), list(target) if target else None))
-
-        def fix(err: str) -> str:
-            if "cannot import" in err:
-                return import_fix(self.python, list(result.missing or ["psnode"]),
-                                  "the Python running mxdist runs the job's processes")
-            return command_fix(err, "create it or pass --workdir")
-
-        return Preflight([HostProblem("localhost", err, fix(err)) for err in result.errors],
-                         {h.label: HostGpus.from_report(result.gpus) for h in hosts})
-
-    def reachable(self, host: Host, timeout: float) -> None:
-        pass
-
-    def start(self, host: Host, procs: Sequence[ProcSpec], run_dir: str) -> list[Started]:
-        return self.runner.start(host, procs, run_dir)
-
-    def follow(self, host: Host, proc: ProcRecord, emit: Callable[[bytes], None],
-               wait: bool = True, offset: int = 0) -> ExitStatus | None:
-        return self.runner.follow(proc, emit, wait, offset)
-
-    def status(self, host: Host, procs: Sequence[ProcRecord]) -> list[ProcStatus]:
-        return self.runner.status(procs)
-
-    def signal(self, host: Host, procs: Sequence[ProcRecord], signum: int) -> None:
-        self.runner.signal(procs, signum)
-
-    def stop(self, host: Host, procs: Sequence[ProcRecord], grace: float) -> list[int]:
-        return self.runner.stop(procs, grace)
-
-    def collect(self, host: Host, procs: Sequence[ProcRecord], run_dir: str) -> list[Evidence]:
-        return self.runner.collect(procs, run_dir)
-
-    def cleanup(self, host: Host, job_id: str, run_dir: str) -> None:
-        self.runner.cleanup(job_id, run_dir)
-
-    def close(self) -> None:
-        pass
-
-
 def command_fix(problem: str, otherwise: str, remote: bool = False) -> str:
-    """The fix for a preflight problem of :func:`mxdist.agent.check` about the job's command
+    """The fix for a preflight problem of :func:`mxdist.backends.agent.check` about the job's command
     (``remote``: on a host that is not this machine), else ``otherwise``."""
     if problem.startswith("no script"):
         return ("copy it to the same path on that host (--sync DIR copies a directory first), or pass --workdir"

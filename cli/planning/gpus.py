@@ -1,8 +1,8 @@
 """GPUs: what each host shows a job's processes, and which of them each worker gets.
 
 Pure: no I/O.  Inputs are what preflight found on each host (:class:`HostGpus`, parsed from
-:func:`mxdist.agent.gpus`'s report by :meth:`HostGpus.from_report`) and the workers' local ranks;
-:mod:`mxdist.plan` puts the results into the workers' environments (:func:`mxdist.plan.with_gpus`).
+:func:`mxdist.backends.agent.gpus`'s report by :meth:`HostGpus.from_report`) and the workers' local ranks;
+:mod:`mxdist.planning.plan` puts the results into the workers' environments (:func:`mxdist.planning.plan.with_gpus`).
 
 Contract:
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from .agent import GpusReport
+from ..backends.agent import GpusReport
 
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 ORDER = "CUDA_DEVICE_ORDER"
@@ -69,7 +69,7 @@ class HostGpus:
 
     @classmethod
     def from_report(cls, report: Mapping[str, Any] | None) -> HostGpus:
-        """From :func:`mxdist.agent.gpus`'s dict (:class:`mxdist.agent.GpusReport`: missing fields,
+        """From :func:`mxdist.backends.agent.gpus`'s dict (:class:`mxdist.backends.agent.GpusReport`: missing fields,
         nothing found)."""
         read = GpusReport.from_json(dict(report) if isinstance(report, Mapping) else None)
         listed = tuple(Gpu(g.index, g.name, g.memory_mib) for g in read.gpus)

@@ -1,16 +1,17 @@
 """Backends by name: ``local``, ``ssh`` and ``slurm`` (the launcher's ``--launcher``).
 
-The one place that knows every backend, so :mod:`mxdist.backends` (the contract) imports none
+The one place that knows every backend, so :mod:`mxdist.backends.base` (the contract) imports none
 of them and no import cycle forms.  SSH and Slurm are imported only when used (paramiko is
 not loaded for local jobs).  Everything else asks a backend what it is
-(:class:`mxdist.backends.Capability`), never its name.
+(:class:`mxdist.backends.base.Capability`), never its name.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from .backends import Backend, BackendClass, BackendError, Capability, LaunchRequest, LocalBackend
-from .hosts import Host
+from ..planning.hosts import Host
+from .base import Backend, BackendClass, BackendError, Capability, LaunchRequest
+from .local import LocalBackend
 
 NAMES = ("local", "ssh", "slurm")
 

@@ -2,7 +2,7 @@
 
 Frameworks (PyTorch Lightning, Hugging Face Accelerate, the HF Trainer, plain
 ``init_process_group``) learn where a process is from the variables torchrun sets; every
-mxdist worker gets all of them, computed here from mxdist's placement (:mod:`mxdist.plan`),
+mxdist worker gets all of them, computed here from mxdist's placement (:mod:`mxdist.planning.plan`),
 whatever the backend (local, ssh, slurm) and the engine:
 
 ============================== ================================================================

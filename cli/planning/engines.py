@@ -23,7 +23,7 @@ and ``mxdist status`` ask it, never its name.  Pure: no I/O.
 
   ``DMLC_INTERFACE`` is not set: ps-lite reads it only without ``DMLC_NODE_HOST`` (pass it
   through, or ``-e``, if your build wants it).  Workers also get the torch-style variables
-  (:mod:`mxdist.plan`); ``RANK`` is mxdist's rank of the worker (``worker-N``), while MXNet's
+  (:mod:`mxdist.planning.plan`); ``RANK`` is mxdist's rank of the worker (``worker-N``), while MXNet's
   ``kv.rank`` is the order ps-lite's scheduler gives the workers (it cannot be set).  A ``.py``
   worker runs through :data:`MXNET_BOOT` (``python -c MXNET_BOOT script.py ARGS``): as ``python
   script.py``, except that a failing worker ends at once, so the job fails naming it instead of
@@ -163,7 +163,7 @@ class PsnodeEngine(JobEngine):
     secured = True
     min_servers = 0
     passthrough = ()
-    reserved_env: ClassVar[Mapping[str, str]] = {}   # (every PSNODE_* is refused by mxdist.plan)
+    reserved_env: ClassVar[Mapping[str, str]] = {}   # (every PSNODE_* is refused by mxdist.planning.plan)
 
     def admit(self, flags: Sequence[str]) -> list[str]:
         return []

@@ -1,6 +1,6 @@
 """The supervision rules of a running job (pure: no I/O, no clock).
 
-The supervisor (:mod:`mxdist.launch`) feeds every process exit to :meth:`Supervision.exited` and
+The supervisor (:mod:`mxdist.supervisor.supervisor`) feeds every process exit to :meth:`Supervision.exited` and
 does what it answers:
 
 * ``CONTINUE``: nothing to do;
@@ -52,7 +52,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from .elastic import shortfall
+from ..elastic.rules import shortfall
 
 QUICK = 10.0          # seconds: a failure this soon after the start is quick
 CRASH_LOOP = 3        # quick failures the same way in a row, after the first failure, end the job
@@ -229,7 +229,7 @@ class Supervision:
     @staticmethod
     def wait_for_rest(ends_alone: bool | None) -> bool:
         """After ``WIND_DOWN``: give the scheduler and servers time to end by themselves only
-        when the engine says they do (:meth:`mxdist.engines.JobEngine.rest_ends_alone`): psnode's
+        when the engine says they do (:meth:`mxdist.planning.engines.JobEngine.rest_ends_alone`): psnode's
         when the job used psnode (the scheduler said the job started), so final checkpoints are
         written, and a command that never used psnode (``hostname``) has nothing to wait for;
         MXNet's always."""

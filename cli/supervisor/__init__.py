@@ -1,0 +1,9 @@
+"""The supervisor: the one owner of a running job and the only writer of its record.
+
+``setup`` (options -> plan, backend, record: the I/O of a launch's preparation: free ports, the
+discovery script's first answer, the backend finding its hosts), ``preflight`` (sync, host
+checks, the job's secret), ``supervisor`` (the :class:`~mxdist.supervisor.supervisor.Supervisor`:
+start, watch, apply the lifecycle rules), ``membership`` (elastic changes of a running job),
+``conclusion`` (the end: teardown, root cause, final record, report), ``detach`` (``launch -d``).
+The supervisor composes its collaborators; they share its state through it, never by inheritance.
+"""
