@@ -242,6 +242,11 @@ def launch(
         help="instead of -H: an executable printing the SSH hosts available now, one host[:slots] per line; "
              "polled while the job runs (new hosts add free slots for mxdist scale; a host that vanishes: "
              "its workers are lost)"),
+    standby_scheduler: bool = typer.Option(
+        L("standby_scheduler"), "--standby-scheduler",
+        help="psnode jobs on 2+ hosts: a standby scheduler on the second host (at --port + 2) takes the "
+             "job over when the scheduler or its host is lost (the nodes go over to it within the "
+             "heartbeat timeout); the scheduler is then not restarted"),
     pass_local_rank: bool = typer.Option(
         L("pass_local_rank"), "--pass-local-rank",
         help="also pass --local_rank=LOCAL_RANK to each worker, where torch.distributed.launch did (right "
@@ -268,6 +273,7 @@ def launch(
             connect_timeout=connect_timeout, identity_file=identity_file, remote_dir=remote_dir,
             insecure=insecure, encrypt=encrypt,
             keep_jobs=keep_jobs, gpus_per_worker=gpus_per_worker, pass_local_rank=pass_local_rank,
+            standby_scheduler=standby_scheduler,
             engine=engine, min_workers=min_workers, max_workers=max_workers,
             timeline=timeline_path if timeline_path else ("" if timeline else None),
             host_discovery_script=host_discovery_script, module=module, nproc_per_node=nproc_per_node,

@@ -11,6 +11,7 @@ does what it answers:
   running are given a short time to end by themselves (a psnode job's servers write their
   final checkpoints; MXNet's end when the workers' kvstores close), or stopped at once when
   the job never used psnode (:meth:`Supervision.wait_for_rest`);
+* ``FAIL_OVER``: the scheduler is lost and the standby scheduler takes the job over (rule 8);
 * ``DONE``: nothing of the job runs any more.
 
 Rules:
@@ -44,6 +45,12 @@ Rules:
    the job goes on without it; else ``FAIL`` with :attr:`Supervision.shortfall` saying why.
    Workers that joined while the job runs (:meth:`Supervision.add_worker`) follow the same
    rules; the job winds down when every worker has finished or is lost.
+8. **A standby scheduler** (``standby``: ``--standby-scheduler``) is never restarted and never
+   waited for: while the scheduler runs it idles, and the job is ``DONE`` once everything else
+   ended (the supervisor stops it).  The scheduler failing before the workers finished, the
+   standby running, is ``FAIL_OVER`` (never restarted at its address: two schedulers would
+   split the job); from then on the standby is the job's scheduler, and its failure is
+   ``FAIL``.  A standby that fails while idle is ``CONTINUE``: the job goes on without one.
 """
 from __future__ import annotations
 
@@ -86,6 +93,7 @@ class Action(str, Enum):
     LOSE = "lose"
     FAIL = "fail"
     WIND_DOWN = "wind_down"
+    FAIL_OVER = "fail_over"
     DONE = "done"
 
 
@@ -107,6 +115,8 @@ class Supervision:
     lost: set[str] = field(default_factory=set)
     leaving: set[str] = field(default_factory=set)   # asked to leave: never restarted
     shortfall: str | None = None           # why an elastic job ended: too few workers (rule 7)
+    standby: str | None = None             # the standby scheduler's name (rule 8)
+    failed_over: bool = False              # the standby is the job's scheduler now (rule 8)
     _last: dict[str, Failure] = field(default_factory=dict)
     _loop: dict[str, int] = field(default_factory=dict)     # quick failures the same way in a row
     _quick: dict[str, int] = field(default_factory=dict)    # quick failures in a row
@@ -116,12 +126,18 @@ class Supervision:
            servers_restart: bool = False, minimum: int | None = None,
            scheduler_restarts: int = 0) -> Supervision:
         """From ``(name, role)`` pairs of processes that were started (``minimum``: rule 7;
-        ``scheduler_restarts``: rule 3)."""
+        ``scheduler_restarts``: rule 3; a second scheduler is the standby: rule 8)."""
         items = list(procs)
         workers = {n for n, role in items if role == "worker"}
         others = {n for n, role in items if role != "worker"}
+        standby = next((n for n, role in items if role == "scheduler" and n != "scheduler"), None)
         return cls(workers, others, max_restarts, servers_restart, running={n for n, _ in items},
-                   minimum=minimum, scheduler_restarts=scheduler_restarts)
+                   minimum=minimum, scheduler_restarts=scheduler_restarts, standby=standby)
+
+    @property
+    def _waited_for(self) -> set[str]:
+        """What runs and ends the job by itself: everything but an idle standby (rule 8)."""
+        return self.running if self.failed_over or self.standby is None else self.running - {self.standby}
 
     def add_worker(self, name: str) -> None:
         """A worker started while the job runs (an elastic job's joiner; a rank taken again
@@ -158,7 +174,12 @@ class Supervision:
                 return self._lose(name)
             else:
                 return Action.FAIL
+        elif name == self.standby and not self.failed_over:
+            pass                                  # rule 8: an idle standby's end is no event
         elif not ok and not self.winding_down:
+            if name == "scheduler" and self.standby in self.running:
+                self.failed_over = True
+                return Action.FAIL_OVER
             if name.startswith("server") and self.servers_restart and self._may_restart(name):
                 return self._restart(name)
             if name == "scheduler" and (failure is None or failure.code is None or failure.code < 0) \
@@ -167,11 +188,11 @@ class Supervision:
             return Action.FAIL
         if not self.winding_down and self.finished | self.lost == self.workers:
             return self._wind_down()
-        return Action.CONTINUE if self.running else Action.DONE
+        return Action.CONTINUE if self._waited_for else Action.DONE
 
     def _wind_down(self) -> Action:
         self.winding_down = True
-        return Action.WIND_DOWN if self.running else Action.DONE
+        return Action.WIND_DOWN if self._waited_for else Action.DONE
 
     def _looping(self, name: str, failure: Failure) -> bool:
         """Rule 5: record ``failure``; True (and :attr:`crash_loop` set) when it ends a loop."""

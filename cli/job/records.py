@@ -310,6 +310,7 @@ class JobRecord:
     notes: list[str] = field(default_factory=list)
     elastic: Elastic | None = None       # None: a job of fixed size
     changes: list[MemberChange] = field(default_factory=list)   # its workers' joins, leaves, losses
+    failover: str | None = None          # the host whose standby scheduler took the job over
     timeline: str | None = None          # --timeline: where the job's merged trace is written
 
     def proc(self, name: str) -> ProcRecord:
@@ -409,6 +410,14 @@ class JobRecord:
         if self.elastic is not None and proc.rank in self.elastic.leaving:
             self.elastic.leaving.remove(proc.rank)
         self.changes.append(MemberChange(Change.LOST, proc.rank or 0, proc.host, when, why))
+
+    def failed_over(self, standby: ProcRecord, address: str, why: str, when: float) -> None:
+        """The scheduler was lost (``why``); the standby ``standby`` at ``address`` takes the job
+        over: the launcher's questions (status, leave, lost) go there from now on."""
+        self.scheduler, self.failover = address, standby.host
+        at = time.strftime("%H:%M:%S", time.localtime(when))
+        self.note(f"the scheduler {why}; the standby scheduler on {standby.host} ({address}) took the job over "
+                  f"at {at}")
 
     def moved(self, proc: ProcRecord, host: str, address: str, why: str, when: float) -> None:
         """``proc`` restarts with its rank on ``host``: its own host did not answer (``why``)."""

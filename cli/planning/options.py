@@ -71,6 +71,7 @@ class LaunchOptions:
     keep_jobs: int = 100
     gpus_per_worker: int | None = None     # None: every worker sees all of its host's GPUs
     pass_local_rank: bool = False
+    standby_scheduler: bool = False        # a standby scheduler on the second host (psnode, 2+ hosts)
     engine: str = "psnode"                 # mxdist.planning.engines: psnode, or MXNet's own ps-lite processes
     min_workers: int | None = None         # mxdist.elastic.rules: None is -n (a job of fixed size)
     max_workers: int | None = None

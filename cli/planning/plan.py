@@ -234,6 +234,7 @@ class PlanRequest:
     max_workers: int | None = None       # --max-workers (None: the first generation's size)
     slots_bound: bool = True             # the hosts' slots bound --max-workers (no discovery script)
     slots_from: str = "the hosts"        # where the slots come from, for the error that says so
+    standby: bool = False                # --standby-scheduler: a standby scheduler on the second host
 
 
 @dataclass(frozen=True)
@@ -421,6 +422,9 @@ def make_plan(req: PlanRequest) -> Plan:
         raise PlanError("ports must be in 1..65535")
     if req.scheduler_port == req.master_port:
         raise PlanError("the scheduler port and MASTER_PORT must differ")
+    if req.standby and (engine.name != "psnode" or servers == 0):
+        raise PlanError("--standby-scheduler is for psnode jobs with servers (-s 1 or more, --engine psnode): "
+                        "it is psnode's scheduler that the standby takes over")
     if req.gpus_per_worker is not None and req.gpus_per_worker < 1:
         raise PlanError(f"--gpus-per-worker {req.gpus_per_worker}: must be 1 or more (leave it out to give "
                         "every worker all of its host's GPUs)")
@@ -447,6 +451,14 @@ def make_plan(req: PlanRequest) -> Plan:
         ProcSpec(Role.SCHEDULER, None, sched, node_argv, _node_env(req, Role.SCHEDULER, sched, None,
                                                                   req.scheduler_port))
     ]
+    if req.standby:
+        second = standby_host(req)
+        env = _node_env(req, Role.SCHEDULER, second, STANDBY_RANK, req.scheduler_port + STANDBY_PORT_OFFSET)
+        env.update(PSNODE_SCHEDULER=f"{second.address}:{req.scheduler_port + STANDBY_PORT_OFFSET}",
+                   PSNODE_HOST=second.address, PSNODE_STANDBY="1")
+        env.pop("PSNODE_SCHEDULER_STANDBY", None)
+        env.pop("PSNODE_RANK", None)
+        procs.append(ProcSpec(Role.SCHEDULER, STANDBY_RANK, second, node_argv, env))
     for rank in range(servers):
         host = server_hosts[rank % len(server_hosts)]
         procs.append(ProcSpec(Role.SERVER, rank, host, node_argv, _node_env(req, Role.SERVER, host, rank, 0)))
@@ -477,6 +489,29 @@ def make_plan(req: PlanRequest) -> Plan:
     )
 
 
+#: the standby scheduler: ``scheduler-1``, at ``--port`` + 2 (``MASTER_PORT`` is ``--port`` + 1)
+STANDBY_RANK = 1
+STANDBY_PORT_OFFSET = 2
+
+
+def standby_host(req: PlanRequest) -> Host:
+    """The host of the standby scheduler (``--standby-scheduler``): the first host, servers'
+    hosts included, that is not the scheduler's; PlanError when the job has one host."""
+    sched = scheduler_host(req)
+    for host in (*req.hosts, *req.server_hosts):
+        if host.label != sched.label:
+            return host
+    raise PlanError("--standby-scheduler needs a second host (the standby must outlive the scheduler's host); "
+                    "on one host the scheduler is restarted instead: leave the option out")
+
+
+def standby_address(req: PlanRequest) -> str | None:
+    """``host:port`` of the standby scheduler, or None without one."""
+    if not req.standby:
+        return None
+    return f"{standby_host(req).address}:{req.scheduler_port + STANDBY_PORT_OFFSET}"
+
+
 def scheduler_host(req: PlanRequest) -> Host:
     """The host running the scheduler: ``--scheduler`` (any host, server hosts too), else the first host."""
     return _find_host((*req.hosts, *req.server_hosts), req.scheduler_host) if req.scheduler_host else req.hosts[0]
@@ -500,9 +535,13 @@ def _node_env(req: PlanRequest, role: Role, host: Host, rank: int | None, port: 
                       timeline=f"{req.run_dir}/timeline" if req.timeline and req.run_dir else None,
                       min_workers=req.min_workers, max_workers=req.max_workers)
     try:
-        return {**_base_env(req), **req.engine.env(facts)}
+        env = {**_base_env(req), **req.engine.env(facts)}
     except ConfigError as exc:
         raise PlanError(str(exc)) from None
+    standby = standby_address(req)
+    if standby is not None and role is not Role.SCHEDULER:
+        env["PSNODE_SCHEDULER_STANDBY"] = standby
+    return env
 
 
 def worker_spec(req: PlanRequest, host: Host, place: TorchPlace) -> ProcSpec:

@@ -207,6 +207,9 @@ class Conclusion:
             detail = f"{detail}; {', '.join(moves)}" if detail else ", ".join(moves)
         if self.job.slowest and rec.state is not JobState.STOPPED:
             detail = f"{detail}; {self.job.slowest}" if detail else self.job.slowest
+        if rec.failover:
+            over = f"the standby scheduler on {rec.failover} took the job over"
+            detail = f"{detail}; {over}" if detail else over
         sched = next((p for p in rec.procs if p.role == Role.SCHEDULER.value), None)
         if sched is not None and sched.restarts:
             times = f"scheduler restarted {sched.restarts} time{'s' if sched.restarts > 1 else ''}"

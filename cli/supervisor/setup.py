@@ -200,6 +200,7 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
         key_files=({h.label: f"{run_dir}/job.key" for h in (*hosts, *server_hosts)}
                    if security is not Mode.INSECURE else {}),
         gpus_per_worker=opts.gpus_per_worker, pass_local_rank=opts.pass_local_rank, engine=engine,
+        standby=opts.standby_scheduler,
         min_workers=opts.min_workers, max_workers=opts.max_workers, slots_bound=script is None,
         slots_from=slots_from(opts, launcher), timeline=opts.timeline is not None,
     ))

@@ -388,6 +388,10 @@ class Supervisor:
                     action = rules.restart_failed(name)
                     if name in rules.lost:
                         self.membership.lose(rec, status, rules)
+            if action is Action.FAIL_OVER:
+                self._fail_over(rec, status)
+            elif name == rules.standby and not rules.failed_over and not status.ok and not rules.winding_down:
+                ui.warn(f"the standby scheduler on {rec.host} {status.describe()}: the job goes on without one")
             if action is Action.FAIL:
                 return self.conclusion.conclude(JobState.FAILED, EXIT_FAILED, first_seen=name,
                                                 note=rules.crash_loop or rules.shortfall)
@@ -398,6 +402,17 @@ class Supervisor:
                 wind_down_by = time.monotonic() + (self.settings.finish_grace if wait else 0.0)
             elif rules.winding_down and not status.ok:
                 ui.warn(f"{rec.name} on {rec.host} {status.describe()} after the workers finished")
+
+    def _fail_over(self, rec: ProcRecord, status: ExitStatus) -> None:
+        """The scheduler ``rec`` is lost; the standby takes the job over (lifecycle rule 8): the
+        nodes go over to it within the heartbeat timeout, and the launcher's questions too."""
+        standby = next(p for p in self.record.procs if p.role == Role.SCHEDULER.value and p.name != rec.name)
+        spec = next(p for p in self.plan.procs if p.name == standby.name)
+        address = spec.env["PSNODE_SCHEDULER"]
+        self.record.failed_over(standby, address, f"on {rec.host} {status.describe()}", time.time())
+        self.save()
+        ui.warn(f"{rec.name} on {rec.host} {status.describe()}: the standby scheduler on {standby.host} takes the "
+                f"job over at {address} (the nodes go over to it within the heartbeat timeout)")
 
     def _exited(self, rec: ProcRecord, status: ExitStatus) -> None:
         rec.exited(status.code, time.time())

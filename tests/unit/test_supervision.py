@@ -562,3 +562,26 @@ def test_output_to_a_reader_that_went_away_is_dropped_not_raised():
         signal.signal(signal.SIGPIPE, old)
         ui.bind(*before)
         broken.close()
+
+
+def test_a_standby_scheduler_takes_over_is_never_restarted_and_never_waited_for():
+    """Rule 8: the scheduler's failure with the standby running is FAIL_OVER (no restart at its
+    address); the standby is then the scheduler (its failure: FAIL); idle, it is not waited for."""
+    procs = [("scheduler", "scheduler"), ("scheduler-1", "scheduler"), ("server-0", "server"), ("worker-0", "worker")]
+    killed = Failure(-signal.SIGKILL, None, 60.0)
+    r = Supervision.of(procs, scheduler_restarts=lifecycle.SCHEDULER_RESTARTS)
+    assert r.standby == "scheduler-1"
+    assert r.exited("scheduler", False, killed) is Action.FAIL_OVER and r.failed_over
+    assert r.exited("scheduler-1", False, killed) is Action.FAIL          # the acting scheduler
+    idle = Supervision.of(procs, scheduler_restarts=3)
+    assert idle.exited("scheduler-1", False, killed) is Action.CONTINUE   # an idle standby: the job goes on
+    assert idle.exited("scheduler", False, killed) is Action.RESTART      # no standby left: rule 3
+    done = Supervision.of(procs)
+    assert done.exited("worker-0", True) is Action.WIND_DOWN
+    assert done.exited("server-0", True) is Action.CONTINUE
+    assert done.exited("scheduler", True) is Action.DONE                  # the idle standby is stopped
+    after = Supervision.of(procs)
+    assert after.exited("scheduler", False, killed) is Action.FAIL_OVER
+    assert after.exited("worker-0", True) is Action.WIND_DOWN
+    assert after.exited("server-0", True) is Action.CONTINUE              # the acting standby ends the job
+    assert after.exited("scheduler-1", True) is Action.DONE
