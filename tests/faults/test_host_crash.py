@@ -1,14 +1,14 @@
 """A host crashes: its link goes down without a word, then every process on it is killed.
 
-Three hosts in two network namespaces created by the test (never the host's interfaces), each
-host a real OpenSSH sshd on its own address: MAIN holds ``node1`` (10.213.9.1: scheduler,
-server 0, worker 0) and ``node3`` (10.213.9.3: a spare slot, nothing at launch), and runs the
-launcher; CUT holds ``node4`` (10.213.9.4: worker 1); a veth pair links them.  ``ip link set
-DOWN`` on CUT's end loses every packet both ways, silently, as a power loss does: the launcher
-learns it only by its SSH keepalives going unanswered.  With ``--max-restarts 1`` the worker
-restarts with its rank on node3, resumes from ``kv.num_pushes``, and the job ends with the
-values of an uninterrupted run.  Clean-up (always): kill every pid in each namespace, then
-delete it.
+Hosts in two network namespaces created by the test (never the host's interfaces), each host a
+real OpenSSH sshd on its own address (``node1``..``node4`` at 10.213.9.1-4): CUT holds the host
+that crashes, MAIN the others and the launcher; a veth pair links them.  ``ip link set DOWN`` on
+CUT's end loses every packet both ways, silently, as a power loss does: the launcher learns it
+only by its SSH keepalives going unanswered, the nodes by their heartbeats.  With
+``--max-restarts 1`` the crashed host's worker restarts with its rank in a spare slot of a live
+host and resumes from ``kv.num_pushes``; with ``--standby-scheduler`` the standby takes the job
+over when the crashed host ran the scheduler.  Each job ends exit 0 with the values of an
+uninterrupted run.  Clean-up (always): kill every pid in each namespace, then delete it.
 """
 from __future__ import annotations
 
@@ -25,10 +25,21 @@ import pytest
 
 from tests.support import require, wait_for
 from tests.support.cli import ROOT, assert_nothing_left, cli_env, latest
-from tests.support.hosts import HOST_LOSS, HOST_LOSS_FINAL, SSHD, ip, keygen, kill_namespace, sshd_config
+from tests.support.hosts import (
+    HOST_LOSS,
+    HOST_LOSS_FINAL,
+    SSHD,
+    ip,
+    keygen,
+    kill_namespace,
+    ns_pids,
+    settled,
+    sshd_config,
+)
 
 PORT = 2222                                  # each namespace has its own ports
-NODES = {"node1": "10.213.9.1", "node3": "10.213.9.3", "node4": "10.213.9.4"}
+NODES = {"node1": "10.213.9.1", "node2": "10.213.9.2", "node3": "10.213.9.3", "node4": "10.213.9.4"}
+
 
 @pytest.fixture(autouse=True)
 def _possible() -> None:
@@ -39,23 +50,16 @@ def _possible() -> None:
             "run as root with iproute2 and openssh-server (apt-get install iproute2 openssh-server)")
 
 
-
-
-
-
-
-
-
-
-def hosts_in_namespaces(root: Path, main: str, cut: str) -> tuple[Path, Path]:
-    """The namespaces, their link and one sshd per host; (ssh config, known_hosts)."""
+def hosts_in_namespaces(root: Path, main: str, cut: str, crashing: str) -> tuple[Path, Path]:
+    """The namespaces, their link and one sshd per host (``crashing`` in CUT); (ssh config, known_hosts)."""
     ip("netns", "add", main)
     ip("netns", "add", cut)
     for ns in (main, cut):
         ip("-n", ns, "link", "set", "lo", "up")
     ip("-n", main, "link", "add", "vm", "type", "veth", "peer", "name", "vc", "netns", cut)
-    for name, ns, dev in (("node1", main, "vm"), ("node3", main, "vm"), ("node4", cut, "vc")):
-        ip("-n", ns, "addr", "add", f"{NODES[name]}/24", "dev", dev)
+    for name, addr in NODES.items():
+        ns, dev = (cut, "vc") if name == crashing else (main, "vm")
+        ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
     ip("-n", main, "link", "set", "vm", "up")
     ip("-n", cut, "link", "set", "vc", "up")
     subprocess.run(["install", "-d", "-m", "0755", "/run/sshd"], check=True)
@@ -66,7 +70,7 @@ def hosts_in_namespaces(root: Path, main: str, cut: str) -> tuple[Path, Path]:
         known.append(f"[{addr}]:{PORT} {pub}\n")
         conf = root / f"{name}.conf"
         conf.write_text(sshd_config(PORT, addr, root / f"{name}_key", root / f"{name}.pid", root / "authorized_keys"))
-        ns = cut if name == "node4" else main
+        ns = cut if name == crashing else main
         subprocess.Popen(["ip", "netns", "exec", ns, SSHD, "-D", "-f", str(conf), "-E", str(root / f"{name}.log")],
                          start_new_session=True)
         config.append(f"Host {name}\n  HostName {addr}\n")
@@ -78,7 +82,11 @@ def hosts_in_namespaces(root: Path, main: str, cut: str) -> tuple[Path, Path]:
     return root / "ssh_config", root / "known_hosts"
 
 
-def test_a_silently_crashed_hosts_worker_restarts_elsewhere_with_exact_values(tmp_path: Path) -> None:
+def crash_during_job(tmp_path: Path, hosts_file: str, crashing: str, rank: int, args: list[str],
+                     placed: dict[str, str]) -> tuple[str, int, float]:
+    """Launch HOST_LOSS from MAIN; once worker ``rank`` (on ``crashing``) is at step 3, crash its
+    host; (the launcher's output, its exit code, seconds from the crash to its end).  Asserts
+    ``placed`` (process -> host) at the crash, and that nothing of the job is left."""
     tag = uuid.uuid4().hex[:6]
     main, cut = f"psnh-{tag}-m", f"psnh-{tag}-c"
     home = tmp_path / "home"
@@ -88,19 +96,19 @@ def test_a_silently_crashed_hosts_worker_restarts_elsewhere_with_exact_values(tm
     train = tmp_path / "train.py"
     train.write_text(HOST_LOSS)
     hosts = tmp_path / "hosts"
-    hosts.write_text("node1 slots=1\nnode4 slots=1\nnode3 slots=1   # spare\n")
+    hosts.write_text(hosts_file)
     cli = None
     try:
-        ssh_config, known = hosts_in_namespaces(tmp_path, main, cut)
+        ssh_config, known = hosts_in_namespaces(tmp_path, main, cut, crashing)
         env = cli_env(home, MXDIST_SSH_CONFIG=str(ssh_config), MXDIST_KNOWN_HOSTS=str(known),
                       MXDIST_REMOTE_DIR=str(home / "remote"))
         cli = subprocess.Popen(["ip", "netns", "exec", main, sys.executable, "-m", "mxdist", "launch", "-H", str(hosts),
-                                "-n", "2", "-s", "1", "--max-restarts", "1", str(train), str(flags)],
+                                *args, str(train), str(flags), str(rank)],
                                env=env, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        wait_for(lambda: (flags / "ready").exists() or cli.poll() is not None, 120, "worker 1 to reach step 3")
+        wait_for(lambda: (flags / "ready").exists() or cli.poll() is not None, 120, f"worker {rank} to reach step 3")
         assert cli.poll() is None, cli.communicate(timeout=10)[0]
-        placed = {p["name"]: p["host"] for p in latest(home)["procs"]}
-        assert placed == {"scheduler": "node1", "server-0": "node1", "worker-0": "node1", "worker-1": "node4"}
+        assert {p["name"]: p["host"] for p in latest(home)["procs"]} == placed
+        wait_for(lambda: settled(ns_pids(cut)), 30, f"{crashing}'s shells to finish starting")
         crashed = time.monotonic()
         ip("-n", cut, "link", "set", "vc", "down")        # silence first: no reset ever reaches MAIN
         kill_namespace(cut)                               # then every process of the host
@@ -114,13 +122,39 @@ def test_a_silently_crashed_hosts_worker_restarts_elsewhere_with_exact_values(tm
             kill_namespace(ns)
         for ns in (main, cut):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
-    assert cli.returncode == 0, out
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"psnh-{tag}" not in listed, listed
+    assert_nothing_left(home)
+    return out, cli.returncode, took
+
+
+def test_a_silently_crashed_hosts_worker_restarts_elsewhere_with_exact_values(tmp_path: Path) -> None:
+    out, code, took = crash_during_job(
+        tmp_path, "node1 slots=1\nnode4 slots=1\nnode3 slots=1   # spare\n", "node4", 1,
+        ["-n", "2", "-s", "1", "--max-restarts", "1"],
+        {"scheduler": "node1", "server-0": "node1", "worker-0": "node1", "worker-1": "node4"})
+    assert code == 0, out
     assert "host node4 does not answer" in out, out
     assert "worker-1 restarts with rank 1 on node3 (local rank 0): its host node4 does not answer" in out, out
     assert "[worker 1 @ node3] START 3 RESTARTS 1" in out, out
     assert out.count(HOST_LOSS_FINAL) == 2, out                  # the uninterrupted run's closed form
     assert re.search(r"succeeded in .*worker 1 moved to node3 \(node4 did not answer\)", out.splitlines()[-1]), out
     assert took < 90, f"the job ended {took:.0f} s after the crash\n{out}"
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert f"psnh-{tag}" not in listed, listed
-    assert_nothing_left(home)
+
+
+def test_the_scheduler_hosts_crash_hands_the_job_to_the_standby_with_exact_values(tmp_path: Path) -> None:
+    """node1 runs the scheduler and worker 0; node2 the server; node3 worker 1, a spare slot and
+    the standby scheduler.  node1 crashes: the standby takes the job over and worker 0 restarts
+    on node3."""
+    out, code, took = crash_during_job(
+        tmp_path, "node1 slots=1\nnode3 slots=2   # one spare\n", "node1", 0,
+        ["-n", "2", "-s", "1", "--server-hosts", "node2", "--max-restarts", "1", "--standby-scheduler"],
+        {"scheduler": "node1", "scheduler-1": "node3", "server-0": "node2", "worker-0": "node1", "worker-1": "node3"})
+    assert code == 0, out
+    assert "the standby scheduler on node3 takes the job over at 10.213.9.3:" in out, out
+    assert "worker-0 restarts with rank 0 on node3 (local rank 1): its host node1 does not answer" in out, out
+    assert "[worker 0 @ node3] START 3 RESTARTS 1" in out, out
+    assert out.count(HOST_LOSS_FINAL) == 2, out                  # the uninterrupted run's closed form
+    last = out.splitlines()[-1]
+    assert "succeeded in" in last and "the standby scheduler on node3 took the job over" in last, out
+    assert took < 90, f"the job ended {took:.0f} s after the crash\n{out}"

@@ -21,7 +21,7 @@ import pytest
 
 from tests.support import wait_for
 from tests.support.cli import assert_nothing_left, latest, run_cli, start_cli
-from tests.support.hosts import HOST_LOSS, HOST_LOSS_FINAL, SSHD, descendants, keygen, sshd_config
+from tests.support.hosts import HOST_LOSS, HOST_LOSS_FINAL, SSHD, descendants, keygen, settled, sshd_config
 
 CRASH_ADDR = "127.0.0.6"
 
@@ -86,6 +86,7 @@ def test_a_crashed_hosts_worker_restarts_on_a_spare_slot_with_exact_values(ssh_c
         rec = latest(home)
         placed = {p["name"]: p["host"] for p in rec["procs"]}
         assert placed == {"scheduler": "node1", "server-0": "node1", "worker-0": "node1", "worker-1": "node4"}
+        wait_for(lambda: settled(descendants(sshd.pid)), 30, "node4's shells to finish starting")
         crashed_at = time.monotonic()
         crash(sshd, [p["pid"] for p in rec["procs"] if p["host"] == "node4"])
         out, _ = cli.communicate(timeout=180)

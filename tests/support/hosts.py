@@ -5,8 +5,9 @@ training script of the host-loss tests.
   (never the machine's own interfaces);
 * :func:`keygen`, :func:`sshd_config`: an OpenSSH host of a test's own (keys, config);
 * :func:`descendants`: every process below a pid (an sshd and the sessions it serves);
-* :data:`HOST_LOSS`: a ``dist_sync`` job whose worker 1 blocks at step 3 on its first run
-  (``flags/ready`` written) while its host is crashed; it resumes from ``kv.num_pushes``, so
+  :func:`settled`: none of them is a shell starting up (when a crash may strike);
+* :data:`HOST_LOSS`: a ``dist_sync`` job whose worker ``argv[2]`` (default 1) blocks at step 3
+  on its first run (``flags/ready`` written) while its host is crashed; it resumes from ``kv.num_pushes``, so
   each rank ends at the uninterrupted closed form :data:`HOST_LOSS_FINAL`.
 """
 from __future__ import annotations
@@ -22,13 +23,14 @@ SSHD = "/usr/sbin/sshd"
 HOST_LOSS = textwrap.dedent("""
     import sys, time, pathlib, numpy as np, psnode
     flags = pathlib.Path(sys.argv[1])
+    crashing = int(sys.argv[2]) if len(sys.argv) > 2 else 1      # the rank on the host that crashes
     kv = psnode.kv.create('dist_sync')
     kv.set_optimizer(psnode.optimizer.create('sgd', learning_rate=0.125))
     kv.init('w', np.zeros(3, np.float32))
     start = kv.num_pushes('w')
     print("START", start, "RESTARTS", kv.restarts, flush=True)
     for step in range(start, 6):
-        if kv.rank == 1 and step == 3 and kv.restarts == 0:
+        if kv.rank == crashing and step == 3 and kv.restarts == 0:
             (flags / 'ready').touch()
             time.sleep(600)                       # its host crashes here
         kv.push('w', np.full(3, (kv.rank + 1) * (step + 1), np.float32))
@@ -74,6 +76,20 @@ def sshd_config(port: int, address: str, host_key: Path, pid_file: Path, authori
             f"AuthorizedKeysFile {authorized_keys}\nPermitRootLogin prohibit-password\n"
             "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
             "MaxSessions 100\nMaxStartups 100:30:200\nLogLevel ERROR\n")
+
+
+def settled(pids: list[int]) -> bool:
+    """None of ``pids`` is a shell starting up with pyenv (root's ``~/.bashrc`` on a developer's
+    machine runs ``pyenv rehash``, which holds a lock file on the one disk every test host shares:
+    killed there, it would hang every later shell on this machine, which a real crash, on a
+    disk of its own, would not)."""
+    for pid in pids:
+        try:
+            if b"pyenv" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return False
+        except OSError:
+            continue
+    return True
 
 
 def descendants(pid: int) -> list[int]:
