@@ -58,10 +58,17 @@ variable                           meaning (default)
                                    when it may be restarted (``PSNODE_MAX_RESTARTS`` > 0), before
                                    any answer its last checkpoint lacks (psnode.server.store)
 ``PSNODE_RESUME``                  ``1``: servers load their shards from the checkpoint dir
+``PSNODE_REPLICAS``                copies of each server's state (``1``: the server's own); with
+                                   ``K`` > 1 a server sends its state to the next ``K``-1 servers
+                                   (rank order, wrapping), which hold it in memory, and a pushed
+                                   value is durable once they all hold it: a server restarted
+                                   anywhere copies its state back from one of them, with no disk
+                                   (psnode.server.replicas)
 ``PSNODE_SKIP_NONFINITE``          ``1``: a round whose gradient holds NaN/Inf is skipped whole and
                                    reported with key and worker (``0``)
 ``PSNODE_MAX_RESTARTS``            restarts the launcher allows per worker, and per server when
-                                   servers checkpoint (``PSNODE_CHECKPOINT_DIR``) (``0``)
+                                   servers checkpoint (``PSNODE_CHECKPOINT_DIR``) or are
+                                   replicated (``PSNODE_REPLICAS`` > 1) (``0``)
 ``PSNODE_RESTART_COUNT``           how many times this process was restarted (``0``)
 ``PSNODE_LOG_LEVEL``               ``DEBUG``, ``INFO``, ``WARNING``, ``ERROR`` (``WARNING``)
 ``PSNODE_SHM``                     ``1``: workers and servers on the same host exchange data
@@ -228,6 +235,7 @@ class NodeConfig:
     checkpoint_interval: float = 0.0
     checkpoint_rounds: int = 0
     resume: bool = False
+    replicas: int = 1
     skip_nonfinite: bool = False
     max_restarts: int = 0
     restart_count: int = 0
@@ -259,6 +267,9 @@ class NodeConfig:
                 f"{_PREFIX}MAX_WORKERS={self.workers_max}: need 1 <= min <= num <= max")
         if self.scheduler_standby is not None:
             parse_address(self.scheduler_standby, f"{_PREFIX}SCHEDULER_STANDBY")
+        if self.replicas < 1 or (self.num_servers and self.replicas > self.num_servers):
+            raise ConfigError(f"{_PREFIX}REPLICAS={self.replicas}: must be 1 or more and at most the "
+                              f"number of servers ({self.num_servers})")
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(f"{_PREFIX}LOG_LEVEL={self.log_level!r} is not one of {LOG_LEVELS}")
 
@@ -276,6 +287,12 @@ class NodeConfig:
     def elastic(self) -> bool:
         """May the membership change while the job runs (joins, or losses it survives)?"""
         return self.workers_min < self.num_workers or self.workers_max > self.num_workers
+
+    @property
+    def servers_restartable(self) -> bool:
+        """May a failed server be replaced inside the job?  When restarts are allowed and its
+        state outlives it: a checkpoint directory, or replicas on other servers."""
+        return self.max_restarts > 0 and (bool(self.checkpoint_dir) or self.replicas > 1)
 
     @property
     def scheduler_address(self) -> str:
@@ -333,6 +350,7 @@ class NodeConfig:
             checkpoint_interval=_float(env, "CHECKPOINT_INTERVAL", d("checkpoint_interval"), positive=False),
             checkpoint_rounds=_int(env, "CHECKPOINT_ROUNDS", d("checkpoint_rounds"), 0) or 0,
             resume=_flag(env, "RESUME", d("resume")),
+            replicas=_int(env, "REPLICAS", d("replicas"), 1) or 1,
             skip_nonfinite=_flag(env, "SKIP_NONFINITE", d("skip_nonfinite")),
             max_restarts=_int(env, "MAX_RESTARTS", d("max_restarts"), 0) or 0,
             restart_count=_int(env, "RESTART_COUNT", d("restart_count"), 0) or 0,
