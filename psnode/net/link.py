@@ -28,6 +28,7 @@ import os
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from psnode.config import NodeConfig, parse_address
@@ -42,7 +43,7 @@ log = logging.getLogger("psnode.link")
 
 class SchedulerLink:
     def __init__(self, t: Transport, cfg: NodeConfig, role: str, port: int,
-                 stats: Callable[[], dict[str, Any]]) -> None:
+                 stats: Callable[[], dict[str, Any]], replica: int = 0) -> None:
         self.cfg = cfg
         self.chan: Channel = t.dealer(cfg.scheduler_host, cfg.scheduler_port,
                                       f"{role}-{os.getpid()}-{secrets.token_hex(4)}", Plane.CONTROL)
@@ -51,7 +52,7 @@ class SchedulerLink:
         self.scheduler_pid: int | None = None
         self.last_ack = time.monotonic()
         self.welcomed = False
-        self._register = Register(role, cfg.host, port, os.getpid(), cfg.rank)
+        self._register = Register(role, cfg.host, port, os.getpid(), cfg.rank, replica=replica)
         self.rank: int | None = None
         #: what this node reports to a restarted scheduler (None: it does not rejoin)
         self.report: Callable[[], Rejoin] | None = None
@@ -63,7 +64,7 @@ class SchedulerLink:
     def _registration(self) -> dict[str, Any]:
         if self.rejoining and self.report is not None:
             r = self._register
-            return Register(r.role, r.host, r.port, r.pid, self.rank, self.report()).to_body()
+            return replace(r, rank=self.rank, rejoin=self.report()).to_body()
         return self._register.to_body()
 
     def tick(self, now: float) -> None:

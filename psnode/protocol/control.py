@@ -232,11 +232,14 @@ class Register:
     pid: int
     rank: int | None = None
     rejoin: Rejoin | None = None
+    replica: int = 0
 
     def to_body(self) -> dict[str, Any]:
         body = {"role": self.role, "host": self.host, "port": self.port, "pid": self.pid, "rank": self.rank}
         if self.rejoin is not None:
             body["rejoin"] = self.rejoin.to_body()
+        if self.replica:
+            body["replica"] = self.replica
         return body
 
     @classmethod
@@ -250,28 +253,32 @@ class Register:
             if body.get("rank") is None:
                 raise ProtocolError("register: a rejoining node must give its rank")
         return cls(role, _str(body, "register", "host", MAX_HOST), _int(body, "register", "port", high=65536),
-                   _int(body, "register", "pid"), _opt_int(body, "register", "rank"), rejoin)
+                   _int(body, "register", "pid"), _opt_int(body, "register", "rank"), rejoin,
+                   _int(body, "register", "replica", high=65536, default=0))
 
 
 @dataclass(frozen=True)
 class ServerAddress:
-    """One entry of the address book: server ``rank`` serves at ``host:port``
-    (on the wire ``[rank, host, port]``)."""
+    """One entry of the address book: server ``rank`` serves at ``host:port``, and its replica
+    keeper (psnode.server.replicas) listens at ``host:replica`` (0: it keeps none) (on the wire
+    ``[rank, host, port]`` or ``[rank, host, port, replica]``)."""
 
     rank: int
     host: str
     port: int
+    replica: int = 0
 
     def to_body(self) -> list[Any]:
-        return [self.rank, self.host, self.port]
+        return [self.rank, self.host, self.port, self.replica] if self.replica else [self.rank, self.host, self.port]
 
     @classmethod
     def from_body(cls, entry: Any, what: str) -> ServerAddress:
-        if not (type(entry) is list and len(entry) == 3 and type(entry[0]) is int and 0 <= entry[0] < RANKS
+        if not (type(entry) is list and len(entry) in (3, 4) and type(entry[0]) is int and 0 <= entry[0] < RANKS
                 and type(entry[1]) is str and len(entry[1]) <= MAX_HOST
-                and type(entry[2]) is int and 0 < entry[2] < 65536):
-            raise ProtocolError(f"{what}: bad server address {str(entry)[:80]} (not [rank, host, port])")
-        return cls(entry[0], entry[1], entry[2])
+                and type(entry[2]) is int and 0 < entry[2] < 65536
+                and (len(entry) == 3 or (type(entry[3]) is int and 0 <= entry[3] < 65536))):
+            raise ProtocolError(f"{what}: bad server address {str(entry)[:80]} (not [rank, host, port(, replica)])")
+        return cls(entry[0], entry[1], entry[2], entry[3] if len(entry) == 4 else 0)
 
 
 def _book(body: dict[str, Any], what: str) -> tuple[ServerAddress, ...]:
@@ -625,8 +632,25 @@ class StatusAnswer:
                    _int(body, what, "refused", high=_MAX_COUNT), tuple(rows), counts[0], members, *counts[1:])
 
 
+@dataclass(frozen=True)
+class Replica:
+    """A replica message's body (REPLICA_PUT, _ACK, _GET, _STATE: psnode.server.replicas):
+    the state of server ``rank``, as of its ``seq``-th copy (0: none held).  PUT and STATE carry
+    the state as arrays, the first one its JSON index."""
+
+    rank: int
+    seq: int = 0
+
+    def to_body(self) -> dict[str, Any]:
+        return {"rank": self.rank, "seq": self.seq}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Replica:
+        return cls(_int(body, "replica", "rank"), _int(body, "replica", "seq", high=2**62, default=0))
+
+
 Body = (Empty | Register | Welcome | Heartbeat | Barrier | BarrierDone | Membership | Servers | JobEnd | Bye
-        | Stop | StatusAnswer | Leave | Lost)
+        | Stop | StatusAnswer | Leave | Lost | Replica)
 
 #: the body of each control command
 BODIES: dict[Command, Any] = {
@@ -636,7 +660,8 @@ BODIES: dict[Command, Any] = {
     Command.SHUTDOWN: JobEnd, Command.PEER_LOST: JobEnd, Command.BYE: Bye, Command.STATUS: Empty,
     Command.STATUS_REPLY: StatusAnswer, Command.STOP: Stop, Command.STOP_ACK: Empty,
     Command.LEAVE: Leave, Command.LEAVE_ACK: Empty, Command.LOST: Lost, Command.LOST_ACK: Empty,
-    Command.REJOIN: Empty,
+    Command.REJOIN: Empty, Command.REPLICA_PUT: Replica, Command.REPLICA_ACK: Replica,
+    Command.REPLICA_GET: Replica, Command.REPLICA_STATE: Replica,
 }
 
 
@@ -664,5 +689,6 @@ def decode(msg: Message) -> Control:
 
 
 __all__ = ["BODIES", "Barrier", "BarrierDone", "Body", "Bye", "Control", "Counters", "Empty", "Heartbeat",
-           "JobEnd", "Leave", "Lost", "Membership", "Register", "Rejoin", "ServerAddress", "Servers", "StatusAnswer",
-           "Stop", "WaitKind", "WaitReport", "Welcome", "decode", "decode_body", "wait_report", "waited_on"]
+           "JobEnd", "Leave", "Lost", "Membership", "Register", "Rejoin", "Replica", "ServerAddress", "Servers",
+           "StatusAnswer", "Stop", "WaitKind", "WaitReport", "Welcome", "decode", "decode_body", "wait_report",
+           "waited_on"]

@@ -63,6 +63,11 @@ class Command(str, Enum):
     # data (worker <-> server): binary headers, typed operations (psnode.protocol.ops)
     DATA = "data"
     DATA_REPLY = "data_reply"
+    # replicas (server <-> another server's replica keeper: psnode.server.replicas)
+    REPLICA_PUT = "replica_put"        # primary -> keeper: its whole state (arrays)
+    REPLICA_ACK = "replica_ack"        # keeper -> primary: that state is held
+    REPLICA_GET = "replica_get"        # replacement -> keeper: the state it holds of a rank
+    REPLICA_STATE = "replica_state"    # keeper -> replacement: that state (arrays), or none
 
 
 @dataclass

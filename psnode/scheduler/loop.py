@@ -114,6 +114,7 @@ class Node:
     ident: bytes
     wish: int | None
     rank: int = -1
+    replica: int = 0       # a server's replica keeper port (0: none; psnode.server.replicas)
     state: NodeState = NodeState.REGISTERED
     started: float = field(default_factory=time.monotonic)
     last_seen: float = field(default_factory=time.monotonic)
@@ -210,7 +211,7 @@ class Scheduler:
     def _book(self) -> tuple[ServerAddress, ...]:
         """The servers' addresses (one missing since a scheduler restart has none yet)."""
         servers = sorted((n for n in self.nodes.values() if n.role == Role.SERVER and n.port), key=lambda n: n.rank)
-        return tuple(ServerAddress(n.rank, n.host, n.port) for n in servers)
+        return tuple(ServerAddress(n.rank, n.host, n.port, n.replica) for n in servers)
 
     def _set_state(self, n: Node, state: NodeState) -> None:
         """Every state change goes through here (the roster's active workers follow)."""
@@ -223,7 +224,8 @@ class Scheduler:
             self._adopt(ident, body)
             return
         role = body.role
-        node = Node(role=role, host=body.host, port=body.port, pid=body.pid, ident=ident, wish=body.rank)
+        node = Node(role=role, host=body.host, port=body.port, pid=body.pid, ident=ident, wish=body.rank,
+                    replica=body.replica)
         if self.started:
             self._late_register(node)
             return
@@ -280,9 +282,10 @@ class Scheduler:
                                                n.joiner, tuple(sorted(e.joiners))))
 
     def _restartable(self, n: Node) -> bool:
-        """May ``n`` be replaced instead of failing the job?  Servers only when they checkpoint."""
+        """May ``n`` be replaced instead of failing the job?  Servers only when their state
+        outlives them (a checkpoint directory, or replicas)."""
         return self.started and n.restarts < self.cfg.max_restarts and (
-            n.role == Role.WORKER or bool(self.cfg.checkpoint_dir))
+            n.role == Role.WORKER or self.cfg.servers_restartable)
 
     def _late_register(self, node: Node) -> None:
         """A restarted node taking over its predecessor's rank (dead, or about to be), or a
@@ -314,9 +317,10 @@ class Scheduler:
         self.nodes[node.ident] = node
         book = self._book()
         self._welcome(node, book, restore=node.role == Role.SERVER)
-        if node.role == Role.SERVER:
-            for w in self._live(Role.WORKER):
-                self._send(w, Command.SERVERS, Servers(restored=node.rank, servers=book))
+        if node.role == Role.SERVER:   # (the servers too: the replacement may hold their replicas)
+            for n in self._live():
+                if n is not node:
+                    self._send(n, Command.SERVERS, Servers(restored=node.rank, servers=book))
         else:
             self.roster.want_membership()
         log.warning("%s %d rejoined (restart %d)", node.role, node.rank, node.restarts)
@@ -426,7 +430,8 @@ class Scheduler:
             for (role, rank), (ident, body) in rb.nodes.items():
                 assert body.rejoin is not None
                 node = Node(role=role, host=body.host, port=body.port, pid=body.pid, ident=ident, wish=rank,
-                            rank=rank, restarts=body.rejoin.restarts, barrier_done=body.rejoin.barriers,
+                            rank=rank, replica=body.replica, restarts=body.rejoin.restarts,
+                            barrier_done=body.rejoin.barriers,
                             joiner=body.rejoin.joiner and role == Role.WORKER)
                 self.nodes[ident] = node
                 self.roster.joined(role, ident)
@@ -474,7 +479,8 @@ class Scheduler:
             del self.nodes[old.ident]
             self.roster.left(old.role, old.ident)
         node = Node(role=body.role, host=body.host, port=body.port, pid=body.pid, ident=ident, wish=body.rank,
-                    rank=body.rank, restarts=body.rejoin.restarts, barrier_done=body.rejoin.barriers,
+                    rank=body.rank, replica=body.replica, restarts=body.rejoin.restarts,
+                    barrier_done=body.rejoin.barriers,
                     joiner=body.rejoin.joiner and body.role == Role.WORKER)
         self.nodes[ident] = node
         self.roster.joined(node.role, ident)

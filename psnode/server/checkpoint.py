@@ -155,13 +155,20 @@ def _restore_round(i: int, item: dict[str, Any], entry: Entry, arrays: Any) -> N
 def save_server(directory: str, rank: int, store: Store) -> str:
     """Write ``store``'s :func:`snapshot`; once it is on disk, its pushes are durable.
     Returns the file path."""
-    os.makedirs(directory, exist_ok=True)
     meta, arrays = snapshot(store)
-    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    final = path_for(directory, rank)
-    with atomic_file(final, sync=True) as fh:
-        np.savez(fh, **arrays)  # type: ignore[arg-type]
+    final = write_server(directory, rank, meta, arrays)
     store.mark_durable()
+    return final
+
+
+def write_server(directory: str, rank: int, meta: dict[str, Any], arrays: Arrays) -> str:
+    """Write a :func:`snapshot` as server ``rank``'s checkpoint (the caller marks the store
+    durable once every copy it needs is made).  Returns the file path."""
+    os.makedirs(directory, exist_ok=True)
+    final = path_for(directory, rank)
+    named = {**arrays, "meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)}
+    with atomic_file(final, sync=True) as fh:
+        np.savez(fh, **named)  # type: ignore[arg-type]
     return final
 
 

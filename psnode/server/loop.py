@@ -30,9 +30,10 @@ from psnode.net.link import SchedulerLink
 from psnode.net.security import Security
 from psnode.net.transport import Poller, Transport
 from psnode.protocol import Command, Message, failure
-from psnode.protocol.control import Bye, Control, JobEnd, Membership, Rejoin, Welcome
+from psnode.protocol.control import Bye, Control, JobEnd, Membership, Rejoin, ServerAddress, Servers, Welcome
 from psnode.samehost import segments as shm
 from psnode.server import checkpoint
+from psnode.server.replicas import Keeper, Replicator, fetch
 from psnode.server.replies import Reply
 from psnode.server.routes import Routes
 from psnode.server.samehost import SameHost
@@ -61,8 +62,17 @@ class Server:
         arena = self.local.arena if self.local is not None else None
         self.store = Store(cfg.num_workers, check_finite=cfg.skip_nonfinite,
                            alloc=arena.array if arena else None, adopt=arena.adopt if arena else None,
-                           restartable=bool(cfg.checkpoint_dir) and cfg.max_restarts > 0)
-        self.link = SchedulerLink(self.t, cfg, "server", self.port, self._stats)
+                           restartable=cfg.servers_restartable)
+        #: holds the other servers' copies (psnode.server.replicas); sends this one's: replicator
+        self.keeper = Keeper(cfg, self.t.security) if cfg.replicas > 1 and cfg.num_servers > 1 else None
+        if self.keeper is not None:
+            self.keeper.start()
+        self.replicator: Replicator | None = None
+        self.book: tuple[ServerAddress, ...] = ()
+        self.recopy = False                   # a holder was replaced: copy the state to it
+        self.deferred: list[Control] = []     # scheduler messages that came during a copy
+        self.link = SchedulerLink(self.t, cfg, "server", self.port, self._stats,
+                                  replica=self.keeper.port if self.keeper is not None else 0)
         self.link.report = self._rejoin_report
         self.rank = -1
         self.next_checkpoint = float("inf")
@@ -111,7 +121,17 @@ class Server:
 
     # ------------------------------------------------------------ restore
     def _restore(self) -> None:
-        """Load the last checkpoint of this rank: the state this server had when it was written."""
+        """Load this rank's state: the newest copy its replicas hold, else its last checkpoint
+        (either is the state this server had when it was made)."""
+        if self.keeper is not None:
+            cfg = self.cfg
+            meta, arrays, holder = fetch(self.t, self.rank, self.book, cfg.num_servers, cfg.replicas,
+                                         self._pump, timeout=cfg.dead_after + 10.0)
+            parts = checkpoint.restore(self.store, meta, arrays, same_job=True)
+            log.warning("server %d restored %d key parts from its replica on server %d; serving again",
+                        self.rank, parts, holder)
+            self.recopy = True   # (every holder gets this state: a third one may hold an older one)
+            return
         where = self.cfg.checkpoint_dir
         if not where:
             raise ConfigError(f"server {self.rank} was restarted, but the job has no checkpoint "
@@ -142,13 +162,35 @@ class Server:
         if active != rules.active or body.generation != rules.generation or set(body.joined) != rules.joiners:
             self._reply(self.store.set_membership(active, body.generation, set(body.joined)))
 
+    def _take_book(self, book: tuple[ServerAddress, ...]) -> None:
+        """The servers' addresses: a replaced holder gets this server's state (``recopy``)."""
+        self.book = book
+        if self.replicator is not None and self.replicator.repoint(book):
+            self.recopy = True
+
+    def _pump(self) -> None:
+        """The scheduler link while a copy or a restore waits: heartbeats, address book changes;
+        the rest waits in ``deferred`` (a failed job ends the wait: PeerLost)."""
+        self.link.tick(time.monotonic())
+        while (m := self.link.recv()) is not None:
+            if isinstance(m.body, Servers) and m.body.restored is not None:
+                self._take_book(m.body.servers)
+            elif isinstance(m.body, JobEnd) and not (m.cmd is Command.SHUTDOWN and m.body.ok):
+                raise PeerLost(m.body.reason)
+            else:
+                self.deferred.append(m)
+
     def _on_scheduler(self, msg: Control) -> int | None:
         body = msg.body
         if isinstance(body, Welcome) and self.rank >= 0:
-            pass  # a repeat (this server registered again before the first one arrived)
+            self._take_book(body.servers)  # a repeat, or a scheduler that took the job over
         elif isinstance(body, Welcome):
             self.rank = body.rank
             self.t.sender = f"server:{self.rank}"
+            if self.keeper is not None:
+                self.replicator = Replicator(self.t, self.rank, self.cfg.num_servers, self.cfg.replicas)
+            self._take_book(body.servers)
+            self.recopy = False
             if timeline.start(self.cfg.timeline, "server", self.rank, self.cfg.restart_count) is not None:
                 rounds, fused = self.store.key_rounds, self.store.fused   # (a key's round; a bucket's)
                 rounds._apply = timeline.traced(rounds._apply, "apply")  # type: ignore[method-assign]
@@ -167,20 +209,33 @@ class Server:
                 self.next_checkpoint = time.monotonic() + self.cfg.checkpoint_interval
         elif isinstance(body, Membership):
             self._membership(body)
+        elif isinstance(body, Servers) and body.restored is not None:
+            self._take_book(body.servers)
         elif isinstance(body, JobEnd) and msg.cmd is Command.SHUTDOWN and body.ok:
-            self._checkpoint()
+            self._checkpoint(final=True)
             self.link.chan.send(Command.BYE, Bye().to_body())
             return 0
         elif isinstance(body, JobEnd):   # SHUTDOWN (failed) or PEER_LOST
             raise PeerLost(body.reason)
         return None
 
-    def _checkpoint(self) -> None:
-        if self.cfg.checkpoint_dir and self.rank >= 0:
-            start = time.time_ns()
-            checkpoint.save_server(self.cfg.checkpoint_dir, self.rank, self.store)
-            if timeline.current is not None:
-                timeline.current.span("checkpoint", start)
+    def _checkpoint(self, final: bool = False) -> None:
+        """Make this server's state durable: on disk (``--checkpoint-dir``) and, but at the
+        job's end (``final``), at every holder of its replicas; only then are its pushes
+        durable (psnode.server.store)."""
+        replicate = self.replicator is not None and not final
+        if self.rank < 0 or not (self.cfg.checkpoint_dir or replicate):
+            return
+        start = time.time_ns()
+        meta, arrays = checkpoint.snapshot(self.store)
+        if self.cfg.checkpoint_dir:
+            checkpoint.write_server(self.cfg.checkpoint_dir, self.rank, meta, arrays)
+        if replicate:
+            assert self.replicator is not None
+            self.replicator.copy(meta, arrays, self._pump, resend_after=self.cfg.dead_after)
+        self.store.mark_durable()
+        if timeline.current is not None:
+            timeline.current.span("replicate" if replicate else "checkpoint", start)
 
     # ------------------------------------------------------------ loop
     def run(self) -> int:
@@ -196,12 +251,19 @@ class Server:
                     self._checkpoint()
                     self.next_checkpoint = now + self.cfg.checkpoint_interval
                 filling = bool(self.store.filling.pending)   # (parts to compute: psnode.server.fills)
-                ready = poller.poll(0 if filling else self.link.timeout(now))
+                ready = poller.poll(0 if filling or self.deferred else self.link.timeout(now))
+                while self.deferred:
+                    code = self._on_scheduler(self.deferred.pop(0))
+                    if code is not None:
+                        return code
                 if sched_sock in ready:
                     while (m := self.link.recv()) is not None:
                         code = self._on_scheduler(m)
                         if code is not None:
                             return code
+                if self.recopy and self.rank >= 0:
+                    self.recopy = False
+                    self._checkpoint()
                 if self.chan.sock in ready and self.rank >= 0:
                     for _ in range(64):  # bounded, so heartbeats keep flowing
                         got = self.chan.recv(routed=True)
@@ -235,6 +297,10 @@ class Server:
         finally:
             if self.local is not None:
                 self.local.close()
+            if self.replicator is not None:
+                self.replicator.close()
+            if self.keeper is not None:
+                self.keeper.close()
             self.t.close(linger_ms=200)
 
 

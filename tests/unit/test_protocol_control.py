@@ -33,6 +33,7 @@ from psnode.protocol.control import (
     Membership,
     Register,
     Rejoin,
+    Replica,
     ServerAddress,
     Servers,
     StatusAnswer,
@@ -53,7 +54,7 @@ from psnode.protocol.samehost import (
 )
 from psnode.protocol.status import NodeRow
 
-BOOK = (ServerAddress(0, "127.0.0.1", 4000), ServerAddress(1, "10.0.0.2", 4001))
+BOOK = (ServerAddress(0, "127.0.0.1", 4000), ServerAddress(1, "10.0.0.2", 4001, replica=4101))
 ROW = NodeRow("worker", 1, "10.0.0.3", "dead", pid=9, port=0, pushes=4, rate=1.5)
 WAIT = WaitReport(WaitKind.PULL, of="'w'", push=2, on=(0,), waited=2.5)
 
@@ -61,6 +62,7 @@ WAIT = WaitReport(WaitKind.PULL, of="'w'", push=2, on=(0,), waited=2.5)
 VALID = [
     (Command.REGISTER, Register("worker", "127.0.0.1", 0, 4242, None)),
     (Command.REGISTER, Register("server", "10.0.0.2", 4001, 7, 1)),
+    (Command.REGISTER, Register("server", "10.0.0.2", 4001, 7, 1, replica=4101)),
     (Command.REGISTER, Register("server", "10.0.0.2", 4001, 7, 1, Rejoin(1, 0, False, 2, (0, 3), (3,)))),
     (Command.REJOIN, Empty()),
     (Command.WELCOME, Welcome(1, BOOK, 99, 2, 2, (0, 1), 3, True, 5)),
@@ -81,6 +83,8 @@ VALID = [
     (Command.BYE, Bye(error="ValueError: bad batch")),
     (Command.BYE, Bye(restart="worker 1 failed")),
     (Command.STATUS, Empty()),
+    (Command.REPLICA_PUT, Replica(1, 7)), (Command.REPLICA_ACK, Replica(1, 7)),
+    (Command.REPLICA_GET, Replica(2)), (Command.REPLICA_STATE, Replica(2, 0)),
     (Command.STATUS_REPLY, StatusAnswer("job-a", 12.5, True, 3, (ROW, NodeRow("server", 0, "h", "alive")))),
     (Command.STOP, Stop("stopped by test")),
     (Command.STOP_ACK, Empty()),
@@ -92,6 +96,8 @@ VALID = [
     (Command.WELCOME, Welcome(2, BOOK, 99, 2, 2, (0, 1, 2), 0, False, 0, 3, True, (2,))),
     (Command.BARRIER_DONE, BarrierDone(4, (0, 2), 5)),
     (Command.MEMBERSHIP, Membership((0, 1, 2), 2, (2,), (1,))),
+    (Command.REPLICA_PUT, Replica(1, 7)), (Command.REPLICA_ACK, Replica(1, 7)),
+    (Command.REPLICA_GET, Replica(2)), (Command.REPLICA_STATE, Replica(2, 0)),
     (Command.STATUS_REPLY, StatusAnswer("job-a", 1.0, True, 0, (ROW,), 3, (0, 2), 2, 1, 1)),
 ]
 

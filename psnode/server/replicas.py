@@ -1,0 +1,247 @@
+"""Replicas: each server's whole state, held in memory by the next servers.
+
+With ``PSNODE_REPLICAS`` = K > 1, server ``r``'s state is copied to its **holders**, servers
+``r+1 .. r+K-1`` (rank order, wrapping: :func:`holders`), whose :class:`Keeper` threads hold the
+latest copy of each rank in memory.  A copy is the state a checkpoint would write
+(psnode.server.checkpoint: values, optimizer state, rounds in progress, the pushes taken per
+worker), aggregated per round, never per push.
+
+**Durability.**  A copy counts as the server's checkpoint: the primary reports its pushes
+durable (:meth:`psnode.server.store.Store.mark_durable`) only once every holder acknowledged it
+(:meth:`Replicator.copy` blocks until then).  So the exactly-once invariant
+(psnode.worker.journal, psnode.server.store) holds with a holder's memory in place of a disk:
+every push a replacement lacks is one its worker still holds and resends.
+
+**Failover.**  A server that dies is replaced by a new process with its rank, on any live host
+(the launcher's choice).  Its WELCOME says ``restore``: it asks every holder for the copy it
+keeps (:func:`fetch`) and takes the newest one (any copy a holder acknowledged is at least the
+durable state), then serves; the workers resend what it lacks, the rounds go on, nothing is
+rolled back.  Every copy of a rank lost at once (all its holders gone too) ends the job, naming
+the server, since nothing can restore it.
+
+**Threads.**  A Keeper runs in its own thread with its own ZeroMQ context and socket (bound to
+the server's host, never a wildcard): it answers while its server's loop is busy or itself
+waiting for its holders, so copies between servers never deadlock.  The Replicator and
+:func:`fetch` run in the server's loop thread.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from psnode.config import NodeConfig
+from psnode.errors import ConfigError
+from psnode.net.security import Security
+from psnode.net.transport import Channel, Poller, Transport
+from psnode.protocol import Command
+from psnode.protocol.control import Replica, ServerAddress
+from psnode.protocol.frames import contiguous
+
+log = logging.getLogger("psnode.replicas")
+
+Arrays = dict[str, np.ndarray]
+
+POLL_S = 0.1   # the longest a wait goes without looking at the scheduler link
+GRACE_S = 1.0  # how long a replacement that has one copy waits for the other holders' (newer?) ones
+
+
+def holders(rank: int, num_servers: int, replicas: int) -> list[int]:
+    """The servers that hold copies of server ``rank``'s state: the next ``replicas - 1`` ranks."""
+    return [(rank + i) % num_servers for i in range(1, min(replicas, num_servers))]
+
+
+def pack_state(meta: Mapping[str, Any], arrays: Arrays) -> list[np.ndarray]:
+    """A state (psnode.server.checkpoint.snapshot) as arrays: its JSON index (with the arrays'
+    names) first, then the arrays in that order."""
+    names = list(arrays)
+    index = json.dumps({"meta": meta, "names": names}).encode()
+    return [np.frombuffer(index, dtype=np.uint8), *(contiguous(arrays[n]) for n in names)]
+
+
+def unpack_state(arrays: Sequence[np.ndarray]) -> tuple[dict[str, Any], Arrays]:
+    """The inverse of :func:`pack_state`; ConfigError when the copy is not one."""
+    try:
+        index = json.loads(bytes(arrays[0]).decode())
+        names = index["names"]
+        if not isinstance(names, list) or len(names) != len(arrays) - 1:
+            raise ValueError("the names do not match the arrays")
+        return index["meta"], dict(zip(names, arrays[1:], strict=True))
+    except (IndexError, KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"a replica's copy is not a server state: {exc}") from None
+
+
+@dataclass
+class _Held:
+    seq: int
+    arrays: list[np.ndarray]   # views of the received frames
+
+
+class Keeper(threading.Thread):
+    """Holds the latest copy of each server's state sent to it, and gives it back (module
+    docstring).  Bound at construction (``port`` says where); :meth:`close` ends the thread."""
+
+    def __init__(self, cfg: NodeConfig, security: Security) -> None:
+        super().__init__(name="replica-keeper", daemon=True)
+        self.t = Transport(cfg.job_id, "keeper", cfg.max_message_bytes, security)
+        self.chan, self.port = self.t.router(cfg.host, 0)
+        self.held: dict[int, _Held] = {}
+        self._closing = threading.Event()
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        poller = Poller()
+        poller.add(self.chan)
+        try:
+            while not self._closing.is_set():
+                if not poller.poll(POLL_S):
+                    continue
+                while (got := self.chan.recv(routed=True)) is not None:
+                    self._on(got[0] or b"", got[1])
+        finally:
+            self.t.close()
+
+    def _on(self, ident: bytes, msg: Any) -> None:
+        try:
+            body = Replica.from_body(msg.body)
+        except Exception as exc:  # noqa: BLE001 - a malformed message is dropped, never fatal
+            log.warning("dropped a replica message from %r: %s", ident, exc)
+            return
+        if msg.cmd is Command.REPLICA_PUT and msg.arrays:
+            with self._lock:
+                old = self.held.get(body.rank)
+                if old is None or body.seq >= old.seq:
+                    self.held[body.rank] = _Held(body.seq, list(msg.arrays))
+            self.chan.send(Command.REPLICA_ACK, Replica(body.rank, body.seq).to_body(), to=ident)
+        elif msg.cmd is Command.REPLICA_GET:
+            with self._lock:
+                held = self.held.get(body.rank)
+            if held is None:
+                self.chan.send(Command.REPLICA_STATE, Replica(body.rank, 0).to_body(), to=ident)
+            else:
+                self.chan.send(Command.REPLICA_STATE, Replica(body.rank, held.seq).to_body(),
+                               arrays=held.arrays, to=ident)
+        else:
+            log.warning("dropped %s from %r: not a replica request", msg.cmd.value, ident)
+
+    def close(self) -> None:
+        self._closing.set()
+        self.join(5)
+
+
+class Replicator:
+    """The primary's side: sends each copy of its state to its holders and waits until every one
+    acknowledged it.  ``pump()`` runs between polls (the server's scheduler link: heartbeats,
+    and address book changes through :meth:`repoint`); it raises to abandon the wait (the job
+    ended)."""
+
+    def __init__(self, t: Transport, rank: int, num_servers: int, replicas: int) -> None:
+        self.t = t
+        self.rank = rank
+        self.ranks = holders(rank, num_servers, replicas)
+        self.seq = 0
+        self._chans: dict[int, Channel] = {}
+        self._where: dict[int, tuple[str, int]] = {}
+
+    def repoint(self, book: Sequence[ServerAddress]) -> list[int]:
+        """Take the address book; returns the holders whose keeper changed (a replacement: its
+        keeper holds nothing of this server yet)."""
+        changed = []
+        for entry in book:
+            where = (entry.host, entry.replica)
+            if entry.rank in self.ranks and entry.replica and self._where.get(entry.rank) != where:
+                old = self._chans.pop(entry.rank, None)
+                if old is not None:
+                    old.close()
+                self._where[entry.rank] = where
+                self._chans[entry.rank] = self.t.dealer(entry.host, entry.replica, f"s{self.rank}")
+                changed.append(entry.rank)
+        return changed
+
+    def copy(self, meta: Mapping[str, Any], arrays: Arrays, pump: Callable[[], None],
+             resend_after: float) -> None:
+        """Send this state to every holder and return once each acknowledged it (resent to a
+        holder silent for ``resend_after`` s, or whose address changed meanwhile)."""
+        self.seq += 1
+        packed = pack_state(meta, arrays)
+        body = Replica(self.rank, self.seq).to_body()
+        waiting = set(self.ranks)
+        sent: dict[int, tuple[Channel, float]] = {}
+        while True:
+            now = time.monotonic()
+            for r in waiting:
+                chan = self._chans.get(r)
+                if chan is not None and (r not in sent or sent[r][0] is not chan or now - sent[r][1] > resend_after):
+                    chan.send(Command.REPLICA_PUT, body, arrays=packed)
+                    sent[r] = (chan, now)
+            poller = Poller()
+            for r in waiting:
+                if r in self._chans:
+                    poller.add(self._chans[r])
+            if poller.poll(POLL_S):
+                for r in list(waiting):
+                    chan = self._chans.get(r)
+                    while chan is not None and (got := chan.recv()) is not None:
+                        if got[1].cmd is Command.REPLICA_ACK and got[1].body.get("seq") == self.seq:
+                            waiting.discard(r)
+            if not waiting:
+                return
+            pump()
+
+    def close(self) -> None:
+        for chan in self._chans.values():
+            chan.close()
+        self._chans.clear()
+
+
+def fetch(t: Transport, rank: int, book: Sequence[ServerAddress], num_servers: int, replicas: int,
+          pump: Callable[[], None], timeout: float) -> tuple[dict[str, Any], Arrays, int]:
+    """The newest copy of server ``rank``'s state its holders keep (in ``book``): (index,
+    arrays, the holder it came from).  Every holder answers, or is waited for up to ``timeout``
+    s; ConfigError when none holds a copy (every copy of the rank is lost)."""
+    where = {e.rank: e for e in book}
+    asked: dict[int, Channel] = {}
+    for r in holders(rank, num_servers, replicas):
+        entry = where.get(r)
+        if entry is not None and entry.replica:
+            chan = t.dealer(entry.host, entry.replica, f"r{rank}")
+            chan.send(Command.REPLICA_GET, Replica(rank).to_body())
+            asked[r] = chan
+    best: tuple[int, int, list[np.ndarray]] | None = None
+    pending = dict(asked)
+    deadline = time.monotonic() + timeout
+    try:
+        while pending and time.monotonic() < deadline:
+            poller = Poller()
+            for chan in pending.values():
+                poller.add(chan)
+            if poller.poll(POLL_S):
+                for r, chan in list(pending.items()):
+                    got = chan.recv()
+                    if got is None or got[1].cmd is not Command.REPLICA_STATE:
+                        continue
+                    del pending[r]
+                    seq = got[1].body.get("seq")
+                    if type(seq) is int and seq > 0 and got[1].arrays and (best is None or seq > best[0]):
+                        best = (seq, r, [np.array(a) for a in got[1].arrays])
+                        deadline = min(deadline, time.monotonic() + GRACE_S)   # (a silent holder: not long)
+            pump()
+    finally:
+        for chan in asked.values():
+            chan.close()
+    if best is None:
+        tried = ", ".join(str(r) for r in asked) or "none in the address book"
+        raise ConfigError(f"no copy of server {rank}'s state is left (its holders: servers {tried}, "
+                          f"{'did not answer' if pending else 'hold none'}): every replica of its key parts "
+                          "was lost at once")
+    meta, arrays = unpack_state(best[2])
+    return meta, arrays, best[1]
+
+
+__all__ = ["Keeper", "Replicator", "fetch", "holders", "pack_state", "unpack_state"]
