@@ -31,7 +31,7 @@ import pytest
 from psnode.errors import PSError
 from psnode.math.optimizers import create as create_optimizer
 from psnode.protocol import Failed, Flush, Init, Ok, Pull, Push, PushPull, SetOptimizer, Wait, bucket_key
-from psnode.server import checkpoint
+from psnode.server import checkpoint, replicas
 from psnode.server.store import Store
 from psnode.worker.journal import ASK_DEPTH
 from psnode.worker.tracker import Request, Tracker
@@ -83,19 +83,41 @@ class Msg:
     at: float
 
 
-class SimServer:
-    """A server: the store, its last checkpoint (as from disk) and the release policy."""
+class Torn(Exception):
+    """The server dies in the middle of a copy to its replicas (a fault point)."""
 
-    def __init__(self, rank: int, every: int) -> None:
-        self.rank, self.every = rank, every
+
+class SimServer:
+    """A server: the store, its last checkpoint (as from disk) and the release policy.  With
+    ``peers`` (replicated: psnode.server.replicas) its checkpoint is a copy to its holders'
+    keepers (``held``, lost with the holder), packed and unpacked as on the wire, and a restart
+    takes the newest copy a holder keeps; ``torn`` makes the next copy die before
+    (``"before"``) or after (``"after"``) its holder got it, and before the store marks it."""
+
+    def __init__(self, rank: int, every: int, peers: list[SimServer] | None = None) -> None:
+        self.rank, self.every, self.peers = rank, every, peers
         self.store = Store(W, restartable=True)
         self.saved: tuple[dict[str, Any], dict[str, np.ndarray]] | None = None
+        self.held: dict[int, tuple[int, list[np.ndarray]]] = {}   # the keeper's memory
+        self.seq = 0
+        self.torn: str | None = None
         self.checkpoints = 0
-        self.checkpoint()          # (psnode.server.loop: a restartable server writes one at start)
+        if peers is None:
+            self.checkpoint()      # (psnode.server.loop: a restartable server writes one at start)
 
     def checkpoint(self) -> None:
         meta, arrays = checkpoint.snapshot(self.store)
-        self.saved = (json.loads(json.dumps(meta)), {k: np.array(v, copy=True) for k, v in arrays.items()})
+        if self.peers is None:
+            self.saved = (json.loads(json.dumps(meta)), {k: np.array(v, copy=True) for k, v in arrays.items()})
+        else:
+            self.seq += 1
+            packed = [np.array(a, copy=True) for a in replicas.pack_state(meta, arrays)]
+            if self.torn == "before":
+                raise Torn
+            for h in replicas.holders(self.rank, S, 2):
+                self.peers[h].held[self.rank] = (self.seq, packed)
+            if self.torn == "after":
+                raise Torn
         self.store.mark_durable()
         self.checkpoints += 1
 
@@ -106,9 +128,17 @@ class SimServer:
         return self.store.release(replies, self.every, self.checkpoint)
 
     def restart(self) -> None:
-        assert self.saved is not None
-        meta, arrays = self.saved
         self.store = Store(W, restartable=True)
+        self.torn = None
+        if self.peers is None:
+            assert self.saved is not None
+            meta, arrays = self.saved
+        else:
+            self.held = {}   # (what this server's keeper held died with it)
+            copies = [self.peers[h].held[self.rank] for h in replicas.holders(self.rank, S, 2)
+                      if self.rank in self.peers[h].held]
+            assert copies, f"server {self.rank}: no replica holds its state"
+            meta, arrays = replicas.unpack_state(max(copies, key=lambda c: c[0])[1])
         checkpoint.restore(self.store, json.loads(json.dumps(meta)), arrays, same_job=True)
 
 
@@ -222,10 +252,15 @@ class SimWorker:
 class Sim:
     """The network, the clock and the fault schedule of one seeded run."""
 
-    def __init__(self, seed: int, every: int, kills: int) -> None:
+    def __init__(self, seed: int, every: int, kills: int, replicated: bool = False) -> None:
         self.rng = random.Random(seed)
         self.now = 0.0
-        self.servers = [SimServer(s, every) for s in range(S)]
+        self.replicated = replicated
+        peers: list[SimServer] = []
+        self.servers = [SimServer(s, every, peers if replicated else None) for s in range(S)]
+        peers.extend(self.servers)
+        for server in self.servers if replicated else ():
+            server.checkpoint()    # (the first copy, once every keeper is up)
         self.lives = [0] * W
         self.checked = [0]
         self.workers = [SimWorker(w, 0, random.Random(self.rng.random()), tally=self.checked) for w in range(W)]
@@ -262,7 +297,12 @@ class Sim:
     def deliver(self, msg: Msg) -> None:
         kind, rank = msg.to
         if kind == "server":
-            replies = self.servers[rank].handle(msg.frm, msg.items)
+            try:
+                replies = self.servers[rank].handle(msg.frm, msg.items)
+            except Torn:
+                self.kill_log.append(f"{self.now:.2f} server {rank} in a copy")
+                self._kill_server(rank)
+                return
             by: dict[int, list[Any]] = {}
             for r in replies:
                 by.setdefault(r.worker, []).append(r.answer)
@@ -279,20 +319,38 @@ class Sim:
                 self.send(w, again)
             self.pump(w)
 
+    def _copy(self, server: SimServer) -> None:
+        try:
+            server.checkpoint()
+        except Torn:
+            self.kill_log.append(f"{self.now:.2f} server {server.rank} in a copy")
+            self._kill_server(server.rank)
+
+    def _kill_server(self, rank: int) -> None:
+        self.flight = [m for m in self.flight if m.to != ("server", rank) and (m.frm != rank or m.to[0] != "worker"
+                                                                             or self.rng.random() < 0.5)]
+        self.servers[rank].restart()
+        for other in self.servers:
+            other.torn = None      # (one host at a time: no other fault while this one is replaced)
+        self.down_until[rank] = self.now + self.rng.uniform(0.0, 3.0)
+        for w in self.workers:
+            w.tracker.down.add(rank)
+
     def kill(self) -> None:
         alive = [("worker", w.rank) for w in self.workers if w.phase not in ("finished", "flush")]
-        alive += [("server", s) for s in range(S) if s not in self.down_until]
+        # (replicated: one host at a time -- none while a server is being replaced)
+        alive += [("server", s) for s in range(S) if s not in self.down_until
+                  and not (self.replicated and self.down_until)]
         if not alive:
             return
         kind, rank = self.rng.choice(alive)
+        if kind == "server" and self.replicated and self.rng.random() < 0.5:
+            self.servers[rank].torn = self.rng.choice(("before", "after"))   # dies in its next copy
+            self.kill_log.append(f"{self.now:.2f} server {rank} armed {self.servers[rank].torn}")
+            return
         self.kill_log.append(f"{self.now:.2f} {kind} {rank}")
         if kind == "server":
-            self.flight = [m for m in self.flight if m.to != ("server", rank) and (m.frm != rank or m.to[0] != "worker"
-                                                                                 or self.rng.random() < 0.5)]
-            self.servers[rank].restart()
-            self.down_until[rank] = self.now + self.rng.uniform(0.0, 3.0)
-            for w in self.workers:
-                w.tracker.down.add(rank)
+            self._kill_server(rank)
         else:
             # what it sent may still arrive (before its replacement, seconds later, starts);
             # answers to it reach its replacement (the same identity)
@@ -320,6 +378,10 @@ class Sim:
                     del self.down_until[s]
                     for w in self.workers:
                         self.send(w, {s: w.tracker.restored(s, self.now)})
+                    if self.replicated:   # (the replacement holds no copies: its primaries copy again)
+                        for primary in self.servers:
+                            if primary.rank == s or s in replicas.holders(primary.rank, S, 2):
+                                self._copy(primary)
             if self.kills_left and self.now >= next_kill:
                 self.kills_left -= 1
                 next_kill = self.now + self.rng.uniform(0.05, 1.5)
@@ -330,6 +392,8 @@ class Sim:
             due = [m for m in self.flight if m.at <= self.now]
             self.rng.shuffle(due)
             for m in due:
+                if m not in self.flight:
+                    continue                       # (dropped by a server's death meanwhile)
                 self.flight.remove(m)
                 r = self.rng.random()
                 if r < 0.03:
@@ -377,6 +441,24 @@ def test_every_push_is_applied_exactly_once_across_random_kills(every: int) -> N
         killed += len(sim.kill_log)
         assert sim.checked[0] >= W * STEPS   # (each pull after a push of each step checked)
     assert killed >= 120 * 5
+
+
+@pytest.mark.parametrize("every", [1, 0])
+def test_every_push_is_applied_exactly_once_with_replicas_across_random_kills(every: int) -> None:
+    """Replicated servers (K = 2, no disk): 100 seeded runs per cadence, 6 faults each -- a kill,
+    or a death in the middle of a copy to the replica, before or after the holder got it --
+    one host at a time; every replacement restores the newest copy its holder keeps."""
+    torn = 0
+    for seed in range(100):
+        sim = Sim(seed * 11 + every, every, kills=6, replicated=True)
+        try:
+            sim.run()
+            _check_final(sim)
+        except (AssertionError, PSError) as exc:
+            raise AssertionError(f"seed {seed * 11 + every}, every={every}, faults {sim.kill_log}: {exc}") from exc
+        torn += sum("in a copy" in k for k in sim.kill_log)
+        assert sim.checked[0] >= W * STEPS
+    assert torn >= 50
 
 
 def test_a_journal_stays_bounded_when_the_server_checkpoints_only_when_asked() -> None:
