@@ -6,10 +6,11 @@ state only from the loss of a host it is not on.
 
 * **At launch** (:func:`place_servers`): the servers go round-robin over the hosts (server ``r``
   on host ``r mod H``).  With ``K`` > 1 and 2 or more hosts, ranks are then swapped (the hosts
-  keep their server counts) until no server has a copy on its own host, where the counts allow
-  it: round-robin already achieves that when ``-s`` is a multiple of the hosts, except for the
-  ranks that wrap around.  :func:`copies_at_home` names the servers whose every copy is on their
-  own host (their state dies with it), for the plan's warning.
+  keep their server counts) while that spreads some server's state (its own and its copies)
+  over more hosts, up to ``K`` hosts each: round-robin already does so when ``-s`` is a
+  multiple of the hosts, except for the ranks that wrap around.  :func:`copies_at_home` names
+  the servers whose every copy is on their own host (their state dies with it), for the plan's
+  warning.
 * **After a host loss** (:func:`server_home`): a server to restart whose host does not answer
   restarts with its rank on a host that answers: preferably one holding none of its copies and
   none of the servers it holds copies for, then the one with the fewest live servers of the job,
@@ -29,33 +30,35 @@ def copy_ranks(rank: int, servers: int, replicas: int) -> list[int]:
     return [(rank + j) % servers for j in range(1, min(replicas, servers))]
 
 
-def _clashes_at(hosts: Sequence[object], replicas: int, ranks: Collection[int]) -> int:
-    """The (server, copy) pairs sharing a host that involve any of ``ranks``."""
-    n = len(hosts)
-    pairs = {(r, c) for r in ranks for c in copy_ranks(r, n, replicas)}
-    pairs |= {((r - j) % n, r) for r in ranks for j in range(1, min(replicas, n))}
-    return sum(1 for a, b in pairs if hosts[a] == hosts[b])
+def _shortfall_at(placed: Sequence[object], replicas: int, width: int, ranks: Collection[int]) -> int:
+    """Over the servers whose state (their own or a copy) is held by any of ``ranks``: how many
+    hosts their state misses, each server's state being on at most ``width`` hosts."""
+    n = len(placed)
+    size = min(replicas, n)
+    owners = {(r - j) % n for r in ranks for j in range(size)}
+    return sum(width - len({placed[(o + j) % n] for j in range(size)}) for o in owners)
 
 
 def place_servers(hosts: Sequence[H], count: int, replicas: int = 1) -> list[H]:
     """The host of each of ``count`` servers (index: rank): round-robin over ``hosts``, then,
-    with ``replicas`` > 1 and 2 or more hosts, ranks swapped while a swap lowers the number of
-    servers with a copy on their own host (module docstring)."""
+    with ``replicas`` > 1 and 2 or more hosts, ranks swapped while a swap spreads the servers'
+    states (each server's and its copies) over more hosts (module docstring)."""
     if not hosts:
         raise ValueError("no hosts to place servers on")
     placed = [hosts[r % len(hosts)] for r in range(count)]
     if replicas <= 1 or len(hosts) < 2 or count < 2:
         return placed
+    width = min(replicas, count, len(hosts))
     while True:
-        bad = sorted({r for r in range(count) for c in copy_ranks(r, count, replicas) if placed[c] == placed[r]})
+        short = [r for r in range(count) if _shortfall_at(placed, replicas, width, {r}) > 0]
         best: tuple[int, int, int] | None = None
-        for a in bad:
+        for a in reversed(short):     # the highest ranks first: those that wrap around
             for b in range(count):
                 if placed[a] == placed[b]:
                     continue
-                before = _clashes_at(placed, replicas, {a, b})
+                before = _shortfall_at(placed, replicas, width, {a, b})
                 placed[a], placed[b] = placed[b], placed[a]
-                gain = before - _clashes_at(placed, replicas, {a, b})
+                gain = before - _shortfall_at(placed, replicas, width, {a, b})
                 placed[a], placed[b] = placed[b], placed[a]
                 if gain > 0 and (best is None or gain > best[0]):
                     best = (gain, a, b)
