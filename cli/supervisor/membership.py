@@ -324,15 +324,18 @@ class Membership:
 
     def move_server(self, rec: ProcRecord, count: int) -> bool:
         """Restart server ``rec``, whose host does not answer and whose state has replicas on other
-        servers, with its rank on a host that answers (:func:`mxdist.planning.servers.server_home`),
-        where it copies its state back from a replica; False when there is none or it failed."""
+        servers, with its rank on a host that answers (:func:`mxdist.planning.servers.server_home`;
+        a server host of ``--server-hosts`` while one answers), where it copies its state back from
+        a replica; False when there is none or it failed."""
         old = rec.host
         plan = self.job.plan
         lost = {*self.lost_hosts, old}
         live = {p.rank: p.host for p in self.job.record.procs
                 if p.role == Role.SERVER.value and p.rank is not None and p.name != rec.name
                 and p.state is ProcState.RUNNING and p.host not in lost}
-        label = server_home(rec.rank or 0, plan.num_servers, plan.node.replicas, list(self.job.hosts), lost, live)
+        own = [h.label for h in plan.request.server_hosts] if plan.request is not None else []   # --server-hosts
+        label = next((found for hosts in (own, list(self.job.hosts)) if hosts and (found := server_home(
+            rec.rank or 0, plan.num_servers, plan.node.replicas, hosts, lost, live)) is not None), None)
         if label is None:
             ui.warn(f"cannot restart {rec.name}: its host {old} does not answer, and no other host does")
             return False

@@ -28,7 +28,7 @@ Sequence (:meth:`Supervisor.run`):
 The supervisor composes two collaborators, each reading the job through a small protocol of
 what it needs: :class:`mxdist.supervisor.membership.Membership` (an elastic job's changes:
 ``mxdist scale``, the discovery script's hosts, workers that leave or are lost, hosts that do not
-answer, a lost host's worker moved) and :class:`mxdist.supervisor.conclusion.Conclusion` (step
+answer, a lost host's worker or replicated server moved) and :class:`mxdist.supervisor.conclusion.Conclusion` (step
 5).  The supervisor keeps the loop: starting and following processes, the lifecycle rules,
 restarts, requests to end.
 
