@@ -193,7 +193,13 @@ def launch(
     max_restarts: int = typer.Option(N.max_restarts, "--max-restarts", metavar="N",
                                      help="restart a failed worker (same rank and host) up to N times, and a "
                                           "failed server too when --checkpoint-dir is set (it restores "
-                                          "its shard from the last checkpoint); the job keeps running"),
+                                          "its shard from the last checkpoint) or --replicas is 2 or more "
+                                          "(it copies its state back from a replica, on any host that "
+                                          "answers); the job keeps running"),
+    replicas: int = typer.Option(N.replicas, "--replicas", metavar="K",
+                                 help="copies of each server's state, held in memory by the next K-1 servers "
+                                      "(1: none); 2 survives the loss of any one host; needs --max-restarts "
+                                      "to replace a lost server"),
     checkpoint_dir: str | None = typer.Option(N.checkpoint_dir, "--checkpoint-dir", metavar="DIR",
                                               help="servers write DIR/server-<rank>.npz (on their "
                                                    "host; relative to --workdir), also when the job ends well"),
@@ -261,6 +267,7 @@ def launch(
             distribution=distribution, heartbeat_interval=heartbeat_interval,  # type: ignore[arg-type]
             heartbeat_liveness=heartbeat_liveness, log_level=log_level, checkpoint_dir=checkpoint_dir,
             checkpoint_interval=checkpoint_interval, checkpoint_rounds=checkpoint_rounds, resume=resume,
+            replicas=replicas,
             skip_nonfinite=skip_nonfinite, max_restarts=max_restarts, shm=not no_shm,
             cpu_policy=cpu_policy,  # type: ignore[arg-type]
             stall_warning=stall_warning, register_timeout=start_timeout, slice_bytes=slice_bytes)

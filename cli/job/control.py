@@ -144,7 +144,7 @@ def _notes(record: JobRecord) -> list[str]:
     for c in record.changes:
         if c.change is Change.MOVED:
             at = time.strftime("%H:%M:%S", time.localtime(c.when))
-            notes.append(f"worker {c.rank} moved to {c.host} at {at}: {c.why}")
+            notes.append(f"{c.who} moved to {c.host} at {at}: {c.why}")
     for host, why in record.unverified.items():
         notes.append(f"{host}: not verified: {why} (checked again by mxdist status / stop)")
     if record.version < records.RECORD_VERSION:

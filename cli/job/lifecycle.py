@@ -19,7 +19,8 @@ Rules:
 1. A worker that exits 0 is finished.  When all workers have finished: ``WIND_DOWN``.
 2. A worker that fails (non-zero, signal, vanished) is restarted while it has restarts left
    (``--max-restarts``, counted per process) and the job is not winding down; else ``FAIL``.
-3. A server that fails is restarted when servers checkpoint (``--checkpoint-dir``) and it has
+3. A server that fails is restarted when its state outlives it (``servers_restart``: servers
+   checkpoint, ``--checkpoint-dir``, or are replicated, ``--replicas`` 2 or more) and it has
    restarts left; else ``FAIL``.  The scheduler killed by a signal or lost without an exit
    status (kill -9, the OOM killer) is restarted at its address up to ``scheduler_restarts``
    times (:data:`SCHEDULER_RESTARTS` for a psnode job, whatever ``--max-restarts``: it holds
@@ -104,7 +105,7 @@ class Supervision:
     workers: set[str]
     others: set[str]                       # scheduler and servers
     max_restarts: int = 0
-    servers_restart: bool = False          # --max-restarts with --checkpoint-dir
+    servers_restart: bool = False          # --max-restarts with --checkpoint-dir or --replicas 2+
     scheduler_restarts: int = 0            # rule 3: restarts of the scheduler when killed
     running: set[str] = field(default_factory=set)
     finished: set[str] = field(default_factory=set)

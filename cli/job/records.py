@@ -198,18 +198,26 @@ class Change(str, Enum):
     JOINED = "joined"        # started by ``mxdist scale`` while the job ran
     LEFT = "left"            # left at a round boundary (``mxdist scale`` down), exit code 0
     LOST = "lost"            # failed with no restart left; the job went on without it
-    MOVED = "moved"          # restarted with its rank on ``host``: its own host did not answer
+    MOVED = "moved"          # restarted with its rank on ``host``: its own host did not answer (a
+    #                          worker, or a server whose state has replicas: ``MemberChange.role``)
 
 
 @dataclass
 class MemberChange:
-    """One change of the job's workers: which, where, when, and why (a lost worker's exit)."""
+    """One change of the job's members: which, where, when, and why (a lost worker's exit);
+    ``role``: a worker's, or a moved server's."""
 
     change: Change
     rank: int
     host: str
     when: float
     why: str = ""
+    role: str = "worker"
+
+    @property
+    def who(self) -> str:
+        """``worker 3``, ``server 1``."""
+        return f"{self.role} {self.rank}"
 
 
 @dataclass
@@ -422,7 +430,7 @@ class JobRecord:
     def moved(self, proc: ProcRecord, host: str, address: str, why: str, when: float) -> None:
         """``proc`` restarts with its rank on ``host``: its own host did not answer (``why``)."""
         proc.host, proc.address = host, address
-        self.changes.append(MemberChange(Change.MOVED, proc.rank or 0, host, when, why))
+        self.changes.append(MemberChange(Change.MOVED, proc.rank or 0, host, when, why, proc.role))
 
     def discovered(self, hosts: list[dict[str, Any]]) -> None:
         """The host discovery script's hosts, as they are now."""
@@ -489,7 +497,9 @@ class JobRecord:
         raw["elastic"] = Elastic(**{k: v for k, v in el.items() if k in {f.name for f in fields(Elastic)}}) \
             if isinstance(el, dict) else None
         raw["root_cause"] = Cause.from_json(raw.get("root_cause"))
-        raw["changes"] = [MemberChange(**{**c, "change": Change(c["change"])}) for c in raw.get("changes") or []
+        known = {f.name for f in fields(MemberChange)}
+        raw["changes"] = [MemberChange(**{**{k: v for k, v in c.items() if k in known}, "change": Change(c["change"])})
+                          for c in raw.get("changes") or []
                           if isinstance(c, dict) and c.get("change") in {x.value for x in Change}]
         return cls(**raw)
 

@@ -223,6 +223,7 @@ class MxnetEngine(JobEngine):
         "--checkpoint-interval": _NO_CHECKPOINTS,
         "--checkpoint-rounds": _NO_CHECKPOINTS,
         "--resume": _NO_CHECKPOINTS,
+        "--replicas": "MXNet's servers keep each key's state once, in their own memory",
         "--skip-nonfinite": "MXNet's servers apply every gradient they get",
         "--max-restarts": "ps-lite cannot take a restarted worker or server back into a running job",
         "--encrypt": "ps-lite neither authenticates nor encrypts its links",

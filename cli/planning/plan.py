@@ -7,6 +7,9 @@ Rules:
 
 * the scheduler runs on the first host, or on ``scheduler_host`` (a host's name or label);
 * servers are spread over the hosts round-robin (default: one per host; 0 is allowed); with
+  ``--replicas`` K > 1, ranks are swapped where that keeps a server's copies (held by the next
+  K-1 servers) off its own host (:func:`mxdist.planning.servers.place_servers`), and a server
+  whose copies all share its host is a warning; with
   ``server_hosts`` (``--server-hosts``) over those instead (default: one per server host), and
   the workers' hosts run no server: every worker's link then carries its gradient once each way;
   big arrays are then sliced into parts of at most :data:`SERVER_HOSTS_SLICE_BYTES` (unless
@@ -63,6 +66,7 @@ from ..elastic.rules import Bounds, ElasticError, bounds
 from .engines import PSNODE, JobEngine, NodeFacts
 from .gpus import VISIBLE, GpuShortage, HostGpus, describe_worker, sharing_warnings, shortages, worker_env, worker_slots
 from .hosts import Host, HostsError, check_env_name
+from .servers import copies_at_home, place_servers
 from .torchenv import TorchJob, TorchPlace, node_ranks, places, torch_env
 from .torchenv import restarted as torch_restarted
 
@@ -113,6 +117,7 @@ class NodeOptions:
                                        metadata={"flag": "--checkpoint-interval"})
     checkpoint_rounds: int = field(default=default("checkpoint_rounds"), metadata={"flag": "--checkpoint-rounds"})
     resume: bool = field(default=default("resume"), metadata={"flag": "--resume"})
+    replicas: int = field(default=default("replicas"), metadata={"flag": "--replicas"})
     skip_nonfinite: bool = field(default=default("skip_nonfinite"), metadata={"flag": "--skip-nonfinite"})
     max_restarts: int = field(default=default("max_restarts"), metadata={"flag": "--max-restarts"})
     shm: bool = field(default=default("shm"), metadata={"flag": "--no-shm"})
@@ -153,6 +158,9 @@ class NodeOptions:
             raise PlanError(f"--slice-bytes {self.slice_bytes}: must be 0 (one part per server) or more")
         if self.checkpoint_rounds < 0:
             raise PlanError(f"--checkpoint-rounds {self.checkpoint_rounds}: must be 0 or more")
+        if self.replicas < 1:
+            raise PlanError(f"--replicas {self.replicas}: must be 1 or more (1: each server's state on its "
+                            "own host only; 2: survives the loss of any one host)")
         if not self.checkpoint_dir:
             used = [flag for flag, on in (("--checkpoint-interval", self.checkpoint_interval > 0),
                                           ("--checkpoint-rounds", self.checkpoint_rounds > 0),
@@ -170,9 +178,18 @@ class NodeOptions:
 
     @property
     def servers_restart(self) -> bool:
-        """A failed server is restarted (from its checkpoint) when restarts are allowed and servers
-        checkpoint."""
-        return self.max_restarts > 0 and bool(self.checkpoint_dir)
+        """A failed server is replaced when restarts are allowed and its state outlives it: servers
+        checkpoint (it restores its checkpoint) or are replicated (it copies its state back from
+        a server holding a copy, on any host)."""
+        return self.max_restarts > 0 and (bool(self.checkpoint_dir) or self.replicas > 1)
+
+    def check_servers(self, servers: int) -> None:
+        """PlanError when these options do not fit a job of ``servers`` servers (``-s``)."""
+        if self.replicas > 1 and servers < self.replicas:
+            fix = "give -s 2 or more" if servers < 2 else f"give --replicas {servers} or less, or -s {self.replicas}"
+            raise PlanError(f"--replicas {self.replicas}: each server's state is copied to the next "
+                            f"{self.replicas - 1} server{'s' if self.replicas > 2 else ''}, and the job has "
+                            f"{servers} (-s {servers}); {fix}")
 
 
 #: The ``mxdist launch`` option that sets each psnode variable (``-e`` may not set them).
@@ -415,6 +432,7 @@ def make_plan(req: PlanRequest) -> Plan:
     if servers < 0:
         raise PlanError(f"-s {servers}: the number of servers cannot be negative")
     engine = req.engine
+    req.node.check_servers(servers)
     if servers < engine.min_servers:
         raise PlanError(f"-s {servers}: --engine {engine.name} needs at least {engine.min_servers} "
                         f"server{'s' if engine.min_servers > 1 else ''} (its kvstore keeps the values there)")
@@ -459,8 +477,18 @@ def make_plan(req: PlanRequest) -> Plan:
         env.pop("PSNODE_SCHEDULER_STANDBY", None)
         env.pop("PSNODE_RANK", None)
         procs.append(ProcSpec(Role.SCHEDULER, STANDBY_RANK, second, node_argv, env))
-    for rank in range(servers):
-        host = server_hosts[rank % len(server_hosts)]
+    if req.node.replicas > 1 and not req.node.max_restarts:
+        warnings.append(f"--replicas {req.node.replicas} without --max-restarts: a failed server is not replaced, "
+                        "so its copies are never used (give --max-restarts N)")
+    homes = place_servers(server_hosts, servers, req.node.replicas)
+    alone = copies_at_home([h.label for h in homes], req.node.replicas) if len(server_hosts) > 1 else []
+    if alone:
+        warnings.append(
+            f"--replicas {req.node.replicas}: the copies of server{'s' if len(alone) > 1 else ''} "
+            f"{', '.join(map(str, alone))} are all on {'their' if len(alone) > 1 else 'its'} own host, which "
+            f"{'their' if len(alone) > 1 else 'its'} state does not survive (give -s a multiple of the "
+            f"{len(server_hosts)} hosts that run servers, or a larger --replicas)")
+    for rank, host in enumerate(homes):
         procs.append(ProcSpec(Role.SERVER, rank, host, node_argv, _node_env(req, Role.SERVER, host, rank, 0)))
     nodes, worker_places = places([h.name for h in worker_hosts])
     for host, place in zip(worker_hosts, worker_places, strict=True):
@@ -584,6 +612,30 @@ def with_worker(plan: Plan, spec: ProcSpec, host: Host) -> Plan:
     procs = (*(p for p in plan.procs if p.name != spec.name), spec)
     hosts = plan.hosts if any(h.label == host.label for h in plan.hosts) else (*plan.hosts, host)
     return replace(plan, procs=procs, hosts=hosts, nodes=node_ranks(plan.nodes, [host.name]))
+
+
+def moved_server(plan: Plan, name: str, host: Host, key_file: str | None = None) -> ProcSpec:
+    """Server ``name`` of ``plan`` as it restarts on ``host`` (its own host lost, its state copied
+    back from a replica): the same rank, command and variables, bound to ``host``'s address
+    (``PSNODE_HOST``; its port as planned: 0, any free one), with the job's secret file at
+    ``key_file`` on ``host``, else where the plan's processes there read it, else as planned."""
+    spec = next((p for p in plan.procs if p.name == name and p.role is Role.SERVER), None)
+    if spec is None:
+        raise PlanError(f"{name} is not a server of job {plan.job_id}")
+    known = key_file or next((p.env["PSNODE_KEY_FILE"] for p in plan.procs if p.host.label == host.label
+                              and "PSNODE_KEY_FILE" in p.env), None)
+    changes: dict[str, object] = {"host": host.address}
+    if known:
+        changes["key_file"] = known
+    return replace(spec, host=host, env=_with_config(spec.env, **changes))
+
+
+def with_proc(plan: Plan, spec: ProcSpec) -> Plan:
+    """The plan with ``spec`` replacing its process of the same name, and ``spec``'s host among
+    its hosts."""
+    procs = tuple(spec if p.name == spec.name else p for p in plan.procs)
+    hosts = plan.hosts if any(h.label == spec.host.label for h in plan.hosts) else (*plan.hosts, spec.host)
+    return replace(plan, procs=procs, hosts=hosts)
 
 
 def _with_config(env: Mapping[str, str], **changes: object) -> dict[str, str]:

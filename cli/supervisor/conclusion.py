@@ -202,7 +202,7 @@ class Conclusion:
         if rec.elastic is not None:
             counts = ", ".join(f"{rec.count(c)} {c.value}" for c in (Change.JOINED, Change.LEFT, Change.LOST))
             detail = f"{detail} ({counts})" if detail else f"workers: {counts}"
-        moves = [f"worker {c.rank} moved to {c.host} ({c.why})" for c in rec.changes if c.change is Change.MOVED]
+        moves = [f"{c.who} moved to {c.host} ({c.why})" for c in rec.changes if c.change is Change.MOVED]
         if moves:
             detail = f"{detail}; {', '.join(moves)}" if detail else ", ".join(moves)
         if self.job.slowest and rec.state is not JobState.STOPPED:

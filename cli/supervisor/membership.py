@@ -6,7 +6,9 @@ decides), applies the discovery script's answers (:meth:`Membership.apply_discov
 add slots, the workers of a vanished host are stopped and lost), records a worker that left or is
 lost for good (:meth:`Membership.left`, :meth:`Membership.lose`), knows which hosts do not answer
 (:meth:`Membership.answers`: a host lost once is never used again) and moves a lost host's worker
-to a free slot elsewhere (:meth:`Membership.relocate`).
+to a free slot elsewhere (:meth:`Membership.relocate`), and a lost host's server, whose state has
+replicas (``--replicas``), to the host that answers with the fewest of the job's servers
+(:meth:`Membership.move_server`).
 
 It acts on the running job through :class:`Running` (the supervisor: its plan, hosts, record,
 backend and settings; following a started process, saving the record, waking its loop) and never
@@ -34,10 +36,11 @@ from ..elastic.discovery import DiscoveryError, DiscoveryPoller
 from ..elastic.rules import ElasticError, Joiner, Live, ScaleAnswer, discovery_changes, new_home, plan_scale
 from ..job import records
 from ..job.lifecycle import Supervision
-from ..job.records import JobRecord, ProcRecord
+from ..job.records import JobRecord, ProcRecord, ProcState
 from ..planning.hosts import Host
-from ..planning.plan import Plan, restarted, with_gpus, with_worker
+from ..planning.plan import Plan, moved_server, restarted, with_gpus, with_proc, with_worker
 from ..planning.plan import joiner as joiner_spec
+from ..planning.servers import server_home
 from .preflight import prepare_host
 
 if TYPE_CHECKING:
@@ -315,6 +318,40 @@ class Membership:
         rec.restarted(started.pid, started.run_log, started.rc_file)
         ui.warn(f"{rec.name} restarts with rank {rec.rank} on {host.label} (local rank {home.local_rank}): "
                 f"its host {old} does not answer")
+        self.job.follow(rec, started.log_offset)   # (its log there may hold another run's output: a shared disk)
+        self.job.save()
+        return True
+
+    def move_server(self, rec: ProcRecord, count: int) -> bool:
+        """Restart server ``rec``, whose host does not answer and whose state has replicas on other
+        servers, with its rank on a host that answers (:func:`mxdist.planning.servers.server_home`;
+        a server host of ``--server-hosts`` while one answers), where it copies its state back from
+        a replica; False when there is none or it failed."""
+        old = rec.host
+        plan = self.job.plan
+        lost = {*self.lost_hosts, old}
+        live = {p.rank: p.host for p in self.job.record.procs
+                if p.role == Role.SERVER.value and p.rank is not None and p.name != rec.name
+                and p.state is ProcState.RUNNING and p.host not in lost}
+        own = [h.label for h in plan.request.server_hosts] if plan.request is not None else []   # --server-hosts
+        label = next((found for hosts in (own, list(self.job.hosts)) if hosts and (found := server_home(
+            rec.rank or 0, plan.num_servers, plan.node.replicas, hosts, lost, live)) is not None), None)
+        if label is None:
+            ui.warn(f"cannot restart {rec.name}: its host {old} does not answer, and no other host does")
+            return False
+        host = self.job.hosts[label]
+        try:
+            key_file = self._prepare(host)
+            spec = restarted(moved_server(plan, rec.name, host, key_file), count)
+            started = self.job.backend.start(host, [spec], self.job.settings.run_dir)[0]
+        except Exception as exc:  # noqa: BLE001 - reported, then the failure counts as final
+            ui.warn(f"could not restart {rec.name} on {host.label} (its host {old} does not answer): {exc}")
+            return False
+        self.job.plan = with_proc(plan, spec)
+        self.job.record.moved(rec, host.label, host.address, f"{old} did not answer", time.time())
+        rec.restarted(started.pid, started.run_log, started.rc_file)
+        ui.warn(f"{rec.name} restarts with rank {rec.rank} on {host.label}, its state copied back from a "
+                f"replica (--replicas {plan.node.replicas}): its host {old} does not answer")
         self.job.follow(rec, started.log_offset)   # (its log there may hold another run's output: a shared disk)
         self.job.save()
         return True

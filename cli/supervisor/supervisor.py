@@ -28,7 +28,7 @@ Sequence (:meth:`Supervisor.run`):
 The supervisor composes two collaborators, each reading the job through a small protocol of
 what it needs: :class:`mxdist.supervisor.membership.Membership` (an elastic job's changes:
 ``mxdist scale``, the discovery script's hosts, workers that leave or are lost, hosts that do not
-answer, a lost host's worker moved) and :class:`mxdist.supervisor.conclusion.Conclusion` (step
+answer, a lost host's worker or replicated server moved) and :class:`mxdist.supervisor.conclusion.Conclusion` (step
 5).  The supervisor keeps the loop: starting and following processes, the lifecycle rules,
 restarts, requests to end.
 
@@ -463,14 +463,22 @@ class Supervisor:
         One that ended without an exit status (its reaper killed) may still run: its process
         group is stopped first.  When its host does not answer
         (:meth:`mxdist.supervisor.membership.Membership.answers`), a worker moves
-        (:meth:`~mxdist.supervisor.membership.Membership.relocate`); a server or the scheduler
-        cannot (their state lives there)."""
+        (:meth:`~mxdist.supervisor.membership.Membership.relocate`), and so does a server whose
+        state has replicas (``--replicas`` 2 or more:
+        :meth:`~mxdist.supervisor.membership.Membership.move_server`); a server without replicas
+        (its checkpoint is on that host) or the scheduler (its address) cannot."""
         count = rec.restarts + 1
         if rec.state is ProcState.LOST and not self.membership.answers(self.hosts[rec.host]):
             if rec.role == Role.WORKER.value:
                 return self.membership.relocate(rec, count)
-            ui.warn(f"cannot restart {rec.name}: its host {rec.host} does not answer, and a {rec.role} "
-                    f"restarts only on its own host")
+            if rec.role == Role.SERVER.value and self.plan.node.replicas > 1:
+                return self.membership.move_server(rec, count)
+            why = ("a server without replicas restarts only on its own host, where its checkpoint is "
+                   "(launch with --replicas 2 to restart it on another host from a copy of its state)"
+                   if rec.role == Role.SERVER.value else
+                   "the scheduler restarts only at its address (launch with --standby-scheduler for a "
+                   "standby on another host to take the job over)")
+            ui.warn(f"cannot restart {rec.name}: its host {rec.host} does not answer, and {why}")
             return False
         if rec.state is ProcState.LOST and rec.pid:
             with contextlib.suppress(Exception):
