@@ -206,7 +206,8 @@ def launch(
     checkpoint_interval: float = typer.Option(N.checkpoint_interval, "--checkpoint-interval", metavar="SECONDS",
                                               help="checkpoint every SECONDS (0: not by time)"),
     checkpoint_rounds: int = typer.Option(N.checkpoint_rounds, "--checkpoint-rounds", metavar="N",
-                                          help="checkpoint every N completed rounds (0: not by rounds)"),
+                                          help="checkpoint (with --replicas: copy to the replicas) every N completed "
+                                               "rounds (0: not by rounds)"),
     resume: bool = typer.Option(N.resume, "--resume", help="servers start from the checkpoints in --checkpoint-dir"),
     skip_nonfinite: bool = typer.Option(N.skip_nonfinite, "--skip-nonfinite",
                                         help="skip a round whose gradient holds NaN/Inf (reported)"),

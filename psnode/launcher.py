@@ -19,7 +19,8 @@ What a launcher finds here:
   directory (``--checkpoint-dir``); a restore needs one per server.
 * **The control client** (each call opens a short-lived link to the job's scheduler, with the
   job's secret file when it has one, and waits at most ``timeout`` seconds): :func:`status`
-  returns the scheduler's node table as a :class:`StatusAnswer` (rows: :class:`NodeRow`; no
+  returns the scheduler's node table as a :class:`StatusAnswer` (rows: :class:`NodeRow`, their
+  ``state`` a :class:`NodeState`; no
   answer raises :class:`~psnode.errors.PeerLost`); :func:`request_leave` asks workers to leave
   gracefully; :func:`report_lost` tells the scheduler a worker's process died.  Stopping a job is
   the launcher's own business (it signals the processes); the scheduler needs no request for it.
@@ -37,7 +38,7 @@ from psnode.net.security import Mode, Security
 from psnode.net.transport import new_security
 from psnode.protocol.control import StatusAnswer
 from psnode.protocol.failure import FailureKind, FailureRecord, from_torch, path_in, record_of, torch_path_in
-from psnode.protocol.status import SLOW_WINDOW, NodeRow
+from psnode.protocol.status import SLOW_WINDOW, NodeRow, NodeState
 from psnode.scheduler.client import report_lost, request_leave, status
 from psnode.server.checkpoint import path_for as checkpoint_path
 from psnode.timeline import SUFFIX as TIMELINE_SUFFIX
@@ -50,6 +51,7 @@ __all__ = [
     "FailureRecord",
     "Mode",
     "NodeRow",
+    "NodeState",
     "Security",
     "StatusAnswer",
     "checkpoint_path",

@@ -221,6 +221,9 @@ class Backend(Protocol):
     def reachable(self, host: Host, timeout: float) -> None:
         """Return within about ``timeout`` seconds if the host answers; raise BackendError if not."""
 
+    def disconnect(self, host: Host) -> None:
+        """Drop what connects this machine to ``host`` (lost): every wait on it ends at once."""
+
     def start(self, host: Host, procs: Sequence[ProcSpec], run_dir: str) -> list[Started]:
         """Start ``procs`` on ``host`` detached, each in its own group, logging under ``run_dir``."""
 

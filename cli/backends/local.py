@@ -125,6 +125,9 @@ class LocalBackend:
     def reachable(self, host: Host, timeout: float) -> None:
         pass
 
+    def disconnect(self, host: Host) -> None:
+        pass  # (nothing connects this machine to it)
+
     def start(self, host: Host, procs: Sequence[ProcSpec], run_dir: str) -> list[Started]:
         return self.runner.start(host, procs, run_dir)
 

@@ -339,6 +339,9 @@ class SlurmBackend:
     def reachable(self, host: Host, timeout: float) -> None:
         pass  # srun, squeue and the logs are all on this machine
 
+    def disconnect(self, host: Host) -> None:
+        pass  # (nothing connects this machine to it)
+
     def start(self, host: Host, procs: Sequence[ProcSpec], run_dir: str) -> list[Started]:
         return self.runner.start(host, procs, run_dir)
 

@@ -563,6 +563,17 @@ class SshBackend:
         if not box.get("ok"):
             raise BackendError(f"{host.label}: no answer within {timeout:g} s")
 
+    def disconnect(self, host: Host) -> None:
+        """Close ``host``'s connection (and its jump hosts'): the streams on it end at once."""
+        with self._lock:
+            served = self._served.pop(host.label, None)
+            client = self._clients.pop(host.label, None)
+            hops = self._hops.pop(host.label, [])
+        if served is not None:
+            with contextlib.suppress(Exception):
+                served.close()
+        _close_all([c for c in (client,) if c is not None] + hops)
+
     def collect(self, host: Host, procs: Sequence[ProcRecord], run_dir: str) -> list[Evidence]:
         items = self._agent(host, agent.CollectRequest([collect_item(run_dir, p) for p in procs]), timeout=30)
         return [Evidence.collected(i, i.rc, run_dir, p.name) for i, p in zip(items, procs, strict=True)]

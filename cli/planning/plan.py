@@ -163,7 +163,7 @@ class NodeOptions:
                             "own host only; 2: survives the loss of any one host)")
         if not self.checkpoint_dir:
             used = [flag for flag, on in (("--checkpoint-interval", self.checkpoint_interval > 0),
-                                          ("--checkpoint-rounds", self.checkpoint_rounds > 0),
+                                          ("--checkpoint-rounds", self.checkpoint_rounds > 0 and self.replicas < 2),
                                           ("--resume", self.resume)) if on]
             if used:
                 raise PlanError(f"{' and '.join(used)} need{'s' if len(used) == 1 else ''} --checkpoint-dir DIR")

@@ -276,13 +276,13 @@ class Membership:
             threading.Thread(target=self.job.backend.stop, args=(target, procs, self.job.settings.grace),
                              name=f"stop-{host.label}", daemon=True).start()
 
-    def answers(self, host: Host) -> bool:
-        """Does ``host`` answer (the backend's check, at most :data:`REACH_TIMEOUT` s)?  One that
-        does not is lost for the rest of the job: said once, never started on again."""
+    def answers(self, host: Host, timeout: float = REACH_TIMEOUT) -> bool:
+        """Does ``host`` answer (the backend's check, at most ``timeout`` s)?  One that does not
+        is lost for the rest of the job: said once, never started on again."""
         if host.label in self.lost_hosts:
             return False
         try:
-            self.job.backend.reachable(host, REACH_TIMEOUT)
+            self.job.backend.reachable(host, timeout)
             return True
         except Exception as exc:  # noqa: BLE001 - any failure to reach it is the same answer
             self.lost_hosts[host.label] = time.time()

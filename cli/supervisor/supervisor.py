@@ -89,6 +89,7 @@ from ..job.rootcause import describe_code
 from ..planning.hosts import Host
 from ..planning.plan import Plan, ProcSpec, restarted
 from .conclusion import Conclusion
+from .hostwatch import HostWatch
 from .membership import Membership
 from .preflight import HostWrites, prepare_hosts
 
@@ -330,6 +331,8 @@ class Supervisor:
     def _watch(self) -> int:
         if self.plan.num_servers and self.plan.engine.name == "psnode":
             threading.Thread(target=self._ask_slowness, name="slowness", daemon=True).start()
+            if self.plan.node.max_restarts > 0 and len(self.hosts) > 1:
+                HostWatch(self.record, self.hosts, self.backend, self.membership.answers, self._ended).start()
         try:
             return self._supervise()
         finally:

@@ -64,7 +64,8 @@ class Server:
                            alloc=arena.array if arena else None, adopt=arena.adopt if arena else None,
                            restartable=cfg.servers_restartable)
         #: holds the other servers' copies (psnode.server.replicas); sends this one's: replicator
-        self.keeper = Keeper(cfg, self.t.security) if cfg.replicas > 1 and cfg.num_servers > 1 else None
+        self.keeper = (Keeper(cfg, self.t.security)
+                       if cfg.replicas > 1 and cfg.num_servers > 1 and cfg.servers_restartable else None)
         if self.keeper is not None:
             self.keeper.start()
         self.replicator: Replicator | None = None

@@ -28,11 +28,13 @@ from tests.support.cli import ROOT, assert_nothing_left, cli_env, latest
 from tests.support.hosts import (
     HOST_LOSS,
     HOST_LOSS_FINAL,
+    HOST_LOSS_KEYS,
     SSHD,
     ip,
     keygen,
     kill_namespace,
     ns_pids,
+    host_loss_keys_final,
     settled,
     sshd_config,
 )
@@ -83,10 +85,11 @@ def hosts_in_namespaces(root: Path, main: str, cut: str, crashing: str) -> tuple
 
 
 def crash_during_job(tmp_path: Path, hosts_file: str, crashing: str, rank: int, args: list[str],
-                     placed: dict[str, str]) -> tuple[str, int, float]:
-    """Launch HOST_LOSS from MAIN; once worker ``rank`` (on ``crashing``) is at step 3, crash its
-    host; (the launcher's output, its exit code, seconds from the crash to its end).  Asserts
-    ``placed`` (process -> host) at the crash, and that nothing of the job is left."""
+                     placed: dict[str, str], script: str = HOST_LOSS) -> tuple[str, int, float]:
+    """Launch ``script`` (HOST_LOSS) from MAIN; once worker ``rank`` (on ``crashing``) is at step 3,
+    crash its host; (the launcher's output, its exit code, seconds from the crash to its end).
+    Asserts ``placed`` (process -> host) at the crash, and that nothing of the job is left.  The
+    output's last line is followed by ``CRASHED <time.time()>``."""
     tag = uuid.uuid4().hex[:6]
     main, cut = f"psnh-{tag}-m", f"psnh-{tag}-c"
     home = tmp_path / "home"
@@ -94,7 +97,7 @@ def crash_during_job(tmp_path: Path, hosts_file: str, crashing: str, rank: int, 
     flags = tmp_path / "flags"
     flags.mkdir()
     train = tmp_path / "train.py"
-    train.write_text(HOST_LOSS)
+    train.write_text(script)
     hosts = tmp_path / "hosts"
     hosts.write_text(hosts_file)
     cli = None
@@ -109,7 +112,7 @@ def crash_during_job(tmp_path: Path, hosts_file: str, crashing: str, rank: int, 
         assert cli.poll() is None, cli.communicate(timeout=10)[0]
         assert {p["name"]: p["host"] for p in latest(home)["procs"]} == placed
         wait_for(lambda: settled(ns_pids(cut)), 30, f"{crashing}'s shells to finish starting")
-        crashed = time.monotonic()
+        crashed, crashed_at = time.monotonic(), time.time()
         ip("-n", cut, "link", "set", "vc", "down")        # silence first: no reset ever reaches MAIN
         kill_namespace(cut)                               # then every process of the host
         out, _ = cli.communicate(timeout=240)
@@ -125,7 +128,7 @@ def crash_during_job(tmp_path: Path, hosts_file: str, crashing: str, rank: int, 
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"psnh-{tag}" not in listed, listed
     assert_nothing_left(home)
-    return out, cli.returncode, took
+    return f"{out}CRASHED {crashed_at!r}\n", cli.returncode, took
 
 
 def test_a_silently_crashed_hosts_worker_restarts_elsewhere_with_exact_values(tmp_path: Path) -> None:
@@ -138,7 +141,7 @@ def test_a_silently_crashed_hosts_worker_restarts_elsewhere_with_exact_values(tm
     assert "worker-1 restarts with rank 1 on node3 (local rank 0): its host node4 does not answer" in out, out
     assert "[worker 1 @ node3] START 3 RESTARTS 1" in out, out
     assert out.count(HOST_LOSS_FINAL) == 2, out                  # the uninterrupted run's closed form
-    assert re.search(r"succeeded in .*worker 1 moved to node3 \(node4 did not answer\)", out.splitlines()[-1]), out
+    assert re.search(r"succeeded in .*worker 1 moved to node3 \(node4 did not answer\)", out.splitlines()[-2]), out
     assert took < 90, f"the job ended {took:.0f} s after the crash\n{out}"
 
 
@@ -155,6 +158,37 @@ def test_the_scheduler_hosts_crash_hands_the_job_to_the_standby_with_exact_value
     assert "worker-0 restarts with rank 0 on node3 (local rank 1): its host node1 does not answer" in out, out
     assert "[worker 0 @ node3] START 3 RESTARTS 1" in out, out
     assert out.count(HOST_LOSS_FINAL) == 2, out                  # the uninterrupted run's closed form
-    last = out.splitlines()[-1]
+    last = out.splitlines()[-2]
     assert "succeeded in" in last and "the standby scheduler on node3 took the job over" in last, out
     assert took < 90, f"the job ended {took:.0f} s after the crash\n{out}"
+
+
+def first_round_after(out: str) -> float:
+    """Seconds from the crash to the first completion of step 3, the first step that needs the
+    crashed host's worker (it was blocked there)."""
+    crashed = float(out.rsplit("CRASHED ", 1)[1])
+    return min(float(t) for t in re.findall(r"\] STEP 3 ([0-9.]+)", out)) - crashed
+
+
+def test_a_server_and_worker_hosts_crash_is_survived_with_replicas_and_no_checkpoints(tmp_path: Path) -> None:
+    """Four hosts, three servers (one each on node1-3, their state copied to the next server),
+    three workers and a spare slot on node4; no --checkpoint-dir.  node2 (server 1 and worker 1)
+    crashes: server 1 restarts on node4 with its state copied back from server 2's replica,
+    worker 1 restarts in node4's spare slot, and every rank ends with the uninterrupted values."""
+    out, code, took = crash_during_job(
+        tmp_path, "node1 slots=1\nnode2 slots=1\nnode3 slots=1\nnode4 slots=1   # spare\n", "node2", 1,
+        ["-n", "3", "-s", "3", "--replicas", "2", "--max-restarts", "3"],
+        {"scheduler": "node1", "server-0": "node1", "server-1": "node2", "server-2": "node3",
+         "worker-0": "node1", "worker-1": "node2", "worker-2": "node3"}, script=HOST_LOSS_KEYS)
+    assert code == 0, out
+    assert "host node2 does not answer" in out, out
+    assert re.search(r"server-1 restarts with rank 1 on node4", out), out
+    assert "worker-1 restarts with rank 1 on node4 (local rank 0): its host node2 does not answer" in out, out
+    assert "server 1 restored" in out and "from its replica on server 2" in out, out
+    assert "[worker 1 @ node4] START 3 RESTARTS 1" in out, out
+    assert out.count(host_loss_keys_final(3)) == 3, out          # the uninterrupted run's closed form
+    last = out.splitlines()[-2]
+    assert "succeeded in" in last and "server 1 moved to node4" in last and "worker 1 moved to node4" in last, out
+    first = first_round_after(out)
+    print(f"first round {first:.1f} s after the crash; job ended {took:.0f} s after it")
+    assert first < 30, f"the first round after the crash completed {first:.1f} s after it\n{out}"   # (soak: < 10)

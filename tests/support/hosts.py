@@ -8,7 +8,9 @@ training script of the host-loss tests.
   :func:`settled`: none of them is a shell starting up (when a crash may strike);
 * :data:`HOST_LOSS`: a ``dist_sync`` job whose worker ``argv[2]`` (default 1) blocks at step 3
   on its first run (``flags/ready`` written) while its host is crashed; it resumes from ``kv.num_pushes``, so
-  each rank ends at the uninterrupted closed form :data:`HOST_LOSS_FINAL`.
+  each rank ends at the uninterrupted closed form :data:`HOST_LOSS_FINAL`;
+  :data:`HOST_LOSS_KEYS` the same over six keys (one on every server), printing when each step
+  completed (:func:`host_loss_keys_final`).
 """
 from __future__ import annotations
 
@@ -41,6 +43,37 @@ HOST_LOSS = textwrap.dedent("""
 
 #: What each rank of :data:`HOST_LOSS` prints last: w = -lr * sum_s mean_grad_s = -0.125 * sum_s 1.5 (s + 1).
 HOST_LOSS_FINAL = f"FINAL {[-0.125 * 1.5 * sum(range(1, 7))] * 3}"
+
+
+HOST_LOSS_KEYS = textwrap.dedent("""
+    import sys, time, pathlib, numpy as np, psnode
+    flags = pathlib.Path(sys.argv[1])
+    crashing = int(sys.argv[2])                    # the rank on the host that crashes
+    keys = [f"k{i}" for i in range(6)]             # (spread over every server)
+    kv = psnode.kv.create('dist_sync')
+    kv.set_optimizer(psnode.optimizer.create('sgd', learning_rate=0.125))
+    for k in keys:
+        kv.init(k, np.zeros(3, np.float32))
+    start = min(kv.num_pushes(k) for k in keys)
+    print("START", start, "RESTARTS", kv.restarts, flush=True)
+    for step in range(start, 6):
+        if kv.rank == crashing and step == 3 and kv.restarts == 0:
+            (flags / 'ready').touch()
+            time.sleep(600)                       # its host crashes here
+        for i, k in enumerate(keys):
+            kv.push(k, np.full(3, (kv.rank + 1) * (step + 1) + i, np.float32))
+        for k in keys:
+            kv.pull(k)
+        print("STEP", step, repr(time.time()), flush=True)
+    print("FINAL", [kv.pull(k).tolist()[0] for k in keys], flush=True)
+    kv.close()
+""")
+
+
+def host_loss_keys_final(workers: int) -> str:
+    """What each rank of :data:`HOST_LOSS_KEYS` prints last: key i gets the mean gradient
+    (W + 1) / 2 (s + 1) + i at steps s = 0..5, learning rate 1/8 (every figure exact in float32)."""
+    return f"FINAL {[-0.125 * sum((workers + 1) / 2 * (s + 1) + i for s in range(6)) for i in range(6)]}"
 
 
 def ip(*args: str) -> None:

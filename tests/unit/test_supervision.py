@@ -235,6 +235,9 @@ class FakeBackend:
             time.sleep(min(timeout, 0.3))
             raise BackendError(f"{host.label}: no route")
 
+    def disconnect(self, host: Host) -> None:
+        self._step("disconnect")
+
     def start(self, host: Host, procs: Sequence[Any], run_dir: str) -> list[Started]:
         out = []
         with self._lock:
