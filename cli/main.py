@@ -249,11 +249,12 @@ def launch(
         help="instead of -H: an executable printing the SSH hosts available now, one host[:slots] per line; "
              "polled while the job runs (new hosts add free slots for mxdist scale; a host that vanishes: "
              "its workers are lost)"),
-    standby_scheduler: bool = typer.Option(
-        L("standby_scheduler"), "--standby-scheduler",
+    standby_scheduler: bool | None = typer.Option(
+        L("standby_scheduler"), "--standby-scheduler/--no-standby-scheduler", show_default=False,
         help="psnode jobs on 2+ hosts: a standby scheduler on the second host (at --port + 2) takes the "
              "job over when the scheduler or its host is lost (the nodes go over to it within the "
-             "heartbeat timeout); the scheduler is then not restarted"),
+             "heartbeat timeout); the scheduler is then not restarted [default: on with --replicas 2 "
+             "or more on 2+ hosts, else off]"),
     pass_local_rank: bool = typer.Option(
         L("pass_local_rank"), "--pass-local-rank",
         help="also pass --local_rank=LOCAL_RANK to each worker, where torch.distributed.launch did (right "

@@ -71,7 +71,8 @@ class LaunchOptions:
     keep_jobs: int = 100
     gpus_per_worker: int | None = None     # None: every worker sees all of its host's GPUs
     pass_local_rank: bool = False
-    standby_scheduler: bool = False        # a standby scheduler on the second host (psnode, 2+ hosts)
+    standby_scheduler: bool | None = None  # a standby scheduler on the second host (psnode, 2+ hosts;
+    #                                        None: when the servers are replicated)
     engine: str = "psnode"                 # mxdist.planning.engines: psnode, or MXNet's own ps-lite processes
     min_workers: int | None = None         # mxdist.elastic.rules: None is -n (a job of fixed size)
     max_workers: int | None = None

@@ -251,7 +251,8 @@ class PlanRequest:
     max_workers: int | None = None       # --max-workers (None: the first generation's size)
     slots_bound: bool = True             # the hosts' slots bound --max-workers (no discovery script)
     slots_from: str = "the hosts"        # where the slots come from, for the error that says so
-    standby: bool = False                # --standby-scheduler: a standby scheduler on the second host
+    standby: bool | None = False         # --standby-scheduler: a standby scheduler on the second host
+    #                                      (None: one when the servers are replicated on 2+ hosts)
 
 
 @dataclass(frozen=True)
@@ -433,6 +434,9 @@ def make_plan(req: PlanRequest) -> Plan:
         raise PlanError(f"-s {servers}: the number of servers cannot be negative")
     engine = req.engine
     req.node.check_servers(servers)
+    if req.standby is None:   # (a job that survives a lost host survives its scheduler's too)
+        many = len({h.label for h in (*hosts, *req.server_hosts)}) > 1
+        req = replace(req, standby=engine.name == "psnode" and servers > 0 and req.node.replicas > 1 and many)
     if servers < engine.min_servers:
         raise PlanError(f"-s {servers}: --engine {engine.name} needs at least {engine.min_servers} "
                         f"server{'s' if engine.min_servers > 1 else ''} (its kvstore keeps the values there)")

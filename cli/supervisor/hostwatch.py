@@ -5,7 +5,8 @@ to a host that lost power learns it only when its SSH keepalives go unanswered (
 15 s by default), and a job whose processes may be restarted waits that long for them.  So,
 while such a job runs on more than one host, a :class:`HostWatch` asks the scheduler every
 :data:`WATCH_S` seconds which nodes are silent (``restarting`` in its table) and probes each
-one's host (the backend's reachability check, :data:`PROBE_S` at most).  A host that does not
+one's host (the backend's reachability check, :data:`PROBE_S` at most), and the scheduler's
+own host when the scheduler does not answer.  A host that does not
 answer is lost (:meth:`mxdist.supervisor.membership.Membership.answers`: said once, never used
 again) and its connection dropped (:meth:`Backend.disconnect`), so the streams of its processes
 end at once without an exit status and the usual rules restart them elsewhere.  A host that
@@ -47,17 +48,22 @@ class HostWatch(threading.Thread):
             try:
                 answer = door.status(self.record.scheduler, self.record.id, key_file=self.record.key_file,
                                      timeout=ASK_S)
-            except Exception:  # noqa: BLE001 - no answer (a scheduler being replaced): ask again
+            except Exception:  # noqa: BLE001 - no answer: the scheduler's host is the one to probe
+                self._probe(self.record.scheduler.rpartition(":")[0])
                 continue
-            silent = {row.host for row in answer.nodes if row.state == door.NodeState.RESTARTING.value}
-            for address in silent:
-                host = self.by_address.get(address)
-                if host is None or time.monotonic() - self._probed.get(host.label, -1e9) < PROBE_S:
-                    continue
-                if self.answers(host, PROBE_S):
-                    self._probed[host.label] = time.monotonic()
-                else:
-                    self.backend.disconnect(host)
+            for row in answer.nodes:
+                if row.state == door.NodeState.RESTARTING.value:
+                    self._probe(row.host)
+
+    def _probe(self, address: str) -> None:
+        """Probe the host at ``address`` (not again within PROBE_S of an answer); lost: disconnect."""
+        host = self.by_address.get(address.strip("[]"))
+        if host is None or time.monotonic() - self._probed.get(host.label, -1e9) < PROBE_S:
+            return
+        if self.answers(host, PROBE_S):
+            self._probed[host.label] = time.monotonic()
+        else:
+            self.backend.disconnect(host)
 
 
 __all__ = ["PROBE_S", "WATCH_S", "HostWatch"]

@@ -272,8 +272,9 @@ class Transport:
             return Channel(self, sock, address), p
         raise AssertionError("unreachable")
 
-    def dealer(self, host: str, port: int, identity: str, plane: Plane = Plane.DATA) -> Channel:
-        """A DEALER connected to ``host:port`` (a router of ``plane``) with a routing identity."""
+    def dealer(self, host: str, port: int, identity: str, plane: Plane = Plane.DATA, connect: bool = True) -> Channel:
+        """A DEALER connected to ``host:port`` (a router of ``plane``) with a routing identity
+        (``connect`` False: set up for it, not connected: nothing may be sent on it)."""
         sock = self._socket(zmq.DEALER)
         sock.identity = identity.encode()
         sock.setsockopt(zmq.IMMEDIATE, 0)
@@ -290,8 +291,9 @@ class Transport:
             proof = self.security.server_proof(address).decode()
         if mech is not Mechanism.NULL:
             self._guarded().watch(sock, server=False)
-        sock.connect(f"tcp://{_bracket(host)}:{port}")
-        return Channel(self, sock, address, proof)
+        if connect:
+            sock.connect(f"tcp://{_bracket(host)}:{port}")
+        return Channel(self, sock, address if connect else "", proof)
 
     def close(self, linger_ms: int = 0) -> None:
         """Close every socket; wait up to ``linger_ms`` for queued messages to leave."""

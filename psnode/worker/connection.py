@@ -204,6 +204,7 @@ class Connections:
         self.staging: Staging | None = None     # set by the I/O thread before the first link
         self._wake = wake
         self._conns: list[ServerConnection] = []
+        self.vacant: set[int] = set()          # servers without an address yet (vacate)
 
     def __getitem__(self, server: int) -> ServerConnection:
         return self._conns[server]
@@ -238,6 +239,7 @@ class Connections:
         decides whether a server is on its host (and then opens its link).  A connection it
         replaces is dropped (its link taken down by the caller); its TCP counters and queue carry
         over."""
+        self.vacant.discard(server)
         tcp = TcpConnection(server, chan, self._wake)
         if server < len(self._conns):
             tcp.take_over(self._conns[server].tcp)
@@ -252,6 +254,13 @@ class Connections:
             assert server == len(self._conns)
             self._conns.append(conn)
         return conn
+
+    def vacate(self, server: int, chan: Channel) -> None:
+        """(I/O thread) ``server`` has no address yet (a server being replaced when this worker
+        was welcomed): a connection over ``chan`` (not connected) holds its place, and nothing is
+        sent to it until :meth:`connect` points it at its replacement."""
+        self.connect(server, "", 0, chan, Security.insecure())
+        self.vacant.add(server)
 
     def _open_link(self, server: int, host: str, port: int, security: Security) -> Link | None:
         staging = self.staging
@@ -273,9 +282,11 @@ class Connections:
 
     # ------------------------------------------------------------ sending
     def send(self, batches: dict[int, list[Op]], io_thread: bool) -> None:
-        """Send each server its operations (any thread)."""
+        """Send each server its operations (any thread); those to a vacant server are dropped
+        (its requests wait in the tracker, resent when its replacement is announced)."""
         for server, ops in batches.items():
-            self._conns[server].send(ops, io_thread)
+            if server not in self.vacant:
+                self._conns[server].send(ops, io_thread)
 
     def flush(self) -> None:
         """(I/O thread) Send what other threads queued for TCP."""

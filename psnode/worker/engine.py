@@ -64,7 +64,8 @@ class Engine:
         # ahead of the others' on a server (a part's answer waits for every worker's push)
         self.tracker = Tracker(cfg.num_servers, cfg.retry_timeout, cfg.max_retries, address=self._address,
                                first_id=1 + secrets.randbits(60), far_window=SLICE_WINDOW * cfg.slice_bytes,
-                               near=self.same_host)
+                               near=self.same_host,
+                               replaceable=cfg.register_timeout if cfg.servers_restartable else 0.0)
         self.state = EngineState(self.tracker)
         self.failed = False
         self.blocked: Future | None = None     # what the user's thread waits for (Engine.wait)

@@ -242,8 +242,17 @@ class IoLoop:
         self.t.sender = f"worker:{e.rank}"
         if self.cfg.shm and shm.available():
             self.conns.staging = Staging(self.cfg.job_id, e.rank, e.tracker.journal.released)
-        for i, s in enumerate(body.servers):
-            self.connect(i, s.host, s.port)
+        book = {s.rank: s for s in body.servers}
+        for rank in range(body.num_servers):
+            s = book.get(rank)
+            if s is not None:
+                self.connect(rank, s.host, s.port)
+            else:   # (being replaced: its requests wait for SERVERS restored)
+                with e.lock:
+                    e.tracker.down.add(rank)
+                ch = self.t.dealer("", 0, f"w{e.rank}", connect=False)
+                self.conns.vacate(rank, ch)
+                self.poller.add(ch)
         e.welcome.set(Ok(0))
 
     def connect(self, server: int, host: str, port: int) -> None:

@@ -24,7 +24,10 @@ request fails, and resolves futures:
   answers the pull (a second answer is ignored);
 * **retry** (:meth:`due`): a request unanswered for ``retry_timeout`` is sent again marked
   resent; after ``max_retries`` resends without a sign of life it fails with PeerLost naming
-  the server; requests to a server the scheduler reports down wait without retries;
+  the server; requests to a server the scheduler reports down wait without retries, and so do
+  those to a server that may be replaced (``replaceable``: servers restart inside the job) and
+  stopped answering, for at most ``replaceable`` seconds (the scheduler, or its standby, decides
+  within its heartbeat timeout and announces the replacement);
 * **answers** (:meth:`answered`): Ok and Failed resolve the future (a pull's Ok confirms the
   pushes before it and brings their durable watermark; a flush's Ok makes the pushes it listed
   durable); Wait is a sign of life (the clock restarts) and, with a ``gap``, the push it names
@@ -138,8 +141,12 @@ class Tracker:
 
     def __init__(self, num_servers: int, retry_timeout: float, max_retries: int,
                  window_bytes: int = WINDOW_BYTES, address: Callable[[int], str] = str, first_id: int = 1,
-                 far_window: int = 0, near: Callable[[int], bool] = lambda server: False) -> None:
+                 far_window: int = 0, near: Callable[[int], bool] = lambda server: False,
+                 replaceable: float = 0.0) -> None:
         self.retry_timeout = retry_timeout
+        #: seconds a server that stopped answering is waited for as being replaced (0: it is dead)
+        self.replaceable = replaceable
+        self.unanswered: dict[int, float] = {}   # server -> when this worker gave it up for replaced
         self.max_retries = max_retries
         self.window_bytes = window_bytes
         self.far_window = far_window         # 0: window_bytes for every server
@@ -378,6 +385,13 @@ class Tracker:
                 warnings.append(f"the {what} has waited {now - p.since:.0f} s for worker(s) {p.blockers} to push "
                                 "it (every worker must push a key as often as the others; a restarted worker "
                                 "that skips steps must resume from kv.num_pushes)")
+            gave_up = self.unanswered.get(req.server)
+            if gave_up is not None and now - gave_up > self.replaceable:
+                self._drop(rid, PeerLost(
+                    f"server {req.server} at {self.address(req.server)} did not answer the "
+                    f"{describe(req.op, req.label, req.auto)} (request {rid}), and no replacement was announced "
+                    f"within {self.replaceable:g} s; the server is dead or unreachable from this worker"))
+                continue
             if req.server in self.down or now - p.sent < limit:
                 op = req.op
                 if not p.asked and not p.parked and now - p.since >= ASK_AFTER and req.future is not None \
@@ -386,6 +400,15 @@ class Tracker:
                     # with its pull alone: its data is not sent again)
                     ask = Pull(op.key, op.part, op.seq, id=op.id, re=True) if isinstance(op, PushPull) else resent(op)
                     out.setdefault(req.server, []).append(ask)
+                continue
+            if p.tries >= self.max_retries and self.replaceable:
+                # (a server that may be replaced: the scheduler decides, within its heartbeat
+                # timeout, and announces the replacement; its own silence fails this worker)
+                self.down.add(req.server)
+                if req.server not in self.unanswered:
+                    self.unanswered[req.server] = now
+                    warnings.append(f"server {req.server} at {self.address(req.server)} did not answer; waiting up "
+                                    f"to {self.replaceable:g} s for its replacement")
                 continue
             if p.tries >= self.max_retries:
                 self._drop(rid, PeerLost(
@@ -450,6 +473,7 @@ class Tracker:
         """A replacement of ``server`` serves again (restored from its checkpoint): the
         journal's pushes and every unanswered request to it, in that order."""
         self.down.discard(server)
+        self.unanswered.pop(server, None)
         batch: list[Op] = [resent(p) for p in self.journal.replay(server)]
         for rid in sorted(self.pending):
             p = self.pending[rid]

@@ -30,11 +30,11 @@ from tests.support.hosts import (
     HOST_LOSS_FINAL,
     HOST_LOSS_KEYS,
     SSHD,
+    host_loss_keys_final,
     ip,
     keygen,
     kill_namespace,
     ns_pids,
-    host_loss_keys_final,
     settled,
     sshd_config,
 )
@@ -172,14 +172,14 @@ def first_round_after(out: str) -> float:
 
 def test_a_server_and_worker_hosts_crash_is_survived_with_replicas_and_no_checkpoints(tmp_path: Path) -> None:
     """Four hosts, three servers (one each on node1-3, their state copied to the next server),
-    three workers and a spare slot on node4; no --checkpoint-dir.  node2 (server 1 and worker 1)
-    crashes: server 1 restarts on node4 with its state copied back from server 2's replica,
+    three workers and a spare slot on node4; no --checkpoint-dir.  node2 (server 1, worker 1 and
+    the idle standby scheduler) crashes: server 1 restarts on node4 with its state copied back from server 2's replica,
     worker 1 restarts in node4's spare slot, and every rank ends with the uninterrupted values."""
     out, code, took = crash_during_job(
         tmp_path, "node1 slots=1\nnode2 slots=1\nnode3 slots=1\nnode4 slots=1   # spare\n", "node2", 1,
         ["-n", "3", "-s", "3", "--replicas", "2", "--max-restarts", "3"],
-        {"scheduler": "node1", "server-0": "node1", "server-1": "node2", "server-2": "node3",
-         "worker-0": "node1", "worker-1": "node2", "worker-2": "node3"}, script=HOST_LOSS_KEYS)
+        {"scheduler": "node1", "scheduler-1": "node2", "server-0": "node1", "server-1": "node2",
+         "server-2": "node3", "worker-0": "node1", "worker-1": "node2", "worker-2": "node3"}, script=HOST_LOSS_KEYS)
     assert code == 0, out
     assert "host node2 does not answer" in out, out
     assert re.search(r"server-1 restarts with rank 1 on node4", out), out
@@ -189,6 +189,31 @@ def test_a_server_and_worker_hosts_crash_is_survived_with_replicas_and_no_checkp
     assert out.count(host_loss_keys_final(3)) == 3, out          # the uninterrupted run's closed form
     last = out.splitlines()[-2]
     assert "succeeded in" in last and "server 1 moved to node4" in last and "worker 1 moved to node4" in last, out
+    first = first_round_after(out)
+    print(f"first round {first:.1f} s after the crash; job ended {took:.0f} s after it")
+    assert first < 30, f"the first round after the crash completed {first:.1f} s after it\n{out}"   # (soak: < 10)
+
+
+def test_the_scheduler_hosts_crash_is_survived_with_replicas_and_no_checkpoints(tmp_path: Path) -> None:
+    """The same four hosts; node1 runs the scheduler, server 0 and worker 0, and crashes.  The
+    standby scheduler (on by default with --replicas 2 on several hosts: node2) takes the job
+    over; server 0 restarts on node4 with its state copied back from server 1's replica, worker 0
+    in node4's spare slot; every rank ends with the uninterrupted values."""
+    out, code, took = crash_during_job(
+        tmp_path, "node1 slots=1\nnode2 slots=1\nnode3 slots=1\nnode4 slots=1   # spare\n", "node1", 0,
+        ["-n", "3", "-s", "3", "--replicas", "2", "--max-restarts", "3"],
+        {"scheduler": "node1", "scheduler-1": "node2", "server-0": "node1", "server-1": "node2",
+         "server-2": "node3", "worker-0": "node1", "worker-1": "node2", "worker-2": "node3"}, script=HOST_LOSS_KEYS)
+    assert code == 0, out
+    assert "the standby scheduler on node2 takes the job over at 10.213.9.2:" in out, out
+    assert re.search(r"server-0 restarts with rank 0 on node4", out), out
+    assert "worker-0 restarts with rank 0 on node4 (local rank 0): its host node1 does not answer" in out, out
+    assert "server 0 restored" in out and "from its replica on server 1" in out, out
+    assert "[worker 0 @ node4] START 3 RESTARTS 1" in out, out
+    assert out.count(host_loss_keys_final(3)) == 3, out
+    last = out.splitlines()[-2]
+    assert "succeeded in" in last and "the standby scheduler on node2 took the job over" in last, out
+    assert "server 0 moved to node4" in last and "worker 0 moved to node4" in last, out
     first = first_round_after(out)
     print(f"first round {first:.1f} s after the crash; job ended {took:.0f} s after it")
     assert first < 30, f"the first round after the crash completed {first:.1f} s after it\n{out}"   # (soak: < 10)
