@@ -99,7 +99,7 @@ class Launcher:
         unknown = [n for n in names if not re.search(r"(?<![\w-])" + re.escape(n) + r"(?![\w-])", r.stdout)]
         if unknown:
             return f"mxdist launch has no option {', '.join(unknown)}"
-        r = subprocess.run([*self.argv(1, 1), "--dry-run", str(WORKER)], cwd=ROOT, env=env,
+        r = subprocess.run([*self.argv(2, 2), "--dry-run", str(WORKER)], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=60)
         if r.returncode == 0:
             return None

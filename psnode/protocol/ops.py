@@ -64,7 +64,7 @@ class OpCode(IntEnum):
 
 class Flag(IntFlag):
     RE = 1        # sent again (the first may have been lost)
-    NA = 2        # no answer wanted unless it fails (pushes)
+    NA = 2        # push: no answer wanted unless it fails; pushpull: its answer asked durable
     SYNC = 4      # init: dist_sync rounds (else dist_async)
     SPARSE = 8    # init: a row_sparse key
     AVERAGE = 16  # init: aggregate by averaging (else sum)
@@ -302,7 +302,8 @@ class Pull:
 @dataclass(slots=True)
 class PushPull:
     """Push ``seq`` of a dense gradient and pull the value after it: one request, one answer
-    (``dest`` as for Pull; ``comp`` as for Push: the answer is float32 all the same)."""
+    (``dest`` as for Pull; ``comp`` as for Push: the answer is float32 all the same); with
+    ``durable`` the answer must carry a durable watermark that covers it (as a push that asks)."""
 
     key: Key
     part: int
@@ -312,13 +313,15 @@ class PushPull:
     re: bool = False
     dest: np.ndarray | None = None
     comp: str = ""
+    durable: bool = False    # (the worker's journal holds ASK_DEPTH pushes: psnode.worker.journal)
     code: ClassVar[OpCode] = OpCode.PUSHPULL
 
     def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
         extra = {"c": self.comp} if self.comp else None
+        flags = RE * self.re | NA * self.durable
         if self.dest is None:
-            return int(RE * self.re), self.part, self.seq, self.key, [self.data], extra
-        return int(RE * self.re | DEST), self.part, self.seq, self.key, [self.data, self.dest], extra
+            return int(flags), self.part, self.seq, self.key, [self.data], extra
+        return int(flags | DEST), self.part, self.seq, self.key, [self.data, self.dest], extra
 
     @classmethod
     def unwire(cls, flags: int, part: int, id: int, seq: int, key: Key, arrays: list[np.ndarray],
@@ -326,7 +329,7 @@ class PushPull:
         arrays, dest = _dest(flags, arrays)
         _arrays(arrays, 1, "pushpull")
         return cls(key, part, _int(seq, "pushpull sequence number", 1), arrays[0], id, bool(flags & RE),
-                   dest, _comp(extra, arrays[0], "pushpull"))
+                   dest, _comp(extra, arrays[0], "pushpull"), bool(flags & NA))
 
 
 @dataclass(slots=True)

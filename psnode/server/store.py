@@ -424,6 +424,8 @@ class Store:
         entry = self._entry(key)
         rounds = self.key_rounds
         out = rounds.push(worker, key, entry, op.seq, data, None)
+        if op.durable:
+            self.must_persist = True   # (as a push that asks)
         return [*out, *rounds.pull(worker, op.id, key, entry, op.seq, None, op.re, op.dest)]
 
     def _flush(self, worker: int, op: Flush) -> list[Reply]:
@@ -565,9 +567,12 @@ class Store:
         self.durable_rounds = self.rounds
 
     def release(self, replies: list[Reply], every: int, checkpoint: Callable[[], None]) -> list[Reply]:
-        """The replies, ready to leave: ``checkpoint()`` first when :meth:`persist_due`, then
-        (restartable) each answer's ``seq`` set to the worker's durable watermark."""
-        if self.persist_due(every):
+        """The replies, ready to leave: ``checkpoint()`` first when :meth:`persist_due` (what
+        only replies would reveal waits for the first reply that leaves: the pushes of the
+        others in the round then share the checkpoint), then (restartable) each answer's
+        ``seq`` set to the worker's durable watermark."""
+        by_rounds = bool(every and self.rounds - self.durable_rounds >= every)
+        if by_rounds or (replies and self.persist_due(every)):
             checkpoint()
         if self.restartable:
             for r in replies:

@@ -238,6 +238,8 @@ class Tracker:
                 op.na = False   # (its answer brings the durable watermark: psnode.worker.journal)
                 if req.future is None:
                     req.future = QUIET
+            elif type(op) is PushPull and self.journal.asks((op.key, op.part)):
+                op.durable = True
         if isinstance(op, (Pull, PushPull)) and not req.auto:
             self.pulls += req.keys
             if req.future is not None:
