@@ -106,17 +106,16 @@ def test_the_scheduler_hosts_crash_is_survived_with_replicas_and_no_checkpoints(
 
 
 def test_a_worker_only_hosts_crash_is_survived_with_replicas_and_no_checkpoints(tmp_path: Path) -> None:
-    """Servers on node1 and node2 of their own (--server-hosts, replicated), workers on node3
-    (with a spare slot) and node4; node4 (worker 1 and the idle standby scheduler) crashes:
-    worker 1 restarts in node3's spare slot, the servers lose nothing."""
+    """Servers on node1 and node2 (replicated), workers on node1-3, a spare slot on node4; node3
+    (worker 2 only) crashes: worker 2 restarts in node4's spare slot, the servers lose nothing."""
     out, code, took = run_case(CASES["worker"], tmp_path)
     assert code == 0, out
-    assert "worker-1 restarts with rank 1 on node3 (local rank 1): its host node4 does not answer" in out, out
-    assert "[worker 1 @ node3] START 3 RESTARTS 1" in out, out
-    assert out.count(host_loss_keys_final(2)) == 2, out
+    assert "worker-2 restarts with rank 2 on node4 (local rank 0): its host node3 does not answer" in out, out
+    assert "[worker 2 @ node4] START 3 RESTARTS 1" in out, out
+    assert out.count(host_loss_keys_final(3)) == 3, out
     assert "restored" not in out, out                              # no server was touched
     last = out.splitlines()[-2]
-    assert "succeeded in" in last and "worker 1 moved to node3" in last, out
+    assert "succeeded in" in last and "worker 2 moved to node4" in last, out
     first = first_round_after(out)
     print(f"first round {first:.1f} s after the crash; job ended {took:.0f} s after it")
     assert first < 30, f"the first round after the crash completed {first:.1f} s after it\n{out}"   # (soak: < 10)

@@ -94,7 +94,8 @@ def crash_during_job(tmp_path: Path, hosts_file: str, crashing: str, rank: int, 
                                env=env, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         wait_for(lambda: (flags / "ready").exists() or cli.poll() is not None, 120, f"worker {rank} to reach step 3")
         assert cli.poll() is None, cli.communicate(timeout=10)[0]
-        assert {p["name"]: p["host"] for p in latest(home)["procs"]} == placed
+        found = {p["name"]: p["host"] for p in latest(home)["procs"]}
+        assert found == placed, found
         wait_for(lambda: settled(ns_pids(cut)), 30, f"{crashing}'s shells to finish starting")
         crashed, crashed_at = time.monotonic(), time.time()
         ip("-n", cut, "link", "set", "vc", "down")        # silence first: no reset ever reaches MAIN
@@ -147,10 +148,9 @@ CASES = {
     "scheduler": CrashCase(FOUR, "node1", 0, REPLICATED, {
         "scheduler": "node1", "scheduler-1": "node2", "server-0": "node1", "server-1": "node2",
         "server-2": "node3", "worker-0": "node1", "worker-1": "node2", "worker-2": "node3"}),
-    "worker": CrashCase("node3 slots=2   # one spare\nnode4 slots=1\n", "node4", 1,
-                        ["-n", "2", "-s", "2", "--server-hosts", "node1,node2", "--replicas", "2",
-                         "--max-restarts", "3"],
-                        {}, workers=2),
+    "worker": CrashCase(FOUR, "node3", 2, ["-n", "3", "-s", "2", "--replicas", "2", "--max-restarts", "3"], {
+        "scheduler": "node1", "scheduler-1": "node2", "server-0": "node1", "server-1": "node2",
+        "worker-0": "node1", "worker-1": "node2", "worker-2": "node3"}),
 }
 
 
