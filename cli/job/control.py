@@ -141,15 +141,37 @@ def _recorded_row(p: ProcRecord) -> NodeRow:
 
 def _notes(record: JobRecord) -> list[str]:
     notes = list(record.notes)
+    copies = replica_line(record)
+    if copies:
+        notes.append(copies)
+    failovers = 0
     for c in record.changes:
         if c.change is Change.MOVED:
             at = time.strftime("%H:%M:%S", time.localtime(c.when))
             notes.append(f"{c.who} moved to {c.host} at {at}: {c.why}")
+            failovers += c.role == "server"
+    failovers += record.failover is not None
+    if failovers:
+        notes.append(f"failovers so far: {failovers}")
     for host, why in record.unverified.items():
         notes.append(f"{host}: not verified: {why} (checked again by mxdist status / stop)")
     if record.version < records.RECORD_VERSION:
         notes.append(f"a version {record.version} record (an older mxdist): shown as far as it goes")
     return notes
+
+
+def replica_line(record: JobRecord) -> str | None:
+    """Where each server's state is copied (``--replicas``; None without): ``server 0 (node1) ->
+    server 1 (node2)``, the holders' hosts as recorded now (a moved server's new host)."""
+    servers = {p.rank: p.host for p in record.procs if p.role == "server" and p.rank is not None}
+    if record.replicas < 2 or len(servers) < 2:
+        return None
+    n = len(servers)
+    parts = []
+    for r in sorted(servers):
+        held = [(r + i) % n for i in range(1, min(record.replicas, n))]
+        parts.append(f"server {r} ({servers[r]}) -> " + ", ".join(f"server {h} ({servers.get(h, '?')})" for h in held))
+    return "replicas: " + "; ".join(parts)
 
 
 def _ended_line(record: JobRecord) -> str:

@@ -320,6 +320,7 @@ class JobRecord:
     changes: list[MemberChange] = field(default_factory=list)   # its workers' joins, leaves, losses
     failover: str | None = None          # the host whose standby scheduler took the job over
     timeline: str | None = None          # --timeline: where the job's merged trace is written
+    replicas: int = 1                    # --replicas: copies of each server's state (psnode.server.replicas)
 
     def proc(self, name: str) -> ProcRecord:
         for p in self.procs:

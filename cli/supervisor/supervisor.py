@@ -547,7 +547,7 @@ def new_record(plan: Plan, backend: Backend, command: Sequence[str], workdir: st
                      scheduler=plan.scheduler_address, workdir=workdir,
                      hosts=[asdict(h) for h in plan.hosts], options=backend.options(), procs=procs,
                      security=security.value if security is not None else "", engine=plan.engine.name,
-                     elastic=elastic)
+                     elastic=elastic, replicas=plan.node.replicas)
 
 
 __all__ = ["EXIT_FAILED", "EXIT_HANGUP", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PREFLIGHT", "EXIT_STOPPED",

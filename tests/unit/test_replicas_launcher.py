@@ -203,3 +203,18 @@ def test_launch_replicas_on_the_command_line(home):
     assert "--replicas 3: each server's state is copied to the next 2 servers" in " ".join(bad.output.split())
     mx = runner.invoke(app, ["launch", "--dry-run", "--engine", "mxnet", "--replicas", "2", "train.py"])
     assert mx.exit_code == 2 and "--replicas: MXNet's servers" in " ".join(mx.output.split())
+
+
+def test_status_notes_name_each_servers_holders_and_count_the_failovers() -> None:
+    from mxdist.job.control import _notes, replica_line
+
+    rec = JobRecord(id="j", command=["t.py"], backend="ssh", replicas=2, procs=[
+        ProcRecord("server-0", "server", 0, "node1"), ProcRecord("server-1", "server", 1, "node4"),
+        ProcRecord("server-2", "server", 2, "node3"), ProcRecord("worker-0", "worker", 0, "node1")])
+    assert replica_line(rec) == ("replicas: server 0 (node1) -> server 1 (node4); server 1 (node4) -> server 2 "
+                                 "(node3); server 2 (node3) -> server 0 (node1)")
+    rec.changes.append(MemberChange(Change.MOVED, 1, "node4", 0.0, "node2 did not answer", role="server"))
+    rec.changes.append(MemberChange(Change.MOVED, 1, "node4", 0.0, "node2 did not answer"))
+    notes = _notes(rec)
+    assert notes[0].startswith("replicas: server 0 (node1)") and notes[-1] == "failovers so far: 1", notes
+    assert replica_line(JobRecord(id="j", command=[], backend="ssh", procs=rec.procs)) is None   # --replicas 1
