@@ -16,6 +16,9 @@ variable                           meaning (default)
 ``PSNODE_STANDBY``                 ``1``: this scheduler is the standby (at ``PSNODE_SCHEDULER``,
                                    its own address): it waits, and takes the job over from the
                                    live nodes when the first one comes (``0``)
+``PSNODE_PRIMARY``                 the standby's scheduler ``host:port`` (none): the standby asks
+                                   it first and, while it answers, takes nothing over (a node
+                                   that came over is cut off from it, not the job from it)
 ``PSNODE_HOST``                    address this node binds to and is reached at (scheduler's
                                    host for the scheduler; ``127.0.0.1``)
 ``PSNODE_PORT``                    port a server binds (``0``: any free port)
@@ -249,6 +252,7 @@ class NodeConfig:
     max_workers: int | None = None   # None: num_workers (workers_max)
     scheduler_standby: str | None = None   # "host:port" of the standby scheduler
     standby: bool = False
+    primary: str | None = None   # the standby's "host:port" of the scheduler it stands by for
 
     def __post_init__(self) -> None:
         if not _JOB_ID_RE.match(self.job_id):
@@ -267,6 +271,8 @@ class NodeConfig:
                 f"{_PREFIX}MAX_WORKERS={self.workers_max}: need 1 <= min <= num <= max")
         if self.scheduler_standby is not None:
             parse_address(self.scheduler_standby, f"{_PREFIX}SCHEDULER_STANDBY")
+        if self.primary is not None:
+            parse_address(self.primary, f"{_PREFIX}PRIMARY")
         if self.replicas < 1 or (self.num_servers and self.replicas > self.num_servers):
             raise ConfigError(f"{_PREFIX}REPLICAS={self.replicas}: must be 1 or more and at most the "
                               f"number of servers ({self.num_servers})")
@@ -364,6 +370,7 @@ class NodeConfig:
             max_workers=_int(env, "MAX_WORKERS", None, 1),
             scheduler_standby=env.get(_PREFIX + "SCHEDULER_STANDBY") or None,
             standby=_flag(env, "STANDBY", d("standby")),
+            primary=env.get(_PREFIX + "PRIMARY") or None,
         )
 
     def to_env(self) -> dict[str, str]:

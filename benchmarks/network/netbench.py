@@ -4,6 +4,7 @@
     python benchmarks/network/netbench.py --compression none,fp16,2bit,1bit   # side by side
     python benchmarks/network/netbench.py --quick --no-mlp               # smoke run (~10 s)
     python benchmarks/network/netbench.py --cleanup                      # remove testbeds of a killed run
+    python benchmarks/network/netbench.py --no-mlp --replicas 2          # each server's state copied to the other
     python benchmarks/network/netbench.py --loopback --compression none,fp16,2bit   # all on this host, no limit
 
 Needs root and iproute2 (``ip``, ``tc`` with the tbf qdisc).  The testbed (benchmarks/network/netns.py)
@@ -130,6 +131,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="per-phase timestamps of every worker and server (benchmarks/network/nbtrace.py) "
                         "under this folder")
     p.add_argument("--cleanup", action="store_true", help="only remove testbeds left by killed runs")
+    p.add_argument("--replicas", type=int, default=1, choices=(1, 2),
+                   help="copies of each server's state, as mxdist launch --replicas K --max-restarts 1 (1)")
     args = p.parse_args(argv)
     try:
         args.rate_bytes = parse_rate(args.rate)
@@ -192,6 +195,7 @@ class Proc:
 
 
 TRACE: Path | None = None   # --trace: each job's timestamps go to a folder under it
+REPLICAS = 1                # --replicas: copies of each server's state (with restarts allowed)
 
 
 def child_env(spec: CompressionSpec, iface: str = "eth0") -> dict[str, str]:
@@ -226,7 +230,8 @@ def start_job(bed: netns.Testbed | netns.LocalBed, port: int, worker_argv: list[
         host = bed.hosts[host_i]
         cfg = NodeConfig(role=role, scheduler_host=sched.addr, scheduler_port=port, num_workers=W,
                          num_servers=S, job_id=job_id, host=host.addr,
-                         rank=None if role is Role.SCHEDULER else rank, register_timeout=30.0)
+                         rank=None if role is Role.SCHEDULER else rank, register_timeout=30.0,
+                         replicas=REPLICAS, max_restarts=1 if REPLICAS > 1 else 0)
         env = dict(base)
         env.update(cfg.to_env())
         log = logdir / f"{job_id}.{role.value}{rank}.log"
@@ -312,7 +317,7 @@ def summarize(args: argparse.Namespace, records: list[dict[str, Any]]) -> tuple[
     labels = [label(s) for s in args.compression]
     where = ("one host (loopback)" if args.loopback else
              f"3 hosts, every port {args.rate if not args.unlimited else 'unlimited'} both ways")
-    print(f"\nW={W} S={S}, {where}; "
+    print(f"\nW={W} S={S}, {where}, --replicas {args.replicas}; "
           f"median [min-max] over {args.runs} run(s)")
     print(f"{'case':9} {'compression':11} {'psnode round ms':>22} {'raw TCP ms':>22} {'psnode/raw':>10} "
           f"{'bound ms':>8} {'psnode/bound':>12} {'link MiB/round':>14} {'vs none':>7}")
@@ -397,9 +402,9 @@ def preflight() -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    global TRACE
+    global TRACE, REPLICAS
     args = parse_args(argv)
-    TRACE = args.trace
+    TRACE, REPLICAS = args.trace, args.replicas
     if args.pushpull:
         os.environ["NETBENCH_PUSHPULL"] = "1"   # (child_env passes it on)
     why = None if args.loopback and not args.cleanup else preflight()

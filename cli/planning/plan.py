@@ -477,7 +477,8 @@ def make_plan(req: PlanRequest) -> Plan:
         second = standby_host(req)
         env = _node_env(req, Role.SCHEDULER, second, STANDBY_RANK, req.scheduler_port + STANDBY_PORT_OFFSET)
         env.update(PSNODE_SCHEDULER=f"{second.address}:{req.scheduler_port + STANDBY_PORT_OFFSET}",
-                   PSNODE_HOST=second.address, PSNODE_STANDBY="1")
+                   PSNODE_HOST=second.address, PSNODE_STANDBY="1",
+                   PSNODE_PRIMARY=f"{sched.address}:{req.scheduler_port}")
         env.pop("PSNODE_SCHEDULER_STANDBY", None)
         env.pop("PSNODE_RANK", None)
         procs.append(ProcSpec(Role.SCHEDULER, STANDBY_RANK, second, node_argv, env))

@@ -72,7 +72,7 @@ from dataclasses import dataclass, field, replace
 
 from psnode import timeline
 from psnode.config import NodeConfig, Role
-from psnode.errors import ProtocolError
+from psnode.errors import ProtocolError, PSError
 from psnode.net.security import Plane, Security
 from psnode.net.transport import Poller, Transport
 from psnode.protocol import Command, Message, failure
@@ -96,6 +96,7 @@ from psnode.protocol.control import (
     decode_body,
 )
 from psnode.protocol.status import NodeRow, NodeState
+from psnode.scheduler import client
 from psnode.scheduler.elastic import ElasticRoster
 from psnode.scheduler.rebuild import Rebuild, done_elsewhere
 from psnode.scheduler.roster import Roster
@@ -183,12 +184,30 @@ class Scheduler:
         self.rebuild_by = self.t0 + cfg.dead_after
         # a standby waits, idle, until the first node comes (its scheduler silent): then it takes over
         self.active = not cfg.standby
+        self.primary_seen_until = 0.0   # the primary answered: no need to ask again before this
         self.held: list[tuple[bytes, Message]] = []  # what arrived while rebuilding, handled after
 
     @property
     def rebuilds(self) -> bool:
         """Does this scheduler take a running job over from its live nodes (restarted, or the standby)?"""
         return self.cfg.restart_count > 0 or self.cfg.standby
+
+    def _primary_answers(self) -> bool:
+        """Does the scheduler this standby stands by for still answer (asked at most once per
+        heartbeat interval; 1 s to answer)?  Two schedulers must never each hold part of a job."""
+        if self.cfg.primary is None:
+            return False
+        now = time.monotonic()
+        if now < self.primary_seen_until:
+            return True
+        try:
+            client.status(self.cfg.primary, self.cfg.job_id, key_file=self.cfg.key_file, timeout=1.0)
+        except PSError:
+            return False
+        self.primary_seen_until = now + self.cfg.heartbeat_interval
+        log.warning("standby scheduler: a node came over, but the scheduler at %s still answers: not taking over",
+                    self.cfg.primary)
+        return True
 
     def _take_over(self) -> None:
         """The standby's first node: the job's scheduler is gone; rebuild the job from the live
@@ -629,6 +648,11 @@ class Scheduler:
             log.warning("dropped %s from %r: %s", cmd.value, ident, exc)
             return
         if not self.active and (cmd in _NODE_COMMANDS or cmd is Command.REGISTER):
+            if self._primary_answers():
+                self._send(ident, Command.SHUTDOWN, JobEnd(False, (
+                    f"this node is cut off from the scheduler at {self.cfg.primary}, which still runs (a "
+                    "partition between them); the standby scheduler does not take the job over from it")))
+                return
             self._take_over()
         if self.rebuild is not None and cmd is not Command.STATUS:
             self._while_rebuilding(ident, msg, body)

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests.support.cluster import Proc, free_port, start_job, wait_for_file, wait_job
@@ -44,3 +45,31 @@ def test_a_killed_scheduler_hands_the_job_to_the_standby_with_exact_rounds(tmp_p
     for s in job.by_role("server"):
         assert f"going over to the standby scheduler at {standby}" in s.err, job.describe()
     assert "taking the job" in second.err and "over from its live nodes" in second.err, job.describe()
+
+
+def test_a_node_cut_off_from_a_live_scheduler_is_refused_by_the_standby(tmp_path: Path) -> None:
+    """Worker 1 cannot reach the scheduler (its address leads nowhere: a partition between them)
+    while the scheduler runs.  It goes over to the standby, which asks the scheduler first
+    (``PSNODE_PRIMARY``), finds it alive and refuses the node: it never takes the job over, so no
+    two schedulers hold parts of one job; the job fails, naming the worker that never came."""
+    standby = f"127.0.0.1:{free_port()}"
+    nowhere = f"127.0.0.1:{free_port()}"
+    job = start_job(ROUNDS, 2, 1, env={"PSNODE_SCHEDULER_STANDBY": standby, "PSNODE_REGISTER_TIMEOUT": "6"},
+                    args=[str(tmp_path), "5"], tmp=tmp_path, worker_env={1: {"PSNODE_SCHEDULER": nowhere}})
+    primary = job.by_role("scheduler")[0]
+    env = {k: v for k, v in primary.env.items() if k != "PSNODE_SCHEDULER_STANDBY"}
+    env.update(PSNODE_SCHEDULER=standby, PSNODE_STANDBY="1", PSNODE_PRIMARY=job.scheduler)
+    argv = [sys.executable, "-m", "psnode"]
+    second = job.add(Proc("scheduler", 1, subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                                           stderr=subprocess.PIPE, text=True, start_new_session=True),
+                           argv, env))
+    try:
+        rest = [p for p in job.procs if p is not second]
+        assert job.drained.wait(rest, time.monotonic() + 60), job.describe()
+    finally:
+        second.popen.terminate()
+        wait_job(job, 30)
+    worker1 = next(w for w in job.workers if w.rank == 1)
+    assert worker1.code == 1 and "cut off from the scheduler at " + job.scheduler in worker1.err, job.describe()
+    assert "still answers: not taking over" in second.err and "taking the job" not in second.err, job.describe()
+    assert primary.code == 1 and "only 1 of 2 workers" in primary.err, job.describe()
