@@ -643,6 +643,21 @@ def with_proc(plan: Plan, spec: ProcSpec) -> Plan:
     return replace(plan, procs=procs, hosts=hosts)
 
 
+def with_standby_scheduler(plan: Plan) -> Plan:
+    """The plan with every node pointed at the standby scheduler (its scheduler is lost, or
+    being): a node started from now on registers there at once.  Unchanged without a standby."""
+    procs = []
+    for p in plan.procs:
+        standby = p.env.get("PSNODE_SCHEDULER_STANDBY")
+        if p.role is Role.SCHEDULER or not standby:
+            procs.append(p)
+            continue
+        env = {k: v for k, v in p.env.items() if k != "PSNODE_SCHEDULER_STANDBY"}
+        env["PSNODE_SCHEDULER"] = standby
+        procs.append(replace(p, env=env))
+    return replace(plan, procs=tuple(procs))
+
+
 def _with_config(env: Mapping[str, str], **changes: object) -> dict[str, str]:
     """``env`` with its psnode variables rewritten through NodeConfig (from_env -> replace -> to_env)."""
     cfg = replace(NodeConfig.from_env(env), **changes)  # type: ignore[arg-type]

@@ -38,7 +38,15 @@ from ..job import records
 from ..job.lifecycle import Supervision
 from ..job.records import JobRecord, ProcRecord, ProcState
 from ..planning.hosts import Host
-from ..planning.plan import Plan, moved_server, restarted, with_gpus, with_proc, with_worker
+from ..planning.plan import (
+    Plan,
+    moved_server,
+    restarted,
+    with_gpus,
+    with_proc,
+    with_standby_scheduler,
+    with_worker,
+)
 from ..planning.plan import joiner as joiner_spec
 from ..planning.servers import server_home
 from .preflight import prepare_host
@@ -286,6 +294,9 @@ class Membership:
             return True
         except Exception as exc:  # noqa: BLE001 - any failure to reach it is the same answer
             self.lost_hosts[host.label] = time.time()
+            if any(p.role == Role.SCHEDULER.value and p.rank is None and p.host == host.label
+                   for p in self.job.record.procs):
+                self.job.plan = with_standby_scheduler(self.job.plan)   # (what starts now goes there)
             said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             ui.warn(f"host {host.label} does not answer ({said}): lost; nothing of the job starts there again")
             return False

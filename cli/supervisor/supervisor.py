@@ -87,7 +87,7 @@ from ..job.lifecycle import QUICK, SCHEDULER_RESTARTS, Action, Failure, Supervis
 from ..job.records import Elastic, JobRecord, JobState, ProcRecord, ProcState
 from ..job.rootcause import describe_code
 from ..planning.hosts import Host
-from ..planning.plan import Plan, ProcSpec, restarted
+from ..planning.plan import Plan, ProcSpec, restarted, with_standby_scheduler
 from .conclusion import Conclusion
 from .hostwatch import HostWatch
 from .membership import Membership
@@ -412,6 +412,7 @@ class Supervisor:
         standby = next(p for p in self.record.procs if p.role == Role.SCHEDULER.value and p.name != rec.name)
         spec = next(p for p in self.plan.procs if p.name == standby.name)
         address = spec.env["PSNODE_SCHEDULER"]
+        self.plan = with_standby_scheduler(self.plan)   # (a node started from now on registers there)
         self.record.failed_over(standby, address, f"on {rec.host} {status.describe()}", time.time())
         self.save()
         ui.warn(f"{rec.name} on {rec.host} {status.describe()}: the standby scheduler on {standby.host} takes the "

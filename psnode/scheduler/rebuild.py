@@ -95,13 +95,19 @@ class Rebuild:
         return top, active, joined
 
     def complete(self) -> bool:
-        """Has every expected node reported (every server, every member in the servers' view)?"""
-        servers = self._reports("server")
+        """Has every expected node reported (every server, every member in the servers' view)?
+        A replacement that registered for a rank (its predecessor lost with the scheduler)
+        accounts for that rank."""
+        servers = self._reports("server").keys() | self._replacing("server")
         if any(r not in servers for r in range(self.num_servers)):
             return False
         view = self._servers_view()
-        workers = self._reports("worker")
-        return view is None or view[1] <= workers.keys()
+        workers = self._reports("worker").keys() | self._replacing("worker")
+        return view is None or view[1] <= workers
+
+    def _replacing(self, role: str) -> set[int]:
+        """The ranks that fresh registrations of ``role`` ask for (replacements)."""
+        return {b.rank for b in self.fresh.values() if b.role == role and b.rank is not None}
 
     def plan(self) -> RebuildPlan:
         """What the job is, from the reports so far (see the module docstring)."""
