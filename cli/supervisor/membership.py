@@ -31,7 +31,7 @@ from psnode.config import Role
 from psnode.files import write_atomic
 
 from .. import ui
-from ..backends.base import Backend, BackendError, ExitStatus, resolver
+from ..backends.base import Backend, BackendError, ExitStatus, Started, resolver
 from ..elastic.discovery import DiscoveryError, DiscoveryPoller
 from ..elastic.rules import ElasticError, Joiner, Live, ScaleAnswer, discovery_changes, new_home, plan_scale
 from ..job import records
@@ -325,13 +325,17 @@ class Membership:
         except Exception as exc:  # noqa: BLE001 - reported, then the failure counts as final
             ui.warn(f"could not restart {rec.name} on {host.label} (its host {old} does not answer): {exc}")
             return False
+        self._moved(rec, host, old, started, f"{rec.name} restarts with rank {rec.rank} on {host.label} (local rank "
+                                             f"{home.local_rank}): its host {old} does not answer")
+        return True
+
+    def _moved(self, rec: ProcRecord, host: Host, old: str, started: Started, said: str) -> None:
+        """``rec`` started on ``host`` (``started``), its own host ``old`` lost: record, say, follow."""
         self.job.record.moved(rec, host.label, host.address, f"{old} did not answer", time.time())
         rec.restarted(started.pid, started.run_log, started.rc_file)
-        ui.warn(f"{rec.name} restarts with rank {rec.rank} on {host.label} (local rank {home.local_rank}): "
-                f"its host {old} does not answer")
+        ui.warn(said)
         self.job.follow(rec, started.log_offset)   # (its log there may hold another run's output: a shared disk)
         self.job.save()
-        return True
 
     def move_server(self, rec: ProcRecord, count: int) -> bool:
         """Restart server ``rec``, whose host does not answer and whose state has replicas on other
@@ -353,16 +357,13 @@ class Membership:
         host = self.job.hosts[label]
         try:
             key_file = self._prepare(host)
-            spec = restarted(moved_server(plan, rec.name, host, key_file), count)
+            spec = restarted(moved_server(self.job.plan, rec.name, host, key_file), count)   # (the plan now)
             started = self.job.backend.start(host, [spec], self.job.settings.run_dir)[0]
         except Exception as exc:  # noqa: BLE001 - reported, then the failure counts as final
             ui.warn(f"could not restart {rec.name} on {host.label} (its host {old} does not answer): {exc}")
             return False
-        self.job.plan = with_proc(plan, spec)
-        self.job.record.moved(rec, host.label, host.address, f"{old} did not answer", time.time())
-        rec.restarted(started.pid, started.run_log, started.rc_file)
-        ui.warn(f"{rec.name} restarts with rank {rec.rank} on {host.label}, its state copied back from a "
-                f"replica (--replicas {plan.node.replicas}): its host {old} does not answer")
-        self.job.follow(rec, started.log_offset)   # (its log there may hold another run's output: a shared disk)
-        self.job.save()
+        self.job.plan = with_proc(self.job.plan, spec)
+        self._moved(rec, host, old, started, f"{rec.name} restarts with rank {rec.rank} on {host.label}, its state "
+                                             f"copied back from a replica (--replicas {plan.node.replicas}): its "
+                                             f"host {old} does not answer")
         return True

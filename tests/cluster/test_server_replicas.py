@@ -8,33 +8,22 @@ round 5 and waits in its pull, worker 1 has not pushed it.  No disk is involved:
 """
 from __future__ import annotations
 
-from tests.support import wait_for
-from tests.support.cluster import alive, kill_and_restart_server, start_job, wait_for_file, wait_job
-from tests.support.server_restore import SCRIPT, reference
+from tests.support.cluster import alive
+from tests.support.server_restore import finals, kill_servers_mid_round, reference
 
-
-def _finals(out: str) -> dict[str, str]:
-    return {line.split()[1]: line.split(" ", 2)[2] for line in out.splitlines() if line.startswith("FINAL")}
+#: no PSNODE_CHECKPOINT_DIR: server r's state lives in server r+1's memory only
+ENV = {"PSNODE_MAX_RESTARTS": "1", "PSNODE_REPLICAS": "2", "PSNODE_CHECKPOINT_ROUNDS": "1",
+       "PSNODE_BIG_ARRAY_BOUND": "8", "PSNODE_RETRY_TIMEOUT": "1"}
 
 
 def test_killed_server_restores_from_its_replica_and_the_job_ends_exactly(tmp_path) -> None:
-    flags = tmp_path / "flags"
-    flags.mkdir()
-    env = {"PSNODE_MAX_RESTARTS": "1", "PSNODE_REPLICAS": "2", "PSNODE_CHECKPOINT_ROUNDS": "1",
-           "PSNODE_BIG_ARRAY_BOUND": "8", "PSNODE_RETRY_TIMEOUT": "1"}
-    job = start_job(SCRIPT, 2, 2, env=env, args=[str(flags)], tmp=tmp_path)
-    try:
-        wait_for_file(flags / "pushed", 60)
-        kill_and_restart_server(job, 1)
-        (flags / "go").touch()
-    finally:
-        wait_job(job, 90)
+    job = kill_servers_mid_round(tmp_path, ENV, [1])
     codes = sorted((p.role, p.rank, p.code) for p in job.procs)
     assert codes == [("scheduler", 0, 0), ("server", 0, 0), ("server", 1, -9), ("server", 1, 0),
                      ("worker", 0, 0), ("worker", 1, 0)], job.describe()
     want = {k: str(v) for k, v in reference().items()}
     for w in job.workers:
-        assert _finals(w.out) == want, job.describe()
+        assert finals(w.out) == want, job.describe()
         assert "server 1 restarted at" in w.err, w.err   # reconnected, resent
     restored = job.by_role("server")[-1]
     assert "server 1 restored 3 key parts from its replica on server 0" in restored.err, restored.err
@@ -46,26 +35,13 @@ def test_both_servers_killed_in_turn_each_restores_from_the_other(tmp_path) -> N
     """Server 1 dies, its replacement restores from server 0; then server 0 dies and restores
     from the replacement, which holds server 0's state only because server 0 copied it there
     again once it learnt of the replacement (K-safe again)."""
-    flags = tmp_path / "flags"
-    flags.mkdir()
-    env = {"PSNODE_MAX_RESTARTS": "1", "PSNODE_REPLICAS": "2", "PSNODE_CHECKPOINT_ROUNDS": "1",
-           "PSNODE_BIG_ARRAY_BOUND": "8", "PSNODE_RETRY_TIMEOUT": "1"}
-    job = start_job(SCRIPT, 2, 2, env=env, args=[str(flags)], tmp=tmp_path)
-    try:
-        wait_for_file(flags / "pushed", 60)
-        kill_and_restart_server(job, 1)
-        restored = job.by_role("server")[-1]
-        wait_for(lambda: "serving again" in restored.err, 30, "server 1's replacement to serve")
-        kill_and_restart_server(job, 0)
-        (flags / "go").touch()
-    finally:
-        wait_job(job, 120)
+    job = kill_servers_mid_round(tmp_path, ENV, [1, 0])
     codes = sorted((p.role, p.rank, p.code) for p in job.procs)
     assert codes == [("scheduler", 0, 0), ("server", 0, -9), ("server", 0, 0), ("server", 1, -9),
                      ("server", 1, 0), ("worker", 0, 0), ("worker", 1, 0)], job.describe()
     want = {k: str(v) for k, v in reference().items()}
     for w in job.workers:
-        assert _finals(w.out) == want, job.describe()
+        assert finals(w.out) == want, job.describe()
     zero = [p for p in job.by_role("server") if p.rank == 0][-1]
     assert "server 0 restored 3 key parts from its replica on server 1" in zero.err, zero.err
     assert not [p.popen.pid for p in job.procs if alive(p.popen.pid)]

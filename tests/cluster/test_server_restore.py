@@ -12,32 +12,21 @@ from __future__ import annotations
 import os
 import signal
 
-from tests.support.cluster import alive, kill_and_restart_server, restart_worker, start_job, wait_for_file, wait_job
-from tests.support.server_restore import SCRIPT, reference
+from tests.support.cluster import alive, restart_worker, start_job, wait_for_file, wait_job
+from tests.support.server_restore import finals, kill_servers_mid_round, reference
 
 
 def test_killed_server_restores_from_checkpoint_and_the_job_ends_exactly(tmp_path) -> None:
-    flags = tmp_path / "flags"
-    flags.mkdir()
     env = {"PSNODE_MAX_RESTARTS": "1", "PSNODE_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
            "PSNODE_CHECKPOINT_ROUNDS": "1", "PSNODE_BIG_ARRAY_BOUND": "8",
            "PSNODE_RETRY_TIMEOUT": "1"}
-    job = start_job(SCRIPT, 2, 2, env=env, args=[str(flags)], tmp=tmp_path)
-    try:
-        wait_for_file(flags / "pushed", 60)
-        kill_and_restart_server(job, 1)
-        (flags / "go").touch()
-    finally:
-        wait_job(job, 90)
+    job = kill_servers_mid_round(tmp_path, env, [1])
     codes = sorted((p.role, p.rank, p.code) for p in job.procs)
     assert codes == [("scheduler", 0, 0), ("server", 0, 0), ("server", 1, -9), ("server", 1, 0),
                      ("worker", 0, 0), ("worker", 1, 0)], job.describe()
-    want = reference()
+    want = {k: str(v) for k, v in reference().items()}
     for w in job.workers:
-        finals = {line.split()[1]: line.split(" ", 2)[2] for line in w.out.splitlines()
-                  if line.startswith("FINAL")}
-        assert finals == {k: str(v) for k, v in want.items()}, job.describe()
-    for w in job.workers:
+        assert finals(w.out) == want, job.describe()
         assert "server 1 restarted at" in w.err, w.err   # reconnected, resent
     restored = job.by_role("server")[-1]
     assert "server 1 restored 3 key parts" in restored.err and "serving again" in restored.err, restored.err

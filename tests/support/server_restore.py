@@ -1,12 +1,17 @@
 """The server-restore job (tests/cluster/test_server_restore.py, tests/faults/test_shm_faults.py):
 :data:`SCRIPT`, two workers training five keys with momentum SGD for :data:`STEPS` steps (rank 1
 waits for ``argv[1]/go`` at step 5, rank 0 marks ``argv[1]/pushed``), and :func:`reference`,
-the same training on one 'local' store."""
+the same training on one 'local' store; :func:`kill_servers_mid_round` runs it, killing servers
+at that moment."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 
 import psnode
+from tests.support import wait_for
+from tests.support.cluster import Job, kill_and_restart_server, start_job, wait_for_file, wait_job
 
 STEPS = 8
 KEYS = ["a", "b", "c", "d", "big"]
@@ -50,3 +55,26 @@ def reference() -> dict[str, list[float]]:
             g = [np.arange(shapes[k], dtype=np.float32) * (r + 1) + step + i for r in (0, 1)]
             kv.push(k, (g[0] + g[1]) * np.float32(0.5))
     return {k: kv.pull(k).tolist() for k in KEYS}
+
+
+def kill_servers_mid_round(tmp_path: Path, env: dict[str, str], ranks: list[int]) -> Job:
+    """:data:`SCRIPT` on 2 workers and 2 servers with ``env``; once worker 0 pushed round 5 and
+    worker 1 has not, kill -9 each server of ``ranks`` in turn and start its replacement (each
+    one serving before the next kill), then let worker 1 go on; the finished job."""
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    job = start_job(SCRIPT, 2, 2, env=env, args=[str(flags)], tmp=tmp_path)
+    try:
+        wait_for_file(flags / "pushed", 60)
+        for rank in ranks:
+            replacement = kill_and_restart_server(job, rank)
+            wait_for(lambda r=replacement: "serving again" in r.err, 30, f"server {rank}'s replacement to serve")
+        (flags / "go").touch()
+    finally:
+        wait_job(job, 120)
+    return job
+
+
+def finals(out: str) -> dict[str, str]:
+    """What a worker of :data:`SCRIPT` printed last, per key."""
+    return {line.split()[1]: line.split(" ", 2)[2] for line in out.splitlines() if line.startswith("FINAL")}
