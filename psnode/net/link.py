@@ -43,7 +43,7 @@ log = logging.getLogger("psnode.link")
 
 class SchedulerLink:
     def __init__(self, t: Transport, cfg: NodeConfig, role: str, port: int,
-                 stats: Callable[[], dict[str, Any]], replica: int = 0) -> None:
+                 stats: Callable[[], Counters], replica: int = 0) -> None:
         self.cfg = cfg
         self.chan: Channel = t.dealer(cfg.scheduler_host, cfg.scheduler_port,
                                       f"{role}-{os.getpid()}-{secrets.token_hex(4)}", Plane.CONTROL)
@@ -73,7 +73,7 @@ class SchedulerLink:
         if now >= self._next_beat:
             if not self.welcomed:
                 self.chan.send(Command.REGISTER, self._registration())
-            self.chan.send(Command.HEARTBEAT, Heartbeat(Counters.of(self._stats())).to_body())
+            self.chan.send(Command.HEARTBEAT, Heartbeat(self._stats()).to_body())
             self._next_beat = now + self.cfg.heartbeat_interval
         silent = now - self.last_ack
         if silent > self.cfg.dead_after and self.standby is not None:
@@ -96,7 +96,7 @@ class SchedulerLink:
         if self.welcomed and self.report is not None:
             self.welcomed, self.rejoining = False, True
         self.chan.send(Command.REGISTER, self._registration())
-        self.chan.send(Command.HEARTBEAT, Heartbeat(Counters.of(self._stats())).to_body())
+        self.chan.send(Command.HEARTBEAT, Heartbeat(self._stats()).to_body())
         self._next_beat = now + self.cfg.heartbeat_interval
 
     def timeout(self, now: float) -> float:

@@ -373,12 +373,6 @@ class Counters:
     wait: WaitReport | None = None
     waited_on: tuple[tuple[int, float], ...] = ()
 
-    @classmethod
-    def of(cls, stats: Mapping[str, Any]) -> Counters:
-        """A role's own counters (a mapping by these names; others are ignored)."""
-        return cls(**{k: int(v) for k, v in stats.items() if k in _COUNTERS}, wait=stats.get("wait"),
-                   waited_on=tuple(stats.get("waited_on", ())))
-
     def to_body(self) -> dict[str, Any]:
         body: dict[str, Any] = {"pushes": self.pushes, "pulls": self.pulls, "rounds": self.rounds,
                                 "bytes_in": self.bytes_in, "bytes_out": self.bytes_out, "retries": self.retries,

@@ -30,7 +30,17 @@ from psnode.net.link import SchedulerLink
 from psnode.net.security import Security
 from psnode.net.transport import Poller, Transport
 from psnode.protocol import Command, Message, failure
-from psnode.protocol.control import Bye, Control, JobEnd, Membership, Rejoin, ServerAddress, Servers, Welcome
+from psnode.protocol.control import (
+    Bye,
+    Control,
+    Counters,
+    JobEnd,
+    Membership,
+    Rejoin,
+    ServerAddress,
+    Servers,
+    Welcome,
+)
 from psnode.samehost import segments as shm
 from psnode.server import checkpoint
 from psnode.server.replicas import Keeper, Replicator, fetch
@@ -78,12 +88,12 @@ class Server:
         self.rank = -1
         self.next_checkpoint = float("inf")
 
-    def _stats(self) -> dict[str, Any]:
+    def _stats(self) -> Counters:
         local_in, local_out = self.local.bytes if self.local is not None else (0, 0)
         dropped = self.t.dropped + (self.local.dropped if self.local is not None else 0)
-        return {"pushes": self.store.pushes, "pulls": self.store.pulls,
-                "bytes_in": self.chan.bytes_in + local_in, "bytes_out": self.chan.bytes_out + local_out,
-                "rounds": self.store.rounds, "dropped": dropped, "refused": self.t.refused}
+        return Counters(pushes=self.store.pushes, pulls=self.store.pulls, bytes_in=self.chan.bytes_in + local_in,
+                        bytes_out=self.chan.bytes_out + local_out, rounds=self.store.rounds, dropped=dropped,
+                        refused=self.t.refused)
 
     def _rejoin_report(self) -> Rejoin:
         """What this server tells a restarted scheduler (psnode.scheduler.rebuild): the membership

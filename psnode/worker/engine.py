@@ -43,7 +43,7 @@ from psnode import timeline
 from psnode.config import NodeConfig
 from psnode.errors import PeerLost, PSError
 from psnode.protocol import Command, Init, Ok, Op
-from psnode.protocol.control import Barrier, Body, Bye, Empty, WaitKind, WaitReport
+from psnode.protocol.control import Barrier, Body, Bye, Counters, Empty, WaitKind, WaitReport
 from psnode.samehost.staging import Staging
 from psnode.worker.futures import ControlRequest, Future
 from psnode.worker.ioloop import IoLoop
@@ -374,19 +374,12 @@ class Engine:
         return self.tracker.retries
 
     @property
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> Counters:
         """This worker's counters, sent with every heartbeat (read from any thread)."""
         t = self.tracker
         nbytes = self.io.bytes()
-        stats: dict[str, Any] = {"pushes": t.pushes, "pulls": t.pulls, "rounds": t.journal.rounds,
-                                 "bytes_in": nbytes[0], "bytes_out": nbytes[1], "retries": t.retries}
-        wait = self.waiting()
-        if wait is not None:
-            stats["wait"] = wait
-        waited = self.waited_on()
-        if waited:
-            stats["waited_on"] = waited
-        return stats
+        return Counters(pushes=t.pushes, pulls=t.pulls, rounds=t.journal.rounds, bytes_in=nbytes[0],
+                        bytes_out=nbytes[1], retries=t.retries, wait=self.waiting(), waited_on=self.waited_on())
 
 
 class _Batch:

@@ -32,7 +32,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from psnode import timeline
 from psnode.config import NodeConfig
@@ -41,7 +40,17 @@ from psnode.net.link import SchedulerLink
 from psnode.net.security import Security
 from psnode.net.transport import Channel, Poller, Transport
 from psnode.protocol import Command, Message, Ok
-from psnode.protocol.control import Barrier, BarrierDone, Control, JobEnd, Membership, Rejoin, Servers, Welcome
+from psnode.protocol.control import (
+    Barrier,
+    BarrierDone,
+    Control,
+    Counters,
+    JobEnd,
+    Membership,
+    Rejoin,
+    Servers,
+    Welcome,
+)
 from psnode.samehost import segments as shm
 from psnode.samehost.staging import Staging
 from psnode.worker.connection import BATCH_BYTES, BATCH_OPS, Connections
@@ -60,7 +69,7 @@ class IoLoop:
     """The worker's I/O thread (see the module docstring); ``stats`` gives the counters each
     heartbeat carries."""
 
-    def __init__(self, cfg: NodeConfig, state: EngineState, stats: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, cfg: NodeConfig, state: EngineState, stats: Callable[[], Counters]) -> None:
         self.cfg = cfg
         self.state = state
         self.stats = stats

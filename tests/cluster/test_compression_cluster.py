@@ -108,11 +108,11 @@ kv.init('g', np.zeros(n, np.float32))
 kv.set_gradient_compression(params)
 g = np.full(n, 0.75, np.float32)
 kv.push('g', g); kv.wait_all()               # warm-up
-before = kv._engine.stats['bytes_out']
+before = kv._engine.stats.bytes_out
 for _ in range(4):
     kv.push('g', g)
 kv.wait_all()
-print('PUSHBYTES', (kv._engine.stats['bytes_out'] - before) / 4, flush=True)
+print('PUSHBYTES', (kv._engine.stats.bytes_out - before) / 4, flush=True)
 pathlib.Path(ready + str(kv.rank)).touch()
 deadline = time.monotonic() + 30
 while not pathlib.Path(go).exists() and time.monotonic() < deadline:

@@ -81,7 +81,7 @@ kv.init('emb', np.zeros((N, D), np.float32), stype='row_sparse')
 eng = kv._engine
 def sent():
     kv.wait_all()   # counted before sending: all of it is in once the flush is answered
-    return eng.stats['bytes_out']
+    return eng.stats.bytes_out
 before = sent()
 ids = np.arange(r, N, 100)[:2000]                           # 1% of rows
 kv.push('emb', row_sparse_array((np.ones((len(ids), D), np.float32), ids), shape=(N, D)))

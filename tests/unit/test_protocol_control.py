@@ -139,7 +139,7 @@ def test_bodies_keep_their_wire_form() -> None:
     assert Membership((0, 1)).to_body() == {"active": [0, 1]} and Stop("s").to_body() == {"reason": "s"}
     stats = {"pushes": 1, "pulls": 2, "rounds": 3, "bytes_in": 4, "bytes_out": 5, "retries": 6, "dropped": 0,
              "refused": 0}
-    assert Heartbeat(Counters.of({**stats, "other": 7})).to_body() == {"stats": stats}
+    assert Heartbeat(Counters(**stats)).to_body() == {"stats": stats}
     status = StatusAnswer("j", 1.0, False, 0, (ROW,)).to_body()
     assert status == {"job": "j", "uptime": 1.0, "started": False, "refused": 0, "nodes": [ROW.to_dict()],
                       "generation": 0, "members": [], "joined": 0, "left": 0, "lost": 0}
@@ -303,7 +303,7 @@ def test_a_node_drops_malformed_scheduler_messages_and_keeps_the_rest() -> None:
         router, port = sched.router("127.0.0.1", 0, Plane.CONTROL)
         cfg = NodeConfig(role=Role.WORKER, scheduler_host="127.0.0.1", scheduler_port=port, num_workers=1,
                          num_servers=1, job_id="jl", host="127.0.0.1")
-        link = SchedulerLink(node, cfg, "worker", 0, lambda: {"pushes": 3, "wait": WAIT})
+        link = SchedulerLink(node, cfg, "worker", 0, lambda: Counters(pushes=3, wait=WAIT))
         got = _collect(lambda: _drain(lambda: router.recv(routed=True)), 1)
         assert [g[1].cmd for g in got] == [Command.REGISTER]
         assert decode_body(Command.REGISTER, got[0][1].body) == Register("worker", "127.0.0.1", 0, os.getpid(), None)
