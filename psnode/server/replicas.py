@@ -229,7 +229,7 @@ def fetch(t: Transport, rank: int, book: Sequence[ServerAddress], num_servers: i
                     del pending[r]
                     seq = got[1].body.get("seq")
                     if type(seq) is int and seq > 0 and got[1].arrays and (best is None or seq > best[0]):
-                        best = (seq, r, [np.array(a) for a in got[1].arrays])
+                        best = (seq, r, list(got[1].arrays))   # (views: the restore copies them)
                         deadline = min(deadline, time.monotonic() + GRACE_S)   # (a silent holder: not long)
             pump()
     finally:
