@@ -6,6 +6,7 @@ pull the K aggregated values.  Per-worker throughput = 2*K*B / round time.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 from dataclasses import asdict, dataclass
@@ -86,6 +87,18 @@ def report(**fields) -> None:
 
 def summarize(times: list[float]) -> dict[str, float]:
     return {"median": statistics.median(times), "min": min(times), "n": len(times)}
+
+
+def leave_gloo(dist) -> None:
+    """End a ``torch.distributed`` peer after its results: a barrier, then the process ends
+    without tearing gloo down.  With torch 2.13 on Python 3.11 a rank whose group is torn down
+    (``destroy_process_group``, freeing DDP, or the interpreter's own exit) can die by SIGABRT
+    ("terminate called without an active exception") after reporting; under ``mxdist launch``
+    psnode's exit guard prevents that, and these peers run as torchrun would start them."""
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def fail(msg: str) -> None:

@@ -34,6 +34,7 @@ from benchmarks.cases import (  # noqa: E402
     KiB,
     decode_cases,
     fail,
+    leave_gloo,
     report,
     summarize,
 )
@@ -121,7 +122,7 @@ def gloo(rank: int, world: int, port: int, cases_json: str, quick: bool, t0_laun
                 times.append(t1 - t0)
         dist.barrier()
         report(system="gloo", case=c.name, rank=rank, bytes=2 * c.keys * c.nbytes, **summarize(times))
-    dist.destroy_process_group()
+    leave_gloo(dist)
 
 
 # ---------------------------------------------------------------- bare PS

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.cases import Case, decode_cases, fail, report, summarize  # noqa: E402
+from benchmarks.cases import Case, decode_cases, fail, leave_gloo, report, summarize  # noqa: E402
 
 METER_LIMIT_S = 3600.0   # a meter whose driver vanished ends by itself
 
@@ -126,7 +126,7 @@ def gloo_worker(cases_json: str, quick: bool, markdir: Path, master: str, port: 
             if not bool((g == expect).all()):
                 fail(f"gloo {c.name}: all_reduce gave {g[:4].tolist()}..., expected {expect}")
         rounds.run(c, quick, one_round, "gloo")
-    dist.destroy_process_group()
+    leave_gloo(dist)
 
 
 CONNECT_S = 60.0

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.cases import report
+from benchmarks.cases import leave_gloo, report
 
 IDS, DIM, BATCH, ZIPF = 8, 16, 256, 1.3
 
@@ -147,9 +147,7 @@ def run_ddp(cfg: dict) -> None:
     timed = train(step, data, cfg)
     dist.barrier()
     result(cfg, rank, timed, ready)
-    dist.barrier()        # torch 2.13: barrier, then free DDP, then destroy (README, collective mode)
-    del ddp
-    dist.destroy_process_group()
+    leave_gloo(dist)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.cases import report
+from benchmarks.cases import leave_gloo, report
 
 
 class Net(nn.Module):
@@ -116,9 +116,7 @@ def run_ddp(cfg: dict) -> None:
     dist.barrier()
     report(system=cfg["system"], case="train", rank=rank, steps_per_s=rate, loss=loss, checksum=checksum(model),
            params=sum(p.numel() for p in model.parameters()), tensors=len(list(model.parameters())))
-    dist.barrier()        # torch 2.13: barrier, then free DDP, then destroy (README, collective mode)
-    del ddp
-    dist.destroy_process_group()
+    leave_gloo(dist)
 
 
 if __name__ == "__main__":
