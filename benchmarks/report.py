@@ -38,7 +38,8 @@ def collect(records: list[dict]) -> Stats:
         per_run[(r["system"], r["config"], r["case"])][r["run"]].append(v)
     out: Stats = {}
     for key, runs in per_run.items():
-        if key[2] == "launch":   # the job is up when every worker has pulled: max over workers
+        if key[2] == "launch" or key[0] == "membw":   # the job is up when every worker has pulled,
+            # the bound's copies are done when every core's are: max over processes
             out[key] = {run: max(v) for run, v in runs.items()}
         else:
             out[key] = {run: statistics.median(v) for run, v in runs.items()}
@@ -144,6 +145,32 @@ def launch_table(stats: Stats, print_fn: PrintFn = print) -> list[dict]:
     return summary
 
 
+# ---------------------------------------------------------------- memory bound
+BOUND_GOAL = 1.3   # the 16 MiB W2S2 round within this multiple of the memory bound
+
+
+def bound_table(stats: Stats, cases: list[Case], configs: list[tuple[int, int]], print_fn: PrintFn = print,
+                psnode: str = "psnode") -> list[dict]:
+    """psnode's round against the memory bound (system ``membw``), per dense case and config."""
+    if not any(k[0] == "membw" for k in stats):
+        return []
+    hdr = ("case", "W,S", "psnode round ms", "memory bound ms", "psnode/bound (time)")
+    rows = []
+    for c in cases:
+        if c.kind != "dense" or c.name == "densetable":
+            continue
+        for W, S in configs:
+            p, b = stats.get((psnode, f"{W},{S}", c.name), {}), stats.get(("membw", f"{W},{S}", c.name), {})
+            rows.append((c.name, f"{W},{S}", fmt_range([v * 1e3 for v in p.values()], ".2f"),
+                         fmt_range([v * 1e3 for v in b.values()], ".2f"), fmt_range(ratios(p, b), ".2f")))
+    print_fn("\nMemory bound: a same-host round copies the model at least 3W times (each worker's gradient\n"
+             "in, the servers' sum reading it, the result out); the bound is those copies, each between\n"
+             "arrays of its own, shared out over every core at once with no waiting (max over cores).\n"
+             "psnode/bound: per run, 1 = the bound.")
+    print_table(hdr, rows, print_fn)
+    return [dict(zip(hdr, r, strict=False)) for r in rows]
+
+
 # ---------------------------------------------------------------- targets
 def target_values(stats: Stats, system: str, cfg: str) -> list[tuple[str, float, list[float] | None]]:
     """[(target, goal, per-run values or None when not measured)] for ``system`` at ``cfg``.
@@ -157,6 +184,9 @@ def target_values(stats: Stats, system: str, cfg: str) -> list[tuple[str, float,
     mine, g = get(system, "1x16MiB"), get("gloo", "1x16MiB", "2")
     out.append((f"1x16MiB: gloo all_reduce time / {system} time >= 1", 1.0,
                 ratios(g, mine) if mine and g else None))
+    bound = get("membw", "1x16MiB")
+    out.append((f"1x16MiB: memory bound / {system} time >= {1 / BOUND_GOAL:.2f} (within {BOUND_GOAL}x)",
+                1 / BOUND_GOAL, ratios(bound, mine) if mine and bound else None))
     small, big = get(system, "200x16KiB"), get(system, "16x1MiB")
     # throughput ratio: (bytes_small / t_small) / (bytes_big / t_big)
     rel = 200 * 16384 / (16 * MiB)

@@ -456,6 +456,33 @@ def bare_worker(rank: int, W: int, ports: list[int], cases_json: str, quick: boo
     ctx.term()
 
 
+# ---------------------------------------------------------------- memory bound
+COPIES_PER_WORKER = 3   # a same-host round copies the model 3W times (benchmarks/report.py)
+
+
+def membw(cpu: int, W: int, cores: int, cases_json: str, quick: bool) -> None:
+    """Core ``cpu``'s share of the memory bound of a W-worker round, run while every other core
+    runs its share: of the round's 3W copies of the model, copies cpu, cpu+cores, ...; each
+    copy between its own pair of arrays (as the round's copies are: gradient into the staging
+    slot, the slot into the sum, the result into ``out``), so the working set is the round's.
+    Per dense case: the time those copies take per round (median over the case's timed rounds)."""
+    import os
+    os.sched_setaffinity(0, {cpu})
+    mine = len(range(cpu, COPIES_PER_WORKER * W, cores))
+    for c in decode_cases(cases_json):
+        if c.kind != "dense":
+            continue
+        pairs = [(np.ones(c.elems, np.float32), np.empty(c.elems, np.float32))
+                 for _ in range(mine * c.keys)]
+        times = []
+        for i in range(c.warm(quick) + c.timed(quick)):
+            t0 = time.perf_counter()
+            for a, b in pairs:
+                np.copyto(b, a)
+            if i >= c.warm(quick):
+                times.append(time.perf_counter() - t0)
+        report(system="membw", case=c.name, rank=cpu, copies=mine, bytes=c.keys * c.nbytes, **summarize(times))
+
 if __name__ == "__main__":
     role, args = sys.argv[1], sys.argv[2:]
     if role == "zmq-server":
@@ -466,6 +493,8 @@ if __name__ == "__main__":
         gloo(int(args[0]), int(args[1]), int(args[2]), args[3], args[4] == "1", float(args[5]))
     elif role == "bare-server":
         bare_server(int(args[0]), int(args[1]))
+    elif role == "membw":
+        membw(int(args[0]), int(args[1]), int(args[2]), args[3], args[4] == "1")
     elif role == "bare-worker":
         bare_worker(int(args[0]), int(args[1]), [int(x) for x in args[2].split(",")], args[3], args[4] == "1")
     else:

@@ -76,6 +76,35 @@ def run_bare(W: int, S: int, cases: list[Case], quick: bool, timeout: float) -> 
     return [dict(r, config=f"{W},{S}") for r in out]
 
 
+def run_membw(W: int, S: int, cases: list[Case], quick: bool, timeout: float) -> list[dict]:
+    """The memory bound of a W-worker round (benchmarks/kvstore/peers.py ``membw``): one process
+    per core, all at once, each doing its share of the round's copies; their records."""
+    import os
+    cores = sorted(os.sched_getaffinity(0))
+    procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.kvstore.peers", "membw", str(cpu), str(W),
+                               str(len(cores)), encode_cases(cases), "1" if quick else "0"],
+                              cwd=ROOT, env=child_env(OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for cpu in cores]
+    out: list[dict] = []
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs:
+            so, se = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            if p.returncode != 0:
+                print(f"  memory bound process exited {p.returncode}:\n{tail(se)}", file=sys.stderr)
+                return []
+            out.extend(parse_results(so))
+    except subprocess.TimeoutExpired:
+        print("  memory bound timed out", file=sys.stderr)
+        return []
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    return [dict(r, config=f"{W},{S}") for r in out]
+
+
 def torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 

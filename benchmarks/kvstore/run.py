@@ -1,5 +1,5 @@
 """Run the workload of benchmarks/cases.py on psnode and its peers (MXNet, raw pyzmq, torch gloo, a bare
-PS), interleaved in one run; print tables, the issue's targets and a JSON file.
+PS) and the memory bound of a round, interleaved in one run; print tables, the targets and a JSON file.
 
     python benchmarks/kvstore/run.py                 # full: 3 interleaved runs, every case, W,S = 1,1 2,1 2,2
     python benchmarks/kvstore/run.py --quick         # smoke run: 1 run, W2S2 only, few rounds
@@ -35,7 +35,7 @@ from benchmarks import report  # noqa: E402
 from benchmarks.cases import ALL, select  # noqa: E402
 from benchmarks.common import harness  # noqa: E402
 from benchmarks.kvstore.mxnet_job import DEFAULT_VENV, mxnet_python, run_mxnet, run_mxnet_launch  # noqa: E402
-from benchmarks.kvstore.peers_run import run_bare, run_gloo, run_zmq, torch_available  # noqa: E402
+from benchmarks.kvstore.peers_run import run_bare, run_gloo, run_membw, run_zmq, torch_available  # noqa: E402
 from benchmarks.kvstore.psnode_job import (  # noqa: E402
     Launcher,
     cli_ready,
@@ -45,7 +45,7 @@ from benchmarks.kvstore.psnode_job import (  # noqa: E402
     run_psnode_mxdist,
 )
 
-DEFAULT_PEERS = "zmq,gloo,bare,mxnet"
+DEFAULT_PEERS = "zmq,gloo,bare,mxnet,membw"
 SECURITY_MODES = ("insecure=--insecure", "default=", "encrypt=--encrypt")
 SSH_CASES = "1x4KiB,1x1MiB,1x16MiB,200x16KiB"
 
@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--configs", nargs="+", help="W,S configurations (default: 1,1 2,1 2,2; --quick, --ssh: 2,2)")
     ap.add_argument("--runs", type=int, help="interleaved runs (default 3; --quick: 1)")
     ap.add_argument("--peers", help=f"peers to run (default {DEFAULT_PEERS}; with --ssh or --mode none): "
-                                    "zmq, gloo (if torch imports), bare (pyzmq+numpy PS), mxnet (its own venv)")
+                                    "zmq, gloo (if torch imports), bare (pyzmq+numpy PS), mxnet (its own venv), "
+                                    "membw (the memory bound: np.copyto on every core at once)")
     ap.add_argument("--mxnet-venv", type=Path, default=DEFAULT_VENV, help="MXNet's venv (made on first use)")
     ap.add_argument("--no-mxnet-install", action="store_true", help="do not make the MXNet venv when missing")
     ap.add_argument("--psnode-via", choices=("harness", "mxdist"), default="harness",
@@ -201,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
                                else run_psnode_mxdist(lr, W, S, cases, a.quick, a.timeout, name))
                         return [dict(r, system=name, path="tcp" if a.no_shm else "same-host") for r in got]
                     steps.append((f"{name} W{W}S{S}", ps))
+                if "membw" in peers:
+                    steps.append((f"memory bound W{W}S{S}", lambda W=W, S=S: run_membw(W, S, cases, a.quick,
+                                                                                        a.timeout)))
                 if "bare" in peers:
                     steps.append((f"bare W{W}S{S}", lambda W=W, S=S: run_bare(W, S, cases, a.quick, a.timeout)))
                 if mx_py:
@@ -240,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["dense"] = report.dense_table(stats, cases, configs)
         summary["sparse"] = report.sparse_table(stats, configs)
         summary["launch"] = report.launch_table(stats)
+        summary["bound"] = report.bound_table(stats, cases, configs)
         checks = report.targets(stats)
         ceilings = report.bare_ceilings(stats)
     print(f"\ntotal {time.monotonic() - t_all:.0f} s")

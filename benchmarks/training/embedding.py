@@ -254,6 +254,38 @@ def summarize(records: list[dict], mem: list[dict], sizes: list[int], print_fn=p
     return [dict(zip(hdr, r, strict=True)) for r in out_rows]
 
 
+def phase_table(records: list[dict], mem: list[dict], sizes: list[int], print_fn=print) -> list[dict]:
+    """Where a step's time goes: per system, size and phase, a worker's wall and CPU ms (each
+    rank's median over the timed steps; median over ranks and runs), then the servers' CPU ms
+    per step (psnode) and the step as 1000 / steps/s."""
+    hdr = ("rows", "system", "phase", "wall ms", "worker CPU ms")
+    out_rows = []
+    for rows in sizes:
+        for system in (PSNODE, PLAIN, DDP):
+            mine = [r for r in records if r["system"] == system and r["rows"] == rows and r.get("phases")]
+            if not mine:
+                continue
+            names = list(mine[0]["phases"])
+            for name in names:
+                wall = [r["phases"][name]["wall_ms"] for r in mine if name in r["phases"]]
+                cpu = [r["phases"][name]["cpu_ms"] for r in mine if name in r["phases"]]
+                out_rows.append((f"{rows / 1e6:g} M", system, name, f"{statistics.median(wall):.2f}",
+                                 f"{statistics.median(cpu):.2f}"))
+            step = statistics.median(1e3 / r["steps_per_s"] for r in mine)
+            cpu_step = statistics.median(r["cpu_ms_per_step"] for r in mine)
+            out_rows.append((f"{rows / 1e6:g} M", system, "whole step (process)", f"{step:.2f}", f"{cpu_step:.2f}"))
+            servers = [x["server_cpu_ms_per_step"] for x in mem
+                       if x["system"] == system and x["rows"] == rows and x["server_cpu_ms_per_step"]]
+            if servers:
+                out_rows.append((f"{rows / 1e6:g} M", system, "each server (process CPU)", "-",
+                                 f"{statistics.median(servers):.2f}"))
+    if out_rows:
+        print_fn("\nWhere a step goes (a worker's main thread per phase, median over timed steps, ranks and runs;\n"
+                 "the process's CPU per step includes its other threads; the servers' CPU per step of one worker).")
+        print_table(hdr, out_rows, print_fn)
+    return [dict(zip(hdr, r, strict=True)) for r in out_rows]
+
+
 def _memory_record(system: str, rows: int, run: int, o: Outcome) -> dict:
     servers = o.peaks("server")
     return {"system": system, "rows": rows, "run": run, "fits": o.fits, "killed": o.watch.killed,
@@ -367,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"config {cfg}, sizes {sizes}, runs {runs}")
     records, mem = compare(a, cfg, sizes, runs, h, cap, floor)
     summary = summarize(records, mem, sizes)
+    phases = phase_table(records, mem, sizes)
     problems = [f"{m['system']} rows={m['rows']} run {m['run'] + 1}: {m['killed'] or m['problem']}"
                 for m in mem if not m["fits"]]
     for p in problems:
@@ -374,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ntotal {time.monotonic() - t_all:.0f} s")
     if a.json:
         Path(a.json).write_text(json.dumps({"argv": sys.argv, "config": cfg, "records": records, "memory": mem,
-                                            "summary": summary, "problems": problems}, indent=1))
+                                            "summary": summary, "phases": phases,
+                                            "problems": problems}, indent=1))
         print(f"wrote {a.json}")
     return 1 if problems else 0
 

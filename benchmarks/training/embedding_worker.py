@@ -68,6 +68,32 @@ class Net(nn.Module):
         return self.head(self.emb(ids)).squeeze(-1)
 
 
+class Phases:
+    """Where a step's time goes on this rank: per phase (``mark(name)`` ends it), the wall and
+    this thread's CPU milliseconds, kept for the timed steps only; their medians per phase."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.seen: dict[str, list[tuple[float, float]]] = {}
+        self._t = self._c = 0.0
+
+    def begin(self) -> None:
+        self._t, self._c = time.perf_counter(), time.thread_time()
+
+    def mark(self, name: str) -> None:
+        t, c = time.perf_counter(), time.thread_time()
+        if self.on:
+            self.seen.setdefault(name, []).append(((t - self._t) * 1e3, (c - self._c) * 1e3))
+        self._t, self._c = t, c
+
+    def medians(self) -> dict[str, dict[str, float]]:
+        return {name: {"wall_ms": float(np.median([w for w, _ in v])), "cpu_ms": float(np.median([c for _, c in v]))}
+                for name, v in self.seen.items()}
+
+
+PHASES = Phases()
+
+
 def train(step_fn, data, cfg: dict) -> tuple:
     """Warm-up and timed steps: (steps/s of the timed steps, this process's CPU ms per timed
     step, every step's loss, the wall-clock times the timed steps began and ended)."""
@@ -76,6 +102,8 @@ def train(step_fn, data, cfg: dict) -> tuple:
     for i in range(cfg["warmup"] + cfg["steps"]):
         if i == cfg["warmup"]:
             t0, c0, w0 = time.perf_counter(), time.process_time(), time.time()
+            PHASES.on = True
+        PHASES.begin()
         losses.append(step_fn(i, *data[i], data[i + 1][0]))
     cpu = (time.process_time() - c0) * 1e3 / cfg["steps"]
     return cfg["steps"] / (time.perf_counter() - t0), cpu, losses, (w0, time.time())
@@ -86,8 +114,8 @@ def result(cfg: dict, rank: int, timed: tuple, ready: float) -> None:
     k = cfg["loss_window"]
     report(system=cfg["system"], case=f"rows={cfg['rows']}", rows=cfg["rows"], rank=rank, steps_per_s=rate,
            cpu_ms_per_step=cpu, loss_first=float(np.mean(losses[:k])), loss_last=float(np.mean(losses[-k:])),
-           peak_mib=peak_mib(), ready_s=ready, steps=cfg["steps"], warmup=cfg["warmup"], timed_from=w0,
-           timed_to=w1)
+           peak_mib=peak_mib(), ready_s=ready, phases=PHASES.medians(), steps=cfg["steps"], warmup=cfg["warmup"],
+           timed_from=w0, timed_to=w1)
 
 
 def run_psnode(cfg: dict) -> None:
@@ -106,12 +134,19 @@ def run_psnode(cfg: dict) -> None:
 
     def step(i: int, x: torch.Tensor, y: torch.Tensor, nxt: torch.Tensor) -> float:
         trainer.zero_grad()
+        PHASES.mark("zero_grad")
         loss = F.binary_cross_entropy_with_logits(model(x), y)
+        PHASES.mark("forward")        # (the batch's rows: prefetched, or pulled here)
         loss.backward()
+        PHASES.mark("backward")
         if prefetch:
             emb.prefetch(nxt)
+        PHASES.mark("prefetch")       # (asks the servers for the next batch's rows)
         trainer.step()
-        return loss.item()
+        PHASES.mark("step")           # (pushes the gradients; the servers' AdaGrad)
+        out = loss.item()
+        PHASES.mark("loss")
+        return out
     kv.barrier()
     ready = time.perf_counter() - start
     timed = train(step, data, cfg)
@@ -138,10 +173,16 @@ def run_ddp(cfg: dict) -> None:
 
     def step(i: int, x: torch.Tensor, y: torch.Tensor, nxt: torch.Tensor, ddp: nn.Module = ddp) -> float:
         opt.zero_grad()
+        PHASES.mark("zero_grad")
         loss = F.binary_cross_entropy_with_logits(ddp(x), y)
+        PHASES.mark("forward")
         loss.backward()
+        PHASES.mark("backward")       # (DDP's all-reduce of the gradients)
         opt.step()
-        return loss.item()
+        PHASES.mark("step")           # (AdaGrad on this rank's copy of the table)
+        out = loss.item()
+        PHASES.mark("loss")
+        return out
     dist.barrier()
     ready = time.perf_counter() - start
     timed = train(step, data, cfg)

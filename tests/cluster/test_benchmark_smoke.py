@@ -34,7 +34,7 @@ def _by_system(data: dict) -> dict[tuple[str, str], list[dict]]:
 
 
 def test_quick_benchmark_runs_every_system(tmp_path: Path) -> None:
-    r, data = _run(["--peers", "zmq,bare,mxnet", "--mxnet-venv", str(tmp_path / "no-venv"), "--no-mxnet-install",
+    r, data = _run(["--peers", "zmq,bare,mxnet,membw", "--mxnet-venv", str(tmp_path / "no-venv"), "--no-mxnet-install",
                     "--cases", "1x4KiB,1x1MiB,16x1MiB,200x16KiB,rowsparse1%"], tmp_path / "bench.json")
     skipped = [line for line in r.stdout.splitlines() if line.startswith("MXNet skipped:")]
     assert len(skipped) == 1 and "no-venv" in skipped[0], r.stdout[:2000]
@@ -42,7 +42,8 @@ def test_quick_benchmark_runs_every_system(tmp_path: Path) -> None:
     from benchmarks.cases import ALL
     for system, cases, ranks in (("psnode", ("1x4KiB", "1x1MiB", "16x1MiB", "200x16KiB", "rowsparse1%"), 2),
                                  ("bare", ("1x4KiB", "1x1MiB", "rowsparse1%"), 2),
-                                 ("zmq", ("1x4KiB", "1x1MiB"), 1)):
+                                 ("zmq", ("1x4KiB", "1x1MiB"), 1),
+                                 ("membw", ("1x4KiB", "1x1MiB", "16x1MiB"), len(os.sched_getaffinity(0)))):
         for case in cases:
             recs = got.get((system, case), [])
             assert len(recs) == ranks, (system, case, recs)
@@ -54,6 +55,10 @@ def test_quick_benchmark_runs_every_system(tmp_path: Path) -> None:
     assert "200x16KiB MiB/s / 16x1MiB MiB/s >= 0.8" in r.stdout
     assert "not measured in this run" in r.stdout and "1x1MiB: MXNet time / psnode time" in r.stdout
     assert "bare PS at W2S2: 200x16KiB MiB/s / 16x1MiB MiB/s" in r.stdout
+    # the memory bound: every core's share of a W2 round's 3W copies (6 over the cores, each
+    # core's copies counted whole), a row per dense case
+    assert sum(x["copies"] for x in got[("membw", "1x1MiB")]) == 6
+    assert [row["case"] for row in data["summary"]["bound"]] == ["1x4KiB", "1x1MiB", "16x1MiB", "200x16KiB"]
 
 
 def test_quick_benchmark_over_tcp_only(tmp_path: Path) -> None:

@@ -42,6 +42,12 @@ def test_quick_embedding_benchmark_reports_both_systems(tmp_path: Path) -> None:
     assert set(mem["psnode"]["peaks_mib"]) == {"scheduler 0", "server 0", "server 1", "worker 0", "worker 1"}
     assert mem["psnode"]["server_mib"] > 0 and mem["psnode"]["total_gib"] > 0
     assert "psnode/DDP steps/s" in r.stdout and "| 0.2 M | psnode" in r.stdout
+    # where a step goes: every phase of each system's step, on every rank
+    assert set(by[("psnode", 0)]["phases"]) == {"zero_grad", "forward", "backward", "prefetch", "step", "loss"}
+    assert set(by[("DDP gloo", 1)]["phases"]) == {"zero_grad", "forward", "backward", "step", "loss"}
+    assert all(p["wall_ms"] >= 0 and p["cpu_ms"] >= 0 for x in by.values() for p in x["phases"].values())
+    phases = {(row["system"], row["phase"]) for row in data["phases"]}
+    assert {("psnode", "step"), ("psnode", "whole step (process)"), ("DDP gloo", "backward")} <= phases
 
 
 def test_a_job_past_the_cap_is_killed_and_recorded(tmp_path: Path) -> None:
