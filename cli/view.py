@@ -2,7 +2,9 @@
 
 :mod:`mxdist.control.commands` builds them from records, the scheduler and the hosts; :mod:`mxdist.ui`
 renders them; ``--json`` prints :meth:`JobView.to_dict` / :meth:`JobRow.to_dict`, whose keys
-and values are the machine-readable interface (scripts and tests read them).
+and values are the machine-readable interface (scripts and tests read them).  Above :mod:`mxdist.job`
+only (the record's states; pyproject.toml's layers contract): it and :mod:`mxdist.backends` never
+import each other.
 """
 from __future__ import annotations
 

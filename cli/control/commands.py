@@ -1,4 +1,4 @@
-"""Recorded jobs from any shell: status, stop, logs and the job list.
+"""Recorded jobs from any shell: status, stop, scale, logs and the job list.
 
 The backend of a job is rebuilt from its record (:func:`mxdist.backends.registry.make_backend`), so these
 work whether the supervisor is attached, detached or gone.
