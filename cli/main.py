@@ -25,7 +25,8 @@ from psnode.config import Role
 
 from . import ui
 from .backends.base import BackendError
-from .job import control, history, records
+from .control import commands, history
+from .job import records
 from .planning.gpus import describe_worker
 from .planning.hosts import HostsError
 from .planning.options import LaunchOptions, launch_default
@@ -366,7 +367,7 @@ def _load(job: str | None) -> records.JobRecord:
 
 def _jobs(limit: int | None, as_json: bool) -> None:
     try:
-        rows = control.job_list(limit)
+        rows = commands.job_list(limit)
     except records.JobNotFound as exc:
         raise _fail("no jobs", str(exc), None, 1) from None
     if as_json:
@@ -403,7 +404,7 @@ def status(
     if job is None:
         active = [j for j in records.all_jobs() if j.state.active] if records.jobs_dir().is_dir() else []
         if len(active) > 1:
-            rows = [control.summary(control.refresh(j)) for j in active]
+            rows = [commands.summary(commands.refresh(j)) for j in active]
             if as_json:
                 ui.print_json({"jobs": [r.to_dict() for r in rows]})
             else:
@@ -412,10 +413,10 @@ def status(
     record = _load(job)
     try:
         if as_json:
-            ui.print_json(control.job_status(record).to_dict())
+            ui.print_json(commands.job_status(record).to_dict())
         elif watch:
             history: dict[str, deque[float]] = {}
-            with ui.watch_status() as watching, control.status_frames(record.id) as frame:
+            with ui.watch_status() as watching, commands.status_frames(record.id) as frame:
                 while True:
                     view = frame()
                     for n in view.nodes:
@@ -424,7 +425,7 @@ def status(
                     if not view.active or watching.wait(interval):
                         break
         else:
-            ui.print_status(control.job_status(record))
+            ui.print_status(commands.job_status(record))
     except KeyboardInterrupt:
         raise typer.Exit(0) from None
     except BackendError as exc:
@@ -436,7 +437,7 @@ def _to_stop(job: str | None, all_jobs: bool) -> list[records.JobRecord]:
     that already ended, or nothing running, is said and is not an error."""
     if job:
         before = _load(job)
-        record = control.refresh(before)   # (an ended job's unverified hosts are checked again)
+        record = commands.refresh(before)   # (an ended job's unverified hosts are checked again)
         if not record.state.active:
             ui.info(f"job {record.id} already {record.state.value}: nothing to stop")
             if before.unverified:
@@ -445,7 +446,7 @@ def _to_stop(job: str | None, all_jobs: bool) -> list[records.JobRecord]:
                     raise typer.Exit(1)
             return []
         return [record]
-    running = [control.refresh(j) for j in records.all_jobs() if j.state.active]
+    running = [commands.refresh(j) for j in records.all_jobs() if j.state.active]
     running = [j for j in running if j.state.active]
     if not running:
         latest = records.all_jobs()[-1:] if records.jobs_dir().is_dir() else []
@@ -470,8 +471,8 @@ def stop(
     for record in _to_stop(job, all_jobs):
         ui.info(f"stopping job {record.id} ({record.state.value})")
         try:
-            final = control.stop_job(record, grace)
-            left, unverified = control.verify_gone(final)
+            final = commands.stop_job(record, grace)
+            left, unverified = commands.verify_gone(final)
         except KeyboardInterrupt:
             ui.warn(f"interrupted: the stop request stays; job {record.id}'s supervisor ends it "
                     f"(mxdist status {record.id})")
@@ -521,8 +522,8 @@ def scale(
         job = running[0].id if running else None
     record = _load(job)
     try:
-        answer = control.scale_job(record, target, dry_run)
-    except control.ScaleRefused as exc:
+        answer = commands.scale_job(record, target, dry_run)
+    except commands.ScaleRefused as exc:
         raise _fail("cannot scale", str(exc), None, 1) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
@@ -548,7 +549,7 @@ def logs(
 ) -> None:
     """Print the logs of a job's processes."""
     if job is None:
-        running = [r for r in (control.refresh(j) for j in records.all_jobs() if j.state.active) if r.state.active]
+        running = [r for r in (commands.refresh(j) for j in records.all_jobs() if j.state.active) if r.state.active]
         if len(running) > 1:
             raise _fail("several jobs are running", f"{len(running)} jobs are running: "
                         f"{', '.join(j.id for j in running)}", "name one: mxdist logs JOB", EXIT_USAGE)
@@ -563,7 +564,7 @@ def logs(
             raise _fail("no timeline yet", f"job {record.id} {state}: {record.timeline}", None, EXIT_USAGE)
         ui.plain(record.timeline)
         return
-    procs = control.select(record, role.value if role else None, rank)
+    procs = commands.select(record, role.value if role else None, rank)
     if not procs:
         wanted = " ".join(x for x in (role.value if role else "process", None if rank is None else str(rank)) if x)
         raise _fail("no such process", f"job {record.id} has no {wanted}; its processes: "
@@ -585,7 +586,7 @@ def logs(
         printer.flush(p.name, p.role, p.rank, p.host)
 
     try:
-        control.stream_logs(record, procs, follow, emit, done)
+        commands.stream_logs(record, procs, follow, emit, done)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     except BrokenPipeError:

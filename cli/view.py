@@ -1,8 +1,10 @@
 """What ``mxdist status``, ``mxdist jobs`` and ``launch --dry-run`` show: typed views (pure: no I/O).
 
-:mod:`mxdist.job.control` builds them from records, the scheduler and the hosts; :mod:`mxdist.ui`
+:mod:`mxdist.control.commands` builds them from records, the scheduler and the hosts; :mod:`mxdist.ui`
 renders them; ``--json`` prints :meth:`JobView.to_dict` / :meth:`JobRow.to_dict`, whose keys
-and values are the machine-readable interface (scripts and tests read them).
+and values are the machine-readable interface (scripts and tests read them).  Above :mod:`mxdist.job`
+only (the record's states; pyproject.toml's layers contract): it and :mod:`mxdist.backends` never
+import each other.
 """
 from __future__ import annotations
 

@@ -7,4 +7,10 @@ paramiko), ``slurm`` (job steps of an allocation: the only runner of ``srun``/``
 operations).  ``agent`` is self-contained (standard library only, no import from ``mxdist``): the
 SSH backend sends its source file to remote Pythons and the Slurm backend sends pieces of it.
 Callers depend on the contract and ask capabilities, never a backend's name.
+
+Its place among the rooms (pyproject.toml's layers contract): above :mod:`mxdist.job` (a
+backend keeps each process it starts in a :class:`~mxdist.job.records.ProcRecord`) and
+:mod:`mxdist.planning` (it runs a plan's processes on its hosts, and reads the agent's reports
+into planning's values: :func:`~mxdist.backends.base.host_gpus`); below :mod:`mxdist.control` and
+:mod:`mxdist.supervisor`, which drive it.  It never imports :mod:`mxdist.view`.
 """

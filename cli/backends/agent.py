@@ -654,7 +654,7 @@ class AgentRequest(Generic[R]):
 
 @dataclass(frozen=True)
 class CheckReply:
-    """:func:`check`'s answer: ``gpus`` is :func:`gpus`'s report (read by ``HostGpus.from_report``)."""
+    """:func:`check`'s answer: ``gpus`` is :func:`gpus`'s report (read by :func:`mxdist.backends.base.host_gpus`)."""
 
     python: str
     executable: str
@@ -685,7 +685,7 @@ class CheckRequest(AgentRequest[CheckReply]):
 
 @dataclass(frozen=True)
 class GpusRequest(AgentRequest[dict]):
-    """:func:`gpus`; its report is read by ``HostGpus.from_report``."""
+    """:func:`gpus`; its report is read by :func:`mxdist.backends.base.host_gpus`."""
 
     op: ClassVar[str] = "gpus"
     env: dict[str, str] | None = None

@@ -1,6 +1,6 @@
 """Backends: how processes are started, watched, signalled, checked and cleaned up on a host.
 
-:class:`Backend` is the contract the supervisor (:mod:`mxdist.supervisor.supervisor`) and :mod:`mxdist.job.control`
+:class:`Backend` is the contract the supervisor (:mod:`mxdist.supervisor.supervisor`) and :mod:`mxdist.control.commands`
 depend on; a backend implements it for one way of reaching machines:
 
 * :class:`mxdist.backends.local.LocalBackend`: this machine, through a
@@ -40,7 +40,7 @@ from typing import Any, ClassVar, Protocol, cast
 from psnode.launcher import FailureRecord, from_torch, path_in, record_of, torch_path_in
 
 from ..job.records import ProcRecord
-from ..planning.gpus import HostGpus
+from ..planning.gpus import Gpu, GpuSource, HostGpus, parse_visible
 from ..planning.hosts import Host
 from ..planning.plan import ProcSpec
 from . import agent
@@ -96,6 +96,20 @@ class Preflight:
 
     problems: list[HostProblem] = field(default_factory=list)
     gpus: dict[str, HostGpus] = field(default_factory=dict)
+
+
+def host_gpus(report: Mapping[str, Any] | None) -> HostGpus:
+    """A host's GPUs (planning's :class:`~mxdist.planning.gpus.HostGpus`) from the host agent's report
+    (:func:`mxdist.backends.agent.gpus`'s dict, read as :class:`mxdist.backends.agent.GpusReport`: missing
+    fields, nothing found).  The agent's wire stops here: planning reads values, never the report."""
+    read = agent.GpusReport.from_json(dict(report) if isinstance(report, Mapping) else None)
+    listed = tuple(Gpu(g.index, g.name, g.memory_mib) for g in read.gpus)
+    problem, visible = read.error, read.visible
+    if isinstance(visible, str):
+        return HostGpus(parse_visible(visible), GpuSource.ENV, listed, problem)
+    if listed:
+        return HostGpus(tuple(g.index for g in listed), GpuSource.SMI, listed, problem)
+    return HostGpus(problem=problem)
 
 
 @dataclass(frozen=True)

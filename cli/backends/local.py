@@ -12,7 +12,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, cast
 
 from ..job.records import ProcRecord
-from ..planning.gpus import HostGpus
 from ..planning.hosts import Host
 from ..planning.plan import PlanError, ProcSpec
 from . import agent
@@ -27,6 +26,7 @@ from .base import (
     Started,
     collect_item,
     command_fix,
+    host_gpus,
     import_fix,
     spawn_item,
     started,
@@ -120,7 +120,7 @@ class LocalBackend:
             return command_fix(err, "create it or pass --workdir")
 
         return Preflight([HostProblem("localhost", err, fix(err)) for err in result.errors],
-                         {h.label: HostGpus.from_report(result.gpus) for h in hosts})
+                         {h.label: host_gpus(result.gpus) for h in hosts})
 
     def reachable(self, host: Host, timeout: float) -> None:
         pass

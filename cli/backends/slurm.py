@@ -72,6 +72,7 @@ from .base import (
     ProcStatus,
     Started,
     command_fix,
+    host_gpus,
 )
 from .local import LocalRunner
 
@@ -314,7 +315,7 @@ class SlurmBackend:
             if (item := agent.NodeCheck.from_line(line)) is not None and item.node is not None:
                 reports[item.node] = item.errors
                 if item.node in label:
-                    gpus[label[item.node]] = HostGpus.from_report(item.gpus)
+                    gpus[label[item.node]] = host_gpus(item.gpus)
         problems = []
         err = " ".join(proc.stderr.split())[-300:]
         for node in names:

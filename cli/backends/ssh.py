@@ -51,7 +51,6 @@ from typing import Any, ClassVar, TypeVar, cast
 import paramiko
 
 from ..job.records import ProcRecord
-from ..planning.gpus import HostGpus
 from ..planning.hosts import (
     LONE_WORD,
     Host,
@@ -79,6 +78,7 @@ from .base import (
     Started,
     collect_item,
     command_fix,
+    host_gpus,
     import_fix,
     run_per_host,
     spawn_item,
@@ -434,7 +434,7 @@ class SshBackend:
             if isinstance(result, Exception):
                 problems.append(self.explain(label, next(h for h in hosts if h.label == label), result))
                 continue
-            gpus[label] = HostGpus.from_report(result.gpus)
+            gpus[label] = host_gpus(result.gpus)
             for err in result.errors:
                 if "cannot import" in err:
                     fix = import_fix(result.executable or self.python,

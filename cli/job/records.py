@@ -357,7 +357,7 @@ class JobRecord:
             self.notes.append(text)
 
     def lose_supervisor(self) -> None:
-        """The supervisor is gone (provably: :mod:`mxdist.job.takeover`) before the job ended."""
+        """The supervisor is gone (provably: :mod:`mxdist.control.takeover`) before the job ended."""
         self.note(LOST_NOTE)
         self.supervisor_lost = True
 

@@ -1,7 +1,7 @@
 """GPUs: what each host shows a job's processes, and which of them each worker gets.
 
-Pure: no I/O.  Inputs are what preflight found on each host (:class:`HostGpus`, parsed from
-:func:`mxdist.backends.agent.gpus`'s report by :meth:`HostGpus.from_report`) and the workers' local ranks;
+Pure: no I/O.  Inputs are what preflight found on each host (:class:`HostGpus`: a backend reads its
+host agent's report into one, :func:`mxdist.backends.base.host_gpus`) and the workers' local ranks;
 :mod:`mxdist.planning.plan` puts the results into the workers' environments (:func:`mxdist.planning.plan.with_gpus`).
 
 Contract:
@@ -28,9 +28,6 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
-
-from ..backends.agent import GpusReport
 
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 ORDER = "CUDA_DEVICE_ORDER"
@@ -66,19 +63,6 @@ class HostGpus:
     source: GpuSource = GpuSource.NONE
     listed: tuple[Gpu, ...] = ()
     problem: str | None = None
-
-    @classmethod
-    def from_report(cls, report: Mapping[str, Any] | None) -> HostGpus:
-        """From :func:`mxdist.backends.agent.gpus`'s dict (:class:`mxdist.backends.agent.GpusReport`: missing fields,
-        nothing found)."""
-        read = GpusReport.from_json(dict(report) if isinstance(report, Mapping) else None)
-        listed = tuple(Gpu(g.index, g.name, g.memory_mib) for g in read.gpus)
-        problem, visible = read.error, read.visible
-        if isinstance(visible, str):
-            return cls(parse_visible(visible), GpuSource.ENV, listed, problem)
-        if listed:
-            return cls(tuple(g.index for g in listed), GpuSource.SMI, listed, problem)
-        return cls(problem=problem)
 
     @classmethod
     def from_visible(cls, value: str) -> HostGpus:

@@ -23,8 +23,6 @@ from typing import Any
 
 from psnode.launcher import Mode
 
-from ..backends.base import Capability
-from ..backends.registry import capabilities
 from .engines import JobEngine
 from .hosts import looks_like_file
 from .plan import NodeOptions, PlanError
@@ -198,11 +196,12 @@ def checkpoint_dir(opts: LaunchOptions, workdir: str, shared_fs: bool) -> str | 
     return os.path.normpath(os.path.join(workdir, path))
 
 
-def slots_from(opts: LaunchOptions, launcher: str) -> str:
-    """Where the hosts' slots come from, as an error names it."""
+def slots_from(opts: LaunchOptions, launcher: str, own_hosts: bool) -> str:
+    """Where the hosts' slots come from, as an error names it (``own_hosts``: the launcher finds
+    its own hosts rather than taking them from ``-H``, its backend's capabilities say)."""
     if opts.hosts:
         return "the hosts (-H)" if not looks_like_file(opts.hosts) else f"the hosts in {opts.hosts}"
-    if Capability.HOSTS not in capabilities(launcher):
+    if own_hosts:
         return f"the {launcher} launcher's hosts" if launcher != "slurm" else "the allocation's nodes"
     return "the hosts"
 

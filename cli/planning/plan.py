@@ -62,7 +62,7 @@ from psnode.config import LOG_LEVELS, CpuPolicy, Distribution, NodeConfig, Role,
 from psnode.errors import ConfigError
 from psnode.launcher import path_in
 
-from ..elastic.rules import Bounds, ElasticError, bounds
+from .bounds import Bounds, ElasticError, bounds
 from .engines import PSNODE, JobEngine, NodeFacts
 from .gpus import VISIBLE, GpuShortage, HostGpus, describe_worker, sharing_warnings, shortages, worker_env, worker_slots
 from .hosts import Host, HostsError, check_env_name
@@ -272,7 +272,7 @@ class Plan:
     engine: JobEngine = PSNODE
     base_env: Mapping[str, str] = field(default_factory=dict)    # what every process gets, before its
     #                                                              engine's and torch's variables
-    bounds: Bounds | None = None       # the workers' bounds (mxdist.elastic.rules; None: -n alone)
+    bounds: Bounds | None = None       # the workers' bounds (mxdist.planning.bounds; None: -n alone)
     nodes: tuple[str, ...] = ()        # host names in node-rank order (GROUP_RANK; mxdist.planning.torchenv)
     request: PlanRequest | None = None   # what it was made from: joiners are planned the same way
 

@@ -4,6 +4,10 @@
 discovery script's first answer, the backend finding its hosts), ``preflight`` (sync, host
 checks, the job's secret), ``supervisor`` (the :class:`~mxdist.supervisor.supervisor.Supervisor`:
 start, watch, apply the lifecycle rules), ``membership`` (elastic changes of a running job),
-``conclusion`` (the end: teardown, root cause, final record, report), ``detach`` (``launch -d``).
-The supervisor composes its collaborators; they share its state through it, never by inheritance.
+``conclusion`` (the end: :mod:`mxdist.control.teardown`, root cause, final record, report),
+``detach`` (``launch -d``).  The supervisor composes its collaborators; they share its state
+through it, never by inheritance.
+
+Its place among the rooms (pyproject.toml's layers contract): above every room but
+:mod:`mxdist.main`, which alone enters it.
 """

@@ -4,7 +4,7 @@
 that does not answer within seconds is *not verified*, never waited on), let the output threads
 drain, merge the ``--timeline`` events into the job's trace, collect what the processes left and
 name the root cause (:mod:`mxdist.job.rootcause`), remove the job's secrets, run files and
-shared-memory segments on every host (:mod:`mxdist.job.teardown`), write the final state once and
+shared-memory segments on every host (:mod:`mxdist.control.teardown`), write the final state once and
 print the closing line (or the failure panel).
 
 It reads the job through :class:`Ending` (the supervisor: its plan, hosts, record, backend,
@@ -30,7 +30,8 @@ from psnode.config import Role
 
 from .. import ui
 from ..backends.base import Backend, fetcher, run_per_host
-from ..job import records, teardown
+from ..control import teardown
+from ..job import records
 from ..job.records import Change, JobOutcome, JobRecord, JobState, ProcState
 from ..job.rootcause import RootCause, decide
 from ..planning.hosts import Host

@@ -33,10 +33,11 @@ from psnode.files import write_atomic
 from .. import ui
 from ..backends.base import Backend, BackendError, ExitStatus, Started, resolver
 from ..elastic.discovery import DiscoveryError, DiscoveryPoller
-from ..elastic.rules import ElasticError, Joiner, Live, ScaleAnswer, discovery_changes, new_home, plan_scale
+from ..elastic.rules import Joiner, Live, ScaleAnswer, discovery_changes, new_home, plan_scale
 from ..job import records
 from ..job.lifecycle import Supervision
 from ..job.records import JobRecord, ProcRecord, ProcState
+from ..planning.bounds import ElasticError
 from ..planning.hosts import Host
 from ..planning.plan import (
     Plan,

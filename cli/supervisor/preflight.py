@@ -14,8 +14,8 @@ job's processes read it (``PSNODE_KEY_FILE``):
 * a backend with the ``keys`` capability (SSH): sent on the SSH channel's stdin to every host,
   written 0600 in the job's 0700 remote run directory; never on a command line.
 
-The supervisor removes every copy when the job ends, however it ends (:mod:`mxdist.job.teardown`,
-:mod:`mxdist.job.takeover`).  This runs in a thread of the supervisor, so a stop request or a signal
+The supervisor removes every copy when the job ends, however it ends (:mod:`mxdist.control.teardown`,
+:mod:`mxdist.control.takeover`).  This runs in a thread of the supervisor, so a stop request or a signal
 does not wait for slow hosts.  Until its :class:`HostWrites` lets it go on, preflight writes
 nothing of the job anywhere (``--sync`` copies the user's files, not the job's): a job ended
 before that has nothing to clean up on its hosts, and is not kept waiting for a host that is

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from psnode.launcher import Mode, checkpoint_path
 
 from ..backends import agent
-from ..backends.base import Backend, Capability, LaunchRequest, resolver
+from ..backends.base import Backend, Capability, LaunchRequest, host_gpus, resolver
 from ..backends.registry import NAMES, capabilities, for_launch
 from ..elastic.discovery import DiscoveryError, discover
 from ..job import records
@@ -180,8 +180,9 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
         accept_new_host_keys=opts.accept_new_host_keys, connect_timeout=opts.connect_timeout,
         identity_file=_identity_file(opts.identity_file), max_workers=opts.max_workers,
         discovered=tuple(first_hosts(script, here)) if script else ()))
+    own_hosts = Capability.HOSTS not in backend.capabilities
     hosts = per_node(hosts, opts.nproc_per_node, opts.num_workers, opts.max_workers is not None,
-                     Capability.HOSTS not in backend.capabilities, slots_from(opts, launcher))
+                     own_hosts, slots_from(opts, launcher, own_hosts))
     server_hosts = _server_hosts(opts, backend, script)
     scheduler_port, master_port = _ports(opts, Capability.THIS_MACHINE in backend.capabilities)
     # paths here are the paths the processes see: their run files go to the job's directory here
@@ -202,7 +203,7 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
         gpus_per_worker=opts.gpus_per_worker, pass_local_rank=opts.pass_local_rank, engine=engine,
         standby=opts.standby_scheduler,
         min_workers=opts.min_workers, max_workers=opts.max_workers, slots_bound=script is None,
-        slots_from=slots_from(opts, launcher), timeline=opts.timeline is not None,
+        slots_from=slots_from(opts, launcher, own_hosts), timeline=opts.timeline is not None,
     ))
     plan = replace(plan, warnings=(*notes, *plan.warnings))
     if opts.node.resume and ckpt and shared_fs:
@@ -291,7 +292,7 @@ def known_gpus(prepared: Prepared) -> dict[str, HostGpus]:
     plan = prepared.plan
     env = dict(plan.base_env)
     if Capability.THIS_MACHINE in prepared.backend.capabilities:
-        return {h.label: HostGpus.from_report(agent.gpus(env)) for h in plan.busy_hosts}
+        return {h.label: host_gpus(agent.gpus(env)) for h in plan.busy_hosts}
     if VISIBLE in env:
         return {h.label: HostGpus.from_visible(env[VISIBLE]) for h in plan.busy_hosts}
     return {}

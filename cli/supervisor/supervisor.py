@@ -81,8 +81,9 @@ from ..backends.base import (
     Started,
     run_per_host,
 )
+from ..control import teardown
 from ..elastic.rules import ScaleAnswer
-from ..job import records, teardown
+from ..job import records
 from ..job.lifecycle import QUICK, SCHEDULER_RESTARTS, Action, Failure, Supervision
 from ..job.records import Elastic, JobRecord, JobState, ProcRecord, ProcState
 from ..job.rootcause import describe_code
@@ -220,7 +221,7 @@ class Supervisor:
 
         Ended before preflight began writing the job's files, it writes none: the end has
         nothing to remove on the hosts and does not wait for a slow one.  Ended after, its
-        writes are waited for (at most :data:`mxdist.job.teardown.STEP_MARGIN`), so the end removes them."""
+        writes are waited for (at most :data:`mxdist.control.teardown.STEP_MARGIN`), so the end removes them."""
         box: dict[str, Any] = {}
 
         def target() -> None:

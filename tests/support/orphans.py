@@ -3,9 +3,9 @@
 Shared by ``tests/cluster/test_launch_orphan.py`` (this machine) and
 ``tests/ssh/test_ssh_orphan.py`` (the SSH testbed).  The supervisor is ``mxdist launch`` itself
 (attached) or its background child (``-d``); with it gone nobody removes the job's secret files
-at the job's end, so either the user's ``mxdist stop <id>`` (:func:`mxdist.job.takeover.stop_orphan`)
+at the job's end, so either the user's ``mxdist stop <id>`` (:func:`mxdist.control.takeover.stop_orphan`)
 or, once the processes ended by themselves, the next ``mxdist status``
-(:func:`mxdist.job.takeover.refresh`, which finalises the record) must end every process and remove
+(:func:`mxdist.control.takeover.refresh`, which finalises the record) must end every process and remove
 them: the launcher's copy ``MXDIST_HOME/jobs/<id>/job.key`` and ``<run dir>/job.key`` on every
 host.  Every wait is bounded.
 """

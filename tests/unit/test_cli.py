@@ -272,7 +272,7 @@ def test_ssh_checkpoint_dir_under_home_is_refused(home, ssh_config):
 
 
 def test_status_passes_the_local_key_file_and_stop_deletes_it(home, monkeypatch):
-    from mxdist.job import control
+    from mxdist.control import commands
 
     calls = []
 
@@ -280,7 +280,7 @@ def test_status_passes_the_local_key_file_and_stop_deletes_it(home, monkeypatch)
         calls.append(("status", key_file))
         raise OSError("no scheduler")
 
-    monkeypatch.setattr(control.door, "status", status)
+    monkeypatch.setattr(commands.door, "status", status)
     rec = _record("job-k", JobState.RUNNING, 1.0)
     key = records.key_path("job-k")
     key.write_text("k\n")

@@ -1,5 +1,5 @@
-"""The launcher's elastic rules (mxdist.elastic.rules, the supervision rule 7, the record's changes, the
-options) without processes: bounds, slot and rank choice, scale plans, discovery parsing."""
+"""The launcher's elastic rules (mxdist.elastic.rules, the workers' bounds of mxdist.planning.bounds, the
+supervision rule 7, the record's changes, the options) without processes: bounds, slot and rank choice, scale plans, discovery parsing."""
 from __future__ import annotations
 
 import json
@@ -10,13 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from mxdist.elastic.rules import (
-    Bounds,
-    ElasticError,
     Joiner,
     Live,
     ScaleAnswer,
     ScaleChange,
-    bounds,
     discovery_changes,
     free_ranks,
     free_slots,
@@ -28,6 +25,7 @@ from mxdist.job import records
 from mxdist.job.lifecycle import Action, Failure, Supervision
 from mxdist.job.records import Change, Elastic, JobRecord, ProcRecord
 from mxdist.main import app
+from mxdist.planning.bounds import Bounds, ElasticError, bounds
 from mxdist.planning.hosts import Host, HostsError, parse_hosts_file
 
 runner = CliRunner()

@@ -1,11 +1,13 @@
 """mxdist.planning.gpus and the GPU parts of mxdist.planning.plan (pure): host GPU lists, each worker's devices, shortages.
 
-The hosts' GPU lists are an input of the plan (preflight's report); here they are made up.
+The hosts' GPU lists are an input of the plan (preflight's report, read by mxdist.backends.base.host_gpus); here they
+are made up.
 """
 from __future__ import annotations
 
 import pytest
 
+from mxdist.backends.base import host_gpus
 from mxdist.planning.gpus import GpuSource, HostGpus, describe_worker, parse_visible, sharing_warnings
 from mxdist.planning.hosts import Host
 from mxdist.planning.plan import GpuShortageError, PlanError, PlanRequest, gpu_view, make_plan, restarted, with_gpus
@@ -23,7 +25,7 @@ def request(**kw):
 
 
 def smi(n: int, visible: str | None = None, error: str | None = None) -> HostGpus:
-    return HostGpus.from_report({"visible": visible, "gpus": H200[:n], "error": error})
+    return host_gpus({"visible": visible, "gpus": H200[:n], "error": error})
 
 
 def workers(plan):
@@ -41,9 +43,9 @@ def test_host_report_from_nvidia_smi_environment_or_nothing():
     mine = smi(4, visible="3,1")
     assert (mine.devices, mine.source) == (("3", "1"), GpuSource.ENV)
     assert mine.describe() == "CUDA_VISIBLE_DEVICES=3,1: 2 GPUs of the 4 GPUs nvidia-smi lists"
-    cpu = HostGpus.from_report({"visible": None, "gpus": [], "error": None})
+    cpu = host_gpus({"visible": None, "gpus": [], "error": None})
     assert (cpu.devices, cpu.source, cpu.describe()) == ((), GpuSource.NONE, "no GPU")
-    assert HostGpus.from_report(None) == cpu == HostGpus()
+    assert host_gpus(None) == cpu == HostGpus()
     broken = smi(0, error="/usr/bin/nvidia-smi failed (exit 9): NVIDIA-SMI has failed")
     assert broken.devices == () and broken.describe() == (
         "no GPU (/usr/bin/nvidia-smi failed (exit 9): NVIDIA-SMI has failed)")
@@ -98,7 +100,7 @@ def test_users_visible_devices_are_shown_and_local_rank_still_indexes_them():
 def test_gpus_per_worker_gives_each_local_rank_its_slice_of_the_host_list():
     plan = make_plan(request(num_workers=6, num_servers=2, gpus_per_worker=2))
     assert all(p.gpus is None for p in plan.procs)       # not placed before the hosts are known
-    placed = with_gpus(plan, {"a": HostGpus.from_report({"gpus": H200 * 2}), "b": smi(4)})
+    placed = with_gpus(plan, {"a": host_gpus({"gpus": H200 * 2}), "b": smi(4)})
     # worker with local rank l on a host: entries 2l, 2l+1 of that host's list
     assert workers(placed) == [("a", 0, "0,1", "PCI_BUS_ID"), ("a", 1, "2,3", "PCI_BUS_ID"),
                                ("a", 2, "0,1", "PCI_BUS_ID"), ("a", 3, "2,3", "PCI_BUS_ID"),

@@ -206,7 +206,7 @@ def test_launch_replicas_on_the_command_line(home):
 
 
 def test_status_notes_name_each_servers_holders_and_count_the_failovers() -> None:
-    from mxdist.job.control import _notes, replica_line
+    from mxdist.control.commands import _notes, replica_line
 
     rec = JobRecord(id="j", command=["t.py"], backend="ssh", replicas=2, procs=[
         ProcRecord("server-0", "server", 0, "node1"), ProcRecord("server-1", "server", 1, "node4"),

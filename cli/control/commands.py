@@ -1,4 +1,4 @@
-"""Recorded jobs from any shell: status, stop, logs and the job list.
+"""Recorded jobs from any shell: status, stop, scale, logs and the job list.
 
 The backend of a job is rebuilt from its record (:func:`mxdist.backends.registry.make_backend`), so these
 work whether the supervisor is attached, detached or gone.
@@ -6,7 +6,7 @@ work whether the supervisor is attached, detached or gone.
 **Who writes.**  A job's supervisor is the only writer of its record while it lives
 (:mod:`mxdist.job.records`).  ``stop`` asks it (a stop request in the job's private directory) and waits
 for the final state; only when the supervisor is provably gone do these commands write, through
-:mod:`mxdist.job.takeover` (which also finalises the record of a job whose supervisor was lost).
+:mod:`mxdist.control.takeover` (which also finalises the record of a job whose supervisor was lost).
 
 Status asks the live scheduler first (:func:`psnode.launcher.status`); processes it does not
 know are checked on their hosts.  A job whose engine has no status to ask (MXNet's ps-lite:
@@ -30,10 +30,11 @@ from psnode.launcher import NodeRow, StatusAnswer
 
 from ..backends.base import Backend, BackendStatus, Capability, describer
 from ..elastic.rules import ScaleAnswer
+from ..job import records
+from ..job.records import Change, DamagedRecord, JobRecord, ProcRecord, ProcState
 from ..planning.engines import ENGINES
 from ..view import JobRow, JobView, MembershipView
-from . import records, teardown
-from .records import Change, DamagedRecord, JobRecord, ProcRecord, ProcState
+from . import teardown
 from .takeover import backend_for, refresh, state_from_check, stop_orphan, supervisor_gone
 
 STOP_MARGIN = 30.0      # seconds a supervisor gets beyond --grace to end the job when asked

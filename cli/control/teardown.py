@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..backends.base import Backend, Evidence, HostTimeout, run_per_host
+from ..job.records import JobRecord, ProcRecord
+from ..job.rootcause import Outcome
 from ..planning.hosts import Host
-from .records import JobRecord, ProcRecord
-from .rootcause import Outcome
 
 PROBE_TIMEOUT = 2.0     # seconds a host gets to answer before it is "not verified"
 STEP_MARGIN = 10.0      # seconds on top of a step's own time (grace) before giving up on a host

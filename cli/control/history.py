@@ -2,7 +2,7 @@
 
 Only finished jobs are removed (their records and logs here, and whatever they may have left
 on their hosts: run directories, keys, shared-memory segments); a job whose supervisor is gone
-is finalised first (:func:`mxdist.job.takeover.refresh`); active jobs are never touched.
+is finalised first (:func:`mxdist.control.takeover.refresh`); active jobs are never touched.
 """
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import records, teardown
-from .records import JobRecord
+from ..job import records
+from ..job.records import JobRecord
+from . import teardown
 from .takeover import backend_for, refresh
 
 

@@ -21,9 +21,10 @@ from pathlib import Path
 
 from ..backends.base import Backend, ProcStatus
 from ..backends.registry import make_backend
-from . import records, teardown
-from .records import JobOutcome, JobRecord, JobState, ProcState
-from .rootcause import decide
+from ..job import records
+from ..job.records import JobOutcome, JobRecord, JobState, ProcState
+from ..job.rootcause import decide
+from . import teardown
 
 
 def backend_for(record: JobRecord) -> Backend:
