@@ -33,6 +33,7 @@ Prints both lists and their counts; ``--json FILE`` writes them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -122,13 +123,14 @@ PUSH_WORKER = RECORDER + textwrap.dedent('''
         def __call__(self, frame, event, arg):
             if event == "call":
                 self.enter(frame)
+                code = frame.f_code
+                if "/zmq/" in code.co_filename and code.co_name in ("send", "send_multipart"):
+                    self.mark("zmq send", code.co_name)
             elif event == "c_call":
                 kind = sock_send(arg)
                 if kind == (socket.AF_UNIX, socket.SOCK_SEQPACKET):
                     self.mark("datagram", f"{arg.__name__} from {self.module(frame) or frame.f_code.co_filename}")
                     self.seqpacket_sends = getattr(self, "seqpacket_sends", 0) + 1
-                elif getattr(arg, "__name__", "") in ("send", "send_multipart") and "zmq" in type(getattr(arg, "__self__", None)).__module__:
-                    self.mark("zmq send", arg.__name__)
 
     kv = psnode.kv.create("dist_sync")
     g = np.full(16, kv.rank + 1, np.float32)
@@ -226,10 +228,8 @@ def stop(procs: list[subprocess.Popen]) -> None:
     """Kill what is left of the processes this script started (their own sessions), and reap them."""
     for p in procs:
         if p.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
     for p in procs:
         p.wait(10)
 
@@ -242,11 +242,11 @@ def measure_push(tree: Path, python: str, timeout: float) -> dict:
                                       capture_output=True, text=True, timeout=60).stdout)
     env.update(PSNODE_HEARTBEAT_INTERVAL="0.5", PSNODE_REGISTER_TIMEOUT="30")
     procs: list[subprocess.Popen] = []
-    with tempfile.TemporaryDirectory(prefix="paths-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="paths-") as tmp, contextlib.ExitStack() as files:
         try:
             for role, argv in (("scheduler", ["-m", "psnode"]), ("server", ["-m", "psnode"]),
                                ("worker", ["-c", PUSH_WORKER])):
-                log = open(Path(tmp) / f"{role}.log", "w")
+                log = files.enter_context(open(Path(tmp) / f"{role}.log", "w"))
                 procs.append(subprocess.Popen([python, *argv], env={**env, **roles[role]}, cwd=tree,
                                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
             deadline = time.monotonic() + timeout
