@@ -1,0 +1,46 @@
+"""The modules a same-host ``dist_sync`` push crosses on the user's thread, measured by
+benchmarks/control/paths.py (``sys.setprofile`` in a real one-worker, one-server job on
+127.0.0.1): exactly the 18 modules docs/architecture.md names, the engine reaching the same-host
+link only through the server's connection, never the I/O thread's module nor the links' reader,
+one datagram and nothing over ZeroMQ."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: The push path, as docs/architecture.md states it ("How a kv.push travels").
+PUSH_PATH = {
+    "psnode.worker.kvstore", "psnode.worker.routes", "psnode.worker.forms", "psnode.worker.items",
+    "psnode.worker.keys", "psnode.worker.bucketing", "psnode.worker.datapath",
+    "psnode.worker.engine", "psnode.worker.futures", "psnode.worker.tracker", "psnode.worker.journal",
+    "psnode.worker.connection",
+    "psnode.samehost.staging", "psnode.samehost.link", "psnode.samehost.segments",
+    "psnode.protocol.ops", "psnode.protocol.codec", "psnode.protocol.samehost",
+}
+
+
+def test_same_host_push_crosses_the_documented_modules(tmp_path: Path) -> None:
+    out = tmp_path / "paths.json"
+    r = subprocess.run([sys.executable, "benchmarks/control/paths.py", "--path", "push", "--timeout", "90",
+                        "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    push = json.loads(out.read_text())["push"]
+    path = push["to_datagram"]
+    assert path[0] == "psnode.worker.kvstore", path
+    assert set(path) == PUSH_PATH and len(path) == len(PUSH_PATH), sorted(set(path) ^ PUSH_PATH)
+    assert push["after_datagram"] == [] and push["generated_only"] == [], push
+    assert push["seqpacket_sends"] == 1 and "zmq send" not in push["marks"], push["events"]
+    for off in ("psnode.worker.ioloop", "psnode.worker.samehost", "psnode.net.transport"):
+        assert off not in push["order"], (off, push["order"])
+    edges = {tuple(e) for e in push["edges"]}
+    assert {a for a, b in edges if b == "psnode.samehost.link"} == {"psnode.worker.connection"}, edges
+    assert {a for a, b in edges if b == "psnode.worker.connection"} == {"psnode.worker.engine"}, edges
+    assert r.stdout.startswith(f"push: KVStore.push to the same-host datagram (the user's thread): {len(path)} modules")
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    stated = re.search(r"A same-host `dist_sync` push of one small key crosses (\d+) psnode modules", doc)
+    assert stated is not None and int(stated.group(1)) == len(path), "docs/architecture.md states another count"
