@@ -23,9 +23,9 @@ TO_FIRST_START = {
     "mxdist.supervisor.setup", "mxdist.supervisor.supervisor", "mxdist.supervisor.preflight",
     "mxdist.supervisor.membership", "mxdist.supervisor.conclusion",
     "mxdist.backends.base", "mxdist.backends.registry", "mxdist.backends.ssh", "mxdist.backends.agent",
-    "mxdist.elastic.rules",
+    "mxdist.planning.bounds",
 }
-TO_THE_END = TO_FIRST_START | {"mxdist.job.lifecycle", "mxdist.job.teardown", "mxdist.job.history"}
+TO_THE_END = TO_FIRST_START | {"mxdist.job.lifecycle", "mxdist.control.teardown", "mxdist.control.history"}
 
 
 def test_ssh_launch_crosses_the_documented_modules(tmp_path: Path) -> None:
