@@ -465,7 +465,9 @@ def membw(cpu: int, W: int, cores: int, cases_json: str, quick: bool) -> None:
     runs its share: of the round's 3W copies of the model, copies cpu, cpu+cores, ...; each
     copy between its own pair of arrays (as the round's copies are: gradient into the staging
     slot, the slot into the sum, the result into ``out``), so the working set is the round's.
-    Per dense case: the time those copies take per round (median over the case's timed rounds)."""
+    Per dense case: the time those copies take per round (median over the case's timed rounds).
+    Every case starts together on every core: this process says READY on stdout and waits for a
+    line on stdin (benchmarks/kvstore/peers_run.run_membw)."""
     import os
     os.sched_setaffinity(0, {cpu})
     mine = len(range(cpu, COPIES_PER_WORKER * W, cores))
@@ -474,6 +476,10 @@ def membw(cpu: int, W: int, cores: int, cases_json: str, quick: bool) -> None:
             continue
         pairs = [(np.ones(c.elems, np.float32), np.empty(c.elems, np.float32))
                  for _ in range(mine * c.keys)]
+        for a, b in pairs:         # (every page touched before the start)
+            np.copyto(b, a)
+        print("READY", flush=True)
+        sys.stdin.readline()
         times = []
         for i in range(c.warm(quick) + c.timed(quick)):
             t0 = time.perf_counter()

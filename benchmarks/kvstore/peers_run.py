@@ -78,31 +78,49 @@ def run_bare(W: int, S: int, cases: list[Case], quick: bool, timeout: float) -> 
 
 def run_membw(W: int, S: int, cases: list[Case], quick: bool, timeout: float) -> list[dict]:
     """The memory bound of a W-worker round (benchmarks/kvstore/peers.py ``membw``): one process
-    per core, all at once, each doing its share of the round's copies; their records."""
+    per core, each doing its share of the round's copies, every case started on all of them at
+    once (each says READY, then all are told to go); their records."""
     import os
+    import threading
     cores = sorted(os.sched_getaffinity(0))
     procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.kvstore.peers", "membw", str(cpu), str(W),
                                str(len(cores)), encode_cases(cases), "1" if quick else "0"],
-                              cwd=ROOT, env=child_env(OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for cpu in cores]
-    out: list[dict] = []
-    deadline = time.monotonic() + timeout
+                              cwd=ROOT, env=child_env(OMP_NUM_THREADS="1"), stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for cpu in cores]
+    lines: list[str] = []
+    timer = threading.Timer(timeout, lambda: [p.kill() for p in procs])   # (ends every wait below)
+    timer.start()
+
+    def until_ready(p: subprocess.Popen) -> bool:
+        assert p.stdout is not None
+        while line := p.stdout.readline():
+            if line.strip() == "READY":
+                return True
+            lines.append(line)
+        return False
     try:
+        for _ in (c for c in cases if c.kind == "dense"):
+            ready = [until_ready(p) for p in procs]   # (every one, none skipped)
+            if not all(ready):
+                break
+            for p in procs:
+                assert p.stdin is not None
+                p.stdin.write("go\n")
+                p.stdin.flush()
         for p in procs:
-            so, se = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            so, se = p.communicate()
             if p.returncode != 0:
-                print(f"  memory bound process exited {p.returncode}:\n{tail(se)}", file=sys.stderr)
+                why = "timed out" if not timer.is_alive() else f"exited {p.returncode}"
+                print(f"  memory bound process {why}:\n{tail(se)}", file=sys.stderr)
                 return []
-            out.extend(parse_results(so))
-    except subprocess.TimeoutExpired:
-        print("  memory bound timed out", file=sys.stderr)
-        return []
+            lines.append(so)
     finally:
+        timer.cancel()
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.communicate()
-    return [dict(r, config=f"{W},{S}") for r in out]
+    return [dict(r, config=f"{W},{S}") for r in parse_results("".join(lines))]
 
 
 def torch_available() -> bool:
