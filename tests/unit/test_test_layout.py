@@ -19,6 +19,7 @@ BENCHMARK_TESTS = {
     "faults/test_netbench.py",
     "unit/test_bench_chart.py",
     "unit/test_bench_report.py",
+    "unit/test_bench_round_profile.py",
     "unit/test_bench_stragglers.py",
 }
 
