@@ -56,6 +56,7 @@ HOST_LOSS_KEYS = textwrap.dedent("""
         kv.init(k, np.zeros(3, np.float32))
     start = min(kv.num_pushes(k) for k in keys)
     print("START", start, "RESTARTS", kv.restarts, flush=True)
+    print("PUSHES", {k: kv.num_pushes(k) for k in keys}, flush=True)   # (each key's, for a failure's message)
     for step in range(start, 6):
         if kv.rank == crashing and step == 3 and kv.restarts == 0:
             (flags / 'ready').touch()
