@@ -39,7 +39,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.cases import ALL, encode_cases  # noqa: E402
-from benchmarks.common import harness, parse_results  # noqa: E402
+from benchmarks.common import cpu_seconds, harness, parse_results  # noqa: E402
 from benchmarks.kvstore.peers_run import run_membw  # noqa: E402
 from benchmarks.kvstore.psnode_job import PSNODE_ENV, WORKER  # noqa: E402
 from benchmarks.kvstore.run import parse_configs  # noqa: E402
@@ -76,11 +76,6 @@ def shares(report_text: str) -> dict[str, float]:
     return {k: v / total for k, v in out.items()} if total else out
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", default="1x16MiB", choices=[c for c, v in ALL.items() if v.kind == "dense"])
@@ -102,14 +97,15 @@ def main(argv: list[str] | None = None) -> int:
     procs = [p for p in job.procs if p.role in ("worker", "server")]
     try:
         time.sleep(a.settle)
-        cpu0 = {p.popen.pid: cpu_seconds(p.popen.pid) for p in procs}
+        cpu0 = {p.popen.pid: cpu_seconds(p.popen.pid) or 0.0 for p in procs}
         t0 = time.monotonic()
         spies = [subprocess.Popen([perf, "record", "-q", "-o", str(out / f"{p.role}{p.rank}.data"),
                                    "-p", str(p.popen.pid), "--", "sleep", str(a.seconds)],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for p in procs]
         for sp in spies:
             sp.wait(a.seconds + 60)
-        busy = {p.popen.pid: (cpu_seconds(p.popen.pid) - cpu0[p.popen.pid]) / (time.monotonic() - t0) for p in procs}
+        busy = {p.popen.pid: ((cpu_seconds(p.popen.pid) or 0.0) - cpu0[p.popen.pid]) / (time.monotonic() - t0)
+                for p in procs}
         h.wait_job(job, 600)
     finally:
         h.kill_job(job)
