@@ -27,7 +27,8 @@ request fails, and resolves futures:
   the server; requests to a server the scheduler reports down wait without retries, and so do
   those to a server that may be replaced (``replaceable``: servers restart inside the job) and
   stopped answering, for at most ``replaceable`` seconds (the scheduler, or its standby, decides
-  within its heartbeat timeout and announces the replacement);
+  within its heartbeat timeout and announces the replacement); an answer from such a server
+  shows it was only busy, and its requests get their retries again;
 * **answers** (:meth:`answered`): Ok and Failed resolve the future (a pull's Ok confirms the
   pushes before it and brings their durable watermark; a flush's Ok makes the pushes it listed
   durable); Wait is a sign of life (the clock restarts) and, with a ``gap``, the push it names
@@ -284,6 +285,8 @@ class Tracker:
         if isinstance(ans, (Wait, Missing)):
             return self._notice(server, ans, now)
         entry = self.pending.pop(ans.id, None)
+        if entry is not None:
+            self._alive(server, now)
         if entry is None:
             if isinstance(ans, Failed) and ans.na:  # a push failed: raised by the next call
                 self.deferred.append(from_kind(ans.kind, f"server {server}: {ans.message}"))
@@ -314,10 +317,21 @@ class Tracker:
         self.outcomes.append((req.future, ans))
         return {}
 
+    def _alive(self, server: int, now: float) -> None:
+        """``server`` answered: if this worker gave it up for replaced, it was only busy (e.g.
+        waiting for a holder of its replicas), so its requests get their retries again."""
+        if self.unanswered.pop(server, None) is None:
+            return
+        self.down.discard(server)
+        for p in self.pending.values():
+            if p.request.server == server:
+                p.sent, p.tries = now, 0
+
     def _notice(self, server: int, ans: Wait | Missing, now: float) -> Batches:
         entry = self.pending.get(ans.id)
         if entry is None:
             return {}
+        self._alive(server, now)
         entry.sent, entry.tries = now, 0
         req = entry.request
         op = req.op

@@ -315,3 +315,31 @@ def test_add_now_is_add_then_take() -> None:
     for setup, req_of in cases:
         a, b = both(setup, req_of)
         assert a == b, (setup.__name__, a, b)
+
+
+def test_a_server_given_up_for_replaced_that_answers_again_is_retried_not_failed() -> None:
+    """A replaceable server silent past its retries (busy: e.g. waiting for a dead holder of its
+    replicas) is waited for without retries; its next answer is a sign of life: its other
+    requests get their retries again and no PeerLost comes ``replaceable`` s after the give-up."""
+    t = _tracker(replaceable=10.0)
+    first, second = Fut(), Fut()
+    t.add(Request(0, Pull("a", 0, 1), 8, first))
+    t.add(Request(0, Pull("b", 0, 1), 8, second))
+    sent = t.take(0.0)[0]
+    ids = {op.key: op.id for op in sent}
+    t.due(2.0)
+    t.due(4.0)
+    assert t.due(6.0)[1] == ["server 0 at 10.0.0.0:9000 did not answer; waiting up to 10 s for its replacement"]
+    assert 0 in t.down and t.due(8.0) == ({}, [])                   # no retries while given up
+    t.answered(0, Ok(ids["a"], [np.zeros(1, F)]), 9.0)             # it was only busy
+    assert 0 not in t.down and t.unanswered == {}
+    retries = t.retries
+    asked, _ = t.due(9.5)                                          # "b" asked about (not a retry)
+    assert [(op.key, op.re) for op in asked[0]] == [("b", True)] and t.retries == retries
+    assert t.due(10.5) == ({}, [])                                 # "b"'s clock restarted at 9.0
+    again, _ = t.due(11.0)
+    assert [(op.key, op.re) for op in again[0]] == [("b", True)] and t.retries == retries + 1
+    t.due(13.0)
+    t.due(20.0)                                                    # past 0 + 10 s: not failed
+    _settle(t)
+    assert first.result is not None and second.error is None and t.pending
