@@ -38,6 +38,8 @@ FIRST_ROUND_S = 10.0   # a crash costs at most this long: the first round after 
 def host_crashes(kinds: list[str], runs: int, keep: Path | None) -> int:
     """``runs`` crashes of each kind; prints each and the tally; 0 when every one passed."""
     failed = 0
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
     for kind in kinds:
         passed, firsts = 0, []
         for i in range(runs):
