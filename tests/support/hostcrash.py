@@ -71,7 +71,8 @@ def hosts_in_namespaces(root: Path, main: str, cut: str, crashing: str) -> tuple
 def crash_during_job(tmp_path: Path, hosts_file: str, crashing: str, rank: int, args: list[str],
                      placed: dict[str, str], script: str = HOST_LOSS) -> tuple[str, int, float]:
     """Launch ``script`` (HOST_LOSS) from MAIN; once worker ``rank`` (on ``crashing``) is at step 3,
-    crash its host; (the launcher's output, its exit code, seconds from the crash to its end).
+    crash its host, then touch ``flags/crashed``; (the launcher's output, its exit code, seconds
+    from the crash to its end).
     Asserts ``placed`` (process -> host) at the crash, and that nothing of the job is left.  The
     output's last line is followed by ``CRASHED <time.time()>``."""
     tag = uuid.uuid4().hex[:6]
@@ -100,6 +101,7 @@ def crash_during_job(tmp_path: Path, hosts_file: str, crashing: str, rank: int, 
         crashed, crashed_at = time.monotonic(), time.time()
         ip("-n", cut, "link", "set", "vc", "down")        # silence first: no reset ever reaches MAIN
         kill_namespace(cut)                               # then every process of the host
+        (flags / "crashed").touch()
         out, _ = cli.communicate(timeout=240)
         took = time.monotonic() - crashed
     finally:

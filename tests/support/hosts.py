@@ -54,15 +54,23 @@ HOST_LOSS_KEYS = textwrap.dedent("""
     kv.set_optimizer(psnode.optimizer.create('sgd', learning_rate=0.125))
     for k in keys:
         kv.init(k, np.zeros(3, np.float32))
-    start = min(kv.num_pushes(k) for k in keys)
-    print("START", start, "RESTARTS", kv.restarts, flush=True)
-    print("PUSHES", {k: kv.num_pushes(k) for k in keys}, flush=True)   # (each key's, for a failure's message)
+    done = {k: kv.num_pushes(k) for k in keys}     # (per key: a restored server may hold fewer)
+    start = min(done.values())
+    print("START", start, "RESTARTS", kv.restarts, "PUSHES", done, flush=True)
     for step in range(start, 6):
-        if kv.rank == crashing and step == 3 and kv.restarts == 0:
-            (flags / 'ready').touch()
-            time.sleep(600)                       # its host crashes here
+        if step == 3 and kv.restarts == 0:
+            if kv.rank == crashing:
+                (flags / 'ready').touch()
+                time.sleep(600)                   # its host crashes here
+            # the others push step 3 (each key part's 4th push: the first to ask for a copy)
+            # only after the crash, so the lost server's copy holds none of steps 0-2
+            for _ in range(1200):
+                if (flags / 'crashed').exists():
+                    break
+                time.sleep(0.1)
         for i, k in enumerate(keys):
-            kv.push(k, np.full(3, (kv.rank + 1) * (step + 1) + i, np.float32))
+            if step >= done[k]:                   # (a key pushed further: those pushes are held)
+                kv.push(k, np.full(3, (kv.rank + 1) * (step + 1) + i, np.float32))
         for k in keys:
             kv.pull(k)
         print("STEP", step, repr(time.time()), flush=True)
