@@ -275,6 +275,7 @@ class Plan:
     bounds: Bounds | None = None       # the workers' bounds (mxdist.planning.bounds; None: -n alone)
     nodes: tuple[str, ...] = ()        # host names in node-rank order (GROUP_RANK; mxdist.planning.torchenv)
     request: PlanRequest | None = None   # what it was made from: joiners are planned the same way
+    at_standby: bool = False           # its nodes register at the standby scheduler (with_standby_scheduler)
 
     @property
     def busy_hosts(self) -> list[Host]:
@@ -594,7 +595,8 @@ def worker_spec(req: PlanRequest, host: Host, place: TorchPlace) -> ProcSpec:
 def joiner(plan: Plan, rank: int, host: Host, local: int, world_size: int, local_world_size: int,
            key_file: str | None = None) -> ProcSpec:
     """A worker joining ``plan``'s running job: planned as the first ones were (same command and
-    variables; ``PSNODE_RANK`` its rank), in a job of ``world_size`` workers of which
+    variables, at the standby scheduler once the plan went over to it; ``PSNODE_RANK`` its
+    rank), in a job of ``world_size`` workers of which
     ``local_world_size`` on ``host`` (it included), its host keeping its node rank or, new to
     the job, taking the next one (:mod:`mxdist.planning.torchenv`); with the job's secret file at
     ``key_file`` on its host, else where the plan's processes there read it, else as planned."""
@@ -606,6 +608,8 @@ def joiner(plan: Plan, rank: int, host: Host, local: int, world_size: int, local
     except ValueError as exc:
         raise PlanError(str(exc)) from None
     spec = worker_spec(plan.request, host, place)
+    if plan.at_standby:
+        spec = _at_standby(spec)
     known = key_file or next((p.env["PSNODE_KEY_FILE"] for p in plan.procs if p.host.label == host.label
                               and "PSNODE_KEY_FILE" in p.env), None)
     return replace(spec, env=_with_config(spec.env, key_file=known)) if known else spec
@@ -645,17 +649,21 @@ def with_proc(plan: Plan, spec: ProcSpec) -> Plan:
 
 def with_standby_scheduler(plan: Plan) -> Plan:
     """The plan with every node pointed at the standby scheduler (its scheduler is lost, or
-    being): a node started from now on registers there at once.  Unchanged without a standby."""
-    procs = []
-    for p in plan.procs:
-        standby = p.env.get("PSNODE_SCHEDULER_STANDBY")
-        if p.role is Role.SCHEDULER or not standby:
-            procs.append(p)
-            continue
-        env = {k: v for k, v in p.env.items() if k != "PSNODE_SCHEDULER_STANDBY"}
-        env["PSNODE_SCHEDULER"] = standby
-        procs.append(replace(p, env=env))
-    return replace(plan, procs=tuple(procs))
+    being): a node started from now on registers there at once, a joiner planned later too
+    (:func:`joiner`).  Unchanged without a standby."""
+    if not any("PSNODE_SCHEDULER_STANDBY" in p.env for p in plan.procs):
+        return plan
+    return replace(plan, procs=tuple(_at_standby(p) for p in plan.procs), at_standby=True)
+
+
+def _at_standby(spec: ProcSpec) -> ProcSpec:
+    """``spec`` registering at its standby scheduler (a node that knows one; else as it is)."""
+    standby = spec.env.get("PSNODE_SCHEDULER_STANDBY")
+    if spec.role is Role.SCHEDULER or not standby:
+        return spec
+    env = {k: v for k, v in spec.env.items() if k != "PSNODE_SCHEDULER_STANDBY"}
+    env["PSNODE_SCHEDULER"] = standby
+    return replace(spec, env=env)
 
 
 def _with_config(env: Mapping[str, str], **changes: object) -> dict[str, str]:

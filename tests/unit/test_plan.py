@@ -358,3 +358,18 @@ def test_server_hosts_refuses_a_workers_host_and_no_servers():
         make_plan(request(slice_bytes=-1))
     with pytest.raises(PlanError, match=r"-s 0 with --server-hosts: the server hosts need at least one server"):
         make_plan(request(server_hosts=SERVER_HOSTS, num_servers=0))
+
+
+def test_a_worker_planned_after_the_failover_registers_at_the_standby():
+    """Once the plan went over to the standby scheduler (its scheduler's host lost), a worker
+    planned anew (a lost host's worker moved to a free slot) registers at the standby at once,
+    as a restarted process does, never at the lost scheduler."""
+    from mxdist.planning.plan import joiner, with_standby_scheduler
+
+    plan = make_plan(request(num_workers=3, num_servers=3, replicas=2, max_restarts=3, standby=True,
+                             hosts=[*HOSTS, Host("d", address="10.0.0.4")]))
+    before = joiner(plan, 0, HOSTS[2], 0, 3, 1)
+    assert (before.env["PSNODE_SCHEDULER"], before.env["PSNODE_SCHEDULER_STANDBY"]) == ("10.0.0.1:9000",
+                                                                                        "10.0.0.2:9002")
+    after = joiner(with_standby_scheduler(plan), 0, HOSTS[2], 0, 3, 1)
+    assert after.env["PSNODE_SCHEDULER"] == "10.0.0.2:9002" and "PSNODE_SCHEDULER_STANDBY" not in after.env
