@@ -4,9 +4,12 @@ The scheduler calls a node silent after the heartbeat timeout (5 s by default). 
 to a host that lost power learns it only when its SSH keepalives go unanswered (interval x count:
 15 s by default), and a job whose processes may be restarted waits that long for them.  So,
 while such a job runs on more than one host, a :class:`HostWatch` asks the scheduler every
-:data:`WATCH_S` seconds which nodes are silent (``restarting`` in its table) and probes each
-one's host (the backend's reachability check, :data:`PROBE_S` at most), and the scheduler's
-own host when the scheduler does not answer.  A host that does not
+:data:`WATCH_S` seconds which nodes are silent or late (``restarting`` in its table, or no
+heartbeat for half the heartbeat timeout: :func:`to_probe`) and probes each one's host (the
+backend's reachability check, :data:`PROBE_S` at most), and the scheduler's own host when the
+scheduler does not answer.  Probing a late node's host before the timeout lets a lost host's
+processes restart elsewhere about when the scheduler calls them silent; the scheduler takes a
+replacement for a node it still counts as alive.  A host that does not
 answer is lost (:meth:`mxdist.supervisor.membership.Membership.answers`: said once, never used
 again) and its connection dropped (:meth:`Backend.disconnect`), so the streams of its processes
 end at once without an exit status and the usual rules restart them elsewhere.  A host that
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from psnode import launcher as door
 
@@ -24,7 +27,7 @@ from ..backends.base import Backend
 from ..job.records import JobRecord
 from ..planning.hosts import Host
 
-WATCH_S = 1.0     # seconds between the watch's questions to the scheduler
+WATCH_S = 0.5     # seconds between the watch's questions to the scheduler
 PROBE_S = 2.0     # seconds a host with a silent node is given to answer
 ASK_S = 0.5       # seconds the scheduler is given to answer
 
@@ -34,8 +37,9 @@ class HostWatch(threading.Thread):
     timeout)`` is the membership's check (False: lost, and recorded so); ``ended`` is the job's."""
 
     def __init__(self, record: JobRecord, hosts: Mapping[str, Host], backend: Backend,
-                 answers: Callable[[Host, float], bool], ended: threading.Event) -> None:
+                 answers: Callable[[Host, float], bool], ended: threading.Event, late_after: float) -> None:
         super().__init__(name="host-watch", daemon=True)
+        self.late_after = late_after   # seconds without a heartbeat after which a node's host is probed
         self.record = record
         self.by_address = {h.address: h for h in hosts.values()}
         self.backend = backend
@@ -51,9 +55,8 @@ class HostWatch(threading.Thread):
             except Exception:  # noqa: BLE001 - no answer: the scheduler's host is the one to probe
                 self._probe(self.record.scheduler.rpartition(":")[0])
                 continue
-            for row in answer.nodes:
-                if row.state == door.NodeState.RESTARTING.value:
-                    self._probe(row.host)
+            for address in to_probe(answer.nodes, self.late_after):
+                self._probe(address)
 
     def _probe(self, address: str) -> None:
         """Probe the host at ``address`` (not again within PROBE_S of an answer); lost: disconnect."""
@@ -66,4 +69,15 @@ class HostWatch(threading.Thread):
             self.backend.disconnect(host)
 
 
-__all__ = ["PROBE_S", "WATCH_S", "HostWatch"]
+def to_probe(rows: Sequence[door.NodeRow], late_after: float) -> list[str]:
+    """The hosts (addresses, each once, in row order) of the nodes the scheduler calls silent
+    (``restarting``) or that are alive with no heartbeat for ``late_after`` seconds."""
+    out: list[str] = []
+    for row in rows:
+        late = row.state == door.NodeState.ALIVE.value and (row.heartbeat_age or 0.0) >= late_after
+        if (row.state == door.NodeState.RESTARTING.value or late) and row.host not in out:
+            out.append(row.host)
+    return out
+
+
+__all__ = ["PROBE_S", "WATCH_S", "HostWatch", "to_probe"]

@@ -333,7 +333,8 @@ class Supervisor:
         if self.plan.num_servers and self.plan.engine.name == "psnode":
             threading.Thread(target=self._ask_slowness, name="slowness", daemon=True).start()
             if self.plan.node.max_restarts > 0 and len(self.hosts) > 1:
-                HostWatch(self.record, self.hosts, self.backend, self.membership.answers, self._ended).start()
+                late = self.plan.node.heartbeat_interval * self.plan.node.heartbeat_liveness / 2
+                HostWatch(self.record, self.hosts, self.backend, self.membership.answers, self._ended, late).start()
         try:
             return self._supervise()
         finally:
