@@ -199,7 +199,8 @@ class Server:
             self.rank = body.rank
             self.t.sender = f"server:{self.rank}"
             if self.keeper is not None:
-                self.replicator = Replicator(self.t, self.rank, self.cfg.num_servers, self.cfg.replicas)
+                self.replicator = Replicator(self.t, self.rank, self.cfg.num_servers, self.cfg.replicas,
+                                             restart_count=max(body.restarts, self.cfg.restart_count))
             self._take_book(body.servers)
             self.recopy = False
             if timeline.start(self.cfg.timeline, "server", self.rank, self.cfg.restart_count) is not None:

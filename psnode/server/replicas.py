@@ -16,8 +16,12 @@ every push a replacement lacks is one its worker still holds and resends.
 (the launcher's choice).  Its WELCOME says ``restore``: it asks every holder for the copy it
 keeps (:func:`fetch`) and takes the newest one (any copy a holder acknowledged is at least the
 durable state), then serves; the workers resend what it lacks, the rounds go on, nothing is
-rolled back.  Every copy of a rank lost at once (all its holders gone too) ends the job, naming
-the server, since nothing can restore it.
+rolled back.  A replacement numbers its copies above every copy of its predecessors (its
+restart count, :data:`EPOCH_BITS`); a keeper keeps the highest-numbered copy of a rank and
+acknowledges only that one, so a primary replaced while still running never makes a push
+durable again, and a later replacement restores what the last one reported durable.  Every
+copy of a rank lost at once (all its holders gone too) ends the job, naming the server, since
+nothing can restore it.
 
 **Threads.**  A Keeper runs in its own thread with its own ZeroMQ context and socket (bound to
 the server's host, never a wildcard): it answers while its server's loop is busy or itself
@@ -50,6 +54,7 @@ Arrays = dict[str, np.ndarray]
 
 POLL_S = 0.1   # the longest a wait goes without looking at the scheduler link
 GRACE_S = 1.0  # how long a replacement that has one copy waits for the other holders' (newer?) ones
+EPOCH_BITS = 32   # a primary's copies are numbered from its restart count << EPOCH_BITS
 
 
 def holders(rank: int, num_servers: int, replicas: int) -> list[int]:
@@ -117,8 +122,10 @@ class Keeper(threading.Thread):
             with self._lock:
                 old = self.held.get(body.rank)
                 if old is None or body.seq >= old.seq:
-                    self.held[body.rank] = _Held(body.seq, list(msg.arrays))
-            self.chan.send(Command.REPLICA_ACK, Replica(body.rank, body.seq).to_body(), to=ident)
+                    old = self.held[body.rank] = _Held(body.seq, list(msg.arrays))
+            # (the seq it holds: a copy older than that, e.g. from a replaced primary still
+            # running, is never acknowledged, so it never makes a push durable)
+            self.chan.send(Command.REPLICA_ACK, Replica(body.rank, old.seq).to_body(), to=ident)
         elif msg.cmd is Command.REPLICA_GET:
             with self._lock:
                 held = self.held.get(body.rank)
@@ -137,15 +144,18 @@ class Keeper(threading.Thread):
 
 class Replicator:
     """The primary's side: sends each copy of its state to its holders and waits until every one
-    acknowledged it.  ``pump()`` runs between polls (the server's scheduler link: heartbeats,
+    acknowledged it (``restart_count``: how often its rank was replaced, which numbers its copies
+    above its predecessors').  ``pump()`` runs between polls (the server's scheduler link: heartbeats,
     and address book changes through :meth:`repoint`); it raises to abandon the wait (the job
     ended)."""
 
-    def __init__(self, t: Transport, rank: int, num_servers: int, replicas: int) -> None:
+    def __init__(self, t: Transport, rank: int, num_servers: int, replicas: int, restart_count: int = 0) -> None:
         self.t = t
         self.rank = rank
         self.ranks = holders(rank, num_servers, replicas)
-        self.seq = 0
+        # a replacement numbers its copies above every copy of its predecessors (a keeper keeps
+        # the highest), so what it reports durable is what a later replacement restores
+        self.seq = restart_count << EPOCH_BITS
         self._chans: dict[int, Channel] = {}
         self._where: dict[int, tuple[str, int]] = {}
 

@@ -131,12 +131,12 @@ def restart_worker(job: Job, rank: int, count: int, role: str = "worker") -> Pro
 
 
 def kill_and_restart_server(job: Job, rank: int) -> Proc:
-    """SIGKILL server ``rank`` (its first process), wait for its end, start its replacement
-    (restart count 1)."""
-    server = next(p for p in job.by_role("server") if p.rank == rank)
-    os.kill(server.popen.pid, signal.SIGKILL)
-    server.popen.wait(10)
-    return restart_worker(job, rank, 1, role="server")
+    """SIGKILL server ``rank`` (its latest process), wait for its end, start its replacement
+    (restart count: how many processes the rank had)."""
+    procs = [p for p in job.by_role("server") if p.rank == rank]
+    os.kill(procs[-1].popen.pid, signal.SIGKILL)
+    procs[-1].popen.wait(10)
+    return restart_worker(job, rank, len(procs), role="server")
 
 
 def wait_for_file(path: Path, timeout: float = 30.0) -> None:

@@ -1,6 +1,7 @@
 """The server-restore job (tests/cluster/test_server_restore.py, tests/faults/test_shm_faults.py):
 :data:`SCRIPT`, two workers training five keys with momentum SGD for :data:`STEPS` steps (rank 1
-waits for ``argv[1]/go`` at step 5, rank 0 marks ``argv[1]/pushed``), and :func:`reference`,
+waits for ``argv[1]/go`` at step 5, rank 0 marks ``argv[1]/pushed``; with ``argv[2]`` = s, also
+``go2`` and ``pushed2`` at step s), and :func:`reference`,
 the same training on one 'local' store; :func:`kill_servers_mid_round` runs it, killing servers
 at that moment."""
 from __future__ import annotations
@@ -25,16 +26,17 @@ keys = ['a', 'b', 'c', 'd', 'big']
 shapes = {'a': 4, 'b': 4, 'c': 4, 'd': 4, 'big': 16}
 for k in keys:
     kv.init(k, np.zeros(shapes[k], np.float32))
+pauses = {5: ''} if len(sys.argv) < 3 else {5: '', int(sys.argv[2]): '2'}   # step -> flag suffix
 for step in range(8):
-    if kv.rank == 1 and step == 5:
+    if kv.rank == 1 and step in pauses:
         deadline = time.monotonic() + 60
-        while not (flags / 'go').exists():
+        while not (flags / ('go' + pauses[step])).exists():
             assert time.monotonic() < deadline
             time.sleep(0.02)
     for i, k in enumerate(keys):
         kv.push(k, np.arange(shapes[k], dtype=np.float32) * (kv.rank + 1) + step + i)
-    if kv.rank == 0 and step == 5:
-        (flags / 'pushed').touch()
+    if kv.rank == 0 and step in pauses:
+        (flags / ('pushed' + pauses[step])).touch()
     for k in keys:
         kv.pull(k)
 for k in keys:
@@ -70,6 +72,25 @@ def kill_servers_mid_round(tmp_path: Path, env: dict[str, str], ranks: list[int]
             replacement = kill_and_restart_server(job, rank)
             wait_for(lambda r=replacement: "serving again" in r.err, 30, f"server {rank}'s replacement to serve")
         (flags / "go").touch()
+    finally:
+        wait_job(job, 120)
+    return job
+
+
+def kill_server_twice(tmp_path: Path, env: dict[str, str], rank: int) -> Job:
+    """:data:`SCRIPT` on 2 workers and 2 servers with ``env``, paused at steps 5 and 7 (rank 1
+    waits, rank 0 pushed): server ``rank`` is killed and replaced at the first pause, the job
+    goes on to the second (rounds complete on the replacement), and the replacement is killed
+    and replaced there; the finished job."""
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    job = start_job(SCRIPT, 2, 2, env=env, args=[str(flags), "7"], tmp=tmp_path)
+    try:
+        for mark in ("", "2"):
+            wait_for_file(flags / f"pushed{mark}", 60)
+            replacement = kill_and_restart_server(job, rank)
+            wait_for(lambda r=replacement: "serving again" in r.err, 30, f"server {rank}'s replacement to serve")
+            (flags / f"go{mark}").touch()
     finally:
         wait_job(job, 120)
     return job
