@@ -156,6 +156,7 @@ class Replicator:
         # a replacement numbers its copies above every copy of its predecessors (a keeper keeps
         # the highest), so what it reports durable is what a later replacement restores
         self.seq = restart_count << EPOCH_BITS
+        self.identity = f"s{rank}.{restart_count}"   # (never a predecessor's: its acks come here only)
         self._chans: dict[int, Channel] = {}
         self._where: dict[int, tuple[str, int]] = {}
 
@@ -170,7 +171,7 @@ class Replicator:
                 if old is not None:
                     old.close()
                 self._where[entry.rank] = where
-                self._chans[entry.rank] = self.t.dealer(entry.host, entry.replica, f"s{self.rank}")
+                self._chans[entry.rank] = self.t.dealer(entry.host, entry.replica, self.identity)
                 changed.append(entry.rank)
         return changed
 

@@ -17,7 +17,12 @@ JOB = "job-replicas"
 
 
 def _copy(primary: Replicator, value: float) -> None:
-    primary.copy({"value": value}, {"w": np.full(4, value, np.float32)}, lambda: None, resend_after=1.0)
+    """Copy ``value`` as the primary's state; AssertionError if it is not acknowledged in 10 s."""
+    deadline = time.monotonic() + 10.0
+
+    def pump() -> None:
+        assert time.monotonic() < deadline, f"the copy of {value} was not acknowledged in 10 s"
+    primary.copy({"value": value}, {"w": np.full(4, value, np.float32)}, pump, resend_after=1.0)
 
 
 def test_a_replacements_copies_supersede_its_predecessors_at_the_holder() -> None:
@@ -70,8 +75,8 @@ def test_a_replaced_primarys_late_copy_is_never_acknowledged() -> None:
     new_t = Transport(JOB, "server:1/1", cfg.max_message_bytes, security)
     try:
         old, new = Replicator(old_t, 1, 2, 2), Replicator(new_t, 1, 2, 2, restart_count=1)
+        new.repoint(book)    # (both connected to the keeper at once: each gets its own acks)
         old.repoint(book)
-        new.repoint(book)
         _copy(old, 1.0)
         _copy(new, 2.0)
         deadline = time.monotonic() + 1.5
