@@ -63,7 +63,8 @@ def host_crashes(kinds: list[str], runs: int, keep: Path | None) -> int:
                 (where / "launcher.out").write_text(out)
                 print(f"  kept in {where}", flush=True)
         spread = f"; first round {min(firsts):.1f}-{max(firsts):.1f} s after the crash" if firsts else ""
-        print(f"soak: {passed}/{runs} {kind} host crashes survived exactly{spread}", flush=True)
+        print(f"soak: {passed}/{runs} {kind} host crashes passed (exit 0, exact on every rank, first round "
+              f"within {FIRST_ROUND_S:g} s){spread}", flush=True)
         failed += runs - passed
     return 0 if not failed else 1
 
