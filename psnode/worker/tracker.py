@@ -285,12 +285,11 @@ class Tracker:
         if isinstance(ans, (Wait, Missing)):
             return self._notice(server, ans, now)
         entry = self.pending.pop(ans.id, None)
-        if entry is not None:
-            self._alive(server, now)
         if entry is None:
             if isinstance(ans, Failed) and ans.na:  # a push failed: raised by the next call
                 self.deferred.append(from_kind(ans.kind, f"server {server}: {ans.message}"))
             return {}  # (or a second answer to a request sent again)
+        self._alive(server, now)
         req = entry.request
         self.inflight[req.server] -= req.nbytes
         self._unread(req)
