@@ -27,7 +27,7 @@ MAX_SLOTS = 6   # a restartable job's journal holds up to 4 pushes until durable
 SlotKey = tuple[Any, int, int]   # (key, part, array index: 0 data, 1 row ids)
 
 
-@dataclass
+@dataclass(eq=False)   # (slots are told apart by identity: their arrays have no truth value)
 class _Slot:
     block: np.ndarray    # uint8 arena block (its capacity)
     seq: int = 0         # the push it holds (0: free)
