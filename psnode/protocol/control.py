@@ -630,17 +630,28 @@ class StatusAnswer:
 class Replica:
     """A replica message's body (REPLICA_PUT, _ACK, _GET, _STATE: psnode.server.replicas):
     the state of server ``rank``, as of its ``seq``-th copy (0: none held).  PUT and STATE carry
-    the state as arrays, the first one its JSON index."""
+    the state as arrays, the first one its JSON index.  A PUT whose ``base`` is not 0 carries
+    only the changes since copy ``base`` (psnode.server.image); an ACK with ``whole`` says the
+    holder cannot apply them (it lacks that copy) and needs the state whole."""
 
     rank: int
     seq: int = 0
+    base: int = 0
+    whole: bool = False
 
     def to_body(self) -> dict[str, Any]:
-        return {"rank": self.rank, "seq": self.seq}
+        body: dict[str, Any] = {"rank": self.rank, "seq": self.seq}
+        if self.base:
+            body["base"] = self.base
+        if self.whole:
+            body["whole"] = True
+        return body
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Replica:
-        return cls(_int(body, "replica", "rank"), _int(body, "replica", "seq", high=2**62, default=0))
+        return cls(_int(body, "replica", "rank"), _int(body, "replica", "seq", high=2**62, default=0),
+                   _int(body, "replica", "base", high=2**62, default=0),
+                   _bool(body, "replica", "whole", default=False))
 
 
 Body = (Empty | Register | Welcome | Heartbeat | Barrier | BarrierDone | Membership | Servers | JobEnd | Bye

@@ -25,7 +25,7 @@ from psnode.files import atomic_file
 from psnode.math import optimizers as opt_mod
 from psnode.server.buckets import Bucket
 from psnode.server.compressed import Packed, spec_of_tag
-from psnode.server.keypart import Entry
+from psnode.server.keypart import Entry, changed_rows
 
 if TYPE_CHECKING:
     from psnode.server.store import Store
@@ -37,23 +37,34 @@ def path_for(directory: str, rank: int) -> str:
     return os.path.join(directory, f"server-{rank}.npz")
 
 
-def snapshot(store: Store) -> tuple[dict[str, Any], Arrays]:
+def snapshot(store: Store, changes_only: bool = False) -> tuple[dict[str, Any], Arrays]:
     """The store's state as a JSON-able index and named arrays (buckets are split first: every
     key part then holds its own state, psnode.server.buckets).  The arrays may be the store's own
-    buffers: write them out before the store changes."""
+    buffers: write them out before the store changes.
+
+    ``changes_only`` (the store tracks changes: psnode.server.keypart.note_change): a key part
+    unchanged since the last durable point carries no value, one whose row_sparse rounds changed
+    some rows carries only those (``"changes": "rows"``, ids in ``k<i>``, and the rows of each
+    optimizer state array shaped like the value); everything else (the index, rounds in
+    progress, pushes taken) is carried whole.  psnode.server.image applies such a snapshot to
+    the whole one before it."""
+    bucketed = {id(e) for e in store.entries.values() if e.bucket is not None}   # (rounds not tracked)
     store.fused.split_all()
     arrays: Arrays = {}
     index = []
     for i, ((key, part), entry) in enumerate(store.entries.items()):
-        arrays[f"v{i}"] = entry.value
-        names = []
-        if entry.state is not None:
-            for name, arr in opt_mod.state_to_arrays(entry.state).items():
-                arrays[f"s{i}_{name}"] = arr
-                names.append(name)
         item: dict[str, Any] = {
             "key": key, "part": part, "sparse": entry.sparse, "sync": entry.sync, "average": entry.average,
-            "round": entry.round, "state": names, "pushed": {str(w): q for w, q in entry.pushed.items()}}
+            "round": entry.round, "state": [], "pushed": {str(w): q for w, q in entry.pushed.items()}}
+        if changes_only and not entry.changed and id(entry) not in bucketed:
+            item["changes"] = "rows"
+            _changed_rows(i, entry, arrays, item)
+        else:
+            arrays[f"v{i}"] = entry.value
+            if entry.state is not None:
+                for name, arr in opt_mod.state_to_arrays(entry.state).items():
+                    arrays[f"s{i}_{name}"] = arr
+                    item["state"].append(name)
         if entry.bucket is not None:
             item["bucket"] = [cast(Bucket, entry.bucket).bid, _offset(entry)]
         if entry.staleness >= 0:   # (a dist_ssp part: psnode.server.staleness)
@@ -66,6 +77,24 @@ def snapshot(store: Store) -> tuple[dict[str, Any], Arrays]:
     if store.rules.admitted:
         meta["admitted"] = {str(w): g for w, g in store.rules.admitted.items()}
     return meta, arrays
+
+
+def _changed_rows(i: int, entry: Entry, arrays: Arrays, item: dict[str, Any]) -> None:
+    """The rows of ``entry`` changed since the last durable point (copies), and its optimizer
+    state's: per-row arrays sliced, the others (the step count) whole."""
+    rows = changed_rows(entry)
+    if len(rows):
+        arrays[f"k{i}"] = rows
+        arrays[f"v{i}"] = entry.value[rows]
+    if entry.state is not None:
+        for name, arr in opt_mod.state_to_arrays(entry.state).items():
+            if arr.shape == entry.value.shape:
+                if len(rows):
+                    arrays[f"s{i}_{name}"] = arr[rows]
+                    item.setdefault("state_rows", []).append(name)
+            else:
+                arrays[f"s{i}_{name}"] = arr
+            item["state"].append(name)
 
 
 def _round_in_progress(i: int, entry: Entry, arrays: Arrays) -> dict[str, Any]:

@@ -7,6 +7,12 @@ Push ``q`` of a worker is taken once (:func:`received`); ``pushed`` counts a wor
 applied without a gap, ``early`` (sync) and ``ahead`` (async) hold those past one.  ``start``
 holds the start round of each worker that joined the running job and agreed it with this part
 (a JOIN; the workers of the first generation start at round 1).
+
+**Changes since the last durable point** (kept only while a server copies or checkpoints its
+state: psnode.server.checkpoint.snapshot with ``changes_only``): ``changed`` says the whole
+value (and optimizer state) may differ from the last copy -- a new part, a dense round, a new
+optimizer --; otherwise ``changed_rows`` holds the row ids of row_sparse rounds applied since,
+so a copy carries only those rows, whatever the table's size.
 """
 from __future__ import annotations
 
@@ -61,6 +67,34 @@ class Entry:
     durable: dict[int, int] = field(default_factory=dict)   # worker -> pushes its last checkpoint holds
     start: dict[int, int] = field(default_factory=dict)   # joiner -> its start round here (psnode.server.rounds)
     staleness: int = -1   # async: pulls wait for the bound (dist_ssp: psnode.server.staleness); -1: none
+    changed: bool = True  # value and state may differ wholly from the last copy (module docstring)
+    changed_rows: list[np.ndarray] = field(default_factory=list)   # else: the rows changed since
+
+
+def note_change(entry: Entry, rows: np.ndarray | None) -> None:
+    """Record that ``rows`` of ``entry`` (None: all of it) changed since the last copy."""
+    if rows is None:
+        entry.changed = True
+        entry.changed_rows.clear()
+    elif not entry.changed and len(rows):
+        entry.changed_rows.append(np.array(rows, dtype=np.int64))   # (a copy: pushes' ids are views of frames)
+
+
+def forget_changes(entry: Entry) -> None:
+    """``entry`` as it is is held by every copy (a durable point)."""
+    entry.changed = False
+    entry.changed_rows.clear()
+
+
+def changed_rows(entry: Entry) -> np.ndarray:
+    """The distinct rows of ``entry`` changed since the last copy, sorted (``changed`` False)."""
+    if not entry.changed_rows:
+        return np.empty(0, np.int64)
+    if len(entry.changed_rows) > 1:
+        entry.changed_rows[:] = [np.unique(np.concatenate(entry.changed_rows))]
+    else:
+        entry.changed_rows[0] = np.unique(entry.changed_rows[0])
+    return entry.changed_rows[0]
 
 
 def fmt(key: Any, part: int) -> str:
@@ -105,4 +139,5 @@ def mark_async(entry: Entry, worker: int, seq: int) -> None:
     entry.pushed[worker] = done
 
 
-__all__ = ["Entry", "Group", "Key", "contiguous", "first_gap", "fmt", "mark_async", "received"]
+__all__ = ["Entry", "Group", "Key", "changed_rows", "contiguous", "first_gap", "fmt", "forget_changes", "mark_async",
+           "note_change", "received"]

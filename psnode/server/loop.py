@@ -78,6 +78,7 @@ class Server:
                        if cfg.replicas > 1 and cfg.num_servers > 1 and cfg.servers_restartable else None)
         if self.keeper is not None:
             self.keeper.start()
+        self.store.track_changes = self.keeper is not None   # (copies carry what changed)
         self.replicator: Replicator | None = None
         self.book: tuple[ServerAddress, ...] = ()
         self.recopy = False                   # a holder was replaced: copy the state to it
@@ -239,12 +240,14 @@ class Server:
         if self.rank < 0 or not (self.cfg.checkpoint_dir or replicate):
             return
         start = time.time_ns()
-        meta, arrays = checkpoint.snapshot(self.store)
         if self.cfg.checkpoint_dir:
-            checkpoint.write_server(self.cfg.checkpoint_dir, self.rank, meta, arrays)
+            checkpoint.write_server(self.cfg.checkpoint_dir, self.rank, *checkpoint.snapshot(self.store))
         if replicate:
             assert self.replicator is not None
-            self.replicator.copy(meta, arrays, self._pump, resend_after=self.cfg.dead_after)
+            changes = checkpoint.snapshot(self.store, changes_only=True)
+            self.replicator.copy(changes, lambda: checkpoint.snapshot(self.store), self._pump,
+                                 resend_after=self.cfg.dead_after)
+        self.store.forget_changes()
         self.store.mark_durable()
         if timeline.current is not None:
             timeline.current.span("replicate" if replicate else "checkpoint", start)

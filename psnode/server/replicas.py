@@ -1,10 +1,16 @@
-"""Replicas: each server's whole state, held in memory by the next servers.
+"""Replicas: each server's state, held in memory by the next servers.
 
 With ``PSNODE_REPLICAS`` = K > 1, server ``r``'s state is copied to its **holders**, servers
 ``r+1 .. r+K-1`` (rank order, wrapping: :func:`holders`), whose :class:`Keeper` threads hold the
-latest copy of each rank in memory.  A copy is the state a checkpoint would write
-(psnode.server.checkpoint: values, optimizer state, rounds in progress, the pushes taken per
-worker), aggregated per round, never per push.
+latest copy of each rank in memory (a psnode.server.image.Image).  A copy is the state a
+checkpoint would write (psnode.server.checkpoint: values, optimizer state, rounds in progress,
+the pushes taken per worker), aggregated per round, never per push.
+
+**What a copy carries.**  A holder that acknowledged this primary's previous copy gets only the
+changes since (``base``: that copy): the rows each row_sparse round touched, the dense parts
+pushed, the index; so a copy costs the rows touched, whatever the table's size.  A new or
+replaced holder, or one that cannot apply the changes (it answers ``whole``), gets the state
+whole.
 
 **Durability.**  A copy counts as the server's checkpoint: the primary reports its pushes
 durable (:meth:`psnode.server.store.Store.mark_durable`) only once every holder acknowledged it
@@ -47,10 +53,12 @@ from psnode.net.transport import Channel, Poller, Transport
 from psnode.protocol import Command
 from psnode.protocol.control import Replica, ServerAddress
 from psnode.protocol.frames import contiguous
+from psnode.server.image import Image, NotApplicable
 
 log = logging.getLogger("psnode.replicas")
 
 Arrays = dict[str, np.ndarray]
+State = tuple[Mapping[str, Any], Arrays]   # a snapshot: its JSON index and its arrays
 
 POLL_S = 0.1   # the longest a wait goes without looking at the scheduler link
 GRACE_S = 1.0  # how long a replacement that has one copy waits for the other holders' (newer?) ones
@@ -85,7 +93,7 @@ def unpack_state(arrays: Sequence[np.ndarray]) -> tuple[dict[str, Any], Arrays]:
 @dataclass
 class _Held:
     seq: int
-    arrays: list[np.ndarray]   # views of the received frames
+    image: Image
 
 
 class Keeper(threading.Thread):
@@ -119,23 +127,43 @@ class Keeper(threading.Thread):
             log.warning("dropped a replica message from %r: %s", ident, exc)
             return
         if msg.cmd is Command.REPLICA_PUT and msg.arrays:
-            with self._lock:
-                old = self.held.get(body.rank)
-                if old is None or body.seq >= old.seq:
-                    old = self.held[body.rank] = _Held(body.seq, list(msg.arrays))
-            # (the seq it holds: a copy older than that, e.g. from a replaced primary still
-            # running, is never acknowledged, so it never makes a push durable)
-            self.chan.send(Command.REPLICA_ACK, Replica(body.rank, old.seq).to_body(), to=ident)
+            self.chan.send(Command.REPLICA_ACK, self._put(body, msg.arrays).to_body(), to=ident)
         elif msg.cmd is Command.REPLICA_GET:
             with self._lock:
                 held = self.held.get(body.rank)
             if held is None:
                 self.chan.send(Command.REPLICA_STATE, Replica(body.rank, 0).to_body(), to=ident)
             else:
+                # (copied: the image takes the next changes in place while the send may still read it)
+                packed = [np.array(a) for a in pack_state(*held.image.whole())]
                 self.chan.send(Command.REPLICA_STATE, Replica(body.rank, held.seq).to_body(),
-                               arrays=held.arrays, to=ident)
+                               arrays=packed, to=ident)
         else:
             log.warning("dropped %s from %r: not a replica request", msg.cmd.value, ident)
+
+    def _put(self, body: Replica, arrays: Sequence[np.ndarray]) -> Replica:
+        """Take a copy (whole, or changes since copy ``base``); the acknowledgement: the seq it
+        holds (a copy older than that, e.g. from a replaced primary still running, is never
+        acknowledged, so it never makes a push durable), or ``whole`` when it cannot apply the
+        changes."""
+        with self._lock:
+            held = self.held.get(body.rank)
+            if held is not None and body.seq <= held.seq:
+                return Replica(body.rank, held.seq)
+            try:
+                meta, state = unpack_state(arrays)
+                if not body.base:
+                    self.held[body.rank] = _Held(body.seq, Image(meta, state))
+                elif held is not None and held.seq == body.base:
+                    held.image.apply(meta, state)
+                    held.seq = body.seq
+                else:
+                    return Replica(body.rank, held.seq if held else 0, whole=True)
+            except (NotApplicable, ConfigError, KeyError, IndexError, ValueError) as exc:
+                log.warning("server %d's copy %d cannot be applied (%s): asking for it whole", body.rank, body.seq, exc)
+                self.held.pop(body.rank, None)   # (a half-applied image is no copy)
+                return Replica(body.rank, 0, whole=True)
+            return Replica(body.rank, body.seq)
 
     def close(self) -> None:
         self._closing.set()
@@ -159,6 +187,8 @@ class Replicator:
         self.identity = f"s{rank}.{restart_count}"   # (never a predecessor's: its acks come here only)
         self._chans: dict[int, Channel] = {}
         self._where: dict[int, tuple[str, int]] = {}
+        self.have: dict[int, int] = {}   # holder -> the copy of this primary it acknowledged last
+        self.copied = 0                  # bytes sent to holders (every copy, every holder)
 
     def repoint(self, book: Sequence[ServerAddress]) -> list[int]:
         """Take the address book; returns the holders whose keeper changed (a replacement: its
@@ -172,16 +202,26 @@ class Replicator:
                     old.close()
                 self._where[entry.rank] = where
                 self._chans[entry.rank] = self.t.dealer(entry.host, entry.replica, self.identity)
+                self.have.pop(entry.rank, None)   # (a new keeper: it gets the state whole)
                 changed.append(entry.rank)
         return changed
 
-    def copy(self, meta: Mapping[str, Any], arrays: Arrays, pump: Callable[[], None],
+    def copy(self, changes: State, whole: Callable[[], State], pump: Callable[[], None],
              resend_after: float) -> None:
         """Send this state to every holder and return once each acknowledged it (resent to a
-        holder silent for ``resend_after`` s, or whose address changed meanwhile)."""
-        self.seq += 1
-        packed = pack_state(meta, arrays)
-        body = Replica(self.rank, self.seq).to_body()
+        holder silent for ``resend_after`` s, or whose address changed meanwhile): ``changes``
+        (since the previous copy) to a holder that has that copy, ``whole()`` to the others."""
+        base, self.seq = self.seq, self.seq + 1
+        packed: dict[bool, list[np.ndarray]] = {}
+
+        def put(r: int) -> tuple[dict[str, Any], list[np.ndarray]]:
+            delta = bool(base) and self.have.get(r) == base
+            if delta not in packed:
+                packed[delta] = pack_state(*(changes if delta else whole()))
+            body = Replica(self.rank, self.seq, base if delta else 0).to_body()
+            self.copied += sum(a.nbytes for a in packed[delta])
+            return body, packed[delta]
+
         waiting = set(self.ranks)
         sent: dict[int, tuple[Channel, float]] = {}
         while True:
@@ -189,7 +229,8 @@ class Replicator:
             for r in waiting:
                 chan = self._chans.get(r)
                 if chan is not None and (r not in sent or sent[r][0] is not chan or now - sent[r][1] > resend_after):
-                    chan.send(Command.REPLICA_PUT, body, arrays=packed)
+                    body, arrays = put(r)
+                    chan.send(Command.REPLICA_PUT, body, arrays=arrays)
                     sent[r] = (chan, now)
             poller = Poller()
             for r in waiting:
@@ -199,8 +240,14 @@ class Replicator:
                 for r in list(waiting):
                     chan = self._chans.get(r)
                     while chan is not None and (got := chan.recv()) is not None:
-                        if got[1].cmd is Command.REPLICA_ACK and got[1].body.get("seq") == self.seq:
+                        if got[1].cmd is not Command.REPLICA_ACK:
+                            continue
+                        if got[1].body.get("seq") == self.seq:
                             waiting.discard(r)
+                            self.have[r] = self.seq
+                        elif got[1].body.get("whole") and r in sent:
+                            self.have.pop(r, None)   # (it lacks the base: the state whole, at once)
+                            del sent[r]
             if not waiting:
                 return
             pump()

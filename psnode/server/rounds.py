@@ -47,7 +47,7 @@ from psnode.protocol import Ok, Wait
 from psnode.server import staleness as bound
 from psnode.server.arith import add_scaled
 from psnode.server.compressed import Packed
-from psnode.server.keypart import Entry, Key, first_gap, fmt, mark_async, received
+from psnode.server.keypart import Entry, Key, first_gap, fmt, mark_async, note_change, received
 from psnode.server.replies import OpError, Reply, fits
 
 Alloc = Callable[[tuple[int, ...], np.dtype], np.ndarray]
@@ -117,6 +117,7 @@ class Rounds:
         self.pushes = 0
         self.pulls = 0
         self.rounds = 0
+        self.track = False   # record what each aggregate changes (psnode.server.keypart.note_change)
 
     # ---------------------------------------------------------------- push
     def push(self, worker: int, key: Key, entry: Entry, seq: int, data: np.ndarray | Packed,
@@ -292,6 +293,8 @@ class Rounds:
         entry.scaled = False
         if rows is not None and not entry.sparse:
             rows = None
+        if self.track:
+            note_change(entry, rows)
         updater = self.rules.updater
         if updater is not None:
             value = self._own(entry)

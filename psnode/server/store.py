@@ -106,7 +106,7 @@ from psnode.server import staleness as bound
 from psnode.server.buckets import Buckets
 from psnode.server.compressed import Packed, agree, packed_push
 from psnode.server.fills import Fills
-from psnode.server.keypart import Entry, Key, contiguous, fmt, received
+from psnode.server.keypart import Entry, Key, contiguous, fmt, forget_changes, received
 from psnode.server.replies import OpError, Reply
 from psnode.server.rounds import Alloc, Rounds, Rules, Updater
 
@@ -517,6 +517,7 @@ class Store:
             self.must_persist = True
             for entry in [] if keep else self.entries.values():
                 entry.state = optimizer.create_state(entry.value) if entry.value.dtype.kind == "f" else None
+                entry.changed = True
         return [Reply(worker, Ok(op.id))]
 
     def _get_states(self, worker: int, op: GetStates) -> list[Reply]:
@@ -543,6 +544,7 @@ class Store:
             if entry is None:
                 raise OpError("KeyNotInitialized", f"{fmt(*where)} in the state file is not initialised")
             entry.state = opt_mod.state_from_arrays(named)
+            entry.changed = True
         self.must_persist = True
         return [Reply(worker, Ok(op.id))]
 
@@ -565,6 +567,21 @@ class Store:
         self.fused.mark_durable()
         self.must_persist = False
         self.durable_rounds = self.rounds
+
+    @property
+    def track_changes(self) -> bool:
+        """Record the rows (or whole parts) each round changes, for copies and checkpoints that
+        carry only what changed since the last one (psnode.server.keypart.note_change)."""
+        return self.key_rounds.track
+
+    @track_changes.setter
+    def track_changes(self, on: bool) -> None:
+        self.key_rounds.track = on
+
+    def forget_changes(self) -> None:
+        """Every copy of the store holds it as it is: changes count from here."""
+        for entry in self.entries.values():
+            forget_changes(entry)
 
     def release(self, replies: list[Reply], every: int, checkpoint: Callable[[], None]) -> list[Reply]:
         """The replies, ready to leave: ``checkpoint()`` first when :meth:`persist_due` (what

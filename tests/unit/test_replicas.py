@@ -26,6 +26,7 @@ class Holder:
     security: Security
     cfg: NodeConfig
     book: list[ServerAddress]
+    keeper: Keeper
     transports: list[Transport] = field(default_factory=list)
 
     def transport(self, name: str) -> Transport:
@@ -50,7 +51,8 @@ def holder() -> Iterator[Holder]:
                      num_servers=2, job_id=JOB)
     keeper = Keeper(cfg, security)
     keeper.start()
-    h = Holder(security, cfg, [ServerAddress(0, "127.0.0.1", 1, keeper.port), ServerAddress(1, "127.0.0.1", 2)])
+    h = Holder(security, cfg, [ServerAddress(0, "127.0.0.1", 1, keeper.port), ServerAddress(1, "127.0.0.1", 2)],
+               keeper)
     try:
         yield h
     finally:
@@ -73,10 +75,23 @@ class _Abandoned(Exception):
     pass
 
 
+def _state(value: float) -> tuple[dict, dict]:
+    """A server state (psnode.server.checkpoint.snapshot's form) of one dense key 'w' whose
+    values and round are ``value``."""
+    item = {"key": "w", "part": 0, "sparse": False, "sync": True, "average": True, "round": int(value),
+            "state": [], "pushed": {}}
+    return {"index": [item], "optimizer": None}, {"v0": np.full(4, value, np.float32)}
+
+
 def _copy(primary: Replicator, value: float, within: float = 10.0) -> None:
     """Copy ``value`` as the primary's state; _Abandoned if it is not acknowledged in time."""
-    primary.copy({"value": value}, {"w": np.full(4, value, np.float32)},
+    state = _state(value)
+    primary.copy(state, lambda: state,
                  _within(within, f"the copy of {value} was not acknowledged in {within:g} s"), resend_after=0.5)
+
+
+def _round(meta: dict) -> int:
+    return int(meta["index"][0]["round"])
 
 
 def test_a_replacements_copies_supersede_its_predecessors_at_the_holder(holder: Holder) -> None:
@@ -90,8 +105,8 @@ def test_a_replacements_copies_supersede_its_predecessors_at_the_holder(holder: 
             _copy(primary, v)
         primary.close()
     meta, arrays, source = holder.fetch()
-    assert (meta, source) == ({"value": 4.0}, 0)
-    np.testing.assert_array_equal(arrays["w"], np.full(4, 4.0, np.float32))
+    assert (_round(meta), source) == (4, 0)
+    np.testing.assert_array_equal(arrays["v0"], np.full(4, 4.0, np.float32))
 
 
 def test_a_replaced_primarys_late_copy_is_never_acknowledged(holder: Holder) -> None:
@@ -104,4 +119,61 @@ def test_a_replaced_primarys_late_copy_is_never_acknowledged(holder: Holder) -> 
     _copy(new, 2.0)
     with pytest.raises(_Abandoned):
         _copy(old, 3.0, within=1.5)
-    assert holder.fetch()[0] == {"value": 2.0}
+    assert _round(holder.fetch()[0]) == 2
+
+
+def _table(rows: int, changed: np.ndarray | None, values: np.ndarray, h: np.ndarray, t: int) -> tuple[dict, dict]:
+    """A row_sparse key 'emb' of ``rows`` x 2 with an Adagrad-like state ('h' per row, 't'):
+    whole (``changed`` None), or only the rows ``changed`` (a snapshot of changes)."""
+    item: dict = {"key": "emb", "part": 0, "sparse": True, "sync": True, "average": False, "round": t,
+                  "state": ["t", "h"], "pushed": {"0": t}}
+    arrays = {"s0_t": np.array(t, np.int64)}
+    if changed is None:
+        arrays.update(v0=values, s0_h=h)
+    else:
+        item.update(changes="rows", state_rows=["h"])
+        arrays.update(k0=changed, v0=values[changed], s0_h=h[changed])
+    return {"index": [item], "optimizer": None}, arrays
+
+
+def test_a_holder_that_has_the_last_copy_gets_only_the_rows_changed(holder: Holder) -> None:
+    """A 100,000-row table is copied whole once; then three rounds change 2 rows each: each
+    copy carries those rows (values and per-row state, 64 bytes of ids, values and state plus
+    the index), and the holder's copy equals the primary's table exactly."""
+    rows = 100_000
+    values = np.arange(rows * 2, dtype=np.float32).reshape(rows, 2)
+    h = np.zeros((rows, 2), np.float32)
+    primary = holder.primary(0)
+    whole = _table(rows, None, values, h, 0)
+    primary.copy(whole, lambda: whole, _within(10, "whole copy"), resend_after=0.5)
+    assert primary.copied > values.nbytes + h.nbytes
+    for t, changed in enumerate([np.array([5, 99_999]), np.array([0, 5]), np.array([77, 123])], start=1):
+        values[changed] += 10.0 * t
+        h[changed] += t
+        before = primary.copied
+        primary.copy(_table(rows, changed, values, h, t), lambda: pytest.fail("a whole copy was sent"),
+                     _within(10, f"copy {t}"), resend_after=0.5)
+        assert 64 <= primary.copied - before < 1024   # (2 ids + 2x2 values + 2x2 state, and the index)
+    meta, arrays, _ = holder.fetch()
+    assert meta["index"][0]["round"] == 3 and "changes" not in meta["index"][0]
+    np.testing.assert_array_equal(arrays["v0"], values)
+    np.testing.assert_array_equal(arrays["s0_h"], h)
+    assert int(arrays["s0_t"]) == 3
+
+
+def test_a_holder_that_lacks_the_base_asks_for_the_state_whole(holder: Holder) -> None:
+    """The keeper lost what the primary's changes build on (here: its copy dropped): it answers
+    ``whole`` and the primary sends the whole state at once, within the same copy."""
+    rows = 1000
+    values = np.ones((rows, 2), np.float32)
+    h = np.zeros((rows, 2), np.float32)
+    primary = holder.primary(0)
+    whole = _table(rows, None, values, h, 0)
+    primary.copy(whole, lambda: whole, _within(10, "whole copy"), resend_after=0.5)
+    holder.keeper.held.clear()
+    values[[3, 4]] = 7.0
+    primary.copy(_table(rows, np.array([3, 4]), values, h, 1), lambda: _table(rows, None, values, h, 1),
+                 _within(5, "copy after the keeper lost its copy"), resend_after=30.0)
+    meta, arrays, _ = holder.fetch()
+    assert meta["index"][0]["round"] == 1
+    np.testing.assert_array_equal(arrays["v0"], values)
