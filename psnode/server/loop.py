@@ -43,6 +43,7 @@ from psnode.protocol.control import (
 )
 from psnode.samehost import segments as shm
 from psnode.server import checkpoint
+from psnode.server.image import nbytes
 from psnode.server.replicas import Keeper, Replicator, fetch
 from psnode.server.replies import Reply
 from psnode.server.routes import Routes
@@ -88,6 +89,7 @@ class Server:
         self.link.report = self._rejoin_report
         self.rank = -1
         self.next_checkpoint = float("inf")
+        self.checkpointed = 0                 # bytes written to checkpoints (and copied: replicator.copied)
 
     def _stats(self) -> Counters:
         local_in, local_out = self.local.bytes if self.local is not None else (0, 0)
@@ -241,7 +243,9 @@ class Server:
             return
         start = time.time_ns()
         if self.cfg.checkpoint_dir:
-            checkpoint.write_server(self.cfg.checkpoint_dir, self.rank, *checkpoint.snapshot(self.store))
+            meta, arrays = checkpoint.snapshot(self.store)
+            checkpoint.write_server(self.cfg.checkpoint_dir, self.rank, meta, arrays)
+            self.checkpointed += nbytes(arrays)
         if replicate:
             assert self.replicator is not None
             changes = checkpoint.snapshot(self.store, changes_only=True)
