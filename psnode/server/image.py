@@ -96,7 +96,8 @@ class Image:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for p in self.parts.values() for a in p.values()) + sum(a.nbytes for a in self.rest.values())
+        held = sum(a.nbytes for p in self.parts.values() for a in p.values())
+        return held + sum(a.nbytes for a in self.rest.values())
 
 
 def nbytes(arrays: Arrays) -> int:
