@@ -1,27 +1,24 @@
-"""Server checkpoints: a server's whole state, written atomically.
+"""Server checkpoints: a server's state as one snapshot, and its restore.
 
-File ``<dir>/server-<rank>.npz`` holds a :func:`snapshot` of the store: per key part the value,
-the optimizer state, the round, the pushes taken per worker and everything of the round in
-progress (contributors and their partial sum, row_sparse parts, pushes waiting for a later
-round, async pushes applied past a gap), plus a JSON index (keys keep their int/str type).  A
-server restarted inside its job restores exactly that state (:func:`restore`), so every push the
-checkpoint holds is applied once and every other one is still in its worker's journal (the
-exactly-once invariant: psnode.server.store states the server's half, psnode.worker.journal the
-worker's).  It is written to a temporary file in the same
-directory, flushed, fsynced and renamed over the previous one: a kill during the write leaves
-the previous checkpoint loadable; only then are its pushes reported durable
+A :func:`snapshot` of the store holds per key part the value, the optimizer state, the round,
+the pushes taken per worker and everything of the round in progress (contributors and their
+partial sum, row_sparse parts, pushes waiting for a later round, async pushes applied past a
+gap), plus a JSON index (keys keep their int/str type); with ``changes_only``, only what changed
+since the last durable point (psnode.server.image).  A server restarted inside its job restores
+exactly such a state (:func:`restore`), so every push it holds is applied once and every other
+one is still in its worker's journal (the exactly-once invariant: psnode.server.store states the
+server's half, psnode.worker.journal the worker's).  Snapshots go to disk as a chain of files,
+written off the server's loop (psnode.server.chain), and to the holders of its replicas
+(psnode.server.replicas); only once they are there are its pushes reported durable
 (:meth:`psnode.server.store.Store.mark_durable`).
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from psnode.errors import ConfigError
-from psnode.files import atomic_file
 from psnode.math import optimizers as opt_mod
 from psnode.server.buckets import Bucket
 from psnode.server.compressed import Packed, spec_of_tag
@@ -160,6 +157,7 @@ def restore(store: Store, meta: dict[str, Any], arrays: Any, same_job: bool = Fa
     if same_job:
         store.rules.admitted = {int(w): int(g) for w, g in meta.get("admitted", {}).items()}
     store.mark_durable()
+    store.forget_changes()   # (the source holds it as it is)
     return len(meta["index"])
 
 
@@ -179,39 +177,6 @@ def _restore_round(i: int, item: dict[str, Any], entry: Entry, arrays: Any) -> N
         rows = np.array(arrays[name + "r"]) if has_rows else None
         entry.early.setdefault(int(w), []).append((int(seq), data, rows))
     entry.ahead = {int(w): {int(q) for q in qs} for w, qs in item.get("ahead", {}).items()}
-
-
-def save_server(directory: str, rank: int, store: Store) -> str:
-    """Write ``store``'s :func:`snapshot`; once it is on disk, its pushes are durable.
-    Returns the file path."""
-    meta, arrays = snapshot(store)
-    final = write_server(directory, rank, meta, arrays)
-    store.mark_durable()
-    return final
-
-
-def write_server(directory: str, rank: int, meta: dict[str, Any], arrays: Arrays) -> str:
-    """Write a :func:`snapshot` as server ``rank``'s checkpoint (the caller marks the store
-    durable once every copy it needs is made).  Returns the file path."""
-    os.makedirs(directory, exist_ok=True)
-    final = path_for(directory, rank)
-    named = {**arrays, "meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)}
-    with atomic_file(final, sync=True) as fh:
-        np.savez(fh, **named)  # type: ignore[arg-type]
-    return final
-
-
-def load_server(directory: str, rank: int, store: Store, same_job: bool = False) -> int:
-    """Restore ``store`` from the checkpoint (:func:`restore`); returns the number of key parts."""
-    path = path_for(directory, rank)
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            meta = json.loads(bytes(data["meta"]).decode())
-            return restore(store, meta, data, same_job)
-    except FileNotFoundError:
-        raise ConfigError(f"no checkpoint for server {rank} at {path}") from None
-    except (OSError, ValueError, KeyError) as exc:
-        raise ConfigError(f"checkpoint {path} is unreadable: {exc}") from None
 
 
 def _offset(entry: Any) -> int:

@@ -42,8 +42,8 @@ from psnode.protocol.control import (
     Welcome,
 )
 from psnode.samehost import segments as shm
+from psnode.server import chain as disk
 from psnode.server import checkpoint
-from psnode.server.image import nbytes
 from psnode.server.replicas import Keeper, Replicator, fetch
 from psnode.server.replies import Reply
 from psnode.server.routes import Routes
@@ -79,7 +79,9 @@ class Server:
                        if cfg.replicas > 1 and cfg.num_servers > 1 and cfg.servers_restartable else None)
         if self.keeper is not None:
             self.keeper.start()
-        self.store.track_changes = self.keeper is not None   # (copies carry what changed)
+        # (copies and checkpoints carry what changed since the last durable point)
+        self.store.track_changes = self.keeper is not None or bool(cfg.checkpoint_dir)
+        self.chain: disk.Chain | None = None   # this server's checkpoints (psnode.server.chain)
         self.replicator: Replicator | None = None
         self.book: tuple[ServerAddress, ...] = ()
         self.recopy = False                   # a holder was replaced: copy the state to it
@@ -151,7 +153,8 @@ class Server:
             raise ConfigError(f"server {self.rank} was restarted, but the job has no checkpoint "
                               "directory to restore its shard from (mxdist launch --checkpoint-dir)")
         try:
-            parts = checkpoint.load_server(where, self.rank, self.store, same_job=True)
+            parts, chain, last = disk.load(where, self.rank, self.store, same_job=True)
+            self.chain = disk.Chain(where, self.rank, self.cfg.job_id, last, based=chain == self.cfg.job_id)
         except ConfigError as exc:
             raise ConfigError(f"server {self.rank} was restarted but cannot restore its shard: {exc}; "
                               "every server that may be restarted writes one when it starts, so the "
@@ -206,6 +209,8 @@ class Server:
                                              restart_count=max(body.restarts, self.cfg.restart_count))
             self._take_book(body.servers)
             self.recopy = False
+            if self.cfg.checkpoint_dir:   # (a restore below continues the chain it loads)
+                self.chain = disk.Chain(self.cfg.checkpoint_dir, self.rank, self.cfg.job_id)
             if timeline.start(self.cfg.timeline, "server", self.rank, self.cfg.restart_count) is not None:
                 rounds, fused = self.store.key_rounds, self.store.fused   # (a key's round; a bucket's)
                 rounds._apply = timeline.traced(rounds._apply, "apply")  # type: ignore[method-assign]
@@ -217,7 +222,7 @@ class Server:
             else:
                 self._reply(self.store.set_membership(set(body.active), body.generation, set(body.joined)))
                 if self.cfg.checkpoint_dir and self.cfg.resume:
-                    checkpoint.load_server(self.cfg.checkpoint_dir, self.rank, self.store)
+                    disk.load(self.cfg.checkpoint_dir, self.rank, self.store)
                 if self.store.restartable:   # (a restart before any other checkpoint restores this)
                     self._checkpoint()
             if self.cfg.checkpoint_dir and self.cfg.checkpoint_interval > 0:
@@ -242,15 +247,16 @@ class Server:
         if self.rank < 0 or not (self.cfg.checkpoint_dir or replicate):
             return
         start = time.time_ns()
-        if self.cfg.checkpoint_dir:
-            meta, arrays = checkpoint.snapshot(self.store)
-            checkpoint.write_server(self.cfg.checkpoint_dir, self.rank, meta, arrays)
-            self.checkpointed += nbytes(arrays)
+        chain = self.chain
+        written = chain.point(self.store, whole=final) if chain is not None else None   # (its own thread)
         if replicate:
             assert self.replicator is not None
             changes = checkpoint.snapshot(self.store, changes_only=True)
             self.replicator.copy(changes, lambda: checkpoint.snapshot(self.store), self._pump,
                                  resend_after=self.cfg.dead_after)
+        if chain is not None and written is not None:
+            chain.wait(written, self._pump)
+            self.checkpointed = chain.written
         self.store.forget_changes()
         self.store.mark_durable()
         if timeline.current is not None:
@@ -318,6 +324,8 @@ class Server:
                 self.local.close()
             if self.replicator is not None:
                 self.replicator.close()
+            if self.chain is not None:
+                self.chain.close()
             if self.keeper is not None:
                 self.keeper.close()
             self.t.close(linger_ms=200)

@@ -8,7 +8,7 @@ import numpy as np
 
 from psnode.config import NodeConfig
 from psnode.protocol import Failed, Flush, Init, Missing, Ok, Pull, Push, SetOptimizer, Wait
-from psnode.server import checkpoint
+from psnode.server import chain as disk
 from psnode.server.store import Store
 
 F = np.float32
@@ -96,10 +96,10 @@ def test_restore_is_the_checkpointed_state_rounds_in_progress_included(tmp_path)
     _push(s, 2, "k", 4, [11])                  # waits for round 4
     _push(s, 1, "r", 1, [1])
     _push(s, 1, "r", 3, [3])                   # async: applied past the gap at 2
-    checkpoint.save_server(str(tmp_path), 0, s)
+    disk.Chain(str(tmp_path), 0, "job").point(s, whole=True).result()
 
     fresh = Store(3)
-    assert checkpoint.load_server(str(tmp_path), 0, fresh, same_job=True) == 2
+    assert disk.load(str(tmp_path), 0, fresh, same_job=True) == (2, "job", 0)
     got, ref = fresh.entries[("k", 0)], s.entries[("k", 0)]
     assert (got.round, got.contributors, got.pushed) == (2, {0, 2}, {0: 3, 1: 2, 2: 3})
     assert [q for q, *_ in got.early[2]] == [4] and np.array_equal(got.value, ref.value)

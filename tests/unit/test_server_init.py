@@ -10,7 +10,7 @@ import pytest
 from psnode.math import initializers as I
 from psnode.math import optimizers as optimizer
 from psnode.protocol import Failed, Init, Ok, Pull, Push, SetOptimizer, Wait
-from psnode.server import checkpoint
+from psnode.server import chain as disk
 from psnode.server.store import Store
 from psnode.worker.placement import Placer
 
@@ -106,9 +106,9 @@ def test_filled_keys_train_and_checkpoint_like_any_key(tmp_path) -> None:
     st = ref.create_state(want)
     ref.update_rows(want, np.array([1, 4]), g, st)
     assert np.array_equal(entry.value, want)
-    checkpoint.save_server(str(tmp_path), 0, s)
+    disk.Chain(str(tmp_path), 0, "job").point(s, whole=True).result()
     back = Store(1)
-    checkpoint.load_server(str(tmp_path), 0, back, same_job=True)
+    disk.load(str(tmp_path), 0, back, same_job=True)
     assert np.array_equal(back.entries[("emb", 0)].value, want) and back.entries[("emb", 0)].round == 1
     (r,) = back.handle(0, Init("emb", 0, "float32", shape, sparse=True, id=3, bare=True, fill=PS.part(shape).to_json()))
     assert isinstance(r.answer, Ok) and r.answer.seq == 1 and not back.filling.pending   # kept, not computed again
