@@ -22,9 +22,10 @@ thread from the live arrays while the rounds go on: a fuzzy copy (a row may be r
 round writes it), written to ``server-<r>.next-<after>.npz``.  It is installed (renamed over the base,
 the deltas it covers removed) by the first durable point written after it was complete: every
 row changed since it started is in the deltas numbered above its ``after``, so that base and
-those deltas are exact.  A base is written whole and waited for only where the chain has none:
-a job's first durable point (its keys' creation, or a resumed job's), a point whose changes
-outweigh the base, and the job's end (which leaves the base alone: ``--resume`` reads one file).
+those deltas are exact; a compaction is also due past MAX_DELTAS deltas, so a directory holds
+a bounded number of files.  A base is written whole and waited for only where the chain has
+none (a job's first durable point, or a resumed job's) and where a point's changes outweigh
+the base (the creation of a big key).  ``--resume`` restores the chain as a restart does.
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
 
 Arrays = dict[str, np.ndarray]
 WAIT_S = 0.05   # how long the loop's wait for a write goes without pumping
+MAX_DELTAS = 200   # a compaction is due past this many deltas (or more bytes in them than the base)
 
 
 def delta_path(directory: str, rank: int, n: int) -> str:
@@ -92,9 +94,29 @@ def _sync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def load(directory: str, rank: int, store: Store, same_job: bool = False) -> tuple[int, str | None, int]:
-    """Restore ``store`` from server ``rank``'s chain (module docstring; ``same_job``: as
-    psnode.server.checkpoint.restore).  Returns (key parts, the chain, the last point applied)."""
+def load(directory: str, rank: int, store: Store, same_job: bool = False,
+         pump: Callable[[], None] = lambda: None) -> tuple[int, str | None, int]:
+    """Restore ``store`` from server ``rank``'s chain (module docstring; ``same_job`` and
+    ``pump``: as psnode.server.checkpoint.restore; the files are read by another thread while
+    ``pump`` runs).  Returns (key parts, the chain, the last point applied)."""
+    with ThreadPoolExecutor(1, thread_name_prefix=f"restore-{rank}") as reader:
+        read = reader.submit(_read_chain, directory, rank)
+        wait(read, pump)
+        image, chain, n = read.result()
+    return restore(store, *image.whole(), same_job=same_job, pump=pump), chain, n
+
+
+def wait(fut: Future[Any], pump: Callable[[], None]) -> None:
+    """Wait for ``fut``, calling ``pump`` (the server's heartbeats) at least every WAIT_S s; its
+    error, if any, is raised by ``fut.result()``."""
+    while not fut.done():
+        with contextlib.suppress(TimeoutError):
+            fut.exception(WAIT_S)
+        pump()
+
+
+def _read_chain(directory: str, rank: int) -> tuple[Image, str | None, int]:
+    """The state server ``rank``'s chain holds: its base with its deltas applied."""
     path = path_for(directory, rank)
     try:
         meta, arrays = _read(path)
@@ -111,7 +133,17 @@ def load(directory: str, rank: int, store: Store, same_job: bool = False) -> tup
         raise ConfigError(f"no checkpoint for server {rank} at {path}") from None
     except (OSError, ValueError, KeyError) as exc:
         raise ConfigError(f"checkpoint {path} is unreadable: {exc}") from None
-    return restore(store, *image.whole(), same_job=same_job), chain, n
+    return image, chain, n
+
+
+def _drop_leftovers(directory: str, rank: int) -> None:
+    """Remove what an earlier process of ``rank`` left mid-write (temporary files, a compaction
+    never installed): the process that opens a rank's chain is its only writer."""
+    here = glob.escape(directory)
+    for pattern in (f".server-{rank}.*.tmp", f"server-{rank}.next-*.npz"):
+        for path in glob.glob(os.path.join(here, pattern)):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 class Chain:
@@ -121,6 +153,7 @@ class Chain:
 
     def __init__(self, directory: str, rank: int, chain: str, last: int = 0, based: bool = False) -> None:
         os.makedirs(directory, exist_ok=True)
+        _drop_leftovers(directory, rank)
         self.dir, self.rank, self.chain = directory, rank, chain
         self.n = last              # the last durable point numbered
         self.based = based         # a base of this chain is on disk
@@ -160,22 +193,17 @@ class Chain:
             self._next = None
         return self._writer.submit(self._write_base, {**meta, "chain": self.chain, "after": self.n}, arrays)
 
-    def wait(self, fut: Future[None], pump: Callable[[], None]) -> None:
-        """Wait for a write, calling ``pump`` (the server's heartbeats) at least every WAIT_S s;
-        its error, if any, is raised here."""
-        while True:
-            with contextlib.suppress(TimeoutError):
-                fut.result(WAIT_S)
-                return
-            pump()
+    @staticmethod
+    def wait(fut: Future[None], pump: Callable[[], None]) -> None:
+        """Wait for a write (:func:`wait`); its error, if any, is raised here."""
+        wait(fut, pump)
+        fut.result()
 
     def close(self) -> None:
         """Wait for the writes under way; drop a compaction not installed."""
         self._writer.shutdown(wait=True)
         self._compactor.shutdown(wait=True, cancel_futures=True)
-        for path in glob.glob(os.path.join(glob.escape(self.dir), f"server-{self.rank}.next-*.npz")):
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+        _drop_leftovers(self.dir, self.rank)
 
     # ---------------------------------------------------------------- the threads' side
     def _write_base(self, meta: dict[str, Any], arrays: Arrays) -> None:
@@ -191,7 +219,7 @@ class Chain:
             self._drop_deltas(upto=after)
 
     def _compact_if_due(self, store: Store) -> None:
-        if self._next is None and sum(self._sizes.values()) > self.base_bytes:
+        if self._next is None and (sum(self._sizes.values()) > self.base_bytes or len(self._sizes) > MAX_DELTAS):
             meta, arrays = snapshot(store)   # (the live arrays: a fuzzy copy, module docstring)
             self.base_bytes = nbytes(arrays)
             self._next = self._compactor.submit(self._compact, {**meta, "chain": self.chain, "after": self.n}, arrays)
@@ -209,4 +237,4 @@ class Chain:
                     os.unlink(path)
 
 
-__all__ = ["Chain", "delta_path", "load", "next_path"]
+__all__ = ["Chain", "delta_path", "load", "next_path", "wait"]

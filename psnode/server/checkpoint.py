@@ -15,6 +15,7 @@ written off the server's loop (psnode.server.chain), and to the holders of its r
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -127,10 +128,27 @@ def _round_in_progress(i: int, entry: Entry, arrays: Arrays) -> dict[str, Any]:
     return out
 
 
-def restore(store: Store, meta: dict[str, Any], arrays: Any, same_job: bool = False) -> int:
+CHUNK_BYTES = 32 << 20   # a restore copies this much between two calls of its pump
+
+
+def copy_in_chunks(dst: np.ndarray, src: np.ndarray, pump: Callable[[], None]) -> None:
+    """``dst[...] = src``, CHUNK_BYTES at a time (by rows), calling ``pump`` between chunks: a
+    big state moves without holding the caller's loop (its heartbeats go on)."""
+    if dst.ndim == 0 or dst.nbytes <= CHUNK_BYTES:
+        np.copyto(dst, src)
+        return
+    step = max(1, CHUNK_BYTES // max(1, dst[0].nbytes))
+    for lo in range(0, len(dst), step):
+        np.copyto(dst[lo:lo + step], src[lo:lo + step])
+        pump()
+
+
+def restore(store: Store, meta: dict[str, Any], arrays: Any, same_job: bool = False,
+            pump: Callable[[], None] = lambda: None) -> int:
     """Load a :func:`snapshot` into ``store``; returns the number of key parts.  A new job
     (``--resume``) takes the values and optimizer states only, counting rounds and pushes from
-    0; a server restarted inside its job (``same_job``) takes everything."""
+    0; a server restarted inside its job (``same_job``) takes everything.  ``pump`` is called
+    at least every CHUNK_BYTES copied (the server's heartbeats)."""
     if meta.get("optimizer"):
         store.optimizer = opt_mod.from_spec(meta["optimizer"])
     for i, item in enumerate(meta["index"]):
@@ -141,7 +159,7 @@ def restore(store: Store, meta: dict[str, Any], arrays: Any, same_job: bool = Fa
                                       item["sync"], item["average"])
         else:
             value = store.alloc(saved.shape, saved.dtype)
-        np.copyto(value, saved)
+        copy_in_chunks(value, saved, pump)
         entry = Entry(value=value, sparse=item["sparse"], sync=item["sync"], average=item["average"],
                       staleness=int(item.get("staleness", -1)))
         if same_job:
@@ -150,7 +168,11 @@ def restore(store: Store, meta: dict[str, Any], arrays: Any, same_job: bool = Fa
             entry.start = {int(w): int(q) for w, q in item.get("start", {}).items()}
             _restore_round(i, item, entry, arrays)
         if item["state"]:
-            entry.state = opt_mod.state_from_arrays({n: np.array(arrays[f"s{i}_{n}"]) for n in item["state"]})
+            named = {}
+            for n in item["state"]:
+                named[n] = np.empty_like(arrays[f"s{i}_{n}"])
+                copy_in_chunks(named[n], arrays[f"s{i}_{n}"], pump)
+            entry.state = opt_mod.state_from_arrays(named)
         store.entries[(item["key"], int(item["part"]))] = entry
         if bucket:
             store.fused.join(int(bucket[0]), (item["key"], int(item["part"])), entry, int(bucket[1]))

@@ -143,7 +143,7 @@ class Server:
             cfg = self.cfg
             meta, arrays, holder = fetch(self.t, self.rank, self.book, cfg.num_servers, cfg.replicas,
                                          self._pump, timeout=cfg.dead_after + 10.0)
-            parts = checkpoint.restore(self.store, meta, arrays, same_job=True)
+            parts = checkpoint.restore(self.store, meta, arrays, same_job=True, pump=self._pump)
             log.warning("server %d restored %d key parts from its replica on server %d; serving again",
                         self.rank, parts, holder)
             self.recopy = True   # (every holder gets this state: a third one may hold an older one)
@@ -153,7 +153,7 @@ class Server:
             raise ConfigError(f"server {self.rank} was restarted, but the job has no checkpoint "
                               "directory to restore its shard from (mxdist launch --checkpoint-dir)")
         try:
-            parts, chain, last = disk.load(where, self.rank, self.store, same_job=True)
+            parts, chain, last = disk.load(where, self.rank, self.store, same_job=True, pump=self._pump)
             self.chain = disk.Chain(where, self.rank, self.cfg.job_id, last, based=chain == self.cfg.job_id)
         except ConfigError as exc:
             raise ConfigError(f"server {self.rank} was restarted but cannot restore its shard: {exc}; "
@@ -248,14 +248,14 @@ class Server:
             return
         start = time.time_ns()
         chain = self.chain
-        written = chain.point(self.store, whole=final) if chain is not None else None   # (its own thread)
+        written = chain.point(self.store) if chain is not None else None   # (on the chain's thread)
         if replicate:
             assert self.replicator is not None
             changes = checkpoint.snapshot(self.store, changes_only=True)
             self.replicator.copy(changes, lambda: checkpoint.snapshot(self.store), self._pump,
                                  resend_after=self.cfg.dead_after)
         if chain is not None and written is not None:
-            chain.wait(written, self._pump)
+            chain.wait(written, (lambda: None) if final else self._pump)   # (the job's end: the scheduler may be gone)
             self.checkpointed = chain.written
         self.store.forget_changes()
         self.store.mark_durable()

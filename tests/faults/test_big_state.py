@@ -1,0 +1,114 @@
+"""The big-state tier: every safety option on a table that takes seconds to copy or write whole
+(20M rows x 16 float32, 1.28 GB, split over two servers), with a kill -9 where it hurts, launched
+as users launch it (``mxdist launch``), and exact values at the end.
+
+The job (sgd with learning rate 1, the sum aggregator, integer gradients) makes every row's value
+a closed form: at step t worker r pushes -(r + 1)'s gradient (r + 1) to 64 rows drawn from
+(t, r), so a row ends at minus the sum of (r + 1) over the pushes that touched it.  Each worker
+pulls every row the job touched and compares; a restarted server (``--max-restarts``) must bring
+back exactly what its pushes made, from the copy its holder keeps (``--replicas 2``) or from its
+checkpoint chain, whatever moment the kill came at.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import textwrap
+from pathlib import Path
+
+from tests.support import wait_for
+from tests.support.cli import assert_nothing_left, cli_env, latest, start_cli
+
+ROWS, DIM, STEPS = 20_000_000, 16, 40
+
+JOB = textwrap.dedent("""
+    import pathlib, sys, numpy as np, psnode
+    from psnode.sparse import row_sparse_array
+    rows, dim, steps, flags = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), pathlib.Path(sys.argv[4])
+    kv = psnode.kv.create('dist_sync', aggregator='sum')
+    kv.set_optimizer(psnode.optimizer.create('sgd', learning_rate=1.0))
+    kv.init('emb', psnode.sparse.zeros((rows, dim)), psnode.init.ps_initializer(psnode.init.Zero()))
+
+    def touched(t, r):
+        return np.unique(np.random.default_rng(1000 * t + r).integers(0, rows, 64))
+
+    start = kv.num_pushes('emb')
+    print('START', start, flush=True)
+    for t in range(start + 1, steps + 1):
+        ids = touched(t, kv.rank)
+        kv.push('emb', row_sparse_array((np.full((len(ids), dim), kv.rank + 1, np.float32), ids), (rows, dim)))
+        kv.row_sparse_pull('emb', row_ids=ids)
+        if kv.rank == 0 and t == steps // 4:
+            (flags / 'quarter').touch()
+    want = {}
+    for t in range(1, steps + 1):
+        for r in range(kv.num_workers):
+            for i in touched(t, r).tolist():
+                want[i] = want.get(i, 0.0) - (r + 1)
+    ids = np.array(sorted(want), np.int64)
+    got = kv.row_sparse_pull('emb', row_ids=ids).data
+    exact = bool((got == np.array([want[i] for i in ids.tolist()], np.float32)[:, None]).all())
+    print('EXACT' if exact else 'WRONG', len(ids), flush=True)
+    kv.close()
+""")
+
+
+def _launch(home: Path, tmp: Path, options: list[str]):
+    flags = tmp / "flags"
+    flags.mkdir()
+    script = tmp / "big.py"
+    script.write_text(JOB)
+    proc = start_cli(["launch", "-n", "2", "-s", "2", "--max-restarts", "1", *options, str(script),
+                      str(ROWS), str(DIM), str(STEPS), str(flags)], cli_env(home))
+    return proc, flags
+
+
+def _server_pid(home: Path, rank: int) -> int:
+    return next(p["pid"] for p in latest(home)["procs"] if p["name"] == f"server-{rank}")
+
+
+def _finish(proc, home: Path, timeout: float = 300) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    exact = [line for line in out.splitlines() if "EXACT" in line or "WRONG" in line]
+    assert len(exact) == 2 and all("] EXACT " in line for line in exact), out
+    assert "restarting it with rank 1 (restart 1 of 1)" in out, out
+    assert_nothing_left(home)
+    return out
+
+
+def test_replicas_on_a_big_table_survive_a_server_killed_mid_training(tmp_path) -> None:
+    """``--replicas 2``: server 1 is killed a quarter into training; its replacement restores
+    from the copy server 0 keeps (built from whole copy, then the rows each round touched) and
+    the job ends exact."""
+    home = tmp_path / "home"
+    proc, flags = _launch(home, tmp_path, ["--replicas", "2"])
+    wait_for(lambda: (flags / "quarter").exists() or proc.poll() is not None, 240, "a quarter of the steps")
+    assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+    os.kill(_server_pid(home, 1), signal.SIGKILL)
+    out = _finish(proc, home)
+    assert "server 1 restored 1 key parts from its replica on server 0; serving again" in out, out
+
+
+def test_checkpoints_on_a_big_table_survive_a_kill_during_the_write(tmp_path) -> None:
+    """``--checkpoint-dir``: server 1 is killed while it writes the table's first checkpoint
+    (its temporary file exists: the base of 640 MB); its replacement restores the chain as it
+    was before that write, the workers resend what it lacks, and the job ends exact."""
+    home = tmp_path / "home"
+    ckpt = tmp_path / "ckpt"
+    proc, _ = _launch(home, tmp_path, ["--checkpoint-dir", str(ckpt)])
+
+    def writing() -> bool:
+        return proc.poll() is not None or any(n.startswith(".server-1.npz.") and n.endswith(".tmp") and
+                                              os.path.getsize(ckpt / n) > 64 << 20
+                                              for n in (os.listdir(ckpt) if ckpt.is_dir() else []))
+    wait_for(writing, 240, "server 1 writing the table's checkpoint", interval=0.01)
+    assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+    os.kill(_server_pid(home, 1), signal.SIGKILL)
+    out = _finish(proc, home)
+    assert "server 1 restored 0 key parts from" in out, out   # (the chain as it was before the table's)
+    assert not [n for n in os.listdir(ckpt) if n.endswith(".tmp")]
