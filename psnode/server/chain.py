@@ -171,20 +171,9 @@ class Chain:
         docstring says so; ``whole``: a base in any case); the future completes once it is on
         disk.  The store must not change until then (its arrays are written as they are)."""
         if self.based and not whole:
-            meta, arrays = snapshot(store, changes_only=True)
-            if nbytes(arrays) < max(self.base_bytes, 1):
-                self.n += 1
-                self._sizes[self.n] = nbytes(arrays)
-                install = self._next if self._next is not None and self._next.done() else None
-                if install is not None:
-                    self._next = None
-                    if install.exception() is None:   # (the deltas it covers go with this point)
-                        self._sizes = {n: b for n, b in self._sizes.items() if n > install.result()}
-                fut = self._writer.submit(self._write_delta, self.n, {**meta, "chain": self.chain, "n": self.n},
-                                          arrays, install)
-                if install is None:   # (one compaction at a time, installed before the next starts)
-                    self._compact_if_due(store)
-                return fut
+            changes = snapshot(store, changes_only=True)
+            if self.appendable(nbytes(changes[1])):
+                return self.append(changes, store)
         meta, arrays = snapshot(store)
         self.based = True
         self.base_bytes, self._sizes = nbytes(arrays), {}
@@ -192,6 +181,28 @@ class Chain:
             self._next.cancel()
             self._next = None
         return self._writer.submit(self._write_base, {**meta, "chain": self.chain, "after": self.n}, arrays)
+
+    def appendable(self, size: int) -> bool:
+        """May changes of ``size`` bytes be written as a delta (a base is there, and outweighs them)?"""
+        return self.based and size < max(self.base_bytes, 1)
+
+    def append(self, changes: tuple[dict[str, Any], Arrays], store: Store) -> Future[None]:
+        """Write ``changes`` (a snapshot of changes, :meth:`appendable`; arrays nobody writes
+        until the future completes) as the next durable point; starts a compaction of ``store``
+        when one is due."""
+        meta, arrays = changes
+        self.n += 1
+        self._sizes[self.n] = nbytes(arrays)
+        install = self._next if self._next is not None and self._next.done() else None
+        if install is not None:
+            self._next = None
+            if install.exception() is None:   # (the deltas it covers go with this point)
+                self._sizes = {n: b for n, b in self._sizes.items() if n > install.result()}
+        fut = self._writer.submit(self._write_delta, self.n, {**meta, "chain": self.chain, "n": self.n},
+                                  arrays, install)
+        if install is None:   # (one compaction at a time, installed before the next starts)
+            self._compact_if_due(store)
+        return fut
 
     @staticmethod
     def wait(fut: Future[None], pump: Callable[[], None]) -> None:

@@ -44,6 +44,7 @@ from psnode.protocol.control import (
 from psnode.samehost import segments as shm
 from psnode.server import chain as disk
 from psnode.server import checkpoint
+from psnode.server.points import Points
 from psnode.server.replicas import Keeper, Replicator, fetch
 from psnode.server.replies import Reply
 from psnode.server.routes import Routes
@@ -54,6 +55,7 @@ log = logging.getLogger("psnode.server")
 
 
 LINK_BURST = 8    # rounds of link messages handled between two full polls
+POINT_POLL_S = 0.001   # the longest poll while a durable point completes in the background
 
 
 class Server:
@@ -81,8 +83,9 @@ class Server:
             self.keeper.start()
         # (copies and checkpoints carry what changed since the last durable point)
         self.store.track_changes = self.keeper is not None or bool(cfg.checkpoint_dir)
-        self.chain: disk.Chain | None = None   # this server's checkpoints (psnode.server.chain)
         self.replicator: Replicator | None = None
+        #: when answers may leave, and the checkpoints and copies behind them
+        self.points = Points(self.store, self._send, cfg.checkpoint_rounds, cfg.dead_after)
         self.book: tuple[ServerAddress, ...] = ()
         self.recopy = False                   # a holder was replaced: copy the state to it
         self.deferred: list[Control] = []     # scheduler messages that came during a copy
@@ -91,7 +94,6 @@ class Server:
         self.link.report = self._rejoin_report
         self.rank = -1
         self.next_checkpoint = float("inf")
-        self.checkpointed = 0                 # bytes written to checkpoints (and copied: replicator.copied)
 
     def _stats(self) -> Counters:
         local_in, local_out = self.local.bytes if self.local is not None else (0, 0)
@@ -132,8 +134,8 @@ class Server:
         self._reply(replies)
 
     def _reply(self, replies: list[Reply]) -> None:
-        """Send replies, after the checkpoint they need (psnode.server.store: durability)."""
-        self._send(self.store.release(replies, self.cfg.checkpoint_rounds, self._checkpoint))
+        """Send replies, after the durable point they need (psnode.server.points)."""
+        self.points.reply(replies, self._pump)
 
     # ------------------------------------------------------------ restore
     def _restore(self) -> None:
@@ -154,7 +156,7 @@ class Server:
                               "directory to restore its shard from (mxdist launch --checkpoint-dir)")
         try:
             parts, chain, last = disk.load(where, self.rank, self.store, same_job=True, pump=self._pump)
-            self.chain = disk.Chain(where, self.rank, self.cfg.job_id, last, based=chain == self.cfg.job_id)
+            self.points.chain = disk.Chain(where, self.rank, self.cfg.job_id, last, based=chain == self.cfg.job_id)
         except ConfigError as exc:
             raise ConfigError(f"server {self.rank} was restarted but cannot restore its shard: {exc}; "
                               "every server that may be restarted writes one when it starts, so the "
@@ -205,12 +207,13 @@ class Server:
             self.rank = body.rank
             self.t.sender = f"server:{self.rank}"
             if self.keeper is not None:
-                self.replicator = Replicator(self.t, self.rank, self.cfg.num_servers, self.cfg.replicas,
-                                             restart_count=max(body.restarts, self.cfg.restart_count))
+                self.replicator = self.points.replicator = Replicator(
+                    self.t, self.rank, self.cfg.num_servers, self.cfg.replicas,
+                    restart_count=max(body.restarts, self.cfg.restart_count))
             self._take_book(body.servers)
             self.recopy = False
             if self.cfg.checkpoint_dir:   # (a restore below continues the chain it loads)
-                self.chain = disk.Chain(self.cfg.checkpoint_dir, self.rank, self.cfg.job_id)
+                self.points.chain = disk.Chain(self.cfg.checkpoint_dir, self.rank, self.cfg.job_id)
             if timeline.start(self.cfg.timeline, "server", self.rank, self.cfg.restart_count) is not None:
                 rounds, fused = self.store.key_rounds, self.store.fused   # (a key's round; a bucket's)
                 rounds._apply = timeline.traced(rounds._apply, "apply")  # type: ignore[method-assign]
@@ -240,27 +243,15 @@ class Server:
         return None
 
     def _checkpoint(self, final: bool = False) -> None:
-        """Make this server's state durable: on disk (``--checkpoint-dir``) and, but at the
-        job's end (``final``), at every holder of its replicas; only then are its pushes
-        durable (psnode.server.store)."""
-        replicate = self.replicator is not None and not final
-        if self.rank < 0 or not (self.cfg.checkpoint_dir or replicate):
+        """Make this server's state durable now, the loop waiting (psnode.server.points: on disk
+        with ``--checkpoint-dir`` and, but at the job's end (``final``), at every holder of its
+        replicas); only then are its pushes durable (psnode.server.store)."""
+        if self.rank < 0:
             return
         start = time.time_ns()
-        chain = self.chain
-        written = chain.point(self.store) if chain is not None else None   # (on the chain's thread)
-        if replicate:
-            assert self.replicator is not None
-            changes = checkpoint.snapshot(self.store, changes_only=True)
-            self.replicator.copy(changes, lambda: checkpoint.snapshot(self.store), self._pump,
-                                 resend_after=self.cfg.dead_after)
-        if chain is not None and written is not None:
-            chain.wait(written, (lambda: None) if final else self._pump)   # (the job's end: the scheduler may be gone)
-            self.checkpointed = chain.written
-        self.store.forget_changes()
-        self.store.mark_durable()
+        self.points.point(self._pump, final)
         if timeline.current is not None:
-            timeline.current.span("replicate" if replicate else "checkpoint", start)
+            timeline.current.span("replicate" if self.replicator is not None and not final else "checkpoint", start)
 
     # ------------------------------------------------------------ loop
     def run(self) -> int:
@@ -276,7 +267,11 @@ class Server:
                     self._checkpoint()
                     self.next_checkpoint = now + self.cfg.checkpoint_interval
                 filling = bool(self.store.filling.pending)   # (parts to compute: psnode.server.fills)
-                ready = poller.poll(0 if filling or self.deferred else self.link.timeout(now))
+                busy = self.points.pending is not None       # (a durable point in the background)
+                ready = poller.poll(0 if filling or self.deferred else
+                                    min(POINT_POLL_S, self.link.timeout(now)) if busy else self.link.timeout(now))
+                if busy:
+                    self.points.poll(self._pump)
                 while self.deferred:
                     code = self._on_scheduler(self.deferred.pop(0))
                     if code is not None:
@@ -324,8 +319,7 @@ class Server:
                 self.local.close()
             if self.replicator is not None:
                 self.replicator.close()
-            if self.chain is not None:
-                self.chain.close()
+            self.points.close()
             if self.keeper is not None:
                 self.keeper.close()
             self.t.close(linger_ms=200)

@@ -211,46 +211,61 @@ class Replicator:
         """Send this state to every holder and return once each acknowledged it (resent to a
         holder silent for ``resend_after`` s, or whose address changed meanwhile): ``changes``
         (since the previous copy) to a holder that has that copy, ``whole()`` to the others."""
-        base, self.seq = self.seq, self.seq + 1
-        packed: dict[bool, list[np.ndarray]] = {}
-
-        def put(r: int) -> tuple[dict[str, Any], list[np.ndarray]]:
-            delta = bool(base) and self.have.get(r) == base
-            if delta not in packed:
-                packed[delta] = pack_state(*(changes if delta else whole()))
-            body = Replica(self.rank, self.seq, base if delta else 0).to_body()
-            self.copied += sum(a.nbytes for a in packed[delta])
-            return body, packed[delta]
-
-        waiting = set(self.ranks)
-        sent: dict[int, tuple[Channel, float]] = {}
-        while True:
-            now = time.monotonic()
-            for r in waiting:
-                chan = self._chans.get(r)
-                if chan is not None and (r not in sent or sent[r][0] is not chan or now - sent[r][1] > resend_after):
-                    body, arrays = put(r)
-                    chan.send(Command.REPLICA_PUT, body, arrays=arrays)
-                    sent[r] = (chan, now)
-            poller = Poller()
-            for r in waiting:
-                if r in self._chans:
-                    poller.add(self._chans[r])
-            if poller.poll(POLL_S):
-                for r in list(waiting):
-                    chan = self._chans.get(r)
-                    while chan is not None and (got := chan.recv()) is not None:
-                        if got[1].cmd is not Command.REPLICA_ACK:
-                            continue
-                        if got[1].body.get("seq") == self.seq:
-                            waiting.discard(r)
-                            self.have[r] = self.seq
-                        elif got[1].body.get("whole") and r in sent:
-                            self.have.pop(r, None)   # (it lacks the base: the state whole, at once)
-                            del sent[r]
-            if not waiting:
-                return
+        self.start(changes)
+        while self.poll(whole, resend_after, POLL_S) is not True:
             pump()
+
+    def ready(self) -> bool:
+        """Every holder has this primary's last copy (the next one can be changes only)."""
+        return bool(self.seq) and all(self.have.get(r) == self.seq for r in self.ranks)
+
+    def start(self, changes: State) -> None:
+        """Begin the next copy: ``changes`` (since the previous copy; arrays nobody writes until
+        it is acknowledged) go to each holder that has that copy, in :meth:`poll`."""
+        self._base, self.seq = self.seq, self.seq + 1
+        self._packed: dict[bool, list[np.ndarray]] = {True: pack_state(*changes)}
+        self._waiting = set(self.ranks)
+        self._sent: dict[int, tuple[Channel, float]] = {}
+
+    def poll(self, whole: Callable[[], State] | None, resend_after: float, wait_s: float) -> bool | None:
+        """Send what the copy begun by :meth:`start` owes (first puts, resends to a holder silent
+        for ``resend_after`` s or whose address changed, the state whole to a holder without
+        the previous copy: ``whole()``), then take acknowledgements, waiting up to ``wait_s``.
+        True once every holder acknowledged the copy; None when a holder needs the state whole
+        and ``whole`` is None (the caller then polls with it)."""
+        now = time.monotonic()
+        for r in self._waiting:
+            chan = self._chans.get(r)
+            sent = self._sent.get(r)
+            if chan is None or (sent is not None and sent[0] is chan and now - sent[1] <= resend_after):
+                continue
+            delta = bool(self._base) and self.have.get(r) == self._base
+            if not delta and whole is None:
+                return None
+            if delta not in self._packed:
+                self._packed[delta] = pack_state(*whole())  # type: ignore[misc]
+            arrays = self._packed[delta]
+            chan.send(Command.REPLICA_PUT, Replica(self.rank, self.seq, self._base if delta else 0).to_body(),
+                      arrays=arrays)
+            self.copied += sum(a.nbytes for a in arrays)
+            self._sent[r] = (chan, now)
+        poller = Poller()
+        for r in self._waiting:
+            if r in self._chans:
+                poller.add(self._chans[r])
+        if poller.poll(wait_s):
+            for r in list(self._waiting):
+                chan = self._chans.get(r)
+                while chan is not None and (got := chan.recv()) is not None:
+                    if got[1].cmd is not Command.REPLICA_ACK:
+                        continue
+                    if got[1].body.get("seq") == self.seq:
+                        self._waiting.discard(r)
+                        self.have[r] = self.seq
+                    elif got[1].body.get("whole") and r in self._sent:
+                        self.have.pop(r, None)   # (it lacks the base: the state whole, at once)
+                        del self._sent[r]
+        return not self._waiting
 
     def close(self) -> None:
         for chan in self._chans.values():

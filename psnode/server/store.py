@@ -110,6 +110,10 @@ from psnode.server.keypart import Entry, Key, contiguous, fmt, forget_changes, r
 from psnode.server.replies import OpError, Reply
 from psnode.server.rounds import Alloc, Rounds, Rules, Updater
 
+#: what a durable point makes true once complete: per key part, the pushes it holds per worker
+#: and the workers' start rounds then (psnode.server.store.Store.begin_point)
+Marks = dict[Key, tuple[dict[int, int], dict[int, int]]]
+
 
 class Store:
     """All key parts of one server.  ``alloc(shape, dtype)`` gives the buffers values and
@@ -554,19 +558,59 @@ class Store:
         (``every``: completed rounds between checkpoints, 0 for none by rounds.)"""
         return (self.restartable and self.must_persist) or bool(every and self.rounds - self.durable_rounds >= every)
 
+    def point_due(self, replies: list[Reply], every: int) -> bool:
+        """Must a durable point be made before ``replies`` leave (or by rounds, at all)?"""
+        by_rounds = bool(every and self.rounds - self.durable_rounds >= every)
+        return by_rounds or bool(replies and self.persist_due(every))
+
+    def begin_point(self) -> Marks:
+        """A durable point of the store as it is begins (its snapshot is taken now): the
+        watermarks it makes true once it is complete (:meth:`end_point`).  Replies handled from
+        here on that reveal something new need the next point (``must_persist``)."""
+        workers = set(range(self.num_workers)) | self.rules.active | set(self.rules.admitted)
+        self.fused.split_all()   # (a snapshot split them already: members hold their state)
+        marks: dict[Key, tuple[dict[int, int], dict[int, int]]] = {}
+        for key, entry in self.entries.items():
+            pushed = dict(entry.pushed) if not entry.early and not entry.ahead else \
+                {w: contiguous(entry, w) for w in workers}
+            marks[key] = (pushed, dict(entry.start))
+        self.must_persist = False
+        self.durable_rounds = self.rounds
+        return marks
+
+    def end_point(self, marks: Marks) -> None:
+        """The point begun with ``marks`` is complete (on disk, at every holder): the watermarks
+        answers report move up to it (never down; a worker whose start round moved since, an
+        elastic join, keeps its own)."""
+        for key, (pushed, start) in marks.items():
+            entry = self.entries.get(key)
+            if entry is None:
+                continue
+            for w, q in pushed.items():
+                if q > entry.durable.get(w, 0) and entry.start.get(w) == start.get(w):
+                    entry.durable[w] = q
+        self.fused.mark_durable()
+
     def mark_durable(self) -> None:
         """A checkpoint of the store as it is was written (or loaded): every push it holds is
         durable; the watermarks answers report move up to it."""
-        workers = set(range(self.num_workers)) | self.rules.active | set(self.rules.admitted)
-        self.fused.split_all()   # (a checkpoint split them already: members hold their state)
-        for entry in self.entries.values():
-            if not entry.early and not entry.ahead:
-                entry.durable = dict(entry.pushed)
-            else:
-                entry.durable = {w: contiguous(entry, w) for w in workers}
-        self.fused.mark_durable()
-        self.must_persist = False
-        self.durable_rounds = self.rounds
+        self.end_point(self.begin_point())
+
+    def stamp(self, replies: list[Reply]) -> list[Reply]:
+        """(restartable) Each answer's ``seq`` set to the worker's durable watermark."""
+        if self.restartable:
+            for r in replies:
+                if r.holder is not None:
+                    r.answer.seq = r.holder.durable.get(r.worker, 0)  # type: ignore[union-attr]
+        return replies
+
+    def release(self, replies: list[Reply], every: int, checkpoint: Callable[[], None]) -> list[Reply]:
+        """The replies, ready to leave: ``checkpoint()`` first when :meth:`point_due` (what
+        only replies would reveal waits for the first reply that leaves: the pushes of the
+        others in the round then share the checkpoint), then :meth:`stamp`."""
+        if self.point_due(replies, every):
+            checkpoint()
+        return self.stamp(replies)
 
     @property
     def track_changes(self) -> bool:
@@ -582,20 +626,6 @@ class Store:
         """Every copy of the store holds it as it is: changes count from here."""
         for entry in self.entries.values():
             forget_changes(entry)
-
-    def release(self, replies: list[Reply], every: int, checkpoint: Callable[[], None]) -> list[Reply]:
-        """The replies, ready to leave: ``checkpoint()`` first when :meth:`persist_due` (what
-        only replies would reveal waits for the first reply that leaves: the pushes of the
-        others in the round then share the checkpoint), then (restartable) each answer's
-        ``seq`` set to the worker's durable watermark."""
-        by_rounds = bool(every and self.rounds - self.durable_rounds >= every)
-        if by_rounds or (replies and self.persist_due(every)):
-            checkpoint()
-        if self.restartable:
-            for r in replies:
-                if r.holder is not None:
-                    r.answer.seq = r.holder.durable.get(r.worker, 0)  # type: ignore[union-attr]
-        return replies
 
     # ---------------------------------------------------------------- membership
     def set_active(self, workers: set[int]) -> list[Reply]:

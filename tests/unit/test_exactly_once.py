@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import random
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +32,10 @@ import pytest
 from psnode.errors import PSError
 from psnode.math.optimizers import create as create_optimizer
 from psnode.protocol import Failed, Flush, Init, Ok, Pull, Push, PushPull, SetOptimizer, Wait, bucket_key
+from psnode.server import chain as disk
 from psnode.server import checkpoint, replicas
+from psnode.server.image import Image
+from psnode.server.points import Points
 from psnode.server.store import Store
 from psnode.worker.journal import ASK_DEPTH
 from psnode.worker.tracker import Request, Tracker
@@ -87,6 +91,57 @@ class Torn(Exception):
     """The server dies in the middle of a copy to its replicas (a fault point)."""
 
 
+class SimChain:
+    """A checkpoint chain on a simulated disk for :class:`psnode.server.points.Points`: a point
+    taken while the loop waits lands at once (whole); a background point's changes land when the
+    simulation says (:meth:`land`, or the server's pump while it waits for one); a kill loses
+    those not landed.  The disk (``image``) survives the server."""
+
+    def __init__(self) -> None:
+        self.image: Image | None = None
+        self.based = False
+        self.written = 0
+        self.writes: list[tuple[Future, tuple[dict[str, Any], dict[str, np.ndarray]]]] = []
+
+    def appendable(self, size: int) -> bool:
+        return self.based
+
+    def append(self, changes: Any, store: Store) -> Future:
+        fut: Future = Future()
+        meta, arrays = changes
+        self.writes.append((fut, (json.loads(json.dumps(meta)), {k: np.array(a) for k, a in arrays.items()})))
+        return fut
+
+    def point(self, store: Store) -> Future:
+        self.land()
+        meta, arrays = checkpoint.snapshot(store)
+        self.image = Image(json.loads(json.dumps(meta)), {k: np.array(a, copy=True) for k, a in arrays.items()})
+        self.based = True
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    @staticmethod
+    def wait(fut: Future, pump: Any) -> None:
+        disk.wait(fut, pump)
+
+    def land(self, count: int | None = None) -> None:
+        """The oldest ``count`` background writes reach the disk (None: all)."""
+        while self.writes and (count is None or count > 0):
+            fut, changes = self.writes.pop(0)
+            assert self.image is not None
+            self.image.apply(*changes)
+            fut.set_result(None)
+            count = None if count is None else count - 1
+
+    def lose(self) -> None:
+        """The server died: writes not landed never will."""
+        self.writes.clear()
+
+    def close(self) -> None:
+        pass
+
+
 class SimServer:
     """A server: the store, its last checkpoint (as from disk) and the release policy.  With
     ``peers`` (replicated: psnode.server.replicas) its checkpoint is a copy to its holders'
@@ -94,16 +149,29 @@ class SimServer:
     takes the newest copy a holder keeps; ``torn`` makes the next copy die before
     (``"before"``) or after (``"after"``) its holder got it, and before the store marks it."""
 
-    def __init__(self, rank: int, every: int, peers: list[SimServer] | None = None) -> None:
+    def __init__(self, rank: int, every: int, peers: list[SimServer] | None = None, background: bool = False) -> None:
         self.rank, self.every, self.peers = rank, every, peers
         self.store = Store(W, restartable=True)
+        # ``background``: durable points through psnode.server.points on a SimChain, their
+        # writes landing later (answers that need them wait; others leave at once)
+        self.chain = SimChain() if background else None
+        self.outbox: list[Any] = []
+        self.points: Points | None = None
+        if self.chain is not None:
+            self._new_points()
+            self.store.track_changes = True
+            self.points.point(self.chain.land)   # type: ignore[union-attr]  (a restartable server's first)
         self.saved: tuple[dict[str, Any], dict[str, np.ndarray]] | None = None
         self.held: dict[int, tuple[int, list[np.ndarray]]] = {}   # the keeper's memory
         self.seq = 0
         self.torn: str | None = None
         self.checkpoints = 0
-        if peers is None:
+        if peers is None and self.chain is None:
             self.checkpoint()      # (psnode.server.loop: a restartable server writes one at start)
+
+    def _new_points(self) -> None:
+        self.points = Points(self.store, self.outbox.extend, self.every, resend_after=1.0)
+        self.points.chain = self.chain  # type: ignore[assignment]
 
     def checkpoint(self) -> None:
         meta, arrays = checkpoint.snapshot(self.store)
@@ -125,11 +193,27 @@ class SimServer:
         replies = []
         for op in ops:
             replies.extend(self.store.handle(worker, op))
+        if self.points is not None:
+            assert self.chain is not None
+            self.points.reply(replies, self.chain.land)
+            return self.sent()
         return self.store.release(replies, self.every, self.checkpoint)
+
+    def sent(self) -> list[Any]:
+        out, self.outbox[:] = list(self.outbox), []
+        return out
 
     def restart(self) -> None:
         self.store = Store(W, restartable=True)
         self.torn = None
+        if self.chain is not None:
+            self.chain.lose()
+            self._new_points()
+            assert self.chain.image is not None
+            meta, arrays = self.chain.image.whole()
+            checkpoint.restore(self.store, json.loads(json.dumps(meta)), dict(arrays), same_job=True)
+            self.store.track_changes = True
+            return
         if self.peers is None:
             assert self.saved is not None
             meta, arrays = self.saved
@@ -252,12 +336,12 @@ class SimWorker:
 class Sim:
     """The network, the clock and the fault schedule of one seeded run."""
 
-    def __init__(self, seed: int, every: int, kills: int, replicated: bool = False) -> None:
+    def __init__(self, seed: int, every: int, kills: int, replicated: bool = False, background: bool = False) -> None:
         self.rng = random.Random(seed)
         self.now = 0.0
         self.replicated = replicated
         peers: list[SimServer] = []
-        self.servers = [SimServer(s, every, peers if replicated else None) for s in range(S)]
+        self.servers = [SimServer(s, every, peers if replicated else None, background) for s in range(S)]
         peers.extend(self.servers)
         for server in self.servers if replicated else ():
             server.checkpoint()    # (the first copy, once every keeper is up)
@@ -303,13 +387,7 @@ class Sim:
                 self.kill_log.append(f"{self.now:.2f} server {rank} in a copy")
                 self._kill_server(rank)
                 return
-            by: dict[int, list[Any]] = {}
-            for r in replies:
-                by.setdefault(r.worker, []).append(r.answer)
-            for w, answers in by.items():
-                # (copies: the store's values change under a reply still in flight)
-                answers = [_copy(a) for a in answers]
-                self.flight.append(Msg(("worker", w), rank, answers, self.lives[w], self.now + self._delay()))
+            self._answer(rank, replies)
         else:
             w = self.workers[rank]
             if w.phase == "finished":
@@ -318,6 +396,26 @@ class Sim:
                 again = w.tracker.answered(msg.frm, ans, self.now)
                 self.send(w, again)
             self.pump(w)
+
+    def _answer(self, rank: int, replies: list[Any]) -> None:
+        by: dict[int, list[Any]] = {}
+        for r in replies:
+            by.setdefault(r.worker, []).append(r.answer)
+        for w, answers in by.items():
+            # (copies: the store's values change under a reply still in flight)
+            answers = [_copy(a) for a in answers]
+            self.flight.append(Msg(("worker", w), rank, answers, self.lives[w], self.now + self._delay()))
+
+    def _land(self) -> None:
+        """Background points: some writes reach the disk; the points that completed release their answers."""
+        for server in self.servers:
+            if server.chain is None or server.rank in self.down_until:
+                continue
+            if server.chain.writes and self.rng.random() < 0.4:
+                server.chain.land(1)
+            assert server.points is not None
+            server.points.poll(server.chain.land)
+            self._answer(server.rank, server.sent())
 
     def _copy(self, server: SimServer) -> None:
         try:
@@ -386,6 +484,7 @@ class Sim:
                 self.kills_left -= 1
                 next_kill = self.now + self.rng.uniform(0.05, 1.5)
                 self.kill()
+            self._land()
             for w in self.workers:
                 batches, _ = w.tracker.due(self.now)
                 self.send(w, batches)
@@ -480,3 +579,22 @@ def test_a_journal_stays_bounded_when_the_server_checkpoints_only_when_asked() -
         SimWorker.advance = original  # type: ignore[method-assign]
     assert 1 < deepest <= ASK_DEPTH + 1
     assert all(s.checkpoints > 1 for s in sim.servers)
+
+
+@pytest.mark.parametrize("every", [1, 0])
+def test_every_push_is_applied_exactly_once_with_points_in_the_background(every: int) -> None:
+    """Durable points taken in the background (psnode.server.points on a simulated disk whose
+    writes land at random later ticks): answers that need a point wait for it while the others
+    leave with older watermarks, and a kill loses every write not landed.  100 seeded runs per
+    cadence, 6 kills each."""
+    killed = 0
+    for seed in range(100):
+        sim = Sim(seed * 13 + every, every, kills=6, background=True)
+        try:
+            sim.run()
+            _check_final(sim)
+        except (AssertionError, PSError) as exc:
+            raise AssertionError(f"seed {seed * 13 + every}, every={every}, kills {sim.kill_log}: {exc}") from exc
+        killed += len(sim.kill_log)
+        assert sim.checked[0] >= W * STEPS
+    assert killed >= 100 * 5

@@ -1,0 +1,178 @@
+"""Durable points: when a server's answers may leave, and the copies and checkpoints behind them.
+
+A **durable point** makes the store's state as of one moment survive this server: written to
+its checkpoint chain (psnode.server.chain) and acknowledged by every holder of its replicas
+(psnode.server.replicas).  Only then are the pushes it holds reported durable
+(psnode.server.store: :meth:`~psnode.server.store.Store.begin_point` captures the watermarks,
+:meth:`~psnode.server.store.Store.end_point` makes them true), and only then may answers leave
+that reveal what the point holds (a key created, a resumed push count, a flush's Ok, a push that
+asked: the store's ``must_persist``).
+
+**Off the loop.**  A point whose changes since the last one are small (ASYNC_BYTES: the rows
+touched, the dense parts pushed) is taken as a copy of those changes and then written and sent
+while the loop goes on serving (:meth:`Points.poll` notices its end): rounds go on, answers that
+reveal nothing new leave at once with the watermarks already durable, and answers that need the
+point wait for it (those that need a later one wait for the next, which begins as this one
+ends, so one point serves every request that asked meanwhile).  A point that must carry state
+whole (a chain without a base, a holder without the previous copy, changes past ASYNC_BYTES:
+a big key created) is taken while the loop waits, pumping its heartbeats (:meth:`Points.point`);
+so is a holder's request for the whole state during a point in the background.  Either way no
+push is reported durable before every copy holds it, and the store is never read by a writer
+while it changes (background points write copies; the chain's compactions are exact by
+construction).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from psnode.server import chain as disk
+from psnode.server import checkpoint
+from psnode.server.image import nbytes
+from psnode.server.replicas import POLL_S, Replicator
+from psnode.server.replies import Reply
+from psnode.server.store import Marks, Store
+
+ASYNC_BYTES = 64 << 20   # a point whose changes hold more is taken while the loop waits
+Pump = Callable[[], None]
+
+
+@dataclass
+class _Point:
+    """A point under way in the background: its write, whether its copy still waits for
+    acknowledgements, the watermarks it makes true, the answers waiting for it and those
+    waiting for the next point."""
+
+    written: Future[None] | None
+    copying: bool
+    marks: Marks
+    held: list[Reply]
+    later: list[Reply] = field(default_factory=list)
+
+
+class Points:
+    """One server's durable points (module docstring).  ``send`` sends answers; ``every``: rounds
+    between points by rounds (0: none); ``resend_after``: a silent holder gets its copy again.
+    ``chain`` and ``replicator`` are set once the server knows its rank.  Used from the server's
+    loop thread only."""
+
+    def __init__(self, store: Store, send: Callable[[list[Reply]], None], every: int, resend_after: float) -> None:
+        self.store = store
+        self.send = send
+        self.every = every
+        self.resend_after = resend_after
+        self.chain: disk.Chain | None = None
+        self.replicator: Replicator | None = None
+        self.pending: _Point | None = None
+
+    @property
+    def written(self) -> int:
+        """Bytes written to checkpoints (every file)."""
+        return self.chain.written if self.chain is not None else 0
+
+    # ---------------------------------------------------------------- answers
+    def reply(self, replies: list[Reply], pump: Pump) -> None:
+        """Send ``replies`` once the point they need (if any) is complete."""
+        store = self.store
+        point = self.pending
+        if point is not None:
+            if replies and store.restartable and store.must_persist:
+                point.later.extend(replies)   # (they reveal what this point lacks)
+            elif replies:
+                self.send(store.stamp(replies))
+            return
+        if store.point_due(replies, self.every) and not self._begin(replies):
+            self.point(pump)
+        elif replies:
+            self.send(store.stamp(replies))
+
+    # ---------------------------------------------------------------- in the background
+    def _begin(self, held: list[Reply]) -> bool:
+        """Begin a point in the background, holding ``held`` until it completes; False where it
+        must be taken while the loop waits (the module docstring)."""
+        chain, replicator, store = self.chain, self.replicator, self.store
+        if chain is None and replicator is None:
+            return False
+        if (replicator is not None and not replicator.ready()) or (chain is not None and not chain.based):
+            return False
+        meta, arrays = checkpoint.snapshot(store, changes_only=True)
+        size = nbytes(arrays)
+        if size > ASYNC_BYTES or (chain is not None and not chain.appendable(size)):
+            return False
+        changes = (meta, {n: np.array(a) for n, a in arrays.items()})   # (copies: the store goes on)
+        marks = store.begin_point()
+        store.forget_changes()
+        written = chain.append(changes, store) if chain is not None else None
+        if replicator is not None:
+            replicator.start(changes)
+        self.pending = _Point(written, replicator is not None, marks, list(held))
+        return True
+
+    def poll(self, pump: Pump, wait: bool = False) -> None:
+        """Complete the point under way if its write and copy are done (``wait``: wait for
+        them, pumping); its answers leave, and the next point begins if answers wait for it."""
+        point = self.pending
+        if point is None:
+            return
+        if point.written is not None:
+            if wait:
+                disk.wait(point.written, pump)
+            elif not point.written.done():
+                return
+        if point.copying:
+            assert self.replicator is not None
+            done = self.replicator.poll(None, self.resend_after, POLL_S if wait else 0)
+            if done is None or wait:
+                # (a holder needing the state whole gets the current one, and the store waits
+                # until it is acknowledged: it holds this point and more, and the next point's
+                # changes build on it)
+                while done is not True:
+                    done = self.replicator.poll(lambda: checkpoint.snapshot(self.store), self.resend_after, POLL_S)
+                    if not done:
+                        pump()
+            elif not done:
+                return
+            point.copying = False
+        if point.written is not None:
+            point.written.result()   # (a failed write fails the server here)
+        self.store.end_point(point.marks)
+        self.pending = None
+        self.send(self.store.stamp(point.held))
+        if point.later or self.store.point_due([], self.every):
+            self.reply(point.later, pump)
+
+    # ---------------------------------------------------------------- while the loop waits
+    def point(self, pump: Pump, final: bool = False) -> None:
+        """Take a point now, the loop waiting (pumping) until it is complete (after the one
+        under way, if any).  ``final`` (the job's end): on disk only, and the scheduler may be
+        gone (no pumping)."""
+        if final:
+            pump = _idle
+        self.poll(pump, wait=True)
+        replicator = None if final else self.replicator
+        chain = self.chain
+        if chain is None and replicator is None:
+            return
+        store = self.store
+        written = chain.point(store) if chain is not None else None   # (on the chain's thread)
+        if replicator is not None:
+            replicator.copy(checkpoint.snapshot(store, changes_only=True), lambda: checkpoint.snapshot(store), pump,
+                            resend_after=self.resend_after)
+        if chain is not None and written is not None:
+            chain.wait(written, pump)
+        store.forget_changes()
+        store.mark_durable()
+
+    def close(self) -> None:
+        if self.chain is not None:
+            self.chain.close()
+
+
+def _idle() -> None:
+    pass
+
+
+__all__ = ["ASYNC_BYTES", "Points"]
