@@ -36,6 +36,7 @@ from collections.abc import Callable
 from psnode import timeline
 from psnode.config import NodeConfig
 from psnode.errors import PeerLost, PSError
+from psnode.loopgap import LoopGap
 from psnode.net.link import SchedulerLink
 from psnode.net.security import Security
 from psnode.net.transport import Channel, Poller, Transport
@@ -81,6 +82,7 @@ class IoLoop:
         self.ctrl: dict[tuple[Command, int], ControlRequest] = {}
         self.next_scan = 0.0
         self.next_ctrl = 0.0
+        self.gaps = LoopGap()   # the longest gap between two turns (psnode.loopgap)
 
     # ------------------------------------------------------------ for other threads
     def bytes(self) -> tuple[int, int]:
@@ -118,6 +120,7 @@ class IoLoop:
     def turn(self, now: float) -> None:
         e, link = self.state, self.link
         assert link is not None
+        self.gaps.tick(now)
         link.tick(now)
         timeout = link.timeout(now)
         if e.tracker.pending and len(self.conns):   # (a pending request is scanned on time: asked about, resent)

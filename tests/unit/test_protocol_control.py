@@ -69,6 +69,8 @@ VALID = [
     (Command.HEARTBEAT, Heartbeat(Counters(pushes=10, pulls=9, rounds=5, bytes_in=2**40, retries=1, wait=WAIT,
                                          waited_on=((2, 1.5),)))),
     (Command.HEARTBEAT, Heartbeat(Counters(rounds=3, dropped=2, refused=1))),
+    (Command.HEARTBEAT, Heartbeat(Counters(rounds=3, state_bytes=2**31, copied=5 * 2**30, checkpointed=7,
+                                           loop_gap_us=41_000, lag=((1, 0), (2, 3))))),
     (Command.HEARTBEAT_ACK, Empty()),
     (Command.BARRIER, Barrier(3)),
     (Command.BARRIER_DONE, BarrierDone(3)),
@@ -99,6 +101,9 @@ VALID = [
     (Command.REPLICA_PUT, Replica(1, 7)), (Command.REPLICA_ACK, Replica(1, 7)),
     (Command.REPLICA_GET, Replica(2)), (Command.REPLICA_STATE, Replica(2, 0)),
     (Command.STATUS_REPLY, StatusAnswer("job-a", 1.0, True, 0, (ROW,), 3, (0, 2), 2, 1, 1)),
+    (Command.STATUS_REPLY, StatusAnswer("job-a", 1.0, True, 0, (NodeRow(
+        "server", 1, "h", "alive", state_bytes=10, copied=4, checkpointed=2, copied_per_round=1.0,
+        checkpointed_per_round=0.5, lag=[[0, 1]], loop_gap=0.012),), loop_gap=0.25)),
 ]
 
 
@@ -372,3 +377,10 @@ def test_random_datagrams_raise_only_protocol_error() -> None:
                       lambda d: Announce.decode(d, 1), lambda d: data_header(b"D" + d)):
             with contextlib.suppress(ProtocolError):
                 parse(raw if n % 2 else b"{" + raw)
+
+
+def test_a_heartbeats_holder_lag_keeps_only_well_formed_pairs() -> None:
+    body = Counters(lag=((1, 2),)).to_body()
+    body["lag"] += [[-1, 0], [2, "x"], "no", [3, 4]]
+    assert decode_body(Command.HEARTBEAT, {"stats": body}) == Heartbeat(Counters(lag=((1, 2), (3, 4))))
+    assert "lag" not in Counters().to_body() and "loop_gap_us" not in Counters().to_body()
