@@ -14,6 +14,11 @@ Such a server is *restartable*: it writes a checkpoint at the start, and before 
 would tell a worker something the last one lacks (:meth:`Store.release`: a new key, the count a
 restarted worker resumes from, a flush, every ``checkpoint_rounds`` completed rounds), so the
 exactly-once invariant of psnode.worker.journal holds across its restarts.
+
+**Nothing long on the loop** (psnode.loopgap): no copy, checkpoint, restore, fill or export may
+hold the loop for more than about 100 ms, so heartbeats and replies keep flowing while big state
+moves; each turn ticks ``gaps``, and every heartbeat carries the longest gap of the last window
+with the state's size and the bytes copied and checkpointed (``mxdist status``).
 """
 from __future__ import annotations
 

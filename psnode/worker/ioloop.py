@@ -19,6 +19,11 @@ between threads.  The I/O thread does not poll the links; each turn (at least ev
 ``LINK_TURN`` seconds) it drains what nobody was waiting for, sends backlogs, and takes down
 links that closed.
 
+**No death by slowness**: the loop's turns stay short (each ticks ``gaps``, psnode.loopgap:
+heartbeats carry the longest gap), and a server is given up only when it answers nothing at
+all; a request's resend deadline follows its bytes and the rate its link delivers
+(psnode.worker.linkrate, through the tracker).
+
 When the job fails (a peer lost, the scheduler silent or gone) the loop fails every pending and
 later request (:meth:`IoLoop.die`); if the user's thread does not come back to psnode within
 ``EXIT_GRACE`` seconds, the process exits with status 1 so no worker outlives its job.
