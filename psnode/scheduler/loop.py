@@ -143,6 +143,7 @@ class Node:
         count = stats.rounds if self.role == Role.SERVER else stats.pushes
         if self._sample is None:
             self._sample = (now, count)
+            self._moved = (stats.rounds, stats.copied, stats.checkpointed)
         elif now - self._sample[0] >= 1.0:
             self.rate = max(0.0, (count - self._sample[1]) / (now - self._sample[0]))
             self._sample = (now, count)

@@ -55,3 +55,23 @@ def test_a_job_without_replicas_or_checkpoints_shows_no_such_columns() -> None:
     Console(file=buf, width=240, highlight=False).print(ui.status_table(view))
     header = next(line for line in buf.getvalue().splitlines() if "node" in line)
     assert "copy/rnd" not in header and "ckpt/rnd" not in header and "lag" not in header and "size" in header
+
+
+def test_the_scheduler_turns_a_servers_totals_into_bytes_per_round() -> None:
+    """Bytes copied and checkpointed per round: over the heartbeats of the last second or more
+    in which rounds completed (a quiet spell's bytes go to the next rounds)."""
+    from psnode.protocol.control import Counters
+    from psnode.scheduler.loop import Node
+
+    n = Node(role="server", host="h", port=1, pid=2, ident=b"s", wish=None, rank=0)
+    n.update_stats(Counters(rounds=10, copied=5000, checkpointed=0, state_bytes=64, lag=((1, 0),)), 0.0)
+    assert n.row(0.0).copied_per_round is None and n.row(0.0).lag == [[1, 0]]
+    n.update_stats(Counters(rounds=20, copied=7000, checkpointed=100), 1.5)
+    row = n.row(1.5)
+    assert (row.copied_per_round, row.checkpointed_per_round, row.copied) == (200, 10, 7000)
+    n.update_stats(Counters(rounds=20, copied=9000, checkpointed=100), 3.0)      # no round: kept
+    n.update_stats(Counters(rounds=22, copied=9400, checkpointed=100), 4.5)
+    assert n.row(4.5).copied_per_round == 1200
+    worker = Node(role="worker", host="h", port=1, pid=3, ident=b"w", wish=None, rank=0)
+    worker.update_stats(Counters(loop_gap_us=25_000), 0.0)
+    assert worker.row(0.0).loop_gap == 0.025 and worker.row(0.0).state_bytes is None
