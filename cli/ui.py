@@ -430,6 +430,7 @@ def status_table(view: JobView, spark: Mapping[str, str] | None = None) -> Table
     ]
     if spark:
         columns.insert(7, ("trend", lambda n: spark.get(n.name, "")))
+    columns += _big_state_columns(nodes)
     if any(n.step for n in nodes):
         columns.append(("step", lambda n: str(n.step or "-")))
     width = _width()
@@ -438,7 +439,7 @@ def status_table(view: JobView, spark: Mapping[str, str] | None = None) -> Table
         table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
         for name, _ in columns:
             table.add_column(name, no_wrap=True, overflow="fold",
-                             justify="right" if name in ("pid", "push/pull", "rate/s", "resent", "rst") else "left")
+                             justify="right" if name in RIGHT else "left")
         for n in nodes:
             table.add_row(*(fn(n) for _, fn in columns))
         if _measure(table) <= width or (drop := next(drops, None)) is None:
@@ -447,7 +448,28 @@ def status_table(view: JobView, spark: Mapping[str, str] | None = None) -> Table
 
 
 #: the status columns a narrow terminal loses, first to last
-NARROW_DROPS = ("in/out", "resent", "rst", "trend", "hb", "up", "push/pull", "rate/s", "pid")
+NARROW_DROPS = ("lag", "ckpt/rnd", "copy/rnd", "size", "gap", "in/out", "resent", "rst", "trend", "hb", "up",
+                "push/pull", "rate/s", "pid")
+RIGHT = ("pid", "push/pull", "rate/s", "resent", "rst", "size", "copy/rnd", "ckpt/rnd", "gap")
+
+
+def _big_state_columns(nodes: Sequence[NodeRow]) -> list[tuple[str, Callable[[NodeRow], Any]]]:
+    """The columns of big state and loop health, where any row has them: a server's state size,
+    bytes copied to its replicas and checkpointed per round, each holder's lag in copies
+    (``holder:copies``), and every process's longest loop gap over the last window."""
+    cols: list[tuple[str, Callable[[NodeRow], Any]]] = []
+    if any(n.state_bytes for n in nodes):
+        cols.append(("size", lambda n: _bytes(n.state_bytes) if n.state_bytes is not None else "-"))
+    if any(n.copied for n in nodes):
+        cols.append(("copy/rnd", lambda n: _bytes(None if n.copied_per_round is None else int(n.copied_per_round))))
+    if any(n.checkpointed for n in nodes):
+        cols.append(("ckpt/rnd", lambda n: _bytes(None if n.checkpointed_per_round is None
+                                                  else int(n.checkpointed_per_round))))
+    if any(n.lag for n in nodes):
+        cols.append(("lag", lambda n: ",".join(f"{h}:{c}" for h, c in n.lag) if n.lag else "-"))
+    if any(n.loop_gap is not None for n in nodes):
+        cols.append(("gap", lambda n: "-" if n.loop_gap is None else f"{n.loop_gap * 1000:.0f}ms"))
+    return cols
 
 
 def _measure(table: Table) -> int:

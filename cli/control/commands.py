@@ -64,6 +64,7 @@ def job_status(record: JobRecord, timeout: float = 2.0, backend: Backend | None 
         view.ended_line = _ended_line(record)
         return view
     live: dict[tuple[str, int | None], NodeRow] = {}
+    sched_gap: float | None = None   # the scheduler's own loop's longest gap (its STATUS answer)
     engine = ENGINES.get(record.engine)
     if engine is None or not engine.live_status:     # never send psnode's queries to another scheduler
         view.notes.append(engine.status_note if engine else f"engine {record.engine!r}: no status to ask")
@@ -72,6 +73,7 @@ def job_status(record: JobRecord, timeout: float = 2.0, backend: Backend | None 
             answer = door.status(record.scheduler, record.id, key_file=key_file_of(record), timeout=timeout)
             live = match_nodes(record.procs, answer.nodes)
             view.membership = _membership(record, answer)
+            sched_gap = answer.loop_gap
         except (PSError, OSError):
             pass
     missing = [p for p in record.procs if (p.role, p.rank) not in live and p.pid]
@@ -104,6 +106,8 @@ def job_status(record: JobRecord, timeout: float = 2.0, backend: Backend | None 
         else:
             row = checked.get(p.name) or _recorded_row(p)
         row.step = extra.steps.get(p.name)
+        if p.name == "scheduler" and sched_gap is not None:   # (the primary: it answered)
+            row.loop_gap = sched_gap
         view.nodes.append(row)
     return view
 

@@ -4,7 +4,10 @@ Used by servers and by the worker's I/O thread (inside the thread that owns the 
 The node registers (again with each heartbeat until WELCOME arrives), then heartbeats every
 ``heartbeat_interval`` seconds with its counters;
 the scheduler acknowledges each heartbeat.  No acknowledgement for ``dead_after`` seconds
-means the scheduler is gone: :meth:`SchedulerLink.check` raises :class:`PeerLost`.
+means the scheduler is gone: :meth:`SchedulerLink.tick` raises :class:`PeerLost`.  Only time
+the node listened counts: a node never takes the scheduler for dead because of its own work, so
+when its loop comes back from a turn longer than ``heartbeat_interval`` (held by its own work;
+the scheduler's replies wait in the socket meanwhile), that turn counts as one interval.
 :meth:`SchedulerLink.recv` decodes what the scheduler sends (:mod:`psnode.protocol.control`);
 a malformed message is logged and dropped.
 
@@ -51,6 +54,7 @@ class SchedulerLink:
         self._next_beat = 0.0
         self.scheduler_pid: int | None = None
         self.last_ack = time.monotonic()
+        self._ticked = self.last_ack          # the previous tick (the loop's previous turn)
         self.welcomed = False
         self._register = Register(role, cfg.host, port, os.getpid(), cfg.rank, replica=replica)
         self.rank: int | None = None
@@ -69,7 +73,12 @@ class SchedulerLink:
 
     def tick(self, now: float) -> None:
         """Heartbeat when due (and register again until welcomed: a REGISTER or its WELCOME can
-        be lost with a connection); raise PeerLost when the scheduler has been silent too long."""
+        be lost with a connection); raise PeerLost when the scheduler has been silent too long
+        while this node listened (see the module docstring)."""
+        held = now - self._ticked - self.cfg.heartbeat_interval
+        self._ticked = now
+        if held > 0:   # (this node's own loop was held: not the scheduler's silence)
+            self.last_ack = min(now, self.last_ack + held)
         if now >= self._next_beat:
             if not self.welcomed:
                 self.chan.send(Command.REGISTER, self._registration())

@@ -372,6 +372,15 @@ class Counters:
     refused: int = 0
     wait: WaitReport | None = None
     waited_on: tuple[tuple[int, float], ...] = ()
+    # big state and loop health: a server's values and optimizer state (bytes), the bytes it
+    # sent to the holders of its replicas and wrote to checkpoints (in all), per holder how many
+    # copies it is behind the latest (psnode.server.replicas); every node's longest gap between
+    # two turns of its loop over the last window (psnode.loopgap), microseconds
+    state_bytes: int = 0
+    copied: int = 0
+    checkpointed: int = 0
+    loop_gap_us: int = 0
+    lag: tuple[tuple[int, int], ...] = ()
 
     def to_body(self) -> dict[str, Any]:
         body: dict[str, Any] = {"pushes": self.pushes, "pulls": self.pulls, "rounds": self.rounds,
@@ -381,15 +390,32 @@ class Counters:
             body["wait"] = self.wait.to_body()
         if self.waited_on:
             body["waited_on"] = [[r, round(s, 3)] for r, s in self.waited_on]
+        for name in _BIG_STATE:
+            if getattr(self, name):
+                body[name] = getattr(self, name)
+        if self.lag:
+            body["lag"] = [[h, n] for h, n in self.lag]
         return body
 
     @classmethod
     def from_body(cls, stats: dict[str, Any]) -> Counters:
         counts = {name: _int(stats, "heartbeat stats", name, high=_MAX_COUNT, default=0) for name in _COUNTERS}
-        return cls(**counts, wait=wait_report(stats.get("wait")), waited_on=waited_on(stats.get("waited_on")))
+        return cls(**counts, wait=wait_report(stats.get("wait")), waited_on=waited_on(stats.get("waited_on")),
+                   lag=holder_lag(stats.get("lag")))
 
 
-_COUNTERS = tuple(f.name for f in fields(Counters) if f.name not in ("wait", "waited_on"))
+_BIG_STATE = ("state_bytes", "copied", "checkpointed", "loop_gap_us")
+_COUNTERS = tuple(f.name for f in fields(Counters) if f.name not in ("wait", "waited_on", "lag"))
+
+
+def holder_lag(raw: Any) -> tuple[tuple[int, int], ...]:
+    """A heartbeat's ``lag``: ``[[holder rank, copies behind], ...]``, checked; malformed pairs
+    are left out (at most 4096)."""
+    if not isinstance(raw, list):
+        return ()
+    return tuple((pair[0], pair[1]) for pair in raw[:4096]
+                 if isinstance(pair, list) and len(pair) == 2 and _rank(pair[0]) and type(pair[1]) is int
+                 and 0 <= pair[1] <= _MAX_COUNT)
 
 
 @dataclass(frozen=True)
@@ -594,7 +620,9 @@ class StatusAnswer:
     the job ``started`` (every node registered), connections the scheduler ``refused``, one
     row per node (:class:`psnode.protocol.status.NodeRow`), the membership ``generation`` (0
     until the first change), the active workers' ranks ``members`` (sorted), and how many
-    workers ``joined`` the running job, ``left`` it gracefully and were ``lost``."""
+    workers ``joined`` the running job, ``left`` it gracefully and were ``lost``; the longest
+    gap between two turns of the scheduler's own loop over the last window (``loop_gap``,
+    seconds: psnode.loopgap)."""
 
     job: str
     uptime: float
@@ -606,11 +634,13 @@ class StatusAnswer:
     joined: int = 0
     left: int = 0
     lost: int = 0
+    loop_gap: float = 0.0
 
     def to_body(self) -> dict[str, Any]:
         return {"job": self.job, "uptime": self.uptime, "started": self.started, "refused": self.refused,
                 "nodes": [n.to_dict() for n in self.nodes], "generation": self.generation,
-                "members": list(self.members), "joined": self.joined, "left": self.left, "lost": self.lost}
+                "members": list(self.members), "joined": self.joined, "left": self.left, "lost": self.lost,
+                **({"loop_gap": self.loop_gap} if self.loop_gap else {})}
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> StatusAnswer:
@@ -622,8 +652,11 @@ class StatusAnswer:
         counts = [_int(body, what, name, high=_MAX_COUNT, default=0) for name in ("generation", "joined", "left",
                                                                                   "lost")]
         members = tuple(sorted(_ranks(body, what, "members"))) if "members" in body else ()
+        gap = body.get("loop_gap", 0.0)
+        gap = float(gap) if type(gap) in (int, float) and math.isfinite(gap) and gap >= 0 else 0.0
         return cls(_str(body, what, "job"), float(uptime), _bool(body, what, "started"),
-                   _int(body, what, "refused", high=_MAX_COUNT), tuple(rows), counts[0], members, *counts[1:])
+                   _int(body, what, "refused", high=_MAX_COUNT), tuple(rows), counts[0], members, counts[1],
+                   counts[2], counts[3], loop_gap=gap)
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,16 @@ class NodeRow:
     retries: int | None = None
     waited_for: float | None = None
     waited_for_total: float | None = None
+    # big state (servers): values and optimizer state, bytes; bytes copied to the holders of its
+    # replicas and written to checkpoints, in all and per round over the last heartbeats; per
+    # holder, how many copies it is behind ([[holder, copies], ...])
+    state_bytes: int | None = None
+    copied: int | None = None
+    checkpointed: int | None = None
+    copied_per_round: float | None = None
+    checkpointed_per_round: float | None = None
+    lag: list[list[int]] | None = None
+    loop_gap: float | None = None   # the longest gap between two turns of its loop, last window, seconds
     step: str | None = None      # Slurm: the step running the process
     source: str = "scheduler"    # scheduler | host
 

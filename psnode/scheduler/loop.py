@@ -69,10 +69,12 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from psnode import timeline
 from psnode.config import NodeConfig, Role
 from psnode.errors import ProtocolError, PSError
+from psnode.loopgap import LoopGap
 from psnode.net.security import Plane, Security
 from psnode.net.transport import Poller, Transport
 from psnode.protocol import Command, Message, failure
@@ -125,6 +127,8 @@ class Node:
     joiner: bool = False   # joined the running job (after the first generation)
     rate: float | None = None  # rounds (servers) or pushes (workers) per second
     _sample: tuple[float, int] | None = None  # (time, count) of the last heartbeat's counter
+    per_round: tuple[float, float] | None = None   # a server's bytes copied, checkpointed per round
+    _moved: tuple[int, int, int] | None = None      # (rounds, copied, checkpointed) at the last sample
 
     @property
     def name(self) -> str:
@@ -139,9 +143,17 @@ class Node:
         count = stats.rounds if self.role == Role.SERVER else stats.pushes
         if self._sample is None:
             self._sample = (now, count)
+            self._moved = (stats.rounds, stats.copied, stats.checkpointed)
         elif now - self._sample[0] >= 1.0:
             self.rate = max(0.0, (count - self._sample[1]) / (now - self._sample[0]))
             self._sample = (now, count)
+            moved = (stats.rounds, stats.copied, stats.checkpointed)
+            if self._moved is not None and moved[0] > self._moved[0]:
+                rounds = moved[0] - self._moved[0]
+                self.per_round = (max(0, moved[1] - self._moved[1]) / rounds,
+                                  max(0, moved[2] - self._moved[2]) / rounds)
+            if self._moved is None or moved[0] > self._moved[0]:
+                self._moved = moved
 
     def row(self, now: float) -> NodeRow:
         s = self.stats
@@ -151,7 +163,16 @@ class Node:
             uptime=round(now - self.started, 3), restarts=self.restarts, pushes=s.pushes,
             pulls=s.pulls, bytes_in=s.bytes_in, bytes_out=s.bytes_out, rounds=s.rounds,
             rate=None if self.rate is None else round(self.rate, 2), dropped=s.dropped,
-            refused=s.refused, retries=s.retries)
+            refused=s.refused, retries=s.retries, loop_gap=s.loop_gap_us / 1e6,
+            **(self._big_state() if self.role == Role.SERVER else {}))
+
+    def _big_state(self) -> dict[str, Any]:
+        s = self.stats
+        per = self.per_round
+        return {"state_bytes": s.state_bytes, "copied": s.copied, "checkpointed": s.checkpointed,
+                "copied_per_round": None if per is None else round(per[0]),
+                "checkpointed_per_round": None if per is None else round(per[1]),
+                "lag": [[h, n] for h, n in s.lag]}
 
 
 #: what only a node of the job sends (answered REJOIN by a restarted scheduler that does not know it)
@@ -172,6 +193,7 @@ class Scheduler:
         self.shutdown_deadline: float | None = None
         self.ending: tuple[Command, JobEnd] | None = None  # what _end told everyone
         self.waiting_replacement: dict[tuple[str, int], float] = {}  # (role, rank) -> deadline
+        self.gaps = LoopGap()   # the longest gap between two turns of run()'s loop (psnode.loopgap)
         self.roster = Roster()  # counts per role, active workers, pending MEMBERSHIP (psnode.scheduler.roster)
         self.watch = Watch(cfg.dead_after)  # the workers' waits: wait-for cycles (psnode.scheduler.waitfor)
         self.slowness = Slowness()          # whom the workers wait for (psnode.scheduler.slowness)
@@ -671,7 +693,8 @@ class Scheduler:
                 self.cfg.job_id, round(now - self.t0, 3), self.started or bool(self.rebuild and self.rebuild.started),
                 self.t.refused,  # connections the scheduler itself refused
                 self._rows(now),
-                e.generation, tuple(self.roster.active_ranks()), e.joined, e.left, e.lost))
+                e.generation, tuple(self.roster.active_ranks()), e.joined, e.left, e.lost,
+                loop_gap=round(self.gaps.longest(now), 6)))
         elif isinstance(body, Leave):
             self._send(ident, Command.LEAVE_ACK)
             self._on_leave(body.ranks)
@@ -727,6 +750,7 @@ class Scheduler:
         tick = min(self.cfg.heartbeat_interval, 0.5)
         resend_at = 0.0
         while True:
+            self.gaps.tick(time.monotonic())
             due = self.roster.membership_due()
             if poller.poll(tick if due is None else min(tick, max(0.001, due - time.monotonic()))):
                 while (got := self.chan.recv(routed=True)) is not None:

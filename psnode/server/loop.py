@@ -14,6 +14,11 @@ Such a server is *restartable*: it writes a checkpoint at the start, and before 
 would tell a worker something the last one lacks (:meth:`Store.release`: a new key, the count a
 restarted worker resumes from, a flush, every ``checkpoint_rounds`` completed rounds), so the
 exactly-once invariant of psnode.worker.journal holds across its restarts.
+
+**Nothing long on the loop** (psnode.loopgap): no copy, checkpoint, restore, fill or export may
+hold the loop for more than about 100 ms, so heartbeats and replies keep flowing while big state
+moves; each turn ticks ``gaps``, and every heartbeat carries the longest gap of the last window
+with the state's size and the bytes copied and checkpointed (``mxdist status``).
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ from typing import Any
 from psnode import timeline
 from psnode.config import NodeConfig
 from psnode.errors import ConfigError, PeerLost, PSError
+from psnode.loopgap import LoopGap
 from psnode.net.link import SchedulerLink
 from psnode.net.security import Security
 from psnode.net.transport import Poller, Transport
@@ -45,7 +51,7 @@ from psnode.samehost import segments as shm
 from psnode.server import chain as disk
 from psnode.server import checkpoint
 from psnode.server.points import Points
-from psnode.server.replicas import Keeper, Replicator, fetch
+from psnode.server.replicas import EPOCH_BITS, Keeper, Replicator, fetch
 from psnode.server.replies import Reply
 from psnode.server.routes import Routes
 from psnode.server.samehost import SameHost
@@ -94,13 +100,27 @@ class Server:
         self.link.report = self._rejoin_report
         self.rank = -1
         self.next_checkpoint = float("inf")
+        self.gaps = LoopGap()                 # the longest gap between two turns of run()'s loop (psnode.loopgap)
 
     def _stats(self) -> Counters:
         local_in, local_out = self.local.bytes if self.local is not None else (0, 0)
         dropped = self.t.dropped + (self.local.dropped if self.local is not None else 0)
+        rep = self.replicator
         return Counters(pushes=self.store.pushes, pulls=self.store.pulls, bytes_in=self.chan.bytes_in + local_in,
                         bytes_out=self.chan.bytes_out + local_out, rounds=self.store.rounds, dropped=dropped,
-                        refused=self.t.refused)
+                        refused=self.t.refused, state_bytes=self.store.state_bytes(),
+                        copied=rep.copied if rep is not None else 0, checkpointed=self.points.written,
+                        loop_gap_us=self.gaps.longest_us(time.monotonic()),
+                        lag=self._lag())
+
+    def _lag(self) -> tuple[tuple[int, int], ...]:
+        """Per holder of this server's replicas, how many copies it is behind the latest one
+        (one that never acknowledged any: every copy this server made)."""
+        rep = self.replicator
+        if rep is None:
+            return ()
+        made = rep.seq & ((1 << EPOCH_BITS) - 1)
+        return tuple((h, rep.seq - rep.have[h] if h in rep.have else made) for h in rep.ranks)
 
     def _rejoin_report(self) -> Rejoin:
         """What this server tells a restarted scheduler (psnode.scheduler.rebuild): the membership
@@ -262,6 +282,7 @@ class Server:
         try:
             while True:
                 now = time.monotonic()
+                self.gaps.tick(now)
                 self.link.tick(now)
                 if now >= self.next_checkpoint:
                     self._checkpoint()

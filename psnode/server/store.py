@@ -524,6 +524,15 @@ class Store:
                 entry.changed = True
         return [Reply(worker, Ok(op.id))]
 
+    def state_bytes(self) -> int:
+        """The bytes of every key part's value and optimizer state (what a whole copy moves)."""
+        total = 0
+        for entry in self.entries.values():
+            total += entry.value.nbytes
+            if entry.state is not None:
+                total += sum(a.nbytes for a in opt_mod.state_to_arrays(entry.state).values())
+        return total
+
     def _get_states(self, worker: int, op: GetStates) -> list[Reply]:
         """Every key part's optimizer state, as named arrays (for save_optimizer_states)."""
         self.fused.split_all()

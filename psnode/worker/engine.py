@@ -379,7 +379,8 @@ class Engine:
         t = self.tracker
         nbytes = self.io.bytes()
         return Counters(pushes=t.pushes, pulls=t.pulls, rounds=t.journal.rounds, bytes_in=nbytes[0],
-                        bytes_out=nbytes[1], retries=t.retries, wait=self.waiting(), waited_on=self.waited_on())
+                        bytes_out=nbytes[1], retries=t.retries, wait=self.waiting(), waited_on=self.waited_on(),
+                        loop_gap_us=self.io.gaps.longest_us(time.monotonic()))
 
 
 class _Batch:

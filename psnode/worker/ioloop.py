@@ -19,6 +19,11 @@ between threads.  The I/O thread does not poll the links; each turn (at least ev
 ``LINK_TURN`` seconds) it drains what nobody was waiting for, sends backlogs, and takes down
 links that closed.
 
+**No death by slowness**: the loop's turns stay short (each ticks ``gaps``, psnode.loopgap:
+heartbeats carry the longest gap), and a server is given up only when it answers nothing at
+all; a request's resend deadline follows its bytes and the rate its link delivers
+(psnode.worker.linkrate, through the tracker).
+
 When the job fails (a peer lost, the scheduler silent or gone) the loop fails every pending and
 later request (:meth:`IoLoop.die`); if the user's thread does not come back to psnode within
 ``EXIT_GRACE`` seconds, the process exits with status 1 so no worker outlives its job.
@@ -36,6 +41,7 @@ from collections.abc import Callable
 from psnode import timeline
 from psnode.config import NodeConfig
 from psnode.errors import PeerLost, PSError
+from psnode.loopgap import LoopGap
 from psnode.net.link import SchedulerLink
 from psnode.net.security import Security
 from psnode.net.transport import Channel, Poller, Transport
@@ -81,6 +87,7 @@ class IoLoop:
         self.ctrl: dict[tuple[Command, int], ControlRequest] = {}
         self.next_scan = 0.0
         self.next_ctrl = 0.0
+        self.gaps = LoopGap()   # the longest gap between two turns (psnode.loopgap)
 
     # ------------------------------------------------------------ for other threads
     def bytes(self) -> tuple[int, int]:
@@ -118,6 +125,7 @@ class IoLoop:
     def turn(self, now: float) -> None:
         e, link = self.state, self.link
         assert link is not None
+        self.gaps.tick(now)
         link.tick(now)
         timeout = link.timeout(now)
         if e.tracker.pending and len(self.conns):   # (a pending request is scanned on time: asked about, resent)

@@ -67,6 +67,7 @@ from psnode.protocol import (
 )
 from psnode.protocol.control import WaitKind, WaitReport
 from psnode.worker.journal import PushJournal
+from psnode.worker.linkrate import LinkMeter
 
 WINDOW_BYTES = 64 * 2**20      # bytes of answers in flight per server before pulls wait
 SLICE_WINDOW = 2               # with PSNODE_SLICE_BYTES: the window is this many slices
@@ -105,6 +106,8 @@ class Pending:
     noticed: bool = False    # the long wait was reported
     asked: bool = False      # sent again once to learn what it waits for (ASK_AFTER)
     blockers: list[int] = field(default_factory=list)  # workers a parked pull waits for
+    mark: int = 0            # its link's bytes sent up to its last copy (psnode.worker.linkrate)
+    ahead: int = 0           # the link's backlog when its last copy left, its own bytes included
 
 
 def describe(op: Op, label: str = "", auto: bool = False) -> str:
@@ -154,6 +157,7 @@ class Tracker:
         self.near = near                     # server -> reached over this host's link
         self.address = address               # server -> "host:port", for messages
         self.journal = PushJournal()
+        self.meter = LinkMeter(num_servers)   # bytes and rate of each server's link: deadlines, liveness
         self.pending: dict[int, Pending] = {}
         self.inflight = [0] * num_servers
         self.down: set[int] = set()          # servers being replaced: no retries meanwhile
@@ -247,8 +251,9 @@ class Tracker:
                 self.reading.setdefault(_guard(req), []).append(req.order)
         elif isinstance(op, Flush):
             op.check = self.journal.check_list(req.server)
+        mark, ahead = self.meter.sent(req.server, payload(op), now)
         if req.future is not None:
-            self.pending[op.id] = Pending(req, now, now)
+            self.pending[op.id] = Pending(req, now, now, mark=mark, ahead=ahead)
         return op
 
     def _behind_a_pull(self, req: Request) -> bool:
@@ -286,10 +291,12 @@ class Tracker:
             return self._notice(server, ans, now)
         entry = self.pending.pop(ans.id, None)
         if entry is None:
+            self.meter.heard(server, now)
             if isinstance(ans, Failed) and ans.na:  # a push failed: raised by the next call
                 self.deferred.append(from_kind(ans.kind, f"server {server}: {ans.message}"))
             return {}  # (or a second answer to a request sent again)
         self._alive(server, now)
+        self.meter.answered(server, entry.mark, now)
         req = entry.request
         self.inflight[req.server] -= req.nbytes
         self._unread(req)
@@ -329,8 +336,10 @@ class Tracker:
     def _notice(self, server: int, ans: Wait | Missing, now: float) -> Batches:
         entry = self.pending.get(ans.id)
         if entry is None:
+            self.meter.heard(server, now)
             return {}
         self._alive(server, now)
+        self.meter.answered(server, entry.mark, now)
         entry.sent, entry.tries = now, 0
         req = entry.request
         op = req.op
@@ -342,7 +351,8 @@ class Tracker:
                 return {}
             # a bucket's push q is push q of every member, sent whole or member by member
             keys = self._related(req)
-            again = [resent(p) for p in self.journal.replay(server, {k: {ans.gap} for k in keys})]
+            again = self._copies(server, [resent(p) for p in self.journal.replay(server, {k: {ans.gap} for k in keys})],
+                                 now)
             if again:
                 self.retries += len(again)
                 return {server: again}
@@ -353,12 +363,28 @@ class Tracker:
                 "changed, or written by another job?)"))
             return {}
         wanted = {(k, p): set(seqs) for k, p, seqs in ans.missing}
-        batch: list[Op] = [resent(p) for p in self.journal.replay(server, wanted)]
+        batch: list[Op] = self._copies(server, [resent(p) for p in self.journal.replay(server, wanted)], now)
         self.retries += len(batch)
         if isinstance(op, Flush):
             op.check = self.journal.check_list(server)
-        batch.append(resent(op))
+        batch.append(self._again(entry, now))
         return {server: batch}
+
+    def _copies(self, server: int, ops: list[Op], now: float) -> list[Op]:
+        """``ops`` go to ``server`` again: their bytes count on its link."""
+        for op in ops:
+            self.meter.sent(server, payload(op), now)
+        return ops
+
+    def _again(self, p: Pending, now: float) -> Op:
+        """A copy of the pending request ``p``, sent now: its clock and mark follow it.  A
+        push-pull goes again as its pull alone (its push is in the journal: a server that lacks
+        it answers Wait naming it, and only then is it sent again)."""
+        op = p.request.op
+        again = Pull(op.key, op.part, op.seq, id=op.id, re=True) if type(op) is PushPull else resent(op)
+        p.sent = now
+        p.mark, p.ahead = self.meter.sent(p.request.server, payload(again), now)
+        return again
 
     def _related(self, req: Request) -> list[Any]:
         """The key parts whose journals may hold a push of ``req``'s key part: its own, and a
@@ -407,15 +433,18 @@ class Tracker:
                     f"{describe(req.op, req.label, req.auto)} (request {rid}), and no replacement was announced "
                     f"within {self.replaceable:g} s; the server is dead or unreachable from this worker"))
                 continue
-            if req.server in self.down or now - p.sent < limit:
+            if req.server in self.down or now < self.meter.due(req.server, p.sent, p.mark, p.ahead, req.nbytes, limit):
                 op = req.op
                 if not p.asked and not p.parked and now - p.since >= ASK_AFTER and req.future is not None \
-                        and isinstance(op, (Pull, PushPull, Init)) and req.server not in self.down:
+                        and isinstance(op, (Pull, PushPull, Init)) and req.server not in self.down \
+                        and not (isinstance(op, Init) and op.value is not None):   # (an ask carries no data)
                     p.asked = True   # (not a retry: the request is not thought lost; a push-pull asks
                     # with its pull alone: its data is not sent again)
                     ask = Pull(op.key, op.part, op.seq, id=op.id, re=True) if isinstance(op, PushPull) else resent(op)
                     out.setdefault(req.server, []).append(ask)
                 continue
+            if self.meter.heard_since(req.server, p.sent):
+                p.tries = 0   # (the server answers: alive, only slow, or this copy was lost)
             if p.tries >= self.max_retries and self.replaceable:
                 # (a server that may be replaced: the scheduler decides, within its heartbeat
                 # timeout, and announces the replacement; its own silence fails this worker)
@@ -429,13 +458,13 @@ class Tracker:
                 self._drop(rid, PeerLost(
                     f"server {req.server} at {self.address(req.server)} did not answer the "
                     f"{describe(req.op, req.label, req.auto)} (request {rid}) after {p.tries} resends over "
-                    f"{p.tries * limit + limit:.1f} s; the server is dead or unreachable from this worker"))
+                    f"{now - p.since:.1f} s without an answer of any kind; the server is dead or unreachable from "
+                    "this worker"))
                 continue
             p.tries += 1
-            p.sent = now
             # a pull goes again alone: if it waits for a push of ours the server never got, the
             # server's Wait names that gap and only that push is sent again
-            out.setdefault(req.server, []).append(resent(req.op))
+            out.setdefault(req.server, []).append(self._again(p, now))
             self.retries += 1
             # (a parked request is asked about again quietly; a busy server may take a resend
             # or two to answer: said once a request is sent for the last time)
@@ -489,12 +518,12 @@ class Tracker:
         journal's pushes and every unanswered request to it, in that order."""
         self.down.discard(server)
         self.unanswered.pop(server, None)
-        batch: list[Op] = [resent(p) for p in self.journal.replay(server)]
+        batch: list[Op] = self._copies(server, [resent(p) for p in self.journal.replay(server)], now)
         for rid in sorted(self.pending):
             p = self.pending[rid]
             if p.request.server == server:
-                p.sent, p.tries = now, 0
-                batch.append(resent(p.request.op))
+                p.tries = 0
+                batch.append(self._again(p, now))
         return batch
 
     # ------------------------------------------------------------ failure
@@ -521,6 +550,16 @@ class Tracker:
 def _guard(req: Request) -> Any:
     op = req.op
     return req.guard if req.guard is not None else (op.key, op.part)  # type: ignore[union-attr]
+
+
+def payload(op: Op) -> int:
+    """The bytes of arrays ``op`` carries to its server (what its link must deliver)."""
+    n = 0
+    for name in ("data", "value", "rows"):
+        arr = getattr(op, name, None)
+        if arr is not None:
+            n += int(arr.nbytes)
+    return n
 
 
 def settle(outcomes: list[tuple[Any, Any]]) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from psnode.config import NodeConfig, Role
-from psnode.errors import ProtocolError
+from psnode.errors import PeerLost, ProtocolError
 from psnode.net.link import SchedulerLink
 from psnode.net.security import Plane, Security
 from psnode.net.transport import Transport
@@ -69,6 +69,8 @@ VALID = [
     (Command.HEARTBEAT, Heartbeat(Counters(pushes=10, pulls=9, rounds=5, bytes_in=2**40, retries=1, wait=WAIT,
                                          waited_on=((2, 1.5),)))),
     (Command.HEARTBEAT, Heartbeat(Counters(rounds=3, dropped=2, refused=1))),
+    (Command.HEARTBEAT, Heartbeat(Counters(rounds=3, state_bytes=2**31, copied=5 * 2**30, checkpointed=7,
+                                           loop_gap_us=41_000, lag=((1, 0), (2, 3))))),
     (Command.HEARTBEAT_ACK, Empty()),
     (Command.BARRIER, Barrier(3)),
     (Command.BARRIER_DONE, BarrierDone(3)),
@@ -99,6 +101,9 @@ VALID = [
     (Command.REPLICA_PUT, Replica(1, 7)), (Command.REPLICA_ACK, Replica(1, 7)),
     (Command.REPLICA_GET, Replica(2)), (Command.REPLICA_STATE, Replica(2, 0)),
     (Command.STATUS_REPLY, StatusAnswer("job-a", 1.0, True, 0, (ROW,), 3, (0, 2), 2, 1, 1)),
+    (Command.STATUS_REPLY, StatusAnswer("job-a", 1.0, True, 0, (NodeRow(
+        "server", 1, "h", "alive", state_bytes=10, copied=4, checkpointed=2, copied_per_round=1.0,
+        checkpointed_per_round=0.5, lag=[[0, 1]], loop_gap=0.012),), loop_gap=0.25)),
 ]
 
 
@@ -372,3 +377,36 @@ def test_random_datagrams_raise_only_protocol_error() -> None:
                       lambda d: Announce.decode(d, 1), lambda d: data_header(b"D" + d)):
             with contextlib.suppress(ProtocolError):
                 parse(raw if n % 2 else b"{" + raw)
+
+
+def test_a_heartbeats_holder_lag_keeps_only_well_formed_pairs() -> None:
+    body = Counters(lag=((1, 2),)).to_body()
+    body["lag"] += [[-1, 0], [2, "x"], "no", [3, 4]]
+    assert decode_body(Command.HEARTBEAT, {"stats": body}) == Heartbeat(Counters(lag=((1, 2), (3, 4))))
+    assert "lag" not in Counters().to_body() and "loop_gap_us" not in Counters().to_body()
+
+
+def test_a_node_held_by_its_own_work_never_takes_the_scheduler_for_dead() -> None:
+    """A turn of the node's loop longer than the heartbeat timeout (its own work: the
+    scheduler's replies wait in the socket) counts as one heartbeat interval; a scheduler that
+    stays silent while the node listens is still lost after ``dead_after``."""
+    sched = Transport("jh", "scheduler", 2**20, Security.insecure())
+    node = Transport("jh", "worker", 2**20, Security.insecure())
+    try:
+        _, port = sched.router("127.0.0.1", 0, Plane.CONTROL)
+        cfg = NodeConfig(role=Role.WORKER, scheduler_host="127.0.0.1", scheduler_port=port, num_workers=1,
+                         num_servers=1, job_id="jh", host="127.0.0.1", heartbeat_interval=1.0,
+                         heartbeat_liveness=5)
+        link = SchedulerLink(node, cfg, "worker", 0, lambda: Counters())
+        t0 = link.last_ack
+        link.tick(t0 + 0.5)
+        link.tick(t0 + 30.0)                 # held 29.5 s by its own work: it counts as 1 s
+        now = t0 + 30.0
+        with pytest.raises(PeerLost, match="stopped responding"):
+            while now < t0 + 60:             # listening (a turn every 0.5 s), and nothing comes
+                now += 0.5
+                link.tick(now)
+        assert now - t0 == 34.0              # silence: 0.5 s + the held turn as 1 s + 4 s listening > 5 s
+    finally:
+        node.close()
+        sched.close()

@@ -1,0 +1,74 @@
+"""No death by slowness: big requests over saturated 200 Mbit/s links never pass for a dead server.
+
+Four workers and four servers, server i on worker i's host (mxdist's default placement), hosts
+in network namespaces whose ports are limited to 200 Mbit/s both ways
+(benchmarks/network/clusterbench.py's testbed).  Rank 0 inits a 64 MiB key in one 16 MiB part
+per server (no slicing: each part one message that takes longer than the default 2 s retry
+timeout on a shared link), then every worker pushes and pulls it (``kv.pushpull``) three
+times; the first round's sum is checked exactly by the benchmark's workers.  The worker's
+default retry settings: a request resent meanwhile is fine, a server given up (``PeerLost``) or
+about to be (its last resend) is the failure.  Ends by checking that the testbed's namespaces and
+every process in them are gone.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.network import netns
+from tests.support import require
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = [sys.executable, str(ROOT / "benchmarks" / "network" / "clusterbench.py")]
+
+
+@pytest.fixture(autouse=True)
+def _testbed_possible() -> None:
+    """Namespaces and tbf need root and iproute2: skipped without them, a failure under CI."""
+    require("network namespaces need root" if os.geteuid() != 0 else
+            "iproute2 (ip, tc) is not installed" if shutil.which("ip") is None or shutil.which("tc") is None
+            else None, "run as root with iproute2 (apt-get install iproute2)")
+
+
+def test_64mib_keys_from_four_workers_over_200mbit_links_lose_no_server() -> None:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("PSNODE_RETRY_TIMEOUT", None)
+    env.pop("PSNODE_MAX_RETRIES", None)
+    p = subprocess.Popen([*BENCH, "--runs", "1", "--designs", "psnode-colocated", "--cases", "1x64MiB",
+                          "--rounds", "1", "--slice-bytes", "0", "--rate", "200mbit", "--timeout", "120",
+                          "--keep-logs"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, start_new_session=True)
+    tag = f"{netns.PREFIX}-{p.pid}"
+    logdir: Path | None = None
+    try:
+        try:
+            out, _ = p.communicate(timeout=170)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate(timeout=30)
+            raise AssertionError(f"clusterbench still running after 170 s:\n{out[-3000:]}") from None
+        m = re.search(r"logs in (\S+)", out)
+        logdir = Path(m.group(1)) if m else None
+        logs = {f.name: f.read_text(errors="replace") for f in sorted(logdir.glob("*.log"))} if logdir else {}
+        workers = {name: text for name, text in logs.items() if ".worker" in name}
+        assert p.returncode == 0, out[-3000:] + "".join(f"\n--- {n}\n{t[-1500:]}" for n, t in logs.items())
+        assert len(workers) == 4 and re.search(r"1x64MiB\s+psnode-colocated\s+\d+", out), out[-3000:]
+        for name, text in workers.items():
+            assert "PeerLost" not in text and "sending a last time" not in text, f"{name}:\n{text[-3000:]}"
+        assert f"testbed {tag} removed" in out, out[-3000:]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(30)
+        for ns in [n for n in netns.namespaces() if n.startswith(tag + "-")]:
+            netns.remove_namespace(ns)
+        if logdir is not None:
+            shutil.rmtree(logdir, ignore_errors=True)
+    assert not [ns for ns in netns.namespaces() if ns.startswith(tag + "-")]
