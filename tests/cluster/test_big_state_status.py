@@ -104,9 +104,9 @@ LIMIT = default("heartbeat_interval") * default("heartbeat_liveness") / 5
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="a server's loop waits while its new 640 MB table part is copied whole to its "
-                          "holder (the 'replicate' span: 8-9 s here, loop gaps 11-33 s; under load the "
-                          "server is taken for dead); passes once copies leave the loop thread")
+                   reason="the point that creates a 640 MB table part carries it whole and is taken while the "
+                          "server's loop waits (psnode.server.points; 8-9 s here, its heartbeats go on); the "
+                          "copies of each round's changes leave the loop")
 def test_big_table_with_replicas_keeps_every_loop_turning_and_status_shows_the_state(tmp_path) -> None:
     home = tmp_path / "home"
     script = tmp_path / "big.py"
