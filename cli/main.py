@@ -118,8 +118,9 @@ def launch(
                                 help="COMMAND is a Python module: every worker runs python -m COMMAND ARGS "
                                      "(as torchrun -m)"),
     hosts: str | None = typer.Option(None, "-H", "--hosts",
-                                     help="hosts file, or inline list h1:2,h2,user@h3:port=2222 (HOST:N: N "
-                                          "slots, as horovodrun -H; fields slots=N port=N addr=ADDRESS)"),
+                                     help="hosts file, or inline list h1:2,h2,user@h3:port=2222 (inline HOST:N: N "
+                                          "slots, as horovodrun -H; in a file: the SSH port, as MXNet's ip:port; "
+                                          "fields slots=N port=N addr=ADDRESS)"),
     server_hosts: str | None = typer.Option(None, "--server-hosts", metavar="HOSTS",
                                             help="hosts that run only servers (a hosts file or inline list, "
                                                  "as -H): one server each by default; the workers' hosts "

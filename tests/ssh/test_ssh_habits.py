@@ -125,7 +125,7 @@ def test_addr_moves_the_jobs_traffic_off_the_ssh_address(ssh_cluster, home, tmp_
     """node1 and node2 are reached over SSH at 127.0.0.2 and .3; their processes bind and are
     reached at 127.0.0.12 and .13 (every 127/8 address is this machine's)."""
     hosts = tmp_path / "hosts"
-    hosts.write_text("node1 addr=127.0.0.12\nnode2:2 addr=127.0.0.13\n")
+    hosts.write_text("node1 addr=127.0.0.12\nnode2 slots=2 addr=127.0.0.13\n")
     job = tmp_path / "show.py"
     job.write_text(SHOW)
     res = run_cli(["launch", "-H", str(hosts), str(job)], ssh_cluster.env(home), timeout=120)

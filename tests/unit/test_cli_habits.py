@@ -97,18 +97,30 @@ def test_a_long_inline_list_is_a_list_not_a_path(home):
     result = invoke("launch", "--dry-run", "-H", old, "train.py")
     assert result.exit_code == 2, result.output
     text = " ".join(result.output.replace("│", " ").split())
-    assert ("-H item 1: '10.0.0.1:22001': HOST:N means N slots (as horovodrun -H and the discovery script), and "
+    assert ("-H item 1: '10.0.0.1:22001': HOST:N in -H means N slots (as horovodrun -H and the discovery script), and "
             "22001 is more than 1024; for SSH port 22001 write 10.0.0.1:port=22001 (or Port in ~/.ssh/config)") in text
 
 
-def test_a_port_the_ssh_way_says_what_to_write(home, tmp_path):
+def test_an_mxnet_hosts_file_places_one_worker_per_line(home, tmp_path):
+    """MXNet's launch.py hosts file (``ip:port`` lines): SSH port 22 on each host, a worker each."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("10.0.0.1:22\n10.0.0.2:22\n10.0.0.3:22\n")
+    result = invoke("launch", "--dry-run", "-H", str(hosts), "-n", "3", "-s", "3", "--port", "23000", "train.py")
+    assert result.exit_code == 0, result.output
+    rows = [[cell.strip() for cell in row.split("│")[1:4]] for row in workers(result.output)]
+    assert rows == [[f"10.0.0.{i + 1}:port=22", "worker", str(i)] for i in range(3)]
+
+
+def test_a_hosts_file_number_that_could_be_slots_or_a_port_places_nothing(home, tmp_path):
     hosts = tmp_path / "cluster.hosts"
-    hosts.write_text("node1 slots=2\nnode2:2222 slots=2\n")
-    result = invoke("launch", "-H", str(hosts), "train.py")
-    assert result.exit_code == 2
+    hosts.write_text("node1 slots=2\nnode2:4\n")
+    result = invoke("launch", "--dry-run", "-H", str(hosts), "train.py")
+    assert result.exit_code == 2 and no_record(home)
     text = " ".join(result.output.replace("│", " ").split())
-    assert f"{hosts}:2: 'node2:2222': HOST:N means N slots" in text and "write node2:port=2222" in text
-    assert "2 | node2:2222 slots=2" in text
+    assert (f"{hosts}:2: 'node2:4': in a hosts file HOST:N is the SSH port (MXNet's ip:port lines), and 4 could be a "
+            "slot count (horovodrun's -H h1:4) as well: write node2:slots=4 for 4 slots, or node2:port=4 for SSH "
+            "port 4") in text
+    assert "2 | node2:4" in text and "│ worker" not in result.output
 
 
 @pytest.mark.parametrize("typed, count, per_host", [
