@@ -180,7 +180,8 @@ def launch(
     ssh_config: str | None = typer.Option(None, "--ssh-config", envvar="MXDIST_SSH_CONFIG",
                                           help="ssh config file (default ~/.ssh/config)"),
     known_hosts: str | None = typer.Option(None, "--known-hosts", envvar="MXDIST_KNOWN_HOSTS",
-                                           help="known_hosts file (default ~/.ssh/known_hosts)"),
+                                           help="known_hosts file (default: the ssh config's UserKnownHostsFile, else "
+                                                "~/.ssh/known_hosts; GlobalKnownHostsFile is read too)"),
     accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys",
                                               help="trust and record unknown host keys"),
     identity_file: str | None = typer.Option(L("identity_file"), "-i", "--identity-file", metavar="KEY",
