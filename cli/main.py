@@ -301,7 +301,7 @@ def launch(
         except GpuShortageError as exc:
             raise _fail("not enough GPUs (the launch would fail at preflight)", "\n".join(
                 f"{s.host}: {s.reason}" for s in exc.shortages), exc.shortages[0].fix, EXIT_PREFLIGHT) from None
-        _show_plan(plan, _where(prepared))
+        _show_plan(plan, _where(prepared), prepared.how)
         return
     plan, job = prepared.plan, prepared.record.id
     for warning in plan.warnings:
@@ -341,7 +341,7 @@ def _where(prepared: Prepared) -> list[str]:
     return [*lines, f"working directory of every process: {prepared.record.workdir}"]
 
 
-def _show_plan(plan: Plan, where: Sequence[str] = ()) -> None:
+def _show_plan(plan: Plan, where: Sequence[str] = (), how: str = "") -> None:
     envs = [dict(p.env) for p in plan.procs]
     common = {k: v for k, v in envs[0].items() if all(e.get(k) == v for e in envs)}
     rows: list[PlanRow] = []
@@ -354,7 +354,7 @@ def _show_plan(plan: Plan, where: Sequence[str] = ()) -> None:
         rows.append(PlanRow(host=p.host.label, role=p.role.value, rank=p.rank, address=address,
                             command=plan.engine.show_argv(p.argv), env=_masked(own), gpus=gpus, device=device))
     hosts, _, gpu_warnings = gpu_view(plan)
-    ui.plan_table(rows, _masked(common), [*plan.warnings, *gpu_warnings], hosts, where)
+    ui.plan_table(rows, _masked(common), [*plan.warnings, *gpu_warnings], hosts, where, how)
 
 
 def _load(job: str | None) -> records.JobRecord:

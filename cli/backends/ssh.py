@@ -54,18 +54,7 @@ from typing import Any, ClassVar, TypeVar, cast
 import paramiko
 
 from ..job.records import ProcRecord
-from ..planning.hosts import (
-    LONE_WORD,
-    Host,
-    HostsError,
-    check_hostname,
-    check_user,
-    lone_word,
-    looks_like_file,
-    parse_host_list,
-    parse_host_word,
-    parse_hosts_file,
-)
+from ..planning.hosts import LONE_WORD, Host, HostsError, check_hostname, check_user, parse_host_word
 from ..planning.plan import PlanError, ProcSpec
 from . import agent
 from .base import (
@@ -87,6 +76,7 @@ from .base import (
     spawn_item,
     started,
 )
+from .hostspec import read_hosts
 
 _AGENT_SOURCE = Path(agent.__file__).read_text()
 # paramiko logs a failed connection's traceback from its own thread; the user gets the problem
@@ -133,29 +123,6 @@ def _known_files(value: Any, default: Sequence[str], tokens: Mapping[str, str]) 
         text = re.sub(r"%.", lambda m: tokens.get(m.group(0), m.group(0)), word)
         paths.append(os.path.expanduser(text))
     return tuple(paths)
-
-
-def read_hosts(spec: str) -> list[Host]:
-    """``-H`` value: an existing file (hosts file format), else an inline list.  A value that
-    cannot be a path (too long, a NUL) is a list; a lone name that is no file is a host whose
-    origin says so (:data:`mxdist.planning.hosts.LONE_WORD`)."""
-    path = Path(spec).expanduser()
-    try:
-        is_file = path.is_file()
-    except (OSError, ValueError):
-        is_file = False
-    if is_file:
-        try:
-            text = path.read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            why = getattr(exc, "strerror", None) or exc
-            raise HostsError(f"-H {spec}: cannot read the hosts file: {why}") from None
-        return parse_hosts_file(text, str(spec))
-    if looks_like_file(spec) and not re.search(r"[\s;|&$`<>(){}'\"\\]", spec):
-        raise HostsError(f"-H {spec}: no such hosts file (in {os.getcwd()})")
-    # an inline list; shell characters make it one too, so the host check names the bad value
-    hosts = parse_host_list(spec)
-    return [replace(hosts[0], origin=LONE_WORD)] if lone_word(spec) else hosts
 
 
 class SshConfigError(BackendError):

@@ -5,6 +5,8 @@ host list, ``--nproc-per-node``, ``--start-timeout`` and ``addr=``: each as the 
 """
 from __future__ import annotations
 
+import socket
+
 import pytest
 from typer.testing import CliRunner
 
@@ -190,3 +192,26 @@ def test_the_slurm_preflight_looks_for_a_module_as_python_m_would(tmp_path):
         found[module] = json.loads(line.split(" ", 1)[1])["errors"]
     assert found == {"pkg.train": [],
                      "pkg.trian": [f"no module pkg.trian in {tmp_path} (python -m pkg.trian: not found)"]}
+
+
+@pytest.mark.parametrize("spec, how", [
+    ("localhost:2", "on this machine, without SSH (-H localhost:2 names this machine"),
+    ("127.0.0.1,[::1]", "on this machine, without SSH"),
+    (f"{socket.gethostname()}:2", "on this machine, without SSH"),
+    ("localhost:2,h2", "over SSH, on every host"),               # other hosts must reach it: one way for all
+    ("alice@localhost", "over SSH, on every host"),              # a user or a port asks for a login
+    ("localhost:port=2222", "over SSH, on every host"),
+])
+def test_the_dry_run_says_how_the_processes_start(home, spec, how):
+    result = invoke("launch", "--dry-run", "-H", spec, "-s", "0", "--port", "23000", "train.py")
+    assert result.exit_code == 0, result.output
+    assert f"how the processes start: {how}" in " ".join(result.output.split())
+    if "without SSH" in how:
+        assert {row.split("│")[1].strip() for row in workers(result.output)} == {"localhost"}
+        assert len(workers(result.output)) == 2
+
+
+def test_launcher_local_with_another_host_names_it(home):
+    result = invoke("launch", "--dry-run", "--launcher", "local", "-H", "localhost,h2", "train.py")
+    assert result.exit_code == 2
+    assert "--launcher local runs on this machine only, and -H names h2" in " ".join(result.output.split())
