@@ -609,6 +609,9 @@ def clean(
     older_than: float | None = typer.Option(None, "--older-than", metavar="DAYS",
                                             help="only jobs that ended more than DAYS days ago"),
     yes: bool = typer.Option(False, "-y", "--yes", help="do not ask before removing every finished job"),
+    forget_unreachable: bool = typer.Option(
+        False, "--forget-unreachable",
+        help="remove the records of jobs whose hosts do not answer too (what they left there stays)"),
 ) -> None:
     """Remove finished jobs: their records and logs here, and their run files on remote hosts."""
     unknown = [j for j in job or () if not records.record_path(j).is_file()]
@@ -631,11 +634,18 @@ def clean(
         if not typer.confirm(f"remove {what}?", default=False, err=True):
             ui.info("nothing removed")
             return
-    removed, kept = history.clean(older_than, job or ())
+    done = history.clean(older_than, job or (), forget_unreachable=forget_unreachable)
+    removed = done.removed
     ui.info(f"removed {len(removed)} job{'s' if len(removed) != 1 else ''}" +
             (f": {', '.join(removed)}" if removed and len(removed) <= 10 else ""))
-    for job_id, why in kept.items():
-        ui.warn(f"kept {job_id}: {why}")
+    for job_id, why in done.kept.items():
+        fix = (f" (mxdist clean --forget-unreachable {job_id} forgets it; what it left there stays)"
+               if job_id in done.unreachable else "")
+        ui.warn(f"kept {job_id}: {why}{fix}")
+    for job_id, hosts in done.forgotten.items():
+        names = ", ".join(hosts)
+        ui.warn(f"forgot {job_id}: {names} did not answer; what the job left there stays (its run directory "
+                f"{done.run_dirs.get(job_id) or 'unknown'})")
 
 
 @app.command("env-allowlist", hidden=True)

@@ -514,6 +514,13 @@ class SshBackend:
                 and not isinstance(exc, (paramiko.AuthenticationException, paramiko.ChannelException))):
             return HostProblem(label, f"the ssh config's ProxyCommand for {host.name} failed: {exc}",
                                f"check it by hand: ssh -v {host.name}")
+        if isinstance(exc, paramiko.SSHException) and "protocol banner" in str(exc):
+            closed = isinstance(exc.__context__, (EOFError, ConnectionError)) or "reset" in str(exc)
+            said = ("closed the connection before SSH's greeting" if closed
+                    else "accepted the connection but sent no SSH greeting in time")
+            return HostProblem(label, f"{where} {said}",
+                               "is it sshd that listens there (the SSH port: Port in the ssh config, or port=N), "
+                               f"and does it accept logins (MaxStartups, its log)? check by hand: {ssh_cmd} -v")
         if isinstance(exc, paramiko.ChannelException):
             return HostProblem(label, f"the ProxyJump host could not reach {where}: {exc}",
                                f"check the jump host and HostName/Port of {host.name} in the ssh config "
@@ -590,11 +597,10 @@ class SshBackend:
         thread = threading.Thread(target=ask, name=f"probe-{host.label}", daemon=True)
         thread.start()
         thread.join(timeout)
-        if "error" in box:
-            exc = box["error"]
-            raise BackendError(f"{host.label}: {_connect_error(exc) or type(exc).__name__}")
+        if "error" in box:     # (worded as preflight words it; the caller names the host)
+            raise BackendError(self.explain(host.label, host, box["error"]).reason)
         if not box.get("ok"):
-            raise BackendError(f"{host.label}: no answer within {timeout:g} s")
+            raise BackendError(f"no answer within {timeout:g} s")
 
     def disconnect(self, host: Host) -> None:
         """Close ``host``'s connection (and its jump hosts'): the streams on it end at once."""
