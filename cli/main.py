@@ -559,7 +559,8 @@ def logs(
     if timeline:
         if not record.timeline:
             raise _fail("no timeline", f"job {record.id} was launched without --timeline",
-                        "launch it with mxdist launch --timeline [PATH]", EXIT_USAGE)
+                        "launch it with mxdist launch --timeline (the trace: timeline.json in the job's "
+                        "directory) or --timeline-path PATH", EXIT_USAGE)
         if not os.path.exists(record.timeline):
             state = "is still running: its trace is written when it ends" if record.state.active else \
                 "ended without writing its trace (its launcher's output says why)"

@@ -158,6 +158,9 @@ def check_resume(plan: Plan, directory: str) -> None:
 def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepared:
     """Validate options and compute everything a launch needs; raise HostsError/PlanError."""
     environ = dict(os.environ if environ is None else environ)
+    if opts.timeline == "" and opts.command and opts.command[0].endswith(".json") and not opts.module:
+        raise PlanError(f"--timeline takes no path, and {opts.command[0]} is no program to run: write "
+                        f"--timeline-path {opts.command[0]}")
     opts = replace(opts, command=job_command(opts.command, opts.module, opts.known_options), module=False)
     launcher = opts.launcher or default_launcher(opts)
     if launcher not in NAMES:

@@ -215,3 +215,24 @@ def test_launcher_local_with_another_host_names_it(home):
     result = invoke("launch", "--dry-run", "--launcher", "local", "-H", "localhost,h2", "train.py")
     assert result.exit_code == 2
     assert "--launcher local runs on this machine only, and -H names h2" in " ".join(result.output.split())
+
+
+def test_the_timeline_hint_is_true_and_a_path_after_timeline_is_not_run(home, tmp_path):
+    """``mxdist logs --timeline`` of a job without one says how to record it, in options that parse;
+    ``--timeline trace.json train.py`` (a path after the flag) is refused, never run as the program."""
+    from mxdist.job import records
+    from mxdist.job.records import JobRecord, JobState
+
+    records.save(JobRecord(id="job-t", command=["t.py"], backend="local", state=JobState.SUCCEEDED))
+    result = invoke("logs", "job-t", "--timeline")
+    text = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2
+    assert ("launch it with mxdist launch --timeline (the trace: timeline.json in the job's directory) or "
+            "--timeline-path PATH") in text, text
+    trace = str(tmp_path / "trace.json")
+    result = invoke("launch", "--dry-run", "--timeline", trace, "train.py")
+    text = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2 and [j.id for j in records.all_jobs()] == ["job-t"]
+    assert f"--timeline takes no path, and {trace} is no program to run: write --timeline-path {trace}" in text, text
+    result = invoke("launch", "--dry-run", "--timeline-path", trace, "train.py")
+    assert result.exit_code == 0, result.output
