@@ -314,21 +314,11 @@ def launch(
             ui.info(f"job {job} started in the background: mxdist status {job} | mxdist logs {job} -f | "
                     f"mxdist stop {job}")
             raise typer.Exit(0)
-        ui.info(f"job {job}: {_placement(plan)}; logs in {records.log_dir(job)}")
-        code = supervisor.run()
+        code = supervisor.run()     # (it says where the job runs once preflight passed)
     except BackendError as exc:
         raise _fail("launch failed", str(exc), None, EXIT_PREFLIGHT) from None
     history.prune(keep_jobs)
     raise typer.Exit(code)
-
-
-def _placement(plan: Plan) -> str:
-    busy = plan.busy_hosts
-    text = f"{len(plan.procs)} processes on {len(busy)} host{'s' if len(busy) != 1 else ''}"
-    idle = [h.label for h in plan.hosts if h not in busy]
-    if idle:
-        text += f" ({', '.join(idle)} run{'s' if len(idle) == 1 else ''} nothing)"
-    return text
 
 
 def _masked(env: dict[str, str]) -> dict[str, str]:
@@ -347,7 +337,8 @@ def _show_plan(plan: Plan, where: Sequence[str] = (), how: str = "") -> None:
     rows: list[PlanRow] = []
     for p, env in zip(plan.procs, envs, strict=True):
         address = plan.scheduler_address if p.rank is None else (
-            f"{p.host.address}:auto" if p.role is Role.SERVER else p.host.address)
+            f"{p.host.address}:auto" if p.role is Role.SERVER else
+            f"{p.host.address}:{env.get('PSNODE_PORT', 'auto')}" if p.role is Role.SCHEDULER else p.host.address)
         own = {k: v for k, v in env.items() if k not in common}
         gpus, device = ("", "") if p.role is not Role.WORKER else describe_worker(
             p.local_rank, env, plan.gpus_per_worker, p.gpus, plan.gpus.get(p.host.label))

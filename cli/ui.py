@@ -360,6 +360,11 @@ def closing_line(job_id: str, state: str, duration: float | None, detail: str = 
     _line(err, Text(f"job {job_id} {state}{span}", style=style) + Text(f"{': ' if detail else ''}{detail}"))
 
 
+def fail_line(text: str) -> None:
+    """The last line of a launch that ended before it started anything (no job recorded)."""
+    _line(err, Text(text, style="bold red"))
+
+
 def stop_report(left: Mapping[str, Sequence[int]], unverified: Mapping[str, str]) -> None:
     """Per host: nothing left, which pids survived, or why the host could not be checked."""
     for host, pids in left.items():

@@ -236,3 +236,12 @@ def test_the_timeline_hint_is_true_and_a_path_after_timeline_is_not_run(home, tm
     assert f"--timeline takes no path, and {trace} is no program to run: write --timeline-path {trace}" in text, text
     result = invoke("launch", "--dry-run", "--timeline-path", trace, "train.py")
     assert result.exit_code == 0, result.output
+
+
+def test_the_dry_run_shows_the_standby_schedulers_port(home):
+    result = invoke("launch", "--dry-run", "-H", "h1,h2", "-s", "2", "--standby-scheduler", "--port", "23000",
+                    "train.py")
+    assert result.exit_code == 0, result.output
+    rows = [[cell.strip() for cell in row.split("│")[1:5]] for row in result.output.splitlines()
+            if "│ scheduler " in row]
+    assert rows == [["h1", "scheduler", "", "h1:23000"], ["h2", "scheduler", "1", "h2:23002"]], result.output
