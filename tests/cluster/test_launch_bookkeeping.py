@@ -46,3 +46,26 @@ def test_status_shows_each_process_with_one_pid_while_it_runs_and_after_stop(tmp
     assert stop.returncode == 0, stop.stdout + stop.stderr
     assert {who: pid for who, (pid, _) in _pids(env, job).items()} == recorded
     assert_nothing_left(home)
+
+
+BOTH_FAIL = textwrap.dedent("""
+    import os, signal, time
+    if os.environ["RANK"] == "1":            # fails too, after worker 0, whatever the job's stop
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(1.0)
+    import nosuchmod_b46
+""")
+
+
+def test_a_worker_that_failed_with_the_root_causes_error_is_named_failed_with_it(tmp_path: Path):
+    home = tmp_path / "home"
+    script = tmp_path / "both.py"
+    script.write_text(BOTH_FAIL)
+    res = run_cli(["launch", "-n", "2", "-s", "1", "--grace", "10", str(script)], cli_env(home))
+    assert res.returncode == 1, res.stdout + res.stderr
+    text = " ".join(res.stderr.replace("│", " ").split())
+    error = "ModuleNotFoundError: No module named 'nosuchmod_b46'"
+    assert f"worker 0 on localhost: {error}" in text, text
+    assert f"worker 1 on localhost: failed too, with the same error ({error})" in text, text
+    assert latest(home)["consequences"][-1] == f"worker 1 on localhost: failed too, with the same error ({error})"
+    assert_nothing_left(home)
