@@ -544,7 +544,7 @@ class SshBackend:
         if isinstance(exc, (paramiko.ssh_exception.NoValidConnectionsError, ConnectionError, OSError)):
             return HostProblem(label, f"cannot connect to {where}: {_connect_error(exc)}",
                                "is sshd running there and listening on that port? "
-                               f"(the SSH port: {host.name}:port=N with -H or in the hosts file, or Port in "
+                               f"(the SSH port: -H {host.name}:port=N, {host.name}:N in a hosts file, or Port in "
                                f"the ssh config; -H {host.name}:N means N slots)")
         if isinstance(exc, SshConfigError):
             return HostProblem(label, str(exc), f"fix the ssh config ({self.ssh_config}; ssh -G {host.name} "

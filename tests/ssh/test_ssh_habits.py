@@ -67,12 +67,13 @@ def test_port_field_inline_reaches_the_sshd(ssh_cluster, home, tmp_path):
 def test_host_colon_n_where_no_sshd_listens_says_slots_and_port(ssh_cluster, home, tmp_path):
     job = tmp_path / "show.py"
     job.write_text(SHOW)
-    res = run_cli(["launch", "-H", "localhost:2", str(job)], ssh_cluster.env(home))
+    res = run_cli(["launch", "--launcher", "ssh", "-H", "localhost:2", str(job)], ssh_cluster.env(home))
     assert res.returncode == 3, res.stdout + res.stderr
     text = text_of(res)
     assert f"localhost: cannot connect to 127.0.0.1:{ssh_cluster.port}: connection refused" in text or \
         f"localhost: cannot connect to localhost:{ssh_cluster.port}: connection refused" in text, text
-    assert "localhost:port=N with -H or in the hosts file, or Port in the ssh config; localhost:N means N slots" in text
+    assert ("-H localhost:port=N, localhost:N in a hosts file, or Port in the ssh config; -H localhost:N means N "
+            "slots") in text, text
 
 
 def test_a_missing_hosts_file_without_a_dot(ssh_cluster, home, tmp_path):
@@ -95,7 +96,7 @@ def test_a_long_inline_list_is_refused_by_its_entry_not_a_traceback(ssh_cluster,
     res = run_cli(["launch", "-H", spec, "train.py"], ssh_cluster.env(home))
     assert res.returncode == 2, res.stdout + res.stderr
     assert "Traceback" not in res.stderr and "File name too long" not in res.stderr
-    assert "-H item 1: '127.0.0.10:22000': HOST:N means N slots" in text_of(res)
+    assert "-H item 1: '127.0.0.10:22000': HOST:N in -H means N slots" in text_of(res)
     assert records(home) == []
 
 
