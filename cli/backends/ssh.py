@@ -481,7 +481,10 @@ class SshBackend:
             return HostProblem(label, str(err), "fix the ssh config")
         where = f"{address}:{port}"
         ssh_cmd = f"ssh {'' if port == 22 else f'-p {port} '}{user}@{address}"
-        known_hosts = self.known(host)
+        try:
+            known_hosts = self.known(host)
+        except SshConfigError:      # (the problem itself, when it is the reason)
+            known_hosts = KnownHosts((), ())
         first = known_hosts.first or str(Path(USER_KNOWN_HOSTS[0]).expanduser())
         if isinstance(exc, UnknownHostKey):
             known = _tilde(first)
