@@ -171,9 +171,9 @@ def test_unreachable_host_is_reported_and_nothing_starts(ssh_cluster, home, tmp_
     closed = run_cli(["launch", "-H", "127.0.0.2:port=9", "-s", "0", show], ssh_cluster.env(home))
     assert closed.returncode == 3 and "127.0.0.2:9: connection refused" in closed.stderr, closed.stderr
     assert "Errno None" not in closed.stderr
-    status = run_cli(["status"], ssh_cluster.env(home))                # a preflight failure: no crash
-    assert status.returncode == 0 and "connection refused" in status.stdout, status.stdout + status.stderr
-    assert all(p["pid"] is None for r in records(home) for p in r["procs"])
+    assert "no job recorded" in closed.stderr and not records(home)      # nothing started: nothing kept
+    status = run_cli(["status"], ssh_cluster.env(home))
+    assert status.returncode == 1 and "Traceback" not in status.stderr, status.stdout + status.stderr
     assert_nothing_left(home)
 
 
