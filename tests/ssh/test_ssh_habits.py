@@ -61,6 +61,13 @@ def test_port_field_inline_reaches_the_sshd(ssh_cluster, home, tmp_path):
     assert res.returncode == 2, res.stdout + res.stderr
     assert f"for SSH port {port} write 127.0.0.2:port={port}" in text_of(res)
     assert "Traceback" not in res.stderr
+    # in a hosts file the same words are MXNet's ip:port lines: one host per line, SSH on that port
+    hosts = tmp_path / "mxnet_hosts"
+    hosts.write_text(f"127.0.0.2:{port}\n127.0.0.3:{port}\n127.0.0.4:{port}\n")
+    res = run_cli(["launch", "-H", str(hosts), "-n", "3", "-s", "3", str(job)],
+                  ssh_cluster.env(home, MXDIST_SSH_CONFIG=str(config)), timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert [r["PSNODE_HOST"] for r in shown(res.stdout)] == ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
     assert_nothing_left(home)
 
 
