@@ -173,6 +173,9 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
     sync = _sync_pairs(opts.sync)
     workdir = run_workdir(opts.workdir, sync, os.getcwd())
     if opts.identity_file and Capability.LOGIN not in capabilities(launcher):
+        if opts.hosts and not opts.launcher:
+            raise PlanError(f"-i/--identity-file is for SSH logins, and -H {opts.hosts} names this machine, which "
+                            "runs without SSH: drop -i, or pass --launcher ssh to log in over SSH")
         raise PlanError(f"-i/--identity-file is for SSH hosts (-H); --launcher {launcher} does not use SSH")
     here = os.path.abspath(opts.workdir or os.getcwd())   # (the discovery script runs on this machine)
     script = discovery_script(opts, launcher, here)

@@ -211,6 +211,17 @@ def test_the_dry_run_says_how_the_processes_start(home, spec, how):
         assert len(workers(result.output)) == 2
 
 
+def test_ssh_only_options_with_hosts_naming_this_machine_say_how_to_log_in(home, tmp_path):
+    key = tmp_path / "key"
+    key.write_text("k\n")
+    for args, said in ((["-i", str(key)], "-i/--identity-file is for SSH logins, and -H localhost:2 names this "
+                        "machine, which runs without SSH: drop -i, or pass --launcher ssh to log in over SSH"),
+                       (["--sync", str(tmp_path)], "--sync copies to remote hosts: it needs -H with other hosts, or "
+                        "--launcher ssh")):
+        result = invoke("launch", "--dry-run", "-H", "localhost:2", *args, "train.py")
+        assert result.exit_code == 2 and said in " ".join(result.output.replace("│", " ").split()), result.output
+
+
 def test_launcher_local_with_another_host_names_it(home):
     result = invoke("launch", "--dry-run", "--launcher", "local", "-H", "localhost,h2", "train.py")
     assert result.exit_code == 2
