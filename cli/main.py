@@ -118,8 +118,9 @@ def launch(
                                 help="COMMAND is a Python module: every worker runs python -m COMMAND ARGS "
                                      "(as torchrun -m)"),
     hosts: str | None = typer.Option(None, "-H", "--hosts",
-                                     help="hosts file, or inline list h1:2,h2,user@h3:port=2222 (HOST:N: N "
-                                          "slots, as horovodrun -H; fields slots=N port=N addr=ADDRESS)"),
+                                     help="hosts file, or inline list h1:2,h2,user@h3:port=2222 (inline HOST:N: N "
+                                          "slots, as horovodrun -H; in a file: the SSH port, as MXNet's ip:port; "
+                                          "fields slots=N port=N addr=ADDRESS)"),
     server_hosts: str | None = typer.Option(None, "--server-hosts", metavar="HOSTS",
                                             help="hosts that run only servers (a hosts file or inline list, "
                                                  "as -H): one server each by default; the workers' hosts "
@@ -179,7 +180,8 @@ def launch(
     ssh_config: str | None = typer.Option(None, "--ssh-config", envvar="MXDIST_SSH_CONFIG",
                                           help="ssh config file (default ~/.ssh/config)"),
     known_hosts: str | None = typer.Option(None, "--known-hosts", envvar="MXDIST_KNOWN_HOSTS",
-                                           help="known_hosts file (default ~/.ssh/known_hosts)"),
+                                           help="known_hosts file (default: the ssh config's UserKnownHostsFile, else "
+                                                "~/.ssh/known_hosts; GlobalKnownHostsFile is read too)"),
     accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys",
                                               help="trust and record unknown host keys"),
     identity_file: str | None = typer.Option(L("identity_file"), "-i", "--identity-file", metavar="KEY",
@@ -299,7 +301,7 @@ def launch(
         except GpuShortageError as exc:
             raise _fail("not enough GPUs (the launch would fail at preflight)", "\n".join(
                 f"{s.host}: {s.reason}" for s in exc.shortages), exc.shortages[0].fix, EXIT_PREFLIGHT) from None
-        _show_plan(plan, _where(prepared))
+        _show_plan(plan, _where(prepared), prepared.how)
         return
     plan, job = prepared.plan, prepared.record.id
     for warning in plan.warnings:
@@ -312,21 +314,11 @@ def launch(
             ui.info(f"job {job} started in the background: mxdist status {job} | mxdist logs {job} -f | "
                     f"mxdist stop {job}")
             raise typer.Exit(0)
-        ui.info(f"job {job}: {_placement(plan)}; logs in {records.log_dir(job)}")
-        code = supervisor.run()
+        code = supervisor.run()     # (it says where the job runs once preflight passed)
     except BackendError as exc:
         raise _fail("launch failed", str(exc), None, EXIT_PREFLIGHT) from None
     history.prune(keep_jobs)
     raise typer.Exit(code)
-
-
-def _placement(plan: Plan) -> str:
-    busy = plan.busy_hosts
-    text = f"{len(plan.procs)} processes on {len(busy)} host{'s' if len(busy) != 1 else ''}"
-    idle = [h.label for h in plan.hosts if h not in busy]
-    if idle:
-        text += f" ({', '.join(idle)} run{'s' if len(idle) == 1 else ''} nothing)"
-    return text
 
 
 def _masked(env: dict[str, str]) -> dict[str, str]:
@@ -339,20 +331,21 @@ def _where(prepared: Prepared) -> list[str]:
     return [*lines, f"working directory of every process: {prepared.record.workdir}"]
 
 
-def _show_plan(plan: Plan, where: Sequence[str] = ()) -> None:
+def _show_plan(plan: Plan, where: Sequence[str] = (), how: str = "") -> None:
     envs = [dict(p.env) for p in plan.procs]
     common = {k: v for k, v in envs[0].items() if all(e.get(k) == v for e in envs)}
     rows: list[PlanRow] = []
     for p, env in zip(plan.procs, envs, strict=True):
         address = plan.scheduler_address if p.rank is None else (
-            f"{p.host.address}:auto" if p.role is Role.SERVER else p.host.address)
+            f"{p.host.address}:auto" if p.role is Role.SERVER else
+            f"{p.host.address}:{env.get('PSNODE_PORT', 'auto')}" if p.role is Role.SCHEDULER else p.host.address)
         own = {k: v for k, v in env.items() if k not in common}
         gpus, device = ("", "") if p.role is not Role.WORKER else describe_worker(
             p.local_rank, env, plan.gpus_per_worker, p.gpus, plan.gpus.get(p.host.label))
         rows.append(PlanRow(host=p.host.label, role=p.role.value, rank=p.rank, address=address,
                             command=plan.engine.show_argv(p.argv), env=_masked(own), gpus=gpus, device=device))
     hosts, _, gpu_warnings = gpu_view(plan)
-    ui.plan_table(rows, _masked(common), [*plan.warnings, *gpu_warnings], hosts, where)
+    ui.plan_table(rows, _masked(common), [*plan.warnings, *gpu_warnings], hosts, where, how)
 
 
 def _load(job: str | None) -> records.JobRecord:
@@ -557,7 +550,8 @@ def logs(
     if timeline:
         if not record.timeline:
             raise _fail("no timeline", f"job {record.id} was launched without --timeline",
-                        "launch it with mxdist launch --timeline [PATH]", EXIT_USAGE)
+                        "launch it with mxdist launch --timeline (the trace: timeline.json in the job's "
+                        "directory) or --timeline-path PATH", EXIT_USAGE)
         if not os.path.exists(record.timeline):
             state = "is still running: its trace is written when it ends" if record.state.active else \
                 "ended without writing its trace (its launcher's output says why)"
@@ -607,6 +601,9 @@ def clean(
     older_than: float | None = typer.Option(None, "--older-than", metavar="DAYS",
                                             help="only jobs that ended more than DAYS days ago"),
     yes: bool = typer.Option(False, "-y", "--yes", help="do not ask before removing every finished job"),
+    forget_unreachable: bool = typer.Option(
+        False, "--forget-unreachable",
+        help="remove the records of jobs whose hosts do not answer too (what they left there stays)"),
 ) -> None:
     """Remove finished jobs: their records and logs here, and their run files on remote hosts."""
     unknown = [j for j in job or () if not records.record_path(j).is_file()]
@@ -629,11 +626,18 @@ def clean(
         if not typer.confirm(f"remove {what}?", default=False, err=True):
             ui.info("nothing removed")
             return
-    removed, kept = history.clean(older_than, job or ())
+    done = history.clean(older_than, job or (), forget_unreachable=forget_unreachable)
+    removed = done.removed
     ui.info(f"removed {len(removed)} job{'s' if len(removed) != 1 else ''}" +
             (f": {', '.join(removed)}" if removed and len(removed) <= 10 else ""))
-    for job_id, why in kept.items():
-        ui.warn(f"kept {job_id}: {why}")
+    for job_id, why in done.kept.items():
+        fix = (f" (mxdist clean --forget-unreachable {job_id} forgets it; what it left there stays)"
+               if job_id in done.unreachable else "")
+        ui.warn(f"kept {job_id}: {why}{fix}")
+    for job_id, hosts in done.forgotten.items():
+        names = ", ".join(hosts)
+        ui.warn(f"forgot {job_id}: {names} did not answer; what the job left there stays (its run directory "
+                f"{done.run_dirs.get(job_id) or 'unknown'})")
 
 
 @app.command("env-allowlist", hidden=True)

@@ -272,9 +272,11 @@ class LogPrinter:
 
 
 def plan_table(rows: Sequence[PlanRow], common_env: Mapping[str, str],
-               warnings: Sequence[str], gpus: Sequence[str] = (), where: Sequence[str] = ()) -> None:
+               warnings: Sequence[str], gpus: Sequence[str] = (), where: Sequence[str] = (),
+               how: str = "") -> None:
     """The --dry-run view: one row per process, the environment every process shares, what is
-    known of the hosts' GPUs, and ``where`` (the copies made first, the working directory)."""
+    known of the hosts' GPUs, ``where`` (the copies made first, the working directory) and
+    ``how`` the processes start (over SSH, on this machine...)."""
     table = Table(title="mxdist launch plan (dry run: nothing started)", title_justify="left")
     for col in ("host", "role", "rank", "address", "gpus", "device", "command"):
         table.add_column(col, overflow="fold")
@@ -299,6 +301,8 @@ def plan_table(rows: Sequence[PlanRow], common_env: Mapping[str, str],
         out.print(Text("files:", style="bold"))
         for line in where:
             out.print(Text(f"  {line}"), soft_wrap=True)
+    if how:
+        out.print(Text("how the processes start: ", style="bold") + Text(how), soft_wrap=True)
     for w in warnings:
         warn(w)
 
@@ -354,6 +358,11 @@ def closing_line(job_id: str, state: str, duration: float | None, detail: str = 
     span = "" if duration is None else (f" in {duration:.1f} s" if state != "stopped" else f" after {duration:.1f} s")
     style = {"succeeded": "green", "failed": "bold red", "stopped": "yellow"}.get(state, "")
     _line(err, Text(f"job {job_id} {state}{span}", style=style) + Text(f"{': ' if detail else ''}{detail}"))
+
+
+def fail_line(text: str) -> None:
+    """The last line of a launch that ended before it started anything (no job recorded)."""
+    _line(err, Text(text, style="bold red"))
 
 
 def stop_report(left: Mapping[str, Sequence[int]], unverified: Mapping[str, str]) -> None:

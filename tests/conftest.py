@@ -17,7 +17,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.support import require
+from tests.support import interruptible, require
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # every tier starts mxdist with SIGINT as a terminal would (tests.support.interruptible)
+    interruptible()
 
 
 @dataclass(frozen=True)

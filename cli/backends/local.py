@@ -31,6 +31,7 @@ from .base import (
     spawn_item,
     started,
 )
+from .hostspec import names_this_machine, own_names, read_hosts
 
 
 class LocalRunner:
@@ -94,14 +95,19 @@ class LocalBackend:
 
     @classmethod
     def for_launch(cls, request: LaunchRequest) -> tuple[LocalBackend, list[Host]]:
-        """This machine, with ``-n`` slots (default 1; ``--max-workers`` when more), running the
-        launcher's own Python."""
-        if request.hosts:
-            raise PlanError("--launcher local runs on this machine only: drop -H or use --launcher ssh")
+        """This machine, running the launcher's own Python, with ``-n`` slots (default 1;
+        ``--max-workers`` when more), or with the slots of ``-H``'s hosts when every one names
+        this machine (:mod:`mxdist.backends.hostspec`)."""
+        given = read_hosts(request.hosts) if request.hosts else []
+        other = [h for h in given if not names_this_machine(h, own_names())]
+        if other:
+            raise PlanError(f"--launcher local runs on this machine only, and -H names {other[0].label}: drop -H "
+                            "or use --launcher ssh")
         if request.sync:
-            raise PlanError("--sync copies to remote hosts: it needs -H")
-        slots = max(request.num_workers if request.num_workers and request.num_workers > 0 else 1,
-                    request.max_workers or 0)
+            raise PlanError("--sync copies to remote hosts: it needs -H with other hosts, or --launcher ssh"
+                            if given else "--sync copies to remote hosts: it needs -H")
+        slots = sum(h.slots for h in given) if given else max(
+            request.num_workers if request.num_workers and request.num_workers > 0 else 1, request.max_workers or 0)
         return cls(request.workdir, sys.executable), [Host("localhost", address="127.0.0.1", slots=slots)]
 
     def options(self) -> dict[str, Any]:

@@ -10,9 +10,12 @@ Keys: ``identity_file`` (``mxdist launch -i``) first, then the config's
 IdentityFile; the ssh agent and the default keys are tried unless IdentitiesOnly is set.
 An explicit ``user@`` or ``port=N`` of a host entry (:mod:`mxdist.planning.hosts`) wins over the config.
 
-Host keys are checked against ``known_hosts`` (``~/.ssh/known_hosts`` or ``known_hosts``):
-an unknown key is refused unless ``accept_new_host_keys`` (then it is appended to the file);
-a changed key is always refused.
+Host keys are checked as OpenSSH checks them (:class:`KnownHosts`): against the user's files
+(``known_hosts`` when given, else the ssh config's UserKnownHostsFile, else
+``~/.ssh/known_hosts`` and ``~/.ssh/known_hosts2``) and the global ones (GlobalKnownHostsFile,
+else ``/etc/ssh/ssh_known_hosts`` and ``ssh_known_hosts2``).  Checking is always strict: an
+unknown key is refused unless ``accept_new_host_keys`` (then it is appended to the first user
+file); a changed key is always refused.
 
 Remote operations run :mod:`mxdist.backends.agent` with a quoted argv (never an interpolated string);
 its source and the JSON requests travel on stdin, so environment values (possibly secrets)
@@ -44,25 +47,14 @@ import socket
 import stat
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar, cast
 
 import paramiko
 
 from ..job.records import ProcRecord
-from ..planning.hosts import (
-    LONE_WORD,
-    Host,
-    HostsError,
-    check_hostname,
-    check_user,
-    lone_word,
-    looks_like_file,
-    parse_host_list,
-    parse_host_word,
-    parse_hosts_file,
-)
+from ..planning.hosts import LONE_WORD, Host, HostsError, check_hostname, check_user, parse_host_word
 from ..planning.plan import PlanError, ProcSpec
 from . import agent
 from .base import (
@@ -84,6 +76,7 @@ from .base import (
     spawn_item,
     started,
 )
+from .hostspec import read_hosts
 
 _AGENT_SOURCE = Path(agent.__file__).read_text()
 # paramiko logs a failed connection's traceback from its own thread; the user gets the problem
@@ -96,27 +89,40 @@ KEEPALIVE = 5         # seconds between SSH keepalives (ServerAliveInterval unse
 KEEPALIVE_COUNT = 3   # keepalives unanswered before the connection counts as dead (ServerAliveCountMax unset)
 
 
-def read_hosts(spec: str) -> list[Host]:
-    """``-H`` value: an existing file (hosts file format), else an inline list.  A value that
-    cannot be a path (too long, a NUL) is a list; a lone name that is no file is a host whose
-    origin says so (:data:`mxdist.planning.hosts.LONE_WORD`)."""
-    path = Path(spec).expanduser()
-    try:
-        is_file = path.is_file()
-    except (OSError, ValueError):
-        is_file = False
-    if is_file:
-        try:
-            text = path.read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            why = getattr(exc, "strerror", None) or exc
-            raise HostsError(f"-H {spec}: cannot read the hosts file: {why}") from None
-        return parse_hosts_file(text, str(spec))
-    if looks_like_file(spec) and not re.search(r"[\s;|&$`<>(){}'\"\\]", spec):
-        raise HostsError(f"-H {spec}: no such hosts file (in {os.getcwd()})")
-    # an inline list; shell characters make it one too, so the host check names the bad value
-    hosts = parse_host_list(spec)
-    return [replace(hosts[0], origin=LONE_WORD)] if lone_word(spec) else hosts
+#: OpenSSH's files when the ssh config names none (UserKnownHostsFile, GlobalKnownHostsFile).
+USER_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
+GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
+
+
+@dataclass(frozen=True)
+class KnownHosts:
+    """The known_hosts files one host's key is checked against: ``user`` (the first is where an
+    accepted new key goes; empty for ``UserKnownHostsFile none``) and ``system`` (read only)."""
+
+    user: tuple[str, ...]
+    system: tuple[str, ...]
+
+    @property
+    def first(self) -> str | None:
+        return self.user[0] if self.user else None
+
+    def checked(self) -> list[str]:
+        """The files named in a refusal: the first user file, and every other one that exists."""
+        first = list(self.user[:1])
+        return first + [f for f in (*self.user[1:], *self.system) if os.path.isfile(f)]
+
+
+def _known_files(value: Any, default: Sequence[str], tokens: Mapping[str, str]) -> tuple[str, ...]:
+    """An ssh config's ``*KnownHostsFile`` value as OpenSSH reads it: paths separated by spaces
+    (quotes allowed), ``~`` and the ``%`` tokens expanded; ``none``: no file."""
+    words = shlex.split(str(value)) if value else list(default)
+    if words == ["none"]:
+        return ()
+    paths = []
+    for word in words:
+        text = re.sub(r"%.", lambda m: tokens.get(m.group(0), m.group(0)), word)
+        paths.append(os.path.expanduser(text))
+    return tuple(paths)
 
 
 class SshConfigError(BackendError):
@@ -133,7 +139,7 @@ class UnknownHostKey(paramiko.SSHException):
 class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
     """Refuse unknown keys, or (opt-in) record them in the known_hosts file."""
 
-    def __init__(self, accept_new: bool, known_hosts: str) -> None:
+    def __init__(self, accept_new: bool, known_hosts: str | None) -> None:
         self.accept_new = accept_new
         self.known_hosts = known_hosts
 
@@ -141,6 +147,8 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
         if not self.accept_new:
             raise UnknownHostKey(hostname, key)
         client.get_host_keys().add(hostname, key.get_name(), key)
+        if self.known_hosts is None:    # (UserKnownHostsFile none: accepted for this connection only)
+            return
         with _KNOWN_HOSTS_LOCK:
             Path(self.known_hosts).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             with open(self.known_hosts, "a") as f:
@@ -197,7 +205,7 @@ class SshBackend:
         self.python = python
         self.identity_file = identity_file
         self.ssh_config = ssh_config or str(Path("~/.ssh/config").expanduser())
-        self.known_hosts = known_hosts or str(Path("~/.ssh/known_hosts").expanduser())
+        self.known_hosts = known_hosts      # (None: the ssh config's, else OpenSSH's defaults)
         self.accept_new_host_keys = accept_new_host_keys
         self.connect_timeout = connect_timeout
         self._config = paramiko.SSHConfig()
@@ -249,6 +257,21 @@ class SshBackend:
             raise BackendError(str(exc)) from None
         return address.strip("[]"), port, user
 
+    def known(self, host: Host) -> KnownHosts:
+        """The known_hosts files ``host``'s key is checked against (the module docstring)."""
+        cfg = self._config.lookup(host.name)
+        address, port, user = self.endpoint(host)
+        tokens = {"%%": "%", "%d": os.path.expanduser("~"), "%u": getpass.getuser(), "%h": address,
+                  "%k": address, "%n": host.name, "%p": str(port), "%r": user,
+                  "%L": socket.gethostname().split(".")[0], "%l": socket.gethostname()}
+        try:
+            users = ((os.path.expanduser(self.known_hosts),) if self.known_hosts else
+                     _known_files(cfg.get("userknownhostsfile"), USER_KNOWN_HOSTS, tokens))
+            system = _known_files(cfg.get("globalknownhostsfile"), GLOBAL_KNOWN_HOSTS, tokens)
+        except ValueError as exc:    # (an unclosed quote)
+            raise SshConfigError(f"{host.label}: the ssh config's known hosts file setting: {exc}") from None
+        return KnownHosts(users, system)
+
     def _connect(self, host: Host, timeout: float | None = None, sock: Any = None,
                  hops: list[paramiko.SSHClient] | None = None, depth: int = 0) -> paramiko.SSHClient:
         """A connection to ``host`` (through ``sock`` if given, else its ProxyJump/ProxyCommand);
@@ -262,9 +285,14 @@ class SshBackend:
         keys = ([os.path.expanduser(self.identity_file)] if self.identity_file else []) + \
             [os.path.expanduser(k) for k in cfg.get("identityfile", [])]
         client = paramiko.SSHClient()
-        if os.path.isfile(self.known_hosts):
-            client.load_host_keys(self.known_hosts)
-        client.set_missing_host_key_policy(_HostKeyPolicy(self.accept_new_host_keys, self.known_hosts))
+        known = self.known(host)
+        for path in known.system:
+            if os.path.isfile(path):
+                client.load_system_host_keys(path)
+        for path in known.user:
+            if os.path.isfile(path):
+                client.get_host_keys().load(path)
+        client.set_missing_host_key_policy(_HostKeyPolicy(self.accept_new_host_keys, known.first))
         client.connect(
             hostname=address, port=port, username=user,
             key_filename=[k for k in keys if os.path.isfile(k)] or None,
@@ -453,21 +481,29 @@ class SshBackend:
             return HostProblem(label, str(err), "fix the ssh config")
         where = f"{address}:{port}"
         ssh_cmd = f"ssh {'' if port == 22 else f'-p {port} '}{user}@{address}"
+        try:
+            known_hosts = self.known(host)
+        except SshConfigError:      # (the problem itself, when it is the reason)
+            known_hosts = KnownHosts((), ())
+        first = known_hosts.first or str(Path(USER_KNOWN_HOSTS[0]).expanduser())
         if isinstance(exc, UnknownHostKey):
-            known = _tilde(self.known_hosts)
-            folder = _tilde(os.path.dirname(os.path.abspath(self.known_hosts)))
+            known = _tilde(first)
+            folder = _tilde(os.path.dirname(os.path.abspath(first)))
             scan = f"ssh-keyscan {'' if port == 22 else f'-p {port} '}{address} >> {_shell_path(known)}"
-            if not os.path.isdir(os.path.dirname(os.path.abspath(self.known_hosts))):
+            if not os.path.isdir(os.path.dirname(os.path.abspath(first))):
                 scan = f"mkdir -p -m 700 {_shell_path(folder)} && {scan}"
+            where_not = " nor ".join(_tilde(f) for f in known_hosts.checked()) or "any known_hosts file " \
+                "(UserKnownHostsFile none)"
             return HostProblem(label, f"unknown host key ({exc.key.get_name()} "
-                               f"{fingerprint(exc.key)}) for {exc.name}, not in {known}",
+                               f"{fingerprint(exc.key)}) for {exc.name}, not in {where_not}",
                                f"verify it, then add it: {scan}; or pass --accept-new-host-keys")
         if isinstance(exc, paramiko.BadHostKeyException):
             return HostProblem(label, f"host key of {where} CHANGED (expected {exc.expected_key.get_name()} "
                                f"{fingerprint(exc.expected_key)}, got {exc.key.get_name()} "
                                f"{fingerprint(exc.key)})",
                                "if the host was reinstalled remove the old key: ssh-keygen -f "
-                               f"{self.known_hosts} -R '[{address}]:{port}'; "
+                               f"{_holder(known_hosts, exc.expected_key, address, port) or first} -R "
+                               f"'[{address}]:{port}'; "
                                "otherwise someone may be intercepting the connection")
         if isinstance(exc, paramiko.SSHException) and "No authentication methods" in str(exc):
             return HostProblem(label, f"no SSH key to log in to {user}@{where} with (no -i, no IdentityFile "
@@ -481,6 +517,13 @@ class SshBackend:
                 and not isinstance(exc, (paramiko.AuthenticationException, paramiko.ChannelException))):
             return HostProblem(label, f"the ssh config's ProxyCommand for {host.name} failed: {exc}",
                                f"check it by hand: ssh -v {host.name}")
+        if isinstance(exc, paramiko.SSHException) and "protocol banner" in str(exc):
+            closed = isinstance(exc.__context__, (EOFError, ConnectionError)) or "reset" in str(exc)
+            said = ("closed the connection before SSH's greeting" if closed
+                    else "accepted the connection but sent no SSH greeting in time")
+            return HostProblem(label, f"{where} {said}",
+                               "is it sshd that listens there (the SSH port: Port in the ssh config, or port=N), "
+                               f"and does it accept logins (MaxStartups, its log)? check by hand: {ssh_cmd} -v")
         if isinstance(exc, paramiko.ChannelException):
             return HostProblem(label, f"the ProxyJump host could not reach {where}: {exc}",
                                f"check the jump host and HostName/Port of {host.name} in the ssh config "
@@ -504,8 +547,8 @@ class SshBackend:
         if isinstance(exc, (paramiko.ssh_exception.NoValidConnectionsError, ConnectionError, OSError)):
             return HostProblem(label, f"cannot connect to {where}: {_connect_error(exc)}",
                                "is sshd running there and listening on that port? "
-                               f"(the SSH port: {host.name}:port=N with -H or in the hosts file, or Port in "
-                               f"the ssh config; {host.name}:N means N slots)")
+                               f"(the SSH port: -H {host.name}:port=N, {host.name}:N in a hosts file, or Port in "
+                               f"the ssh config; -H {host.name}:N means N slots)")
         if isinstance(exc, SshConfigError):
             return HostProblem(label, str(exc), f"fix the ssh config ({self.ssh_config}; ssh -G {host.name} "
                                "shows what OpenSSH reads)")
@@ -557,11 +600,10 @@ class SshBackend:
         thread = threading.Thread(target=ask, name=f"probe-{host.label}", daemon=True)
         thread.start()
         thread.join(timeout)
-        if "error" in box:
-            exc = box["error"]
-            raise BackendError(f"{host.label}: {_connect_error(exc) or type(exc).__name__}")
+        if "error" in box:     # (worded as preflight words it; the caller names the host)
+            raise BackendError(self.explain(host.label, host, box["error"]).reason)
         if not box.get("ok"):
-            raise BackendError(f"{host.label}: no answer within {timeout:g} s")
+            raise BackendError(f"no answer within {timeout:g} s")
 
     def disconnect(self, host: Host) -> None:
         """Close ``host``'s connection (and its jump hosts'): the streams on it end at once."""
@@ -710,6 +752,16 @@ def _agent_failed(host: Host, python: str, code: int, stderr: str) -> BackendErr
         why = "the remote agent ended without an exit status (killed by a signal, or the SSH connection was lost)"
         return BackendError(f"{host.label}: {why}" + (f": {stderr[-500:]}" if stderr else ""))
     return BackendError(f"{host.label}: remote agent failed (exit {code}): {stderr[-500:] or 'no message'}")
+
+
+def _holder(known: KnownHosts, key: paramiko.PKey, address: str, port: int) -> str | None:
+    """The known_hosts file that holds ``key`` for the host (None if none can be read)."""
+    name = address if port == 22 else f"[{address}]:{port}"
+    for path in (*known.user, *known.system):
+        with contextlib.suppress(OSError):
+            if key in (paramiko.HostKeys(path).lookup(name) or {}).values():
+                return path
+    return None
 
 
 def _close_all(clients: Sequence[paramiko.SSHClient]) -> None:

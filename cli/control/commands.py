@@ -101,8 +101,9 @@ def job_status(record: JobRecord, timeout: float = 2.0, backend: Backend | None 
                    if live else f"checked {where}")
     for p in record.procs:
         row = live.get((p.role, p.rank))
-        if row is not None:
+        if row is not None:     # (its pid: the process group mxdist started, as recorded and as stop ends it)
             row.host = p.host
+            row.pid = p.pid or row.pid
         else:
             row = checked.get(p.name) or _recorded_row(p)
         row.step = extra.steps.get(p.name)

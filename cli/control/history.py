@@ -3,17 +3,34 @@
 Only finished jobs are removed (their records and logs here, and whatever they may have left
 on their hosts: run directories, keys, shared-memory segments); a job whose supervisor is gone
 is finalised first (:func:`mxdist.control.takeover.refresh`); active jobs are never touched.
+A job with a host that does not answer is kept (what it left there stays), unless the caller
+forgets such jobs (``mxdist clean --forget-unreachable``): then its record and logs here go, and
+the result says what stays on which host.
 """
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..job import records
 from ..job.records import JobRecord
 from . import teardown
 from .takeover import backend_for, refresh
+
+
+@dataclass
+class Cleaned:
+    """What :func:`clean` did: the jobs ``removed``; those ``kept`` (job id -> why: still active, or
+    per host its problem); and of the removed, those ``forgotten`` with hosts that did not answer
+    (job id -> host label -> why), whose files there stay."""
+
+    removed: list[str] = field(default_factory=list)
+    kept: dict[str, str] = field(default_factory=dict)
+    unreachable: dict[str, dict[str, str]] = field(default_factory=dict)   # kept for unreachable hosts only
+    forgotten: dict[str, dict[str, str]] = field(default_factory=dict)
+    run_dirs: dict[str, str] = field(default_factory=dict)                 # job id -> its run directory on its hosts
 
 
 def finished(older_than_days: float | None = None, now: float | None = None) -> list[str]:
@@ -36,15 +53,15 @@ def _ended(job_id: str, rec: JobRecord | Exception) -> float:
     return rec.ended or rec.created if isinstance(rec, JobRecord) else _mtime(records.record_path(job_id))
 
 
-def clean(older_than_days: float | None = None, only: Sequence[str] = (),
-          now: float | None = None) -> tuple[list[str], dict[str, str]]:
+def clean(older_than_days: float | None = None, only: Sequence[str] = (), now: float | None = None,
+          forget_unreachable: bool = False) -> Cleaned:
     """Remove finished jobs (here, and their run directories on remote hosts); never active ones.
-    Returns (removed job ids, job id -> why it was kept)."""
+    A job with a host that does not answer is kept, or with ``forget_unreachable`` removed here
+    (the module docstring)."""
     now = time.time() if now is None else now
-    removed: list[str] = []
-    kept: dict[str, str] = {}
+    out = Cleaned()
     if not records.jobs_dir().is_dir():
-        return removed, kept
+        return out
     for job_id, rec in records.listing():
         if only and job_id not in only:
             continue
@@ -53,30 +70,35 @@ def clean(older_than_days: float | None = None, only: Sequence[str] = (),
         if isinstance(rec, JobRecord):
             rec = refresh(rec)
             if rec.state.active:
-                kept[job_id] = f"still {rec.state.value}"
+                out.kept[job_id] = f"still {rec.state.value}"
                 continue
-            problem = _clean_hosts(rec)
-            if problem:
-                kept[job_id] = problem
+            failed, unreachable = _clean_hosts(rec)
+            out.run_dirs[job_id] = rec.run_dir
+            if failed or (unreachable and not forget_unreachable):
+                out.kept[job_id] = "; ".join(f"{h}: {why}" for h, why in {**unreachable, **failed}.items())
+                if unreachable and not failed:
+                    out.unreachable[job_id] = unreachable
                 continue
+            if unreachable:
+                out.forgotten[job_id] = unreachable
         records.remove(job_id)
-        removed.append(job_id)
-    return removed, kept
+        out.removed.append(job_id)
+    return out
 
 
-def _clean_hosts(record: JobRecord) -> str | None:
+def _clean_hosts(record: JobRecord) -> tuple[dict[str, str], dict[str, str]]:
     """Remove what the job may have left on its hosts (run files, shared memory): the job's end
-    did already, unless a host was not verified or an older version ran it."""
+    did already, unless a host was not verified or an older version ran it.  Returns (the hosts
+    that answered but failed -> why, the hosts that did not answer -> why)."""
     if not any(p.pid for p in record.procs):
-        return None
+        return {}, {}
     backend = backend_for(record)
     try:
         hosts = teardown.hosts_of(record)
         labels = sorted({p.host for p in record.procs if p.pid})
         skip = teardown.probe(backend, [hosts[label] for label in labels if label in hosts])
         failed = teardown.cleanup_everywhere(backend, hosts, record.id, record.run_dir, labels, skip)
-        failed.update(skip)
-        return "; ".join(f"{h}: {why}" for h, why in failed.items()) or None
+        return failed, skip
     finally:
         backend.close()
 

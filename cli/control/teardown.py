@@ -54,13 +54,15 @@ def by_host(procs: Sequence[ProcRecord]) -> dict[str, list[ProcRecord]]:
 def probe(backend: Backend, hosts: Sequence[Host], timeout: float = PROBE_TIMEOUT) -> dict[str, str]:
     """Hosts that do not answer within ``timeout``: label -> reason."""
     results = run_per_host(hosts, lambda h: backend.reachable(h, timeout), timeout=timeout + 1.0)
-    return {label: _reason(r) for label, r in results.items() if isinstance(r, Exception)}
+    return {label: _reason(r, label) for label, r in results.items() if isinstance(r, Exception)}
 
 
-def _reason(exc: BaseException) -> str:
+def _reason(exc: BaseException, label: str = "") -> str:
+    """Why a host's step failed, without the host's name (the caller puts it first)."""
     if isinstance(exc, HostTimeout):
         return "did not answer (unreachable?)"
-    return str(exc) or type(exc).__name__
+    text = str(exc) or type(exc).__name__
+    return text[len(label) + 2:] if label and text.startswith(f"{label}: ") else text
 
 
 def stop_everywhere(backend: Backend, hosts: Mapping[str, Host], procs: Sequence[ProcRecord],
@@ -74,7 +76,7 @@ def stop_everywhere(backend: Backend, hosts: Mapping[str, Host], procs: Sequence
     results = run_per_host(targets, lambda h: backend.stop(h, groups[h.label], grace), timeout=grace + STEP_MARGIN)
     for label, result in results.items():
         if isinstance(result, Exception):
-            report.unverified[label] = _reason(result)
+            report.unverified[label] = _reason(result, label)
         else:
             report.left[label] = list(result)
     return report
@@ -109,7 +111,7 @@ def _per_process(groups: Mapping[str, Sequence[ProcRecord]], results: Mapping[st
     out: dict[str, Any] = {}
     for label, result in results.items():
         if isinstance(result, Exception):
-            unverified[label] = _reason(result)
+            unverified[label] = _reason(result, label)
             continue
         for p, item in zip(groups[label], result, strict=False):
             out[p.name] = item
@@ -121,7 +123,7 @@ def cleanup_everywhere(backend: Backend, hosts: Mapping[str, Host], job_id: str,
     """Remove secrets, run files and shared memory on ``labels``; the hosts where that failed."""
     targets = [hosts[label] for label in labels if label in hosts and label not in skip]
     results = run_per_host(targets, lambda h: backend.cleanup(h, job_id, run_dir), timeout=STEP_MARGIN)
-    return {label: _reason(r) for label, r in results.items() if isinstance(r, Exception)}
+    return {label: _reason(r, label) for label, r in results.items() if isinstance(r, Exception)}
 
 
 def outcomes(record: JobRecord, evidence: Mapping[str, Evidence], stopped: set[str],

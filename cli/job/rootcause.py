@@ -20,7 +20,9 @@ Rules (:func:`decide`):
    order in which the supervisor learnt of the exits); ties go to workers, then servers.
 4. Everything else that did not end well is a consequence, one line each (``ended with the
    job`` for every process that ended because of the failure, by itself or stopped by the
-   supervisor); processes on hosts that could not be reached are "not verified".
+   supervisor); processes on hosts that could not be reached are "not verified".  A process
+   whose log ends with an exception of its own (not the job's end, not an interrupt) ``failed
+   too`` with it, stopped or not: the supervisor's stop may only have cut its exit short.
 
 Headline: ``worker 1 on host-b: ValueError: bad batch`` (the exception when a Python script
 raised; else the exit status or the scheduler's words).  When the root cause's exception comes
@@ -154,18 +156,36 @@ def decide(outcomes: Sequence[Outcome], first_seen: str | None = None) -> RootCa
     name = min(candidates, key=lambda n: (candidates[n][0], _ROLE_ORDER.get(by_name[n].role, 3), n))
     when, reason = candidates[name]
     cause = by_name[name]
-    consequences = tuple(_consequence(o) for o in outcomes if o.name != name and _consequence(o))
+    consequences = tuple(_consequence(o, reason) for o in outcomes if o.name != name and _consequence(o, reason))
     source = cause.failure.source if cause.failure is not None and _kind(cause) is FailureKind.EXCEPTION else None
     return RootCause(headline=f"{cause.who}: {reason}", name=name, reason=reason,
                      time=None if math.isinf(when) else when, consequences=consequences, source=source)
 
 
-def _consequence(o: Outcome) -> str:
-    """One line for a process that did not end well because of the root cause ('' if it did)."""
+#: Exceptions that say a process was interrupted, not that it failed.
+_INTERRUPTS = ("KeyboardInterrupt", "SystemExit")
+
+
+def _failed_too(o: Outcome) -> str | None:
+    """The error a process other than the root cause failed with by itself (rule 4), or None."""
+    if _kind(o) is FailureKind.EXCEPTION and o.failure is not None:
+        return o.failure.exception or o.exception or describe_code(o.code)
+    if _kind(o) in (FailureKind.JOB_ENDED, FailureKind.VERDICT) or not o.exception or o.code == 0:
+        return None
+    return None if o.exception.split(":")[0].strip() in _INTERRUPTS else o.exception
+
+
+def _consequence(o: Outcome, cause: str = "") -> str:
+    """One line for a process that did not end well because of the root cause (its reason:
+    ``cause``), '' if it did."""
     if not o.verified:
         return f"{o.who}: {UNVERIFIED}"
     if o.running:
         return f"{o.who}: still running"
+    error = _failed_too(o)
+    if error is not None:
+        same = error == cause
+        return f"{o.who}: failed too, with the same error ({error})" if same else f"{o.who}: failed too: {error}"
     if _kind(o) is FailureKind.JOB_ENDED or o.stopped:   # by itself or stopped by the supervisor: the same reason
         return f"{o.who}: ended with the job"
     if o.code == 0:

@@ -7,7 +7,12 @@ line of a ``--host-discovery-script``)::
 
     [USER@]HOST[:SLOTS] [FIELD=VALUE ...]
 
-* ``HOST:N`` means N slots, as horovodrun's ``-H h1:2,h2:4`` and the discovery script do;
+* ``HOST:N`` is read as the users who write it mean it (:class:`Colon`): inline (``-H h1:2,h2:4``)
+  and in a discovery script's answer it is N slots, as horovodrun and Horovod's discovery
+  script mean it; in a hosts file it is the SSH port, as MXNet's ``launch.py`` (the dmlc
+  tracker) reads its ``ip:port`` lines.  A number that could mean either is refused with what to
+  write (``HOST slots=N`` or ``HOST port=N``), never placed: in a file any N but 22 and those
+  above :data:`MAX_SLOTS`, inline 22 (SSH's port) and those above :data:`MAX_SLOTS`;
 * fields: ``slots=N`` (the same as ``:N``), ``port=N`` (the SSH port; else Port from the ssh
   config, else 22), ``addr=ADDRESS`` (what the host's processes bind to and are reached at, for
   hosts with several networks; else the address SSH connects to).  A field follows the host
@@ -19,13 +24,13 @@ Hosts file format (see ``hosts.example``)::
     # comment                       blank lines and comments are ignored
     node1                           a host, one slot, port and user from ~/.ssh/config or 22/you
     node2 slots=2 port=2222         two slots, sshd on port 2222
-    alice@node3:4                   a user; four slots
+    alice@node3 slots=4             a user; four slots
+    10.0.0.5:22                     MXNet's ip:port: sshd on port 22, one slot
     node4 addr=10.1.0.4             the job's traffic on 10.1.0.4 (SSH still goes to node4)
 
 Inline list (``-H a,b:2,user@c:port=2222``): the same entries separated by commas.
 
-``HOST:N`` with N above :data:`MAX_SLOTS` is refused with what to write for an SSH port
-(``HOST:port=N``): it is what ``host:port`` habits look like.  Every word is validated before
+Every word is validated before
 any connection: host names, user names, ports and addresses that could be read as shell syntax
 or ssh options (``h;touch x``, ``$(id)``, backticks, ``-oProxyCommand=..``) are rejected with
 ``file:line`` and the offending line.
@@ -35,14 +40,24 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass, replace
+from enum import Enum
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})$")
 _V6_RE = re.compile(r"^\[[0-9A-Fa-f:.]{2,45}\]$")
 _USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
-#: More slots than any host runs workers: ``HOST:N`` above it is an SSH port written the old way.
+#: More slots than any host runs workers: ``HOST:N`` above it is an SSH port, never slots.
 MAX_SLOTS = 1024
+#: SSH's own port: ``HOST:22`` is a port wherever it is written, so inline it is refused as slots.
+SSH_PORT = 22
+
+
+class Colon(Enum):
+    """What ``HOST:N`` means where it is written (the module docstring's rule)."""
+
+    SLOTS = "slots"   # inline -H and a discovery script's answer: horovodrun's h1:4
+    PORT = "port"     # a hosts file: MXNet launch.py's ip:port
 #: The fields a host entry may carry (``NAME=VALUE``).
 FIELDS = ("slots", "port", "addr")
 #: ``Host.origin`` of the only word of ``-H WORD`` that names no file: if it does not resolve
@@ -171,26 +186,44 @@ def _colon_parts(text: str) -> list[str]:
     return parts
 
 
-def _slots(text: str, entry: str, where: str, colon: bool) -> int:
-    """A slot count (``colon``: written ``HOST:N``, where a number above MAX_SLOTS is a port)."""
-    form = f":{text}" if colon else f"slots={text}"
+def _slots(text: str, entry: str, where: str) -> int:
+    """A slot count written ``slots=N``."""
     if not text.isdigit() or int(text) < 1:
-        raise HostsError(f"{where}: slots {text!r} in {entry!r} must be a whole number >= 1 ({form})")
+        raise HostsError(f"{where}: slots {text!r} in {entry!r} must be a whole number >= 1 (slots={text})")
     count = int(text)
     if count > MAX_SLOTS:
-        host = entry.split(":")[0] if colon else entry.split()[0]
-        if colon:
-            raise HostsError(
-                f"{where}: {entry!r}: HOST:N means N slots (as horovodrun -H and the discovery script), and "
-                f"{count} is more than {MAX_SLOTS}; for SSH port {count} write {host}:port={count} (or Port "
-                "in ~/.ssh/config)")
         raise HostsError(f"{where}: slots={count} in {entry!r} is more than {MAX_SLOTS}")
     return count
 
 
-def parse_host_entry(entry: str, where: str = "host") -> Host:
-    """One host entry, ``[USER@]HOST[:SLOTS] [FIELD=VALUE ...]`` (the module docstring's rule);
-    errors name ``where`` and say what to write."""
+def _colon_number(text: str, head: str, host: str, where: str, colon: Colon) -> tuple[str, str]:
+    """``HOST:N``'s N as the field it is where it is written (``("slots", N)`` or ``("port", N)``);
+    a number that could mean either is refused, naming both readings and what to write."""
+    if not text.isdigit() or int(text) < 1:
+        what = "slots" if colon is Colon.SLOTS else "port"
+        raise HostsError(f"{where}: {what} {text!r} in {head!r} must be a whole number >= 1 "
+                         f"({host} slots=N for slots, {host} port=N for the SSH port)")
+    number = int(text)
+    both = f"write {host}:slots={number} for {number} slots, or {host}:port={number} for SSH port {number}"
+    if colon is Colon.SLOTS:
+        if number > MAX_SLOTS:
+            raise HostsError(
+                f"{where}: {head!r}: HOST:N in -H means N slots (as horovodrun -H and the discovery script), "
+                f"and {number} is more than {MAX_SLOTS}; for SSH port {number} write {host}:port={number} (or "
+                "Port in ~/.ssh/config)")
+        if number == SSH_PORT:
+            raise HostsError(f"{where}: {head!r} could mean {number} slots (horovodrun's -H h1:4) or SSH port "
+                             f"{number} (MXNet's ip:port): {both}")
+        return "slots", text
+    if number == SSH_PORT or number > MAX_SLOTS:
+        return "port", str(_port(text, where))
+    raise HostsError(f"{where}: {head!r}: in a hosts file HOST:N is the SSH port (MXNet's ip:port lines), and "
+                     f"{number} could be a slot count (horovodrun's -H h1:4) as well: {both}")
+
+
+def parse_host_entry(entry: str, where: str = "host", colon: Colon = Colon.SLOTS) -> Host:
+    """One host entry, ``[USER@]HOST[:N] [FIELD=VALUE ...]`` (the module docstring's rule), its
+    ``:N`` read as ``colon`` says; errors name ``where`` and say what to write."""
     words = entry.split()
     if not words:
         raise HostsError(f"{where}: empty host")
@@ -214,11 +247,13 @@ def parse_host_entry(entry: str, where: str = "host") -> Host:
                          "brackets: [fe80::1]:2)")
     check_hostname(host, where)
     values: dict[str, str] = {}
+    numbered = ""      # the field HOST:N gave
     for index, chunk in enumerate([*chunks, *rest]):
         name, eq, value = chunk.partition("=")
         if not eq:
             if index == 0 and chunks and chunk.isdigit():
-                values["slots"] = str(_slots(chunk, head, where, colon=True))
+                numbered, number = _colon_number(chunk, head, host, where, colon)
+                values[numbered] = number
                 continue
             if index < len(chunks):
                 raise HostsError(f"{where}: {chunk!r} after ':' in {head!r} is neither a slot count nor a field "
@@ -230,11 +265,10 @@ def parse_host_entry(entry: str, where: str = "host") -> Host:
             hint = f"did you mean {near[0]}=? " if near else ""
             raise HostsError(f"{where}: unknown field {chunk!r} ({hint}fields: slots=N, port=N, addr=ADDRESS)")
         if name in values:
-            first = f":{values[name]}" if name == "slots" and chunks and chunks[0].isdigit() else \
-                f"{name}={values[name]}"
+            first = f":{values[name]}" if name == numbered else f"{name}={values[name]}"
             raise HostsError(f"{where}: {name} given twice in {entry.strip()!r} ({first} and {chunk})")
         values[name] = value
-    slots = _slots(values["slots"], entry.strip(), where, colon=False) if "slots" in values else 1
+    slots = _slots(values["slots"], entry.strip(), where) if "slots" in values else 1
     port = _port(values["port"], where) if "port" in values else None
     addr = values.get("addr")
     if addr is not None:
@@ -256,7 +290,8 @@ def _check_duplicate(seen: dict[tuple[str, int | None, str | None], str], host: 
 
 
 def parse_hosts_file(text: str, path: str) -> list[Host]:
-    """Parse a hosts file's text; errors name ``path:line`` and quote the line."""
+    """Parse a hosts file's text (``HOST:N`` is the SSH port: :class:`Colon`); errors name
+    ``path:line`` and quote the line."""
     hosts: list[Host] = []
     seen: dict[tuple[str, int | None, str | None], str] = {}
     for number, raw in enumerate(text.splitlines(), start=1):
@@ -265,7 +300,7 @@ def parse_hosts_file(text: str, path: str) -> list[Host]:
             continue
         where = f"{path}:{number}"
         try:
-            host = parse_host_entry(line, where)
+            host = parse_host_entry(line, where, Colon.PORT)
             _check_duplicate(seen, host, where)
         except HostsError as exc:
             raise HostsError(f"{exc}\n  {number} | {raw.rstrip()}") from None
@@ -276,7 +311,8 @@ def parse_hosts_file(text: str, path: str) -> list[Host]:
 
 
 def parse_host_list(spec: str) -> list[Host]:
-    """Parse the inline ``-H a,b:2,user@c:port=2222`` form (entries separated by commas)."""
+    """Parse the inline ``-H a,b:2,user@c:port=2222`` form (entries separated by commas; ``HOST:N``
+    is N slots: :class:`Colon`)."""
     hosts: list[Host] = []
     seen: dict[tuple[str, int | None, str | None], str] = {}
     items = spec.split(",")

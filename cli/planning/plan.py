@@ -294,6 +294,16 @@ class Plan:
         return {h.label: counts[h.label] for h in self.hosts if h.label in counts}
 
 
+def placement(plan: Plan) -> str:
+    """``4 processes on 2 hosts`` (and the hosts that run nothing), as the launch line says it."""
+    busy = plan.busy_hosts
+    text = f"{len(plan.procs)} processes on {len(busy)} host{'s' if len(busy) != 1 else ''}"
+    idle = [h.label for h in plan.hosts if h not in busy]
+    if idle:
+        text += f" ({', '.join(idle)} run{'s' if len(idle) == 1 else ''} nothing)"
+    return text
+
+
 def parse_env_assignments(items: Sequence[str], reserved: Mapping[str, str] | None = None) -> dict[str, str]:
     """``["K=V", ...]`` -> dict; names are validated, values kept verbatim; PSNODE_* refused, and
     the ``reserved`` names (the engine's variables -> what sets them)."""

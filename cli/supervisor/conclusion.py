@@ -73,9 +73,11 @@ class Conclusion:
 
     def conclude(self, state: JobState, code: int, stopped_by: str | None = None,
                   first_seen: str | None = None, headline: str | None = None,
-                  grace: float | None = None, summary: str | None = None, note: str | None = None) -> int:
+                  grace: float | None = None, summary: str | None = None, note: str | None = None,
+                  forget: bool = False) -> int:
         """Stop, collect, name the root cause (``note``: what the supervisor adds to it, e.g. a
-        crash loop), clean up on every host; write the final state once."""
+        crash loop), clean up on every host; write the final state once (``forget``: a job that
+        started nothing leaves no record, and its closing line says so)."""
         if stopped_by:
             ui.warn(f"{stopped_by}: stopping the job on every host")
         live = [p for p in self.job.record.procs if p.pid and p.state is ProcState.RUNNING]
@@ -103,6 +105,10 @@ class Conclusion:
         records.discard_key(self.job.record.id)
         self.job.record.finish(JobOutcome(state, code, {**report.unverified, **failed_cleanup}, stopped_by, cause,
                                   headline))
+        if forget and not any(p.pid for p in self.job.record.procs) and not failed_cleanup:
+            records.remove(self.job.record.id)
+            ui.fail_line(f"{summary or headline}: nothing was started, no job recorded")
+            return code
         self.job.save()
         self._report(cause, summary)
         return code

@@ -28,6 +28,7 @@ from psnode.launcher import Mode, checkpoint_path
 
 from ..backends import agent
 from ..backends.base import Backend, Capability, LaunchRequest, host_gpus, resolver
+from ..backends.hostspec import all_here, read_hosts
 from ..backends.registry import NAMES, capabilities, for_launch
 from ..elastic.discovery import DiscoveryError, discover
 from ..job import records
@@ -67,6 +68,7 @@ class Prepared:
     backend: Backend
     record: JobRecord
     settings: LaunchSettings
+    how: str = ""       # how the processes start (how_started)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -156,8 +158,11 @@ def check_resume(plan: Plan, directory: str) -> None:
 def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepared:
     """Validate options and compute everything a launch needs; raise HostsError/PlanError."""
     environ = dict(os.environ if environ is None else environ)
+    if opts.timeline == "" and opts.command and opts.command[0].endswith(".json") and not opts.module:
+        raise PlanError(f"--timeline takes no path, and {opts.command[0]} is no program to run: write "
+                        f"--timeline-path {opts.command[0]}")
     opts = replace(opts, command=job_command(opts.command, opts.module, opts.known_options), module=False)
-    launcher = opts.launcher or ("ssh" if opts.hosts or opts.host_discovery_script else "local")
+    launcher = opts.launcher or default_launcher(opts)
     if launcher not in NAMES:
         raise PlanError(f"--launcher {launcher!r}: choose local, ssh or slurm")
     ranks = parse_ranks(opts.ranks)
@@ -168,6 +173,9 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
     sync = _sync_pairs(opts.sync)
     workdir = run_workdir(opts.workdir, sync, os.getcwd())
     if opts.identity_file and Capability.LOGIN not in capabilities(launcher):
+        if opts.hosts and not opts.launcher:
+            raise PlanError(f"-i/--identity-file is for SSH logins, and -H {opts.hosts} names this machine, which "
+                            "runs without SSH: drop -i, or pass --launcher ssh to log in over SSH")
         raise PlanError(f"-i/--identity-file is for SSH hosts (-H); --launcher {launcher} does not use SSH")
     here = os.path.abspath(opts.workdir or os.getcwd())   # (the discovery script runs on this machine)
     script = discovery_script(opts, launcher, here)
@@ -220,7 +228,31 @@ def prepare(opts: LaunchOptions, environ: dict[str, str] | None = None) -> Prepa
                               sync=sync, security=security, check_modules=engine.modules,
                               timeline_dir=f"{run_dir}/timeline" if opts.timeline is not None else None,
                               timeline_local=shared_fs)
-    return Prepared(plan, backend, record, settings)
+    return Prepared(plan, backend, record, settings, how_started(opts, backend))
+
+
+def default_launcher(opts: LaunchOptions) -> str:
+    """The launcher when ``--launcher`` is not given: SSH for hosts given (``-H``, a discovery
+    script) unless every ``-H`` host names this machine (``-H localhost:2`` runs here, as
+    horovodrun runs it), else this machine."""
+    if opts.host_discovery_script or (opts.hosts and opts.server_hosts):
+        return "ssh"
+    if opts.hosts:
+        return "local" if all_here(read_hosts(opts.hosts)) else "ssh"
+    return "local"
+
+
+def how_started(opts: LaunchOptions, backend: Backend) -> str:
+    """How the job's processes start, in the dry run's words."""
+    caps = backend.capabilities
+    if Capability.LOGIN in caps:
+        return "over SSH, on every host"
+    if Capability.THIS_MACHINE in caps:
+        if opts.hosts:
+            return (f"on this machine, without SSH (-H {opts.hosts} names this machine; --launcher ssh logs in "
+                    "over SSH)")
+        return "on this machine"
+    return f"by the {backend.name} launcher, on the hosts it finds"
 
 
 def _server_hosts(opts: LaunchOptions, backend: Backend, script: str | None) -> list[Host]:

@@ -88,7 +88,7 @@ from ..job.lifecycle import QUICK, SCHEDULER_RESTARTS, Action, Failure, Supervis
 from ..job.records import Elastic, JobRecord, JobState, ProcRecord, ProcState
 from ..job.rootcause import describe_code
 from ..planning.hosts import Host
-from ..planning.plan import Plan, ProcSpec, restarted, with_standby_scheduler
+from ..planning.plan import Plan, ProcSpec, placement, restarted, with_standby_scheduler
 from .conclusion import Conclusion
 from .hostwatch import HostWatch
 from .membership import Membership
@@ -203,8 +203,13 @@ class Supervisor:
             ui.preflight_panel(problems)
             cause = "; ".join(f"{p.host}: {p.reason}" for p in problems)
             hosts = ", ".join(dict.fromkeys(p.host for p in problems))
+            # in the foreground nothing started and the panel said why: no job to keep a record
+            # of; a detached job keeps it, for mxdist status to say why it ended
             return self.conclusion.conclude(JobState.FAILED, EXIT_PREFLIGHT, headline=f"preflight failed: {cause}",
-                                  summary=f"preflight failed on {hosts} (the panel above)")
+                                            summary=f"preflight failed on {hosts} (the panel above)",
+                                            forget=not self.settings.detach)
+        if not self.settings.detach:
+            ui.info(f"job {self.record.id}: {placement(self.plan)}; logs in {records.log_dir(self.record.id)}")
         try:
             self._start_all()
         except BackendError as exc:

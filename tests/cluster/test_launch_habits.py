@@ -99,3 +99,25 @@ def test_a_typo_before_the_script_starts_nothing_and_records_nothing(home):
     assert "unknown option --dryrun before the command; did you mean --dry-run?" in text
     assert "command not found" not in res.stdout + res.stderr
     assert records(home) == []
+
+
+@pytest.mark.parametrize("spec", ["localhost:2", "127.0.0.1:2"])
+def test_hosts_naming_this_machine_run_here_without_ssh(home, package, spec):
+    """horovodrun's ``-H localhost:2``: this machine's entries run without SSH (no sshd on port 22
+    needed); the dry run says so, and ``--launcher ssh`` logs in over SSH."""
+    env = cli_env(home, MXDIST_SSH_CONFIG=str(package / "no-ssh-config"))
+    dry = run_cli(["launch", "--dry-run", "-H", spec, "-s", "1", "--workdir", str(package), "-m", "trainer.main"], env)
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    said = " ".join(dry.stdout.split())
+    assert (f"how the processes start: on this machine, without SSH (-H {spec} names this machine; "
+            "--launcher ssh logs in over SSH)") in said, dry.stdout
+    res = run_cli(["launch", "-H", spec, "-s", "1", "--workdir", str(package), "-m", "trainer.main"], env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    for rank in range(2):
+        assert f"[worker {rank} @ localhost] module __main__ rank {rank} of 2 local {rank} args [] sum 3.0" \
+            in res.stdout, res.stdout
+    assert latest(home)["backend"] == "local"
+    ssh = run_cli(["launch", "--dry-run", "--launcher", "ssh", "-H", spec, "-m", "trainer.main"], env)
+    assert ssh.returncode == 0 and "how the processes start: over SSH, on every host" in " ".join(
+        ssh.stdout.split()), ssh.stdout + ssh.stderr
+    assert_nothing_left(home)

@@ -221,6 +221,10 @@ def test_status_and_jobs_after_a_preflight_failure_and_on_damaged_records(home, 
     env = cli_env(home)
     res = run_cli(["launch", "--workdir", str(tmp_path / "nope"), "-n", "1", "hostname"], env)
     assert res.returncode == 3 and "preflight failed" in res.stderr, res.stderr
+    assert "no job recorded" in res.stderr and not records(home)     # in the foreground the panel said it all
+    res = run_cli(["launch", "-d", "--workdir", str(tmp_path / "nope"), "-n", "1", "hostname"], env)
+    assert res.returncode == 0, res.stdout + res.stderr                # detached: status says why
+    wait_for(lambda: latest(home)["state"] == "failed", 30, "the detached job's preflight")
     status = run_cli(["status"], env)
     assert status.returncode == 0, status.stdout + status.stderr
     assert "failed" in status.stdout and "does not exist" in status.stdout and "Traceback" not in status.stderr

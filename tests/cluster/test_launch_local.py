@@ -8,12 +8,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import signal
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from tests.support.cli import (
+    ROOT,
     assert_nothing_left,
     cli_env,
     kill_cli,
@@ -150,3 +153,13 @@ def test_detached_job_status_and_stop(home, tmp_path):
     view = json.loads(run_cli(["status", job, "--json"], env).stdout)
     assert view["state"] == "stopped"
     assert {n["state"] for n in view["nodes"] if n["role"] == "worker"} <= {"stopped", "lost", "failed"}
+
+
+def test_ctrl_c_tests_hold_when_the_suite_starts_with_sigint_ignored(tmp_path):
+    """A suite started as a script's background job inherits SIGINT ignored; its Ctrl-C tests
+    still send Ctrl-C to an mxdist that takes it (tests.support.interruptible), in every tier."""
+    test = "tests/cluster/test_launch_local.py::test_ctrl_c_stops_the_job"
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test], cwd=ROOT,
+                         capture_output=True, text=True, timeout=180,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert res.returncode == 0 and "1 passed" in res.stdout, res.stdout[-3000:] + res.stderr[-2000:]

@@ -161,3 +161,42 @@ def test_proxyjump_and_proxycommand_and_keepalives_from_the_ssh_config(ssh_clust
     finally:
         backend.close()
     assert_nothing_left(home)
+
+
+def test_known_hosts_files_from_the_ssh_config_as_openssh_reads_them(ssh_cluster, home, tmp_path):
+    """``UserKnownHostsFile`` (several files, ``%d``/``~`` expanded) and ``GlobalKnownHostsFile``
+    from the ssh config, as ``ssh -F`` reads them; strict checking kept: a key in neither is
+    refused, naming the config's file, and ``--accept-new-host-keys`` adds it there."""
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "cluster_known").write_text(ssh_cluster.known_hosts_line("127.0.0.2"))
+    (tmp_path / "global_known").write_text(ssh_cluster.known_hosts_line("127.0.0.3"))
+    config = write(tmp_path / "config", (
+        f"Host *\n  UserKnownHostsFile %d/cluster_known ~/more_known\n"
+        f"  GlobalKnownHostsFile {tmp_path / 'global_known'}\n" + ssh_cluster.ssh_config.read_text()))
+    env = bare_env(ssh_cluster, home, user, config)
+    del env["MXDIST_KNOWN_HOSTS"]
+    assert subprocess.run(["ssh", "-F", config, "-o", "BatchMode=yes", "node2", "true"], env=env,
+                          capture_output=True, timeout=30).returncode == 0       # OpenSSH takes node2's key
+    show = write(tmp_path / "show.py", SHOW)
+    res = run_cli(["launch", "-H", "node1,node2", "-s", "0", show], env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "on 127.0.0.3 rank 1" in flat(res.stdout)
+
+    res = run_cli(["launch", "-H", "node1,node3", "-s", "0", show], env)
+    assert res.returncode == 3, res.stdout + res.stderr
+    text = flat(res.stderr)
+    assert f"for [127.0.0.4]:{ssh_cluster.port}, not in ~/cluster_known" in text, text
+    assert f"ssh-keyscan -p {ssh_cluster.port} 127.0.0.4 >> ~/cluster_known" in text, text
+    res = run_cli(["launch", "-H", "node1,node3", "-s", "0", "--accept-new-host-keys", show], env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert ssh_cluster.host_pubkeys["127.0.0.4"] in (user / "cluster_known").read_text()
+
+    # a changed key in the global file is refused, as OpenSSH refuses it
+    (tmp_path / "global_known").write_text(
+        ssh_cluster.known_hosts_line("127.0.0.3").replace(ssh_cluster.host_pubkeys["127.0.0.3"],
+                                                         ssh_cluster.host_pubkeys["127.0.0.4"]))
+    res = run_cli(["launch", "-H", "node2", "-s", "0", show], env)
+    assert res.returncode == 3 and "host key of 127.0.0.3" in flat(res.stderr) and "CHANGED" in res.stderr, \
+        res.stderr
+    assert_nothing_left(home)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import assert_nothing_left, latest, run_cli
+from tests.support.cli import assert_nothing_left, records, run_cli
 
 SHOW = textwrap.dedent("""
     import json, os
@@ -46,12 +46,11 @@ def test_cpu_hosts_report_no_gpu_and_refuse_gpus_per_worker(ssh_cluster, home, t
     text = flat(res.stderr)
     assert "preflight failed: nothing was started" in text
     assert all(f"{host}: has no GPU, but its" in text for host in ("node1", "node2", "node3")), text
-    rec = latest(home)
-    assert rec["state"] == "failed" and all(p["pid"] is None for p in rec["procs"])
-    assert rec["root_cause"]["headline"] == (
-        "preflight failed: node1: has no GPU, but its 2 workers x --gpus-per-worker 1 need 2 GPUs; "
-        "node2: has no GPU, but its 1 worker x --gpus-per-worker 1 need 1 GPU; "
-        "node3: has no GPU, but its 1 worker x --gpus-per-worker 1 need 1 GPU")
+    for line in ("node1: has no GPU, but its 2 workers x --gpus-per-worker 1 need 2 GPUs",
+                 "node2: has no GPU, but its 1 worker x --gpus-per-worker 1 need 1 GPU",
+                 "node3: has no GPU, but its 1 worker x --gpus-per-worker 1 need 1 GPU"):
+        assert line in text, text
+    assert [r["state"] for r in records(home)] == ["succeeded"]     # the failed preflight left no record
     assert_nothing_left(home)
 
 

@@ -61,18 +61,26 @@ def test_port_field_inline_reaches_the_sshd(ssh_cluster, home, tmp_path):
     assert res.returncode == 2, res.stdout + res.stderr
     assert f"for SSH port {port} write 127.0.0.2:port={port}" in text_of(res)
     assert "Traceback" not in res.stderr
+    # in a hosts file the same words are MXNet's ip:port lines: one host per line, SSH on that port
+    hosts = tmp_path / "mxnet_hosts"
+    hosts.write_text(f"127.0.0.2:{port}\n127.0.0.3:{port}\n127.0.0.4:{port}\n")
+    res = run_cli(["launch", "-H", str(hosts), "-n", "3", "-s", "3", str(job)],
+                  ssh_cluster.env(home, MXDIST_SSH_CONFIG=str(config)), timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert [r["PSNODE_HOST"] for r in shown(res.stdout)] == ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
     assert_nothing_left(home)
 
 
 def test_host_colon_n_where_no_sshd_listens_says_slots_and_port(ssh_cluster, home, tmp_path):
     job = tmp_path / "show.py"
     job.write_text(SHOW)
-    res = run_cli(["launch", "-H", "localhost:2", str(job)], ssh_cluster.env(home))
+    res = run_cli(["launch", "--launcher", "ssh", "-H", "localhost:2", str(job)], ssh_cluster.env(home))
     assert res.returncode == 3, res.stdout + res.stderr
     text = text_of(res)
     assert f"localhost: cannot connect to 127.0.0.1:{ssh_cluster.port}: connection refused" in text or \
         f"localhost: cannot connect to localhost:{ssh_cluster.port}: connection refused" in text, text
-    assert "localhost:port=N with -H or in the hosts file, or Port in the ssh config; localhost:N means N slots" in text
+    assert ("-H localhost:port=N, localhost:N in a hosts file, or Port in the ssh config; -H localhost:N means N "
+            "slots") in text, text
 
 
 def test_a_missing_hosts_file_without_a_dot(ssh_cluster, home, tmp_path):
@@ -95,7 +103,7 @@ def test_a_long_inline_list_is_refused_by_its_entry_not_a_traceback(ssh_cluster,
     res = run_cli(["launch", "-H", spec, "train.py"], ssh_cluster.env(home))
     assert res.returncode == 2, res.stdout + res.stderr
     assert "Traceback" not in res.stderr and "File name too long" not in res.stderr
-    assert "-H item 1: '127.0.0.10:22000': HOST:N means N slots" in text_of(res)
+    assert "-H item 1: '127.0.0.10:22000': HOST:N in -H means N slots" in text_of(res)
     assert records(home) == []
 
 
@@ -125,7 +133,7 @@ def test_addr_moves_the_jobs_traffic_off_the_ssh_address(ssh_cluster, home, tmp_
     """node1 and node2 are reached over SSH at 127.0.0.2 and .3; their processes bind and are
     reached at 127.0.0.12 and .13 (every 127/8 address is this machine's)."""
     hosts = tmp_path / "hosts"
-    hosts.write_text("node1 addr=127.0.0.12\nnode2:2 addr=127.0.0.13\n")
+    hosts.write_text("node1 addr=127.0.0.12\nnode2 slots=2 addr=127.0.0.13\n")
     job = tmp_path / "show.py"
     job.write_text(SHOW)
     res = run_cli(["launch", "-H", str(hosts), str(job)], ssh_cluster.env(home), timeout=120)

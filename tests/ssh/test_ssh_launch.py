@@ -171,9 +171,9 @@ def test_unreachable_host_is_reported_and_nothing_starts(ssh_cluster, home, tmp_
     closed = run_cli(["launch", "-H", "127.0.0.2:port=9", "-s", "0", show], ssh_cluster.env(home))
     assert closed.returncode == 3 and "127.0.0.2:9: connection refused" in closed.stderr, closed.stderr
     assert "Errno None" not in closed.stderr
-    status = run_cli(["status"], ssh_cluster.env(home))                # a preflight failure: no crash
-    assert status.returncode == 0 and "connection refused" in status.stdout, status.stdout + status.stderr
-    assert all(p["pid"] is None for r in records(home) for p in r["procs"])
+    assert "no job recorded" in closed.stderr and not records(home)      # nothing started: nothing kept
+    status = run_cli(["status"], ssh_cluster.env(home))
+    assert status.returncode == 1 and "Traceback" not in status.stderr, status.stdout + status.stderr
     assert_nothing_left(home)
 
 
@@ -427,18 +427,24 @@ def test_a_host_that_stops_answering_is_named_and_not_waited_on(ssh_cluster, hom
 
 def test_preflight_names_each_module_the_job_cannot_import_with_its_python(ssh_cluster, home, tmp_path):
     """From the checkout (psnode/ in the working directory), a --python without numpy and zmq
-    (this machine's Debian python3) is refused, one row per host, before anything starts."""
+    (a fresh venv without them, whatever this machine's Pythons have) is refused, one row per
+    host, before anything starts."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    python = str(bare / "bin" / "python")
+    lacks = subprocess.run([python, "-c", "import importlib.util as u; print([m for m in ('numpy', 'zmq') "
+                            "if u.find_spec(m) is None])"], capture_output=True, text=True, timeout=30)
+    assert lacks.stdout.strip() == "['numpy', 'zmq']", lacks.stdout + lacks.stderr    # the state asserted on
     env = ssh_cluster.env(home)
     env.pop("PYTHONPATH")
-    res = run_cli(["launch", "-H", "node1,node2", "-n", "2", "--python", "/usr/bin/python3",
-                   "examples/mlp_numpy.py"], env)
+    res = run_cli(["launch", "-H", "node1,node2", "-n", "2", "--python", python, "examples/mlp_numpy.py"], env)
     assert res.returncode == 3, res.stdout + res.stderr
     text = " ".join(res.stderr.replace("│", " ").split())
     root = str(Path(__file__).resolve().parents[2])
     for node in ("node1", "node2"):
-        assert (f"{node}: /usr/bin/python3 cannot import numpy, zmq in {root}: "
+        assert (f"{node}: {python} cannot import numpy, zmq in {root}: "
                 "ModuleNotFoundError: No module named 'numpy'") in text, res.stderr
-    assert text.count("install them for that Python: /usr/bin/python3 -m pip install numpy pyzmq; "
+    assert text.count(f"install them for that Python: {python} -m pip install numpy pyzmq; "
                       "or pass --python with a Python that has them on that host") == 2, res.stderr
     assert "Traceback" not in res.stdout + res.stderr
     assert all(p["pid"] is None for r in records(home) for p in r["procs"])

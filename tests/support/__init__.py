@@ -10,6 +10,11 @@ requirements that skip on a developer's machine but fail under CI.
   blocks on a full pipe while the test waits for another one.
 * :func:`require` skips a test whose outside prerequisite is missing, except under CI
   (environment variable ``CI`` set, as ``.ci/run`` does), where a skip would hide a broken setup.
+* :func:`interruptible` gives the test process SIGINT's default handling, so every process a
+  test starts (``mxdist`` in every tier, through subprocess, a pty or ``salloc``) begins with
+  SIGINT as a terminal's foreground job has it, even when the suite itself was started with
+  SIGINT ignored (a script's background job): mxdist keeps an ignored SIGINT ignored, as
+  ``nohup`` wants, so a Ctrl-C test would otherwise wait for nothing.
 
 Every helper more than one test module uses lives in this package (test modules import no other
 test module; tests/unit/test_test_layout.py checks it):
@@ -68,6 +73,13 @@ def free_listen_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     while len(ports) < count:
         ports.append(free_listen_port(host, avoid=frozenset(ports)))
     return ports
+
+
+def interruptible() -> None:
+    """SIGINT handled by Python in this process (KeyboardInterrupt), whatever it inherited: every
+    process started from here, after its exec, has SIGINT at the default (module docstring)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def require(missing: str | None, fix: str) -> None:

@@ -221,13 +221,13 @@ def test_launch_through_a_pipe_and_in_a_dumb_terminal(target, mode):
 
 
 def test_a_missing_script_is_refused_on_every_host_before_anything_starts(target):
+    before = [r["id"] for r in records(target.home)]
     with target.term(target.launch_argv("-n", "2", "-s", "1", "nosuch.py", "--epochs", "3")) as term:
         code = term.wait(60)
         screen = term.screen().flat()
-    rec = latest(target.home)
-    assert code == 3 and rec["state"] == "failed", screen
-    assert "preflight failed: nothing was started" in screen
-    assert all(p["pid"] is None for p in rec["procs"])
+    assert code == 3, screen
+    assert "preflight failed: nothing was started" in screen and "no job recorded" in screen
+    assert [r["id"] for r in records(target.home)] == before
     text = nospace(screen)
     fix = "checkthepath" if target.name != "ssh" else "copyittothesamepathonthathost"
     for host in target.hosts:

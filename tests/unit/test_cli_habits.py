@@ -5,6 +5,8 @@ host list, ``--nproc-per-node``, ``--start-timeout`` and ``addr=``: each as the 
 """
 from __future__ import annotations
 
+import socket
+
 import pytest
 from typer.testing import CliRunner
 
@@ -97,18 +99,30 @@ def test_a_long_inline_list_is_a_list_not_a_path(home):
     result = invoke("launch", "--dry-run", "-H", old, "train.py")
     assert result.exit_code == 2, result.output
     text = " ".join(result.output.replace("│", " ").split())
-    assert ("-H item 1: '10.0.0.1:22001': HOST:N means N slots (as horovodrun -H and the discovery script), and "
+    assert ("-H item 1: '10.0.0.1:22001': HOST:N in -H means N slots (as horovodrun -H and the discovery script), and "
             "22001 is more than 1024; for SSH port 22001 write 10.0.0.1:port=22001 (or Port in ~/.ssh/config)") in text
 
 
-def test_a_port_the_ssh_way_says_what_to_write(home, tmp_path):
+def test_an_mxnet_hosts_file_places_one_worker_per_line(home, tmp_path):
+    """MXNet's launch.py hosts file (``ip:port`` lines): SSH port 22 on each host, a worker each."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("10.0.0.1:22\n10.0.0.2:22\n10.0.0.3:22\n")
+    result = invoke("launch", "--dry-run", "-H", str(hosts), "-n", "3", "-s", "3", "--port", "23000", "train.py")
+    assert result.exit_code == 0, result.output
+    rows = [[cell.strip() for cell in row.split("│")[1:4]] for row in workers(result.output)]
+    assert rows == [[f"10.0.0.{i + 1}:port=22", "worker", str(i)] for i in range(3)]
+
+
+def test_a_hosts_file_number_that_could_be_slots_or_a_port_places_nothing(home, tmp_path):
     hosts = tmp_path / "cluster.hosts"
-    hosts.write_text("node1 slots=2\nnode2:2222 slots=2\n")
-    result = invoke("launch", "-H", str(hosts), "train.py")
-    assert result.exit_code == 2
+    hosts.write_text("node1 slots=2\nnode2:4\n")
+    result = invoke("launch", "--dry-run", "-H", str(hosts), "train.py")
+    assert result.exit_code == 2 and no_record(home)
     text = " ".join(result.output.replace("│", " ").split())
-    assert f"{hosts}:2: 'node2:2222': HOST:N means N slots" in text and "write node2:port=2222" in text
-    assert "2 | node2:2222 slots=2" in text
+    assert (f"{hosts}:2: 'node2:4': in a hosts file HOST:N is the SSH port (MXNet's ip:port lines), and 4 could be a "
+            "slot count (horovodrun's -H h1:4) as well: write node2:slots=4 for 4 slots, or node2:port=4 for SSH "
+            "port 4") in text
+    assert "2 | node2:4" in text and "│ worker" not in result.output
 
 
 @pytest.mark.parametrize("typed, count, per_host", [
@@ -178,3 +192,67 @@ def test_the_slurm_preflight_looks_for_a_module_as_python_m_would(tmp_path):
         found[module] = json.loads(line.split(" ", 1)[1])["errors"]
     assert found == {"pkg.train": [],
                      "pkg.trian": [f"no module pkg.trian in {tmp_path} (python -m pkg.trian: not found)"]}
+
+
+@pytest.mark.parametrize("spec, how", [
+    ("localhost:2", "on this machine, without SSH (-H localhost:2 names this machine"),
+    ("127.0.0.1,[::1]", "on this machine, without SSH"),
+    (f"{socket.gethostname()}:2", "on this machine, without SSH"),
+    ("localhost:2,h2", "over SSH, on every host"),               # other hosts must reach it: one way for all
+    ("alice@localhost", "over SSH, on every host"),              # a user or a port asks for a login
+    ("localhost:port=2222", "over SSH, on every host"),
+])
+def test_the_dry_run_says_how_the_processes_start(home, spec, how):
+    result = invoke("launch", "--dry-run", "-H", spec, "-s", "0", "--port", "23000", "train.py")
+    assert result.exit_code == 0, result.output
+    assert f"how the processes start: {how}" in " ".join(result.output.split())
+    if "without SSH" in how:
+        assert {row.split("│")[1].strip() for row in workers(result.output)} == {"localhost"}
+        assert len(workers(result.output)) == 2
+
+
+def test_ssh_only_options_with_hosts_naming_this_machine_say_how_to_log_in(home, tmp_path):
+    key = tmp_path / "key"
+    key.write_text("k\n")
+    for args, said in ((["-i", str(key)], "-i/--identity-file is for SSH logins, and -H localhost:2 names this "
+                        "machine, which runs without SSH: drop -i, or pass --launcher ssh to log in over SSH"),
+                       (["--sync", str(tmp_path)], "--sync copies to remote hosts: it needs -H with other hosts, or "
+                        "--launcher ssh")):
+        result = invoke("launch", "--dry-run", "-H", "localhost:2", *args, "train.py")
+        assert result.exit_code == 2 and said in " ".join(result.output.replace("│", " ").split()), result.output
+
+
+def test_launcher_local_with_another_host_names_it(home):
+    result = invoke("launch", "--dry-run", "--launcher", "local", "-H", "localhost,h2", "train.py")
+    assert result.exit_code == 2
+    assert "--launcher local runs on this machine only, and -H names h2" in " ".join(result.output.split())
+
+
+def test_the_timeline_hint_is_true_and_a_path_after_timeline_is_not_run(home, tmp_path):
+    """``mxdist logs --timeline`` of a job without one says how to record it, in options that parse;
+    ``--timeline trace.json train.py`` (a path after the flag) is refused, never run as the program."""
+    from mxdist.job import records
+    from mxdist.job.records import JobRecord, JobState
+
+    records.save(JobRecord(id="job-t", command=["t.py"], backend="local", state=JobState.SUCCEEDED))
+    result = invoke("logs", "job-t", "--timeline")
+    text = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2
+    assert ("launch it with mxdist launch --timeline (the trace: timeline.json in the job's directory) or "
+            "--timeline-path PATH") in text, text
+    trace = str(tmp_path / "trace.json")
+    result = invoke("launch", "--dry-run", "--timeline", trace, "train.py")
+    text = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2 and [j.id for j in records.all_jobs()] == ["job-t"]
+    assert f"--timeline takes no path, and {trace} is no program to run: write --timeline-path {trace}" in text, text
+    result = invoke("launch", "--dry-run", "--timeline-path", trace, "train.py")
+    assert result.exit_code == 0, result.output
+
+
+def test_the_dry_run_shows_the_standby_schedulers_port(home):
+    result = invoke("launch", "--dry-run", "-H", "h1,h2", "-s", "2", "--standby-scheduler", "--port", "23000",
+                    "train.py")
+    assert result.exit_code == 0, result.output
+    rows = [[cell.strip() for cell in row.split("│")[1:5]] for row in result.output.splitlines()
+            if "│ scheduler " in row]
+    assert rows == [["h1", "scheduler", "", "h1:23000"], ["h2", "scheduler", "1", "h2:23002"]], result.output

@@ -149,6 +149,27 @@ def test_the_first_own_failure_wins_over_the_order_exits_were_seen():
                                   "scheduler on h1: ended with the job")
 
 
+def test_a_process_that_failed_with_its_own_error_is_said_to_have_failed_with_it():
+    """Worker 1 raised the root cause's error too, and was killed in its exit by the job's stop
+    (its log ends with the traceback): it failed too, with that error, not 'ended with the job'."""
+    error = "ModuleNotFoundError: No module named 'nosuchmod'"
+    outcomes = [
+        Outcome("worker-0", "worker", 0, "h1", code=1, when=100.0, exception=error),
+        Outcome("worker-1", "worker", 1, "h2", code=-15, when=100.2, exception=error, stopped=True),
+        Outcome("worker-2", "worker", 2, "h2", code=1, when=100.3, exception="ValueError: bad batch", stopped=True),
+        Outcome("worker-3", "worker", 3, "h2", code=-15, when=100.3, stopped=True),
+        Outcome("worker-4", "worker", 4, "h2", code=1, when=100.3, exception="KeyboardInterrupt", stopped=True),
+        Outcome("server-0", "server", 0, "h1", code=1, when=100.4,
+                failure=exc_record(100.1, "job_ended", "PeerLost", "job ended"), exception="PeerLost: job ended"),
+    ]
+    cause = decide(outcomes)
+    assert cause is not None and cause.headline == f"worker 0 on h1: {error}"
+    assert cause.consequences == (f"worker 1 on h2: failed too, with the same error ({error})",
+                                  "worker 2 on h2: failed too: ValueError: bad batch",
+                                  "worker 3 on h2: ended with the job", "worker 4 on h2: ended with the job",
+                                  "server 0 on h1: ended with the job")
+
+
 def test_the_schedulers_verdict_names_a_silent_node():
     verdict = {"kind": "verdict", "time": 50.0, "reason": "stopped responding (5.0 s without a heartbeat)",
                "culprit": {"role": "worker", "rank": 2, "host": "10.0.0.3", "pid": 9}}
@@ -515,10 +536,14 @@ def test_a_job_ended_while_its_secret_is_being_written_waits_for_it_and_removes_
     assert not records.key_path(rec.id).exists()
 
 
-def test_preflight_problems_start_nothing(home):
+def test_preflight_problems_start_nothing_and_leave_no_record_unless_detached(home):
     fake = FakeBackend()
     fake.problems = [HostProblem("b", "cannot connect to b:22: connection refused", "is sshd running?")]
     sup = supervisor(fake)
+    assert sup.run() == 3
+    assert not fake.starts and not records.record_path(sup.record.id).exists()
+    assert not records.log_dir(sup.record.id).exists()
+    sup = supervisor(fake, detach=True)      # detached: mxdist status says why it ended
     assert sup.run() == 3
     rec = records.load(sup.record.id)
     assert rec.state is JobState.FAILED and not fake.starts

@@ -66,7 +66,7 @@ def test_the_earliest_error_file_is_the_root_cause_whatever_the_exit_order(tmp_p
     cause = decide([Outcome("worker-0", "worker", 0, "a", 1, 1.0, then.failure),
                     Outcome("worker-1", "worker", 1, "b", 1, 2.0, first.failure)], first_seen="worker-0")
     assert cause is not None and cause.name == "worker-1" and cause.reason == "KeyError: 'first'"
-    assert cause.consequences == ("worker 0 on a: exit code 1",)
+    assert cause.consequences == ("worker 0 on a: failed too: RuntimeError: Connection closed by peer",)
 
 
 def test_psnodes_own_record_wins_and_foreign_files_are_ignored(tmp_path, monkeypatch):
