@@ -314,6 +314,9 @@ class Rounds:
             return
         if entry.state is None:
             entry.state = optimizer.create_state(value)
+        elif entry.state_pin is not None and not entry.state_pin.done:   # (copy on write)
+            entry.state = opt_mod.OptState({k: a.copy() for k, a in entry.state.arrays.items()}, entry.state.t)
+        entry.state_pin = None
         if rows is None:
             optimizer.update(value, data, entry.state)
         elif len(rows):

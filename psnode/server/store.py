@@ -243,6 +243,7 @@ class Store:
         if entry is not None:  # (also a restarted worker: it resumes its push count)
             entry = self._entry(key)
             self._check_meta(key, entry, op.dtype, op.shape)
+            self.must_persist |= entry.fresh   # (the part's creation is not durable yet)
             self._check_mode(key, entry, op)
             seq = self._join_count(entry) if op.join else self._accepted(entry, worker)
             return [Reply(worker, Ok(op.id, [entry.value], seq=seq), entry)]
@@ -289,6 +290,7 @@ class Store:
         if key in self.entries:
             entry = self._entry(key)
             self._check_meta(key, entry, op.dtype, op.shape)
+            self.must_persist |= entry.fresh   # (the part's creation is not durable yet)
             return [self._init_answer(worker, op, entry)]
         if op.fill is None or key in self.filling.pending:
             waiting = self.waiting_inits.setdefault(key, [])
@@ -459,6 +461,7 @@ class Store:
     def _join(self, worker: int, op: Join) -> list[Reply]:
         """A joiner's start round for a key part: the compare-and-set of the module docstring."""
         rules = self.rules
+        self.must_persist = True   # (the start round agreed is told only once durable)
         if op.generation < rules.generation and worker not in rules.active:
             raise OpError("PeerLost", f"worker {worker} was removed from the job (generation {rules.generation})")
         key = (op.key, op.part)
@@ -595,6 +598,7 @@ class Store:
             entry = self.entries.get(key)
             if entry is None:
                 continue
+            entry.fresh = False
             for w, q in pushed.items():
                 if q > entry.durable.get(w, 0) and entry.start.get(w) == start.get(w):
                     entry.durable[w] = q
