@@ -750,9 +750,11 @@ class Scheduler:
         tick = min(self.cfg.heartbeat_interval, 0.5)
         resend_at = 0.0
         while True:
-            self.gaps.tick(time.monotonic())
             due = self.roster.membership_due()
-            if poller.poll(tick if due is None else min(tick, max(0.001, due - time.monotonic()))):
+            self.gaps.idle(time.monotonic())
+            ready = poller.poll(tick if due is None else min(tick, max(0.001, due - time.monotonic())))
+            self.gaps.woke(time.monotonic())
+            if ready:
                 while (got := self.chan.recv(routed=True)) is not None:
                     try:
                         self._dispatch(got[0] or b"", got[1])

@@ -282,15 +282,16 @@ class Server:
         try:
             while True:
                 now = time.monotonic()
-                self.gaps.tick(now)
                 self.link.tick(now)
                 if now >= self.next_checkpoint:
                     self._checkpoint()
                     self.next_checkpoint = now + self.cfg.checkpoint_interval
                 filling = bool(self.store.filling.pending)   # (parts to compute: psnode.server.fills)
                 busy = self.points.pending is not None       # (a durable point in the background)
+                self.gaps.idle(time.monotonic())
                 ready = poller.poll(0 if filling or self.deferred else
                                     min(POINT_POLL_S, self.link.timeout(now)) if busy else self.link.timeout(now))
+                self.gaps.woke(time.monotonic())
                 if busy:
                     self.points.poll(self._pump)
                 while self.deferred:

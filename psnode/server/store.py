@@ -105,10 +105,13 @@ from psnode.protocol import (
 from psnode.server import staleness as bound
 from psnode.server.buckets import Buckets
 from psnode.server.compressed import Packed, agree, packed_push
-from psnode.server.fills import Fills
+from psnode.server.fills import CopyOf, Fills
 from psnode.server.keypart import Entry, Key, contiguous, fmt, forget_changes, received
 from psnode.server.replies import OpError, Reply
 from psnode.server.rounds import Alloc, Rounds, Rules, Updater
+
+#: a ``kv.init`` array past this many bytes is copied in a step at a time (psnode.server.fills)
+COPY_IN_STEPS = 64 << 20
 
 #: what a durable point makes true once complete: per key part, the pushes it holds per worker
 #: and the workers' start rounds then (psnode.server.store.Store.begin_point)
@@ -247,14 +250,19 @@ class Store:
             self._check_mode(key, entry, op)
             seq = self._join_count(entry) if op.join else self._accepted(entry, worker)
             return [Reply(worker, Ok(op.id, [entry.value], seq=seq), entry)]
-        if op.value is None:
+        pending = self.filling.pending.get(key)   # (a big init's array being copied in)
+        if op.value is None or pending is not None:
             waiting = self.waiting_inits.setdefault(key, [])
-            if op.re and any(w == worker and o.id == op.id for w, o in waiting):
+            if op.re and (any(w == worker and o.id == op.id for w, o in waiting)
+                          or (pending is not None and pending.worker == worker and pending.op.id == op.id)):
                 return [Reply(worker, Wait(op.id, 0, [0]))]   # (the value comes with rank 0's init)
             waiting.append((worker, op))
             return []
         if op.value.dtype.name != op.dtype or op.value.shape != tuple(op.shape):
             raise OpError("ShapeMismatch", f"{fmt(*key)}: init array does not match its description")
+        if op.bucket < 0 and op.value.nbytes > COPY_IN_STEPS:
+            self.filling.start(key, self.alloc(op.value.shape, op.value.dtype), CopyOf(op.value), worker, op)
+            return []   # (the part exists, and its inits are answered, once copied: fill_some)
         if op.bucket >= 0 and not op.sparse:
             try:
                 value = self.fused.place(op.bucket, op.offset, op.value.shape, op.value.dtype, op.sync, op.average)
