@@ -305,7 +305,7 @@ class Server:
                             return code
                 if self.recopy and self.rank >= 0:
                     self.recopy = False
-                    self._checkpoint()
+                    self.points.now(self._pump)
                 if self.chan.sock in ready and self.rank >= 0:
                     for _ in range(64):  # bounded, so heartbeats keep flowing
                         got = self.chan.recv(routed=True)

@@ -103,18 +103,27 @@ class Points:
         chain, replicator, store = self.chain, self.replicator, self.store
         if chain is None and replicator is None:
             return False
-        if (replicator is not None and not replicator.ready()) or (chain is not None and not chain.based):
+        if chain is not None and not chain.based:
             return False
         meta, arrays = checkpoint.snapshot(store, changes_only=True)
         frozen, pins = _freeze(store, arrays)
+        whole = None
+        if frozen is not None and replicator is not None and not replicator.ready():   # (a holder gets it whole)
+            whole_meta, whole_arrays = checkpoint.snapshot(store)
+            frozen_whole, more = _freeze(store, whole_arrays)
+            whole, pins = (None, []) if frozen_whole is None else ((whole_meta, frozen_whole), pins + more)
+            if whole is None:
+                frozen = None
         if frozen is None or (chain is not None and not chain.appendable(nbytes(arrays))):
+            for pin in pins:   # (taken while the loop waits instead)
+                pin.done = True
             return False
         marks = store.begin_point()
         store.forget_changes()
         changes = (meta, frozen)
         written = chain.append(changes, store) if chain is not None else None
         if replicator is not None:
-            replicator.start(changes)
+            replicator.start(changes, whole)
         self.pending = _Point(written, replicator is not None, marks, list(held), pins)
         return True
 
@@ -174,6 +183,13 @@ class Points:
             chain.wait(written, pump)
         store.forget_changes()
         store.mark_durable()
+
+    def now(self, pump: Pump) -> None:
+        """Make a point now (a holder was replaced, or this server restored): in the background
+        where it can be, else while the loop waits."""
+        self.poll(pump, wait=True)
+        if not self._begin([]):
+            self.point(pump)
 
     def close(self) -> None:
         if self.chain is not None:
