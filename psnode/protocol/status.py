@@ -42,7 +42,8 @@ class NodeRow:
     second for workers, over the last heartbeats; a worker's ``waited_for``: the largest share
     of the last :data:`SLOW_WINDOW` seconds one other worker spent waiting for it, 0..1, and
     ``waited_for_total``: the most seconds one other worker waited for it over the job;
-    psnode.scheduler.slowness)."""
+    psnode.scheduler.slowness; ``late``: its pushes dropped for coming after their round
+    completed, backup workers, psnode.server.rounds)."""
 
     role: str
     rank: int | None
@@ -64,6 +65,7 @@ class NodeRow:
     retries: int | None = None
     waited_for: float | None = None
     waited_for_total: float | None = None
+    late: int | None = None
     step: str | None = None      # Slurm: the step running the process
     source: str = "scheduler"    # scheduler | host
 

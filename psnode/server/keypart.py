@@ -61,6 +61,8 @@ class Entry:
     durable: dict[int, int] = field(default_factory=dict)   # worker -> pushes its last checkpoint holds
     start: dict[int, int] = field(default_factory=dict)   # joiner -> its start round here (psnode.server.rounds)
     staleness: int = -1   # async: pulls wait for the bound (dist_ssp: psnode.server.staleness); -1: none
+    backup: int = 0       # sync: a round completes without this many of its workers (psnode.server.rounds)
+    alone_at: float = 0.0   # when the round began to wait for one worker alone (psnode.server.awaited); 0: not
 
 
 def fmt(key: Any, part: int) -> str:

@@ -91,9 +91,11 @@ class Server:
     def _stats(self) -> Counters:
         local_in, local_out = self.local.bytes if self.local is not None else (0, 0)
         dropped = self.t.dropped + (self.local.dropped if self.local is not None else 0)
+        awaited = self.store.key_rounds.awaited   # (whom the others waited for: psnode.server.awaited)
         return Counters(pushes=self.store.pushes, pulls=self.store.pulls, bytes_in=self.chan.bytes_in + local_in,
                         bytes_out=self.chan.bytes_out + local_out, rounds=self.store.rounds, dropped=dropped,
-                        refused=self.t.refused)
+                        refused=self.t.refused, awaited=tuple(sorted(awaited.seconds.items())),
+                        late=tuple(sorted(awaited.late.items())))
 
     def _rejoin_report(self) -> Rejoin:
         """What this server tells a restarted scheduler (psnode.scheduler.rebuild): the membership

@@ -46,6 +46,7 @@ from psnode.math.sparse import combine_rows as _combine_rows
 from psnode.protocol import Ok, Wait
 from psnode.server import staleness as bound
 from psnode.server.arith import add_scaled
+from psnode.server.awaited import Awaited
 from psnode.server.compressed import Packed
 from psnode.server.keypart import Entry, Key, first_gap, fmt, mark_async, received
 from psnode.server.replies import OpError, Reply, fits
@@ -100,6 +101,14 @@ class Rules:
         need.update(entry.start)
         return need
 
+    def done(self, entry: Entry) -> bool:
+        """Does the round of ``entry`` being summed complete: every worker it waits for pushed
+        (with ``entry.backup`` = b, all but b of them: backup workers)."""
+        need = self.need(entry)
+        if not entry.backup:
+            return need <= entry.contributors
+        return len(need & entry.contributors) >= max(1, len(need) - entry.backup)
+
     def member(self, worker: int) -> bool:
         """Does ``worker`` take part (a member, or a joiner admitted and not removed)?"""
         return worker in self.active or worker in self.admitted
@@ -110,10 +119,13 @@ class Rounds:
     dtype)`` gives the buffers sums live in; ``notify`` takes human-readable notices (e.g. a
     skipped non-finite round)."""
 
-    def __init__(self, rules: Rules, alloc: Alloc, notify: Callable[[str], None]) -> None:
+    def __init__(self, rules: Rules, alloc: Alloc, notify: Callable[[str], None],
+                 awaited: Awaited | None = None) -> None:
         self.rules = rules
         self.alloc = alloc
         self.notify = notify
+        #: whom the others waited for, and the late pushes dropped (psnode.server.awaited)
+        self.awaited = awaited if awaited is not None else Awaited()
         self.pushes = 0
         self.pulls = 0
         self.rounds = 0
@@ -140,7 +152,16 @@ class Rounds:
                     rows, data = _combine_rows([(rows, data)])
                 self._apply(key, entry, data, rows, 1, average=False)
             mark_async(entry, worker, seq)
-            return self.answer_pulls(entry)
+            if not entry.pulls:
+                return self.answer_pulls(entry)
+            parked = len(entry.pulls)
+            out = self.answer_pulls(entry)
+            if entry.alone_at and len(entry.pulls) < parked:   # (a dist_ssp pull let through)
+                self.awaited.credit(worker, entry.alone_at)
+                entry.alone_at = self.awaited.now() if entry.pulls else 0.0
+            return out
+        if seq <= entry.round and entry.backup:
+            return self._late(entry, worker, seq, data, rows)
         if seq != entry.round + 1 or worker in entry.contributors:
             entry.early.setdefault(worker, []).append((seq, data, rows))
             return []
@@ -164,9 +185,35 @@ class Rounds:
         if len(rows) and (rows.min() < 0 or rows.max() >= want.shape[0]):
             raise OpError("ShapeMismatch", f"{fmt(*key)}: row id out of range 0..{want.shape[0] - 1}")
 
+    def _late(self, entry: Entry, worker: int, seq: int, data: np.ndarray | Packed,
+              rows: np.ndarray | None) -> list[Reply]:
+        """Push ``seq`` of ``worker`` came after its round completed without it (backup
+        workers): dropped and counted, and taken (a resend of it is a duplicate).  Pushes of
+        ``worker`` waiting behind it whose rounds completed too go the same way."""
+        entry.early.setdefault(worker, []).append((seq, data, rows))
+        queue = entry.early[worker]
+        while True:
+            nxt = entry.pushed.get(worker, 0) + 1
+            item = next((i for i in queue if i[0] == nxt), None)
+            if item is None or nxt > entry.round:
+                break
+            queue.remove(item)
+            entry.pushed[worker] = nxt
+            self.awaited.dropped(worker)
+        if not queue:
+            del entry.early[worker]
+        return self.answer_pulls(entry)
+
     def _contribute(self, entry: Entry, worker: int, seq: int, data: np.ndarray | Packed,
                     rows: np.ndarray | None) -> None:
         entry.contributors.add(worker)
+        if not entry.backup:   # (whom the others waited for: psnode.server.awaited)
+            left = len(self.rules.need(entry)) - len(entry.contributors)
+            if left == 1:
+                entry.alone_at = self.awaited.now()
+            elif left <= 0 and entry.alone_at:
+                self.awaited.credit(worker, entry.alone_at)
+                entry.alone_at = 0.0
         if isinstance(data, Packed):   # (dense sync, check_finite off: see push)
             self._contribute_packed(entry, data)
             entry.pushed[worker] = seq
@@ -184,7 +231,7 @@ class Rounds:
             # the push that completes the round also averages, chunk by chunk while in cache
             n = len(entry.contributors)
             rules = self.rules
-            last = rules.need(entry) <= entry.contributors and entry.average and not entry.nonfinite \
+            last = rules.done(entry) and entry.average and not entry.nonfinite \
                 and rules.optimizer_for(entry) is None
             scale = 1.0 / n if last else 1.0
             if entry.first is not None:
@@ -207,7 +254,7 @@ class Rounds:
             data.into(entry.spare)
             entry.first, entry.scaled = None, False
             return
-        last = self.rules.need(entry) <= entry.contributors and entry.average and \
+        last = self.rules.done(entry) and entry.average and \
             self.rules.optimizer_for(entry) is None
         n = len(entry.contributors)
         if entry.first is not None:   # (a float32 first push: only a worker whose setting changed)
@@ -225,7 +272,7 @@ class Rounds:
         (the key part's and its bucket's) that lets through."""
         out: list[Reply] = []
         rules = self.rules
-        while entry.contributors and rules.need(entry) <= entry.contributors:
+        while entry.contributors and rules.done(entry):
             n = len(entry.contributors)
             if entry.nonfinite:
                 entry.skipped += 1
@@ -247,6 +294,7 @@ class Rounds:
             entry.round += 1
             self.rounds += 1
             entry.contributors.clear()
+            entry.alone_at = 0.0
             entry.sparse_parts.clear()
             out.extend(self.answer_pulls(entry))
             if entry.bucket is not None:
@@ -352,8 +400,12 @@ class Rounds:
                 blockers = []
             return [Reply(worker, Wait(rid, gap if gap <= after else 0, blockers))]
         self.pulls += 1
+        parked = bool(entry.pulls)
         entry.pulls.append((worker, rid, after, rows, dest))
-        return self.answer_pulls(entry)
+        out = self.answer_pulls(entry)
+        if entry.pulls and not parked and entry.staleness >= 0 and not entry.sync:
+            entry.alone_at = self.awaited.now()   # (a dist_ssp pull waits for the bound)
+        return out
 
     def answer_pulls(self, entry: Entry) -> list[Reply]:
         """The parked pulls of ``entry`` whose push was applied (a worker that left is answered
