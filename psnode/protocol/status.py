@@ -20,6 +20,9 @@ from typing import Any
 
 #: seconds over which a worker's ``waited_for`` share is measured (psnode.scheduler.slowness)
 SLOW_WINDOW = 30.0
+#: the share of that window the others waited for a worker from which it is marked slow
+#: (``NodeRow.slow``; ``mxdist status`` and the job's closing line name it)
+SLOW_SHARE = 0.1
 
 
 class NodeState(str, Enum):
@@ -43,7 +46,8 @@ class NodeRow:
     of the last :data:`SLOW_WINDOW` seconds one other worker spent waiting for it, 0..1, and
     ``waited_for_total``: the most seconds one other worker waited for it over the job;
     psnode.scheduler.slowness; ``late``: its pushes dropped for coming after their round
-    completed, backup workers, psnode.server.rounds)."""
+    completed, backup workers, psnode.server.rounds; ``slow``: ``waited_for`` is at least
+    :data:`SLOW_SHARE`)."""
 
     role: str
     rank: int | None
@@ -66,6 +70,7 @@ class NodeRow:
     waited_for: float | None = None
     waited_for_total: float | None = None
     late: int | None = None
+    slow: bool | None = None
     step: str | None = None      # Slurm: the step running the process
     source: str = "scheduler"    # scheduler | host
 

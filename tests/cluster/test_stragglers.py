@@ -1,0 +1,110 @@
+"""Stragglers as jobs have them (psnode.server.awaited, psnode.scheduler.slowness): 3 workers,
+worker 2 a few milliseconds slower per step (3 ms beside 2 ms) or 0.1 s slower; ``mxdist status
+--json`` names it within 15 s in dist_sync and dist_ssp, ``mxdist status`` marks it and the
+closing line names it; a job without a straggler names nobody."""
+from __future__ import annotations
+
+import json
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from psnode.launcher import SLOW_SHARE
+from tests.support.cli import assert_nothing_left, cli_env, kill_cli, latest, run_cli, start_cli, wait_for
+
+JOB = textwrap.dedent("""
+    import sys, time, pathlib, numpy as np, psnode
+    mode, slow = sys.argv[1], float(sys.argv[2])
+    stop = pathlib.Path(sys.argv[3])
+    kv = psnode.kv.create(mode, staleness=1) if mode == 'dist_ssp' else psnode.kv.create(mode)
+    kv.init('w', np.zeros(4, np.float32))
+    kv.init('done', np.zeros(1, np.float32))
+    step = 0
+    while True:
+        time.sleep(slow if kv.rank == 2 else 0.002)
+        kv.push('w', np.ones(4, np.float32)); kv.pull('w')
+        if step == 1:
+            print("TRAINING", flush=True)
+        if step % 20 == 0:   # (every worker learns of the stop file at the same step)
+            kv.push('done', np.zeros(1, np.float32) + stop.exists())
+            if kv.pull('done')[0] > 0:
+                break
+        step += 1
+    print("STEPS", kv.rank, step, flush=True)
+    kv.close()
+""")
+
+
+def run(tmp_path: Path, mode: str, slow: float, check: object) -> tuple[list[str], str, float]:
+    """Run the job until ``check(rows)`` holds for ``mxdist status --json``'s worker rows (15 s
+    at most after training started); then stop it. The output lines, the job id, how long
+    naming took."""
+    home = tmp_path / "home"
+    env = cli_env(home)
+    job = tmp_path / "job.py"
+    job.write_text(JOB)
+    stop = tmp_path / "stop"
+    proc = start_cli(["launch", "-n", "3", "-s", "1", "--heartbeat-interval", "0.5", str(job), mode, str(slow),
+                      str(stop)], env)
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.extend(iter(proc.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    try:
+        wait_for(lambda: any("TRAINING" in line for line in out), 90, "training to start")
+        t0 = time.monotonic()
+        job_id = latest(home)["id"]
+        seen: dict[str, object] = {}
+
+        def holds() -> bool:
+            view = json.loads(run_cli(["status", job_id, "--json"], env).stdout)
+            rows = {n["rank"]: n for n in view["nodes"] if n["role"] == "worker"}
+            seen.update(shares={r: rows[r]["waited_for"] for r in rows})
+            return bool(check(rows))  # type: ignore[operator]
+
+        wait_for(holds, 15, f"status --json, {mode}, worker 2 at {slow} s a step",
+                 describe=lambda: f"waited_for per worker: {seen.get('shares')}")
+        took = time.monotonic() - t0
+        table = run_cli(["status", job_id], env).stdout
+        stop.touch()
+        proc.wait(60)
+        reader.join(10)
+    finally:
+        kill_cli(proc)
+    text = "".join(out)
+    assert proc.returncode == 0, text
+    print(f"{mode} slow={slow}: {took:.1f} s; shares {seen['shares']}")
+    assert_nothing_left(home)
+    return out, table, took
+
+
+@pytest.mark.parametrize("mode,slow", [("dist_sync", 0.003), ("dist_sync", 0.1), ("dist_ssp", 0.003),
+                                       ("dist_ssp", 0.1)])
+def test_a_straggler_is_named_within_15_s(mode: str, slow: float, tmp_path: Path) -> None:
+    def named(rows: dict[int, dict[str, float]]) -> bool:
+        return rows[2]["slow"] and not rows[0]["slow"] and not rows[1]["slow"]
+
+    out, table, _ = run(tmp_path, mode, slow, named)
+    assert "worker 2  slow: the others waited for it " in table, table
+    assert "worker 0  slow" not in table and "worker 1  slow" not in table
+    if slow >= 0.1:   # (the closing line: most of the job; 3 ms is a third of the training, less of the job)
+        closing = [line for line in out if " succeeded" in line]
+        assert closing and "the others waited most for worker 2 (" in closing[-1], "".join(out)
+
+
+def test_a_job_without_a_straggler_names_nobody(tmp_path: Path) -> None:
+    shares: list[dict[int, float]] = []
+    t0 = time.monotonic()
+
+    def settled(rows: dict[int, dict[str, float]]) -> bool:   # 3 samples, once shares count (MIN_SPAN)
+        if time.monotonic() - t0 > 5.0:
+            shares.append({r: rows[r]["waited_for"] for r in rows})
+        return len(shares) >= 3
+
+    out, table, _ = run(tmp_path, "dist_sync", 0.002, settled)
+    assert all(s < SLOW_SHARE for sample in shares for s in sample.values()), shares
+    assert " slow:" not in table, table
+    closing = [line for line in out if " succeeded" in line]
+    assert closing and "waited most" not in closing[-1], "".join(out)
