@@ -28,6 +28,25 @@ checks what is the store's: compression settings, key creation):
   a resent pull still parked is answered ``Wait`` naming the first push missing and the workers
   the round (or the bound) waits for.
 
+**Backup workers** (``Entry.backup`` = b > 0, dist_sync only: :meth:`Rules.done`).  Round
+``r`` of a key part completes when all but b of the workers it waits for pushed their push
+``r``; its aggregate is of those pushes (``average`` divides by their number).  Invariant
+(exactly once): a push ``r`` is applied iff it arrived while round ``r`` was being summed; a
+push ``r`` arriving after round ``r`` completed is *late*: dropped, counted
+(psnode.server.awaited), and taken (``pushed`` counts it, so a resend is a duplicate, and a
+restarted worker resumes after it).  So a round may drop only pushes of its own number that
+came after it completed, never one it summed, and no push is applied twice: ``pushed`` and
+the completed round travel together in checkpoints and replicas, and an answer that reveals a
+round is preceded by a checkpoint that holds it (psnode.server.store), so a restored server
+drops or sums each resent push exactly as before.  A late push is dropped rather than added
+to the next round: the next round's aggregate is then a gradient at one set of parameters
+(Chen et al., "Revisiting Distributed Synchronous SGD", 2016), and a persistent straggler
+never feeds its stale gradient in.  b = 0 is dist_sync, bit for bit (the same code path).
+
+Whom the others waited for (psnode.server.awaited): the push that completes a round which
+lacked that one worker's push alone, and the push that lets a dist_ssp pull parked on the
+bound through, are credited with the wait, O(1) per round.
+
 Each returns the replies it causes.  The counters ``pushes``, ``pulls`` and ``rounds`` count
 what went through here (a fused bucket counts its own: psnode.server.buckets).
 """
