@@ -14,8 +14,9 @@ push on its own, so dist_sync runs with the ``sum`` aggregator (one step with th
 three gradients).  ``backup1`` is dist_sync with backup_workers=1: a round completes without
 its last push, which is dropped; it takes the same step per round as dist_sync, W x lr times
 the mean of the gradients the round holds (the ``average`` aggregator, the learning rate scaled
-by W, as synchronous SGD with backup workers is run: Chen et al. 2016).  A step's compute is a sleep (``--step-ms``, 40 ms by default) so that the
-load of a shared machine matters little; the gradients and the loss are computed for real.
+by W, as synchronous SGD with backup workers is run: Chen et al. 2016).  A step's compute is a
+sleep (``--step-ms``, 40 ms by default) so that the load of a shared machine matters little;
+the gradients and the loss are computed for real.
 
 Kinds of stragglers:
 
@@ -27,11 +28,12 @@ Kinds of stragglers:
 Per mode: wall time to a target training loss (the first time any worker's pulled weights have
 a full-training-set loss at or under ``--target``), the final training loss and test accuracy
 (rank 0's, after a barrier and a pull: every push applied), the time of the whole run, and
-ratios to dist_sync of the same kind and run.  ``persistent`` also runs the straggler dropped (dist_sync over the two fast workers and
-their shards): what a user does when one machine is slow for good (``mxdist launch
---min-workers``, or rebalancing its shard).  ``--chart`` draws the loss over wall time, one line
-per mode, a panel per kind (matplotlib: the ``bench`` extra); ``--from`` reads the results of
-earlier ``--json`` runs instead of running (short runs of one kind each, charted together).
+ratios to dist_sync of the same kind and run.  ``persistent`` also runs the straggler dropped
+(dist_sync over the two fast workers and their shards): what a user does when one machine is
+slow for good (``mxdist launch --min-workers``, or rebalancing its shard).  ``--chart`` draws
+the loss over wall time, one line per mode, a panel per kind (matplotlib: the ``bench``
+extra); ``--from`` reads the results of earlier ``--json`` runs instead of running (short runs
+of one kind each, charted together).
 """
 from __future__ import annotations
 
@@ -90,7 +92,8 @@ def ideal_seconds(kind: str, mode: str, args: argparse.Namespace, run: int) -> f
 def run_one(h, kind: str, mode: str, args: argparse.Namespace, run: int) -> dict | None:
     store, staleness, out, backup = MODES[mode]
     workers = args.workers - out
-    cfg = {"mode": store, "staleness": staleness, "backup": backup, "kind": kind, "steps": args.steps, "step_s": args.step_ms / 1000,
+    cfg = {"mode": store, "staleness": staleness, "backup": backup, "kind": kind, "steps": args.steps,
+           "step_s": args.step_ms / 1000,
            "p": 0.1, "slow": 10.0 if kind == "transient" else 3.0, "slow_rank": 2, "lr": args.lr,
            "batch": args.batch, "hidden": 64, "seed": 0, "straggle_seed": 1000 * run + 7}
     if backup:   # (dist_sync's step per round: W x lr times the mean of the round's gradients)
