@@ -108,3 +108,64 @@ def test_a_job_without_a_straggler_names_nobody(tmp_path: Path) -> None:
     assert " slow:" not in table, table
     closing = [line for line in out if " succeeded" in line]
     assert closing and "waited most" not in closing[-1], "".join(out)
+
+
+FAILOVER = textwrap.dedent("""
+    import os, signal, sys, time, pathlib, numpy as np, psnode
+    stop = pathlib.Path(sys.argv[1])
+    kv = psnode.kv.create('dist_sync')
+    kv.init('w', np.zeros(4, np.float32))
+    kv.init('done', np.zeros(1, np.float32))
+    step = kv.num_pushes('w')
+    if kv.restarts:
+        print("RESUMED", step, flush=True)
+    while True:
+        time.sleep(0.002)
+        if kv.rank == 2 and step == 200 and not kv.restarts:
+            os.kill(os.getpid(), signal.SIGKILL)     # the others wait for the replacement
+        kv.push('w', np.ones(4, np.float32)); kv.pull('w')
+        if step % 20 == 0:
+            kv.push('done', np.zeros(1, np.float32) + stop.exists())
+            if kv.pull('done')[0] > 0:
+                break
+        step += 1
+    kv.close()
+""")
+
+
+def test_a_wait_for_a_replacement_is_the_failovers_not_the_workers(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    env = cli_env(home)
+    job = tmp_path / "job.py"
+    job.write_text(FAILOVER)
+    stop = tmp_path / "stop"
+    proc = start_cli(["launch", "-n", "3", "-s", "1", "--max-restarts", "1", "--heartbeat-interval", "0.5",
+                      str(job), str(stop)], env)
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.extend(iter(proc.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    try:
+        wait_for(lambda: any("RESUMED" in line for line in out), 90, "worker 2's replacement to resume",
+                 describe=lambda: "".join(out))
+        job_id = latest(home)["id"]
+        view: dict = {}
+
+        def trained_on() -> bool:   # (the replacement ran 1.5 s: the window holds the stall and after)
+            view.update(json.loads(run_cli(["status", job_id, "--json"], env).stdout))
+            row = next(n for n in view["nodes"] if n["role"] == "worker" and n["rank"] == 2)
+            return row["restarts"] == 1 and row["state"] == "alive" and (row["uptime"] or 0) >= 1.5
+
+        wait_for(trained_on, 30, "worker 2's replacement to train for 1.5 s", describe=lambda: str(view))
+        stop.touch()
+        proc.wait(60)
+        reader.join(10)
+    finally:
+        kill_cli(proc)
+    text = "".join(out)
+    assert proc.returncode == 0, text
+    rows = {n["rank"]: n for n in view["nodes"] if n["role"] == "worker"}
+    assert rows[2]["restarts"] == 1, rows
+    assert not any(rows[r]["slow"] for r in rows) and rows[2]["waited_for_total"] < 0.5, rows
+    closing = [line for line in out if " succeeded" in line]
+    assert closing and "waited most" not in closing[-1], text
+    assert_nothing_left(home)

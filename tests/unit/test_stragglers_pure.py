@@ -227,3 +227,16 @@ def test_kv_create_names_a_bad_backup_count(bad: object) -> None:
         kv_mod.create("dist_sync", backup_workers=bad)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="has no backup workers"):
         kv_mod.create("dist_async", backup_workers=1)
+
+
+def test_status_marks_the_slow_from_the_set_share_and_counts_the_late() -> None:
+    from cli.view import slow_lines, slowest
+    from psnode.launcher import SLOW_SHARE, NodeRow
+    rows = [NodeRow("worker", 0, "h", "alive", waited_for=SLOW_SHARE - 0.01, waited_for_total=1.0),
+            NodeRow("worker", 2, "h", "alive", waited_for=0.21, waited_for_total=3.0, late=0),
+            NodeRow("worker", 1, "h", "alive", late=7)]
+    assert slow_lines(rows) == [
+        "worker 2  slow: the others waited for it 21% of the last 30 s",
+        "worker 1  late: 7 pushes came after their round completed and were dropped (backup workers)"]
+    assert slowest(rows, 20.0) == "the others waited most for worker 2 (15% of the job)"
+    assert slowest(rows, 40.0) is None
