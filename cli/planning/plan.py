@@ -439,6 +439,9 @@ def make_plan(req: PlanRequest) -> Plan:
         raise PlanError(f"-s {servers}: the number of servers cannot be negative")
     engine = req.engine
     req.node.check_servers(servers)
+    if req.node.backup_workers >= workers > 0 and req.node.backup_workers:
+        raise PlanError(f"--backup-workers {req.node.backup_workers}: a round needs at least one push, and the job "
+                        f"has {workers} workers (-n {workers}); use 0 to {workers - 1}")
     if req.standby is None:   # (a job that survives a lost host survives its scheduler's too)
         many = len({h.label for h in (*hosts, *req.server_hosts)}) > 1
         req = replace(req, standby=engine.name == "psnode" and servers > 0 and req.node.replicas > 1 and many)
