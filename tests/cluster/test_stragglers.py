@@ -168,4 +168,6 @@ def test_a_wait_for_a_replacement_is_the_failovers_not_the_workers(tmp_path: Pat
     assert not any(rows[r]["slow"] for r in rows) and rows[2]["waited_for_total"] < 0.5, rows
     closing = [line for line in out if " succeeded" in line]
     assert closing and "waited most" not in closing[-1], text
+    print(f"after the failover: {({r: (rows[r]['waited_for'], rows[r]['waited_for_total']) for r in rows})}; "
+          f"{closing[-1].strip()}")
     assert_nothing_left(home)
