@@ -95,7 +95,7 @@ from psnode.protocol.control import (
     Welcome,
     decode_body,
 )
-from psnode.protocol.status import SLOW_SHARE, NodeRow, NodeState
+from psnode.protocol.status import SLOW_SHARE, NodeRow, NodeState, excess
 from psnode.scheduler import client
 from psnode.scheduler.elastic import ElasticRoster
 from psnode.scheduler.rebuild import Rebuild, done_elsewhere
@@ -602,12 +602,13 @@ class Scheduler:
                 for r, k in n.stats.late:
                     late[r] = late.get(r, 0) + k
         rows = []
+        workers = [n.rank for n in self.nodes.values() if n.role == Role.WORKER]
         for n in sorted(self.nodes.values(), key=lambda n: (n.role, n.rank)):
             row = n.row(now)
             if n.role == Role.WORKER:
                 share = shares.get(n.rank, 0.0)
                 row = replace(row, waited_for=round(share, 3), waited_for_total=round(totals.get(n.rank, 0.0), 3),
-                              late=late.get(n.rank, 0), slow=share >= SLOW_SHARE)
+                              late=late.get(n.rank, 0), slow=excess(shares, n.rank, workers) >= SLOW_SHARE)
             rows.append(row)
         return tuple(rows)
 

@@ -32,7 +32,9 @@ from psnode.protocol.control import WaitKind, WaitReport
 from psnode.protocol.status import SLOW_WINDOW as WINDOW
 from psnode.scheduler.waitfor import describe
 
-MIN_SPAN = 3.0       # seconds of a source's reports before its share counts
+#: seconds of a source's reports before its share counts (over fewer, one hiccup of a worker on
+#: a busy machine, a preemption of a few hundred milliseconds, passes for a pattern)
+MIN_SPAN = 5.0
 
 Totals = dict[int, float]   # worker -> seconds waited for it
 Samples = deque[tuple[float, Totals]]

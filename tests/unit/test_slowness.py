@@ -25,14 +25,14 @@ def test_the_share_is_the_longest_wait_of_one_server_over_the_window() -> None:
 def test_too_short_a_span_or_a_silent_source_counts_nothing() -> None:
     s = Slowness(window=30.0)
     s.server(0, [(1, 0.0)], 0.0)
-    s.server(0, [(1, 2.0)], 2.0)
-    assert s.shares(2.0) == {}                # 2 s of heartbeats: too soon to say
     s.server(0, [(1, 4.0)], 4.0)
-    assert s.shares(4.0) == {1: pytest.approx(1.0)}
+    assert s.shares(4.0) == {}                # 4 s of heartbeats: too soon to say
+    s.server(0, [(1, 6.0)], 6.0)
+    assert s.shares(6.0) == {1: pytest.approx(1.0)}
     assert s.shares(40.0) == {}               # nothing heard from server 0 for the whole window
     s.server(0, [(1, 0.5)], 41.0)             # a restarted server counts from 0 again: never negative
-    s.server(0, [(1, 1.0)], 45.0)
-    assert s.shares(45.0) == {1: pytest.approx(0.125)}
+    s.server(0, [(1, 1.25)], 47.0)
+    assert s.shares(47.0) == {1: pytest.approx(0.125)}
 
 
 def test_a_barrier_credits_each_worker_with_the_wait_for_those_that_entered_after_it() -> None:

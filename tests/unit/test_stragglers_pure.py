@@ -229,14 +229,23 @@ def test_kv_create_names_a_bad_backup_count(bad: object) -> None:
         kv_mod.create("dist_async", backup_workers=1)
 
 
-def test_status_marks_the_slow_from_the_set_share_and_counts_the_late() -> None:
+def test_a_worker_is_slow_beyond_what_the_others_are_waited_for() -> None:
+    from psnode.launcher import SLOW_SHARE, excess
+    busy = {0: 0.09, 1: 0.05, 2: 0.10}     # every worker keeps the others waiting now and then
+    assert all(excess(busy, r, range(3)) < SLOW_SHARE for r in range(3))
+    straggler = {0: 0.02, 1: 0.06, 2: 0.15}
+    assert excess(straggler, 2, range(3)) == pytest.approx(0.11) and excess(straggler, 1, range(3)) < 0
+    assert excess({}, 1, range(3)) == 0.0 and excess({0: 0.5}, 0, [0]) == 0.5
+
+
+def test_status_marks_the_slow_and_counts_the_late() -> None:
     from cli.view import slow_lines, slowest
-    from psnode.launcher import SLOW_SHARE, NodeRow
-    rows = [NodeRow("worker", 0, "h", "alive", waited_for=SLOW_SHARE - 0.01, waited_for_total=1.0),
-            NodeRow("worker", 2, "h", "alive", waited_for=0.21, waited_for_total=3.0, late=0),
-            NodeRow("worker", 1, "h", "alive", late=7)]
+    from psnode.launcher import NodeRow
+    rows = [NodeRow("worker", 0, "h", "alive", waited_for=0.09, waited_for_total=1.0, slow=False),
+            NodeRow("worker", 2, "h", "alive", waited_for=0.21, waited_for_total=3.6, late=0, slow=True),
+            NodeRow("worker", 1, "h", "alive", late=7, slow=False)]
     assert slow_lines(rows) == [
         "worker 2  slow: the others waited for it 21% of the last 30 s",
         "worker 1  late: 7 pushes came after their round completed and were dropped (backup workers)"]
-    assert slowest(rows, 20.0) == "the others waited most for worker 2 (15% of the job)"
-    assert slowest(rows, 40.0) is None
+    assert slowest(rows, 20.0) == "the others waited most for worker 2 (18% of the job)"   # (3.1 s beyond)
+    assert slowest(rows, 60.0) is None
