@@ -47,10 +47,10 @@ def end(proc: subprocess.Popen[str], stop: Path) -> None:
     kill_cli(proc)
 
 
-def run(tmp_path: Path, mode: str, slow: float, check: object) -> tuple[list[str], str, float]:
-    """Run the job until ``check(rows)`` holds for ``mxdist status --json``'s worker rows (15 s
-    at most after training started); then stop it. The output lines, the job id, how long
-    naming took."""
+def run(tmp_path: Path, mode: str, slow: float, check: object, within: float = 15.0) -> tuple[list[str], str, float]:
+    """Run the job until ``check(rows, table)`` holds for ``mxdist status --json``'s worker rows
+    and ``mxdist status``'s table (``within`` seconds at most after training started); then stop
+    it. The output lines, the table, how long naming took."""
     home = tmp_path / "home"
     env = cli_env(home)
     job = tmp_path / "job.py"
@@ -76,7 +76,7 @@ def run(tmp_path: Path, mode: str, slow: float, check: object) -> tuple[list[str
             seen.update(table=run_cli(["status", job_id], env).stdout)
             return bool(check(rows, seen["table"]))  # type: ignore[operator]
 
-        wait_for(holds, 15, f"status --json, {mode}, worker 2 at {slow} s a step",
+        wait_for(holds, within, f"status --json, {mode}, worker 2 at {slow} s a step",
                  describe=lambda: f"waited_for per worker: {seen.get('shares')}")
         took = time.monotonic() - t0
         table = str(seen["table"])
@@ -115,7 +115,7 @@ def test_a_job_without_a_straggler_names_nobody(tmp_path: Path) -> None:
         assert " slow:" not in table, table
         return len(shares) >= 3
 
-    out, _, _ = run(tmp_path, "dist_sync", 0.002, settled)
+    out, _, _ = run(tmp_path, "dist_sync", 0.002, settled, within=60.0)
     assert not any(slow for sample in shares for _, slow in sample.values()), shares
     closing = [line for line in out if " succeeded" in line]
     assert closing and "waited most" not in closing[-1], "".join(out)
@@ -124,6 +124,8 @@ def test_a_job_without_a_straggler_names_nobody(tmp_path: Path) -> None:
 FAILOVER = textwrap.dedent("""
     import os, signal, sys, time, pathlib, numpy as np, psnode
     stop = pathlib.Path(sys.argv[1])
+    if os.environ.get('PSNODE_RESTART_COUNT', '0') != '0':
+        time.sleep(2.0)                               # a replacement slow to start: the others wait
     kv = psnode.kv.create('dist_sync')
     kv.init('w', np.zeros(4, np.float32))
     kv.init('done', np.zeros(1, np.float32))
@@ -174,7 +176,8 @@ def test_a_wait_for_a_replacement_is_the_failovers_not_the_workers(tmp_path: Pat
     assert proc.returncode == 0, text
     rows = {n["rank"]: n for n in view["nodes"] if n["role"] == "worker"}
     assert rows[2]["restarts"] == 1, rows
-    assert not any(rows[r]["slow"] for r in rows) and rows[2]["waited_for_total"] < 0.5, rows
+    summary = {r: (rows[r]["waited_for"], rows[r]["waited_for_total"], rows[r]["slow"]) for r in rows}
+    assert not any(rows[r]["slow"] for r in rows) and rows[2]["waited_for_total"] < 1.0, summary
     closing = [line for line in out if " succeeded" in line]
     assert closing and "waited most" not in closing[-1], text
     print(f"after the failover: {({r: (rows[r]['waited_for'], rows[r]['waited_for_total']) for r in rows})}; "
