@@ -608,7 +608,8 @@ class Scheduler:
             if n.role == Role.WORKER:
                 share = shares.get(n.rank, 0.0)
                 row = replace(row, waited_for=round(share, 3), waited_for_total=round(totals.get(n.rank, 0.0), 3),
-                              late=late.get(n.rank, 0), slow=excess(shares, n.rank, workers) >= SLOW_SHARE)
+                              late=late.get(n.rank, 0),   # (one being replaced: the failover's)
+                              slow=n.state == NodeState.ALIVE and excess(shares, n.rank, workers) >= SLOW_SHARE)
             rows.append(row)
         return tuple(rows)
 

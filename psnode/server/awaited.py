@@ -15,6 +15,12 @@ Intervals of many key parts overlap; each worker's credits end in time order, so
 the wall time that passed): O(1) per completed round, no message of its own (the server's
 heartbeat carries the totals, psnode.protocol.control.Counters.awaited).
 
+A wait in progress counts too (:meth:`Awaited.totals`, what the heartbeat carries): each open
+wait names the worker it waits for (:meth:`opened`, found once per wait: the one worker the
+round lacks, or the slowest gating a dist_ssp pull), so a worker that stalls is named while the
+others still wait for it; :meth:`closed` ends it (with :meth:`credit`, or without, when a
+worker's loss ended it).
+
 Only time the worker was actually awaited counts: a worker (a replacement after a restart, or
 a worker that joined) is credited only from its first init on this server (:meth:`rejoined`);
 a stall waiting for a replacement to start is the failover's (``failover``), and a round
@@ -40,6 +46,7 @@ class Awaited:
     failover: float = 0.0                                      # seconds of waits for replacements
     _until: dict[int, float] = field(default_factory=dict)     # worker -> end of its last credit
     _since: dict[int, float] = field(default_factory=dict)     # worker -> its last (re)init here
+    _open: dict[int, list[float]] = field(default_factory=dict)  # worker -> [open waits, first start]
 
     def now(self) -> float:
         return self.clock()
@@ -54,6 +61,33 @@ class Awaited:
         if now > start:
             self.seconds[worker] = self.seconds.get(worker, 0.0) + (now - start)
             self._until[worker] = now
+
+    def opened(self, worker: int, since: float) -> None:
+        """A wait for ``worker`` alone began at ``since`` (it is counted until :meth:`closed`)."""
+        o = self._open.get(worker)
+        if o is None:
+            self._open[worker] = [1.0, since]
+        else:
+            o[0] += 1
+
+    def closed(self, worker: int) -> None:
+        """A wait :meth:`opened` for ``worker`` ended (credited, or not, by the caller)."""
+        o = self._open.get(worker)
+        if o is not None:
+            o[0] -= 1
+            if o[0] <= 0:
+                del self._open[worker]
+
+    def totals(self) -> dict[int, float]:
+        """``seconds`` with the waits in progress (each worker's from its first open wait, past
+        what was credited already)."""
+        now = self.clock()
+        out = dict(self.seconds)
+        for x, (_, first) in self._open.items():
+            start = max(first, self._until.get(x, 0.0), self._since.get(x, 0.0))
+            if now > start:
+                out[x] = out.get(x, 0.0) + (now - start)
+        return out
 
     def rejoined(self, worker: int) -> None:
         """``worker`` initialised a key here: waits for it before this are not its own (its

@@ -83,6 +83,7 @@ class Bucket:
     pulls: list[tuple[int, int, int, np.ndarray | None]] = field(default_factory=list)
     durable: dict[int, int] = field(default_factory=dict)   # worker -> pushes the last checkpoint holds
     alone_at: float = 0.0                  # when the round began to wait for one worker alone
+    alone_for: int = -1                    # that worker
 
     def answer(self, member: Callable[[int], bool]) -> list[Reply]:
         """Bucket pulls whose members all reached their push (the answer: the whole buffer);
@@ -151,7 +152,9 @@ class Buckets:
             e, sl, shape = m.entry, m.span, m.entry.value.shape
             e.round, e.pushed, e.contributors = b.round, dict(b.pushed), set(b.contributors)
             e.first = e.spare = None
-            e.alone_at = b.alone_at
+            e.alone_at, e.alone_for = b.alone_at, b.alone_for   # (the bucket's wait: one per member)
+            if b.alone_at:
+                self.awaited.opened(b.alone_for, b.alone_at)
             if b.first is not None:
                 e.first = b.first[sl].reshape(shape)
             elif b.summed:
@@ -162,6 +165,9 @@ class Buckets:
                 e.state = opt_mod.OptState({n: a[sl].reshape(shape) for n, a in b.state.arrays.items()},
                                            b.state.t)
         b.first, b.summed, b.early, b.contributors = None, False, {}, set()
+        if b.alone_at:
+            self.awaited.closed(b.alone_for)
+            b.alone_at, b.alone_for = 0.0, -1
 
     def split_member(self, entry: Entry) -> None:
         """Serve ``entry``, a member of a bucket, on its own from now on."""
@@ -240,11 +246,13 @@ class Buckets:
         b.contributors.add(worker)
         b.pushed[worker] = seq
         left = len(self.rules.active) - len(b.contributors)   # (psnode.server.awaited)
-        if left == 1:
-            b.alone_at = self.awaited.now()
+        if left == 1:   # (the one worker it lacks: found once per round)
+            b.alone_at, b.alone_for = self.awaited.now(), next(iter(self.rules.active - b.contributors), -1)
+            self.awaited.opened(b.alone_for, b.alone_at)
         elif left <= 0 and b.alone_at:
             self.awaited.credit(worker, b.alone_at)
-            b.alone_at = 0.0
+            self.awaited.closed(b.alone_for)
+            b.alone_at, b.alone_for = 0.0, -1
         if len(b.contributors) == 1:
             b.first = data
             return
@@ -283,7 +291,10 @@ class Buckets:
             b.round += 1
             self.rounds += len(b.members)
             b.contributors.clear()
-            b.first, b.summed, b.alone_at = None, False, 0.0
+            b.first, b.summed = None, False
+            if b.alone_at:   # (completed by a worker's loss: credited to nobody)
+                self.awaited.closed(b.alone_for)
+                b.alone_at, b.alone_for = 0.0, -1
             out.extend(b.answer(self.rules.member))
             for w, items in list(b.early.items()):
                 for item in list(items):

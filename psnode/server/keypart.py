@@ -63,6 +63,7 @@ class Entry:
     staleness: int = -1   # async: pulls wait for the bound (dist_ssp: psnode.server.staleness); -1: none
     backup: int = 0       # sync: a round completes without this many of its workers (psnode.server.rounds)
     alone_at: float = 0.0   # when the round began to wait for one worker alone (psnode.server.awaited); 0: not
+    alone_for: int = -1     # that worker
 
 
 def fmt(key: Any, part: int) -> str:

@@ -94,7 +94,7 @@ class Server:
         awaited = self.store.key_rounds.awaited   # (whom the others waited for: psnode.server.awaited)
         return Counters(pushes=self.store.pushes, pulls=self.store.pulls, bytes_in=self.chan.bytes_in + local_in,
                         bytes_out=self.chan.bytes_out + local_out, rounds=self.store.rounds, dropped=dropped,
-                        refused=self.t.refused, awaited=tuple(sorted(awaited.seconds.items())),
+                        refused=self.t.refused, awaited=tuple(sorted(awaited.totals().items())),
                         late=tuple(sorted(awaited.late.items())))
 
     def _rejoin_report(self) -> Rejoin:

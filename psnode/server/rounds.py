@@ -177,7 +177,8 @@ class Rounds:
             out = self.answer_pulls(entry)
             if entry.alone_at and len(entry.pulls) < parked:   # (a dist_ssp pull let through)
                 self.awaited.credit(worker, entry.alone_at)
-                entry.alone_at = self.awaited.now() if entry.pulls else 0.0
+                self._stop_waiting(entry)
+                self._bound_wait(entry)
             return out
         if seq <= entry.round and entry.backup:
             return self._late(entry, worker, seq, data, rows)
@@ -227,12 +228,13 @@ class Rounds:
                     rows: np.ndarray | None) -> None:
         entry.contributors.add(worker)
         if not entry.backup:   # (whom the others waited for: psnode.server.awaited)
-            left = len(self.rules.need(entry)) - len(entry.contributors)
-            if left == 1:
-                entry.alone_at = self.awaited.now()
+            need = self.rules.need(entry)
+            left = len(need) - len(entry.contributors)
+            if left == 1:   # (the one worker it lacks: found once per round)
+                self._start_waiting(entry, next(iter(need - entry.contributors), -1))
             elif left <= 0 and entry.alone_at:
                 self.awaited.credit(worker, entry.alone_at)
-                entry.alone_at = 0.0
+                self._stop_waiting(entry)
         if isinstance(data, Packed):   # (dense sync, check_finite off: see push)
             self._contribute_packed(entry, data)
             entry.pushed[worker] = seq
@@ -313,7 +315,8 @@ class Rounds:
             entry.round += 1
             self.rounds += 1
             entry.contributors.clear()
-            entry.alone_at = 0.0
+            if entry.alone_at:   # (completed by a worker's loss: credited to nobody)
+                self._stop_waiting(entry)
             entry.sparse_parts.clear()
             out.extend(self.answer_pulls(entry))
             if entry.bucket is not None:
@@ -419,12 +422,30 @@ class Rounds:
                 blockers = []
             return [Reply(worker, Wait(rid, gap if gap <= after else 0, blockers))]
         self.pulls += 1
-        parked = bool(entry.pulls)
+        if not entry.pulls and entry.alone_at:   # (its pulls were let through by a worker's loss)
+            self._stop_waiting(entry)
         entry.pulls.append((worker, rid, after, rows, dest))
         out = self.answer_pulls(entry)
-        if entry.pulls and not parked and entry.staleness >= 0 and not entry.sync:
-            entry.alone_at = self.awaited.now()   # (a dist_ssp pull waits for the bound)
+        if not entry.alone_at:
+            self._bound_wait(entry)
         return out
+
+    def _start_waiting(self, entry: Entry, worker: int) -> None:
+        entry.alone_at, entry.alone_for = self.awaited.now(), worker
+        self.awaited.opened(worker, entry.alone_at)
+
+    def _stop_waiting(self, entry: Entry) -> None:
+        self.awaited.closed(entry.alone_for)
+        entry.alone_at, entry.alone_for = 0.0, -1
+
+    def _bound_wait(self, entry: Entry) -> None:
+        """A dist_ssp part whose pulls wait for the bound: a wait for its slowest gating worker
+        (psnode.server.staleness; found once per wait)."""
+        if entry.pulls and entry.staleness >= 0 and not entry.sync:
+            after = entry.pulls[0][2]
+            slow = bound.blockers(entry.pushed, self.rules.gating(entry), after, entry.staleness)
+            if slow:
+                self._start_waiting(entry, slow[0])
 
     def answer_pulls(self, entry: Entry) -> list[Reply]:
         """The parked pulls of ``entry`` whose push was applied (a worker that left is answered

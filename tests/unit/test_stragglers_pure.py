@@ -67,9 +67,10 @@ def test_a_sync_round_credits_the_last_pusher_from_when_it_alone_was_missing() -
     for key in "wv":
         push(store, 1, 1, 2.0, key)  # now both lack worker 2 alone
     clock.t += 3.0
+    assert awaited.totals() == {2: pytest.approx(3.0)}   # (a wait in progress counts: worker 2 is named now)
     for key in "wv":
         push(store, 2, 1, 3.0, key)
-    assert awaited.seconds == {2: pytest.approx(3.0)}
+    assert awaited.seconds == {2: pytest.approx(3.0)} and awaited.totals() == awaited.seconds
     clock.t += 1.0
     push(store, 2, 2, 0.0)
     push(store, 0, 2, 0.0)           # worker 1 alone missing for 0.5 s
@@ -102,8 +103,10 @@ def test_a_round_completed_by_a_loss_credits_nobody_and_a_replacement_counts_fro
     push(store, 0, 3, 1.0)
     push(store, 1, 3, 1.0)
     clock.t += 2.0
+    assert awaited.totals()[2] == pytest.approx(7.25)
     store.set_active({0, 1})         # worker 2 is lost for good: the round completes, nobody credited
     assert awaited.seconds[2] == pytest.approx(5.25) and store.entries[("w", 0)].round == 3
+    assert awaited.totals() == awaited.seconds   # (no wait left open)
 
 
 def test_a_fused_bucket_credits_the_same_way() -> None:
@@ -123,6 +126,13 @@ def test_a_fused_bucket_credits_the_same_way() -> None:
         store.handle(2, PushPull(key, 0, seq, np.ones(4, np.float32), id=100 * seq + 2))
     assert store.fused.all[0].fused
     assert store.key_rounds.awaited.seconds == {2: pytest.approx(4.0)}
+    for w in (0, 1):                 # round 3 waits for worker 2; a member's own push splits the bucket
+        store.handle(w, PushPull(key, 0, 3, np.ones(4, np.float32), id=300 + w))
+    clock.t += 1.0
+    store.handle(0, Pull("a", 0, 3, id=400))
+    assert not store.fused.all[0].fused and store.key_rounds.awaited.totals() == {2: pytest.approx(5.0)}
+    store.handle(2, PushPull(key, 0, 3, np.ones(4, np.float32), id=302))
+    assert store.key_rounds.awaited.totals() == {2: pytest.approx(5.0)} and not store.key_rounds.awaited._open
 
 
 def test_a_dist_ssp_pull_parked_on_the_bound_credits_the_push_that_lets_it_through() -> None:
@@ -135,6 +145,7 @@ def test_a_dist_ssp_pull_parked_on_the_bound_credits_the_push_that_lets_it_throu
     push(store, 2, 1, 1.0)
     assert store.handle(0, Pull("w", 0, 3, id=77)) == []     # worker 2 at clock 1 < 3 - 1
     clock.t += 1.5
+    assert store.key_rounds.awaited.totals() == {2: pytest.approx(1.5)}
     out = push(store, 2, 2, 1.0)
     assert [r.answer.id for r in out] == [77]
     assert store.key_rounds.awaited.seconds == {2: pytest.approx(1.5)}
