@@ -84,6 +84,10 @@ variable                           meaning (default)
 ``PSNODE_STALL_WARNING``           seconds a worker waits for other workers in one pull or
                                    barrier before the scheduler warns, naming them (``30``;
                                    ``0``: never; psnode.scheduler.slowness)
+``PSNODE_BACKUP_WORKERS``          dist_sync stores' backup workers: a round completes when all
+                                   but this many workers pushed; late pushes are dropped
+                                   (``0``; ``kv.create(..., backup_workers=b)`` overrides it;
+                                   psnode.server.rounds)
 ``PSNODE_TIMELINE``                a directory: every process appends its timeline events
                                    (compute, push, pull-wait, barrier-wait, apply, ...) to its
                                    own file there, for the launcher to merge into one trace
@@ -247,6 +251,7 @@ class NodeConfig:
     cpu_policy: CpuPolicy = CpuPolicy.BATCH
     error_file: str | None = None
     stall_warning: float = 30.0
+    backup_workers: int = 0
     timeline: str | None = None
     min_workers: int | None = None   # None: num_workers (workers_min)
     max_workers: int | None = None   # None: num_workers (workers_max)
@@ -365,6 +370,7 @@ class NodeConfig:
             cpu_policy=_enum(env, "CPU_POLICY", CpuPolicy, d("cpu_policy")),  # type: ignore[arg-type]
             error_file=env.get(_PREFIX + "ERROR_FILE") or None,
             stall_warning=_float(env, "STALL_WARNING", d("stall_warning"), positive=False),
+            backup_workers=_int(env, "BACKUP_WORKERS", d("backup_workers"), 0) or 0,
             timeline=env.get(_PREFIX + "TIMELINE") or None,
             min_workers=_int(env, "MIN_WORKERS", None, 1),
             max_workers=_int(env, "MAX_WORKERS", None, 1),

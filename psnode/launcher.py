@@ -38,13 +38,14 @@ from psnode.net.security import Mode, Security
 from psnode.net.transport import new_security
 from psnode.protocol.control import StatusAnswer
 from psnode.protocol.failure import FailureKind, FailureRecord, from_torch, path_in, record_of, torch_path_in
-from psnode.protocol.status import SLOW_WINDOW, NodeRow, NodeState
+from psnode.protocol.status import SLOW_SHARE, SLOW_WINDOW, NodeRow, NodeState, excess
 from psnode.scheduler.client import report_lost, request_leave, status
 from psnode.server.checkpoint import path_for as checkpoint_path
 from psnode.timeline import SUFFIX as TIMELINE_SUFFIX
 from psnode.timeline import merge as merge_timeline
 
 __all__ = [
+    "SLOW_SHARE",
     "SLOW_WINDOW",
     "TIMELINE_SUFFIX",
     "FailureKind",
@@ -55,6 +56,7 @@ __all__ = [
     "Security",
     "StatusAnswer",
     "checkpoint_path",
+    "excess",
     "from_torch",
     "merge_timeline",
     "new_security",

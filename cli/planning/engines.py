@@ -232,6 +232,7 @@ class MxnetEngine(JobEngine):
         "--host-discovery-script": "ps-lite's workers are fixed at the start (DMLC_NUM_WORKER)",
         "--start-timeout": "ps-lite's scheduler waits for its nodes as long as it does (no setting for it)",
         "--stall-warning": "ps-lite's nodes report no waits (the slow worker is named for psnode jobs only)",
+        "--backup-workers": "MXNet's servers wait for every worker's push in each dist_sync round",
     }
     #: flags that MXNet's processes satisfy without mxdist doing anything -> why
     ACCEPTED: ClassVar[Mapping[str, str]] = {

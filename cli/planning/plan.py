@@ -125,6 +125,7 @@ class NodeOptions:
     stall_warning: float = field(default=default("stall_warning"), metadata={"flag": "--stall-warning"})
     register_timeout: float = field(default=default("register_timeout"), metadata={"flag": "--start-timeout"})
     slice_bytes: int = field(default=default("slice_bytes"), metadata={"flag": "--slice-bytes"})
+    backup_workers: int = field(default=default("backup_workers"), metadata={"flag": "--backup-workers"})
 
     def __post_init__(self) -> None:
         if not isinstance(self.distribution, Distribution):
@@ -156,6 +157,9 @@ class NodeOptions:
             raise PlanError(f"--checkpoint-interval {self.checkpoint_interval:g}: must be seconds >= 0")
         if self.slice_bytes < 0:
             raise PlanError(f"--slice-bytes {self.slice_bytes}: must be 0 (one part per server) or more")
+        if self.backup_workers < 0:
+            raise PlanError(f"--backup-workers {self.backup_workers}: must be 0 or more (0: every round waits for "
+                            "every worker)")
         if self.checkpoint_rounds < 0:
             raise PlanError(f"--checkpoint-rounds {self.checkpoint_rounds}: must be 0 or more")
         if self.replicas < 1:
@@ -445,6 +449,9 @@ def make_plan(req: PlanRequest) -> Plan:
         raise PlanError(f"-s {servers}: the number of servers cannot be negative")
     engine = req.engine
     req.node.check_servers(servers)
+    if req.node.backup_workers >= workers > 0 and req.node.backup_workers:
+        raise PlanError(f"--backup-workers {req.node.backup_workers}: a round needs at least one push, and the job "
+                        f"has {workers} workers (-n {workers}); use 0 to {workers - 1}")
     if req.standby is None:   # (a job that survives a lost host survives its scheduler's too)
         many = len({h.label for h in (*hosts, *req.server_hosts)}) > 1
         req = replace(req, standby=engine.name == "psnode" and servers > 0 and req.node.replicas > 1 and many)

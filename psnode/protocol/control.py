@@ -338,8 +338,8 @@ def wait_report(raw: Any) -> WaitReport | None:
         return None
 
 
-def waited_on(raw: Any) -> tuple[tuple[int, float], ...]:
-    """A heartbeat's ``waited_on``: ``[[rank, seconds], ...]``, checked; malformed pairs are
+def awaited(raw: Any) -> tuple[tuple[int, float], ...]:
+    """A heartbeat's ``awaited``: ``[[rank, seconds], ...]``, checked; malformed pairs are
     left out (at most 4096)."""
     if not isinstance(raw, list):
         return ()
@@ -351,6 +351,15 @@ def waited_on(raw: Any) -> tuple[tuple[int, float], ...]:
     return tuple(out)
 
 
+def late_counts(raw: Any) -> tuple[tuple[int, int], ...]:
+    """A heartbeat's ``late``: ``[[rank, pushes], ...]``, checked; malformed pairs are left out
+    (at most 4096)."""
+    if not isinstance(raw, list):
+        return ()
+    return tuple((p[0], p[1]) for p in raw[:4096] if isinstance(p, list) and len(p) == 2 and _rank(p[0])
+                 and type(p[1]) is int and 0 <= p[1] <= _MAX_COUNT)
+
+
 def _rank(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < RANKS
 
@@ -358,9 +367,9 @@ def _rank(v: Any) -> bool:
 @dataclass(frozen=True)
 class Counters:
     """A node's counters, sent with each heartbeat (``rounds``: completed sync rounds; ``wait``:
-    what a worker's user thread waits for, :func:`wait_report`; ``waited_on``: per other
-    worker, the seconds this worker's user thread has waited for that worker's pushes in all,
-    the wait in progress included, :func:`waited_on`)."""
+    what a worker's user thread waits for, :func:`wait_report`; a server's ``awaited``: per worker, the
+    seconds its key parts waited for that worker alone, and ``late``: per worker, its pushes
+    dropped for coming after their round completed, psnode.server.awaited)."""
 
     pushes: int = 0
     pulls: int = 0
@@ -371,7 +380,8 @@ class Counters:
     dropped: int = 0
     refused: int = 0
     wait: WaitReport | None = None
-    waited_on: tuple[tuple[int, float], ...] = ()
+    awaited: tuple[tuple[int, float], ...] = ()
+    late: tuple[tuple[int, int], ...] = ()
     # big state and loop health: a server's values and optimizer state (bytes), the bytes it
     # sent to the holders of its replicas and wrote to checkpoints (in all), per holder how many
     # copies it is behind the latest (psnode.server.replicas); every node's longest gap between
@@ -388,8 +398,10 @@ class Counters:
                                 "dropped": self.dropped, "refused": self.refused}
         if self.wait is not None:
             body["wait"] = self.wait.to_body()
-        if self.waited_on:
-            body["waited_on"] = [[r, round(s, 3)] for r, s in self.waited_on]
+        if self.awaited:
+            body["awaited"] = [[r, round(s, 4)] for r, s in self.awaited]
+        if self.late:
+            body["late"] = [[r, n] for r, n in self.late]
         for name in _BIG_STATE:
             if getattr(self, name):
                 body[name] = getattr(self, name)
@@ -400,12 +412,12 @@ class Counters:
     @classmethod
     def from_body(cls, stats: dict[str, Any]) -> Counters:
         counts = {name: _int(stats, "heartbeat stats", name, high=_MAX_COUNT, default=0) for name in _COUNTERS}
-        return cls(**counts, wait=wait_report(stats.get("wait")), waited_on=waited_on(stats.get("waited_on")),
-                   lag=holder_lag(stats.get("lag")))
+        return cls(**counts, wait=wait_report(stats.get("wait")), awaited=awaited(stats.get("awaited")),
+                   late=late_counts(stats.get("late")), lag=holder_lag(stats.get("lag")))
 
 
 _BIG_STATE = ("state_bytes", "copied", "checkpointed", "loop_gap_us")
-_COUNTERS = tuple(f.name for f in fields(Counters) if f.name not in ("wait", "waited_on", "lag"))
+_COUNTERS = tuple(f.name for f in fields(Counters) if f.name not in ("wait", "awaited", "late", "lag"))
 
 
 def holder_lag(raw: Any) -> tuple[tuple[int, int], ...]:
@@ -728,5 +740,5 @@ def decode(msg: Message) -> Control:
 
 __all__ = ["BODIES", "Barrier", "BarrierDone", "Body", "Bye", "Control", "Counters", "Empty", "Heartbeat",
            "JobEnd", "Leave", "Lost", "Membership", "Register", "Rejoin", "Replica", "ServerAddress", "Servers",
-           "StatusAnswer", "Stop", "WaitKind", "WaitReport", "Welcome", "decode", "decode_body", "wait_report",
-           "waited_on"]
+           "StatusAnswer", "Stop", "WaitKind", "WaitReport", "Welcome", "awaited", "decode", "decode_body",
+           "late_counts", "wait_report"]

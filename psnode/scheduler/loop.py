@@ -97,7 +97,7 @@ from psnode.protocol.control import (
     Welcome,
     decode_body,
 )
-from psnode.protocol.status import NodeRow, NodeState
+from psnode.protocol.status import SLOW_SHARE, NodeRow, NodeState, excess
 from psnode.scheduler import client
 from psnode.scheduler.elastic import ElasticRoster
 from psnode.scheduler.rebuild import Rebuild, done_elsewhere
@@ -352,6 +352,8 @@ class Scheduler:
         del self.nodes[old.ident]
         self.roster.left(old.role, old.ident)
         node.rank, node.restarts = old.rank, old.restarts + 1
+        if node.role == Role.WORKER:   # (waits for it before now were the failover's)
+            self.slowness.restarted(node.rank, time.monotonic())
         self.roster.joined(node.role, node.ident)
         self._set_state(node, NodeState.ALIVE)
         node.stats, node.barrier_done = old.stats, old.barrier_done  # a replay's barriers: answered
@@ -616,12 +618,20 @@ class Scheduler:
     def _rows(self, now: float) -> tuple[NodeRow, ...]:
         """The STATUS table: a row per node, a worker's with how long the others waited for it."""
         shares, totals = self.slowness.shares(now), self.slowness.totals()
+        late: dict[int, int] = {}   # worker -> its pushes dropped late, on every server (backup workers)
+        for n in self.nodes.values():
+            if n.role == Role.SERVER:
+                for r, k in n.stats.late:
+                    late[r] = late.get(r, 0) + k
         rows = []
+        workers = [n.rank for n in self.nodes.values() if n.role == Role.WORKER]
         for n in sorted(self.nodes.values(), key=lambda n: (n.role, n.rank)):
             row = n.row(now)
             if n.role == Role.WORKER:
-                row = replace(row, waited_for=round(shares.get(n.rank, 0.0), 3),
-                              waited_for_total=round(totals.get(n.rank, 0.0), 3))
+                share = shares.get(n.rank, 0.0)
+                row = replace(row, waited_for=round(share, 3), waited_for_total=round(totals.get(n.rank, 0.0), 3),
+                              late=late.get(n.rank, 0),   # (one being replaced: the failover's)
+                              slow=n.state == NodeState.ALIVE and excess(shares, n.rank, workers) >= SLOW_SHARE)
             rows.append(row)
         return tuple(rows)
 
@@ -711,7 +721,9 @@ class Scheduler:
         elif isinstance(body, Heartbeat):
             node.update_stats(body.stats, time.monotonic())
             if node.role == Role.WORKER and node.rank >= 0:
-                self.slowness.report(node.rank, body.stats.waited_on, time.monotonic())
+                self.slowness.heartbeat(node.rank, time.monotonic())
+            elif node.role == Role.SERVER and node.rank >= 0:
+                self.slowness.server(node.rank, body.stats.awaited, time.monotonic())
             self._send(node, Command.HEARTBEAT_ACK)
         elif isinstance(body, Barrier) and node.role == Role.WORKER:
             n = node.barrier_done + 1 if body.n is None else body.n

@@ -73,6 +73,9 @@ class Entry:
     # rounds write a copy instead (the value is held the same way: a Pin in ``value_sends``)
     state_pin: Any = None
     fresh: bool = True    # created after the last durable point began that has completed
+    backup: int = 0       # sync: a round completes without this many of its workers (psnode.server.rounds)
+    alone_at: float = 0.0   # when the round began to wait for one worker alone (psnode.server.awaited); 0: not
+    alone_for: int = -1     # that worker
 
 
 class Pin:

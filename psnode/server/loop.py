@@ -106,9 +106,11 @@ class Server:
         local_in, local_out = self.local.bytes if self.local is not None else (0, 0)
         dropped = self.t.dropped + (self.local.dropped if self.local is not None else 0)
         rep = self.replicator
+        awaited = self.store.key_rounds.awaited   # (whom the others waited for: psnode.server.awaited)
         return Counters(pushes=self.store.pushes, pulls=self.store.pulls, bytes_in=self.chan.bytes_in + local_in,
                         bytes_out=self.chan.bytes_out + local_out, rounds=self.store.rounds, dropped=dropped,
-                        refused=self.t.refused, state_bytes=self.store.state_bytes(),
+                        refused=self.t.refused, awaited=tuple(sorted(awaited.totals().items())),
+                        late=tuple(sorted(awaited.late.items())), state_bytes=self.store.state_bytes(),
                         copied=rep.copied if rep is not None else 0, checkpointed=self.points.written,
                         loop_gap_us=self.gaps.longest_us(time.monotonic()),
                         lag=self._lag())

@@ -141,7 +141,8 @@ class Store:
         self.settings: dict[int, str] = {}   # worker -> the compression tag of its pushes ("": none)
         self.rules = Rules(set(range(num_workers)), check_finite)
         self.key_rounds = Rounds(self.rules, self.alloc, self.events.append)
-        self.fused = Buckets(self.rules, self.alloc, adopt or (lambda view: view), self.key_rounds.push)
+        self.fused = Buckets(self.rules, self.alloc, adopt or (lambda view: view), self.key_rounds.push,
+                             awaited=self.key_rounds.awaited)
         self.filling = Fills()   # parts being computed on this server (psnode.server.fills)
         self._handlers: dict[int, Callable[[int, Any], list[Reply]]] = {
             OpCode.INIT: self._init, OpCode.PUSH: self._push, OpCode.PULL: self._pull,
@@ -249,6 +250,8 @@ class Store:
             self.must_persist |= entry.fresh   # (the part's creation is not durable yet)
             self._check_mode(key, entry, op)
             seq = self._join_count(entry) if op.join else self._accepted(entry, worker)
+            if seq:   # (a restarted worker: waits for it before now were the failover's)
+                self.key_rounds.awaited.rejoined(worker)
             return [Reply(worker, Ok(op.id, [entry.value], seq=seq), entry)]
         pending = self.filling.pending.get(key)   # (a big init's array being copied in)
         if op.value is None or pending is not None:
@@ -271,7 +274,8 @@ class Store:
         else:
             value = self.alloc(op.value.shape, op.value.dtype)
         np.copyto(value, op.value)
-        entry = Entry(value=value, sparse=op.sparse, sync=op.sync, average=op.average, staleness=op.staleness)
+        entry = Entry(value=value, sparse=op.sparse, sync=op.sync, average=op.average, staleness=op.staleness,
+                      backup=op.backup)
         optimizer = self.rules.optimizer_for(entry)
         if optimizer is not None:
             entry.state = optimizer.create_state(entry.value)
@@ -329,7 +333,7 @@ class Store:
         for fill in self.filling.step(budget):
             op = fill.op
             entry = Entry(value=fill.value, sparse=op.sparse, sync=op.sync, average=op.average,
-                          staleness=op.staleness)
+                          staleness=op.staleness, backup=op.backup)
             optimizer = self.rules.optimizer_for(entry)
             if optimizer is not None:
                 entry.state = optimizer.create_state(entry.value)
@@ -387,6 +391,10 @@ class Store:
             raise OpError("ConfigError", f"{fmt(*key)} was created by a {kind(entry.sync, entry.staleness)} store; "
                                          f"this worker's is {kind(op.sync, op.staleness)}: every worker must "
                                          "create the same kind of store")
+        if entry.backup != op.backup:
+            raise OpError("ConfigError", f"{fmt(*key)} was created by a store with backup_workers={entry.backup}; "
+                                         f"this worker's has backup_workers={op.backup}: every worker must create "
+                                         "the same kind of store")
 
     @staticmethod
     def _check_meta(key: Key, entry: Entry, dtype: str, shape: tuple[int, ...]) -> None:

@@ -47,7 +47,7 @@ def test_env_round_trips_through_node_config():
         cfg = NodeConfig.from_env(proc.env)
         assert cfg.role is proc.role and cfg.job_id == "job-1"
         assert cfg.scheduler_address == "10.0.0.1:9000"
-        assert cfg.num_workers == 4 and cfg.num_servers == 3
+        assert cfg.num_workers == 4 and cfg.num_servers == 3 and cfg.backup_workers == 0
         assert cfg.host == proc.host.address
         assert cfg.rank == proc.rank
     server = plan.of_role(Role.SERVER)[1]
@@ -140,6 +140,8 @@ def test_more_workers_than_slots_wraps_with_a_warning():
     ({"scheduler_port": 70000}, "1..65535"),
     ({"command": []}, "no command"),
     ({"hosts": []}, "no hosts"),
+    ({"num_workers": 3, "backup_workers": 3}, r"--backup-workers 3: .* 3 workers \(-n 3\); use 0 to 2"),
+    ({"backup_workers": -1}, "--backup-workers -1: must be 0 or more"),
 ])
 def test_plan_errors(kw, message):
     with pytest.raises(PlanError, match=message):

@@ -67,7 +67,7 @@ VALID = [
     (Command.REJOIN, Empty()),
     (Command.WELCOME, Welcome(1, BOOK, 99, 2, 2, (0, 1), 3, True, 5)),
     (Command.HEARTBEAT, Heartbeat(Counters(pushes=10, pulls=9, rounds=5, bytes_in=2**40, retries=1, wait=WAIT,
-                                         waited_on=((2, 1.5),)))),
+                                         awaited=((2, 1.5),), late=((1, 3),)))),
     (Command.HEARTBEAT, Heartbeat(Counters(rounds=3, dropped=2, refused=1))),
     (Command.HEARTBEAT, Heartbeat(Counters(rounds=3, state_bytes=2**31, copied=5 * 2**30, checkpointed=7,
                                            loop_gap_us=41_000, lag=((1, 0), (2, 3))))),
@@ -232,8 +232,8 @@ def test_wait_reports_round_trip_with_their_wire_names() -> None:
     init = WaitReport.from_body({"what": "init", "of": "'w'", "on": [4, 1, 4]})
     assert init == WaitReport(WaitKind.INIT, of="'w'", push=0, on=(1, 4), waited=0.0)
     assert init.what is WaitKind.INIT and init.episode == ("init", 0, "'w'", 0)
-    got = decode_body(Command.HEARTBEAT, Heartbeat(Counters(pushes=1, wait=pull, waited_on=((2, 4.0),))).to_body())
-    assert got == Heartbeat(Counters(pushes=1, wait=pull, waited_on=((2, 4.0),)))
+    got = decode_body(Command.HEARTBEAT, Heartbeat(Counters(pushes=1, wait=pull, awaited=((2, 4.0),))).to_body())
+    assert got == Heartbeat(Counters(pushes=1, wait=pull, awaited=((2, 4.0),)))
 
 
 @pytest.mark.parametrize("body,message", [
