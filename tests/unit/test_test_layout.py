@@ -17,6 +17,7 @@ TESTS = Path(__file__).resolve().parents[1]
 BENCHMARK_TESTS = {
     "cluster/test_benchmark_smoke.py",
     "faults/test_netbench.py",
+    "faults/test_slow_links.py",
     "unit/test_bench_chart.py",
     "unit/test_bench_report.py",
     "unit/test_bench_round_profile.py",
