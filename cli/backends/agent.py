@@ -347,20 +347,30 @@ def with_exit_guard(env: dict, guard: str | None) -> dict:
     return {**env, "PYTHONPATH": os.pathsep.join([guard, *rest])}
 
 
+#: seconds :func:`spawn` waits for a process to write its address file (then: not known)
+ANNOUNCE_WAIT = 60.0
+
+
 def spawn(workdir: str, run_dir: str, python: str, procs: list[dict]) -> list[dict]:
-    """Start each ``{"name", "argv", "env", "failure", "error_file"}`` under a reaper
+    """Start each ``{"name", "argv", "env", "failure", "error_file", "announce"}`` under a reaper
     (``failure``: where it writes its failure record, ``error_file``: its torch elastic error
-    file; stale ones are removed); return ``{"name", "pid", "log", "rc", "offset"}`` (``offset``:
-    the log's size before the process started, where its output begins).  Every process gets
-    psnode's exit guard first on its ``PYTHONPATH`` (:func:`exit_guard_dir`)."""
+    file; stale ones are removed); return ``{"name", "pid", "log", "rc", "offset", "address"}``
+    (``offset``: the log's size before the process started, where its output begins).  Every
+    process gets psnode's exit guard first on its ``PYTHONPATH`` (:func:`exit_guard_dir`).
+
+    ``announce``: the file where the process writes the ``host:port`` it bound (a scheduler,
+    ``PSNODE_ADDRESS_FILE``); once all are started, each is waited for (until it is written, the
+    process ends, or :data:`ANNOUNCE_WAIT`) and its address returned (None: not written)."""
     run_dir = private_dirs(run_dir)
     workdir = _expand(workdir)
     guard = exit_guard_dir()
     started = []
+    waits = []
     for spec in procs:
         log = os.path.join(run_dir, spec["name"] + ".log")
         rc = os.path.join(run_dir, spec["name"] + ".rc")
-        for stale in (rc, rc + ".tmp", _expand(spec["failure"]),
+        announce = _expand(spec["announce"]) if spec.get("announce") else None
+        for stale in (rc, rc + ".tmp", _expand(spec["failure"]), *([announce] if announce else []),
                       *([_expand(spec["error_file"])] if spec.get("error_file") else [])):
             if os.path.exists(stale):
                 os.unlink(stale)
@@ -378,8 +388,29 @@ def spawn(workdir: str, run_dir: str, python: str, procs: list[dict]) -> list[di
                 cwd=workdir, env=env, stdin=devnull, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True, close_fds=True,
             )
-        started.append({"name": spec["name"], "pid": proc.pid, "log": log, "rc": rc, "offset": offset})
+        started.append({"name": spec["name"], "pid": proc.pid, "log": log, "rc": rc, "offset": offset,
+                        "address": None})
+        if announce:
+            waits.append((started[-1], proc, announce))
+    deadline = time.monotonic() + ANNOUNCE_WAIT
+    for entry, proc, path in waits:
+        entry["address"] = _announced(path, proc, deadline)
     return started
+
+
+def _announced(path: str, proc: subprocess.Popen, deadline: float) -> str | None:
+    """The line ``proc`` wrote to ``path`` (atomically); None if it ended or ``deadline`` passed first."""
+    while True:
+        try:
+            with open(path) as fh:
+                text = fh.read().strip()
+            if text:
+                return text
+        except FileNotFoundError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            return None
+        time.sleep(0.005)
 
 
 def put_key(run_dir: str, key: str) -> str:
@@ -707,26 +738,31 @@ class SpawnItem:
     env: dict[str, str]
     failure: str
     error_file: str | None = None
+    announce: str | None = None      # where it writes the address it bound (waited for; :func:`spawn`)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SpawnItem:
-        return cls(data["name"], list(data["argv"]), dict(data["env"]), data["failure"], data.get("error_file"))
+        return cls(data["name"], list(data["argv"]), dict(data["env"]), data["failure"], data.get("error_file"),
+                   data.get("announce"))
 
 
 @dataclass(frozen=True)
 class Spawned:
-    """A process :func:`spawn` started: its pid (== pgid), log and rc file, and where its output
-    begins in that log (``offset``: the log's size before it started)."""
+    """A process :func:`spawn` started: its pid (== pgid), log and rc file, where its output
+    begins in that log (``offset``: the log's size before it started), and the ``host:port`` it
+    announced it bound (None: none announced)."""
 
     name: str
     pid: int
     log: str
     rc: str
     offset: int = 0
+    address: str | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Spawned:
-        return cls(str(data["name"]), int(data["pid"]), str(data["log"]), str(data["rc"]), int(data.get("offset", 0)))
+        return cls(str(data["name"]), int(data["pid"]), str(data["log"]), str(data["rc"]), int(data.get("offset", 0)),
+                   data.get("address"))
 
 
 @dataclass(frozen=True)

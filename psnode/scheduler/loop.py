@@ -2,6 +2,9 @@
 
 Life of a job as the scheduler sees it:
 
+0. It binds its address (``PSNODE_SCHEDULER``); with ``PSNODE_ADDRESS_FILE`` set, a port found
+   taken is replaced by a free one, and the address bound is written to that file for the
+   launcher, which gives it to every other process.
 1. Every node sends REGISTER (role, host, port, pid, wished rank) and then heartbeats.  When
    ``num_workers`` workers and ``num_servers`` servers have registered, each gets WELCOME with
    its rank and the servers' addresses.  Ranks honour the wish (the launcher's rank), else the
@@ -73,6 +76,7 @@ from dataclasses import dataclass, field, replace
 from psnode import timeline
 from psnode.config import NodeConfig, Role
 from psnode.errors import ProtocolError, PSError
+from psnode.files import write_atomic
 from psnode.net.security import Plane, Security
 from psnode.net.transport import Poller, Transport
 from psnode.protocol import Command, Message, failure
@@ -162,7 +166,15 @@ class Scheduler:
     def __init__(self, cfg: NodeConfig) -> None:
         self.cfg = cfg
         self.t = Transport(cfg.job_id, Role.SCHEDULER.value, 2**20, Security.load(cfg.key_file))
-        self.chan, _ = self.t.router(cfg.host, cfg.scheduler_port, Plane.CONTROL)
+        # a launcher that reads the address file lets a taken port be replaced by a free one
+        self.chan, port = self.t.router(cfg.host, cfg.scheduler_port, Plane.CONTROL,
+                                        elsewhere=cfg.address_file is not None)
+        if port != cfg.scheduler_port:
+            log.warning("scheduler: port %s on %s was taken; listening at %s:%s",
+                        cfg.scheduler_port, cfg.host, cfg.host, port)
+            self.cfg = cfg = replace(cfg, scheduler_port=port)
+        if cfg.address_file:
+            write_atomic(cfg.address_file, f"{cfg.host}:{port}\n")
         self.nodes: dict[bytes, Node] = {}
         self.started = False
         self.t0 = time.monotonic()
