@@ -32,7 +32,8 @@ import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from psnode.launcher import Mode, new_security
+from psnode import launcher as door
+from psnode.launcher import Mode
 
 from .. import ui
 from ..backends.base import (
@@ -138,7 +139,7 @@ def _place_gpus(plan: Plan, backend: Backend, report: Preflight) -> Plan:
 def _install_secret(plan: Plan, backend: Backend, record: JobRecord, run_dir: str, mode: Mode,
                     save: Callable[[], None]) -> Plan:
     """A fresh secret for the job: the launcher's copy, then (SSH) one on every host."""
-    security = new_security(mode)
+    security = door.new_security(mode)
     local = records.key_path(record.id)
     records.private_dir(local.parent)
     security.save(str(local))
