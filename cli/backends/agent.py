@@ -1043,8 +1043,9 @@ class Answer:
 REQUESTS: dict[str, type[AgentRequest[Any]]] = {c.op: c for c in (
     CheckRequest, GpusRequest, SpawnRequest, FollowRequest, StatusRequest, StopGroupsRequest, SignalRequest,
     PutKeyRequest, RemoveFilesRequest, CollectRequest, CleanupRequest, ReadFilesRequest)}
-# spawn runs once (a serving agent would be its processes' parent); follow streams on stdout
-SERVED = frozenset(REQUESTS) - {"spawn", "follow"}
+# follow streams on stdout, so it runs once; a served spawn costs a round trip, not a Python start (its
+# processes' reapers are the serving agent's children until it ends: an ended one, a zombie, counts as dead)
+SERVED = frozenset(REQUESTS) - {"follow"}
 BOOT = 'import sys;_i=sys.stdin.buffer;exec(compile(_i.read(int(_i.readline())),"mxdist-agent","exec"))'
 
 

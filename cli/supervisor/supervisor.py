@@ -253,11 +253,13 @@ class Supervisor:
 
     def _start_all(self) -> None:
         """Start the job's processes stage by stage, each stage's hosts in parallel: each
-        scheduler alone (the primary first: the standby is told its address), then the servers,
-        then the workers.  A scheduler that found its planned port taken announces the one it
-        bound; every process started after it is given that address (:meth:`_moved`)."""
+        scheduler alone (the primary first: the standby is told its address), then the servers
+        and the workers together (they wait for each other at the scheduler).  A scheduler
+        announces the address it bound (its first act, before its imports) and every process
+        started after it is given that address (:meth:`_moved`): a planned port found taken
+        never fails the job."""
         stages = [[p.name] for p in self.plan.of_role(Role.SCHEDULER)]
-        stages += [[p.name for p in self.plan.of_role(role)] for role in (Role.SERVER, Role.WORKER)]
+        stages.append([p.name for p in self.plan.procs if p.role is not Role.SCHEDULER])
         for names in stages:
             per_host: dict[str, list[ProcSpec]] = {}
             for spec in self.plan.procs:

@@ -242,10 +242,11 @@ class Transport:
         return self._guard
 
     def router(self, host: str, port: int, plane: Plane = Plane.DATA,
-               elsewhere: bool = False) -> tuple[Channel, int]:
+               elsewhere: bool = False, fd: int | None = None) -> tuple[Channel, int]:
         """A ROUTER bound to ``host:port`` (port 0: a free one in 20000-59999) serving ``plane``;
         returns it and the port.  ``elsewhere``: a ``port`` found taken is replaced by a free one
-        (the caller tells its peers where it is)."""
+        (the caller tells its peers where it is).  ``fd``: a socket already listening on
+        ``host:port`` (:func:`psnode.net.listen.listen_early`), which the ROUTER takes over."""
         mech = mechanism(self.security.mode, plane)
         tries = [port] if port else []
         if not port or elsewhere:
@@ -263,6 +264,8 @@ class Transport:
             elif mech is Mechanism.PLAIN:
                 sock.plain_server = True
                 sock.setsockopt(zmq.METADATA, f"{_PROOF}:".encode() + self.security.server_proof(address))
+            if fd is not None:
+                sock.setsockopt(zmq.USE_FD, fd)
             try:
                 sock.bind(f"tcp://{_bracket(host)}:{p}")
             except zmq.ZMQError as exc:

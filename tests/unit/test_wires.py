@@ -57,7 +57,7 @@ def test_each_agent_request_round_trips_with_its_exact_fields(request_, expected
 def test_every_operation_has_its_request_and_the_served_ones_are_named() -> None:
     assert sorted(agent.REQUESTS) == sorted(r.op for r, _ in REQUESTS)
     assert sorted(agent.SERVED) == ["check", "cleanup", "collect", "gpus", "put_key", "read_files", "remove_files",
-                                    "signal", "status", "stop"]
+                                    "signal", "spawn", "status", "stop"]
     with pytest.raises(ValueError, match="unknown operation 'format_disk'"):
         agent.request_from_json({"op": "format_disk"})
 
@@ -228,10 +228,10 @@ def test_the_agent_source_answers_requests_on_stdin_as_the_ssh_backend_sends_the
     last = done.stderr.decode().strip().splitlines()[-1]
     assert asked.reply(agent.Answer.from_json(json.loads(last)).result) == agent.FilesReply({"a.jsonl": "{}\n"}, [])
     served = f"{source}\nimport sys as _s\n_s.exit(serve())\n".encode()
-    lines = [asked.to_json(), agent.StopGroupsRequest([], 0.0).to_json(), {"op": "spawn"}]
+    lines = [asked.to_json(), agent.StopGroupsRequest([], 0.0).to_json(), {"op": "follow"}]
     feed = b"%d\n" % len(served) + served + b"".join(json.dumps(line).encode() + b"\n" for line in lines)
     done = subprocess.run([sys.executable, "-c", agent.BOOT], input=feed, capture_output=True, timeout=120)
     first, second, third = (agent.Answer.from_json(json.loads(line)) for line in done.stdout.decode().splitlines())
     assert asked.reply(first.result) == agent.FilesReply({"a.jsonl": "{}\n"}, [])
     assert agent.StopGroupsRequest([], 0.0).reply(second.result) == agent.StopReply([], {})
-    assert third.result is None and third.error is not None and "ValueError: 'spawn' is not served" in third.error
+    assert third.result is None and third.error is not None and "ValueError: 'follow' is not served" in third.error
