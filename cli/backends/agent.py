@@ -229,12 +229,15 @@ class NodeCheck:
                    dict(data.get("gpus") or {}))
 
 
+#: finds each module (argv[2:]) as an import would, with argv[1] first on the path, without running
+#: it: a preflight costs a Python start, not the imports of numpy and pyzmq on every host
 _IMPORTS = (
-    "import importlib,json,sys\n"
+    "import importlib.util,json,sys\n"
     "sys.path[0]=sys.argv[1]\n"
     "out={}\n"
     "for m in sys.argv[2:]:\n"
-    " try:importlib.import_module(m)\n"
+    " try:\n"
+    "  if importlib.util.find_spec(m) is None:out[m]=\"ModuleNotFoundError: No module named '%s'\"%m\n"
     " except Exception as e:out[m]='%s: %s'%(type(e).__name__,e)\n"
     "print(json.dumps(out))\n"
 )
@@ -243,7 +246,9 @@ _IMPORTS = (
 def missing_modules(workdir: str, path0: str, modules: list[str], env: dict | None = None) -> dict:
     """Which of ``modules`` this Python cannot import, run in ``workdir`` with ``path0`` first on
     its path (as ``python -m`` there: ``workdir``; as ``python dir/script.py``: ``dir``), each
-    with ``Type: message``.  Self-contained."""
+    with ``Type: message``.  A module is looked for, not run (``importlib.util.find_spec``): one
+    that is there but fails as it loads fails the job's processes at start, its error named as
+    the root cause.  Self-contained."""
     import json
     import os
     import subprocess
