@@ -3,6 +3,7 @@
     python benchmarks/control/ssh_start.py                      # 3 hosts, 3 runs
     python benchmarks/control/ssh_start.py --hosts 2,3,8 --runs 3 --json /tmp/start.json
     python benchmarks/control/ssh_start.py --hosts 3 --runs 1 --phases   # where the launcher's time goes
+    git archive REV | tar -x -C /tmp/old && python benchmarks/control/ssh_start.py --baseline /tmp/old
 
 Root and ``/usr/sbin/sshd``: N real OpenSSH servers on 127.0.0.2, .3, ... (one per fake host,
 one host key, strict host key checking against a known_hosts of their keys).
@@ -16,6 +17,9 @@ interleaved in each run, timed from the command to its exit:
 * **OpenSSH**: one ``ssh hK env PSNODE_...=... python ...`` per process, all started at once,
   waited for together: the same scheduler, servers and workers with the same psnode
   environment (insecure: no secret to deliver), the least a launcher can do over SSH.
+
+``--baseline DIR`` adds a third way, interleaved with the others: ``mxdist launch`` of another
+checkout (its launcher and its psnode, e.g. the commit before a change), named ``baseline``.
 
 ``--phases`` runs the launcher once more per size with its SSH backend and supervisor traced
 (this process's wrappers around their methods; nothing in the product changes): when each
@@ -109,15 +113,25 @@ def _free_port(addresses: list[str]) -> int:
     raise SystemExit("no port free on every address")
 
 
-def mxdist_env(hosts: Hosts, home: Path) -> dict[str, str]:
+def mxdist_env(hosts: Hosts, home: Path, tree: Path = ROOT) -> dict[str, str]:
+    """The launcher's environment; ``tree``: the checkout whose ``mxdist`` and ``psnode`` run
+    (another one's through a directory where ``mxdist`` names its ``cli``; PYTHONPATH reaches the
+    job's processes too)."""
     env = dict(os.environ)
+    path = str(ROOT)
+    if tree != ROOT:
+        shim = home.parent / "shim"
+        shim.mkdir(parents=True, exist_ok=True)
+        if not (shim / "mxdist").exists():
+            (shim / "mxdist").symlink_to(tree / "cli")
+        path = f"{shim}{os.pathsep}{tree}"
     env.update(MXDIST_HOME=str(home), MXDIST_SSH_CONFIG=str(hosts.ssh_config),
                MXDIST_KNOWN_HOSTS=str(hosts.known_hosts), MXDIST_REMOTE_DIR=str(home / "remote"),
-               PYTHONPATH=str(ROOT), NO_COLOR="1", COLUMNS="200")
+               PYTHONPATH=path, NO_COLOR="1", COLUMNS="200")
     return env
 
 
-def run_mxdist(hosts: Hosts, script: Path, home: Path, trace: Path | None = None) -> float:
+def run_mxdist(hosts: Hosts, script: Path, home: Path, trace: Path | None = None, tree: Path = ROOT) -> float:
     n = hosts.n
     argv = ["launch", "-H", ",".join(hosts.names), "-n", str(n), "-s", str(n), str(script)]
     cmd = [PY, "-m", "mxdist", *argv] if trace is None else [PY, __file__, "--traced-launch", str(trace), *argv]
@@ -125,7 +139,7 @@ def run_mxdist(hosts: Hosts, script: Path, home: Path, trace: Path | None = None
     home.mkdir(parents=True, exist_ok=True)
     with open(out, "w") as fh:
         t0 = time.perf_counter()
-        res = subprocess.run(cmd, env=mxdist_env(hosts, home), cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
+        res = subprocess.run(cmd, env=mxdist_env(hosts, home, tree), cwd=tree, stdout=fh, stderr=subprocess.STDOUT,
                              timeout=300)
         took = time.perf_counter() - t0
     if res.returncode != 0:
@@ -236,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--phases", action="store_true", help="also trace one launch per size")
     ap.add_argument("--json", help="write every measurement here")
+    ap.add_argument("--baseline", type=Path, help="another checkout's mxdist launch, measured beside (see above)")
     args = ap.parse_args(argv)
     if os.geteuid() != 0 or not os.path.exists(SSHD):
         raise SystemExit("needs root and /usr/sbin/sshd")
@@ -252,11 +267,18 @@ def main(argv: list[str] | None = None) -> int:
             sub.__dict__.update(hosts.__dict__)
             sub.n, sub.names, sub.addresses = n, hosts.names[:n], hosts.addresses[:n]
             run_mxdist(sub, script, root / "warm")        # warm caches (pyc, page cache) once
+            ways = ["openssh", "mxdist"]
+            if args.baseline:
+                run_mxdist(sub, script, root / "warm-baseline", tree=args.baseline.resolve())
+                ways.append("baseline")
             for r in range(args.runs):
-                order = ("openssh", "mxdist") if r % 2 == 0 else ("mxdist", "openssh")
+                order = ways if r % 2 == 0 else ways[::-1]
                 for who in order:
-                    took = run_mxdist(sub, script, root / f"home-{n}") if who == "mxdist" \
-                        else run_openssh(sub, script, f"bench-{n}-{r}")
+                    if who == "openssh":
+                        took = run_openssh(sub, script, f"bench-{n}-{r}")
+                    else:
+                        took = run_mxdist(sub, script, root / f"home-{who}-{n}",
+                                          tree=args.baseline.resolve() if who == "baseline" else ROOT)
                     results.setdefault(n, {}).setdefault(who, []).append(took)
                     print(f"hosts={n} run={r} {who:8s} {took:6.2f} s", flush=True)
             if args.phases:
@@ -267,12 +289,18 @@ def main(argv: list[str] | None = None) -> int:
         hosts.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print(f"\n{'hosts':>5} {'procs':>5} {'OpenSSH (s)':>18} {'mxdist (s)':>18} {'mxdist/OpenSSH':>15}")
+    base = " / baseline (s, its ratio)" if args.baseline else ""
+    print(f"\n{'hosts':>5} {'procs':>5} {'OpenSSH (s)':>18} {'mxdist (s)':>18} {'mxdist/OpenSSH':>15}{base}")
     for n, res in results.items():
         o, m = res["openssh"], res["mxdist"]
-        print(f"{n:5d} {2 * n + 1:5d} {statistics.median(o):7.2f} [{min(o):.2f}-{max(o):.2f}] "
-              f"{statistics.median(m):7.2f} [{min(m):.2f}-{max(m):.2f}] "
-              f"{statistics.median(m) / statistics.median(o):15.2f}")
+        line = (f"{n:5d} {2 * n + 1:5d} {statistics.median(o):7.2f} [{min(o):.2f}-{max(o):.2f}] "
+                f"{statistics.median(m):7.2f} [{min(m):.2f}-{max(m):.2f}] "
+                f"{statistics.median(m) / statistics.median(o):15.2f}")
+        if "baseline" in res:
+            b = res["baseline"]
+            line += (f"   {statistics.median(b):7.2f} [{min(b):.2f}-{max(b):.2f}] "
+                     f"{statistics.median(b) / statistics.median(o):.2f}")
+        print(line)
     if args.json:
         Path(args.json).write_text(json.dumps({"results": results, "phases": phases}, indent=1))
     return 0

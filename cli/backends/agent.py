@@ -229,38 +229,45 @@ class NodeCheck:
                    dict(data.get("gpus") or {}))
 
 
-#: finds each module (argv[2:]) as an import would, with argv[1] first on the path, without running
-#: it: a preflight costs a Python start, not the imports of numpy and pyzmq on every host
+#: finds modules as an import would, without running them: argv[1] is JSON, ``[[path0, [module,
+#: ...]], ...]``, each group looked for with its path0 first on the path; prints ``[{module: why},
+#: ...]``, one per group.  A preflight costs one Python start, not numpy's and pyzmq's imports
 _IMPORTS = (
     "import importlib.util,json,sys\n"
-    "sys.path[0]=sys.argv[1]\n"
-    "out={}\n"
-    "for m in sys.argv[2:]:\n"
-    " try:\n"
-    "  if importlib.util.find_spec(m) is None:out[m]=\"ModuleNotFoundError: No module named '%s'\"%m\n"
-    " except Exception as e:out[m]='%s: %s'%(type(e).__name__,e)\n"
-    "print(json.dumps(out))\n"
+    "res=[]\n"
+    "for p0,mods in json.loads(sys.argv[1]):\n"
+    " sys.path[0]=p0\n"
+    " importlib.invalidate_caches()\n"
+    " out={}\n"
+    " for m in mods:\n"
+    "  try:\n"
+    "   if importlib.util.find_spec(m) is None:out[m]=\"ModuleNotFoundError: No module named '%s'\"%m\n"
+    "  except Exception as e:out[m]='%s: %s'%(type(e).__name__,e)\n"
+    " res.append(out)\n"
+    "print(json.dumps(res))\n"
 )
 
 
-def missing_modules(workdir: str, path0: str, modules: list[str], env: dict | None = None) -> dict:
-    """Which of ``modules`` this Python cannot import, run in ``workdir`` with ``path0`` first on
-    its path (as ``python -m`` there: ``workdir``; as ``python dir/script.py``: ``dir``), each
-    with ``Type: message``.  A module is looked for, not run (``importlib.util.find_spec``): one
-    that is there but fails as it loads fails the job's processes at start, its error named as
-    the root cause.  Self-contained."""
+def missing_modules(workdir: str, groups: list[tuple[str, list[str]]], env: dict | None = None) -> list[dict]:
+    """For each ``(path0, modules)`` of ``groups``: which of ``modules`` this Python cannot
+    import, run in ``workdir`` with ``path0`` first on its path (as ``python -m`` there:
+    ``workdir``; as ``python dir/script.py``: ``dir``), each with ``Type: message``; one Python
+    for all.  A module is looked for, not run (``importlib.util.find_spec``): one that is there
+    but fails as it loads fails the job's processes at start, its error named as the root cause.
+    Self-contained."""
     import json
     import os
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-c", _IMPORTS, path0, *modules], cwd=workdir, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", _IMPORTS, json.dumps(groups)], cwd=workdir, capture_output=True,
                           text=True, timeout=120, env={**os.environ, **(env or {})})
     try:
-        return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
-    except (ValueError, IndexError):
+        found = json.loads(proc.stdout.strip().splitlines()[-1])
+        return [dict(x) for x in found]
+    except (ValueError, IndexError, TypeError):
         said = (proc.stderr.strip().splitlines() or ["no message"])[-1]
-        return dict.fromkeys(modules, f"the import check failed (exit {proc.returncode}): {said}")
+        return [dict.fromkeys(mods, f"the import check failed (exit {proc.returncode}): {said}") for _, mods in groups]
 
 
 _IMPORTS_PSNODE = re.compile(r"^\s*(?:import\s[^\n#]*\bpsnode\b|from\s+psnode\b)", re.MULTILINE)
@@ -285,24 +292,29 @@ def check(workdir: str, modules: list[str], env: dict | None = None, target: lis
     problem = command_problem(workdir, target[0], target[1], env) if target else None
     if problem:
         out["errors"].append(problem)
-    missing = missing_modules(workdir, workdir, modules, env) if modules else {}
-    if missing:
-        first = next(iter(missing.values()))
-        out["errors"].append(f"{sys.executable} cannot import {', '.join(missing)} in {workdir}: {first}")
-    elif target and target[0] == "script" and not problem and "psnode" in modules:
-        script = os.path.join(workdir, os.path.expanduser(target[1]))
+    folder, word = None, ""   # the script's folder, when psnode must import from there too
+    if target and target[0] == "script" and not problem and "psnode" in modules:
+        word = target[1]
+        script = os.path.join(workdir, os.path.expanduser(word))
         try:
             with open(script, encoding="utf-8", errors="replace") as f:
                 uses = bool(_IMPORTS_PSNODE.search(f.read(1 << 20)))
         except OSError:
             uses = False
         folder = os.path.dirname(os.path.abspath(script))
-        if uses and folder != workdir:
-            missing = missing_modules(workdir, folder, ["psnode"], env)
-            if missing:
-                out["errors"].append(
-                    f"{sys.executable} cannot import psnode from {target[1]}'s folder {folder} "
-                    f"(python puts the script's folder on its path, not {workdir}): {missing['psnode']}")
+        if not uses or folder == workdir:
+            folder = None
+    groups = ([(workdir, list(modules))] if modules else []) + ([(folder, ["psnode"])] if folder else [])
+    found = missing_modules(workdir, groups, env) if groups else []
+    missing = found[0] if modules else {}
+    if missing:
+        first = next(iter(missing.values()))
+        out["errors"].append(f"{sys.executable} cannot import {', '.join(missing)} in {workdir}: {first}")
+    elif folder and found[-1]:
+        missing = found[-1]
+        out["errors"].append(
+            f"{sys.executable} cannot import psnode from {word}'s folder {folder} "
+            f"(python puts the script's folder on its path, not {workdir}): {missing['psnode']}")
     out["missing"] = missing
     return out
 

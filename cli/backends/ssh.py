@@ -398,8 +398,10 @@ class SshBackend:
         chan = self._channel(host)
         try:
             chan.settimeout(timeout)
-            chan.exec_command(shlex.join([self.python, "-"]))
-            if request["op"] == agent.FollowRequest.op:
+            follow = request["op"] == agent.FollowRequest.op
+            # (a follow needs the standard library alone: -S spares it the site-packages' start-up)
+            chan.exec_command(shlex.join([self.python, *(["-S"] if follow else []), "-"]))
+            if follow:
                 args = {k: v for k, v in request.items() if k != "op"}
                 script = (f"{_FOLLOW_SOURCE}\n_o = _s.stdout.buffer\n"
                           f"_r = follow(**_j.loads({json.dumps(args)!r}), emit=lambda c: (_o.write(c), _o.flush()))\n"
