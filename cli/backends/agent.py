@@ -13,7 +13,7 @@ processes' environment) off them.  Over SSH it runs one of two ways:
   reply per line out, until stdin ends.  A host's other operations reuse one serving agent,
   so each costs a round trip rather than a Python start.
 
-Process model: :func:`spawn` starts each process as ``python -c REAPER RCFILE -- ARGV...`` in
+Process model: :func:`spawn` starts each process as ``python -S -c REAPER RCFILE -- ARGV...`` in
 a new session (so pid == pgid and the whole group can be signalled), with stdout+stderr
 appended to a log file and stdin from /dev/null.  The reaper runs the user's command, waits
 for it and writes its exit status to RCFILE (``-N`` for signal N); it survives TERM/INT/HUP
@@ -401,7 +401,7 @@ def spawn(workdir: str, run_dir: str, python: str, procs: list[dict]) -> list[di
         offset = os.fstat(fd).st_size
         with os.fdopen(fd, "ab") as out, open(os.devnull, "rb") as devnull:
             proc = subprocess.Popen(
-                [python, "-c", REAPER, rc, "--", *spec["argv"]],
+                [python, "-S", "-c", REAPER, rc, "--", *spec["argv"]],   # (-S: the reaper needs no site-packages)
                 cwd=workdir, env=env, stdin=devnull, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True, close_fds=True,
             )

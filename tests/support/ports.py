@@ -3,7 +3,7 @@ it: what another user's process does on a shared host.
 
 :func:`port_taker` writes it to a directory for the job's ``PYTHONPATH`` (``-e PYTHONPATH=DIR``;
 psnode's exit guard runs it after its own).  In a Python started with ``PSNODE_ROLE=scheduler``
-(the reaper that starts the scheduler, so before the scheduler runs) it first starts a holder:
+(the scheduler, before its ``-m psnode`` runs) it first starts a holder:
 a process in a session of its own (not the job's) that binds and listens on the address in
 ``PSNODE_SCHEDULER`` (a real socket, not a mock) and sleeps.  Each address is taken once; the
 holders' pids and addresses are in ``DIR/held-*`` (:func:`holders`), for the test to check that
