@@ -638,37 +638,59 @@ def stop(pgids: list[int], grace: float) -> dict:
 
 
 def follow(log: str, rc_file: str, pid: int, offset: int, wait: bool,
-           emit: Callable[[bytes], None], poll: float = 0.1) -> dict:
+           emit: Callable[[bytes], None], poll: float = 0.05, idle_poll: float = 0.25) -> dict:
     """Copy ``log`` from ``offset`` to ``emit``; with ``wait`` keep going until the process ends.
 
     Returns ``{"rc": int | None, "offset": int}``: ``rc`` None means the process is gone without
     a recorded status (killed with its reaper) or, without ``wait``, still running.
+
+    While the log is quiet it is read less often (every ``poll`` seconds, up to ``idle_poll``):
+    one follow per process of a job runs on its host, and a job of many processes must not spend
+    its cores on reading logs.  The process's end is seen at once all the same: the wait between
+    reads is on a pidfd of the process (Linux), where one can be had.
     """
+    import select
+
     log, rc_file = _expand(log), _expand(rc_file)
     handle = None
-    while True:
-        if handle is None and os.path.exists(log):
-            handle = open(log, "rb")  # noqa: SIM115 - kept open across polls, closed below
-            handle.seek(offset)
-        chunk = handle.read(65536) if handle else b""
-        if chunk:
-            offset += len(chunk)
-            emit(chunk)
-            continue
-        rc = read_rc(rc_file)
-        if not wait:
-            break
-        st = _stat(pid)
-        if rc is not None or st is None or st[0] == "Z":
-            # the process ended: drain what it wrote last, then report
-            rest = handle.read() if handle else b""
-            if rest:
-                offset += len(rest)
-                emit(rest)
-            return {"rc": read_rc(rc_file), "offset": offset}
-        time.sleep(poll)
-    if handle:
-        handle.close()
+    ended = None
+    try:
+        ended = os.pidfd_open(pid) if wait else None
+    except (AttributeError, OSError):
+        ended = None
+    pause = poll
+    try:
+        while True:
+            if handle is None and os.path.exists(log):
+                handle = open(log, "rb")  # noqa: SIM115 - kept open across polls, closed below
+                handle.seek(offset)
+            chunk = handle.read(65536) if handle else b""
+            if chunk:
+                offset += len(chunk)
+                emit(chunk)
+                pause = poll
+                continue
+            rc = read_rc(rc_file)
+            if not wait:
+                break
+            st = _stat(pid)
+            if rc is not None or st is None or st[0] == "Z":
+                # the process ended: drain what it wrote last, then report
+                rest = handle.read() if handle else b""
+                if rest:
+                    offset += len(rest)
+                    emit(rest)
+                return {"rc": read_rc(rc_file), "offset": offset}
+            if ended is not None:
+                select.select([ended], [], [], pause)
+            else:
+                time.sleep(pause)
+            pause = min(idle_poll, pause * 1.5)
+    finally:
+        if ended is not None:
+            os.close(ended)
+        if handle:
+            handle.close()
     return {"rc": rc, "offset": offset}
 
 
