@@ -31,7 +31,7 @@ from .planning.gpus import describe_worker
 from .planning.hosts import HostsError
 from .planning.options import LaunchOptions, launch_default
 from .planning.plan import PASSTHROUGH, GpuShortageError, NodeOptions, Plan, PlanError, gpu_view, is_secret, with_gpus
-from .supervisor.detach import detach, stdout_is_pipe, through_pipe
+from .supervisor.detach import detach, through_pipe
 from .supervisor.setup import Prepared
 from .supervisor.supervisor import EXIT_PREFLIGHT, Supervisor
 from .view import PlanRow
@@ -313,7 +313,7 @@ def launch(
                     f"mxdist stop {job}")
             raise typer.Exit(0)
         ui.info(f"job {job}: {_placement(plan)}; logs in {records.log_dir(job)}")
-        if stdout_is_pipe():   # (| head: the job goes on detached when the reader goes away)
+        if ui.stdout_is_pipe():   # (| head: the job goes on detached when the reader goes away)
             code = through_pipe(supervisor, lambda: ui.info(
                 f"mxdist: the output's reader went away; job {job} goes on in the background (its output in "
                 f"its logs): mxdist logs {job} -f | mxdist status {job} | mxdist stop {job}"))

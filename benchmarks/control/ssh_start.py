@@ -167,7 +167,13 @@ def run_openssh(hosts: Hosts, script: Path, job: str) -> float:
         remote = " ".join(["cd", str(ROOT), "&&", "env", *(f"{k}={v}" for k, v in env.items()), *argv])
         running.append(subprocess.Popen(["ssh", "-F", str(hosts.ssh_config), "-o", "BatchMode=yes", host, remote],
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    codes = [p.wait(300) for p in running]
+    try:
+        codes = [p.wait(300) for p in running]
+    finally:
+        for p in running:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
     took = time.perf_counter() - t0
     if any(codes):
         outs = [p.stdout.read().decode(errors="replace")[-800:] for p in running if p.stdout]
@@ -258,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="ssh-start-"))
     results: dict[int, dict[str, list[float]]] = {}
     phases: dict[int, list[dict]] = {}
+    hosts: Hosts | None = None
     try:
         hosts = Hosts(max(sizes), root / "hosts")
         script = root / "one_line.py"
@@ -286,8 +293,9 @@ def main(argv: list[str] | None = None) -> int:
                 run_mxdist(sub, script, root / f"home-{n}", trace)
                 phases[n] = json.loads(trace.read_text())
                 show_phases(n, phases[n])
-        hosts.close()
     finally:
+        if hosts is not None:
+            hosts.close()
         shutil.rmtree(root, ignore_errors=True)
     base = " / baseline (s, its ratio)" if args.baseline else ""
     print(f"\n{'hosts':>5} {'procs':>5} {'OpenSSH (s)':>18} {'mxdist (s)':>18} {'mxdist/OpenSSH':>15}{base}")

@@ -25,7 +25,6 @@ import dataclasses
 import os
 import select
 import signal
-import stat
 import sys
 import time
 from collections.abc import Callable
@@ -83,14 +82,6 @@ def detach(supervisor: Supervisor) -> None:
 _PR_SET_PDEATHSIG = 1
 _PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _DETACH = signal.SIGUSR1          # the parent to the child: the reader went away, go on alone
-
-
-def stdout_is_pipe() -> bool:
-    """Is stdout a pipe (``| head``, ``| tee``), whose reader may go away?"""
-    try:
-        return stat.S_ISFIFO(os.fstat(1).st_mode)
-    except OSError:
-        return False
 
 
 def _die_with_parent(sig: int) -> None:
