@@ -19,6 +19,7 @@ and stop it.  That is what a closed reader means here: the output was a view, no
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import dataclasses
@@ -169,6 +170,8 @@ def _child(supervisor: Supervisor, parent: int, ack_w: int) -> None:
         with contextlib.suppress(Exception):
             print(f"mxdist supervisor: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
     finally:
+        with contextlib.suppress(Exception):
+            atexit._run_exitfuncs()   # (what the launch's own exit would run: live displays stopped)
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
