@@ -8,9 +8,9 @@ the job's lock and has written the record, so ``mxdist status`` and ``mxdist sto
 the moment ``launch -d`` prints its id; preflight problems then show in ``mxdist status``.
 
 :func:`through_pipe` (an attached launch whose stdout is a pipe): the supervisor runs in a child,
-in the launch's process group (the terminal's Ctrl-C reaches it as before), bound to die with
+in the launch's process group (the terminal's Ctrl-C reaches it), bound to die with
 its parent (``PR_SET_PDEATHSIG``: a ``kill -9`` of ``mxdist launch`` takes the supervisor with
-it, as when it was one process).  The parent is what the shell waits for: it passes SIGINT,
+it).  The parent is what the shell waits for: it passes SIGINT,
 SIGTERM and SIGHUP on, and returns the child's exit code.  When the pipe's reader goes away
 (``head`` read its lines) and no signal came, the child detaches as ``launch -d`` does (own
 session, SIGHUP ignored, output to ``supervisor.log``, no longer bound to the parent) and the
