@@ -12,7 +12,9 @@ Sequence (:meth:`Supervisor.run`):
    per host, exit 3, nothing started;
    a signal or a stop request meanwhile ends the job at once (nothing of the job is on any host
    before preflight passed: :class:`mxdist.supervisor.preflight.HostWrites`);
-3. start the scheduler, the servers, the workers (each stage per host in parallel); stream
+3. start the scheduler (and a standby), each alone, at the address it announces (a port found
+   taken is replaced: :meth:`Supervisor._start_all`), then the servers and workers together
+   (each stage per host in parallel); stream
    every process's output (prefixed; ``--ranks`` filters; every line saved to
    ``jobs/<id>/<name>.log``);
 4. watch: process exits go through the rules of :mod:`mxdist.job.lifecycle` (restart, after a back
