@@ -31,7 +31,7 @@ from .planning.gpus import describe_worker
 from .planning.hosts import HostsError
 from .planning.options import LaunchOptions, launch_default
 from .planning.plan import PASSTHROUGH, GpuShortageError, NodeOptions, Plan, PlanError, gpu_view, is_secret, with_gpus
-from .supervisor.detach import detach
+from .supervisor.detach import detach, through_pipe
 from .supervisor.setup import Prepared
 from .supervisor.supervisor import EXIT_PREFLIGHT, Supervisor
 from .view import PlanRow
@@ -319,7 +319,12 @@ def launch(
             ui.info(f"job {job} started in the background: mxdist status {job} | mxdist logs {job} -f | "
                     f"mxdist stop {job}")
             raise typer.Exit(0)
-        code = supervisor.run()     # (it says where the job runs once preflight passed)
+        if ui.stdout_is_pipe():   # (| head: the job goes on detached when the reader goes away)
+            code = through_pipe(supervisor, lambda: ui.info(
+                f"mxdist: the output's reader went away; job {job} goes on in the background (its output in "
+                f"its logs): mxdist logs {job} -f | mxdist status {job} | mxdist stop {job}"))
+        else:
+            code = supervisor.run()     # (it says where the job runs once preflight passed)
     except BackendError as exc:
         raise _fail("launch failed", str(exc), None, EXIT_PREFLIGHT) from None
     history.prune(keep_jobs)

@@ -22,6 +22,11 @@ variable                           meaning (default)
 ``PSNODE_HOST``                    address this node binds to and is reached at (scheduler's
                                    host for the scheduler; ``127.0.0.1``)
 ``PSNODE_PORT``                    port a server binds (``0``: any free port)
+``PSNODE_ADDRESS_FILE``            a scheduler writes the ``host:port`` it listens at to this file
+                                   once bound; with it set, a ``PSNODE_SCHEDULER`` port found
+                                   taken is replaced by a free one, and the launcher, reading the
+                                   file, gives that address to the other processes (none: the
+                                   planned port, or a ConfigError naming it)
 ``PSNODE_NUM_WORKERS``             number of workers of the job's first generation: the job
                                    starts when they registered (required, >= 1)
 ``PSNODE_MIN_WORKERS``             fewest live workers the job runs on (the launcher fails the job
@@ -258,6 +263,7 @@ class NodeConfig:
     scheduler_standby: str | None = None   # "host:port" of the standby scheduler
     standby: bool = False
     primary: str | None = None   # the standby's "host:port" of the scheduler it stands by for
+    address_file: str | None = None   # a scheduler: where it writes the address it bound
 
     def __post_init__(self) -> None:
         if not _JOB_ID_RE.match(self.job_id):
@@ -377,6 +383,7 @@ class NodeConfig:
             scheduler_standby=env.get(_PREFIX + "SCHEDULER_STANDBY") or None,
             standby=_flag(env, "STANDBY", d("standby")),
             primary=env.get(_PREFIX + "PRIMARY") or None,
+            address_file=env.get(_PREFIX + "ADDRESS_FILE") or None,
         )
 
     def to_env(self) -> dict[str, str]:

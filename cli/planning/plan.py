@@ -257,6 +257,7 @@ class PlanRequest:
     slots_from: str = "the hosts"        # where the slots come from, for the error that says so
     standby: bool | None = False         # --standby-scheduler: a standby scheduler on the second host
     #                                      (None: one when the servers are replicated on 2+ hosts)
+    standby_port: int | None = None      # the standby's port (None: scheduler_port + STANDBY_PORT_OFFSET)
 
 
 @dataclass(frozen=True)
@@ -493,8 +494,8 @@ def make_plan(req: PlanRequest) -> Plan:
     ]
     if req.standby:
         second = standby_host(req)
-        env = _node_env(req, Role.SCHEDULER, second, STANDBY_RANK, req.scheduler_port + STANDBY_PORT_OFFSET)
-        env.update(PSNODE_SCHEDULER=f"{second.address}:{req.scheduler_port + STANDBY_PORT_OFFSET}",
+        env = _node_env(req, Role.SCHEDULER, second, STANDBY_RANK, _standby_port(req))
+        env.update(PSNODE_SCHEDULER=f"{second.address}:{_standby_port(req)}",
                    PSNODE_HOST=second.address, PSNODE_STANDBY="1",
                    PSNODE_PRIMARY=f"{sched.address}:{req.scheduler_port}")
         env.pop("PSNODE_SCHEDULER_STANDBY", None)
@@ -560,7 +561,11 @@ def standby_address(req: PlanRequest) -> str | None:
     """``host:port`` of the standby scheduler, or None without one."""
     if not req.standby:
         return None
-    return f"{standby_host(req).address}:{req.scheduler_port + STANDBY_PORT_OFFSET}"
+    return f"{standby_host(req).address}:{_standby_port(req)}"
+
+
+def _standby_port(req: PlanRequest) -> int:
+    return req.scheduler_port + STANDBY_PORT_OFFSET if req.standby_port is None else req.standby_port
 
 
 def scheduler_host(req: PlanRequest) -> Host:
@@ -583,6 +588,7 @@ def _node_env(req: PlanRequest, role: Role, host: Host, rank: int | None, port: 
                       num_servers=req.num_servers, node=req.node.config_fields(),
                       key_file=req.key_files.get(host.label, req.key_file),
                       error_file=path_in(req.run_dir, name) if req.run_dir else None,
+                      address_file=f"{req.run_dir}/{name}.address" if req.run_dir and role is Role.SCHEDULER else None,
                       timeline=f"{req.run_dir}/timeline" if req.timeline and req.run_dir else None,
                       min_workers=req.min_workers, max_workers=req.max_workers)
     try:
@@ -692,8 +698,34 @@ def _with_config(env: Mapping[str, str], **changes: object) -> dict[str, str]:
 
 def restarted(spec: ProcSpec, count: int) -> ProcSpec:
     """The same process (rank, host, argv, env) with ``PSNODE_RESTART_COUNT=count`` (and, for a
-    worker, ``TORCHELASTIC_RESTART_COUNT``)."""
-    return replace(spec, env=torch_restarted(_with_config(spec.env, restart_count=count), count))
+    worker, ``TORCHELASTIC_RESTART_COUNT``).  A restarted scheduler binds its address or fails:
+    the live nodes look for it there."""
+    changes: dict[str, Any] = {"restart_count": count}
+    if spec.role is Role.SCHEDULER:
+        changes["address_file"] = None
+    return replace(spec, env=torch_restarted(_with_config(spec.env, **changes), count))
+
+
+#: what names a scheduler's address in a process's environment
+_SCHEDULER_VARS = ("PSNODE_SCHEDULER", "PSNODE_SCHEDULER_STANDBY", "PSNODE_PRIMARY")
+
+
+def with_scheduler_port(plan: Plan, rank: int | None, port: int) -> Plan:
+    """The plan with its scheduler (``rank`` None) or its standby (:data:`STANDBY_RANK`) at
+    ``port`` on its host: the port it bound, its planned one having been taken
+    (``PSNODE_ADDRESS_FILE``).  Every process started from this plan, joiners included, is given
+    that address."""
+    spec = next(p for p in plan.of_role(Role.SCHEDULER) if p.rank == rank)
+    old = spec.env["PSNODE_SCHEDULER"]
+    new = f"{spec.host.address}:{port}"
+    procs = tuple(replace(p, env={k: (new if k in _SCHEDULER_VARS and v == old else v) for k, v in p.env.items()})
+                  for p in plan.procs)
+    req = plan.request
+    if req is not None:
+        req = replace(req, scheduler_port=port, standby_port=_standby_port(req)) if rank is None \
+            else replace(req, standby_port=port)
+    return replace(plan, procs=procs, request=req,
+                   scheduler_address=new if plan.scheduler_address == old else plan.scheduler_address)
 
 
 def with_key_files(plan: Plan, paths: Mapping[str, str]) -> Plan:

@@ -241,11 +241,16 @@ class Transport:
             self._guard.ready.wait(5)
         return self._guard
 
-    def router(self, host: str, port: int, plane: Plane = Plane.DATA) -> tuple[Channel, int]:
+    def router(self, host: str, port: int, plane: Plane = Plane.DATA,
+               elsewhere: bool = False, fd: int | None = None) -> tuple[Channel, int]:
         """A ROUTER bound to ``host:port`` (port 0: a free one in 20000-59999) serving ``plane``;
-        returns it and the port."""
+        returns it and the port.  ``elsewhere``: a ``port`` found taken is replaced by a free one
+        (the caller tells its peers where it is).  ``fd``: a socket already listening on
+        ``host:port`` (:func:`psnode.net.listen.listen_early`), which the ROUTER takes over."""
         mech = mechanism(self.security.mode, plane)
-        tries = [port] if port else random.sample(range(20000, 60000), 200)
+        tries = [port] if port else []
+        if not port or elsewhere:
+            tries += [p for p in random.sample(range(20000, 60000), 200) if p != port]
         for n, p in enumerate(tries, 1):
             address = f"{host}:{p}"
             sock = self._socket(zmq.ROUTER)
@@ -259,12 +264,14 @@ class Transport:
             elif mech is Mechanism.PLAIN:
                 sock.plain_server = True
                 sock.setsockopt(zmq.METADATA, f"{_PROOF}:".encode() + self.security.server_proof(address))
+            if fd is not None:
+                sock.setsockopt(zmq.USE_FD, fd)
             try:
                 sock.bind(f"tcp://{_bracket(host)}:{p}")
             except zmq.ZMQError as exc:
                 self._socks.remove(sock)
                 sock.close()
-                if port or exc.errno != errno.EADDRINUSE or n == len(tries):
+                if (port and not elsewhere) or exc.errno != errno.EADDRINUSE or n == len(tries):
                     raise ConfigError(f"cannot bind {host}:{port or 'any port'}: {exc}") from None
                 continue
             if mech is not Mechanism.NULL:

@@ -2,6 +2,10 @@
 
 Life of a job as the scheduler sees it:
 
+0. It binds its address (``PSNODE_SCHEDULER``); with ``PSNODE_ADDRESS_FILE`` set, a port found
+   taken is replaced by a free one, and the address bound is written to that file for the
+   launcher, which gives it to every other process.  ``python -m psnode`` binds it first thing,
+   before loading pyzmq (:mod:`psnode.net.listen`), so the launcher waits for no import.
 1. Every node sends REGISTER (role, host, port, pid, wished rank) and then heartbeats.  When
    ``num_workers`` workers and ``num_servers`` servers have registered, each gets WELCOME with
    its rank and the servers' addresses.  Ranks honour the wish (the launcher's rank), else the
@@ -74,6 +78,7 @@ from typing import Any
 from psnode import timeline
 from psnode.config import NodeConfig, Role
 from psnode.errors import ProtocolError, PSError
+from psnode.files import write_atomic
 from psnode.loopgap import LoopGap
 from psnode.net.security import Plane, Security
 from psnode.net.transport import Poller, Transport
@@ -180,10 +185,18 @@ _NODE_COMMANDS = frozenset({Command.HEARTBEAT, Command.BARRIER, Command.FINISH, 
 
 
 class Scheduler:
-    def __init__(self, cfg: NodeConfig) -> None:
+    def __init__(self, cfg: NodeConfig, listen_fd: int | None = None) -> None:
         self.cfg = cfg
         self.t = Transport(cfg.job_id, Role.SCHEDULER.value, 2**20, Security.load(cfg.key_file))
-        self.chan, _ = self.t.router(cfg.host, cfg.scheduler_port, Plane.CONTROL)
+        # a launcher that reads the address file lets a taken port be replaced by a free one
+        self.chan, port = self.t.router(cfg.host, cfg.scheduler_port, Plane.CONTROL,
+                                        elsewhere=cfg.address_file is not None, fd=listen_fd)
+        if port != cfg.scheduler_port:
+            log.warning("scheduler: port %s on %s was taken; listening at %s:%s",
+                        cfg.scheduler_port, cfg.host, cfg.host, port)
+            self.cfg = cfg = replace(cfg, scheduler_port=port)
+        if cfg.address_file and listen_fd is None:
+            write_atomic(cfg.address_file, f"{cfg.host}:{port}\n")
         self.nodes: dict[bytes, Node] = {}
         self.started = False
         self.t0 = time.monotonic()
@@ -792,8 +805,9 @@ class Scheduler:
         return self.exit_code or 0
 
 
-def main(cfg: NodeConfig) -> int:
-    code = Scheduler(cfg).run()
+def main(cfg: NodeConfig, listen_fd: int | None = None) -> int:
+    """Run the scheduler (``listen_fd``: its socket, already listening at ``cfg``'s address)."""
+    code = Scheduler(cfg, listen_fd).run()
     if code:
         print(f"psnode scheduler: job {cfg.job_id} failed", file=sys.stderr)
     return code

@@ -375,3 +375,27 @@ def test_a_worker_planned_after_the_failover_registers_at_the_standby():
                                                                                         "10.0.0.2:9002")
     after = joiner(with_standby_scheduler(plan), 0, HOSTS[2], 0, 3, 1)
     assert after.env["PSNODE_SCHEDULER"] == "10.0.0.2:9002" and "PSNODE_SCHEDULER_STANDBY" not in after.env
+
+
+def test_a_scheduler_moved_off_a_taken_port_is_everyones_address():
+    """The scheduler and its standby announce the ports they bound (PSNODE_ADDRESS_FILE, in the run
+    directory); with_scheduler_port gives every process, the standby and later joiners that address;
+    a restarted scheduler binds its address or fails (no address file)."""
+    from mxdist.planning.plan import STANDBY_RANK, joiner, restarted, with_scheduler_port
+
+    plan = make_plan(request(num_servers=2, max_workers=6, standby=True, run_dir="/run/j", slots_bound=False))
+    sched, standby = plan.of_role(Role.SCHEDULER)
+    assert sched.env["PSNODE_ADDRESS_FILE"] == "/run/j/scheduler.address"
+    assert standby.env["PSNODE_ADDRESS_FILE"] == "/run/j/scheduler-1.address"
+    assert all("PSNODE_ADDRESS_FILE" not in p.env for p in plan.procs if p.role is not Role.SCHEDULER)
+    plan = with_scheduler_port(with_scheduler_port(plan, None, 31000), STANDBY_RANK, 31002)
+    assert plan.scheduler_address == "10.0.0.1:31000"
+    sched, standby = plan.of_role(Role.SCHEDULER)
+    assert (sched.env["PSNODE_SCHEDULER"], standby.env["PSNODE_SCHEDULER"], standby.env["PSNODE_PRIMARY"]) == (
+        "10.0.0.1:31000", "10.0.0.2:31002", "10.0.0.1:31000")
+    for p in plan.procs[2:]:
+        assert (p.env["PSNODE_SCHEDULER"], p.env["PSNODE_SCHEDULER_STANDBY"]) == ("10.0.0.1:31000", "10.0.0.2:31002")
+    late = joiner(plan, 4, HOSTS[1], 1, 5, 2)
+    assert (late.env["PSNODE_SCHEDULER"], late.env["PSNODE_SCHEDULER_STANDBY"]) == ("10.0.0.1:31000", "10.0.0.2:31002")
+    again = restarted(sched, 1)
+    assert "PSNODE_ADDRESS_FILE" not in again.env and again.env["PSNODE_SCHEDULER"] == "10.0.0.1:31000"
