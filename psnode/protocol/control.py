@@ -51,6 +51,7 @@ RANKS = 2**31           # ranks, pids and counts of nodes are below this
 MAX_HOST = 255          # characters of a host name or address
 _MAX_COUNT = 2**63      # counters
 _NO = object()          # no default: the field is required
+_ADDRESS = 300          # characters of a host:port
 MAX_ON = 4096           # workers one wait report names
 MAX_OF = 300            # characters of what a wait report's pull is of
 
@@ -307,6 +308,7 @@ class Welcome:
     generation: int = 0
     joiner: bool = False
     joined: tuple[int, ...] = ()
+    standby: str = ""        # the standby scheduler's host:port ("": none known to the scheduler)
 
     def to_body(self) -> dict[str, Any]:
         body = {"rank": self.rank, "servers": [s.to_body() for s in self.servers], "pid": self.pid,
@@ -314,6 +316,8 @@ class Welcome:
                 "restarts": self.restarts, "restore": self.restore, "barriers": self.barriers}
         if self.generation or self.joiner or self.joined:   # (an elastic job's fields)
             body.update(generation=self.generation, joiner=self.joiner, joined=list(self.joined))
+        if self.standby:
+            body["standby"] = self.standby
         return body
 
     @classmethod
@@ -323,7 +327,8 @@ class Welcome:
                    _int(body, w, "num_servers"), _ranks(body, w, "active"), _int(body, w, "restarts", default=0),
                    _bool(body, w, "restore", default=False), _int(body, w, "barriers", high=_MAX_COUNT, default=0),
                    _int(body, w, "generation", high=_MAX_COUNT, default=0), _bool(body, w, "joiner", default=False),
-                   _ranks(body, w, "joined") if "joined" in body else ())
+                   _ranks(body, w, "joined") if "joined" in body else (),
+                   _str(body, w, "standby", _ADDRESS, default=""))
 
 
 def wait_report(raw: Any) -> WaitReport | None:
@@ -557,6 +562,25 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class Standby:
+    """A standby scheduler at ``address`` (``host:port``): sent by the standby to the scheduler
+    it stands by for (answered STANDBY_ACK), and by that scheduler to each of its nodes, which go
+    over to it once their scheduler is silent for the heartbeat timeout."""
+
+    address: str
+
+    def to_body(self) -> dict[str, Any]:
+        return {"address": self.address}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Standby:
+        address = _str(body, "standby", "address", _ADDRESS)
+        if ":" not in address:
+            raise ProtocolError(f"standby: address must be host:port, not {address[:40]!r}")
+        return cls(address)
+
+
+@dataclass(frozen=True)
 class Leave:
     """Workers ``ranks`` leave the job gracefully at their next push (``mxdist scale`` down)."""
 
@@ -644,7 +668,7 @@ class Replica:
 
 
 Body = (Empty | Register | Welcome | Heartbeat | Barrier | BarrierDone | Membership | Servers | JobEnd | Bye
-        | Stop | StatusAnswer | Leave | Lost | Replica)
+        | Stop | StatusAnswer | Leave | Lost | Replica | Standby)
 
 #: the body of each control command
 BODIES: dict[Command, Any] = {
@@ -656,6 +680,7 @@ BODIES: dict[Command, Any] = {
     Command.LEAVE: Leave, Command.LEAVE_ACK: Empty, Command.LOST: Lost, Command.LOST_ACK: Empty,
     Command.REJOIN: Empty, Command.REPLICA_PUT: Replica, Command.REPLICA_ACK: Replica,
     Command.REPLICA_GET: Replica, Command.REPLICA_STATE: Replica,
+    Command.STANDBY: Standby, Command.STANDBY_ACK: Empty,
 }
 
 
@@ -684,5 +709,5 @@ def decode(msg: Message) -> Control:
 
 __all__ = ["BODIES", "Barrier", "BarrierDone", "Body", "Bye", "Control", "Counters", "Empty", "Heartbeat",
            "JobEnd", "Leave", "Lost", "Membership", "Register", "Rejoin", "Replica", "ServerAddress", "Servers",
-           "StatusAnswer", "Stop", "WaitKind", "WaitReport", "Welcome", "decode", "decode_body", "wait_report",
-           "waited_on"]
+           "Standby", "StatusAnswer", "Stop", "WaitKind", "WaitReport", "Welcome", "decode", "decode_body",
+           "wait_report", "waited_on"]

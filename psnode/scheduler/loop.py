@@ -52,7 +52,11 @@ Life of a job as the scheduler sees it:
    heard from, so the launcher names the root cause and not the processes it took down.
 9. A standby scheduler (``standby``: at its own address on another host) waits idle until a
    node comes over to it (its scheduler silent for the heartbeat timeout: psnode.net.link),
-   then takes the job over exactly as a restarted one does (below).
+   then takes the job over exactly as a restarted one does (below).  Idle, it announces itself
+   to the scheduler it stands by for (``primary``; STANDBY, every heartbeat interval until
+   acknowledged, then every ``ANNOUNCE_EVERY`` intervals), which tells each of its nodes
+   (STANDBY) and names it in every WELCOME: so a standby the launcher starts after a failover,
+   for the scheduler that took the job over, is where the nodes go when that one is lost too.
 10. A scheduler the launcher restarted (``restart_count > 0``, same address; it is killed or
    crashed) rebuilds the job from the live nodes (:mod:`psnode.scheduler.rebuild`): it answers
    a node it does not know with REJOIN; each welcomed node registers again with its rank and
@@ -90,6 +94,7 @@ from psnode.protocol.control import (
     Register,
     ServerAddress,
     Servers,
+    Standby,
     StatusAnswer,
     Stop,
     Welcome,
@@ -104,6 +109,8 @@ from psnode.scheduler.slowness import Slowness, Stalls
 from psnode.scheduler.waitfor import Watch
 
 log = logging.getLogger("psnode.scheduler")
+
+ANNOUNCE_EVERY = 10   # heartbeat intervals between an idle standby's announcements, once acknowledged
 
 
 @dataclass
@@ -186,6 +193,8 @@ class Scheduler:
         self.active = not cfg.standby
         self.primary_seen_until = 0.0   # the primary answered: no need to ask again before this
         self.held: list[tuple[bytes, Message]] = []  # what arrived while rebuilding, handled after
+        self.standby_at = ""            # the standby that announced itself ("": none), told to the nodes
+        self.announce_at = 0.0          # an idle standby announces itself to its primary from then on
 
     @property
     def rebuilds(self) -> bool:
@@ -217,6 +226,27 @@ class Scheduler:
         self.rebuild_by = self.t0 + self.cfg.dead_after
         log.warning("standby scheduler at %s:%s: a node came over; taking the job %s over from its live nodes",
                     self.cfg.host, self.cfg.scheduler_port, self.cfg.job_id)
+
+    def _announce(self, now: float) -> None:
+        """An idle standby tells its primary where it waits (1 s at most: it serves no one yet)."""
+        if self.active or self.cfg.primary is None or now < self.announce_at:
+            return
+        host = self.cfg.scheduler_host
+        own = f"[{host}]:{self.cfg.scheduler_port}" if ":" in host else f"{host}:{self.cfg.scheduler_port}"
+        told = client.announce_standby(self.cfg.primary, self.cfg.job_id, own, key_file=self.cfg.key_file,
+                                       timeout=min(1.0, self.cfg.heartbeat_interval))
+        self.announce_at = time.monotonic() + self.cfg.heartbeat_interval * (ANNOUNCE_EVERY if told else 1)
+
+    def _on_standby(self, address: str) -> None:
+        """A standby scheduler announced itself: every node of the job (and each one welcomed
+        later) goes over to it when this scheduler is silent for the heartbeat timeout."""
+        if address == self.standby_at:
+            return
+        self.standby_at = address
+        log.warning("a standby scheduler waits at %s: the nodes go over to it if this scheduler is lost", address)
+        for n in self.nodes.values():
+            if n.pid and n.state in (NodeState.REGISTERED, NodeState.ALIVE, NodeState.FINISHED):
+                self._send(n, Command.STANDBY, Standby(address))
 
     # ------------------------------------------------------------ helpers
     def _send(self, node: Node | bytes, cmd: Command, body: Body | None = None) -> None:
@@ -298,7 +328,7 @@ class Scheduler:
         e = self.elastic
         self._send(n, Command.WELCOME, Welcome(n.rank, book, os.getpid(), self.cfg.num_workers, self.cfg.num_servers,
                                                tuple(ranks), n.restarts, restore, n.barrier_done, e.generation,
-                                               n.joiner, tuple(sorted(e.joiners))))
+                                               n.joiner, tuple(sorted(e.joiners)), self.standby_at))
 
     def _restartable(self, n: Node) -> bool:
         """May ``n`` be replaced instead of failing the job?  Servers only when their state
@@ -647,6 +677,10 @@ class Scheduler:
         except ProtocolError as exc:
             log.warning("dropped %s from %r: %s", cmd.value, ident, exc)
             return
+        if isinstance(body, Standby):
+            self._send(ident, Command.STANDBY_ACK)
+            self._on_standby(body.address)
+            return
         if not self.active and (cmd in _NODE_COMMANDS or cmd is Command.REGISTER):
             if self._primary_answers():
                 self._send(ident, Command.SHUTDOWN, JobEnd(False, (
@@ -736,6 +770,7 @@ class Scheduler:
                         log.warning("dropped %s from %r: %r", got[1].cmd.value, got[0], exc)
             self._flush_membership()  # after the turn: for all the FINISHes it handled, once
             now = time.monotonic()
+            self._announce(now)
             if self.rebuild is not None:
                 if not self.active or (not self.rebuild.complete() and now < self.rebuild_by):
                     continue

@@ -36,6 +36,7 @@ from psnode.protocol.control import (
     Replica,
     ServerAddress,
     Servers,
+    Standby,
     StatusAnswer,
     Stop,
     WaitKind,
@@ -94,6 +95,9 @@ VALID = [
     (Command.LOST_ACK, Empty()),
     # an elastic job's fields
     (Command.WELCOME, Welcome(2, BOOK, 99, 2, 2, (0, 1, 2), 0, False, 0, 3, True, (2,))),
+    (Command.WELCOME, Welcome(0, BOOK, 99, 2, 2, (0, 1), standby="10.0.0.3:9093")),
+    (Command.STANDBY, Standby("10.0.0.3:9093")),
+    (Command.STANDBY_ACK, Empty()),
     (Command.BARRIER_DONE, BarrierDone(4, (0, 2), 5)),
     (Command.MEMBERSHIP, Membership((0, 1, 2), 2, (2,), (1,))),
     (Command.REPLICA_PUT, Replica(1, 7)), (Command.REPLICA_ACK, Replica(1, 7)),
@@ -372,3 +376,8 @@ def test_random_datagrams_raise_only_protocol_error() -> None:
                       lambda d: Announce.decode(d, 1), lambda d: data_header(b"D" + d)):
             with contextlib.suppress(ProtocolError):
                 parse(raw if n % 2 else b"{" + raw)
+
+
+def test_a_standby_address_without_a_port_is_refused_naming_it() -> None:
+    with pytest.raises(ProtocolError, match="standby: address must be host:port, not 'node3'"):
+        decode_body(Command.STANDBY, {"address": "node3"})
