@@ -15,7 +15,9 @@ Life of a job as the scheduler sees it:
    once per scheduler turn for all the FINISHes it handled, and before a BARRIER_DONE or the
    job's end (:mod:`psnode.scheduler.roster` keeps the indexes, so no message rescans the job).  When every
    worker has finished, servers get SHUTDOWN, answer BYE, and the scheduler exits 0.
-4. A node silent for ``heartbeat_interval * heartbeat_liveness`` seconds is dead.  Everyone else
+4. A node silent for ``heartbeat_interval * heartbeat_liveness`` seconds is dead (checked every
+   quarter heartbeat interval, 0.05 to 0.25 s: each check visits every node, so it runs on a
+   clock, never once per message).  Everyone else
    gets PEER_LOST naming it (role, rank, host, pid, seconds silent) and the scheduler exits 1 --
    unless restarts are allowed (``max_restarts``; for a server, only when servers checkpoint):
    then the job waits up to ``register_timeout`` for a replacement registering with the same
@@ -128,6 +130,7 @@ class Node:
     last_seen: float = field(default_factory=time.monotonic)
     stats: Counters = field(default_factory=Counters)
     restarts: int = 0
+    welcomed: float = 0.0  # when it was last sent WELCOME
     barrier_done: int = 0  # number of this worker's last completed barrier
     joiner: bool = False   # joined the running job (after the first generation)
     rate: float | None = None  # rounds (servers) or pushes (workers) per second
@@ -161,6 +164,21 @@ class Node:
             refused=s.refused, retries=s.retries)
 
 
+class NodeTable(dict[bytes, Node]):
+    """The job's nodes by identity; :attr:`version` counts insertions and removals (the address
+    book is cached by it: a re-WELCOME of thousands of nodes never rebuilds it)."""
+
+    version = 0
+
+    def __setitem__(self, key: bytes, value: Node) -> None:
+        super().__setitem__(key, value)
+        self.version += 1
+
+    def __delitem__(self, key: bytes) -> None:
+        super().__delitem__(key)
+        self.version += 1
+
+
 #: what only a node of the job sends (answered REJOIN by a restarted scheduler that does not know it)
 _NODE_COMMANDS = frozenset({Command.HEARTBEAT, Command.BARRIER, Command.FINISH, Command.BYE})
 
@@ -170,7 +188,8 @@ class Scheduler:
         self.cfg = cfg
         self.t = Transport(cfg.job_id, Role.SCHEDULER.value, 2**20, Security.load(cfg.key_file))
         self.chan, _ = self.t.router(cfg.host, cfg.scheduler_port, Plane.CONTROL)
-        self.nodes: dict[bytes, Node] = {}
+        self.nodes = NodeTable()
+        self._booked: tuple[tuple[int, bool], tuple[ServerAddress, ...]] = ((-1, False), ())   # (key, book)
         self.started = False
         self.t0 = time.monotonic()
         self.barrier: dict[bytes, int] = {}  # worker ident -> the number of the barrier it entered
@@ -193,6 +212,8 @@ class Scheduler:
         self.active = not cfg.standby
         self.primary_seen_until = 0.0   # the primary answered: no need to ask again before this
         self.held: list[tuple[bytes, Message]] = []  # what arrived while rebuilding, handled after
+        #: seconds between the liveness and wait checks (each visits every node; not every turn)
+        self.check_every = max(0.05, min(0.25, cfg.heartbeat_interval / 4))
         self.standby_at = ""            # the standby that announced itself ("": none), told to the nodes
         self.announce_at = 0.0          # an idle standby announces itself to its primary from then on
 
@@ -258,9 +279,15 @@ class Scheduler:
                 if n.state in (NodeState.REGISTERED, NodeState.ALIVE) and (role is None or n.role == role)]
 
     def _book(self) -> tuple[ServerAddress, ...]:
-        """The servers' addresses (one missing since a scheduler restart has none yet)."""
+        """The servers' addresses (one missing since a scheduler restart has none yet); the same
+        tuple while no node came or went (ranks are assigned once, at the start)."""
+        key = (self.nodes.version, self.started)
+        if self._booked[0] == key:
+            return self._booked[1]
         servers = sorted((n for n in self.nodes.values() if n.role == Role.SERVER and n.port), key=lambda n: n.rank)
-        return tuple(ServerAddress(n.rank, n.host, n.port, n.replica) for n in servers)
+        book = tuple(ServerAddress(n.rank, n.host, n.port, n.replica) for n in servers)
+        self._booked = (key, book)
+        return book
 
     def _set_state(self, n: Node, state: NodeState) -> None:
         """Every state change goes through here (the roster's active workers follow)."""
@@ -313,7 +340,7 @@ class Scheduler:
         book = self._book()
         for n in self.nodes.values():
             self._set_state(n, NodeState.ALIVE)
-        active = self.roster.active_ranks()  # one list for every WELCOME
+        active = tuple(self.roster.active_ranks())  # one tuple for every WELCOME
         for n in self.nodes.values():
             self._welcome(n, book, active=active)
         log.info("job %s started: %d workers, %d servers", self.cfg.job_id,
@@ -323,11 +350,12 @@ class Scheduler:
             self._join(n)
 
     def _welcome(self, n: Node, book: tuple[ServerAddress, ...], restore: bool = False,
-                 active: list[int] | None = None) -> None:
-        ranks = self.roster.active_ranks() if active is None else active
+                 active: tuple[int, ...] | None = None) -> None:
+        ranks = tuple(self.roster.active_ranks()) if active is None else active
         e = self.elastic
+        n.welcomed = time.monotonic()
         self._send(n, Command.WELCOME, Welcome(n.rank, book, os.getpid(), self.cfg.num_workers, self.cfg.num_servers,
-                                               tuple(ranks), n.restarts, restore, n.barrier_done, e.generation,
+                                               ranks, n.restarts, restore, n.barrier_done, e.generation,
                                                n.joiner, tuple(sorted(e.joiners)), self.standby_at))
 
     def _restartable(self, n: Node) -> bool:
@@ -696,7 +724,10 @@ class Scheduler:
             self._on_register(ident, body)
         elif cmd is Command.REGISTER:
             assert node is not None
-            if self.started and node.state == NodeState.ALIVE:  # its WELCOME was lost: again
+            if self.started and node.state == NodeState.ALIVE and \
+                    time.monotonic() - node.welcomed >= self.cfg.dead_after:   # its WELCOME was lost: again
+                # (at most once per heartbeat timeout: a node registers again with each heartbeat
+                # until welcomed, and the start of thousands queues several of them per node)
                 self._welcome(node, self._book(), restore=node.role == Role.SERVER and node.restarts > 0)
         elif cmd is Command.STATUS:
             now = time.monotonic()
@@ -755,11 +786,13 @@ class Scheduler:
                 self._end(False, f"{node.name} failed", Command.PEER_LOST, node.row(time.monotonic()),
                           culprit=node, what=what, since=time.time())
 
-    def run(self) -> int:
-        poller = Poller()
+    def run(self, poller: Poller | None = None) -> int:
+        """Serve the job to its end; its exit code.  ``poller``: what waits for messages (a
+        simulation's, benchmarks/control/simulate.py; else one on the scheduler's socket)."""
+        poller = Poller() if poller is None else poller
         poller.add(self.chan)
         tick = min(self.cfg.heartbeat_interval, 0.5)
-        resend_at = 0.0
+        resend_at = next_check = 0.0
         while True:
             due = self.roster.membership_due()
             if poller.poll(tick if due is None else min(tick, max(0.001, due - time.monotonic()))):
@@ -776,9 +809,11 @@ class Scheduler:
                     continue
                 self._rebuilt()
             if self.exit_code is None:
-                self._check_liveness(now)
-            if self.exit_code is None:
-                self._check_waits(now)
+                if now >= next_check:   # (each check visits every node: a few times a heartbeat interval)
+                    next_check = now + self.check_every
+                    self._check_liveness(now)
+                    if self.exit_code is None:
+                        self._check_waits(now)
             elif not self._live(Role.SERVER) or (self.shutdown_deadline and now > self.shutdown_deadline):
                 break
             elif self.ending is not None and now >= resend_at:
