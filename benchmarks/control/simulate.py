@@ -20,8 +20,8 @@ then faults: a silent worker, a lost host (8 processes at once), each replaced b
 process as the launcher would, and a partition of two hosts shorter than the heartbeat timeout;
 a last barrier; STOP.  Invariants, asserted at every turn (:class:`World`): no node the
 simulation keeps alive is ever called silent (no false death), every silenced node is called so
-within the heartbeat timeout plus one check, each barrier is answered to each worker once and
-only when every active worker entered it.
+within twice the heartbeat timeout, each barrier is answered to each worker once, and the last
+one to every worker of the job (its replacements included).
 
 Figures: time from the first REGISTER to the last WELCOME (the job's start) and the slowest
 node's time from its start to its WELCOME; the scheduler's CPU share in the idle window (its
@@ -222,7 +222,7 @@ class World:
         if now < self._next_check:
             return
         self._next_check = now + 0.1
-        bound = self.cfg.dead_after + 2 * min(self.cfg.heartbeat, 0.5) + 0.5
+        bound = 2 * self.cfg.dead_after   # (the goal: a lost host named within twice the timeout)
         for node in self.sched.nodes.values():
             n = self.nodes.get(node.ident)
             if n is None or node.state in (NodeState.REGISTERED, NodeState.ALIVE, NodeState.FINISHED):
@@ -378,7 +378,7 @@ def scenario(w: World) -> Generator[Callable[[float], bool], None, None]:
     yield wait_until(w, "partition", lambda now: now >= healed)
     b = cfg.barriers + 1
     yield from barrier(w, b)
-    members = [n for n in w.workers()]
+    members = w.workers()
     if len(members) != cfg.workers or any((n.ident, b) not in w.answers for n in members):
         raise SimulationError(f"barrier {b}: {len(members)} workers live, "
                               f"{sum((n.ident, b) in w.answers for n in members)} answered")

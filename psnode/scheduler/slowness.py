@@ -7,7 +7,10 @@ Two sources, both in seconds of a worker's user thread blocked:
   psnode.worker.engine from what its servers said each parked pull waits for):
   :meth:`Slowness.report`;
 * barriers, which the scheduler sees itself: when a barrier completes, each worker waited for
-  each worker that entered after it, from its own entry to that worker's: :meth:`Slowness.barrier`.
+  each worker that entered after it, from its own entry to that worker's: :meth:`Slowness.barrier`
+  (in a barrier of more than :data:`PAIRS_MAX` workers, only the first to enter, who waited the
+  longest for each other one, is credited: every pair would cost W^2 time and memory per
+  barrier, 10^8 at 10,000 workers).
 
 From them, per worker ``x``:
 
@@ -29,6 +32,7 @@ from psnode.protocol.status import SLOW_WINDOW as WINDOW
 from psnode.scheduler.waitfor import describe
 
 MIN_SPAN = 3.0       # seconds of an observer's heartbeats before its share counts
+PAIRS_MAX = 256      # workers in a barrier up to which every pair is credited
 
 Totals = dict[int, float]   # other worker -> seconds waited for it
 
@@ -49,12 +53,17 @@ class Slowness:
 
     def barrier(self, entered: Mapping[int, float], now: float) -> None:
         """A barrier completed at ``now``: ``entered`` says when each worker entered it."""
-        for o, t_o in entered.items():
+        if len(entered) > PAIRS_MAX:
+            entered_first = min(entered.items(), key=lambda item: item[1])
+            observers: Mapping[int, float] = dict([entered_first])
+        else:
+            observers = entered
+        for o, t_o in observers.items():
             credit = self._credited.setdefault(o, {})
             for x, t_x in entered.items():
                 if x != o and t_x > t_o:
                     credit[x] = credit.get(x, 0.0) + (t_x - t_o)
-        for o in entered:
+        for o in observers:
             self._sample(o, now)
 
     def forget(self, worker: int) -> None:
@@ -135,4 +144,4 @@ class Stalls:
         return out
 
 
-__all__ = ["MIN_SPAN", "WINDOW", "Slowness", "Stalls"]
+__all__ = ["MIN_SPAN", "PAIRS_MAX", "WINDOW", "Slowness", "Stalls"]
