@@ -285,7 +285,7 @@ class SimChannel:
     def send(self, cmd: Any, body: dict[str, Any] | None = None, arrays: Any = None, to: bytes | None = None,
              **kw: Any) -> Any:
         if to is not None and to in self.world.nodes:
-            encode(Message(cmd=cmd, job=JOB, sender="scheduler", body=body or {}))   # (its cost on the wire)
+            self.real.frames(cmd, body)   # (encoded as the scheduler's channel encodes it for the wire)
             self.world.received(to, cmd, body, time.monotonic())
             return None
         return self.real.send(cmd, body, arrays, to=to, **kw)
