@@ -434,7 +434,11 @@ class Counters:
 
     @classmethod
     def from_body(cls, stats: dict[str, Any]) -> Counters:
-        counts = {name: _int(stats, "heartbeat stats", name, high=_MAX_COUNT, default=0) for name in _COUNTERS}
+        counts = {}
+        for name in _COUNTERS:   # (every node's heartbeat, every second: _int's checks inline)
+            v = stats.get(name, 0)
+            counts[name] = v if type(v) is int and 0 <= v < _MAX_COUNT else \
+                _int(stats, "heartbeat stats", name, high=_MAX_COUNT, default=0)
         return cls(**counts, wait=wait_report(stats.get("wait")), waited_on=waited_on(stats.get("waited_on")))
 
 
