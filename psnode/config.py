@@ -12,7 +12,8 @@ variable                           meaning (default)
 ``PSNODE_SCHEDULER``               scheduler address ``host:port`` (required)
 ``PSNODE_SCHEDULER_STANDBY``       a standby scheduler's ``host:port`` (none): a node whose
                                    scheduler is silent for the heartbeat timeout goes over to it
-                                   once, and registers there again with what it knows
+                                   once, and registers there again with what it knows (the
+                                   scheduler may name a later standby: STANDBY, WELCOME)
 ``PSNODE_STANDBY``                 ``1``: this scheduler is the standby (at ``PSNODE_SCHEDULER``,
                                    its own address): it waits, and takes the job over from the
                                    live nodes when the first one comes (``0``)

@@ -156,7 +156,7 @@ def _notes(record: JobRecord) -> list[str]:
             at = time.strftime("%H:%M:%S", time.localtime(c.when))
             notes.append(f"{c.who} moved to {c.host} at {at}: {c.why}")
             failovers += c.role == "server"
-    failovers += record.failover is not None
+    failovers += len(record.failovers) or record.failover is not None
     if failovers:
         notes.append(f"failovers so far: {failovers}")
     for host, why in record.unverified.items():

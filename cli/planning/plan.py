@@ -280,7 +280,9 @@ class Plan:
     bounds: Bounds | None = None       # the workers' bounds (mxdist.planning.bounds; None: -n alone)
     nodes: tuple[str, ...] = ()        # host names in node-rank order (GROUP_RANK; mxdist.planning.torchenv)
     request: PlanRequest | None = None   # what it was made from: joiners are planned the same way
-    at_standby: bool = False           # its nodes register at the standby scheduler (with_standby_scheduler)
+    #: (scheduler, standby) its nodes register at and go over to, once a failover changed them
+    #: (:func:`with_schedulers`; None: as planned)
+    schedulers: tuple[str, str | None] | None = None
 
     @property
     def busy_hosts(self) -> list[Host]:
@@ -631,8 +633,8 @@ def joiner(plan: Plan, rank: int, host: Host, local: int, world_size: int, local
     except ValueError as exc:
         raise PlanError(str(exc)) from None
     spec = worker_spec(plan.request, host, place)
-    if plan.at_standby:
-        spec = _at_standby(spec)
+    if plan.schedulers is not None:
+        spec = _pointed(spec, *plan.schedulers)
     known = key_file or next((p.env["PSNODE_KEY_FILE"] for p in plan.procs if p.host.label == host.label
                               and "PSNODE_KEY_FILE" in p.env), None)
     return replace(spec, env=_with_config(spec.env, key_file=known)) if known else spec
@@ -663,9 +665,11 @@ def moved_server(plan: Plan, name: str, host: Host, key_file: str | None = None)
 
 
 def with_proc(plan: Plan, spec: ProcSpec) -> Plan:
-    """The plan with ``spec`` replacing its process of the same name, and ``spec``'s host among
-    its hosts."""
+    """The plan with ``spec`` replacing its process of the same name (or added, a new one), and
+    ``spec``'s host among its hosts."""
     procs = tuple(spec if p.name == spec.name else p for p in plan.procs)
+    if not any(p.name == spec.name for p in plan.procs):
+        procs = (*procs, spec)
     hosts = plan.hosts if any(h.label == spec.host.label for h in plan.hosts) else (*plan.hosts, spec.host)
     return replace(plan, procs=procs, hosts=hosts)
 
@@ -674,19 +678,47 @@ def with_standby_scheduler(plan: Plan) -> Plan:
     """The plan with every node pointed at the standby scheduler (its scheduler is lost, or
     being): a node started from now on registers there at once, a joiner planned later too
     (:func:`joiner`).  Unchanged without a standby."""
-    if not any("PSNODE_SCHEDULER_STANDBY" in p.env for p in plan.procs):
-        return plan
-    return replace(plan, procs=tuple(_at_standby(p) for p in plan.procs), at_standby=True)
+    standby = next((p.env["PSNODE_SCHEDULER_STANDBY"] for p in plan.procs
+                    if p.role is not Role.SCHEDULER and "PSNODE_SCHEDULER_STANDBY" in p.env), None)
+    return plan if standby is None else with_schedulers(plan, standby, None)
 
 
-def _at_standby(spec: ProcSpec) -> ProcSpec:
-    """``spec`` registering at its standby scheduler (a node that knows one; else as it is)."""
-    standby = spec.env.get("PSNODE_SCHEDULER_STANDBY")
-    if spec.role is Role.SCHEDULER or not standby:
+def with_schedulers(plan: Plan, scheduler: str, standby: str | None) -> Plan:
+    """The plan with every node (and every joiner planned later: :func:`joiner`) registering at
+    ``scheduler`` (``host:port``) and going over to ``standby`` when it is lost (None: nowhere)."""
+    return replace(plan, procs=tuple(_pointed(p, scheduler, standby) for p in plan.procs),
+                   schedulers=(scheduler, standby))
+
+
+def _pointed(spec: ProcSpec, scheduler: str, standby: str | None) -> ProcSpec:
+    """Node ``spec`` registering at ``scheduler``, its standby ``standby`` (a scheduler: as it is)."""
+    if spec.role is Role.SCHEDULER:
         return spec
     env = {k: v for k, v in spec.env.items() if k != "PSNODE_SCHEDULER_STANDBY"}
-    env["PSNODE_SCHEDULER"] = standby
+    env["PSNODE_SCHEDULER"] = scheduler
+    if standby is not None:
+        env["PSNODE_SCHEDULER_STANDBY"] = standby
     return replace(spec, env=env)
+
+
+def next_standby(plan: Plan, host: Host, rank: int, primary: str, key_file: str | None = None) -> ProcSpec:
+    """Standby scheduler ``scheduler-<rank>`` on ``host``, standing by for the scheduler at
+    ``primary`` (one that took the job over): the first standby's command and variables, bound
+    to ``host``'s address on the first standby's port (``--port`` + 2), with the job's secret
+    file at ``key_file`` on ``host``, else where the plan's processes there read it."""
+    first = next((p for p in plan.procs if p.role is Role.SCHEDULER and p.rank == STANDBY_RANK), None)
+    if first is None:
+        raise PlanError(f"job {plan.job_id} has no standby scheduler to start another like it")
+    cfg = NodeConfig.from_env(first.env)
+    name = f"{Role.SCHEDULER.value}-{rank}"
+    changes: dict[str, object] = {"host": host.address, "scheduler_host": host.address, "primary": primary}
+    if cfg.error_file:
+        changes["error_file"] = path_in(cfg.error_file.rpartition("/")[0] or "/", name)
+    known = key_file or next((p.env["PSNODE_KEY_FILE"] for p in plan.procs if p.host.label == host.label
+                              and "PSNODE_KEY_FILE" in p.env), None)
+    if known:
+        changes["key_file"] = known
+    return ProcSpec(Role.SCHEDULER, rank, host, first.argv, _with_config(first.env, **changes))
 
 
 def _with_config(env: Mapping[str, str], **changes: object) -> dict[str, str]:

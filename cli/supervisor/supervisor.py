@@ -90,7 +90,14 @@ from ..job.lifecycle import QUICK, SCHEDULER_RESTARTS, Action, Failure, Supervis
 from ..job.records import Elastic, JobRecord, JobState, ProcRecord, ProcState
 from ..job.rootcause import describe_code
 from ..planning.hosts import Host
-from ..planning.plan import Plan, ProcSpec, placement, restarted, with_scheduler_port, with_standby_scheduler
+from ..planning.plan import (
+    Plan,
+    ProcSpec,
+    placement,
+    restarted,
+    with_scheduler_port,
+    with_schedulers,
+)
 from .conclusion import Conclusion
 from .hostwatch import HostWatch
 from .membership import Membership
@@ -426,7 +433,7 @@ class Supervisor:
                         self.membership.lose(rec, status, rules)
             if action is Action.FAIL_OVER:
                 self._fail_over(rec, status)
-            elif name == rules.standby and not rules.failed_over and not status.ok and not rules.winding_down:
+            elif name == rules.standby and not status.ok and not rules.winding_down:
                 ui.warn(f"the standby scheduler on {rec.host} {status.describe()}: the job goes on without one")
             if action is Action.FAIL:
                 return self.conclusion.conclude(JobState.FAILED, EXIT_FAILED, first_seen=name,
@@ -441,15 +448,20 @@ class Supervisor:
 
     def _fail_over(self, rec: ProcRecord, status: ExitStatus) -> None:
         """The scheduler ``rec`` is lost; the standby takes the job over (lifecycle rule 8): the
-        nodes go over to it within the heartbeat timeout, and the launcher's questions too."""
-        standby = next(p for p in self.record.procs if p.role == Role.SCHEDULER.value and p.name != rec.name)
+        nodes go over to it within the heartbeat timeout, and the launcher's questions too; a new
+        standby starts on another host that answers (:meth:`Membership.start_standby`)."""
+        assert self._rules is not None
+        standby = self.record.proc(self._rules.scheduler)   # (the rules made it the scheduler)
         spec = next(p for p in self.plan.procs if p.name == standby.name)
         address = spec.env["PSNODE_SCHEDULER"]
-        self.plan = with_standby_scheduler(self.plan)   # (a node started from now on registers there)
+        self.plan = with_schedulers(self.plan, address, None)   # (a node started from now on registers there)
         self.record.failed_over(standby, address, f"on {rec.host} {status.describe()}", time.time())
         self.save()
         ui.warn(f"{rec.name} on {rec.host} {status.describe()}: the standby scheduler on {standby.host} takes the "
                 f"job over at {address} (the nodes go over to it within the heartbeat timeout)")
+        ended = {p.host for p in self.record.procs
+                 if p.role == Role.SCHEDULER.value and p.state is not ProcState.RUNNING}
+        self.membership.start_standby(address, ended | {rec.host, standby.host})
 
     def _exited(self, rec: ProcRecord, status: ExitStatus) -> None:
         rec.exited(status.code, time.time())

@@ -332,6 +332,7 @@ class Channel:
         self.bytes_in = 0
         self.bytes_out = 0
         self._proof = proof     # the server proof every message must carry (authenticated data links)
+        self._bare: dict[Any, list[Any]] = {}   # command -> the frames of its message without a body
 
     def repoint(self, host: str, port: int) -> None:
         """A DEALER of the control plane (CURVE or NULL: nothing in it names the address) leaves
@@ -350,9 +351,7 @@ class Channel:
         """Send a message (a data message when ``ops`` are given: typed operations, see
         psnode.protocol).  Frames of PACK_BYTES or more go without a copy; with ``track``
         the result tells when zmq is done reading them (they must not change before)."""
-        msg = Message(cmd=cmd, job=self.t.job_id, sender=self.t.sender,
-                      body=body or {}, arrays=arrays or [], ops=ops)
-        frames = encode(msg)
+        frames = self.frames(cmd, body, arrays, ops)
         if to is not None:
             frames.insert(0, to)
         sock, last = self.sock, len(frames) - 1
@@ -371,6 +370,18 @@ class Channel:
         except zmq.ZMQError as exc:  # e.g. EHOSTUNREACH: peer gone; liveness will tell
             log.debug("send failed: %s", exc)
         return Sent(trackers) if track else None
+
+    def frames(self, cmd: Any, body: dict[str, Any] | None = None, arrays: list[Any] | None = None,
+               ops: list[Any] | None = None) -> list[Any]:
+        """The frames of a message from this channel (a message without body, arrays or ops,
+        such as the scheduler's HEARTBEAT_ACK to each node every second, is encoded once)."""
+        if not body and not arrays and ops is None:
+            bare = self._bare.get(cmd)
+            if bare is None:
+                bare = self._bare[cmd] = encode(Message(cmd=cmd, job=self.t.job_id, sender=self.t.sender))
+            return list(bare)
+        return encode(Message(cmd=cmd, job=self.t.job_id, sender=self.t.sender,
+                              body=body or {}, arrays=arrays or [], ops=ops))
 
     def recv(self, routed: bool = False) -> tuple[bytes | None, Message] | None:
         """Receive one message if one is waiting; None if none, or if it was dropped."""

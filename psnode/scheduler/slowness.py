@@ -9,7 +9,10 @@ Two sources, both in seconds:
   a round completed by a worker's loss to nobody): :meth:`Slowness.server`;
 * barriers, which the scheduler sees itself: when a barrier completes, each worker waited for
   each worker that entered after it, from its own entry (or that worker's registration, for a
-  replacement: :meth:`Slowness.restarted`) to that worker's: :meth:`Slowness.barrier`.
+  replacement: :meth:`Slowness.restarted`) to that worker's: :meth:`Slowness.barrier` (in a
+  barrier of more than :data:`PAIRS_MAX` workers, only the first to enter, who waited the
+  longest for each other one, is credited: every pair would cost W^2 time and memory per
+  barrier, 10^8 at 10,000 workers).
 
 From them, per worker ``x``:
 
@@ -35,6 +38,7 @@ from psnode.scheduler.waitfor import describe
 #: seconds of a source's reports before its share counts (over fewer, one hiccup of a worker on
 #: a busy machine, a preemption of a few hundred milliseconds, passes for a pattern)
 MIN_SPAN = 5.0
+PAIRS_MAX = 256      # workers in a barrier up to which every pair is credited
 
 Totals = dict[int, float]   # worker -> seconds waited for it
 Samples = deque[tuple[float, Totals]]
@@ -65,13 +69,18 @@ class Slowness:
 
     def barrier(self, entered: Mapping[int, float], now: float) -> None:
         """A barrier completed at ``now``: ``entered`` says when each worker entered it."""
-        for o, t_o in entered.items():
+        if len(entered) > PAIRS_MAX:
+            entered_first = min(entered.items(), key=lambda item: item[1])
+            observers: Mapping[int, float] = dict([entered_first])
+        else:
+            observers = entered
+        for o, t_o in observers.items():
             credit = self._credited.setdefault(o, {})
             for x, t_x in entered.items():
                 start = max(t_o, self._born.get(x, t_o))
                 if x != o and t_x > start:
                     credit[x] = credit.get(x, 0.0) + (t_x - start)
-        for o in entered:
+        for o in observers:
             self.heartbeat(o, now)
 
     def forget(self, worker: int) -> None:
@@ -148,4 +157,4 @@ class Stalls:
         return out
 
 
-__all__ = ["MIN_SPAN", "WINDOW", "Slowness", "Stalls"]
+__all__ = ["MIN_SPAN", "PAIRS_MAX", "WINDOW", "Slowness", "Stalls"]

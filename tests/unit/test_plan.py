@@ -399,3 +399,30 @@ def test_a_scheduler_moved_off_a_taken_port_is_everyones_address():
     assert (late.env["PSNODE_SCHEDULER"], late.env["PSNODE_SCHEDULER_STANDBY"]) == ("10.0.0.1:31000", "10.0.0.2:31002")
     again = restarted(sched, 1)
     assert "PSNODE_ADDRESS_FILE" not in again.env and again.env["PSNODE_SCHEDULER"] == "10.0.0.1:31000"
+
+
+def test_a_new_standby_after_a_failover_stands_by_for_the_scheduler_that_took_over():
+    """After a failover the launcher starts a new standby on another host: the first standby's
+    command and variables, bound to its new host at the standby's port, standing by for the
+    scheduler that took the job over; every node (and a worker planned later) registers there
+    and goes over to the new standby."""
+    from mxdist.planning.plan import joiner, next_standby, with_proc, with_schedulers
+
+    hosts = [*HOSTS, Host("d", address="10.0.0.4")]
+    plan = make_plan(request(num_workers=3, num_servers=3, replicas=2, max_restarts=3, standby=True, hosts=hosts))
+    spec = next_standby(plan, hosts[3], 2, "10.0.0.2:9002")
+    cfg = NodeConfig.from_env(spec.env)
+    assert spec.name == "scheduler-2" and spec.host.label == "d"
+    assert (cfg.role, cfg.standby, cfg.primary, cfg.host) == (Role.SCHEDULER, True, "10.0.0.2:9002", "10.0.0.4")
+    assert (cfg.scheduler_host, cfg.scheduler_port, cfg.rank) == ("10.0.0.4", 9002, None)
+    after = with_schedulers(with_proc(plan, spec), "10.0.0.2:9002", "10.0.0.4:9002")
+    assert [p.name for p in after.procs].count("scheduler-2") == 1
+    for p in after.procs:
+        if p.role is not Role.SCHEDULER:
+            assert (p.env["PSNODE_SCHEDULER"], p.env["PSNODE_SCHEDULER_STANDBY"]) == ("10.0.0.2:9002",
+                                                                                      "10.0.0.4:9002"), p.name
+    moved = joiner(after, 0, HOSTS[2], 0, 3, 1)
+    assert (moved.env["PSNODE_SCHEDULER"], moved.env["PSNODE_SCHEDULER_STANDBY"]) == ("10.0.0.2:9002",
+                                                                                      "10.0.0.4:9002")
+    with pytest.raises(PlanError, match="has no standby scheduler"):
+        next_standby(make_plan(request()), hosts[3], 2, "10.0.0.2:9002")

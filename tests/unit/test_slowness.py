@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from psnode.protocol.control import WaitKind, WaitReport
-from psnode.scheduler.slowness import Slowness, Stalls
+from psnode.scheduler.slowness import PAIRS_MAX, Slowness, Stalls
 
 
 def test_the_share_is_the_longest_wait_of_one_server_over_the_window() -> None:
@@ -59,3 +59,14 @@ def test_a_stall_is_warned_of_once_naming_whom_it_waits_for() -> None:
         "stall: worker 0 has waited 45 s in barrier 3 for workers 1, 2, 3",
         "stall: worker 1 has waited 45 s in barrier 3 for workers 0, 2, 3"]
     assert Stalls(0.0).check({0: barrier}, lambda n: [1]) == []   # 0: never
+
+
+def test_a_barrier_of_thousands_credits_only_its_first_entrant() -> None:
+    """Above PAIRS_MAX workers every pair would cost W^2 per barrier: the first to enter, who
+    waited the longest for each other worker, is credited alone."""
+    s = Slowness(window=30.0)
+    n = PAIRS_MAX + 1
+    s.barrier({r: 1.0 + r for r in range(n)}, float(n))
+    totals = s.totals()
+    assert len(totals) == n - 1 and totals[n - 1] == pytest.approx(n - 1.0) and totals[1] == pytest.approx(1.0)
+    assert set(s._credited) == {0}
