@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PUSH_PATH = {
     "psnode.worker.kvstore", "psnode.worker.routes", "psnode.worker.forms", "psnode.worker.items",
     "psnode.worker.keys", "psnode.worker.bucketing", "psnode.worker.datapath",
-    "psnode.worker.engine", "psnode.worker.futures", "psnode.worker.tracker", "psnode.worker.journal",
+    "psnode.worker.engine", "psnode.worker.futures", "psnode.worker.tracker", "psnode.worker.linkrate",
+    "psnode.worker.journal",
     "psnode.worker.connection",
     "psnode.samehost.staging", "psnode.samehost.link", "psnode.samehost.segments",
     "psnode.protocol.ops", "psnode.protocol.codec", "psnode.protocol.samehost",

@@ -22,7 +22,8 @@ TO_FIRST_START = {
     "mxdist.planning.servers", "mxdist.planning.torchenv", "mxdist.planning.gpus",
     "mxdist.supervisor.setup", "mxdist.supervisor.supervisor", "mxdist.supervisor.preflight",
     "mxdist.supervisor.membership", "mxdist.supervisor.conclusion",
-    "mxdist.backends.base", "mxdist.backends.registry", "mxdist.backends.ssh", "mxdist.backends.agent",
+    "mxdist.backends.base", "mxdist.backends.registry", "mxdist.backends.hostspec", "mxdist.backends.ssh",
+    "mxdist.backends.agent",
     "mxdist.planning.bounds",
 }
 TO_THE_END = TO_FIRST_START | {"mxdist.job.lifecycle", "mxdist.control.teardown", "mxdist.control.history"}
