@@ -69,6 +69,7 @@ class Entry:
     staleness: int = -1   # async: pulls wait for the bound (dist_ssp: psnode.server.staleness); -1: none
     changed: bool = True  # value and state may differ wholly from the last copy (module docstring)
     changed_rows: list[np.ndarray] = field(default_factory=list)   # else: the rows changed since
+    table: Any = None   # a table without a row count: its index (psnode.server.dyntable.Table)
 
 
 def note_change(entry: Entry, rows: np.ndarray | None) -> None:

@@ -288,8 +288,9 @@ class Server:
                     self._checkpoint()
                     self.next_checkpoint = now + self.cfg.checkpoint_interval
                 filling = bool(self.store.filling.pending)   # (parts to compute: psnode.server.fills)
+                evicting = self.store.evict_due()            # (rows to evict: psnode.server.dynparts)
                 busy = self.points.pending is not None       # (a durable point in the background)
-                ready = poller.poll(0 if filling or self.deferred else
+                ready = poller.poll(0 if filling or evicting or self.deferred else
                                     min(POINT_POLL_S, self.link.timeout(now)) if busy else self.link.timeout(now))
                 if busy:
                     self.points.poll(self._pump)
@@ -323,6 +324,8 @@ class Server:
                             break
                 if filling and self.rank >= 0:
                     self._reply(self.store.fill_some())
+                if evicting:
+                    self.store.evict_some()
         except PeerLost as exc:
             failure.write(self.cfg.error_file, "job_ended", "server", self.rank, self.cfg.host, exc=exc)
             print(f"psnode server {self.rank}: {exc}", file=sys.stderr, flush=True)

@@ -80,6 +80,7 @@ import numpy as np
 
 from psnode.config import Distribution, NodeConfig
 from psnode.errors import ConfigError, KeyNotInitialized, Leave, PSError, ShapeMismatch
+from psnode.math import dynrows
 from psnode.math import initializers as init_mod
 from psnode.math import optimizers as opt_mod
 from psnode.math.compression import CompressionSpec
@@ -92,7 +93,7 @@ from psnode.worker.compressor import Compressor
 from psnode.worker.datapath import DataPath, Requests
 from psnode.worker.futures import Future
 from psnode.worker.keys import Item, KeyInfo
-from psnode.worker.placement import Part, Placer
+from psnode.worker.placement import Part, Placement, Placer
 from psnode.worker.states import load_states, save_states
 
 TYPES = ("local", "dist_sync", "dist_async", "dist_ssp")
@@ -448,6 +449,8 @@ class KVStore:
             return []
         if sparse and not shape:
             raise ShapeMismatch(f"row_sparse key {key!r} needs at least one dimension")
+        if sparse and shape[0] == dynrows.HEIGHT:
+            return self._init_table(key, value, ps, shape, dtype)
         ps.part(shape).check(dtype)   # (a bad dtype or shape fails here, before anything is sent)
         placement = self._placer.place(key, shape, dtype.itemsize, by_rows=sparse)
         info = KeyInfo(shape, dtype, sparse, placement)
@@ -456,6 +459,28 @@ class KVStore:
 
         def fill(part: Part) -> dict[str, Any]:
             return ps.part(shape, part.lo * row if placement.split else 0).to_json()
+        return self._path.init(key, info, sync=self._sync, average=self._aggregator == "average",
+                               resumed=self._resumed, fill=fill if self.rank == 0 else None, bare=True,
+                               join=self._engine.joiner, staleness=self._bound)
+
+    def _init_table(self, key: Any, value: RowSparseArray, ps: init_mod.OnServers, shape: tuple[int, ...],
+                    dtype: np.dtype) -> list[Future]:
+        """A table without a row count (psnode.math.dynrows): one part on every server, each
+        holding the ids whose hash falls in its range; no rows until they are touched."""
+        if len(shape) != 2:
+            raise ShapeMismatch(f"key {key!r}: a table without a row count is 2-d (None, width), not {list(shape)}")
+        dynrows.check_init(ps.init, dtype)
+        options = value.table or {"width": shape[1], "min_count": 1, "ttl": 0, "max_rows": 0, "absent": "init"}
+        if options["width"] != shape[1]:
+            raise ShapeMismatch(f"key {key!r}: table width {options['width']} differs from its shape {list(shape)}")
+        parts = tuple(Part(server=s, index=s, lo=0, hi=0) for s in range(self._placer.num_servers))
+        placement = Placement(key=key, parts=parts, by_rows=True)
+        self._placer.placed[key] = placement
+        info = KeyInfo(shape, dtype, True, placement, dynamic=True)
+        self._keys[key] = info
+
+        def fill(part: Part) -> dict[str, Any]:
+            return {"init": ps.init.to_spec(), "seed": ps.seed, "dynamic": dict(options)}
         return self._path.init(key, info, sync=self._sync, average=self._aggregator == "average",
                                resumed=self._resumed, fill=fill if self.rank == 0 else None, bare=True,
                                join=self._engine.joiner, staleness=self._bound)
