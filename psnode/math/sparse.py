@@ -69,7 +69,7 @@ def row_sparse_array(arg: Any, shape: tuple[int, ...] | None = None,
     return RowSparseArray(np.ascontiguousarray(dense[ids]), ids.astype(np.int64), dense.shape)
 
 
-def zeros(shape: tuple[int, ...], dtype: Any = np.float32) -> RowSparseArray:
+def zeros(shape: tuple[int | None, ...], dtype: Any = np.float32) -> RowSparseArray:
     """A row_sparse array with no rows present (``(None, width)``: the template of a table
     without a row count, psnode.math.dynrows)."""
     shape = _shape(shape)

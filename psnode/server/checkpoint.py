@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from psnode.math import optimizers as opt_mod
-from psnode.server.buckets import Bucket
-from psnode.server.compressed import Packed, spec_of_tag
 from psnode.math.initializers import from_spec as init_from_spec
 from psnode.server import dynparts
+from psnode.server.buckets import Bucket
+from psnode.server.compressed import Packed, spec_of_tag
 from psnode.server.dyntable import Params, Table
 from psnode.server.keypart import Entry, changed_rows
 

@@ -63,10 +63,12 @@ def _made(entry: Entry, alloc: Alloc, hashed: np.ndarray, trained: bool, track: 
     return slots
 
 
-def tick(entry: Entry) -> None:
-    """The table's clock: the part's completed rounds (sync), its pushes applied (async)."""
+def due(entry: Entry) -> bool:
+    """Is an eviction step of ``entry`` due?  (A sync part's clock is its completed rounds.)"""
     table: Table = entry.table
-    table.clock = entry.round if entry.sync else table.clock + 1
+    if entry.sync:
+        table.clock = entry.round
+    return table.due()
 
 
 def push_rows(entry: Entry, worker: int, seq: int, rows: np.ndarray, data: np.ndarray, alloc: Alloc,
@@ -76,7 +78,11 @@ def push_rows(entry: Entry, worker: int, seq: int, rows: np.ndarray, data: np.nd
     table: Table = entry.table
     if received(entry, worker, seq) or not len(rows):
         return np.zeros(0, np.int64), data[:0]
-    tick(entry)
+    if entry.sync:
+        when = seq   # (the round it belongs to)
+    else:
+        table.clock += 1
+        when = table.clock
     rows = np.asarray(rows, np.int64)
     uniq, inverse = np.unique(rows, return_inverse=True)
     slots = table.lookup(uniq)
@@ -105,16 +111,18 @@ def push_rows(entry: Entry, worker: int, seq: int, rows: np.ndarray, data: np.nd
     per_row = slots[inverse]
     keep = per_row >= 0
     keep[keep] = table.trained[per_row[keep]]
-    table.last[per_row[keep]] = table.clock
+    touched = per_row[keep]
+    table.last[touched] = np.maximum(table.last[touched], when)
     if keep.all():
         return per_row, data
     table.dropped += int((~keep).sum())
     return per_row[keep], data[keep]
 
 
-def pull_rows(entry: Entry, rows: np.ndarray, alloc: Alloc, track: bool) -> np.ndarray:
+def pull_rows(entry: Entry, rows: np.ndarray, alloc: Alloc, track: bool, after: int = 0) -> np.ndarray:
     """A pull's hashed ids as slots of the part (rows made for those without one: trained,
-    or provisional until admitted)."""
+    or provisional until admitted); a sync pull touches them at the round it waits for
+    (``after``), an async one at the part's clock."""
     table: Table = entry.table
     rows = np.asarray(rows, np.int64)
     uniq, inverse = np.unique(rows, return_inverse=True)
@@ -123,7 +131,8 @@ def pull_rows(entry: Entry, rows: np.ndarray, alloc: Alloc, track: bool) -> np.n
     if new.any():
         slots[new] = _made(entry, alloc, uniq[new], table.sketch is None, track)
     per_row = slots[inverse]
-    table.last[per_row] = table.clock
+    when = after if entry.sync else table.clock
+    table.last[per_row] = np.maximum(table.last[per_row], when)
     return per_row
 
 
@@ -140,10 +149,8 @@ def evict_some(entries: dict[Any, Entry], budget: int = EVICT_STEP) -> int:
     done = 0
     for entry in entries.values():
         table = entry.table
-        if table is None or not table.due():
+        if table is None or not due(entry):
             continue
-        if entry.sync:
-            table.clock = entry.round
         victims = table.victims(budget - done, busy(entry))
         if len(victims):
             table.drop(victims)
@@ -169,4 +176,4 @@ def counters(entries: dict[Any, Entry]) -> dict[str, dict[str, int]]:
     return out
 
 
-__all__ = ["EVICT_STEP", "busy", "counters", "evict_some", "fit", "make_entry", "pull_rows", "push_rows", "tick"]
+__all__ = ["EVICT_STEP", "busy", "counters", "due", "evict_some", "fit", "make_entry", "pull_rows", "push_rows"]

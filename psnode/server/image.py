@@ -140,10 +140,10 @@ class Rows(np.ndarray):
               other: dict[str, np.ndarray]) -> None:
         """Delete ``gone``, then write the rows of ``ids``."""
         for h in gone.tolist():
-            pos = self.index.pop(h, None)
-            if pos is not None:
-                self.held[pos] = False
-                self.free.append(pos)
+            at = self.index.pop(h, None)
+            if at is not None:
+                self.held[at] = False
+                self.free.append(at)
         get = self.index.get
         pos = np.fromiter(map(get, ids.tolist(), [-1] * len(ids)), np.int64, len(ids))
         new = np.flatnonzero(pos < 0)

@@ -82,8 +82,8 @@ from typing import Any
 import numpy as np
 
 from psnode.errors import PSError, kind_of
-from psnode.math import optimizers as opt_mod
 from psnode.math import dynrows
+from psnode.math import optimizers as opt_mod
 from psnode.math.initializers import FillSpec
 from psnode.math.initializers import from_spec as init_from_spec
 from psnode.protocol import (
@@ -323,7 +323,7 @@ class Store:
         spec = dict(op.fill or {})
         try:
             params = Params.from_json(spec.get("dynamic"))
-            init = init_from_spec(spec.get("init"))
+            init = init_from_spec(spec.get("init") or {})
             seed = spec.get("seed")
             if type(seed) is not int or seed < 0:
                 raise ValueError(f"seed {seed!r} must be an integer >= 0")
@@ -353,7 +353,7 @@ class Store:
 
     def evict_due(self) -> bool:
         """Is an eviction step due (cheap)?"""
-        return any(e.table is not None and e.table.due() for e in self.entries.values())
+        return any(e.table is not None and dynparts.due(e) for e in self.entries.values())
 
     @property
     def dynamic(self) -> bool:
@@ -481,7 +481,7 @@ class Store:
         entry = self._entry(key)
         rows = op.rows
         if entry.table is not None and rows is not None:
-            rows = dynparts.pull_rows(entry, rows, self.alloc, self.key_rounds.track)
+            rows = dynparts.pull_rows(entry, rows, self.alloc, self.key_rounds.track, op.after)
         return self.key_rounds.pull(worker, op.id, key, entry, op.after, rows, op.re, op.dest)
 
     def _pushpull(self, worker: int, op: PushPull) -> list[Reply]:

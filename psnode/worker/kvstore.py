@@ -449,7 +449,7 @@ class KVStore:
             return []
         if sparse and not shape:
             raise ShapeMismatch(f"row_sparse key {key!r} needs at least one dimension")
-        if sparse and shape[0] == dynrows.HEIGHT:
+        if sparse and shape[0] == dynrows.HEIGHT and isinstance(value, RowSparseArray):
             return self._init_table(key, value, ps, shape, dtype)
         ps.part(shape).check(dtype)   # (a bad dtype or shape fails here, before anything is sent)
         placement = self._placer.place(key, shape, dtype.itemsize, by_rows=sparse)
