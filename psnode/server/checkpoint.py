@@ -245,7 +245,7 @@ def _restore_dynamic(store: Store, i: int, item: dict[str, Any], arrays: Any, sa
         named = {}
         for n in item["state"]:
             saved = np.asarray(arrays[f"s{i}_{n}"])
-            if n in item.get("state_rows", ()):
+            if saved.ndim == 2:   # (per row, like the value; the step count is 0-d)
                 named[n] = np.zeros((table.capacity, *saved.shape[1:]), saved.dtype)
                 named[n][slots] = saved
             else:
