@@ -112,9 +112,11 @@ def _dynamic_rows(i: int, entry: Entry, arrays: Arrays, item: dict[str, Any], ch
         slots = slots[table.trained[slots]]
         arrays[f"k{i}"] = table.ids[slots]
         arrays[f"x{i}"] = table.gone_ids()
+        touched = table.touched_slots()   # (a superset of the changed rows)
+        arrays[f"u{i}"], arrays[f"l{i}"] = table.ids[touched], table.last[touched]
     else:
         slots = table.live_slots()
-        arrays[f"t{i}"] = table.ids[slots]
+        arrays[f"t{i}"], arrays[f"l{i}"] = table.ids[slots], table.last[slots]
     arrays[f"v{i}"] = entry.value[slots]
     if entry.state is not None:
         for name, arr in opt_mod.state_to_arrays(entry.state).items():
@@ -236,6 +238,7 @@ def _restore_dynamic(store: Store, i: int, item: dict[str, Any], arrays: Any, sa
     slots = table.place(np.asarray(arrays[f"t{i}"], np.int64), True)
     dynparts.fit(entry, store.alloc)
     entry.value[slots] = values
+    table.last[slots] = np.asarray(arrays[f"l{i}"])
     for name in ("clock", "made", "admitted", "evicted", "dropped"):
         setattr(table, name, int(dyn[name]))
     table.scanned = -1

@@ -53,6 +53,8 @@ def _made(entry: Entry, alloc: Alloc, hashed: np.ndarray, trained: bool, track: 
     """Rows for ``hashed`` (distinct, none held) with their initial values; their slots."""
     table: Table = entry.table
     slots = table.place(hashed, trained)
+    if track:
+        table.touched.append(slots)
     fit(entry, alloc)
     entry.value[slots] = table.initial(hashed, entry.value.dtype, trained)
     if entry.state is not None:
@@ -111,8 +113,7 @@ def push_rows(entry: Entry, worker: int, seq: int, rows: np.ndarray, data: np.nd
     per_row = slots[inverse]
     keep = per_row >= 0
     keep[keep] = table.trained[per_row[keep]]
-    touched = per_row[keep]
-    table.last[touched] = np.maximum(table.last[touched], when)
+    table.touch(per_row[keep], when, track)
     if keep.all():
         return per_row, data
     table.dropped += int((~keep).sum())
@@ -132,7 +133,7 @@ def pull_rows(entry: Entry, rows: np.ndarray, alloc: Alloc, track: bool, after: 
         slots[new] = _made(entry, alloc, uniq[new], table.sketch is None, track)
     per_row = slots[inverse]
     when = after if entry.sync else table.clock
-    table.last[per_row] = np.maximum(table.last[per_row], when)
+    table.touch(per_row, when, track)
     return per_row
 
 

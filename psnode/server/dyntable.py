@@ -125,6 +125,7 @@ class Table:
     dropped: int = 0         # gradient rows dropped (ids not admitted)
     gone: list[np.ndarray] = field(default_factory=list)   # hashed ids evicted since the last durable point
     scanned: int = -1        # the clock of the last eviction scan
+    touched: list[np.ndarray] = field(default_factory=list)   # slots touched since the last durable point
 
     def __post_init__(self) -> None:
         if self.params.min_count > 1 and self.sketch is None:
@@ -243,7 +244,23 @@ class Table:
                 "dropped": self.dropped}
 
     def forget_gone(self) -> None:
+        """A durable point holds the table as it is (evictions and touches count from here)."""
         self.gone.clear()
+        self.touched.clear()
+
+    def touch(self, slots: np.ndarray, when: int, track: bool) -> None:
+        """``slots`` touched at clock ``when`` (recorded for the next durable point: ``track``)."""
+        self.last[slots] = np.maximum(self.last[slots], when)
+        if track and len(slots):
+            self.touched.append(np.array(slots, np.int64))
+
+    def touched_slots(self) -> np.ndarray:
+        """The trained slots touched since the last durable point, ascending."""
+        if not self.touched:
+            return np.zeros(0, np.int64)
+        slots = np.unique(np.concatenate(self.touched))
+        self.touched[:] = [slots]
+        return slots[self.trained[slots]]
 
     def gone_ids(self) -> np.ndarray:
         return np.unique(np.concatenate(self.gone)) if self.gone else np.zeros(0, np.int64)

@@ -24,7 +24,7 @@ import numpy as np
 Arrays = dict[str, np.ndarray]
 PartKey = tuple[Any, int]
 
-_PER_PART = re.compile(r"^(?:v|k|t|x|c)\d+$|^s\d+_")   # the arrays of a part's value and state
+_PER_PART = re.compile(r"^(?:v|k|t|x|c|u|l)\d+$|^s\d+_")   # the arrays of a part's value and state
 
 
 def _own(arr: np.ndarray) -> np.ndarray:
@@ -189,12 +189,14 @@ def _dynamic(held: dict[str, np.ndarray] | None, i: int, item: dict[str, Any], a
     per_row = {tmpl(n): a for n, a in mine.items() if n in per_row_names}
     other = {tmpl(n): a for n, a in mine.items() if n not in per_row_names}
     if item.get("changes") != "rows":
+        per_row["l#"] = arrays[f"l{i}"]
         return {"rows": Rows.of(np.asarray(arrays[f"t{i}"], np.int64), per_row, other)}
     if held is None or "rows" not in held:
         raise NotApplicable(f"changes to a dynamic part this copy lacks: {item['key']!r}")
     rows = held["rows"]
     assert isinstance(rows, Rows)
     rows.apply(np.asarray(arrays[f"x{i}"], np.int64), np.asarray(arrays[f"k{i}"], np.int64), per_row, other)
+    rows.apply(np.zeros(0, np.int64), np.asarray(arrays[f"u{i}"], np.int64), {"l#": arrays[f"l{i}"]}, {})
     return held
 
 

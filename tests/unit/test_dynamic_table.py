@@ -145,7 +145,7 @@ def test_copies_follow_made_changed_and_evicted_rows_and_a_restore_rebuilds_the_
     order_w, order_g = np.argsort(want[1]["t0"]), np.argsort(got[1]["t0"])
     for name in want[1]:
         a, b = want[1][name], got[1][name]
-        if name in ("v0", "t0") or (name.startswith("s0_") and a.ndim == 2):
+        if name in ("v0", "t0", "l0") or (name.startswith("s0_") and a.ndim == 2):
             a, b = a[order_w], b[order_g]
         np.testing.assert_array_equal(a, b, err_msg=name)
     restored.handle(1, Push("emb", 0, 13, np.ones((1, 3), F), rows=dynrows.mix(np.array([2]))))
