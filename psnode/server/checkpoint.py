@@ -239,7 +239,8 @@ def _restore_dynamic(store: Store, i: int, item: dict[str, Any], arrays: Any, sa
     dynparts.fit(entry, store.alloc)
     entry.value[slots] = values
     table.last[slots] = np.asarray(arrays[f"l{i}"])
-    for name in ("clock", "made", "admitted", "evicted", "dropped"):
+    table.stamp[slots] = int(dyn.get("version", 0))   # (rows restored: changed as of the restore)
+    for name in ("clock", "version", "made", "admitted", "evicted", "dropped"):
         setattr(table, name, int(dyn[name]))
     table.scanned = -1
     if f"c{i}" in arrays and table.sketch is not None:

@@ -93,7 +93,8 @@ def push_rows(entry: Entry, worker: int, seq: int, rows: np.ndarray, data: np.nd
         if new.any():
             slots[new] = _made(entry, alloc, uniq[new], True, track)
     else:
-        waiting = (slots < 0) | ~table.trained[np.maximum(slots, 0)]
+        waiting = slots < 0
+        waiting[~waiting] = ~table.trained[slots[~waiting]]
         if waiting.any():
             counts = table.sketch.add(uniq[waiting])
             admit = np.flatnonzero(waiting)[counts >= table.params.min_count]
@@ -114,6 +115,7 @@ def push_rows(entry: Entry, worker: int, seq: int, rows: np.ndarray, data: np.nd
     keep = per_row >= 0
     keep[keep] = table.trained[per_row[keep]]
     table.touch(per_row[keep], when, track)
+    table.changed(per_row[keep])
     if keep.all():
         return per_row, data
     table.dropped += int((~keep).sum())
@@ -135,6 +137,14 @@ def pull_rows(entry: Entry, rows: np.ndarray, alloc: Alloc, track: bool, after: 
     when = after if entry.sync else table.clock
     table.touch(per_row, when, track)
     return per_row
+
+
+def export(entry: Entry) -> list[np.ndarray]:
+    """The trained rows of ``entry`` for an export (psnode.worker.kvstore.KVStore.export):
+    hashed ids, values, the version of each row's last change, and the table's version."""
+    table: Table = entry.table
+    slots = table.live_slots()
+    return [table.ids[slots], entry.value[slots], table.stamp[slots], np.array([table.version], np.int64)]
 
 
 def busy(entry: Entry) -> np.ndarray:
@@ -177,4 +187,4 @@ def counters(entries: dict[Any, Entry]) -> dict[str, dict[str, int]]:
     return out
 
 
-__all__ = ["EVICT_STEP", "busy", "counters", "due", "evict_some", "fit", "make_entry", "pull_rows", "push_rows"]
+__all__ = ["EVICT_STEP", "busy", "counters", "due", "evict_some", "export", "fit", "make_entry", "pull_rows", "push_rows"]

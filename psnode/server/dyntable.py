@@ -115,6 +115,8 @@ class Table:
     last: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))     # slot -> last touch
     trained: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))      # slot -> admitted
     held: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))         # slot -> holds a row
+    stamp: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))    # slot -> version of its last change
+    version: int = 0         # changes counted (exports name it: rows changed after one export)
     free: list[int] = field(default_factory=list)
     used: int = 0            # slots ever handed out (high water); the others are beyond
     clock: int = 0
@@ -168,6 +170,7 @@ class Table:
         self.last = np.concatenate([self.last, np.zeros(new - cap, np.int64)])
         self.trained = np.concatenate([self.trained, np.zeros(new - cap, bool)])
         self.held = np.concatenate([self.held, np.zeros(new - cap, bool)])
+        self.stamp = np.concatenate([self.stamp, np.zeros(new - cap, np.int64)])
         return new
 
     def place(self, hashed: np.ndarray, trained: bool) -> np.ndarray:
@@ -187,6 +190,8 @@ class Table:
         self.last[slots] = self.clock
         self.trained[slots] = trained
         self.held[slots] = True
+        self.version += 1
+        self.stamp[slots] = self.version
         self.index.update(zip(hashed.tolist(), slots.tolist(), strict=True))
         if trained:
             self.made += n
@@ -240,13 +245,19 @@ class Table:
     # ------------------------------------------------------------ durable state
     def meta(self) -> dict[str, Any]:
         return {"params": self.params.to_json(), "init": self.init.to_spec(), "seed": self.seed,
-                "clock": self.clock, "made": self.made, "admitted": self.admitted, "evicted": self.evicted,
+                "clock": self.clock, "version": self.version, "made": self.made, "admitted": self.admitted, "evicted": self.evicted,
                 "dropped": self.dropped}
 
     def forget_gone(self) -> None:
         """A durable point holds the table as it is (evictions and touches count from here)."""
         self.gone.clear()
         self.touched.clear()
+
+    def changed(self, slots: np.ndarray) -> None:
+        """``slots`` change (a push's rows): their stamp is a new version."""
+        if len(slots):
+            self.version += 1
+            self.stamp[slots] = self.version
 
     def touch(self, slots: np.ndarray, when: int, track: bool) -> None:
         """``slots`` touched at clock ``when`` (recorded for the next durable point: ``track``)."""

@@ -480,6 +480,8 @@ class Store:
         key = (op.key, op.part)
         entry = self._entry(key)
         rows = op.rows
+        if entry.table is not None and rows is None:   # (an export: every trained row, as it is now)
+            return [Reply(worker, Ok(op.id, dynparts.export(entry), 0))]
         if entry.table is not None and rows is not None:
             rows = dynparts.pull_rows(entry, rows, self.alloc, self.key_rounds.track, op.after)
         return self.key_rounds.pull(worker, op.id, key, entry, op.after, rows, op.re, op.dest)

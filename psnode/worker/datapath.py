@@ -523,6 +523,18 @@ class DataPath:
                                      near=here))
         return uniq, data
 
+    def export_rows(self, k: Any, info: KeyInfo) -> list[list[np.ndarray]]:
+        """Every trained row of a table without a row count, per server: hashed ids, values,
+        the version of each row's last change, the server's version (psnode.server.dynparts.export)."""
+        got: list[list[np.ndarray]] = [[] for _ in info.placement.parts]
+        futs = []
+        for part in info.placement.parts:
+            def copy(ans: Ok, i: int = part.index) -> None:
+                got[i] = [np.array(a) for a in ans.arrays]
+            futs.append(self._submit(part.server, Pull(k, part.index, info.seq), 0, 0, copy))
+        self.wait(futs)
+        return got
+
     def _fetch_table(self, k: Any, info: KeyInfo, uniq: np.ndarray, priority: int, futs: list[Future],
                      near: Near) -> np.ndarray:
         """Ask each server for the rows of its ids of ``uniq`` (a table without a row count);

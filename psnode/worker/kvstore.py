@@ -485,6 +485,42 @@ class KVStore:
                                resumed=self._resumed, fill=fill if self.rank == 0 else None, bare=True,
                                join=self._engine.joiner, staleness=self._bound)
 
+    def export(self, key: Any, path: str, since: str | None = None) -> int:
+        """Write the trained rows of table ``key`` (a table without a row count) to ``path``
+        as one .npz (``psnode.export``; the format: docs/dynamic-tables.md); with ``since``
+        (an earlier export's file) only the rows changed after it.  The rows are read as each
+        server holds them when it answers.  Returns the number of rows written."""
+        info = self._info(key)
+        if not info.dynamic:
+            raise ConfigError(f"key {key!r} has a row count: export is for tables made with "
+                              "psnode.sparse.table(width) (read a fixed table with kv.row_sparse_pull)")
+        after = None
+        if since is not None:
+            try:
+                with np.load(since) as old:
+                    after, old_key = old["versions"], str(old["key"])
+            except (OSError, KeyError, ValueError) as exc:
+                raise ConfigError(f"export since={since!r}: not an export file ({exc})") from None
+            if old_key != str(key) or len(after) != len(info.placement.parts):
+                raise ConfigError(f"export since={since!r}: written for key {old_key!r} on {len(after)} servers, "
+                                  f"not {key!r} on {len(info.placement.parts)}")
+        parts = self._path.export_rows(key, info)
+        ids, values = [], []
+        for i, (hashed, rows, stamps, _version) in enumerate(parts):
+            keep = slice(None) if after is None else stamps > after[i]
+            ids.append(dynrows.unmix(hashed[keep]))
+            values.append(rows[keep])
+        all_ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+        order = np.argsort(all_ids, kind="stable")
+        out = {"ids": all_ids[order],
+               "values": (np.concatenate(values) if values else np.zeros((0, info.shape[1]), info.dtype))[order],
+               "versions": np.array([int(p[3][0]) for p in parts], np.int64),
+               "since": after if after is not None else np.zeros(len(parts), np.int64),
+               "key": np.array(str(key))}
+        with open(path, "wb") as f:
+            np.savez(f, **out)
+        return len(order)
+
     # ------------------------------------------------------------ compression
     def set_gradient_compression(self, compression_params: Any) -> None:
         """Compress this worker's pushes: ``{'type': '2bit', 'threshold': 0.5}``, ``{'type':

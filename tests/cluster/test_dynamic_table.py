@@ -2,14 +2,22 @@
 checked exactly (psnode.server.dyntable), rows spread by the id hash (psnode.math.dynrows)."""
 from __future__ import annotations
 
-import pytest
-
 import numpy as np
+import pytest
 
 import psnode
 from psnode.math.sparse import row_sparse_array
 from tests.support import wait_for
-from tests.support.cluster import PRELUDE, alive, kill_and_restart_server, ok, run_job, start_job, wait_for_file, wait_job
+from tests.support.cluster import (
+    PRELUDE,
+    alive,
+    kill_and_restart_server,
+    ok,
+    run_job,
+    start_job,
+    wait_for_file,
+    wait_job,
+)
 
 DYN = PRELUDE + """
 from psnode.math import dynrows
@@ -121,7 +129,7 @@ def _reference() -> dict[str, str]:
     names = {"kv": kv, "np": np, "psnode": psnode, "time": None, "flags": None, "RANK": -1, "RANKS": [0, 1],
              "GRADS": grads, "PUSH": lambda: (push(), kv.push("w", np.ones(2, np.float32) * np.float32(1.5)
                                                                * (names["step"] + 1)))}
-    exec(TRAIN.replace("RANK == ", "RANK == 99 and 0 == "), names)   # noqa: S102 - the test's own text
+    exec(TRAIN.replace("RANK == ", "RANK == 99 and 0 == "), names)
     for i, v in zip(names["ids"], kv.row_sparse_pull("emb", row_ids=names["ids"]).data, strict=True):
         out[str(i)] = str(v.tolist())
     out["w"] = str(kv.pull("w").tolist())
@@ -151,3 +159,52 @@ def test_server_killed_with_replicas_restores_its_rows_and_the_job_ends_exactly(
     restored = job.by_role("server")[-1]
     assert "restored" in restored.err and "from its replica on server 0" in restored.err, restored.err
     assert not [p.popen.pid for p in job.procs if alive(p.popen.pid)]
+
+
+def test_admission_cap_and_export_with_every_row_checked(tmp_path) -> None:
+    """One server (so the cap is per table), min_count 2, max_rows 3, sgd lr 1, sum of both
+    workers' gradients: every admission, dropped gradient and eviction is known in advance;
+    two exports load with plain numpy."""
+    job = run_job(DYN + """
+import pathlib
+out = pathlib.Path(sys.argv[3])
+kv.set_optimizer(psnode.optimizer.create('sgd', learning_rate=1.0))
+kv.init('emb', psnode.sparse.table(4, min_count=2, max_rows=3, absent='zeros'), psnode.init.ps_initializer(INIT, SEED))
+# step 1: both push id 1 (the push that arrives 2nd admits it and counts; the 1st was dropped),
+# rank 0 pushes 2 (its 1st occurrence: dropped)
+push('emb', {0: [1, 2], 1: [1]}[r], 1.0)
+got = pull('emb', [1, 2, 3])
+check(got[1], initial([1])[0] - np.float32(1), "id 1: admitted at its 2nd occurrence")
+check(got[2], np.zeros(4, np.float32), "id 2: one occurrence, not admitted: zeros")
+check(got[3], np.zeros(4, np.float32), "id 3: never pushed: zeros")
+# step 2: rank 1 pushes 2 (2nd occurrence: admitted, this gradient counts), 5 and 6 by both (as id 1)
+push('emb', {0: [5, 6], 1: [2, 5, 6]}[r], 1.0)
+kv.barrier()                      # 4 trained rows (1, 2, 5, 6) over the cap of 3: 1, untouched since step 1, goes
+got = pull('emb', [2, 5, 6])
+check(got[2], initial([2])[0] - np.float32(1), "id 2: admitted, one gradient")
+check(got[5], initial([5])[0] - np.float32(1), "id 5")
+check(got[6], initial([6])[0] - np.float32(1), "id 6")
+if r == 0:
+    n = psnode.export(kv, 'emb', str(out / 'a.npz'))
+    assert n == 3, n
+kv.barrier()
+push('emb', [5], 1.0)             # only row 5 changes after the first export
+kv.barrier()
+if r == 0:
+    assert psnode.export(kv, 'emb', str(out / 'b.npz'), since=str(out / 'a.npz')) == 1
+kv.barrier()
+got = pull('emb', [1])            # evicted: made again, provisional until its next 2 occurrences
+check(got[1], np.zeros(4, np.float32), "id 1 after eviction: zeros (a new id again)")
+kv.close()
+print("OK")
+""", 2, 1, args=["dist_sync", "sum", str(tmp_path)])
+    ok(job)
+    a, b = np.load(tmp_path / "a.npz"), np.load(tmp_path / "b.npz")
+    from psnode.math import dynrows
+    ref = {i: dynrows.row_values(psnode.init.Normal(1.0), 7, "emb", dynrows.mix(np.array([i])), 4, np.float32)[0]
+           for i in (2, 5, 6)}
+    assert a["ids"].tolist() == [2, 5, 6] and a["values"].dtype == np.float32
+    np.testing.assert_array_equal(a["values"], np.stack([ref[2] - 1, ref[5] - 1, ref[6] - 1]))
+    assert b["ids"].tolist() == [5]
+    np.testing.assert_array_equal(b["values"], (ref[5] - np.float32(1) - np.float32(2))[None])
+    assert str(a["key"]) == "emb" and b["since"].tolist() == a["versions"].tolist()
