@@ -187,4 +187,5 @@ def counters(entries: dict[Any, Entry]) -> dict[str, dict[str, int]]:
     return out
 
 
-__all__ = ["EVICT_STEP", "busy", "counters", "due", "evict_some", "export", "fit", "make_entry", "pull_rows", "push_rows"]
+__all__ = ["EVICT_STEP", "busy", "counters", "due", "evict_some", "export", "fit", "make_entry", "pull_rows",
+           "push_rows"]

@@ -245,8 +245,8 @@ class Table:
     # ------------------------------------------------------------ durable state
     def meta(self) -> dict[str, Any]:
         return {"params": self.params.to_json(), "init": self.init.to_spec(), "seed": self.seed,
-                "clock": self.clock, "version": self.version, "made": self.made, "admitted": self.admitted, "evicted": self.evicted,
-                "dropped": self.dropped}
+                "clock": self.clock, "version": self.version, "made": self.made, "admitted": self.admitted,
+                "evicted": self.evicted, "dropped": self.dropped}
 
     def forget_gone(self) -> None:
         """A durable point holds the table as it is (evictions and touches count from here)."""

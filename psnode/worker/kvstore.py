@@ -512,7 +512,7 @@ class KVStore:
             values.append(rows[keep])
         all_ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
         order = np.argsort(all_ids, kind="stable")
-        out = {"ids": all_ids[order],
+        out: dict[str, Any] = {"ids": all_ids[order],
                "values": (np.concatenate(values) if values else np.zeros((0, info.shape[1]), info.dtype))[order],
                "versions": np.array([int(p[3][0]) for p in parts], np.int64),
                "since": after if after is not None else np.zeros(len(parts), np.int64),
