@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from psnode.server.dyntable import HashIndex
+
 Arrays = dict[str, np.ndarray]
 PartKey = tuple[Any, int]
 
@@ -113,7 +115,7 @@ class Rows(np.ndarray):
     hashed id -> position, the per-row arrays (value, per-row state), the rest as last sent.
     (An empty ndarray subclass, so an image's parts stay dicts of arrays.)"""
 
-    index: dict[int, int]
+    index: HashIndex
     ids: np.ndarray
     held: np.ndarray
     per_row: dict[str, np.ndarray]
@@ -124,7 +126,8 @@ class Rows(np.ndarray):
     @classmethod
     def of(cls, ids: np.ndarray, per_row: dict[str, np.ndarray], other: dict[str, np.ndarray]) -> Rows:
         rows = np.zeros(0).view(cls)
-        rows.index = dict(zip(ids.tolist(), range(len(ids)), strict=True))
+        rows.index = HashIndex(2 * len(ids))
+        rows.index.add(np.asarray(ids, np.int64), np.arange(len(ids), dtype=np.int64))
         rows.ids = np.array(ids, np.int64)
         rows.held = np.ones(len(ids), bool)
         rows.per_row = {n: _own(a) for n, a in per_row.items()}
@@ -139,13 +142,13 @@ class Rows(np.ndarray):
     def apply(self, gone: np.ndarray, ids: np.ndarray, per_row: dict[str, np.ndarray],
               other: dict[str, np.ndarray]) -> None:
         """Delete ``gone``, then write the rows of ``ids``."""
-        for h in gone.tolist():
-            at = self.index.pop(h, None)
-            if at is not None:
-                self.held[at] = False
-                self.free.append(at)
-        get = self.index.get
-        pos = np.fromiter(map(get, ids.tolist(), [-1] * len(ids)), np.int64, len(ids))
+        at = self.index.get(gone)
+        at = at[at >= 0]
+        if len(at):
+            self.index.remove(self.ids[at])
+            self.held[at] = False
+            self.free.extend(at.tolist())
+        pos = self.index.get(ids)
         new = np.flatnonzero(pos < 0)
         if len(new):
             reuse = min(len(new), len(self.free))
@@ -159,7 +162,7 @@ class Rows(np.ndarray):
             pos[new] = take
             self.ids[pos[new]] = ids[new]
             self.held[pos[new]] = True
-            self.index.update(zip(ids[new].tolist(), pos[new].tolist(), strict=True))
+            self.index.add(ids[new], pos[new])
         for n, a in per_row.items():
             self.per_row[n][pos] = a
         self.other.update({n: _own(a) for n, a in other.items()})

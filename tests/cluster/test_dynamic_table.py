@@ -140,7 +140,7 @@ def test_server_killed_with_replicas_restores_its_rows_and_the_job_ends_exactly(
     flags = tmp_path / "flags"
     flags.mkdir()
     env = {"PSNODE_MAX_RESTARTS": "1", "PSNODE_REPLICAS": "2", "PSNODE_CHECKPOINT_ROUNDS": "1",
-           "PSNODE_RETRY_TIMEOUT": "1"}
+           "PSNODE_RETRY_TIMEOUT": "2"}
     job = start_job(KILL.replace("{train}", WORKER), 2, 2, env=env, args=[str(flags)], tmp=tmp_path)
     try:
         wait_for_file(flags / "pushed", 60)
