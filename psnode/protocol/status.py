@@ -73,6 +73,7 @@ class NodeRow:
     copied_per_round: float | None = None
     checkpointed_per_round: float | None = None
     lag: list[list[int]] | None = None
+    tables: list[list[Any]] | None = None   # tables without a row count: [[key, rows, admitted, evicted, dropped]]
     loop_gap: float | None = None   # the longest gap between two turns of its loop, last window, seconds
     step: str | None = None      # Slurm: the step running the process
     source: str = "scheduler"    # scheduler | host

@@ -111,7 +111,7 @@ class Server:
                         refused=self.t.refused, state_bytes=self.store.state_bytes(),
                         copied=rep.copied if rep is not None else 0, checkpointed=self.points.written,
                         loop_gap_us=self.gaps.longest_us(time.monotonic()),
-                        lag=self._lag())
+                        lag=self._lag(), tables=self.store.table_counts())
 
     def _lag(self) -> tuple[tuple[int, int], ...]:
         """Per holder of this server's replicas, how many copies it is behind the latest one

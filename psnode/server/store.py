@@ -351,6 +351,11 @@ class Store:
         """One bounded eviction step of the tables without a row count (psnode.server.dynparts)."""
         return dynparts.evict_some(self.entries, budget) if self.dynamic else 0
 
+    def table_counts(self) -> tuple[tuple[str, int, int, int, int], ...]:
+        """Per table without a row count: (key, rows, admitted, evicted, dropped) (``mxdist status``)."""
+        return tuple((k, c["rows"], c["admitted"], c["evicted"], c["dropped"])
+                     for k, c in dynparts.counters(self.entries).items())
+
     def evict_due(self) -> bool:
         """Is an eviction step due (cheap)?"""
         return any(e.table is not None and dynparts.due(e) for e in self.entries.values())

@@ -174,3 +174,23 @@ def test_admission_drops_gradients_until_the_kth_occurrence() -> None:
     st = ref.create_state(init)
     ref.update_rows(init, np.array([0]), np.full((1, 3), 0.5, F), st)
     assert np.array_equal(_pull(s, [7], 3), init)
+
+
+def test_status_carries_each_tables_rows_admissions_and_evictions() -> None:
+    """A server's heartbeat carries (key, rows, admitted, evicted, dropped) per table (``mxdist
+    status``'s ``tables`` column); malformed entries are left out."""
+    from cli import ui
+    from psnode.protocol.control import Counters
+    from psnode.protocol.status import NodeRow
+    s = _store(min_count=2, max_rows=1)
+    for q, ids in ((1, [1, 2]), (2, [1, 2]), (3, [3])):
+        s.handle(0, Push("emb", 0, q, np.ones((len(ids), 3), F), rows=dynrows.mix(np.array(ids))))
+        s.handle(1, Push("emb", 0, q, np.zeros((0, 3), F), rows=np.zeros(0, np.int64)))
+        s.evict_some()
+    assert s.table_counts() == (("emb", 1, 2, 1, 3),)   # 1 and 2 admitted at q 2, one evicted (cap 1); 3 dropped
+    body = Counters(tables=s.table_counts()).to_body()
+    body["tables"].append(["bad", -1, 0, 0, 0])
+    assert Counters.from_body(body).tables == (("emb", 1, 2, 1, 3),)
+    row = NodeRow("server", 0, "h", "alive", tables=[["emb", 1, 2, 1, 3]])
+    cols = dict(ui._big_state_columns([row]))
+    assert cols["tables"](row) == "emb:1 +2 -1"
