@@ -5,6 +5,7 @@ the table), W=2, in one interleaved run: steps/s, peak memory per worker and per
     python benchmarks/training/embedding.py --quick               # smoke run: 1 run, 200 k rows, few steps
     python benchmarks/training/embedding.py --rows 2e6,20e6 --runs 3 --steps 400 --json /tmp/emb.json
     python benchmarks/training/embedding.py --with-plain          # also psnode without prefetch
+    python benchmarks/training/embedding.py --with-dynamic        # also the ids hashed into 64 bits, no row count
     python benchmarks/training/embedding.py --largest --cap-gib 12        # the largest table each one trains
 
 The model, data and step are in benchmarks/training/embedding_worker.py.  psnode jobs start through the
@@ -52,7 +53,7 @@ FULL = {"warmup": 30, "steps": 400, "lr": 0.1, "loss_window": 50, "prefetch": Tr
 QUICK = dict(FULL, warmup=5, steps=40, loss_window=10)
 SEARCH = dict(FULL, warmup=10, steps=100, loss_window=20)
 ENV = {"OMP_NUM_THREADS": "1", "PSNODE_HEARTBEAT_INTERVAL": "1.0", "PSNODE_REGISTER_TIMEOUT": "120"}
-PSNODE, DDP, PLAIN = "psnode", "DDP gloo", "psnode, no prefetch"
+PSNODE, DDP, PLAIN, DYNAMIC = "psnode", "DDP gloo", "psnode, no prefetch", "psnode, 64-bit ids"
 GiB = 2**30
 
 
@@ -229,7 +230,7 @@ def summarize(records: list[dict], mem: list[dict], sizes: list[int], print_fn=p
     out_rows = []
     for rows in sizes:
         ddp = _per_run(records, DDP, rows, "steps_per_s")
-        for system in (PSNODE, PLAIN, DDP):
+        for system in (PSNODE, DYNAMIC, PLAIN, DDP):
             rate = _per_run(records, system, rows, "steps_per_s")
             if not rate:
                 continue
@@ -261,7 +262,7 @@ def phase_table(records: list[dict], mem: list[dict], sizes: list[int], print_fn
     hdr = ("rows", "system", "phase", "wall ms", "worker CPU ms")
     out_rows = []
     for rows in sizes:
-        for system in (PSNODE, PLAIN, DDP):
+        for system in (PSNODE, DYNAMIC, PLAIN, DDP):
             mine = [r for r in records if r["system"] == system and r["rows"] == rows and r.get("phases")]
             if not mine:
                 continue
@@ -308,6 +309,9 @@ def compare(a, cfg: dict, sizes: list[int], runs: int, h, cap: float, floor: flo
     if a.with_plain:
         plain = dict(cfg, prefetch=False)
         systems.insert(1, (PLAIN, lambda n: run_psnode(h, n, plain, a.timeout, cap, floor, PLAIN)))
+    if a.with_dynamic:
+        dyn = dict(cfg, dynamic=True)
+        systems.insert(1, (DYNAMIC, lambda n: run_psnode(h, n, dyn, a.timeout, cap, floor, DYNAMIC)))
     for run in range(runs):
         for rows in sizes:
             k = (run + sizes.index(rows)) % len(systems)
@@ -367,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-prefetch", action="store_true", help="psnode pulls each batch's rows in its forward")
     ap.add_argument("--with-plain", action="store_true",
                     help=f"also run {PLAIN!r}: psnode pulling each batch's rows in its forward")
+    ap.add_argument("--with-dynamic", action="store_true",
+                    help=f"also run {DYNAMIC!r}: the same items as 64-bit ids, a table without a row count")
     ap.add_argument("--largest", action="store_true", help="only the largest-table search (see above)")
     ap.add_argument("--cap-gib", type=float, default=12.0, help="a job's memory cap (total PSS), GiB")
     ap.add_argument("--floor-gib", type=float, default=3.0, help="kill a job when the machine has less available")
