@@ -152,15 +152,16 @@ class HashIndex:
         while len(todo):
             p = pos[todo]
             free = self.state[p] != self.FULL
-            cand = todo[free]
-            # one key per free bucket this step (the first); the others probe on
-            _, first = np.unique(pos[cand], return_index=True)
-            win = cand[first]
-            wp = pos[win]
+            cand, cp = todo[free], p[free]
+            # one key per free bucket this step: the last to write its index there (a free
+            # bucket's value is scratch); the others probe on
+            self.vals[cp] = cand
+            won = self.vals[cp] == cand
+            win, wp = cand[won], cp[won]
             self.dead -= int((self.state[wp] == self.DELETED).sum())
             self.keys[wp], self.vals[wp], self.state[wp] = keys[win], vals[win], self.FULL
             left = np.ones(len(todo), bool)
-            left[np.searchsorted(todo, win)] = False
+            left[np.flatnonzero(free)[won]] = False
             todo = todo[left]
             pos[todo] = (pos[todo] + 1) & mask
         self.count += len(keys)

@@ -194,3 +194,24 @@ def test_status_carries_each_tables_rows_admissions_and_evictions() -> None:
     row = NodeRow("server", 0, "h", "alive", tables=[["emb", 1, 2, 1, 3]])
     cols = dict(ui._big_state_columns([row]))
     assert cols["tables"](row) == "emb:1 +2 -1"
+
+
+def test_the_hash_index_agrees_with_a_dict_through_inserts_deletes_and_rehashes() -> None:
+    """Colliding keys (equal low bits), deletes, re-inserts into tombstones and growth: every
+    lookup equals a Python dict's."""
+    from psnode.server.dyntable import HashIndex
+    rng = np.random.default_rng(5)
+    idx, ref = HashIndex(16), {}
+    for step in range(40):
+        new = np.unique(np.concatenate([rng.integers(-2**63, 2**63 - 1, 50), (rng.integers(0, 50, 20) << 20)]))
+        new = np.array([k for k in new.tolist() if k not in ref], np.int64)
+        idx.add(new, new // 7)
+        ref.update({k: k // 7 for k in new.tolist()})
+        if step % 3 == 2:
+            gone = np.array(list(ref)[::4], np.int64)
+            idx.remove(gone)
+            for k in gone.tolist():
+                del ref[k]
+        probe = np.concatenate([np.array(list(ref), np.int64), rng.integers(-2**63, 2**63 - 1, 100)])
+        assert idx.get(probe).tolist() == [ref.get(k, -1) for k in probe.tolist()]
+        assert len(idx) == len(ref) and 2 * (idx.count + idx.dead) <= len(idx.keys)
