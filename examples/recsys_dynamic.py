@@ -36,8 +36,9 @@ try:
 except ImportError:
     sys.exit("recsys_dynamic.py needs PyTorch: pip install torch (a CPU build is enough)")
 
-import psnode.torch as pt
 from recsys_torch import EFFECT, IDS, TEST, ZIPF, auc, effects
+
+import psnode.torch as pt
 
 
 def draw(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
