@@ -19,7 +19,9 @@ from tests.support.cluster import (
     wait_job,
 )
 
-DYN = PRELUDE + """
+DYN = PRELUDE.replace("aggregator=sys.argv[2] if len(sys.argv) > 2 else 'average')",
+                      "aggregator=sys.argv[2] if len(sys.argv) > 2 else 'average', "
+                      "**({'staleness': 1} if sys.argv[1] == 'dist_ssp' else {}))") + """
 from psnode.math import dynrows
 from psnode.math.sparse import row_sparse_array
 INIT, SEED = psnode.init.Normal(1.0), 7
@@ -34,7 +36,7 @@ def pull(key, ids):
 """
 
 
-@pytest.mark.parametrize("mode", ["dist_sync", "dist_async"])
+@pytest.mark.parametrize("mode", ["dist_sync", "dist_async", "dist_ssp"])
 def test_known_pushes_to_open_ids_give_exact_rows_and_expired_rows_start_again(mode: str) -> None:
     job = run_job(DYN + """
 kv.set_optimizer(psnode.optimizer.create('sgd', learning_rate=1.0))
