@@ -394,6 +394,9 @@ class KVStore:
                 self._path.join(check_key_user(k), self._keys[check_key_user(k)], generation)
 
     def _init_one(self, key: Any, value: Any, initializer: Any, stype: str | None) -> list[Future]:
+        if isinstance(value, RowSparseArray) and value.shape and value.shape[0] == dynrows.HEIGHT \
+                and not isinstance(initializer, init_mod.OnServers):   # (rows are made on the servers)
+            initializer = init_mod.ps_initializer(initializer if initializer is not None else init_mod.Zero())
         if isinstance(initializer, init_mod.OnServers):
             return self._init_on_servers(key, value, initializer, stype)
         sparse = stype == "row_sparse" or isinstance(value, RowSparseArray)
@@ -589,6 +592,11 @@ class KVStore:
         if row_ids is not None:
             return self.row_sparse_pull(key, out=out, priority=priority, row_ids=row_ids)
         self._check_key_kind(key)
+        for k in key if isinstance(key, (list, tuple)) else [key]:
+            info = self._keys.get(k)
+            if info is not None and info.dynamic:
+                raise ConfigError(f"key {k!r} is a table without a row count: pull its rows with "
+                                  f"kv.row_sparse_pull({k!r}, row_ids=ids), or all of them with psnode.export")
         host, scatters = routes.pull_outs(key, out, self._keys.get, self._torch_bufs)
         if scatters:   # torch tensors: pulled into host arrays, then copied to every tensor
             self.pull(key, host, priority)

@@ -215,3 +215,21 @@ def test_the_hash_index_agrees_with_a_dict_through_inserts_deletes_and_rehashes(
         probe = np.concatenate([np.array(list(ref), np.int64), rng.integers(-2**63, 2**63 - 1, 100)])
         assert idx.get(probe).tolist() == [ref.get(k, -1) for k in probe.tolist()]
         assert len(idx) == len(ref) and 2 * (idx.count + idx.dead) <= len(idx.keys)
+
+
+def test_local_store_misuse_is_named_and_a_plain_template_starts_at_zero(tmp_path) -> None:
+    import psnode
+    from psnode.errors import ConfigError
+    kv = psnode.kv.create("local")
+    kv.init("emb", psnode.sparse.table(4))                       # no ps_initializer: rows start at zero
+    assert np.array_equal(kv.row_sparse_pull("emb", row_ids=np.array([2**60])).data, np.zeros((1, 4), F))
+    with pytest.raises(ConfigError, match="row_sparse_pull"):
+        kv.pull("emb")
+    with pytest.raises(ConfigError, match="xavier"):
+        kv.init("e2", psnode.sparse.table(4), psnode.init.ps_initializer(Xavier()))
+    kv.init("fixed", psnode.sparse.zeros((5, 4)))
+    with pytest.raises(ConfigError, match="has a row count"):
+        psnode.export(kv, "fixed", str(tmp_path / "x.npz"))
+    assert psnode.export(kv, "emb", str(tmp_path / "e.npz")) == 1
+    with np.load(tmp_path / "e.npz") as f:
+        assert f["ids"].tolist() == [2**60] and f["values"].shape == (1, 4)
