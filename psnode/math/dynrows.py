@@ -14,6 +14,7 @@ One, Constant, Uniform and Normal (:func:`check_init`).
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -73,9 +74,15 @@ def server_of(hashed: np.ndarray, num_servers: int) -> np.ndarray:
     return ((high * np.uint64(num_servers)) >> np.uint64(32)).astype(np.int64)
 
 
+@functools.lru_cache(maxsize=64)
 def cuts(num_servers: int) -> np.ndarray:
-    """The first unsigned hash of servers 1..S-1 (sorted as unsigned)."""
-    return np.array([-(-(s << 32) // num_servers) << 32 for s in range(1, num_servers)], np.uint64)
+    """The first unsigned hash of servers 1..S-1 (sorted as unsigned; read-only)."""
+    return _frozen(np.array([-(-(s << 32) // num_servers) << 32 for s in range(1, num_servers)], np.uint64))
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
 
 
 def split(hashed: np.ndarray, num_servers: int) -> tuple[np.ndarray, np.ndarray]:

@@ -73,6 +73,16 @@ def due(entry: Entry) -> bool:
     return table.due()
 
 
+def _distinct(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(distinct ids, inverse)``; the inverse None when ``rows`` are distinct already: strictly
+    increasing as unsigned, as a worker's pull sends them (one pass tells)."""
+    rows = np.asarray(rows, np.int64)
+    u = rows.view(np.uint64)
+    if len(rows) < 2 or (u[1:] > u[:-1]).all():
+        return rows, None
+    return np.unique(rows, return_inverse=True)
+
+
 def push_rows(entry: Entry, worker: int, seq: int, rows: np.ndarray, data: np.ndarray, alloc: Alloc,
               track: bool) -> tuple[np.ndarray, np.ndarray]:
     """A push's (hashed ids, rows) as (slots, rows) of the part: rows made, occurrences
@@ -85,8 +95,7 @@ def push_rows(entry: Entry, worker: int, seq: int, rows: np.ndarray, data: np.nd
     else:
         table.clock += 1
         when = table.clock
-    rows = np.asarray(rows, np.int64)
-    uniq, inverse = np.unique(rows, return_inverse=True)
+    uniq, inverse = _distinct(rows)
     slots = table.lookup(uniq)
     if table.sketch is None:
         new = slots < 0
@@ -111,7 +120,7 @@ def push_rows(entry: Entry, worker: int, seq: int, rows: np.ndarray, data: np.nd
                 fresh = admit[slots[admit] < 0]
                 if len(fresh):
                     slots[fresh] = _made(entry, alloc, uniq[fresh], True, track)
-    per_row = slots[inverse]
+    per_row = slots if inverse is None else slots[inverse]
     keep = per_row >= 0
     keep[keep] = table.trained[per_row[keep]]
     table.touch(per_row[keep], when, track)
@@ -127,13 +136,12 @@ def pull_rows(entry: Entry, rows: np.ndarray, alloc: Alloc, track: bool, after: 
     or provisional until admitted); a sync pull touches them at the round it waits for
     (``after``), an async one at the part's clock."""
     table: Table = entry.table
-    rows = np.asarray(rows, np.int64)
-    uniq, inverse = np.unique(rows, return_inverse=True)
+    uniq, inverse = _distinct(rows)
     slots = table.lookup(uniq)
     new = slots < 0
     if new.any():
         slots[new] = _made(entry, alloc, uniq[new], table.sketch is None, track)
-    per_row = slots[inverse]
+    per_row = slots if inverse is None else slots[inverse]
     when = after if entry.sync else table.clock
     table.touch(per_row, when, track)
     return per_row
