@@ -138,11 +138,14 @@ def _reference() -> dict[str, str]:
     return out
 
 
-def test_server_killed_with_replicas_restores_its_rows_and_the_job_ends_exactly(tmp_path) -> None:
+@pytest.mark.parametrize("held", ["replica", "checkpoint"])
+def test_killed_server_restores_its_rows_and_the_job_ends_exactly(tmp_path, held: str) -> None:
+    """kill -9 of server 1 mid-round; its replacement restores from its replica on server 0
+    (``--replicas 2``, no disk) or from its checkpoint chain (a base and deltas on disk)."""
     flags = tmp_path / "flags"
     flags.mkdir()
-    env = {"PSNODE_MAX_RESTARTS": "1", "PSNODE_REPLICAS": "2", "PSNODE_CHECKPOINT_ROUNDS": "1",
-           "PSNODE_RETRY_TIMEOUT": "2"}
+    env = {"PSNODE_MAX_RESTARTS": "1", "PSNODE_CHECKPOINT_ROUNDS": "1", "PSNODE_RETRY_TIMEOUT": "2",
+           **({"PSNODE_REPLICAS": "2"} if held == "replica" else {"PSNODE_CHECKPOINT_DIR": str(tmp_path / "ckpt")})}
     job = start_job(KILL.replace("{train}", WORKER), 2, 2, env=env, args=[str(flags)], tmp=tmp_path)
     try:
         wait_for_file(flags / "pushed", 60)
@@ -159,7 +162,8 @@ def test_server_killed_with_replicas_restores_its_rows_and_the_job_ends_exactly(
         got = {line.split()[1]: line.split(" ", 2)[2] for line in w.out.splitlines() if line.startswith("FINAL")}
         assert got == want, job.describe()
     restored = job.by_role("server")[-1]
-    assert "restored" in restored.err and "from its replica on server 0" in restored.err, restored.err
+    assert "server 1 restored 1 key parts" in restored.err, restored.err
+    assert ("from its replica on server 0" in restored.err) == (held == "replica"), restored.err
     assert not [p.popen.pid for p in job.procs if alive(p.popen.pid)]
 
 
