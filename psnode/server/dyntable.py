@@ -22,9 +22,10 @@ first whose gradient counts.  Before that, its gradient is dropped (counted in
 (``absent="zeros"``) from a *provisional* row: one that is never trained, never copied or
 checkpointed, and evicted first.
 
-**Eviction** (:meth:`Table.evict`, in bounded steps): rows untouched for more than ``ttl``
-clock ticks (the part's completed rounds, or pushes applied for an async part), then the
-least recently touched rows above ``max_rows``.  Slots a round in progress or a parked pull
+**Eviction** (:meth:`Table.victims`, in bounded steps): rows untouched for more than ``ttl``
+clock ticks (the part's completed rounds, or pushes applied for an async part; a scan every
+``max(1, ttl // 8)`` ticks, so at most that late), then the least recently touched rows above
+``max_rows``.  Slots a round in progress or a parked pull
 still refers to are never evicted.  Evicted ids are kept until the next durable point (the
 copies and checkpoints delete them: psnode.server.image).
 """
@@ -233,7 +234,8 @@ class Table:
         """Is an eviction step due (cheap: no scan)?"""
         p = self.params
         return (bool(p.max_rows) and len(self.index) > p.max_rows) or \
-            (bool(p.ttl) and self.clock != self.scanned) or len(self.index) - self.trained_rows() > PROVISIONAL
+            (bool(p.ttl) and self.clock - self.scanned >= max(1, p.ttl // 8)) or \
+            len(self.index) - self.trained_rows() > PROVISIONAL
 
     def trained_rows(self) -> int:
         return self.made - self.evicted
