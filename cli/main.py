@@ -31,7 +31,7 @@ from .planning.gpus import describe_worker
 from .planning.hosts import HostsError
 from .planning.options import LaunchOptions, launch_default
 from .planning.plan import PASSTHROUGH, GpuShortageError, NodeOptions, Plan, PlanError, gpu_view, is_secret, with_gpus
-from .supervisor.detach import detach
+from .supervisor.detach import detach, through_pipe
 from .supervisor.setup import Prepared
 from .supervisor.supervisor import EXIT_PREFLIGHT, Supervisor
 from .view import PlanRow
@@ -214,6 +214,10 @@ def launch(
     resume: bool = typer.Option(N.resume, "--resume", help="servers start from the checkpoints in --checkpoint-dir"),
     skip_nonfinite: bool = typer.Option(N.skip_nonfinite, "--skip-nonfinite",
                                         help="skip a round whose gradient holds NaN/Inf (reported)"),
+    backup_workers: int = typer.Option(N.backup_workers, "--backup-workers", metavar="B",
+                                       help="dist_sync stores: a round completes when all but B workers pushed; "
+                                            "the B slowest pushes of each round are dropped (counted as late in "
+                                            "mxdist status); kv.create(..., backup_workers=b) overrides it"),
     no_shm: bool = typer.Option(not N.shm, "--no-shm",
                                 help="workers and servers on one host exchange data over TCP, not shared memory"),
     cpu_policy: str = typer.Option(N.cpu_policy.value, "--cpu-policy", metavar="batch|normal",
@@ -275,7 +279,8 @@ def launch(
             replicas=replicas,
             skip_nonfinite=skip_nonfinite, max_restarts=max_restarts, shm=not no_shm,
             cpu_policy=cpu_policy,  # type: ignore[arg-type]
-            stall_warning=stall_warning, register_timeout=start_timeout, slice_bytes=slice_bytes)
+            stall_warning=stall_warning, register_timeout=start_timeout, slice_bytes=slice_bytes,
+            backup_workers=backup_workers)
         opts = LaunchOptions(
             command=command, node=node, hosts=hosts, server_hosts=server_hosts, num_workers=num_workers,
             num_servers=num_servers,
@@ -314,7 +319,12 @@ def launch(
             ui.info(f"job {job} started in the background: mxdist status {job} | mxdist logs {job} -f | "
                     f"mxdist stop {job}")
             raise typer.Exit(0)
-        code = supervisor.run()     # (it says where the job runs once preflight passed)
+        if ui.stdout_is_pipe():   # (| head: the job goes on detached when the reader goes away)
+            code = through_pipe(supervisor, lambda: ui.info(
+                f"mxdist: the output's reader went away; job {job} goes on in the background (its output in "
+                f"its logs): mxdist logs {job} -f | mxdist status {job} | mxdist stop {job}"))
+        else:
+            code = supervisor.run()     # (it says where the job runs once preflight passed)
     except BackendError as exc:
         raise _fail("launch failed", str(exc), None, EXIT_PREFLIGHT) from None
     history.prune(keep_jobs)

@@ -23,6 +23,7 @@ import json
 import os
 import select
 import signal
+import stat
 import sys
 import termios
 import threading
@@ -139,6 +140,14 @@ def stdin_is_terminal() -> bool:
     try:
         return os.isatty(sys.stdin.fileno())
     except (AttributeError, OSError, ValueError):
+        return False
+
+
+def stdout_is_pipe() -> bool:
+    """Is stdout a pipe (``| head``, ``| tee``), whose reader may go away?"""
+    try:
+        return stat.S_ISFIFO(os.fstat(1).st_mode)
+    except OSError:
         return False
 
 

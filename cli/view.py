@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from psnode.launcher import SLOW_WINDOW, NodeRow
+from psnode.launcher import SLOW_SHARE, SLOW_WINDOW, NodeRow, excess
 
 from .job.records import JobState
 
@@ -49,30 +49,29 @@ class MembershipView:
                 "left": self.left, "lost": self.lost, "leaving": self.leaving}
 
 
-#: the share of the time the others waited for a worker from which ``mxdist status`` marks it
-#: slow, and the job's closing line names it
-SLOW_SHARE = 0.2
-
-
 def slow_lines(nodes: list[NodeRow]) -> list[str]:
-    """``worker 2  slow: the others waited for it 71% of the last 30 s``, per worker the others
-    waited for at least :data:`SLOW_SHARE` of the window (most first)."""
-    slow = sorted((n for n in nodes if n.role == "worker" and (n.waited_for or 0.0) >= SLOW_SHARE),
-                  key=lambda n: -(n.waited_for or 0.0))
-    return [f"worker {n.rank}  slow: the others waited for it {(n.waited_for or 0.0):.0%} of the last "
-            f"{SLOW_WINDOW:.0f} s" for n in slow]
+    """``worker 2  slow: the others waited for it 71% of the last 30 s``, per worker marked slow
+    (``NodeRow.slow``: :data:`SLOW_SHARE` of the window beyond the others, most first); then
+    ``worker 2  late: ...`` per worker with pushes dropped late (backup workers, most first)."""
+    slow = sorted((n for n in nodes if n.role == "worker" and n.slow), key=lambda n: -(n.waited_for or 0.0))
+    lines = [f"worker {n.rank}  slow: the others waited for it {(n.waited_for or 0.0):.0%} of the last "
+             f"{SLOW_WINDOW:.0f} s" for n in slow]
+    late = sorted((n for n in nodes if n.role == "worker" and n.late), key=lambda n: -(n.late or 0))
+    return lines + [f"worker {n.rank}  late: {n.late} pushes came after their round completed and were dropped "
+                    "(backup workers)" for n in late]
 
 
 def slowest(nodes: list[NodeRow], uptime: float) -> str | None:
     """The job's closing words about the worker the others waited for most over ``uptime``
-    seconds, when that is at least :data:`SLOW_SHARE` of it: ``the others waited most for
-    worker 2 (64% of the job)``."""
-    rows = [n for n in nodes if n.role == "worker" and n.waited_for_total]
-    if not rows or uptime <= 0:
+    seconds, when that is :data:`SLOW_SHARE` of it beyond the other workers' mean: ``the
+    others waited most for worker 2 (64% of the job)``."""
+    totals = {n.rank: n.waited_for_total or 0.0 for n in nodes if n.role == "worker" and n.rank is not None}
+    if not any(totals.values()) or uptime <= 0:
         return None
-    top = max(rows, key=lambda n: n.waited_for_total or 0.0)
-    share = min(1.0, (top.waited_for_total or 0.0) / uptime)
-    return f"the others waited most for worker {top.rank} ({share:.0%} of the job)" if share >= SLOW_SHARE else None
+    top = max(totals, key=totals.__getitem__)
+    share = min(1.0, totals[top] / uptime)
+    beyond = excess(totals, top, totals) / uptime
+    return f"the others waited most for worker {top} ({share:.0%} of the job)" if beyond >= SLOW_SHARE else None
 
 
 @dataclass

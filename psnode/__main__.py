@@ -32,13 +32,32 @@ def main() -> int:
     cpupolicy.apply(cfg.cpu_policy, whole_process=True)   # (numpy's BLAS threads exist already; later ones inherit it)
     try:
         if cfg.role is Role.SCHEDULER:
+            listen_fd, cfg = _listen_first(cfg)
             from psnode.scheduler import loop as scheduler
-            return scheduler.main(cfg)
+            return scheduler.main(cfg, listen_fd)
         from psnode.server import loop as server
         return server.main(cfg)
     except Exception as exc:
         failure.write(cfg.error_file, "exception", cfg.role.value, cfg.rank, cfg.host, exc=exc)
         raise
+
+
+def _listen_first(cfg: NodeConfig) -> tuple[int | None, NodeConfig]:
+    """A scheduler whose launcher waits for its address (``PSNODE_ADDRESS_FILE``): bind it and
+    write it now, before the imports of its loop; the socket's fd and the config at that port."""
+    if not cfg.address_file:
+        return None, cfg
+    import dataclasses
+
+    from psnode.files import write_atomic
+    from psnode.net.listen import listen_early
+
+    fd, port = listen_early(cfg.host, cfg.scheduler_port, elsewhere=True)
+    write_atomic(cfg.address_file, f"{cfg.host}:{port}\n")
+    if port != cfg.scheduler_port:
+        logging.getLogger("psnode.scheduler").warning("scheduler: port %s on %s was taken; listening at %s:%s",
+                                                      cfg.scheduler_port, cfg.host, cfg.host, port)
+    return fd, dataclasses.replace(cfg, scheduler_port=port)
 
 
 if __name__ == "__main__":

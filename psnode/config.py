@@ -12,7 +12,8 @@ variable                           meaning (default)
 ``PSNODE_SCHEDULER``               scheduler address ``host:port`` (required)
 ``PSNODE_SCHEDULER_STANDBY``       a standby scheduler's ``host:port`` (none): a node whose
                                    scheduler is silent for the heartbeat timeout goes over to it
-                                   once, and registers there again with what it knows
+                                   once, and registers there again with what it knows (the
+                                   scheduler may name a later standby: STANDBY, WELCOME)
 ``PSNODE_STANDBY``                 ``1``: this scheduler is the standby (at ``PSNODE_SCHEDULER``,
                                    its own address): it waits, and takes the job over from the
                                    live nodes when the first one comes (``0``)
@@ -22,6 +23,11 @@ variable                           meaning (default)
 ``PSNODE_HOST``                    address this node binds to and is reached at (scheduler's
                                    host for the scheduler; ``127.0.0.1``)
 ``PSNODE_PORT``                    port a server binds (``0``: any free port)
+``PSNODE_ADDRESS_FILE``            a scheduler writes the ``host:port`` it listens at to this file
+                                   once bound; with it set, a ``PSNODE_SCHEDULER`` port found
+                                   taken is replaced by a free one, and the launcher, reading the
+                                   file, gives that address to the other processes (none: the
+                                   planned port, or a ConfigError naming it)
 ``PSNODE_NUM_WORKERS``             number of workers of the job's first generation: the job
                                    starts when they registered (required, >= 1)
 ``PSNODE_MIN_WORKERS``             fewest live workers the job runs on (the launcher fails the job
@@ -84,6 +90,10 @@ variable                           meaning (default)
 ``PSNODE_STALL_WARNING``           seconds a worker waits for other workers in one pull or
                                    barrier before the scheduler warns, naming them (``30``;
                                    ``0``: never; psnode.scheduler.slowness)
+``PSNODE_BACKUP_WORKERS``          dist_sync stores' backup workers: a round completes when all
+                                   but this many workers pushed; late pushes are dropped
+                                   (``0``; ``kv.create(..., backup_workers=b)`` overrides it;
+                                   psnode.server.rounds)
 ``PSNODE_TIMELINE``                a directory: every process appends its timeline events
                                    (compute, push, pull-wait, barrier-wait, apply, ...) to its
                                    own file there, for the launcher to merge into one trace
@@ -247,12 +257,14 @@ class NodeConfig:
     cpu_policy: CpuPolicy = CpuPolicy.BATCH
     error_file: str | None = None
     stall_warning: float = 30.0
+    backup_workers: int = 0
     timeline: str | None = None
     min_workers: int | None = None   # None: num_workers (workers_min)
     max_workers: int | None = None   # None: num_workers (workers_max)
     scheduler_standby: str | None = None   # "host:port" of the standby scheduler
     standby: bool = False
     primary: str | None = None   # the standby's "host:port" of the scheduler it stands by for
+    address_file: str | None = None   # a scheduler: where it writes the address it bound
 
     def __post_init__(self) -> None:
         if not _JOB_ID_RE.match(self.job_id):
@@ -365,12 +377,14 @@ class NodeConfig:
             cpu_policy=_enum(env, "CPU_POLICY", CpuPolicy, d("cpu_policy")),  # type: ignore[arg-type]
             error_file=env.get(_PREFIX + "ERROR_FILE") or None,
             stall_warning=_float(env, "STALL_WARNING", d("stall_warning"), positive=False),
+            backup_workers=_int(env, "BACKUP_WORKERS", d("backup_workers"), 0) or 0,
             timeline=env.get(_PREFIX + "TIMELINE") or None,
             min_workers=_int(env, "MIN_WORKERS", None, 1),
             max_workers=_int(env, "MAX_WORKERS", None, 1),
             scheduler_standby=env.get(_PREFIX + "SCHEDULER_STANDBY") or None,
             standby=_flag(env, "STANDBY", d("standby")),
             primary=env.get(_PREFIX + "PRIMARY") or None,
+            address_file=env.get(_PREFIX + "ADDRESS_FILE") or None,
         )
 
     def to_env(self) -> dict[str, str]:

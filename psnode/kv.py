@@ -26,25 +26,32 @@ from psnode.worker.kvstore import AGGREGATORS, MXNET_TYPES, TYPES, KVStore, Pend
 
 
 def create(name: str = "local", num_workers: int | None = None, aggregator: str = "average",
-           staleness: int | None = None) -> KVStore:
+           staleness: int | None = None, backup_workers: int | None = None) -> KVStore:
     """Create a KVStore: ``'local'``, ``'dist_sync'``, ``'dist_async'`` or ``'dist_ssp'`` (or an
     MXNet name of one).  ``staleness`` (``'dist_ssp'`` only, required there): how many clocks a
     worker may run ahead of the slowest (psnode.server.staleness; 0 is dist_sync).
+    ``backup_workers`` (``'dist_sync'`` only; default ``mxdist launch --backup-workers``, 0): a
+    round completes when all but that many workers pushed, late pushes are dropped
+    (psnode.server.rounds); 0 is dist_sync exactly.
 
     A psnode error raised here (a misspelt type, a process no launcher started) is about the
     caller's code: uncaught, it is shown with the caller's frames only (:func:`_show`)."""
     try:
-        return _create(name, num_workers, aggregator, staleness)
+        return _create(name, num_workers, aggregator, staleness, backup_workers)
     except PSError:
         _show_psnode_errors()
         raise
 
 
-def _create(name: str, num_workers: int | None, aggregator: str, staleness: int | None) -> KVStore:
+def _create(name: str, num_workers: int | None, aggregator: str, staleness: int | None,
+            backup_workers: int | None) -> KVStore:
     mode = resolve_type(name)
     if aggregator not in AGGREGATORS:
         raise ConfigError(f"unknown aggregator {aggregator!r}: use 'average' or 'sum'")
     staleness = _staleness(name, mode, staleness)
+    if backup_workers is not None and (mode != "dist_sync" or type(backup_workers) is not int or backup_workers < 0):
+        raise ConfigError(f"backup_workers={backup_workers!r}: use kv.create('dist_sync', backup_workers=b) with an "
+                          f"int b >= 0 (fewer than the workers); a {name!r} store has no backup workers")
     if mode == "local":
         if num_workers not in (None, 1):
             raise ConfigError(f"a {name!r} KVStore has one worker, not num_workers={num_workers}")
@@ -63,8 +70,9 @@ def _create(name: str, num_workers: int | None, aggregator: str, staleness: int 
     if cfg.num_servers < 1:
         raise ConfigError("this job has no servers (-s 0); launch with -s 1 or more to use a KVStore")
     cpupolicy.apply(cfg.cpu_policy, whole_process=True)   # (the engine's threads inherit it)
+    backup = _backup(mode, backup_workers, cfg)
     engine = Engine(cfg)
-    kv = KVStore(mode, engine, cfg, aggregator, name, staleness)
+    kv = KVStore(mode, engine, cfg, aggregator, name, staleness, backup)
     if timeline.start(cfg.timeline, "worker", engine.rank, cfg.restart_count) is not None:
         timeline.trace_calls(kv, timeline.CALLS)
     _report_uncaught(kv, engine, cfg)
@@ -86,6 +94,19 @@ def _staleness(name: str, mode: str, staleness: object) -> int | None:
         return check_staleness(staleness, "kv.create('dist_ssp')")
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _backup(mode: str, backup_workers: int | None, cfg: NodeConfig) -> int:
+    """The backup workers of a store of ``mode``: the argument, else the launcher's
+    (``PSNODE_BACKUP_WORKERS``, dist_sync only), checked against the job's workers."""
+    if mode != "dist_sync":
+        return 0
+    b, where = (backup_workers, "kv.create('dist_sync', backup_workers=...)") if backup_workers is not None \
+        else (cfg.backup_workers, "mxdist launch --backup-workers (PSNODE_BACKUP_WORKERS)")
+    if b and b >= cfg.num_workers:
+        raise ConfigError(f"backup_workers={b} from {where}: a round needs at least one push, and the job has "
+                          f"{cfg.num_workers} workers; use 0 to {cfg.num_workers - 1}")
+    return b
 
 
 def _close_at_exit(kv: KVStore, engine: Engine, cfg: NodeConfig) -> None:

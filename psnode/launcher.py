@@ -31,20 +31,57 @@ What a launcher finds here:
   writes) and :func:`from_torch` reads it as a failure record.
 * **The timeline**: :func:`merge_timeline` merges the processes' event files (names ending in
   :data:`TIMELINE_SUFFIX`) into one Chrome trace.
+
+Every name loads its module on first use (:data:`_HOMES`): importing this module costs nothing,
+and a launcher that only plans (``mxdist launch --dry-run``) never loads pyzmq or numpy
+(tests/unit/test_lazy_door.py checks it in a fresh interpreter).
 """
 from __future__ import annotations
 
-from psnode.net.security import Mode, Security
-from psnode.net.transport import new_security
-from psnode.protocol.control import StatusAnswer
-from psnode.protocol.failure import FailureKind, FailureRecord, from_torch, path_in, record_of, torch_path_in
-from psnode.protocol.status import SLOW_WINDOW, NodeRow, NodeState
-from psnode.scheduler.client import report_lost, request_leave, status
-from psnode.server.checkpoint import path_for as checkpoint_path
-from psnode.timeline import SUFFIX as TIMELINE_SUFFIX
-from psnode.timeline import merge as merge_timeline
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from psnode.net.security import Mode, Security
+    from psnode.net.transport import new_security
+    from psnode.protocol.control import StatusAnswer
+    from psnode.protocol.failure import FailureKind, FailureRecord, from_torch, path_in, record_of, torch_path_in
+    from psnode.protocol.status import SLOW_SHARE, SLOW_WINDOW, NodeRow, NodeState, excess
+    from psnode.scheduler.client import report_lost, request_leave, status
+    from psnode.server.checkpoint import path_for as checkpoint_path
+    from psnode.timeline import SUFFIX as TIMELINE_SUFFIX
+    from psnode.timeline import merge as merge_timeline
+
+#: each name's home and its name there.  A name loads its module on first use, so a launcher
+#: pays only for what it uses: planning a job (``mxdist launch --dry-run``, ``mxdist --help``)
+#: loads neither pyzmq nor numpy; the control client, the secret's maker and the checkpoint
+#: paths do when first called for
+_HOMES: dict[str, tuple[str, str]] = {
+    "Mode": ("psnode.net.security", "Mode"),
+    "Security": ("psnode.net.security", "Security"),
+    "new_security": ("psnode.net.transport", "new_security"),
+    "StatusAnswer": ("psnode.protocol.control", "StatusAnswer"),
+    **{n: ("psnode.protocol.failure", n) for n in ("FailureKind", "FailureRecord", "from_torch", "path_in",
+                                                     "record_of", "torch_path_in")},
+    **{n: ("psnode.protocol.status", n) for n in ("SLOW_SHARE", "SLOW_WINDOW", "NodeRow", "NodeState", "excess")},
+    **{n: ("psnode.scheduler.client", n) for n in ("report_lost", "request_leave", "status")},
+    "checkpoint_path": ("psnode.server.checkpoint", "path_for"),
+    "TIMELINE_SUFFIX": ("psnode.timeline", "SUFFIX"),
+    "merge_timeline": ("psnode.timeline", "merge"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'psnode.launcher' has no attribute {name!r}")
+    module, attr = _HOMES[name]
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
+    "SLOW_SHARE",
     "SLOW_WINDOW",
     "TIMELINE_SUFFIX",
     "FailureKind",
@@ -55,6 +92,7 @@ __all__ = [
     "Security",
     "StatusAnswer",
     "checkpoint_path",
+    "excess",
     "from_torch",
     "merge_timeline",
     "new_security",

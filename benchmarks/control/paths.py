@@ -301,8 +301,13 @@ def measure_ssh(tree: Path, python: str, timeout: float) -> dict:
                    MXDIST_KNOWN_HOSTS=str(root / "known_hosts"), MXDIST_REMOTE_DIR=str(root / "remote"))
         out = root / "launch.json"
         args = ["launch", "-H", "node1", "-n", "1", "-s", "1", str(root / "train.py")]
-        res = subprocess.run([python, "-c", LAUNCH, str(out), *args], env=env, cwd=tree, capture_output=True,
-                             text=True, timeout=timeout)
+        # stdout a file, as a terminal: through a pipe the launcher supervises in a child process,
+        # which this process's profiler would not see (mxdist.supervisor.detach.through_pipe)
+        with tempfile.TemporaryFile("w+") as shown:
+            res = subprocess.run([python, "-c", LAUNCH, str(out), *args], env=env, cwd=tree, stdout=shown,
+                                 stderr=subprocess.PIPE, text=True, timeout=timeout)
+            shown.seek(0)
+            res.stdout = shown.read()
         if res.returncode != 0 or not out.exists():
             raise SystemExit(f"mxdist {' '.join(args)} failed (exit {res.returncode}):\n{res.stdout}\n{res.stderr}")
         rec = json.loads(out.read_text())

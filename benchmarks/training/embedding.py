@@ -6,6 +6,7 @@ the table), W=2, in one interleaved run: steps/s, peak memory per worker and per
     python benchmarks/training/embedding.py --rows 2e6,20e6 --runs 3 --steps 400 --json /tmp/emb.json
     python benchmarks/training/embedding.py --with-plain          # also psnode without prefetch
     python benchmarks/training/embedding.py --with-dynamic        # also the ids hashed into 64 bits, no row count
+    python benchmarks/training/embedding.py --safety --rows 20e6  # also psnode with replicas, checkpoints, both
     python benchmarks/training/embedding.py --largest --cap-gib 12        # the largest table each one trains
 
 The model, data and step are in benchmarks/training/embedding_worker.py.  psnode jobs start through the
@@ -36,6 +37,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -54,6 +56,12 @@ QUICK = dict(FULL, warmup=5, steps=40, loss_window=10)
 SEARCH = dict(FULL, warmup=10, steps=100, loss_window=20)
 ENV = {"OMP_NUM_THREADS": "1", "PSNODE_HEARTBEAT_INTERVAL": "1.0", "PSNODE_REGISTER_TIMEOUT": "120"}
 PSNODE, DDP, PLAIN, DYNAMIC = "psnode", "DDP gloo", "psnode, no prefetch", "psnode, 64-bit ids"
+#: --safety: psnode with each safety option (the servers' env; a checkpoint directory is added)
+REPLICAS, CHECKPOINTS, BOTH = "psnode --replicas 2", "psnode --checkpoint-rounds 50", "psnode, both"
+SAFETY = {REPLICAS: {"PSNODE_REPLICAS": "2", "PSNODE_MAX_RESTARTS": "1"},
+          CHECKPOINTS: {"PSNODE_CHECKPOINT_ROUNDS": "50", "PSNODE_MAX_RESTARTS": "1"},
+          BOTH: {"PSNODE_REPLICAS": "2", "PSNODE_CHECKPOINT_ROUNDS": "50", "PSNODE_MAX_RESTARTS": "1"}}
+ORDER = (PSNODE, DYNAMIC, REPLICAS, CHECKPOINTS, BOTH, PLAIN, DDP)
 GiB = 2**30
 
 
@@ -167,7 +175,12 @@ class Outcome:
 
 # ---------------------------------------------------------------- the two systems
 def run_psnode(h, rows: int, cfg: dict, timeout: float, cap: float, floor: float, system: str = PSNODE) -> Outcome:
-    job = h.start_job(WORKER.read_text(), 2, 2, env=ENV,
+    env = dict(ENV, **SAFETY.get(system, {}))
+    scratch = None
+    if "PSNODE_CHECKPOINT_ROUNDS" in env:
+        scratch = tempfile.TemporaryDirectory(prefix="emb-ckpt-")
+        env["PSNODE_CHECKPOINT_DIR"] = scratch.name
+    job = h.start_job(WORKER.read_text(), 2, 2, env=env,
                       args=["psnode", json.dumps(dict(cfg, rows=rows, system=system))])
     watch = Watch({f"{p.role} {p.rank}": p.popen.pid for p in job.procs}, cap, floor).start()
     problem = ""
@@ -177,6 +190,8 @@ def run_psnode(h, rows: int, cfg: dict, timeout: float, cap: float, floor: float
         problem = str(exc)
     finally:
         watch.stop()
+        if scratch is not None:
+            scratch.cleanup()
     if any(p.code != 0 for p in job.procs) and not watch.killed:
         problem = problem or f"exit codes {[(p.role, p.rank, p.code) for p in job.procs]}"
         print(f"  psnode {rows}: {problem}\n{tail(job.describe(), 30)}", file=sys.stderr)
@@ -225,12 +240,13 @@ def _per_run(records: list[dict], system: str, rows: int, key: str, agg=statisti
 
 
 def summarize(records: list[dict], mem: list[dict], sizes: list[int], print_fn=print) -> list[dict]:
-    hdr = ("rows", "system", "steps/s", "psnode/DDP steps/s", "CPU ms/step per worker", "per server",
+    hdr = ("rows", "system", "steps/s", "psnode/DDP steps/s", "/ psnode", "CPU ms/step per worker", "per server",
            "peak MiB per worker", "peak MiB per server", "job total GiB (PSS)", "loss first", "loss last")
     out_rows = []
     for rows in sizes:
         ddp = _per_run(records, DDP, rows, "steps_per_s")
-        for system in (PSNODE, DYNAMIC, PLAIN, DDP):
+        base = _per_run(records, PSNODE, rows, "steps_per_s")
+        for system in ORDER:
             rate = _per_run(records, system, rows, "steps_per_s")
             if not rate:
                 continue
@@ -242,6 +258,7 @@ def summarize(records: list[dict], mem: list[dict], sizes: list[int], print_fn=p
             last = _per_run(records, system, rows, "loss_last", statistics.mean)
             out_rows.append((f"{rows / 1e6:g} M", system, fmt_range(list(rate.values()), ".1f"),
                              fmt_range(ratios(rate, ddp), ".2f") if system != DDP and ddp else "",
+                             fmt_range(ratios(rate, base), ".2f") if system in SAFETY and base else "",
                              fmt_range(list(cpu.values()), ".1f"),
                              fmt_range([x["server_cpu_ms_per_step"] for x in m if x["server_cpu_ms_per_step"]], ".1f")
                              if system != DDP else "-",
@@ -249,7 +266,8 @@ def summarize(records: list[dict], mem: list[dict], sizes: list[int], print_fn=p
                              fmt_range([x["total_gib"] for x in m], ".2f"),
                              fmt_range(list(first.values()), ".3f"), fmt_range(list(last.values()), ".3f")))
     print_fn("\nEmbedding workload, W=2 (psnode S=2): steps/s median over ranks, median [min-max] over runs;\n"
-             "psnode/DDP per run (above 1: psnode faster); peak resident memory (VmHWM); mean loss of the\n"
+             "psnode/DDP per run (above 1: psnode faster); a safety option's steps/s over plain psnode's per run\n"
+             "(--safety); peak resident memory (VmHWM); mean loss of the\n"
              "first and last steps (mean over ranks).")
     print_table(hdr, out_rows, print_fn)
     return [dict(zip(hdr, r, strict=True)) for r in out_rows]
@@ -262,7 +280,7 @@ def phase_table(records: list[dict], mem: list[dict], sizes: list[int], print_fn
     hdr = ("rows", "system", "phase", "wall ms", "worker CPU ms")
     out_rows = []
     for rows in sizes:
-        for system in (PSNODE, DYNAMIC, PLAIN, DDP):
+        for system in ORDER:
             mine = [r for r in records if r["system"] == system and r["rows"] == rows and r.get("phases")]
             if not mine:
                 continue
@@ -312,6 +330,9 @@ def compare(a, cfg: dict, sizes: list[int], runs: int, h, cap: float, floor: flo
     if a.with_dynamic:
         dyn = dict(cfg, dynamic=True)
         systems.insert(1, (DYNAMIC, lambda n: run_psnode(h, n, dyn, a.timeout, cap, floor, DYNAMIC)))
+    if a.safety:
+        for i, name in enumerate(SAFETY, start=1):
+            systems.insert(i, (name, lambda n, name=name: run_psnode(h, n, cfg, a.timeout, cap, floor, name)))
     for run in range(runs):
         for rows in sizes:
             k = (run + sizes.index(rows)) % len(systems)
@@ -373,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"also run {PLAIN!r}: psnode pulling each batch's rows in its forward")
     ap.add_argument("--with-dynamic", action="store_true",
                     help=f"also run {DYNAMIC!r}: the same items as 64-bit ids, a table without a row count")
+    ap.add_argument("--safety", action="store_true",
+                    help="also psnode with --replicas 2, with checkpoints every 50 rounds, and with both")
     ap.add_argument("--largest", action="store_true", help="only the largest-table search (see above)")
     ap.add_argument("--cap-gib", type=float, default=12.0, help="a job's memory cap (total PSS), GiB")
     ap.add_argument("--floor-gib", type=float, default=3.0, help="kill a job when the machine has less available")

@@ -37,7 +37,8 @@ from benchmarks.cases import MARK  # noqa: E402
 def main() -> None:
     cfg = json.loads(sys.argv[1])
     mode, staleness = cfg["mode"], cfg.get("staleness")
-    kv = psnode.kv.create(mode, aggregator="sum", staleness=staleness)
+    backup = cfg.get("backup") or None   # (dist_sync only: backup workers)
+    kv = psnode.kv.create(mode, aggregator=cfg.get("aggregator", "sum"), staleness=staleness, backup_workers=backup)
     W, r = kv.num_workers, kv.rank
     x_train, y_train, x_test, y_test = ex_common.load_digits()
     shard = np.arange(len(x_train))[r::W]                 # a fixed shard per worker

@@ -13,7 +13,7 @@ processes' environment) off them.  Over SSH it runs one of two ways:
   reply per line out, until stdin ends.  A host's other operations reuse one serving agent,
   so each costs a round trip rather than a Python start.
 
-Process model: :func:`spawn` starts each process as ``python -c REAPER RCFILE -- ARGV...`` in
+Process model: :func:`spawn` starts each process as ``python -S -c REAPER RCFILE -- ARGV...`` in
 a new session (so pid == pgid and the whole group can be signalled), with stdout+stderr
 appended to a log file and stdin from /dev/null.  The reaper runs the user's command, waits
 for it and writes its exit status to RCFILE (``-N`` for signal N); it survives TERM/INT/HUP
@@ -229,33 +229,45 @@ class NodeCheck:
                    dict(data.get("gpus") or {}))
 
 
+#: finds modules as an import would, without running them: argv[1] is JSON, ``[[path0, [module,
+#: ...]], ...]``, each group looked for with its path0 first on the path; prints ``[{module: why},
+#: ...]``, one per group.  A preflight costs one Python start, not numpy's and pyzmq's imports
 _IMPORTS = (
-    "import importlib,json,sys\n"
-    "sys.path[0]=sys.argv[1]\n"
-    "out={}\n"
-    "for m in sys.argv[2:]:\n"
-    " try:importlib.import_module(m)\n"
-    " except Exception as e:out[m]='%s: %s'%(type(e).__name__,e)\n"
-    "print(json.dumps(out))\n"
+    "import importlib.util,json,sys\n"
+    "res=[]\n"
+    "for p0,mods in json.loads(sys.argv[1]):\n"
+    " sys.path[0]=p0\n"
+    " importlib.invalidate_caches()\n"
+    " out={}\n"
+    " for m in mods:\n"
+    "  try:\n"
+    "   if importlib.util.find_spec(m) is None:out[m]=\"ModuleNotFoundError: No module named '%s'\"%m\n"
+    "  except Exception as e:out[m]='%s: %s'%(type(e).__name__,e)\n"
+    " res.append(out)\n"
+    "print(json.dumps(res))\n"
 )
 
 
-def missing_modules(workdir: str, path0: str, modules: list[str], env: dict | None = None) -> dict:
-    """Which of ``modules`` this Python cannot import, run in ``workdir`` with ``path0`` first on
-    its path (as ``python -m`` there: ``workdir``; as ``python dir/script.py``: ``dir``), each
-    with ``Type: message``.  Self-contained."""
+def missing_modules(workdir: str, groups: list[tuple[str, list[str]]], env: dict | None = None) -> list[dict]:
+    """For each ``(path0, modules)`` of ``groups``: which of ``modules`` this Python cannot
+    import, run in ``workdir`` with ``path0`` first on its path (as ``python -m`` there:
+    ``workdir``; as ``python dir/script.py``: ``dir``), each with ``Type: message``; one Python
+    for all.  A module is looked for, not run (``importlib.util.find_spec``): one that is there
+    but fails as it loads fails the job's processes at start, its error named as the root cause.
+    Self-contained."""
     import json
     import os
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-c", _IMPORTS, path0, *modules], cwd=workdir, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", _IMPORTS, json.dumps(groups)], cwd=workdir, capture_output=True,
                           text=True, timeout=120, env={**os.environ, **(env or {})})
     try:
-        return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
-    except (ValueError, IndexError):
+        found = json.loads(proc.stdout.strip().splitlines()[-1])
+        return [dict(x) for x in found]
+    except (ValueError, IndexError, TypeError):
         said = (proc.stderr.strip().splitlines() or ["no message"])[-1]
-        return dict.fromkeys(modules, f"the import check failed (exit {proc.returncode}): {said}")
+        return [dict.fromkeys(mods, f"the import check failed (exit {proc.returncode}): {said}") for _, mods in groups]
 
 
 _IMPORTS_PSNODE = re.compile(r"^\s*(?:import\s[^\n#]*\bpsnode\b|from\s+psnode\b)", re.MULTILINE)
@@ -280,24 +292,29 @@ def check(workdir: str, modules: list[str], env: dict | None = None, target: lis
     problem = command_problem(workdir, target[0], target[1], env) if target else None
     if problem:
         out["errors"].append(problem)
-    missing = missing_modules(workdir, workdir, modules, env) if modules else {}
-    if missing:
-        first = next(iter(missing.values()))
-        out["errors"].append(f"{sys.executable} cannot import {', '.join(missing)} in {workdir}: {first}")
-    elif target and target[0] == "script" and not problem and "psnode" in modules:
-        script = os.path.join(workdir, os.path.expanduser(target[1]))
+    folder, word = None, ""   # the script's folder, when psnode must import from there too
+    if target and target[0] == "script" and not problem and "psnode" in modules:
+        word = target[1]
+        script = os.path.join(workdir, os.path.expanduser(word))
         try:
             with open(script, encoding="utf-8", errors="replace") as f:
                 uses = bool(_IMPORTS_PSNODE.search(f.read(1 << 20)))
         except OSError:
             uses = False
         folder = os.path.dirname(os.path.abspath(script))
-        if uses and folder != workdir:
-            missing = missing_modules(workdir, folder, ["psnode"], env)
-            if missing:
-                out["errors"].append(
-                    f"{sys.executable} cannot import psnode from {target[1]}'s folder {folder} "
-                    f"(python puts the script's folder on its path, not {workdir}): {missing['psnode']}")
+        if not uses or folder == workdir:
+            folder = None
+    groups = ([(workdir, list(modules))] if modules else []) + ([(folder, ["psnode"])] if folder else [])
+    found = missing_modules(workdir, groups, env) if groups else []
+    missing = found[0] if modules else {}
+    if missing:
+        first = next(iter(missing.values()))
+        out["errors"].append(f"{sys.executable} cannot import {', '.join(missing)} in {workdir}: {first}")
+    elif folder and found[-1]:
+        missing = found[-1]
+        out["errors"].append(
+            f"{sys.executable} cannot import psnode from {word}'s folder {folder} "
+            f"(python puts the script's folder on its path, not {workdir}): {missing['psnode']}")
     out["missing"] = missing
     return out
 
@@ -347,20 +364,30 @@ def with_exit_guard(env: dict, guard: str | None) -> dict:
     return {**env, "PYTHONPATH": os.pathsep.join([guard, *rest])}
 
 
+#: seconds :func:`spawn` waits for a process to write its address file (then: not known)
+ANNOUNCE_WAIT = 60.0
+
+
 def spawn(workdir: str, run_dir: str, python: str, procs: list[dict]) -> list[dict]:
-    """Start each ``{"name", "argv", "env", "failure", "error_file"}`` under a reaper
+    """Start each ``{"name", "argv", "env", "failure", "error_file", "announce"}`` under a reaper
     (``failure``: where it writes its failure record, ``error_file``: its torch elastic error
-    file; stale ones are removed); return ``{"name", "pid", "log", "rc", "offset"}`` (``offset``:
-    the log's size before the process started, where its output begins).  Every process gets
-    psnode's exit guard first on its ``PYTHONPATH`` (:func:`exit_guard_dir`)."""
+    file; stale ones are removed); return ``{"name", "pid", "log", "rc", "offset", "address"}``
+    (``offset``: the log's size before the process started, where its output begins).  Every
+    process gets psnode's exit guard first on its ``PYTHONPATH`` (:func:`exit_guard_dir`).
+
+    ``announce``: the file where the process writes the ``host:port`` it bound (a scheduler,
+    ``PSNODE_ADDRESS_FILE``); once all are started, each is waited for (until it is written, the
+    process ends, or :data:`ANNOUNCE_WAIT`) and its address returned (None: not written)."""
     run_dir = private_dirs(run_dir)
     workdir = _expand(workdir)
     guard = exit_guard_dir()
     started = []
+    waits = []
     for spec in procs:
         log = os.path.join(run_dir, spec["name"] + ".log")
         rc = os.path.join(run_dir, spec["name"] + ".rc")
-        for stale in (rc, rc + ".tmp", _expand(spec["failure"]),
+        announce = _expand(spec["announce"]) if spec.get("announce") else None
+        for stale in (rc, rc + ".tmp", _expand(spec["failure"]), *([announce] if announce else []),
                       *([_expand(spec["error_file"])] if spec.get("error_file") else [])):
             if os.path.exists(stale):
                 os.unlink(stale)
@@ -374,12 +401,33 @@ def spawn(workdir: str, run_dir: str, python: str, procs: list[dict]) -> list[di
         offset = os.fstat(fd).st_size
         with os.fdopen(fd, "ab") as out, open(os.devnull, "rb") as devnull:
             proc = subprocess.Popen(
-                [python, "-c", REAPER, rc, "--", *spec["argv"]],
+                [python, "-S", "-c", REAPER, rc, "--", *spec["argv"]],   # (-S: the reaper needs no site-packages)
                 cwd=workdir, env=env, stdin=devnull, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True, close_fds=True,
             )
-        started.append({"name": spec["name"], "pid": proc.pid, "log": log, "rc": rc, "offset": offset})
+        started.append({"name": spec["name"], "pid": proc.pid, "log": log, "rc": rc, "offset": offset,
+                        "address": None})
+        if announce:
+            waits.append((started[-1], proc, announce))
+    deadline = time.monotonic() + ANNOUNCE_WAIT
+    for entry, proc, path in waits:
+        entry["address"] = _announced(path, proc, deadline)
     return started
+
+
+def _announced(path: str, proc: subprocess.Popen, deadline: float) -> str | None:
+    """The line ``proc`` wrote to ``path`` (atomically); None if it ended or ``deadline`` passed first."""
+    while True:
+        try:
+            with open(path) as fh:
+                text = fh.read().strip()
+            if text:
+                return text
+        except FileNotFoundError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            return None
+        time.sleep(0.005)
 
 
 def put_key(run_dir: str, key: str) -> str:
@@ -590,37 +638,59 @@ def stop(pgids: list[int], grace: float) -> dict:
 
 
 def follow(log: str, rc_file: str, pid: int, offset: int, wait: bool,
-           emit: Callable[[bytes], None], poll: float = 0.1) -> dict:
+           emit: Callable[[bytes], None], poll: float = 0.05, idle_poll: float = 0.25) -> dict:
     """Copy ``log`` from ``offset`` to ``emit``; with ``wait`` keep going until the process ends.
 
     Returns ``{"rc": int | None, "offset": int}``: ``rc`` None means the process is gone without
     a recorded status (killed with its reaper) or, without ``wait``, still running.
+
+    While the log is quiet it is read less often (every ``poll`` seconds, up to ``idle_poll``):
+    one follow per process of a job runs on its host, and a job of many processes must not spend
+    its cores on reading logs.  The process's end is seen at once all the same: the wait between
+    reads is on a pidfd of the process (Linux), where one can be had.
     """
+    import select
+
     log, rc_file = _expand(log), _expand(rc_file)
     handle = None
-    while True:
-        if handle is None and os.path.exists(log):
-            handle = open(log, "rb")  # noqa: SIM115 - kept open across polls, closed below
-            handle.seek(offset)
-        chunk = handle.read(65536) if handle else b""
-        if chunk:
-            offset += len(chunk)
-            emit(chunk)
-            continue
-        rc = read_rc(rc_file)
-        if not wait:
-            break
-        st = _stat(pid)
-        if rc is not None or st is None or st[0] == "Z":
-            # the process ended: drain what it wrote last, then report
-            rest = handle.read() if handle else b""
-            if rest:
-                offset += len(rest)
-                emit(rest)
-            return {"rc": read_rc(rc_file), "offset": offset}
-        time.sleep(poll)
-    if handle:
-        handle.close()
+    ended = None
+    try:
+        ended = os.pidfd_open(pid) if wait else None
+    except (AttributeError, OSError):
+        ended = None
+    pause = poll
+    try:
+        while True:
+            if handle is None and os.path.exists(log):
+                handle = open(log, "rb")  # noqa: SIM115 - kept open across polls, closed below
+                handle.seek(offset)
+            chunk = handle.read(65536) if handle else b""
+            if chunk:
+                offset += len(chunk)
+                emit(chunk)
+                pause = poll
+                continue
+            rc = read_rc(rc_file)
+            if not wait:
+                break
+            st = _stat(pid)
+            if rc is not None or st is None or st[0] == "Z":
+                # the process ended: drain what it wrote last, then report
+                rest = handle.read() if handle else b""
+                if rest:
+                    offset += len(rest)
+                    emit(rest)
+                return {"rc": read_rc(rc_file), "offset": offset}
+            if ended is not None:
+                select.select([ended], [], [], pause)
+            else:
+                time.sleep(pause)
+            pause = min(idle_poll, pause * 1.5)
+    finally:
+        if ended is not None:
+            os.close(ended)
+        if handle:
+            handle.close()
     return {"rc": rc, "offset": offset}
 
 
@@ -707,26 +777,31 @@ class SpawnItem:
     env: dict[str, str]
     failure: str
     error_file: str | None = None
+    announce: str | None = None      # where it writes the address it bound (waited for; :func:`spawn`)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SpawnItem:
-        return cls(data["name"], list(data["argv"]), dict(data["env"]), data["failure"], data.get("error_file"))
+        return cls(data["name"], list(data["argv"]), dict(data["env"]), data["failure"], data.get("error_file"),
+                   data.get("announce"))
 
 
 @dataclass(frozen=True)
 class Spawned:
-    """A process :func:`spawn` started: its pid (== pgid), log and rc file, and where its output
-    begins in that log (``offset``: the log's size before it started)."""
+    """A process :func:`spawn` started: its pid (== pgid), log and rc file, where its output
+    begins in that log (``offset``: the log's size before it started), and the ``host:port`` it
+    announced it bound (None: none announced)."""
 
     name: str
     pid: int
     log: str
     rc: str
     offset: int = 0
+    address: str | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Spawned:
-        return cls(str(data["name"]), int(data["pid"]), str(data["log"]), str(data["rc"]), int(data.get("offset", 0)))
+        return cls(str(data["name"]), int(data["pid"]), str(data["log"]), str(data["rc"]), int(data.get("offset", 0)),
+                   data.get("address"))
 
 
 @dataclass(frozen=True)
@@ -1007,8 +1082,9 @@ class Answer:
 REQUESTS: dict[str, type[AgentRequest[Any]]] = {c.op: c for c in (
     CheckRequest, GpusRequest, SpawnRequest, FollowRequest, StatusRequest, StopGroupsRequest, SignalRequest,
     PutKeyRequest, RemoveFilesRequest, CollectRequest, CleanupRequest, ReadFilesRequest)}
-# spawn runs once (a serving agent would be its processes' parent); follow streams on stdout
-SERVED = frozenset(REQUESTS) - {"spawn", "follow"}
+# follow streams on stdout, so it runs once; a served spawn costs a round trip, not a Python start (its
+# processes' reapers are the serving agent's children until it ends: an ended one, a zombie, counts as dead)
+SERVED = frozenset(REQUESTS) - {"follow"}
 BOOT = 'import sys;_i=sys.stdin.buffer;exec(compile(_i.read(int(_i.readline())),"mxdist-agent","exec"))'
 
 

@@ -77,6 +77,7 @@ class Started:
     run_log: str
     rc_file: str
     log_offset: int = 0
+    address: str | None = None   # the host:port it bound, as it announced it (a scheduler)
 
 
 @dataclass(frozen=True)
@@ -127,8 +128,10 @@ def run_files(run_dir: str, name: str) -> dict[str, str]:
 
 
 def spawn_item(run_dir: str, name: str, argv: Sequence[str], env: Mapping[str, str]) -> agent.SpawnItem:
-    """The host agent's spawn item for the process ``name`` (its files: :func:`run_files`)."""
-    return agent.SpawnItem(name, list(argv), dict(env), **run_files(run_dir, name))
+    """The host agent's spawn item for the process ``name`` (its files: :func:`run_files`; a
+    scheduler's address file is waited for: ``PSNODE_ADDRESS_FILE``)."""
+    return agent.SpawnItem(name, list(argv), dict(env), **run_files(run_dir, name),
+                           announce=env.get("PSNODE_ADDRESS_FILE"))
 
 
 def collect_item(run_dir: str, proc: ProcRecord) -> agent.CollectItem:
@@ -137,7 +140,7 @@ def collect_item(run_dir: str, proc: ProcRecord) -> agent.CollectItem:
 
 
 def started(spawned: list[agent.Spawned]) -> list[Started]:
-    return [Started(s.name, s.pid, s.log, s.rc, s.offset) for s in spawned]
+    return [Started(s.name, s.pid, s.log, s.rc, s.offset, s.address) for s in spawned]
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ HOW_TO_ALLOCATE = (
 )
 
 _CHECK = (  # the working directory, the command, the imports and (mxdist.backends.agent.gpus) the GPUs, on each node
-    "from __future__ import annotations\nimport json,os,sys\nfrom dataclasses import dataclass\n"
+    "from __future__ import annotations\nimport importlib.util,json,os,sys\nfrom dataclasses import dataclass\n"
     + inspect.getsource(agent.gpus) + inspect.getsource(agent.command_problem) + inspect.getsource(agent.NodeCheck) +
     "wd,target,mods,errs=sys.argv[1],json.loads(sys.argv[2]),sys.argv[3:],[]\n"
     "if os.path.realpath(os.getcwd())!=os.path.realpath(wd):\n"
@@ -93,7 +93,8 @@ _CHECK = (  # the working directory, the command, the imports and (mxdist.backen
     " e=command_problem(wd,target[0],target[1]) if target else None\n"
     " if e:errs.append(e)\n"
     " for m in mods:\n"
-    "  try:__import__(m)\n"
+    "  try:\n"   # (looked for, not run: as the SSH agent's preflight, mxdist.backends.agent.missing_modules)
+    "   if importlib.util.find_spec(m) is None:raise ModuleNotFoundError(\"No module named '%s'\"%m)\n"
     "  except Exception as e:errs.append('python cannot import %s in %s: %s: %s'%(m,wd,type(e).__name__,e))\n"
     "print(NodeCheck(os.environ.get('SLURMD_NODENAME'),errs,gpus()).to_line(),flush=True)\n"
 )

@@ -38,6 +38,7 @@ import base64
 import contextlib
 import getpass
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -79,6 +80,11 @@ from .base import (
 from .hostspec import read_hosts
 
 _AGENT_SOURCE = Path(agent.__file__).read_text()
+#: what a follow runs on its host: the agent's follow and the functions it calls, not the whole
+#: agent.  One such Python per process streams that process's output while the job starts: the
+#: less each compiles, the less CPU it takes from the job's own processes
+_FOLLOW_SOURCE = "from __future__ import annotations\nimport json as _j, os, sys as _s, time\n\n" + "\n\n".join(
+    inspect.getsource(f) for f in (agent._expand, agent._stat, agent.read_rc, agent.follow))
 # paramiko logs a failed connection's traceback from its own thread; the user gets the problem
 # and its fix from explain() instead (without a handler, Python would print those records)
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -420,9 +426,17 @@ class SshBackend:
         chan = self._channel(host)
         try:
             chan.settimeout(timeout)
-            chan.exec_command(shlex.join([self.python, "-"]))
-            call = f"_s.exit(_main(_j.loads({json.dumps(request)!r})))"
-            script = f"{_AGENT_SOURCE}\nimport json as _j, sys as _s\n{call}\n"
+            follow = request["op"] == agent.FollowRequest.op
+            # (a follow needs the standard library alone: -S spares it the site-packages' start-up)
+            chan.exec_command(shlex.join([self.python, *(["-S"] if follow else []), "-"]))
+            if follow:
+                args = {k: v for k, v in request.items() if k != "op"}
+                script = (f"{_FOLLOW_SOURCE}\n_o = _s.stdout.buffer\n"
+                          f"_r = follow(**_j.loads({json.dumps(args)!r}), emit=lambda c: (_o.write(c), _o.flush()))\n"
+                          '_s.stderr.write("\\n" + _j.dumps({"result": _r}) + "\\n")\n')
+            else:
+                call = f"_s.exit(_main(_j.loads({json.dumps(request)!r})))"
+                script = f"{_AGENT_SOURCE}\nimport json as _j, sys as _s\n{call}\n"
             chan.sendall(script.encode())
             chan.shutdown_write()
             while True:

@@ -26,7 +26,7 @@ from functools import partial
 from psnode import launcher as door
 from psnode.errors import PSError
 from psnode.files import write_atomic
-from psnode.launcher import NodeRow, StatusAnswer
+from psnode.launcher import NodeRow
 
 from ..backends.base import Backend, BackendStatus, Capability, describer
 from ..elastic.rules import ScaleAnswer
@@ -125,7 +125,7 @@ def status_frames(job_id: str) -> Iterator[Callable[[], JobView]]:
         backend.close()
 
 
-def _membership(record: JobRecord, answer: StatusAnswer | None) -> MembershipView | None:
+def _membership(record: JobRecord, answer: door.StatusAnswer | None) -> MembershipView | None:
     """An elastic job's workers: live from the scheduler's ``answer`` when there is one, else
     as recorded (None: a job of fixed size)."""
     el = record.elastic
@@ -156,7 +156,7 @@ def _notes(record: JobRecord) -> list[str]:
             at = time.strftime("%H:%M:%S", time.localtime(c.when))
             notes.append(f"{c.who} moved to {c.host} at {at}: {c.why}")
             failovers += c.role == "server"
-    failovers += record.failover is not None
+    failovers += len(record.failovers) or record.failover is not None
     if failovers:
         notes.append(f"failovers so far: {failovers}")
     for host, why in record.unverified.items():

@@ -50,8 +50,10 @@ Rules:
    waited for: while the scheduler runs it idles, and the job is ``DONE`` once everything else
    ended (the supervisor stops it).  The scheduler failing before the workers finished, the
    standby running, is ``FAIL_OVER`` (never restarted at its address: two schedulers would
-   split the job); from then on the standby is the job's scheduler, and its failure is
-   ``FAIL``.  A standby that fails while idle is ``CONTINUE``: the job goes on without one.
+   split the job); from then on the standby is the job's scheduler (:attr:`Supervision.scheduler`),
+   and its failure is ``FAIL`` unless a new standby runs by then (:meth:`Supervision.add_standby`:
+   the supervisor starts one on another live host after each failover), which makes it
+   ``FAIL_OVER`` again.  A standby that fails while idle is ``CONTINUE``: the job goes on without one.
 """
 from __future__ import annotations
 
@@ -116,8 +118,9 @@ class Supervision:
     lost: set[str] = field(default_factory=set)
     leaving: set[str] = field(default_factory=set)   # asked to leave: never restarted
     shortfall: str | None = None           # why an elastic job ended: too few workers (rule 7)
-    standby: str | None = None             # the standby scheduler's name (rule 8)
-    failed_over: bool = False              # the standby is the job's scheduler now (rule 8)
+    standby: str | None = None             # the idle standby scheduler's name (rule 8)
+    scheduler: str = "scheduler"           # the job's scheduler: the first, or the standby that took over
+    failed_over: bool = False              # a standby took the job over (rule 8)
     _last: dict[str, Failure] = field(default_factory=dict)
     _loop: dict[str, int] = field(default_factory=dict)     # quick failures the same way in a row
     _quick: dict[str, int] = field(default_factory=dict)    # quick failures in a row
@@ -138,7 +141,13 @@ class Supervision:
     @property
     def _waited_for(self) -> set[str]:
         """What runs and ends the job by itself: everything but an idle standby (rule 8)."""
-        return self.running if self.failed_over or self.standby is None else self.running - {self.standby}
+        return self.running if self.standby is None else self.running - {self.standby}
+
+    def add_standby(self, name: str) -> None:
+        """A new standby scheduler ``name`` started (after a failover): idle, as the first (rule 8)."""
+        self.others.add(name)
+        self.running.add(name)
+        self.standby = name
 
     def add_worker(self, name: str) -> None:
         """A worker started while the job runs (an elastic job's joiner; a rank taken again
@@ -175,11 +184,11 @@ class Supervision:
                 return self._lose(name)
             else:
                 return Action.FAIL
-        elif name == self.standby and not self.failed_over:
+        elif name == self.standby:
             pass                                  # rule 8: an idle standby's end is no event
         elif not ok and not self.winding_down:
-            if name == "scheduler" and self.standby in self.running:
-                self.failed_over = True
+            if name == self.scheduler and self.standby in self.running:
+                self.scheduler, self.standby, self.failed_over = self.standby, None, True
                 return Action.FAIL_OVER
             if name.startswith("server") and self.servers_restart and self._may_restart(name):
                 return self._restart(name)

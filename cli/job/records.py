@@ -318,7 +318,8 @@ class JobRecord:
     notes: list[str] = field(default_factory=list)
     elastic: Elastic | None = None       # None: a job of fixed size
     changes: list[MemberChange] = field(default_factory=list)   # its workers' joins, leaves, losses
-    failover: str | None = None          # the host whose standby scheduler took the job over
+    failover: str | None = None          # the host whose standby scheduler took the job over (the last)
+    failovers: list[str] = field(default_factory=list)   # the hosts whose standbys took it over, in order
     timeline: str | None = None          # --timeline: where the job's merged trace is written
     replicas: int = 1                    # --replicas: copies of each server's state (psnode.server.replicas)
 
@@ -424,9 +425,18 @@ class JobRecord:
         """The scheduler was lost (``why``); the standby ``standby`` at ``address`` takes the job
         over: the launcher's questions (status, leave, lost) go there from now on."""
         self.scheduler, self.failover = address, standby.host
+        self.failovers.append(standby.host)
         at = time.strftime("%H:%M:%S", time.localtime(when))
         self.note(f"the scheduler {why}; the standby scheduler on {standby.host} ({address}) took the job over "
                   f"at {at}")
+
+    def add_standby(self, name: str, rank: int, host: str, address: str, log: str) -> ProcRecord:
+        """A new standby scheduler ``name`` on ``host`` (started after a failover); pending until
+        :meth:`ProcRecord.started`."""
+        self._still_active("add a standby scheduler to")
+        proc = ProcRecord(name=name, role="scheduler", rank=rank, host=host, address=address, log=log)
+        self.procs.append(proc)
+        return proc
 
     def moved(self, proc: ProcRecord, host: str, address: str, why: str, when: float) -> None:
         """``proc`` restarts with its rank on ``host``: its own host did not answer (``why``)."""

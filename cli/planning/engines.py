@@ -108,6 +108,7 @@ class NodeFacts:
     node: Mapping[str, Any] = field(default_factory=dict)   # the psnode options (NodeConfig fields)
     key_file: str | None = None     # the job's secret on its host (None: insecure)
     error_file: str | None = None   # where it writes its failure record
+    address_file: str | None = None   # a scheduler: where it writes the address it bound (a taken port replaced)
     timeline: str | None = None     # --timeline: the directory it appends its timeline events to
     min_workers: int | None = None  # an elastic job's bounds (None: num_workers, a job of fixed size)
     max_workers: int | None = None
@@ -180,7 +181,7 @@ class PsnodeEngine(JobEngine):
                                                     ("max_workers", node.max_workers)) if v is not None}
         cfg = NodeConfig(role=node.role, host=node.host, port=node.port, rank=node.rank,  # type: ignore[arg-type]
                          key_file=node.key_file, error_file=node.error_file, timeline=node.timeline,
-                         scheduler_host=node.scheduler,
+                         address_file=node.address_file, scheduler_host=node.scheduler,
                          scheduler_port=node.scheduler_port, num_workers=node.num_workers,
                          num_servers=node.num_servers, job_id=node.job_id, **node.node, **bounds)
         return cfg.to_env()
@@ -232,6 +233,7 @@ class MxnetEngine(JobEngine):
         "--host-discovery-script": "ps-lite's workers are fixed at the start (DMLC_NUM_WORKER)",
         "--start-timeout": "ps-lite's scheduler waits for its nodes as long as it does (no setting for it)",
         "--stall-warning": "ps-lite's nodes report no waits (the slow worker is named for psnode jobs only)",
+        "--backup-workers": "MXNet's servers wait for every worker's push in each dist_sync round",
     }
     #: flags that MXNet's processes satisfy without mxdist doing anything -> why
     ACCEPTED: ClassVar[Mapping[str, str]] = {

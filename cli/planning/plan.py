@@ -125,6 +125,7 @@ class NodeOptions:
     stall_warning: float = field(default=default("stall_warning"), metadata={"flag": "--stall-warning"})
     register_timeout: float = field(default=default("register_timeout"), metadata={"flag": "--start-timeout"})
     slice_bytes: int = field(default=default("slice_bytes"), metadata={"flag": "--slice-bytes"})
+    backup_workers: int = field(default=default("backup_workers"), metadata={"flag": "--backup-workers"})
 
     def __post_init__(self) -> None:
         if not isinstance(self.distribution, Distribution):
@@ -156,6 +157,9 @@ class NodeOptions:
             raise PlanError(f"--checkpoint-interval {self.checkpoint_interval:g}: must be seconds >= 0")
         if self.slice_bytes < 0:
             raise PlanError(f"--slice-bytes {self.slice_bytes}: must be 0 (one part per server) or more")
+        if self.backup_workers < 0:
+            raise PlanError(f"--backup-workers {self.backup_workers}: must be 0 or more (0: every round waits for "
+                            "every worker)")
         if self.checkpoint_rounds < 0:
             raise PlanError(f"--checkpoint-rounds {self.checkpoint_rounds}: must be 0 or more")
         if self.replicas < 1:
@@ -253,6 +257,7 @@ class PlanRequest:
     slots_from: str = "the hosts"        # where the slots come from, for the error that says so
     standby: bool | None = False         # --standby-scheduler: a standby scheduler on the second host
     #                                      (None: one when the servers are replicated on 2+ hosts)
+    standby_port: int | None = None      # the standby's port (None: scheduler_port + STANDBY_PORT_OFFSET)
 
 
 @dataclass(frozen=True)
@@ -275,7 +280,9 @@ class Plan:
     bounds: Bounds | None = None       # the workers' bounds (mxdist.planning.bounds; None: -n alone)
     nodes: tuple[str, ...] = ()        # host names in node-rank order (GROUP_RANK; mxdist.planning.torchenv)
     request: PlanRequest | None = None   # what it was made from: joiners are planned the same way
-    at_standby: bool = False           # its nodes register at the standby scheduler (with_standby_scheduler)
+    #: (scheduler, standby) its nodes register at and go over to, once a failover changed them
+    #: (:func:`with_schedulers`; None: as planned)
+    schedulers: tuple[str, str | None] | None = None
 
     @property
     def busy_hosts(self) -> list[Host]:
@@ -445,6 +452,9 @@ def make_plan(req: PlanRequest) -> Plan:
         raise PlanError(f"-s {servers}: the number of servers cannot be negative")
     engine = req.engine
     req.node.check_servers(servers)
+    if req.node.backup_workers >= workers > 0 and req.node.backup_workers:
+        raise PlanError(f"--backup-workers {req.node.backup_workers}: a round needs at least one push, and the job "
+                        f"has {workers} workers (-n {workers}); use 0 to {workers - 1}")
     if req.standby is None:   # (a job that survives a lost host survives its scheduler's too)
         many = len({h.label for h in (*hosts, *req.server_hosts)}) > 1
         req = replace(req, standby=engine.name == "psnode" and servers > 0 and req.node.replicas > 1 and many)
@@ -486,8 +496,8 @@ def make_plan(req: PlanRequest) -> Plan:
     ]
     if req.standby:
         second = standby_host(req)
-        env = _node_env(req, Role.SCHEDULER, second, STANDBY_RANK, req.scheduler_port + STANDBY_PORT_OFFSET)
-        env.update(PSNODE_SCHEDULER=f"{second.address}:{req.scheduler_port + STANDBY_PORT_OFFSET}",
+        env = _node_env(req, Role.SCHEDULER, second, STANDBY_RANK, _standby_port(req))
+        env.update(PSNODE_SCHEDULER=f"{second.address}:{_standby_port(req)}",
                    PSNODE_HOST=second.address, PSNODE_STANDBY="1",
                    PSNODE_PRIMARY=f"{sched.address}:{req.scheduler_port}")
         env.pop("PSNODE_SCHEDULER_STANDBY", None)
@@ -553,7 +563,11 @@ def standby_address(req: PlanRequest) -> str | None:
     """``host:port`` of the standby scheduler, or None without one."""
     if not req.standby:
         return None
-    return f"{standby_host(req).address}:{req.scheduler_port + STANDBY_PORT_OFFSET}"
+    return f"{standby_host(req).address}:{_standby_port(req)}"
+
+
+def _standby_port(req: PlanRequest) -> int:
+    return req.scheduler_port + STANDBY_PORT_OFFSET if req.standby_port is None else req.standby_port
 
 
 def scheduler_host(req: PlanRequest) -> Host:
@@ -576,6 +590,7 @@ def _node_env(req: PlanRequest, role: Role, host: Host, rank: int | None, port: 
                       num_servers=req.num_servers, node=req.node.config_fields(),
                       key_file=req.key_files.get(host.label, req.key_file),
                       error_file=path_in(req.run_dir, name) if req.run_dir else None,
+                      address_file=f"{req.run_dir}/{name}.address" if req.run_dir and role is Role.SCHEDULER else None,
                       timeline=f"{req.run_dir}/timeline" if req.timeline and req.run_dir else None,
                       min_workers=req.min_workers, max_workers=req.max_workers)
     try:
@@ -618,8 +633,8 @@ def joiner(plan: Plan, rank: int, host: Host, local: int, world_size: int, local
     except ValueError as exc:
         raise PlanError(str(exc)) from None
     spec = worker_spec(plan.request, host, place)
-    if plan.at_standby:
-        spec = _at_standby(spec)
+    if plan.schedulers is not None:
+        spec = _pointed(spec, *plan.schedulers)
     known = key_file or next((p.env["PSNODE_KEY_FILE"] for p in plan.procs if p.host.label == host.label
                               and "PSNODE_KEY_FILE" in p.env), None)
     return replace(spec, env=_with_config(spec.env, key_file=known)) if known else spec
@@ -650,9 +665,11 @@ def moved_server(plan: Plan, name: str, host: Host, key_file: str | None = None)
 
 
 def with_proc(plan: Plan, spec: ProcSpec) -> Plan:
-    """The plan with ``spec`` replacing its process of the same name, and ``spec``'s host among
-    its hosts."""
+    """The plan with ``spec`` replacing its process of the same name (or added, a new one), and
+    ``spec``'s host among its hosts."""
     procs = tuple(spec if p.name == spec.name else p for p in plan.procs)
+    if not any(p.name == spec.name for p in plan.procs):
+        procs = (*procs, spec)
     hosts = plan.hosts if any(h.label == spec.host.label for h in plan.hosts) else (*plan.hosts, spec.host)
     return replace(plan, procs=procs, hosts=hosts)
 
@@ -661,19 +678,47 @@ def with_standby_scheduler(plan: Plan) -> Plan:
     """The plan with every node pointed at the standby scheduler (its scheduler is lost, or
     being): a node started from now on registers there at once, a joiner planned later too
     (:func:`joiner`).  Unchanged without a standby."""
-    if not any("PSNODE_SCHEDULER_STANDBY" in p.env for p in plan.procs):
-        return plan
-    return replace(plan, procs=tuple(_at_standby(p) for p in plan.procs), at_standby=True)
+    standby = next((p.env["PSNODE_SCHEDULER_STANDBY"] for p in plan.procs
+                    if p.role is not Role.SCHEDULER and "PSNODE_SCHEDULER_STANDBY" in p.env), None)
+    return plan if standby is None else with_schedulers(plan, standby, None)
 
 
-def _at_standby(spec: ProcSpec) -> ProcSpec:
-    """``spec`` registering at its standby scheduler (a node that knows one; else as it is)."""
-    standby = spec.env.get("PSNODE_SCHEDULER_STANDBY")
-    if spec.role is Role.SCHEDULER or not standby:
+def with_schedulers(plan: Plan, scheduler: str, standby: str | None) -> Plan:
+    """The plan with every node (and every joiner planned later: :func:`joiner`) registering at
+    ``scheduler`` (``host:port``) and going over to ``standby`` when it is lost (None: nowhere)."""
+    return replace(plan, procs=tuple(_pointed(p, scheduler, standby) for p in plan.procs),
+                   schedulers=(scheduler, standby))
+
+
+def _pointed(spec: ProcSpec, scheduler: str, standby: str | None) -> ProcSpec:
+    """Node ``spec`` registering at ``scheduler``, its standby ``standby`` (a scheduler: as it is)."""
+    if spec.role is Role.SCHEDULER:
         return spec
     env = {k: v for k, v in spec.env.items() if k != "PSNODE_SCHEDULER_STANDBY"}
-    env["PSNODE_SCHEDULER"] = standby
+    env["PSNODE_SCHEDULER"] = scheduler
+    if standby is not None:
+        env["PSNODE_SCHEDULER_STANDBY"] = standby
     return replace(spec, env=env)
+
+
+def next_standby(plan: Plan, host: Host, rank: int, primary: str, key_file: str | None = None) -> ProcSpec:
+    """Standby scheduler ``scheduler-<rank>`` on ``host``, standing by for the scheduler at
+    ``primary`` (one that took the job over): the first standby's command and variables, bound
+    to ``host``'s address on the first standby's port (``--port`` + 2), with the job's secret
+    file at ``key_file`` on ``host``, else where the plan's processes there read it."""
+    first = next((p for p in plan.procs if p.role is Role.SCHEDULER and p.rank == STANDBY_RANK), None)
+    if first is None:
+        raise PlanError(f"job {plan.job_id} has no standby scheduler to start another like it")
+    cfg = NodeConfig.from_env(first.env)
+    name = f"{Role.SCHEDULER.value}-{rank}"
+    changes: dict[str, object] = {"host": host.address, "scheduler_host": host.address, "primary": primary}
+    if cfg.error_file:
+        changes["error_file"] = path_in(cfg.error_file.rpartition("/")[0] or "/", name)
+    known = key_file or next((p.env["PSNODE_KEY_FILE"] for p in plan.procs if p.host.label == host.label
+                              and "PSNODE_KEY_FILE" in p.env), None)
+    if known:
+        changes["key_file"] = known
+    return ProcSpec(Role.SCHEDULER, rank, host, first.argv, _with_config(first.env, **changes))
 
 
 def _with_config(env: Mapping[str, str], **changes: object) -> dict[str, str]:
@@ -685,8 +730,34 @@ def _with_config(env: Mapping[str, str], **changes: object) -> dict[str, str]:
 
 def restarted(spec: ProcSpec, count: int) -> ProcSpec:
     """The same process (rank, host, argv, env) with ``PSNODE_RESTART_COUNT=count`` (and, for a
-    worker, ``TORCHELASTIC_RESTART_COUNT``)."""
-    return replace(spec, env=torch_restarted(_with_config(spec.env, restart_count=count), count))
+    worker, ``TORCHELASTIC_RESTART_COUNT``).  A restarted scheduler binds its address or fails:
+    the live nodes look for it there."""
+    changes: dict[str, Any] = {"restart_count": count}
+    if spec.role is Role.SCHEDULER:
+        changes["address_file"] = None
+    return replace(spec, env=torch_restarted(_with_config(spec.env, **changes), count))
+
+
+#: what names a scheduler's address in a process's environment
+_SCHEDULER_VARS = ("PSNODE_SCHEDULER", "PSNODE_SCHEDULER_STANDBY", "PSNODE_PRIMARY")
+
+
+def with_scheduler_port(plan: Plan, rank: int | None, port: int) -> Plan:
+    """The plan with its scheduler (``rank`` None) or its standby (:data:`STANDBY_RANK`) at
+    ``port`` on its host: the port it bound, its planned one having been taken
+    (``PSNODE_ADDRESS_FILE``).  Every process started from this plan, joiners included, is given
+    that address."""
+    spec = next(p for p in plan.of_role(Role.SCHEDULER) if p.rank == rank)
+    old = spec.env["PSNODE_SCHEDULER"]
+    new = f"{spec.host.address}:{port}"
+    procs = tuple(replace(p, env={k: (new if k in _SCHEDULER_VARS and v == old else v) for k, v in p.env.items()})
+                  for p in plan.procs)
+    req = plan.request
+    if req is not None:
+        req = replace(req, scheduler_port=port, standby_port=_standby_port(req)) if rank is None \
+            else replace(req, standby_port=port)
+    return replace(plan, procs=procs, request=req,
+                   scheduler_address=new if plan.scheduler_address == old else plan.scheduler_address)
 
 
 def with_key_files(plan: Plan, paths: Mapping[str, str]) -> Plan:

@@ -214,7 +214,10 @@ class Conclusion:
             detail = f"{detail}; {', '.join(moves)}" if detail else ", ".join(moves)
         if self.job.slowest and rec.state is not JobState.STOPPED:
             detail = f"{detail}; {self.job.slowest}" if detail else self.job.slowest
-        if rec.failover:
+        if len(rec.failovers) > 1:
+            over = f"the standby schedulers on {', then '.join(rec.failovers)} took the job over in turn"
+            detail = f"{detail}; {over}" if detail else over
+        elif rec.failover:
             over = f"the standby scheduler on {rec.failover} took the job over"
             detail = f"{detail}; {over}" if detail else over
         sched = next((p for p in rec.procs if p.role == Role.SCHEDULER.value), None)

@@ -8,7 +8,9 @@ lost for good (:meth:`Membership.left`, :meth:`Membership.lose`), knows which ho
 (:meth:`Membership.answers`: a host lost once is never used again) and moves a lost host's worker
 to a free slot elsewhere (:meth:`Membership.relocate`), and a lost host's server, whose state has
 replicas (``--replicas``), to the host that answers with the fewest of the job's servers
-(:meth:`Membership.move_server`).
+(:meth:`Membership.move_server`).  After a failover it starts a new standby scheduler on another
+host that answers (:meth:`Membership.start_standby`), so the job survives one host loss after
+another.
 
 It acts on the running job through :class:`Running` (the supervisor: its plan, hosts, record,
 backend and settings; following a started process, saving the record, waking its loop) and never
@@ -42,9 +44,11 @@ from ..planning.hosts import Host
 from ..planning.plan import (
     Plan,
     moved_server,
+    next_standby,
     restarted,
     with_gpus,
     with_proc,
+    with_schedulers,
     with_standby_scheduler,
     with_worker,
 )
@@ -295,8 +299,7 @@ class Membership:
             return True
         except Exception as exc:  # noqa: BLE001 - any failure to reach it is the same answer
             self.lost_hosts[host.label] = time.time()
-            if any(p.role == Role.SCHEDULER.value and p.rank is None and p.host == host.label
-                   for p in self.job.record.procs):
+            if self.job.record.scheduler.rpartition(":")[0].strip("[]") == host.address:   # the scheduler's
                 self.job.plan = with_standby_scheduler(self.job.plan)   # (what starts now goes there)
             said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             ui.warn(f"host {host.label} does not answer ({said}): lost; nothing of the job starts there again")
@@ -329,6 +332,40 @@ class Membership:
         self._moved(rec, host, old, started, f"{rec.name} restarts with rank {rec.rank} on {host.label} (local rank "
                                              f"{home.local_rank}): its host {old} does not answer")
         return True
+
+    def start_standby(self, primary: str, avoid: set[str]) -> ProcRecord | None:
+        """A standby took the job over at ``primary``: start a new standby scheduler for it on a
+        host that answers and is not in ``avoid`` (the hosts of the schedulers lost and of
+        ``primary``), the job's busy hosts first, in host order; its record, or None (said) when
+        no host serves."""
+        assert self.rules is not None
+        busy = {h.label for h in self.job.plan.busy_hosts}
+        hosts = sorted((h for h in self.job.hosts.values() if h.label not in avoid),
+                       key=lambda h: h.label not in busy)
+        rank = 1 + max(p.rank or 0 for p in self.job.record.procs if p.role == Role.SCHEDULER.value)
+        for host in hosts:
+            if not self.answers(host):
+                continue
+            try:
+                key_file = self._prepare(host)
+                spec = next_standby(self.job.plan, host, rank, primary, key_file)
+                started = self.job.backend.start(host, [spec], self.job.settings.run_dir)[0]
+            except Exception as exc:  # noqa: BLE001 - said; the next host is tried
+                ui.warn(f"could not start a new standby scheduler on {host.label}: {exc}")
+                continue
+            address = spec.env["PSNODE_SCHEDULER"]
+            self.job.plan = with_schedulers(with_proc(self.job.plan, spec), primary, address)
+            rec = self.job.record.add_standby(spec.name, rank, host.label, host.address,
+                                              str(records.log_dir(self.job.record.id) / f"{spec.name}.log"))
+            rec.started(started.pid, started.run_log, started.rc_file)
+            self.rules.add_standby(spec.name)
+            ui.warn(f"a new standby scheduler starts on {host.label} at {address}: the nodes go over to it "
+                    "if this scheduler's host is lost too")
+            self.job.follow(rec, started.log_offset)
+            self.job.save()
+            return rec
+        ui.warn("no other host answers for a new standby scheduler: the job goes on without one")
+        return None
 
     def _moved(self, rec: ProcRecord, host: Host, old: str, started: Started, said: str) -> None:
         """``rec`` started on ``host`` (``started``), its own host ``old`` lost: record, say, follow."""

@@ -28,11 +28,13 @@ were asked for (a CPU host is fine and quiet).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from psnode.launcher import Mode, new_security
+from psnode import launcher as door
+from psnode.launcher import Mode
 
 from .. import ui
 from ..backends.base import (
@@ -97,6 +99,9 @@ def prepare_hosts(plan: Plan, backend: Backend, record: JobRecord, run_dir: str,
     it asks only once every host passed preflight; forbidden, this returns no problems and the
     plan as it was."""
     writes = writes or HostWrites()
+    # the job's secret is made meanwhile (pyzmq makes its key pair), kept until every host passed
+    secret = None if mode is Mode.INSECURE else concurrent.futures.ThreadPoolExecutor(1, "secret")
+    made = secret.submit(door.new_security, mode) if secret is not None else None
     try:
         for local, remote in sync:   # first: the working directory may be what it copies
             _sync(plan, backend, local, remote)
@@ -108,11 +113,14 @@ def prepare_hosts(plan: Plan, backend: Backend, record: JobRecord, run_dir: str,
             return [], plan
         if not problems:
             plan = _place_gpus(plan, backend, report)
-        if not problems and mode is not Mode.INSECURE:
-            plan = _install_secret(plan, backend, record, run_dir, mode, save)
+        if not problems and made is not None:
+            plan = _install_secret(plan, backend, record, run_dir, made.result(), save)
         return problems, plan
     except PreflightFailed as exc:
         return _in_host_order(exc.problems, plan), plan
+    finally:
+        if secret is not None:
+            secret.shutdown(wait=False)
 
 
 def _in_host_order(problems: list[HostProblem], plan: Plan) -> list[HostProblem]:
@@ -135,10 +143,9 @@ def _place_gpus(plan: Plan, backend: Backend, report: Preflight) -> Plan:
     return plan
 
 
-def _install_secret(plan: Plan, backend: Backend, record: JobRecord, run_dir: str, mode: Mode,
+def _install_secret(plan: Plan, backend: Backend, record: JobRecord, run_dir: str, security: door.Security,
                     save: Callable[[], None]) -> Plan:
-    """A fresh secret for the job: the launcher's copy, then (SSH) one on every host."""
-    security = new_security(mode)
+    """The job's fresh secret: the launcher's copy, then (SSH) one on every host."""
     local = records.key_path(record.id)
     records.private_dir(local.parent)
     security.save(str(local))

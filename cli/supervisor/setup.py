@@ -24,7 +24,8 @@ import random
 import socket
 from dataclasses import dataclass, replace
 
-from psnode.launcher import Mode, checkpoint_path
+from psnode import launcher as door
+from psnode.launcher import Mode
 
 from ..backends import agent
 from ..backends.base import Backend, Capability, LaunchRequest, host_gpus, resolver
@@ -146,8 +147,8 @@ def _identity_file(path: str | None) -> str | None:
 def check_resume(plan: Plan, directory: str) -> None:
     """``--resume`` where the hosts see this machine's files: every server's checkpoint file must
     exist before anything starts."""
-    missing = [os.path.basename(checkpoint_path(directory, r)) for r in range(plan.num_servers)
-               if not os.path.isfile(checkpoint_path(directory, r))]
+    missing = [os.path.basename(door.checkpoint_path(directory, r)) for r in range(plan.num_servers)
+               if not os.path.isfile(door.checkpoint_path(directory, r))]
     if plan.num_servers == 0:
         raise PlanError("--resume loads the servers' checkpoints: the job has no servers (-s 0)")
     if missing:

@@ -12,7 +12,9 @@ Sequence (:meth:`Supervisor.run`):
    per host, exit 3, nothing started;
    a signal or a stop request meanwhile ends the job at once (nothing of the job is on any host
    before preflight passed: :class:`mxdist.supervisor.preflight.HostWrites`);
-3. start the scheduler, the servers, the workers (each stage per host in parallel); stream
+3. start the scheduler (and a standby), each alone, at the address it announces (a port found
+   taken is replaced: :meth:`Supervisor._start_all`), then the servers and workers together
+   (each stage per host in parallel); stream
    every process's output (prefixed; ``--ranks`` filters; every line saved to
    ``jobs/<id>/<name>.log``);
 4. watch: process exits go through the rules of :mod:`mxdist.job.lifecycle` (restart, after a back
@@ -88,7 +90,14 @@ from ..job.lifecycle import QUICK, SCHEDULER_RESTARTS, Action, Failure, Supervis
 from ..job.records import Elastic, JobRecord, JobState, ProcRecord, ProcState
 from ..job.rootcause import describe_code
 from ..planning.hosts import Host
-from ..planning.plan import Plan, ProcSpec, placement, restarted, with_standby_scheduler
+from ..planning.plan import (
+    Plan,
+    ProcSpec,
+    placement,
+    restarted,
+    with_scheduler_port,
+    with_schedulers,
+)
 from .conclusion import Conclusion
 from .hostwatch import HostWatch
 from .membership import Membership
@@ -257,10 +266,19 @@ class Supervisor:
     # -- start ----------------------------------------------------------------------------------
 
     def _start_all(self) -> None:
-        for role in (Role.SCHEDULER, Role.SERVER, Role.WORKER):
+        """Start the job's processes stage by stage, each stage's hosts in parallel: each
+        scheduler alone (the primary first: the standby is told its address), then the servers
+        and the workers together (they wait for each other at the scheduler).  A scheduler
+        announces the address it bound (its first act, before its imports) and every process
+        started after it is given that address (:meth:`_moved`): a planned port found taken
+        never fails the job."""
+        stages = [[p.name] for p in self.plan.of_role(Role.SCHEDULER)]
+        stages.append([p.name for p in self.plan.procs if p.role is not Role.SCHEDULER])
+        for names in stages:
             per_host: dict[str, list[ProcSpec]] = {}
-            for spec in self.plan.of_role(role):
-                per_host.setdefault(spec.host.label, []).append(spec)
+            for spec in self.plan.procs:
+                if spec.name in names:
+                    per_host.setdefault(spec.host.label, []).append(spec)
             results = run_per_host([self.hosts[h] for h in per_host], partial(self._start_on, per_host))
             errors = []
             for label, result in results.items():
@@ -271,11 +289,26 @@ class Supervisor:
                     rec = self.record.proc(started.name)
                     rec.started(started.pid, started.run_log, started.rc_file)
                     self.follow(rec)
+                    if started.address:
+                        self._moved(started.name, started.address)
             self.save()
             if errors:
                 raise BackendError("could not start processes: " + "; ".join(errors))
         self.record.mark_running()
         self.save()
+
+    def _moved(self, name: str, address: str) -> None:
+        """The scheduler ``name`` listens at ``address``: when its planned port was taken, the
+        processes started from now on (and ``mxdist status``) are given this address."""
+        spec = next(p for p in self.plan.procs if p.name == name)
+        planned = spec.env.get("PSNODE_SCHEDULER", "")
+        port = address.rpartition(":")[2]
+        if address == planned or not port.isdigit():
+            return
+        self.plan = with_scheduler_port(self.plan, spec.rank, int(port))
+        self.record.scheduler = self.plan.scheduler_address
+        ui.warn(f"{name} on {spec.host.label}: port {planned.rpartition(':')[2]} was taken, so it listens at "
+                f"{address}; the job's other processes are given that address")
 
     def _start_on(self, per_host: dict[str, list[ProcSpec]], host: Host) -> list[Started]:
         return self.backend.start(host, per_host[host.label], self.settings.run_dir)
@@ -400,7 +433,7 @@ class Supervisor:
                         self.membership.lose(rec, status, rules)
             if action is Action.FAIL_OVER:
                 self._fail_over(rec, status)
-            elif name == rules.standby and not rules.failed_over and not status.ok and not rules.winding_down:
+            elif name == rules.standby and not status.ok and not rules.winding_down:
                 ui.warn(f"the standby scheduler on {rec.host} {status.describe()}: the job goes on without one")
             if action is Action.FAIL:
                 return self.conclusion.conclude(JobState.FAILED, EXIT_FAILED, first_seen=name,
@@ -415,15 +448,20 @@ class Supervisor:
 
     def _fail_over(self, rec: ProcRecord, status: ExitStatus) -> None:
         """The scheduler ``rec`` is lost; the standby takes the job over (lifecycle rule 8): the
-        nodes go over to it within the heartbeat timeout, and the launcher's questions too."""
-        standby = next(p for p in self.record.procs if p.role == Role.SCHEDULER.value and p.name != rec.name)
+        nodes go over to it within the heartbeat timeout, and the launcher's questions too; a new
+        standby starts on another host that answers (:meth:`Membership.start_standby`)."""
+        assert self._rules is not None
+        standby = self.record.proc(self._rules.scheduler)   # (the rules made it the scheduler)
         spec = next(p for p in self.plan.procs if p.name == standby.name)
         address = spec.env["PSNODE_SCHEDULER"]
-        self.plan = with_standby_scheduler(self.plan)   # (a node started from now on registers there)
+        self.plan = with_schedulers(self.plan, address, None)   # (a node started from now on registers there)
         self.record.failed_over(standby, address, f"on {rec.host} {status.describe()}", time.time())
         self.save()
         ui.warn(f"{rec.name} on {rec.host} {status.describe()}: the standby scheduler on {standby.host} takes the "
                 f"job over at {address} (the nodes go over to it within the heartbeat timeout)")
+        ended = {p.host for p in self.record.procs
+                 if p.role == Role.SCHEDULER.value and p.state is not ProcState.RUNNING}
+        self.membership.start_standby(address, ended | {rec.host, standby.host})
 
     def _exited(self, rec: ProcRecord, status: ExitStatus) -> None:
         rec.exited(status.code, time.time())

@@ -23,6 +23,9 @@ a node whose scheduler stays silent for the heartbeat timeout goes over to the s
 once, with the same socket (:meth:`Channel.repoint`): it registers there again as after a
 restart (the standby rebuilds the job from the live nodes: :mod:`psnode.scheduler.rebuild`), and
 the heartbeat timeout starts again.  Silent there too, the node fails as without a standby.
+The scheduler names its standby (one that announced itself to it: a standby the launcher
+started after a failover, for the scheduler that took the job over) in STANDBY and in each
+WELCOME: the node goes over there next, so a job survives one host loss after another.
 """
 from __future__ import annotations
 
@@ -35,11 +38,11 @@ from dataclasses import replace
 from typing import Any
 
 from psnode.config import NodeConfig, parse_address
-from psnode.errors import PeerLost, ProtocolError
+from psnode.errors import ConfigError, PeerLost, ProtocolError
 from psnode.net.security import Plane
 from psnode.net.transport import Channel, Transport
 from psnode.protocol import Command
-from psnode.protocol.control import Bye, Control, Counters, Heartbeat, Register, Rejoin, Welcome, decode
+from psnode.protocol.control import Bye, Control, Counters, Heartbeat, Register, Rejoin, Standby, Welcome, decode
 
 log = logging.getLogger("psnode.link")
 
@@ -95,10 +98,10 @@ class SchedulerLink:
     def _go_to_standby(self, now: float, silent: float) -> None:
         """The scheduler is silent: repoint at the standby and register there again."""
         assert self.standby is not None
-        gone, (host, port) = self.chan.address, parse_address(self.standby, "PSNODE_SCHEDULER_STANDBY")
+        gone, (host, port), there = self.chan.address, parse_address(self.standby, "the standby"), self.standby
         self.standby = None
         log.warning("the scheduler at %s stopped responding (%.1f s without a heartbeat reply); "
-                    "going over to the standby scheduler at %s", gone, silent, self.cfg.scheduler_standby)
+                    "going over to the standby scheduler at %s", gone, silent, there)
         self.chan.repoint(host, port)
         self.scheduler_pid = None
         self.last_ack = now
@@ -107,6 +110,17 @@ class SchedulerLink:
         self.chan.send(Command.REGISTER, self._registration())
         self.chan.send(Command.HEARTBEAT, Heartbeat(self._stats()).to_body())
         self._next_beat = now + self.cfg.heartbeat_interval
+
+    def _stand_by(self, address: str) -> None:
+        """The scheduler names its standby: go there when it is silent (never to itself)."""
+        try:
+            host, port = parse_address(address, "the standby")
+        except ConfigError as exc:
+            log.warning("dropped the scheduler's standby: %s", exc)
+            return
+        if f"{host}:{port}" != self.chan.address and address != self.standby:
+            log.info("the standby scheduler is at %s", address)
+            self.standby = address
 
     def timeout(self, now: float) -> float:
         """Seconds until the next heartbeat is due."""
@@ -130,12 +144,17 @@ class SchedulerLink:
                 elif self.rejoining:
                     self.chan.send(Command.REGISTER, self._registration())
                 continue
+            if isinstance(msg.body, Standby):
+                self._stand_by(msg.body.address)
+                continue
             if isinstance(msg.body, Welcome):
                 if self.rejoining and msg.body.rank != self.rank:
                     continue   # a WELCOME for an earlier registration
                 self.welcomed, self.rejoining = True, False
                 self.scheduler_pid = msg.body.pid
                 self.rank = msg.body.rank
+                if msg.body.standby:
+                    self._stand_by(msg.body.standby)
             return msg
         return None
 

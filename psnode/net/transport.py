@@ -241,11 +241,16 @@ class Transport:
             self._guard.ready.wait(5)
         return self._guard
 
-    def router(self, host: str, port: int, plane: Plane = Plane.DATA) -> tuple[Channel, int]:
+    def router(self, host: str, port: int, plane: Plane = Plane.DATA,
+               elsewhere: bool = False, fd: int | None = None) -> tuple[Channel, int]:
         """A ROUTER bound to ``host:port`` (port 0: a free one in 20000-59999) serving ``plane``;
-        returns it and the port."""
+        returns it and the port.  ``elsewhere``: a ``port`` found taken is replaced by a free one
+        (the caller tells its peers where it is).  ``fd``: a socket already listening on
+        ``host:port`` (:func:`psnode.net.listen.listen_early`), which the ROUTER takes over."""
         mech = mechanism(self.security.mode, plane)
-        tries = [port] if port else random.sample(range(20000, 60000), 200)
+        tries = [port] if port else []
+        if not port or elsewhere:
+            tries += [p for p in random.sample(range(20000, 60000), 200) if p != port]
         for n, p in enumerate(tries, 1):
             address = f"{host}:{p}"
             sock = self._socket(zmq.ROUTER)
@@ -259,12 +264,14 @@ class Transport:
             elif mech is Mechanism.PLAIN:
                 sock.plain_server = True
                 sock.setsockopt(zmq.METADATA, f"{_PROOF}:".encode() + self.security.server_proof(address))
+            if fd is not None:
+                sock.setsockopt(zmq.USE_FD, fd)
             try:
                 sock.bind(f"tcp://{_bracket(host)}:{p}")
             except zmq.ZMQError as exc:
                 self._socks.remove(sock)
                 sock.close()
-                if port or exc.errno != errno.EADDRINUSE or n == len(tries):
+                if (port and not elsewhere) or exc.errno != errno.EADDRINUSE or n == len(tries):
                     raise ConfigError(f"cannot bind {host}:{port or 'any port'}: {exc}") from None
                 continue
             if mech is not Mechanism.NULL:
@@ -325,6 +332,7 @@ class Channel:
         self.bytes_in = 0
         self.bytes_out = 0
         self._proof = proof     # the server proof every message must carry (authenticated data links)
+        self._bare: dict[Any, list[Any]] = {}   # command -> the frames of its message without a body
 
     def repoint(self, host: str, port: int) -> None:
         """A DEALER of the control plane (CURVE or NULL: nothing in it names the address) leaves
@@ -343,9 +351,7 @@ class Channel:
         """Send a message (a data message when ``ops`` are given: typed operations, see
         psnode.protocol).  Frames of PACK_BYTES or more go without a copy; with ``track``
         the result tells when zmq is done reading them (they must not change before)."""
-        msg = Message(cmd=cmd, job=self.t.job_id, sender=self.t.sender,
-                      body=body or {}, arrays=arrays or [], ops=ops)
-        frames = encode(msg)
+        frames = self.frames(cmd, body, arrays, ops)
         if to is not None:
             frames.insert(0, to)
         sock, last = self.sock, len(frames) - 1
@@ -364,6 +370,18 @@ class Channel:
         except zmq.ZMQError as exc:  # e.g. EHOSTUNREACH: peer gone; liveness will tell
             log.debug("send failed: %s", exc)
         return Sent(trackers) if track else None
+
+    def frames(self, cmd: Any, body: dict[str, Any] | None = None, arrays: list[Any] | None = None,
+               ops: list[Any] | None = None) -> list[Any]:
+        """The frames of a message from this channel (a message without body, arrays or ops,
+        such as the scheduler's HEARTBEAT_ACK to each node every second, is encoded once)."""
+        if not body and not arrays and ops is None:
+            bare = self._bare.get(cmd)
+            if bare is None:
+                bare = self._bare[cmd] = encode(Message(cmd=cmd, job=self.t.job_id, sender=self.t.sender))
+            return list(bare)
+        return encode(Message(cmd=cmd, job=self.t.job_id, sender=self.t.sender,
+                              body=body or {}, arrays=arrays or [], ops=ops))
 
     def recv(self, routed: bool = False) -> tuple[bytes | None, Message] | None:
         """Receive one message if one is waiting; None if none, or if it was dropped."""

@@ -82,71 +82,72 @@ reads to name a failed job's root cause (:mod:`psnode.protocol.failure`).
 """
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from psnode.errors import ProtocolError
-from psnode.protocol.answers import Answer, Failed, Missing, Ok, Wait
-from psnode.protocol.codec import Resolver, decode_data, encode_data
-from psnode.protocol.comptag import CompressionTag, parse_tag
-from psnode.protocol.frames import (
-    DATA_VERSION,
-    DTYPE_NAMES,
-    DTYPES,
-    MAX_HEADER_BYTES,
-    MAX_NDIM,
-    PACK_BYTES,
-    VERSION,
-    Command,
-    Message,
-    as_bytes,
-    check_key,
-    decode_json,
-    encode_json,
-)
-from psnode.protocol.ops import (
-    BUCKET,
-    Flag,
-    Flush,
-    GetStates,
-    Init,
-    Join,
-    Key,
-    LoadStates,
-    Op,
-    OpCode,
-    PartKey,
-    Pull,
-    Push,
-    PushPull,
-    SetOptimizer,
-    bucket_key,
-    bucket_of,
-    resent,
-    without_dest,
-)
+if TYPE_CHECKING:
+    from psnode.protocol.answers import Answer, Failed, Missing, Ok, Wait
+    from psnode.protocol.comptag import CompressionTag, parse_tag
+    from psnode.protocol.frames import (
+        DATA_VERSION,
+        DTYPE_NAMES,
+        DTYPES,
+        MAX_HEADER_BYTES,
+        MAX_NDIM,
+        PACK_BYTES,
+        VERSION,
+        Command,
+        Message,
+        check_key,
+    )
+    from psnode.protocol.ops import (
+        BUCKET,
+        Flag,
+        Flush,
+        GetStates,
+        Init,
+        Join,
+        Key,
+        LoadStates,
+        Op,
+        OpCode,
+        PartKey,
+        Pull,
+        Push,
+        PushPull,
+        SetOptimizer,
+        bucket_key,
+        bucket_of,
+        resent,
+        without_dest,
+    )
+    from psnode.protocol.wire import decode, encode
+
+#: where each name of the package lives; loaded on first use, so that the control messages, the
+#: status rows and the failure records (standard library only) are read without numpy
+_HOMES: dict[str, str] = {
+    **dict.fromkeys(("Answer", "Failed", "Missing", "Ok", "Wait"), "psnode.protocol.answers"),
+    **dict.fromkeys(("CompressionTag", "parse_tag"), "psnode.protocol.comptag"),
+    **dict.fromkeys((
+        "Command", "DATA_VERSION", "DTYPES", "DTYPE_NAMES", "MAX_HEADER_BYTES", "MAX_NDIM", "Message",
+        "PACK_BYTES", "VERSION", "check_key"
+    ), "psnode.protocol.frames"),
+    **dict.fromkeys((
+        "BUCKET", "Flag", "Flush", "GetStates", "Init", "Join", "Key", "LoadStates", "Op", "OpCode",
+        "PartKey", "Pull", "Push", "PushPull", "SetOptimizer", "bucket_key", "bucket_of", "resent",
+        "without_dest"
+    ), "psnode.protocol.ops"),
+    **dict.fromkeys(("decode", "encode"), "psnode.protocol.wire"),
+}
 
 
-def encode(msg: Message) -> list[Any]:
-    """Frames for ``msg``: binary when it carries ``ops`` (a data message), else JSON."""
-    if msg.ops is not None:
-        return encode_data(msg.cmd, msg.job, msg.ops)
-    return encode_json(msg)
-
-
-def decode(frames: list[Any], job_id: str | None, max_bytes: int, resolve: Resolver | None = None) -> Message:
-    """Validate and decode ``frames`` (identity already removed).
-
-    ``job_id`` None accepts any job (used only by tools that list jobs).  Raises
-    ProtocolError with a short reason on any violation.
-    """
-    if len(frames) < 2:
-        raise ProtocolError(f"{len(frames)} frame(s); a message has at least 2")
-    tag = as_bytes(frames[0])
-    if tag == VERSION:
-        return decode_json(frames, job_id, max_bytes)
-    if tag == DATA_VERSION:
-        return decode_data(frames, job_id, max_bytes, resolve)
-    raise ProtocolError(f"bad version tag {tag[:16]!r}")
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'psnode.protocol' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
 
 
 __all__ = [

@@ -51,6 +51,8 @@ RANKS = 2**31           # ranks, pids and counts of nodes are below this
 MAX_HOST = 255          # characters of a host name or address
 _MAX_COUNT = 2**63      # counters
 _NO = object()          # no default: the field is required
+_ADDRESS = 300          # characters of a host:port
+MAX_IMPLIED = 2**20     # workers a WELCOME without ``active`` may imply (all active)
 MAX_ON = 4096           # workers one wait report names
 MAX_OF = 300            # characters of what a wait report's pull is of
 
@@ -260,8 +262,8 @@ class Register:
 @dataclass(frozen=True)
 class ServerAddress:
     """One entry of the address book: server ``rank`` serves at ``host:port``, and its replica
-    keeper (psnode.server.replicas) listens at ``host:replica`` (0: it keeps none) (on the wire
-    ``[rank, host, port]`` or ``[rank, host, port, replica]``)."""
+    keeper (psnode.server.replicas) listens at ``host:replica`` (0: it keeps none) (in a book on
+    the wire, :func:`book_body`: ``rank host port`` or ``rank host port replica``)."""
 
     rank: int
     host: str
@@ -281,8 +283,44 @@ class ServerAddress:
         return cls(entry[0], entry[1], entry[2], entry[3] if len(entry) == 4 else 0)
 
 
+_last_book: tuple[tuple[ServerAddress, ...], str] = ((), "")   # the last book converted, and its wire form
+
+
+def book_body(servers: tuple[ServerAddress, ...]) -> str:
+    """The wire form of the address book ``servers``: one string, ``rank host port[ replica]``
+    per server, ``;`` between them (a thousand servers' book is copied into each of thousands of
+    WELCOMEs as one string, not encoded entry by entry); the same book (the same tuple, as the
+    scheduler hands to every WELCOME of a job's start) is converted once."""
+    global _last_book
+    last = _last_book
+    if last[0] is servers:
+        return last[1]
+    text = ";".join(" ".join(str(f) for f in s.to_body()) for s in servers)
+    _last_book = (servers, text)
+    return text
+
+
+_last_ranks: tuple[tuple[int, ...], int, bool] = ((), 0, True)   # the last ranks _every_rank judged
+
+
+def _every_rank(active: tuple[int, ...], workers: int) -> bool:
+    """Is ``active`` exactly ranks 0..workers-1?  (The same tuple, as the scheduler hands to
+    every WELCOME of a job's start, is judged once.)"""
+    global _last_ranks
+    last = _last_ranks
+    if last[0] is active and last[1] == workers:
+        return last[2]
+    every = len(active) == workers and active == tuple(range(workers))
+    _last_ranks = (active, workers, every)
+    return every
+
+
 def _book(body: dict[str, Any], what: str) -> tuple[ServerAddress, ...]:
-    return tuple(ServerAddress.from_body(e, what) for e in _list(body, what, "servers"))
+    text = _str(body, what, "servers")
+    if not text:
+        return ()
+    return tuple(ServerAddress.from_body([int(f) if f.isdigit() and len(f) < 12 else f for f in entry.split(" ")],
+                                         what) for entry in text.split(";"))
 
 
 @dataclass(frozen=True)
@@ -307,23 +345,34 @@ class Welcome:
     generation: int = 0
     joiner: bool = False
     joined: tuple[int, ...] = ()
+    standby: str = ""        # the standby scheduler's host:port ("": none known to the scheduler)
 
     def to_body(self) -> dict[str, Any]:
-        body = {"rank": self.rank, "servers": [s.to_body() for s in self.servers], "pid": self.pid,
-                "num_workers": self.num_workers, "num_servers": self.num_servers, "active": list(self.active),
+        body = {"rank": self.rank, "servers": book_body(self.servers), "pid": self.pid,
+                "num_workers": self.num_workers, "num_servers": self.num_servers,
                 "restarts": self.restarts, "restore": self.restore, "barriers": self.barriers}
+        if not _every_rank(self.active, self.num_workers):
+            body["active"] = list(self.active)   # (left out: every rank of the job, the common case)
         if self.generation or self.joiner or self.joined:   # (an elastic job's fields)
             body.update(generation=self.generation, joiner=self.joiner, joined=list(self.joined))
+        if self.standby:
+            body["standby"] = self.standby
         return body
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Welcome:
         w = "welcome"
-        return cls(_int(body, w, "rank"), _book(body, w), _int(body, w, "pid"), _int(body, w, "num_workers"),
-                   _int(body, w, "num_servers"), _ranks(body, w, "active"), _int(body, w, "restarts", default=0),
+        rank, book, pid, workers = _int(body, w, "rank"), _book(body, w), _int(body, w, "pid"), _int(body, w,
+                                                                                                 "num_workers")
+        if "active" not in body and workers > MAX_IMPLIED:
+            raise ProtocolError(f"{w}: active left out with {workers} workers (at most {MAX_IMPLIED})")
+        active = _ranks(body, w, "active") if "active" in body else tuple(range(workers))
+        return cls(rank, book, pid, workers,
+                   _int(body, w, "num_servers"), active, _int(body, w, "restarts", default=0),
                    _bool(body, w, "restore", default=False), _int(body, w, "barriers", high=_MAX_COUNT, default=0),
                    _int(body, w, "generation", high=_MAX_COUNT, default=0), _bool(body, w, "joiner", default=False),
-                   _ranks(body, w, "joined") if "joined" in body else ())
+                   _ranks(body, w, "joined") if "joined" in body else (),
+                   _str(body, w, "standby", _ADDRESS, default=""))
 
 
 def wait_report(raw: Any) -> WaitReport | None:
@@ -338,8 +387,8 @@ def wait_report(raw: Any) -> WaitReport | None:
         return None
 
 
-def waited_on(raw: Any) -> tuple[tuple[int, float], ...]:
-    """A heartbeat's ``waited_on``: ``[[rank, seconds], ...]``, checked; malformed pairs are
+def awaited(raw: Any) -> tuple[tuple[int, float], ...]:
+    """A heartbeat's ``awaited``: ``[[rank, seconds], ...]``, checked; malformed pairs are
     left out (at most 4096)."""
     if not isinstance(raw, list):
         return ()
@@ -351,6 +400,15 @@ def waited_on(raw: Any) -> tuple[tuple[int, float], ...]:
     return tuple(out)
 
 
+def late_counts(raw: Any) -> tuple[tuple[int, int], ...]:
+    """A heartbeat's ``late``: ``[[rank, pushes], ...]``, checked; malformed pairs are left out
+    (at most 4096)."""
+    if not isinstance(raw, list):
+        return ()
+    return tuple((p[0], p[1]) for p in raw[:4096] if isinstance(p, list) and len(p) == 2 and _rank(p[0])
+                 and type(p[1]) is int and 0 <= p[1] <= _MAX_COUNT)
+
+
 def _rank(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < RANKS
 
@@ -358,9 +416,9 @@ def _rank(v: Any) -> bool:
 @dataclass(frozen=True)
 class Counters:
     """A node's counters, sent with each heartbeat (``rounds``: completed sync rounds; ``wait``:
-    what a worker's user thread waits for, :func:`wait_report`; ``waited_on``: per other
-    worker, the seconds this worker's user thread has waited for that worker's pushes in all,
-    the wait in progress included, :func:`waited_on`)."""
+    what a worker's user thread waits for, :func:`wait_report`; a server's ``awaited``: per worker, the
+    seconds its key parts waited for that worker alone, and ``late``: per worker, its pushes
+    dropped for coming after their round completed, psnode.server.awaited)."""
 
     pushes: int = 0
     pulls: int = 0
@@ -371,7 +429,8 @@ class Counters:
     dropped: int = 0
     refused: int = 0
     wait: WaitReport | None = None
-    waited_on: tuple[tuple[int, float], ...] = ()
+    awaited: tuple[tuple[int, float], ...] = ()
+    late: tuple[tuple[int, int], ...] = ()
     # big state and loop health: a server's values and optimizer state (bytes), the bytes it
     # sent to the holders of its replicas and wrote to checkpoints (in all), per holder how many
     # copies it is behind the latest (psnode.server.replicas); every node's longest gap between
@@ -391,8 +450,10 @@ class Counters:
                                 "dropped": self.dropped, "refused": self.refused}
         if self.wait is not None:
             body["wait"] = self.wait.to_body()
-        if self.waited_on:
-            body["waited_on"] = [[r, round(s, 3)] for r, s in self.waited_on]
+        if self.awaited:
+            body["awaited"] = [[r, round(s, 4)] for r, s in self.awaited]
+        if self.late:
+            body["late"] = [[r, n] for r, n in self.late]
         for name in _BIG_STATE:
             if getattr(self, name):
                 body[name] = getattr(self, name)
@@ -404,13 +465,18 @@ class Counters:
 
     @classmethod
     def from_body(cls, stats: dict[str, Any]) -> Counters:
-        counts = {name: _int(stats, "heartbeat stats", name, high=_MAX_COUNT, default=0) for name in _COUNTERS}
-        return cls(**counts, wait=wait_report(stats.get("wait")), waited_on=waited_on(stats.get("waited_on")),
-                   lag=holder_lag(stats.get("lag")), tables=table_counts(stats.get("tables")))
+        counts = {}
+        for name in _COUNTERS:   # (every node's heartbeat, every second: _int's checks inline)
+            v = stats.get(name, 0)
+            counts[name] = v if type(v) is int and 0 <= v < _MAX_COUNT else \
+                _int(stats, "heartbeat stats", name, high=_MAX_COUNT, default=0)
+        return cls(**counts, wait=wait_report(stats.get("wait")), awaited=awaited(stats.get("awaited")),
+                   late=late_counts(stats.get("late")), lag=holder_lag(stats.get("lag")),
+                   tables=table_counts(stats.get("tables")))
 
 
 _BIG_STATE = ("state_bytes", "copied", "checkpointed", "loop_gap_us")
-_COUNTERS = tuple(f.name for f in fields(Counters) if f.name not in ("wait", "waited_on", "lag", "tables"))
+_COUNTERS = tuple(f.name for f in fields(Counters) if f.name not in ("wait", "awaited", "late", "lag", "tables"))
 
 
 def table_counts(raw: Any) -> tuple[tuple[str, int, int, int, int], ...]:
@@ -527,7 +593,7 @@ class Servers:
     def to_body(self) -> dict[str, Any]:
         if self.down is not None:
             return {"down": self.down}
-        return {"servers": [s.to_body() for s in self.servers], "restored": self.restored}
+        return {"servers": book_body(self.servers), "restored": self.restored}
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Servers:
@@ -598,6 +664,25 @@ class Stop:
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Stop:
         return cls(_str(body, "stop", "reason", default=cls.reason))
+
+
+@dataclass(frozen=True)
+class Standby:
+    """A standby scheduler at ``address`` (``host:port``): sent by the standby to the scheduler
+    it stands by for (answered STANDBY_ACK), and by that scheduler to each of its nodes, which go
+    over to it once their scheduler is silent for the heartbeat timeout."""
+
+    address: str
+
+    def to_body(self) -> dict[str, Any]:
+        return {"address": self.address}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Standby:
+        address = _str(body, "standby", "address", _ADDRESS)
+        if ":" not in address:
+            raise ProtocolError(f"standby: address must be host:port, not {address[:40]!r}")
+        return cls(address)
 
 
 @dataclass(frozen=True)
@@ -706,7 +791,7 @@ class Replica:
 
 
 Body = (Empty | Register | Welcome | Heartbeat | Barrier | BarrierDone | Membership | Servers | JobEnd | Bye
-        | Stop | StatusAnswer | Leave | Lost | Replica)
+        | Stop | StatusAnswer | Leave | Lost | Replica | Standby)
 
 #: the body of each control command
 BODIES: dict[Command, Any] = {
@@ -718,6 +803,7 @@ BODIES: dict[Command, Any] = {
     Command.LEAVE: Leave, Command.LEAVE_ACK: Empty, Command.LOST: Lost, Command.LOST_ACK: Empty,
     Command.REJOIN: Empty, Command.REPLICA_PUT: Replica, Command.REPLICA_ACK: Replica,
     Command.REPLICA_GET: Replica, Command.REPLICA_STATE: Replica,
+    Command.STANDBY: Standby, Command.STANDBY_ACK: Empty,
 }
 
 
@@ -746,5 +832,5 @@ def decode(msg: Message) -> Control:
 
 __all__ = ["BODIES", "Barrier", "BarrierDone", "Body", "Bye", "Control", "Counters", "Empty", "Heartbeat",
            "JobEnd", "Leave", "Lost", "Membership", "Register", "Rejoin", "Replica", "ServerAddress", "Servers",
-           "StatusAnswer", "Stop", "WaitKind", "WaitReport", "Welcome", "decode", "decode_body", "wait_report",
-           "waited_on"]
+           "Standby", "StatusAnswer", "Stop", "WaitKind", "WaitReport", "Welcome", "awaited", "decode",
+           "decode_body", "late_counts", "wait_report"]

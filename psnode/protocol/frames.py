@@ -51,6 +51,8 @@ class Command(str, Enum):
     BYE = "bye"                    # node -> scheduler: leaving
     SERVERS = "servers"            # scheduler -> workers: a server is down or was replaced
     REJOIN = "rejoin"              # restarted scheduler -> node it does not know: register again
+    STANDBY = "standby"            # standby -> scheduler: here I stand by; scheduler -> node: go there
+    STANDBY_ACK = "standby_ack"    # scheduler -> standby: the nodes are told
     # control (mxdist status / stop -> scheduler)
     STATUS = "status"
     STATUS_REPLY = "status_reply"

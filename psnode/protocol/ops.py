@@ -158,7 +158,8 @@ class Init:
     worker's rank the part has taken (more than 0 after a restart); for a ``join`` init, the
     part's completed round instead (the joiner proposes its start round from it: :class:`Join`).
     ``staleness`` >= 0 (async parts only: dist_ssp): pulls of the part wait for that bound
-    (psnode.server.staleness); -1: none."""
+    (psnode.server.staleness); -1: none.  ``backup`` > 0 (sync parts only): a round completes
+    when all but that many of its workers pushed (backup workers: psnode.server.rounds)."""
 
     key: Key
     part: int
@@ -176,6 +177,7 @@ class Init:
     bare: bool = False
     join: bool = False
     staleness: int = -1
+    backup: int = 0
     code: ClassVar[OpCode] = OpCode.INIT
 
     def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
@@ -193,6 +195,8 @@ class Init:
             extra["join"] = True
         if self.staleness >= 0:
             extra["staleness"] = self.staleness
+        if self.backup:
+            extra["backup"] = self.backup
         return int(flags), self.part, 0, self.key, arrays, extra
 
     @classmethod
@@ -218,9 +222,12 @@ class Init:
         staleness = _int(extra.get("staleness", -1), "init staleness", -1)
         if staleness >= 0 and flags & SYNC:
             raise ProtocolError("init: a staleness bound is for async key parts only")
+        backup = _int(extra.get("backup", 0), "init backup")
+        if backup and not flags & SYNC:
+            raise ProtocolError("init: backup workers are for sync key parts only")
         return cls(key, part, dtype, tuple(_int(d, "init shape") for d in shape), bool(flags & SYNC),
                    bool(flags & AVERAGE), bool(flags & SPARSE), arrays[0] if arrays else None,
-                   id, bool(flags & RE), bucket, offset, fill, bare, join, staleness)
+                   id, bool(flags & RE), bucket, offset, fill, bare, join, staleness, backup)
 
 
 @dataclass(slots=True)

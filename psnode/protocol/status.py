@@ -14,12 +14,26 @@ partial or foreign objects (missing fields are None, unknown ones ignored).
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from enum import Enum
 from typing import Any
 
 #: seconds over which a worker's ``waited_for`` share is measured (psnode.scheduler.slowness)
 SLOW_WINDOW = 30.0
+#: how much more of that window the others waited for a worker than, on average, for each of
+#: the others, from which it is marked slow (:func:`excess`; ``NodeRow.slow``; ``mxdist status``
+#: and the job's closing line name it).  Measured beyond the others' mean, so the waits every
+#: worker causes now and then on a busy machine (about 5-10% each on 2 loaded cores) name
+#: nobody, while a worker a few milliseconds slower per step (10-20% beyond them) is named.
+SLOW_SHARE = 0.07
+
+
+def excess(waited: Mapping[int, float], rank: int, workers: Iterable[int]) -> float:
+    """How much more the others waited for worker ``rank`` than for each other worker of
+    ``workers`` on average (``waited``: per worker, a share or seconds; absent: 0)."""
+    others = [waited.get(w, 0.0) for w in workers if w != rank]
+    return waited.get(rank, 0.0) - (sum(others) / len(others) if others else 0.0)
 
 
 class NodeState(str, Enum):
@@ -42,7 +56,9 @@ class NodeRow:
     second for workers, over the last heartbeats; a worker's ``waited_for``: the largest share
     of the last :data:`SLOW_WINDOW` seconds one other worker spent waiting for it, 0..1, and
     ``waited_for_total``: the most seconds one other worker waited for it over the job;
-    psnode.scheduler.slowness)."""
+    psnode.scheduler.slowness; ``late``: its pushes dropped for coming after their round
+    completed, backup workers, psnode.server.rounds; ``slow``: ``waited_for`` exceeds the other
+    workers' mean by at least :data:`SLOW_SHARE`, :func:`excess`)."""
 
     role: str
     rank: int | None
@@ -75,6 +91,8 @@ class NodeRow:
     lag: list[list[int]] | None = None
     tables: list[list[Any]] | None = None   # tables without a row count: [[key, rows, admitted, evicted, dropped]]
     loop_gap: float | None = None   # the longest gap between two turns of its loop, last window, seconds
+    late: int | None = None
+    slow: bool | None = None
     step: str | None = None      # Slurm: the step running the process
     source: str = "scheduler"    # scheduler | host
 

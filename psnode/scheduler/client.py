@@ -1,5 +1,6 @@
 """Control client: what ``mxdist status`` and the launcher's supervisor (``mxdist scale``, an
-elastic job's lost workers) ask a job's scheduler, through :mod:`psnode.launcher`.
+elastic job's lost workers) ask a job's scheduler, through :mod:`psnode.launcher`, and what a
+standby scheduler tells the scheduler it stands by for (:func:`announce_standby`).
 
 Each call opens a short-lived DEALER to the scheduler on the control plane, with the job's secret
 file when the job has one (``key_file``: its ``PSNODE_KEY_FILE``; the link is then CURVE, the
@@ -20,7 +21,7 @@ from psnode.errors import PeerLost, ProtocolError
 from psnode.net.security import Plane, Security
 from psnode.net.transport import Poller, Transport
 from psnode.protocol import Command
-from psnode.protocol.control import Body, Empty, Leave, Lost, StatusAnswer, decode_body
+from psnode.protocol.control import Body, Empty, Leave, Lost, Standby, StatusAnswer, decode_body
 
 log = logging.getLogger("psnode.control")
 
@@ -76,6 +77,17 @@ def report_lost(scheduler: str, job_id: str, rank: int, key_file: str | None = N
     for its heartbeats to stop.  True once the scheduler acknowledged."""
     try:
         _ask(scheduler, job_id, Command.LOST, Command.LOST_ACK, key_file, timeout, Lost(int(rank), reason[:500]))
+        return True
+    except PeerLost:
+        return False
+
+
+def announce_standby(scheduler: str, job_id: str, address: str, key_file: str | None = None,
+                     timeout: float = 1.0) -> bool:
+    """Tell the scheduler at ``scheduler`` that a standby scheduler waits at ``address``: it
+    tells each of its nodes (and each node it welcomes later).  True once acknowledged."""
+    try:
+        _ask(scheduler, job_id, Command.STANDBY, Command.STANDBY_ACK, key_file, timeout, Standby(address))
         return True
     except PeerLost:
         return False

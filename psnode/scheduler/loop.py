@@ -2,6 +2,10 @@
 
 Life of a job as the scheduler sees it:
 
+0. It binds its address (``PSNODE_SCHEDULER``); with ``PSNODE_ADDRESS_FILE`` set, a port found
+   taken is replaced by a free one, and the address bound is written to that file for the
+   launcher, which gives it to every other process.  ``python -m psnode`` binds it first thing,
+   before loading pyzmq (:mod:`psnode.net.listen`), so the launcher waits for no import.
 1. Every node sends REGISTER (role, host, port, pid, wished rank) and then heartbeats.  When
    ``num_workers`` workers and ``num_servers`` servers have registered, each gets WELCOME with
    its rank and the servers' addresses.  Ranks honour the wish (the launcher's rank), else the
@@ -15,7 +19,9 @@ Life of a job as the scheduler sees it:
    once per scheduler turn for all the FINISHes it handled, and before a BARRIER_DONE or the
    job's end (:mod:`psnode.scheduler.roster` keeps the indexes, so no message rescans the job).  When every
    worker has finished, servers get SHUTDOWN, answer BYE, and the scheduler exits 0.
-4. A node silent for ``heartbeat_interval * heartbeat_liveness`` seconds is dead.  Everyone else
+4. A node silent for ``heartbeat_interval * heartbeat_liveness`` seconds is dead (checked every
+   quarter heartbeat interval, 0.05 to 0.25 s: each check visits every node, so it runs on a
+   clock, never once per message).  Everyone else
    gets PEER_LOST naming it (role, rank, host, pid, seconds silent) and the scheduler exits 1 --
    unless restarts are allowed (``max_restarts``; for a server, only when servers checkpoint):
    then the job waits up to ``register_timeout`` for a replacement registering with the same
@@ -52,7 +58,11 @@ Life of a job as the scheduler sees it:
    heard from, so the launcher names the root cause and not the processes it took down.
 9. A standby scheduler (``standby``: at its own address on another host) waits idle until a
    node comes over to it (its scheduler silent for the heartbeat timeout: psnode.net.link),
-   then takes the job over exactly as a restarted one does (below).
+   then takes the job over exactly as a restarted one does (below).  Idle, it announces itself
+   to the scheduler it stands by for (``primary``; STANDBY, every heartbeat interval until
+   acknowledged, then every ``ANNOUNCE_EVERY`` intervals), which tells each of its nodes
+   (STANDBY) and names it in every WELCOME: so a standby the launcher starts after a failover,
+   for the scheduler that took the job over, is where the nodes go when that one is lost too.
 10. A scheduler the launcher restarted (``restart_count > 0``, same address; it is killed or
    crashed) rebuilds the job from the live nodes (:mod:`psnode.scheduler.rebuild`): it answers
    a node it does not know with REJOIN; each welcomed node registers again with its rank and
@@ -74,6 +84,7 @@ from typing import Any
 from psnode import timeline
 from psnode.config import NodeConfig, Role
 from psnode.errors import ProtocolError, PSError
+from psnode.files import write_atomic
 from psnode.loopgap import LoopGap
 from psnode.net.security import Plane, Security
 from psnode.net.transport import Poller, Transport
@@ -92,12 +103,13 @@ from psnode.protocol.control import (
     Register,
     ServerAddress,
     Servers,
+    Standby,
     StatusAnswer,
     Stop,
     Welcome,
     decode_body,
 )
-from psnode.protocol.status import NodeRow, NodeState
+from psnode.protocol.status import SLOW_SHARE, NodeRow, NodeState, excess
 from psnode.scheduler import client
 from psnode.scheduler.elastic import ElasticRoster
 from psnode.scheduler.rebuild import Rebuild, done_elsewhere
@@ -106,6 +118,8 @@ from psnode.scheduler.slowness import Slowness, Stalls
 from psnode.scheduler.waitfor import Watch
 
 log = logging.getLogger("psnode.scheduler")
+
+ANNOUNCE_EVERY = 10   # heartbeat intervals between an idle standby's announcements, once acknowledged
 
 
 @dataclass
@@ -123,6 +137,7 @@ class Node:
     last_seen: float = field(default_factory=time.monotonic)
     stats: Counters = field(default_factory=Counters)
     restarts: int = 0
+    welcomed: float = 0.0  # when it was last sent WELCOME
     barrier_done: int = 0  # number of this worker's last completed barrier
     joiner: bool = False   # joined the running job (after the first generation)
     rate: float | None = None  # rounds (servers) or pushes (workers) per second
@@ -175,16 +190,40 @@ class Node:
                 "lag": [[h, n] for h, n in s.lag], "tables": [list(t) for t in s.tables] or None}
 
 
+class NodeTable(dict[bytes, Node]):
+    """The job's nodes by identity; :attr:`version` counts insertions and removals (the address
+    book is cached by it: a re-WELCOME of thousands of nodes never rebuilds it)."""
+
+    version = 0
+
+    def __setitem__(self, key: bytes, value: Node) -> None:
+        super().__setitem__(key, value)
+        self.version += 1
+
+    def __delitem__(self, key: bytes) -> None:
+        super().__delitem__(key)
+        self.version += 1
+
+
 #: what only a node of the job sends (answered REJOIN by a restarted scheduler that does not know it)
 _NODE_COMMANDS = frozenset({Command.HEARTBEAT, Command.BARRIER, Command.FINISH, Command.BYE})
 
 
 class Scheduler:
-    def __init__(self, cfg: NodeConfig) -> None:
+    def __init__(self, cfg: NodeConfig, listen_fd: int | None = None) -> None:
         self.cfg = cfg
         self.t = Transport(cfg.job_id, Role.SCHEDULER.value, 2**20, Security.load(cfg.key_file))
-        self.chan, _ = self.t.router(cfg.host, cfg.scheduler_port, Plane.CONTROL)
-        self.nodes: dict[bytes, Node] = {}
+        # a launcher that reads the address file lets a taken port be replaced by a free one
+        self.chan, port = self.t.router(cfg.host, cfg.scheduler_port, Plane.CONTROL,
+                                        elsewhere=cfg.address_file is not None, fd=listen_fd)
+        if port != cfg.scheduler_port:
+            log.warning("scheduler: port %s on %s was taken; listening at %s:%s",
+                        cfg.scheduler_port, cfg.host, cfg.host, port)
+            self.cfg = cfg = replace(cfg, scheduler_port=port)
+        if cfg.address_file and listen_fd is None:
+            write_atomic(cfg.address_file, f"{cfg.host}:{port}\n")
+        self.nodes = NodeTable()
+        self._booked: tuple[tuple[int, bool], tuple[ServerAddress, ...]] = ((-1, False), ())   # (key, book)
         self.started = False
         self.t0 = time.monotonic()
         self.barrier: dict[bytes, int] = {}  # worker ident -> the number of the barrier it entered
@@ -208,6 +247,10 @@ class Scheduler:
         self.active = not cfg.standby
         self.primary_seen_until = 0.0   # the primary answered: no need to ask again before this
         self.held: list[tuple[bytes, Message]] = []  # what arrived while rebuilding, handled after
+        #: seconds between the liveness and wait checks (each visits every node; not every turn)
+        self.check_every = max(0.05, min(0.25, cfg.heartbeat_interval / 4))
+        self.standby_at = ""            # the standby that announced itself ("": none), told to the nodes
+        self.announce_at = 0.0          # an idle standby announces itself to its primary from then on
 
     @property
     def rebuilds(self) -> bool:
@@ -240,6 +283,27 @@ class Scheduler:
         log.warning("standby scheduler at %s:%s: a node came over; taking the job %s over from its live nodes",
                     self.cfg.host, self.cfg.scheduler_port, self.cfg.job_id)
 
+    def _announce(self, now: float) -> None:
+        """An idle standby tells its primary where it waits (1 s at most: it serves no one yet)."""
+        if self.active or self.cfg.primary is None or now < self.announce_at:
+            return
+        host = self.cfg.scheduler_host
+        own = f"[{host}]:{self.cfg.scheduler_port}" if ":" in host else f"{host}:{self.cfg.scheduler_port}"
+        told = client.announce_standby(self.cfg.primary, self.cfg.job_id, own, key_file=self.cfg.key_file,
+                                       timeout=min(1.0, self.cfg.heartbeat_interval))
+        self.announce_at = time.monotonic() + self.cfg.heartbeat_interval * (ANNOUNCE_EVERY if told else 1)
+
+    def _on_standby(self, address: str) -> None:
+        """A standby scheduler announced itself: every node of the job (and each one welcomed
+        later) goes over to it when this scheduler is silent for the heartbeat timeout."""
+        if address == self.standby_at:
+            return
+        self.standby_at = address
+        log.warning("a standby scheduler waits at %s: the nodes go over to it if this scheduler is lost", address)
+        for n in self.nodes.values():
+            if n.pid and n.state in (NodeState.REGISTERED, NodeState.ALIVE, NodeState.FINISHED):
+                self._send(n, Command.STANDBY, Standby(address))
+
     # ------------------------------------------------------------ helpers
     def _send(self, node: Node | bytes, cmd: Command, body: Body | None = None) -> None:
         ident = node.ident if isinstance(node, Node) else node
@@ -250,9 +314,15 @@ class Scheduler:
                 if n.state in (NodeState.REGISTERED, NodeState.ALIVE) and (role is None or n.role == role)]
 
     def _book(self) -> tuple[ServerAddress, ...]:
-        """The servers' addresses (one missing since a scheduler restart has none yet)."""
+        """The servers' addresses (one missing since a scheduler restart has none yet); the same
+        tuple while no node came or went (ranks are assigned once, at the start)."""
+        key = (self.nodes.version, self.started)
+        if self._booked[0] == key:
+            return self._booked[1]
         servers = sorted((n for n in self.nodes.values() if n.role == Role.SERVER and n.port), key=lambda n: n.rank)
-        return tuple(ServerAddress(n.rank, n.host, n.port, n.replica) for n in servers)
+        book = tuple(ServerAddress(n.rank, n.host, n.port, n.replica) for n in servers)
+        self._booked = (key, book)
+        return book
 
     def _set_state(self, n: Node, state: NodeState) -> None:
         """Every state change goes through here (the roster's active workers follow)."""
@@ -305,7 +375,7 @@ class Scheduler:
         book = self._book()
         for n in self.nodes.values():
             self._set_state(n, NodeState.ALIVE)
-        active = self.roster.active_ranks()  # one list for every WELCOME
+        active = tuple(self.roster.active_ranks())  # one tuple for every WELCOME
         for n in self.nodes.values():
             self._welcome(n, book, active=active)
         log.info("job %s started: %d workers, %d servers", self.cfg.job_id,
@@ -315,12 +385,13 @@ class Scheduler:
             self._join(n)
 
     def _welcome(self, n: Node, book: tuple[ServerAddress, ...], restore: bool = False,
-                 active: list[int] | None = None) -> None:
-        ranks = self.roster.active_ranks() if active is None else active
+                 active: tuple[int, ...] | None = None) -> None:
+        ranks = tuple(self.roster.active_ranks()) if active is None else active
         e = self.elastic
+        n.welcomed = time.monotonic()
         self._send(n, Command.WELCOME, Welcome(n.rank, book, os.getpid(), self.cfg.num_workers, self.cfg.num_servers,
-                                               tuple(ranks), n.restarts, restore, n.barrier_done, e.generation,
-                                               n.joiner, tuple(sorted(e.joiners))))
+                                               ranks, n.restarts, restore, n.barrier_done, e.generation,
+                                               n.joiner, tuple(sorted(e.joiners)), self.standby_at))
 
     def _restartable(self, n: Node) -> bool:
         """May ``n`` be replaced instead of failing the job?  Servers only when their state
@@ -352,6 +423,8 @@ class Scheduler:
         del self.nodes[old.ident]
         self.roster.left(old.role, old.ident)
         node.rank, node.restarts = old.rank, old.restarts + 1
+        if node.role == Role.WORKER:   # (waits for it before now were the failover's)
+            self.slowness.restarted(node.rank, time.monotonic())
         self.roster.joined(node.role, node.ident)
         self._set_state(node, NodeState.ALIVE)
         node.stats, node.barrier_done = old.stats, old.barrier_done  # a replay's barriers: answered
@@ -616,12 +689,20 @@ class Scheduler:
     def _rows(self, now: float) -> tuple[NodeRow, ...]:
         """The STATUS table: a row per node, a worker's with how long the others waited for it."""
         shares, totals = self.slowness.shares(now), self.slowness.totals()
+        late: dict[int, int] = {}   # worker -> its pushes dropped late, on every server (backup workers)
+        for n in self.nodes.values():
+            if n.role == Role.SERVER:
+                for r, k in n.stats.late:
+                    late[r] = late.get(r, 0) + k
         rows = []
+        workers = [n.rank for n in self.nodes.values() if n.role == Role.WORKER]
         for n in sorted(self.nodes.values(), key=lambda n: (n.role, n.rank)):
             row = n.row(now)
             if n.role == Role.WORKER:
-                row = replace(row, waited_for=round(shares.get(n.rank, 0.0), 3),
-                              waited_for_total=round(totals.get(n.rank, 0.0), 3))
+                share = shares.get(n.rank, 0.0)
+                row = replace(row, waited_for=round(share, 3), waited_for_total=round(totals.get(n.rank, 0.0), 3),
+                              late=late.get(n.rank, 0),   # (one being replaced: the failover's)
+                              slow=n.state == NodeState.ALIVE and excess(shares, n.rank, workers) >= SLOW_SHARE)
             rows.append(row)
         return tuple(rows)
 
@@ -669,6 +750,10 @@ class Scheduler:
         except ProtocolError as exc:
             log.warning("dropped %s from %r: %s", cmd.value, ident, exc)
             return
+        if isinstance(body, Standby):
+            self._send(ident, Command.STANDBY_ACK)
+            self._on_standby(body.address)
+            return
         if not self.active and (cmd in _NODE_COMMANDS or cmd is Command.REGISTER):
             if self._primary_answers():
                 self._send(ident, Command.SHUTDOWN, JobEnd(False, (
@@ -684,7 +769,10 @@ class Scheduler:
             self._on_register(ident, body)
         elif cmd is Command.REGISTER:
             assert node is not None
-            if self.started and node.state == NodeState.ALIVE:  # its WELCOME was lost: again
+            if self.started and node.state == NodeState.ALIVE and \
+                    time.monotonic() - node.welcomed >= self.cfg.dead_after:   # its WELCOME was lost: again
+                # (at most once per heartbeat timeout: a node registers again with each heartbeat
+                # until welcomed, and the start of thousands queues several of them per node)
                 self._welcome(node, self._book(), restore=node.role == Role.SERVER and node.restarts > 0)
         elif cmd is Command.STATUS:
             now = time.monotonic()
@@ -711,7 +799,9 @@ class Scheduler:
         elif isinstance(body, Heartbeat):
             node.update_stats(body.stats, time.monotonic())
             if node.role == Role.WORKER and node.rank >= 0:
-                self.slowness.report(node.rank, body.stats.waited_on, time.monotonic())
+                self.slowness.heartbeat(node.rank, time.monotonic())
+            elif node.role == Role.SERVER and node.rank >= 0:
+                self.slowness.server(node.rank, body.stats.awaited, time.monotonic())
             self._send(node, Command.HEARTBEAT_ACK)
         elif isinstance(body, Barrier) and node.role == Role.WORKER:
             n = node.barrier_done + 1 if body.n is None else body.n
@@ -744,15 +834,19 @@ class Scheduler:
                 self._end(False, f"{node.name} failed", Command.PEER_LOST, node.row(time.monotonic()),
                           culprit=node, what=what, since=time.time())
 
-    def run(self) -> int:
-        poller = Poller()
+    def run(self, poller: Poller | None = None) -> int:
+        """Serve the job to its end; its exit code.  ``poller``: what waits for messages (a
+        simulation's, benchmarks/control/simulate.py; else one on the scheduler's socket)."""
+        poller = Poller() if poller is None else poller
         poller.add(self.chan)
         tick = min(self.cfg.heartbeat_interval, 0.5)
-        resend_at = 0.0
+        resend_at = next_check = 0.0
         while True:
-            self.gaps.tick(time.monotonic())
             due = self.roster.membership_due()
-            if poller.poll(tick if due is None else min(tick, max(0.001, due - time.monotonic()))):
+            self.gaps.idle(time.monotonic())
+            ready = poller.poll(tick if due is None else min(tick, max(0.001, due - time.monotonic())))
+            self.gaps.woke(time.monotonic())
+            if ready:
                 while (got := self.chan.recv(routed=True)) is not None:
                     try:
                         self._dispatch(got[0] or b"", got[1])
@@ -760,14 +854,17 @@ class Scheduler:
                         log.warning("dropped %s from %r: %r", got[1].cmd.value, got[0], exc)
             self._flush_membership()  # after the turn: for all the FINISHes it handled, once
             now = time.monotonic()
+            self._announce(now)
             if self.rebuild is not None:
                 if not self.active or (not self.rebuild.complete() and now < self.rebuild_by):
                     continue
                 self._rebuilt()
             if self.exit_code is None:
-                self._check_liveness(now)
-            if self.exit_code is None:
-                self._check_waits(now)
+                if now >= next_check:   # (each check visits every node: a few times a heartbeat interval)
+                    next_check = now + self.check_every
+                    self._check_liveness(now)
+                    if self.exit_code is None:
+                        self._check_waits(now)
             elif not self._live(Role.SERVER) or (self.shutdown_deadline and now > self.shutdown_deadline):
                 break
             elif self.ending is not None and now >= resend_at:
@@ -778,8 +875,9 @@ class Scheduler:
         return self.exit_code or 0
 
 
-def main(cfg: NodeConfig) -> int:
-    code = Scheduler(cfg).run()
+def main(cfg: NodeConfig, listen_fd: int | None = None) -> int:
+    """Run the scheduler (``listen_fd``: its socket, already listening at ``cfg``'s address)."""
+    code = Scheduler(cfg, listen_fd).run()
     if code:
         print(f"psnode scheduler: job {cfg.job_id} failed", file=sys.stderr)
     return code

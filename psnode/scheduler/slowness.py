@@ -1,19 +1,26 @@
 """Who the others wait for: per worker, how long the other workers waited for it (pure).
 
-Two sources, both in seconds of a worker's user thread blocked:
+Two sources, both in seconds:
 
-* each worker's heartbeat says, per other worker, how long it has waited for that worker's
-  pushes in all, the wait in progress included (``Counters.waited_on``, kept by
-  psnode.worker.engine from what its servers said each parked pull waits for):
-  :meth:`Slowness.report`;
+* each server's heartbeat says, per worker, how long its key parts waited for that worker
+  alone, every wait however short (``Counters.awaited``, psnode.server.awaited: a sync round
+  from the moment it lacked only that worker's push, a dist_ssp pull from the moment it parked
+  on the bound, to the push that ended it; a replacement is credited only from its first init,
+  a round completed by a worker's loss to nobody): :meth:`Slowness.server`;
 * barriers, which the scheduler sees itself: when a barrier completes, each worker waited for
-  each worker that entered after it, from its own entry to that worker's: :meth:`Slowness.barrier`.
+  each worker that entered after it, from its own entry (or that worker's registration, for a
+  replacement: :meth:`Slowness.restarted`) to that worker's: :meth:`Slowness.barrier` (in a
+  barrier of more than :data:`PAIRS_MAX` workers, only the first to enter, who waited the
+  longest for each other one, is credited: every pair would cost W^2 time and memory per
+  barrier, 10^8 at 10,000 workers).
 
 From them, per worker ``x``:
 
 * :meth:`Slowness.shares`: over the last ``window`` seconds (:data:`WINDOW`), the largest
-  fraction of that time any one other worker spent waiting for ``x`` (0..1);
-* :meth:`Slowness.totals`: the most seconds any one other worker waited for ``x`` over the job.
+  fraction of that time one server (or one other worker, at barriers) spent waiting for ``x``
+  alone (0..1);
+* :meth:`Slowness.totals`: the most seconds one server (or one other worker) waited for ``x``
+  over the job.
 
 :class:`Stalls` turns the workers' wait reports into one warning per wait longer than a
 threshold, naming whom it waits for.
@@ -28,9 +35,13 @@ from psnode.protocol.control import WaitKind, WaitReport
 from psnode.protocol.status import SLOW_WINDOW as WINDOW
 from psnode.scheduler.waitfor import describe
 
-MIN_SPAN = 3.0       # seconds of an observer's heartbeats before its share counts
+#: seconds of a source's reports before its share counts (over fewer, one hiccup of a worker on
+#: a busy machine, a preemption of a few hundred milliseconds, passes for a pattern)
+MIN_SPAN = 5.0
+PAIRS_MAX = 256      # workers in a barrier up to which every pair is credited
 
-Totals = dict[int, float]   # other worker -> seconds waited for it
+Totals = dict[int, float]   # worker -> seconds waited for it
+Samples = deque[tuple[float, Totals]]
 
 
 @dataclass
@@ -38,46 +49,56 @@ class Slowness:
     """The waits of a job's workers for each other (see the module docstring)."""
 
     window: float = WINDOW
-    _reported: dict[int, Totals] = field(default_factory=dict)   # observer -> its heartbeat's totals
     _credited: dict[int, Totals] = field(default_factory=dict)   # observer -> barrier waits
-    _samples: dict[int, deque[tuple[float, Totals]]] = field(default_factory=dict)
+    _samples: dict[int, Samples] = field(default_factory=dict)   # observer -> its barrier totals
+    _servers: dict[int, Samples] = field(default_factory=dict)   # server -> its ``awaited`` totals
+    _born: dict[int, float] = field(default_factory=dict)        # worker -> its last registration
 
-    def report(self, observer: int, waited: Iterable[tuple[int, float]], now: float) -> None:
-        """Worker ``observer``'s heartbeat at ``now``: its totals (``Counters.waited_on``)."""
-        self._reported[observer] = {x: s for x, s in waited if x != observer}
-        self._sample(observer, now)
+    def server(self, rank: int, awaited: Iterable[tuple[int, float]], now: float) -> None:
+        """Server ``rank``'s heartbeat at ``now``: its totals (``Counters.awaited``)."""
+        self._add(self._servers.setdefault(rank, deque()), now, dict(awaited))
+
+    def heartbeat(self, observer: int, now: float) -> None:
+        """Worker ``observer``'s heartbeat at ``now``: its barrier waits so far are sampled."""
+        self._add(self._samples.setdefault(observer, deque()), now, dict(self._credited.get(observer, {})))
+
+    def restarted(self, worker: int, now: float) -> None:
+        """A replacement of ``worker`` registered at ``now``: barrier waits for it count from
+        then (the time before is the failover's)."""
+        self._born[worker] = now
 
     def barrier(self, entered: Mapping[int, float], now: float) -> None:
         """A barrier completed at ``now``: ``entered`` says when each worker entered it."""
-        for o, t_o in entered.items():
+        if len(entered) > PAIRS_MAX:
+            entered_first = min(entered.items(), key=lambda item: item[1])
+            observers: Mapping[int, float] = dict([entered_first])
+        else:
+            observers = entered
+        for o, t_o in observers.items():
             credit = self._credited.setdefault(o, {})
             for x, t_x in entered.items():
-                if x != o and t_x > t_o:
-                    credit[x] = credit.get(x, 0.0) + (t_x - t_o)
-        for o in entered:
-            self._sample(o, now)
+                start = max(t_o, self._born.get(x, t_o))
+                if x != o and t_x > start:
+                    credit[x] = credit.get(x, 0.0) + (t_x - start)
+        for o in observers:
+            self.heartbeat(o, now)
 
     def forget(self, worker: int) -> None:
         """``worker`` left the job: it waits no more (what others waited for it stays)."""
         self._samples.pop(worker, None)
 
-    def _totals(self, o: int) -> Totals:
-        out = dict(self._reported.get(o, {}))
-        for x, s in self._credited.get(o, {}).items():
-            out[x] = out.get(x, 0.0) + s
-        return out
-
-    def _sample(self, o: int, now: float) -> None:
-        q = self._samples.setdefault(o, deque())
-        q.append((now, self._totals(o)))
+    def _add(self, q: Samples, now: float, totals: Totals) -> None:
+        if q and any(s < q[-1][1].get(x, 0.0) for x, s in totals.items()):
+            q.clear()   # (a restarted server counts from 0 again)
+        q.append((now, totals))
         while len(q) >= 3 and q[1][0] <= now - self.window:   # (one sample at or before the window stays)
             q.popleft()
 
     def shares(self, now: float) -> dict[int, float]:
-        """Per worker, the largest share of the last ``window`` seconds one other worker spent
+        """Per worker, the largest share of the last ``window`` seconds one source spent
         waiting for it (workers nobody waited for are left out)."""
         out: dict[int, float] = {}
-        for q in self._samples.values():
+        for q in [*self._samples.values(), *self._servers.values()]:
             t_last, last = q[-1]
             if now - t_last > self.window:
                 continue
@@ -96,10 +117,11 @@ class Slowness:
         return out
 
     def totals(self) -> dict[int, float]:
-        """Per worker, the most seconds one other worker waited for it over the job."""
+        """Per worker, the most seconds one source waited for it over the job."""
         out: dict[int, float] = {}
-        for o in set(self._reported) | set(self._credited):
-            for x, s in self._totals(o).items():
+        sources = [*self._credited.values(), *(q[-1][1] for q in self._servers.values() if q)]
+        for totals in sources:
+            for x, s in totals.items():
                 out[x] = max(out.get(x, 0.0), s)
         return out
 
@@ -135,4 +157,4 @@ class Stalls:
         return out
 
 
-__all__ = ["MIN_SPAN", "WINDOW", "Slowness", "Stalls"]
+__all__ = ["MIN_SPAN", "PAIRS_MAX", "WINDOW", "Slowness", "Stalls"]

@@ -34,6 +34,7 @@ import numpy as np
 from psnode.math import optimizers as opt_mod
 from psnode.protocol import Ok, Wait
 from psnode.server.arith import add_scaled
+from psnode.server.awaited import Awaited
 from psnode.server.keypart import Entry, Key, contiguous, first_gap, received
 from psnode.server.replies import OpError, Reply
 from psnode.server.rounds import Alloc, Rules
@@ -81,6 +82,8 @@ class Bucket:
     # bucket pulls parked (either mode): (worker, request id, after, landing area)
     pulls: list[tuple[int, int, int, np.ndarray | None]] = field(default_factory=list)
     durable: dict[int, int] = field(default_factory=dict)   # worker -> pushes the last checkpoint holds
+    alone_at: float = 0.0                  # when the round began to wait for one worker alone
+    alone_for: int = -1                    # that worker
 
     def answer(self, member: Callable[[int], bool]) -> list[Reply]:
         """Bucket pulls whose members all reached their push (the answer: the whole buffer);
@@ -104,8 +107,10 @@ class Buckets:
     """The buckets of one store (see the module docstring)."""
 
     def __init__(self, rules: Rules, alloc: Alloc, adopt: Callable[[np.ndarray], np.ndarray],
-                 push_member: PushMember, capacity_bytes: int = 4 * 2**20) -> None:
+                 push_member: PushMember, capacity_bytes: int = 4 * 2**20, awaited: Awaited | None = None) -> None:
         self.rules = rules
+        #: whom the others waited for (psnode.server.awaited; the store's, shared with its rounds)
+        self.awaited = awaited if awaited is not None else Awaited()
         self.alloc = alloc
         self.adopt = adopt
         self.push_member = push_member
@@ -147,6 +152,9 @@ class Buckets:
             e, sl, shape = m.entry, m.span, m.entry.value.shape
             e.round, e.pushed, e.contributors = b.round, dict(b.pushed), set(b.contributors)
             e.first = e.spare = None
+            e.alone_at, e.alone_for = b.alone_at, b.alone_for   # (the bucket's wait: one per member)
+            if b.alone_at:
+                self.awaited.opened(b.alone_for, b.alone_at)
             if b.first is not None:
                 e.first = b.first[sl].reshape(shape)
             elif b.summed:
@@ -157,6 +165,9 @@ class Buckets:
                 e.state = opt_mod.OptState({n: a[sl].reshape(shape) for n, a in b.state.arrays.items()},
                                            b.state.t)
         b.first, b.summed, b.early, b.contributors = None, False, {}, set()
+        if b.alone_at:
+            self.awaited.closed(b.alone_for)
+            b.alone_at, b.alone_for = 0.0, -1
 
     def split_member(self, entry: Entry) -> None:
         """Serve ``entry``, a member of a bucket, on its own from now on."""
@@ -176,7 +187,7 @@ class Buckets:
         for m in b.members:
             e = m.entry
             if (e.round != head.round or e.pushed != head.pushed or e.contributors or e.early or e.pulls
-                    or e.first is not None or e.sparse or not e.sync):
+                    or e.first is not None or e.sparse or not e.sync or e.backup):
                 return False
         optimizer = self.rules.optimizer_for(head)
         if optimizer is not None and not self._fuse_state(b, optimizer):
@@ -234,6 +245,14 @@ class Buckets:
     def _contribute(self, b: Bucket, worker: int, seq: int, data: np.ndarray) -> None:
         b.contributors.add(worker)
         b.pushed[worker] = seq
+        left = len(self.rules.active) - len(b.contributors)   # (psnode.server.awaited)
+        if left == 1:   # (the one worker it lacks: found once per round)
+            b.alone_at, b.alone_for = self.awaited.now(), next(iter(self.rules.active - b.contributors), -1)
+            self.awaited.opened(b.alone_for, b.alone_at)
+        elif left <= 0 and b.alone_at:
+            self.awaited.credit(worker, b.alone_at)
+            self.awaited.closed(b.alone_for)
+            b.alone_at, b.alone_for = 0.0, -1
         if len(b.contributors) == 1:
             b.first = data
             return
@@ -273,6 +292,9 @@ class Buckets:
             self.rounds += len(b.members)
             b.contributors.clear()
             b.first, b.summed = None, False
+            if b.alone_at:   # (completed by a worker's loss: credited to nobody)
+                self.awaited.closed(b.alone_for)
+                b.alone_at, b.alone_for = 0.0, -1
             out.extend(b.answer(self.rules.member))
             for w, items in list(b.early.items()):
                 for item in list(items):

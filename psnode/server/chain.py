@@ -172,7 +172,7 @@ class Chain:
         disk.  The store must not change until then (its arrays are written as they are)."""
         if self.based and not whole:
             changes = snapshot(store, changes_only=True)
-            if self.appendable(nbytes(changes[1])):
+            if nbytes(changes[1]) < max(self.base_bytes, 1):   # (else a base: as cheap, and no compaction)
                 return self.append(changes, store)
         meta, arrays = snapshot(store)
         self.based = True
@@ -183,8 +183,9 @@ class Chain:
         return self._writer.submit(self._write_base, {**meta, "chain": self.chain, "after": self.n}, arrays)
 
     def appendable(self, size: int) -> bool:
-        """May changes of ``size`` bytes be written as a delta (a base is there, and outweighs them)?"""
-        return self.based and size < max(self.base_bytes, 1)
+        """May changes of ``size`` bytes be written as a delta?  (A base is there; changes past
+        its size start a compaction once written.)"""
+        return self.based
 
     def append(self, changes: tuple[dict[str, Any], Arrays], store: Store) -> Future[None]:
         """Write ``changes`` (a snapshot of changes, :meth:`appendable`; arrays nobody writes

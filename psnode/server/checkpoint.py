@@ -72,6 +72,8 @@ def snapshot(store: Store, changes_only: bool = False) -> tuple[dict[str, Any], 
             item["bucket"] = [cast(Bucket, entry.bucket).bid, _offset(entry)]
         if entry.staleness >= 0:   # (a dist_ssp part: psnode.server.staleness)
             item["staleness"] = entry.staleness
+        if entry.backup:   # (backup workers: psnode.server.rounds)
+            item["backup"] = entry.backup
         if entry.start:   # (an elastic job's joiners: their start rounds here)
             item["start"] = {str(w): s for w, s in entry.start.items()}
         item.update(_round_in_progress(i, entry, arrays))
@@ -204,7 +206,7 @@ def restore(store: Store, meta: dict[str, Any], arrays: Any, same_job: bool = Fa
             value = store.alloc(saved.shape, saved.dtype)
         copy_in_chunks(value, saved, pump)
         entry = Entry(value=value, sparse=item["sparse"], sync=item["sync"], average=item["average"],
-                      staleness=int(item.get("staleness", -1)))
+                      staleness=int(item.get("staleness", -1)), backup=int(item.get("backup", 0)))
         if same_job:
             entry.round = int(item.get("round", 0))
             entry.pushed = {int(w): int(q) for w, q in item.get("pushed", {}).items()}

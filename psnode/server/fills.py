@@ -1,4 +1,5 @@
-"""Key parts whose values the server computes itself (``kv.init`` with ``ps_initializer``).
+"""Key parts whose values the server computes itself (``kv.init`` with ``ps_initializer``), or
+copies from a big init's array (:class:`CopyOf`).
 
 Pure: no sockets.  A part of a big table takes seconds to compute, longer than a server may go
 without a heartbeat, so :class:`Fills` computes it a bounded number of elements at a time:
@@ -22,6 +23,17 @@ Key = tuple[Any, int]   # (user key, part index)
 STEP = 1 << 21
 
 
+class CopyOf:
+    """A part's values given whole (a big ``kv.init`` array), copied a step at a time like a
+    computed fill, so the copy never holds the server's loop."""
+
+    def __init__(self, source: np.ndarray) -> None:
+        self.flat = source.reshape(-1)
+
+    def fill(self, key: Any, out: np.ndarray, start: int) -> None:
+        np.copyto(out, self.flat[start:start + len(out)])
+
+
 @dataclass
 class Fill:
     """One part being computed: its value buffer, the spec, how far it got, and the request
@@ -29,7 +41,7 @@ class Fill:
 
     key: Key
     value: np.ndarray
-    spec: FillSpec
+    spec: FillSpec | CopyOf
     worker: int
     op: Any
     done: int = 0
@@ -46,7 +58,7 @@ class Fills:
         self.step_elements = step
         self.pending: dict[Key, Fill] = {}
 
-    def start(self, key: Key, value: np.ndarray, spec: FillSpec, worker: int, op: Any) -> None:
+    def start(self, key: Key, value: np.ndarray, spec: FillSpec | CopyOf, worker: int, op: Any) -> None:
         """Compute ``value`` (C-contiguous, the part's shape) from ``spec`` from now on."""
         self.pending[key] = Fill(key, value, spec, worker, op)
 
@@ -70,4 +82,4 @@ class Fills:
         return done
 
 
-__all__ = ["STEP", "Fill", "Fills"]
+__all__ = ["STEP", "CopyOf", "Fill", "Fills"]

@@ -69,7 +69,21 @@ class Entry:
     staleness: int = -1   # async: pulls wait for the bound (dist_ssp: psnode.server.staleness); -1: none
     changed: bool = True  # value and state may differ wholly from the last copy (module docstring)
     changed_rows: list[np.ndarray] = field(default_factory=list)   # else: the rows changed since
+    # a durable point in the background reads these optimizer state arrays until ``done``: the
+    # rounds write a copy instead (the value is held the same way: a Pin in ``value_sends``)
+    state_pin: Any = None
+    fresh: bool = True    # created after the last durable point began that has completed
+    backup: int = 0       # sync: a round completes without this many of its workers (psnode.server.rounds)
+    alone_at: float = 0.0   # when the round began to wait for one worker alone (psnode.server.awaited); 0: not
+    alone_for: int = -1     # that worker
     table: Any = None   # a table without a row count: its index (psnode.server.dyntable.Table)
+
+
+class Pin:
+    """Marks arrays a durable point in the background still reads (psnode.server.points): until
+    ``done``, the rounds never write them in place (psnode.server.rounds: copy on write)."""
+
+    done = False
 
 
 def note_change(entry: Entry, rows: np.ndarray | None) -> None:
@@ -140,5 +154,5 @@ def mark_async(entry: Entry, worker: int, seq: int) -> None:
     entry.pushed[worker] = done
 
 
-__all__ = ["Entry", "Group", "Key", "changed_rows", "contiguous", "first_gap", "fmt", "forget_changes", "mark_async",
-           "note_change", "received"]
+__all__ = ["Entry", "Group", "Key", "Pin", "changed_rows", "contiguous", "first_gap", "fmt", "forget_changes",
+           "mark_async", "note_change", "received"]

@@ -106,9 +106,11 @@ class Server:
         local_in, local_out = self.local.bytes if self.local is not None else (0, 0)
         dropped = self.t.dropped + (self.local.dropped if self.local is not None else 0)
         rep = self.replicator
+        awaited = self.store.key_rounds.awaited   # (whom the others waited for: psnode.server.awaited)
         return Counters(pushes=self.store.pushes, pulls=self.store.pulls, bytes_in=self.chan.bytes_in + local_in,
                         bytes_out=self.chan.bytes_out + local_out, rounds=self.store.rounds, dropped=dropped,
-                        refused=self.t.refused, state_bytes=self.store.state_bytes(),
+                        refused=self.t.refused, awaited=tuple(sorted(awaited.totals().items())),
+                        late=tuple(sorted(awaited.late.items())), state_bytes=self.store.state_bytes(),
                         copied=rep.copied if rep is not None else 0, checkpointed=self.points.written,
                         loop_gap_us=self.gaps.longest_us(time.monotonic()),
                         lag=self._lag(), tables=self.store.table_counts())
@@ -282,7 +284,6 @@ class Server:
         try:
             while True:
                 now = time.monotonic()
-                self.gaps.tick(now)
                 self.link.tick(now)
                 if now >= self.next_checkpoint:
                     self._checkpoint()
@@ -290,8 +291,10 @@ class Server:
                 filling = bool(self.store.filling.pending)   # (parts to compute: psnode.server.fills)
                 evicting = self.store.evict_due()            # (rows to evict: psnode.server.dynparts)
                 busy = self.points.pending is not None       # (a durable point in the background)
+                self.gaps.idle(time.monotonic())
                 ready = poller.poll(0 if filling or evicting or self.deferred else
                                     min(POINT_POLL_S, self.link.timeout(now)) if busy else self.link.timeout(now))
+                self.gaps.woke(time.monotonic())
                 if busy:
                     self.points.poll(self._pump)
                 while self.deferred:
@@ -305,7 +308,7 @@ class Server:
                             return code
                 if self.recopy and self.rank >= 0:
                     self.recopy = False
-                    self._checkpoint()
+                    self.points.now(self._pump)
                 if self.chan.sock in ready and self.rank >= 0:
                     for _ in range(64):  # bounded, so heartbeats keep flowing
                         got = self.chan.recv(routed=True)

@@ -23,6 +23,7 @@ construction).
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -32,11 +33,14 @@ import numpy as np
 from psnode.server import chain as disk
 from psnode.server import checkpoint
 from psnode.server.image import nbytes
+from psnode.server.keypart import Pin
 from psnode.server.replicas import POLL_S, Replicator
 from psnode.server.replies import Reply
 from psnode.server.store import Marks, Store
 
-ASYNC_BYTES = 64 << 20   # a point whose changes hold more is taken while the loop waits
+ASYNC_BYTES = 64 << 20   # a point that would copy more is taken while the loop waits
+PIN_BYTES = 1 << 20      # a key part's value or state array past this is read in place, pinned
+_PART = re.compile(r"^(v|s)(\d+)(_|$)")   # a snapshot's arrays of key part i's value and state
 Pump = Callable[[], None]
 
 
@@ -50,6 +54,7 @@ class _Point:
     copying: bool
     marks: Marks
     held: list[Reply]
+    pins: list[Pin]
     later: list[Reply] = field(default_factory=list)
 
 
@@ -84,9 +89,11 @@ class Points:
             elif replies:
                 self.send(store.stamp(replies))
             return
-        if store.point_due(replies, self.every) and not self._begin(replies):
+        if not store.point_due(replies, self.every):
+            if replies:
+                self.send(store.stamp(replies))
+        elif not self._begin(replies):
             self.point(pump)
-        elif replies:
             self.send(store.stamp(replies))
 
     # ---------------------------------------------------------------- in the background
@@ -96,19 +103,28 @@ class Points:
         chain, replicator, store = self.chain, self.replicator, self.store
         if chain is None and replicator is None:
             return False
-        if (replicator is not None and not replicator.ready()) or (chain is not None and not chain.based):
+        if chain is not None and not chain.based:
             return False
         meta, arrays = checkpoint.snapshot(store, changes_only=True)
-        size = nbytes(arrays)
-        if size > ASYNC_BYTES or (chain is not None and not chain.appendable(size)):
+        frozen, pins = _freeze(store, arrays)
+        whole = None
+        if frozen is not None and replicator is not None and not replicator.ready():   # (a holder gets it whole)
+            whole_meta, whole_arrays = checkpoint.snapshot(store)
+            frozen_whole, more = _freeze(store, whole_arrays)
+            whole, pins = (None, []) if frozen_whole is None else ((whole_meta, frozen_whole), pins + more)
+            if whole is None:
+                frozen = None
+        if frozen is None or (chain is not None and not chain.appendable(nbytes(arrays))):
+            for pin in pins:   # (taken while the loop waits instead)
+                pin.done = True
             return False
-        changes = (meta, {n: np.array(a) for n, a in arrays.items()})   # (copies: the store goes on)
         marks = store.begin_point()
         store.forget_changes()
+        changes = (meta, frozen)
         written = chain.append(changes, store) if chain is not None else None
         if replicator is not None:
-            replicator.start(changes)
-        self.pending = _Point(written, replicator is not None, marks, list(held))
+            replicator.start(changes, whole)
+        self.pending = _Point(written, replicator is not None, marks, list(held), pins)
         return True
 
     def poll(self, pump: Pump, wait: bool = False) -> None:
@@ -139,6 +155,8 @@ class Points:
         if point.written is not None:
             point.written.result()   # (a failed write fails the server here)
         self.store.end_point(point.marks)
+        for pin in point.pins:
+            pin.done = True
         self.pending = None
         self.send(self.store.stamp(point.held))
         if point.later or self.store.point_due([], self.every):
@@ -166,9 +184,50 @@ class Points:
         store.forget_changes()
         store.mark_durable()
 
+    def now(self, pump: Pump) -> None:
+        """Make a point now (a holder was replaced, or this server restored): in the background
+        where it can be, else while the loop waits."""
+        self.poll(pump, wait=True)
+        if not self._begin([]):
+            self.point(pump)
+
     def close(self) -> None:
         if self.chain is not None:
             self.chain.close()
+
+
+def _freeze(store: Store, arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray] | None, list[Pin]]:
+    """The arrays of a snapshot of changes as a background point may read them while the store
+    goes on: a key part's own value or optimizer state past PIN_BYTES is read in place and
+    pinned (the rounds copy it before they write it: psnode.server.rounds), everything else is
+    copied; None when the copies would pass ASYNC_BYTES (the point is then taken while the loop
+    waits)."""
+    entries = list(store.entries.values())   # (the snapshot's index order)
+    out: dict[str, np.ndarray] = {}
+    pins: list[Pin] = []
+    copied = 0
+    for name, arr in arrays.items():
+        m = _PART.match(name)
+        entry = entries[int(m.group(2))] if m else None
+        state = entry.state.arrays.values() if entry is not None and entry.state is not None else ()
+        if entry is not None and not entry.fixed and arr.nbytes > PIN_BYTES:
+            if arr is entry.value:
+                pin = Pin()
+                entry.value_sends.append(pin)
+                pins.append(pin)
+                out[name] = arr
+                continue
+            if any(arr is a for a in state):
+                if entry.state_pin is None or entry.state_pin.done:
+                    entry.state_pin = Pin()
+                    pins.append(entry.state_pin)
+                out[name] = arr
+                continue
+        copied += arr.nbytes
+        if copied > ASYNC_BYTES:
+            return None, []
+        out[name] = np.array(arr)
+    return out, pins
 
 
 def _idle() -> None:

@@ -219,11 +219,14 @@ class Replicator:
         """Every holder has this primary's last copy (the next one can be changes only)."""
         return bool(self.seq) and all(self.have.get(r) == self.seq for r in self.ranks)
 
-    def start(self, changes: State) -> None:
+    def start(self, changes: State, whole: State | None = None) -> None:
         """Begin the next copy: ``changes`` (since the previous copy; arrays nobody writes until
-        it is acknowledged) go to each holder that has that copy, in :meth:`poll`."""
+        it is acknowledged) go to each holder that has that copy, ``whole`` (the state at the
+        same moment, if given) to the others, in :meth:`poll`."""
         self._base, self.seq = self.seq, self.seq + 1
         self._packed: dict[bool, list[np.ndarray]] = {True: pack_state(*changes)}
+        if whole is not None:
+            self._packed[False] = pack_state(*whole)
         self._waiting = set(self.ranks)
         self._sent: dict[int, tuple[Channel, float]] = {}
 
@@ -240,7 +243,7 @@ class Replicator:
             if chan is None or (sent is not None and sent[0] is chan and now - sent[1] <= resend_after):
                 continue
             delta = bool(self._base) and self.have.get(r) == self._base
-            if not delta and whole is None:
+            if not delta and whole is None and False not in self._packed:
                 return None
             if delta not in self._packed:
                 self._packed[delta] = pack_state(*whole())  # type: ignore[misc]

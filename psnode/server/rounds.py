@@ -28,6 +28,25 @@ checks what is the store's: compression settings, key creation):
   a resent pull still parked is answered ``Wait`` naming the first push missing and the workers
   the round (or the bound) waits for.
 
+**Backup workers** (``Entry.backup`` = b > 0, dist_sync only: :meth:`Rules.done`).  Round
+``r`` of a key part completes when all but b of the workers it waits for pushed their push
+``r``; its aggregate is of those pushes (``average`` divides by their number).  Invariant
+(exactly once): a push ``r`` is applied iff it arrived while round ``r`` was being summed; a
+push ``r`` arriving after round ``r`` completed is *late*: dropped, counted
+(psnode.server.awaited), and taken (``pushed`` counts it, so a resend is a duplicate, and a
+restarted worker resumes after it).  So a round may drop only pushes of its own number that
+came after it completed, never one it summed, and no push is applied twice: ``pushed`` and
+the completed round travel together in checkpoints and replicas, and an answer that reveals a
+round is preceded by a checkpoint that holds it (psnode.server.store), so a restored server
+drops or sums each resent push exactly as before.  A late push is dropped rather than added
+to the next round: the next round's aggregate is then a gradient at one set of parameters
+(Chen et al., "Revisiting Distributed Synchronous SGD", 2016), and a persistent straggler
+never feeds its stale gradient in.  b = 0 is dist_sync, bit for bit (the same code path).
+
+Whom the others waited for (psnode.server.awaited): the push that completes a round which
+lacked that one worker's push alone, and the push that lets a dist_ssp pull parked on the
+bound through, are credited with the wait, O(1) per round.
+
 Each returns the replies it causes.  The counters ``pushes``, ``pulls`` and ``rounds`` count
 what went through here (a fused bucket counts its own: psnode.server.buckets).
 """
@@ -46,6 +65,7 @@ from psnode.math.sparse import combine_rows as _combine_rows
 from psnode.protocol import Ok, Wait
 from psnode.server import staleness as bound
 from psnode.server.arith import add_scaled
+from psnode.server.awaited import Awaited
 from psnode.server.compressed import Packed
 from psnode.server.keypart import Entry, Key, first_gap, fmt, mark_async, note_change, received
 from psnode.server.replies import OpError, Reply, fits
@@ -100,6 +120,14 @@ class Rules:
         need.update(entry.start)
         return need
 
+    def done(self, entry: Entry) -> bool:
+        """Does the round of ``entry`` being summed complete: every worker it waits for pushed
+        (with ``entry.backup`` = b, all but b of them: backup workers)."""
+        need = self.need(entry)
+        if not entry.backup:
+            return need <= entry.contributors
+        return len(need & entry.contributors) >= max(1, len(need) - entry.backup)
+
     def member(self, worker: int) -> bool:
         """Does ``worker`` take part (a member, or a joiner admitted and not removed)?"""
         return worker in self.active or worker in self.admitted
@@ -110,10 +138,13 @@ class Rounds:
     dtype)`` gives the buffers sums live in; ``notify`` takes human-readable notices (e.g. a
     skipped non-finite round)."""
 
-    def __init__(self, rules: Rules, alloc: Alloc, notify: Callable[[str], None]) -> None:
+    def __init__(self, rules: Rules, alloc: Alloc, notify: Callable[[str], None],
+                 awaited: Awaited | None = None) -> None:
         self.rules = rules
         self.alloc = alloc
         self.notify = notify
+        #: whom the others waited for, and the late pushes dropped (psnode.server.awaited)
+        self.awaited = awaited if awaited is not None else Awaited()
         self.pushes = 0
         self.pulls = 0
         self.rounds = 0
@@ -141,7 +172,17 @@ class Rounds:
                     rows, data = _combine_rows([(rows, data)])
                 self._apply(key, entry, data, rows, 1, average=False)
             mark_async(entry, worker, seq)
-            return self.answer_pulls(entry)
+            if not entry.pulls:
+                return self.answer_pulls(entry)
+            parked = len(entry.pulls)
+            out = self.answer_pulls(entry)
+            if entry.alone_at and len(entry.pulls) < parked:   # (a dist_ssp pull let through)
+                self.awaited.credit(worker, entry.alone_at)
+                self._stop_waiting(entry)
+                self._bound_wait(entry)
+            return out
+        if seq <= entry.round and entry.backup:
+            return self._late(entry, worker, seq, data, rows)
         if seq != entry.round + 1 or worker in entry.contributors:
             entry.early.setdefault(worker, []).append((seq, data, rows))
             return []
@@ -165,9 +206,36 @@ class Rounds:
         if len(rows) and (rows.min() < 0 or rows.max() >= want.shape[0]):
             raise OpError("ShapeMismatch", f"{fmt(*key)}: row id out of range 0..{want.shape[0] - 1}")
 
+    def _late(self, entry: Entry, worker: int, seq: int, data: np.ndarray | Packed,
+              rows: np.ndarray | None) -> list[Reply]:
+        """Push ``seq`` of ``worker`` came after its round completed without it (backup
+        workers): dropped and counted, and taken (a resend of it is a duplicate).  Pushes of
+        ``worker`` waiting behind it whose rounds completed too go the same way."""
+        entry.early.setdefault(worker, []).append((seq, data, rows))
+        queue = entry.early[worker]
+        while True:
+            nxt = entry.pushed.get(worker, 0) + 1
+            item = next((i for i in queue if i[0] == nxt), None)
+            if item is None or nxt > entry.round:
+                break
+            queue.remove(item)
+            entry.pushed[worker] = nxt
+            self.awaited.dropped(worker)
+        if not queue:
+            del entry.early[worker]
+        return self.answer_pulls(entry)
+
     def _contribute(self, entry: Entry, worker: int, seq: int, data: np.ndarray | Packed,
                     rows: np.ndarray | None) -> None:
         entry.contributors.add(worker)
+        if not entry.backup:   # (whom the others waited for: psnode.server.awaited)
+            need = self.rules.need(entry)
+            left = len(need) - len(entry.contributors)
+            if left == 1:   # (the one worker it lacks: found once per round)
+                self._start_waiting(entry, next(iter(need - entry.contributors), -1))
+            elif left <= 0 and entry.alone_at:
+                self.awaited.credit(worker, entry.alone_at)
+                self._stop_waiting(entry)
         if isinstance(data, Packed):   # (dense sync, check_finite off: see push)
             self._contribute_packed(entry, data)
             entry.pushed[worker] = seq
@@ -185,7 +253,7 @@ class Rounds:
             # the push that completes the round also averages, chunk by chunk while in cache
             n = len(entry.contributors)
             rules = self.rules
-            last = rules.need(entry) <= entry.contributors and entry.average and not entry.nonfinite \
+            last = rules.done(entry) and entry.average and not entry.nonfinite \
                 and rules.optimizer_for(entry) is None
             scale = 1.0 / n if last else 1.0
             if entry.first is not None:
@@ -208,7 +276,7 @@ class Rounds:
             data.into(entry.spare)
             entry.first, entry.scaled = None, False
             return
-        last = self.rules.need(entry) <= entry.contributors and entry.average and \
+        last = self.rules.done(entry) and entry.average and \
             self.rules.optimizer_for(entry) is None
         n = len(entry.contributors)
         if entry.first is not None:   # (a float32 first push: only a worker whose setting changed)
@@ -226,7 +294,7 @@ class Rounds:
         (the key part's and its bucket's) that lets through."""
         out: list[Reply] = []
         rules = self.rules
-        while entry.contributors and rules.need(entry) <= entry.contributors:
+        while entry.contributors and rules.done(entry):
             n = len(entry.contributors)
             if entry.nonfinite:
                 entry.skipped += 1
@@ -248,6 +316,8 @@ class Rounds:
             entry.round += 1
             self.rounds += 1
             entry.contributors.clear()
+            if entry.alone_at:   # (completed by a worker's loss: credited to nobody)
+                self._stop_waiting(entry)
             entry.sparse_parts.clear()
             out.extend(self.answer_pulls(entry))
             if entry.bucket is not None:
@@ -314,6 +384,9 @@ class Rounds:
             return
         if entry.state is None:
             entry.state = optimizer.create_state(value)
+        elif entry.state_pin is not None and not entry.state_pin.done:   # (copy on write)
+            entry.state = opt_mod.OptState({k: a.copy() for k, a in entry.state.arrays.items()}, entry.state.t)
+        entry.state_pin = None
         if rows is None:
             optimizer.update(value, data, entry.state)
         elif len(rows):
@@ -355,8 +428,30 @@ class Rounds:
                 blockers = []
             return [Reply(worker, Wait(rid, gap if gap <= after else 0, blockers))]
         self.pulls += 1
+        if not entry.pulls and entry.alone_at:   # (its pulls were let through by a worker's loss)
+            self._stop_waiting(entry)
         entry.pulls.append((worker, rid, after, rows, dest))
-        return self.answer_pulls(entry)
+        out = self.answer_pulls(entry)
+        if not entry.alone_at:
+            self._bound_wait(entry)
+        return out
+
+    def _start_waiting(self, entry: Entry, worker: int) -> None:
+        entry.alone_at, entry.alone_for = self.awaited.now(), worker
+        self.awaited.opened(worker, entry.alone_at)
+
+    def _stop_waiting(self, entry: Entry) -> None:
+        self.awaited.closed(entry.alone_for)
+        entry.alone_at, entry.alone_for = 0.0, -1
+
+    def _bound_wait(self, entry: Entry) -> None:
+        """A dist_ssp part whose pulls wait for the bound: a wait for its slowest gating worker
+        (psnode.server.staleness; found once per wait)."""
+        if entry.pulls and entry.staleness >= 0 and not entry.sync:
+            after = entry.pulls[0][2]
+            slow = bound.blockers(entry.pushed, self.rules.gating(entry), after, entry.staleness)
+            if slow:
+                self._start_waiting(entry, slow[0])
 
     def answer_pulls(self, entry: Entry) -> list[Reply]:
         """The parked pulls of ``entry`` whose push was applied (a worker that left is answered

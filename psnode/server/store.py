@@ -109,10 +109,13 @@ from psnode.server import staleness as bound
 from psnode.server.buckets import Buckets
 from psnode.server.compressed import Packed, agree, packed_push
 from psnode.server.dyntable import Params
-from psnode.server.fills import Fills
+from psnode.server.fills import CopyOf, Fills
 from psnode.server.keypart import Entry, Key, contiguous, fmt, forget_changes, received
 from psnode.server.replies import OpError, Reply
 from psnode.server.rounds import Alloc, Rounds, Rules, Updater
+
+#: a ``kv.init`` array past this many bytes is copied in a step at a time (psnode.server.fills)
+COPY_IN_STEPS = 64 << 20
 
 #: what a durable point makes true once complete: per key part, the pushes it holds per worker
 #: and the workers' start rounds then (psnode.server.store.Store.begin_point)
@@ -142,7 +145,8 @@ class Store:
         self.settings: dict[int, str] = {}   # worker -> the compression tag of its pushes ("": none)
         self.rules = Rules(set(range(num_workers)), check_finite)
         self.key_rounds = Rounds(self.rules, self.alloc, self.events.append)
-        self.fused = Buckets(self.rules, self.alloc, adopt or (lambda view: view), self.key_rounds.push)
+        self.fused = Buckets(self.rules, self.alloc, adopt or (lambda view: view), self.key_rounds.push,
+                             awaited=self.key_rounds.awaited)
         self.filling = Fills()   # parts being computed on this server (psnode.server.fills)
         self._handlers: dict[int, Callable[[int, Any], list[Reply]]] = {
             OpCode.INIT: self._init, OpCode.PUSH: self._push, OpCode.PULL: self._pull,
@@ -247,17 +251,25 @@ class Store:
         if entry is not None:  # (also a restarted worker: it resumes its push count)
             entry = self._entry(key)
             self._check_meta(key, entry, op.dtype, op.shape)
+            self.must_persist |= entry.fresh   # (the part's creation is not durable yet)
             self._check_mode(key, entry, op)
             seq = self._join_count(entry) if op.join else self._accepted(entry, worker)
+            if seq:   # (a restarted worker: waits for it before now were the failover's)
+                self.key_rounds.awaited.rejoined(worker)
             return [Reply(worker, Ok(op.id, [entry.value], seq=seq), entry)]
-        if op.value is None:
+        pending = self.filling.pending.get(key)   # (a big init's array being copied in)
+        if op.value is None or pending is not None:
             waiting = self.waiting_inits.setdefault(key, [])
-            if op.re and any(w == worker and o.id == op.id for w, o in waiting):
+            if op.re and (any(w == worker and o.id == op.id for w, o in waiting)
+                          or (pending is not None and pending.worker == worker and pending.op.id == op.id)):
                 return [Reply(worker, Wait(op.id, 0, [0]))]   # (the value comes with rank 0's init)
             waiting.append((worker, op))
             return []
         if op.value.dtype.name != op.dtype or op.value.shape != tuple(op.shape):
             raise OpError("ShapeMismatch", f"{fmt(*key)}: init array does not match its description")
+        if op.bucket < 0 and op.value.nbytes > COPY_IN_STEPS:
+            self.filling.start(key, self.alloc(op.value.shape, op.value.dtype), CopyOf(op.value), worker, op)
+            return []   # (the part exists, and its inits are answered, once copied: fill_some)
         if op.bucket >= 0 and not op.sparse:
             try:
                 value = self.fused.place(op.bucket, op.offset, op.value.shape, op.value.dtype, op.sync, op.average)
@@ -266,7 +278,8 @@ class Store:
         else:
             value = self.alloc(op.value.shape, op.value.dtype)
         np.copyto(value, op.value)
-        entry = Entry(value=value, sparse=op.sparse, sync=op.sync, average=op.average, staleness=op.staleness)
+        entry = Entry(value=value, sparse=op.sparse, sync=op.sync, average=op.average, staleness=op.staleness,
+                      backup=op.backup)
         optimizer = self.rules.optimizer_for(entry)
         if optimizer is not None:
             entry.state = optimizer.create_state(entry.value)
@@ -293,6 +306,7 @@ class Store:
         if key in self.entries:
             entry = self._entry(key)
             self._check_meta(key, entry, op.dtype, op.shape)
+            self.must_persist |= entry.fresh   # (the part's creation is not durable yet)
             return [self._init_answer(worker, op, entry)]
         if op.fill is not None and "dynamic" in op.fill:
             return self._init_dynamic(worker, key, op)
@@ -373,7 +387,7 @@ class Store:
         for fill in self.filling.step(budget):
             op = fill.op
             entry = Entry(value=fill.value, sparse=op.sparse, sync=op.sync, average=op.average,
-                          staleness=op.staleness)
+                          staleness=op.staleness, backup=op.backup)
             optimizer = self.rules.optimizer_for(entry)
             if optimizer is not None:
                 entry.state = optimizer.create_state(entry.value)
@@ -431,6 +445,10 @@ class Store:
             raise OpError("ConfigError", f"{fmt(*key)} was created by a {kind(entry.sync, entry.staleness)} store; "
                                          f"this worker's is {kind(op.sync, op.staleness)}: every worker must "
                                          "create the same kind of store")
+        if entry.backup != op.backup:
+            raise OpError("ConfigError", f"{fmt(*key)} was created by a store with backup_workers={entry.backup}; "
+                                         f"this worker's has backup_workers={op.backup}: every worker must create "
+                                         "the same kind of store")
 
     @staticmethod
     def _check_meta(key: Key, entry: Entry, dtype: str, shape: tuple[int, ...]) -> None:
@@ -528,6 +546,7 @@ class Store:
     def _join(self, worker: int, op: Join) -> list[Reply]:
         """A joiner's start round for a key part: the compare-and-set of the module docstring."""
         rules = self.rules
+        self.must_persist = True   # (the start round agreed is told only once durable)
         if op.generation < rules.generation and worker not in rules.active:
             raise OpError("PeerLost", f"worker {worker} was removed from the job (generation {rules.generation})")
         key = (op.key, op.part)
@@ -664,6 +683,7 @@ class Store:
             entry = self.entries.get(key)
             if entry is None:
                 continue
+            entry.fresh = False
             for w, q in pushed.items():
                 if q > entry.durable.get(w, 0) and entry.start.get(w) == start.get(w):
                     entry.durable[w] = q

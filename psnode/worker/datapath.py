@@ -154,20 +154,21 @@ class DataPath:
     def init(self, key: Any, info: KeyInfo, sync: bool, average: bool, resumed: bool,
              value: np.ndarray | None = None, target: np.ndarray | None = None,
              fill: Callable[[Part], dict[str, Any]] | None = None, bare: bool = False,
-             join: bool = False, staleness: int = -1) -> list[Future]:
+             join: bool = False, staleness: int = -1, backup: int = 0) -> list[Future]:
         """Init every part of a new key: ``value`` is rank 0's array (None elsewhere), the
         stored value is copied into ``target`` (if given); with ``bare`` (a server-side init)
         no answer carries a value and ``fill(part)`` is rank 0's spec of a part's values.  Each
         part's push count goes into ``info`` (a ``resumed`` worker's next push continues it);
         a joiner's (``join``: no value, no fill) gets each part's completed round instead
         (then :meth:`join`).  ``staleness`` >= 0: the parts' pulls wait for that bound
-        (dist_ssp, async parts: psnode.server.staleness)."""
+        (dist_ssp, async parts: psnode.server.staleness); ``backup`` > 0: the parts' rounds
+        complete without that many workers (backup workers, sync parts: psnode.server.rounds)."""
         futs = []
         if join:
             value, fill = None, None
         for part in info.placement.parts:
             op = Init(key, part.index, info.dtype.name, info.part_shape(part), sync=sync, average=average,
-                      sparse=info.sparse, bare=bare, join=join, staleness=staleness)
+                      sparse=info.sparse, bare=bare, join=join, staleness=staleness, backup=backup)
             if info.bucket is not None:
                 op.bucket, op.offset = info.bucket.bid, info.bucket.offsets[key][0]
             if value is not None:

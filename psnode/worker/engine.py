@@ -70,7 +70,6 @@ class Engine:
         self.failed = False
         self.blocked: Future | None = None     # what the user's thread waits for (Engine.wait)
         self._blocked_since = 0.0              # when it began to wait for it
-        self._waited: dict[int, float] = {}     # other worker -> seconds the user's thread waited for
                                                 # its pushes, in waits that ended (Engine.wait)
         self._batching = threading.local()
         self.io = IoLoop(cfg, self.state, lambda: self.stats)
@@ -289,12 +288,6 @@ class Engine:
                         "init-wait" if isinstance(getattr(req, "op", None), Init) else "pull-wait"
                     tl.wait(what, tl.now() - int((time.monotonic() - self._blocked_since) * 1e9),
                             getattr(req, "blockers", ()))
-                on = getattr(fut.request, "blockers", ())
-                if on:
-                    spent = time.monotonic() - self._blocked_since
-                    for r in on:
-                        if r != self.rank:
-                            self._waited[r] = self._waited.get(r, 0.0) + spent
         return fut.wait(0)
 
     def waiting(self) -> WaitReport | None:
@@ -317,19 +310,6 @@ class Engine:
         with self.state.lock:
             wait = self.tracker.blocked(req, self.rank)
         return None if wait is None else replace(wait, waited=time.monotonic() - since)
-
-    def waited_on(self) -> tuple[tuple[int, float], ...]:
-        """Per other worker, the seconds the user's thread has waited for its pushes in all (the
-        wait in progress included, credited to the workers its server last named)."""
-        waited = dict(self._waited)
-        fut, since = self.blocked, self._blocked_since
-        on = getattr(fut.request, "blockers", ()) if fut is not None and not fut.done else ()
-        if on:
-            spent = time.monotonic() - since
-            for r in on:
-                if r != self.rank:
-                    waited[r] = waited.get(r, 0.0) + spent
-        return tuple(sorted(waited.items()))
 
     def check(self) -> None:
         """Raise the job's failure, or the first error of a request nobody waited for."""
@@ -379,7 +359,7 @@ class Engine:
         t = self.tracker
         nbytes = self.io.bytes()
         return Counters(pushes=t.pushes, pulls=t.pulls, rounds=t.journal.rounds, bytes_in=nbytes[0],
-                        bytes_out=nbytes[1], retries=t.retries, wait=self.waiting(), waited_on=self.waited_on(),
+                        bytes_out=nbytes[1], retries=t.retries, wait=self.waiting(),
                         loop_gap_us=self.io.gaps.longest_us(time.monotonic()))
 
 

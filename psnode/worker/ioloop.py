@@ -125,12 +125,13 @@ class IoLoop:
     def turn(self, now: float) -> None:
         e, link = self.state, self.link
         assert link is not None
-        self.gaps.tick(now)
         link.tick(now)
         timeout = link.timeout(now)
         if e.tracker.pending and len(self.conns):   # (a pending request is scanned on time: asked about, resent)
             timeout = min(timeout, max(0.0, self.next_scan - now))
+        self.gaps.idle(time.monotonic())
         ready = self.poller.poll(min(timeout, LINK_TURN) if self.links.local else timeout)
+        self.gaps.woke(time.monotonic())
         if e.efd in ready:
             self.read_wake()
         if link.chan.sock in ready:

@@ -27,6 +27,12 @@ Contracts:
   pull after this worker's push ``t`` of a key holds every active worker's pushes 1..t-s of it
   (it waits while the slowest is further behind: psnode.server.staleness); ``s = 0`` runs
   dist_sync's rounds (its values exactly, the aggregator and buckets included).
+* ``dist_sync`` with ``backup_workers`` b (``kv.backup_workers``): a round of a key part
+  completes when all but b of its workers pushed it, and its value is the aggregate of those
+  (``average`` divides by their number); a push that comes after its round completed is
+  dropped and counted (``late`` in ``mxdist status``), so the slowest b workers of each round
+  never set the pace (psnode.server.rounds states the exactly-once invariant).  b = 0 is
+  dist_sync exactly.
 * ``set_gradient_compression`` (MXNet's): after ``create`` (keys may be initialised already),
   before the first push; dense float32 pushes then travel compressed with this worker's
   residuals (psnode.math.compression, psnode.worker.compressor); servers decode them and aggregate float32.
@@ -187,8 +193,10 @@ class KVStore:
     """A key-value store for parameters (see the module docstring for the contracts)."""
 
     def __init__(self, kind: str, engine: KVBackend, cfg: NodeConfig | None, aggregator: str,
-                 name: str | None = None, staleness: int | None = None) -> None:
+                 name: str | None = None, staleness: int | None = None, backup_workers: int = 0) -> None:
         self.mode = kind                       # 'local', 'dist_sync', 'dist_async' or 'dist_ssp'
+        #: dist_sync's backup workers: a round completes when all but this many pushed
+        self.backup_workers = backup_workers if kind == "dist_sync" else 0
         #: dist_ssp's bound (None for other stores); 0 runs dist_sync's rounds
         self.staleness = staleness if kind == "dist_ssp" else None
         self._sync = kind in ("local", "dist_sync") or staleness == 0   # rounds on the servers
@@ -427,7 +435,7 @@ class KVStore:
         self._keys[key] = info
         return self._path.init(key, info, sync=self._sync, average=self._aggregator == "average",
                                resumed=self._resumed, value=arr if self.rank == 0 else None, target=target,
-                               join=self._engine.joiner, staleness=self._bound)
+                               join=self._engine.joiner, staleness=self._bound, backup=self.backup_workers)
 
     def _init_on_servers(self, key: Any, value: Any, ps: init_mod.OnServers, stype: str | None) -> list[Future]:
         """``init`` with ``ps_initializer``: ``value`` is a template (its shape, dtype and,
@@ -464,7 +472,7 @@ class KVStore:
             return ps.part(shape, part.lo * row if placement.split else 0).to_json()
         return self._path.init(key, info, sync=self._sync, average=self._aggregator == "average",
                                resumed=self._resumed, fill=fill if self.rank == 0 else None, bare=True,
-                               join=self._engine.joiner, staleness=self._bound)
+                               join=self._engine.joiner, staleness=self._bound, backup=self.backup_workers)
 
     def _init_table(self, key: Any, value: RowSparseArray, ps: init_mod.OnServers, shape: tuple[int, ...],
                     dtype: np.dtype) -> list[Future]:
@@ -887,6 +895,7 @@ class KVStore:
 
     def __repr__(self) -> str:
         bound = "" if self.staleness is None else f" staleness {self.staleness}"
+        bound += f" backup_workers {self.backup_workers}" if self.backup_workers else ""
         return (f"<KVStore {self.type}{bound} rank {self.rank}/{self.num_workers} "
                 f"servers {self.num_servers} {self._aggregator}>")
 

@@ -20,7 +20,7 @@ request fails, and resolves futures:
 * **asking** (:meth:`due`): a pull (or init) unanswered for ``ASK_AFTER`` seconds is sent
   again once, marked resent (a push-pull as its pull alone), only to ask the server what it
   waits for: a server holding it for other workers' pushes answers Wait naming them
-  (``Request.blockers``: whom the worker's wait is credited to, psnode.worker.engine), else it
+  (``Request.blockers``: whom its timeline names, psnode.worker.engine), else it
   answers the pull (a second answer is ignored);
 * **retry** (:meth:`due`): a request unanswered for ``retry_timeout`` is sent again marked
   resent; after ``max_retries`` resends without a sign of life it fails with PeerLost naming

@@ -1,5 +1,6 @@
 """What users do to a launch, end to end on this machine: Ctrl-C through a real terminal on
-``launch ... 2>&1 | tee log`` and ``launch ... | head -2``, closing the terminal (SIGHUP),
+``launch ... 2>&1 | tee log`` and ``launch ... | head -2``, ``| head -2`` returning while the job
+goes on detached, closing the terminal (SIGHUP),
 ``mxdist stop`` racing an attached launch, detached jobs that succeed, fail and are stopped,
 status and jobs after a preflight failure and on a hand-damaged record, the root-cause
 headline of a worker that raises, a command without psnode that ends at once.
@@ -130,16 +131,39 @@ def test_closing_the_terminal_stops_the_job_with_129(home, tmp_path):
     assert_nothing_left(home)
 
 
-def test_head_returns_as_soon_as_the_job_ends(home, tmp_path):
-    cmd = f"{MXDIST} launch -n 2 -s 1 {shlex.quote(script(tmp_path, CHATTY))} | head -2"
-    t0 = time.monotonic()
+WAITS_FOR_GO = textwrap.dedent("""
+    import os, sys, time
+    for i in range(5):
+        print("line", i, "rank", os.environ["RANK"], flush=True)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(sys.argv[1]):      # the job ends when the test says so
+        if time.monotonic() > deadline:
+            sys.exit("no go file")
+        time.sleep(0.05)
+    print("done rank", os.environ["RANK"], flush=True)
+""")
+
+
+def test_head_returns_when_it_has_read_and_the_job_goes_on_detached(home, tmp_path):
+    """``launch | head -2``: the prompt comes back once head has its lines, the job runs on
+    detached (stderr says how to follow and stop it) and ends as it would have."""
+    go = tmp_path / "go"
+    cmd = f"{MXDIST} launch -n 2 -s 1 {shlex.quote(script(tmp_path, WAITS_FOR_GO))} {shlex.quote(str(go))} | head -2"
     res = subprocess.run(["bash", "-c", cmd], env=cli_env(home), cwd=ROOT, capture_output=True, text=True,
                          timeout=60)
-    took = time.monotonic() - t0
-    assert len(res.stdout.splitlines()) == 2, res.stdout + res.stderr
+    assert res.returncode == 0 and len(res.stdout.splitlines()) == 2, res.stdout + res.stderr
     rec = latest(home)
-    assert rec["state"] == "succeeded" and rec["exit_code"] == 0, res.stderr
-    assert took < rec["ended"] - rec["created"] + 5.0, (took, rec)
+    job = rec["id"]
+    assert rec["state"] in ("starting", "running") and not go.exists()     # it cannot have ended: no go file
+    assert f"job {job} goes on in the background" in " ".join(res.stderr.split()), res.stderr
+    for command in (f"mxdist logs {job} -f", f"mxdist status {job}", f"mxdist stop {job}"):
+        assert command in res.stderr
+    assert not supervisor_gone(latest(home))
+    go.touch()
+    rec = wait_final(home, 60)
+    assert rec["state"] == "succeeded" and rec["exit_code"] == 0 and rec["supervisor"]["detached"], rec
+    assert f"job {job} succeeded" in (home / "jobs" / job / "supervisor.log").read_text()
+    wait_for(lambda: supervisor_gone(rec), 10, "the supervisor to exit")
     assert_nothing_left(home)
 
 

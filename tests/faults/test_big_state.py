@@ -63,6 +63,13 @@ def _launch(home: Path, tmp: Path, options: list[str]):
     return proc, flags
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:   # (renamed or removed meanwhile)
+        return 0
+
+
 def _server_pid(home: Path, rank: int) -> int:
     return next(p["pid"] for p in latest(home)["procs"] if p["name"] == f"server-{rank}")
 
@@ -95,20 +102,21 @@ def test_replicas_on_a_big_table_survive_a_server_killed_mid_training(tmp_path) 
 
 
 def test_checkpoints_on_a_big_table_survive_a_kill_during_the_write(tmp_path) -> None:
-    """``--checkpoint-dir``: server 1 is killed while it writes the table's first checkpoint
-    (its temporary file exists: the base of 640 MB); its replacement restores the chain as it
-    was before that write, the workers resend what it lacks, and the job ends exact."""
+    """``--checkpoint-dir``: server 1 is killed while it writes the table to its checkpoint
+    chain (a temporary file of it is past 64 MB: the point that created the table, or the
+    compaction that follows); its replacement restores the chain as it was before that write,
+    the workers resend what it lacks, and the job ends exact."""
     home = tmp_path / "home"
     ckpt = tmp_path / "ckpt"
     proc, _ = _launch(home, tmp_path, ["--checkpoint-dir", str(ckpt)])
 
     def writing() -> bool:
-        return proc.poll() is not None or any(n.startswith(".server-1.npz.") and n.endswith(".tmp") and
-                                              os.path.getsize(ckpt / n) > 64 << 20
+        return proc.poll() is not None or any(n.startswith(".server-1.") and n.endswith(".tmp") and
+                                              _size(ckpt / n) > 64 << 20
                                               for n in (os.listdir(ckpt) if ckpt.is_dir() else []))
     wait_for(writing, 240, "server 1 writing the table's checkpoint", interval=0.01)
     assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
     os.kill(_server_pid(home, 1), signal.SIGKILL)
     out = _finish(proc, home)
-    assert "server 1 restored 0 key parts from" in out, out   # (the chain as it was before the table's)
+    assert "server 1 restored" in out and "key parts from" in out, out
     assert not [n for n in os.listdir(ckpt) if n.endswith(".tmp")]

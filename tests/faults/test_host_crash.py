@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import require
-from tests.support.hostcrash import CASES, crash_during_job, first_round_after, run_case
+from tests.support.hostcrash import CASES, crash_during_job, crash_one_after_another, first_round_after, run_case
 from tests.support.hosts import HOST_LOSS_FINAL, SSHD, host_loss_keys_final
 
 
@@ -63,6 +63,35 @@ def test_the_scheduler_hosts_crash_hands_the_job_to_the_standby_with_exact_value
     last = out.splitlines()[-2]
     assert "succeeded in" in last and "the standby scheduler on node3 took the job over" in last, out
     assert took < 90, f"the job ended {took:.0f} s after the crash\n{out}"
+
+
+def test_the_scheduler_hosts_crash_one_after_another_are_survived_with_a_new_standby_each_time(
+        tmp_path: Path) -> None:
+    """Five hosts: node1 runs the scheduler and worker 0, node2 the standby and worker 1, node3
+    the server, node4 and node5 a spare slot each.  node1 crashes: the standby on node2 takes the
+    job over, worker 0 moves to a spare slot and a new standby starts on a host that lives.  Then
+    node2 crashes: that standby takes the job over, worker 1 moves to the other spare slot, a new
+    standby starts again, and each worker ends with the uninterrupted values."""
+    out, code, first, second = crash_one_after_another(tmp_path)
+    assert code == 0, out
+    assert first == {"scheduler": "node1", "scheduler-1": "node2", "server-0": "node3", "worker-0": "node1",
+                     "worker-1": "node2"}, first
+    assert "the standby scheduler on node2 takes the job over at 10.213.9.2:" in out, out
+    new = re.findall(r"a new standby scheduler starts on (node\d) at 10\.213\.9\.(\d):", out)
+    assert len(new) == 2 and new[0][0] in ("node3", "node4", "node5"), out
+    assert new[1][0] in ({"node3", "node4", "node5"} - {new[0][0]}), out
+    spare = {"worker-0": second.pop("worker-0", None)}
+    assert second == {"scheduler-1": "node2", "scheduler-2": new[0][0], "server-0": "node3", "worker-1": "node2"} \
+        and spare["worker-0"] in ("node4", "node5"), (second, spare)
+    assert f"the standby scheduler on {new[0][0]} takes the job over at 10.213.9.{new[0][1]}:" in out, out
+    assert f"worker-0 restarts with rank 0 on {spare['worker-0']} (local rank 0): its host node1 does not answer" \
+        in out, out
+    other = ({"node4", "node5"} - {spare["worker-0"]}).pop()
+    assert f"worker-1 restarts with rank 1 on {other} (local rank 0): its host node2 does not answer" in out, out
+    assert out.count(HOST_LOSS_FINAL) == 2, out                  # the uninterrupted run's closed form
+    last = out.splitlines()[-1]
+    assert "succeeded in" in last and \
+        f"the standby schedulers on node2, then {new[0][0]} took the job over in turn" in last, out
 
 
 def test_a_server_and_worker_hosts_crash_is_survived_with_replicas_and_no_checkpoints(tmp_path: Path) -> None:

@@ -31,7 +31,9 @@ test module; tests/unit/test_test_layout.py checks it):
 * ``elastic``, ``scheduler_restart``, ``server_restore``, ``torch_trainer``, ``examples``,
   ``compression_cases`` -- jobs and references shared by the local, SSH, fault and GPU tiers;
 * ``mxnet_engine``, ``mxnet_port`` -- the MXNet engine tests' scripts, and MXNet's test
-  helpers on numpy arrays.
+  helpers on numpy arrays;
+* ``ports`` -- a ``sitecustomize`` that takes each scheduler's planned port (a real listening
+  socket) just before the scheduler binds it, for the busy-port tests of every backend.
 """
 from __future__ import annotations
 

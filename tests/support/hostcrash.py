@@ -1,12 +1,15 @@
 """A host that crashes during a job: hosts in network namespaces, each a real sshd.
 
-Hosts in two network namespaces created here (never the machine's interfaces), each host a real
-OpenSSH sshd on its own address (``node1``..``node4`` at 10.213.9.1-4): CUT holds the host that
-crashes, MAIN the others and the launcher; a veth pair links them.  ``ip link set DOWN`` on
-CUT's end loses every packet both ways, silently, as a power loss does; then every process of
-CUT is killed.  :func:`crash_during_job` runs one job through it (tests/faults/test_host_crash.py,
+Hosts in network namespaces created here (never the machine's interfaces), each host a real
+OpenSSH sshd on its own address (``node1``..``node5`` at 10.213.9.1-5): each host that crashes
+alone in a namespace of its own (CUT), MAIN the others and the launcher; a veth pair links each
+CUT to a bridge in MAIN.  ``ip link set DOWN`` on CUT's end loses every packet both ways,
+silently, as a power loss does; then every process of CUT is killed (:func:`crash`).
+:func:`crash_during_job` runs one job through one crash (tests/faults/test_host_crash.py,
 benchmarks/faults/soak.py ``--host-crash``); :data:`CASES` are the crashes of a job with
-replicated servers and no checkpoints, by what the crashed host ran.
+replicated servers and no checkpoints, by what the crashed host ran;
+:func:`crash_one_after_another` crashes the scheduler's host, then the host of the scheduler
+that took the job over.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +27,7 @@ from tests.support.cli import ROOT, assert_nothing_left, cli_env, latest
 from tests.support.hosts import (
     HOST_LOSS,
     HOST_LOSS_KEYS,
+    HOST_LOSS_TWICE,
     SSHD,
     ip,
     keygen,
@@ -33,21 +38,29 @@ from tests.support.hosts import (
 )
 
 PORT = 2222                                  # each namespace has its own ports
-NODES = {"node1": "10.213.9.1", "node2": "10.213.9.2", "node3": "10.213.9.3", "node4": "10.213.9.4"}
+NODES = {"node1": "10.213.9.1", "node2": "10.213.9.2", "node3": "10.213.9.3", "node4": "10.213.9.4",
+         "node5": "10.213.9.5"}
 
 
-def hosts_in_namespaces(root: Path, main: str, cut: str, crashing: str) -> tuple[Path, Path]:
-    """The namespaces, their link and one sshd per host (``crashing`` in CUT); (ssh config, known_hosts)."""
+def hosts_in_namespaces(root: Path, main: str, cuts: Mapping[str, str]) -> tuple[Path, Path]:
+    """The namespaces, their links and one sshd per host; (ssh config, known_hosts).  ``cuts``:
+    each host that may crash -> its own namespace, linked to a bridge in ``main`` (where every
+    other host is) by a veth pair whose end there is ``vc`` (down: the host is cut off)."""
     ip("netns", "add", main)
-    ip("netns", "add", cut)
-    for ns in (main, cut):
+    for ns in cuts.values():
+        ip("netns", "add", ns)
+    for ns in (main, *cuts.values()):
         ip("-n", ns, "link", "set", "lo", "up")
-    ip("-n", main, "link", "add", "vm", "type", "veth", "peer", "name", "vc", "netns", cut)
+    ip("-n", main, "link", "add", "name", "hub", "type", "bridge")
+    for i, ns in enumerate(cuts.values()):
+        ip("-n", main, "link", "add", f"vm{i}", "type", "veth", "peer", "name", "vc", "netns", ns)
+        ip("-n", main, "link", "set", f"vm{i}", "master", "hub")
+        ip("-n", main, "link", "set", f"vm{i}", "up")
+        ip("-n", ns, "link", "set", "vc", "up")
+    ip("-n", main, "link", "set", "hub", "up")
     for name, addr in NODES.items():
-        ns, dev = (cut, "vc") if name == crashing else (main, "vm")
+        ns, dev = (cuts[name], "vc") if name in cuts else (main, "hub")
         ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-    ip("-n", main, "link", "set", "vm", "up")
-    ip("-n", cut, "link", "set", "vc", "up")
     subprocess.run(["install", "-d", "-m", "0755", "/run/sshd"], check=True)
     (root / "authorized_keys").write_text(keygen(root / "client_key") + "\n")
     known, config = [], []
@@ -56,9 +69,8 @@ def hosts_in_namespaces(root: Path, main: str, cut: str, crashing: str) -> tuple
         known.append(f"[{addr}]:{PORT} {pub}\n")
         conf = root / f"{name}.conf"
         conf.write_text(sshd_config(PORT, addr, root / f"{name}_key", root / f"{name}.pid", root / "authorized_keys"))
-        ns = cut if name == crashing else main
-        subprocess.Popen(["ip", "netns", "exec", ns, SSHD, "-D", "-f", str(conf), "-E", str(root / f"{name}.log")],
-                         start_new_session=True)
+        subprocess.Popen(["ip", "netns", "exec", cuts.get(name, main), SSHD, "-D", "-f", str(conf),
+                          "-E", str(root / f"{name}.log")], start_new_session=True)
         config.append(f"Host {name}\n  HostName {addr}\n")
     for name in NODES:
         wait_for(lambda n=name: (root / f"{n}.pid").exists(), 10, f"{name}'s sshd to start")
@@ -66,6 +78,16 @@ def hosts_in_namespaces(root: Path, main: str, cut: str, crashing: str) -> tuple
     (root / "ssh_config").write_text("\n".join(config))
     (root / "known_hosts").write_text("".join(known))
     return root / "ssh_config", root / "known_hosts"
+
+
+def crash(ns: str, what: str) -> tuple[float, float]:
+    """Crash the host in namespace ``ns`` once its shells settled: its link down first (no reset
+    ever reaches the others), then every process of it killed; (time.monotonic(), time.time())."""
+    wait_for(lambda: settled(ns_pids(ns)), 30, f"{what}'s shells to finish starting")
+    at = time.monotonic(), time.time()
+    ip("-n", ns, "link", "set", "vc", "down")
+    kill_namespace(ns)
+    return at
 
 
 def crash_during_job(tmp_path: Path, hosts_file: str, crashing: str, rank: int, args: list[str],
@@ -87,7 +109,7 @@ def crash_during_job(tmp_path: Path, hosts_file: str, crashing: str, rank: int, 
     hosts.write_text(hosts_file)
     cli = None
     try:
-        ssh_config, known = hosts_in_namespaces(tmp_path, main, cut, crashing)
+        ssh_config, known = hosts_in_namespaces(tmp_path, main, {crashing: cut})
         env = cli_env(home, MXDIST_SSH_CONFIG=str(ssh_config), MXDIST_KNOWN_HOSTS=str(known),
                       MXDIST_REMOTE_DIR=str(home / "remote"))
         cli = subprocess.Popen(["ip", "netns", "exec", main, sys.executable, "-m", "mxdist", "launch", "-H", str(hosts),
@@ -97,10 +119,7 @@ def crash_during_job(tmp_path: Path, hosts_file: str, crashing: str, rank: int, 
         assert cli.poll() is None, cli.communicate(timeout=10)[0]
         found = {p["name"]: p["host"] for p in latest(home)["procs"]}
         assert found == placed, found
-        wait_for(lambda: settled(ns_pids(cut)), 30, f"{crashing}'s shells to finish starting")
-        crashed, crashed_at = time.monotonic(), time.time()
-        ip("-n", cut, "link", "set", "vc", "down")        # silence first: no reset ever reaches MAIN
-        kill_namespace(cut)                               # then every process of the host
+        crashed, crashed_at = crash(cut, crashing)
         (flags / "crashed").touch()
         out, _ = cli.communicate(timeout=240)
         took = time.monotonic() - crashed
@@ -160,3 +179,75 @@ def run_case(case: CrashCase, tmp: Path) -> tuple[str, int, float]:
     """:func:`crash_during_job` of ``case`` with HOST_LOSS_KEYS."""
     return crash_during_job(tmp, case.hosts_file, case.crashing, case.rank, case.args, case.placed,
                             script=HOST_LOSS_KEYS)
+
+
+#: one host after another: node1 runs the scheduler and worker 0, node2 the standby and worker 1,
+#: node3 the server; node4 and node5 have a spare slot each
+TWICE_HOSTS = "node1 slots=1\nnode2 slots=1\nnode4 slots=1   # spare\nnode5 slots=1   # spare\n"
+TWICE_ARGS = ["-n", "2", "-s", "1", "--server-hosts", "node3", "--standby-scheduler", "--max-restarts", "1"]
+
+
+def crash_one_after_another(tmp_path: Path) -> tuple[str, int, dict[str, str], dict[str, str]]:
+    """Launch :data:`HOST_LOSS_TWICE` on :data:`TWICE_HOSTS`; crash node1 (the scheduler's host)
+    once worker 0 is at step 2, then, once worker 1 is at step 4 and the scheduler that took the
+    job over told its nodes of a new standby, crash that scheduler's host; (the launcher's output,
+    its exit code, process -> host at the first crash, then at the second).  Asserts that nothing
+    of the job is left on the hosts that live (before they are torn down) and anywhere after."""
+    tag = uuid.uuid4().hex[:6]
+    main, cuts = f"psnh-{tag}-m", {"node1": f"psnh-{tag}-c1", "node2": f"psnh-{tag}-c2"}
+    home = tmp_path / "home"
+    home.mkdir()
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    train = tmp_path / "train.py"
+    train.write_text(HOST_LOSS_TWICE)
+    hosts = tmp_path / "hosts"
+    hosts.write_text(TWICE_HOSTS)
+    cli = None
+    placed: list[dict[str, str]] = []
+    try:
+        ssh_config, known = hosts_in_namespaces(tmp_path, main, cuts)
+        env = cli_env(home, MXDIST_SSH_CONFIG=str(ssh_config), MXDIST_KNOWN_HOSTS=str(known),
+                      MXDIST_REMOTE_DIR=str(home / "remote"))
+        cli = subprocess.Popen(["ip", "netns", "exec", main, sys.executable, "-m", "mxdist", "launch", "-H", str(hosts),
+                                *TWICE_ARGS, str(train), str(flags)],
+                               env=env, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        running = lambda: {p["name"]: p["host"] for p in latest(home)["procs"] if p["state"] == "running"}  # noqa: E731
+        wait_for(lambda: (flags / "ready2").exists() or cli.poll() is not None, 120, "worker 0 to reach step 2")
+        assert cli.poll() is None, cli.communicate(timeout=10)[0]
+        placed.append(running())
+        crash(cuts["node1"], "node1")
+        # the standby on node2 took the job over, a new standby runs elsewhere and announced itself
+        # to it, which told the nodes (its log says so), and worker 1 is at step 4
+        wait_for(lambda: (flags / "ready4").exists() or cli.poll() is not None, 120, "worker 1 to reach step 4")
+        assert cli.poll() is None, cli.communicate(timeout=10)[0]
+        told = Path(next(p["log"] for p in latest(home)["procs"] if p["name"] == "scheduler-1"))
+        wait_for(lambda: "a standby scheduler waits at" in told.read_text(errors="replace") or cli.poll() is not None,
+                 60, "the scheduler on node2 to tell its nodes of a new standby")
+        assert cli.poll() is None, cli.communicate(timeout=10)[0]
+        placed.append(running())
+        crash(cuts["node2"], "node2")
+        out, _ = cli.communicate(timeout=240)
+        left = lambda: [pid for pid in ns_pids(main) if _of_the_job(pid, tmp_path)]  # noqa: E731
+        wait_for(lambda: not left(), 10, "the job's processes on the live hosts to end")
+    finally:
+        if cli is not None and cli.poll() is None:
+            cli.kill()
+            cli.wait(10)
+        for ns in (main, *cuts.values()):
+            kill_namespace(ns)
+        for ns in (main, *cuts.values()):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"psnh-{tag}" not in listed, listed
+    assert_nothing_left(home)
+    return out, cli.returncode, placed[0], placed[1]
+
+
+def _of_the_job(pid: int, root: Path) -> bool:
+    """Is ``pid`` a process of the job (a psnode node or the training script under ``root``)?"""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return False
+    return b"psnode" in cmd or str(root / "train.py").encode() in cmd

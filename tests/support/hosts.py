@@ -9,6 +9,9 @@ training script of the host-loss tests.
 * :data:`HOST_LOSS`: a ``dist_sync`` job whose worker ``argv[2]`` (default 1) blocks at step 3
   on its first run (``flags/ready`` written) while its host is crashed; it resumes from ``kv.num_pushes``, so
   each rank ends at the uninterrupted closed form :data:`HOST_LOSS_FINAL`;
+  :data:`HOST_LOSS_TWICE`: two workers, rank 0 blocked at step 2 and rank 1 at step 4 on their
+  first runs (``flags/ready2``, ``flags/ready4``), for two crashes one after the other, ending at
+  :data:`HOST_LOSS_FINAL` too;
   :data:`HOST_LOSS_KEYS` the same over six keys (one on every server), printing when each step
   completed (:func:`host_loss_keys_final`).
 """
@@ -44,6 +47,24 @@ HOST_LOSS = textwrap.dedent("""
 #: What each rank of :data:`HOST_LOSS` prints last: w = -lr * sum_s mean_grad_s = -0.125 * sum_s 1.5 (s + 1).
 HOST_LOSS_FINAL = f"FINAL {[-0.125 * 1.5 * sum(range(1, 7))] * 3}"
 
+
+HOST_LOSS_TWICE = textwrap.dedent("""
+    import sys, time, pathlib, numpy as np, psnode
+    flags = pathlib.Path(sys.argv[1])
+    kv = psnode.kv.create('dist_sync')
+    kv.set_optimizer(psnode.optimizer.create('sgd', learning_rate=0.125))
+    kv.init('w', np.zeros(3, np.float32))
+    start = kv.num_pushes('w')
+    print("START", start, "RESTARTS", kv.restarts, flush=True)
+    for step in range(start, 6):
+        if step == 2 * (kv.rank + 1) and kv.restarts == 0:   # rank 0 at step 2, rank 1 at step 4
+            (flags / f'ready{step}').touch()
+            time.sleep(600)                       # its host crashes here
+        kv.push('w', np.full(3, (kv.rank + 1) * (step + 1), np.float32))
+        kv.pull('w')
+    print("FINAL", kv.pull('w').tolist(), flush=True)
+    kv.close()
+""")
 
 HOST_LOSS_KEYS = textwrap.dedent("""
     import sys, time, pathlib, numpy as np, psnode

@@ -31,3 +31,16 @@ def test_goals_read_the_summary() -> None:
     rows = [{"kind": "transient", "mode": "ssp3", "ratio": 0.65, "accuracy_delta_pts": -0.2},
             {"kind": "none", "mode": "ssp3", "ratio": 1.07, "accuracy_delta_pts": 0.0}]
     assert [met for _, met, _ in stragglers.goals(rows)] == [True, False]
+
+
+def test_a_backup_worker_never_waits_and_is_never_waited_for() -> None:
+    assert ideal("none", "backup1") == pytest.approx(6.0)
+    assert ideal("persistent", "backup1") == pytest.approx(150 * 0.12)   # (the straggler's own steps)
+    assert ideal("transient", "backup1") < ideal("transient", "sync")
+
+
+def test_the_backup_goal_reads_time_and_final_loss() -> None:
+    rows = [{"kind": "persistent", "mode": "backup1", "ratio": 0.45, "loss_ratio": 1.3}]
+    assert [met for _, met, _ in stragglers.goals(rows)] == [True]
+    rows[0]["loss_ratio"] = 2.5
+    assert [met for _, met, _ in stragglers.goals(rows)] == [False]

@@ -411,7 +411,7 @@ class Sim:
         for server in self.servers:
             if server.chain is None or server.rank in self.down_until:
                 continue
-            if server.chain.writes and self.rng.random() < 0.4:
+            if server.chain.writes and self.rng.random() < 0.1:
                 server.chain.land(1)
             assert server.points is not None
             server.points.poll(server.chain.land)

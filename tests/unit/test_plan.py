@@ -47,7 +47,7 @@ def test_env_round_trips_through_node_config():
         cfg = NodeConfig.from_env(proc.env)
         assert cfg.role is proc.role and cfg.job_id == "job-1"
         assert cfg.scheduler_address == "10.0.0.1:9000"
-        assert cfg.num_workers == 4 and cfg.num_servers == 3
+        assert cfg.num_workers == 4 and cfg.num_servers == 3 and cfg.backup_workers == 0
         assert cfg.host == proc.host.address
         assert cfg.rank == proc.rank
     server = plan.of_role(Role.SERVER)[1]
@@ -140,6 +140,8 @@ def test_more_workers_than_slots_wraps_with_a_warning():
     ({"scheduler_port": 70000}, "1..65535"),
     ({"command": []}, "no command"),
     ({"hosts": []}, "no hosts"),
+    ({"num_workers": 3, "backup_workers": 3}, r"--backup-workers 3: .* 3 workers \(-n 3\); use 0 to 2"),
+    ({"backup_workers": -1}, "--backup-workers -1: must be 0 or more"),
 ])
 def test_plan_errors(kw, message):
     with pytest.raises(PlanError, match=message):
@@ -373,3 +375,54 @@ def test_a_worker_planned_after_the_failover_registers_at_the_standby():
                                                                                         "10.0.0.2:9002")
     after = joiner(with_standby_scheduler(plan), 0, HOSTS[2], 0, 3, 1)
     assert after.env["PSNODE_SCHEDULER"] == "10.0.0.2:9002" and "PSNODE_SCHEDULER_STANDBY" not in after.env
+
+
+def test_a_scheduler_moved_off_a_taken_port_is_everyones_address():
+    """The scheduler and its standby announce the ports they bound (PSNODE_ADDRESS_FILE, in the run
+    directory); with_scheduler_port gives every process, the standby and later joiners that address;
+    a restarted scheduler binds its address or fails (no address file)."""
+    from mxdist.planning.plan import STANDBY_RANK, joiner, restarted, with_scheduler_port
+
+    plan = make_plan(request(num_servers=2, max_workers=6, standby=True, run_dir="/run/j", slots_bound=False))
+    sched, standby = plan.of_role(Role.SCHEDULER)
+    assert sched.env["PSNODE_ADDRESS_FILE"] == "/run/j/scheduler.address"
+    assert standby.env["PSNODE_ADDRESS_FILE"] == "/run/j/scheduler-1.address"
+    assert all("PSNODE_ADDRESS_FILE" not in p.env for p in plan.procs if p.role is not Role.SCHEDULER)
+    plan = with_scheduler_port(with_scheduler_port(plan, None, 31000), STANDBY_RANK, 31002)
+    assert plan.scheduler_address == "10.0.0.1:31000"
+    sched, standby = plan.of_role(Role.SCHEDULER)
+    assert (sched.env["PSNODE_SCHEDULER"], standby.env["PSNODE_SCHEDULER"], standby.env["PSNODE_PRIMARY"]) == (
+        "10.0.0.1:31000", "10.0.0.2:31002", "10.0.0.1:31000")
+    for p in plan.procs[2:]:
+        assert (p.env["PSNODE_SCHEDULER"], p.env["PSNODE_SCHEDULER_STANDBY"]) == ("10.0.0.1:31000", "10.0.0.2:31002")
+    late = joiner(plan, 4, HOSTS[1], 1, 5, 2)
+    assert (late.env["PSNODE_SCHEDULER"], late.env["PSNODE_SCHEDULER_STANDBY"]) == ("10.0.0.1:31000", "10.0.0.2:31002")
+    again = restarted(sched, 1)
+    assert "PSNODE_ADDRESS_FILE" not in again.env and again.env["PSNODE_SCHEDULER"] == "10.0.0.1:31000"
+
+
+def test_a_new_standby_after_a_failover_stands_by_for_the_scheduler_that_took_over():
+    """After a failover the launcher starts a new standby on another host: the first standby's
+    command and variables, bound to its new host at the standby's port, standing by for the
+    scheduler that took the job over; every node (and a worker planned later) registers there
+    and goes over to the new standby."""
+    from mxdist.planning.plan import joiner, next_standby, with_proc, with_schedulers
+
+    hosts = [*HOSTS, Host("d", address="10.0.0.4")]
+    plan = make_plan(request(num_workers=3, num_servers=3, replicas=2, max_restarts=3, standby=True, hosts=hosts))
+    spec = next_standby(plan, hosts[3], 2, "10.0.0.2:9002")
+    cfg = NodeConfig.from_env(spec.env)
+    assert spec.name == "scheduler-2" and spec.host.label == "d"
+    assert (cfg.role, cfg.standby, cfg.primary, cfg.host) == (Role.SCHEDULER, True, "10.0.0.2:9002", "10.0.0.4")
+    assert (cfg.scheduler_host, cfg.scheduler_port, cfg.rank) == ("10.0.0.4", 9002, None)
+    after = with_schedulers(with_proc(plan, spec), "10.0.0.2:9002", "10.0.0.4:9002")
+    assert [p.name for p in after.procs].count("scheduler-2") == 1
+    for p in after.procs:
+        if p.role is not Role.SCHEDULER:
+            assert (p.env["PSNODE_SCHEDULER"], p.env["PSNODE_SCHEDULER_STANDBY"]) == ("10.0.0.2:9002",
+                                                                                      "10.0.0.4:9002"), p.name
+    moved = joiner(after, 0, HOSTS[2], 0, 3, 1)
+    assert (moved.env["PSNODE_SCHEDULER"], moved.env["PSNODE_SCHEDULER_STANDBY"]) == ("10.0.0.2:9002",
+                                                                                      "10.0.0.4:9002")
+    with pytest.raises(PlanError, match="has no standby scheduler"):
+        next_standby(make_plan(request()), hosts[3], 2, "10.0.0.2:9002")

@@ -21,6 +21,7 @@ from psnode.net.transport import Transport
 from psnode.protocol import Command, Message, decode, encode
 from psnode.protocol.control import (
     BODIES,
+    MAX_IMPLIED,
     Barrier,
     BarrierDone,
     Bye,
@@ -36,6 +37,7 @@ from psnode.protocol.control import (
     Replica,
     ServerAddress,
     Servers,
+    Standby,
     StatusAnswer,
     Stop,
     WaitKind,
@@ -67,7 +69,7 @@ VALID = [
     (Command.REJOIN, Empty()),
     (Command.WELCOME, Welcome(1, BOOK, 99, 2, 2, (0, 1), 3, True, 5)),
     (Command.HEARTBEAT, Heartbeat(Counters(pushes=10, pulls=9, rounds=5, bytes_in=2**40, retries=1, wait=WAIT,
-                                         waited_on=((2, 1.5),)))),
+                                         awaited=((2, 1.5),), late=((1, 3),)))),
     (Command.HEARTBEAT, Heartbeat(Counters(rounds=3, dropped=2, refused=1))),
     (Command.HEARTBEAT, Heartbeat(Counters(rounds=3, state_bytes=2**31, copied=5 * 2**30, checkpointed=7,
                                            loop_gap_us=41_000, lag=((1, 0), (2, 3))))),
@@ -96,6 +98,9 @@ VALID = [
     (Command.LOST_ACK, Empty()),
     # an elastic job's fields
     (Command.WELCOME, Welcome(2, BOOK, 99, 2, 2, (0, 1, 2), 0, False, 0, 3, True, (2,))),
+    (Command.WELCOME, Welcome(0, BOOK, 99, 2, 2, (0, 1), standby="10.0.0.3:9093")),
+    (Command.STANDBY, Standby("10.0.0.3:9093")),
+    (Command.STANDBY_ACK, Empty()),
     (Command.BARRIER_DONE, BarrierDone(4, (0, 2), 5)),
     (Command.MEMBERSHIP, Membership((0, 1, 2), 2, (2,), (1,))),
     (Command.REPLICA_PUT, Replica(1, 7)), (Command.REPLICA_ACK, Replica(1, 7)),
@@ -131,11 +136,11 @@ def test_bodies_keep_their_wire_form() -> None:
     """The fields a receiver of the same version reads, under the same names."""
     assert Register("worker", "h", 0, 5, None).to_body() == {"role": "worker", "host": "h", "port": 0, "pid": 5,
                                                              "rank": None}
-    assert Welcome(1, BOOK[:1], 99, 2, 1, (0, 1), 0, False, 0).to_body() == {
-        "rank": 1, "servers": [[0, "127.0.0.1", 4000]], "pid": 99, "num_workers": 2, "num_servers": 1,
-        "active": [0, 1], "restarts": 0, "restore": False, "barriers": 0}
+    assert Welcome(1, BOOK[:1], 99, 3, 1, (0, 2), 0, False, 0).to_body() == {
+        "rank": 1, "servers": "0 127.0.0.1 4000", "pid": 99, "num_workers": 3, "num_servers": 1,
+        "active": [0, 2], "restarts": 0, "restore": False, "barriers": 0}
     assert Servers(down=1).to_body() == {"down": 1}
-    assert Servers(restored=0, servers=BOOK[:1]).to_body() == {"servers": [[0, "127.0.0.1", 4000]], "restored": 0}
+    assert Servers(restored=0, servers=BOOK[:1]).to_body() == {"servers": "0 127.0.0.1 4000", "restored": 0}
     assert JobEnd(False, "x").to_body() == {"ok": False, "reason": "x"}
     assert JobEnd(False, "x", ROW).to_body()["node"] == ROW.to_dict()
     assert Bye().to_body() == {} and Bye(error="e").to_body() == {"error": "e"}
@@ -179,7 +184,7 @@ def test_defaults_of_absent_fields() -> None:
     (Command.REGISTER, {"role": "worker", "port": 1, "host": "h"}, "pid"),
     (Command.WELCOME, {"rank": 0}, "servers"),
     (Command.WELCOME, {**Welcome(1, BOOK, 9, 2, 2, (0, 1)).to_body(), "rank": -1}, "rank"),
-    (Command.WELCOME, {**Welcome(1, BOOK, 9, 2, 2, (0, 1)).to_body(), "servers": [[0, "h"]]}, "server address"),
+    (Command.WELCOME, {**Welcome(1, BOOK, 9, 2, 2, (0, 1)).to_body(), "servers": "0 h"}, "server address"),
     (Command.WELCOME, {**Welcome(1, BOOK, 9, 2, 2, (0, 1)).to_body(), "active": [0, "1"]}, "active"),
     (Command.WELCOME, {**Welcome(1, BOOK, 9, 2, 2, (0, 1)).to_body(), "restore": 1}, "restore"),
     (Command.WELCOME, {**Welcome(1, BOOK, 9, 2, 2, (0, 1)).to_body(), "barriers": -2}, "barriers"),
@@ -194,7 +199,7 @@ def test_defaults_of_absent_fields() -> None:
     (Command.SERVERS, {}, "down and restored"),
     (Command.SERVERS, {"down": 1, "restored": 1, "servers": []}, "down and restored"),
     (Command.SERVERS, {"down": "0"}, "down"),
-    (Command.SERVERS, {"restored": 1, "servers": [[0, "h", 1]]}, "address book"),
+    (Command.SERVERS, {"restored": 1, "servers": "0 h 1"}, "address book"),
     (Command.SHUTDOWN, {"ok": "yes"}, "ok"),
     (Command.PEER_LOST, {"reason": 7}, "reason"),
     (Command.PEER_LOST, {"reason": "r", "node": [1]}, "node"),
@@ -232,8 +237,8 @@ def test_wait_reports_round_trip_with_their_wire_names() -> None:
     init = WaitReport.from_body({"what": "init", "of": "'w'", "on": [4, 1, 4]})
     assert init == WaitReport(WaitKind.INIT, of="'w'", push=0, on=(1, 4), waited=0.0)
     assert init.what is WaitKind.INIT and init.episode == ("init", 0, "'w'", 0)
-    got = decode_body(Command.HEARTBEAT, Heartbeat(Counters(pushes=1, wait=pull, waited_on=((2, 4.0),))).to_body())
-    assert got == Heartbeat(Counters(pushes=1, wait=pull, waited_on=((2, 4.0),)))
+    got = decode_body(Command.HEARTBEAT, Heartbeat(Counters(pushes=1, wait=pull, awaited=((2, 4.0),))).to_body())
+    assert got == Heartbeat(Counters(pushes=1, wait=pull, awaited=((2, 4.0),)))
 
 
 @pytest.mark.parametrize("body,message", [
@@ -410,3 +415,19 @@ def test_a_node_held_by_its_own_work_never_takes_the_scheduler_for_dead() -> Non
     finally:
         node.close()
         sched.close()
+
+
+def test_a_standby_address_without_a_port_is_refused_naming_it() -> None:
+    with pytest.raises(ProtocolError, match="standby: address must be host:port, not 'node3'"):
+        decode_body(Command.STANDBY, {"address": "node3"})
+
+
+def test_a_welcome_leaves_out_active_when_every_rank_is_and_implies_it_back() -> None:
+    """Every worker of the job active (a job's start): no list of W ranks in each of W WELCOMEs;
+    the receiver reads every rank back, up to MAX_IMPLIED workers."""
+    full = Welcome(1, BOOK[:1], 99, 4, 1, (0, 1, 2, 3))
+    assert "active" not in full.to_body()
+    assert decode_body(Command.WELCOME, _wire(Command.WELCOME, full.to_body())) == full
+    big = {**full.to_body(), "num_workers": MAX_IMPLIED + 1}
+    with pytest.raises(ProtocolError, match=f"welcome: active left out with {MAX_IMPLIED + 1} workers"):
+        decode_body(Command.WELCOME, big)

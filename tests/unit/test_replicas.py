@@ -177,3 +177,39 @@ def test_a_holder_that_lacks_the_base_asks_for_the_state_whole(holder: Holder) -
     meta, arrays, _ = holder.fetch()
     assert meta["index"][0]["round"] == 1
     np.testing.assert_array_equal(arrays["v0"], values)
+
+
+def test_a_holder_without_the_last_copy_gets_the_state_whole_in_the_background(holder: Holder) -> None:
+    """A primary whose holder has no copy yet (a restore, a replaced holder) makes a point
+    beside its loop (psnode.server.points): the holder gets the state of that moment whole,
+    the big table read in place, while a round changes the table (the round writes a copy);
+    the copy the holder keeps is the state at the point, exactly."""
+    from psnode.protocol import Init, Push, SetOptimizer
+    from psnode.server import checkpoint
+    from psnode.server.points import Points
+    from psnode.server.store import Store
+
+    store = Store(1, restartable=True)
+    store.track_changes = True
+    store.handle(0, SetOptimizer({"name": "sgd", "params": {"learning_rate": 1.0}}, id=1))
+    table = np.arange(300_000 * 4, dtype=np.float32).reshape(300_000, 4)
+    store.handle(0, Init("emb", 0, "float32", table.shape, True, False, True, table, id=2))
+    while store.filling.pending:
+        store.fill_some()
+    store.mark_durable()
+    store.forget_changes()
+    sent: list = []
+    points = Points(store, sent.extend, every=0, resend_after=5.0)
+    points.replicator = holder.primary(0)
+    want = checkpoint.snapshot(store)[1]["v0"].copy()
+    points.now(lambda: None)
+    assert points.pending is not None                       # (beside the loop)
+    store.handle(0, Push("emb", 0, 1, np.ones((2, 4), np.float32), rows=np.array([0, 9])))   # meanwhile
+    deadline = time.monotonic() + 20
+    while points.pending is not None:
+        points.poll(lambda: None)
+        assert time.monotonic() < deadline, "the whole copy was not acknowledged"
+        time.sleep(0.01)
+    _, arrays, _ = holder.fetch()
+    np.testing.assert_array_equal(arrays["v0"], want)       # the point's state, not the round's
+    assert store.entries[("emb", 0)].value[9].tolist() == [35.0, 36.0, 37.0, 38.0]

@@ -129,3 +129,25 @@ def test_bad_fill_requests_are_answered(op: Init, kind: str, words: list[str]) -
     assert isinstance(r.answer, Failed) and r.answer.kind == kind
     assert all(w in r.answer.message for w in words), r.answer.message
     assert not s.filling.pending and not s.entries
+
+
+def test_a_big_init_array_is_copied_in_steps_and_answered_once_whole() -> None:
+    """An init whose array passes COPY_IN_STEPS is copied in a step at a time (the server's loop
+    turns between steps); the part exists, and every init is answered, once it is whole: the
+    values are rank 0's exactly, a resent init is told to wait, another worker's init waits too."""
+    from psnode.server.store import COPY_IN_STEPS
+    rows = COPY_IN_STEPS // (4 * 16) + 1000
+    value = np.arange(rows * 16, dtype=np.float32).reshape(rows, 16)
+    s = Store(2)
+    assert s.handle(0, Init("big", 0, "float32", value.shape, sparse=True, value=value, id=1)) == []
+    assert ("big", 0) not in s.entries
+    (wait,) = s.handle(0, Init("big", 0, "float32", value.shape, sparse=True, value=value, id=1, re=True))
+    assert isinstance(wait.answer, Wait)
+    assert s.handle(1, Init("big", 0, "float32", value.shape, sparse=True, id=5)) == []
+    steps, replies = 0, []
+    while s.filling.pending:
+        replies += s.fill_some()
+        steps += 1
+    assert steps > 1
+    assert sorted((r.worker, r.answer.id) for r in replies) == [(0, 1), (1, 5)]
+    assert np.array_equal(s.entries[("big", 0)].value, value)

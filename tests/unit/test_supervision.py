@@ -613,3 +613,26 @@ def test_a_standby_scheduler_takes_over_is_never_restarted_and_never_waited_for(
     assert after.exited("worker-0", True) is Action.WIND_DOWN
     assert after.exited("server-0", True) is Action.CONTINUE              # the acting standby ends the job
     assert after.exited("scheduler-1", True) is Action.DONE
+
+
+def test_each_new_standby_takes_the_job_over_in_turn_and_idles_until_then():
+    """Rule 8, one host loss after another: a standby started after a failover (add_standby) is
+    idle (not waited for, its end no event) until the scheduler that took over fails: FAIL_OVER
+    again; with no standby left, the acting scheduler's failure is FAIL."""
+    procs = [("scheduler", "scheduler"), ("scheduler-1", "scheduler"), ("server-0", "server"), ("worker-0", "worker")]
+    killed = Failure(None, None, 60.0)
+    r = Supervision.of(procs, scheduler_restarts=lifecycle.SCHEDULER_RESTARTS)
+    assert r.exited("scheduler", False, killed) is Action.FAIL_OVER
+    assert (r.scheduler, r.standby) == ("scheduler-1", None)
+    r.add_standby("scheduler-2")
+    assert r.exited("scheduler-1", False, killed) is Action.FAIL_OVER
+    assert (r.scheduler, r.standby) == ("scheduler-2", None)
+    r.add_standby("scheduler-3")
+    assert r.exited("scheduler-3", False, killed) is Action.CONTINUE      # idle: the job goes on without one
+    assert r.exited("scheduler-2", False, killed) is Action.FAIL          # none left
+    done = Supervision.of(procs)
+    assert done.exited("scheduler", False, killed) is Action.FAIL_OVER
+    done.add_standby("scheduler-2")
+    assert done.exited("worker-0", True) is Action.WIND_DOWN
+    assert done.exited("server-0", True) is Action.CONTINUE
+    assert done.exited("scheduler-1", True) is Action.DONE                # the idle new standby is stopped

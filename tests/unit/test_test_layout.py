@@ -16,7 +16,9 @@ TESTS = Path(__file__).resolve().parents[1]
 #: tests of the benchmarks' pure functions.  They may import ``benchmarks``; nothing else may.
 BENCHMARK_TESTS = {
     "cluster/test_benchmark_smoke.py",
+    "cluster/test_control_simulation.py",
     "faults/test_netbench.py",
+    "faults/test_slow_links.py",
     "unit/test_bench_chart.py",
     "unit/test_bench_report.py",
     "unit/test_bench_round_profile.py",

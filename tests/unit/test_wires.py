@@ -23,10 +23,13 @@ REQUESTS = [
      {"op": "check", "workdir": "/w", "modules": ["psnode"], "env": {"A": "1"}, "target": ["script", "train.py"]}),
     (agent.GpusRequest({"PATH": "/bin"}), {"op": "gpus", "env": {"PATH": "/bin"}}),
     (agent.SpawnRequest("/w", "~/run", "/usr/bin/python3", [
-        agent.SpawnItem("worker-0", ["python", "t.py"], {"K": "v"}, "/r/worker-0.failure.json", None)]),
+        agent.SpawnItem("worker-0", ["python", "t.py"], {"K": "v"}, "/r/worker-0.failure.json", None),
+        agent.SpawnItem("scheduler", ["python", "-m", "psnode"], {}, "/r/s.failure.json", None, "/r/s.address")]),
      {"op": "spawn", "workdir": "/w", "run_dir": "~/run", "python": "/usr/bin/python3",
       "procs": [{"name": "worker-0", "argv": ["python", "t.py"], "env": {"K": "v"},
-                 "failure": "/r/worker-0.failure.json", "error_file": None}]}),
+                 "failure": "/r/worker-0.failure.json", "error_file": None, "announce": None},
+                {"name": "scheduler", "argv": ["python", "-m", "psnode"], "env": {},
+                 "failure": "/r/s.failure.json", "error_file": None, "announce": "/r/s.address"}]}),
     (agent.FollowRequest("/r/w.log", "/r/w.rc", 4242, 17, True),
      {"op": "follow", "log": "/r/w.log", "rc_file": "/r/w.rc", "pid": 4242, "offset": 17, "wait": True}),
     (agent.StatusRequest([agent.ProcRef(12, "/r/a.rc"), agent.ProcRef(13, "/r/b.rc")]),
@@ -54,7 +57,7 @@ def test_each_agent_request_round_trips_with_its_exact_fields(request_, expected
 def test_every_operation_has_its_request_and_the_served_ones_are_named() -> None:
     assert sorted(agent.REQUESTS) == sorted(r.op for r, _ in REQUESTS)
     assert sorted(agent.SERVED) == ["check", "cleanup", "collect", "gpus", "put_key", "read_files", "remove_files",
-                                    "signal", "status", "stop"]
+                                    "signal", "spawn", "status", "stop"]
     with pytest.raises(ValueError, match="unknown operation 'format_disk'"):
         agent.request_from_json({"op": "format_disk"})
 
@@ -65,9 +68,12 @@ def test_each_agent_reply_reads_its_exact_values() -> None:
     assert agent.CheckRequest("/w", []).reply(wire(check)) == agent.CheckReply(
         "3.11.7", "/usr/bin/python3", ["no script t.py in /w"], {"visible": "0", "gpus": [], "error": None},
         {"psnode": "ModuleNotFoundError: x"})
-    spawned = [{"name": "worker-0", "pid": 101, "log": "/r/worker-0.log", "rc": "/r/worker-0.rc"}]
+    spawned = [{"name": "worker-0", "pid": 101, "log": "/r/worker-0.log", "rc": "/r/worker-0.rc"},
+               {"name": "scheduler", "pid": 102, "log": "/r/s.log", "rc": "/r/s.rc", "offset": 0,
+                "address": "10.0.0.1:31000"}]
     assert agent.SpawnRequest("/w", "/r", "py", []).reply(wire(spawned)) == [
-        agent.Spawned("worker-0", 101, "/r/worker-0.log", "/r/worker-0.rc")]
+        agent.Spawned("worker-0", 101, "/r/worker-0.log", "/r/worker-0.rc"),
+        agent.Spawned("scheduler", 102, "/r/s.log", "/r/s.rc", 0, "10.0.0.1:31000")]
     assert agent.FollowRequest("l", "r", 1, 0, False).reply({"rc": None, "offset": 5}) == agent.FollowReply(None, 5)
     assert agent.StatusRequest([]).reply([{"alive": True, "members": [7, 8], "rc": -9}]) == [
         agent.Liveness(True, [7, 8], -9)]
@@ -222,10 +228,10 @@ def test_the_agent_source_answers_requests_on_stdin_as_the_ssh_backend_sends_the
     last = done.stderr.decode().strip().splitlines()[-1]
     assert asked.reply(agent.Answer.from_json(json.loads(last)).result) == agent.FilesReply({"a.jsonl": "{}\n"}, [])
     served = f"{source}\nimport sys as _s\n_s.exit(serve())\n".encode()
-    lines = [asked.to_json(), agent.StopGroupsRequest([], 0.0).to_json(), {"op": "spawn"}]
+    lines = [asked.to_json(), agent.StopGroupsRequest([], 0.0).to_json(), {"op": "follow"}]
     feed = b"%d\n" % len(served) + served + b"".join(json.dumps(line).encode() + b"\n" for line in lines)
     done = subprocess.run([sys.executable, "-c", agent.BOOT], input=feed, capture_output=True, timeout=120)
     first, second, third = (agent.Answer.from_json(json.loads(line)) for line in done.stdout.decode().splitlines())
     assert asked.reply(first.result) == agent.FilesReply({"a.jsonl": "{}\n"}, [])
     assert agent.StopGroupsRequest([], 0.0).reply(second.result) == agent.StopReply([], {})
-    assert third.result is None and third.error is not None and "ValueError: 'spawn' is not served" in third.error
+    assert third.result is None and third.error is not None and "ValueError: 'follow' is not served" in third.error
