@@ -466,7 +466,7 @@ def status_table(view: JobView, spark: Mapping[str, str] | None = None) -> Table
 
 
 #: the status columns a narrow terminal loses, first to last
-NARROW_DROPS = ("lag", "ckpt/rnd", "copy/rnd", "size", "gap", "in/out", "resent", "rst", "trend", "hb", "up",
+NARROW_DROPS = ("tables", "lag", "ckpt/rnd", "copy/rnd", "size", "gap", "in/out", "resent", "rst", "trend", "hb", "up",
                 "push/pull", "rate/s", "pid")
 RIGHT = ("pid", "push/pull", "rate/s", "resent", "rst", "size", "copy/rnd", "ckpt/rnd", "gap")
 
@@ -485,6 +485,9 @@ def _big_state_columns(nodes: Sequence[NodeRow]) -> list[tuple[str, Callable[[No
                                                   else int(n.checkpointed_per_round))))
     if any(n.lag for n in nodes):
         cols.append(("lag", lambda n: ",".join(f"{h}:{c}" for h, c in n.lag) if n.lag else "-"))
+    if any(n.tables for n in nodes):   # tables without a row count: key:rows +admitted -evicted
+        cols.append(("tables", lambda n: " ".join(f"{t[0]}:{t[1]} +{t[2]} -{t[3]}" for t in n.tables)
+                     if n.tables else "-"))
     if any(n.loop_gap is not None for n in nodes):
         cols.append(("gap", lambda n: "-" if n.loop_gap is None else f"{n.loop_gap * 1000:.0f}ms"))
     return cols

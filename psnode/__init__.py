@@ -45,6 +45,13 @@ def _torch_values() -> Any:
 _routes.install("torch", _torch_values)
 
 
+def export(kv: Any, key: Any, path: str, since: str | None = None) -> int:
+    """The trained rows of table ``key`` of ``kv`` (a table without a row count) as one .npz
+    numpy loads without psnode (``ids``, ``values``; docs/dynamic-tables.md); ``since``: an
+    earlier export's path, to write only the rows changed after it.  The number of rows."""
+    return int(kv.export(key, path, since))
+
+
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         return importlib.import_module(_SUBMODULES[name])
@@ -61,6 +68,7 @@ __all__ = [
     "ShapeMismatch",
     "__version__",
     "data",
+    "export",
     "init",
     "initializer",
     "kv",

@@ -41,6 +41,8 @@ class LocalEngine:
         replies = self.store.handle(0, op)
         if self.store.filling.pending:   # (values computed here: all at once)
             replies += self.store.fill_some(-1)
+        while self.store.evict_due() and self.store.evict_some():   # (tables without a row count)
+            pass
         for r in replies:
             if isinstance(r.answer, Failed):
                 fut.fail(from_kind(r.answer.kind, r.answer.message))

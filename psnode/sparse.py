@@ -2,6 +2,6 @@
 
 The implementation lives in :mod:`psnode.math.sparse`.
 """
-from psnode.math.sparse import RowSparseArray, row_sparse_array, zeros
+from psnode.math.sparse import RowSparseArray, row_sparse_array, table, zeros
 
-__all__ = ["RowSparseArray", "row_sparse_array", "zeros"]
+__all__ = ["RowSparseArray", "row_sparse_array", "table", "zeros"]

@@ -5,6 +5,7 @@ the table), W=2, in one interleaved run: steps/s, peak memory per worker and per
     python benchmarks/training/embedding.py --quick               # smoke run: 1 run, 200 k rows, few steps
     python benchmarks/training/embedding.py --rows 2e6,20e6 --runs 3 --steps 400 --json /tmp/emb.json
     python benchmarks/training/embedding.py --with-plain          # also psnode without prefetch
+    python benchmarks/training/embedding.py --with-dynamic        # also the ids hashed into 64 bits, no row count
     python benchmarks/training/embedding.py --safety --rows 20e6  # also psnode with replicas, checkpoints, both
     python benchmarks/training/embedding.py --largest --cap-gib 12        # the largest table each one trains
 
@@ -54,13 +55,13 @@ FULL = {"warmup": 30, "steps": 400, "lr": 0.1, "loss_window": 50, "prefetch": Tr
 QUICK = dict(FULL, warmup=5, steps=40, loss_window=10)
 SEARCH = dict(FULL, warmup=10, steps=100, loss_window=20)
 ENV = {"OMP_NUM_THREADS": "1", "PSNODE_HEARTBEAT_INTERVAL": "1.0", "PSNODE_REGISTER_TIMEOUT": "120"}
-PSNODE, DDP, PLAIN = "psnode", "DDP gloo", "psnode, no prefetch"
+PSNODE, DDP, PLAIN, DYNAMIC = "psnode", "DDP gloo", "psnode, no prefetch", "psnode, 64-bit ids"
 #: --safety: psnode with each safety option (the servers' env; a checkpoint directory is added)
 REPLICAS, CHECKPOINTS, BOTH = "psnode --replicas 2", "psnode --checkpoint-rounds 50", "psnode, both"
 SAFETY = {REPLICAS: {"PSNODE_REPLICAS": "2", "PSNODE_MAX_RESTARTS": "1"},
           CHECKPOINTS: {"PSNODE_CHECKPOINT_ROUNDS": "50", "PSNODE_MAX_RESTARTS": "1"},
           BOTH: {"PSNODE_REPLICAS": "2", "PSNODE_CHECKPOINT_ROUNDS": "50", "PSNODE_MAX_RESTARTS": "1"}}
-ORDER = (PSNODE, REPLICAS, CHECKPOINTS, BOTH, PLAIN, DDP)
+ORDER = (PSNODE, DYNAMIC, REPLICAS, CHECKPOINTS, BOTH, PLAIN, DDP)
 GiB = 2**30
 
 
@@ -326,6 +327,9 @@ def compare(a, cfg: dict, sizes: list[int], runs: int, h, cap: float, floor: flo
     if a.with_plain:
         plain = dict(cfg, prefetch=False)
         systems.insert(1, (PLAIN, lambda n: run_psnode(h, n, plain, a.timeout, cap, floor, PLAIN)))
+    if a.with_dynamic:
+        dyn = dict(cfg, dynamic=True)
+        systems.insert(1, (DYNAMIC, lambda n: run_psnode(h, n, dyn, a.timeout, cap, floor, DYNAMIC)))
     if a.safety:
         for i, name in enumerate(SAFETY, start=1):
             systems.insert(i, (name, lambda n, name=name: run_psnode(h, n, cfg, a.timeout, cap, floor, name)))
@@ -388,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-prefetch", action="store_true", help="psnode pulls each batch's rows in its forward")
     ap.add_argument("--with-plain", action="store_true",
                     help=f"also run {PLAIN!r}: psnode pulling each batch's rows in its forward")
+    ap.add_argument("--with-dynamic", action="store_true",
+                    help=f"also run {DYNAMIC!r}: the same items as 64-bit ids, a table without a row count")
     ap.add_argument("--safety", action="store_true",
                     help="also psnode with --replicas 2, with checkpoints every 50 rounds, and with both")
     ap.add_argument("--largest", action="store_true", help="only the largest-table search (see above)")

@@ -53,6 +53,8 @@ def batches(cfg: dict, rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     for _ in range(cfg["warmup"] + cfg["steps"] + 1):
         ids = ((rng.zipf(ZIPF, (BATCH, IDS)) - 1) % cfg["rows"]).astype(np.int64)
         label = ((ids % 2 == 0).sum(axis=1) > IDS // 2).astype(np.float32)
+        if cfg.get("dynamic"):   # the same items named by 64-bit ids (a table without a row count)
+            ids = (ids.astype(np.uint64) * np.uint64(0xD6E8FEB86659FD93) + np.uint64(1)).view(np.int64)
         out.append((torch.from_numpy(ids), torch.from_numpy(label)))
     return out
 
@@ -123,7 +125,7 @@ def run_psnode(cfg: dict) -> None:
     import psnode
     import psnode.torch as pt
     kv = psnode.kv.create("dist_sync")
-    emb = pt.EmbeddingBag(cfg["rows"], DIM, mode="sum", kv=kv, key="emb")
+    emb = pt.EmbeddingBag(None if cfg.get("dynamic") else cfg["rows"], DIM, mode="sum", kv=kv, key="emb")
     model = Net(emb)
     # eps as torch's Adagrad default (MXNet's formula adds it under the square root: 1e-7 there
     # damps the small gradients of this model's rows)

@@ -14,6 +14,12 @@ from typing import Any
 import numpy as np
 
 from psnode.errors import ShapeMismatch
+from psnode.math.dynrows import HEIGHT
+
+
+def _shape(shape: Any) -> tuple[int, ...]:
+    """A shape; a first dimension of None (a table without a row count) reads as HEIGHT."""
+    return tuple(HEIGHT if d is None and i == 0 else int(d) for i, d in enumerate(shape))
 
 
 @dataclass
@@ -23,6 +29,7 @@ class RowSparseArray:
     shape: tuple[int, ...]
 
     stype = "row_sparse"
+    table: dict[str, Any] | None = None   # a table without a row count: its options (:func:`table`)
 
     @property
     def dtype(self) -> np.dtype:
@@ -45,13 +52,13 @@ def row_sparse_array(arg: Any, shape: tuple[int, ...] | None = None,
         ids = np.asarray(arg[1]).astype(np.int64, copy=False).reshape(-1)
         if shape is None:
             raise ShapeMismatch("row_sparse_array((data, row_ids)) needs shape=(rows, ...)")
-        shape = tuple(int(d) for d in shape)
+        shape = _shape(shape)
         if data.ndim == len(shape) - 1 and len(ids) == 1:
             data = data.reshape((1, *data.shape))
         if data.shape != (len(ids), *shape[1:]):
             raise ShapeMismatch(f"row_sparse data of shape {list(data.shape)} does not hold "
                                 f"{len(ids)} rows of {list(shape[1:])}")
-        if len(ids) and (ids.min() < 0 or ids.max() >= shape[0]):
+        if len(ids) and shape[0] != HEIGHT and (ids.min() < 0 or ids.max() >= shape[0]):
             raise ShapeMismatch(f"row id {int(ids.max() if ids.max() >= shape[0] else ids.min())} "
                                 f"is outside 0..{shape[0] - 1}")
         return RowSparseArray(np.ascontiguousarray(data), ids, shape)
@@ -62,10 +69,25 @@ def row_sparse_array(arg: Any, shape: tuple[int, ...] | None = None,
     return RowSparseArray(np.ascontiguousarray(dense[ids]), ids.astype(np.int64), dense.shape)
 
 
-def zeros(shape: tuple[int, ...], dtype: Any = np.float32) -> RowSparseArray:
-    """A row_sparse array with no rows present."""
-    shape = tuple(int(d) for d in shape)
+def zeros(shape: tuple[int | None, ...], dtype: Any = np.float32) -> RowSparseArray:
+    """A row_sparse array with no rows present (``(None, width)``: the template of a table
+    without a row count, psnode.math.dynrows)."""
+    shape = _shape(shape)
     return RowSparseArray(np.zeros((0, *shape[1:]), dtype=dtype), np.zeros(0, np.int64), shape)
+
+
+def table(width: int, *, min_count: int = 1, ttl: int = 0, max_rows: int = 0, absent: str = "init",
+          dtype: Any = np.float32) -> RowSparseArray:
+    """The template of a table without a row count (``kv.init(key, psnode.sparse.table(16,
+    ...), psnode.init.ps_initializer(init))``): any int64 id is a row, made on first touch.
+    ``min_count``: an id's rows train from its k-th occurrence; ``ttl``: rows untouched for
+    more rounds are evicted (0: never); ``max_rows``: rows per server, least recently used
+    evicted beyond (0: no cap); ``absent``: what a pull of an id not admitted returns,
+    ``"init"`` (its initial values) or ``"zeros"``.  See psnode.server.dyntable."""
+    out = zeros((None, width), dtype)
+    out.table = {"width": int(width), "min_count": int(min_count), "ttl": int(ttl), "max_rows": int(max_rows),
+                 "absent": str(absent)}
+    return out
 
 
 def unique_rows(ids: np.ndarray) -> np.ndarray:

@@ -440,6 +440,9 @@ class Counters:
     checkpointed: int = 0
     loop_gap_us: int = 0
     lag: tuple[tuple[int, int], ...] = ()
+    # tables without a row count (psnode.server.dyntable), per key: rows held, ids admitted,
+    # rows evicted, gradient rows dropped (ids not admitted yet)
+    tables: tuple[tuple[str, int, int, int, int], ...] = ()
 
     def to_body(self) -> dict[str, Any]:
         body: dict[str, Any] = {"pushes": self.pushes, "pulls": self.pulls, "rounds": self.rounds,
@@ -456,6 +459,8 @@ class Counters:
                 body[name] = getattr(self, name)
         if self.lag:
             body["lag"] = [[h, n] for h, n in self.lag]
+        if self.tables:
+            body["tables"] = [list(t) for t in self.tables]
         return body
 
     @classmethod
@@ -466,11 +471,25 @@ class Counters:
             counts[name] = v if type(v) is int and 0 <= v < _MAX_COUNT else \
                 _int(stats, "heartbeat stats", name, high=_MAX_COUNT, default=0)
         return cls(**counts, wait=wait_report(stats.get("wait")), awaited=awaited(stats.get("awaited")),
-                   late=late_counts(stats.get("late")), lag=holder_lag(stats.get("lag")))
+                   late=late_counts(stats.get("late")), lag=holder_lag(stats.get("lag")),
+                   tables=table_counts(stats.get("tables")))
 
 
 _BIG_STATE = ("state_bytes", "copied", "checkpointed", "loop_gap_us")
-_COUNTERS = tuple(f.name for f in fields(Counters) if f.name not in ("wait", "awaited", "late", "lag"))
+_COUNTERS = tuple(f.name for f in fields(Counters) if f.name not in ("wait", "awaited", "late", "lag", "tables"))
+
+
+def table_counts(raw: Any) -> tuple[tuple[str, int, int, int, int], ...]:
+    """A heartbeat's ``tables``: ``[[key, rows, admitted, evicted, dropped], ...]``, checked;
+    malformed entries are left out (at most 256)."""
+    if not isinstance(raw, list):
+        return ()
+    out = []
+    for t in raw[:256]:
+        if isinstance(t, list) and len(t) == 5 and isinstance(t[0], str) and len(t[0]) <= 200 and \
+                all(type(n) is int and 0 <= n <= _MAX_COUNT for n in t[1:]):
+            out.append((t[0], t[1], t[2], t[3], t[4]))
+    return tuple(out)
 
 
 def holder_lag(raw: Any) -> tuple[tuple[int, int], ...]:

@@ -89,6 +89,7 @@ class NodeRow:
     copied_per_round: float | None = None
     checkpointed_per_round: float | None = None
     lag: list[list[int]] | None = None
+    tables: list[list[Any]] | None = None   # tables without a row count: [[key, rows, admitted, evicted, dropped]]
     loop_gap: float | None = None   # the longest gap between two turns of its loop, last window, seconds
     late: int | None = None
     slow: bool | None = None

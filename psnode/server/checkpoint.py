@@ -21,8 +21,11 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from psnode.math import optimizers as opt_mod
+from psnode.math.initializers import from_spec as init_from_spec
+from psnode.server import dynparts
 from psnode.server.buckets import Bucket
 from psnode.server.compressed import Packed, spec_of_tag
+from psnode.server.dyntable import Params, Table
 from psnode.server.keypart import Entry, changed_rows
 
 if TYPE_CHECKING:
@@ -54,7 +57,9 @@ def snapshot(store: Store, changes_only: bool = False) -> tuple[dict[str, Any], 
         item: dict[str, Any] = {
             "key": key, "part": part, "sparse": entry.sparse, "sync": entry.sync, "average": entry.average,
             "round": entry.round, "state": [], "pushed": {str(w): q for w, q in entry.pushed.items()}}
-        if changes_only and not entry.changed and id(entry) not in bucketed:
+        if entry.table is not None:   # (a table without a row count: rows by id)
+            _dynamic_rows(i, entry, arrays, item, changes_only and not entry.changed)
+        elif changes_only and not entry.changed and id(entry) not in bucketed:
             item["changes"] = "rows"
             _changed_rows(i, entry, arrays, item)
         else:
@@ -97,6 +102,41 @@ def _changed_rows(i: int, entry: Entry, arrays: Arrays, item: dict[str, Any]) ->
             item["state"].append(name)
 
 
+def _dynamic_rows(i: int, entry: Entry, arrays: Arrays, item: dict[str, Any], changes: bool) -> None:
+    """A dynamic part's rows (psnode.server.dyntable) by hashed id: its trained rows
+    (``t<i>``: ids, ``v<i>``, per-row state), or with ``changes`` those changed since the last
+    durable point (``k<i>``) and the ids evicted since (``x<i>``); its sketch whole (``c<i>``)."""
+    table: Table = entry.table
+    item["dynamic"] = table.meta()
+    if changes:
+        item["changes"] = "rows"
+        slots = changed_rows(entry)
+        slots = slots[table.trained[slots]]
+        arrays[f"k{i}"] = table.ids[slots]
+        arrays[f"x{i}"] = table.gone_ids()
+        touched = table.touched_slots()   # (a superset of the changed rows)
+        arrays[f"u{i}"], arrays[f"l{i}"] = table.ids[touched], table.last[touched]
+    else:
+        slots = table.live_slots()
+        arrays[f"t{i}"], arrays[f"l{i}"] = table.ids[slots], table.last[slots]
+    arrays[f"v{i}"] = entry.value[slots]
+    if entry.state is not None:
+        for name, arr in opt_mod.state_to_arrays(entry.state).items():
+            if arr.ndim == 2:
+                arrays[f"s{i}_{name}"] = arr[slots]
+                item.setdefault("state_rows", []).append(name)
+            else:
+                arrays[f"s{i}_{name}"] = arr
+            item["state"].append(name)
+    if table.sketch is not None:
+        arrays[f"c{i}"] = table.sketch.counts
+
+
+def _ids(entry: Entry, rows: np.ndarray) -> np.ndarray:
+    """Rows of a round in progress as a snapshot holds them: slots of a dynamic part by id."""
+    return rows if entry.table is None else entry.table.ids[rows]
+
+
 def _round_in_progress(i: int, entry: Entry, arrays: Arrays) -> dict[str, Any]:
     """The index fields (and arrays) of what ``entry`` holds beyond its completed rounds."""
     out: dict[str, Any] = {}
@@ -106,7 +146,7 @@ def _round_in_progress(i: int, entry: Entry, arrays: Arrays) -> dict[str, Any]:
         acc = entry.first if entry.first is not None else entry.spare
         if entry.sparse_parts:
             for j, (ids, part) in enumerate(entry.sparse_parts):
-                arrays[f"r{i}_{j}"], arrays[f"d{i}_{j}"] = ids, part
+                arrays[f"r{i}_{j}"], arrays[f"d{i}_{j}"] = _ids(entry, ids), part
             out["sparse_parts"] = len(entry.sparse_parts)
         elif acc is not None:
             arrays[f"a{i}"] = acc
@@ -119,7 +159,7 @@ def _round_in_progress(i: int, entry: Entry, arrays: Arrays) -> dict[str, Any]:
                 tag, data = data.spec.tag, data.payload
             arrays[name] = data
             if rows is not None:
-                arrays[name + "r"] = rows
+                arrays[name + "r"] = _ids(entry, rows)
             early.append([w, seq, name, rows is not None, tag])
     if early:
         out["early"] = early
@@ -154,6 +194,9 @@ def restore(store: Store, meta: dict[str, Any], arrays: Any, same_job: bool = Fa
     if meta.get("optimizer"):
         store.optimizer = opt_mod.from_spec(meta["optimizer"])
     for i, item in enumerate(meta["index"]):
+        if "dynamic" in item:
+            store.entries[(item["key"], int(item["part"]))] = _restore_dynamic(store, i, item, arrays, same_job)
+            continue
         saved = arrays[f"v{i}"]
         bucket = item.get("bucket")
         if bucket:   # (values in shared memory on a server; small keys in their bucket)
@@ -183,6 +226,51 @@ def restore(store: Store, meta: dict[str, Any], arrays: Any, same_job: bool = Fa
     store.mark_durable()
     store.forget_changes()   # (the source holds it as it is)
     return len(meta["index"])
+
+
+def _restore_dynamic(store: Store, i: int, item: dict[str, Any], arrays: Any, same_job: bool) -> Entry:
+    """A dynamic part from its snapshot (:func:`_dynamic_rows`, whole): the index rebuilt
+    from the ids, each row in a slot of its own."""
+    dyn = item["dynamic"]
+    values = np.asarray(arrays[f"v{i}"])
+    entry = dynparts.make_entry(item["key"], Params.from_json(dyn["params"]), init_from_spec(dyn["init"]),
+                                int(dyn["seed"]), values.dtype, item["sync"], item["average"],
+                                int(item.get("staleness", -1)), None, store.alloc)
+    table: Table = entry.table
+    slots = table.place(np.asarray(arrays[f"t{i}"], np.int64), True)
+    dynparts.fit(entry, store.alloc)
+    entry.value[slots] = values
+    table.last[slots] = np.asarray(arrays[f"l{i}"])
+    table.stamp[slots] = int(dyn.get("version", 0))   # (rows restored: changed as of the restore)
+    for name in ("clock", "version", "made", "admitted", "evicted", "dropped"):
+        setattr(table, name, int(dyn[name]))
+    table.scanned = -1
+    if f"c{i}" in arrays and table.sketch is not None:
+        table.sketch.counts[...] = arrays[f"c{i}"]
+    if item["state"]:
+        named = {}
+        for n in item["state"]:
+            saved = np.asarray(arrays[f"s{i}_{n}"])
+            if saved.ndim == 2:   # (per row, like the value; the step count is 0-d)
+                named[n] = np.zeros((table.capacity, *saved.shape[1:]), saved.dtype)
+                named[n][slots] = saved
+            else:
+                named[n] = np.array(saved)
+        entry.state = opt_mod.state_from_arrays(named)
+    if same_job:
+        entry.round = int(item.get("round", 0))
+        entry.pushed = {int(w): int(q) for w, q in item.get("pushed", {}).items()}
+        entry.start = {int(w): int(q) for w, q in item.get("start", {}).items()}
+        _restore_round(i, item, entry, arrays)
+        entry.sparse_parts = [(_slots(store, entry, r), d) for r, d in entry.sparse_parts]
+        for w, queue in entry.early.items():
+            entry.early[w] = [(q, d, None if r is None else _slots(store, entry, r)) for q, d, r in queue]
+    return entry
+
+
+def _slots(store: Store, entry: Entry, ids: np.ndarray) -> np.ndarray:
+    """The slots of a restored round's ids (rows made where they were evicted before)."""
+    return dynparts.pull_rows(entry, ids, store.alloc, False)
 
 
 def _restore_round(i: int, item: dict[str, Any], entry: Entry, arrays: Any) -> None:

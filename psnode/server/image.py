@@ -21,10 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from psnode.server.dyntable import HashIndex
+
 Arrays = dict[str, np.ndarray]
 PartKey = tuple[Any, int]
 
-_PER_PART = re.compile(r"^(?:v|k)\d+$|^s\d+_")   # the arrays of a part's value and state
+_PER_PART = re.compile(r"^(?:v|k|t|x|c|u|l)\d+$|^s\d+_")   # the arrays of a part's value and state
 
 
 def _own(arr: np.ndarray) -> np.ndarray:
@@ -61,6 +63,9 @@ class Image:
         parts: dict[PartKey, dict[str, np.ndarray]] = {}
         for i, item in enumerate(index):
             where = self._where(item)
+            if "dynamic" in item:
+                parts[where] = _dynamic(self.parts.get(where), i, item, arrays)
+                continue
             if item.get("changes") != "rows":
                 part = {"v": _own(arrays[f"v{i}"])}
                 for name in item["state"]:
@@ -88,6 +93,11 @@ class Image:
         arrays: Arrays = {}
         for i, item in enumerate(self.meta["index"]):
             part = self.parts[self._where(item)]
+            if "dynamic" in item:
+                rows = part["rows"]
+                assert isinstance(rows, Rows)
+                arrays.update(rows.whole(i))
+                continue
             arrays[f"v{i}"] = part["v"]
             for name in item["state"]:
                 arrays[f"s{i}_{name}"] = part[f"s:{name}"]
@@ -96,8 +106,101 @@ class Image:
 
     @property
     def nbytes(self) -> int:
-        held = sum(a.nbytes for p in self.parts.values() for a in p.values())
+        held = sum(a.nbytes for p in self.parts.values() for a in p.values())   # (Rows: see nbytes)
         return held + sum(a.nbytes for a in self.rest.values())
+
+
+class Rows(np.ndarray):
+    """A dynamic part's rows as a copy holds them (psnode.server.checkpoint._dynamic_rows):
+    hashed id -> position, the per-row arrays (value, per-row state), the rest as last sent.
+    (An empty ndarray subclass, so an image's parts stay dicts of arrays.)"""
+
+    index: HashIndex
+    ids: np.ndarray
+    held: np.ndarray
+    per_row: dict[str, np.ndarray]
+    other: dict[str, np.ndarray]
+    free: list[int]
+    used: int
+
+    @classmethod
+    def of(cls, ids: np.ndarray, per_row: dict[str, np.ndarray], other: dict[str, np.ndarray]) -> Rows:
+        rows = np.zeros(0).view(cls)
+        rows.index = HashIndex(2 * len(ids))
+        rows.index.add(np.asarray(ids, np.int64), np.arange(len(ids), dtype=np.int64))
+        rows.ids = np.array(ids, np.int64)
+        rows.held = np.ones(len(ids), bool)
+        rows.per_row = {n: _own(a) for n, a in per_row.items()}
+        rows.other = {n: _own(a) for n, a in other.items()}
+        rows.free, rows.used = [], len(ids)
+        return rows
+
+    @property
+    def nbytes(self) -> int:  # type: ignore[override]
+        return sum(a.nbytes for a in self.per_row.values()) + self.ids.nbytes
+
+    def apply(self, gone: np.ndarray, ids: np.ndarray, per_row: dict[str, np.ndarray],
+              other: dict[str, np.ndarray]) -> None:
+        """Delete ``gone``, then write the rows of ``ids``."""
+        at = self.index.get(gone)
+        at = at[at >= 0]
+        if len(at):
+            self.index.remove(self.ids[at])
+            self.held[at] = False
+            self.free.extend(at.tolist())
+        pos = self.index.get(ids)
+        new = np.flatnonzero(pos < 0)
+        if len(new):
+            reuse = min(len(new), len(self.free))
+            take = [self.free.pop() for _ in range(reuse)] + list(range(self.used, self.used + len(new) - reuse))
+            self.used += len(new) - reuse
+            if self.used > len(self.ids):
+                cap = max(self.used, 2 * len(self.ids))
+                self.ids = _grown(self.ids, cap)
+                self.held = _grown(self.held, cap)
+                self.per_row = {n: _grown(a, cap) for n, a in self.per_row.items()}
+            pos[new] = take
+            self.ids[pos[new]] = ids[new]
+            self.held[pos[new]] = True
+            self.index.add(ids[new], pos[new])
+        for n, a in per_row.items():
+            self.per_row[n][pos] = a
+        self.other.update({n: _own(a) for n, a in other.items()})
+
+    def whole(self, i: int) -> Arrays:
+        """The rows as a whole snapshot's arrays of part ``i``."""
+        live = np.flatnonzero(self.held[:self.used])
+        out = {f"t{i}": self.ids[live]}
+        out.update({n.replace("#", str(i)): a[live] for n, a in self.per_row.items()})
+        out.update({n.replace("#", str(i)): a for n, a in self.other.items()})
+        return out
+
+
+def _grown(arr: np.ndarray, cap: int) -> np.ndarray:
+    out = np.zeros((cap, *arr.shape[1:]), arr.dtype)
+    out[:len(arr)] = arr
+    return out
+
+
+def _dynamic(held: dict[str, np.ndarray] | None, i: int, item: dict[str, Any], arrays: Arrays) -> dict[str, np.ndarray]:
+    """A dynamic part of an image brought forward by part ``i`` of a snapshot."""
+    per_row_names = {f"v{i}"} | {f"s{i}_{n}" for n in item.get("state_rows", ())}
+    mine = {n: a for n, a in arrays.items() if n in per_row_names or n in (f"c{i}",) or
+            (n.startswith(f"s{i}_") and n[len(f"s{i}_"):] in item["state"])}
+    def tmpl(n: str) -> str:   # (v<i> -> v#, s<i>_m -> s#_m)
+        return n[0] + "#" + n[1 + len(str(i)):]
+    per_row = {tmpl(n): a for n, a in mine.items() if n in per_row_names}
+    other = {tmpl(n): a for n, a in mine.items() if n not in per_row_names}
+    if item.get("changes") != "rows":
+        per_row["l#"] = arrays[f"l{i}"]
+        return {"rows": Rows.of(np.asarray(arrays[f"t{i}"], np.int64), per_row, other)}
+    if held is None or "rows" not in held:
+        raise NotApplicable(f"changes to a dynamic part this copy lacks: {item['key']!r}")
+    rows = held["rows"]
+    assert isinstance(rows, Rows)
+    rows.apply(np.asarray(arrays[f"x{i}"], np.int64), np.asarray(arrays[f"k{i}"], np.int64), per_row, other)
+    rows.apply(np.zeros(0, np.int64), np.asarray(arrays[f"u{i}"], np.int64), {"l#": arrays[f"l{i}"]}, {})
+    return held
 
 
 def nbytes(arrays: Arrays) -> int:

@@ -76,6 +76,7 @@ class Entry:
     backup: int = 0       # sync: a round completes without this many of its workers (psnode.server.rounds)
     alone_at: float = 0.0   # when the round began to wait for one worker alone (psnode.server.awaited); 0: not
     alone_for: int = -1     # that worker
+    table: Any = None   # a table without a row count: its index (psnode.server.dyntable.Table)
 
 
 class Pin:

@@ -113,7 +113,7 @@ class Server:
                         late=tuple(sorted(awaited.late.items())), state_bytes=self.store.state_bytes(),
                         copied=rep.copied if rep is not None else 0, checkpointed=self.points.written,
                         loop_gap_us=self.gaps.longest_us(time.monotonic()),
-                        lag=self._lag())
+                        lag=self._lag(), tables=self.store.table_counts())
 
     def _lag(self) -> tuple[tuple[int, int], ...]:
         """Per holder of this server's replicas, how many copies it is behind the latest one
@@ -289,9 +289,10 @@ class Server:
                     self._checkpoint()
                     self.next_checkpoint = now + self.cfg.checkpoint_interval
                 filling = bool(self.store.filling.pending)   # (parts to compute: psnode.server.fills)
+                evicting = self.store.evict_due()            # (rows to evict: psnode.server.dynparts)
                 busy = self.points.pending is not None       # (a durable point in the background)
                 self.gaps.idle(time.monotonic())
-                ready = poller.poll(0 if filling or self.deferred else
+                ready = poller.poll(0 if filling or evicting or self.deferred else
                                     min(POINT_POLL_S, self.link.timeout(now)) if busy else self.link.timeout(now))
                 self.gaps.woke(time.monotonic())
                 if busy:
@@ -326,6 +327,8 @@ class Server:
                             break
                 if filling and self.rank >= 0:
                     self._reply(self.store.fill_some())
+                if evicting:
+                    self.store.evict_some()
         except PeerLost as exc:
             failure.write(self.cfg.error_file, "job_ended", "server", self.rank, self.cfg.host, exc=exc)
             print(f"psnode server {self.rank}: {exc}", file=sys.stderr, flush=True)

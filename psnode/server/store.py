@@ -82,8 +82,10 @@ from typing import Any
 import numpy as np
 
 from psnode.errors import PSError, kind_of
+from psnode.math import dynrows
 from psnode.math import optimizers as opt_mod
 from psnode.math.initializers import FillSpec
+from psnode.math.initializers import from_spec as init_from_spec
 from psnode.protocol import (
     Failed,
     Flush,
@@ -102,9 +104,11 @@ from psnode.protocol import (
     Wait,
     bucket_of,
 )
+from psnode.server import dynparts
 from psnode.server import staleness as bound
 from psnode.server.buckets import Buckets
 from psnode.server.compressed import Packed, agree, packed_push
+from psnode.server.dyntable import Params
 from psnode.server.fills import CopyOf, Fills
 from psnode.server.keypart import Entry, Key, contiguous, fmt, forget_changes, received
 from psnode.server.replies import OpError, Reply
@@ -304,6 +308,8 @@ class Store:
             self._check_meta(key, entry, op.dtype, op.shape)
             self.must_persist |= entry.fresh   # (the part's creation is not durable yet)
             return [self._init_answer(worker, op, entry)]
+        if op.fill is not None and "dynamic" in op.fill:
+            return self._init_dynamic(worker, key, op)
         if op.fill is None or key in self.filling.pending:
             waiting = self.waiting_inits.setdefault(key, [])
             pending = self.filling.pending.get(key)
@@ -324,6 +330,54 @@ class Store:
                                            f"the key's shape {list(spec.shape)}")
         self.filling.start(key, self.alloc(tuple(op.shape), np.dtype(op.dtype)), spec, worker, op)
         return []
+
+    def _init_dynamic(self, worker: int, key: Key, op: Init) -> list[Reply]:
+        """Rank 0's init of a part of a table without a row count (psnode.server.dynparts):
+        the part exists at once, empty; the inits waiting for it are answered."""
+        spec = dict(op.fill or {})
+        try:
+            params = Params.from_json(spec.get("dynamic"))
+            init = init_from_spec(spec.get("init") or {})
+            seed = spec.get("seed")
+            if type(seed) is not int or seed < 0:
+                raise ValueError(f"seed {seed!r} must be an integer >= 0")
+            dynrows.check_init(init, op.dtype)
+        except (ValueError, PSError) as exc:
+            raise OpError("ConfigError", f"{fmt(*key)}: {exc}") from None
+        if tuple(op.shape) != (dynrows.HEIGHT, params.width):
+            raise OpError("ShapeMismatch", f"{fmt(*key)}: a table without a row count has shape "
+                                           f"[None, {params.width}], not {list(op.shape)}")
+        entry = dynparts.make_entry(op.key, params, init, seed, np.dtype(op.dtype), op.sync, op.average,
+                                    op.staleness, self.rules.optimizer, self.alloc)
+        self.entries[key] = entry
+        self.must_persist = True   # (as _init)
+        out = [self._init_answer(worker, op, entry)]
+        for w, other in self.waiting_inits.pop(key, []):
+            try:
+                self._check_meta(key, entry, other.dtype, other.shape)
+                self._check_mode(key, entry, other)
+                out.append(self._init_answer(w, other, entry))
+            except OpError as exc:
+                out.append(Reply(w, Failed(other.id, exc.kind, str(exc))))
+        return out
+
+    def evict_some(self, budget: int = dynparts.EVICT_STEP) -> int:
+        """One bounded eviction step of the tables without a row count (psnode.server.dynparts)."""
+        return dynparts.evict_some(self.entries, budget) if self.dynamic else 0
+
+    def table_counts(self) -> tuple[tuple[str, int, int, int, int], ...]:
+        """Per table without a row count: (key, rows, admitted, evicted, dropped) (``mxdist status``)."""
+        return tuple((k, c["rows"], c["admitted"], c["evicted"], c["dropped"])
+                     for k, c in dynparts.counters(self.entries).items())
+
+    def evict_due(self) -> bool:
+        """Is an eviction step due (cheap)?"""
+        return any(e.table is not None and dynparts.due(e) for e in self.entries.values())
+
+    @property
+    def dynamic(self) -> bool:
+        """Does this server hold a part of a table without a row count?"""
+        return any(e.table is not None for e in self.entries.values())
 
     def fill_some(self, budget: int | None = None) -> list[Reply]:
         """Compute the next ``budget`` elements of the parts being filled (psnode.server.fills;
@@ -398,6 +452,12 @@ class Store:
 
     @staticmethod
     def _check_meta(key: Key, entry: Entry, dtype: str, shape: tuple[int, ...]) -> None:
+        if entry.table is not None:
+            have = (dynrows.HEIGHT, entry.table.params.width)
+            if entry.value.dtype.name != dtype or have != tuple(shape):
+                raise OpError("ShapeMismatch", f"{fmt(*key)} was initialised as {entry.value.dtype.name}"
+                                               f"[None, {have[1]}], not {dtype}{list(shape)}")
+            return
         if entry.value.dtype.name != dtype or entry.value.shape != tuple(shape):
             raise OpError("ShapeMismatch",
                           f"{fmt(*key)} was initialised as {entry.value.dtype.name}"
@@ -408,7 +468,10 @@ class Store:
         key = (op.key, op.part)
         data = self._gradient(worker, key, op)
         entry = self._entry(key)
-        out = self.key_rounds.push(worker, key, entry, op.seq, data, op.rows)
+        rows = op.rows
+        if entry.table is not None and rows is not None and isinstance(data, np.ndarray):
+            rows, data = dynparts.push_rows(entry, worker, op.seq, rows, data, self.alloc, self.key_rounds.track)
+        out = self.key_rounds.push(worker, key, entry, op.seq, data, rows)
         if op.na:
             return out
         # a push that asks for its answer asks for its durability too (psnode.worker.journal)
@@ -438,7 +501,13 @@ class Store:
     # ---------------------------------------------------------------- pull
     def _pull(self, worker: int, op: Pull) -> list[Reply]:
         key = (op.key, op.part)
-        return self.key_rounds.pull(worker, op.id, key, self._entry(key), op.after, op.rows, op.re, op.dest)
+        entry = self._entry(key)
+        rows = op.rows
+        if entry.table is not None and rows is None:   # (an export: every trained row, as it is now)
+            return [Reply(worker, Ok(op.id, dynparts.export(entry), 0))]
+        if entry.table is not None and rows is not None:
+            rows = dynparts.pull_rows(entry, rows, self.alloc, self.key_rounds.track, op.after)
+        return self.key_rounds.pull(worker, op.id, key, entry, op.after, rows, op.re, op.dest)
 
     def _pushpull(self, worker: int, op: PushPull) -> list[Reply]:
         key = (op.key, op.part)
@@ -655,6 +724,8 @@ class Store:
         """Every copy of the store holds it as it is: changes count from here."""
         for entry in self.entries.values():
             forget_changes(entry)
+            if entry.table is not None:
+                entry.table.forget_gone()
 
     # ---------------------------------------------------------------- membership
     def set_active(self, workers: set[int]) -> list[Reply]:

@@ -19,7 +19,10 @@ Contract
   rows over the servers when big) whose values every server computes for its own rows
   (:mod:`psnode.math.initializers`: a row's values depend only on ``(seed, key, row)``).  The
   default initializer is N(0, 1), torch's.  No worker holds the table: a worker's memory
-  grows with its batch, not with ``num_embeddings``.  ``key`` defaults to
+  grows with its batch, not with ``num_embeddings``.  ``num_embeddings=None``: a table without
+  a row count (``psnode.sparse.table(embedding_dim, **table)``, docs/dynamic-tables.md): any
+  int64 id is a row, made on first use; ``table=`` holds its ``min_count``, ``ttl``,
+  ``max_rows`` and ``absent`` options.  ``key`` defaults to
   ``"psnode.torch.<class>.<n>"``, ``n`` counting the tables created on ``kv`` (every worker
   creates them in the same order, as every worker calls ``kv.init`` in the same order).
 * **forward** takes torch's arguments.  It pulls only the distinct ids of the batch
@@ -56,8 +59,10 @@ import torch as _torch
 import torch.nn.functional as F
 
 from psnode.errors import ConfigError
+from psnode.math import dynrows
 from psnode.math import initializers as init_mod
 from psnode.math.sparse import RowSparseArray
+from psnode.math.sparse import table as sparse_table
 from psnode.math.sparse import zeros as sparse_zeros
 
 __all__ = ["Embedding", "EmbeddingBag", "HeldTable", "ServerTable"]
@@ -88,16 +93,23 @@ class ServerTable(_torch.nn.Module):
     """What :class:`Embedding` and :class:`EmbeddingBag` share: the table on the servers, the
     rows of each forward, the gradient the trainer pushes (:meth:`sparse_grad`)."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, kv: Any, key: str | None,
-                 initializer: Any, seed: int, padding_idx: int | None, dtype: Any) -> None:
+    def __init__(self, num_embeddings: int | None, embedding_dim: int, kv: Any, key: str | None,
+                 initializer: Any, seed: int, padding_idx: int | None, dtype: Any,
+                 table: dict[str, Any] | None = None) -> None:
         super().__init__()
         name = type(self).__name__
+        open_ended = num_embeddings is None   # (a table without a row count: psnode.sparse.table)
+        if open_ended:
+            num_embeddings = dynrows.HEIGHT
+        elif table is not None:
+            raise ConfigError(f"{name}: table= options are for a table without a row count (num_embeddings=None)")
         for what, v in (("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim)):
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"{name}: {what} must be a positive integer, not {v!r}")
+        assert num_embeddings is not None
         if dtype not in _DTYPES:
             raise ConfigError(f"{name}: dtype must be torch.float32 or torch.float64, not {dtype}")
-        if padding_idx is not None:
+        if padding_idx is not None and not open_ended:
             if not -num_embeddings <= padding_idx < num_embeddings:
                 raise ConfigError(f"{name}: padding_idx {padding_idx} is outside the table's {num_embeddings} rows")
             padding_idx = padding_idx % num_embeddings
@@ -114,7 +126,9 @@ class ServerTable(_torch.nn.Module):
         initializer = init_mod.Normal(1.0) if initializer is None else initializer
         if isinstance(initializer, dict):
             initializer = init_mod.from_spec(initializer)
-        kv.init(key, sparse_zeros(self.shape, _DTYPES[dtype]), init_mod.ps_initializer(initializer, seed))
+        template = sparse_table(self.embedding_dim, dtype=_DTYPES[dtype], **(table or {})) if open_ended \
+            else sparse_zeros(self.shape, _DTYPES[dtype])
+        kv.init(key, template, init_mod.ps_initializer(initializer, seed))
         self._lookups: list[_Lookup] = []
         self._ahead: _Ahead | None = None
 
@@ -218,10 +232,10 @@ class Embedding(ServerTable):
     """``torch.nn.Embedding(num_embeddings, embedding_dim, padding_idx)`` whose weight lives on
     the servers of ``kv`` (module docstring)."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None, *, kv: Any,
+    def __init__(self, num_embeddings: int | None, embedding_dim: int, padding_idx: int | None = None, *, kv: Any,
                  key: str | None = None, initializer: Any = None, seed: int = 0,
-                 dtype: Any = _torch.float32) -> None:
-        super().__init__(num_embeddings, embedding_dim, kv, key, initializer, seed, padding_idx, dtype)
+                 dtype: Any = _torch.float32, table: dict[str, Any] | None = None) -> None:
+        super().__init__(num_embeddings, embedding_dim, kv, key, initializer, seed, padding_idx, dtype, table)
 
     def forward(self, input: Any) -> Any:
         rows, inverse, pad = self._rows(input)
@@ -233,12 +247,13 @@ class EmbeddingBag(ServerTable):
     the servers of ``kv`` (module docstring); ``forward(input, offsets, per_sample_weights)``
     as torch's."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, *, mode: str = "mean", kv: Any,
+    def __init__(self, num_embeddings: int | None, embedding_dim: int, *, mode: str = "mean", kv: Any,
                  padding_idx: int | None = None, include_last_offset: bool = False, key: str | None = None,
-                 initializer: Any = None, seed: int = 0, dtype: Any = _torch.float32) -> None:
+                 initializer: Any = None, seed: int = 0, dtype: Any = _torch.float32,
+                 table: dict[str, Any] | None = None) -> None:
         if mode not in _MODES:
             raise ConfigError(f"EmbeddingBag: mode must be one of {', '.join(_MODES)}, not {mode!r}")
-        super().__init__(num_embeddings, embedding_dim, kv, key, initializer, seed, padding_idx, dtype)
+        super().__init__(num_embeddings, embedding_dim, kv, key, initializer, seed, padding_idx, dtype, table)
         self.mode = mode
         self.include_last_offset = include_last_offset
 

@@ -41,6 +41,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from psnode.errors import ConfigError, PSError, ShapeMismatch
+from psnode.math import dynrows
 from psnode.math.sparse import RowSparseArray
 from psnode.math.sparse import sort_rows as _sort_rows
 from psnode.math.sparse import unique_rows as _unique
@@ -227,6 +228,9 @@ class DataPath:
     def _push_one(self, k: Any, info: KeyInfo, v: np.ndarray | RowSparseArray, priority: int, near: Near) -> None:
         info.seq += 1
         guard = self._guard(info)
+        if info.dynamic:
+            self._push_table(k, info, v, priority, near, guard)
+            return
         if isinstance(v, RowSparseArray):  # rows sorted once (stable): each part is a slice
             order, ids = _sort_rows(v.indices.astype(np.int64, copy=False), info.shape[0])
         parts: Sequence[Part] = info.placement.parts
@@ -257,6 +261,26 @@ class DataPath:
                 op = Push(k, part.index, info.seq, data, comp=tag)
             self._asked.pop((k, part.index), None)
             self._send(part.server, op, priority, here, guard)
+
+    def _push_table(self, k: Any, info: KeyInfo, v: Any, priority: int, near: Near, guard: Any) -> None:
+        """A push of a table without a row count: each server gets the rows of its ids, by
+        their hash (psnode.math.dynrows), and the hashes as row ids (every part is pushed: a
+        dist_sync round needs every worker's push)."""
+        if not isinstance(v, RowSparseArray):
+            raise ShapeMismatch(f"key {k!r} is a table without a row count: push a RowSparseArray "
+                                "(psnode.sparse.row_sparse_array((rows, ids), shape=(None, width)))")
+        hashed = dynrows.mix(v.indices.astype(np.int64, copy=False))
+        order, bounds = dynrows.split(hashed, len(info.placement.parts))
+        stage = self._engine.stage
+        for part in info.placement.parts:
+            here = part.server in near
+            a, b = int(bounds[part.index]), int(bounds[part.index + 1])
+            data = stage(k, part.index, 0, (b - a, *info.shape[1:]), info.dtype, info.seq, here)
+            np.take(v.data, order[a:b], axis=0, out=data)
+            rows = stage(k, part.index, 1, (b - a,), np.dtype(np.int64), info.seq, here)
+            np.take(hashed, order[a:b], out=rows)
+            self._asked.pop((k, part.index), None)
+            self._send(part.server, Push(k, part.index, info.seq, data, rows), priority, here, guard)
 
     def _stage_bucket(self, bucket: Bucket, members: list[Item], seq: int, here: bool) -> np.ndarray:
         """Every member's gradient end to end, in a push slot of the bucket (compressed: the
@@ -476,6 +500,8 @@ class DataPath:
         """Ask for rows ``ids`` of ``k``: (sorted distinct ids, their rows once answered); with
         ``into`` (a dense array of the key's shape) the answers are written into its rows."""
         uniq = _unique(ids)
+        if info.dynamic:
+            return uniq, self._fetch_table(k, info, uniq, priority, futs, near)
         if len(uniq) and (uniq[0] < 0 or uniq[-1] >= info.shape[0]):
             bad = int(uniq[0] if uniq[0] < 0 else uniq[-1])
             raise ShapeMismatch(f"row id {bad} of key {k!r} is outside 0..{info.shape[0] - 1}")
@@ -497,6 +523,44 @@ class DataPath:
             futs.append(self._submit(part.server, op, math.prod(shape) * info.dtype.itemsize, priority, copy,
                                      near=here))
         return uniq, data
+
+    def export_rows(self, k: Any, info: KeyInfo) -> list[list[np.ndarray]]:
+        """Every trained row of a table without a row count, per server: hashed ids, values,
+        the version of each row's last change, the server's version (psnode.server.dynparts.export)."""
+        got: list[list[np.ndarray]] = [[] for _ in info.placement.parts]
+        futs = []
+        for part in info.placement.parts:
+            def copy(ans: Ok, i: int = part.index) -> None:
+                got[i] = [np.array(a) for a in ans.arrays]
+            futs.append(self._submit(part.server, Pull(k, part.index, info.seq), 0, 0, copy))
+        self.wait(futs)
+        return got
+
+    def _fetch_table(self, k: Any, info: KeyInfo, uniq: np.ndarray, priority: int, futs: list[Future],
+                     near: Near) -> np.ndarray:
+        """Ask each server for the rows of its ids of ``uniq`` (a table without a row count);
+        the rows, in the order of ``uniq``, once answered."""
+        data = np.empty((len(uniq), *info.shape[1:]), info.dtype)
+        hashed = dynrows.mix(uniq)
+        order, bounds = dynrows.split(hashed, len(info.placement.parts))
+        for part in info.placement.parts:
+            a, b = int(bounds[part.index]), int(bounds[part.index + 1])
+            if a == b:
+                continue
+            here = part.server in near
+            shape = (b - a, *info.shape[1:])
+            where = order[a:b]
+            rows = self._engine.land((b - a,), np.dtype(np.int64), here)
+            if rows is None:
+                rows = np.empty(b - a, np.int64)
+            np.take(hashed, where, out=rows)
+
+            def copy(ans: Ok, where: np.ndarray = where, shape: tuple[int, ...] = shape) -> None:
+                data[where] = ans.arrays[0].reshape(shape)
+            op = Pull(k, part.index, info.seq, rows, dest=self._engine.land(shape, info.dtype, here))
+            futs.append(self._submit(part.server, op, math.prod(shape) * info.dtype.itemsize, priority, copy,
+                                     near=here))
+        return data
 
     @staticmethod
     def _row_copier(into: np.ndarray | None, rows: np.ndarray, region: np.ndarray,

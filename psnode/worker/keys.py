@@ -30,9 +30,10 @@ class KeyInfo:
     taken: int = 0      # pushes of this rank every part's server had taken at init (restarts)
     counts: dict[int, int] = field(default_factory=dict)   # part -> its server's count at init
     bucket: Bucket | None = None   # the bucket it shares with other small keys (psnode.server.buckets)
+    dynamic: bool = False   # a table without a row count (psnode.math.dynrows): rows by id hash
 
     def part_shape(self, part: Part) -> tuple[int, ...]:
-        if not self.placement.split:
+        if not self.placement.split or self.dynamic:
             return self.shape
         return (part.hi - part.lo, *self.shape[1:]) if self.placement.by_rows else (part.hi - part.lo,)
 

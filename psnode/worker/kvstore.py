@@ -86,6 +86,7 @@ import numpy as np
 
 from psnode.config import Distribution, NodeConfig
 from psnode.errors import ConfigError, KeyNotInitialized, Leave, PSError, ShapeMismatch
+from psnode.math import dynrows
 from psnode.math import initializers as init_mod
 from psnode.math import optimizers as opt_mod
 from psnode.math.compression import CompressionSpec
@@ -98,7 +99,7 @@ from psnode.worker.compressor import Compressor
 from psnode.worker.datapath import DataPath, Requests
 from psnode.worker.futures import Future
 from psnode.worker.keys import Item, KeyInfo
-from psnode.worker.placement import Part, Placer
+from psnode.worker.placement import Part, Placement, Placer
 from psnode.worker.states import load_states, save_states
 
 TYPES = ("local", "dist_sync", "dist_async", "dist_ssp")
@@ -401,6 +402,9 @@ class KVStore:
                 self._path.join(check_key_user(k), self._keys[check_key_user(k)], generation)
 
     def _init_one(self, key: Any, value: Any, initializer: Any, stype: str | None) -> list[Future]:
+        if isinstance(value, RowSparseArray) and value.shape and value.shape[0] == dynrows.HEIGHT \
+                and not isinstance(initializer, init_mod.OnServers):   # (rows are made on the servers)
+            initializer = init_mod.ps_initializer(initializer if initializer is not None else init_mod.Zero())
         if isinstance(initializer, init_mod.OnServers):
             return self._init_on_servers(key, value, initializer, stype)
         sparse = stype == "row_sparse" or isinstance(value, RowSparseArray)
@@ -456,6 +460,8 @@ class KVStore:
             return []
         if sparse and not shape:
             raise ShapeMismatch(f"row_sparse key {key!r} needs at least one dimension")
+        if sparse and shape[0] == dynrows.HEIGHT and isinstance(value, RowSparseArray):
+            return self._init_table(key, value, ps, shape, dtype)
         ps.part(shape).check(dtype)   # (a bad dtype or shape fails here, before anything is sent)
         placement = self._placer.place(key, shape, dtype.itemsize, by_rows=sparse)
         info = KeyInfo(shape, dtype, sparse, placement)
@@ -467,6 +473,64 @@ class KVStore:
         return self._path.init(key, info, sync=self._sync, average=self._aggregator == "average",
                                resumed=self._resumed, fill=fill if self.rank == 0 else None, bare=True,
                                join=self._engine.joiner, staleness=self._bound, backup=self.backup_workers)
+
+    def _init_table(self, key: Any, value: RowSparseArray, ps: init_mod.OnServers, shape: tuple[int, ...],
+                    dtype: np.dtype) -> list[Future]:
+        """A table without a row count (psnode.math.dynrows): one part on every server, each
+        holding the ids whose hash falls in its range; no rows until they are touched."""
+        if len(shape) != 2:
+            raise ShapeMismatch(f"key {key!r}: a table without a row count is 2-d (None, width), not {list(shape)}")
+        dynrows.check_init(ps.init, dtype)
+        options = value.table or {"width": shape[1], "min_count": 1, "ttl": 0, "max_rows": 0, "absent": "init"}
+        if options["width"] != shape[1]:
+            raise ShapeMismatch(f"key {key!r}: table width {options['width']} differs from its shape {list(shape)}")
+        parts = tuple(Part(server=s, index=s, lo=0, hi=0) for s in range(self._placer.num_servers))
+        placement = Placement(key=key, parts=parts, by_rows=True)
+        self._placer.placed[key] = placement
+        info = KeyInfo(shape, dtype, True, placement, dynamic=True)
+        self._keys[key] = info
+
+        def fill(part: Part) -> dict[str, Any]:
+            return {"init": ps.init.to_spec(), "seed": ps.seed, "dynamic": dict(options)}
+        return self._path.init(key, info, sync=self._sync, average=self._aggregator == "average",
+                               resumed=self._resumed, fill=fill if self.rank == 0 else None, bare=True,
+                               join=self._engine.joiner, staleness=self._bound)
+
+    def export(self, key: Any, path: str, since: str | None = None) -> int:
+        """Write the trained rows of table ``key`` (a table without a row count) to ``path``
+        as one .npz (``psnode.export``; the format: docs/dynamic-tables.md); with ``since``
+        (an earlier export's file) only the rows changed after it.  The rows are read as each
+        server holds them when it answers.  Returns the number of rows written."""
+        info = self._info(key)
+        if not info.dynamic:
+            raise ConfigError(f"key {key!r} has a row count: export is for tables made with "
+                              "psnode.sparse.table(width) (read a fixed table with kv.row_sparse_pull)")
+        after = None
+        if since is not None:
+            try:
+                with np.load(since) as old:
+                    after, old_key = old["versions"], str(old["key"])
+            except (OSError, KeyError, ValueError) as exc:
+                raise ConfigError(f"export since={since!r}: not an export file ({exc})") from None
+            if old_key != str(key) or len(after) != len(info.placement.parts):
+                raise ConfigError(f"export since={since!r}: written for key {old_key!r} on {len(after)} servers, "
+                                  f"not {key!r} on {len(info.placement.parts)}")
+        parts = self._path.export_rows(key, info)
+        ids, values = [], []
+        for i, (hashed, rows, stamps, _version) in enumerate(parts):
+            keep = slice(None) if after is None else stamps > after[i]
+            ids.append(dynrows.unmix(hashed[keep]))
+            values.append(rows[keep])
+        all_ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+        order = np.argsort(all_ids, kind="stable")
+        out: dict[str, Any] = {"ids": all_ids[order],
+               "values": (np.concatenate(values) if values else np.zeros((0, info.shape[1]), info.dtype))[order],
+               "versions": np.array([int(p[3][0]) for p in parts], np.int64),
+               "since": after if after is not None else np.zeros(len(parts), np.int64),
+               "key": np.array(str(key))}
+        with open(path, "wb") as f:
+            np.savez(f, **out)
+        return len(order)
 
     # ------------------------------------------------------------ compression
     def set_gradient_compression(self, compression_params: Any) -> None:
@@ -536,6 +600,11 @@ class KVStore:
         if row_ids is not None:
             return self.row_sparse_pull(key, out=out, priority=priority, row_ids=row_ids)
         self._check_key_kind(key)
+        for k in key if isinstance(key, (list, tuple)) else [key]:
+            info = self._keys.get(k)
+            if info is not None and info.dynamic:
+                raise ConfigError(f"key {k!r} is a table without a row count: pull its rows with "
+                                  f"kv.row_sparse_pull({k!r}, row_ids=ids), or all of them with psnode.export")
         host, scatters = routes.pull_outs(key, out, self._keys.get, self._torch_bufs)
         if scatters:   # torch tensors: pulled into host arrays, then copied to every tensor
             self.pull(key, host, priority)

@@ -272,3 +272,32 @@ def test_template_and_row_sparse_fetch() -> None:
     assert np.array_equal(kv.pull("d"), ps.values("d", (4, 3)))
     with pytest.raises(ConfigError, match="template"):
         kv.init("x", "a table", ps)
+
+
+@pytest.mark.parametrize("kind,opt", [("bag", "adagrad"), ("emb", "sgd")])
+def test_a_table_without_a_row_count_trains_exactly_as_a_dense_table_of_its_ids(kind, opt) -> None:
+    """``EmbeddingBag(None, D)`` fed 64-bit ids trains bit for bit as torch's dense table
+    whose row i holds id ``big[i]``'s initial values (psnode.math.dynrows)."""
+    from psnode.math import dynrows
+    big = np.sort(np.array([(i * 0x9E3779B97F4A7C15 + 12345) % (1 << 64) for i in range(N)],
+                           np.uint64).view(np.int64))   # (sorted as x is: torch sums repeats in the same order)
+    kv = psnode.kv.create("local")
+    if kind == "bag":
+        a = Model(pt.EmbeddingBag(None, D, mode="sum", kv=kv, key="a", initializer=INIT))
+        b = Model(nn.EmbeddingBag(N, D, mode="sum"))
+    else:
+        a = Model(pt.Embedding(None, D, kv=kv, key="a", initializer=INIT))
+        b = Model(nn.Embedding(N, D))
+    with torch.no_grad():
+        b.emb.weight.copy_(torch.from_numpy(dynrows.row_values(INIT, 0, "a", dynrows.mix(big), D, np.float32)))
+    spec = psnode.optimizer.create(opt, learning_rate=0.1)
+    ta = pt.DistributedTrainer(a, kv, spec, prefix="a.")
+    tb = pt.DistributedTrainer(b, kv, spec, prefix="b.")
+    for x, y in batches(STEPS):
+        for model, trainer, ids in ((a, ta, torch.from_numpy(big[x.numpy()])), (b, tb, x)):
+            trainer.zero_grad()
+            F.mse_loss(model(ids), y).backward()
+            trainer.step()
+        got, want = a.emb.pull_rows(torch.from_numpy(big)).numpy(), kv.pull("b.emb.weight")
+        assert np.array_equal(got, want), (np.flatnonzero((got != want).any(1)), np.abs(got - want).max())
+    assert torch.equal(a.head.weight, b.head.weight)
