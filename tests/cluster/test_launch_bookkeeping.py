@@ -49,10 +49,22 @@ def test_status_shows_each_process_with_one_pid_while_it_runs_and_after_stop(tmp
 
 
 BOTH_FAIL = textwrap.dedent("""
-    import os, signal, time
-    if os.environ["RANK"] == "1":            # fails too, after worker 0, whatever the job's stop
+    import os, pathlib, signal, time
+    flag = pathlib.Path(__file__).with_name("worker0.pid")
+    if os.environ["RANK"] == "0":
+        flag.write_text(str(os.getpid()))
+    else:                                    # fails too, once worker 0 is gone, whatever the job's stop
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        time.sleep(1.0)
+        deadline = time.monotonic() + 60
+
+        def gone():
+            try:
+                stat = pathlib.Path(f"/proc/{flag.read_text()}/stat").read_text()
+            except (OSError, ValueError):
+                return flag.exists()
+            return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+        while not gone() and time.monotonic() < deadline:
+            time.sleep(0.02)
     import nosuchmod_b46
 """)
 
