@@ -770,9 +770,10 @@ class Scheduler:
         elif cmd is Command.REGISTER:
             assert node is not None
             if self.started and node.state == NodeState.ALIVE and \
-                    time.monotonic() - node.welcomed >= self.cfg.dead_after:   # its WELCOME was lost: again
-                # (at most once per heartbeat timeout: a node registers again with each heartbeat
-                # until welcomed, and the start of thousands queues several of them per node)
+                    time.monotonic() - node.welcomed >= self.cfg.heartbeat_interval:   # its WELCOME was lost: again
+                # (at most once per heartbeat interval: a node registers again with each heartbeat
+                # until welcomed, and the start of thousands queues several of them per node; a
+                # WELCOME lost on a cut connection is sent again within an interval)
                 self._welcome(node, self._book(), restore=node.role == Role.SERVER and node.restarts > 0)
         elif cmd is Command.STATUS:
             now = time.monotonic()
