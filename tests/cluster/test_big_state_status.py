@@ -62,9 +62,14 @@ assert list(got.indices) == sorted(set(rows.tolist())), 'ids'
 assert np.array_equal(got.data, np.broadcast_to(want, got.data.shape)), 'values'
 pathlib.Path(sys.argv[4] + f'.trained{r}').touch()
 go = pathlib.Path(sys.argv[4] + '.go')
-for _ in range(1200):   # (the test looks at the job's status, then lets it end: at most 120 s)
+step = STEPS
+for _ in range(1200):   # (rounds go on while the test looks at the job's status, then it ends: at most 120 s)
     if go.exists():
         break
+    mine = ids(r, step)
+    kv.push('emb', row_sparse_array((np.ones((len(mine), D), np.float32), mine), shape=(N, D)))
+    kv.pull('emb', row_ids=mine[:8])
+    step += 1
     time.sleep(0.1)
 kv.barrier()
 print('EXACT', len(rows), flush=True)
@@ -121,6 +126,11 @@ def test_big_table_with_replicas_keeps_every_loop_turning_and_status_shows_the_s
             assert max(seen.values(), default=0.0) < LIMIT, f"a loop held for longer than {LIMIT:g} s: {seen}"
             assert proc.poll() is None, proc.communicate()[0][-3000:]
             assert time.monotonic() < deadline, "the workers did not train within 240 s"
+            time.sleep(0.1)
+        while not any(s.get("copied_per_round") is not None for s in samples):   # (two heartbeats with rounds between)
+            assert max(seen.values(), default=0.0) < LIMIT, f"a loop held for longer than {LIMIT:g} s: {seen}"
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, f"no server reported its bytes per round: {samples[-4:]}"
             time.sleep(0.1)
         shown = run_cli(["status", latest(home)["id"], "--json"], env, timeout=60)
         Path(f"{flags}.go").touch()
