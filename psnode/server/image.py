@@ -104,11 +104,6 @@ class Image:
         arrays.update(self.rest)
         return self.meta, arrays
 
-    @property
-    def nbytes(self) -> int:
-        held = sum(a.nbytes for p in self.parts.values() for a in p.values())   # (Rows: see nbytes)
-        return held + sum(a.nbytes for a in self.rest.values())
-
 
 class Rows(np.ndarray):
     """A dynamic part's rows as a copy holds them (psnode.server.checkpoint._dynamic_rows):
