@@ -51,11 +51,15 @@ def test_status_shows_each_process_with_one_pid_while_it_runs_and_after_stop(tmp
 BOTH_FAIL = textwrap.dedent("""
     import os, pathlib, signal, time
     flag = pathlib.Path(__file__).with_name("worker0.pid")
-    if os.environ["RANK"] == "0":
+    armed = pathlib.Path(__file__).with_name("worker1.armed")
+    deadline = time.monotonic() + 60
+    if os.environ["RANK"] == "0":            # fails first, once worker 1 can outlive the job's stop
+        while not armed.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
         flag.write_text(str(os.getpid()))
     else:                                    # fails too, once worker 0 is gone, whatever the job's stop
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        deadline = time.monotonic() + 60
+        armed.write_text("")
 
         def gone():
             try:
