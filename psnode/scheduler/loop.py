@@ -78,6 +78,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -251,6 +252,14 @@ class Scheduler:
         self.check_every = max(0.05, min(0.25, cfg.heartbeat_interval / 4))
         self.standby_at = ""            # the standby that announced itself ("": none), told to the nodes
         self.announce_at = 0.0          # an idle standby announces itself to its primary from then on
+        # one handler per command: those any peer may send (a node, a standby, the CLI), and those
+        # only a registered node of the job may send (_dispatch)
+        self._from_anyone: dict[Command, Callable[[bytes, Node | None, Any], None]] = {
+            Command.REGISTER: self._register_msg, Command.STATUS: self._status_msg,
+            Command.LEAVE: self._leave_msg, Command.LOST: self._lost_msg, Command.STOP: self._stop_msg}
+        self._from_members: dict[Command, Callable[[Node, Any], None]] = {
+            Command.HEARTBEAT: self._heartbeat_msg, Command.BARRIER: self._barrier_msg,
+            Command.FINISH: self._finish_msg, Command.BYE: self._bye_msg}
 
     @property
     def rebuilds(self) -> bool:
@@ -765,75 +774,96 @@ class Scheduler:
             self._while_rebuilding(ident, msg, body)
         elif node is None and self.rebuilds and cmd in _NODE_COMMANDS:
             self._send(ident, Command.REJOIN)   # a node of the job the restart has not heard from yet
-        elif isinstance(body, Register) and node is None:
-            self._on_register(ident, body)
-        elif cmd is Command.REGISTER:
-            assert node is not None
-            if self.started and node.state == NodeState.ALIVE and \
-                    time.monotonic() - node.welcomed >= self.cfg.heartbeat_interval:   # its WELCOME was lost: again
-                # (at most once per heartbeat interval: a node registers again with each heartbeat
-                # until welcomed, and the start of thousands queues several of them per node; a
-                # WELCOME lost on a cut connection is sent again within an interval)
-                self._welcome(node, self._book(), restore=node.role == Role.SERVER and node.restarts > 0)
-        elif cmd is Command.STATUS:
-            now = time.monotonic()
-            e = self.elastic
-            self._send(ident, Command.STATUS_REPLY, StatusAnswer(
-                self.cfg.job_id, round(now - self.t0, 3), self.started or bool(self.rebuild and self.rebuild.started),
-                self.t.refused,  # connections the scheduler itself refused
-                self._rows(now),
-                e.generation, tuple(self.roster.active_ranks()), e.joined, e.left, e.lost,
-                loop_gap=round(self.gaps.longest(now), 6)))
-        elif isinstance(body, Leave):
-            self._send(ident, Command.LEAVE_ACK)
-            self._on_leave(body.ranks)
-        elif isinstance(body, Lost):
-            self._send(ident, Command.LOST_ACK)
-            self._on_lost(body.rank, body.reason)
-        elif isinstance(body, Stop):
-            self._send(ident, Command.STOP_ACK)
-            self._end(True, body.reason)  # a failed job stays failed
+        elif cmd in self._from_anyone:
+            self._from_anyone[cmd](ident, node, body)
         elif node is None:
             log.debug("%s from an unregistered peer dropped", cmd.value)
         elif node.state == NodeState.LOST:   # removed from the job: it must not take part again
             self._send(node, Command.SHUTDOWN, JobEnd(False, f"{node.name} was removed from the job (lost)"))
-        elif isinstance(body, Heartbeat):
-            node.update_stats(body.stats, time.monotonic())
-            if node.role == Role.WORKER and node.rank >= 0:
-                self.slowness.heartbeat(node.rank, time.monotonic())
-            elif node.role == Role.SERVER and node.rank >= 0:
-                self.slowness.server(node.rank, body.stats.awaited, time.monotonic())
-            self._send(node, Command.HEARTBEAT_ACK)
-        elif isinstance(body, Barrier) and node.role == Role.WORKER:
-            n = node.barrier_done + 1 if body.n is None else body.n
-            if n <= node.barrier_done:  # sent again: its answer was lost
-                self._send(node, Command.BARRIER_DONE, BarrierDone(node.barrier_done))
-                return
-            if self.rebuilds and not node.joiner and done_elsewhere(n, (
-                    w.barrier_done for w in self.nodes.values() if w.role == Role.WORKER and not w.joiner)):
-                node.barrier_done = n   # completed by the previous scheduler; its answer was lost
-                members = tuple(self.roster.active_ranks()) if self.cfg.elastic else ()
-                self._send(node, Command.BARRIER_DONE, BarrierDone(n, members, self.elastic.generation))
-                return
-            if self.barrier.get(ident) != n:
-                self.barrier_since[ident] = time.monotonic()
-            self.barrier[ident] = n
-            self._check_barrier()
-        elif cmd is Command.FINISH and node.role == Role.WORKER and node.state == NodeState.FINISHED:
+        elif cmd in self._from_members:
+            self._from_members[cmd](node, body)
+
+    # ------------------------------------------------ one handler per command
+    # (a body's class follows from its command: psnode.protocol.control.BODIES)
+
+    def _register_msg(self, ident: bytes, node: Node | None, body: Register) -> None:
+        if node is None:
+            self._on_register(ident, body)
+        elif self.started and node.state == NodeState.ALIVE and \
+                time.monotonic() - node.welcomed >= self.cfg.heartbeat_interval:   # its WELCOME was lost: again
+            # (at most once per heartbeat interval: a node registers again with each heartbeat
+            # until welcomed, and the start of thousands queues several of them per node; a
+            # WELCOME lost on a cut connection is sent again within an interval)
+            self._welcome(node, self._book(), restore=node.role == Role.SERVER and node.restarts > 0)
+
+    def _status_msg(self, ident: bytes, node: Node | None, body: Any) -> None:
+        now = time.monotonic()
+        e = self.elastic
+        self._send(ident, Command.STATUS_REPLY, StatusAnswer(
+            self.cfg.job_id, round(now - self.t0, 3), self.started or bool(self.rebuild and self.rebuild.started),
+            self.t.refused,  # connections the scheduler itself refused
+            self._rows(now),
+            e.generation, tuple(self.roster.active_ranks()), e.joined, e.left, e.lost,
+            loop_gap=round(self.gaps.longest(now), 6)))
+
+    def _leave_msg(self, ident: bytes, node: Node | None, body: Leave) -> None:
+        self._send(ident, Command.LEAVE_ACK)
+        self._on_leave(body.ranks)
+
+    def _lost_msg(self, ident: bytes, node: Node | None, body: Lost) -> None:
+        self._send(ident, Command.LOST_ACK)
+        self._on_lost(body.rank, body.reason)
+
+    def _stop_msg(self, ident: bytes, node: Node | None, body: Stop) -> None:
+        self._send(ident, Command.STOP_ACK)
+        self._end(True, body.reason)  # a failed job stays failed
+
+    def _heartbeat_msg(self, node: Node, body: Heartbeat) -> None:
+        node.update_stats(body.stats, time.monotonic())
+        if node.role == Role.WORKER and node.rank >= 0:
+            self.slowness.heartbeat(node.rank, time.monotonic())
+        elif node.role == Role.SERVER and node.rank >= 0:
+            self.slowness.server(node.rank, body.stats.awaited, time.monotonic())
+        self._send(node, Command.HEARTBEAT_ACK)
+
+    def _barrier_msg(self, node: Node, body: Barrier) -> None:
+        if node.role != Role.WORKER:
+            return
+        ident = node.ident
+        n = node.barrier_done + 1 if body.n is None else body.n
+        if n <= node.barrier_done:  # sent again: its answer was lost
+            self._send(node, Command.BARRIER_DONE, BarrierDone(node.barrier_done))
+            return
+        if self.rebuilds and not node.joiner and done_elsewhere(n, (
+                w.barrier_done for w in self.nodes.values() if w.role == Role.WORKER and not w.joiner)):
+            node.barrier_done = n   # completed by the previous scheduler; its answer was lost
+            members = tuple(self.roster.active_ranks()) if self.cfg.elastic else ()
+            self._send(node, Command.BARRIER_DONE, BarrierDone(n, members, self.elastic.generation))
+            return
+        if self.barrier.get(ident) != n:
+            self.barrier_since[ident] = time.monotonic()
+        self.barrier[ident] = n
+        self._check_barrier()
+
+    def _finish_msg(self, node: Node, body: Any) -> None:
+        if node.role != Role.WORKER:
+            return
+        if node.state == NodeState.FINISHED:
             self._send(node, Command.FINISH_ACK)  # sent again: its answer was lost
-        elif cmd is Command.FINISH and node.role == Role.WORKER:
+        else:
             self._on_finish(node)
-        elif isinstance(body, Bye) and body.restart and self._restartable(node) \
-                and node.state == NodeState.ALIVE:
+
+    def _bye_msg(self, node: Node, body: Bye) -> None:
+        if body.restart and self._restartable(node) and node.state == NodeState.ALIVE:
             # the launcher restarts it: wait, do not fail the job
             self._await_replacement(node, f"failed ({body.restart[:200]})")
-        elif isinstance(body, Bye):
-            self._set_state(node, NodeState.EXITED)
-            if body.error and self.exit_code is None:
-                what = f"failed: {body.error[:500]}"
-                # the nodes and the log say who; what it raised is said once, by its own output
-                self._end(False, f"{node.name} failed", Command.PEER_LOST, node.row(time.monotonic()),
-                          culprit=node, what=what, since=time.time())
+            return
+        self._set_state(node, NodeState.EXITED)
+        if body.error and self.exit_code is None:
+            what = f"failed: {body.error[:500]}"
+            # the nodes and the log say who; what it raised is said once, by its own output
+            self._end(False, f"{node.name} failed", Command.PEER_LOST, node.row(time.monotonic()),
+                      culprit=node, what=what, since=time.time())
 
     def run(self, poller: Poller | None = None) -> int:
         """Serve the job to its end; its exit code.  ``poller``: what waits for messages (a
