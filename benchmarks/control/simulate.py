@@ -290,6 +290,17 @@ class SimChannel:
             return None
         return self.real.send(cmd, body, arrays, to=to, **kw)
 
+    def send_all(self, cmd: Any, body: dict[str, Any] | None, idents: list[bytes]) -> None:
+        self.real.frames(cmd, body)       # (encoded once, as the scheduler's channel does)
+        now, real = time.monotonic(), []
+        for ident in idents:
+            if ident in self.world.nodes:
+                self.world.received(ident, cmd, body, now)
+            else:
+                real.append(ident)
+        if real:
+            self.real.send_all(cmd, body, real)
+
     def close(self) -> None:
         self.real.close()
 

@@ -371,6 +371,23 @@ class Channel:
             log.debug("send failed: %s", exc)
         return Sent(trackers) if track else None
 
+    def send_all(self, cmd: Any, body: dict[str, Any] | None, idents: list[bytes]) -> None:
+        """Send one control message (no arrays) to each of ``idents`` on this ROUTER, encoded once."""
+        frames = self.frames(cmd, body)
+        for ident in idents:
+            self.send_frames([ident, *frames])
+
+    def send_frames(self, frames: list[Any]) -> None:
+        """Send encoded frames as one message (small ones: copied; a lost peer: liveness tells)."""
+        sock, last = self.sock, len(frames) - 1
+        try:
+            for i, frame in enumerate(frames):
+                size = len(frame) if isinstance(frame, bytes) else frame.nbytes
+                self.bytes_out += size
+                sock.send(frame, 0 if i == last else _SNDMORE, copy=size < PACK_BYTES)
+        except zmq.ZMQError as exc:
+            log.debug("send failed: %s", exc)
+
     def frames(self, cmd: Any, body: dict[str, Any] | None = None, arrays: list[Any] | None = None,
                ops: list[Any] | None = None) -> list[Any]:
         """The frames of a message from this channel (a message without body, arrays or ops,

@@ -36,6 +36,16 @@ def excess(waited: Mapping[int, float], rank: int, workers: Iterable[int]) -> fl
     return waited.get(rank, 0.0) - (sum(others) / len(others) if others else 0.0)
 
 
+def excesses(waited: Mapping[int, float], workers: Iterable[int]) -> dict[int, float]:
+    """:func:`excess` of every worker of ``workers`` (distinct ranks), in one pass over them."""
+    ranks = list(workers)
+    values = [waited.get(w, 0.0) for w in ranks]
+    total, n = sum(values), len(ranks)
+    if n < 2:
+        return dict.fromkeys(ranks, waited.get(ranks[0], 0.0) if ranks else 0.0)
+    return {w: v - (total - v) / (n - 1) for w, v in zip(ranks, values, strict=True)}
+
+
 class NodeState(str, Enum):
     """A node as the scheduler sees it."""
 

@@ -110,7 +110,7 @@ from psnode.protocol.control import (
     Welcome,
     decode_body,
 )
-from psnode.protocol.status import SLOW_SHARE, NodeRow, NodeState, excess
+from psnode.protocol.status import SLOW_SHARE, NodeRow, NodeState, excesses
 from psnode.scheduler import client
 from psnode.scheduler.elastic import ElasticRoster
 from psnode.scheduler.rebuild import Rebuild, done_elsewhere
@@ -139,6 +139,7 @@ class Node:
     stats: Counters = field(default_factory=Counters)
     restarts: int = 0
     welcomed: float = 0.0  # when it was last sent WELCOME
+    acked: float = 0.0     # when its heartbeat was last answered
     barrier_done: int = 0  # number of this worker's last completed barrier
     joiner: bool = False   # joined the running job (after the first generation)
     rate: float | None = None  # rounds (servers) or pushes (workers) per second
@@ -252,6 +253,10 @@ class Scheduler:
         self.check_every = max(0.05, min(0.25, cfg.heartbeat_interval / 4))
         self.standby_at = ""            # the standby that announced itself ("": none), told to the nodes
         self.announce_at = 0.0          # an idle standby announces itself to its primary from then on
+        #: a node's heartbeats are answered at most this often: every other one where the timeout
+        #: is 4 intervals or more (a node calls its scheduler silent only after the whole timeout
+        #: without an answer, psnode.net.link), every one otherwise
+        self.ack_every = 1.5 * cfg.heartbeat_interval if cfg.dead_after >= 4 * cfg.heartbeat_interval else 0.0
         # one handler per command: those any peer may send (a node, a standby, the CLI), and those
         # only a registered node of the job may send (_dispatch)
         self._from_anyone: dict[Command, Callable[[bytes, Node | None, Any], None]] = {
@@ -620,10 +625,14 @@ class Scheduler:
             self.slowness.barrier({self.nodes[i].rank: t for i, t in self.barrier_since.items() if i in self.nodes},
                                   time.monotonic())
             self.barrier_since.clear()
+            to: dict[int, list[bytes]] = {}   # barrier number -> the workers it completes (one, but for a rebuild)
             for ident, n in self.barrier.items():
                 if ident in self.nodes:
                     self.nodes[ident].barrier_done = n
-                    self._send(ident, Command.BARRIER_DONE, BarrierDone(n, members, self.elastic.generation))
+                    to.setdefault(n, []).append(ident)
+            for n, idents in to.items():   # (one message, encoded once, to every worker)
+                self.chan.send_all(Command.BARRIER_DONE, BarrierDone(n, members, self.elastic.generation).to_body(),
+                                   idents)
             self.barrier.clear()
 
     def _flush_membership(self, force: bool = False) -> None:
@@ -704,14 +713,14 @@ class Scheduler:
                 for r, k in n.stats.late:
                     late[r] = late.get(r, 0) + k
         rows = []
-        workers = [n.rank for n in self.nodes.values() if n.role == Role.WORKER]
+        beyond = excesses(shares, {n.rank for n in self.nodes.values() if n.role == Role.WORKER})
         for n in sorted(self.nodes.values(), key=lambda n: (n.role, n.rank)):
             row = n.row(now)
             if n.role == Role.WORKER:
                 share = shares.get(n.rank, 0.0)
                 row = replace(row, waited_for=round(share, 3), waited_for_total=round(totals.get(n.rank, 0.0), 3),
                               late=late.get(n.rank, 0),   # (one being replaced: the failover's)
-                              slow=n.state == NodeState.ALIVE and excess(shares, n.rank, workers) >= SLOW_SHARE)
+                              slow=n.state == NodeState.ALIVE and beyond[n.rank] >= SLOW_SHARE)
             rows.append(row)
         return tuple(rows)
 
@@ -819,12 +828,15 @@ class Scheduler:
         self._end(True, body.reason)  # a failed job stays failed
 
     def _heartbeat_msg(self, node: Node, body: Heartbeat) -> None:
-        node.update_stats(body.stats, time.monotonic())
+        now = time.monotonic()
+        node.update_stats(body.stats, now)
         if node.role == Role.WORKER and node.rank >= 0:
-            self.slowness.heartbeat(node.rank, time.monotonic())
+            self.slowness.heartbeat(node.rank, now)
         elif node.role == Role.SERVER and node.rank >= 0:
-            self.slowness.server(node.rank, body.stats.awaited, time.monotonic())
-        self._send(node, Command.HEARTBEAT_ACK)
+            self.slowness.server(node.rank, body.stats.awaited, now)
+        if now - node.acked >= self.ack_every:
+            node.acked = now
+            self._send(node, Command.HEARTBEAT_ACK)
 
     def _barrier_msg(self, node: Node, body: Barrier) -> None:
         if node.role != Role.WORKER:

@@ -249,6 +249,17 @@ def test_a_worker_is_slow_beyond_what_the_others_are_waited_for() -> None:
     assert excess({}, 1, range(3)) == 0.0 and excess({0: 0.5}, 0, [0]) == 0.5
 
 
+def test_every_workers_excess_in_one_pass_is_each_ones_excess() -> None:
+    from psnode.protocol.status import excess, excesses
+    waited = {0: 0.02, 1: 0.06, 2: 0.15, 5: 0.4}
+    workers = [0, 1, 2, 3, 5]                  # worker 3 kept nobody waiting
+    all_at_once = excesses(waited, workers)
+    assert set(all_at_once) == set(workers)
+    for r in workers:
+        assert all_at_once[r] == pytest.approx(excess(waited, r, workers))
+    assert excesses({0: 0.5}, [0]) == {0: 0.5} and excesses({}, []) == {}
+
+
 def test_status_marks_the_slow_and_counts_the_late() -> None:
     from cli.view import slow_lines, slowest
     from psnode.launcher import NodeRow
