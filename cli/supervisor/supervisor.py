@@ -74,13 +74,13 @@ from psnode.files import write_atomic
 from psnode.launcher import Mode
 
 from .. import ui
-from ..backends.agent import last_exception
 from ..backends.base import (
     Backend,
     BackendError,
     ExitStatus,
     HostProblem,
     Started,
+    log_exception,
     run_per_host,
 )
 from ..control import teardown
@@ -485,12 +485,7 @@ class Supervisor:
         """How ``rec`` failed, for the crash-loop rule: its status, the last exception its log
         shows since it started, and how long it ran."""
         since, offset = self._since.get(rec.name, (time.monotonic(), 0))
-        try:
-            size = os.path.getsize(rec.log) - offset
-        except OSError:
-            size = 0
-        exception = last_exception(rec.log, min(size, 16384)) if size > 0 else None
-        return Failure(status.code, exception, time.monotonic() - since)
+        return Failure(status.code, log_exception(rec.log, offset), time.monotonic() - since)
 
     @property
     def _psnode_job(self) -> bool:

@@ -36,8 +36,8 @@ def record_with_torch(tmp_path, name: str, exc: Exception, monkeypatch) -> None:
 
 
 def collected(tmp_path, name: str) -> Evidence:
-    items = agent.collect([{"name": name, "rc": "", "log": "", **run_files(str(tmp_path), name)}])
-    return Evidence.collected(agent.Collected.from_json(items[0]), 1, str(tmp_path), name)
+    [item] = agent.collect([agent.CollectItem(name, "", "", **run_files(str(tmp_path), name))])
+    return Evidence.collected(item, 1, str(tmp_path), name)
 
 
 def test_a_record_decorated_exception_is_read_from_its_error_file(tmp_path, monkeypatch):
@@ -95,13 +95,13 @@ def test_spawn_removes_a_stale_error_file_and_expands_home_in_the_variable(tmp_p
     (tmp_path / "run").mkdir(mode=0o700)
     (tmp_path / "run" / "worker-0.torch-error.json").write_text(json.dumps({"message": "old"}))
     show = "import os; print(os.environ['TORCHELASTIC_ERROR_FILE'])"
-    started = agent.spawn(str(tmp_path), run_dir, sys.executable,
-                          [{"name": "worker-0", "argv": [sys.executable, "-c", show],
-                            "env": {"TORCHELASTIC_ERROR_FILE": files["error_file"]}, **files}])
+    [started] = agent.spawn(str(tmp_path), run_dir, sys.executable,
+                            [agent.SpawnItem("worker-0", [sys.executable, "-c", show],
+                                             {"TORCHELASTIC_ERROR_FILE": files["error_file"]}, **files)])
     assert not (tmp_path / "run" / "worker-0.torch-error.json").exists()
     deadline = time.monotonic() + 60
-    while agent.read_rc(started[0]["rc"]) is None and time.monotonic() < deadline:
+    while agent.read_rc(started.rc) is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert agent.read_rc(started[0]["rc"]) == 0
-    with open(started[0]["log"]) as f:
+    assert agent.read_rc(started.rc) == 0
+    with open(started.log) as f:
         assert f.read().strip() == str(tmp_path / "run" / "worker-0.torch-error.json")
