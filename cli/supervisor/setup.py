@@ -59,7 +59,8 @@ from ..planning.plan import (
     passthrough_env,
     per_node,
 )
-from .supervisor import LaunchSettings, new_record
+from .settings import LaunchSettings
+from .supervisor import new_record
 
 
 @dataclass
