@@ -138,23 +138,32 @@ class ProcStatus:
     code: int | None
 
 
-def run_files(run_dir: str, name: str) -> dict[str, str]:
-    """Where the process ``name`` leaves its failure record (``failure``) and its torch elastic
-    error file (``error_file``) in its host's ``run_dir``: the keyword arguments of the host
-    agent's :class:`~mxdist.backends.agent.SpawnItem` and :class:`~mxdist.backends.agent.CollectItem`."""
-    return {"failure": path_in(run_dir, name), "error_file": torch_path_in(run_dir, name)}
+@dataclass(frozen=True)
+class RunFiles:
+    """Where a process leaves its failure record (``failure``) and its torch elastic error file
+    (``error_file``) in its host's run directory (:func:`run_files`)."""
+
+    failure: str
+    error_file: str
+
+
+def run_files(run_dir: str, name: str) -> RunFiles:
+    """The run files of the process ``name`` in its host's ``run_dir``."""
+    return RunFiles(path_in(run_dir, name), torch_path_in(run_dir, name))
 
 
 def spawn_item(run_dir: str, name: str, argv: Sequence[str], env: Mapping[str, str]) -> agent.SpawnItem:
     """The host agent's spawn item for the process ``name`` (its files: :func:`run_files`; a
     scheduler's address file is waited for: ``PSNODE_ADDRESS_FILE``)."""
-    return agent.SpawnItem(name, list(argv), dict(env), **run_files(run_dir, name),
+    files = run_files(run_dir, name)
+    return agent.SpawnItem(name, list(argv), dict(env), files.failure, files.error_file,
                            announce=env.get("PSNODE_ADDRESS_FILE"))
 
 
 def collect_item(run_dir: str, proc: ProcRecord) -> agent.CollectItem:
     """The host agent's collect item for ``proc`` (its files: :func:`run_files`)."""
-    return agent.CollectItem(proc.name, proc.rc_file, proc.run_log, **run_files(run_dir, proc.name))
+    files = run_files(run_dir, proc.name)
+    return agent.CollectItem(proc.name, proc.rc_file, proc.run_log, files.failure, files.error_file)
 
 
 def started(spawned: list[agent.Spawned]) -> list[Started]:

@@ -373,8 +373,8 @@ class SshBackend:
         if emit is None and request.op in agent.SERVED:
             served = self._claim(host)
             if served is not None:
-                return self._reply(host, request, self._ask(host, served, request.to_json(), timeout))
-        return self._reply(host, request, self._once(host, request.to_json(), emit, timeout))
+                return self._reply(host, request, self._ask(host, served, request, timeout))
+        return self._reply(host, request, self._once(host, request, emit, timeout))
 
     @staticmethod
     def _reply(host: Host, request: agent.AgentRequest[R], result: Any) -> R:
@@ -427,10 +427,10 @@ class SshBackend:
             raise
         return served
 
-    def _ask(self, host: Host, served: _ServingAgent, request: dict[str, Any], timeout: float | None) -> Any:
-        """One request to ``served`` (claimed by the caller, released here)."""
+    def _ask(self, host: Host, served: _ServingAgent, request: agent.AgentRequest[Any], timeout: float | None) -> Any:
+        """One request to ``served`` (claimed by the caller, released here); its reply's wire form."""
         try:
-            answer = served.call(request, timeout)
+            answer = served.call(request.to_json(), timeout)
         except TimeoutError:
             served.close()      # its answer would be the next request's
             raise BackendError(f"{host.label}: no answer within {timeout:.0f} s") from None
@@ -441,22 +441,22 @@ class SshBackend:
             served.busy.release()
         return self._result(host, answer)
 
-    def _once(self, host: Host, request: dict[str, Any], emit: Callable[[bytes], None] | None,
+    def _once(self, host: Host, request: agent.AgentRequest[Any], emit: Callable[[bytes], None] | None,
               timeout: float | None) -> Any:
-        """One agent operation on a channel of its own (``<python> -``)."""
+        """One agent operation on a channel of its own (``<python> -``); its reply's wire form."""
         chan = self._channel(host)
         try:
             chan.settimeout(timeout)
-            follow = request["op"] == agent.FollowRequest.op
+            follow = isinstance(request, agent.FollowRequest)
             # (a follow needs the standard library alone: -S spares it the site-packages' start-up)
             chan.exec_command(shlex.join([self.python, *(["-S"] if follow else []), "-"]))
             if follow:
-                args = {k: v for k, v in request.items() if k != "op"}
+                args = agent.to_json(request)     # (follow's parameters are the request's fields)
                 script = (f"{_FOLLOW_SOURCE}\n_o = _s.stdout.buffer\n"
                           f"_r = follow(**_j.loads({json.dumps(args)!r}), emit=lambda c: (_o.write(c), _o.flush()))\n"
                           '_s.stderr.write("\\n" + _j.dumps(to_json(Answer(to_json(_r)))) + "\\n")\n')
             else:
-                call = f"_s.exit(_main(_j.loads({json.dumps(request)!r})))"
+                call = f"_s.exit(_main(_j.loads({json.dumps(request.to_json())!r})))"
                 script = f"{_AGENT_SOURCE}\nimport json as _j, sys as _s\n{call}\n"
             chan.sendall(script.encode())
             chan.shutdown_write()
