@@ -78,6 +78,10 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from typing import Any, ClassVar, Generic, TypeVar
 
+if sys.version_info < (3, 10):  # noqa: UP036 - a host runs its own Python, maybe older than the launcher's
+    raise SystemExit(f"mxdist's host agent needs Python 3.10 or newer; {sys.executable} is "
+                     f"{sys.version.split()[0]} (pass --python with a newer one)")
+
 REAPER = (
     "import os,signal,subprocess,sys\n"
     "for s in (signal.SIGTERM,signal.SIGINT,signal.SIGHUP):signal.signal(s,lambda *a:None)\n"
