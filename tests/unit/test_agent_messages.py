@@ -111,3 +111,18 @@ def test_defaults_fill_what_a_message_leaves_out_and_tuples_and_floats_read_as_t
     assert agent.from_json(int | str, "x") == "x"
     with pytest.raises(agent.MessageError, match=r"^x: expected int or str, got 1.5 \(float\)$"):
         agent.from_json(int | str, 1.5, "x")
+
+
+def test_on_a_python_older_than_3_10_the_agent_says_what_it_needs() -> None:
+    """The source as the SSH backend sends it, run by a Python that reports itself as 3.9."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    older = "import sys\nsys.version_info = (3, 9, 18, 'final', 0)\n" + agent.BOOT
+    source = Path(agent.__file__).read_text().encode()
+    done = subprocess.run([sys.executable, "-c", older], input=b"%d\n" % len(source) + source, capture_output=True,
+                          timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.decode().strip() == (f"mxdist's host agent needs Python 3.10 or newer; {sys.executable} is "
+                                            f"{sys.version.split()[0]} (pass --python with a newer one)")
