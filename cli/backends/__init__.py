@@ -6,7 +6,8 @@ paramiko), ``slurm`` (job steps of an allocation: the only runner of ``srun``/``
 ``registry`` (backends by name: the one module that knows them all), ``agent`` (the host-side
 operations).  ``agent`` is self-contained (standard library only, no import from ``mxdist``): the
 SSH backend sends its source file to remote Pythons and the Slurm backend sends pieces of it.
-Callers depend on the contract and ask capabilities, never a backend's name.
+Only the backends import ``agent`` (pyproject.toml's contract): callers depend on the contract
+and ask capabilities, never a backend's name, and never the agent.
 
 Its place among the rooms (pyproject.toml's layers contract): above :mod:`mxdist.job` (a
 backend keeps each process it starts in a :class:`~mxdist.job.records.ProcRecord`) and

@@ -37,16 +37,21 @@ writes the exception that ends it) names a path on this host; a leading ``~`` in
 here (torch does not expand it), and a stale file is removed before the worker starts.
 
 Messages: every operation is a request dataclass (:class:`AgentRequest`: ``CheckRequest``,
-``SpawnRequest``, ...) paired with its reply's dataclass (``CheckReply``, ``Spawned``, ...),
-defined here once for both ends: the launcher builds a request and reads its reply with the
-request's :meth:`AgentRequest.reply`; the agent reads the request with :func:`request_from_json` and
-answers it with :meth:`AgentRequest.run`.  They live in this file, not in a module of their own,
-because this file is what reaches the remote Python: one source, sent whole, keeps both ends
-the same version with nothing else to send.  The wire form is ``{"op": OP, FIELD: value, ...}``
-in, ``{"result": ...}`` or ``{"error": text}`` (:class:`Answer`) out; the local backends call
-:func:`answer` on the same request objects, without JSON.  The GPU report is read by
-:class:`GpusReport`; the Slurm preflight's line per node is :class:`NodeCheck`, whose source
-:mod:`mxdist.backends.slurm` sends with :func:`gpus`'s.
+``SpawnRequest``, ...) whose type argument is its reply's type (``CheckReply``, ``list[Spawned]``,
+...), defined here once for both ends; each field is spelled once, in its dataclass.  One
+writer and one reader serve every message, driven by the dataclass's fields and their
+annotations: :func:`to_json` and :func:`from_json`, which raises :class:`MessageError` naming a
+field that is unknown, missing or of another type.  The operations take and return these
+dataclasses.  The launcher builds a request and reads the reply with the request's
+:meth:`AgentRequest.reply`; the agent reads the request with :func:`request_from_json` and
+answers it with :meth:`AgentRequest.run`.  They live in this file, not in a module of their
+own, because this file is what reaches the remote Python: one source, sent whole, keeps both
+ends the same version with nothing else to send.  The wire form is ``{"op": OP, FIELD: value,
+...}`` in, an :class:`Answer` (its reply's wire form as ``result``, or ``error``) out; the local
+backends call :func:`answer` on the same request objects, without JSON.  The Slurm preflight's
+line per node is :class:`NodeCheck`, whose source :mod:`mxdist.backends.slurm` sends with
+:func:`gpus`'s and the writer's.  Only the backends import this module; the rest of the
+launcher asks a backend.
 
 After a job: :func:`collect` reads what each process left (exit status and when it was
 written, its failure record at the path the launcher names, its torch elastic error file and
@@ -67,9 +72,15 @@ import signal
 import subprocess
 import sys
 import time
+import types
+import typing
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
-from typing import Any, ClassVar, Generic, TypeVar, cast
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
+from typing import Any, ClassVar, Generic, TypeVar
+
+if sys.version_info < (3, 10):  # noqa: UP036 - a host runs its own Python, maybe older than the launcher's
+    raise SystemExit(f"mxdist's host agent needs Python 3.10 or newer; {sys.executable} is "
+                     f"{sys.version.split()[0]} (pass --python with a newer one)")
 
 REAPER = (
     "import os,signal,subprocess,sys\n"
@@ -85,52 +96,142 @@ REAPER = (
 )
 
 
+# -- the wire: one writer and one reader for every message, driven by its dataclass's fields ----
+
+class MessageError(ValueError):
+    """A message that does not read as its type: the text names the field, what it holds and
+    what it takes (the two ends run different sources: send the same mxdist to both)."""
+
+
+def to_json(value: Any) -> Any:
+    """``value``'s JSON form: a dataclass as an object of its fields, a list or tuple as a list, a
+    dict with its keys as strings, anything else as it is.  Self-contained."""
+    from dataclasses import fields, is_dataclass
+
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_json(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): to_json(v) for k, v in value.items()}
+    return value
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+_SCALARS: dict[Any, str] = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
+
+
+def from_json(kind: Any, data: Any, where: str = "") -> Any:
+    """``data`` (parsed JSON) read as ``kind``: a dataclass (each field as its annotation says;
+    a field left out takes its default), ``list[X]``, ``tuple[X, ...]``, ``dict[str, X]``, ``X |
+    None``, ``str``, ``int``, ``float``, ``bool`` or ``Any``.  :class:`MessageError` names the
+    first field (``where``: the path to it) that is unknown, missing or of another type."""
+    where = where or getattr(kind, "__name__", str(kind))
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if kind is Any:
+        return data
+    if kind is type(None):
+        if data is None:
+            return None
+        raise _wrong(where, "null", data)
+    if origin is typing.Union or origin is types.UnionType:
+        if data is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        for option in options:
+            try:
+                return from_json(option, data, where)
+            except MessageError:
+                if len(options) == 1:
+                    raise
+        raise _wrong(where, " or ".join(getattr(a, "__name__", str(a)) for a in args), data)
+    if is_dataclass(kind) and isinstance(kind, type):
+        return _read_fields(kind, data, where)
+    if origin in (list, tuple) or kind in (list, tuple):
+        if not isinstance(data, list):
+            raise _wrong(where, "a list", data)
+        items = [from_json(args[0] if args else Any, x, f"{where}[{i}]") for i, x in enumerate(data)]
+        return tuple(items) if tuple in (origin, kind) else items
+    if origin is dict or kind is dict:
+        if not isinstance(data, dict):
+            raise _wrong(where, "an object", data)
+        return {k: from_json(args[1] if args else Any, v, f"{where}[{k!r}]") for k, v in data.items()}
+    if kind in _SCALARS:
+        if isinstance(data, bool) is (kind is bool) and isinstance(data, (int, float) if kind is float else kind):
+            return float(data) if kind is float else data
+        raise _wrong(where, _SCALARS[kind], data)
+    raise TypeError(f"{where}: {kind!r} has no wire form")
+
+
+def _read_fields(kind: type, data: Any, where: str) -> Any:
+    """A dataclass ``kind`` from its JSON object ``data`` (:func:`from_json`)."""
+    if not isinstance(data, dict):
+        raise _wrong(where, f"an object ({kind.__name__})", data)
+    hints = _HINTS.get(kind)
+    if hints is None:
+        hints = _HINTS[kind] = typing.get_type_hints(kind)
+    known = {f.name: f for f in fields(kind) if f.init}
+    unknown = [name for name in data if name not in known]
+    if unknown:
+        raise MessageError(f"{where}: unknown field {unknown[0]!r} ({kind.__name__}'s fields: {', '.join(known)})")
+    missing = [n for n, f in known.items() if n not in data and f.default is MISSING and f.default_factory is MISSING]
+    if missing:
+        raise MessageError(f"{where}: missing field {missing[0]!r} ({kind.__name__}'s fields: {', '.join(known)})")
+    return kind(**{name: from_json(hints[name], value, f"{where}.{name}") for name, value in data.items()})
+
+
+def _wrong(where: str, expected: str, data: Any) -> MessageError:
+    shown = repr(data)
+    return MessageError(f"{where}: expected {expected}, got {shown[:80] + ('...' if len(shown) > 80 else '')} "
+                        f"({type(data).__name__})")
+
+
+
 def _expand(path: str) -> str:
     return os.path.abspath(os.path.expanduser(path))
 
 
-def gpus(env: dict | None = None, timeout: float = 20.0) -> dict:
+def gpus(env: dict | None = None, timeout: float = 20.0) -> GpusReport:
     """The GPUs of this host as a process started with ``env`` (added to this environment) sees
-    them: ``{"visible": CUDA_VISIBLE_DEVICES or None, "gpus": [{"index", "uuid", "name",
-    "memory_mib"}, ...], "error": None or why nvidia-smi gave no list}``.  No nvidia-smi on the
-    PATH: no GPU and no error.  Self-contained (the Slurm preflight runs its source)."""
+    them: ``CUDA_VISIBLE_DEVICES`` (None: unset), nvidia-smi's list, and why nvidia-smi gave no
+    list (None: it gave one).  No nvidia-smi on the PATH: no GPU and no error.  Self-contained
+    with :class:`GpuEntry` and :class:`GpusReport` (the Slurm preflight runs their source)."""
     import os
     import shutil
     import subprocess
 
     merged = {**os.environ, **(env or {})}
-    out: dict = {"visible": merged.get("CUDA_VISIBLE_DEVICES"), "gpus": [], "error": None}
+    visible = merged.get("CUDA_VISIBLE_DEVICES")
     smi = shutil.which("nvidia-smi", path=merged.get("PATH"))
     if smi is None:
-        return out
+        return GpusReport(visible)
     try:
         proc = subprocess.run([smi, "--query-gpu=index,uuid,name,memory.total", "--format=csv,noheader,nounits"],
                                capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        out["error"] = f"{smi} did not answer within {timeout:g} s"
-        return out
+        return GpusReport(visible, error=f"{smi} did not answer within {timeout:g} s")
     except OSError as exc:
-        out["error"] = f"cannot run {smi}: {exc.strerror or exc}"
-        return out
+        return GpusReport(visible, error=f"cannot run {smi}: {exc.strerror or exc}")
     if proc.returncode != 0:
         said = [line.strip() for line in (proc.stderr + proc.stdout).splitlines() if line.strip()]
-        out["error"] = f"{smi} failed (exit {proc.returncode}): {said[0][:300] if said else 'no message'}"
-        return out
+        first = said[0][:300] if said else "no message"
+        return GpusReport(visible, error=f"{smi} failed (exit {proc.returncode}): {first}")
+    listed = []
     for line in proc.stdout.splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) < 4 or not parts[0].isdigit():
             continue
         memory = parts[-1]
-        out["gpus"].append({"index": int(parts[0]), "uuid": parts[1], "name": ",".join(parts[2:-1]).strip(),
-                            "memory_mib": int(memory) if memory.isdigit() else None})
-    return out
+        listed.append(GpuEntry(int(parts[0]), parts[1], ",".join(parts[2:-1]).strip(),
+                               int(memory) if memory.isdigit() else None))
+    return GpusReport(visible, listed)
 
 
 @dataclass(frozen=True)
 class GpuEntry:
-    """One GPU of :func:`gpus`'s report (``index`` as nvidia-smi numbers it, as text)."""
+    """One GPU of :func:`gpus`'s report: its index as nvidia-smi numbers it, uuid, name and memory."""
 
-    index: str
+    index: int
     uuid: str = ""
     name: str = ""
     memory_mib: int | None = None
@@ -138,28 +239,13 @@ class GpuEntry:
 
 @dataclass(frozen=True)
 class GpusReport:
-    """:func:`gpus`'s report, read (:meth:`from_json`) from its dict: ``{"visible", "gpus":
-    [{"index", "uuid", "name", "memory_mib"}, ...], "error"}``; a missing or malformed field
-    reads as nothing found (no report at all: no GPU)."""
+    """:func:`gpus`'s report: ``visible``, the ``CUDA_VISIBLE_DEVICES`` a process gets (None:
+    unset); ``gpus``, what nvidia-smi lists; ``error``, why nvidia-smi gave no list (None: it
+    gave one, or there is no nvidia-smi: a CPU host)."""
 
     visible: str | None = None
-    gpus: tuple[GpuEntry, ...] = ()
+    gpus: list[GpuEntry] = field(default_factory=list)
     error: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"visible": self.visible, "error": self.error,
-                "gpus": [{"index": int(g.index) if g.index.isdigit() else g.index, "uuid": g.uuid, "name": g.name,
-                          "memory_mib": g.memory_mib} for g in self.gpus]}
-
-    @classmethod
-    def from_json(cls, data: Any) -> GpusReport:
-        if not isinstance(data, dict):
-            return cls()
-        visible = data.get("visible")
-        listed = tuple(GpuEntry(str(g.get("index")), str(g.get("uuid") or ""), str(g.get("name") or ""),
-                                g.get("memory_mib") if isinstance(g.get("memory_mib"), int) else None)
-                       for g in data.get("gpus") or () if isinstance(g, dict))
-        return cls(visible if isinstance(visible, str) else None, listed, str(data.get("error") or "") or None)
 
 
 def command_problem(workdir: str, kind: str, word: str, env: dict | None = None) -> str | None:
@@ -198,35 +284,32 @@ def command_problem(workdir: str, kind: str, word: str, env: dict | None = None)
 @dataclass(frozen=True)
 class NodeCheck:
     """One Slurm node's preflight answer, a line of the preflight step's stdout (:meth:`to_line`):
-    ``MXDIST-CHECK {"node", "errors", "gpus"}``: the node (its ``SLURMD_NODENAME``), what is
-    wrong there, and :func:`gpus`'s report.  Self-contained (the Slurm preflight runs its source);
-    :meth:`from_line` is None for any other line."""
+    ``MXDIST-CHECK`` and the JSON of the node (its ``SLURMD_NODENAME``), what is wrong there, and
+    :func:`gpus`'s report.  Self-contained with :func:`to_json` (the Slurm preflight runs its
+    source); :meth:`from_line` is None for any other line, :class:`MessageError` for a check line
+    that does not read."""
 
     node: str | None
     errors: list[str]
-    gpus: dict
+    gpus: GpusReport
+
+    MARK: ClassVar[str] = "MXDIST-CHECK"
 
     def to_line(self) -> str:
         import json
 
-        return "MXDIST-CHECK " + json.dumps({"node": self.node, "errors": self.errors, "gpus": self.gpus})
+        return f"{self.MARK} {json.dumps(to_json(self))}"
 
     @classmethod
     def from_line(cls, line: str) -> NodeCheck | None:
-        import json
-
         mark, _, text = line.partition(" ")
-        if mark != "MXDIST-CHECK":
+        if mark != cls.MARK:
             return None
         try:
             data = json.loads(text)
         except ValueError:
-            return None
-        if not isinstance(data, dict):
-            return None
-        node = data.get("node")
-        return cls(node if isinstance(node, str) else None, [str(e) for e in data.get("errors") or []],
-                   dict(data.get("gpus") or {}))
+            raise MessageError(f"a node's preflight answer is no JSON: {text[:80]!r}") from None
+        return from_json(cls, data, "NodeCheck")
 
 
 #: finds modules as an import would, without running them: argv[1] is JSON, ``[[path0, [module,
@@ -273,7 +356,7 @@ def missing_modules(workdir: str, groups: list[tuple[str, list[str]]], env: dict
 _IMPORTS_PSNODE = re.compile(r"^\s*(?:import\s[^\n#]*\bpsnode\b|from\s+psnode\b)", re.MULTILINE)
 
 
-def check(workdir: str, modules: list[str], env: dict | None = None, target: list | None = None) -> dict:
+def check(workdir: str, modules: list[str], env: dict | None = None, target: list | None = None) -> CheckReply:
     """Preflight: Python version, the workdir, whether ``modules`` import with ``env`` from
     there as the job's processes import them, whether the job's command (``target``: ``[kind,
     word]``, :func:`command_problem`) is there, and the GPUs a process with ``env`` sees there
@@ -283,15 +366,15 @@ def check(workdir: str, modules: list[str], env: dict | None = None, target: lis
     there, with it on the path); a ``.py`` script that imports psnode must also import it from the
     script's own folder (``python dir/script.py`` puts that folder, not ``workdir``, on its path).
     ``missing``: ``{module: why}`` for every module that does not import (one error names them)."""
-    out: dict = {"python": sys.version.split()[0], "executable": sys.executable, "errors": [],
-                 "gpus": gpus(env), "missing": {}}
+    errors: list[str] = []
+    out = CheckReply(sys.version.split()[0], sys.executable, errors, gpus(env), {})
     workdir = _expand(workdir)
     if not os.path.isdir(workdir):
-        out["errors"].append(f"working directory {workdir} does not exist")
+        errors.append(f"working directory {workdir} does not exist")
         return out
     problem = command_problem(workdir, target[0], target[1], env) if target else None
     if problem:
-        out["errors"].append(problem)
+        errors.append(problem)
     folder, word = None, ""   # the script's folder, when psnode must import from there too
     if target and target[0] == "script" and not problem and "psnode" in modules:
         word = target[1]
@@ -309,13 +392,13 @@ def check(workdir: str, modules: list[str], env: dict | None = None, target: lis
     missing = found[0] if modules else {}
     if missing:
         first = next(iter(missing.values()))
-        out["errors"].append(f"{sys.executable} cannot import {', '.join(missing)} in {workdir}: {first}")
+        errors.append(f"{sys.executable} cannot import {', '.join(missing)} in {workdir}: {first}")
     elif folder and found[-1]:
         missing = found[-1]
-        out["errors"].append(
+        errors.append(
             f"{sys.executable} cannot import psnode from {word}'s folder {folder} "
             f"(python puts the script's folder on its path, not {workdir}): {missing['psnode']}")
-    out["missing"] = missing
+    out.missing.update(missing)
     return out
 
 
@@ -368,12 +451,11 @@ def with_exit_guard(env: dict, guard: str | None) -> dict:
 ANNOUNCE_WAIT = 60.0
 
 
-def spawn(workdir: str, run_dir: str, python: str, procs: list[dict]) -> list[dict]:
-    """Start each ``{"name", "argv", "env", "failure", "error_file", "announce"}`` under a reaper
-    (``failure``: where it writes its failure record, ``error_file``: its torch elastic error
-    file; stale ones are removed); return ``{"name", "pid", "log", "rc", "offset", "address"}``
-    (``offset``: the log's size before the process started, where its output begins).  Every
-    process gets psnode's exit guard first on its ``PYTHONPATH`` (:func:`exit_guard_dir`).
+def spawn(workdir: str, run_dir: str, python: str, procs: list[SpawnItem]) -> list[Spawned]:
+    """Start each process of ``procs`` under a reaper (stale files of its ``failure`` record and
+    ``error_file`` are removed first); the processes started, each with ``offset``, the log's size
+    before it started (where its output begins).  Every process gets psnode's exit guard first
+    on its ``PYTHONPATH`` (:func:`exit_guard_dir`).
 
     ``announce``: the file where the process writes the ``host:port`` it bound (a scheduler,
     ``PSNODE_ADDRESS_FILE``); once all are started, each is waited for (until it is written, the
@@ -382,17 +464,16 @@ def spawn(workdir: str, run_dir: str, python: str, procs: list[dict]) -> list[di
     workdir = _expand(workdir)
     guard = exit_guard_dir()
     started = []
-    waits = []
     for spec in procs:
-        log = os.path.join(run_dir, spec["name"] + ".log")
-        rc = os.path.join(run_dir, spec["name"] + ".rc")
-        announce = _expand(spec["announce"]) if spec.get("announce") else None
-        for stale in (rc, rc + ".tmp", _expand(spec["failure"]), *([announce] if announce else []),
-                      *([_expand(spec["error_file"])] if spec.get("error_file") else [])):
+        log = os.path.join(run_dir, spec.name + ".log")
+        rc = os.path.join(run_dir, spec.name + ".rc")
+        announce = _expand(spec.announce) if spec.announce else None
+        for stale in (rc, rc + ".tmp", _expand(spec.failure), *([announce] if announce else []),
+                      *([_expand(spec.error_file)] if spec.error_file else [])):
             if os.path.exists(stale):
                 os.unlink(stale)
         env = dict(os.environ)
-        env.update(spec["env"])
+        env.update(spec.env)
         for name in _HOST_PATHS:
             if env.get(name, "").startswith("~"):
                 env[name] = _expand(env[name])
@@ -401,18 +482,14 @@ def spawn(workdir: str, run_dir: str, python: str, procs: list[dict]) -> list[di
         offset = os.fstat(fd).st_size
         with os.fdopen(fd, "ab") as out, open(os.devnull, "rb") as devnull:
             proc = subprocess.Popen(
-                [python, "-S", "-c", REAPER, rc, "--", *spec["argv"]],   # (-S: the reaper needs no site-packages)
+                [python, "-S", "-c", REAPER, rc, "--", *spec.argv],   # (-S: the reaper needs no site-packages)
                 cwd=workdir, env=env, stdin=devnull, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True, close_fds=True,
             )
-        started.append({"name": spec["name"], "pid": proc.pid, "log": log, "rc": rc, "offset": offset,
-                        "address": None})
-        if announce:
-            waits.append((started[-1], proc, announce))
+        started.append((Spawned(spec.name, proc.pid, log, rc, offset), proc, announce))
     deadline = time.monotonic() + ANNOUNCE_WAIT
-    for entry, proc, path in waits:
-        entry["address"] = _announced(path, proc, deadline)
-    return started
+    return [replace(entry, address=_announced(path, proc, deadline)) if path else entry
+            for entry, proc, path in started]
 
 
 def _announced(path: str, proc: subprocess.Popen, deadline: float) -> str | None:
@@ -505,27 +582,24 @@ def _json_file(path: str) -> tuple[dict | None, float | None]:
     return (data, written) if isinstance(data, dict) else (None, None)
 
 
-def collect(procs: list[dict]) -> list[dict]:
-    """For ``{"name", "rc", "log", "failure", "error_file"}`` items (``failure``: the path of its
-    failure record; ``error_file``: of its torch elastic error file, optional): ``{"rc",
-    "rc_time", "failure", "exception", "error_file", "error_time"}`` (``error_file``: that file's
-    JSON object, ``error_time`` its modification time)."""
+def collect(procs: list[CollectItem]) -> list[Collected]:
+    """What each process of ``procs`` left: its exit status and when it was written, its failure
+    record, the last exception of its log, its torch elastic error file and when that was written."""
     out = []
     for p in procs:
-        rc_file = _expand(p["rc"]) if p.get("rc") else ""
+        rc_file = _expand(p.rc) if p.rc else ""
         try:
             rc_time = os.stat(rc_file).st_mtime if rc_file else None
         except OSError:
             rc_time = None
-        failure, _ = _json_file(p["failure"])
-        error, error_time = _json_file(p["error_file"]) if p.get("error_file") else (None, None)
-        out.append({"rc": read_rc(rc_file) if rc_file else None, "rc_time": rc_time, "failure": failure,
-                    "exception": last_exception(p["log"]) if p.get("log") else None,
-                    "error_file": error, "error_time": error_time})
+        failure, _ = _json_file(p.failure)
+        error, error_time = _json_file(p.error_file) if p.error_file else (None, None)
+        out.append(Collected(read_rc(rc_file) if rc_file else None, rc_time, failure,
+                             last_exception(p.log) if p.log else None, error, error_time))
     return out
 
 
-def cleanup(run_dir: str, job_id: str, remove_dir: bool) -> dict:
+def cleanup(run_dir: str, job_id: str, remove_dir: bool) -> CleanupReply:
     """Remove the job's key file, the run directory (``remove_dir``: only a directory named
     after the job), and ``/dev/shm/psnode.<job_id>.*``; report what could not be removed."""
     failed = []
@@ -545,28 +619,27 @@ def cleanup(run_dir: str, job_id: str, remove_dir: bool) -> dict:
             if not isinstance(exc[1], FileNotFoundError):   # gone already: another host sharing
                 failed.append(f"{path}: {exc[1]}")         # this filesystem removed it first
         shutil.rmtree(run_dir, onerror=note)
-    return {"failed": failed}
+    return CleanupReply(failed)
 
 
-def read_files(directory: str, suffix: str, limit: int) -> dict:
-    """The files ``<directory>/*<suffix>`` (not below it): ``{"files": {name: text}, "left":
-    [names not read: ``limit`` bytes in all were read, or unreadable]}``; a missing directory
-    has none."""
-    out: dict = {"files": {}, "left": []}
+def read_files(directory: str, suffix: str, limit: int) -> FilesReply:
+    """The files ``<directory>/*<suffix>`` (not below it): the text of each by name, and the
+    names not read (``limit`` bytes in all were read, or unreadable); a missing directory has none."""
+    out = FilesReply({}, [])
     budget = limit
     for path in sorted(glob.glob(os.path.join(glob.escape(_expand(directory)), "*" + glob.escape(suffix)))):
         name = os.path.basename(path)
         try:
             if os.path.getsize(path) > budget:
-                out["left"].append(name)
+                out.left.append(name)
                 continue
             with open(path, encoding="utf-8", errors="replace") as f:
                 text = f.read(budget)
         except OSError:
-            out["left"].append(name)
+            out.left.append(name)
             continue
         budget -= len(text.encode())
-        out["files"][name] = text
+        out.files[name] = text
     return out
 
 
@@ -602,13 +675,10 @@ def read_rc(rc_file: str) -> int | None:
         return None
 
 
-def status(procs: list[dict]) -> list[dict]:
-    """For ``{"pid", "rc"}`` items: ``{"alive": bool, "members": [...], "rc": int | None}``."""
-    members = group_members([p["pid"] for p in procs])
-    return [
-        {"alive": bool(members[p["pid"]]), "members": members[p["pid"]], "rc": read_rc(p["rc"])}
-        for p in procs
-    ]
+def status(procs: list[ProcRef]) -> list[Liveness]:
+    """Whether each process's group has a live member, its members, and its recorded exit status."""
+    members = group_members([p.pid for p in procs])
+    return [Liveness(bool(members[p.pid]), members[p.pid], read_rc(p.rc)) for p in procs]
 
 
 def signal_groups(pgids: list[int], signum: int) -> None:
@@ -617,7 +687,7 @@ def signal_groups(pgids: list[int], signum: int) -> None:
             os.killpg(pgid, signum)
 
 
-def stop(pgids: list[int], grace: float) -> dict:
+def stop(pgids: list[int], grace: float) -> StopReply:
     """TERM every group, wait up to ``grace`` s, KILL what is left; report what survived."""
     live = [g for g, m in group_members(pgids).items() if m]
     signal_groups(live, signal.SIGTERM)
@@ -634,14 +704,14 @@ def stop(pgids: list[int], grace: float) -> dict:
         if not left:
             break
         time.sleep(0.1)
-    return {"killed": killed, "left": {str(g): m for g, m in left.items()}}
+    return StopReply(killed, {str(g): m for g, m in left.items()})
 
 
 def follow(log: str, rc_file: str, pid: int, offset: int, wait: bool,
-           emit: Callable[[bytes], None], poll: float = 0.05, idle_poll: float = 0.25) -> dict:
+           emit: Callable[[bytes], None], poll: float = 0.05, idle_poll: float = 0.25) -> FollowReply:
     """Copy ``log`` from ``offset`` to ``emit``; with ``wait`` keep going until the process ends.
 
-    Returns ``{"rc": int | None, "offset": int}``: ``rc`` None means the process is gone without
+    Returns the exit status and the offset reached: ``rc`` None means the process is gone without
     a recorded status (killed with its reaper) or, without ``wait``, still running.
 
     While the log is quiet it is read less often (every ``poll`` seconds, up to ``idle_poll``):
@@ -680,7 +750,7 @@ def follow(log: str, rc_file: str, pid: int, offset: int, wait: bool,
                 if rest:
                     offset += len(rest)
                     emit(rest)
-                return {"rc": read_rc(rc_file), "offset": offset}
+                return FollowReply(read_rc(rc_file), offset)
             if ended is not None:
                 select.select([ended], [], [], pause)
             else:
@@ -691,51 +761,58 @@ def follow(log: str, rc_file: str, pid: int, offset: int, wait: bool,
             os.close(ended)
         if handle:
             handle.close()
-    return {"rc": rc, "offset": offset}
+    return FollowReply(rc, offset)
 
 
-# -- messages: every request and its reply, typed, for both ends ------------------------------
+# -- messages: every request and its reply, typed once, for both ends ---------------------------
 
 R = TypeVar("R")
 
 
 class AgentRequest(Generic[R]):
-    """A request to the agent, whose reply reads as ``R``.  Its wire form (:meth:`to_json`,
-    :meth:`from_json`) is ``{"op": op, FIELD: value, ...}``, the fields as the operation's
-    function takes them; :meth:`run` answers it on the host (the JSON result) and :meth:`reply`
-    reads that result on the launcher's side.  A subclass quotes a ``list[...]`` reply type (a base
-    class is evaluated: a host's older Python still reads this file and says what it lacks)."""
+    """A request to the agent, whose reply is an ``R`` (the subclass's type argument).  Its wire
+    form is ``{"op": op, FIELD: value, ...}`` (:meth:`to_json`, :meth:`from_json`), its reply's
+    :func:`to_json`; :meth:`run` answers it on the host and :meth:`reply` reads that answer's
+    wire form on the launcher's side.  Fields are read and written by :func:`to_json` and
+    :func:`from_json` from the dataclass alone: each is spelled once."""
 
     op: ClassVar[str]
 
     def to_json(self) -> dict[str, Any]:
-        return {"op": self.op, **asdict(cast(Any, self))}
+        return {"op": self.op, **to_json(self)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> AgentRequest[R]:
-        return cast(Any, cls)(**{f.name: data[f.name] for f in fields(cast(Any, cls)) if f.name in data})
+        """The request of ``data`` (``op`` is its class's); :class:`MessageError` if it does not read."""
+        return from_json(cls, {k: v for k, v in data.items() if k != "op"}, cls.op)
 
-    def run(self, emit: Callable[[bytes], None] | None = None) -> Any:
+    @classmethod
+    def reply_type(cls) -> Any:
+        """``R``: the type its reply reads as."""
+        for base in getattr(cls, "__orig_bases__", ()):
+            if typing.get_origin(base) is AgentRequest:
+                return typing.get_args(base)[0]
+        raise TypeError(f"{cls.__name__} names no reply type")
+
+    def run(self, emit: Callable[[bytes], None] | None = None) -> R:
         raise NotImplementedError
 
     def reply(self, result: Any) -> R:
-        raise NotImplementedError
+        """The reply whose wire form is ``result``; :class:`MessageError` if it does not read."""
+        return from_json(self.reply_type(), result, f"the {self.op} reply")
 
 
 @dataclass(frozen=True)
 class CheckReply:
-    """:func:`check`'s answer: ``gpus`` is :func:`gpus`'s report (read by :func:`mxdist.backends.base.host_gpus`)."""
+    """:func:`check`'s answer: the Python's version and path, what is wrong (for the job's
+    processes), the GPUs (read by :func:`mxdist.backends.base.host_gpus`), and ``{module: why}``
+    for each module that does not import."""
 
     python: str
     executable: str
     errors: list[str]
-    gpus: dict[str, Any]
+    gpus: GpusReport
     missing: dict[str, str]
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CheckReply:
-        return cls(str(data["python"]), str(data["executable"]), list(data["errors"]), dict(data["gpus"] or {}),
-                   dict(data["missing"] or {}))
 
 
 @dataclass(frozen=True)
@@ -746,25 +823,19 @@ class CheckRequest(AgentRequest[CheckReply]):
     env: dict[str, str] | None = None
     target: list[str] | None = None    # [kind, word] (:func:`command_problem`)
 
-    def run(self, emit: Callable[[bytes], None] | None = None) -> Any:
+    def run(self, emit: Callable[[bytes], None] | None = None) -> CheckReply:
         return check(self.workdir, self.modules, self.env, self.target)
-
-    def reply(self, result: Any) -> CheckReply:
-        return CheckReply.from_json(result)
 
 
 @dataclass(frozen=True)
-class GpusRequest(AgentRequest[dict]):
+class GpusRequest(AgentRequest[GpusReport]):
     """:func:`gpus`; its report is read by :func:`mxdist.backends.base.host_gpus`."""
 
     op: ClassVar[str] = "gpus"
     env: dict[str, str] | None = None
 
-    def run(self, emit: Callable[[bytes], None] | None = None) -> Any:
+    def run(self, emit: Callable[[bytes], None] | None = None) -> GpusReport:
         return gpus(self.env)
-
-    def reply(self, result: Any) -> dict:
-        return dict(result)
 
 
 @dataclass(frozen=True)
@@ -778,11 +849,6 @@ class SpawnItem:
     failure: str
     error_file: str | None = None
     announce: str | None = None      # where it writes the address it bound (waited for; :func:`spawn`)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> SpawnItem:
-        return cls(data["name"], list(data["argv"]), dict(data["env"]), data["failure"], data.get("error_file"),
-                   data.get("announce"))
 
 
 @dataclass(frozen=True)
@@ -798,29 +864,17 @@ class Spawned:
     offset: int = 0
     address: str | None = None
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Spawned:
-        return cls(str(data["name"]), int(data["pid"]), str(data["log"]), str(data["rc"]), int(data.get("offset", 0)),
-                   data.get("address"))
-
 
 @dataclass(frozen=True)
-class SpawnRequest(AgentRequest["list[Spawned]"]):
+class SpawnRequest(AgentRequest[list[Spawned]]):
     op: ClassVar[str] = "spawn"
     workdir: str
     run_dir: str
     python: str
     procs: list[SpawnItem]
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> SpawnRequest:
-        return cls(data["workdir"], data["run_dir"], data["python"], [SpawnItem.from_json(p) for p in data["procs"]])
-
-    def run(self, emit: Callable[[bytes], None] | None = None) -> Any:
-        return spawn(self.workdir, self.run_dir, self.python, [asdict(p) for p in self.procs])
-
-    def reply(self, result: Any) -> list[Spawned]:
-        return [Spawned.from_json(s) for s in result]
+    def run(self, emit: Callable[[bytes], None] | None = None) -> list[Spawned]:
+        return spawn(self.workdir, self.run_dir, self.python, self.procs)
 
 
 @dataclass(frozen=True)
@@ -829,10 +883,6 @@ class FollowReply:
 
     rc: int | None
     offset: int
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> FollowReply:
-        return cls(data["rc"], int(data["offset"]))
 
 
 @dataclass(frozen=True)
@@ -846,11 +896,8 @@ class FollowRequest(AgentRequest[FollowReply]):
     offset: int
     wait: bool
 
-    def run(self, emit: Callable[[bytes], None] | None = None) -> Any:
+    def run(self, emit: Callable[[bytes], None] | None = None) -> FollowReply:
         return follow(self.log, self.rc_file, self.pid, self.offset, self.wait, emit or (lambda data: None))
-
-    def reply(self, result: Any) -> FollowReply:
-        return FollowReply.from_json(result)
 
 
 @dataclass(frozen=True)
@@ -869,25 +916,14 @@ class Liveness:
     members: list[int]
     rc: int | None
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Liveness:
-        return cls(bool(data["alive"]), [int(m) for m in data["members"]], data["rc"])
-
 
 @dataclass(frozen=True)
-class StatusRequest(AgentRequest["list[Liveness]"]):
+class StatusRequest(AgentRequest[list[Liveness]]):
     op: ClassVar[str] = "status"
     procs: list[ProcRef]
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> StatusRequest:
-        return cls([ProcRef(int(p["pid"]), p["rc"]) for p in data["procs"]])
-
-    def run(self, emit: Callable[[bytes], None] | None = None) -> Any:
-        return status([asdict(p) for p in self.procs])
-
-    def reply(self, result: Any) -> list[Liveness]:
-        return [Liveness.from_json(i) for i in result]
+    def run(self, emit: Callable[[bytes], None] | None = None) -> list[Liveness]:
+        return status(self.procs)
 
 
 @dataclass(frozen=True)
@@ -897,10 +933,6 @@ class StopReply:
 
     killed: list[int]
     left: dict[str, list[int]]
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> StopReply:
-        return cls([int(g) for g in data["killed"]], {str(g): [int(p) for p in m] for g, m in data["left"].items()})
 
     def survivors(self) -> list[int]:
         """Every pid still alive, sorted."""
@@ -913,11 +945,8 @@ class StopGroupsRequest(AgentRequest[StopReply]):
     pgids: list[int]
     grace: float
 
-    def run(self, emit: Callable[[bytes], None] | None = None) -> Any:
+    def run(self, emit: Callable[[bytes], None] | None = None) -> StopReply:
         return stop(self.pgids, self.grace)
-
-    def reply(self, result: Any) -> StopReply:
-        return StopReply.from_json(result)
 
 
 @dataclass(frozen=True)
@@ -926,11 +955,8 @@ class SignalRequest(AgentRequest[None]):
     pgids: list[int]
     signum: int
 
-    def run(self, emit: Callable[[bytes], None] | None = None) -> Any:
-        return signal_groups(self.pgids, self.signum)
-
-    def reply(self, result: Any) -> None:
-        return None
+    def run(self, emit: Callable[[bytes], None] | None = None) -> None:
+        signal_groups(self.pgids, self.signum)
 
 
 @dataclass(frozen=True)
@@ -941,25 +967,19 @@ class PutKeyRequest(AgentRequest[str]):
     run_dir: str
     key: str
 
-    def run(self, emit: Callable[[bytes], None] | None = None) -> Any:
+    def run(self, emit: Callable[[bytes], None] | None = None) -> str:
         return put_key(self.run_dir, self.key)
-
-    def reply(self, result: Any) -> str:
-        return str(result)
 
 
 @dataclass(frozen=True)
-class RemoveFilesRequest(AgentRequest["list[str]"]):
+class RemoveFilesRequest(AgentRequest[list[str]]):
     """:func:`remove_files`; the reply lists those that could not be removed."""
 
     op: ClassVar[str] = "remove_files"
     paths: list[str]
 
-    def run(self, emit: Callable[[bytes], None] | None = None) -> Any:
+    def run(self, emit: Callable[[bytes], None] | None = None) -> list[str]:
         return remove_files(self.paths)
-
-    def reply(self, result: Any) -> list[str]:
-        return [str(p) for p in result]
 
 
 @dataclass(frozen=True)
@@ -973,10 +993,6 @@ class CollectItem:
     failure: str
     error_file: str | None = None
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CollectItem:
-        return cls(data["name"], data["rc"], data["log"], data["failure"], data.get("error_file"))
-
 
 @dataclass(frozen=True)
 class Collected:
@@ -988,29 +1004,17 @@ class Collected:
     rc_time: float | None
     failure: dict[str, Any] | None
     exception: str | None
-    error_file: dict[str, Any] | None
-    error_time: float | None
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Collected:
-        return cls(data["rc"], data["rc_time"], data["failure"], data["exception"], data.get("error_file"),
-                   data.get("error_time"))
+    error_file: dict[str, Any] | None = None
+    error_time: float | None = None
 
 
 @dataclass(frozen=True)
-class CollectRequest(AgentRequest["list[Collected]"]):
+class CollectRequest(AgentRequest[list[Collected]]):
     op: ClassVar[str] = "collect"
     procs: list[CollectItem]
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CollectRequest:
-        return cls([CollectItem.from_json(p) for p in data["procs"]])
-
-    def run(self, emit: Callable[[bytes], None] | None = None) -> Any:
-        return collect([asdict(p) for p in self.procs])
-
-    def reply(self, result: Any) -> list[Collected]:
-        return [Collected.from_json(i) for i in result]
+    def run(self, emit: Callable[[bytes], None] | None = None) -> list[Collected]:
+        return collect(self.procs)
 
 
 @dataclass(frozen=True)
@@ -1018,10 +1022,6 @@ class CleanupReply:
     """:func:`cleanup`'s answer: ``PATH: why`` for each thing that could not be removed."""
 
     failed: list[str]
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CleanupReply:
-        return cls([str(f) for f in data["failed"]])
 
 
 @dataclass(frozen=True)
@@ -1031,11 +1031,8 @@ class CleanupRequest(AgentRequest[CleanupReply]):
     job_id: str
     remove_dir: bool
 
-    def run(self, emit: Callable[[bytes], None] | None = None) -> Any:
+    def run(self, emit: Callable[[bytes], None] | None = None) -> CleanupReply:
         return cleanup(self.run_dir, self.job_id, self.remove_dir)
-
-    def reply(self, result: Any) -> CleanupReply:
-        return CleanupReply.from_json(result)
 
 
 @dataclass(frozen=True)
@@ -1045,10 +1042,6 @@ class FilesReply:
     files: dict[str, str]
     left: list[str]
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> FilesReply:
-        return cls({str(k): str(v) for k, v in data["files"].items()}, [str(n) for n in data["left"]])
-
 
 @dataclass(frozen=True)
 class ReadFilesRequest(AgentRequest[FilesReply]):
@@ -1057,26 +1050,18 @@ class ReadFilesRequest(AgentRequest[FilesReply]):
     suffix: str
     limit: int
 
-    def run(self, emit: Callable[[bytes], None] | None = None) -> Any:
+    def run(self, emit: Callable[[bytes], None] | None = None) -> FilesReply:
         return read_files(self.directory, self.suffix, self.limit)
-
-    def reply(self, result: Any) -> FilesReply:
-        return FilesReply.from_json(result)
 
 
 @dataclass(frozen=True)
 class Answer:
-    """The agent's answer to one request on the wire: ``{"result": ...}`` or ``{"error": text}``."""
+    """The agent's answer to one request on the wire: its reply's wire form in ``result``, or
+    ``error``, why it failed (the other is None).  Self-contained with :func:`to_json` (a follow
+    runs its source)."""
 
     result: Any = None
     error: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"error": self.error} if self.error is not None else {"result": self.result}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Answer:
-        return cls(error=str(data["error"])) if "error" in data else cls(result=data["result"])
 
 
 REQUESTS: dict[str, type[AgentRequest[Any]]] = {c.op: c for c in (
@@ -1089,21 +1074,22 @@ BOOT = 'import sys;_i=sys.stdin.buffer;exec(compile(_i.read(int(_i.readline())),
 
 
 def request_from_json(data: dict[str, Any]) -> AgentRequest[Any]:
-    """The request ``data`` (its wire form) asks for; ValueError for an unknown operation."""
+    """The request ``data`` (its wire form) asks for; MessageError (a ValueError) for an unknown
+    operation or a field that does not read."""
     kind = REQUESTS.get(str(data.get("op")))
     if kind is None:
-        raise ValueError(f"unknown operation {data.get('op')!r}")
+        raise MessageError(f"unknown operation {data.get('op')!r} (the agent answers {', '.join(REQUESTS)})")
     return kind.from_json(data)
 
 
 def answer(request: AgentRequest[R], emit: Callable[[bytes], None] | None = None) -> R:
-    """Answer ``request`` here (what the local backends call), read as its reply."""
-    return request.reply(request.run(emit))
+    """Answer ``request`` here (what the local backends call): its reply, without a wire between."""
+    return request.run(emit)
 
 
 def _main(data: dict) -> int:
-    """Entry point when run once remotely: one operation (its wire form), JSON answer on
-    stderr's last line."""
+    """Entry point when run once remotely: one operation (its wire form), its :class:`Answer` as
+    JSON on stderr's last line."""
     request = request_from_json(data)
     if isinstance(request, FollowRequest):
         out = sys.stdout.buffer
@@ -1115,7 +1101,7 @@ def _main(data: dict) -> int:
         result = request.run(emit)
     else:
         result = request.run()
-    sys.stderr.write("\n" + json.dumps(Answer(result=result).to_json()) + "\n")
+    sys.stderr.write("\n" + json.dumps(to_json(Answer(to_json(result)))) + "\n")
     sys.stderr.flush()
     return 0
 
@@ -1132,12 +1118,14 @@ def serve() -> int:
         try:
             data = json.loads(line)
             if data.get("op") not in SERVED:
-                raise ValueError(f"{data.get('op')!r} is not served")
-            reply = Answer(result=request_from_json(data).run())
+                raise MessageError(f"{data.get('op')!r} is not served")
+            reply = Answer(to_json(request_from_json(data).run()))
+        except MessageError as exc:
+            reply = Answer(error=f"MessageError: {exc}")
         except Exception:  # noqa: BLE001 - the launcher reports it per host
             import traceback
 
             reply = Answer(error=traceback.format_exc())
-        replies.write(json.dumps(reply.to_json()).encode() + b"\n")
+        replies.write(json.dumps(to_json(reply)).encode() + b"\n")
         replies.flush()
     return 0

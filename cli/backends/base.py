@@ -29,6 +29,7 @@ Backends are constructed from plain JSON-able options (:meth:`Backend.options`) 
 """
 from __future__ import annotations
 
+import os
 import signal as _signal
 import threading
 import time
@@ -99,18 +100,35 @@ class Preflight:
     gpus: dict[str, HostGpus] = field(default_factory=dict)
 
 
-def host_gpus(report: Mapping[str, Any] | None) -> HostGpus:
+def host_gpus(report: agent.GpusReport | None) -> HostGpus:
     """A host's GPUs (planning's :class:`~mxdist.planning.gpus.HostGpus`) from the host agent's report
-    (:func:`mxdist.backends.agent.gpus`'s dict, read as :class:`mxdist.backends.agent.GpusReport`: missing
-    fields, nothing found).  The agent's wire stops here: planning reads values, never the report."""
-    read = agent.GpusReport.from_json(dict(report) if isinstance(report, Mapping) else None)
-    listed = tuple(Gpu(g.index, g.name, g.memory_mib) for g in read.gpus)
-    problem, visible = read.error, read.visible
-    if isinstance(visible, str):
-        return HostGpus(parse_visible(visible), GpuSource.ENV, listed, problem)
+    (:func:`mxdist.backends.agent.gpus`; None: no report, no GPU).  The agent's wire stops here:
+    planning reads values, never the report."""
+    if report is None:
+        return HostGpus()
+    listed = tuple(Gpu(str(g.index), g.name, g.memory_mib) for g in report.gpus)
+    if report.visible is not None:
+        return HostGpus(parse_visible(report.visible), GpuSource.ENV, listed, report.error)
     if listed:
-        return HostGpus(tuple(g.index for g in listed), GpuSource.SMI, listed, problem)
-    return HostGpus(problem=problem)
+        return HostGpus(tuple(g.index for g in listed), GpuSource.SMI, listed, report.error)
+    return HostGpus(problem=report.error)
+
+
+def this_machine_gpus(env: Mapping[str, str]) -> HostGpus:
+    """The GPUs a process started on this machine with ``env`` (added to this environment) sees:
+    the hosts of a backend whose processes run here (:attr:`Capability.THIS_MACHINE`), known
+    without a preflight."""
+    return host_gpus(agent.answer(agent.GpusRequest(dict(env))))
+
+
+def log_exception(log: str, since: int) -> str | None:
+    """``Type: message`` of the last Python traceback (or argparse error) that the log ``log``
+    on this machine shows after its byte ``since`` (its last 16 KiB at most); None without one."""
+    try:
+        size = os.path.getsize(log) - since
+    except OSError:
+        return None
+    return agent.last_exception(log, min(size, 16384)) if size > 0 else None
 
 
 @dataclass(frozen=True)
@@ -120,23 +138,32 @@ class ProcStatus:
     code: int | None
 
 
-def run_files(run_dir: str, name: str) -> dict[str, str]:
-    """Where the process ``name`` leaves its failure record (``failure``) and its torch elastic
-    error file (``error_file``) in its host's ``run_dir``: the keyword arguments of the host
-    agent's :class:`~mxdist.backends.agent.SpawnItem` and :class:`~mxdist.backends.agent.CollectItem`."""
-    return {"failure": path_in(run_dir, name), "error_file": torch_path_in(run_dir, name)}
+@dataclass(frozen=True)
+class RunFiles:
+    """Where a process leaves its failure record (``failure``) and its torch elastic error file
+    (``error_file``) in its host's run directory (:func:`run_files`)."""
+
+    failure: str
+    error_file: str
+
+
+def run_files(run_dir: str, name: str) -> RunFiles:
+    """The run files of the process ``name`` in its host's ``run_dir``."""
+    return RunFiles(path_in(run_dir, name), torch_path_in(run_dir, name))
 
 
 def spawn_item(run_dir: str, name: str, argv: Sequence[str], env: Mapping[str, str]) -> agent.SpawnItem:
     """The host agent's spawn item for the process ``name`` (its files: :func:`run_files`; a
     scheduler's address file is waited for: ``PSNODE_ADDRESS_FILE``)."""
-    return agent.SpawnItem(name, list(argv), dict(env), **run_files(run_dir, name),
+    files = run_files(run_dir, name)
+    return agent.SpawnItem(name, list(argv), dict(env), files.failure, files.error_file,
                            announce=env.get("PSNODE_ADDRESS_FILE"))
 
 
 def collect_item(run_dir: str, proc: ProcRecord) -> agent.CollectItem:
     """The host agent's collect item for ``proc`` (its files: :func:`run_files`)."""
-    return agent.CollectItem(proc.name, proc.rc_file, proc.run_log, **run_files(run_dir, proc.name))
+    files = run_files(run_dir, proc.name)
+    return agent.CollectItem(proc.name, proc.rc_file, proc.run_log, files.failure, files.error_file)
 
 
 def started(spawned: list[agent.Spawned]) -> list[Started]:

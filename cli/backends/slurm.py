@@ -84,8 +84,10 @@ HOW_TO_ALLOCATE = (
 )
 
 _CHECK = (  # the working directory, the command, the imports and (mxdist.backends.agent.gpus) the GPUs, on each node
-    "from __future__ import annotations\nimport importlib.util,json,os,sys\nfrom dataclasses import dataclass\n"
-    + inspect.getsource(agent.gpus) + inspect.getsource(agent.command_problem) + inspect.getsource(agent.NodeCheck) +
+    "from __future__ import annotations\nimport importlib.util,json,os,sys\nfrom dataclasses import dataclass,field\n"
+    "from typing import ClassVar\n"
+    + "".join(inspect.getsource(o) for o in (agent.to_json, agent.gpus, agent.GpuEntry, agent.GpusReport,
+                                             agent.command_problem, agent.NodeCheck)) +
     "wd,target,mods,errs=sys.argv[1],json.loads(sys.argv[2]),sys.argv[3:],[]\n"
     "if os.path.realpath(os.getcwd())!=os.path.realpath(wd):\n"
     " errs.append('working directory %s does not exist on this node'%wd)\n"
@@ -313,7 +315,12 @@ class SlurmBackend:
         label = {h.name: h.label for h in hosts}
         gpus: dict[str, HostGpus] = {}
         for line in proc.stdout.splitlines():
-            if (item := agent.NodeCheck.from_line(line)) is not None and item.node is not None:
+            try:
+                item = agent.NodeCheck.from_line(line)
+            except agent.MessageError as exc:
+                return Preflight([HostProblem("slurm", f"a node's preflight answer does not read: {exc}",
+                                              "run the same mxdist on every node (--python)")])
+            if item is not None and item.node is not None:
                 reports[item.node] = item.errors
                 if item.node in label:
                     gpus[label[item.node]] = host_gpus(item.gpus)

@@ -83,8 +83,10 @@ _AGENT_SOURCE = Path(agent.__file__).read_text()
 #: what a follow runs on its host: the agent's follow and the functions it calls, not the whole
 #: agent.  One such Python per process streams that process's output while the job starts: the
 #: less each compiles, the less CPU it takes from the job's own processes
-_FOLLOW_SOURCE = "from __future__ import annotations\nimport json as _j, os, sys as _s, time\n\n" + "\n\n".join(
-    inspect.getsource(f) for f in (agent._expand, agent._stat, agent.read_rc, agent.follow))
+_FOLLOW_SOURCE = ("from __future__ import annotations\nimport json as _j, os, sys as _s, time\n"
+                  "from dataclasses import dataclass\n\n" + "\n\n".join(
+                      inspect.getsource(f) for f in (agent._expand, agent._stat, agent.read_rc, agent.to_json,
+                                                     agent.FollowReply, agent.Answer, agent.follow)))
 # paramiko logs a failed connection's traceback from its own thread; the user gets the problem
 # and its fix from explain() instead (without a handler, Python would print those records)
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -371,8 +373,29 @@ class SshBackend:
         if emit is None and request.op in agent.SERVED:
             served = self._claim(host)
             if served is not None:
-                return request.reply(self._ask(host, served, request.to_json(), timeout))
-        return request.reply(self._once(host, request.to_json(), emit, timeout))
+                return self._reply(host, request, self._ask(host, served, request, timeout))
+        return self._reply(host, request, self._once(host, request, emit, timeout))
+
+    @staticmethod
+    def _reply(host: Host, request: agent.AgentRequest[R], result: Any) -> R:
+        """``request``'s reply read from its wire form ``result`` (BackendError if it does not read)."""
+        try:
+            return request.reply(result)
+        except agent.MessageError as exc:
+            raise BackendError(f"{host.label}: the remote agent's answer does not read: {exc} (it runs the same "
+                               "source as this mxdist: is the remote Python the one given with --python?)") from None
+
+    @staticmethod
+    def _result(host: Host, answer: Any) -> Any:
+        """The result of the agent's :class:`~mxdist.backends.agent.Answer` ``answer`` (its wire form);
+        BackendError for an error or an answer that does not read."""
+        try:
+            read = agent.from_json(agent.Answer, answer, "the agent's answer")
+        except agent.MessageError as exc:
+            raise BackendError(f"{host.label}: the remote agent's answer does not read: {exc}") from None
+        if read.error is not None:
+            raise BackendError(f"{host.label}: remote agent failed: {read.error.strip()[-500:]}")
+        return read.result
 
     def _channel(self, host: Host) -> paramiko.Channel:
         transport = self._client(host).get_transport()
@@ -404,10 +427,10 @@ class SshBackend:
             raise
         return served
 
-    def _ask(self, host: Host, served: _ServingAgent, request: dict[str, Any], timeout: float | None) -> Any:
-        """One request to ``served`` (claimed by the caller, released here)."""
+    def _ask(self, host: Host, served: _ServingAgent, request: agent.AgentRequest[Any], timeout: float | None) -> Any:
+        """One request to ``served`` (claimed by the caller, released here); its reply's wire form."""
         try:
-            answer = served.call(request, timeout)
+            answer = served.call(request.to_json(), timeout)
         except TimeoutError:
             served.close()      # its answer would be the next request's
             raise BackendError(f"{host.label}: no answer within {timeout:.0f} s") from None
@@ -416,26 +439,24 @@ class SshBackend:
             raise _agent_failed(host, self.python, code, text) from None
         finally:
             served.busy.release()
-        if answer.error is not None:
-            raise BackendError(f"{host.label}: remote agent failed: {answer.error.strip()[-500:]}")
-        return answer.result
+        return self._result(host, answer)
 
-    def _once(self, host: Host, request: dict[str, Any], emit: Callable[[bytes], None] | None,
+    def _once(self, host: Host, request: agent.AgentRequest[Any], emit: Callable[[bytes], None] | None,
               timeout: float | None) -> Any:
-        """One agent operation on a channel of its own (``<python> -``)."""
+        """One agent operation on a channel of its own (``<python> -``); its reply's wire form."""
         chan = self._channel(host)
         try:
             chan.settimeout(timeout)
-            follow = request["op"] == agent.FollowRequest.op
+            follow = isinstance(request, agent.FollowRequest)
             # (a follow needs the standard library alone: -S spares it the site-packages' start-up)
             chan.exec_command(shlex.join([self.python, *(["-S"] if follow else []), "-"]))
             if follow:
-                args = {k: v for k, v in request.items() if k != "op"}
+                args = agent.to_json(request)     # (follow's parameters are the request's fields)
                 script = (f"{_FOLLOW_SOURCE}\n_o = _s.stdout.buffer\n"
                           f"_r = follow(**_j.loads({json.dumps(args)!r}), emit=lambda c: (_o.write(c), _o.flush()))\n"
-                          '_s.stderr.write("\\n" + _j.dumps({"result": _r}) + "\\n")\n')
+                          '_s.stderr.write("\\n" + _j.dumps(to_json(Answer(to_json(_r)))) + "\\n")\n')
             else:
-                call = f"_s.exit(_main(_j.loads({json.dumps(request)!r})))"
+                call = f"_s.exit(_main(_j.loads({json.dumps(request.to_json())!r})))"
                 script = f"{_AGENT_SOURCE}\nimport json as _j, sys as _s\n{call}\n"
             chan.sendall(script.encode())
             chan.shutdown_write()
@@ -459,7 +480,7 @@ class SshBackend:
         text = err.decode(errors="replace").strip()
         last = text.splitlines()[-1] if text else ""
         if last.startswith('{"result"'):
-            return agent.Answer.from_json(json.loads(last)).result
+            return self._result(host, json.loads(last))
         raise _agent_failed(host, self.python, code, text)
 
     # -- the Backend protocol -------------------------------------------------------------------
@@ -723,8 +744,8 @@ class _ServingAgent:
         chan = self._chan
         return chan is not None and (chan.closed or chan.eof_received or chan.exit_status_ready())
 
-    def call(self, request: dict[str, Any], timeout: float | None) -> agent.Answer:
-        """Send ``request`` (its wire form); the answer.  EOFError if the agent ended; TimeoutError
+    def call(self, request: dict[str, Any], timeout: float | None) -> Any:
+        """Send ``request`` (its wire form); the answer's wire form.  EOFError if the agent ended; TimeoutError
         after ``timeout``."""
         chan = self._chan
         if chan is None:
@@ -737,7 +758,7 @@ class _ServingAgent:
                 raise EOFError("the serving agent ended")
             self._pending += data
         line, _, self._pending = self._pending.partition(b"\n")
-        return agent.Answer.from_json(json.loads(line))
+        return json.loads(line)
 
     def exit(self, wait: float = 2.0) -> tuple[int, str]:
         """The exit status and stderr of an agent that ended (-1 if it did not say within ``wait``)."""

@@ -65,12 +65,9 @@ from collections.abc import Collection, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from psnode.files import write_atomic
-
-if TYPE_CHECKING:   # at run time this module needs the standard library only (module docstring)
-    from .rootcause import RootCause
 
 RECORD_VERSION = 2
 UNVERIFIED = "not verified (its host could not be reached)"   # a root cause's consequence (mxdist.job.rootcause)
@@ -233,6 +230,16 @@ class Elastic:
     discovery: str | None = None
 
 
+class Verdict(Protocol):
+    """What a record keeps of a verdict on a failed job's processes
+    (:class:`mxdist.job.rootcause.RootCause`): its recorded form and the failures it caused."""
+
+    @property
+    def consequences(self) -> tuple[str, ...]: ...
+
+    def recorded(self) -> Cause: ...
+
+
 @dataclass(frozen=True)
 class JobOutcome:
     """How a job ended, for :meth:`JobRecord.finish`: its final state and exit code, the hosts
@@ -244,7 +251,7 @@ class JobOutcome:
     exit_code: int
     unverified: Mapping[str, str] = field(default_factory=dict)
     stopped_by: str | None = None
-    cause: RootCause | None = None
+    cause: Verdict | None = None
     headline: str | None = None
     ended: float | None = None
     supervisor_lost: bool = False      # the supervisor was gone before the end

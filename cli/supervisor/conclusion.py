@@ -23,7 +23,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from psnode import launcher as door
 from psnode.config import Role
@@ -37,9 +37,7 @@ from ..job.rootcause import RootCause, decide
 from ..planning.hosts import Host
 from ..planning.plan import Plan
 from .preflight import HostWrites
-
-if TYPE_CHECKING:
-    from .supervisor import LaunchSettings
+from .settings import LaunchSettings
 
 TIMELINE_LIMIT = 512 << 20   # bytes of --timeline events read from one host
 TIMELINE_FETCH = 120.0       # seconds a host is given to send its --timeline events

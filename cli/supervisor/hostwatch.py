@@ -10,7 +10,7 @@ backend's reachability check, :data:`PROBE_S` at most), and the scheduler's own 
 scheduler does not answer.  Probing a late node's host before the timeout lets a lost host's
 processes restart elsewhere about when the scheduler calls them silent; the scheduler takes a
 replacement for a node it still counts as alive.  A host that does not
-answer is lost (:meth:`mxdist.supervisor.membership.Membership.answers`: said once, never used
+answer is lost (:meth:`mxdist.supervisor.membership.JobMembers.answers`: said once, never used
 again) and its connection dropped (:meth:`Backend.disconnect`), so the streams of its processes
 end at once without an exit status and the usual rules restart them elsewhere.  A host that
 answers is left alone (its node may be merely slow; the scheduler's own rules go on).
@@ -22,10 +22,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from psnode import launcher as door
+from psnode.config import NodeConfig, Role
 
 from ..backends.base import Backend
 from ..job.records import JobRecord
 from ..planning.hosts import Host
+from ..planning.plan import Plan
 
 WATCH_S = 0.5     # seconds between the watch's questions to the scheduler
 PROBE_S = 2.0     # seconds a host with a silent node is given to answer
@@ -69,6 +71,14 @@ class HostWatch(threading.Thread):
             self.backend.disconnect(host)
 
 
+def late_after(plan: Plan) -> float:
+    """Seconds without a heartbeat after which a node's host is probed: half the heartbeat timeout
+    after which psnode's scheduler calls a node silent (``NodeConfig.dead_after``, as the job's
+    scheduler reads it from its own environment)."""
+    scheduler = plan.of_role(Role.SCHEDULER)[0]
+    return NodeConfig.from_env(scheduler.env).dead_after / 2
+
+
 def to_probe(rows: Sequence[door.NodeRow], late_after: float) -> list[str]:
     """The hosts (addresses, each once, in row order) of the nodes the scheduler calls silent
     (``restarting``) or that are alive with no heartbeat for ``late_after`` seconds."""
@@ -80,4 +90,4 @@ def to_probe(rows: Sequence[door.NodeRow], late_after: float) -> list[str]:
     return out
 
 
-__all__ = ["PROBE_S", "WATCH_S", "HostWatch", "to_probe"]
+__all__ = ["PROBE_S", "WATCH_S", "HostWatch", "late_after", "to_probe"]

@@ -1,15 +1,15 @@
 """An elastic job's membership while it runs: the supervisor's collaborator for every change of who works where.
 
-It answers ``mxdist scale`` (:meth:`Membership.serve_scale_requests`: workers leave on the
+It answers ``mxdist scale`` (:meth:`JobMembers.serve_scale_requests`: workers leave on the
 scheduler's acknowledgement, joiners start on free slots, :func:`mxdist.elastic.rules.plan_scale`
-decides), applies the discovery script's answers (:meth:`Membership.apply_discovery`: new hosts
+decides), applies the discovery script's answers (:meth:`JobMembers.apply_discovery`: new hosts
 add slots, the workers of a vanished host are stopped and lost), records a worker that left or is
-lost for good (:meth:`Membership.left`, :meth:`Membership.lose`), knows which hosts do not answer
-(:meth:`Membership.answers`: a host lost once is never used again) and moves a lost host's worker
-to a free slot elsewhere (:meth:`Membership.relocate`), and a lost host's server, whose state has
+lost for good (:meth:`JobMembers.left`, :meth:`JobMembers.lose`), knows which hosts do not answer
+(:meth:`JobMembers.answers`: a host lost once is never used again) and moves a lost host's worker
+to a free slot elsewhere (:meth:`JobMembers.relocate`), and a lost host's server, whose state has
 replicas (``--replicas``), to the host that answers with the fewest of the job's servers
-(:meth:`Membership.move_server`).  After a failover it starts a new standby scheduler on another
-host that answers (:meth:`Membership.start_standby`), so the job survives one host loss after
+(:meth:`JobMembers.move_server`).  After a failover it starts a new standby scheduler on another
+host that answers (:meth:`JobMembers.start_standby`), so the job survives one host loss after
 another.
 
 It acts on the running job through :class:`Running` (the supervisor: its plan, hosts, record,
@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from psnode import launcher as door
 from psnode.config import Role
@@ -55,9 +55,7 @@ from ..planning.plan import (
 from ..planning.plan import joiner as joiner_spec
 from ..planning.servers import server_home
 from .preflight import prepare_host
-
-if TYPE_CHECKING:
-    from .supervisor import LaunchSettings
+from .settings import LaunchSettings
 
 ASK_TIMEOUT = 2.0        # seconds the scheduler is given to acknowledge a leave request or a lost worker
 REACH_TIMEOUT = 10.0     # seconds a host is given to answer before a process that vanished there restarts
@@ -79,8 +77,8 @@ class Running(Protocol):
     def wake(self) -> None: ...
 
 
-class Membership:
-    """The elastic membership of one running job (module docstring)."""
+class JobMembers:
+    """Who is in one running job and where: its elastic membership and its lost hosts (module docstring)."""
 
     def __init__(self, job: Running) -> None:
         self.job = job

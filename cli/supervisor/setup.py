@@ -27,8 +27,7 @@ from dataclasses import dataclass, replace
 from psnode import launcher as door
 from psnode.launcher import Mode
 
-from ..backends import agent
-from ..backends.base import Backend, Capability, LaunchRequest, host_gpus, resolver
+from ..backends.base import Backend, Capability, LaunchRequest, resolver, this_machine_gpus
 from ..backends.hostspec import all_here, read_hosts
 from ..backends.registry import NAMES, capabilities, for_launch
 from ..elastic.discovery import DiscoveryError, discover
@@ -60,7 +59,8 @@ from ..planning.plan import (
     passthrough_env,
     per_node,
 )
-from .supervisor import LaunchSettings, new_record
+from .settings import LaunchSettings
+from .supervisor import new_record
 
 
 @dataclass
@@ -325,7 +325,7 @@ def known_gpus(prepared: Prepared) -> dict[str, HostGpus]:
     plan = prepared.plan
     env = dict(plan.base_env)
     if Capability.THIS_MACHINE in prepared.backend.capabilities:
-        return {h.label: host_gpus(agent.gpus(env)) for h in plan.busy_hosts}
+        return {h.label: this_machine_gpus(env) for h in plan.busy_hosts}
     if VISIBLE in env:
         return {h.label: HostGpus.from_visible(env[VISIBLE]) for h in plan.busy_hosts}
     return {}

@@ -28,7 +28,7 @@ Sequence (:meth:`Supervisor.run`):
    every host, write the final state once, print the closing line.
 
 The supervisor composes two collaborators, each reading the job through a small protocol of
-what it needs: :class:`mxdist.supervisor.membership.Membership` (an elastic job's changes:
+what it needs: :class:`mxdist.supervisor.membership.JobMembers` (an elastic job's changes:
 ``mxdist scale``, the discovery script's hosts, workers that leave or are lost, hosts that do not
 answer, a lost host's worker or replicated server moved) and :class:`mxdist.supervisor.conclusion.Conclusion` (step
 5).  The supervisor keeps the loop: starting and following processes, the lifecycle rules,
@@ -63,7 +63,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -74,13 +74,13 @@ from psnode.files import write_atomic
 from psnode.launcher import Mode
 
 from .. import ui
-from ..backends.agent import last_exception
 from ..backends.base import (
     Backend,
     BackendError,
     ExitStatus,
     HostProblem,
     Started,
+    log_exception,
     run_per_host,
 )
 from ..control import teardown
@@ -99,9 +99,10 @@ from ..planning.plan import (
     with_schedulers,
 )
 from .conclusion import Conclusion
-from .hostwatch import HostWatch
-from .membership import Membership
+from .hostwatch import HostWatch, late_after
+from .membership import JobMembers
 from .preflight import HostWrites, prepare_hosts
+from .settings import LaunchSettings
 
 EXIT_OK, EXIT_FAILED, EXIT_PREFLIGHT = 0, 1, 3
 EXIT_HANGUP, EXIT_INTERRUPTED, EXIT_STOPPED = 129, 130, 143
@@ -111,23 +112,6 @@ SIGNAL_EXIT = {signal.SIGHUP: (EXIT_HANGUP, "hangup (the terminal closed)"),
 POLL = 0.2
 STATUS_TIMEOUT = 0.5     # asking the scheduler whether psnode started, when the workers are done
 SLOW_POLL = 2.0          # seconds between the supervisor's questions to the scheduler about slow workers
-
-
-@dataclass
-class LaunchSettings:
-    """How to run a planned job (everything but the plan and the backend)."""
-
-    run_dir: str                     # where processes write logs and rc files, on their host
-    grace: float = 5.0               # TERM -> KILL
-    finish_grace: float = 10.0       # at most this long for servers to end after the workers
-    detach: bool = False
-    quiet: bool = False
-    ranks: frozenset[int] | None = None   # stream only these workers
-    sync: list[tuple[str, str]] = field(default_factory=list)  # (local dir, remote dir)
-    check_modules: tuple[str, ...] = ("psnode",)
-    security: Mode = Mode.INSECURE   # authenticated/encrypted: write and deliver a fresh secret
-    timeline_dir: str | None = None  # --timeline: where the processes append their events, on their host
-    timeline_local: bool = True      # that directory is readable here (a shared file system)
 
 
 @dataclass(frozen=True)
@@ -159,7 +143,7 @@ class Supervisor:
         self._ended = threading.Event()
         self._rules: Supervision | None = None
         # its collaborators: an elastic job's membership changes, the end of the job
-        self.membership = Membership(self)
+        self.membership = JobMembers(self)
         self.conclusion = Conclusion(self)
 
     def on_save(self, callback: Callable[[], None]) -> None:
@@ -371,8 +355,8 @@ class Supervisor:
         if self.plan.num_servers and self.plan.engine.name == "psnode":
             threading.Thread(target=self._ask_slowness, name="slowness", daemon=True).start()
             if self.plan.node.max_restarts > 0 and len(self.hosts) > 1:
-                late = self.plan.node.heartbeat_interval * self.plan.node.heartbeat_liveness / 2
-                HostWatch(self.record, self.hosts, self.backend, self.membership.answers, self._ended, late).start()
+                HostWatch(self.record, self.hosts, self.backend, self.membership.answers, self._ended,
+                          late_after(self.plan)).start()
         try:
             return self._supervise()
         finally:
@@ -449,7 +433,7 @@ class Supervisor:
     def _fail_over(self, rec: ProcRecord, status: ExitStatus) -> None:
         """The scheduler ``rec`` is lost; the standby takes the job over (lifecycle rule 8): the
         nodes go over to it within the heartbeat timeout, and the launcher's questions too; a new
-        standby starts on another host that answers (:meth:`Membership.start_standby`)."""
+        standby starts on another host that answers (:meth:`JobMembers.start_standby`)."""
         assert self._rules is not None
         standby = self.record.proc(self._rules.scheduler)   # (the rules made it the scheduler)
         spec = next(p for p in self.plan.procs if p.name == standby.name)
@@ -485,12 +469,7 @@ class Supervisor:
         """How ``rec`` failed, for the crash-loop rule: its status, the last exception its log
         shows since it started, and how long it ran."""
         since, offset = self._since.get(rec.name, (time.monotonic(), 0))
-        try:
-            size = os.path.getsize(rec.log) - offset
-        except OSError:
-            size = 0
-        exception = last_exception(rec.log, min(size, 16384)) if size > 0 else None
-        return Failure(status.code, exception, time.monotonic() - since)
+        return Failure(status.code, log_exception(rec.log, offset), time.monotonic() - since)
 
     @property
     def _psnode_job(self) -> bool:
@@ -511,10 +490,10 @@ class Supervisor:
         """Start ``rec`` again (same host, rank, env + PSNODE_RESTART_COUNT); False if that failed.
         One that ended without an exit status (its reaper killed) may still run: its process
         group is stopped first.  When its host does not answer
-        (:meth:`mxdist.supervisor.membership.Membership.answers`), a worker moves
-        (:meth:`~mxdist.supervisor.membership.Membership.relocate`), and so does a server whose
+        (:meth:`mxdist.supervisor.membership.JobMembers.answers`), a worker moves
+        (:meth:`~mxdist.supervisor.membership.JobMembers.relocate`), and so does a server whose
         state has replicas (``--replicas`` 2 or more:
-        :meth:`~mxdist.supervisor.membership.Membership.move_server`); a server without replicas
+        :meth:`~mxdist.supervisor.membership.JobMembers.move_server`); a server without replicas
         (its checkpoint is on that host) or the scheduler (its address) cannot."""
         count = rec.restarts + 1
         if rec.state is ProcState.LOST and not self.membership.answers(self.hosts[rec.host]):
@@ -597,4 +576,4 @@ def new_record(plan: Plan, backend: Backend, command: Sequence[str], workdir: st
 
 
 __all__ = ["EXIT_FAILED", "EXIT_HANGUP", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PREFLIGHT", "EXIT_STOPPED",
-           "LaunchSettings", "Supervisor", "describe_code", "new_record"]
+           "Supervisor", "describe_code", "new_record"]

@@ -99,21 +99,20 @@ def flat(text: str) -> str:
 def test_agent_reports_nvidia_smis_list_the_environments_list_or_nothing(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert agent.gpus({"PATH": str(empty)}) == {"visible": None, "gpus": [], "error": None}
-    assert agent.gpus({"PATH": str(empty), "CUDA_VISIBLE_DEVICES": "1,0"})["visible"] == "1,0"
+    assert agent.gpus({"PATH": str(empty)}) == agent.GpusReport(None, [], None)
+    assert agent.gpus({"PATH": str(empty), "CUDA_VISIBLE_DEVICES": "1,0"}).visible == "1,0"
     four = fake_nvidia_smi(tmp_path / "four", FOUR_H200)
     report = agent.gpus({"PATH": str(four)})
-    assert report["error"] is None and [g["index"] for g in report["gpus"]] == [0, 1, 2, 3]
-    assert report["gpus"][2] == {"index": 2, "uuid": "GPU-5e1d0000-0002", "name": "NVIDIA H200",
-                                 "memory_mib": 143771}
+    assert report.error is None and [g.index for g in report.gpus] == [0, 1, 2, 3]
+    assert report.gpus[2] == agent.GpuEntry(2, "GPU-5e1d0000-0002", "NVIDIA H200", 143771)
     broken = agent.gpus({"PATH": str(fake_nvidia_smi(tmp_path / "broken", NO_DRIVER))})
-    assert broken["gpus"] == [] and broken["error"].endswith(
+    assert broken.gpus == [] and broken.error is not None and broken.error.endswith(
         "nvidia-smi failed (exit 9): NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
         "driver. Make sure that the latest NVIDIA driver is installed and running.")
     hung = agent.gpus({"PATH": str(fake_nvidia_smi(tmp_path / "hung", "exec sleep 30\n"))}, timeout=0.5)
-    assert hung["gpus"] == [] and hung["error"].endswith("did not answer within 0.5 s")
+    assert hung.gpus == [] and hung.error is not None and hung.error.endswith("did not answer within 0.5 s")
     # the preflight check carries it
-    assert agent.check(str(tmp_path), [], {"PATH": str(four)})["gpus"] == report
+    assert agent.check(str(tmp_path), [], {"PATH": str(four)}).gpus == report
 
 
 # -- a CPU host ---------------------------------------------------------------------------------------

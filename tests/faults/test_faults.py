@@ -34,6 +34,7 @@ from psnode.protocol import (
     encode,
 )
 from psnode.scheduler import client as control
+from psnode.worker.ioloop import EXIT_GRACE  # a worker outside psnode exits by itself within it
 from tests.support import wait_for
 from tests.support.cluster import start_job
 from tests.support.faults import (
@@ -46,7 +47,6 @@ from tests.support.faults import (
     markers,
 )
 
-EXIT_GRACE = 5.0         # psnode.worker.ioloop.EXIT_GRACE: a worker outside psnode exits by itself
 BOUND = DEAD_AFTER + 5   # the bound: the heartbeat timeout plus a few seconds
 
 @contextmanager

@@ -20,6 +20,7 @@ import pytest
 from psnode.protocol.codec import ARRAY, HEAD, RECORD
 from psnode.samehost import handshake as shmhandshake
 from psnode.samehost import segments as shm
+from psnode.worker.ioloop import EXIT_GRACE  # a worker outside psnode exits by itself within it
 from tests.support import require, wait_for
 from tests.support.cluster import kill_and_restart_server, start_job, wait_job
 from tests.support.faults import DEAD_AFTER, FAST_ENV, assert_none_left, listen_ports, markers
@@ -83,9 +84,6 @@ def test_kill_9_mid_round_on_the_same_host_path_leaves_nothing(tmp_path: Path, r
         dr.finish()
     assert_none_left(job)
 
-
-
-EXIT_GRACE = 5.0   # psnode.worker.ioloop.EXIT_GRACE: a worker outside psnode exits by itself
 
 
 @pytest.mark.parametrize("role,rank", [("server", 0), ("worker", 1)])

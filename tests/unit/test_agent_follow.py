@@ -12,10 +12,10 @@ CHATTY_THEN_QUIET = "import sys, time\nprint('first', flush=True)\ntime.sleep(0.
 
 def test_follow_streams_every_line_across_a_quiet_stretch_and_returns_the_exit_status(tmp_path: Path) -> None:
     [started] = agent.spawn(str(tmp_path), str(tmp_path / "run"), sys.executable, [
-        {"name": "worker-0", "argv": [sys.executable, "-c", CHATTY_THEN_QUIET], "env": {},
-         "failure": str(tmp_path / "run" / "worker-0.failure.json")}])
+        agent.SpawnItem("worker-0", [sys.executable, "-c", CHATTY_THEN_QUIET], {},
+                        str(tmp_path / "run" / "worker-0.failure.json"))])
     got: list[bytes] = []
-    result = agent.follow(started["log"], started["rc"], started["pid"], started["offset"], True, got.append)
+    result = agent.follow(started.log, started.rc, started.pid, started.offset, True, got.append)
     assert b"".join(got) == b"first\nlast\n"
-    assert result == {"rc": 3, "offset": len(b"first\nlast\n")}
-    assert agent.follow(started["log"], started["rc"], started["pid"], 0, False, got.append)["rc"] == 3
+    assert result == agent.FollowReply(3, len(b"first\nlast\n"))
+    assert agent.follow(started.log, started.rc, started.pid, 0, False, got.append).rc == 3

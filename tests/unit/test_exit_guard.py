@@ -41,11 +41,11 @@ def test_a_spawned_process_imports_the_guard(tmp_path: Path) -> None:
     code = "import os, sitecustomize; print(sitecustomize.__file__); print(os.environ['PYTHONPATH'])"
     env = {"PYTHONPATH": "/elsewhere"}
     [started] = agent.spawn(str(tmp_path), str(tmp_path / "run"), sys.executable,
-                            [{"name": "worker-0", "argv": [sys.executable, "-c", code], "env": env,
-                              "failure": str(tmp_path / "run" / "worker-0.failure")}])
-    wait_for(lambda: os.path.exists(started["rc"]), 60, "the process's exit status")
-    assert Path(started["rc"]).read_text() == "0"
-    lines = Path(started["log"]).read_text().splitlines()
+                            [agent.SpawnItem("worker-0", [sys.executable, "-c", code], env,
+                                             str(tmp_path / "run" / "worker-0.failure"))])
+    wait_for(lambda: os.path.exists(started.rc), 60, "the process's exit status")
+    assert Path(started.rc).read_text() == "0"
+    lines = Path(started.log).read_text().splitlines()
     assert lines == [os.path.join(GUARD, "sitecustomize.py"), os.pathsep.join([GUARD, "/elsewhere"])]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from mxdist.backends import agent
 from mxdist.backends.base import host_gpus
 from mxdist.planning.gpus import GpuSource, HostGpus, describe_worker, parse_visible, sharing_warnings
 from mxdist.planning.hosts import Host
@@ -24,8 +25,13 @@ def request(**kw):
     return PlanRequest(**base)
 
 
+def reported(wire: dict) -> HostGpus:
+    """A host's GPUs from its agent's report, as it arrives (its wire form)."""
+    return host_gpus(agent.from_json(agent.GpusReport, wire))
+
+
 def smi(n: int, visible: str | None = None, error: str | None = None) -> HostGpus:
-    return host_gpus({"visible": visible, "gpus": H200[:n], "error": error})
+    return reported({"visible": visible, "gpus": H200[:n], "error": error})
 
 
 def workers(plan):
@@ -43,7 +49,7 @@ def test_host_report_from_nvidia_smi_environment_or_nothing():
     mine = smi(4, visible="3,1")
     assert (mine.devices, mine.source) == (("3", "1"), GpuSource.ENV)
     assert mine.describe() == "CUDA_VISIBLE_DEVICES=3,1: 2 GPUs of the 4 GPUs nvidia-smi lists"
-    cpu = host_gpus({"visible": None, "gpus": [], "error": None})
+    cpu = reported({"visible": None, "gpus": [], "error": None})
     assert (cpu.devices, cpu.source, cpu.describe()) == ((), GpuSource.NONE, "no GPU")
     assert host_gpus(None) == cpu == HostGpus()
     broken = smi(0, error="/usr/bin/nvidia-smi failed (exit 9): NVIDIA-SMI has failed")
@@ -100,7 +106,7 @@ def test_users_visible_devices_are_shown_and_local_rank_still_indexes_them():
 def test_gpus_per_worker_gives_each_local_rank_its_slice_of_the_host_list():
     plan = make_plan(request(num_workers=6, num_servers=2, gpus_per_worker=2))
     assert all(p.gpus is None for p in plan.procs)       # not placed before the hosts are known
-    placed = with_gpus(plan, {"a": host_gpus({"gpus": H200 * 2}), "b": smi(4)})
+    placed = with_gpus(plan, {"a": reported({"gpus": H200 * 2}), "b": smi(4)})
     # worker with local rank l on a host: entries 2l, 2l+1 of that host's list
     assert workers(placed) == [("a", 0, "0,1", "PCI_BUS_ID"), ("a", 1, "2,3", "PCI_BUS_ID"),
                                ("a", 2, "0,1", "PCI_BUS_ID"), ("a", 3, "2,3", "PCI_BUS_ID"),

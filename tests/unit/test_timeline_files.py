@@ -41,5 +41,5 @@ def test_read_files_reads_the_suffix_only_within_the_limit(tmp_path: Path) -> No
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "x.jsonl").write_text("nested")
     got = agent.read_files(str(tmp_path), ".jsonl", 35)
-    assert got == {"files": {"worker-0-11.jsonl": "a" * 10}, "left": ["worker-1-12.jsonl"]}
-    assert agent.read_files(str(tmp_path / "missing"), ".jsonl", 100) == {"files": {}, "left": []}
+    assert got == agent.FilesReply({"worker-0-11.jsonl": "a" * 10}, ["worker-1-12.jsonl"])
+    assert agent.read_files(str(tmp_path / "missing"), ".jsonl", 100) == agent.FilesReply({}, [])

@@ -21,11 +21,11 @@ from tests.support import require
 
 def record_with_torch(tmp_path, name: str, exc: Exception, monkeypatch) -> None:
     """Raise ``exc`` from a function decorated with torch's real ``@record``, its error file
-    ``run_files(tmp_path, name)["error_file"]`` (what a worker's TORCHELASTIC_ERROR_FILE names)."""
+    ``run_files(tmp_path, name).error_file`` (what a worker's TORCHELASTIC_ERROR_FILE names)."""
     require(None if importlib.util.find_spec("torch") else "torch is not installed", "pip install torch")
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", run_files(str(tmp_path), name)["error_file"])
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", run_files(str(tmp_path), name).error_file)
 
     @record
     def main() -> None:
@@ -36,15 +36,16 @@ def record_with_torch(tmp_path, name: str, exc: Exception, monkeypatch) -> None:
 
 
 def collected(tmp_path, name: str) -> Evidence:
-    items = agent.collect([{"name": name, "rc": "", "log": "", **run_files(str(tmp_path), name)}])
-    return Evidence.collected(agent.Collected.from_json(items[0]), 1, str(tmp_path), name)
+    files = run_files(str(tmp_path), name)
+    [item] = agent.collect([agent.CollectItem(name, "", "", files.failure, files.error_file)])
+    return Evidence.collected(item, 1, str(tmp_path), name)
 
 
 def test_a_record_decorated_exception_is_read_from_its_error_file(tmp_path, monkeypatch):
     before = time.time()
     record_with_torch(tmp_path, "worker-1", ValueError("bad batch 7"), monkeypatch)
     ev = collected(tmp_path, "worker-1")
-    path = run_files(str(tmp_path), "worker-1")["error_file"]
+    path = run_files(str(tmp_path), "worker-1").error_file
     assert ev.failure is not None and ev.failure.kind is FailureKind.EXCEPTION
     assert (ev.failure.type, ev.failure.message, ev.failure.source) == ("ValueError", "bad batch 7", path)
     assert ev.failure.traceback is not None and "raise exc" in ev.failure.traceback
@@ -73,7 +74,7 @@ def test_psnodes_own_record_wins_and_foreign_files_are_ignored(tmp_path, monkeyp
     files = run_files(str(tmp_path), "worker-2")
     record_with_torch(tmp_path, "worker-2", ValueError("x"), monkeypatch)
     FailureRecord(FailureKind.JOB_ENDED, 5.0, "worker", 2, "h", type="PeerLost", message="job ended").save(
-        files["failure"])
+        files.failure)
     ev = collected(tmp_path, "worker-2")
     assert ev.failure is not None and ev.failure.kind is FailureKind.JOB_ENDED and ev.failure.source is None
     assert from_torch({"message": "RuntimeError: plain"}, "f", 12.5) == FailureRecord(
@@ -95,13 +96,14 @@ def test_spawn_removes_a_stale_error_file_and_expands_home_in_the_variable(tmp_p
     (tmp_path / "run").mkdir(mode=0o700)
     (tmp_path / "run" / "worker-0.torch-error.json").write_text(json.dumps({"message": "old"}))
     show = "import os; print(os.environ['TORCHELASTIC_ERROR_FILE'])"
-    started = agent.spawn(str(tmp_path), run_dir, sys.executable,
-                          [{"name": "worker-0", "argv": [sys.executable, "-c", show],
-                            "env": {"TORCHELASTIC_ERROR_FILE": files["error_file"]}, **files}])
+    [started] = agent.spawn(str(tmp_path), run_dir, sys.executable,
+                            [agent.SpawnItem("worker-0", [sys.executable, "-c", show],
+                                             {"TORCHELASTIC_ERROR_FILE": files.error_file}, files.failure,
+                                             files.error_file)])
     assert not (tmp_path / "run" / "worker-0.torch-error.json").exists()
     deadline = time.monotonic() + 60
-    while agent.read_rc(started[0]["rc"]) is None and time.monotonic() < deadline:
+    while agent.read_rc(started.rc) is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert agent.read_rc(started[0]["rc"]) == 0
-    with open(started[0]["log"]) as f:
+    assert agent.read_rc(started.rc) == 0
+    with open(started.log) as f:
         assert f.read().strip() == str(tmp_path / "run" / "worker-0.torch-error.json")

@@ -58,7 +58,7 @@ def test_every_operation_has_its_request_and_the_served_ones_are_named() -> None
     assert sorted(agent.REQUESTS) == sorted(r.op for r, _ in REQUESTS)
     assert sorted(agent.SERVED) == ["check", "cleanup", "collect", "gpus", "put_key", "read_files", "remove_files",
                                     "signal", "spawn", "status", "stop"]
-    with pytest.raises(ValueError, match="unknown operation 'format_disk'"):
+    with pytest.raises(agent.MessageError, match="unknown operation 'format_disk'"):
         agent.request_from_json({"op": "format_disk"})
 
 
@@ -66,7 +66,7 @@ def test_each_agent_reply_reads_its_exact_values() -> None:
     check = {"python": "3.11.7", "executable": "/usr/bin/python3", "errors": ["no script t.py in /w"],
              "gpus": {"visible": "0", "gpus": [], "error": None}, "missing": {"psnode": "ModuleNotFoundError: x"}}
     assert agent.CheckRequest("/w", []).reply(wire(check)) == agent.CheckReply(
-        "3.11.7", "/usr/bin/python3", ["no script t.py in /w"], {"visible": "0", "gpus": [], "error": None},
+        "3.11.7", "/usr/bin/python3", ["no script t.py in /w"], agent.GpusReport("0", [], None),
         {"psnode": "ModuleNotFoundError: x"})
     spawned = [{"name": "worker-0", "pid": 101, "log": "/r/worker-0.log", "rc": "/r/worker-0.rc"},
                {"name": "scheduler", "pid": 102, "log": "/r/s.log", "rc": "/r/s.rc", "offset": 0,
@@ -94,10 +94,10 @@ def test_each_agent_reply_reads_its_exact_values() -> None:
 
 
 def test_the_answer_envelope_round_trips() -> None:
-    assert agent.Answer(result=[1, 2]).to_json() == {"result": [1, 2]}
-    assert agent.Answer(error="Traceback ...").to_json() == {"error": "Traceback ..."}
-    assert agent.Answer.from_json(wire({"result": None})) == agent.Answer(None, None)
-    assert agent.Answer.from_json(wire({"error": "boom"})) == agent.Answer(None, "boom")
+    assert agent.to_json(agent.Answer(result=[1, 2])) == {"result": [1, 2], "error": None}
+    assert agent.to_json(agent.Answer(error="Traceback ...")) == {"result": None, "error": "Traceback ..."}
+    assert agent.from_json(agent.Answer, wire({"result": None})) == agent.Answer(None, None)
+    assert agent.from_json(agent.Answer, wire({"error": "boom"})) == agent.Answer(None, "boom")
 
 
 def test_a_request_answered_here_reads_as_its_reply(tmp_path) -> None:
@@ -175,14 +175,18 @@ def test_the_scale_request_file_keeps_its_json_fields() -> None:
 def test_a_slurm_check_line_keeps_its_json_fields() -> None:
     report = {"visible": None, "gpus": [{"index": 0, "uuid": "GPU-1", "name": "H200", "memory_mib": 143771}],
               "error": None}
-    check = agent.NodeCheck("node-2", ["no script t.py in /w"], report)
+    check = agent.NodeCheck("node-2", ["no script t.py in /w"], agent.from_json(agent.GpusReport, report))
     line = check.to_line()
     assert line.startswith("MXDIST-CHECK ")
     assert json.loads(line[len("MXDIST-CHECK "):]) == {"node": "node-2", "errors": ["no script t.py in /w"],
                                                        "gpus": report}
     assert agent.NodeCheck.from_line(line) == check
-    for other in ("", "srun: error: x", "MXDIST-CHECK {bad", "MXDIST-CHECK [1]", "MXDIST-CHECKS {}"):
+    for other in ("", "srun: error: x", "MXDIST-CHECKS {}"):
         assert agent.NodeCheck.from_line(other) is None
+    with pytest.raises(agent.MessageError, match=r"no JSON: '\{bad'"):
+        agent.NodeCheck.from_line("MXDIST-CHECK {bad")
+    with pytest.raises(agent.MessageError, match=r"NodeCheck: expected an object \(NodeCheck\), got \[1\]"):
+        agent.NodeCheck.from_line("MXDIST-CHECK [1]")
 
 
 def test_the_slurm_check_script_prints_a_line_its_reader_reads(tmp_path) -> None:
@@ -199,21 +203,22 @@ def test_the_slurm_check_script_prints_a_line_its_reader_reads(tmp_path) -> None
         "node-7", [f"no script t.py in {tmp_path}",
                    f"python cannot import no_such_module_x in {tmp_path}: ModuleNotFoundError: "
                    "No module named 'no_such_module_x'"],
-        {"visible": None, "gpus": [], "error": None})
+        agent.GpusReport(None, [], None))
 
 
 def test_the_gpu_report_reads_its_exact_fields() -> None:
     report = {"visible": "1,0", "error": None,
               "gpus": [{"index": 0, "uuid": "GPU-a", "name": "NVIDIA H200", "memory_mib": 143771},
                        {"index": 1, "uuid": "GPU-b", "name": "NVIDIA H200", "memory_mib": None}]}
-    read = agent.GpusReport.from_json(wire(report))
-    assert read == agent.GpusReport("1,0", (agent.GpuEntry("0", "GPU-a", "NVIDIA H200", 143771),
-                                            agent.GpuEntry("1", "GPU-b", "NVIDIA H200", None)), None)
-    assert read.to_json() == report
-    assert agent.GpusReport.from_json(read.to_json()) == read
-    assert agent.GpusReport.from_json(None) == agent.GpusReport() == agent.GpusReport.from_json({"gpus": [3]})
+    read = agent.from_json(agent.GpusReport, wire(report))
+    assert read == agent.GpusReport("1,0", [agent.GpuEntry(0, "GPU-a", "NVIDIA H200", 143771),
+                                            agent.GpuEntry(1, "GPU-b", "NVIDIA H200", None)], None)
+    assert agent.to_json(read) == report
+    assert agent.from_json(agent.GpusReport, {}) == agent.GpusReport()
     failed = "nvidia-smi failed (exit 9): x"
-    assert agent.GpusReport.from_json({"error": failed}) == agent.GpusReport(error=failed)
+    assert agent.from_json(agent.GpusReport, {"error": failed}) == agent.GpusReport(error=failed)
+    with pytest.raises(agent.MessageError, match=r"GpusReport.gpus\[0\]: expected an object \(GpuEntry\), got 3"):
+        agent.from_json(agent.GpusReport, {"gpus": [3]})
 
 
 def test_the_agent_source_answers_requests_on_stdin_as_the_ssh_backend_sends_them(tmp_path) -> None:
@@ -226,12 +231,17 @@ def test_the_agent_source_answers_requests_on_stdin_as_the_ssh_backend_sends_the
     once = f"{source}\nimport json as _j, sys as _s\n_s.exit(_main(_j.loads({json.dumps(asked.to_json())!r})))\n"
     done = subprocess.run([sys.executable, "-"], input=once.encode(), capture_output=True, timeout=120)
     last = done.stderr.decode().strip().splitlines()[-1]
-    assert asked.reply(agent.Answer.from_json(json.loads(last)).result) == agent.FilesReply({"a.jsonl": "{}\n"}, [])
+    assert asked.reply(agent.from_json(agent.Answer, json.loads(last)).result) == agent.FilesReply(
+        {"a.jsonl": "{}\n"}, [])
     served = f"{source}\nimport sys as _s\n_s.exit(serve())\n".encode()
-    lines = [asked.to_json(), agent.StopGroupsRequest([], 0.0).to_json(), {"op": "follow"}]
+    lines = [asked.to_json(), agent.StopGroupsRequest([], 0.0).to_json(), {"op": "follow"},
+             {"op": "stop", "pgids": [], "grace": 1.0, "force": True}]
     feed = b"%d\n" % len(served) + served + b"".join(json.dumps(line).encode() + b"\n" for line in lines)
     done = subprocess.run([sys.executable, "-c", agent.BOOT], input=feed, capture_output=True, timeout=120)
-    first, second, third = (agent.Answer.from_json(json.loads(line)) for line in done.stdout.decode().splitlines())
+    first, second, third, fourth = (agent.from_json(agent.Answer, json.loads(line))
+                                    for line in done.stdout.decode().splitlines())
     assert asked.reply(first.result) == agent.FilesReply({"a.jsonl": "{}\n"}, [])
     assert agent.StopGroupsRequest([], 0.0).reply(second.result) == agent.StopReply([], {})
-    assert third.result is None and third.error is not None and "ValueError: 'follow' is not served" in third.error
+    assert third == agent.Answer(None, "MessageError: 'follow' is not served")
+    assert fourth == agent.Answer(None, "MessageError: stop: unknown field 'force' (StopGroupsRequest's fields: "
+                                        "pgids, grace)")
