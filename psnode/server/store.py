@@ -272,13 +272,13 @@ class Store:
             return []   # (the part exists, and its inits are answered, once copied: fill_some)
         if op.bucket >= 0 and not op.sparse:
             try:
-                value = self.fused.place(op.bucket, op.offset, op.value.shape, op.value.dtype, op.sync, op.average)
+                value = self.fused.place(op.bucket, op.offset, op.value.shape, op.value.dtype, op.sync, op.aggregation)
             except ValueError as exc:
                 raise OpError("ProtocolError", f"{fmt(*key)}: {exc}") from None
         else:
             value = self.alloc(op.value.shape, op.value.dtype)
         np.copyto(value, op.value)
-        entry = Entry(value=value, sparse=op.sparse, sync=op.sync, average=op.average, staleness=op.staleness,
+        entry = Entry(value=value, sparse=op.sparse, sync=op.sync, aggregation=op.aggregation, staleness=op.staleness,
                       backup=op.backup)
         optimizer = self.rules.optimizer_for(entry)
         if optimizer is not None:
@@ -347,7 +347,7 @@ class Store:
         if tuple(op.shape) != (dynrows.HEIGHT, params.width):
             raise OpError("ShapeMismatch", f"{fmt(*key)}: a table without a row count has shape "
                                            f"[None, {params.width}], not {list(op.shape)}")
-        entry = dynparts.make_entry(op.key, params, init, seed, np.dtype(op.dtype), op.sync, op.average,
+        entry = dynparts.make_entry(op.key, params, init, seed, np.dtype(op.dtype), op.sync, op.aggregation,
                                     op.staleness, self.rules.optimizer, self.alloc)
         self.entries[key] = entry
         self.must_persist = True   # (as _init)
@@ -386,7 +386,7 @@ class Store:
         out: list[Reply] = []
         for fill in self.filling.step(budget):
             op = fill.op
-            entry = Entry(value=fill.value, sparse=op.sparse, sync=op.sync, average=op.average,
+            entry = Entry(value=fill.value, sparse=op.sparse, sync=op.sync, aggregation=op.aggregation,
                           staleness=op.staleness, backup=op.backup)
             optimizer = self.rules.optimizer_for(entry)
             if optimizer is not None:
@@ -445,6 +445,10 @@ class Store:
             raise OpError("ConfigError", f"{fmt(*key)} was created by a {kind(entry.sync, entry.staleness)} store; "
                                          f"this worker's is {kind(op.sync, op.staleness)}: every worker must "
                                          "create the same kind of store")
+        if entry.aggregation is not op.aggregation:
+            raise OpError("ConfigError", f"{fmt(*key)} was created by a store with aggregator="
+                                         f"{entry.aggregation.name!r}; this worker's has aggregator="
+                                         f"{op.aggregation.name!r}: every worker must create the same kind of store")
         if entry.backup != op.backup:
             raise OpError("ConfigError", f"{fmt(*key)} was created by a store with backup_workers={entry.backup}; "
                                          f"this worker's has backup_workers={op.backup}: every worker must create "

@@ -42,6 +42,7 @@ import numpy as np
 
 from psnode.errors import ConfigError, PSError, ShapeMismatch
 from psnode.math import dynrows
+from psnode.math.aggregation import Aggregation
 from psnode.math.sparse import RowSparseArray
 from psnode.math.sparse import sort_rows as _sort_rows
 from psnode.math.sparse import unique_rows as _unique
@@ -151,7 +152,7 @@ class DataPath:
         return copy
 
     # ------------------------------------------------------------ init
-    def init(self, key: Any, info: KeyInfo, sync: bool, average: bool, resumed: bool,
+    def init(self, key: Any, info: KeyInfo, sync: bool, aggregation: Aggregation, resumed: bool,
              value: np.ndarray | None = None, target: np.ndarray | None = None,
              fill: Callable[[Part], dict[str, Any]] | None = None, bare: bool = False,
              join: bool = False, staleness: int = -1, backup: int = 0) -> list[Future]:
@@ -167,7 +168,7 @@ class DataPath:
         if join:
             value, fill = None, None
         for part in info.placement.parts:
-            op = Init(key, part.index, info.dtype.name, info.part_shape(part), sync=sync, average=average,
+            op = Init(key, part.index, info.dtype.name, info.part_shape(part), sync=sync, aggregation=aggregation,
                       sparse=info.sparse, bare=bare, join=join, staleness=staleness, backup=backup)
             if info.bucket is not None:
                 op.bucket, op.offset = info.bucket.bid, info.bucket.offsets[key][0]
