@@ -15,8 +15,6 @@ from typing import Any, ClassVar
 import numpy as np
 
 from psnode.errors import ProtocolError
-from psnode.math.aggregation import AVERAGE, Aggregation
-from psnode.math.aggregation import parse as aggregation_rule
 from psnode.protocol.comptag import parse_tag
 from psnode.protocol.frames import DTYPES, MAX_NDIM, check_key
 
@@ -161,14 +159,15 @@ class Init:
     ``staleness`` >= 0 (async parts only: dist_ssp): pulls of the part wait for that bound
     (psnode.server.staleness); -1: none.  ``backup`` > 0 (sync parts only): a round completes
     when all but that many of its workers pushed (backup workers: psnode.server.rounds).
-    ``aggregation``: how the part's rounds fold pushes (psnode.math.aggregation), sent by name."""
+    ``aggregation``: the name of the rule the part's rounds fold pushes by (psnode.math.aggregation;
+    the server refuses a name it does not know)."""
 
     key: Key
     part: int
     dtype: str
     shape: tuple[int, ...]
     sync: bool = True
-    aggregation: Aggregation = AVERAGE
+    aggregation: str = "average"
     sparse: bool = False
     value: np.ndarray | None = None
     id: int = 0
@@ -185,7 +184,7 @@ class Init:
     def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
         flags = (RE * self.re) | (SYNC * self.sync) | (SPARSE * self.sparse)
         arrays = [] if self.value is None else [self.value]
-        extra: dict[str, Any] = {"dtype": self.dtype, "shape": list(self.shape), "agg": self.aggregation.name}
+        extra: dict[str, Any] = {"dtype": self.dtype, "shape": list(self.shape), "agg": self.aggregation}
         if self.bucket >= 0:
             extra["bucket"], extra["offset"] = self.bucket, self.offset
         if self.fill is not None:
@@ -226,10 +225,9 @@ class Init:
         backup = _int(extra.get("backup", 0), "init backup")
         if backup and not flags & SYNC:
             raise ProtocolError("init: backup workers are for sync key parts only")
-        try:
-            aggregation = aggregation_rule(extra.get("agg", AVERAGE.name), "init")
-        except ValueError as exc:
-            raise ProtocolError(str(exc)) from None
+        aggregation = extra.get("agg", "average")
+        if type(aggregation) is not str or not 0 < len(aggregation) <= 32:
+            raise ProtocolError(f"init: agg must be an aggregation rule's name, not {str(aggregation)[:40]!r}")
         return cls(key, part, dtype, tuple(_int(d, "init shape") for d in shape), bool(flags & SYNC),
                    aggregation, bool(flags & SPARSE), arrays[0] if arrays else None,
                    id, bool(flags & RE), bucket, offset, fill, bare, join, staleness, backup)

@@ -82,6 +82,7 @@ from typing import Any
 import numpy as np
 
 from psnode.errors import PSError, kind_of
+from psnode.math import aggregation as agg_mod
 from psnode.math import dynrows
 from psnode.math import optimizers as opt_mod
 from psnode.math.initializers import FillSpec
@@ -244,6 +245,7 @@ class Store:
 
     # ---------------------------------------------------------------- init
     def _init(self, worker: int, op: Init) -> list[Reply]:
+        _rule(op)   # (a rule this server does not know is refused before anything is made)
         if op.fill is not None or op.bare:
             return self._init_computed(worker, op)
         key = (op.key, op.part)
@@ -272,13 +274,13 @@ class Store:
             return []   # (the part exists, and its inits are answered, once copied: fill_some)
         if op.bucket >= 0 and not op.sparse:
             try:
-                value = self.fused.place(op.bucket, op.offset, op.value.shape, op.value.dtype, op.sync, op.aggregation)
+                value = self.fused.place(op.bucket, op.offset, op.value.shape, op.value.dtype, op.sync, _rule(op))
             except ValueError as exc:
                 raise OpError("ProtocolError", f"{fmt(*key)}: {exc}") from None
         else:
             value = self.alloc(op.value.shape, op.value.dtype)
         np.copyto(value, op.value)
-        entry = Entry(value=value, sparse=op.sparse, sync=op.sync, aggregation=op.aggregation, staleness=op.staleness,
+        entry = Entry(value=value, sparse=op.sparse, sync=op.sync, aggregation=_rule(op), staleness=op.staleness,
                       backup=op.backup)
         optimizer = self.rules.optimizer_for(entry)
         if optimizer is not None:
@@ -347,7 +349,7 @@ class Store:
         if tuple(op.shape) != (dynrows.HEIGHT, params.width):
             raise OpError("ShapeMismatch", f"{fmt(*key)}: a table without a row count has shape "
                                            f"[None, {params.width}], not {list(op.shape)}")
-        entry = dynparts.make_entry(op.key, params, init, seed, np.dtype(op.dtype), op.sync, op.aggregation,
+        entry = dynparts.make_entry(op.key, params, init, seed, np.dtype(op.dtype), op.sync, _rule(op),
                                     op.staleness, self.rules.optimizer, self.alloc)
         self.entries[key] = entry
         self.must_persist = True   # (as _init)
@@ -386,7 +388,7 @@ class Store:
         out: list[Reply] = []
         for fill in self.filling.step(budget):
             op = fill.op
-            entry = Entry(value=fill.value, sparse=op.sparse, sync=op.sync, aggregation=op.aggregation,
+            entry = Entry(value=fill.value, sparse=op.sparse, sync=op.sync, aggregation=_rule(op),
                           staleness=op.staleness, backup=op.backup)
             optimizer = self.rules.optimizer_for(entry)
             if optimizer is not None:
@@ -445,10 +447,10 @@ class Store:
             raise OpError("ConfigError", f"{fmt(*key)} was created by a {kind(entry.sync, entry.staleness)} store; "
                                          f"this worker's is {kind(op.sync, op.staleness)}: every worker must "
                                          "create the same kind of store")
-        if entry.aggregation is not op.aggregation:
+        if entry.aggregation.name != op.aggregation:
             raise OpError("ConfigError", f"{fmt(*key)} was created by a store with aggregator="
                                          f"{entry.aggregation.name!r}; this worker's has aggregator="
-                                         f"{op.aggregation.name!r}: every worker must create the same kind of store")
+                                         f"{op.aggregation!r}: every worker must create the same kind of store")
         if entry.backup != op.backup:
             raise OpError("ConfigError", f"{fmt(*key)} was created by a store with backup_workers={entry.backup}; "
                                          f"this worker's has backup_workers={op.backup}: every worker must create "
@@ -747,3 +749,11 @@ class Store:
         for b in self.fused.all.values():
             out.extend(self.fused.answer(b))
         return out
+
+
+def _rule(op: Init) -> agg_mod.Aggregation:
+    """The aggregation rule ``op`` names (psnode.math.aggregation); OpError ConfigError if unknown."""
+    try:
+        return agg_mod.parse(op.aggregation, f"init of {fmt(op.key, op.part)}")
+    except ValueError as exc:
+        raise OpError("ConfigError", f"{exc}; every worker and server must run the same psnode") from None

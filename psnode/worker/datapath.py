@@ -42,7 +42,6 @@ import numpy as np
 
 from psnode.errors import ConfigError, PSError, ShapeMismatch
 from psnode.math import dynrows
-from psnode.math.aggregation import Aggregation
 from psnode.math.sparse import RowSparseArray
 from psnode.math.sparse import sort_rows as _sort_rows
 from psnode.math.sparse import unique_rows as _unique
@@ -152,7 +151,7 @@ class DataPath:
         return copy
 
     # ------------------------------------------------------------ init
-    def init(self, key: Any, info: KeyInfo, sync: bool, aggregation: Aggregation, resumed: bool,
+    def init(self, key: Any, info: KeyInfo, sync: bool, aggregation: str, resumed: bool,
              value: np.ndarray | None = None, target: np.ndarray | None = None,
              fill: Callable[[Part], dict[str, Any]] | None = None, bare: bool = False,
              join: bool = False, staleness: int = -1, backup: int = 0) -> list[Future]:

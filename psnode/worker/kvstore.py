@@ -437,7 +437,7 @@ class KVStore:
             if joined is not None:
                 info.bucket = joined[0]
         self._keys[key] = info
-        return self._path.init(key, info, sync=self._sync, aggregation=self._aggregation,
+        return self._path.init(key, info, sync=self._sync, aggregation=self._aggregation.name,
                                resumed=self._resumed, value=arr if self.rank == 0 else None, target=target,
                                join=self._engine.joiner, staleness=self._bound, backup=self.backup_workers)
 
@@ -474,7 +474,7 @@ class KVStore:
 
         def fill(part: Part) -> dict[str, Any]:
             return ps.part(shape, part.lo * row if placement.split else 0).to_json()
-        return self._path.init(key, info, sync=self._sync, aggregation=self._aggregation,
+        return self._path.init(key, info, sync=self._sync, aggregation=self._aggregation.name,
                                resumed=self._resumed, fill=fill if self.rank == 0 else None, bare=True,
                                join=self._engine.joiner, staleness=self._bound, backup=self.backup_workers)
 
@@ -496,7 +496,7 @@ class KVStore:
 
         def fill(part: Part) -> dict[str, Any]:
             return {"init": ps.init.to_spec(), "seed": ps.seed, "dynamic": dict(options)}
-        return self._path.init(key, info, sync=self._sync, aggregation=self._aggregation,
+        return self._path.init(key, info, sync=self._sync, aggregation=self._aggregation.name,
                                resumed=self._resumed, fill=fill if self.rank == 0 else None, bare=True,
                                join=self._engine.joiner, staleness=self._bound)
 

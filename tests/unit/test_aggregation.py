@@ -29,7 +29,7 @@ def _store(workers: int, value: np.ndarray, rule: aggregation.Aggregation, key: 
            sparse: bool = False, **kw) -> Store:
     store = Store(workers)
     for w in range(workers):
-        init = Init(key, 0, value.dtype.name, value.shape, aggregation=rule, sparse=sparse,
+        init = Init(key, 0, value.dtype.name, value.shape, aggregation=rule.name, sparse=sparse,
                     value=value.copy() if w == 0 else None, **kw)
         assert not [r for r in store.handle(w, init) if isinstance(r.answer, Failed)]
     return store
@@ -75,17 +75,24 @@ def test_fold_rows_takes_each_rows_maximum_over_the_pushes_holding_it() -> None:
 
 
 # ---------------------------------------------------------------- the wire
-@pytest.mark.parametrize("rule", [AVERAGE, SUM, MAX])
-def test_init_carries_its_rule_by_name(rule: aggregation.Aggregation) -> None:
-    got = _wire(Init("w", 0, "float32", (2,), aggregation=rule, value=np.zeros(2, F)))
-    assert got.aggregation is rule
+@pytest.mark.parametrize("name", list(aggregation.RULES))
+def test_init_carries_its_rule_by_name(name: str) -> None:
+    got = _wire(Init("w", 0, "float32", (2,), aggregation=name, value=np.zeros(2, F)))
+    assert got.aggregation == name
 
 
-def test_an_unknown_rule_on_the_wire_is_a_protocol_error() -> None:
+@pytest.mark.parametrize("bad", [7, "", "x" * 33])
+def test_a_rule_name_that_is_no_name_is_a_protocol_error(bad: object) -> None:
     op = Init("w", 0, "float32", (2,))
-    op.aggregation = aggregation.Aggregation("median", np.add)   # (not in RULES: a peer's unknown name)
-    with pytest.raises(ProtocolError, match="unknown aggregator 'median' \\(init\\)"):
+    op.aggregation = bad  # type: ignore[assignment]
+    with pytest.raises(ProtocolError, match="init: agg must be an aggregation rule's name"):
         _wire(op)
+
+
+def test_a_rule_the_server_does_not_know_is_refused_by_name() -> None:
+    [reply] = Store(1).handle(0, Init("w", 0, "float32", (2,), aggregation="median", value=np.zeros(2, F), id=4))
+    assert isinstance(reply.answer, Failed) and reply.answer.kind == "ConfigError"
+    assert "unknown aggregator 'median' (init of key 'w')" in reply.answer.message
 
 
 # ---------------------------------------------------------------- a server's rounds
@@ -104,7 +111,7 @@ def test_max_with_an_optimizer_feeds_it_the_maximum() -> None:
     store = Store(2)
     store.handle(0, SetOptimizer({"name": "sgd", "params": {"learning_rate": 0.5}}))
     for w in (0, 1):
-        store.handle(w, Init("k", 0, "float32", (2,), aggregation=MAX, value=np.zeros(2, F) if w == 0 else None))
+        store.handle(w, Init("k", 0, "float32", (2,), aggregation="max", value=np.zeros(2, F) if w == 0 else None))
     store.handle(0, Push("k", 0, 1, np.array([4, -2], F)))
     store.handle(1, Push("k", 0, 1, np.array([2, -6], F)))
     assert _pull(store, "k", 1).tolist() == [-2, 1]
@@ -114,7 +121,7 @@ def test_max_of_fused_bucket_members() -> None:
     store = Store(2)
     for w in (0, 1):
         for i, n in enumerate((3, 5)):
-            store.handle(w, Init(f"b{i}", 0, "float32", (n,), aggregation=MAX, bucket=0, offset=3 * i,
+            store.handle(w, Init(f"b{i}", 0, "float32", (n,), aggregation="max", bucket=0, offset=3 * i,
                                  value=np.zeros(n, F) if w == 0 else None))
     store.handle(0, Push(bucket_key(0), 0, 1, np.arange(8, dtype=F)))
     store.handle(1, Push(bucket_key(0), 0, 1, np.arange(8, dtype=F)[::-1].copy()))
@@ -139,8 +146,8 @@ def test_max_of_compressed_pushes_is_of_the_decoded_gradients() -> None:
 
 def test_workers_with_different_rules_are_refused_by_name() -> None:
     store = Store(2)
-    store.handle(0, Init("k", 0, "float32", (2,), aggregation=SUM, value=np.zeros(2, F)))
-    [reply] = store.handle(1, Init("k", 0, "float32", (2,), aggregation=AVERAGE, id=3))
+    store.handle(0, Init("k", 0, "float32", (2,), aggregation="sum", value=np.zeros(2, F)))
+    [reply] = store.handle(1, Init("k", 0, "float32", (2,), aggregation="average", id=3))
     assert isinstance(reply.answer, Failed) and reply.answer.kind == "ConfigError"
     assert "aggregator='sum'; this worker's has aggregator='average'" in reply.answer.message
 

@@ -8,7 +8,6 @@ import pytest
 
 from psnode.config import Distribution, NodeConfig, Role
 from psnode.errors import KINDS, ConfigError, ProtocolError
-from psnode.math import aggregation
 from psnode.math import optimizers as optimizer
 from psnode.protocol import VERSION, Command, Failed, Init, Message, Ok, Pull, Push, SetOptimizer, decode, encode
 from psnode.server.store import Store
@@ -142,7 +141,7 @@ def _pull(store: Store, w: int, key, after: int, rows=None):
 
 def _init(store: Store, key, value, sparse=False, sync=True, agg="average"):
     v = np.asarray(value)
-    return store.handle(0, Init(key, 0, v.dtype.name, v.shape, sync, aggregation.RULES[agg], sparse, v))
+    return store.handle(0, Init(key, 0, v.dtype.name, v.shape, sync, agg, sparse, v))
 
 
 def test_sync_round_parks_pulls_and_early_pushes() -> None:
