@@ -29,8 +29,10 @@ from psnode.worker.kvstore import AGGREGATORS, MXNET_TYPES, TYPES, KVStore, Pend
 def create(name: str = "local", num_workers: int | None = None, aggregator: str = "average",
            staleness: int | None = None, backup_workers: int | None = None) -> KVStore:
     """Create a KVStore: ``'local'``, ``'dist_sync'``, ``'dist_async'`` or ``'dist_ssp'`` (or an
-    MXNet name of one).  ``staleness`` (``'dist_ssp'`` only, required there): how many clocks a
-    worker may run ahead of the slowest (psnode.server.staleness; 0 is dist_sync).
+    MXNet name of one).  ``aggregator``: how a round's pushes combine, a name of
+    psnode.math.aggregation's ``RULES`` (``'average'``, ``'sum'``, ``'max'``).  ``staleness``
+    (``'dist_ssp'`` only, required there): how many clocks a worker may run ahead of the
+    slowest (psnode.server.staleness; 0 is dist_sync).
     ``backup_workers`` (``'dist_sync'`` only; default ``mxdist launch --backup-workers``, 0): a
     round completes when all but that many workers pushed, late pushes are dropped
     (psnode.server.rounds); 0 is dist_sync exactly.

@@ -19,8 +19,10 @@ Semantics (per key part held by this server):
 * ``push`` with per-(worker, key) sequence number ``q`` (1, 2, ...):
   - sync: push ``q`` belongs to round ``q``.  A push for a later round than the one being
     aggregated waits (a fast worker never leaks into the current round).  When every active
-    worker has contributed, the round completes: sum, divided by the number of contributors for
-    ``average``; then the optimizer, or the value becomes the aggregate.
+    worker has contributed, the round completes: the pushes folded by the part's aggregation
+    rule (its init names it: psnode.math.aggregation; ``average`` divides the sum by the number
+    of contributors); then the optimizer, or the value becomes the aggregate.  Every worker's
+    init of a part names the same rule (another is refused: ConfigError).
   - async: applied on arrival (the optimizer, or the value becomes the push).
   - dist_ssp (an async part with a ``staleness`` bound ``s``): applied on arrival as async;
     pulls wait for the bound (below).
@@ -44,8 +46,9 @@ Semantics (per key part held by this server):
   part (its pushes 1..seq are in the last checkpoint).  A server that cannot be restarted
   reports the pushes it received instead.  Workers keep pushes until that watermark covers
   them (psnode.worker.journal).
-* row_sparse pushes carry (row ids, rows); rows are combined per round (duplicates summed),
-  averaged over the contributors as if missing rows were zero, and applied lazily: only rows
+* row_sparse pushes carry (row ids, rows); rows are combined per round by the rule (for
+  ``average``: summed and divided by the contributors, as if missing rows were zero; for
+  ``max``: over the pushes holding the row), and applied lazily: only rows
   present change (without an optimizer those rows take the aggregate; others keep their value).
 * Workers leave (``set_active``): rounds then complete over the workers still active.
 * **Elastic membership** (:meth:`set_membership`, ``join``; who a round waits for:
