@@ -453,7 +453,8 @@ class Store:
         if entry.aggregation.name != op.aggregation:
             raise OpError("ConfigError", f"{fmt(*key)} was created by a store with aggregator="
                                          f"{entry.aggregation.name!r}; this worker's has aggregator="
-                                         f"{op.aggregation!r}: every worker must create the same kind of store")
+                                         f"{op.aggregation!r}: every worker must create the same kind of store "
+                                         "(a job resumed from a checkpoint keeps the checkpoint's)")
         if entry.backup != op.backup:
             raise OpError("ConfigError", f"{fmt(*key)} was created by a store with backup_workers={entry.backup}; "
                                          f"this worker's has backup_workers={op.backup}: every worker must create "

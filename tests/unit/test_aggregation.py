@@ -183,6 +183,16 @@ def test_a_checkpoint_naming_an_unknown_rule_is_a_config_error() -> None:
         checkpoint.restore(Store(1), meta, arrays, same_job=True)
 
 
+def test_a_job_resumed_from_a_checkpoint_keeps_its_rule() -> None:
+    meta, arrays = checkpoint.snapshot(_store(1, np.zeros(3, F), SUM))
+    back = Store(1)
+    checkpoint.restore(back, meta, arrays, same_job=False)
+    [refused] = back.handle(0, Init("k", 0, "float32", (3,), aggregation="average", value=np.ones(3, F), id=5))
+    assert isinstance(refused.answer, Failed) and "keeps the checkpoint's" in refused.answer.message
+    [taken] = back.handle(0, Init("k", 0, "float32", (3,), aggregation="sum", value=np.ones(3, F), id=6))
+    assert isinstance(taken.answer, Ok)
+
+
 # ---------------------------------------------------------------- kv.create
 def test_kv_create_takes_every_rule_and_names_the_choices_for_a_bad_one() -> None:
     kv = psnode.kv.create("local", aggregator="max")
