@@ -107,6 +107,14 @@ def test_max_rounds_of_a_dense_key_part_take_the_elementwise_maximum() -> None:
     assert _pull(store, "k", 2).tolist() == [-8, -15, -7, -10]
 
 
+def test_max_with_backup_workers_is_of_the_pushes_the_round_took() -> None:
+    store = _store(3, np.zeros(2, F), MAX, backup=1)
+    store.handle(0, Push("k", 0, 1, np.array([1, 7], F)))
+    store.handle(2, Push("k", 0, 1, np.array([5, 2], F)))          # 2 of 3: the round completes
+    store.handle(1, Push("k", 0, 1, np.array([9, 9], F)))          # late: dropped
+    assert _pull(store, "k", 1).tolist() == [5, 7]
+
+
 def test_max_with_an_optimizer_feeds_it_the_maximum() -> None:
     store = Store(2)
     store.handle(0, SetOptimizer({"name": "sgd", "params": {"learning_rate": 0.5}}))
