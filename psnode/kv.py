@@ -19,6 +19,7 @@ from psnode import cpupolicy, timeline
 from psnode.config import NodeConfig, Role
 from psnode.errors import ConfigError, DataLost, PeerLost, PSError, user_traceback
 from psnode.local import LocalEngine
+from psnode.math.aggregation import parse as parse_aggregator
 from psnode.protocol import failure
 from psnode.server.staleness import check_staleness
 from psnode.worker.engine import Engine
@@ -28,8 +29,10 @@ from psnode.worker.kvstore import AGGREGATORS, MXNET_TYPES, TYPES, KVStore, Pend
 def create(name: str = "local", num_workers: int | None = None, aggregator: str = "average",
            staleness: int | None = None, backup_workers: int | None = None) -> KVStore:
     """Create a KVStore: ``'local'``, ``'dist_sync'``, ``'dist_async'`` or ``'dist_ssp'`` (or an
-    MXNet name of one).  ``staleness`` (``'dist_ssp'`` only, required there): how many clocks a
-    worker may run ahead of the slowest (psnode.server.staleness; 0 is dist_sync).
+    MXNet name of one).  ``aggregator``: how a round's pushes combine, a name of
+    psnode.math.aggregation's ``RULES`` (``'average'``, ``'sum'``, ``'max'``).  ``staleness``
+    (``'dist_ssp'`` only, required there): how many clocks a worker may run ahead of the
+    slowest (psnode.server.staleness; 0 is dist_sync).
     ``backup_workers`` (``'dist_sync'`` only; default ``mxdist launch --backup-workers``, 0): a
     round completes when all but that many workers pushed, late pushes are dropped
     (psnode.server.rounds); 0 is dist_sync exactly.
@@ -46,8 +49,10 @@ def create(name: str = "local", num_workers: int | None = None, aggregator: str 
 def _create(name: str, num_workers: int | None, aggregator: str, staleness: int | None,
             backup_workers: int | None) -> KVStore:
     mode = resolve_type(name)
-    if aggregator not in AGGREGATORS:
-        raise ConfigError(f"unknown aggregator {aggregator!r}: use 'average' or 'sum'")
+    try:
+        parse_aggregator(aggregator, "kv.create(aggregator=...)")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     staleness = _staleness(name, mode, staleness)
     if backup_workers is not None and (mode != "dist_sync" or type(backup_workers) is not int or backup_workers < 0):
         raise ConfigError(f"backup_workers={backup_workers!r}: use kv.create('dist_sync', backup_workers=b) with an "

@@ -266,7 +266,7 @@ class CompressionSpec:
     def accumulate(self, acc: np.ndarray, packed: np.ndarray, scale: float = 1.0) -> None:
         """``acc += decompress(packed, acc.size)`` in place, in float32, then (``scale`` != 1)
         ``acc *= scale``, chunk by chunk without a full temporary: bit-identical to the whole
-        array passes (psnode.server.arith.add_scaled's rule)."""
+        array passes (psnode.math.aggregation's fold_scaled rule)."""
         n = acc.size
         self.check_packed(packed, n)
         if acc.dtype != _F32 or not acc.flags.c_contiguous:

@@ -40,7 +40,8 @@ only on the same-host data path, whose datagrams :mod:`psnode.protocol.samehost`
 Data operations (fields; ``seq`` and the flags live in the record, the rest in the JSON):
 
 ============== ======================================================================
-``INIT``        key, part, dtype, shape, SYNC, AVERAGE, SPARSE; array: rank 0's value, or
+``INIT``        key, part, dtype, shape, SYNC, SPARSE; agg = the aggregation rule's name
+                (psnode.math.aggregation; absent: average); array: rank 0's value, or
                 fill = the spec the server computes the values from (psnode.math.initializers
                 .FillSpec, JSON); bare = true: answer without the value.
                 Ok: the stored value; seq = pushes of this worker's rank already taken.
@@ -67,7 +68,7 @@ Answers echo the request id: ``OK`` (arrays, seq, names), ``WAIT`` (the server h
 request: nothing lost; with GAP, seq names a push of this worker the server never received;
 blockers = workers whose pushes the round waits for), ``MISSING`` (missing = [[key, part,
 [seq, ...]], ...]), ``FAILED`` (kind: an error class of :data:`psnode.errors.KINDS`, err: the
-message; NA when it answers a push).  Flags: RE (sent again), NA, SYNC, SPARSE, AVERAGE, ROWS,
+message; NA when it answers a push).  Flags: RE (sent again), NA, SYNC, SPARSE, ROWS,
 GAP.  Keys are ints (64-bit) or strs of at most 256 characters.
 
 :func:`decode` checks everything before a byte of array data is interpreted: version, header

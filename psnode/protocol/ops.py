@@ -67,15 +67,14 @@ class Flag(IntFlag):
     NA = 2        # push: no answer wanted unless it fails; pushpull: its answer asked durable
     SYNC = 4      # init: dist_sync rounds (else dist_async)
     SPARSE = 8    # init: a row_sparse key
-    AVERAGE = 16  # init: aggregate by averaging (else sum)
     ROWS = 32     # push/pull: the last array holds row ids (row_sparse)
     GAP = 64      # wait: ``seq`` names a push of this worker the server never received
     DEST = 128    # pull/pushpull: the last array is where the server may write the answer
 
 
 # the flags as plain ints: IntFlag arithmetic costs microseconds on the hot path
-RE, NA, SYNC, SPARSE, AVERAGE, ROWS, GAP, DEST = (int(f) for f in (Flag.RE, Flag.NA, Flag.SYNC, Flag.SPARSE,
-                                                                   Flag.AVERAGE, Flag.ROWS, Flag.GAP, Flag.DEST))
+RE, NA, SYNC, SPARSE, ROWS, GAP, DEST = (int(f) for f in (Flag.RE, Flag.NA, Flag.SYNC, Flag.SPARSE,
+                                                          Flag.ROWS, Flag.GAP, Flag.DEST))
 
 
 # ------------------------------------------------------------------ validation helpers
@@ -159,14 +158,16 @@ class Init:
     part's completed round instead (the joiner proposes its start round from it: :class:`Join`).
     ``staleness`` >= 0 (async parts only: dist_ssp): pulls of the part wait for that bound
     (psnode.server.staleness); -1: none.  ``backup`` > 0 (sync parts only): a round completes
-    when all but that many of its workers pushed (backup workers: psnode.server.rounds)."""
+    when all but that many of its workers pushed (backup workers: psnode.server.rounds).
+    ``aggregation``: the name of the rule the part's rounds fold pushes by (psnode.math.aggregation;
+    the server refuses a name it does not know)."""
 
     key: Key
     part: int
     dtype: str
     shape: tuple[int, ...]
     sync: bool = True
-    average: bool = True
+    aggregation: str = "average"
     sparse: bool = False
     value: np.ndarray | None = None
     id: int = 0
@@ -181,10 +182,9 @@ class Init:
     code: ClassVar[OpCode] = OpCode.INIT
 
     def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
-        flags = (RE * self.re) | (SYNC * self.sync) | (SPARSE * self.sparse) | \
-            (AVERAGE * self.average)
+        flags = (RE * self.re) | (SYNC * self.sync) | (SPARSE * self.sparse)
         arrays = [] if self.value is None else [self.value]
-        extra: dict[str, Any] = {"dtype": self.dtype, "shape": list(self.shape)}
+        extra: dict[str, Any] = {"dtype": self.dtype, "shape": list(self.shape), "agg": self.aggregation}
         if self.bucket >= 0:
             extra["bucket"], extra["offset"] = self.bucket, self.offset
         if self.fill is not None:
@@ -225,8 +225,11 @@ class Init:
         backup = _int(extra.get("backup", 0), "init backup")
         if backup and not flags & SYNC:
             raise ProtocolError("init: backup workers are for sync key parts only")
+        aggregation = extra.get("agg", "average")
+        if type(aggregation) is not str or not 0 < len(aggregation) <= 32:
+            raise ProtocolError(f"init: agg must be an aggregation rule's name, not {str(aggregation)[:40]!r}")
         return cls(key, part, dtype, tuple(_int(d, "init shape") for d in shape), bool(flags & SYNC),
-                   bool(flags & AVERAGE), bool(flags & SPARSE), arrays[0] if arrays else None,
+                   aggregation, bool(flags & SPARSE), arrays[0] if arrays else None,
                    id, bool(flags & RE), bucket, offset, fill, bare, join, staleness, backup)
 
 

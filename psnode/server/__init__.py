@@ -5,12 +5,13 @@
   causes out (key creation, compression settings, flushes, optimizer states, membership) and
   when a checkpoint is due; it states the server's half of the exactly-once invariant.  It is
   composed of :mod:`~psnode.server.rounds` (the rules every round follows, and a key part's
-  rounds: pushes taken once, summed, completed, applied; pulls answered) and
+  rounds: pushes taken once, folded by the part's aggregation rule (:mod:`psnode.math.aggregation`),
+  completed, applied; pulls answered) and
   :mod:`~psnode.server.buckets` (many small keys pushed and pulled as one; a split bucket's
   members go through the rounds of single key parts).
 - :mod:`~psnode.server.keypart`: a key part's state and the rules of its push numbers;
   :mod:`~psnode.server.replies`: what the store answers and the zero-copy send rule;
-  :mod:`~psnode.server.arith`: the sum kernel; :mod:`~psnode.server.compressed`: compressed
+  :mod:`~psnode.server.compressed`: compressed
   pushes (one setting for all workers, checked, decoded where summed).
 - :mod:`~psnode.server.checkpoint`: a server's whole state, written atomically, and restored.
 - :mod:`~psnode.server.samehost`: the server's side of the same-host links; it alone decides
@@ -18,6 +19,6 @@
   TCP, or its link with TCP behind it), through which the loop sends every reply.
 
 All but loop, checkpoint, routes and samehost are pure (no I/O).  Imports go one way, no circles:
-replies <- keypart <- rounds <- buckets <- store <- checkpoint <- loop (arith and compressed
-below rounds).  Never imports :mod:`psnode.worker` or :mod:`psnode.scheduler`.
+replies <- keypart <- rounds <- buckets <- store <- checkpoint <- loop (compressed below
+rounds).  Never imports :mod:`psnode.worker` or :mod:`psnode.scheduler`.
 """

@@ -32,8 +32,8 @@ from typing import Any, cast
 import numpy as np
 
 from psnode.math import optimizers as opt_mod
+from psnode.math.aggregation import AVERAGE, Aggregation
 from psnode.protocol import Ok, Wait
-from psnode.server.arith import add_scaled
 from psnode.server.awaited import Awaited
 from psnode.server.keypart import Entry, Key, contiguous, first_gap, received
 from psnode.server.replies import OpError, Reply
@@ -67,7 +67,7 @@ class Bucket:
     used: int = 0                  # elements covered by members
     fused: bool = False
     sync: bool = True
-    average: bool = True
+    aggregation: Aggregation = AVERAGE
     # the members' common state while fused
     round: int = 0
     pushed: dict[int, int] = field(default_factory=dict)
@@ -75,7 +75,7 @@ class Bucket:
     first: np.ndarray | None = None        # the round's first push, by reference
     acc: np.ndarray | None = None          # sum buffer (capacity elements)
     summed: bool = False                   # acc holds the round's sum
-    stored: bool = False                   # the round's average is in value already
+    stored: bool = False                   # the round's mean is in value already
     early: dict[int, list[tuple[int, np.ndarray]]] = field(default_factory=dict)
     state: Any = None                      # optimizer state over value[:used]
     view: np.ndarray | None = None         # value[:used], the array answers carry
@@ -122,15 +122,15 @@ class Buckets:
 
     # ------------------------------------------------------------ membership
     def place(self, bid: int, offset: int, shape: tuple[int, ...], dtype: np.dtype, sync: bool,
-              average: bool) -> np.ndarray:
+              aggregation: Aggregation) -> np.ndarray:
         """The view of bucket ``bid`` a new member's value lives in (bucket made if needed)."""
         size = int(np.prod(shape, dtype=np.int64))
         b = self.all.get(bid)
         if b is None:
             cap = max(self.capacity_bytes // dtype.itemsize, offset + size)
-            b = self.all[bid] = Bucket(bid, self.alloc((cap,), dtype), sync=sync, average=average)
+            b = self.all[bid] = Bucket(bid, self.alloc((cap,), dtype), sync=sync, aggregation=aggregation)
         if b.value.dtype != dtype or offset < b.used or offset + size > len(b.value) \
-                or b.sync != sync or b.average != average:
+                or b.sync != sync or b.aggregation != aggregation:
             raise ValueError(f"member at {offset} ({size} {dtype}) does not fit bucket {bid}")
         return b.value[offset:offset + size].reshape(shape)
 
@@ -261,10 +261,11 @@ class Buckets:
         acc = b.acc[:b.used]
         rules = self.rules
         n = len(b.contributors)
-        # the push that completes the round also averages into the value, chunk by chunk
-        last = rules.active <= b.contributors and b.average and rules.optimizer_for(b.members[0].entry) is None
+        # the push that completes the round of a mean rule also divides into the value, chunk by chunk
+        agg = b.aggregation
+        last = rules.active <= b.contributors and agg.mean and rules.optimizer_for(b.members[0].entry) is None
         to = b.value[:b.used] if last else None
-        add_scaled(b.first if b.first is not None else acc, data, acc, 1.0 / n if last else 1.0, to)
+        agg.fold_scaled(b.first if b.first is not None else acc, data, acc, agg.scale(n) if last else 1.0, to)
         b.first, b.summed, b.stored = None, True, last
 
     def _complete(self, b: Bucket) -> list[Reply]:
@@ -276,12 +277,12 @@ class Buckets:
             first = b.first
             agg: np.ndarray = first if first is not None else b.acc[:b.used]   # type: ignore[index]
             optimizer = rules.optimizer_for(b.members[0].entry)
-            scale = 1.0 / n if b.average and n > 1 else 1.0
+            scale = b.aggregation.scale(n)
             if b.stored:
                 b.stored = False
             elif optimizer is None:
                 if scale != 1.0:
-                    np.multiply(agg, scale, out=value, casting="unsafe")   # average and store: one pass
+                    np.multiply(agg, scale, out=value, casting="unsafe")   # divide and store: one pass
                 else:
                     np.copyto(value, agg)
             else:

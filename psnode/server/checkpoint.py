@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from psnode.errors import ConfigError
+from psnode.math import aggregation as agg_mod
 from psnode.math import optimizers as opt_mod
 from psnode.math.initializers import from_spec as init_from_spec
 from psnode.server import dynparts
@@ -36,6 +38,18 @@ Arrays = dict[str, np.ndarray]
 
 def path_for(directory: str, rank: int) -> str:
     return os.path.join(directory, f"server-{rank}.npz")
+
+
+def aggregation_of(item: dict[str, Any]) -> agg_mod.Aggregation:
+    """A snapshot item's aggregation rule: ``"aggregation"``, its name (psnode.math.aggregation),
+    or a boolean ``"average"`` (true: average, false: sum), the form checkpoints of stores with
+    two rules hold.  An unknown name raises ConfigError naming it."""
+    if "aggregation" in item:
+        try:
+            return agg_mod.parse(item["aggregation"], f"the checkpoint of key {item.get('key')!r}")
+        except ValueError as exc:
+            raise ConfigError(f"{exc}; restore it with the psnode that wrote it") from None
+    return agg_mod.AVERAGE if item.get("average", True) else agg_mod.SUM
 
 
 def snapshot(store: Store, changes_only: bool = False) -> tuple[dict[str, Any], Arrays]:
@@ -55,7 +69,8 @@ def snapshot(store: Store, changes_only: bool = False) -> tuple[dict[str, Any], 
     index = []
     for i, ((key, part), entry) in enumerate(store.entries.items()):
         item: dict[str, Any] = {
-            "key": key, "part": part, "sparse": entry.sparse, "sync": entry.sync, "average": entry.average,
+            "key": key, "part": part, "sparse": entry.sparse, "sync": entry.sync,
+            "aggregation": entry.aggregation.name,
             "round": entry.round, "state": [], "pushed": {str(w): q for w, q in entry.pushed.items()}}
         if entry.table is not None:   # (a table without a row count: rows by id)
             _dynamic_rows(i, entry, arrays, item, changes_only and not entry.changed)
@@ -201,11 +216,11 @@ def restore(store: Store, meta: dict[str, Any], arrays: Any, same_job: bool = Fa
         bucket = item.get("bucket")
         if bucket:   # (values in shared memory on a server; small keys in their bucket)
             value = store.fused.place(int(bucket[0]), int(bucket[1]), saved.shape, saved.dtype,
-                                      item["sync"], item["average"])
+                                      item["sync"], aggregation_of(item))
         else:
             value = store.alloc(saved.shape, saved.dtype)
         copy_in_chunks(value, saved, pump)
-        entry = Entry(value=value, sparse=item["sparse"], sync=item["sync"], average=item["average"],
+        entry = Entry(value=value, sparse=item["sparse"], sync=item["sync"], aggregation=aggregation_of(item),
                       staleness=int(item.get("staleness", -1)), backup=int(item.get("backup", 0)))
         if same_job:
             entry.round = int(item.get("round", 0))
@@ -234,7 +249,7 @@ def _restore_dynamic(store: Store, i: int, item: dict[str, Any], arrays: Any, sa
     dyn = item["dynamic"]
     values = np.asarray(arrays[f"v{i}"])
     entry = dynparts.make_entry(item["key"], Params.from_json(dyn["params"]), init_from_spec(dyn["init"]),
-                                int(dyn["seed"]), values.dtype, item["sync"], item["average"],
+                                int(dyn["seed"]), values.dtype, item["sync"], aggregation_of(item),
                                 int(item.get("staleness", -1)), None, store.alloc)
     table: Table = entry.table
     slots = table.place(np.asarray(arrays[f"t{i}"], np.int64), True)

@@ -54,7 +54,7 @@ class Packed:
         self.spec.decompress(self.payload, out.size, out=out)
 
     def add_into(self, acc: np.ndarray, scale: float = 1.0) -> None:
-        """``acc = (acc + gradient) * scale``, as psnode.server.arith.add_scaled would compute it."""
+        """``acc = (acc + gradient) * scale``, as psnode.math.aggregation's fold_scaled would for a sum."""
         self.spec.accumulate(acc, self.payload, scale)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from psnode.math import optimizers as opt_mod
+from psnode.math.aggregation import Aggregation
 from psnode.math.initializers import Initializer
 from psnode.server.dyntable import Params, Table, grow
 from psnode.server.keypart import Entry, note_change, received
@@ -23,9 +24,9 @@ EVICT_STEP = 1 << 16   # rows one eviction step drops at most
 
 
 def make_entry(key: Any, params: Params, init: Initializer, seed: int, dtype: np.dtype, sync: bool,
-               average: bool, staleness: int, optimizer: opt_mod.Optimizer | None, alloc: Alloc) -> Entry:
+               aggregation: Aggregation, staleness: int, optimizer: opt_mod.Optimizer | None, alloc: Alloc) -> Entry:
     """A new, empty dynamic part."""
-    entry = Entry(value=alloc((0, params.width), dtype), sparse=True, sync=sync, average=average,
+    entry = Entry(value=alloc((0, params.width), dtype), sparse=True, sync=sync, aggregation=aggregation,
                   staleness=staleness)
     entry.table = Table(params, init, seed, key)
     entry.fixed = False

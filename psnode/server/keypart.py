@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from psnode.math.aggregation import Aggregation
 from psnode.server.replies import Reply
 
 Key = tuple[Any, int]  # (user key, part index)
@@ -43,7 +44,7 @@ class Entry:
     value: np.ndarray
     sparse: bool
     sync: bool
-    average: bool
+    aggregation: Aggregation   # how a round's pushes fold (psnode.math.aggregation)
     round: int = 0
     first: np.ndarray | None = None   # the round's first dense push, by reference
     spare: np.ndarray | None = None   # buffer the next aggregate is summed into
@@ -62,7 +63,7 @@ class Entry:
     skipped: int = 0
     bucket: Group | None = None   # the bucket it belongs to (its value is a view of the bucket's)
     fixed: bool = False    # value stays where it is (written in place, never swapped)
-    scaled: bool = False   # spare already holds the round's average (summed and scaled at once)
+    scaled: bool = False   # spare already holds the round's mean (folded and scaled at once)
     row_sum: np.ndarray | None = None   # flat scratch a sync row_sparse round is summed into
     durable: dict[int, int] = field(default_factory=dict)   # worker -> pushes its last checkpoint holds
     start: dict[int, int] = field(default_factory=dict)   # joiner -> its start round here (psnode.server.rounds)

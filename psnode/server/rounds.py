@@ -12,11 +12,12 @@ checks what is the store's: compression settings, key creation):
 
 * :meth:`Rounds.push` takes push ``q`` of a worker once (a duplicate, whatever path it came by,
   changes nothing: psnode.server.keypart.received): async pushes are applied at once; sync
-  pushes of the round being summed contribute, later ones wait in ``early``.  Summing is in
-  place: the first push is kept by reference, the second is added into the spare buffer, and
-  the push that completes the round also averages, chunk by chunk while in cache
-  (psnode.server.arith); a compressed push is decoded where it is summed
-  (psnode.server.compressed.Packed).
+  pushes of the round being folded contribute, later ones wait in ``early``.  Pushes fold by
+  the part's rule (``entry.aggregation``: psnode.math.aggregation), in place: the first push
+  is kept by reference, the second is folded into the spare buffer, and the push that
+  completes the round of a mean rule also divides, chunk by chunk while in cache; a
+  compressed push is decoded where it is summed (psnode.server.compressed.Packed; a rule that
+  does not add decodes it first).
 * :meth:`Rounds.complete` completes rounds every active worker contributed to (rows of
   row_sparse keys combined, non-finite rounds skipped when asked), answers the pulls that
   waited for them (the key part's, and its bucket's: psnode.server.keypart.Group), and lets
@@ -30,7 +31,7 @@ checks what is the store's: compression settings, key creation):
 
 **Backup workers** (``Entry.backup`` = b > 0, dist_sync only: :meth:`Rules.done`).  Round
 ``r`` of a key part completes when all but b of the workers it waits for pushed their push
-``r``; its aggregate is of those pushes (``average`` divides by their number).  Invariant
+``r``; its aggregate is of those pushes (a mean rule divides by their number).  Invariant
 (exactly once): a push ``r`` is applied iff it arrived while round ``r`` was being summed; a
 push ``r`` arriving after round ``r`` completed is *late*: dropped, counted
 (psnode.server.awaited), and taken (``pushed`` counts it, so a resend is a duplicate, and a
@@ -64,7 +65,6 @@ from psnode.math.sparse import RowSparseArray
 from psnode.math.sparse import combine_rows as _combine_rows
 from psnode.protocol import Ok, Wait
 from psnode.server import staleness as bound
-from psnode.server.arith import add_scaled
 from psnode.server.awaited import Awaited
 from psnode.server.compressed import Packed
 from psnode.server.keypart import Entry, Key, first_gap, fmt, mark_async, note_change, received
@@ -88,7 +88,7 @@ class Rules:
     even before the MEMBERSHIP naming it arrives (``admitted``: joiner -> the generation it was
     admitted in).  A member removed by a MEMBERSHIP of that generation or later (it left, was
     lost) no longer counts; its pushes that arrived are kept (they count in their rounds, and
-    ``average`` divides by each round's contributors)."""
+    a mean rule divides by each round's contributors)."""
 
     active: set[int]                          # the members (MEMBERSHIP)
     check_finite: bool = False                # skip a round (or async push) holding inf or NaN
@@ -160,7 +160,7 @@ class Rounds:
             return []  # duplicate: applied once
         self.pushes += 1
         check_finite = self.rules.check_finite
-        if isinstance(data, Packed) and (check_finite or not entry.sync):
+        if isinstance(data, Packed) and (check_finite or not entry.sync or not entry.aggregation.additive):
             data = data.decode()   # (else a sync round decodes it where it sums it: _contribute)
         if not entry.sync:
             assert isinstance(data, np.ndarray)
@@ -170,7 +170,7 @@ class Rounds:
             else:
                 if rows is not None:
                     rows, data = _combine_rows([(rows, data)])
-                self._apply(key, entry, data, rows, 1, average=False)
+                self._apply(key, entry, data, rows, 1, mean=False)
             mark_async(entry, worker, seq)
             if not entry.pulls:
                 return self.answer_pulls(entry)
@@ -250,20 +250,21 @@ class Rounds:
         elif len(entry.contributors) == 1:
             entry.first = data
         else:
-            # the push that completes the round also averages, chunk by chunk while in cache
+            # the push that completes the round of a mean rule also divides, chunk by chunk while in cache
             n = len(entry.contributors)
             rules = self.rules
-            last = rules.done(entry) and entry.average and not entry.nonfinite \
+            agg = entry.aggregation
+            last = agg.mean and rules.done(entry) and not entry.nonfinite \
                 and rules.optimizer_for(entry) is None
-            scale = 1.0 / n if last else 1.0
+            scale = agg.scale(n) if last else 1.0
             if entry.first is not None:
                 entry.spare = self._fresh(entry.spare, entry.spare_sends, entry.value)
                 entry.spare_sends = []
-                add_scaled(entry.first, data, entry.spare, scale)
+                agg.fold_scaled(entry.first, data, entry.spare, scale)
                 entry.first = None
             else:
                 assert entry.spare is not None
-                add_scaled(entry.spare, data, entry.spare, scale)
+                agg.fold_scaled(entry.spare, data, entry.spare, scale)
             entry.scaled = last
 
     def _contribute_packed(self, entry: Entry, data: Packed) -> None:
@@ -276,7 +277,7 @@ class Rounds:
             data.into(entry.spare)
             entry.first, entry.scaled = None, False
             return
-        last = self.rules.done(entry) and entry.average and \
+        last = self.rules.done(entry) and entry.aggregation.mean and \
             self.rules.optimizer_for(entry) is None
         n = len(entry.contributors)
         if entry.first is not None:   # (a float32 first push: only a worker whose setting changed)
@@ -302,17 +303,17 @@ class Rounds:
                             f"gradient from worker(s) {sorted(entry.nonfinite)}")
                 entry.nonfinite.clear()
             elif entry.sparse:
-                rows, data = _combine_rows(entry.sparse_parts, self._row_sum(entry))
-                average = entry.average
-                if average and n > 1 and data.dtype.kind == "f":   # a fresh array: in place
-                    np.divide(data, n, out=data)                      # (the values of data / n)
-                    average = False
-                self._apply(key, entry, data, rows, n, average)
+                rows, data = entry.aggregation.fold_rows(entry.sparse_parts, self._row_sum(entry))
+                mean = entry.aggregation.mean
+                if mean and n > 1 and data.dtype.kind == "f":   # a fresh array: in place
+                    np.divide(data, n, out=data)                   # (the values of data / n)
+                    mean = False
+                self._apply(key, entry, data, rows, n, mean)
             else:
                 agg = entry.first if entry.first is not None else entry.spare
                 assert agg is not None
                 entry.first = None
-                self._apply(key, entry, agg, None, n, entry.average)
+                self._apply(key, entry, agg, None, n, entry.aggregation.mean)
             entry.round += 1
             self.rounds += 1
             entry.contributors.clear()
@@ -347,14 +348,14 @@ class Rounds:
         return buf
 
     def _apply(self, key: Key, entry: Entry, data: np.ndarray, rows: np.ndarray | None, n: int,
-               average: bool) -> None:
-        """Fold an aggregate into the value.
+               mean: bool) -> None:
+        """Fold an aggregate into the value (``mean``: ``data`` is still to be divided by ``n``).
 
-        ``data`` is either the entry's spare buffer (a sum of several pushes: scaled in place,
+        ``data`` is either the entry's spare buffer (a fold of several pushes: scaled in place,
         then swapped with the value when there is no optimizer), a fresh array, or a received
         read-only push.  The value is never written while a zero-copy send still reads it.
         """
-        if average and n > 1:
+        if mean and n > 1:
             if data is entry.spare:
                 if not entry.scaled:
                     np.multiply(data, 1.0 / n, out=data, casting="unsafe")

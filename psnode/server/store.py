@@ -19,8 +19,10 @@ Semantics (per key part held by this server):
 * ``push`` with per-(worker, key) sequence number ``q`` (1, 2, ...):
   - sync: push ``q`` belongs to round ``q``.  A push for a later round than the one being
     aggregated waits (a fast worker never leaks into the current round).  When every active
-    worker has contributed, the round completes: sum, divided by the number of contributors for
-    ``average``; then the optimizer, or the value becomes the aggregate.
+    worker has contributed, the round completes: the pushes folded by the part's aggregation
+    rule (its init names it: psnode.math.aggregation; ``average`` divides the sum by the number
+    of contributors); then the optimizer, or the value becomes the aggregate.  Every worker's
+    init of a part names the same rule (another is refused: ConfigError).
   - async: applied on arrival (the optimizer, or the value becomes the push).
   - dist_ssp (an async part with a ``staleness`` bound ``s``): applied on arrival as async;
     pulls wait for the bound (below).
@@ -44,8 +46,9 @@ Semantics (per key part held by this server):
   part (its pushes 1..seq are in the last checkpoint).  A server that cannot be restarted
   reports the pushes it received instead.  Workers keep pushes until that watermark covers
   them (psnode.worker.journal).
-* row_sparse pushes carry (row ids, rows); rows are combined per round (duplicates summed),
-  averaged over the contributors as if missing rows were zero, and applied lazily: only rows
+* row_sparse pushes carry (row ids, rows); rows are combined per round by the rule (for
+  ``average``: summed and divided by the contributors, as if missing rows were zero; for
+  ``max``: over the pushes holding the row), and applied lazily: only rows
   present change (without an optimizer those rows take the aggregate; others keep their value).
 * Workers leave (``set_active``): rounds then complete over the workers still active.
 * **Elastic membership** (:meth:`set_membership`, ``join``; who a round waits for:
@@ -82,6 +85,7 @@ from typing import Any
 import numpy as np
 
 from psnode.errors import PSError, kind_of
+from psnode.math import aggregation as agg_mod
 from psnode.math import dynrows
 from psnode.math import optimizers as opt_mod
 from psnode.math.initializers import FillSpec
@@ -244,6 +248,7 @@ class Store:
 
     # ---------------------------------------------------------------- init
     def _init(self, worker: int, op: Init) -> list[Reply]:
+        _rule(op)   # (a rule this server does not know is refused before anything is made)
         if op.fill is not None or op.bare:
             return self._init_computed(worker, op)
         key = (op.key, op.part)
@@ -272,13 +277,13 @@ class Store:
             return []   # (the part exists, and its inits are answered, once copied: fill_some)
         if op.bucket >= 0 and not op.sparse:
             try:
-                value = self.fused.place(op.bucket, op.offset, op.value.shape, op.value.dtype, op.sync, op.average)
+                value = self.fused.place(op.bucket, op.offset, op.value.shape, op.value.dtype, op.sync, _rule(op))
             except ValueError as exc:
                 raise OpError("ProtocolError", f"{fmt(*key)}: {exc}") from None
         else:
             value = self.alloc(op.value.shape, op.value.dtype)
         np.copyto(value, op.value)
-        entry = Entry(value=value, sparse=op.sparse, sync=op.sync, average=op.average, staleness=op.staleness,
+        entry = Entry(value=value, sparse=op.sparse, sync=op.sync, aggregation=_rule(op), staleness=op.staleness,
                       backup=op.backup)
         optimizer = self.rules.optimizer_for(entry)
         if optimizer is not None:
@@ -347,7 +352,7 @@ class Store:
         if tuple(op.shape) != (dynrows.HEIGHT, params.width):
             raise OpError("ShapeMismatch", f"{fmt(*key)}: a table without a row count has shape "
                                            f"[None, {params.width}], not {list(op.shape)}")
-        entry = dynparts.make_entry(op.key, params, init, seed, np.dtype(op.dtype), op.sync, op.average,
+        entry = dynparts.make_entry(op.key, params, init, seed, np.dtype(op.dtype), op.sync, _rule(op),
                                     op.staleness, self.rules.optimizer, self.alloc)
         self.entries[key] = entry
         self.must_persist = True   # (as _init)
@@ -386,7 +391,7 @@ class Store:
         out: list[Reply] = []
         for fill in self.filling.step(budget):
             op = fill.op
-            entry = Entry(value=fill.value, sparse=op.sparse, sync=op.sync, average=op.average,
+            entry = Entry(value=fill.value, sparse=op.sparse, sync=op.sync, aggregation=_rule(op),
                           staleness=op.staleness, backup=op.backup)
             optimizer = self.rules.optimizer_for(entry)
             if optimizer is not None:
@@ -445,6 +450,11 @@ class Store:
             raise OpError("ConfigError", f"{fmt(*key)} was created by a {kind(entry.sync, entry.staleness)} store; "
                                          f"this worker's is {kind(op.sync, op.staleness)}: every worker must "
                                          "create the same kind of store")
+        if entry.aggregation.name != op.aggregation:
+            raise OpError("ConfigError", f"{fmt(*key)} was created by a store with aggregator="
+                                         f"{entry.aggregation.name!r}; this worker's has aggregator="
+                                         f"{op.aggregation!r}: every worker must create the same kind of store "
+                                         "(a job resumed from a checkpoint keeps the checkpoint's)")
         if entry.backup != op.backup:
             raise OpError("ConfigError", f"{fmt(*key)} was created by a store with backup_workers={entry.backup}; "
                                          f"this worker's has backup_workers={op.backup}: every worker must create "
@@ -743,3 +753,11 @@ class Store:
         for b in self.fused.all.values():
             out.extend(self.fused.answer(b))
         return out
+
+
+def _rule(op: Init) -> agg_mod.Aggregation:
+    """The aggregation rule ``op`` names (psnode.math.aggregation); OpError ConfigError if unknown."""
+    try:
+        return agg_mod.parse(op.aggregation, f"init of {fmt(op.key, op.part)}")
+    except ValueError as exc:
+        raise OpError("ConfigError", f"{exc}; every worker and server must run the same psnode") from None

@@ -151,7 +151,7 @@ class DataPath:
         return copy
 
     # ------------------------------------------------------------ init
-    def init(self, key: Any, info: KeyInfo, sync: bool, average: bool, resumed: bool,
+    def init(self, key: Any, info: KeyInfo, sync: bool, aggregation: str, resumed: bool,
              value: np.ndarray | None = None, target: np.ndarray | None = None,
              fill: Callable[[Part], dict[str, Any]] | None = None, bare: bool = False,
              join: bool = False, staleness: int = -1, backup: int = 0) -> list[Future]:
@@ -167,7 +167,7 @@ class DataPath:
         if join:
             value, fill = None, None
         for part in info.placement.parts:
-            op = Init(key, part.index, info.dtype.name, info.part_shape(part), sync=sync, average=average,
+            op = Init(key, part.index, info.dtype.name, info.part_shape(part), sync=sync, aggregation=aggregation,
                       sparse=info.sparse, bare=bare, join=join, staleness=staleness, backup=backup)
             if info.bucket is not None:
                 op.bucket, op.offset = info.bucket.bid, info.bucket.offsets[key][0]

@@ -20,9 +20,10 @@ Contracts:
   asynchronously; a list of arrays for one key is summed first.  Errors a server reports
   surface at the next call.  ``pull`` blocks until the values after this worker's last push of
   each key are in ``out``.  Higher ``priority`` requests are sent first when requests queue.
-* ``dist_sync``: the value after a round is the aggregate of every active worker's push
-  (``average`` divides the sum by the number of contributors) fed to the optimizer, or stored
-  as is without one.  ``dist_async``: each push is applied on arrival.  ``dist_ssp`` (bounded
+* ``dist_sync``: the value after a round is the aggregate of every active worker's push under
+  the store's aggregator (``kv.aggregator``, psnode.math.aggregation: ``average`` divides the
+  sum by the number of contributors, ``sum``, ``max``) fed to the optimizer, or stored as is
+  without one.  ``dist_async``: each push is applied on arrival.  ``dist_ssp`` (bounded
   staleness ``s``, ``kv.staleness``): each push is applied on arrival as in dist_async, and the
   pull after this worker's push ``t`` of a key holds every active worker's pushes 1..t-s of it
   (it waits while the slowest is further behind: psnode.server.staleness); ``s = 0`` runs
@@ -86,6 +87,7 @@ import numpy as np
 
 from psnode.config import Distribution, NodeConfig
 from psnode.errors import ConfigError, KeyNotInitialized, Leave, PSError, ShapeMismatch
+from psnode.math import aggregation as agg_mod
 from psnode.math import dynrows
 from psnode.math import initializers as init_mod
 from psnode.math import optimizers as opt_mod
@@ -103,7 +105,7 @@ from psnode.worker.placement import Part, Placement, Placer
 from psnode.worker.states import load_states, save_states
 
 TYPES = ("local", "dist_sync", "dist_async", "dist_ssp")
-AGGREGATORS = ("average", "sum")
+AGGREGATORS = tuple(agg_mod.RULES)   # the aggregators' names (psnode.math.aggregation)
 #: MXNet's other store type names and the psnode store each one is.  MXNet's device
 #: communication (``'device'`` names) is a way to sum per-device arrays; psnode stores sum a
 #: list of arrays on the host whatever the name says.
@@ -202,7 +204,8 @@ class KVStore:
         self._sync = kind in ("local", "dist_sync") or staleness == 0   # rounds on the servers
         self.type = name.lower() if name else kind   # the type name it was created with (MXNet's kv.type)
         self._engine = engine
-        self._aggregator = aggregator
+        #: how the servers fold a round's pushes (psnode.math.aggregation)
+        self._aggregation = agg_mod.parse(aggregator, "kv.create(aggregator=...)")
         self._cfg = cfg
         self.distribution = cfg.distribution.value if cfg else Distribution.HYBRID.value
         bound = None if cfg is None or cfg.distribution is Distribution.DATA else cfg.big_array_bound
@@ -299,7 +302,8 @@ class KVStore:
 
     @property
     def aggregator(self) -> str:
-        return self._aggregator
+        """The aggregation rule's name (``'average'``, ``'sum'``, ...: psnode.math.aggregation)."""
+        return self._aggregation.name
 
     @property
     def _bound(self) -> int:
@@ -433,7 +437,7 @@ class KVStore:
             if joined is not None:
                 info.bucket = joined[0]
         self._keys[key] = info
-        return self._path.init(key, info, sync=self._sync, average=self._aggregator == "average",
+        return self._path.init(key, info, sync=self._sync, aggregation=self._aggregation.name,
                                resumed=self._resumed, value=arr if self.rank == 0 else None, target=target,
                                join=self._engine.joiner, staleness=self._bound, backup=self.backup_workers)
 
@@ -470,7 +474,7 @@ class KVStore:
 
         def fill(part: Part) -> dict[str, Any]:
             return ps.part(shape, part.lo * row if placement.split else 0).to_json()
-        return self._path.init(key, info, sync=self._sync, average=self._aggregator == "average",
+        return self._path.init(key, info, sync=self._sync, aggregation=self._aggregation.name,
                                resumed=self._resumed, fill=fill if self.rank == 0 else None, bare=True,
                                join=self._engine.joiner, staleness=self._bound, backup=self.backup_workers)
 
@@ -492,7 +496,7 @@ class KVStore:
 
         def fill(part: Part) -> dict[str, Any]:
             return {"init": ps.init.to_spec(), "seed": ps.seed, "dynamic": dict(options)}
-        return self._path.init(key, info, sync=self._sync, average=self._aggregator == "average",
+        return self._path.init(key, info, sync=self._sync, aggregation=self._aggregation.name,
                                resumed=self._resumed, fill=fill if self.rank == 0 else None, bare=True,
                                join=self._engine.joiner, staleness=self._bound)
 
@@ -897,7 +901,7 @@ class KVStore:
         bound = "" if self.staleness is None else f" staleness {self.staleness}"
         bound += f" backup_workers {self.backup_workers}" if self.backup_workers else ""
         return (f"<KVStore {self.type}{bound} rank {self.rank}/{self.num_workers} "
-                f"servers {self.num_servers} {self._aggregator}>")
+                f"servers {self.num_servers} {self._aggregation.name}>")
 
 
 class PendingRows:

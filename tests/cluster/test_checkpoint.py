@@ -50,6 +50,7 @@ kv.close()
 WRITER = """
 import sys, numpy as np
 from psnode.math import optimizers as optimizer
+from psnode.math.aggregation import AVERAGE
 from psnode.server import chain as disk
 from psnode.server.keypart import Entry, note_change
 from psnode.server.store import Store
@@ -58,7 +59,7 @@ store = Store(1)
 store.track_changes = True
 store.optimizer = optimizer.create('adam')
 table = np.zeros((ROWS, 4), np.float32)
-store.entries[('emb', 0)] = Entry(value=table, sparse=True, sync=True, average=True,
+store.entries[('emb', 0)] = Entry(value=table, sparse=True, sync=True, aggregation=AVERAGE,
                                   state=store.optimizer.create_state(table))
 chain = disk.Chain(sys.argv[1], 0, 'job')
 i = 0
@@ -67,7 +68,7 @@ while True:
         rows = np.random.default_rng(i).integers(0, ROWS, ROWS // 2)
         table[rows] = i
         note_change(store.entries[('emb', 0)], rows)
-    store.entries[('v', 0)] = Entry(value=np.full(1, i, np.float32), sparse=False, sync=True, average=True)
+    store.entries[('v', 0)] = Entry(value=np.full(1, i, np.float32), sparse=False, sync=True, aggregation=AVERAGE)
     chain.point(store).result()
     store.forget_changes()
     print(i, flush=True)

@@ -22,8 +22,8 @@ DIM, WORKERS = 4, 2
 def _store(rows: int) -> Store:
     s = Store(WORKERS)
     s.track_changes = True
-    s.handle(0, Init("emb", 0, "float32", (rows, DIM), True, False, True, np.zeros((rows, DIM), F)))
-    s.handle(0, Init("w", 0, "float32", (3,), True, True, False, np.zeros(3, F)))
+    s.handle(0, Init("emb", 0, "float32", (rows, DIM), True, "sum", True, np.zeros((rows, DIM), F)))
+    s.handle(0, Init("w", 0, "float32", (3,), True, "average", False, np.zeros(3, F)))
     s.handle(0, SetOptimizer({"name": "adagrad", "params": {"learning_rate": 1.0}}, id=1))
     return s
 

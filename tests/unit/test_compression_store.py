@@ -109,7 +109,7 @@ def test_store_rounds_with_early_pushes_equal_decoding_first(optimizer, average:
             s_.handle(0, SetOptimizer(optimizer))
         for w in (0, 1):
             value = np.zeros((3, 33), F) if w == 0 else None
-            s_.handle(w, Init("w", 0, "float32", (3, 33), average=average, value=value))
+            s_.handle(w, Init("w", 0, "float32", (3, 33), aggregation="average" if average else "sum", value=value))
     rng = np.random.default_rng(3)
     grads = {(w, q): rng.standard_normal((3, 33)).astype(F) for w in (0, 1) for q in (1, 2, 3)}
     res, res_ref = [TWO.new_residual(99) for _ in range(2)], [TWO.new_residual(99) for _ in range(2)]

@@ -141,7 +141,7 @@ def _pull(store: Store, w: int, key, after: int, rows=None):
 
 def _init(store: Store, key, value, sparse=False, sync=True, agg="average"):
     v = np.asarray(value)
-    return store.handle(0, Init(key, 0, v.dtype.name, v.shape, sync, agg == "average", sparse, v))
+    return store.handle(0, Init(key, 0, v.dtype.name, v.shape, sync, agg, sparse, v))
 
 
 def test_sync_round_parks_pulls_and_early_pushes() -> None:

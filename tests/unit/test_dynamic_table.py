@@ -90,8 +90,8 @@ def _store(**table) -> Store:
     s.handle(0, SetOptimizer({"name": "adagrad", "params": {"learning_rate": 0.5}}, id=1))
     opts = {"width": 3, "min_count": 1, "ttl": 0, "max_rows": 0, "absent": "init", **table}
     fill = {"init": Normal(1.0).to_spec(), "seed": 4, "dynamic": opts}
-    s.handle(0, Init("emb", 0, "float32", (H, 3), True, True, True, fill=fill, bare=True))
-    s.handle(1, Init("emb", 0, "float32", (H, 3), True, True, True, bare=True))
+    s.handle(0, Init("emb", 0, "float32", (H, 3), True, "average", True, fill=fill, bare=True))
+    s.handle(1, Init("emb", 0, "float32", (H, 3), True, "average", True, bare=True))
     return s
 
 

@@ -248,7 +248,7 @@ class SimWorker:
             self._ask(s, SetOptimizer(SPEC), lambda ans: None)
         for key, (size, parts, offset) in KEYS.items():
             for server, part, lo, hi in parts:
-                op = Init(key, part, "float32", (hi - lo,), sync=True, average=True)
+                op = Init(key, part, "float32", (hi - lo,), sync=True)
                 if offset is not None:
                     op.bucket, op.offset = 0, offset
                 if self.rank == 0:

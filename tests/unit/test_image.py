@@ -18,8 +18,8 @@ ROWS, DIM, WORKERS = 50_000, 4, 2
 def _store(optimizer: str) -> Store:
     s = Store(WORKERS)
     s.track_changes = True
-    s.handle(0, Init("emb", 0, "float32", (ROWS, DIM), True, False, True, np.zeros((ROWS, DIM), F)))
-    s.handle(0, Init("w", 0, "float32", (3,), True, True, False, np.zeros(3, F)))
+    s.handle(0, Init("emb", 0, "float32", (ROWS, DIM), True, "sum", True, np.zeros((ROWS, DIM), F)))
+    s.handle(0, Init("w", 0, "float32", (3,), True, "average", False, np.zeros(3, F)))
     s.handle(0, SetOptimizer({"name": optimizer, "params": {"learning_rate": 1.0}}, id=1))
     return s
 
@@ -78,7 +78,7 @@ def test_changes_to_a_part_the_image_lacks_are_refused_and_change_nothing() -> N
     s = _store("adagrad")
     _round(s, 1, rng)
     other = Store(WORKERS)
-    other.handle(0, Init("x", 0, "float32", (2,), True, True, False, np.zeros(2, F)))
+    other.handle(0, Init("x", 0, "float32", (2,), True, "average", False, np.zeros(2, F)))
     image = Image(*checkpoint.snapshot(other))
     s.forget_changes()
     _round(s, 2, rng)
@@ -92,7 +92,7 @@ def test_a_new_key_and_a_new_optimizer_travel_whole() -> None:
     whole (the holder has nothing to apply rows to)."""
     s = _store("sgd")
     s.forget_changes()
-    s.handle(0, Init("new", 0, "float32", (5,), True, True, False, np.ones(5, F)))
+    s.handle(0, Init("new", 0, "float32", (5,), True, "average", False, np.ones(5, F)))
     meta, _ = checkpoint.snapshot(s, changes_only=True)
     assert {it["key"]: it.get("changes") for it in meta["index"]} == {"emb": "rows", "w": "rows", "new": None}
     s.forget_changes()

@@ -57,7 +57,7 @@ def _setup() -> tuple[Store, Points, Disk, list[Reply]]:
 def test_a_new_big_part_is_written_in_place_and_copied_only_if_a_round_writes_it_meanwhile() -> None:
     store, points, disk, sent = _setup()
     assert ROWS * DIM * 4 > PIN_BYTES
-    init = store.handle(0, Init("emb", 0, "float32", (ROWS, DIM), True, False, True, np.zeros((ROWS, DIM), F), id=2))
+    init = store.handle(0, Init("emb", 0, "float32", (ROWS, DIM), True, "sum", True, np.zeros((ROWS, DIM), F), id=2))
     points.reply(init, lambda: None)
     assert points.pending is not None and [r.answer.id for r in sent] == [1]   # (the init's answer waits)
     (fut, arrays), = disk.appended[-1:]
@@ -85,9 +85,9 @@ def test_an_answer_that_needs_a_later_point_waits_for_the_next_one() -> None:
     """While a point is under way, an init (it reveals a new key) waits; the next point begins
     as the first ends and releases it."""
     store, points, disk, sent = _setup()
-    points.reply(store.handle(0, Init("a", 0, "float32", (2,), True, True, False, np.zeros(2, F), id=2)),
+    points.reply(store.handle(0, Init("a", 0, "float32", (2,), True, "average", False, np.zeros(2, F), id=2)),
                  lambda: None)
-    points.reply(store.handle(0, Init("b", 0, "float32", (2,), True, True, False, np.zeros(2, F), id=3)),
+    points.reply(store.handle(0, Init("b", 0, "float32", (2,), True, "average", False, np.zeros(2, F), id=3)),
                  lambda: None)
     assert [r.answer.id for r in sent] == [1] and len(disk.appended) == 2
     disk.appended[1][0].set_result(None)

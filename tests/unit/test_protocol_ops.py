@@ -50,11 +50,11 @@ def _same(a, b) -> None:
 
 
 REQUESTS = [
-    Init("w", 0, "float32", (3, 4), True, True, False, np.arange(12, dtype=F).reshape(3, 4), id=1),
-    Init(7, 2, "int64", (), False, False, True, None, id=2, re=True),
-    Init("emb", 1, "float32", (5, 16), True, True, True, None, id=12, fill={
+    Init("w", 0, "float32", (3, 4), True, "average", False, np.arange(12, dtype=F).reshape(3, 4), id=1),
+    Init(7, 2, "int64", (), False, "sum", True, None, id=2, re=True),
+    Init("emb", 1, "float32", (5, 16), True, "max", True, None, id=12, fill={
         "init": {"name": "normal", "params": {"sigma": 0.01}}, "seed": 3, "shape": [10, 16], "start": 80}, bare=True),
-    Init("emb", 0, "float32", (5, 16), True, True, True, None, id=13, bare=True),
+    Init("emb", 0, "float32", (5, 16), True, "average", True, None, id=13, bare=True),
     Push("w", 1, 5, np.arange(100_000, dtype=F), id=3),
     Push("emb", 0, 9, np.ones((2, 3), F), np.array([4, 1], np.int64), id=4, re=True, na=False),
     Pull("w", 0, 5, id=5),

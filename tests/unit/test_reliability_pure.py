@@ -16,7 +16,7 @@ F = np.float32
 
 def _init(s: Store, key, value, sync: bool = True) -> None:
     v = np.asarray(value)
-    s.handle(0, Init(key, 0, v.dtype.name, v.shape, sync, True, False, v))
+    s.handle(0, Init(key, 0, v.dtype.name, v.shape, sync, "average", False, v))
 
 
 def _push(s: Store, w: int, key, seq: int, value) -> list:
@@ -124,7 +124,7 @@ def test_a_restartable_store_reveals_only_what_a_checkpoint_holds() -> None:
     def reply(replies: list) -> list:
         return s.release(replies, 0, lambda: (saves.append(1), s.mark_durable()))
     s.mark_durable()
-    reply(s.handle(0, Init("k", 0, "float32", (1,), True, True, False, np.zeros(1, F), id=1)))
+    reply(s.handle(0, Init("k", 0, "float32", (1,), True, "average", False, np.zeros(1, F), id=1)))
     assert len(saves) == 1                                   # a new key: checkpointed first
     for w in (0, 1):
         reply(_push(s, w, "k", 1, [1]))

@@ -193,7 +193,7 @@ def test_a_holder_without_the_last_copy_gets_the_state_whole_in_the_background(h
     store.track_changes = True
     store.handle(0, SetOptimizer({"name": "sgd", "params": {"learning_rate": 1.0}}, id=1))
     table = np.arange(300_000 * 4, dtype=np.float32).reshape(300_000, 4)
-    store.handle(0, Init("emb", 0, "float32", table.shape, True, False, True, table, id=2))
+    store.handle(0, Init("emb", 0, "float32", table.shape, True, "sum", True, table, id=2))
     while store.filling.pending:
         store.fill_some()
     store.mark_durable()
