@@ -26,7 +26,7 @@ STATUS          :class:`Empty`        ``mxdist status`` -> scheduler
 STATUS_REPLY    :class:`StatusAnswer` scheduler -> ``mxdist status``
 STOP            :class:`Stop`         ``mxdist stop`` -> scheduler
 STOP_ACK        :class:`Empty`        scheduler -> ``mxdist stop``
-LEAVE           :class:`Leave`        launcher -> scheduler (``mxdist scale`` down)
+LEAVE           :class:`ScaleDown`    launcher -> scheduler (``mxdist scale`` down)
 LEAVE_ACK       :class:`Empty`        scheduler -> launcher
 LOST            :class:`Lost`         launcher -> scheduler (a worker died, not restarted)
 LOST_ACK        :class:`Empty`        scheduler -> launcher
@@ -686,7 +686,7 @@ class Standby:
 
 
 @dataclass(frozen=True)
-class Leave:
+class ScaleDown:
     """Workers ``ranks`` leave the job gracefully at their next push (``mxdist scale`` down)."""
 
     ranks: tuple[int, ...]
@@ -695,7 +695,7 @@ class Leave:
         return {"ranks": list(self.ranks)}
 
     @classmethod
-    def from_body(cls, body: dict[str, Any]) -> Leave:
+    def from_body(cls, body: dict[str, Any]) -> ScaleDown:
         ranks = _ranks(body, "leave", "ranks")
         if not ranks or len(ranks) > 4096:
             raise ProtocolError("leave: ranks must list 1 to 4096 ranks")
@@ -791,7 +791,7 @@ class Replica:
 
 
 Body = (Empty | Register | Welcome | Heartbeat | Barrier | BarrierDone | Membership | Servers | JobEnd | Bye
-        | Stop | StatusAnswer | Leave | Lost | Replica | Standby)
+        | Stop | StatusAnswer | ScaleDown | Lost | Replica | Standby)
 
 #: the body of each control command
 BODIES: dict[Command, Any] = {
@@ -800,7 +800,7 @@ BODIES: dict[Command, Any] = {
     Command.FINISH: Empty, Command.FINISH_ACK: Empty, Command.MEMBERSHIP: Membership, Command.SERVERS: Servers,
     Command.SHUTDOWN: JobEnd, Command.PEER_LOST: JobEnd, Command.BYE: Bye, Command.STATUS: Empty,
     Command.STATUS_REPLY: StatusAnswer, Command.STOP: Stop, Command.STOP_ACK: Empty,
-    Command.LEAVE: Leave, Command.LEAVE_ACK: Empty, Command.LOST: Lost, Command.LOST_ACK: Empty,
+    Command.LEAVE: ScaleDown, Command.LEAVE_ACK: Empty, Command.LOST: Lost, Command.LOST_ACK: Empty,
     Command.REJOIN: Empty, Command.REPLICA_PUT: Replica, Command.REPLICA_ACK: Replica,
     Command.REPLICA_GET: Replica, Command.REPLICA_STATE: Replica,
     Command.STANDBY: Standby, Command.STANDBY_ACK: Empty,
@@ -831,6 +831,6 @@ def decode(msg: Message) -> Control:
 
 
 __all__ = ["BODIES", "Barrier", "BarrierDone", "Body", "Bye", "Control", "Counters", "Empty", "Heartbeat",
-           "JobEnd", "Leave", "Lost", "Membership", "Register", "Rejoin", "Replica", "ServerAddress", "Servers",
+           "JobEnd", "Lost", "Membership", "Register", "Rejoin", "Replica", "ScaleDown", "ServerAddress", "Servers",
            "Standby", "StatusAnswer", "Stop", "WaitKind", "WaitReport", "Welcome", "awaited", "decode",
            "decode_body", "late_counts", "wait_report"]

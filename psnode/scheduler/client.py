@@ -21,7 +21,7 @@ from psnode.errors import PeerLost, ProtocolError
 from psnode.net.security import Plane, Security
 from psnode.net.transport import Poller, Transport
 from psnode.protocol import Command
-from psnode.protocol.control import Body, Empty, Leave, Lost, Standby, StatusAnswer, decode_body
+from psnode.protocol.control import Body, Empty, Lost, ScaleDown, Standby, StatusAnswer, decode_body
 
 log = logging.getLogger("psnode.control")
 
@@ -64,7 +64,7 @@ def request_leave(scheduler: str, job_id: str, ranks: list[int] | tuple[int, ...
     True once the scheduler acknowledged (ranks it does not know as members are ignored)."""
     try:
         _ask(scheduler, job_id, Command.LEAVE, Command.LEAVE_ACK, key_file, timeout,
-             Leave(tuple(sorted({int(r) for r in ranks}))))
+             ScaleDown(tuple(sorted({int(r) for r in ranks}))))
         return True
     except PeerLost:
         return False

@@ -98,10 +98,10 @@ from psnode.protocol.control import (
     Counters,
     Heartbeat,
     JobEnd,
-    Leave,
     Lost,
     Membership,
     Register,
+    ScaleDown,
     ServerAddress,
     Servers,
     Standby,
@@ -815,7 +815,7 @@ class Scheduler:
             e.generation, tuple(self.roster.active_ranks()), e.joined, e.left, e.lost,
             loop_gap=round(self.gaps.longest(now), 6)))
 
-    def _leave_msg(self, ident: bytes, node: Node | None, body: Leave) -> None:
+    def _leave_msg(self, ident: bytes, node: Node | None, body: ScaleDown) -> None:
         self._send(ident, Command.LEAVE_ACK)
         self._on_leave(body.ranks)
 

@@ -29,12 +29,12 @@ from psnode.protocol.control import (
     Empty,
     Heartbeat,
     JobEnd,
-    Leave,
     Lost,
     Membership,
     Register,
     Rejoin,
     Replica,
+    ScaleDown,
     ServerAddress,
     Servers,
     Standby,
@@ -92,7 +92,7 @@ VALID = [
     (Command.STATUS_REPLY, StatusAnswer("job-a", 12.5, True, 3, (ROW, NodeRow("server", 0, "h", "alive")))),
     (Command.STOP, Stop("stopped by test")),
     (Command.STOP_ACK, Empty()),
-    (Command.LEAVE, Leave((2, 3))),
+    (Command.LEAVE, ScaleDown((2, 3))),
     (Command.LEAVE_ACK, Empty()),
     (Command.LOST, Lost(1, "killed by signal 9")),
     (Command.LOST_ACK, Empty()),
@@ -153,7 +153,7 @@ def test_bodies_keep_their_wire_form() -> None:
     status = StatusAnswer("j", 1.0, False, 0, (ROW,)).to_body()
     assert status == {"job": "j", "uptime": 1.0, "started": False, "refused": 0, "nodes": [ROW.to_dict()],
                       "generation": 0, "members": [], "joined": 0, "left": 0, "lost": 0}
-    assert Leave((1, 2)).to_body() == {"ranks": [1, 2]} and Lost(1, "r").to_body() == {"rank": 1, "reason": "r"}
+    assert ScaleDown((1, 2)).to_body() == {"ranks": [1, 2]} and Lost(1, "r").to_body() == {"rank": 1, "reason": "r"}
     assert Membership((0, 2), 1, (2,), (0,)).to_body() == {"active": [0, 2], "generation": 1, "joined": [2],
                                                           "leave": [0]}
 
