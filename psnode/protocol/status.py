@@ -15,7 +15,7 @@ partial or foreign objects (missing fields are None, unknown ones ignored).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from enum import Enum
 from typing import Any
 
@@ -107,12 +107,12 @@ class NodeRow:
     source: str = "scheduler"    # scheduler | host
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Its fields by name (shallow: the lists are the row's own)."""
+        return dict(vars(self))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> NodeRow:
-        known = {f.name for f in fields(cls)}
-        raw = {k: v for k, v in data.items() if k in known}
+        raw = {k: v for k, v in data.items() if k in _ROW_FIELDS}
         raw.setdefault("role", "?")
         raw.setdefault("rank", None)
         raw.setdefault("host", "?")
@@ -124,3 +124,6 @@ class NodeRow:
     @property
     def name(self) -> str:
         return self.role if self.rank is None else f"{self.role}-{self.rank}"
+
+
+_ROW_FIELDS = frozenset(f.name for f in fields(NodeRow))

@@ -172,7 +172,8 @@ class Node:
             if self._moved is None or moved[0] > self._moved[0]:
                 self._moved = moved
 
-    def row(self, now: float) -> NodeRow:
+    def row(self, now: float, **more: Any) -> NodeRow:
+        """Its ``mxdist status`` row (``more``: fields only the scheduler's tables know)."""
         s = self.stats
         return NodeRow(
             role=self.role, rank=self.rank, host=self.host, port=self.port, pid=self.pid,
@@ -181,7 +182,7 @@ class Node:
             pulls=s.pulls, bytes_in=s.bytes_in, bytes_out=s.bytes_out, rounds=s.rounds,
             rate=None if self.rate is None else round(self.rate, 2), dropped=s.dropped,
             refused=s.refused, retries=s.retries, loop_gap=s.loop_gap_us / 1e6,
-            **(self._big_state() if self.role == Role.SERVER else {}))
+            **(self._big_state() if self.role == Role.SERVER else {}), **more)
 
     def _big_state(self) -> dict[str, Any]:
         s = self.stats
@@ -715,13 +716,13 @@ class Scheduler:
         rows = []
         beyond = excesses(shares, {n.rank for n in self.nodes.values() if n.role == Role.WORKER})
         for n in sorted(self.nodes.values(), key=lambda n: (n.role, n.rank)):
-            row = n.row(now)
             if n.role == Role.WORKER:
                 share = shares.get(n.rank, 0.0)
-                row = replace(row, waited_for=round(share, 3), waited_for_total=round(totals.get(n.rank, 0.0), 3),
-                              late=late.get(n.rank, 0),   # (one being replaced: the failover's)
-                              slow=n.state == NodeState.ALIVE and beyond[n.rank] >= SLOW_SHARE)
-            rows.append(row)
+                rows.append(n.row(now, waited_for=round(share, 3), waited_for_total=round(totals.get(n.rank, 0.0), 3),
+                                  late=late.get(n.rank, 0),   # (one being replaced: the failover's)
+                                  slow=n.state == NodeState.ALIVE and beyond[n.rank] >= SLOW_SHARE))
+            else:
+                rows.append(n.row(now))
         return tuple(rows)
 
     # ------------------------------------------------------------ liveness
