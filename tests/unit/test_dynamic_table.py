@@ -233,3 +233,21 @@ def test_local_store_misuse_is_named_and_a_plain_template_starts_at_zero(tmp_pat
     assert psnode.export(kv, "emb", str(tmp_path / "e.npz")) == 1
     with np.load(tmp_path / "e.npz") as f:
         assert f["ids"].tolist() == [2**60] and f["values"].shape == (1, 4)
+
+
+def test_a_capped_table_keeps_no_record_of_evicted_rows_without_copies_or_checkpoints() -> None:
+    """Evicted ids are kept for the next durable point only when there is one (a store that
+    tracks changes): without replicas or checkpoints a long stream under ``max_rows`` holds
+    ``max_rows`` rows and nothing that grows with the ids it has seen."""
+    for track in (False, True):
+        s = _store(max_rows=4)
+        s.track_changes = track
+        for q in range(1, 41):
+            ids = np.arange(8) + 8 * q                       # every id new: 8 rows made per round
+            s.handle(0, Push("emb", 0, q, np.ones((8, 3), F), rows=dynrows.mix(ids)))
+            s.handle(1, Push("emb", 0, q, np.zeros((0, 3), F), rows=np.zeros(0, np.int64)))
+            s.evict_some()
+        table = s.entries[("emb", 0)].table
+        assert table.rows == 4 and table.evicted == 40 * 8 - 4
+        assert len(table.gone_ids()) == (40 * 8 - 4 if track else 0)
+        assert (len(table.touched_slots()) > 0) == track
