@@ -35,6 +35,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -42,7 +44,10 @@ if str(ROOT) not in sys.path:
 from benchmarks.common import harness, parse_results, tail  # noqa: E402
 
 WORKER = Path(__file__).resolve().parent / "stream_worker.py"
-ENV = {"OMP_NUM_THREADS": "1", "PSNODE_HEARTBEAT_INTERVAL": "1.0", "PSNODE_REGISTER_TIMEOUT": "120"}
+#: (the uncapped servers stall for seconds when their index grows past tens of millions of rows: 30 s
+#: of silence allowed)
+ENV = {"OMP_NUM_THREADS": "1", "PSNODE_HEARTBEAT_INTERVAL": "1.0", "PSNODE_HEARTBEAT_LIVENESS": "30",
+       "PSNODE_REGISTER_TIMEOUT": "120"}
 FULL = {"steps": 800, "batch": 8192, "head": 4, "tail": 4, "dim": 8, "lr": 0.05, "window": 20}
 QUICK = dict(FULL, steps=60, batch=1024, window=10)
 CAPPED, UNCAPPED = "capped", "no cap"
@@ -128,6 +133,19 @@ def run_job(h, name: str, cfg: dict, timeout: float, floor: float) -> dict:
 
 
 # ---------------------------------------------------------------- the curves and the goals (pure)
+def auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Area under the ROC curve (ties count half), vectorised."""
+    scores, labels = np.asarray(scores), np.asarray(labels)
+    _, inv, counts = np.unique(scores, return_inverse=True, return_counts=True)
+    ends = np.cumsum(counts)
+    ranks = (ends - (counts - 1) / 2)[inv]            # average 1-based rank of each tie group
+    pos = labels > 0.5
+    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
+    if not n_pos or not n_neg:
+        return float("nan")
+    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
 def curves(rec: dict) -> dict[str, list[float]]:
     """Per window (steps): AUC, log loss and the true probabilities' AUC (mean over ranks), and
     the servers' RSS in MiB at the window's end (the last sample before it)."""

@@ -30,22 +30,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.cases import report
+from benchmarks.training.stream import auc
 
 ZIPF, EFFECT = 1.3, 0.75
 MULT, ADD = np.uint64(0xD6E8FEB86659FD93), np.uint64(0x2545F4914F6CDD1D)
 TAIL_BASE = 1 << 50      # head items are below (their Zipf index modulo it), tail items above
-
-
-def auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """Area under the ROC curve (ties count half), vectorised."""
-    _, inv, counts = np.unique(scores, return_inverse=True, return_counts=True)
-    ends = np.cumsum(counts)
-    ranks = (ends - (counts - 1) / 2)[inv]            # average 1-based rank of each tie group
-    pos = labels > 0.5
-    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
-    if not n_pos or not n_neg:
-        return float("nan")
-    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
 def effects(index: np.ndarray) -> np.ndarray:
