@@ -44,11 +44,11 @@ if str(ROOT) not in sys.path:
 from benchmarks.common import harness, parse_results, tail  # noqa: E402
 
 WORKER = Path(__file__).resolve().parent / "stream_worker.py"
-#: (the uncapped servers stall for seconds when their index grows past tens of millions of rows: 30 s
-#: of silence allowed)
-ENV = {"OMP_NUM_THREADS": "1", "PSNODE_HEARTBEAT_INTERVAL": "1.0", "PSNODE_HEARTBEAT_LIVENESS": "30",
-       "PSNODE_REGISTER_TIMEOUT": "120"}
-FULL = {"steps": 800, "batch": 8192, "head": 4, "tail": 4, "dim": 8, "lr": 0.05, "window": 20}
+#: (the uncapped servers stall for seconds when their index and arrays grow past millions of rows:
+#: a minute of silence allowed)
+ENV = {"OMP_NUM_THREADS": "1", "PSNODE_HEARTBEAT_INTERVAL": "1.0", "PSNODE_HEARTBEAT_LIVENESS": "60",
+       "PSNODE_RETRY_TIMEOUT": "60", "PSNODE_REGISTER_TIMEOUT": "120"}
+FULL = {"steps": 800, "batch": 8192, "head": 4, "tail": 4, "dim": 4, "lr": 0.05, "window": 20}
 QUICK = dict(FULL, steps=60, batch=1024, window=10)
 CAPPED, UNCAPPED = "capped", "no cap"
 GiB, MiB = 2**30, 2**20
@@ -259,9 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a smoke run: 60 steps of 1024 samples")
     ap.add_argument("--steps", type=int, help=f"steps per worker (default {FULL['steps']})")
     ap.add_argument("--batch", type=int, help=f"samples per step per worker (default {FULL['batch']})")
-    ap.add_argument("--max-rows", type=int, default=1_500_000, help="the capped job's rows per server")
+    ap.add_argument("--max-rows", type=int, default=1_000_000, help="the capped job's rows per server")
     ap.add_argument("--cap-gib", type=float, default=1.0, help="the servers' memory cap, in all (GiB)")
-    ap.add_argument("--floor-gib", type=float, default=2.5, help="kill a job when the machine has less available")
+    ap.add_argument("--floor-gib", type=float, default=3.0, help="kill a job when the machine has less available")
     ap.add_argument("--tail-windows", type=int, default=10, help="windows the AUC goal averages (the last ones)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per job")
     ap.add_argument("--json", help="write both jobs' records and the summary here")
