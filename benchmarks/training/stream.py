@@ -212,7 +212,7 @@ def svg(capped: dict, free: dict, cap_mib: float) -> str:
              f'W=2 S=2: max_rows cap (blue) vs no cap (orange)</text>']
     for i, (title, key, fmt) in enumerate(panels):
         y0 = T + i * (PH + 50) + 20
-        ys = c[key] + f[key] + ([cap_mib] if key == "server_mib" else [])
+        ys = c[key] + f[key] + ([cap_mib] if key == "server_mib" else []) + (c["best_auc"] if key == "auc" else [])
         lo, hi = min(ys), max(ys)
         pad = (hi - lo) * 0.08 or 1.0
         yr = (lo - pad if key != "server_mib" else 0.0, hi + pad)
