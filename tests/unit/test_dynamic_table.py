@@ -251,3 +251,20 @@ def test_a_capped_table_keeps_no_record_of_evicted_rows_without_copies_or_checkp
         assert table.rows == 4 and table.evicted == 40 * 8 - 4
         assert len(table.gone_ids()) == (40 * 8 - 4 if track else 0)
         assert (len(table.touched_slots()) > 0) == track
+
+
+def test_row_draws_follow_their_formula_across_any_cut_into_pieces() -> None:
+    """Draw ``(r, j)`` of a row RNG is SplitMix64's finalizer of ``streams[r] + (j + 1) * golden``,
+    whatever pieces the initializer asks for (a cut inside a row included)."""
+    streams = (np.arange(7, dtype=np.uint64) + np.uint64(11)) * np.uint64(0x9E3779B97F4A7C15)
+    for width in (1, 3, 5):
+        want = [int(dynrows.mix(np.array([(int(streams[r]) + (j + 1) * 0x9E3779B97F4A7C15) % 2**64], np.uint64)
+                                .view(np.int64)).view(np.uint64)[0])
+                for r in range(7) for j in range(width)]
+        rng = dynrows._RowRNG(streams, width)
+        got: list[int] = []
+        for n in (1, 2, width + 1, 7 * width):
+            got += rng._bits(min(n, 7 * width - len(got))).tolist()
+            if len(got) == 7 * width:
+                break
+        assert got == want
