@@ -268,3 +268,16 @@ def test_row_draws_follow_their_formula_across_any_cut_into_pieces() -> None:
             if len(got) == 7 * width:
                 break
         assert got == want
+
+
+def test_the_least_recently_touched_are_the_smallest_ticks_by_count_or_by_partial_sort() -> None:
+    from psnode.server.dyntable import oldest
+    rng = np.random.default_rng(0)
+    for span in (1, 5, 300, 10**9):                       # 10**9: wider than 4x the rows, a partial sort
+        for _ in range(200):
+            last = rng.integers(1000, 1000 + span, int(rng.integers(1, 60))).astype(np.int64)
+            k = int(rng.integers(1, len(last) + 1))
+            got = oldest(last, k)
+            assert len(set(got.tolist())) == k
+            assert np.array_equal(np.sort(last[got]), np.sort(last)[:k])
+    assert oldest(np.array([5, 3, 3, 4, 3]), 2).tolist() == [1, 2]   # ties in position order
