@@ -116,12 +116,14 @@ class _RowRNG(CounterRNG):
         self.streams, self.width = streams, width
 
     def _bits(self, n: int) -> np.ndarray:
-        idx = np.arange(self.start, self.start + n, dtype=np.int64)
+        first, skip = divmod(self.start, self.width)      # draws [start, start + n): whole rows, cut
+        last = (self.start + n + self.width - 1) // self.width
         self.start += n
         if self._tmp.size < n:
             self._tmp = np.empty(n, np.uint64)
         with np.errstate(over="ignore"):
-            z = self.streams[idx // self.width] + (idx % self.width + 1).astype(np.uint64) * _GOLDEN
+            steps = (np.arange(1, self.width + 1, dtype=np.uint64) * _GOLDEN)[None, :]
+            z = (self.streams[first:last, None] + steps).reshape(-1)[skip:skip + n]
         return mix(z.view(np.int64)).view(np.uint64)
 
 

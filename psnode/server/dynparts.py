@@ -164,8 +164,9 @@ def busy(entry: Entry) -> np.ndarray:
     return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
 
 
-def evict_some(entries: dict[Any, Entry], budget: int = EVICT_STEP) -> int:
-    """One eviction step over the dynamic parts (psnode.server.dyntable); rows evicted."""
+def evict_some(entries: dict[Any, Entry], budget: int = EVICT_STEP, track: bool = True) -> int:
+    """One eviction step over the dynamic parts (psnode.server.dyntable); rows evicted (their
+    ids recorded for the next durable point: ``track``)."""
     done = 0
     for entry in entries.values():
         table = entry.table
@@ -173,7 +174,7 @@ def evict_some(entries: dict[Any, Entry], budget: int = EVICT_STEP) -> int:
             continue
         victims = table.victims(budget - done, busy(entry))
         if len(victims):
-            table.drop(victims)
+            table.drop(victims, track)
             done += len(victims)
         if done >= budget:
             break

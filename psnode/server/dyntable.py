@@ -102,6 +102,10 @@ class Sketch:
         return self.counts[rows, self._cells(hashed)].min(axis=0)
 
 
+#: keys re-inserted per batch when the index grows
+REHASH_STEP = 1 << 16
+
+
 class HashIndex:
     """int64 key -> int64 value, open addressing in numpy arrays (linear probing, load at most
     1/2, tombstones for deletions): every operation takes a batch of keys, vectorised (one
@@ -112,9 +116,12 @@ class HashIndex:
 
     def __init__(self, size: int = 1024) -> None:
         size = 1 << max(4, (size - 1).bit_length())
-        self.keys = np.zeros(size, np.int64)
-        self.vals = np.zeros(size, np.int64)
-        self.state = np.zeros(size, np.uint8)
+        # written through at once (np.full, not np.zeros' untouched pages): an insert touches
+        # buckets in random order, and taking each page on its first random touch costs tens
+        # of times more (a rehash of 2 M keys: seconds instead of a fraction of one)
+        self.keys = np.full(size, 0, np.int64)
+        self.vals = np.full(size, 0, np.int64)
+        self.state = np.full(size, 0, np.uint8)
         self.count = 0      # keys held
         self.dead = 0       # tombstones
 
@@ -182,8 +189,8 @@ class HashIndex:
     def _rehash(self, need: int) -> None:
         keys, vals = self.items()
         self.__init__(4 * max(need, 1))  # type: ignore[misc]
-        if len(keys):
-            self.add(keys, vals)
+        for at in range(0, len(keys), REHASH_STEP):   # (small temporaries: no fresh pages each pass)
+            self.add(keys[at:at + REHASH_STEP], vals[at:at + REHASH_STEP])
 
 
 @dataclass
@@ -287,8 +294,9 @@ class Table:
             return np.zeros((len(hashed), self.params.width), dtype)
         return dynrows.row_values(self.init, self.seed, self.key, hashed, self.params.width, dtype)
 
-    def drop(self, slots: np.ndarray) -> np.ndarray:
-        """Evict ``slots``; the hashed ids of the trained ones among them."""
+    def drop(self, slots: np.ndarray, track: bool = True) -> np.ndarray:
+        """Evict ``slots``; the hashed ids of the trained ones among them (kept for the next
+        durable point: ``track``; without copies or checkpoints nothing is kept)."""
         hashed = self.ids[slots]
         self.index.remove(hashed)
         self.free.extend(slots.tolist())
@@ -296,7 +304,8 @@ class Table:
         self.trained[slots] = False
         self.held[slots] = False
         if len(was):
-            self.gone.append(was)
+            if track:
+                self.gone.append(was)
             self.evicted += len(was)
         return was
 
@@ -321,8 +330,7 @@ class Table:
         if left > 0 and self.params.max_rows and over > 0:
             k = min(left, over, len(rest))
             if k:
-                pick = np.argpartition(self.last[rest], k - 1)[:k] if k < len(rest) else np.arange(len(rest))
-                out.append(rest[pick])
+                out.append(rest[oldest(self.last[rest], k)])
         return np.concatenate(out).astype(np.int64)
 
     # ------------------------------------------------------------ durable state
@@ -358,6 +366,23 @@ class Table:
 
     def gone_ids(self) -> np.ndarray:
         return np.unique(np.concatenate(self.gone)) if self.gone else np.zeros(0, np.int64)
+
+
+def oldest(last: np.ndarray, k: int) -> np.ndarray:
+    """The positions of ``k`` smallest of ``last`` (clock ticks; ties in position order): by a
+    count of each tick when the ticks span little (a clock's recent past: one pass), else by
+    a partial sort."""
+    if k >= len(last):
+        return np.arange(len(last))
+    lo = int(last.min())
+    span = int(last.max()) - lo + 1
+    if span > 4 * len(last):
+        return np.argpartition(last, k - 1)[:k]
+    below = np.cumsum(np.bincount(last - lo, minlength=span))
+    cut = int(np.searchsorted(below, k))          # the tick at which the k-th smallest lies
+    under = np.flatnonzero(last < lo + cut)
+    at = np.flatnonzero(last == lo + cut)[:k - len(under)]
+    return np.concatenate([under, at])
 
 
 def grow(arr: np.ndarray, capacity: int) -> np.ndarray:

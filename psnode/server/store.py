@@ -368,7 +368,7 @@ class Store:
 
     def evict_some(self, budget: int = dynparts.EVICT_STEP) -> int:
         """One bounded eviction step of the tables without a row count (psnode.server.dynparts)."""
-        return dynparts.evict_some(self.entries, budget) if self.dynamic else 0
+        return dynparts.evict_some(self.entries, budget, self.key_rounds.track) if self.dynamic else 0
 
     def table_counts(self) -> tuple[tuple[str, int, int, int, int], ...]:
         """Per table without a row count: (key, rows, admitted, evicted, dropped) (``mxdist status``)."""

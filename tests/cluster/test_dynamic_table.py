@@ -214,3 +214,46 @@ print("OK")
     assert b["ids"].tolist() == [5]
     np.testing.assert_array_equal(b["values"], (ref[5] - np.float32(1) - np.float32(2))[None])
     assert str(a["key"]) == "emb" and b["since"].tolist() == a["versions"].tolist()
+
+
+@pytest.mark.parametrize(("mode", "opt"), [("dist_sync", "sgd"), ("dist_sync", "adagrad"), ("dist_sync", "adam"),
+                                           ("dist_async", "adam"), ("dist_ssp", "adagrad")])
+def test_optimizer_state_is_per_row_and_goes_with_an_evicted_row(mode: str, opt: str) -> None:
+    """A table without a row count (a short ttl) beside a fixed table, both from the same constant, fed
+    the same gradients: a row trained throughout equals the fixed table's row bit for bit (same
+    optimizer, same update count); an evicted row pushed again equals a fixed row pushed for the
+    first time in that round (initial values, zero state); an evicted row only pulled is its
+    initial value.  dist_async: only rank 0 pushes (Adam's update count then follows one order);
+    dist_ssp: each rank pushes its own rows (ids + 40 * rank)."""
+    job = run_job(DYN + """
+OPTS = {'sgd': dict(momentum=0.9), 'adagrad': {}, 'adam': {}}
+kv.set_optimizer(psnode.optimizer.create(sys.argv[3], learning_rate=0.25, **OPTS[sys.argv[3]]))
+C = psnode.init.ps_initializer(psnode.init.Constant(0.5), SEED)
+sync = sys.argv[1] == 'dist_sync'
+kv.init('dyn', psnode.sparse.table(4, ttl=1 if sync else 4), C)   # (async: ticks are pushes, of either rank)
+kv.init('fix', psnode.sparse.zeros((128, 4)), C)
+pusher = sync or r == 0 or sys.argv[1] == 'dist_ssp'
+o = 0 if sync else 40 * r
+def both(ids, twin, step):
+    g = (np.arange(len(ids) * 4, dtype=np.float32).reshape(-1, 4) - 3) * np.float32(step + r + 1)
+    if pusher:
+        kv.push('dyn', row_sparse_array((g, np.asarray(ids, np.int64) + o), shape=(None, 4)))
+        kv.push('fix', row_sparse_array((g, np.asarray(twin, np.int64) + o), shape=(128, 4)))
+both([1, 2, 3], [1, 2, 3], 1)
+for step in range(2, 10):                 # only row 2 is touched: rows 1 and 3 expire
+    both([2], [2], step)
+    if pusher:
+        kv.row_sparse_pull('fix', row_ids=np.array([2 + o]))
+kv.barrier()
+both([2, 1], [2, 33], 10)                 # row 1 made again; fixed row 33 pushed for the first time
+kv.barrier()
+if pusher:
+    dyn, fix = pull('dyn', np.array([1, 2, 3]) + o), pull('fix', np.array([1, 2, 33]) + o)
+    check(dyn[2 + o], fix[2 + o], "row 2: trained throughout, as the fixed table's")
+    check(dyn[1 + o], fix[33 + o], "row 1: evicted, pushed again: initial values, zero state")
+    check(dyn[3 + o], np.full(4, 0.5, np.float32), "row 3: evicted, pulled: initial values")
+    assert not np.array_equal(dyn[1 + o], fix[1 + o]), "row 1 kept its state: not evicted"
+kv.close()
+print("OK")
+""", 2, 1, args=[mode, "average", opt])
+    ok(job)

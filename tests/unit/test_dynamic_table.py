@@ -233,3 +233,51 @@ def test_local_store_misuse_is_named_and_a_plain_template_starts_at_zero(tmp_pat
     assert psnode.export(kv, "emb", str(tmp_path / "e.npz")) == 1
     with np.load(tmp_path / "e.npz") as f:
         assert f["ids"].tolist() == [2**60] and f["values"].shape == (1, 4)
+
+
+def test_a_capped_table_keeps_no_record_of_evicted_rows_without_copies_or_checkpoints() -> None:
+    """Evicted ids are kept for the next durable point only when there is one (a store that
+    tracks changes): without replicas or checkpoints a long stream under ``max_rows`` holds
+    ``max_rows`` rows and nothing that grows with the ids it has seen."""
+    for track in (False, True):
+        s = _store(max_rows=4)
+        s.track_changes = track
+        for q in range(1, 41):
+            ids = np.arange(8) + 8 * q                       # every id new: 8 rows made per round
+            s.handle(0, Push("emb", 0, q, np.ones((8, 3), F), rows=dynrows.mix(ids)))
+            s.handle(1, Push("emb", 0, q, np.zeros((0, 3), F), rows=np.zeros(0, np.int64)))
+            s.evict_some()
+        table = s.entries[("emb", 0)].table
+        assert table.rows == 4 and table.evicted == 40 * 8 - 4
+        assert len(table.gone_ids()) == (40 * 8 - 4 if track else 0)
+        assert (len(table.touched_slots()) > 0) == track
+
+
+def test_row_draws_follow_their_formula_across_any_cut_into_pieces() -> None:
+    """Draw ``(r, j)`` of a row RNG is SplitMix64's finalizer of ``streams[r] + (j + 1) * golden``,
+    whatever pieces the initializer asks for (a cut inside a row included)."""
+    streams = (np.arange(7, dtype=np.uint64) + np.uint64(11)) * np.uint64(0x9E3779B97F4A7C15)
+    for width in (1, 3, 5):
+        want = [int(dynrows.mix(np.array([(int(streams[r]) + (j + 1) * 0x9E3779B97F4A7C15) % 2**64], np.uint64)
+                                .view(np.int64)).view(np.uint64)[0])
+                for r in range(7) for j in range(width)]
+        rng = dynrows._RowRNG(streams, width)
+        got: list[int] = []
+        for n in (1, 2, width + 1, 7 * width):
+            got += rng._bits(min(n, 7 * width - len(got))).tolist()
+            if len(got) == 7 * width:
+                break
+        assert got == want
+
+
+def test_the_least_recently_touched_are_the_smallest_ticks_by_count_or_by_partial_sort() -> None:
+    from psnode.server.dyntable import oldest
+    rng = np.random.default_rng(0)
+    for span in (1, 5, 300, 10**9):                       # 10**9: wider than 4x the rows, a partial sort
+        for _ in range(200):
+            last = rng.integers(1000, 1000 + span, int(rng.integers(1, 60))).astype(np.int64)
+            k = int(rng.integers(1, len(last) + 1))
+            got = oldest(last, k)
+            assert len(set(got.tolist())) == k
+            assert np.array_equal(np.sort(last[got]), np.sort(last)[:k])
+    assert oldest(np.array([5, 3, 3, 4, 3]), 2).tolist() == [1, 2]   # ties in position order
