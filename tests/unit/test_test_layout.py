@@ -23,6 +23,7 @@ BENCHMARK_TESTS = {
     "unit/test_bench_report.py",
     "unit/test_bench_round_profile.py",
     "unit/test_bench_stragglers.py",
+    "unit/test_bench_stream.py",
 }
 
 
