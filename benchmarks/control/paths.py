@@ -64,6 +64,10 @@ RECORDER = textwrap.dedent('''
             self.in_source = set()   # modules entered through code of their source file
             self.edges = set()       # (caller module, callee module), caller the nearest package frame
             self.marks = {}          # name -> how many modules were crossed when it happened
+            self.stay_marks = {}     # name -> how many stays there were when it happened
+            self.entry_marks = {}    # name -> how many entries there were when it happened
+            self.stays = []          # the modules control is in, one entry per change (calls and returns)
+            self.entries = []        # the module called, for each call from another package module
             self.events = []         # what the marks saw (strings)
 
         def module(self, frame):
@@ -75,8 +79,28 @@ RECORDER = textwrap.dedent('''
         def mark(self, name, what=""):
             if name not in self.marks:
                 self.marks[name] = len(self.order)
+                self.stay_marks[name] = len(self.stays)
+                self.entry_marks[name] = len(self.entries)
                 if what:
                     self.events.append(f"{name}: {what}")
+
+        def stay(self, mod):
+            if mod is not None and (not self.stays or self.stays[-1] != mod):
+                self.stays.append(mod)
+
+        def leave(self, frame):
+            """``frame`` returns: control goes back to the nearest package frame above it."""
+            if self.module(frame) is None:
+                return
+            up = frame.f_back
+            for _ in range(64):
+                if up is None:
+                    return
+                mod = self.module(up)
+                if mod is not None and up.f_code.co_name != "<module>":
+                    self.stay(mod)
+                    return
+                up = up.f_back
 
         def enter(self, frame):
             if frame.f_code.co_name == "<module>":
@@ -84,6 +108,7 @@ RECORDER = textwrap.dedent('''
             mod = self.module(frame)
             if mod is None:
                 return
+            self.stay(mod)
             if mod not in self.seen:
                 self.seen.add(mod)
                 self.order.append(mod)
@@ -98,11 +123,14 @@ RECORDER = textwrap.dedent('''
                     if caller is not None and up.f_code.co_name != "<module>":
                         if caller != mod:
                             self.edges.add((caller, mod))
+                            self.entries.append(mod)
                         break
                     up = up.f_back
 
         def result(self):
             return {"order": self.order, "marks": self.marks, "events": self.events,
+                    "stays": self.stays, "stay_marks": self.stay_marks,
+                    "entries": self.entries, "entry_marks": self.entry_marks,
                     "edges": sorted(self.edges),
                     "generated_only": [m for m in self.order if m not in self.in_source]}
 ''')
@@ -121,7 +149,9 @@ PUSH_WORKER = RECORDER + textwrap.dedent('''
 
     class PushRecorder(Recorder):
         def __call__(self, frame, event, arg):
-            if event == "call":
+            if event == "return":
+                self.leave(frame)
+            elif event == "call":
                 self.enter(frame)
                 code = frame.f_code
                 if "/zmq/" in code.co_filename and code.co_name in ("send", "send_multipart"):
@@ -264,7 +294,20 @@ def measure_push(tree: Path, python: str, timeout: float) -> dict:
     n = rec["marks"]["datagram"]
     rec["to_datagram"] = rec["order"][:n]
     rec["after_datagram"] = rec["order"][n:]
+    rec["stays_to_datagram"] = rec["stays"][:rec["stay_marks"]["datagram"]]
+    rec["returns"] = returns(rec["stays_to_datagram"])
     return rec
+
+
+def returns(stays: list[str]) -> list[int]:
+    """The positions in ``stays`` where control comes back to a module it had left."""
+    seen: set[str] = set()
+    back = []
+    for i, mod in enumerate(stays):
+        if mod in seen:
+            back.append(i)
+        seen.add(mod)
+    return back
 
 
 def measure_ssh(tree: Path, python: str, timeout: float) -> dict:
@@ -355,6 +398,11 @@ def main(argv: list[str] | None = None) -> int:
         out["push"] = push
         show("push: KVStore.push to the same-host datagram (the user's thread)", push["to_datagram"])
         show("push: after the datagram, until KVStore.push returns", push["after_datagram"])
+        stays, back = push["stays_to_datagram"], set(push["returns"])
+        print(f"push: stays to the datagram (one per change of module, calls and returns): {len(stays)} "
+              f"in {len(set(stays))} modules, {len(back)} returns to a module already left")
+        for i, m in enumerate(stays):
+            print(f"  {i + 1:3d} {m}{'   <- return' if i in back else ''}")
         print(f"  same-host datagrams sent: {push['seqpacket_sends']}; "
               f"ZeroMQ sends: {1 if 'zmq send' in push['marks'] else 0}")
     if args.path in ("ssh", "both"):
