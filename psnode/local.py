@@ -52,9 +52,6 @@ class LocalEngine:
             if p.future is None and fut.error is not None:
                 raise fut.error
 
-    def places(self) -> Places:
-        return NOWHERE
-
     def set_updater(self, updater: Callable[[Any, Any, np.ndarray], None] | None) -> None:
         self.store.updater = updater
 
@@ -75,6 +72,7 @@ class LocalEngine:
 
     joiner = False
     leaving = False
+    places: Places = NOWHERE
 
     def membership(self) -> tuple[int, tuple[int, ...]]:
         return 0, (0,)

@@ -12,7 +12,9 @@
   the worker profiles its own thread from the call of ``KVStore.push`` until the first send on
   a Unix ``SOCK_SEQPACKET`` socket (the datagram naming the array in the shared segment); the
   rest of the push, up to its return, is listed apart.  Also recorded: the call edges between
-  psnode modules (caller -> callee) and whether the push sent anything over ZeroMQ.
+  psnode modules (caller -> callee), the entries in order (each call into a module from another
+  psnode module, its caller the nearest psnode frame) and which of them go back into a module
+  entered before, and whether the push sent anything over ZeroMQ.
 - **ssh**: ``mxdist launch -H node1 -n 1 -s 1 train.py`` with ``node1`` a real OpenSSH sshd
   started here on 127.0.0.2 (its keys, config and known_hosts in a temp dir, as tests/ssh does;
   needs root and ``/usr/sbin/sshd``).  The launching process runs the typer app of
@@ -64,9 +66,7 @@ RECORDER = textwrap.dedent('''
             self.in_source = set()   # modules entered through code of their source file
             self.edges = set()       # (caller module, callee module), caller the nearest package frame
             self.marks = {}          # name -> how many modules were crossed when it happened
-            self.stay_marks = {}     # name -> how many stays there were when it happened
             self.entry_marks = {}    # name -> how many entries there were when it happened
-            self.stays = []          # the modules control is in, one entry per change (calls and returns)
             self.entries = []        # the module called, for each call from another package module
             self.events = []         # what the marks saw (strings)
 
@@ -79,28 +79,9 @@ RECORDER = textwrap.dedent('''
         def mark(self, name, what=""):
             if name not in self.marks:
                 self.marks[name] = len(self.order)
-                self.stay_marks[name] = len(self.stays)
                 self.entry_marks[name] = len(self.entries)
                 if what:
                     self.events.append(f"{name}: {what}")
-
-        def stay(self, mod):
-            if mod is not None and (not self.stays or self.stays[-1] != mod):
-                self.stays.append(mod)
-
-        def leave(self, frame):
-            """``frame`` returns: control goes back to the nearest package frame above it."""
-            if self.module(frame) is None:
-                return
-            up = frame.f_back
-            for _ in range(64):
-                if up is None:
-                    return
-                mod = self.module(up)
-                if mod is not None and up.f_code.co_name != "<module>":
-                    self.stay(mod)
-                    return
-                up = up.f_back
 
         def enter(self, frame):
             if frame.f_code.co_name == "<module>":
@@ -108,7 +89,6 @@ RECORDER = textwrap.dedent('''
             mod = self.module(frame)
             if mod is None:
                 return
-            self.stay(mod)
             if mod not in self.seen:
                 self.seen.add(mod)
                 self.order.append(mod)
@@ -129,7 +109,6 @@ RECORDER = textwrap.dedent('''
 
         def result(self):
             return {"order": self.order, "marks": self.marks, "events": self.events,
-                    "stays": self.stays, "stay_marks": self.stay_marks,
                     "entries": self.entries, "entry_marks": self.entry_marks,
                     "edges": sorted(self.edges),
                     "generated_only": [m for m in self.order if m not in self.in_source]}
@@ -149,9 +128,7 @@ PUSH_WORKER = RECORDER + textwrap.dedent('''
 
     class PushRecorder(Recorder):
         def __call__(self, frame, event, arg):
-            if event == "return":
-                self.leave(frame)
-            elif event == "call":
+            if event == "call":
                 self.enter(frame)
                 code = frame.f_code
                 if "/zmq/" in code.co_filename and code.co_name in ("send", "send_multipart"):
@@ -294,20 +271,20 @@ def measure_push(tree: Path, python: str, timeout: float) -> dict:
     n = rec["marks"]["datagram"]
     rec["to_datagram"] = rec["order"][:n]
     rec["after_datagram"] = rec["order"][n:]
-    rec["stays_to_datagram"] = rec["stays"][:rec["stay_marks"]["datagram"]]
-    rec["returns"] = returns(rec["stays_to_datagram"])
+    rec["entries_to_datagram"] = rec["entries"][:rec["entry_marks"]["datagram"]]
+    rec["reentries"] = reentries(rec["entries_to_datagram"])
     return rec
 
 
-def returns(stays: list[str]) -> list[int]:
-    """The positions in ``stays`` where control comes back to a module it had left."""
+def reentries(entries: list[str]) -> list[int]:
+    """The positions in ``entries`` where a module is entered again (it was left before)."""
     seen: set[str] = set()
-    back = []
-    for i, mod in enumerate(stays):
+    again = []
+    for i, mod in enumerate(entries):
         if mod in seen:
-            back.append(i)
+            again.append(i)
         seen.add(mod)
-    return back
+    return again
 
 
 def measure_ssh(tree: Path, python: str, timeout: float) -> dict:
@@ -398,11 +375,11 @@ def main(argv: list[str] | None = None) -> int:
         out["push"] = push
         show("push: KVStore.push to the same-host datagram (the user's thread)", push["to_datagram"])
         show("push: after the datagram, until KVStore.push returns", push["after_datagram"])
-        stays, back = push["stays_to_datagram"], set(push["returns"])
-        print(f"push: stays to the datagram (one per change of module, calls and returns): {len(stays)} "
-              f"in {len(set(stays))} modules, {len(back)} returns to a module already left")
-        for i, m in enumerate(stays):
-            print(f"  {i + 1:3d} {m}{'   <- return' if i in back else ''}")
+        entries, again = push["entries_to_datagram"], set(push["reentries"])
+        print(f"push: entries to the datagram (a call into a module from another): {len(entries)} "
+              f"into {len(set(entries))} modules, {len(again)} into a module entered before")
+        for i, m in enumerate(entries):
+            print(f"  {i + 1:3d} {m}{'   (again)' if i in again else ''}")
         print(f"  same-host datagrams sent: {push['seqpacket_sends']}; "
               f"ZeroMQ sends: {1 if 'zmq send' in push['marks'] else 0}")
     if args.path in ("ssh", "both"):

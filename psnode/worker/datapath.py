@@ -6,7 +6,7 @@ them) and hands the engine typed requests (:mod:`psnode.protocol`), through the 
 :class:`Requests` interface (:class:`psnode.worker.engine.Engine` for a job,
 :class:`psnode.local.LocalEngine` in one process).  It does no I/O itself.
 
-* **Same host** is decided once per call: :meth:`Requests.places` names the servers reached
+* **Same host** is decided once per call: :attr:`Requests.places` names the servers reached
   over this host's shared-memory link and gives their memory (psnode.samehost.staging.Places);
   that answer goes with every request of the call (where to stage, where answers land, which
   thread sends).  Each array put in shared memory comes with its place, written on the
@@ -68,9 +68,10 @@ SEND_BYTES = 2 * 2**20    # a call's requests go to the engine once they hold th
 class Requests(Protocol):
     """What the data path needs of an engine."""
 
-    def places(self) -> Places:
-        """Where the arrays of one call's requests go: the servers reached over this host's
-        shared-memory link, and its memory (decides staging, landing and the sending thread)."""
+    #: Where the arrays of one call's requests go: the servers reached over this host's
+    #: shared-memory link, and its memory (decides staging, landing and the sending thread);
+    #: read once per call.
+    places: Places
 
     def send(self, placed: Sequence[Placed]) -> None:
         """Send the operations of one call (or a group of it), as placed."""
@@ -135,7 +136,7 @@ class DataPath:
         if self.closed:
             raise PSError("this KVStore is closed")
         self._calls.call = _Call()
-        return self._engine.places()
+        return self._engine.places
 
     def _close(self) -> None:
         """End a call: its requests go to the engine (those kept since the last group)."""
@@ -162,10 +163,10 @@ class DataPath:
         if self.closed:
             raise PSError("this KVStore is closed")
         keys, label = (1, "") if bucket is None else (len(bucket.members), bucket.label)
-        fut = Future(on_reply, server)
-        self._add(Placed(server, op, fut, near, nbytes, priority, guard, keys, label, auto, areas),
-                  _payload(op))
-        return fut
+        placed = Placed(server, op, True, on_reply, near, nbytes, priority, guard, keys, label, auto, areas)
+        self._add(placed, _payload(op))
+        assert placed.future is not None
+        return placed.future
 
     def _send(self, server: int, op: Op, priority: int, near: bool, guard: Any = None,
               bucket: Bucket | None = None) -> None:
@@ -173,7 +174,7 @@ class DataPath:
         if self.closed:
             raise PSError("this KVStore is closed")
         keys, label = (1, "") if bucket is None else (len(bucket.members), bucket.label)
-        self._add(Placed(server, op, None, near, 0, priority, guard, keys, label), _payload(op))
+        self._add(Placed(server, op, False, None, near, 0, priority, guard, keys, label), _payload(op))
 
     @staticmethod
     def _guard(info: KeyInfo) -> Any:

@@ -1,13 +1,13 @@
 """A worker's connection to its job: requests become futures; one I/O thread owns the sockets.
 
-The user's thread (the KVStore API's data path, :mod:`psnode.worker.datapath`) asks once per
-call where its arrays go (:meth:`Engine.places`: the servers whose same-host link is up, and
-this host's shared memory), places them, and hands the call's operations over in one
-:meth:`Engine.send` (:class:`~psnode.worker.futures.Placed`: each typed operation,
-:mod:`psnode.protocol`, with its server, whether that server is near, its future and the
-places of its arrays); the engine sends them as they are, deciding nothing again.  Each request
-is queued in the :class:`~psnode.worker.tracker.Tracker`; for a far server the I/O thread
-(:mod:`psnode.worker.ioloop`) is woken through an eventfd.  The I/O thread sends queued requests in
+The user's thread (the KVStore API's data path, :mod:`psnode.worker.datapath`) reads once per
+call where its arrays go (:attr:`Engine.places`: the servers whose same-host link is up, and
+this host's shared memory, as the I/O thread last published them), places them, and hands the
+call's operations over in one :meth:`Engine.send` (:class:`~psnode.worker.futures.Placed`: each
+typed operation, :mod:`psnode.protocol`, with its server, whether that server is near, its
+future and the places of its arrays); the engine sends them as they are, deciding nothing
+again.  Each request is queued in the :class:`~psnode.worker.tracker.Tracker`; for a far server
+the I/O thread (:mod:`psnode.worker.ioloop`) is woken through an eventfd.  The I/O thread sends queued requests in
 priority order, fusing those bound for the same server into one message, within a window of
 bytes in flight per server.  Each server is reached through its connection
 (:mod:`psnode.worker.connection`, made by the I/O thread; the one place that knows whether a
@@ -77,6 +77,10 @@ class Engine:
         self._batching = threading.local()
         self.io = IoLoop(cfg, self.state, lambda: self.stats)
         self.conns = self.io.conns
+        # where the arrays of a call's requests go: published by the I/O thread whenever a
+        # server is connected or its link taken down (read once per call by the data path)
+        self.places: Places = self.conns.places
+        self.conns.on_places = self._new_places
         self.links = self.conns.links
         self._thread = threading.Thread(target=self.io.run, name="psnode-io", daemon=True)
         self._thread.start()
@@ -104,11 +108,8 @@ class Engine:
         return self.state.fatal
 
     # ------------------------------------------------------------ user side
-    def places(self) -> Places:
-        """Where the arrays of one call's requests go: the servers reached over this host's
-        shared-memory link, and its memory (a link that closes meanwhile: the requests go over
-        TCP all the same)."""
-        return Places(self.conns.near(), self.conns.staging)
+    def _new_places(self, places: Places) -> None:
+        self.places = places
 
     def same_host(self, server: int) -> bool:
         """``server`` is reached over this host's shared-memory link."""
@@ -118,9 +119,9 @@ class Engine:
                on_reply: Callable[[Ok], None] | None = None, reply: bool = True) -> Future | None:
         """Send one operation whose arrays the caller did not place (they travel as bytes):
         its future, or None with ``reply=False``."""
-        fut = Future(on_reply, server) if reply else None
-        self.send([Placed(server, op, fut, self.same_host(server), nbytes, priority)])
-        return fut
+        placed = Placed(server, op, reply, on_reply, self.same_host(server), nbytes, priority)
+        self.send([placed])
+        return placed.future
 
     def send(self, placed: Sequence[Placed]) -> None:
         """Send the operations the data path placed (thread-safe), as they are: those for near
@@ -158,7 +159,7 @@ class Engine:
                 for req in near:
                     tracker.add(req)
                 batching.payload = getattr(batching, "payload", 0) + payload
-            elif len(near) == 1 and not tracker.queued:   # this thread sends (no hand-over)
+            elif len(near) == 1:        # this thread sends (no hand-over to the I/O thread)
                 batches = tracker.add_now(near[0], time.monotonic())
             elif near:
                 for req in near:

@@ -84,14 +84,16 @@ class Placed:
 
     ``near``: ``server`` is reached over this host's link (asked once per call); ``op``'s arrays
     carry their places (``op.at``); ``areas``: the landing areas (and scratch) it took, back to
-    the pool once ``future`` is answered; ``future`` None: a push answered only if it fails.
+    the pool once ``future`` is answered.  ``future`` is made with it, calling ``on_reply`` with
+    the answer first, unless ``reply`` is False: a push answered only if it fails.
     ``nbytes``: what its answer brings back; ``guard``: what a push must not overtake a pull of;
     ``keys`` and ``label``: the key parts it stands for and its name, for counters and messages;
     ``auto``: a push's answer asked for in advance (not a pull)."""
 
     server: int
     op: Any
-    future: Future | None
+    reply: bool = True
+    on_reply: Callable[[Ok], None] | None = None
     near: bool = False
     nbytes: int = 0
     priority: int = 0
@@ -100,6 +102,10 @@ class Placed:
     label: str = ""
     auto: bool = False
     areas: tuple[Any, ...] = ()
+    future: Future | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.future = Future(self.on_reply, self.server) if self.reply else None
 
 
 @dataclass
