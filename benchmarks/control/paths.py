@@ -14,7 +14,8 @@
   rest of the push, up to its return, is listed apart.  Also recorded: the call edges between
   psnode modules (caller -> callee), the entries in order (each call into a module from another
   psnode module, its caller the nearest psnode frame) and which of them go back into a module
-  entered before, and whether the push sent anything over ZeroMQ.
+  entered before, the Python function calls of any module up to the datagram, and whether the
+  push sent anything over ZeroMQ.
 - **ssh**: ``mxdist launch -H node1 -n 1 -s 1 train.py`` with ``node1`` a real OpenSSH sshd
   started here on 127.0.0.2 (its keys, config and known_hosts in a temp dir, as tests/ssh does;
   needs root and ``/usr/sbin/sshd``).  The launching process runs the typer app of
@@ -67,6 +68,8 @@ RECORDER = textwrap.dedent('''
             self.edges = set()       # (caller module, callee module), caller the nearest package frame
             self.marks = {}          # name -> how many modules were crossed when it happened
             self.entry_marks = {}    # name -> how many entries there were when it happened
+            self.calls = 0           # Python function calls, any module (module bodies aside)
+            self.call_marks = {}     # name -> how many calls there were when it happened
             self.entries = []        # the module called, for each call from another package module
             self.events = []         # what the marks saw (strings)
 
@@ -80,12 +83,14 @@ RECORDER = textwrap.dedent('''
             if name not in self.marks:
                 self.marks[name] = len(self.order)
                 self.entry_marks[name] = len(self.entries)
+                self.call_marks[name] = self.calls
                 if what:
                     self.events.append(f"{name}: {what}")
 
         def enter(self, frame):
             if frame.f_code.co_name == "<module>":
                 return
+            self.calls += 1
             mod = self.module(frame)
             if mod is None:
                 return
@@ -109,7 +114,7 @@ RECORDER = textwrap.dedent('''
 
         def result(self):
             return {"order": self.order, "marks": self.marks, "events": self.events,
-                    "entries": self.entries, "entry_marks": self.entry_marks,
+                    "entries": self.entries, "entry_marks": self.entry_marks, "call_marks": self.call_marks,
                     "edges": sorted(self.edges),
                     "generated_only": [m for m in self.order if m not in self.in_source]}
 ''')
@@ -380,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
               f"into {len(set(entries))} modules, {len(again)} into a module entered before")
         for i, m in enumerate(entries):
             print(f"  {i + 1:3d} {m}{'   (again)' if i in again else ''}")
+        print(f"  Python function calls to the datagram (any module): {push['call_marks']['datagram']}")
         print(f"  same-host datagrams sent: {push['seqpacket_sends']}; "
               f"ZeroMQ sends: {1 if 'zmq send' in push['marks'] else 0}")
     if args.path in ("ssh", "both"):

@@ -178,14 +178,14 @@ class Link:
         ``KIND_DATA``: a worker's requests, their arrays' places on them (``op.at``);
         ``KIND_REPLY``: a server's answers, located here."""
         with self.send_lock:
+            segs, fds = self.unannounced()
+            if segs:
+                self.send_raw(Announce(segs).encode(), fds)
+            if len(ops) == 1 and self._send_single(kind, ops[0]):
+                return []
             return self._send_ops(kind, ops)
 
     def _send_ops(self, kind: int, ops: Sequence[Any]) -> list[Any]:
-        segs, fds = self.unannounced()
-        if segs:
-            self.send_raw(Announce(segs).encode(), fds)
-        if len(ops) == 1 and self._send_single(kind, ops[0]):
-            return []
         rest: list[Any] = []
         d = _Datagram(kind, self.job)
         for op in ops:
@@ -238,11 +238,12 @@ class Link:
         answer's found by :meth:`locate`."""
         if kind != KIND_DATA:
             return [self.locate(arr) for arr in arrays]
-        at = getattr(op, "at", None)
-        if at is None:
-            return [None] * len(arrays)
-        where = [None if a is None else (LOC_SENDER, a[0], a[1]) for a in at[:len(arrays)]]
-        return where + [None] * (len(arrays) - len(where))
+        at = getattr(op, "at", None) or ()
+        where: list[Any] = []
+        for i in range(len(arrays)):
+            a = at[i] if i < len(at) else None
+            where.append(None if a is None else (LOC_SENDER, a[0], a[1]))
+        return where
 
     def locate(self, arr: np.ndarray) -> tuple[int, int, int] | None:
         """Where an answer's array lies: this side's segments, or the peer's (a landing area)."""

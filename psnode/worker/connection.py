@@ -183,8 +183,11 @@ class SameHostConnection:
 
     def send(self, ops: list[Op], io_thread: bool) -> None:
         if self.link.up:
-            tcp = [op for op in ops if isinstance(op, TCP_ONLY)]
-            ops = tcp + self.link.send_ops(KIND_DATA, [op for op in ops if not isinstance(op, TCP_ONLY)])
+            tcp: list[Op] = []
+            data: list[Op] = []
+            for op in ops:
+                (tcp if isinstance(op, TCP_ONLY) else data).append(op)
+            ops = tcp + self.link.send_ops(KIND_DATA, data) if data else tcp
         self._tcp.send(ops, io_thread)
 
     def wait(self, fut: Future, budget: float) -> None:

@@ -89,16 +89,6 @@ class Requests(Protocol):
         """``n`` key parts were pulled from answers their pushes asked for."""
 
 
-class _Call:
-    """The requests of one call of the data path, until they go to the engine."""
-
-    __slots__ = ("out", "payload")
-
-    def __init__(self) -> None:
-        self.out: list[Placed] = []
-        self.payload = 0
-
-
 class DataPath:
     """Requests of one KVStore and the copying of their answers (see the module docstring)."""
 
@@ -109,7 +99,8 @@ class DataPath:
         self.closed = False
         # (op key, part) -> (push, its future): the answers pushes asked for (see _ask_ahead)
         self._asked: dict[tuple[Any, int], tuple[int, Future]] = {}
-        self._calls = threading.local()   # .call: the _Call this thread is in (None: none)
+        # this thread's call: .out, its requests not yet sent (None: in no call), .payload their data
+        self._calls = threading.local()
 
     # ------------------------------------------------------------ requests and waiting
     def request(self, server: int, op: Op, priority: int) -> Future:
@@ -135,26 +126,32 @@ class DataPath:
         """Begin a call: where its arrays go; its requests are kept until :meth:`_close`."""
         if self.closed:
             raise PSError("this KVStore is closed")
-        self._calls.call = _Call()
+        calls = self._calls
+        calls.out, calls.payload = [], 0
         return self._engine.places
 
     def _close(self) -> None:
         """End a call: its requests go to the engine (those kept since the last group)."""
-        call = self._calls.call
-        self._calls.call = None
-        if call is not None and call.out:
-            self._engine.send(call.out)
+        calls = self._calls
+        out, calls.out = calls.out, None
+        if out:
+            self._engine.send(out)
 
-    def _add(self, placed: Placed, payload: int = 0) -> None:
-        call = getattr(self._calls, "call", None)
-        if call is None:
+    def _add(self, placed: Placed, op: Op) -> None:
+        """``placed`` goes with this thread's call (alone when in none; the call's requests so
+        far once they hold SEND_BYTES of data)."""
+        calls = self._calls
+        out = getattr(calls, "out", None)
+        if out is None:
             self._engine.send([placed])
             return
-        call.out.append(placed)
-        call.payload += payload
-        if call.payload >= SEND_BYTES:
-            out, call.out, call.payload = call.out, [], 0
-            self._engine.send(out)
+        out.append(placed)
+        data = getattr(op, "data", None)
+        if data is not None:
+            calls.payload += data.nbytes
+            if calls.payload >= SEND_BYTES:
+                calls.out, calls.payload = [], 0
+                self._engine.send(out)
 
     def _submit(self, server: int, op: Op, nbytes: int, priority: int, on_reply: Copier | None = None,
                 guard: Any = None, bucket: Bucket | None = None, auto: bool = False, near: bool = False,
@@ -164,7 +161,7 @@ class DataPath:
             raise PSError("this KVStore is closed")
         keys, label = (1, "") if bucket is None else (len(bucket.members), bucket.label)
         placed = Placed(server, op, True, on_reply, near, nbytes, priority, guard, keys, label, auto, areas)
-        self._add(placed, _payload(op))
+        self._add(placed, op)
         assert placed.future is not None
         return placed.future
 
@@ -174,7 +171,7 @@ class DataPath:
         if self.closed:
             raise PSError("this KVStore is closed")
         keys, label = (1, "") if bucket is None else (len(bucket.members), bucket.label)
-        self._add(Placed(server, op, False, None, near, 0, priority, guard, keys, label), _payload(op))
+        self._add(Placed(server, op, False, None, near, 0, priority, guard, keys, label), op)
 
     @staticmethod
     def _guard(info: KeyInfo) -> Any:
@@ -641,11 +638,6 @@ class DataPath:
 def _taken(*areas: np.ndarray | None) -> tuple[np.ndarray, ...]:
     """The landing areas (and scratch) a request took from the pool (None: none taken)."""
     return tuple(a for a in areas if a is not None)
-
-
-def _payload(op: Op) -> int:
-    data = getattr(op, "data", None)
-    return 0 if data is None else int(data.nbytes)
 
 
 def _far_first(xs: Sequence[Any], server: Callable[[Any], int], near: Near) -> list[Any]:

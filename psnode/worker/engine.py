@@ -149,7 +149,6 @@ class Engine:
                         fut.on_reply = _releasing(fut.on_reply, p.areas, staging)
                 if p.near:
                     near.append(req)
-                    payload += _payload(p.op)
                 else:
                     tracker.add(req)
                     wake = True
@@ -158,6 +157,7 @@ class Engine:
             if near and depth > 0:      # sent when the batch ends, or holds enough data
                 for req in near:
                     tracker.add(req)
+                    payload += _payload(req.op)
                 batching.payload = getattr(batching, "payload", 0) + payload
             elif len(near) == 1:        # this thread sends (no hand-over to the I/O thread)
                 batches = tracker.add_now(near[0], time.monotonic())

@@ -77,7 +77,6 @@ class Future:
         return self.result
 
 
-@dataclass(slots=True)
 class Placed:
     """One data operation for one server, resolved by the data path (psnode.worker.datapath)
     and handed to the engine (psnode.worker.engine.Engine.send), which sends it as it is.
@@ -90,22 +89,23 @@ class Placed:
     ``keys`` and ``label``: the key parts it stands for and its name, for counters and messages;
     ``auto``: a push's answer asked for in advance (not a pull)."""
 
-    server: int
-    op: Any
-    reply: bool = True
-    on_reply: Callable[[Ok], None] | None = None
-    near: bool = False
-    nbytes: int = 0
-    priority: int = 0
-    guard: Any = None
-    keys: int = 1
-    label: str = ""
-    auto: bool = False
-    areas: tuple[Any, ...] = ()
-    future: Future | None = field(init=False)
+    __slots__ = ("areas", "auto", "future", "guard", "keys", "label", "nbytes", "near", "op", "priority",
+                 "server")
 
-    def __post_init__(self) -> None:
-        self.future = Future(self.on_reply, self.server) if self.reply else None
+    def __init__(self, server: int, op: Any, reply: bool = True, on_reply: Callable[[Ok], None] | None = None,
+                 near: bool = False, nbytes: int = 0, priority: int = 0, guard: Any = None, keys: int = 1,
+                 label: str = "", auto: bool = False, areas: tuple[Any, ...] = ()) -> None:
+        self.server = server
+        self.op = op
+        self.future = Future(on_reply, server) if reply else None
+        self.near = near
+        self.nbytes = nbytes
+        self.priority = priority
+        self.guard = guard
+        self.keys = keys
+        self.label = label
+        self.auto = auto
+        self.areas = areas
 
 
 @dataclass
