@@ -3,25 +3,24 @@
 :class:`LocalEngine` is what a KVStore holds in place of a job's engine (it implements
 :class:`psnode.worker.kvstore.KVBackend`): it runs the servers' own logic
 (:class:`psnode.server.store.Store`) on the caller's thread, so a single process gives the values
-a distributed job gives.  Every request is answered before ``submit`` returns; no server is near
+a distributed job gives.  Every request is answered before ``send`` returns; no server is near
 (no shared memory); a Python updater (``kv.set_updater``) runs in the store.  It sits above both
 sides, the only module importing :mod:`psnode.worker` and :mod:`psnode.server` together.
 """
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from psnode.errors import PSError, from_kind
-from psnode.protocol import Failed, Ok, Op
+from psnode.protocol import Failed, Ok
+from psnode.samehost.staging import NOWHERE, Places
 from psnode.server.replies import sent
 from psnode.server.store import Store
-from psnode.worker.futures import Future
-
-Copier = Callable[[Ok], None]
+from psnode.worker.futures import Future, Placed
 
 
 class LocalEngine:
@@ -34,37 +33,24 @@ class LocalEngine:
         self.restarts = 0
         self.fatal: PSError | None = None
 
-    def submit(self, server: int, op: Op, nbytes: int = 0, priority: int = 0,
-               on_reply: Copier | None = None, reply: bool = True, guard: Any = None,
-               keys: int = 1, label: str = "", auto: bool = False, near: bool | None = None) -> Future | None:
-        fut = Future(on_reply)
-        replies = self.store.handle(0, op)
-        if self.store.filling.pending:   # (values computed here: all at once)
-            replies += self.store.fill_some(-1)
-        while self.store.evict_due() and self.store.evict_some():   # (tables without a row count)
-            pass
-        for r in replies:
-            if isinstance(r.answer, Failed):
-                fut.fail(from_kind(r.answer.kind, r.answer.message))
-            elif isinstance(r.answer, Ok):
-                fut.set(r.answer)
-            if r.entry is not None:
-                sent(r.entry, None)  # the reply's value was copied out already
-        if not reply:
-            if fut.error is not None:
+    def send(self, placed: Sequence[Placed]) -> None:
+        """Handle each operation at once (no server is near: nothing is placed)."""
+        for p in placed:
+            fut = p.future if p.future is not None else Future()
+            replies = self.store.handle(0, p.op)
+            if self.store.filling.pending:   # (values computed here: all at once)
+                replies += self.store.fill_some(-1)
+            while self.store.evict_due() and self.store.evict_some():   # (tables without a row count)
+                pass
+            for r in replies:
+                if isinstance(r.answer, Failed):
+                    fut.fail(from_kind(r.answer.kind, r.answer.message))
+                elif isinstance(r.answer, Ok):
+                    fut.set(r.answer)
+                if r.entry is not None:
+                    sent(r.entry, None)  # the reply's value was copied out already
+            if p.future is None and fut.error is not None:
                 raise fut.error
-            return None
-        return fut
-
-    def near(self) -> frozenset[int]:
-        return frozenset()
-
-    def stage(self, key: Any, part: int, index: int, shape: tuple[int, ...], dtype: np.dtype, seq: int,
-              near: bool) -> np.ndarray:
-        return np.empty(shape, dtype)
-
-    def land(self, shape: tuple[int, ...], dtype: np.dtype, near: bool) -> None:
-        return None
 
     def set_updater(self, updater: Callable[[Any, Any, np.ndarray], None] | None) -> None:
         self.store.updater = updater
@@ -86,6 +72,7 @@ class LocalEngine:
 
     joiner = False
     leaving = False
+    places: Places = NOWHERE
 
     def membership(self) -> tuple[int, tuple[int, ...]]:
         return 0, (0,)

@@ -12,7 +12,10 @@
   the worker profiles its own thread from the call of ``KVStore.push`` until the first send on
   a Unix ``SOCK_SEQPACKET`` socket (the datagram naming the array in the shared segment); the
   rest of the push, up to its return, is listed apart.  Also recorded: the call edges between
-  psnode modules (caller -> callee) and whether the push sent anything over ZeroMQ.
+  psnode modules (caller -> callee), the entries in order (each call into a module from another
+  psnode module, its caller the nearest psnode frame) and which of them go back into a module
+  entered before, the Python function calls of any module up to the datagram, and whether the
+  push sent anything over ZeroMQ.
 - **ssh**: ``mxdist launch -H node1 -n 1 -s 1 train.py`` with ``node1`` a real OpenSSH sshd
   started here on 127.0.0.2 (its keys, config and known_hosts in a temp dir, as tests/ssh does;
   needs root and ``/usr/sbin/sshd``).  The launching process runs the typer app of
@@ -64,6 +67,10 @@ RECORDER = textwrap.dedent('''
             self.in_source = set()   # modules entered through code of their source file
             self.edges = set()       # (caller module, callee module), caller the nearest package frame
             self.marks = {}          # name -> how many modules were crossed when it happened
+            self.entry_marks = {}    # name -> how many entries there were when it happened
+            self.calls = 0           # Python function calls, any module (module bodies aside)
+            self.call_marks = {}     # name -> how many calls there were when it happened
+            self.entries = []        # the module called, for each call from another package module
             self.events = []         # what the marks saw (strings)
 
         def module(self, frame):
@@ -75,12 +82,15 @@ RECORDER = textwrap.dedent('''
         def mark(self, name, what=""):
             if name not in self.marks:
                 self.marks[name] = len(self.order)
+                self.entry_marks[name] = len(self.entries)
+                self.call_marks[name] = self.calls
                 if what:
                     self.events.append(f"{name}: {what}")
 
         def enter(self, frame):
             if frame.f_code.co_name == "<module>":
                 return
+            self.calls += 1
             mod = self.module(frame)
             if mod is None:
                 return
@@ -98,11 +108,13 @@ RECORDER = textwrap.dedent('''
                     if caller is not None and up.f_code.co_name != "<module>":
                         if caller != mod:
                             self.edges.add((caller, mod))
+                            self.entries.append(mod)
                         break
                     up = up.f_back
 
         def result(self):
             return {"order": self.order, "marks": self.marks, "events": self.events,
+                    "entries": self.entries, "entry_marks": self.entry_marks, "call_marks": self.call_marks,
                     "edges": sorted(self.edges),
                     "generated_only": [m for m in self.order if m not in self.in_source]}
 ''')
@@ -264,7 +276,20 @@ def measure_push(tree: Path, python: str, timeout: float) -> dict:
     n = rec["marks"]["datagram"]
     rec["to_datagram"] = rec["order"][:n]
     rec["after_datagram"] = rec["order"][n:]
+    rec["entries_to_datagram"] = rec["entries"][:rec["entry_marks"]["datagram"]]
+    rec["reentries"] = reentries(rec["entries_to_datagram"])
     return rec
+
+
+def reentries(entries: list[str]) -> list[int]:
+    """The positions in ``entries`` where a module is entered again (it was left before)."""
+    seen: set[str] = set()
+    again = []
+    for i, mod in enumerate(entries):
+        if mod in seen:
+            again.append(i)
+        seen.add(mod)
+    return again
 
 
 def measure_ssh(tree: Path, python: str, timeout: float) -> dict:
@@ -355,6 +380,12 @@ def main(argv: list[str] | None = None) -> int:
         out["push"] = push
         show("push: KVStore.push to the same-host datagram (the user's thread)", push["to_datagram"])
         show("push: after the datagram, until KVStore.push returns", push["after_datagram"])
+        entries, again = push["entries_to_datagram"], set(push["reentries"])
+        print(f"push: entries to the datagram (a call into a module from another): {len(entries)} "
+              f"into {len(set(entries))} modules, {len(again)} into a module entered before")
+        for i, m in enumerate(entries):
+            print(f"  {i + 1:3d} {m}{'   (again)' if i in again else ''}")
+        print(f"  Python function calls to the datagram (any module): {push['call_marks']['datagram']}")
         print(f"  same-host datagrams sent: {push['seqpacket_sends']}; "
               f"ZeroMQ sends: {1 if 'zmq send' in push['marks'] else 0}")
     if args.path in ("ssh", "both"):

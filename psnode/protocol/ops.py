@@ -20,6 +20,12 @@ from psnode.protocol.frames import DTYPES, MAX_NDIM, check_key
 
 Key = int | str
 PartKey = tuple[Key, int]   # (user key, part index)
+#: Where a data operation's arrays lie in the sender's shared memory, in the order ``wire()``
+#: lists them (the landing area, ``dest``, last): ``(segment, offset)`` per array, or None for
+#: one to send as bytes.  Set by the worker's data path where it places the arrays (None on an
+#: operation it did not place, and on every decoded one); never on the wire itself.  An operation
+#: without its landing area (``without_dest``, ``resent``) reads the first entries only.
+Where = tuple[tuple[int, int] | None, ...]
 BUCKET = "\0bucket"         # reserved key prefix: a bucket of small keys (psnode.server.buckets)
 
 
@@ -249,6 +255,7 @@ class Push:
     re: bool = False
     na: bool = True
     comp: str = ""
+    at: Where | None = field(default=None, compare=False, repr=False)
     code: ClassVar[OpCode] = OpCode.PUSH
 
     def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
@@ -288,6 +295,7 @@ class Pull:
     id: int = 0
     re: bool = False
     dest: np.ndarray | None = None
+    at: Where | None = field(default=None, compare=False, repr=False)
     code: ClassVar[OpCode] = OpCode.PULL
 
     def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
@@ -324,6 +332,7 @@ class PushPull:
     dest: np.ndarray | None = None
     comp: str = ""
     durable: bool = False    # (the worker's journal holds ASK_DEPTH pushes: psnode.worker.journal)
+    at: Where | None = field(default=None, compare=False, repr=False)
     code: ClassVar[OpCode] = OpCode.PUSHPULL
 
     def wire(self) -> tuple[int, int, int, Key, list[np.ndarray], dict[str, Any] | None]:
@@ -480,5 +489,5 @@ def without_dest(op: Op) -> Op:
 
 
 __all__ = ["BUCKET", "REQUESTS", "Flag", "Flush", "GetStates", "Init", "Join", "Key", "LoadStates", "Op", "OpCode",
-           "PartKey", "Pull", "Push", "PushPull", "SetOptimizer", "bucket_key", "bucket_of", "resent",
+           "PartKey", "Pull", "Push", "PushPull", "SetOptimizer", "Where", "bucket_key", "bucket_of", "resent",
            "without_dest"]

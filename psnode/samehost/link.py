@@ -25,6 +25,12 @@ which memory, so no locks are needed:
   only when a round completes, which needs that next push (a worker holds back a push of a key
   while a pull of it is unanswered: psnode.worker.tracker).
 
+Where an array lies is decided once, by the side that put it there: a worker's requests
+(``KIND_DATA``) carry each array's place (``op.at``, written by the worker's data path when it
+placed the array in a push slot or landing area: psnode.samehost.staging), sent as it is; an
+array without a place travels inline when small, else over TCP.  A server's answers
+(``KIND_REPLY``) are located here (its values in its arena, or the worker's landing area).
+
 Sends never block: a datagram the socket cannot take waits in a backlog, flushed when the
 socket is writable.  A peer that closes (exit, ``kill -9``) is noticed as end of file.
 """
@@ -168,29 +174,29 @@ class Link:
 
     def send_ops(self, kind: int, ops: Sequence[Any]) -> list[Any]:
         """Send ``ops`` in datagrams; returns those that cannot go this way (an array neither in
-        shared memory nor small enough to travel inline), for the caller to send over TCP."""
+        shared memory nor small enough to travel inline), for the caller to send over TCP.
+        ``KIND_DATA``: a worker's requests, their arrays' places on them (``op.at``);
+        ``KIND_REPLY``: a server's answers, located here."""
         with self.send_lock:
+            segs, fds = self.unannounced()
+            if segs:
+                self.send_raw(Announce(segs).encode(), fds)
+            if len(ops) == 1 and self._send_single(kind, ops[0]):
+                return []
             return self._send_ops(kind, ops)
 
     def _send_ops(self, kind: int, ops: Sequence[Any]) -> list[Any]:
-        segs, fds = self.unannounced()
-        if segs:
-            self.send_raw(Announce(segs).encode(), fds)
-        if len(ops) == 1 and self._send_single(kind, ops[0]):
-            return []
         rest: list[Any] = []
         d = _Datagram(kind, self.job)
         for op in ops:
             record, arrays = encode_record(op, len(d.arrays))
-            where = []
+            where = self._where(kind, op, arrays)
             inline = 0
-            for arr in arrays:
-                loc = self.locate(arr)
+            for arr, loc in zip(arrays, where, strict=True):
                 if loc is None:
                     if arr.nbytes > INLINE_BYTES:
                         break
                     inline += arr.nbytes + 16
-                where.append(loc)
             else:
                 if len(record) + inline + 24 * len(arrays) > MAX_DATAGRAM - 1024:
                     rest.append(op)   # (e.g. a flush listing thousands of keys)
@@ -213,12 +219,9 @@ class Link:
         """Send ``op`` alone when its arrays all lie in shared memory (the common round's
         message, without the general batching); False: it is not of that form."""
         record, arrays = encode_record(op, 0)
-        where = []
-        for arr in arrays:
-            loc = self.locate(arr)
-            if loc is None:
-                return False
-            where.append(loc)
+        where = self._where(kind, op, arrays)
+        if None in where:
+            return False
         if len(record) + 64 * len(arrays) > MAX_DATAGRAM - 1024:
             return False
         head = encode_single(kind, self._job_raw, record, arrays, where)
@@ -229,7 +232,21 @@ class Link:
             self.bytes_out += a.nbytes
         return True
 
+    def _where(self, kind: int, op: Any, arrays: list[np.ndarray]) -> list[Any]:
+        """The location of each of ``op``'s arrays (None: send its bytes): a request's from its
+        places (``op.at``: the landing area last, so an op without it reads the first ones), an
+        answer's found by :meth:`locate`."""
+        if kind != KIND_DATA:
+            return [self.locate(arr) for arr in arrays]
+        at = getattr(op, "at", None) or ()
+        where: list[Any] = []
+        for i in range(len(arrays)):
+            a = at[i] if i < len(at) else None
+            where.append(None if a is None else (LOC_SENDER, a[0], a[1]))
+        return where
+
     def locate(self, arr: np.ndarray) -> tuple[int, int, int] | None:
+        """Where an answer's array lies: this side's segments, or the peer's (a landing area)."""
         for arena in self.arenas:
             where = arena.locate(arr)
             if where is not None:

@@ -36,7 +36,7 @@ from psnode.net.transport import Channel
 from psnode.protocol import Command, GetStates, Init, LoadStates, Op, SetOptimizer, without_dest
 from psnode.samehost import handshake as shmhandshake
 from psnode.samehost.link import KIND_DATA, Link
-from psnode.samehost.staging import Staging
+from psnode.samehost.staging import NOWHERE, Places, Staging
 from psnode.worker.futures import Future
 from psnode.worker.samehost import SameHostLinks
 
@@ -183,8 +183,11 @@ class SameHostConnection:
 
     def send(self, ops: list[Op], io_thread: bool) -> None:
         if self.link.up:
-            tcp = [op for op in ops if isinstance(op, TCP_ONLY)]
-            ops = tcp + self.link.send_ops(KIND_DATA, [op for op in ops if not isinstance(op, TCP_ONLY)])
+            tcp: list[Op] = []
+            data: list[Op] = []
+            for op in ops:
+                (tcp if isinstance(op, TCP_ONLY) else data).append(op)
+            ops = tcp + self.link.send_ops(KIND_DATA, data) if data else tcp
         self._tcp.send(ops, io_thread)
 
     def wait(self, fut: Future, budget: float) -> None:
@@ -205,6 +208,8 @@ class Connections:
         self._wake = wake
         self._conns: list[ServerConnection] = []
         self.vacant: set[int] = set()          # servers without an address yet (vacate)
+        self.places: Places = NOWHERE          # the servers near and their memory, as last connected
+        self.on_places: Callable[[Places], None] | None = None   # told each new ``places``
 
     def __getitem__(self, server: int) -> ServerConnection:
         return self._conns[server]
@@ -253,7 +258,16 @@ class Connections:
         else:
             assert server == len(self._conns)
             self._conns.append(conn)
+        self._publish()
         return conn
+
+    def _publish(self) -> None:
+        """(I/O thread) A server was connected or its link taken down: the places a call gets
+        from now on (a link that closes before its server's is taken down: what is sent to it
+        goes over TCP all the same)."""
+        self.places = Places(self.near(), self.staging)
+        if self.on_places is not None:
+            self.on_places(self.places)
 
     def vacate(self, server: int, chan: Channel) -> None:
         """(I/O thread) ``server`` has no address yet (a server being replaced when this worker
@@ -278,7 +292,9 @@ class Connections:
         now on; False when it had none."""
         if 0 <= server < len(self._conns):
             self._conns[server] = self._conns[server].tcp
-        return self.links.take_down(server)
+        down = self.links.take_down(server)
+        self._publish()
+        return down
 
     # ------------------------------------------------------------ sending
     def send(self, batches: dict[int, list[Op]], io_thread: bool) -> None:

@@ -1,14 +1,17 @@
 """A worker's connection to its job: requests become futures; one I/O thread owns the sockets.
 
-The user's thread (the KVStore API's data path, :mod:`psnode.worker.datapath`) calls
-:meth:`Engine.submit` with a typed operation (:mod:`psnode.protocol`) for one server; the request
-is queued in the :class:`~psnode.worker.tracker.Tracker` and the I/O thread
-(:mod:`psnode.worker.ioloop`) is woken through an eventfd.  The I/O thread sends queued requests in
+The user's thread (the KVStore API's data path, :mod:`psnode.worker.datapath`) reads once per
+call where its arrays go (:attr:`Engine.places`: the servers whose same-host link is up, and
+this host's shared memory, as the I/O thread last published them), places them, and hands the
+call's operations over in one :meth:`Engine.send` (:class:`~psnode.worker.futures.Placed`: each
+typed operation, :mod:`psnode.protocol`, with its server, whether that server is near, its
+future and the places of its arrays); the engine sends them as they are, deciding nothing
+again.  Each request is queued in the :class:`~psnode.worker.tracker.Tracker`; for a far server
+the I/O thread (:mod:`psnode.worker.ioloop`) is woken through an eventfd.  The I/O thread sends queued requests in
 priority order, fusing those bound for the same server into one message, within a window of
 bytes in flight per server.  Each server is reached through its connection
 (:mod:`psnode.worker.connection`, made by the I/O thread; the one place that knows whether a
-server is on this host).  A request to a near server (:meth:`Engine.near`: the servers whose
-same-host link is up, passed along with the request) is sent by the submitting thread itself
+server is on this host).  A request to a near server is sent by the submitting thread itself
 through that connection, and its answer read by the thread that waits for it.  Answers resolve
 futures by request id; a future's ``on_reply`` callback (e.g. copying a pulled array into the
 caller's ``out``) runs before the future is set.  The engine and its
@@ -33,7 +36,7 @@ import contextlib
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -44,14 +47,14 @@ from psnode.config import NodeConfig
 from psnode.errors import PeerLost, PSError
 from psnode.protocol import Command, Init, Ok, Op
 from psnode.protocol.control import Barrier, Body, Bye, Counters, Empty, WaitKind, WaitReport
-from psnode.samehost.staging import Staging
-from psnode.worker.futures import ControlRequest, Future
+from psnode.samehost.staging import Places, Staging
+from psnode.worker.futures import ControlRequest, Future, Placed
 from psnode.worker.ioloop import IoLoop
 from psnode.worker.state import EngineState
-from psnode.worker.tracker import SLICE_WINDOW, Request, Tracker
+from psnode.worker.tracker import SLICE_WINDOW, Batches, Request, Tracker
 
-BATCH_PAYLOAD = 2 * 2**20      # a batch leaves once it holds this much data (the server starts
-                               # on it while later parts are being copied)
+BATCH_PAYLOAD = 2 * 2**20      # a batch (``kv.batch()``) leaves once it holds this much data (the
+                               # server starts on it while later calls are being copied)
 
 
 class Engine:
@@ -74,6 +77,10 @@ class Engine:
         self._batching = threading.local()
         self.io = IoLoop(cfg, self.state, lambda: self.stats)
         self.conns = self.io.conns
+        # where the arrays of a call's requests go: published by the I/O thread whenever a
+        # server is connected or its link taken down (read once per call by the data path)
+        self.places: Places = self.conns.places
+        self.conns.on_places = self._new_places
         self.links = self.conns.links
         self._thread = threading.Thread(target=self.io.run, name="psnode-io", daemon=True)
         self._thread.start()
@@ -101,86 +108,74 @@ class Engine:
         return self.state.fatal
 
     # ------------------------------------------------------------ user side
-    def near(self) -> frozenset[int]:
-        """The servers reached over this host's shared-memory link, for the requests of one
-        call (a link that closes meanwhile: the request goes over TCP all the same)."""
-        return self.conns.near()
+    def _new_places(self, places: Places) -> None:
+        self.places = places
 
     def same_host(self, server: int) -> bool:
         """``server`` is reached over this host's shared-memory link."""
         return self.conns.is_near(server)
 
-    def stage(self, key: Any, part: int, index: int, shape: tuple[int, ...], dtype: np.dtype, seq: int,
-              near: bool) -> np.ndarray:
-        """Where to copy array ``index`` of push ``seq`` of a key part before submitting it: a
-        shared-memory slot for a ``near`` server, else plain memory."""
-        staging = self.conns.staging
-        if near and staging is not None:
-            slot = staging.slot((key, part, index), shape, dtype, seq)
-            if slot is not None:
-                return slot
-        return np.empty(shape, dtype)
-
-    def land(self, shape: tuple[int, ...], dtype: np.dtype, near: bool) -> np.ndarray | None:
-        """A landing area for an answer (or a request's scratch, e.g. row ids) from a ``near``
-        server (None otherwise); it returns to the pool once the answer was handled."""
-        staging = self.conns.staging
-        if near and staging is not None:
-            return staging.land(shape, np.dtype(dtype))
-        return None
-
     def submit(self, server: int, op: Op, nbytes: int = 0, priority: int = 0,
-               on_reply: Callable[[Ok], None] | None = None, reply: bool = True,
-               guard: Any = None, keys: int = 1, label: str = "", auto: bool = False,
-               near: bool | None = None) -> Future | None:
-        """Queue one operation for ``server`` (thread-safe); ``near``: whether the server is near
-        (:meth:`near`; None: ask).
+               on_reply: Callable[[Ok], None] | None = None, reply: bool = True) -> Future | None:
+        """Send one operation whose arrays the caller did not place (they travel as bytes):
+        its future, or None with ``reply=False``."""
+        placed = Placed(server, op, reply, on_reply, self.same_host(server), nbytes, priority)
+        self.send([placed])
+        return placed.future
 
-        Returns its future, or None with ``reply=False`` (a push): the server then answers only
-        if the operation fails, and that error is raised by the next call into the engine.
-        """
+    def send(self, placed: Sequence[Placed]) -> None:
+        """Send the operations the data path placed (thread-safe), as they are: those for near
+        servers by this thread through their connection (inside :meth:`batch`, when it ends),
+        the others by the I/O thread.  A push without a future is answered only if it fails,
+        and that error is raised by the next call into the engine."""
         st = self.state
         if st.fatal is not None or self.tracker.deferred:
             self.check()
+        tracker = self.tracker
         staging = self.conns.staging
-        if staging is not None and reply:
-            areas = [a for name in _area_fields(op) if (a := getattr(op, name)) is not None and staging.owns(a)]
-            if areas:
-                on_reply = _releasing(on_reply, areas, staging)
-        fut = Future(on_reply, server) if reply else None
-        req = Request(server, op, nbytes, fut, priority, 0, guard, keys, label, auto)
-        if fut is not None:
-            fut.request = req
-        if near is None:
-            near = self.same_host(server)
+        near: list[Request] = []
+        payload = 0
+        wake = False
+        batches: Batches = {}
         batching = self._batching
-        if near and getattr(batching, "depth", 0) > 0:
-            batching.payload = getattr(batching, "payload", 0) + _payload(op)
-            with st.lock:           # sent when the batch ends, or holds enough data
-                self.tracker.add(req)
-            if batching.payload >= BATCH_PAYLOAD:
-                batching.payload = 0
-                self.send_local()
-        elif near:                  # this thread sends (no hand-over to the I/O thread)
-            with st.lock:
-                if self.tracker.queued:
-                    self.tracker.add(req)
-                    batches = self.tracker.take(time.monotonic(), self.conns.local)
+        depth = getattr(batching, "depth", 0)
+        with st.lock:
+            for p in placed:
+                fut = p.future
+                req = Request(p.server, p.op, p.nbytes, fut, p.priority, 0, p.guard, p.keys, p.label, p.auto)
+                if fut is not None:
+                    fut.request = req
+                    if p.areas and staging is not None:
+                        fut.on_reply = _releasing(fut.on_reply, p.areas, staging)
+                if p.near:
+                    near.append(req)
                 else:
-                    batches = self.tracker.add_now(req, time.monotonic())
-            if batches:
-                self.conns.send(batches, io_thread=False)
-        else:
-            with st.lock:
-                self.tracker.add(req)
-                wake, st.woken = not st.woken, True
+                    tracker.add(req)
+                    wake = True
             if wake:
-                st.wake()
-        return fut
+                wake, st.woken = not st.woken, True
+            if near and depth > 0:      # sent when the batch ends, or holds enough data
+                for req in near:
+                    tracker.add(req)
+                    payload += _payload(req.op)
+                batching.payload = getattr(batching, "payload", 0) + payload
+            elif len(near) == 1:        # this thread sends (no hand-over to the I/O thread)
+                batches = tracker.add_now(near[0], time.monotonic())
+            elif near:
+                for req in near:
+                    tracker.add(req)
+                batches = tracker.take(time.monotonic(), self.conns.local)
+        if wake:
+            st.wake()
+        if batches:
+            self.conns.send(batches, io_thread=False)
+        elif depth > 0 and batching.payload >= BATCH_PAYLOAD:
+            batching.payload = 0
+            self.send_local()
 
     def batch(self) -> _Batch:
-        """Requests submitted inside go to same-host servers together when it ends (fewer,
-        fuller datagrams: one per server rather than one per key part)."""
+        """Requests sent inside go to same-host servers together when it ends (fewer,
+        fuller datagrams: one per server rather than one per call)."""
         return _Batch(self)
 
     def send_local(self) -> None:
@@ -382,23 +377,12 @@ class _Batch:
             self.e.send_local()
 
 
-_AREAS: dict[type, tuple[str, ...]] = {}
-
-
-def _area_fields(op: Op) -> tuple[str, ...]:
-    """The fields of ``op``'s type that may hold a landing area (``dest``, ``rows``)."""
-    names = _AREAS.get(type(op))
-    if names is None:
-        names = _AREAS[type(op)] = tuple(n for n in ("dest", "rows") if hasattr(op, n))
-    return names
-
-
 def _payload(op: Op) -> int:
     data = getattr(op, "data", None)
     return 0 if data is None else int(data.nbytes)
 
 
-def _releasing(on_reply: Callable[[Ok], None] | None, areas: list[np.ndarray],
+def _releasing(on_reply: Callable[[Ok], None] | None, areas: Sequence[np.ndarray],
                staging: Staging) -> Callable[[Ok], None]:
     """``on_reply``, then the request's landing areas go back to the pool (a failed request's
     areas are dropped instead: its answer might still land)."""

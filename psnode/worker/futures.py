@@ -1,5 +1,7 @@
-"""The outcome of a worker's request: :class:`Future` (data requests, resolved by request id)
-and :class:`ControlRequest` (BARRIER, FINISH, BYE to the scheduler, sent again until answered).
+"""The hand-off between the worker's API stack and its transport, and what comes back:
+:class:`Placed` (one data operation, resolved by the data path), :class:`Future` (its outcome,
+resolved by request id) and :class:`ControlRequest` (BARRIER, FINISH, BYE to the scheduler, sent
+again until answered).
 
 A future is resolved once, by one thread (the one that read its answer, psnode.worker.ioloop): its
 ``on_reply`` callback (e.g. copying a pulled array into the caller's ``out``) runs first, then
@@ -75,6 +77,37 @@ class Future:
         return self.result
 
 
+class Placed:
+    """One data operation for one server, resolved by the data path (psnode.worker.datapath)
+    and handed to the engine (psnode.worker.engine.Engine.send), which sends it as it is.
+
+    ``near``: ``server`` is reached over this host's link (asked once per call); ``op``'s arrays
+    carry their places (``op.at``); ``areas``: the landing areas (and scratch) it took, back to
+    the pool once ``future`` is answered.  ``future`` is made with it, calling ``on_reply`` with
+    the answer first, unless ``reply`` is False: a push answered only if it fails.
+    ``nbytes``: what its answer brings back; ``guard``: what a push must not overtake a pull of;
+    ``keys`` and ``label``: the key parts it stands for and its name, for counters and messages;
+    ``auto``: a push's answer asked for in advance (not a pull)."""
+
+    __slots__ = ("areas", "auto", "future", "guard", "keys", "label", "nbytes", "near", "op", "priority",
+                 "server")
+
+    def __init__(self, server: int, op: Any, reply: bool = True, on_reply: Callable[[Ok], None] | None = None,
+                 near: bool = False, nbytes: int = 0, priority: int = 0, guard: Any = None, keys: int = 1,
+                 label: str = "", auto: bool = False, areas: tuple[Any, ...] = ()) -> None:
+        self.server = server
+        self.op = op
+        self.future = Future(on_reply, server) if reply else None
+        self.near = near
+        self.nbytes = nbytes
+        self.priority = priority
+        self.guard = guard
+        self.keys = keys
+        self.label = label
+        self.auto = auto
+        self.areas = areas
+
+
 @dataclass
 class ControlRequest:
     """A message to the scheduler awaiting its answer (BARRIER n, FINISH), sent again every
@@ -90,4 +123,4 @@ class ControlRequest:
         return (self.cmd, (self.body.n or 0) if isinstance(self.body, Barrier) else 0)
 
 
-__all__ = ["ControlRequest", "Future"]
+__all__ = ["ControlRequest", "Future", "Placed"]

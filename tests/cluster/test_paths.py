@@ -1,8 +1,10 @@
 """The modules a same-host ``dist_sync`` push crosses on the user's thread, measured by
 benchmarks/control/paths.py (``sys.setprofile`` in a real one-worker, one-server job on
-127.0.0.1): exactly the 18 modules docs/architecture.md names, the engine reaching the same-host
-link only through the server's connection, never the I/O thread's module nor the links' reader,
-one datagram and nothing over ZeroMQ."""
+127.0.0.1): exactly the modules docs/architecture.md names, one datagram and nothing over ZeroMQ.
+The push goes down once: from the data path on, the data path, the push slots, the engine, the
+server's connection and the link are each entered once, in that order; only the data path takes
+push slots, and the link sends the places the data path wrote (it never looks an array up in the
+segments); neither the I/O thread's module nor the links' reader is on the path."""
 from __future__ import annotations
 
 import json
@@ -20,9 +22,12 @@ PUSH_PATH = {
     "psnode.worker.engine", "psnode.worker.futures", "psnode.worker.tracker", "psnode.worker.linkrate",
     "psnode.worker.journal",
     "psnode.worker.connection",
-    "psnode.samehost.staging", "psnode.samehost.link", "psnode.samehost.segments",
+    "psnode.samehost.staging", "psnode.samehost.link",
     "psnode.protocol.ops", "psnode.protocol.codec", "psnode.protocol.samehost",
 }
+#: From the data path on, these are entered once each, in this order (one direction, down).
+DOWN = ["psnode.worker.datapath", "psnode.samehost.staging", "psnode.worker.engine", "psnode.worker.connection",
+        "psnode.samehost.link"]
 
 
 def test_same_host_push_crosses_the_documented_modules(tmp_path: Path) -> None:
@@ -36,11 +41,18 @@ def test_same_host_push_crosses_the_documented_modules(tmp_path: Path) -> None:
     assert set(path) == PUSH_PATH and len(path) == len(PUSH_PATH), sorted(set(path) ^ PUSH_PATH)
     assert push["after_datagram"] == [] and push["generated_only"] == [], push
     assert push["seqpacket_sends"] == 1 and "zmq send" not in push["marks"], push["events"]
-    for off in ("psnode.worker.ioloop", "psnode.worker.samehost", "psnode.net.transport"):
+    for off in ("psnode.worker.ioloop", "psnode.worker.samehost", "psnode.net.transport",
+                "psnode.samehost.segments"):
         assert off not in push["order"], (off, push["order"])
+    entries = push["entries_to_datagram"]
+    down = entries[entries.index("psnode.worker.datapath"):]
+    assert [m for m in down if m in DOWN] == DOWN, down
+    assert "psnode.worker.kvstore" not in down, down
     edges = {tuple(e) for e in push["edges"]}
     assert {a for a, b in edges if b == "psnode.samehost.link"} == {"psnode.worker.connection"}, edges
     assert {a for a, b in edges if b == "psnode.worker.connection"} == {"psnode.worker.engine"}, edges
+    assert {a for a, b in edges if b == "psnode.samehost.staging"} == {"psnode.worker.datapath"}, edges
+    assert ("psnode.worker.datapath", "psnode.worker.engine") in edges, edges
     assert r.stdout.startswith(f"push: KVStore.push to the same-host datagram (the user's thread): {len(path)} modules")
     doc = (ROOT / "docs" / "architecture.md").read_text()
     stated = re.search(r"A same-host `dist_sync` push of one small key crosses (\d+) psnode modules", doc)

@@ -100,6 +100,10 @@ class Pair:
         self.server_value = self.server_arena.array((1000,), F)
         self.rank = rank
 
+    def at(self, arr: np.ndarray) -> tuple[tuple[int, int] | None, ...]:
+        """``op.at`` of a request with the one array ``arr`` (its place, as the data path writes it)."""
+        return (self.out.locate(arr) or self.land.locate(arr),)
+
     def connect(self) -> tuple[shmlink.Link, shmlink.Link]:
         import threading
         got: list = []
@@ -136,8 +140,9 @@ def test_data_travels_as_descriptors_and_is_read_in_place() -> None:
     worker, server = p.connect()
     p.slot[:] = np.arange(1000)
     dest = p.land.array((1000,), F)
-    assert worker.send_ops(shmlink.KIND_DATA, [Push("w", 0, 1, p.slot, id=5), Pull("w", 0, 1, id=6, dest=dest),
-                                               Push("small", 0, 1, np.ones(3, F), id=7)]) == []
+    assert worker.send_ops(shmlink.KIND_DATA, [Push("w", 0, 1, p.slot, id=5, at=p.at(p.slot)),
+                                               Pull("w", 0, 1, id=6, dest=dest, at=p.at(dest)),
+                                               Push("small", 0, 1, np.ones(3, F), id=7, at=(None,))]) == []
     (msg,) = server.recv()
     push, pull, small = msg.ops
     assert np.array_equal(push.data, np.arange(1000)) and not push.data.flags.writeable   # the worker's slot
@@ -151,6 +156,30 @@ def test_data_travels_as_descriptors_and_is_read_in_place() -> None:
     assert (direct.arrays[0] == 3).all() and not direct.arrays[0].flags.writeable
     assert (landed.arrays[0] == 7).all() and (dest == 7).all()
     assert worker.bytes_out >= 4000 + 12 and server.bytes_in >= 4000
+
+
+def test_a_request_travels_where_its_data_path_placed_it() -> None:
+    """The link sends a request's arrays where ``op.at`` says, never looking them up: an array in
+    shared memory without a place travels as bytes (inline when small, else back to the caller
+    for TCP); a resent pull (no landing area) reads the first places only.  A server's answers
+    are located by the link."""
+    p = Pair()
+    big = p.out.array((2000,), F)                 # in a push slot's segment, but not placed
+    worker, server = p.connect()
+    p.slot[:] = 5
+    small, unplaced = Push("w", 0, 1, p.slot, id=5, at=(None,)), Push("b", 0, 1, big, id=6, at=(None,))
+    assert worker.send_ops(shmlink.KIND_DATA, [small, unplaced]) == [unplaced]
+    (msg,) = server.recv()
+    (got,) = msg.ops
+    assert got.data.tolist() == [5.0] * 1000 and got.data.ctypes.data != p.slot.ctypes.data   # a copy, inline
+    rows, dest = p.land.array((4,), np.int64), p.land.array((4, 2), F)
+    rows[:] = [0, 1, 2, 3]
+    pull = Pull("r", 0, 1, rows, id=7, dest=dest, at=p.at(rows) + p.at(dest))
+    again = Pull("r", 0, 1, rows, id=7, re=True, at=pull.at)      # (resent: without its landing area)
+    assert worker.send_ops(shmlink.KIND_DATA, [pull]) == [] and worker.send_ops(shmlink.KIND_DATA, [again]) == []
+    first, second = server.recv()
+    assert first.ops[0].dest is not None and first.ops[0].rows.tolist() == [0, 1, 2, 3]
+    assert second.ops[0].dest is None and second.ops[0].rows.tolist() == [0, 1, 2, 3]
 
 
 def _datagram(job: str, arrays: list[tuple], ops: list[bytes]) -> bytes:
@@ -184,7 +213,7 @@ def test_bad_descriptors_are_protocol_errors_naming_the_peer(arrays, reason) -> 
     worker.send_raw(b"Zjunk")
     with pytest.raises(ProtocolError, match="unknown type"):
         server.recv()
-    assert worker.send_ops(shmlink.KIND_DATA, [Push("w", 0, 1, p.slot, id=5)]) == []
+    assert worker.send_ops(shmlink.KIND_DATA, [Push("w", 0, 1, p.slot, id=5, at=p.at(p.slot))]) == []
     assert len(server.recv()) == 1                                    # the link still works
 
 
@@ -198,8 +227,9 @@ def test_one_operation_messages_decode_as_the_general_decoder_does() -> None:
     worker, server = p.connect()
     p.slot[:] = np.arange(1000)
     dest = p.land.array((1000,), F)
-    sent = [PushPull("\0bucket3", 0, 4, p.slot, id=9), PushPull(7, 2, 5, p.slot, id=10, dest=dest),
-            Pull("k", 1, 3, id=11, dest=dest), Push("k", 0, 2, p.slot, id=12, re=True)]
+    sent = [PushPull("\0bucket3", 0, 4, p.slot, id=9, at=p.at(p.slot)),
+            PushPull(7, 2, 5, p.slot, id=10, dest=dest, at=p.at(p.slot) + p.at(dest)),
+            Pull("k", 1, 3, id=11, dest=dest, at=p.at(dest)), Push("k", 0, 2, p.slot, id=12, re=True, at=p.at(p.slot))]
     for op in sent:
         raw: list[bytes] = []
         real = worker.send_raw
@@ -240,7 +270,7 @@ def test_one_operation_messages_decode_as_the_general_decoder_does() -> None:
     worker.send_raw(_datagram("otherjob", [(10, (10,), 1, 0, 0)], [_push_record()]))
     with pytest.raises(ProtocolError, match="otherjob"):
         server.recv()
-    assert worker.send_ops(shmlink.KIND_DATA, [Push("w", 0, 1, p.slot, id=5)]) == []
+    assert worker.send_ops(shmlink.KIND_DATA, [Push("w", 0, 1, p.slot, id=5, at=p.at(p.slot))]) == []
     assert len(server.recv()) == 1                                    # the link still works
 
 def _accept(listener: socket.socket) -> tuple[socket.socket, object]:
@@ -295,7 +325,7 @@ def test_sends_never_block_a_backlog_waits_for_the_reader() -> None:
     p = Pair()
     worker, server = p.connect()
     for i in range(5000):                        # far more than the socket buffers hold
-        worker.send_ops(shmlink.KIND_DATA, [Push("w", 0, i + 1, p.slot, id=i)])
+        worker.send_ops(shmlink.KIND_DATA, [Push("w", 0, i + 1, p.slot, id=i, at=p.at(p.slot))])
     assert worker.backlog and worker.up
     got = 0
     for _ in range(1000):
