@@ -204,13 +204,13 @@ class DataPath:
             value, fill = None, None
         places = self._open()
         try:
-            self._init_parts(key, info, sync, average, resumed, value, target, fill, bare, join, staleness,
+            self._init_parts(key, info, sync, aggregation, resumed, value, target, fill, bare, join, staleness,
                              backup, futs, places.near)
         finally:
             self._close()
         return futs
 
-    def _init_parts(self, key: Any, info: KeyInfo, sync: bool, average: bool, resumed: bool,
+    def _init_parts(self, key: Any, info: KeyInfo, sync: bool, aggregation: str, resumed: bool,
                     value: np.ndarray | None, target: np.ndarray | None,
                     fill: Callable[[Part], dict[str, Any]] | None, bare: bool, join: bool, staleness: int,
                     backup: int, futs: list[Future], near: Near) -> None:
