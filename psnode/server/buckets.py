@@ -58,7 +58,7 @@ class Member:
 
 
 @dataclass
-class Bucket:
+class FusedBucket:
     """One bucket: its buffer, its members, and their common state while fused."""
 
     bid: int
@@ -115,7 +115,7 @@ class Buckets:
         self.adopt = adopt
         self.push_member = push_member
         self.capacity_bytes = capacity_bytes
-        self.all: dict[int, Bucket] = {}
+        self.all: dict[int, FusedBucket] = {}
         self.pushes = 0
         self.pulls = 0
         self.rounds = 0
@@ -128,7 +128,7 @@ class Buckets:
         b = self.all.get(bid)
         if b is None:
             cap = max(self.capacity_bytes // dtype.itemsize, offset + size)
-            b = self.all[bid] = Bucket(bid, self.alloc((cap,), dtype), sync=sync, aggregation=aggregation)
+            b = self.all[bid] = FusedBucket(bid, self.alloc((cap,), dtype), sync=sync, aggregation=aggregation)
         if b.value.dtype != dtype or offset < b.used or offset + size > len(b.value) \
                 or b.sync != sync or b.aggregation != aggregation:
             raise ValueError(f"member at {offset} ({size} {dtype}) does not fit bucket {bid}")
@@ -143,7 +143,7 @@ class Buckets:
         entry.bucket, entry.fixed = b, True
 
     # ------------------------------------------------------------ modes
-    def split(self, b: Bucket) -> None:
+    def split(self, b: FusedBucket) -> None:
         """Give every member the bucket's state and serve them one by one (see above)."""
         if not b.fused:
             return
@@ -171,13 +171,13 @@ class Buckets:
 
     def split_member(self, entry: Entry) -> None:
         """Serve ``entry``, a member of a bucket, on its own from now on."""
-        self.split(cast(Bucket, entry.bucket))
+        self.split(cast(FusedBucket, entry.bucket))
 
     def split_all(self) -> None:
         for b in self.all.values():
             self.split(b)
 
-    def _fuse(self, b: Bucket) -> bool:
+    def _fuse(self, b: FusedBucket) -> bool:
         """Fuse ``b`` when its members are in one quiet state; True if it is fused."""
         if b.fused:
             return True
@@ -196,7 +196,7 @@ class Buckets:
         b.first, b.summed, b.early, b.fused = None, False, {}, True
         return True
 
-    def _fuse_state(self, b: Bucket, optimizer: opt_mod.Optimizer) -> bool:
+    def _fuse_state(self, b: FusedBucket, optimizer: opt_mod.Optimizer) -> bool:
         """Members' optimizer states as views of one bucket state (copied in when they are not)."""
         states = [m.entry.state for m in b.members]
         if any(s is None for s in states) or len({s.t for s in states}) != 1:
@@ -216,7 +216,7 @@ class Buckets:
         return True
 
     # ------------------------------------------------------------ operations
-    def bucket(self, bid: int) -> Bucket:
+    def bucket(self, bid: int) -> FusedBucket:
         b = self.all.get(bid)
         if b is None or not b.members:
             raise OpError("KeyNotInitialized", f"bucket {bid} is not initialised on this server")
@@ -242,7 +242,7 @@ class Buckets:
         self._contribute(b, worker, seq, data)
         return self._complete(b)
 
-    def _contribute(self, b: Bucket, worker: int, seq: int, data: np.ndarray) -> None:
+    def _contribute(self, b: FusedBucket, worker: int, seq: int, data: np.ndarray) -> None:
         b.contributors.add(worker)
         b.pushed[worker] = seq
         left = len(self.rules.active) - len(b.contributors)   # (psnode.server.awaited)
@@ -268,7 +268,7 @@ class Buckets:
         agg.fold_scaled(b.first if b.first is not None else acc, data, acc, agg.scale(n) if last else 1.0, to)
         b.first, b.summed, b.stored = None, True, last
 
-    def _complete(self, b: Bucket) -> list[Reply]:
+    def _complete(self, b: FusedBucket) -> list[Reply]:
         out: list[Reply] = []
         rules = self.rules
         while b.contributors and rules.active <= b.contributors:
@@ -315,7 +315,7 @@ class Buckets:
         b.pulls.append((worker, rid, after, dest))
         return b.answer(self.rules.member)
 
-    def _wait(self, b: Bucket, worker: int, rid: int, after: int) -> Reply:
+    def _wait(self, b: FusedBucket, worker: int, rid: int, after: int) -> Reply:
         if b.fused:
             gap = b.pushed.get(worker, 0) + 1
             have = {q for q, _ in b.early.get(worker, [])}
@@ -327,8 +327,8 @@ class Buckets:
             blockers = sorted(set().union(*(self.rules.need(m.entry) - m.entry.contributors for m in b.members)))
         return Reply(worker, Wait(rid, gap if gap <= after else 0, blockers))
 
-    def answer(self, b: Bucket) -> list[Reply]:
-        """Bucket pulls of ``b`` its members' rounds let through (:meth:`Bucket.answer`)."""
+    def answer(self, b: FusedBucket) -> list[Reply]:
+        """Bucket pulls of ``b`` its members' rounds let through (:meth:`FusedBucket.answer`)."""
         return b.answer(self.rules.member)
 
     def received(self, bid: int, worker: int, seq: int) -> bool:
@@ -367,4 +367,4 @@ class Buckets:
         return [] if b is None else [m.key for m in b.members]
 
 
-__all__ = ["Bucket", "Buckets", "Member"]
+__all__ = ["Buckets", "FusedBucket", "Member"]

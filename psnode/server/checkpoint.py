@@ -25,7 +25,7 @@ from psnode.math import aggregation as agg_mod
 from psnode.math import optimizers as opt_mod
 from psnode.math.initializers import from_spec as init_from_spec
 from psnode.server import dynparts
-from psnode.server.buckets import Bucket
+from psnode.server.buckets import FusedBucket
 from psnode.server.compressed import Packed, spec_of_tag
 from psnode.server.dyntable import Params, Table
 from psnode.server.keypart import Entry, changed_rows
@@ -84,7 +84,7 @@ def snapshot(store: Store, changes_only: bool = False) -> tuple[dict[str, Any], 
                     arrays[f"s{i}_{name}"] = arr
                     item["state"].append(name)
         if entry.bucket is not None:
-            item["bucket"] = [cast(Bucket, entry.bucket).bid, _offset(entry)]
+            item["bucket"] = [cast(FusedBucket, entry.bucket).bid, _offset(entry)]
         if entry.staleness >= 0:   # (a dist_ssp part: psnode.server.staleness)
             item["staleness"] = entry.staleness
         if entry.backup:   # (backup workers: psnode.server.rounds)

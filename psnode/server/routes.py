@@ -22,7 +22,7 @@ from psnode.server.replies import Reply, sent
 LinkSend = Callable[[list[Reply]], list[Reply]]
 
 
-class Route(Protocol):
+class WorkerRoute(Protocol):
     """How the server reaches one worker."""
 
     worker: int
@@ -75,9 +75,9 @@ class Routes:
 
     def __init__(self, chan: Channel) -> None:
         self.chan = chan
-        self._routes: dict[int, Route] = {}
+        self._routes: dict[int, WorkerRoute] = {}
 
-    def to(self, worker: int) -> Route:
+    def to(self, worker: int) -> WorkerRoute:
         """Worker ``worker``'s route (a worker never seen: TCP)."""
         route = self._routes.get(worker)
         if route is None:
@@ -93,4 +93,4 @@ class Routes:
         self._routes[worker] = TcpRoute(worker, self.chan)
 
 
-__all__ = ["LinkRoute", "LinkSend", "Route", "Routes", "TcpRoute"]
+__all__ = ["LinkRoute", "LinkSend", "Routes", "TcpRoute", "WorkerRoute"]

@@ -145,7 +145,7 @@ class _Device:
 
 
 @dataclass
-class _Slot:
+class _GradSlot:
     """One parameter, its key and its staging (module docstring: CPU views or host buffers)."""
     index: int
     key: str
@@ -167,14 +167,14 @@ class _Slot:
 class _Pusher:
     """A daemon thread that pushes each handed slot once its staged gradient is ready."""
 
-    def __init__(self, push: Callable[[_Slot], None]) -> None:
+    def __init__(self, push: Callable[[_GradSlot], None]) -> None:
         self._push = push
-        self._queue: queue.Queue[_Slot | None] = queue.Queue()
+        self._queue: queue.Queue[_GradSlot | None] = queue.Queue()
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="psnode-torch-pusher", daemon=True)
         self._thread.start()
 
-    def put(self, slot: _Slot) -> None:
+    def put(self, slot: _GradSlot) -> None:
         self._queue.put(slot)
 
     def drain(self) -> None:
@@ -213,7 +213,7 @@ class DistributedTrainer:
         self.model = model
         self.kv = kv
         self.prefix = prefix
-        self.slots: list[_Slot] = []
+        self.slots: list[_GradSlot] = []
         # tables pushed as row_sparse (psnode.torch.embedding): on the servers, or held here
         self.tables: list[Any] = [m for m in model.modules() if isinstance(m, ServerTable)]
         for t in self.tables:
@@ -229,7 +229,7 @@ class DistributedTrainer:
                     held_params.append((key, held[id(p)]))
                     continue
                 what = f"parameter {key!r}"
-                self.slots.append(_Slot(len(self.slots), key, p, host_dtype(p.dtype, multi_precision, what)))
+                self.slots.append(_GradSlot(len(self.slots), key, p, host_dtype(p.dtype, multi_precision, what)))
         if not self.slots and not self.tables and not held_params:
             raise ConfigError("the model has no parameters that require a gradient")
         if compression is not None:
@@ -279,7 +279,7 @@ class DistributedTrainer:
             self._hooks = [s.param.register_post_accumulate_grad_hook(self._hook(s)) for s in self.slots]
 
     # ------------------------------------------------------------ staging
-    def _stage_buffers(self, s: _Slot) -> None:
+    def _stage_buffers(self, s: _GradSlot) -> None:
         """Allocate ``s``'s host (pinned for CUDA) and device buffers, once."""
         p = s.param
         if p.layout != _torch.strided:
@@ -300,10 +300,10 @@ class DistributedTrainer:
             s.ready, s.copied = _torch.cuda.Event(), _torch.cuda.Event(blocking=True)
         s.host = s.host_t.numpy()
 
-    def _side(self, s: _Slot) -> Any:
+    def _side(self, s: _GradSlot) -> Any:
         return _torch.cuda.stream(self._devices[s.param.device].stream) if s.cuda else contextlib.nullcontext()
 
-    def _stage_grad(self, s: _Slot, grad: Any) -> None:
+    def _stage_grad(self, s: _GradSlot, grad: Any) -> None:
         """Start copying ``grad`` into ``s.host`` (CUDA: asynchronously, ``s.copied`` marks the end)."""
         if s.host_t is None:
             return                                            # CPU zero-copy: pushed from a view
@@ -321,7 +321,7 @@ class DistributedTrainer:
             if s.cuda:
                 s.copied.record()
 
-    def _array(self, s: _Slot, staged: bool) -> np.ndarray:
+    def _array(self, s: _GradSlot, staged: bool) -> np.ndarray:
         """What a push of ``s`` sends: the staged buffer (once copied), a view, or zeros."""
         if staged and s.host is not None:
             if s.copied is not None:
@@ -334,10 +334,10 @@ class DistributedTrainer:
             s.zeros = np.zeros(s.param.shape, s.dtype)
         return s.zeros
 
-    def _push_staged(self, s: _Slot) -> None:
+    def _push_staged(self, s: _GradSlot) -> None:
         self.kv.push(s.key, self._array(s, True), priority=-s.index)
 
-    def _hook(self, s: _Slot) -> Callable[[Any], None]:
+    def _hook(self, s: _GradSlot) -> Callable[[Any], None]:
         def hook(param: Any) -> None:
             if not self._sync:
                 return

@@ -30,7 +30,7 @@ SAMPLE_BYTES = 256 * 2**10  # an advance of fewer bytes is no rate sample (the s
 
 
 @dataclass(slots=True)
-class Link:
+class LinkRate:
     """One server's link, in bytes and seconds (see the module docstring)."""
 
     sent: int = 0               # payload bytes sent, in order
@@ -50,7 +50,7 @@ class LinkMeter:
     """The links to ``num_servers`` servers (see the module docstring)."""
 
     def __init__(self, num_servers: int) -> None:
-        self.links = [Link() for _ in range(num_servers)]
+        self.links = [LinkRate() for _ in range(num_servers)]
 
     def sent(self, server: int, nbytes: int, now: float) -> tuple[int, int]:
         """``nbytes`` of payload leave for ``server``; (their mark, the backlog with them)."""
@@ -95,4 +95,4 @@ class LinkMeter:
         return self.links[server].rate
 
 
-__all__ = ["RATE_FLOOR", "RATE_GUESS", "SAMPLE_BYTES", "Link", "LinkMeter"]
+__all__ = ["RATE_FLOOR", "RATE_GUESS", "SAMPLE_BYTES", "LinkMeter", "LinkRate"]

@@ -56,3 +56,15 @@ def test_modules_of_a_package_have_no_import_circle(package: str, core: str) -> 
     for m in sorted(graph):
         visit(m, [])
     assert core in graph and len(graph) >= 8
+
+
+def test_no_two_classes_of_the_product_share_a_name() -> None:
+    """A class name names one thing across psnode and the launcher (a reader who greps for it,
+    or meets it in a traceback, finds one definition)."""
+    where: dict[str, list[str]] = {}
+    for package in ("psnode", "cli"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.parse(path.read_text(), str(path)).body:
+                if isinstance(node, ast.ClassDef):
+                    where.setdefault(node.name, []).append(path.relative_to(ROOT).as_posix())
+    assert {name: paths for name, paths in where.items() if len(paths) > 1} == {}
