@@ -23,7 +23,7 @@ import numpy as np
 
 from psnode.samehost.segments import Arena
 
-MAX_SLOTS = 18   # a restartable job's journal holds up to 16 pushes until durable (psnode.worker.journal), + 2
+MAX_SLOTS = 34   # a restartable job's journal holds up to 32 pushes until durable (psnode.worker.journal), + 2
 SlotKey = tuple[Any, int, int]   # (key, part, array index: 0 data, 1 row ids)
 
 

@@ -48,7 +48,7 @@ from psnode.server.replies import Reply
 from psnode.server.store import Marks, Store
 
 ASYNC_BYTES = 64 << 20   # a point that would copy more is taken while the loop waits
-LAG = 4                  # pushes an answer's watermark may lag before a point begins on its own
+LAG = 8                  # pushes an answer's watermark may lag before a point begins on its own
 LAG_BYTES = 32 << 20     # or bytes of a dense part's pushes
 PIN_BYTES = 1 << 20      # a key part's value or state array past this is read in place, pinned
 _PART = re.compile(r"^(v|s)(\d+)(_|$)")   # a snapshot's arrays of key part i's value and state
@@ -83,7 +83,8 @@ class Points:
         self.chain: disk.Chain | None = None
         self.replicator: Replicator | None = None
         self.pending: _Point | None = None
-        self.wanted = False     # answers lag (LAG): the next point begins as the one under way ends
+        self.lag = LAG          # answers whose watermark lags this many pushes begin a point (or LAG_BYTES)
+        self.wanted = False     # answers lag: the next point begins as the one under way ends
         self.stuck = False      # a point on its own could not be begun in the background
 
     @property
@@ -100,12 +101,12 @@ class Points:
             if replies and store.restartable and store.must_persist:
                 point.later.extend(replies)   # (they reveal what this point lacks)
             elif replies:
-                self.wanted = self.wanted or lagging(replies, store.restartable)
+                self.wanted = self.wanted or lagging(replies, store.restartable, self.lag)
                 self.send(store.stamp(replies))
             return
         if not store.point_due(replies, self.every):
             if replies:
-                soon = lagging(replies, store.restartable)
+                soon = lagging(replies, store.restartable, self.lag)
                 self.send(store.stamp(replies))
                 if soon:
                     self._soon()
@@ -224,9 +225,9 @@ class Points:
             self.chain.close()
 
 
-def lagging(replies: list[Reply], restartable: bool) -> bool:
+def lagging(replies: list[Reply], restartable: bool, lag: int = LAG) -> bool:
     """Does an answer in ``replies`` report a worker's durable watermark (before it is stamped:
-    its ``seq`` is what it says applied) ``LAG`` pushes, or ``LAG_BYTES`` of a dense part's,
+    its ``seq`` is what it says applied) ``lag`` pushes, or ``LAG_BYTES`` of a dense part's,
     behind?  Never on a server that cannot be restarted (its answers report what was received)."""
     if not restartable:
         return False
@@ -235,7 +236,7 @@ def lagging(replies: list[Reply], restartable: bool) -> bool:
         if holder is None:
             continue
         behind = getattr(r.answer, "seq", 0) - holder.durable.get(r.worker, 0)
-        if behind >= LAG:
+        if behind >= lag:
             return True
         value = getattr(holder, "value", None)
         if behind > 0 and value is not None and not getattr(holder, "sparse", False) \

@@ -35,7 +35,7 @@ from psnode.protocol import Failed, Flush, Init, Ok, Pull, Push, PushPull, SetOp
 from psnode.server import chain as disk
 from psnode.server import checkpoint, replicas
 from psnode.server.image import Image
-from psnode.server.points import LAG, Points
+from psnode.server.points import Points
 from psnode.server.store import Store
 from psnode.worker.tracker import Request, Tracker
 
@@ -52,8 +52,9 @@ KEYS: dict[str, tuple[int, list[tuple[int, int, int, int]], int | None]] = {
 MEMBERS = ("a", "b")
 SPEC = create_optimizer("sgd", learning_rate=1.0).to_spec()
 #: the workers' journals' hard bound (psnode.worker.journal: ASK_DEPTH), small enough for STEPS to
-#: reach it; with background points past their LAG: both the server's own points and the asks run
-DEPTH, BACKGROUND_DEPTH = 4, LAG + 2
+#: reach it; with background points past the lag that begins a point on the server's own
+#: (psnode.server.points: LAG): both the server's own points and the asks run
+DEPTH, BACKGROUND_DEPTH, BACKGROUND_LAG = 4, 5, 3
 
 
 def pattern(key: str) -> np.ndarray:
@@ -173,6 +174,7 @@ class SimServer:
 
     def _new_points(self) -> None:
         self.points = Points(self.store, self.outbox.extend, self.every, resend_after=1.0)
+        self.points.lag = BACKGROUND_LAG
         self.points.chain = self.chain  # type: ignore[assignment]
 
     def checkpoint(self) -> None:
