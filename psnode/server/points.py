@@ -21,6 +21,10 @@ push is reported durable before every copy holds it, and the store is never read
 while it changes (background points write copies; the chain's compactions are exact by
 construction).
 
+**By rounds** (``every``, ``--checkpoint-rounds``): a point that only the count of rounds
+calls for holds no answer either: it begins after the answers of the round that reached the
+count left.
+
 **On its own cadence.**  A restartable server does not wait to be asked: once an answer it
 sends would report a worker's durable watermark ``LAG`` pushes (or, for a dense part,
 ``LAG_BYTES`` of them) behind what that answer says applied, it begins a point in the
@@ -104,15 +108,19 @@ class Points:
                 self.wanted = self.wanted or lagging(replies, store.restartable, self.lag)
                 self.send(store.stamp(replies))
             return
-        if not store.point_due(replies, self.every):
-            if replies:
-                soon = lagging(replies, store.restartable, self.lag)
+        if replies and store.restartable and store.must_persist:   # (they reveal what the last point lacks)
+            if not self._begin(replies):
+                self.point(pump)
                 self.send(store.stamp(replies))
-                if soon:
-                    self._soon()
-        elif not self._begin(replies):
-            self.point(pump)
+            return
+        soon = bool(replies) and lagging(replies, store.restartable, self.lag)
+        if replies:
             self.send(store.stamp(replies))
+        if store.point_due([], self.every):   # (by rounds: nothing waits for it)
+            if not self._begin([]):
+                self.point(pump)
+        elif soon:
+            self._soon()
 
     def _soon(self) -> None:
         """Begin a point in the background on this server's own cadence (the module docstring),
