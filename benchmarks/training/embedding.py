@@ -187,8 +187,11 @@ class Outcome:
         """The servers' bytes copied and checkpointed per round they completed (a round: every
         worker's push of one key part applied; the table's part on each server completes one
         per step), from the first STATUS sample after a round completed (the whole copies and
-        the base checkpoint are made before: kv.init's answer waits for them) to the last."""
-        log = [x for x in self.watch.moved_log if x[1] > 0]
+        the base checkpoint are made before: kv.init's answer waits for them) to the last one
+        before the workers' last timed step ended (not the job's final checkpoint).  The
+        servers tell their counters with their heartbeats (1 s here): use enough ``--steps``."""
+        end = max((r["timed_to"] for r in self.records), default=0.0)
+        log = [x for x in self.watch.moved_log if x[1] > 0 and x[0] <= end]
         if len(log) < 2 or log[-1][1] <= log[0][1]:
             return None
         (_, r0, c0, k0), (_, r1, c1, k1) = log[0], log[-1]
