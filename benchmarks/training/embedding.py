@@ -40,6 +40,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,6 +106,10 @@ class Watch:
     cpu_log: list[tuple[float, dict[str, float]]] = field(default_factory=list)   # (time.time(), CPU s)
     total_peak_kib: int = 0
     killed: str = ""
+    #: the servers' bytes copied and checkpointed so far (psnode: the scheduler's STATUS), None if unknown
+    moved: Callable[[], tuple[int, int, int] | None] | None = None
+    #: (time.time(), rounds, copied, checkpointed), summed over the servers
+    moved_log: list[tuple[float, int, int, int]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -119,7 +124,13 @@ class Watch:
             self._thread.join(5)
 
     def _run(self) -> None:
+        tick = 0
         while not self._stop.wait(0.2):
+            tick += 1
+            if self.moved is not None and tick % 3 == 0:
+                got = self.moved()
+                if got is not None:
+                    self.moved_log.append((time.time(), *got))
             total = 0
             for label, pid in self.pids.items():
                 hwm = _status_kib(pid, "VmHWM")
@@ -172,6 +183,20 @@ class Outcome:
         steps = self.records[0]["steps"] * (b[0] - a[0]) / (t1 - t0)
         return sum(b[1][k] - a[1][k] for k in labels) / len(labels) * 1e3 / steps
 
+    def moved_per_round(self) -> tuple[float, float] | None:
+        """The servers' bytes copied and checkpointed per round they completed (a round: every
+        worker's push of one key part applied; the table's part on each server completes one
+        per step), from the first STATUS sample after a round completed (the whole copies and
+        the base checkpoint are made before: kv.init's answer waits for them) to the last one
+        before the workers' last timed step ended (not the job's final checkpoint).  The
+        servers tell their counters with their heartbeats (1 s here): use enough ``--steps``."""
+        end = max((r["timed_to"] for r in self.records), default=0.0)
+        log = [x for x in self.watch.moved_log if x[1] > 0 and x[0] <= end]
+        if len(log) < 2 or log[-1][1] <= log[0][1]:
+            return None
+        (_, r0, c0, k0), (_, r1, c1, k1) = log[0], log[-1]
+        return (c1 - c0) / (r1 - r0), (k1 - k0) / (r1 - r0)
+
 
 # ---------------------------------------------------------------- the two systems
 def run_psnode(h, rows: int, cfg: dict, timeout: float, cap: float, floor: float, system: str = PSNODE) -> Outcome:
@@ -182,7 +207,8 @@ def run_psnode(h, rows: int, cfg: dict, timeout: float, cap: float, floor: float
         env["PSNODE_CHECKPOINT_DIR"] = scratch.name
     job = h.start_job(WORKER.read_text(), 2, 2, env=env,
                       args=["psnode", json.dumps(dict(cfg, rows=rows, system=system))])
-    watch = Watch({f"{p.role} {p.rank}": p.popen.pid for p in job.procs}, cap, floor).start()
+    watch = Watch({f"{p.role} {p.rank}": p.popen.pid for p in job.procs}, cap, floor,
+                  moved=lambda: _moved(job.scheduler, job.job_id)).start()
     problem = ""
     try:
         h.wait_job(job, timeout)
@@ -196,6 +222,22 @@ def run_psnode(h, rows: int, cfg: dict, timeout: float, cap: float, floor: float
         problem = problem or f"exit codes {[(p.role, p.rank, p.code) for p in job.procs]}"
         print(f"  psnode {rows}: {problem}\n{tail(job.describe(), 30)}", file=sys.stderr)
     return Outcome([r for p in job.workers for r in parse_results(p.out)], watch, problem)
+
+
+def _moved(scheduler: str, job_id: str) -> tuple[int, int, int] | None:
+    """The servers' rounds completed, bytes copied to their holders and written to checkpoints
+    so far (sums over servers, as their last heartbeats told the scheduler); None while unknown."""
+    from psnode.errors import PSError
+    from psnode.scheduler.client import status
+    try:
+        nodes = status(scheduler, job_id, timeout=1.0).nodes
+    except (PSError, OSError):
+        return None
+    servers = [n for n in nodes if n.role == "server"]
+    if not servers:
+        return None
+    return (sum(n.rounds or 0 for n in servers), sum(n.copied or 0 for n in servers),
+            sum(n.checkpointed or 0 for n in servers))
 
 
 def run_ddp(rows: int, cfg: dict, timeout: float, cap: float, floor: float) -> Outcome:
@@ -273,6 +315,29 @@ def summarize(records: list[dict], mem: list[dict], sizes: list[int], print_fn=p
     return [dict(zip(hdr, r, strict=True)) for r in out_rows]
 
 
+def moved_table(records: list[dict], mem: list[dict], sizes: list[int], print_fn=print) -> list[dict]:
+    """Bytes on the links beside the rows touched: per psnode system and size, the rows a step
+    touches (every rank's ids, each once) and the servers' bytes copied to the holders of their
+    replicas and written to checkpoints per round (median over runs)."""
+    hdr = ("rows", "system", "rows touched per step", "KiB copied per round", "KiB checkpointed per round")
+    out_rows = []
+    for rows in sizes:
+        for system in ORDER:
+            m = [x["moved_per_round"] for x in mem if x["system"] == system and x["rows"] == rows
+                 and x.get("moved_per_round")]
+            if not m:
+                continue
+            hit = [r["rows_touched"] for r in records if r["system"] == system and r["rows"] == rows
+                   and "rows_touched" in r]
+            out_rows.append((f"{rows / 1e6:g} M", system, f"{statistics.median(hit):.0f}" if hit else "-",
+                             fmt_range([c / 1024 for c, _ in m], ".0f"), fmt_range([k / 1024 for _, k in m], ".0f")))
+    if out_rows:
+        print_fn("\nBytes on the links (the servers' STATUS, summed over servers; a round: one key part's pushes\n"
+                 "applied, the table's part on each server completing one per step).")
+        print_table(hdr, out_rows, print_fn)
+    return [dict(zip(hdr, r, strict=True)) for r in out_rows]
+
+
 def phase_table(records: list[dict], mem: list[dict], sizes: list[int], print_fn=print) -> list[dict]:
     """Where a step's time goes: per system, size and phase, a worker's wall and CPU ms (each
     rank's median over the timed steps; median over ranks and runs), then the servers' CPU ms
@@ -311,7 +376,8 @@ def _memory_record(system: str, rows: int, run: int, o: Outcome) -> dict:
             "problem": o.problem, "server_mib": max(servers) if servers else 0.0,
             "total_gib": o.watch.total_peak_kib / 2**20,
             "peaks_mib": {k: v / 1024 for k, v in o.watch.peak_kib.items()},
-            "cpu_s": dict(o.watch.cpu_s), "server_cpu_ms_per_step": o.cpu_ms_per_step("server")}
+            "cpu_s": dict(o.watch.cpu_s), "server_cpu_ms_per_step": o.cpu_ms_per_step("server"),
+            "moved_per_round": o.moved_per_round()}
 
 
 # ---------------------------------------------------------------- main
@@ -330,6 +396,8 @@ def compare(a, cfg: dict, sizes: list[int], runs: int, h, cap: float, floor: flo
     if a.with_dynamic:
         dyn = dict(cfg, dynamic=True)
         systems.insert(1, (DYNAMIC, lambda n: run_psnode(h, n, dyn, a.timeout, cap, floor, DYNAMIC)))
+    if a.no_ddp:
+        systems = [s for s in systems if s[0] != DDP]
     if a.safety:
         for i, name in enumerate(SAFETY, start=1):
             systems.insert(i, (name, lambda n, name=name: run_psnode(h, n, cfg, a.timeout, cap, floor, name)))
@@ -396,6 +464,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"also run {DYNAMIC!r}: the same items as 64-bit ids, a table without a row count")
     ap.add_argument("--safety", action="store_true",
                     help="also psnode with --replicas 2, with checkpoints every 50 rounds, and with both")
+    ap.add_argument("--no-ddp", action="store_true",
+                    help="leave DDP out (e.g. with --safety: the options' ratios only)")
     ap.add_argument("--largest", action="store_true", help="only the largest-table search (see above)")
     ap.add_argument("--cap-gib", type=float, default=12.0, help="a job's memory cap (total PSS), GiB")
     ap.add_argument("--floor-gib", type=float, default=3.0, help="kill a job when the machine has less available")
@@ -429,6 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     records, mem = compare(a, cfg, sizes, runs, h, cap, floor)
     summary = summarize(records, mem, sizes)
     phases = phase_table(records, mem, sizes)
+    moved = moved_table(records, mem, sizes)
     problems = [f"{m['system']} rows={m['rows']} run {m['run'] + 1}: {m['killed'] or m['problem']}"
                 for m in mem if not m["fits"]]
     for p in problems:
@@ -436,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ntotal {time.monotonic() - t_all:.0f} s")
     if a.json:
         Path(a.json).write_text(json.dumps({"argv": sys.argv, "config": cfg, "records": records, "memory": mem,
-                                            "summary": summary, "phases": phases,
+                                            "summary": summary, "phases": phases, "moved": moved,
                                             "problems": problems}, indent=1))
         print(f"wrote {a.json}")
     return 1 if problems else 0

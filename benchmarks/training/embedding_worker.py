@@ -111,11 +111,21 @@ def train(step_fn, data, cfg: dict) -> tuple:
     return cfg["steps"] / (time.perf_counter() - t0), cpu, losses, (w0, time.time())
 
 
+def touched(cfg: dict, world: int = 2) -> float:
+    """Rows of the table a timed step touches (the ids of every rank's batch, each once), mean
+    over the timed steps."""
+    ranks = [batches(cfg, r) for r in range(world)]
+    w = cfg["warmup"]
+    return float(np.mean([len(np.unique(np.concatenate([b[i][0].numpy().ravel() for b in ranks])))
+                          for i in range(w, w + cfg["steps"])]))
+
+
 def result(cfg: dict, rank: int, timed: tuple, ready: float) -> None:
     rate, cpu, losses, (w0, w1) = timed
     k = cfg["loss_window"]
     report(system=cfg["system"], case=f"rows={cfg['rows']}", rows=cfg["rows"], rank=rank, steps_per_s=rate,
-           cpu_ms_per_step=cpu, loss_first=float(np.mean(losses[:k])), loss_last=float(np.mean(losses[-k:])),
+           rows_touched=touched(cfg), cpu_ms_per_step=cpu, loss_first=float(np.mean(losses[:k])),
+           loss_last=float(np.mean(losses[-k:])),
            peak_mib=peak_mib(), ready_s=ready, phases=PHASES.medians(), steps=cfg["steps"], warmup=cfg["warmup"],
            timed_from=w0, timed_to=w1)
 

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 Arrays = dict[str, np.ndarray]
 WAIT_S = 0.05   # how long the loop's wait for a write goes without pumping
-MAX_DELTAS = 200   # a compaction is due past this many deltas (or more bytes in them than the base)
+MAX_DELTAS = 1000   # a compaction is due past this many deltas (or more bytes in them than the base)
 
 
 def delta_path(directory: str, rank: int, n: int) -> str:

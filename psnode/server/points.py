@@ -20,6 +20,19 @@ so is a holder's request for the whole state during a point in the background.  
 push is reported durable before every copy holds it, and the store is never read by a writer
 while it changes (background points write copies; the chain's compactions are exact by
 construction).
+
+**By rounds** (``every``, ``--checkpoint-rounds``): a point that only the count of rounds
+calls for holds no answer either: it begins after the answers of the round that reached the
+count left.
+
+**On its own cadence.**  A restartable server does not wait to be asked: once an answer it
+sends would report a worker's durable watermark ``LAG`` pushes (or, for a dense part,
+``LAG_BYTES`` of them) behind what that answer says applied, it begins a point in the
+background (or, with one under way, the next as that one ends), holding nothing: the answer
+leaves at once with the watermark it has, and an answer after the point brings the new one,
+so the worker's journal forgets those pushes (psnode.worker.journal) and its pushes never
+wait for a point.  A point that cannot be taken in the background is not begun this way:
+the worker's journal asks at its hard bound (``ASK_DEPTH``), and that answer waits.
 """
 from __future__ import annotations
 
@@ -39,6 +52,8 @@ from psnode.server.replies import Reply
 from psnode.server.store import Marks, Store
 
 ASYNC_BYTES = 64 << 20   # a point that would copy more is taken while the loop waits
+LAG = 16                 # pushes an answer's watermark may lag before a point begins on its own
+LAG_BYTES = 32 << 20     # or bytes of a dense part's pushes
 PIN_BYTES = 1 << 20      # a key part's value or state array past this is read in place, pinned
 _PART = re.compile(r"^(v|s)(\d+)(_|$)")   # a snapshot's arrays of key part i's value and state
 Pump = Callable[[], None]
@@ -72,6 +87,9 @@ class Points:
         self.chain: disk.Chain | None = None
         self.replicator: Replicator | None = None
         self.pending: _Point | None = None
+        self.lag = LAG          # answers whose watermark lags this many pushes begin a point (or LAG_BYTES)
+        self.wanted = False     # answers lag: the next point begins as the one under way ends
+        self.stuck = False      # a point on its own could not be begun in the background
 
     @property
     def written(self) -> int:
@@ -87,14 +105,29 @@ class Points:
             if replies and store.restartable and store.must_persist:
                 point.later.extend(replies)   # (they reveal what this point lacks)
             elif replies:
+                self.wanted = self.wanted or lagging(replies, store.restartable, self.lag)
                 self.send(store.stamp(replies))
             return
-        if not store.point_due(replies, self.every):
-            if replies:
+        if replies and store.restartable and store.must_persist:   # (they reveal what the last point lacks)
+            if not self._begin(replies):
+                self.point(pump)
                 self.send(store.stamp(replies))
-        elif not self._begin(replies):
-            self.point(pump)
+            return
+        soon = bool(replies) and lagging(replies, store.restartable, self.lag)
+        if replies:
             self.send(store.stamp(replies))
+        if store.point_due([], self.every):   # (by rounds: nothing waits for it)
+            if not self._begin([]):
+                self.point(pump)
+        elif soon:
+            self._soon()
+
+    def _soon(self) -> None:
+        """Begin a point in the background on this server's own cadence (the module docstring),
+        holding nothing; none where it must be taken while the loop waits."""
+        self.wanted = False
+        if self.pending is None and not self.stuck and not self._begin([]):
+            self.stuck = True   # (until a point is taken while the loop waits)
 
     # ---------------------------------------------------------------- in the background
     def _begin(self, held: list[Reply]) -> bool:
@@ -125,6 +158,7 @@ class Points:
         if replicator is not None:
             replicator.start(changes, whole)
         self.pending = _Point(written, replicator is not None, marks, list(held), pins)
+        self.wanted = self.stuck = False
         return True
 
     def poll(self, pump: Pump, wait: bool = False) -> None:
@@ -161,6 +195,8 @@ class Points:
         self.send(self.store.stamp(point.held))
         if point.later or self.store.point_due([], self.every):
             self.reply(point.later, pump)
+        if self.wanted:
+            self._soon()
 
     # ---------------------------------------------------------------- while the loop waits
     def point(self, pump: Pump, final: bool = False) -> None:
@@ -183,6 +219,7 @@ class Points:
             chain.wait(written, pump)
         store.forget_changes()
         store.mark_durable()
+        self.stuck = self.wanted = False
 
     def now(self, pump: Pump) -> None:
         """Make a point now (a holder was replaced, or this server restored): in the background
@@ -194,6 +231,26 @@ class Points:
     def close(self) -> None:
         if self.chain is not None:
             self.chain.close()
+
+
+def lagging(replies: list[Reply], restartable: bool, lag: int = LAG) -> bool:
+    """Does an answer in ``replies`` report a worker's durable watermark (before it is stamped:
+    its ``seq`` is what it says applied) ``lag`` pushes, or ``LAG_BYTES`` of a dense part's,
+    behind?  Never on a server that cannot be restarted (its answers report what was received)."""
+    if not restartable:
+        return False
+    for r in replies:
+        holder = r.holder
+        if holder is None:
+            continue
+        behind = getattr(r.answer, "seq", 0) - holder.durable.get(r.worker, 0)
+        if behind >= lag:
+            return True
+        value = getattr(holder, "value", None)
+        if behind > 0 and value is not None and not getattr(holder, "sparse", False) \
+                and behind * value.nbytes >= LAG_BYTES:
+            return True
+    return False
 
 
 def _freeze(store: Store, arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray] | None, list[Pin]]:
@@ -234,4 +291,4 @@ def _idle() -> None:
     pass
 
 
-__all__ = ["ASYNC_BYTES", "Points"]
+__all__ = ["ASYNC_BYTES", "LAG", "LAG_BYTES", "Points", "lagging"]

@@ -30,9 +30,16 @@ and the job ends, naming the key (a restart cannot bring the push back).
 Kept per key part: the pushes, ``confirmed`` (applied: a pull after them returned) and
 ``durable`` (the watermark).  A flush lists the unforgotten pushes (:meth:`check_list`) so a
 server can name those it never received; a parked pull's ``gap`` is sent again the same way.
-A part holding :data:`ASK_DEPTH` pushes (pushes without pulls, or a server that checkpoints
-rarely) has its next push ask for its answer (:meth:`asks`): the answer moves the watermark,
-and a restartable server checkpoints for it, so the journal stays bounded.
+
+**Bounded, without waiting.**  A restartable server makes durable points on its own, in the
+background, once the answers it sends would report a worker's watermark a few pushes behind
+(psnode.server.points: ``LAG``); the answers leave at once with the watermark they have, and
+the next answer after the point brings the new one.  So pushes keep flowing while a point is
+under way, and a part's journal holds the pushes of about one point.  The hard bound: a part
+holding :data:`ASK_DEPTH` pushes, or :data:`ASK_BYTES` of arrays (pushes without pulls, or
+points slower than the rounds), has its next push ask for its answer (:meth:`asks`): that
+answer waits for a durable point that covers it, so the journal never holds more than about
+``ASK_DEPTH`` pushes or ``ASK_BYTES`` per key part (plus what is in flight meanwhile).
 """
 from __future__ import annotations
 
@@ -45,7 +52,8 @@ from psnode.protocol import PartKey, Push, PushPull
 
 Sent = Push | PushPull
 
-ASK_DEPTH = 4   # pushes a key part's journal holds before the next push asks to be made durable
+ASK_DEPTH = 32          # pushes a key part's journal holds before the next push asks to be made durable
+ASK_BYTES = 64 << 20    # or bytes of its pushes' arrays
 
 
 @dataclass
@@ -54,14 +62,22 @@ class _Part:
     confirmed: int = 0
     durable: int = 0
     pushes: deque[Sent] = field(default_factory=deque)
+    nbytes: int = 0       # of the pushes' arrays
+
+
+def _nbytes(op: Sent) -> int:
+    rows = getattr(op, "rows", None)
+    return int(op.data.nbytes) + (int(rows.nbytes) if rows is not None else 0)
 
 
 class PushJournal:
     """Pushes not yet durable, per key part (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, depth: int = ASK_DEPTH, limit_bytes: int = ASK_BYTES) -> None:
         self._parts: dict[PartKey, _Part] = {}
         self.rounds = 0    # the highest push of any key part known applied
+        self.depth = depth              # the hard bound (ASK_DEPTH, ASK_BYTES)
+        self.limit_bytes = limit_bytes
 
     def remember(self, server: int, op: Sent) -> None:
         """A push was sent."""
@@ -70,11 +86,18 @@ class PushJournal:
         if part is None:
             part = self._parts[key] = _Part(server)
         part.pushes.append(op)
+        part.nbytes += _nbytes(op)
 
     def asks(self, key: PartKey) -> bool:
-        """Should the push just remembered for ``key`` ask for its answer (it holds ASK_DEPTH)?"""
+        """Should the push just remembered for ``key`` ask for its answer, one that waits for a
+        durable point (its part holds ``depth`` pushes or ``limit_bytes``: the hard bound)?"""
         part = self._parts.get(key)
-        return part is not None and len(part.pushes) >= ASK_DEPTH
+        return part is not None and (len(part.pushes) >= self.depth or part.nbytes >= self.limit_bytes)
+
+    def depth_of(self, key: PartKey) -> tuple[int, int]:
+        """The pushes ``key``'s journal holds, and their bytes."""
+        part = self._parts.get(key)
+        return (0, 0) if part is None else (len(part.pushes), part.nbytes)
 
     def settle(self, key: PartKey, applied: int, durable: int) -> None:
         """An answer said: pushes up to ``applied`` of ``key`` are applied (a pull after them
@@ -90,7 +113,7 @@ class PushJournal:
             part.durable = durable
             pushes = part.pushes
             while pushes and pushes[0].seq <= durable:
-                pushes.popleft()
+                part.nbytes -= _nbytes(pushes.popleft())
 
     def confirmed(self, key: PartKey) -> int:
         part = self._parts.get(key)
@@ -126,4 +149,4 @@ class PushJournal:
         return out
 
 
-__all__ = ["ASK_DEPTH", "PushJournal", "Sent"]
+__all__ = ["ASK_BYTES", "ASK_DEPTH", "PushJournal", "Sent"]

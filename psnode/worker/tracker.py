@@ -15,8 +15,12 @@ request fails, and resolves futures:
   place until its next push: psnode.samehost.link);
 * **pending**: a request that expects an answer is kept whole until answered, so it can be sent
   again; a push goes into the :class:`~psnode.worker.journal.PushJournal` instead (until durable:
-  the exactly-once invariant is stated there), and asks for an answer when its key part's
-  journal holds ``ASK_DEPTH`` pushes;
+  the exactly-once invariant is stated there); pushes never wait for durability: a
+  restartable server makes its durable points in the background and the answers to later
+  pulls bring the watermark, and only a push that finds its key part's journal at the hard
+  bound (``ASK_DEPTH`` pushes or ``ASK_BYTES``) asks for an answer that waits for a point (a
+  push alone: a quiet answer nobody waits for, though the server's round waits with it; a
+  push-pull: its pull's answer);
 * **asking** (:meth:`due`): a pull (or init) unanswered for ``ASK_AFTER`` seconds is sent
   again once, marked resent (a push-pull as its pull alone), only to ask the server what it
   waits for: a server holding it for other workers' pushes answers Wait naming them

@@ -37,7 +37,6 @@ from psnode.server import checkpoint, replicas
 from psnode.server.image import Image
 from psnode.server.points import Points
 from psnode.server.store import Store
-from psnode.worker.journal import ASK_DEPTH
 from psnode.worker.tracker import Request, Tracker
 
 W, S = 3, 2
@@ -52,6 +51,10 @@ KEYS: dict[str, tuple[int, list[tuple[int, int, int, int]], int | None]] = {
 }
 MEMBERS = ("a", "b")
 SPEC = create_optimizer("sgd", learning_rate=1.0).to_spec()
+#: the workers' journals' hard bound (psnode.worker.journal: ASK_DEPTH), small enough for STEPS to
+#: reach it; with background points past the lag that begins a point on the server's own
+#: (psnode.server.points: LAG): both the server's own points and the asks run
+DEPTH, BACKGROUND_DEPTH, BACKGROUND_LAG = 4, 5, 3
 
 
 def pattern(key: str) -> np.ndarray:
@@ -171,6 +174,7 @@ class SimServer:
 
     def _new_points(self) -> None:
         self.points = Points(self.store, self.outbox.extend, self.every, resend_after=1.0)
+        self.points.lag = BACKGROUND_LAG
         self.points.chain = self.chain  # type: ignore[assignment]
 
     def checkpoint(self) -> None:
@@ -238,9 +242,11 @@ class SimWorker:
     waiting: int = 0
     phase: str = "init"
     tally: list[int] = field(default_factory=lambda: [0])   # checked pulls, shared by every life
+    depth: int = DEPTH
 
     def __post_init__(self) -> None:
         self.tracker = Tracker(S, retry_timeout=1.0, max_retries=10**6, first_id=1 + self.incarnation * 10**6)
+        self.tracker.journal.depth = self.depth
 
     # the script ------------------------------------------------------------------------------
     def start(self, now: float) -> None:
@@ -347,7 +353,9 @@ class Sim:
             server.checkpoint()    # (the first copy, once every keeper is up)
         self.lives = [0] * W
         self.checked = [0]
-        self.workers = [SimWorker(w, 0, random.Random(self.rng.random()), tally=self.checked) for w in range(W)]
+        self.depth = BACKGROUND_DEPTH if background else DEPTH
+        self.workers = [SimWorker(w, 0, random.Random(self.rng.random()), tally=self.checked, depth=self.depth)
+                        for w in range(W)]
         self.flight: list[Msg] = []
         self.kills_left = kills
         self.kill_log: list[str] = []
@@ -458,7 +466,8 @@ class Sim:
                 if self.rng.random() < 0.5:
                     self.deliver(m)
             self.lives[rank] += 1
-            new = SimWorker(rank, self.lives[rank], random.Random(self.rng.random()), tally=self.checked)
+            new = SimWorker(rank, self.lives[rank], random.Random(self.rng.random()), tally=self.checked,
+                            depth=self.depth)
             self.workers[rank] = new
             new.start(self.now)
             self.pump(new)
@@ -561,7 +570,7 @@ def test_every_push_is_applied_exactly_once_with_replicas_across_random_kills(ev
 
 
 def test_a_journal_stays_bounded_when_the_server_checkpoints_only_when_asked() -> None:
-    """every=0: no checkpoint by rounds; journals never hold more than ASK_DEPTH pushes of a key
+    """every=0: no checkpoint by rounds; journals never hold more than their bound of pushes of a key
     part for long: the push that reaches it asks, and the server checkpoints for it."""
     sim = Sim(11, 0, kills=0)
     deepest = 0
@@ -577,7 +586,7 @@ def test_a_journal_stays_bounded_when_the_server_checkpoints_only_when_asked() -
         sim.run()
     finally:
         SimWorker.advance = original  # type: ignore[method-assign]
-    assert 1 < deepest <= ASK_DEPTH + 1
+    assert 1 < deepest <= DEPTH + 1
     assert all(s.checkpoints > 1 for s in sim.servers)
 
 
