@@ -77,7 +77,7 @@ class Job:
         self.points.chain = self.disk  # type: ignore[assignment]
         self.tracker = Tracker(1, retry_timeout=1e9, max_retries=10)
         for op in (SetOptimizer({"name": "sgd", "params": {"learning_rate": 1.0}}, id=1),
-                   Init("emb", 0, "float32", (ROWS, DIM), True, False, True, np.zeros((ROWS, DIM), F), id=2)):
+                   Init("emb", 0, "float32", (ROWS, DIM), True, "sum", True, np.zeros((ROWS, DIM), F), id=2)):
             self.points.reply(self.store.handle(0, op), self.pump)   # (each waits for a point)
             self.disk.land()
             self.points.poll(self.pump)
