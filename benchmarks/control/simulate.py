@@ -316,16 +316,22 @@ class SimPoller:
         self.inner.add(chan.real if isinstance(chan, SimChannel) else chan)
 
     def poll(self, timeout: float) -> set[Any]:
+        """As a socket's poll: back when a message waits (a simulated node's or a real one) or
+        ``timeout`` has passed, never in between (the simulation's own events, such as a node
+        going silent, happen inside the wait)."""
         w = self.world
         t0 = time.thread_time()
+        end = time.monotonic() + timeout
         try:
-            w.advance(time.monotonic())
-            if w.inbox:
-                return {1}
-            wait = max(0.0, min(timeout, w.next_event() - time.monotonic()))
-            got = self.inner.poll(wait)
-            w.advance(time.monotonic())
-            return {1} if got or w.inbox else set()
+            while True:
+                now = time.monotonic()
+                w.advance(now)
+                if w.inbox:
+                    return {1}
+                if now >= end:
+                    return set()
+                if self.inner.poll(max(0.0, min(end, w.next_event()) - now)):
+                    return {1}
         finally:
             w.sim_cpu += time.thread_time() - t0
 
