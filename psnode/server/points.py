@@ -26,8 +26,9 @@ calls for holds no answer either: it begins after the answers of the round that 
 count left.
 
 **On its own cadence.**  A restartable server does not wait to be asked: once an answer it
-sends would report a worker's durable watermark ``LAG`` pushes (or, for a dense part,
-``LAG_BYTES`` of them) behind what that answer says applied, it begins a point in the
+sends would report a worker's durable watermark ``LAG`` pushes behind what that answer says
+applied, or that worker's pushes to dense parts not yet durable come to ``LAG_BYTES`` on this
+server (what its journal holds for them: :class:`Lag`), it begins a point in the
 background (or, with one under way, the next as that one ends), holding nothing: the answer
 leaves at once with the watermark it has, and an answer after the point brings the new one,
 so the worker's journal forgets those pushes (psnode.worker.journal) and its pushes never
@@ -53,7 +54,7 @@ from psnode.server.store import Marks, Store
 
 ASYNC_BYTES = 64 << 20   # a point that would copy more is taken while the loop waits
 LAG = 16                 # pushes an answer's watermark may lag before a point begins on its own
-LAG_BYTES = 32 << 20     # or bytes of a dense part's pushes
+LAG_BYTES = 32 << 20     # or bytes of a worker's pushes to dense parts
 PIN_BYTES = 1 << 20      # a key part's value or state array past this is read in place, pinned
 _PART = re.compile(r"^(v|s)(\d+)(_|$)")   # a snapshot's arrays of key part i's value and state
 Pump = Callable[[], None]
@@ -87,7 +88,7 @@ class Points:
         self.chain: disk.Chain | None = None
         self.replicator: Replicator | None = None
         self.pending: _Point | None = None
-        self.lag = LAG          # answers whose watermark lags this many pushes begin a point (or LAG_BYTES)
+        self.lags = Lag()       # how far the answers' watermarks lag: past its bounds a point begins
         self.wanted = False     # answers lag: the next point begins as the one under way ends
         self.stuck = False      # a point on its own could not be begun in the background
 
@@ -105,7 +106,7 @@ class Points:
             if replies and store.restartable and store.must_persist:
                 point.later.extend(replies)   # (they reveal what this point lacks)
             elif replies:
-                self.wanted = self.wanted or lagging(replies, store.restartable, self.lag)
+                self.wanted = self.lags.over(replies, store.restartable) or self.wanted
                 self.send(store.stamp(replies))
             return
         if replies and store.restartable and store.must_persist:   # (they reveal what the last point lacks)
@@ -113,7 +114,7 @@ class Points:
                 self.point(pump)
                 self.send(store.stamp(replies))
             return
-        soon = bool(replies) and lagging(replies, store.restartable, self.lag)
+        soon = bool(replies) and self.lags.over(replies, store.restartable)
         if replies:
             self.send(store.stamp(replies))
         if store.point_due([], self.every):   # (by rounds: nothing waits for it)
@@ -189,6 +190,7 @@ class Points:
         if point.written is not None:
             point.written.result()   # (a failed write fails the server here)
         self.store.end_point(point.marks)
+        self.lags.clear()
         for pin in point.pins:
             pin.done = True
         self.pending = None
@@ -219,6 +221,7 @@ class Points:
             chain.wait(written, pump)
         store.forget_changes()
         store.mark_durable()
+        self.lags.clear()
         self.stuck = self.wanted = False
 
     def now(self, pump: Pump) -> None:
@@ -233,24 +236,48 @@ class Points:
             self.chain.close()
 
 
-def lagging(replies: list[Reply], restartable: bool, lag: int = LAG) -> bool:
-    """Does an answer in ``replies`` report a worker's durable watermark (before it is stamped:
-    its ``seq`` is what it says applied) ``lag`` pushes, or ``LAG_BYTES`` of a dense part's,
-    behind?  Never on a server that cannot be restarted (its answers report what was received)."""
-    if not restartable:
-        return False
-    for r in replies:
-        holder = r.holder
-        if holder is None:
-            continue
-        behind = getattr(r.answer, "seq", 0) - holder.durable.get(r.worker, 0)
-        if behind >= lag:
-            return True
-        value = getattr(holder, "value", None)
-        if behind > 0 and value is not None and not getattr(holder, "sparse", False) \
-                and behind * value.nbytes >= LAG_BYTES:
-            return True
-    return False
+class Lag:
+    """How far the answers' durable watermarks lag what they say applied (``seq``, before they
+    are stamped), as a restartable server's own cadence of points reads it: a key part whose
+    worker is ``pushes`` pushes behind, or a worker whose dense parts' pushes not yet durable
+    come to ``nbytes`` on this server (the arrays its journal holds for them,
+    psnode.worker.journal), is over the bound.  Kept per (worker, part) as the answers tell it,
+    and forgotten as a point completes (the answers after it tell the new lag)."""
+
+    def __init__(self, pushes: int = LAG, nbytes: int = LAG_BYTES) -> None:
+        self.pushes = pushes
+        self.nbytes = nbytes
+        self._part: dict[tuple[int, int], int] = {}   # (worker, id of the part's entry) -> bytes behind
+        self._worker: dict[int, int] = {}             # worker -> its bytes behind, every dense part
+
+    def over(self, replies: list[Reply], restartable: bool) -> bool:
+        """Do ``replies`` show a lag past the bounds?  Never on a server that cannot be
+        restarted (its answers report what was received)."""
+        if not restartable:
+            return False
+        hit = False
+        for r in replies:
+            holder = r.holder
+            if holder is None:
+                continue
+            behind = getattr(r.answer, "seq", 0) - holder.durable.get(r.worker, 0)
+            if behind >= self.pushes:
+                hit = True
+            value = getattr(holder, "value", None)
+            if value is None or getattr(holder, "sparse", False):
+                continue
+            lag, at = max(0, behind) * value.nbytes, (r.worker, id(holder))
+            old = self._part.get(at, 0)
+            if lag != old:
+                self._part[at] = lag
+                self._worker[r.worker] = self._worker.get(r.worker, 0) + lag - old
+            if self._worker.get(r.worker, 0) >= self.nbytes:
+                hit = True
+        return hit
+
+    def clear(self) -> None:
+        self._part.clear()
+        self._worker.clear()
 
 
 def _freeze(store: Store, arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray] | None, list[Pin]]:
@@ -291,4 +318,4 @@ def _idle() -> None:
     pass
 
 
-__all__ = ["ASYNC_BYTES", "LAG", "LAG_BYTES", "Points", "lagging"]
+__all__ = ["ASYNC_BYTES", "LAG", "LAG_BYTES", "Lag", "Points"]

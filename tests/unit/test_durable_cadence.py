@@ -162,3 +162,41 @@ def test_the_journal_asks_at_its_hard_bound_and_stays_there() -> None:
     for t in range(ASK_DEPTH + 1, ASK_DEPTH + 4):
         _exact(job.step(t), t)
     assert job.depth() == 3
+
+
+class _Part:
+    """A key part as the lag reads it: the durable watermark per worker, its value, dense or not."""
+
+    def __init__(self, nbytes: int, sparse: bool = False) -> None:
+        self.durable: dict[int, int] = {}
+        self.value = np.zeros(nbytes // 4, F)
+        self.sparse = sparse
+
+
+def _answers(parts: list[_Part], worker: int, seq: int) -> list[Reply]:
+    return [Reply(worker, Ok(i, seq=seq), holder=p) for i, p in enumerate(parts)]  # type: ignore[arg-type]
+
+
+def test_a_point_is_due_once_a_workers_dense_parts_lag_past_the_bytes_bound_whatever_their_number():
+    from psnode.server.points import LAG_BYTES, Lag
+    lag = Lag()
+    mib = 1 << 20
+    parts = [_Part(mib) for _ in range(8)]           # a dense model of 8 parts of 1 MiB
+    behind = LAG_BYTES // (len(parts) * mib)          # pushes behind each, under LAG_BYTES together
+    assert 0 < behind < LAG
+    assert not lag.over(_answers(parts, 0, behind - 1), True)   # under the bound together
+    assert not lag.over(_answers(parts, 1, behind - 1), True)   # (another worker's lag is its own)
+    assert lag.over(_answers(parts, 0, behind), True)           # 8 parts x 1 MiB x behind = the bound
+    lag.clear()                                                 # a point completed
+    for p in parts:
+        p.durable[0] = behind
+    assert not lag.over(_answers(parts, 0, behind + 1), True)
+    assert not lag.over(_answers(parts, 0, 10**6), False)        # a server that cannot restart: never
+
+
+def test_a_sparse_part_lags_by_pushes_only():
+    from psnode.server.points import Lag
+    lag = Lag()
+    table = _Part(1 << 30, sparse=True)   # a 1 GiB table, its pushes a few rows each
+    assert not lag.over(_answers([table], 0, LAG - 1), True)
+    assert lag.over(_answers([table], 0, LAG), True)

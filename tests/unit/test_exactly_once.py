@@ -174,7 +174,7 @@ class SimServer:
 
     def _new_points(self) -> None:
         self.points = Points(self.store, self.outbox.extend, self.every, resend_after=1.0)
-        self.points.lag = BACKGROUND_LAG
+        self.points.lags.pushes = BACKGROUND_LAG
         self.points.chain = self.chain  # type: ignore[assignment]
 
     def checkpoint(self) -> None:
