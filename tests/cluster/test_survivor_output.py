@@ -4,8 +4,9 @@ and a worker whose server stalls for a while waits for it without a word.
 
 Real scheduler, server and worker processes on 127.0.0.1 (tests/support/cluster.py): no launcher
 stops the survivors, so each ends on its own, through its own ``kv.close()`` or the one at exit.
-Rank 1 fails once rank 0 has queued its pushes, so the survivors are inside ``close`` (waiting
-for their pushes to be applied) when the job ends.
+Rank 1 fails once rank 0 has queued its pushes, and rank 0 closes only once the scheduler took
+that failure (its status says so), so the job's end reaches rank 0 before or inside its
+``close``, however fast its pushes are applied.
 """
 from __future__ import annotations
 
@@ -32,6 +33,20 @@ SURVIVORS = textwrap.dedent("""
         kv.push(0, big)
     if kv.rank == 0:
         open(flag, "w").close()
+        # closes only once the scheduler took rank 1's failure (the job's end is on its way)
+        from psnode.config import NodeConfig
+        from psnode.errors import PSError
+        from psnode.scheduler import client
+        cfg = NodeConfig.from_env()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                nodes = client.status(cfg.scheduler_address, cfg.job_id, key_file=cfg.key_file).nodes
+            except PSError:
+                break                               # (the scheduler ended with the job)
+            if any(n.role == "worker" and n.rank == 1 and n.state != "alive" for n in nodes):
+                break
+            time.sleep(0.01)
     print("pushed", kv.rank, flush=True)
     if sys.argv[2] == "explicit":
         kv.close()
@@ -53,7 +68,7 @@ def test_survivors_of_a_failed_worker_say_one_line_and_no_traceback(tmp_path: Pa
             for w in (job.workers[0], job.workers[2])}
     for rank, lines in said.items():   # (rank 2 may have closed before the job ended: nothing to say)
         assert lines in ([], [expected[rank]]), job.workers[rank].err
-    assert said[0] == [expected[0]], job.workers[0].err    # rank 0 was closing when the job ended
+    assert said[0] == [expected[0]], job.workers[0].err    # rank 0 closed as the job ended
 
 
 TYPO = textwrap.dedent("""
