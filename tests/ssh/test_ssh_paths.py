@@ -21,7 +21,7 @@ TO_FIRST_START = {
     "mxdist.planning.plan", "mxdist.planning.options", "mxdist.planning.engines", "mxdist.planning.hosts",
     "mxdist.planning.servers", "mxdist.planning.torchenv", "mxdist.planning.gpus",
     "mxdist.supervisor.setup", "mxdist.supervisor.supervisor", "mxdist.supervisor.preflight",
-    "mxdist.supervisor.membership", "mxdist.supervisor.conclusion",
+    "mxdist.supervisor.membership", "mxdist.supervisor.conclusion", "mxdist.supervisor.settings",
     "mxdist.backends.base", "mxdist.backends.registry", "mxdist.backends.hostspec", "mxdist.backends.ssh",
     "mxdist.backends.agent",
     "mxdist.planning.bounds",
