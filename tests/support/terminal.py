@@ -168,6 +168,10 @@ class Terminal:
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: exec, never return into pytest
             try:
+                # as a shell in a terminal starts a command: hangup, Ctrl-C and TERM at their
+                # defaults, whatever this test run inherited (nohup, a CI runner)
+                for signum in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+                    signal.signal(signum, signal.SIG_DFL)
                 fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
                 if cwd is not None:
                     os.chdir(cwd)
