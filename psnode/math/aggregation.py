@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from psnode.math.sparse import combine_rows
+from psnode.math.sparse import combine_rows, sorted_runs
 
 CHUNK = 65536   # elements per step of fold_scaled (a few hundred KiB: the fold is still in cache)
 
@@ -72,13 +72,9 @@ class Aggregation:
         array, or for ``np.add`` possibly a view of ``buf``: psnode.math.sparse.combine_rows)."""
         if self.additive:
             return combine_rows(parts, buf)
-        rows = np.concatenate([p[0] for p in parts]).astype(np.int64, copy=False)
-        data = np.concatenate([p[1] for p in parts])
+        rows, data, order, starts = sorted_runs(parts)
         if not len(rows):
             return rows, data
-        order = np.argsort(rows, kind="stable")
-        rows = rows[order]
-        starts = np.flatnonzero(np.concatenate(([True], rows[1:] != rows[:-1])))
         return rows[starts], self.fold.reduceat(data[order], starts, axis=0)
 
 

@@ -113,6 +113,18 @@ def sort_rows(ids: np.ndarray, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
     return order, ids[order]
 
 
+def sorted_runs(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                     np.ndarray]:
+    """Row_sparse parts ``(rows, data)`` together: their rows sorted (stable), their data as
+    given, the order that sorts them, and where each run of equal rows begins (none if empty)."""
+    rows = np.concatenate([p[0] for p in parts]).astype(np.int64, copy=False)
+    data = np.concatenate([p[1] for p in parts])
+    order = np.argsort(rows, kind="stable")
+    rows = rows[order]
+    starts = np.flatnonzero(np.concatenate(([True], rows[1:] != rows[:-1]))) if len(rows) else order[:0]
+    return rows, data, order, starts
+
+
 def combine_rows(parts: list[tuple[np.ndarray, np.ndarray]],
                  buf: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Sum row_sparse parts: sorted unique rows and the summed data (a fresh array, or a view
@@ -127,13 +139,9 @@ def combine_rows(parts: list[tuple[np.ndarray, np.ndarray]],
     merged = _merge_sorted(parts, buf)
     if merged is not None:
         return merged
-    rows = np.concatenate([p[0] for p in parts]).astype(np.int64, copy=False)
-    data = np.concatenate([p[1] for p in parts])
+    rows, data, order, starts = sorted_runs(parts)
     if not len(rows):
         return rows, data
-    order = np.argsort(rows, kind="stable")
-    rows = rows[order]
-    starts = np.flatnonzero(np.concatenate(([True], rows[1:] != rows[:-1])))
     # one gather from the pushes straight into the result (not a sorted copy of all data first)
     out = np.take(data, order[starts], axis=0).astype(np.add.reduce(data[:1], axis=0).dtype,
                                                       copy=False)  # (sums' dtype)
