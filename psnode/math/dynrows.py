@@ -107,6 +107,16 @@ def check_init(init: Initializer, dtype: Any) -> None:
                           f"not {np.dtype(dtype)}")
 
 
+@functools.lru_cache(maxsize=64)
+def _steps(width: int) -> np.ndarray:
+    """``(1, width)``: the golden-ratio steps of a row's draws (read-only)."""
+    with np.errstate(over="ignore"):
+        return _frozen((np.arange(1, width + 1, dtype=np.uint64) * _GOLDEN)[None, :])
+
+
+_stream_of = functools.lru_cache(maxsize=256)(stream_of)
+
+
 class _RowRNG(CounterRNG):
     """CounterRNG whose draws run row-major over ``(len(streams), width)``: draw ``(r, j)`` is
     SplitMix64 of ``streams[r] + (j + 1) * golden``."""
@@ -122,8 +132,7 @@ class _RowRNG(CounterRNG):
         if self._tmp.size < n:
             self._tmp = np.empty(n, np.uint64)
         with np.errstate(over="ignore"):
-            steps = (np.arange(1, self.width + 1, dtype=np.uint64) * _GOLDEN)[None, :]
-            z = (self.streams[first:last, None] + steps).reshape(-1)[skip:skip + n]
+            z = (self.streams[first:last, None] + _steps(self.width)).reshape(-1)[skip:skip + n]
         return mix(z.view(np.int64)).view(np.uint64)
 
 
@@ -134,7 +143,7 @@ def row_values(init: Initializer, seed: int, key: int | str, hashed: np.ndarray,
     out = np.empty((len(hashed), width), dtype)
     if not len(hashed):
         return out
-    base = np.uint64(stream_of(seed, key))
+    base = np.uint64(_stream_of(seed, key))
     streams = mix((hashed.view(np.uint64) ^ base).view(np.int64)).view(np.uint64)
     init._fill_shaped(out.reshape(-1), _RowRNG(streams, width), out.shape)
     return out

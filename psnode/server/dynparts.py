@@ -97,7 +97,9 @@ def push_rows(entry: Entry, worker: int, seq: int, rows: np.ndarray, data: np.nd
         table.clock += 1
         when = table.clock
     uniq, inverse = _distinct(rows)
-    slots = table.lookup(uniq)
+    slots = table.recall(worker, uniq)
+    if slots is None:
+        slots = table.lookup(uniq)
     if table.sketch is None:
         new = slots < 0
         if new.any():
@@ -132,16 +134,20 @@ def push_rows(entry: Entry, worker: int, seq: int, rows: np.ndarray, data: np.nd
     return per_row[keep], data[keep]
 
 
-def pull_rows(entry: Entry, rows: np.ndarray, alloc: Alloc, track: bool, after: int = 0) -> np.ndarray:
+def pull_rows(entry: Entry, rows: np.ndarray, alloc: Alloc, track: bool, after: int = 0,
+              worker: int | None = None) -> np.ndarray:
     """A pull's hashed ids as slots of the part (rows made for those without one: trained,
-    or provisional until admitted); a sync pull touches them at the round it waits for
-    (``after``), an async one at the part's clock."""
+    or provisional until admitted; the slots remembered for the push of the same rows by
+    ``worker``, when given); a sync pull touches them at the round it waits for (``after``),
+    an async one at the part's clock."""
     table: Table = entry.table
     uniq, inverse = _distinct(rows)
     slots = table.lookup(uniq)
     new = slots < 0
     if new.any():
         slots[new] = _made(entry, alloc, uniq[new], table.sketch is None, track)
+    if worker is not None:
+        table.remember(worker, uniq, slots)
     per_row = slots if inverse is None else slots[inverse]
     when = after if entry.sync else table.clock
     table.touch(per_row, when, track)

@@ -42,6 +42,7 @@ from psnode.math.initializers import Initializer
 SKETCH_DEPTH = 4
 SKETCH_WIDTH = 1 << 18   # counters per sketch row: 1 MiB per key part with min_count > 1
 PROVISIONAL = 1 << 16    # provisional rows kept before an eviction step drops them
+REMEMBERED = 2           # pulls per worker whose slots a push of the same rows reuses
 
 
 @dataclass
@@ -104,6 +105,12 @@ class Sketch:
 
 #: keys re-inserted per batch when the index grows
 REHASH_STEP = 1 << 16
+#: buckets a lookup reads per key in its first pass
+WINDOW = 4
+_WINDOW = np.arange(WINDOW, dtype=np.int64)[None, :]
+#: inserts of at most this many keys, and lookups whose chains go past the window for at
+#: most this many keys, go one key at a time (a batch's numpy passes cost more)
+SMALL_ADD = 64
 
 
 class HashIndex:
@@ -129,11 +136,29 @@ class HashIndex:
         return self.count
 
     def _probe(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(bucket of each key, or of the empty bucket that ends its chain; found?)."""
+        """(bucket of each key, or of the empty bucket that ends its chain; found?).  The first
+        pass reads a window of :data:`WINDOW` buckets per key at once (most chains end there);
+        the keys whose chain goes on probe step by step."""
         mask = len(self.keys) - 1
-        pos = keys & mask
-        found = np.zeros(len(keys), bool)
-        todo = np.arange(len(keys))
+        n = len(keys)
+        window = (keys[:, None] + _WINDOW) & mask
+        st = self.state[window]
+        hit = (st == self.FULL) & (self.keys[window] == keys[:, None])
+        end = hit | (st == self.EMPTY)
+        first = end.argmax(axis=1)
+        every = np.arange(n)
+        ended = end[every, first]
+        found = hit[every, first] & ended
+        pos = np.where(ended, window[every, first], (keys + WINDOW) & mask)
+        todo = np.flatnonzero(~ended)
+        if len(todo) <= SMALL_ADD:     # a few long chains: walked one at a time
+            state, stored, full, empty = self.state, self.keys, self.FULL, self.EMPTY
+            for i in todo.tolist():
+                key, p = int(keys[i]), int(pos[i])
+                while state[p] != empty and not (state[p] == full and stored[p] == key):
+                    p = (p + 1) & mask
+                pos[i], found[i] = p, state[p] != empty
+            return pos, found
         while len(todo):
             p = pos[todo]
             st = self.state[p]
@@ -153,8 +178,11 @@ class HashIndex:
         """Insert ``keys`` (distinct, none held) with ``vals``."""
         if 2 * (self.count + self.dead + len(keys)) > len(self.keys):
             self._rehash(self.count + len(keys))
-        mask = len(self.keys) - 1
         keys = np.asarray(keys, np.int64)
+        if len(keys) <= SMALL_ADD:
+            self._add_each(keys, np.asarray(vals, np.int64))
+            return
+        mask = len(self.keys) - 1
         pos = keys & mask
         todo = np.arange(len(keys))
         while len(todo):
@@ -172,6 +200,19 @@ class HashIndex:
             left[np.flatnonzero(free)[won]] = False
             todo = todo[left]
             pos[todo] = (pos[todo] + 1) & mask
+        self.count += len(keys)
+
+    def _add_each(self, keys: np.ndarray, vals: np.ndarray) -> None:
+        """:meth:`add` of a few keys, one at a time (a batch's numpy passes cost more)."""
+        mask = len(self.keys) - 1
+        state, full = self.state, self.FULL
+        for key, val in zip(keys.tolist(), vals.tolist(), strict=True):
+            p = key & mask
+            while state[p] == full:
+                p = (p + 1) & mask
+            if state[p] == self.DELETED:
+                self.dead -= 1
+            self.keys[p], self.vals[p], state[p] = key, val, full
         self.count += len(keys)
 
     def remove(self, keys: np.ndarray) -> None:
@@ -219,6 +260,9 @@ class Table:
     gone: list[np.ndarray] = field(default_factory=list)   # hashed ids evicted since the last durable point
     scanned: int = -1        # the clock of the last eviction scan
     touched: list[np.ndarray] = field(default_factory=list)   # slots touched since the last durable point
+    drops: int = 0           # eviction steps taken (a slot found before one may hold another id after it)
+    pulled: dict[int, list[tuple[np.ndarray, np.ndarray, int]]] = field(default_factory=dict)
+    # per worker: its last pulls' (ids, slots, drops), for the push of the same rows (:meth:`recall`)
 
     def __post_init__(self) -> None:
         if self.params.min_count > 1 and self.sketch is None:
@@ -250,6 +294,27 @@ class Table:
     def lookup(self, hashed: np.ndarray) -> np.ndarray:
         """The slots of ``hashed`` (-1 where there is no row)."""
         return self.index.get(hashed)
+
+    def remember(self, worker: int, hashed: np.ndarray, slots: np.ndarray) -> None:
+        """``worker`` pulled the rows of ``hashed`` (distinct), at ``slots`` (every one held): its
+        push of the same rows finds them without a lookup (:meth:`recall`).  The last
+        :data:`REMEMBERED` pulls of each worker are kept (a prefetch pulls the next batch's rows
+        before the push of this one's)."""
+        kept = self.pulled.setdefault(worker, [])
+        kept.append((hashed, slots, self.drops))
+        del kept[:-REMEMBERED]
+
+    def recall(self, worker: int, hashed: np.ndarray) -> np.ndarray | None:
+        """The slots of ``hashed`` (distinct) when ``worker`` pulled exactly these rows and no
+        row was dropped since (a copy, taken once); else None: :meth:`lookup` them."""
+        kept = self.pulled.get(worker)
+        if not kept:
+            return None
+        for i, (ids, slots, drops) in enumerate(kept):
+            if drops == self.drops and len(ids) == len(hashed) and np.array_equal(ids, hashed):
+                del kept[:i + 1]
+                return slots.copy()
+        return None
 
     def grow_to(self, need: int) -> int:
         """Make room for ``need`` slots; the new capacity (the caller grows the arrays)."""
@@ -299,6 +364,7 @@ class Table:
         durable point: ``track``; without copies or checkpoints nothing is kept)."""
         hashed = self.ids[slots]
         self.index.remove(hashed)
+        self.drops += 1
         self.free.extend(slots.tolist())
         was = hashed[self.trained[slots]]
         self.trained[slots] = False

@@ -516,7 +516,7 @@ class Store:
         if entry.table is not None and rows is None:   # (an export: every trained row, as it is now)
             return [Reply(worker, Ok(op.id, dynparts.export(entry), 0))]
         if entry.table is not None and rows is not None:
-            rows = dynparts.pull_rows(entry, rows, self.alloc, self.key_rounds.track, op.after)
+            rows = dynparts.pull_rows(entry, rows, self.alloc, self.key_rounds.track, op.after, worker)
         return self.key_rounds.pull(worker, op.id, key, entry, op.after, rows, op.re, op.dest)
 
     def _pushpull(self, worker: int, op: PushPull) -> list[Reply]:

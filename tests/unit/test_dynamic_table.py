@@ -116,6 +116,32 @@ def test_store_rows_made_on_first_touch_trained_exactly_like_a_fixed_table() -> 
     assert np.array_equal(_pull(s, ids, 2), w)
 
 
+def test_a_push_reuses_its_pulls_slots_only_while_no_row_was_evicted_since() -> None:
+    """A worker's push of the rows it pulled takes the pull's slots; once an eviction freed a
+    slot (and another id took it), the push finds its rows again: sum aggregation, sgd(lr=1),
+    zero initial values, so each row is minus the sum of its gradients."""
+    s = Store(2)
+    s.handle(0, SetOptimizer({"name": "sgd", "params": {"learning_rate": 1.0}}, id=1))
+    fill = {"init": {"name": "zero", "params": {}}, "seed": 0,
+            "dynamic": {"width": 2, "min_count": 1, "ttl": 0, "max_rows": 0, "absent": "init"}}
+    s.handle(0, Init("emb", 0, "float32", (H, 2), True, "sum", True, fill=fill, bare=True))
+    s.handle(1, Init("emb", 0, "float32", (H, 2), True, "sum", True, bare=True))
+    table = s.entries[("emb", 0)].table
+    mine = np.sort(dynrows.mix(np.array([1, 2, 3])))
+    s.handle(0, Pull("emb", 0, 0, mine, id=10))
+    assert table.recall(0, mine) is not None and table.recall(1, mine) is None
+    s.handle(0, Pull("emb", 0, 0, mine, id=11))
+    freed = table.lookup(mine[:1])
+    table.drop(freed)                                          # evicted between the pull and the push
+    other = dynrows.mix(np.array([77]))
+    s.handle(1, Pull("emb", 0, 0, other, id=12))               # takes the freed slot
+    assert table.lookup(other).tolist() == freed.tolist() and table.lookup(mine[:1]).tolist() == [-1]
+    s.handle(0, Push("emb", 0, 1, np.full((3, 2), 2, F), rows=mine))
+    s.handle(1, Push("emb", 0, 1, np.full((1, 2), 5, F), rows=other))
+    got = s.handle(0, Pull("emb", 0, 1, np.concatenate([mine, other]), id=13))[0].answer.arrays[0]
+    assert np.array_equal(np.array(got), np.array([[-2, -2]] * 3 + [[-5, -5]], F))
+
+
 def _mirror(s: Store, image: Image) -> None:
     meta, arrays = checkpoint.snapshot(s, changes_only=True)
     image.apply(meta, {n: np.array(a) for n, a in arrays.items()})
@@ -196,14 +222,17 @@ def test_status_carries_each_tables_rows_admissions_and_evictions() -> None:
     assert cols["tables"](row) == "emb:1 +2 -1"
 
 
-def test_the_hash_index_agrees_with_a_dict_through_inserts_deletes_and_rehashes() -> None:
-    """Colliding keys (equal low bits), deletes, re-inserts into tombstones and growth: every
+@pytest.mark.parametrize("batch", [50, 3])
+def test_the_hash_index_agrees_with_a_dict_through_inserts_deletes_and_rehashes(batch: int) -> None:
+    """Colliding keys (equal low bits: chains longer than a lookup's first window), deletes,
+    re-inserts into tombstones and growth, inserted in batches and a few at a time: every
     lookup equals a Python dict's."""
     from psnode.server.dyntable import HashIndex
     rng = np.random.default_rng(5)
     idx, ref = HashIndex(16), {}
-    for step in range(40):
-        new = np.unique(np.concatenate([rng.integers(-2**63, 2**63 - 1, 50), (rng.integers(0, 50, 20) << 20)]))
+    for step in range(40 if batch > 10 else 200):
+        new = np.unique(np.concatenate([rng.integers(-2**63, 2**63 - 1, batch),
+                                        (rng.integers(0, 50, max(1, batch // 2)) << 20)]))
         new = np.array([k for k in new.tolist() if k not in ref], np.int64)
         idx.add(new, new // 7)
         ref.update({k: k // 7 for k in new.tolist()})
