@@ -154,10 +154,10 @@ class HashIndex:
         if len(todo) <= SMALL_ADD:     # a few long chains: walked one at a time
             state, stored, full, empty = self.state, self.keys, self.FULL, self.EMPTY
             for i in todo.tolist():
-                key, p = int(keys[i]), int(pos[i])
-                while state[p] != empty and not (state[p] == full and stored[p] == key):
-                    p = (p + 1) & mask
-                pos[i], found[i] = p, state[p] != empty
+                key, at = int(keys[i]), int(pos[i])
+                while state[at] != empty and not (state[at] == full and stored[at] == key):
+                    at = (at + 1) & mask
+                pos[i], found[i] = at, state[at] != empty
             return pos, found
         while len(todo):
             p = pos[todo]
