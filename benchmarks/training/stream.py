@@ -6,6 +6,10 @@ against steps, a chart.
     python benchmarks/training/stream.py --quick                  # smoke run: a few hundred thousand ids
     python benchmarks/training/stream.py --json docs/stream.json --svg docs/stream.svg
     python benchmarks/training/stream.py --from docs/stream.json --svg docs/stream.svg   # chart a run again
+    python benchmarks/training/stream.py --speed-runs 3 --json docs/stream.json --svg docs/stream.svg
+        # the three goals of a table without a row count in one run: the stream above, and
+        # benchmarks/training/embedding.py --with-dynamic (20 M rows, W2 S2) for the speed
+        # against the fixed table and the servers' memory against the rows touched
 
 The model, data and step are in benchmarks/training/stream_worker.py: W=2 S=2 ``dist_sync``, a
 table without a row count (``EmbeddingBag(None, dim)``), each sample ``head`` ids from a Zipf
@@ -184,6 +188,43 @@ def summary(capped: dict, free: dict, cap_gib: float, last: int) -> dict:
     return out
 
 
+def speed(runs: int, steps: int, timeout: float) -> dict:
+    """The embedding workload (benchmarks/training/embedding.py: 20 M-row fixed table against
+    the same items as 64-bit ids on a table without a row count, W2 S2, interleaved ``runs``):
+    the 64-bit ids' steps/s over the fixed table's per run, and each one's servers' peak memory."""
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "embedding.json"
+        cmd = [sys.executable, str(ROOT / "benchmarks" / "training" / "embedding.py"), "--rows", "20e6",
+               "--runs", str(runs), "--steps", str(steps), "--warmup", "30", "--with-dynamic", "--no-ddp",
+               "--json", str(out)]
+        print("  speed: " + " ".join(cmd[1:]), flush=True)
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0 or not out.exists():
+            raise SystemExit(f"embedding.py failed (exit {proc.returncode}):\n{tail(proc.stdout + proc.stderr)}")
+        doc = json.loads(out.read_text())
+    rate: dict[tuple[int, str], list[float]] = {}
+    for r in doc["records"]:
+        rate.setdefault((r["run"], r["system"]), []).append(r["steps_per_s"])
+    fixed, dyn = "psnode", "psnode, 64-bit ids"
+    ratios = [statistics.median(rate[(k, dyn)]) / statistics.median(rate[(k, fixed)])
+              for k in sorted({k for k, _ in rate}) if (k, dyn) in rate and (k, fixed) in rate]
+    mem = {name: max(m["server_mib"] for m in doc["memory"] if m["system"] == name) for name in (fixed, dyn)}
+    touched = {r["system"]: r["rows_touched"] for r in doc["records"]}
+    return {"ratios": ratios, "ratio": statistics.median(ratios), "server_peak_mib": mem,
+            "rows_touched_per_step": touched.get(dyn, 0.0), "summary": doc["summary"]}
+
+
+def report_speed(v: dict) -> None:
+    print("\nthe embedding workload, 20 M items (W2 S2): 64-bit ids on a table without a row count over the "
+          "fixed table")
+    for row in v["summary"]:
+        print(f"  {row['system']:20} steps/s {row['steps/s']:22} server CPU ms/step {row['per server']:15} "
+              f"peak MiB per server {row['peak MiB per server']}")
+    print(f"  steps/s ratio per run: {', '.join(f'{r:.2f}' for r in v['ratios'])} (median {v['ratio']:.2f})")
+
+
 # ---------------------------------------------------------------- the chart (SVG, no dependency)
 def _poly(xs, ys, x0, y0, w, h, xr, yr, color: str, dash: str = "") -> str:
     pts = " ".join(f"{x0 + (x - xr[0]) / (xr[1] - xr[0]) * w:.1f},{y0 + h - (y - yr[0]) / (yr[1] - yr[0]) * h:.1f}"
@@ -267,10 +308,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write both jobs' records and the summary here")
     ap.add_argument("--svg", help="write the chart here")
     ap.add_argument("--from", dest="src", help="read a --json file instead of running")
+    ap.add_argument("--speed-runs", type=int, default=0,
+                    help="also run the embedding workload's fixed table against 64-bit ids this many interleaved "
+                         "times (goal: at least 0.8x the steps/s, median of the runs)")
+    ap.add_argument("--speed-steps", type=int, default=400, help="timed steps per speed run")
     a = ap.parse_args(argv)
+    fast = None
     if a.src:
         doc = json.loads(Path(a.src).read_text())
         capped, free, cap_gib = doc["jobs"][CAPPED], doc["jobs"][UNCAPPED], doc["cap_gib"]
+        fast = doc.get("speed")
     else:
         cfg = dict(QUICK if a.quick else FULL)
         for k in ("steps", "batch"):
@@ -289,12 +336,21 @@ def main(argv: list[str] | None = None) -> int:
             if rec["problem"] or len(rec["ranks"]) != 2:
                 return 1
         capped, free, cap_gib = jobs[CAPPED], jobs[UNCAPPED], a.cap_gib
+        if a.speed_runs:
+            fast = speed(a.speed_runs, a.speed_steps, 60 * (5 + 2 * a.speed_runs))
         if a.json:
             Path(a.json).write_text(json.dumps({"argv": sys.argv, "cap_gib": a.cap_gib, "max_rows": a.max_rows,
                                                 "jobs": jobs, "summary": summary(capped, free, cap_gib,
-                                                                                 a.tail_windows)}))
+                                                                                 a.tail_windows),
+                                                "speed": fast}))
             print(f"wrote {a.json}")
     s = summary(capped, free, cap_gib, a.tail_windows)
+    if fast:
+        report_speed(fast)
+        s["goals"]["steps/s at least 0.8x the fixed table (median of runs)"] = fast["ratio"] >= 0.8
+        mem = fast["server_peak_mib"]
+        s["goals"]["server memory follows the rows touched (64-bit ids under 1/4 of the fixed table's)"] = \
+            mem["psnode, 64-bit ids"] < mem["psnode"] / 4
     report(s)
     if a.svg:
         Path(a.svg).write_text(svg(capped, free, cap_gib * 1024))
