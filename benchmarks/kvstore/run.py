@@ -111,8 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--embedding-steps", type=int, default=EmbeddingCase.steps,
                     help="the embedding case: timed steps per job (default %(default)s).  A job's time is "
                          "mostly its start (the 20 M-row table made on the servers, or on DDP's rank 0 and "
-                         "broadcast): about 25 s for psnode and 30 s for DDP here, so a run of 1x16MiB and "
-                         "embedding takes about 1.2 minutes and --runs 5 about 6-7 minutes")
+                         "broadcast): 12-25 s for psnode and 20-30 s for DDP on this 2-core VM, so a run of "
+                         "1x16MiB and embedding takes 40-65 s and --runs 5 4-6 minutes")
     ap.add_argument("--embedding-warmup", type=int, default=EmbeddingCase.warmup,
                     help="the embedding case: untimed steps first (default %(default)s)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per job before it is killed")
