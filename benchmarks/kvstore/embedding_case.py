@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from benchmarks.report import DDP, DDP_CONFIG, EMBEDDING
 from benchmarks.training import embedding as job
 
-__all__ = ["EMBEDDING", "EmbeddingCase", "records_of"]
+__all__ = ["EMBEDDING", "QUICK_EMBEDDING", "EmbeddingCase", "records_of"]
 
 
 def records_of(system: str, config: str, got: list[dict]) -> list[dict]:
@@ -60,3 +60,7 @@ class EmbeddingCase:
         cfg = self.config()
         o = job.run_ddp(self.rows, cfg, self.timeout, self.cap_gib * job.GiB, self.floor_gib * job.GiB)
         return self._done("DDP", o, DDP, DDP_CONFIG)
+
+
+#: run.py --quick: embedding.py's --quick size and length
+QUICK_EMBEDDING = EmbeddingCase(rows=200_000, steps=job.QUICK["steps"], warmup=job.QUICK["warmup"])

@@ -36,7 +36,7 @@ if str(ROOT) not in sys.path:
 from benchmarks import report  # noqa: E402
 from benchmarks.cases import ALL, select  # noqa: E402
 from benchmarks.common import harness  # noqa: E402
-from benchmarks.kvstore.embedding_case import EMBEDDING, EmbeddingCase  # noqa: E402
+from benchmarks.kvstore.embedding_case import EMBEDDING, QUICK_EMBEDDING, EmbeddingCase  # noqa: E402
 from benchmarks.kvstore.mxnet_job import DEFAULT_VENV, mxnet_python, run_mxnet, run_mxnet_launch  # noqa: E402
 from benchmarks.kvstore.peers_run import run_bare, run_gloo, run_membw, run_zmq, torch_available  # noqa: E402
 from benchmarks.kvstore.psnode_job import (  # noqa: E402
@@ -106,18 +106,34 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-launch", action="store_true", help="skip the launch-to-first-pull measurement")
     ap.add_argument("--launch-via", choices=("auto", "harness", "mxdist"),
                     help="launch to first pull: auto (default: mxdist when the CLI works), harness, mxdist")
-    ap.add_argument("--embedding-rows", type=float, default=EmbeddingCase.rows,
-                    help="the embedding case: table rows (default %(default).0f; e.g. 2e6 for a shorter run)")
-    ap.add_argument("--embedding-steps", type=int, default=EmbeddingCase.steps,
-                    help="the embedding case: timed steps per job (default %(default)s).  A job's time is "
-                         "mostly its start (the 20 M-row table made on the servers, or on DDP's rank 0 and "
-                         "broadcast): 12-25 s for psnode and 20-30 s for DDP on this 2-core VM, so a run of "
-                         "1x16MiB and embedding takes 40-65 s and --runs 5 4-6 minutes")
-    ap.add_argument("--embedding-warmup", type=int, default=EmbeddingCase.warmup,
-                    help="the embedding case: untimed steps first (default %(default)s)")
+    ap.add_argument("--embedding-rows", type=float,
+                    help=f"the embedding case: table rows (default {EmbeddingCase.rows:.0f}; --quick: "
+                         f"{QUICK_EMBEDDING.rows}; e.g. 2e6 for a shorter run)")
+    ap.add_argument("--embedding-steps", type=int,
+                    help=f"the embedding case: timed steps per job (default {EmbeddingCase.steps}; --quick: "
+                         f"{QUICK_EMBEDDING.steps}).  A job's time is mostly its start (the 20 M-row table "
+                         "made on the servers, or on DDP's rank 0 and broadcast): 12-25 s for psnode and "
+                         "20-30 s for DDP on this 2-core VM, so a run of 1x16MiB and embedding takes 40-65 s "
+                         "and --runs 5 4-6 minutes")
+    ap.add_argument("--embedding-warmup", type=int,
+                    help=f"the embedding case: untimed steps first (default {EmbeddingCase.warmup}; --quick: "
+                         f"{QUICK_EMBEDDING.warmup})")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per job before it is killed")
     ap.add_argument("--json", help="write the raw records and the summary here")
     return ap
+
+
+def embedding_case(a: argparse.Namespace) -> EmbeddingCase:
+    """The embedding case's size and length from the flags (--quick: a small, short one)."""
+    base = QUICK_EMBEDDING if a.quick else EmbeddingCase()
+    rows = base.rows if a.embedding_rows is None else a.embedding_rows
+    steps = base.steps if a.embedding_steps is None else a.embedding_steps
+    warmup = base.warmup if a.embedding_warmup is None else a.embedding_warmup
+    for flag, value, least in (("--embedding-rows", rows, 1), ("--embedding-steps", steps, 1),
+                               ("--embedding-warmup", warmup, 0)):
+        if not value >= least or value != int(value):
+            raise SystemExit(f"bad {flag} {value:g}: give a whole number of at least {least}")
+    return EmbeddingCase(rows=int(rows), steps=int(steps), warmup=int(warmup), timeout=a.timeout)
 
 
 Step = tuple[str, Callable[[], list[dict]]]
@@ -134,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     if embedding and (a.ssh or a.mode or a.security_modes or a.psnode_via == "mxdist" or a.launch_flags):
         raise SystemExit(f"case {EMBEDDING!r} runs psnode through the harness on this host only: "
                          "leave out --ssh, --mode, --security-modes, --psnode-via mxdist and --launch-flags")
-    emb = EmbeddingCase(rows=int(a.embedding_rows), steps=a.embedding_steps, warmup=a.embedding_warmup,
-                        timeout=a.timeout)
+    emb = embedding_case(a)
+    if embedding and not torch_available():
+        raise SystemExit(f"case {EMBEDDING!r} needs torch (pip install torch, CPU build)")
     configs = parse_configs(a.configs) if a.configs else (
         [(2, 2)] if a.quick or a.ssh else [(1, 1), (2, 1), (2, 2)])
     runs = a.runs or (1 if a.quick else 3)

@@ -125,3 +125,21 @@ def test_the_embedding_jobs_results_become_run_records() -> None:
            for r, s in ((0, 200.0), (1, 250.0))]
     stats = report.collect([dict(r, run=0) for r in records_of("ddp", "2", got)])
     assert stats == {("ddp", "2", "embedding"): {0: pytest.approx(1 / 225.0)}}
+
+
+def test_run_py_sizes_the_embedding_case_from_its_flags() -> None:
+    from benchmarks.kvstore.embedding_case import QUICK_EMBEDDING, EmbeddingCase
+    from benchmarks.kvstore.run import build_parser, embedding_case
+
+    def case(*argv: str) -> EmbeddingCase:
+        return embedding_case(build_parser().parse_args(list(argv)))
+    assert case() == EmbeddingCase(timeout=600)
+    assert (case().rows, case().steps, case().warmup) == (20_000_000, 400, 30)
+    assert case("--quick") == EmbeddingCase(QUICK_EMBEDDING.rows, QUICK_EMBEDDING.steps, QUICK_EMBEDDING.warmup, 600)
+    got = case("--quick", "--embedding-rows", "2e6", "--embedding-steps", "50", "--timeout", "90")
+    assert (got.rows, got.steps, got.warmup, got.timeout) == (2_000_000, 50, QUICK_EMBEDDING.warmup, 90)
+    assert got.config()["rows"] == 2_000_000 and got.config()["steps"] == 50
+    with pytest.raises(SystemExit, match=r"bad --embedding-rows 0\.5: give a whole number of at least 1"):
+        case("--embedding-rows", "0.5")
+    with pytest.raises(SystemExit, match="bad --embedding-warmup -1"):
+        case("--embedding-warmup", "-1")
