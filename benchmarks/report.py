@@ -1,8 +1,9 @@
 """Statistics, tables and targets of benchmarks/kvstore/run.py (pure: no processes, no I/O but print_fn).
 
-Records are dicts with ``system``, ``config`` ("W,S"; "1,1" for raw zmq, "2" for gloo), ``case``,
-``run`` and ``median`` (seconds per round; ``wall`` for launch).  :func:`collect` turns them into
-``(system, config, case) -> {run: value}``: per run the median over workers (launch: the max).
+Records are dicts with ``system``, ``config`` ("W,S"; "1,1" for raw zmq, "2" for gloo and DDP),
+``case``, ``run`` and ``median`` (seconds per round, or per step for the ``embedding`` case; ``wall``
+for launch).  :func:`collect` turns them into ``(system, config, case) -> {run: value}``: per run
+the median over workers (launch: the max; embedding: the seconds per step of the median steps/s).
 Ratios are computed per run (same interleaved run), then summarized as median [min-max].
 """
 from __future__ import annotations
@@ -19,6 +20,8 @@ SPARSE_BYTES = 2 * int(SPARSE_ROWS * SPARSE_FRACTION) * SPARSE_COLS * 4
 TARGET_CONFIGS = ("1,1", "2,1", "2,2")   # the issue's goals hold at 2,2; shown for the others
 GOAL_CONFIG = "2,2"
 MXNET_CASES = ("1x4KiB", "1x1MiB", "1x16MiB", "1x64MiB", "16x1MiB", "200x16KiB", "rowsparse1%")
+EMBEDDING = "embedding"   # the embedding workload's case: psnode (W2 S2) against DDP + gloo (system "ddp", W2)
+DDP, DDP_CONFIG = "ddp", "2"
 
 
 def fmt_range(vals: list[float], spec: str = ".0f") -> str:
@@ -41,6 +44,8 @@ def collect(records: list[dict]) -> Stats:
         if key[2] == "launch" or key[0] == "membw":   # the job is up when every worker has pulled,
             # the bound's copies are done when every core's are: max over processes
             out[key] = {run: max(v) for run, v in runs.items()}
+        elif key[2] == EMBEDDING:   # the median of the ranks' steps/s, as seconds per step
+            out[key] = {run: 1 / statistics.median(1 / t for t in v) for run, v in runs.items()}
         else:
             out[key] = {run: statistics.median(v) for run, v in runs.items()}
     return out
@@ -147,6 +152,7 @@ def launch_table(stats: Stats, print_fn: PrintFn = print) -> list[dict]:
 
 # ---------------------------------------------------------------- memory bound
 BOUND_GOAL = 1.3   # the 16 MiB W2S2 round within this multiple of the memory bound
+EMBEDDING_GOAL = 1.3   # psnode's embedding workload at least this multiple of DDP's steps/s
 
 
 def bound_table(stats: Stats, cases: list[Case], configs: list[tuple[int, int]], print_fn: PrintFn = print,
@@ -187,6 +193,9 @@ def target_values(stats: Stats, system: str, cfg: str) -> list[tuple[str, float,
     bound = get("membw", "1x16MiB")
     out.append((f"1x16MiB: memory bound / {system} time >= {1 / BOUND_GOAL:.2f} (within {BOUND_GOAL}x)",
                 1 / BOUND_GOAL, ratios(bound, mine) if mine and bound else None))
+    mine, ddp = get(system, EMBEDDING), get(DDP, EMBEDDING, DDP_CONFIG)
+    out.append((f"embedding: {system} steps/s / DDP steps/s >= {EMBEDDING_GOAL}", EMBEDDING_GOAL,
+                ratios(ddp, mine) if mine and ddp else None))
     small, big = get(system, "200x16KiB"), get(system, "16x1MiB")
     # throughput ratio: (bytes_small / t_small) / (bytes_big / t_big)
     rel = 200 * 16384 / (16 * MiB)
@@ -235,6 +244,51 @@ def bare_ceilings(stats: Stats, print_fn: PrintFn = print) -> list[dict]:
         print_fn(f"  bare PS at W2S2: {name}: {med:.2f} "
                  f"({'the bare PS reaches it' if ok else 'the bare PS misses it'})")
         out.append({"target": name, "measured": med, "bare_reaches": ok})
+    return out
+
+
+# ---------------------------------------------------------------- the speed goals
+def embedding_table(stats: Stats, print_fn: PrintFn = print, psnode: str = "psnode") -> list[dict]:
+    """The embedding workload: psnode's and DDP's steps/s and their ratio, each per run."""
+    mine, ddp = stats.get((psnode, GOAL_CONFIG, EMBEDDING), {}), stats.get((DDP, DDP_CONFIG, EMBEDDING), {})
+    if not mine and not ddp:
+        return []
+    hdr = ("embedding, W=2", "psnode steps/s", "DDP steps/s", "psnode/DDP steps/s")
+    row = ("steps/s, median [min-max]", *(fmt_range([1 / t for t in x.values()], ".1f") for x in (mine, ddp)),
+           fmt_range(ratios(ddp, mine), ".2f"))
+    rows = [row] + [(f"run {run + 1}", f"{1 / mine[run]:.1f}" if run in mine else "-",
+                     f"{1 / ddp[run]:.1f}" if run in ddp else "-",
+                     f"{ddp[run] / mine[run]:.2f}" if run in mine and run in ddp else "-")
+                    for run in sorted(set(mine) | set(ddp))]
+    print_fn("\nEmbedding workload (W=2; psnode S=2, the table on the servers; DDP + gloo, the table on every\n"
+             "rank): steps/s, the median over ranks; psnode/DDP per run (above 1: psnode faster).")
+    print_table(hdr, rows, print_fn)
+    return [dict(zip(hdr, r, strict=True)) for r in rows]
+
+
+def speed_goals(stats: Stats, print_fn: PrintFn = print, psnode: str = "psnode") -> list[dict]:
+    """The two speed goals, each from per-run ratios: the 1x16MiB W2S2 round over the memory bound
+    (time; at most BOUND_GOAL) and psnode's embedding steps/s over DDP's (at least EMBEDDING_GOAL).
+    Per goal: every run's value, their median, min and max, and whether the median meets it;
+    a goal whose systems did not both run is left out."""
+    p, b = stats.get((psnode, GOAL_CONFIG, "1x16MiB"), {}), stats.get(("membw", GOAL_CONFIG, "1x16MiB"), {})
+    e, d = stats.get((psnode, GOAL_CONFIG, EMBEDDING), {}), stats.get((DDP, DDP_CONFIG, EMBEDDING), {})
+    goals = [("1x16MiB W2S2: psnode round / memory bound", f"<= {BOUND_GOAL}", ratios(p, b),
+              lambda m: m <= BOUND_GOAL),
+             ("embedding W2S2: psnode steps/s / DDP steps/s", f">= {EMBEDDING_GOAL}", ratios(d, e),
+              lambda m: m >= EMBEDDING_GOAL)]
+    out, rows = [], []
+    for name, goal, vals, meets in goals:
+        if not vals:
+            continue
+        med = statistics.median(vals)
+        out.append({"goal": name, "wanted": goal, "per_run": vals, "median": med, "min": min(vals),
+                    "max": max(vals), "runs": len(vals), "met": meets(med)})
+        rows.append(("MET" if meets(med) else "MISSED", name, goal, fmt_range(vals, ".2f"),
+                     ", ".join(f"{v:.2f}" for v in vals)))
+    if rows:
+        print_fn("\nThe speed goals (per-run ratios; met when the median over runs is on the goal's side):")
+        print_table(("", "goal", "wanted", "median [min-max]", "per run"), rows, print_fn)
     return out
 
 

@@ -17,7 +17,11 @@ the result out), ``sum`` and ``scale`` (numpy's float add and multiply: a server
 and ``other``.  Then the machine's view: its cores x the round is the CPU time a round has;
 what no process of the job used is ``idle`` (waiting: a role for another, or a core for work).
 With ``--bound``, the memory bound of the case (benchmarks/kvstore/peers.py ``membw``) is
-measured after the job, as ``copy`` at full speed with no waiting, for comparison.
+measured after the job, as ``copy`` at full speed with no waiting, for comparison, and the
+round's time over the bound is split into what fills it (:func:`gap`): the cores' idle time,
+the workers' and the servers' Python, the kernel and the rest, and the copies, sum and scaling
+pass beyond the bound's own copies -- each in CPU ms per round and as ms of the round (CPU ms /
+cores), largest first.
 """
 from __future__ import annotations
 
@@ -76,6 +80,24 @@ def shares(report_text: str) -> dict[str, float]:
     return {k: v / total for k, v in out.items()} if total else out
 
 
+def gap(per_proc: dict[str, dict], idle: float, round_ms: float, bound_ms: float,
+        cores: int) -> list[tuple[str, float]]:
+    """What stands between the round and the memory bound: ``cores x (round - bound)`` CPU ms
+    split into [(what, CPU ms per round)], largest first.  ``per_proc``: "role rank" ->
+    {"ms_per_round": {category: CPU ms}}.  The parts add up to the whole: the round's CPU is the
+    processes' (copies, sum, scale, Python, kernel, other) plus the idle time, and the bound's
+    is the copies alone on every core; "copies, sum and scale beyond the bound's" is negative
+    when they ran faster than the bound measured."""
+    def total(role: str, cats: tuple[str, ...]) -> float:
+        return sum(v["ms_per_round"][k] for name, v in per_proc.items() if name.startswith(role) for k in cats)
+    parts = [("idle: no process of the job on a core (waiting, or work not the job's)", idle),
+             ("the workers' Python", total("worker", ("python",))),
+             ("the servers' Python", total("server", ("python",))),
+             ("kernel and other", total("", ("kernel", "other"))),
+             ("copies, sum and scale beyond the bound's", total("", ("copy", "sum", "scale")) - cores * bound_ms)]
+    return sorted(parts, key=lambda p: -p[1])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", default="1x16MiB", choices=[c for c, v in ALL.items() if v.kind == "dense"])
@@ -131,18 +153,25 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{a.case} at W{W}S{S}: round {round_ms:.2f} ms (the workers' median); {cores} cores = "
           f"{cores * round_ms:.2f} CPU ms per round; window {a.seconds:g} s")
     print_table(("process", "cores busy", *(f"{k} ms" for k in CATEGORIES), "CPU ms/round"), rows)
-    print(f"idle (no process of the job on a core): {idle:.2f} CPU ms per round")
+    print(f"idle (no process of the job on a core): {idle:.2f} CPU ms per round; load average "
+          f"{os.getloadavg()[0]:.2f} (work that is not the job's counts as idle here: profile a quiet machine)")
     bound_ms = None
+    between: list[tuple[str, float]] | None = None
     if a.bound:
         got = run_membw(W, S, [c], False, 300)
         if got:
             bound_ms = max(r["median"] for r in got) * 1e3
             print(f"memory bound: {bound_ms:.2f} ms per round ({cores * bound_ms:.2f} CPU ms of copying at full "
                   f"speed); the round is {round_ms / bound_ms:.2f}x it")
+            between = gap(per_proc, idle, round_ms, bound_ms, cores)
+            print(f"between the round and the bound: {cores * (round_ms - bound_ms):.2f} CPU ms per round "
+                  f"({round_ms - bound_ms:.2f} ms of the round):")
+            print_table(("what", "CPU ms per round", "ms of the round"),
+                        [(what, f"{ms:.2f}", f"{ms / cores:.2f}") for what, ms in between])
     if a.json:
         Path(a.json).write_text(json.dumps({"case": a.case, "config": a.config, "round_ms": round_ms, "cores": cores,
                                             "processes": per_proc, "totals": totals, "idle_ms": idle,
-                                            "bound_ms": bound_ms}, indent=1))
+                                            "bound_ms": bound_ms, "gap": between}, indent=1))
     shutil.rmtree(out, ignore_errors=True)
     return 0
 

@@ -8,6 +8,8 @@ PS) and the memory bound of a round, interleaved in one run; print tables, the t
     python benchmarks/kvstore/run.py --cpu-policy normal   # psnode's processes left under SCHED_OTHER
     python benchmarks/kvstore/run.py --psnode-via mxdist --launch-flags "--no-shm"     # psnode through the launcher
     python benchmarks/kvstore/run.py --ssh 2 --security-modes --runs 2                 # modes over the SSH testbed
+    python benchmarks/kvstore/run.py --cases 1x16MiB,embedding --configs 2,2 --runs 5 --peers membw,gloo \
+        --no-launch                                  # the speed goals: 16 MiB round / bound, embedding vs DDP
 
 See benchmarks/README.md for what is measured and how.
 """
@@ -34,6 +36,7 @@ if str(ROOT) not in sys.path:
 from benchmarks import report  # noqa: E402
 from benchmarks.cases import ALL, select  # noqa: E402
 from benchmarks.common import harness  # noqa: E402
+from benchmarks.kvstore.embedding_case import EMBEDDING, QUICK_EMBEDDING, EmbeddingCase  # noqa: E402
 from benchmarks.kvstore.mxnet_job import DEFAULT_VENV, mxnet_python, run_mxnet, run_mxnet_launch  # noqa: E402
 from benchmarks.kvstore.peers_run import run_bare, run_gloo, run_membw, run_zmq, torch_available  # noqa: E402
 from benchmarks.kvstore.psnode_job import (  # noqa: E402
@@ -75,7 +78,9 @@ def parse_modes(values: list[str]) -> list[tuple[str, list[str]]]:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 run, W2S2 only, few rounds")
-    ap.add_argument("--cases", help=f"comma list of cases (default all): {','.join(ALL)}".replace("%", "%%"))
+    ap.add_argument("--cases", help=f"comma list of cases (default all): {','.join(ALL)}; and {EMBEDDING!r} "
+                                    "(the embedding workload, psnode W2 S2 against DDP + gloo, W2; not in the "
+                                    "default list)".replace("%", "%%"))
     ap.add_argument("--configs", nargs="+", help="W,S configurations (default: 1,1 2,1 2,2; --quick, --ssh: 2,2)")
     ap.add_argument("--runs", type=int, help="interleaved runs (default 3; --quick: 1)")
     ap.add_argument("--peers", help=f"peers to run (default {DEFAULT_PEERS}; with --ssh or --mode none): "
@@ -101,9 +106,34 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-launch", action="store_true", help="skip the launch-to-first-pull measurement")
     ap.add_argument("--launch-via", choices=("auto", "harness", "mxdist"),
                     help="launch to first pull: auto (default: mxdist when the CLI works), harness, mxdist")
+    ap.add_argument("--embedding-rows", type=float,
+                    help=f"the embedding case: table rows (default {EmbeddingCase.rows:.0f}; --quick: "
+                         f"{QUICK_EMBEDDING.rows}; e.g. 2e6 for a shorter run)")
+    ap.add_argument("--embedding-steps", type=int,
+                    help=f"the embedding case: timed steps per job (default {EmbeddingCase.steps}; --quick: "
+                         f"{QUICK_EMBEDDING.steps}).  A job's time is mostly its start (the 20 M-row table "
+                         "made on the servers, or on DDP's rank 0 and broadcast): 12-25 s for psnode and "
+                         "20-30 s for DDP on this 2-core VM, so a run of 1x16MiB and embedding takes 40-65 s "
+                         "and --runs 5 4-6 minutes")
+    ap.add_argument("--embedding-warmup", type=int,
+                    help=f"the embedding case: untimed steps first (default {EmbeddingCase.warmup}; --quick: "
+                         f"{QUICK_EMBEDDING.warmup})")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per job before it is killed")
     ap.add_argument("--json", help="write the raw records and the summary here")
     return ap
+
+
+def embedding_case(a: argparse.Namespace) -> EmbeddingCase:
+    """The embedding case's size and length from the flags (--quick: a small, short one)."""
+    base = QUICK_EMBEDDING if a.quick else EmbeddingCase()
+    rows = base.rows if a.embedding_rows is None else a.embedding_rows
+    steps = base.steps if a.embedding_steps is None else a.embedding_steps
+    warmup = base.warmup if a.embedding_warmup is None else a.embedding_warmup
+    for flag, value, least in (("--embedding-rows", rows, 1), ("--embedding-steps", steps, 1),
+                               ("--embedding-warmup", warmup, 0)):
+        if not value >= least or value != int(value):
+            raise SystemExit(f"bad {flag} {value:g}: give a whole number of at least {least}")
+    return EmbeddingCase(rows=int(rows), steps=int(steps), warmup=int(warmup), timeout=a.timeout)
 
 
 Step = tuple[str, Callable[[], list[dict]]]
@@ -113,7 +143,16 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     modes = parse_modes(a.mode + (list(SECURITY_MODES) if a.security_modes else []))
     via_mxdist = a.psnode_via == "mxdist" or bool(a.launch_flags) or a.ssh > 0 or bool(modes)
-    cases = select((a.cases or (SSH_CASES if a.ssh else "")).split(",") if (a.cases or a.ssh) else None)
+    names = [n.strip() for n in (a.cases or (SSH_CASES if a.ssh else "")).split(",") if n.strip()]
+    embedding = EMBEDDING in names
+    names = [n for n in names if n != EMBEDDING]
+    cases = select(names) if names else ([] if embedding else select(None))
+    if embedding and (a.ssh or a.mode or a.security_modes or a.psnode_via == "mxdist" or a.launch_flags):
+        raise SystemExit(f"case {EMBEDDING!r} runs psnode through the harness on this host only: "
+                         "leave out --ssh, --mode, --security-modes, --psnode-via mxdist and --launch-flags")
+    emb = embedding_case(a)
+    if embedding and not torch_available():
+        raise SystemExit(f"case {EMBEDDING!r} needs torch (pip install torch, CPU build)")
     configs = parse_configs(a.configs) if a.configs else (
         [(2, 2)] if a.quick or a.ssh else [(1, 1), (2, 1), (2, 2)])
     runs = a.runs or (1 if a.quick else 3)
@@ -182,19 +221,20 @@ def main(argv: list[str] | None = None) -> int:
             variants.append(("psnode", lr))
         else:
             variants.append(("psnode", None))
-        do_launch = not a.no_launch and not modes and not a.ssh
+        do_launch = not a.no_launch and not modes and not a.ssh and bool(cases)
         launch_exe = exe if (do_launch and a.launch_via != "harness" and not a.quick) else None
         lw, ls = (2, 2) if (2, 2) in configs or not configs else configs[-1]
 
         print(f"psnode benchmark: {platform.python_version()} on {os.cpu_count()} cpu(s); runs={runs} "
               f"quick={a.quick} configs={configs} cases={[c.name for c in cases]} peers={sorted(peers)} "
               f"psnode={[(n, 'harness' if lr is None else _describe(lr)) for n, lr in variants]} "
+              f"{emb.describe() + ' ' if embedding else ''}"
               f"data path={'TCP only (--no-shm)' if a.no_shm else 'same-host link'} cpu policy={a.cpu_policy}")
         records: list[dict] = []
         t_all = time.monotonic()
         for run in range(runs):
             steps: list[Step] = []
-            for W, S in configs:          # the peers right after psnode on the same config
+            for W, S in configs if cases else ():   # the peers right after psnode on the same config
                 for name, lr in variants:
                     def ps(W: int = W, S: int = S, name: str = name, lr: Launcher | None = lr) -> list[dict]:
                         got = (run_psnode(h, W, S, cases, a.quick, a.timeout, shm=not a.no_shm,
@@ -210,9 +250,12 @@ def main(argv: list[str] | None = None) -> int:
                 if mx_py:
                     steps.append((f"mxnet W{W}S{S}", lambda W=W, S=S: run_mxnet(mx_py, W, S, cases, a.quick,
                                                                                    a.timeout)))
-            if "zmq" in peers:
+            if embedding:
+                steps.append(("embedding psnode W2S2", lambda: emb.run_psnode(h)))
+                steps.append(("embedding DDP", emb.run_ddp))
+            if "zmq" in peers and cases:
                 steps.append(("raw zmq", lambda: [dict(r, config="1,1") for r in run_zmq(cases, a.quick, a.timeout)]))
-            if gloo:
+            if gloo and cases:
                 steps.append(("gloo", lambda: [dict(r, config="2") for r in run_gloo(cases, a.quick, a.timeout)]))
             if do_launch:
                 def launch() -> list[dict]:
@@ -245,14 +288,17 @@ def main(argv: list[str] | None = None) -> int:
         summary["sparse"] = report.sparse_table(stats, configs)
         summary["launch"] = report.launch_table(stats)
         summary["bound"] = report.bound_table(stats, cases, configs)
+        summary["embedding"] = report.embedding_table(stats)
         checks = report.targets(stats)
         ceilings = report.bare_ceilings(stats)
+        summary["goals"] = report.speed_goals(stats)
     print(f"\ntotal {time.monotonic() - t_all:.0f} s")
     if a.json:
         Path(a.json).write_text(json.dumps({
             "argv": sys.argv, "python": platform.python_version(), "cpus": os.cpu_count(),
             "path": "tcp" if a.no_shm else "same-host", "cpu_policy": a.cpu_policy,
-            "psnode": [n for n, _ in variants], "mxnet": mx_py is not None, "records": records,
+            "psnode": [n for n, _ in variants], "mxnet": mx_py is not None,
+            "embedding": emb.config() if embedding else None, "records": records,
             "summary": summary, "targets": checks, "bare_ceilings": ceilings}, indent=1))
         print(f"wrote {a.json}")
     return 0

@@ -72,6 +72,31 @@ def test_quick_benchmark_over_tcp_only(tmp_path: Path) -> None:
         assert len(recs) == 2 and all(x["links"] == 0 and x["path"] == "tcp" for x in recs), recs
 
 
+def test_the_embedding_case_runs_psnode_and_ddp_and_judges_its_goal(tmp_path: Path) -> None:
+    """``--cases embedding`` (a small table, few steps): a psnode job and a DDP job, two ranks
+    each, their steps/s as records, the embedding table and the goal judged from the run."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip("torch is not installed (pip install torch); CI fails here instead")
+    r, data = _run(["--peers", "", "--cases", "embedding", "--embedding-rows", "20000", "--embedding-steps", "20",
+                    "--embedding-warmup", "2"], tmp_path / "bench.json")
+    got = _by_system(data)
+    for system, config in (("psnode", "2,2"), ("ddp", "2")):
+        recs = got.get((system, "embedding"), [])
+        assert sorted(x["rank"] for x in recs) == [0, 1], (system, recs)
+        assert all(x["config"] == config and x["steps"] == 20 and x["rows"] == 20000 and x["steps_per_s"] > 0
+                   and x["median"] == 1 / x["steps_per_s"] for x in recs), recs
+    assert data["embedding"]["rows"] == 20000 and data["embedding"]["steps"] == 20
+    assert [row["embedding, W=2"] for row in data["summary"]["embedding"]] == ["steps/s, median [min-max]", "run 1"]
+    goal, = data["summary"]["goals"]
+    assert goal["goal"] == "embedding W2S2: psnode steps/s / DDP steps/s" and goal["runs"] == 1
+    assert goal["met"] == (goal["median"] >= 1.3) and "The speed goals" in r.stdout
+    assert "Dense push+pull" not in r.stdout   # (no dense case was asked for)
+
+
 def test_quick_benchmark_with_mxnet(tmp_path: Path) -> None:
     from benchmarks.kvstore.mxnet_job import DEFAULT_VENV
     if not (DEFAULT_VENV / ".ready").exists():
