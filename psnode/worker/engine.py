@@ -63,10 +63,10 @@ class Engine:
     def __init__(self, cfg: NodeConfig) -> None:
         self.cfg = cfg
         self.num_servers = cfg.num_servers
-        # sliced arrays: a few slices unanswered per remote server, so that no worker's parts run
-        # ahead of the others' on a server (a part's answer waits for every worker's push)
         #: up while the job has something for the user's thread (read once per API call)
         self.notice = Notice()
+        # sliced arrays: a few slices unanswered per remote server, so that no worker's parts run
+        # ahead of the others' on a server (a part's answer waits for every worker's push)
         self.tracker = Tracker(cfg.num_servers, cfg.retry_timeout, cfg.max_retries, address=self._address,
                                first_id=1 + secrets.randbits(60), far_window=SLICE_WINDOW * cfg.slice_bytes,
                                near=self.same_host,

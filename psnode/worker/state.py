@@ -9,8 +9,10 @@ fails; the user's thread sets ``closing``.  The membership (``generation``, ``me
 ``leaving``, ``changes``: membership changes the user's thread has not seen yet, ``agreed``: the
 membership the last barrier completed with, the same for every worker) is written by
 the I/O thread and read by the user's thread, both under the lock; the I/O thread raises the
-tracker's :class:`~psnode.worker.futures.Notice` after it set any of them, or ``fatal``.  A thread hands work to
-the I/O thread by queueing it under the lock, then :meth:`EngineState.wake` (an eventfd the I/O thread polls).
+tracker's :class:`~psnode.worker.futures.Notice` after it set any of them, or ``fatal``, and
+the user's thread lowers it (:meth:`EngineState.lower`).  A thread hands work to the I/O
+thread by queueing it under the lock, then :meth:`EngineState.wake` (an eventfd the I/O thread
+polls).
 """
 from __future__ import annotations
 
