@@ -20,7 +20,7 @@ from psnode.protocol import Failed, Ok
 from psnode.samehost.staging import NOWHERE, Places
 from psnode.server.replies import sent
 from psnode.server.store import Store
-from psnode.worker.futures import Future, Placed
+from psnode.worker.futures import Future, Notice, Placed
 
 
 class LocalEngine:
@@ -72,6 +72,7 @@ class LocalEngine:
 
     joiner = False
     leaving = False
+    notice = Notice()   # (never raised: one process has no job to hear from)
     places: Places = NOWHERE
 
     def membership(self) -> tuple[int, tuple[int, ...]]:

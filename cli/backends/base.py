@@ -24,25 +24,33 @@ Process identity: every process leads its own process group (pid == pgid); a bac
 groups, never single pids, so a worker's children go with it.  Exit status: ``int`` exit code,
 ``-N`` for "killed by signal N", ``None`` when the process vanished without a status.
 
+What every backend shares also lives here: ``-H`` read on this machine (:func:`read_hosts`) and
+which of its hosts name this machine (:func:`names_this_machine`, :func:`all_here`), the host
+agent's reports read into planning's values (:func:`host_gpus`), running a step on many hosts
+at once (:func:`run_per_host`).
+
 Backends are constructed from plain JSON-able options (:meth:`Backend.options`) so that
 ``mxdist status``/``stop`` can rebuild the backend of a job from its record.
 """
 from __future__ import annotations
 
 import os
+import re
 import signal as _signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
+from pathlib import Path
 from typing import Any, ClassVar, Protocol, cast
 
 from psnode.launcher import FailureRecord, from_torch, path_in, record_of, torch_path_in
 
 from ..job.records import ProcRecord
-from ..planning.gpus import Gpu, GpuSource, HostGpus, parse_visible
-from ..planning.hosts import Host
+from ..planning.gpus import NO_GPUS, Gpu, GpuSource, HostGpus, parse_visible
+from ..planning.hosts import LONE_WORD, Host, HostsError, lone_word, looks_like_file, parse_host_list, parse_hosts_file
 from ..planning.plan import ProcSpec
 from . import agent
 
@@ -100,12 +108,64 @@ class Preflight:
     gpus: dict[str, HostGpus] = field(default_factory=dict)
 
 
+# -- -H on this machine -------------------------------------------------------------------------------
+# ``-H``'s value: a hosts file read, or an inline list (both parsed by mxdist.planning.hosts), and which
+# of its hosts name this machine.  A host entry names this machine when it is written ``localhost``,
+# ``127.0.0.1``, ``[::1]`` or this machine's own host name, with no user and no SSH port (those ask for a
+# login): a job whose every host names this machine runs here without SSH, as horovodrun runs ``localhost``.
+
+#: The names of this machine whatever it is called.
+LOOPBACK = frozenset({"localhost", "127.0.0.1", "[::1]"})
+
+
+def read_hosts(spec: str) -> list[Host]:
+    """``-H`` value: an existing file (hosts file format), else an inline list.  A value that
+    cannot be a path (too long, a NUL) is a list; a lone name that is no file is a host whose
+    origin says so (:data:`mxdist.planning.hosts.LONE_WORD`)."""
+    path = Path(spec).expanduser()
+    try:
+        is_file = path.is_file()
+    except (OSError, ValueError):
+        is_file = False
+    if is_file:
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            why = getattr(exc, "strerror", None) or exc
+            raise HostsError(f"-H {spec}: cannot read the hosts file: {why}") from None
+        return parse_hosts_file(text, str(spec))
+    if looks_like_file(spec) and not re.search(r"[\s;|&$`<>(){}'\"\\]", spec):
+        raise HostsError(f"-H {spec}: no such hosts file (in {os.getcwd()})")
+    # an inline list; shell characters make it one too, so the host check names the bad value
+    hosts = parse_host_list(spec)
+    return [replace(hosts[0], origin=LONE_WORD)] if lone_word(spec) else hosts
+
+
+def own_names() -> frozenset[str]:
+    """This machine's names: the loopback ones and its host name (whole and short), lower case."""
+    name = socket.gethostname().lower()
+    return LOOPBACK | {name, name.split(".")[0]}
+
+
+def names_this_machine(host: Host, names: frozenset[str]) -> bool:
+    """Whether ``host`` is this machine (one of ``names``) asked for without a login: no user, no port."""
+    return host.user is None and host.port is None and host.name.lower() in names
+
+
+def all_here(hosts: Sequence[Host]) -> bool:
+    """Whether every host of ``hosts`` names this machine (:func:`names_this_machine`)."""
+    names = own_names()
+    return bool(hosts) and all(names_this_machine(h, names) for h in hosts)
+
+
+# -- what the host agent reports ----------------------------------------------------------------------
+
 def host_gpus(report: agent.GpusReport | None) -> HostGpus:
     """A host's GPUs (planning's :class:`~mxdist.planning.gpus.HostGpus`) from the host agent's report
     (:func:`mxdist.backends.agent.gpus`; None: no report, no GPU).  The agent's wire stops here:
     planning reads values, never the report."""
-    if report is None:
-        return HostGpus()
+    if report is None or (not report.gpus and report.visible is None and report.error is None):
+        return NO_GPUS
     listed = tuple(Gpu(str(g.index), g.name, g.memory_mib) for g in report.gpus)
     if report.visible is not None:
         return HostGpus(parse_visible(report.visible), GpuSource.ENV, listed, report.error)

@@ -28,10 +28,12 @@ from .base import (
     command_fix,
     host_gpus,
     import_fix,
+    names_this_machine,
+    own_names,
+    read_hosts,
     spawn_item,
     started,
 )
-from .hostspec import names_this_machine, own_names, read_hosts
 
 
 class LocalRunner:
@@ -97,7 +99,7 @@ class LocalBackend:
     def for_launch(cls, request: LaunchRequest) -> tuple[LocalBackend, list[Host]]:
         """This machine, running the launcher's own Python, with ``-n`` slots (default 1;
         ``--max-workers`` when more), or with the slots of ``-H``'s hosts when every one names
-        this machine (:mod:`mxdist.backends.hostspec`)."""
+        this machine (:func:`mxdist.backends.base.names_this_machine`)."""
         given = read_hosts(request.hosts) if request.hosts else []
         other = [h for h in given if not names_this_machine(h, own_names())]
         if other:

@@ -73,11 +73,11 @@ from .base import (
     command_fix,
     host_gpus,
     import_fix,
+    read_hosts,
     run_per_host,
     spawn_item,
     started,
 )
-from .hostspec import read_hosts
 
 _AGENT_SOURCE = Path(agent.__file__).read_text()
 #: what a follow runs on its host: the agent's follow and the functions it calls, not the whole

@@ -82,6 +82,10 @@ class HostGpus:
         return f"{text} ({self.problem})" if self.problem else text
 
 
+#: A host without GPUs, and nothing wrong in asking it (what most hosts of a CPU job report).
+NO_GPUS = HostGpus()
+
+
 def _count(n: int) -> str:
     return "no GPU" if n == 0 else f"{n} GPU{'s' if n != 1 else ''}"
 

@@ -2,7 +2,8 @@
 
 :class:`LaunchOptions` holds the options as the user typed them (filled once by the typer
 command, :mod:`mxdist.main`, which reads each default from :func:`launch_default`); options that
-become psnode configuration are one :class:`mxdist.planning.plan.NodeOptions` inside it.  The
+become psnode configuration are one :class:`mxdist.planning.plan.NodeOptions` inside it;
+:class:`LaunchSettings` the ones the supervisor and its collaborators read while the job runs.  The
 functions here turn option values into plan inputs: the job's command (:func:`job_command`:
 ``-m`` makes it ``-m MODULE ARGS``; a first word that looks like an option is refused, never
 run), the security mode (:func:`security_mode`: every job is ``authenticated`` by default, a
@@ -101,6 +102,25 @@ HABITS: dict[str, str] = {
     "--rdzv-endpoint": "--scheduler HOST --port PORT",
     "--hostfile": "-H FILE",
 }
+
+
+@dataclass
+class LaunchSettings:
+    """How the supervisor runs a planned job (everything but the plan and the backend): the
+    launch options it and its collaborators read, made from :class:`LaunchOptions` by
+    :func:`mxdist.supervisor.setup.prepare`."""
+
+    run_dir: str                     # where processes write logs and rc files, on their host
+    grace: float = 5.0               # TERM -> KILL
+    finish_grace: float = 10.0       # at most this long for servers to end after the workers
+    detach: bool = False
+    quiet: bool = False
+    ranks: frozenset[int] | None = None   # stream only these workers
+    sync: list[tuple[str, str]] = field(default_factory=list)  # (local dir, remote dir)
+    check_modules: tuple[str, ...] = ("psnode",)
+    security: Mode = Mode.INSECURE   # authenticated/encrypted: write and deliver a fresh secret
+    timeline_dir: str | None = None  # --timeline: where the processes append their events, on their host
+    timeline_local: bool = True      # that directory is readable here (a shared file system)
 
 
 def job_command(command: Sequence[str], module: bool, known: Sequence[str] = ()) -> list[str]:

@@ -35,9 +35,9 @@ from ..job import records
 from ..job.records import Change, JobOutcome, JobRecord, JobState, ProcState
 from ..job.rootcause import RootCause, decide
 from ..planning.hosts import Host
+from ..planning.options import LaunchSettings
 from ..planning.plan import Plan
 from .preflight import HostWrites
-from .settings import LaunchSettings
 
 TIMELINE_LIMIT = 512 << 20   # bytes of --timeline events read from one host
 TIMELINE_FETCH = 120.0       # seconds a host is given to send its --timeline events

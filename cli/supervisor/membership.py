@@ -41,6 +41,7 @@ from ..job.lifecycle import Supervision
 from ..job.records import JobRecord, ProcRecord, ProcState
 from ..planning.bounds import ElasticError
 from ..planning.hosts import Host
+from ..planning.options import LaunchSettings
 from ..planning.plan import (
     Plan,
     moved_server,
@@ -55,7 +56,6 @@ from ..planning.plan import (
 from ..planning.plan import joiner as joiner_spec
 from ..planning.servers import server_home
 from .preflight import prepare_host
-from .settings import LaunchSettings
 
 ASK_TIMEOUT = 2.0        # seconds the scheduler is given to acknowledge a leave request or a lost worker
 REACH_TIMEOUT = 10.0     # seconds a host is given to answer before a process that vanished there restarts

@@ -132,8 +132,11 @@ def _in_host_order(problems: list[HostProblem], plan: Plan) -> list[HostProblem]
 def _place_gpus(plan: Plan, backend: Backend, report: Preflight) -> Plan:
     """The plan with the GPUs each host reported (and each worker's, with --gpus-per-worker);
     shown when a host has GPUs or GPUs were asked for.  Too few: PreflightFailed, per host."""
-    missing = HostGpus(problem=f"the {backend.name} launcher did not report this host's GPUs")
-    found = {h.label: report.gpus.get(h.label, missing) for h in plan.busy_hosts}
+    found: dict[str, HostGpus] = {}
+    for h in plan.busy_hosts:
+        got = report.gpus.get(h.label)
+        found[h.label] = got if got is not None else \
+            HostGpus(problem=f"the {backend.name} launcher did not report this host's GPUs")
     try:
         plan = with_gpus(plan, found)
     except GpuShortageError as exc:

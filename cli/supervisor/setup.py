@@ -27,8 +27,7 @@ from dataclasses import dataclass, replace
 from psnode import launcher as door
 from psnode.launcher import Mode
 
-from ..backends.base import Backend, Capability, LaunchRequest, resolver, this_machine_gpus
-from ..backends.hostspec import all_here, read_hosts
+from ..backends.base import Backend, Capability, LaunchRequest, all_here, read_hosts, resolver, this_machine_gpus
 from ..backends.registry import NAMES, capabilities, for_launch
 from ..elastic.discovery import DiscoveryError, discover
 from ..job import records
@@ -41,6 +40,7 @@ from ..planning.options import (
     EPHEMERAL_RANGE_FILE,
     REMOTE_PORT_RANGE,
     LaunchOptions,
+    LaunchSettings,
     checkpoint_dir,
     job_command,
     listen_range,
@@ -59,7 +59,6 @@ from ..planning.plan import (
     passthrough_env,
     per_node,
 )
-from .settings import LaunchSettings
 from .supervisor import new_record
 
 

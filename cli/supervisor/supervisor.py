@@ -90,6 +90,7 @@ from ..job.lifecycle import QUICK, SCHEDULER_RESTARTS, Action, Failure, Supervis
 from ..job.records import Elastic, JobRecord, JobState, ProcRecord, ProcState
 from ..job.rootcause import describe_code
 from ..planning.hosts import Host
+from ..planning.options import LaunchSettings
 from ..planning.plan import (
     Plan,
     ProcSpec,
@@ -102,7 +103,6 @@ from .conclusion import Conclusion
 from .hostwatch import HostWatch, late_after
 from .membership import JobMembers
 from .preflight import HostWrites, prepare_hosts
-from .settings import LaunchSettings
 
 EXIT_OK, EXIT_FAILED, EXIT_PREFLIGHT = 0, 1, 3
 EXIT_HANGUP, EXIT_INTERRUPTED, EXIT_STOPPED = 129, 130, 143

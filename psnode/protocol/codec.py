@@ -103,6 +103,23 @@ def encode_single(kind: int, job: bytes, record: bytes, arrays: list[np.ndarray]
             descr.append(_DIMS[arr.ndim].pack(*arr.shape))
     return b"".join((HEAD.pack(kind, 0, 1, len(arrays), len(job)), job, *descr, record))
 
+def encode_placed(kind: int, job: bytes, op: Any, loc: int, limit: int) -> tuple[bytes, list[np.ndarray]] | None:
+    """The header of a message of ``op`` alone (:func:`encode_single`) whose arrays all lie
+    where ``op.at`` places them (psnode.protocol.ops.Where: segment and offset, in location
+    ``loc``), and those arrays; None when one of them has no place, or the header would pass
+    ``limit`` bytes."""
+    record, arrays = encode_record(op, 0)
+    at = getattr(op, "at", None) or ()
+    if len(at) < len(arrays) or len(record) + 64 * len(arrays) > limit:
+        return None
+    where = []
+    for arr_at in at[:len(arrays)]:
+        if arr_at is None:
+            return None
+        where.append((loc, arr_at[0], arr_at[1]))
+    return encode_single(kind, job, record, arrays, where), arrays
+
+
 def encode_data(cmd: Command, job: str, ops: Sequence[Any]) -> list[Any]:
     """Frames of a data message: ``[DATA_VERSION, header, array frames...]``."""
     arrays: list[np.ndarray] = []
@@ -299,4 +316,4 @@ def decode_records(head: bytes, pos: int, n: int, arrays: list[np.ndarray],
 
 __all__ = ["ARRAY", "HEAD", "KIND_DATA", "KIND_REPLY", "LOC_FRAME", "RECORD", "Resolver",
            "decode_arrays", "decode_data", "decode_records", "decode_single", "encode_arrays",
-           "encode_data", "encode_record", "encode_records", "encode_single"]
+           "encode_data", "encode_placed", "encode_record", "encode_records", "encode_single"]

@@ -57,6 +57,7 @@ from psnode.protocol.codec import (
     decode_data,
     decode_single,
     encode_arrays,
+    encode_placed,
     encode_record,
     encode_single,
 )
@@ -218,13 +219,17 @@ class Link:
     def _send_single(self, kind: int, op: Any) -> bool:
         """Send ``op`` alone when its arrays all lie in shared memory (the common round's
         message, without the general batching); False: it is not of that form."""
-        record, arrays = encode_record(op, 0)
-        where = self._where(kind, op, arrays)
-        if None in where:
-            return False
-        if len(record) + 64 * len(arrays) > MAX_DATAGRAM - 1024:
-            return False
-        head = encode_single(kind, self._job_raw, record, arrays, where)
+        if kind == KIND_DATA:   # (a request: its arrays' places are on it, op.at)
+            got = encode_placed(kind, self._job_raw, op, LOC_SENDER, MAX_DATAGRAM - 1024)
+            if got is None:
+                return False
+            head, arrays = got
+        else:
+            record, arrays = encode_record(op, 0)
+            where = [w for w in (self.locate(arr) for arr in arrays) if w is not None]
+            if len(where) < len(arrays) or len(record) + 64 * len(arrays) > MAX_DATAGRAM - 1024:
+                return False
+            head = encode_single(kind, self._job_raw, record, arrays, where)
         self.send_raw(data_datagram(head))
         # counters: the data the peer reads, wherever it lies (not a landing area)
         shared = arrays[:-1] if _has_dest(op) else arrays

@@ -3,9 +3,9 @@
 * **Push slots** (arena ``out``, read-only for servers): a push copies the caller's array into
   a slot of its key part instead of a fresh array; the slot is the push's data for the server
   and for the journal.  A slot is reused only when its push is released (applied: a pull
-  after it returned, the server is done with it; and durable: the journal forgot it,
-  psnode.worker.journal), so a key part keeps at most ``MAX_SLOTS`` slots;
-  beyond that (pushes without pulls) :meth:`Staging.slot` gives None and the caller copies
+  after it returned, the server is done with it; and durable: the journal forgot it), as
+  the journal's published ``releases`` say (psnode.worker.journal), so a key part keeps at
+  most ``MAX_SLOTS`` slots; beyond that (pushes without pulls) :meth:`Staging.slot` gives None and the caller copies
   into plain memory (that push then travels over TCP).
 * **Landing areas** (arena ``landing``, writable by servers): a pull names one; the server
   writes the answer there when it cannot be read in place; it returns to the pool when the
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,10 +45,12 @@ class _Slot:
 class Staging:
     """Push slots and landing areas of one worker (see the module docstring)."""
 
-    def __init__(self, job: str, rank: int, released: Callable[[tuple[Any, int]], int]) -> None:
+    def __init__(self, job: str, rank: int, releases: Mapping[tuple[Any, int], int]) -> None:
+        """``releases``: key part -> its pushes up to this are released (the journal publishes
+        it, psnode.worker.journal.PushJournal.releases; read here, never written)."""
         self.out = Arena(f"psnode.{job}.w{rank}.out", first=0)
         self.landing = Arena(f"psnode.{job}.w{rank}.in", first=1 << 20)
-        self._released = released
+        self._releases = releases
         self._slots: dict[SlotKey, list[_Slot]] = {}
         self._free: dict[int, list[tuple[np.ndarray, Loc]]] = {}   # block size -> free landing blocks
         self._blocks: dict[int, tuple[np.ndarray, Loc]] = {}       # id(area) -> its block
@@ -60,7 +62,7 @@ class Staging:
         every slot of the key part holds a push not yet released)."""
         nbytes = math.prod(shape) * dtype.itemsize
         slots = self._slots.setdefault(key, [])
-        done = self._released(key[:2])
+        done = self._releases.get(key[:2], 0)
         for s in slots:
             if s.seq <= done and s.block.nbytes >= nbytes:
                 s.seq = seq

@@ -48,10 +48,10 @@ from psnode.errors import PeerLost, PSError
 from psnode.protocol import Command, Init, Ok, Op
 from psnode.protocol.control import Barrier, Body, Bye, Counters, Empty, WaitKind, WaitReport
 from psnode.samehost.staging import Places, Staging
-from psnode.worker.futures import ControlRequest, Future, Placed
+from psnode.worker.futures import ControlRequest, Future, Notice, Placed
 from psnode.worker.ioloop import IoLoop
 from psnode.worker.state import EngineState
-from psnode.worker.tracker import SLICE_WINDOW, Batches, Request, Tracker
+from psnode.worker.tracker import SLICE_WINDOW, Tracker
 
 BATCH_PAYLOAD = 2 * 2**20      # a batch (``kv.batch()``) leaves once it holds this much data (the
                                # server starts on it while later calls are being copied)
@@ -63,12 +63,15 @@ class Engine:
     def __init__(self, cfg: NodeConfig) -> None:
         self.cfg = cfg
         self.num_servers = cfg.num_servers
+        #: up while the job has something for the user's thread (read once per API call)
+        self.notice = Notice()
         # sliced arrays: a few slices unanswered per remote server, so that no worker's parts run
         # ahead of the others' on a server (a part's answer waits for every worker's push)
         self.tracker = Tracker(cfg.num_servers, cfg.retry_timeout, cfg.max_retries, address=self._address,
                                first_id=1 + secrets.randbits(60), far_window=SLICE_WINDOW * cfg.slice_bytes,
                                near=self.same_host,
-                               replaceable=cfg.register_timeout if cfg.servers_restartable else 0.0)
+                               replaceable=cfg.register_timeout if cfg.servers_restartable else 0.0,
+                               notice=self.notice)
         self.state = EngineState(self.tracker)
         self.failed = False
         self.blocked: Future | None = None     # what the user's thread waits for (Engine.wait)
@@ -131,47 +134,32 @@ class Engine:
         st = self.state
         if st.fatal is not None or self.tracker.deferred:
             self.check()
-        tracker = self.tracker
         staging = self.conns.staging
-        near: list[Request] = []
         payload = 0
-        wake = False
-        batches: Batches = {}
+        far = False
+        for p in placed:
+            if p.areas and p.future is not None and staging is not None:
+                p.future.on_reply = _releasing(p.future.on_reply, p.areas, staging)
+            if p.near:
+                payload += _payload(p.op)
+            else:
+                far = True
         batching = self._batching
         depth = getattr(batching, "depth", 0)
-        with st.lock:
-            for p in placed:
-                fut = p.future
-                req = Request(p.server, p.op, p.nbytes, fut, p.priority, 0, p.guard, p.keys, p.label, p.auto)
-                if fut is not None:
-                    fut.request = req
-                    if p.areas and staging is not None:
-                        fut.on_reply = _releasing(fut.on_reply, p.areas, staging)
-                if p.near:
-                    near.append(req)
-                else:
-                    tracker.add(req)
-                    wake = True
-            if wake:
-                wake, st.woken = not st.woken, True
-            if near and depth > 0:      # sent when the batch ends, or holds enough data
-                for req in near:
-                    tracker.add(req)
-                    payload += _payload(req.op)
-                batching.payload = getattr(batching, "payload", 0) + payload
-            elif len(near) == 1:        # this thread sends (no hand-over to the I/O thread)
-                batches = tracker.add_now(near[0], time.monotonic())
-            elif near:
-                for req in near:
-                    tracker.add(req)
-                batches = tracker.take(time.monotonic(), self.conns.local)
+        with st.lock:   # (inside a batch, the near ones are sent when it ends, or holds enough data)
+            batches = self.tracker.submit(placed, time.monotonic(), depth > 0, self.links.local)
+            wake = far and not st.woken
+            if far:
+                st.woken = True
         if wake:
             st.wake()
         if batches:
             self.conns.send(batches, io_thread=False)
-        elif depth > 0 and batching.payload >= BATCH_PAYLOAD:
-            batching.payload = 0
-            self.send_local()
+        elif depth > 0:
+            batching.payload = getattr(batching, "payload", 0) + payload
+            if batching.payload >= BATCH_PAYLOAD:
+                batching.payload = 0
+                self.send_local()
 
     def batch(self) -> _Batch:
         """Requests sent inside go to same-host servers together when it ends (fewer,
@@ -221,10 +209,9 @@ class Engine:
     def membership_changes(self) -> list[tuple[int, tuple[int, ...]]]:
         """The membership changes (generation, members) since the last call, oldest first."""
         st = self.state
-        if not st.changes:
-            return []
         with st.lock:
             changes, st.changes = st.changes, []
+            st.lower()
         return changes
 
     def agreed_members(self) -> tuple[int, tuple[int, ...]]:
@@ -314,6 +301,7 @@ class Engine:
         if self.tracker.deferred:
             with self.state.lock:
                 error = self.tracker.take_deferred()
+                self.state.lower()
             if error is not None:
                 raise error
 

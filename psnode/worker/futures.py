@@ -1,7 +1,8 @@
 """The hand-off between the worker's API stack and its transport, and what comes back:
 :class:`Placed` (one data operation, resolved by the data path), :class:`Future` (its outcome,
-resolved by request id) and :class:`ControlRequest` (BARRIER, FINISH, BYE to the scheduler, sent
-again until answered).
+resolved by request id), :class:`Notice` (the job has something for the user's thread, outside
+any future) and :class:`ControlRequest` (BARRIER, FINISH, BYE to the scheduler, sent again until
+answered).
 
 A future is resolved once, by one thread (the one that read its answer, psnode.worker.ioloop): its
 ``on_reply`` callback (e.g. copying a pulled array into the caller's ``out``) runs first, then
@@ -108,6 +109,20 @@ class Placed:
         self.areas = areas
 
 
+class Notice:
+    """Raised (``up``) while the job has something for the user's thread that no future
+    carries: its failure, an error a server reported for a push nobody waits for, a membership
+    change not yet seen, or a request to leave.  The transport raises it after it recorded the
+    news (psnode.worker.state); the engine lowers it once the user's thread took every piece
+    that can be taken (a failure and a request to leave stay).  The API reads it once per call
+    and asks the engine only when it is up (psnode.worker.kvstore)."""
+
+    __slots__ = ("up",)
+
+    def __init__(self) -> None:
+        self.up = False
+
+
 @dataclass
 class ControlRequest:
     """A message to the scheduler awaiting its answer (BARRIER n, FINISH), sent again every
@@ -123,4 +138,4 @@ class ControlRequest:
         return (self.cmd, (self.body.n or 0) if isinstance(self.body, Barrier) else 0)
 
 
-__all__ = ["ControlRequest", "Future", "Placed"]
+__all__ = ["ControlRequest", "Future", "Notice", "Placed"]

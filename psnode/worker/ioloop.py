@@ -115,6 +115,7 @@ class IoLoop:
             self.t.close(linger_ms=500 if e.fatal is None else 0)
             if e.fatal is None:
                 e.fatal = PSError("this KVStore is closed")
+            e.notice.up = True
             with e.lock:
                 e.tracker.fail_all(e.fatal)
             self.settle()
@@ -193,6 +194,7 @@ class IoLoop:
         """The job failed: fail every request, now and later; exit if the user doesn't."""
         e = self.state
         e.fatal = exc
+        e.notice.up = True
         e.welcome.fail(exc)
         with e.lock:
             e.tracker.fail_all(exc)
@@ -247,6 +249,8 @@ class IoLoop:
                     timeline.current.instant("membership", generation=body.generation, workers=list(body.active))
             e.generation, e.members = body.generation, tuple(body.active)
             e.leaving = e.leaving or e.rank in body.leave
+            if e.changes or e.leaving:
+                e.notice.up = True
 
     def welcome(self, body: Welcome) -> None:
         e = self.state
@@ -259,7 +263,7 @@ class IoLoop:
             e.generation, e.members = body.generation, tuple(body.active)
         self.t.sender = f"worker:{e.rank}"
         if self.cfg.shm and shm.available():
-            self.conns.staging = Staging(self.cfg.job_id, e.rank, e.tracker.journal.released)
+            self.conns.staging = Staging(self.cfg.job_id, e.rank, e.tracker.journal.releases)
         book = {s.rank: s for s in body.servers}
         for rank in range(body.num_servers):
             s = book.get(rank)

@@ -1,5 +1,6 @@
 """The arrays a KVStore call was given, checked against their keys (pure: no I/O).
 
+:func:`gradients` reads the arrays of a push (one or more keys, in any of MXNet's forms);
 :func:`plain` recognises the common call (a list of initialised keys, one plain numpy array of
 the key's shape and dtype each) in one pass; :func:`prepare` makes one gradient of the arrays
 given for a key (several are summed, row_sparse ones concatenated); :func:`targets` the
@@ -14,9 +15,36 @@ from typing import Any
 
 import numpy as np
 
-from psnode.errors import ShapeMismatch
+from psnode.errors import KeyNotInitialized, ShapeMismatch
 from psnode.math.sparse import RowSparseArray
+from psnode.worker import forms
 from psnode.worker.keys import Item, KeyInfo
+
+
+def info(infos: dict[Any, KeyInfo], key: Any) -> KeyInfo:
+    """The key's info; :class:`~psnode.errors.KeyNotInitialized` naming it when it has none."""
+    got = infos.get(key)
+    if got is None:
+        raise KeyNotInitialized(f"key {key!r} is not initialised: call kv.init({key!r}, value) first")
+    return got
+
+
+def gradients(infos: dict[Any, KeyInfo], key: Any, value: Any) -> list[Item]:
+    """The gradients of a push, ``[(key, info, gradient)]``: a plain numpy array of its key's
+    shape and dtype as it is (one key, or a list of them: :func:`plain`); any other form as
+    :func:`psnode.worker.forms.groups` reads it, each key's arrays made one (:func:`prepare`)."""
+    if type(value) is np.ndarray and not isinstance(key, (list, tuple)):
+        got = infos.get(key)
+        if got is not None and value.shape == got.shape and value.dtype == got.dtype:
+            return [(key, got, value)]
+    items = plain(infos, key, value, False)
+    if items is not None:
+        return items
+    out: list[Item] = []
+    for k, values in forms.groups(key, value, "push")[0]:
+        kinfo = info(infos, k)
+        out.append((k, kinfo, prepare(k, kinfo, values)))
+    return out
 
 
 def plain(infos: dict[Any, KeyInfo], key: Any, arrays: Any, writing: bool) -> list[Item] | None:
@@ -78,4 +106,4 @@ def targets(k: Any, info: KeyInfo, targets: list[Any]) -> tuple[list[Any], np.nd
     return done, dest
 
 
-__all__ = ["plain", "prepare", "targets"]
+__all__ = ["gradients", "info", "plain", "prepare", "targets"]

@@ -15,7 +15,7 @@ server restarts.  What makes it hold:
    that runs out -- so whatever a restored server lacks, the worker still holds: it resends
    all of it (:meth:`PushJournal.replay`) and every unanswered request, and duplicates are
    taken once.  Its arrays are the pushes' own copies (a same-host push slot is reused only
-   when :meth:`PushJournal.released`, psnode.samehost.staging).
+   when :attr:`PushJournal.releases` says so, psnode.samehost.staging).
 4. *Restarted workers.*  A replacement resumes from the count its servers answer at init;
    a restartable server writes a checkpoint before it tells a count its last one lacks, so a
    push that only a dead worker held is never skipped (psnode.server.store: durability).  A
@@ -75,24 +75,23 @@ class PushJournal:
 
     def __init__(self, depth: int = ASK_DEPTH, limit_bytes: int = ASK_BYTES) -> None:
         self._parts: dict[PartKey, _Part] = {}
+        #: key part -> its pushes up to this are applied and durable (nobody reads their arrays
+        #: again): published for the same-host push slots (psnode.samehost.staging), which read it
+        self.releases: dict[PartKey, int] = {}
         self.rounds = 0    # the highest push of any key part known applied
         self.depth = depth              # the hard bound (ASK_DEPTH, ASK_BYTES)
         self.limit_bytes = limit_bytes
 
-    def remember(self, server: int, op: Sent) -> None:
-        """A push was sent."""
+    def remember(self, server: int, op: Sent) -> bool:
+        """A push was sent.  Returns whether it should ask for its answer, one that waits for a
+        durable point (its key part now holds ``depth`` pushes or ``limit_bytes``: the hard bound)."""
         key = (op.key, op.part)
         part = self._parts.get(key)
         if part is None:
             part = self._parts[key] = _Part(server)
         part.pushes.append(op)
         part.nbytes += _nbytes(op)
-
-    def asks(self, key: PartKey) -> bool:
-        """Should the push just remembered for ``key`` ask for its answer, one that waits for a
-        durable point (its part holds ``depth`` pushes or ``limit_bytes``: the hard bound)?"""
-        part = self._parts.get(key)
-        return part is not None and (len(part.pushes) >= self.depth or part.nbytes >= self.limit_bytes)
+        return len(part.pushes) >= self.depth or part.nbytes >= self.limit_bytes
 
     def depth_of(self, key: PartKey) -> tuple[int, int]:
         """The pushes ``key``'s journal holds, and their bytes."""
@@ -114,6 +113,9 @@ class PushJournal:
             pushes = part.pushes
             while pushes and pushes[0].seq <= durable:
                 part.nbytes -= _nbytes(pushes.popleft())
+        released = min(part.confirmed, part.durable)
+        if released > self.releases.get(key, 0):
+            self.releases[key] = released
 
     def confirmed(self, key: PartKey) -> int:
         part = self._parts.get(key)
@@ -121,8 +123,7 @@ class PushJournal:
 
     def released(self, key: PartKey) -> int:
         """Pushes up to this of ``key`` are applied and durable: nobody reads their arrays again."""
-        part = self._parts.get(key)
-        return 0 if part is None else min(part.confirmed, part.durable)
+        return self.releases.get(key, 0)
 
     def holds(self, key: PartKey, seq: int) -> bool:
         part = self._parts.get(key)

@@ -86,7 +86,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from psnode.config import Distribution, NodeConfig
-from psnode.errors import ConfigError, KeyNotInitialized, Leave, PSError, ShapeMismatch
+from psnode.errors import ConfigError, Leave, PSError, ShapeMismatch
 from psnode.math import aggregation as agg_mod
 from psnode.math import dynrows
 from psnode.math import initializers as init_mod
@@ -99,7 +99,7 @@ from psnode.worker import items as items_mod
 from psnode.worker.bucketing import Bucketer
 from psnode.worker.compressor import Compressor
 from psnode.worker.datapath import DataPath, Requests
-from psnode.worker.futures import Future
+from psnode.worker.futures import Future, Notice
 from psnode.worker.keys import Item, KeyInfo
 from psnode.worker.placement import Part, Placement, Placer
 from psnode.worker.states import load_states, save_states
@@ -157,6 +157,10 @@ class KVBackend(Requests, Protocol):
     def fatal(self) -> PSError | None:
         """Set once the job failed or the engine closed."""
 
+    #: Up while the job has something for the user's thread (its failure, a push's error, a
+    #: membership change, a request to leave): read once per call, the engine asked only then.
+    notice: Notice
+
     def check(self) -> None:
         """Raise the job's failure, or an error a server reported for an earlier push."""
 
@@ -204,6 +208,7 @@ class KVStore:
         self._sync = kind in ("local", "dist_sync") or staleness == 0   # rounds on the servers
         self.type = name.lower() if name else kind   # the type name it was created with (MXNet's kv.type)
         self._engine = engine
+        self._notice = engine.notice     # (the engine keeps the one it made)
         #: how the servers fold a round's pushes (psnode.math.aggregation)
         self._aggregation = agg_mod.parse(aggregator, "kv.create(aggregator=...)")
         self._cfg = cfg
@@ -287,6 +292,14 @@ class KVStore:
         self._membership_changed()
         return generation, list(members)
 
+    def _attend(self) -> None:
+        """What the job has for this thread before a push (the engine's notice is up): leave if
+        asked, run the membership callbacks, raise the job's failure or a push's error."""
+        if self._engine.leaving:
+            self._leave_if_asked()
+        self._membership_changed()
+        self._engine.check()
+
     def _leave_if_asked(self) -> None:
         """Graceful leave: flush what this worker pushed, leave the job, raise Leave."""
         if not self._engine.leaving or self._closed:
@@ -341,10 +354,7 @@ class KVStore:
 
     # ------------------------------------------------------------ helpers
     def _info(self, key: Any) -> KeyInfo:
-        info = self._keys.get(key)
-        if info is None:
-            raise KeyNotInitialized(f"key {key!r} is not initialised: call kv.init({key!r}, value) first")
-        return info
+        return items_mod.info(self._keys, key)
 
     def _check_key_kind(self, key: Any) -> None:
         """MXNet's rule: one store's keys are all ints or all strs (its first call decides);
@@ -563,12 +573,10 @@ class KVStore:
     def push(self, key: Any, value: Any, priority: int = 0) -> None:
         """Send gradients (see the module docstring; torch tensors: :mod:`psnode.torch.values`).
         A worker asked to leave leaves here instead (:attr:`leaving`)."""
-        if self._engine.leaving:
-            self._leave_if_asked()
-        self._membership_changed()
+        if self._notice.up:
+            self._attend()
         self._check_key_kind(key)
         value = routes.push_values(key, value, self._keys.get)
-        self._engine.check()
         self._bucketer.close_all()
         if self._local_compressed():
             checked = self._comp.check_lists(forms.groups(key, value, "push")[0], self._info)
@@ -577,12 +585,7 @@ class KVStore:
             with self._comp.suspended(), self._updater_errors():
                 self._send_pushes(summed, priority)
             return
-        items = items_mod.plain(self._keys, key, value, False)
-        if items is None:
-            items = []
-            for k, values in forms.groups(key, value, "push")[0]:
-                info = self._info(k)
-                items.append((k, info, items_mod.prepare(k, info, values)))
+        items = items_mod.gradients(self._keys, key, value)
         with self._updater_errors():
             self._send_pushes(items, priority)
 

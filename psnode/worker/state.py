@@ -8,8 +8,11 @@ resolves ``welcome`` (the user's thread reads them only after that), and ``fatal
 fails; the user's thread sets ``closing``.  The membership (``generation``, ``members``,
 ``leaving``, ``changes``: membership changes the user's thread has not seen yet, ``agreed``: the
 membership the last barrier completed with, the same for every worker) is written by
-the I/O thread and read by the user's thread, both under the lock.  A thread hands work to
-the I/O thread by queueing it under the lock, then :meth:`EngineState.wake` (an eventfd the I/O thread polls).
+the I/O thread and read by the user's thread, both under the lock; the I/O thread raises the
+tracker's :class:`~psnode.worker.futures.Notice` after it set any of them, or ``fatal``, and
+the user's thread lowers it (:meth:`EngineState.lower`).  A thread hands work to the I/O
+thread by queueing it under the lock, then :meth:`EngineState.wake` (an eventfd the I/O thread
+polls).
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from psnode.errors import PSError
-from psnode.worker.futures import ControlRequest, Future
+from psnode.worker.futures import ControlRequest, Future, Notice
 from psnode.worker.tracker import Tracker
 
 
@@ -49,6 +52,21 @@ class EngineState:
     changes: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)   # (generation, members) (lock)
     agreed: tuple[int, tuple[int, ...]] | None = None   # the last barrier's (generation, members) (lock)
     efd: int = field(default_factory=_eventfd)   # the I/O thread's wake-up
+
+    @property
+    def notice(self) -> Notice:
+        """Raised after ``fatal``, ``leaving`` or ``changes`` is set, and by the tracker after a
+        deferred error (psnode.worker.futures.Notice)."""
+        return self.tracker.notice
+
+    def lower(self) -> None:
+        """Lower the notice, unless something the user's thread has not taken is left (a
+        failure and a request to leave always are).  A writer raises it after its news, so
+        news recorded meanwhile keeps it up."""
+        notice = self.tracker.notice
+        notice.up = False
+        if self.fatal is not None or self.leaving or self.changes or self.tracker.deferred:
+            notice.up = True
 
     def wake(self) -> None:
         """Wake the I/O thread (it polls ``efd``)."""

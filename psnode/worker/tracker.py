@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +70,7 @@ from psnode.protocol import (
     resent,
 )
 from psnode.protocol.control import WaitKind, WaitReport
+from psnode.worker.futures import Notice, Placed
 from psnode.worker.journal import PushJournal
 from psnode.worker.linkrate import LinkMeter
 
@@ -150,8 +151,10 @@ class Tracker:
     def __init__(self, num_servers: int, retry_timeout: float, max_retries: int,
                  window_bytes: int = WINDOW_BYTES, address: Callable[[int], str] = str, first_id: int = 1,
                  far_window: int = 0, near: Callable[[int], bool] = lambda server: False,
-                 replaceable: float = 0.0) -> None:
+                 replaceable: float = 0.0, notice: Notice | None = None) -> None:
         self.retry_timeout = retry_timeout
+        #: raised when a push nobody waits for fails (its error waits in ``deferred``)
+        self.notice = Notice() if notice is None else notice
         #: seconds a server that stopped answering is waited for as being replaced (0: it is dead)
         self.replaceable = replaceable
         self.unanswered: dict[int, float] = {}   # server -> when this worker gave it up for replaced
@@ -192,6 +195,30 @@ class Tracker:
 
     def _window(self, server: int) -> int:
         return self.far_window if self.far_window and not self.near(server) else self.window_bytes
+
+    def submit(self, placed: Sequence[Placed], now: float, hold: bool, local: Collection[int]) -> Batches:
+        """The operations of one hand-off (psnode.worker.engine.Engine.send), each queued as a
+        request (its future learns it): returns those for ``near`` servers to send now, unless
+        ``hold`` (a batch: they wait for :meth:`take`), as :meth:`take` would give them (one
+        alone as :meth:`add_now`; several: to the servers in ``local``).  The far ones wait
+        for the I/O thread's :meth:`take`."""
+        near: list[Request] = []
+        for p in placed:
+            fut = p.future
+            req = Request(p.server, p.op, p.nbytes, fut, p.priority, 0, p.guard, p.keys, p.label, p.auto)
+            if fut is not None:
+                fut.request = req
+            if p.near:
+                near.append(req)
+            else:
+                self.add(req)
+        if not near:
+            return {}
+        if not hold and len(near) == 1:
+            return self.add_now(near[0], now)
+        for req in near:
+            self.add(req)
+        return {} if hold else self.take(now, local)
 
     def add_now(self, req: Request, now: float) -> Batches:
         """``add`` then ``take(now)`` (any server), in one step: what :meth:`take` would
@@ -241,13 +268,13 @@ class Tracker:
                 group = self.members[req.guard] = set()
             group.add((op.key, op.part))  # type: ignore[union-attr]
         if isinstance(op, (Push, PushPull)):
-            self.journal.remember(req.server, op)
+            asks = self.journal.remember(req.server, op)
             self.pushes += req.keys
-            if type(op) is Push and op.na and self.journal.asks((op.key, op.part)):
+            if asks and type(op) is Push and op.na:
                 op.na = False   # (its answer brings the durable watermark: psnode.worker.journal)
                 if req.future is None:
                     req.future = QUIET
-            elif type(op) is PushPull and self.journal.asks((op.key, op.part)):
+            elif asks and type(op) is PushPull:
                 op.durable = True
         if isinstance(op, (Pull, PushPull)) and not req.auto:
             self.pulls += req.keys
@@ -298,6 +325,7 @@ class Tracker:
             self.meter.heard(server, now)
             if isinstance(ans, Failed) and ans.na:  # a push failed: raised by the next call
                 self.deferred.append(from_kind(ans.kind, f"server {server}: {ans.message}"))
+                self.notice.up = True
             return {}  # (or a second answer to a request sent again)
         self._alive(server, now)
         self.meter.answered(server, entry.mark, now)
@@ -406,6 +434,7 @@ class Tracker:
             del self._checking[entry.request.server]
         if entry.request.future is QUIET:   # (nobody waits for it: raised by the next call)
             self.deferred.append(exc)
+            self.notice.up = True
         else:
             self.outcomes.append((entry.request.future, exc))
 

@@ -1,9 +1,12 @@
 """The modules a same-host ``dist_sync`` push crosses on the user's thread, measured by
 benchmarks/control/paths.py (``sys.setprofile`` in a real one-worker, one-server job on
 127.0.0.1): exactly the modules docs/architecture.md names, one datagram and nothing over ZeroMQ.
-The push goes down once: from the data path on, the data path, the push slots, the engine, the
-server's connection and the link are each entered once, in that order; only the data path takes
-push slots, and the link sends the places the data path wrote (it never looks an array up in the
+The push goes down once: every module is entered once, but the operation's module (built by the
+data path, written out by the codec through the operation's own ``wire``); the API asks the
+engine nothing before the data path (it reads the engine's notice); from the data path on, the
+data path, the push slots, the engine, the tracker, the journal, the server's connection, the
+link and the codec are each entered once, in that order; only the data path takes push slots,
+and the link sends the places the data path wrote (it never looks an array up in the
 segments); neither the I/O thread's module nor the links' reader is on the path."""
 from __future__ import annotations
 
@@ -17,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: The push path, as docs/architecture.md states it ("How a kv.push travels").
 PUSH_PATH = {
-    "psnode.worker.kvstore", "psnode.worker.routes", "psnode.worker.forms", "psnode.worker.items",
-    "psnode.worker.keys", "psnode.worker.bucketing", "psnode.worker.datapath",
+    "psnode.worker.kvstore", "psnode.worker.routes", "psnode.worker.items", "psnode.worker.bucketing",
+    "psnode.worker.datapath",
     "psnode.worker.engine", "psnode.worker.futures", "psnode.worker.tracker", "psnode.worker.linkrate",
     "psnode.worker.journal",
     "psnode.worker.connection",
@@ -26,8 +29,8 @@ PUSH_PATH = {
     "psnode.protocol.ops", "psnode.protocol.codec", "psnode.protocol.samehost",
 }
 #: From the data path on, these are entered once each, in this order (one direction, down).
-DOWN = ["psnode.worker.datapath", "psnode.samehost.staging", "psnode.worker.engine", "psnode.worker.connection",
-        "psnode.samehost.link"]
+DOWN = ["psnode.worker.datapath", "psnode.samehost.staging", "psnode.worker.engine", "psnode.worker.tracker",
+        "psnode.worker.journal", "psnode.worker.connection", "psnode.samehost.link", "psnode.protocol.codec"]
 
 
 def test_same_host_push_crosses_the_documented_modules(tmp_path: Path) -> None:
@@ -45,6 +48,9 @@ def test_same_host_push_crosses_the_documented_modules(tmp_path: Path) -> None:
                 "psnode.samehost.segments"):
         assert off not in push["order"], (off, push["order"])
     entries = push["entries_to_datagram"]
+    assert [entries[i] for i in push["reentries"]] == ["psnode.protocol.ops"], entries   # (codec -> op.wire)
+    before = entries[:entries.index("psnode.worker.datapath")]
+    assert before == ["psnode.worker.routes", "psnode.worker.bucketing", "psnode.worker.items"], before
     down = entries[entries.index("psnode.worker.datapath"):]
     assert [m for m in down if m in DOWN] == DOWN, down
     assert "psnode.worker.kvstore" not in down, down
@@ -53,6 +59,8 @@ def test_same_host_push_crosses_the_documented_modules(tmp_path: Path) -> None:
     assert {a for a, b in edges if b == "psnode.worker.connection"} == {"psnode.worker.engine"}, edges
     assert {a for a, b in edges if b == "psnode.samehost.staging"} == {"psnode.worker.datapath"}, edges
     assert ("psnode.worker.datapath", "psnode.worker.engine") in edges, edges
+    assert {a for a, b in edges if b == "psnode.worker.journal"} == {"psnode.worker.tracker"}, edges
+    assert {a for a, b in edges if b == "psnode.worker.engine"} == {"psnode.worker.datapath"}, edges
     assert r.stdout.startswith(f"push: KVStore.push to the same-host datagram (the user's thread): {len(path)} modules")
     doc = (ROOT / "docs" / "architecture.md").read_text()
     stated = re.search(r"A same-host `dist_sync` push of one small key crosses (\d+) psnode modules", doc)

@@ -8,7 +8,7 @@ from psnode.samehost.staging import MAX_SLOTS, Places, Staging
 
 
 def _staging(released: dict[tuple[str, int], int]) -> Staging:
-    return Staging(f"t{np.random.default_rng().integers(1 << 30)}", 0, lambda kp: released.get(kp, 0))
+    return Staging(f"t{np.random.default_rng().integers(1 << 30)}", 0, released)
 
 
 def test_slots_follow_row_counts_that_change_every_step() -> None:

@@ -32,7 +32,7 @@ from mxdist.job.records import JobState, ProcState
 from mxdist.job.rootcause import Outcome, decide
 from mxdist.planning.hosts import Host
 from mxdist.planning.plan import NodeOptions, PlanRequest, make_plan
-from mxdist.supervisor.settings import LaunchSettings
+from mxdist.planning.options import LaunchSettings
 from mxdist.supervisor.supervisor import Supervisor, new_record
 from psnode.net.security import Mode
 
