@@ -37,7 +37,9 @@ request fails, and resolves futures:
   pushes before it and brings their durable watermark; a flush's Ok makes the pushes it listed
   durable); Wait is a sign of life (the clock restarts) and, with a ``gap``, the push it names
   is sent again from the journal, or the pull fails with DataLost when the journal no longer
-  has it; Missing (a flush found pushes never received) sends those pushes, then the flush again;
+  has it; Missing (a flush found pushes never received) sends those pushes, then the flush again
+  (unless that server refused a push of this worker: the flush fails with that refusal, since
+  a refused push never arrives);
 * **restored servers** (:meth:`restored`): the journal's pushes and every unanswered request,
   again.
 
@@ -169,6 +171,7 @@ class Tracker:
         self.inflight = [0] * num_servers
         self.down: set[int] = set()          # servers being replaced: no retries meanwhile
         self.deferred: list[PSError] = []    # errors of pushes nobody waits for
+        self.refused: dict[int, PSError] = {}   # server -> its first refusal of a push nobody waits for
         self.retries = 0                     # requests sent again (lost messages)
         self.pushes = 0
         self.pulls = 0
@@ -324,7 +327,9 @@ class Tracker:
         if entry is None:
             self.meter.heard(server, now)
             if isinstance(ans, Failed) and ans.na:  # a push failed: raised by the next call
-                self.deferred.append(from_kind(ans.kind, f"server {server}: {ans.message}"))
+                exc = from_kind(ans.kind, f"server {server}: {ans.message}")
+                self.deferred.append(exc)
+                self.refused.setdefault(server, exc)
                 self.notice.up = True
             return {}  # (or a second answer to a request sent again)
         self._alive(server, now)
@@ -393,6 +398,11 @@ class Tracker:
                 "nowhere any more: the server reported it durable (in its checkpoint), and the checkpoint "
                 f"it restarted from lacks it; the job cannot go on exactly (was the checkpoint directory "
                 "changed, or written by another job?)"))
+            return {}
+        refused = self.refused.get(server)
+        if refused is not None:   # a refused push is refused again: it never arrives, the flush never ends
+            self._drop(ans.id, type(refused)(f"{refused} (a push the server refused is never applied: it lacks "
+                                             f"{sum(len(q) for _, _, q in ans.missing)} of this worker's pushes)"))
             return {}
         wanted = {(k, p): set(seqs) for k, p, seqs in ans.missing}
         batch: list[Op] = self._copies(server, [resent(p) for p in self.journal.replay(server, wanted)], now)

@@ -176,3 +176,41 @@ def test_settings_mismatch_between_workers_is_an_error(tmp_path) -> None:
               "with {'type': '2bit', 'threshold': 0.5}")
     assert first in errs or second in errs, job.describe()
     assert "ConfigError" in errs and "kv.set_gradient_compression with the same settings" in errs
+
+
+ASYNC_MISMATCH = """
+import sys, time, numpy as np, psnode
+from psnode.errors import ConfigError
+kv = psnode.kv.create('dist_async')
+kv.init('w', np.zeros(100, np.float32))
+if kv.rank == 0:
+    kv.push('w', np.ones(100, np.float32)); kv.pull('w')     # worker 0's settings are recorded first
+kv.barrier()
+if kv.rank == 1:
+    kv.set_gradient_compression({'type': '2bit', 'threshold': 0.5})
+    try:
+        for i in range(50):
+            kv.push('w', np.ones(100, np.float32)); time.sleep(0.02)
+        print('NOT RAISED', flush=True)
+    except ConfigError as e:
+        print('RAISED', flush=True)
+    try:
+        kv.close()
+        print('CLOSED', flush=True)
+    except ConfigError as e:
+        print('CLOSE RAISED', e, flush=True)
+else:
+    kv.close()
+"""
+
+
+def test_an_async_push_refused_for_its_settings_ends_in_an_error_at_close_not_a_hang(tmp_path) -> None:
+    """dist_async: worker 1's pushes, compressed where worker 0's are not, are refused; the refusal
+    is raised by a later push, and close() raises it again at once instead of sending the refused
+    pushes (which never arrive) again and again."""
+    job = run_job(ASYNC_MISMATCH, 2, 1, tmp=tmp_path, timeout=60)
+    out = job.workers[1].out
+    assert "RAISED" in out and "NOT RAISED" not in out, job.describe()
+    assert "CLOSE RAISED server 0: worker 1 pushes with gradient compression" in out, job.describe()
+    assert "a push the server refused is never applied" in out, job.describe()
+    ok(job)
