@@ -301,7 +301,9 @@ class Table:
         :data:`REMEMBERED` pulls of each worker are kept (a prefetch pulls the next batch's rows
         before the push of this one's)."""
         kept = self.pulled.setdefault(worker, [])
-        kept.append((hashed, slots, self.drops))
+        # copies: a pull's ids may be read in place from the worker's shared memory, which it
+        # reuses once answered, and the rounds keep the slots they are given
+        kept.append((hashed.copy(), slots.copy(), self.drops))
         del kept[:-REMEMBERED]
 
     def recall(self, worker: int, hashed: np.ndarray) -> np.ndarray | None:

@@ -142,6 +142,28 @@ def test_a_push_reuses_its_pulls_slots_only_while_no_row_was_evicted_since() -> 
     assert np.array_equal(np.array(got), np.array([[-2, -2]] * 3 + [[-5, -5]], F))
 
 
+def test_a_pull_remembered_for_its_push_holds_its_own_ids_not_the_workers_buffer() -> None:
+    """A pull's ids may be read in place from the worker's shared memory, reused once the pull
+    is answered: a later push of other ids that lands in the same buffer must not take the
+    first pull's slots (sum, sgd lr=1, zero initial values: each row is minus its gradients)."""
+    s = Store(1)
+    s.handle(0, SetOptimizer({"name": "sgd", "params": {"learning_rate": 1.0}}, id=1))
+    fill = {"init": {"name": "zero", "params": {}}, "seed": 0,
+            "dynamic": {"width": 2, "min_count": 1, "ttl": 0, "max_rows": 0, "absent": "init"}}
+    s.handle(0, Init("emb", 0, "float32", (H, 2), True, "sum", True, fill=fill, bare=True))
+    def ascending(ids: list[int]) -> np.ndarray:   # as a worker sends them: sorted as unsigned
+        h = dynrows.mix(np.array(ids))
+        return h[np.argsort(h.view(np.uint64))]
+    first, second = ascending([1, 2]), ascending([3, 4])
+    buffer = first.copy()
+    s.handle(0, Pull("emb", 0, 0, buffer, id=10))               # rows of 1 and 2 made
+    s.handle(0, Pull("emb", 0, 0, second, id=11))              # rows of 3 and 4 made
+    buffer[:] = second                                         # the worker's buffer reused
+    s.handle(0, Push("emb", 0, 1, np.full((2, 2), 3, F), rows=buffer))
+    got = s.handle(0, Pull("emb", 0, 1, np.concatenate([first, second]), id=12))[0].answer.arrays[0]
+    assert np.array_equal(np.array(got), np.array([[0, 0]] * 2 + [[-3, -3]] * 2, F))
+
+
 def _mirror(s: Store, image: Image) -> None:
     meta, arrays = checkpoint.snapshot(s, changes_only=True)
     image.apply(meta, {n: np.array(a) for n, a in arrays.items()})
