@@ -114,9 +114,6 @@ def _steps(width: int) -> np.ndarray:
         return _frozen((np.arange(1, width + 1, dtype=np.uint64) * _GOLDEN)[None, :])
 
 
-_stream_of = functools.lru_cache(maxsize=256)(stream_of)
-
-
 class _RowRNG(CounterRNG):
     """CounterRNG whose draws run row-major over ``(len(streams), width)``: draw ``(r, j)`` is
     SplitMix64 of ``streams[r] + (j + 1) * golden``."""
@@ -143,7 +140,7 @@ def row_values(init: Initializer, seed: int, key: int | str, hashed: np.ndarray,
     out = np.empty((len(hashed), width), dtype)
     if not len(hashed):
         return out
-    base = np.uint64(_stream_of(seed, key))
+    base = np.uint64(stream_of(seed, key))
     streams = mix((hashed.view(np.uint64) ^ base).view(np.int64)).view(np.uint64)
     init._fill_shaped(out.reshape(-1), _RowRNG(streams, width), out.shape)
     return out

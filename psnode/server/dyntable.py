@@ -110,7 +110,7 @@ WINDOW = 4
 _WINDOW = np.arange(WINDOW, dtype=np.int64)[None, :]
 #: inserts of at most this many keys, and lookups whose chains go past the window for at
 #: most this many keys, go one key at a time (a batch's numpy passes cost more)
-SMALL_ADD = 64
+ONE_BY_ONE = 64
 
 
 class HashIndex:
@@ -151,7 +151,7 @@ class HashIndex:
         found = hit[every, first] & ended
         pos = np.where(ended, window[every, first], (keys + WINDOW) & mask)
         todo = np.flatnonzero(~ended)
-        if len(todo) <= SMALL_ADD:     # a few long chains: walked one at a time
+        if len(todo) <= ONE_BY_ONE:     # a few long chains: walked one at a time
             state, stored, full, empty = self.state, self.keys, self.FULL, self.EMPTY
             for i in todo.tolist():
                 key, at = int(keys[i]), int(pos[i])
@@ -179,7 +179,7 @@ class HashIndex:
         if 2 * (self.count + self.dead + len(keys)) > len(self.keys):
             self._rehash(self.count + len(keys))
         keys = np.asarray(keys, np.int64)
-        if len(keys) <= SMALL_ADD:
+        if len(keys) <= ONE_BY_ONE:
             self._add_each(keys, np.asarray(vals, np.int64))
             return
         mask = len(self.keys) - 1
@@ -308,14 +308,14 @@ class Table:
 
     def recall(self, worker: int, hashed: np.ndarray) -> np.ndarray | None:
         """The slots of ``hashed`` (distinct) when ``worker`` pulled exactly these rows and no
-        row was dropped since (a copy, taken once); else None: :meth:`lookup` them."""
+        row was dropped since (the remembered copy, taken once); else None: :meth:`lookup` them."""
         kept = self.pulled.get(worker)
         if not kept:
             return None
         for i, (ids, slots, drops) in enumerate(kept):
             if drops == self.drops and len(ids) == len(hashed) and np.array_equal(ids, hashed):
                 del kept[:i + 1]
-                return slots.copy()
+                return slots
         return None
 
     def grow_to(self, need: int) -> int:
