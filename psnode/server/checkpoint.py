@@ -23,12 +23,13 @@ import numpy as np
 from psnode.errors import ConfigError
 from psnode.math import aggregation as agg_mod
 from psnode.math import optimizers as opt_mod
+from psnode.math.initializers import FillSpec
 from psnode.math.initializers import from_spec as init_from_spec
 from psnode.server import dynparts
 from psnode.server.buckets import FusedBucket
 from psnode.server.compressed import Packed, spec_of_tag
 from psnode.server.dyntable import Params, Table
-from psnode.server.keypart import Entry, changed_rows
+from psnode.server.keypart import Entry, changed_rows, made_from, note_touch
 
 if TYPE_CHECKING:
     from psnode.server.store import Store
@@ -77,6 +78,8 @@ def snapshot(store: Store, changes_only: bool = False) -> tuple[dict[str, Any], 
         elif changes_only and not entry.changed and id(entry) not in bucketed:
             item["changes"] = "rows"
             _changed_rows(i, entry, arrays, item)
+        elif _spread(entry):
+            _origin_rows(i, entry, arrays, item)
         else:
             arrays[f"v{i}"] = entry.value
             if entry.state is not None:
@@ -112,6 +115,32 @@ def _changed_rows(i: int, entry: Entry, arrays: Arrays, item: dict[str, Any]) ->
                 if len(rows):
                     arrays[f"s{i}_{name}"] = arr[rows]
                     item.setdefault("state_rows", []).append(name)
+            else:
+                arrays[f"s{i}_{name}"] = arr
+            item["state"].append(name)
+
+
+def _spread(entry: Entry) -> bool:
+    """Is ``entry`` carried whole as its fill spec and the rows touched since (fewer bytes)?"""
+    return entry.ever is not None and entry.bucket is None and 2 * int(np.count_nonzero(entry.ever)) < len(entry.ever)
+
+
+def _origin_rows(i: int, entry: Entry, arrays: Arrays, item: dict[str, Any]) -> None:
+    """A spec-made part whole (psnode.server.keypart, ``origin``): the spec, shape and dtype
+    (``"origin"``), the rows touched since it was made (``t<i>``), their values and per-row
+    optimizer state (copies); every other row is the spec's value with a zero state."""
+    assert entry.ever is not None and entry.origin is not None
+    rows = np.flatnonzero(entry.ever)
+    item["origin"] = {"spec": entry.origin.to_json(), "shape": list(entry.value.shape),
+                      "dtype": entry.value.dtype.str}
+    arrays[f"t{i}"] = rows
+    arrays[f"v{i}"] = entry.value[rows]
+    if entry.state is not None:
+        item["state_rows"] = []
+        for name, arr in opt_mod.state_to_arrays(entry.state).items():
+            if arr.shape == entry.value.shape:
+                arrays[f"s{i}_{name}"] = arr[rows]
+                item["state_rows"].append(name)
             else:
                 arrays[f"s{i}_{name}"] = arr
             item["state"].append(name)
@@ -200,6 +229,16 @@ def copy_in_chunks(dst: np.ndarray, src: np.ndarray, pump: Callable[[], None]) -
         pump()
 
 
+def fill_in_chunks(value: np.ndarray, spec: FillSpec, key: Any, pump: Callable[[], None]) -> None:
+    """``value`` = what ``spec`` computes for ``key``, CHUNK_BYTES at a time, calling ``pump``
+    between chunks (as :func:`copy_in_chunks`)."""
+    flat = value.reshape(-1)
+    step = max(1, CHUNK_BYTES // max(1, value.itemsize))
+    for lo in range(0, flat.size, step):
+        spec.fill(key, flat[lo:lo + step], lo)
+        pump()
+
+
 def restore(store: Store, meta: dict[str, Any], arrays: Any, same_job: bool = False,
             pump: Callable[[], None] = lambda: None) -> int:
     """Load a :func:`snapshot` into ``store``; returns the number of key parts.  A new job
@@ -214,14 +253,25 @@ def restore(store: Store, meta: dict[str, Any], arrays: Any, same_job: bool = Fa
             continue
         saved = arrays[f"v{i}"]
         bucket = item.get("bucket")
-        if bucket:   # (values in shared memory on a server; small keys in their bucket)
+        origin = item.get("origin")
+        if origin is not None:
+            spec = FillSpec.from_json(origin["spec"])
+            value = store.alloc(tuple(origin["shape"]), np.dtype(origin["dtype"]))
+            rows = np.asarray(arrays[f"t{i}"], np.int64)
+            fill_in_chunks(value, spec, item["key"], pump)
+            value[rows] = saved
+        elif bucket:   # (values in shared memory on a server; small keys in their bucket)
             value = store.fused.place(int(bucket[0]), int(bucket[1]), saved.shape, saved.dtype,
                                       item["sync"], aggregation_of(item))
         else:
             value = store.alloc(saved.shape, saved.dtype)
-        copy_in_chunks(value, saved, pump)
+        if origin is None:
+            copy_in_chunks(value, saved, pump)
         entry = Entry(value=value, sparse=item["sparse"], sync=item["sync"], aggregation=aggregation_of(item),
                       staleness=int(item.get("staleness", -1)), backup=int(item.get("backup", 0)))
+        if origin is not None:
+            made_from(entry, spec)
+            note_touch(entry, rows)
         if same_job:
             entry.round = int(item.get("round", 0))
             entry.pushed = {int(w): int(q) for w, q in item.get("pushed", {}).items()}
@@ -229,7 +279,12 @@ def restore(store: Store, meta: dict[str, Any], arrays: Any, same_job: bool = Fa
             _restore_round(i, item, entry, arrays)
         if item["state"]:
             named = {}
+            per_row = set(item.get("state_rows", ())) if origin is not None else set()
             for n in item["state"]:
+                if n in per_row:   # (the rows held; every other row's state is zero)
+                    named[n] = opt_mod.lazy_zeros(value.shape, arrays[f"s{i}_{n}"].dtype)
+                    named[n][rows] = arrays[f"s{i}_{n}"]
+                    continue
                 named[n] = np.empty_like(arrays[f"s{i}_{n}"])
                 copy_in_chunks(named[n], arrays[f"s{i}_{n}"], pump)
             entry.state = opt_mod.state_from_arrays(named)

@@ -9,10 +9,16 @@ applies them in order; :meth:`Image.whole` gives the state back as one whole sna
 is exactly the server's state at the last change applied (every key part of the latest index
 is held: a part first carried as changes was carried whole before).
 
+A part the server computed from a fill spec (``kv.init`` with ``ps_initializer``) comes whole as
+that spec and the rows touched since it was made (``"origin"``: psnode.server.checkpoint); the
+image holds those rows only (:class:`Spread`), and its changes add to them.
+
 The cost of a durable point is therefore the rows touched since the last one, not the table's
 size: with ``u`` rows of width ``d`` changed, ``u * (8 + 4 d (1 + o))`` bytes for float32 and
 ``o`` per-row optimizer arrays (Adagrad 1, Adam 2), plus the dense parts pushed and what
-exactly-once needs (the index: pushes taken per worker, rounds in progress).
+exactly-once needs (the index: pushes taken per worker, rounds in progress).  A whole copy (a
+new holder's, a checkpoint base) of a spec-made part costs the same for the rows touched since
+it was made; of any other part, its size.
 """
 from __future__ import annotations
 
@@ -66,6 +72,15 @@ class Image:
             if "dynamic" in item:
                 parts[where] = _dynamic(self.parts.get(where), i, item, arrays)
                 continue
+            if "origin" in item:
+                parts[where] = {"spread": Spread.of(i, item, arrays)}
+                continue
+            if item.get("changes") == "rows" and "spread" in self.parts[where]:
+                spread = self.parts[where]["spread"]
+                assert isinstance(spread, Spread)
+                spread.apply(i, item, arrays)
+                parts[where] = self.parts[where]
+                continue
             if item.get("changes") != "rows":
                 part = {"v": _own(arrays[f"v{i}"])}
                 for name in item["state"]:
@@ -91,18 +106,26 @@ class Image:
         """The state as one whole snapshot (the arrays are the image's: read them before the
         next :meth:`apply`)."""
         arrays: Arrays = {}
+        index = []
         for i, item in enumerate(self.meta["index"]):
             part = self.parts[self._where(item)]
+            index.append(item)
             if "dynamic" in item:
                 rows = part["rows"]
                 assert isinstance(rows, Rows)
                 arrays.update(rows.whole(i))
                 continue
+            if "spread" in part:
+                spread = part["spread"]
+                assert isinstance(spread, Spread)
+                index[-1] = {**item, **spread.fields()}
+                arrays.update(spread.whole(i))
+                continue
             arrays[f"v{i}"] = part["v"]
             for name in item["state"]:
                 arrays[f"s{i}_{name}"] = part[f"s:{name}"]
         arrays.update(self.rest)
-        return self.meta, arrays
+        return {**self.meta, "index": index}, arrays
 
 
 class Rows(np.ndarray):
@@ -171,6 +194,77 @@ class Rows(np.ndarray):
         return out
 
 
+class Spread(np.ndarray):
+    """A spec-made part as a copy holds it (psnode.server.checkpoint, ``"origin"``): the spec,
+    and the rows touched since the part was made, by row number (``at[row]``: 1 + its position,
+    0: not held, the spec's value and a zero optimizer state), value and per-row state; the
+    state arrays of other shapes as last sent.  (An empty ndarray subclass, as :class:`Rows`.)"""
+
+    origin: dict[str, Any]
+    at: np.ndarray
+    ids: np.ndarray
+    per_row: dict[str, np.ndarray]   # "v" and state names
+    other: dict[str, np.ndarray]
+    used: int
+
+    @classmethod
+    def of(cls, i: int, item: dict[str, Any], arrays: Arrays) -> Spread:
+        """Part ``i`` of a whole snapshot, in its ``"origin"`` form."""
+        spread = np.zeros(0).view(cls)
+        spread.origin = item["origin"]
+        rows = int(item["origin"]["shape"][0])
+        spread.at = np.zeros(rows, np.int32 if rows < 2**31 - 1 else np.int64)   # (calloc: pages as touched)
+        spread.ids = np.zeros(0, np.int64)
+        spread.per_row, spread.other, spread.used = {}, {}, 0
+        spread.apply(i, {**item, "changes": "rows"}, {**arrays, f"k{i}": arrays[f"t{i}"]})
+        return spread
+
+    @property
+    def nbytes(self) -> int:  # type: ignore[override]
+        return sum(a.nbytes for a in self.per_row.values()) + self.ids.nbytes + self.at.nbytes
+
+    def apply(self, i: int, item: dict[str, Any], arrays: Arrays) -> None:
+        """Write the rows of part ``i`` of a snapshot of changes (``k<i>``, ``v<i>``, per-row
+        state) and its other state arrays."""
+        per_row_names = set(item.get("state_rows", ()))
+        for name in item["state"]:
+            if name not in per_row_names and f"s{i}_{name}" in arrays:
+                self.other[name] = _own(arrays[f"s{i}_{name}"])
+        if f"k{i}" not in arrays:   # (no row changed)
+            return
+        ids = np.asarray(arrays[f"k{i}"], np.int64)
+        given = {"v": arrays[f"v{i}"], **{n: arrays[f"s{i}_{n}"] for n in per_row_names}}
+        pos = self.at[ids].astype(np.int64) - 1
+        new = np.flatnonzero(pos < 0)
+        if len(new):
+            pos[new] = np.arange(self.used, self.used + len(new))
+            self.used += len(new)
+            if self.used > len(self.ids):
+                cap = max(self.used, 2 * len(self.ids), 64)
+                self.ids = _grown(self.ids, cap)
+                self.per_row = {n: _grown(a, cap) for n, a in self.per_row.items()}
+            self.ids[pos[new]] = ids[new]
+            self.at[ids[new]] = pos[new] + 1
+        for name, arr in given.items():
+            held = self.per_row.get(name)
+            if held is None:   # (a state made after the rows before it: zero there)
+                held = self.per_row[name] = np.zeros((len(self.ids), *arr.shape[1:]), arr.dtype)
+            held[pos] = arr
+
+    def fields(self) -> dict[str, Any]:
+        """The index fields of its whole form."""
+        return {"origin": self.origin, "state_rows": sorted(n for n in self.per_row if n != "v")}
+
+    def whole(self, i: int) -> Arrays:
+        """Its arrays in a whole snapshot, as part ``i`` (the rows held, then their value and
+        per-row state, then the other state arrays)."""
+        n = self.used
+        out = {f"t{i}": self.ids[:n]}
+        out.update({(f"v{i}" if name == "v" else f"s{i}_{name}"): a[:n] for name, a in self.per_row.items()})
+        out.update({f"s{i}_{name}": a for name, a in self.other.items()})
+        return out
+
+
 def _grown(arr: np.ndarray, cap: int) -> np.ndarray:
     out = np.zeros((cap, *arr.shape[1:]), arr.dtype)
     out[:len(arr)] = arr
@@ -203,4 +297,4 @@ def nbytes(arrays: Arrays) -> int:
     return sum(a.nbytes for a in arrays.values())
 
 
-__all__ = ["Image", "NotApplicable", "nbytes"]
+__all__ = ["Image", "NotApplicable", "Spread", "nbytes"]

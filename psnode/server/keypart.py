@@ -13,6 +13,13 @@ state: psnode.server.checkpoint.snapshot with ``changes_only``): ``changed`` say
 value (and optimizer state) may differ from the last copy -- a new part, a dense round, a new
 optimizer --; otherwise ``changed_rows`` holds the row ids of row_sparse rounds applied since,
 so a copy carries only those rows, whatever the table's size.
+
+**Rows touched since creation** (kept always, for a part the server computed from a fill spec:
+``kv.init`` with ``ps_initializer``): ``origin`` is that spec and ``ever`` marks the rows any
+round changed since.  Every other row still holds the spec's value and a zero optimizer state
+(psnode.math.optimizers.create_state), so a whole copy or a checkpoint base of the part is the
+spec plus those rows (psnode.server.checkpoint).  A dense round, a Python updater or optimizer
+states loaded from a file make the part whole-only again (``origin`` None).
 """
 from __future__ import annotations
 
@@ -78,6 +85,8 @@ class Entry:
     alone_at: float = 0.0   # when the round began to wait for one worker alone (psnode.server.awaited); 0: not
     alone_for: int = -1     # that worker
     table: Any = None   # a table without a row count: its index (psnode.server.dyntable.Table)
+    origin: Any = None   # the fill spec it was computed from (psnode.math.initializers.FillSpec; module docstring)
+    ever: np.ndarray | None = None   # with ``origin``: the rows changed since creation (a mask)
 
 
 class Pin:
@@ -94,6 +103,23 @@ def note_change(entry: Entry, rows: np.ndarray | None) -> None:
         entry.changed_rows.clear()
     elif not entry.changed and len(rows):
         entry.changed_rows.append(np.array(rows, dtype=np.int64))   # (a copy: pushes' ids are views of frames)
+
+
+def made_from(entry: Entry, spec: Any) -> None:
+    """``entry``'s value was just computed from the fill spec ``spec`` (module docstring)."""
+    if entry.value.ndim >= 1 and entry.table is None and entry.bucket is None:
+        entry.origin = spec
+        entry.ever = np.zeros(entry.value.shape[0], dtype=bool)
+
+
+def note_touch(entry: Entry, rows: np.ndarray | None) -> None:
+    """Record that ``rows`` of ``entry`` (None: any of it) differ from its fill spec from now on."""
+    if entry.ever is None:
+        return
+    if rows is None:
+        entry.origin = entry.ever = None
+    elif len(rows):
+        entry.ever[rows] = True
 
 
 def forget_changes(entry: Entry) -> None:
@@ -156,4 +182,4 @@ def mark_async(entry: Entry, worker: int, seq: int) -> None:
 
 
 __all__ = ["Entry", "Group", "Key", "Pin", "changed_rows", "contiguous", "first_gap", "fmt", "forget_changes",
-           "mark_async", "note_change", "received"]
+           "made_from", "mark_async", "note_change", "note_touch", "received"]

@@ -67,7 +67,7 @@ from psnode.protocol import Ok, Wait
 from psnode.server import staleness as bound
 from psnode.server.awaited import Awaited
 from psnode.server.compressed import Packed
-from psnode.server.keypart import Entry, Key, first_gap, fmt, mark_async, note_change, received
+from psnode.server.keypart import Entry, Key, first_gap, fmt, mark_async, note_change, note_touch, received
 from psnode.server.replies import OpError, Reply, fits
 
 Alloc = Callable[[tuple[int, ...], np.dtype], np.ndarray]
@@ -364,9 +364,10 @@ class Rounds:
         entry.scaled = False
         if rows is not None and not entry.sparse:
             rows = None
+        updater = self.rules.updater
+        note_touch(entry, rows if updater is None else None)
         if self.track:
             note_change(entry, rows)
-        updater = self.rules.updater
         if updater is not None:
             value = self._own(entry)
             updater(key[0], data if rows is None else RowSparseArray(data, rows, value.shape), value)

@@ -114,7 +114,7 @@ from psnode.server.buckets import Buckets
 from psnode.server.compressed import Packed, agree, packed_push
 from psnode.server.dyntable import Params
 from psnode.server.fills import CopyOf, Fills
-from psnode.server.keypart import Entry, Key, contiguous, fmt, forget_changes, received
+from psnode.server.keypart import Entry, Key, contiguous, fmt, forget_changes, made_from, note_touch, received
 from psnode.server.replies import OpError, Reply
 from psnode.server.rounds import Alloc, Rounds, Rules, Updater
 
@@ -393,6 +393,8 @@ class Store:
             op = fill.op
             entry = Entry(value=fill.value, sparse=op.sparse, sync=op.sync, aggregation=_rule(op),
                           staleness=op.staleness, backup=op.backup)
+            if isinstance(fill.spec, FillSpec):
+                made_from(entry, fill.spec)
             optimizer = self.rules.optimizer_for(entry)
             if optimizer is not None:
                 entry.state = optimizer.create_state(entry.value)
@@ -656,6 +658,7 @@ class Store:
                 raise OpError("KeyNotInitialized", f"{fmt(*where)} in the state file is not initialised")
             entry.state = opt_mod.state_from_arrays(named)
             entry.changed = True
+            note_touch(entry, None)   # (its untouched rows' state is no longer zero)
         self.must_persist = True
         return [Reply(worker, Ok(op.id))]
 

@@ -1,6 +1,6 @@
 """What users do to a launch, end to end on this machine: Ctrl-C through a real terminal on
-``launch ... 2>&1 | tee log`` and ``launch ... | head -20`` (before head has its lines), ``| head -2`` returning while the job
-goes on detached, closing the terminal (SIGHUP),
+``launch ... 2>&1 | tee log`` and ``launch ... | head -20`` (before head has its lines),
+``| head -2`` returning while the job goes on detached, closing the terminal (SIGHUP),
 ``mxdist stop`` racing an attached launch, detached jobs that succeed, fail and are stopped,
 status and jobs after a preflight failure and on a hand-damaged record, the root-cause
 headline of a worker that raises, a command without psnode that ends at once.

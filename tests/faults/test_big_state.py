@@ -1,6 +1,9 @@
 """The big-state tier: every safety option on a table that takes seconds to copy or write whole
 (20M rows x 16 float32, 1.28 GB, split over two servers), with a kill -9 where it hurts, launched
-as users launch it (``mxdist launch``), and exact values at the end.
+as users launch it (``mxdist launch``), and exact values at the end.  The table is given whole
+(a pretrained one: its first copy and checkpoint move all of it) or computed on the servers
+(``ps_initializer``: copies and checkpoints hold the spec and the rows touched, whatever the
+table's size).
 
 The job (sgd with learning rate 1, the sum aggregator, integer gradients) makes every row's value
 a closed form: at step t worker r pushes -(r + 1)'s gradient (r + 1) to 64 rows drawn from
@@ -27,7 +30,10 @@ JOB = textwrap.dedent("""
     rows, dim, steps, flags = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), pathlib.Path(sys.argv[4])
     kv = psnode.kv.create('dist_sync', aggregator='sum')
     kv.set_optimizer(psnode.optimizer.create('sgd', learning_rate=1.0))
-    kv.init('emb', psnode.sparse.zeros((rows, dim)), psnode.init.ps_initializer(psnode.init.Zero()))
+    if sys.argv[5] == 'spec':
+        kv.init('emb', psnode.sparse.zeros((rows, dim)), psnode.init.ps_initializer(psnode.init.Zero()))
+    else:   # (given whole: np.zeros maps its pages only as they are written; rank 0's is sent)
+        kv.init('emb', np.zeros((rows, dim), np.float32), stype='row_sparse')
 
     def touched(t, r):
         return np.unique(np.random.default_rng(1000 * t + r).integers(0, rows, 64))
@@ -53,13 +59,13 @@ JOB = textwrap.dedent("""
 """)
 
 
-def _launch(home: Path, tmp: Path, options: list[str]):
+def _launch(home: Path, tmp: Path, options: list[str], init: str = "whole"):
     flags = tmp / "flags"
     flags.mkdir()
     script = tmp / "big.py"
     script.write_text(JOB)
     proc = start_cli(["launch", "-n", "2", "-s", "2", "--max-restarts", "1", *options, str(script),
-                      str(ROWS), str(DIM), str(STEPS), str(flags)], cli_env(home))
+                      str(ROWS), str(DIM), str(STEPS), str(flags), init], cli_env(home))
     return proc, flags
 
 
@@ -89,9 +95,9 @@ def _finish(proc, home: Path, timeout: float = 300) -> str:
 
 
 def test_replicas_on_a_big_table_survive_a_server_killed_mid_training(tmp_path) -> None:
-    """``--replicas 2``: server 1 is killed a quarter into training; its replacement restores
-    from the copy server 0 keeps (built from whole copy, then the rows each round touched) and
-    the job ends exact."""
+    """``--replicas 2`` on a table given whole: server 1 is killed a quarter into training; its
+    replacement restores from the copy server 0 keeps (built from a whole copy, then the rows
+    each round touched) and the job ends exact."""
     home = tmp_path / "home"
     proc, flags = _launch(home, tmp_path, ["--replicas", "2"])
     wait_for(lambda: (flags / "quarter").exists() or proc.poll() is not None, 240, "a quarter of the steps")
@@ -102,9 +108,9 @@ def test_replicas_on_a_big_table_survive_a_server_killed_mid_training(tmp_path) 
 
 
 def test_checkpoints_on_a_big_table_survive_a_kill_during_the_write(tmp_path) -> None:
-    """``--checkpoint-dir``: server 1 is killed while it writes the table to its checkpoint
-    chain (a temporary file of it is past 64 MB: the point that created the table, or the
-    compaction that follows); its replacement restores the chain as it was before that write,
+    """``--checkpoint-dir`` on a table given whole: server 1 is killed while it writes the table
+    to its checkpoint chain (a temporary file of it is past 64 MB: the point that created the
+    table, or the compaction that follows); its replacement restores the chain as it was before that write,
     the workers resend what it lacks, and the job ends exact."""
     home = tmp_path / "home"
     ckpt = tmp_path / "ckpt"
@@ -120,3 +126,26 @@ def test_checkpoints_on_a_big_table_survive_a_kill_during_the_write(tmp_path) ->
     out = _finish(proc, home)
     assert "server 1 restored" in out and "key parts from" in out, out
     assert not [n for n in os.listdir(ckpt) if n.endswith(".tmp")]
+
+
+def test_a_table_computed_on_the_servers_is_copied_and_checkpointed_as_the_rows_touched(tmp_path) -> None:
+    """``--replicas 2 --checkpoint-dir`` on a table computed on the servers (1.28 GB): no file of
+    the chain, and no copy, holds more than the spec and the rows touched (the whole directory
+    stays under 16 MB all along); server 1 killed a quarter into training restores from its
+    replica (the spec computed again, the rows written over it), and the job ends exact."""
+    home = tmp_path / "home"
+    ckpt = tmp_path / "ckpt"
+    proc, flags = _launch(home, tmp_path, ["--replicas", "2", "--checkpoint-dir", str(ckpt)], init="spec")
+    most = [0]
+
+    def quarter() -> bool:
+        if ckpt.is_dir():
+            most[0] = max(most[0], sum(_size(ckpt / n) for n in os.listdir(ckpt)))
+        return (flags / "quarter").exists() or proc.poll() is not None
+    wait_for(quarter, 240, "a quarter of the steps", interval=0.01)
+    assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+    os.kill(_server_pid(home, 1), signal.SIGKILL)
+    out = _finish(proc, home)
+    assert "server 1 restored 1 key parts from its replica on server 0; serving again" in out, out
+    on_disk = sum(_size(ckpt / n) for n in os.listdir(ckpt))
+    assert 0 < max(most[0], on_disk) < 16 << 20, (most[0], on_disk)
