@@ -19,16 +19,19 @@ import sys
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tests.support import wait_for
 from tests.support.cli import ROOT, assert_nothing_left, cli_env, latest
 from tests.support.hosts import (
     HOST_LOSS,
+    HOST_LOSS_BIG,
+    HOST_LOSS_BIG_FINAL,
     HOST_LOSS_KEYS,
     HOST_LOSS_TWICE,
     SSHD,
+    host_loss_keys_final,
     ip,
     keygen,
     kill_namespace,
@@ -42,10 +45,16 @@ NODES = {"node1": "10.213.9.1", "node2": "10.213.9.2", "node3": "10.213.9.3", "n
          "node5": "10.213.9.5"}
 
 
-def hosts_in_namespaces(root: Path, main: str, cuts: Mapping[str, str]) -> tuple[Path, Path]:
+TBF = ("burst", "256kb", "latency", "50ms")   # (as benchmarks/network/netns.py)
+LAUNCHER = "10.213.9.254"   # main's own address when every host has a namespace of its own
+
+
+def hosts_in_namespaces(root: Path, main: str, cuts: Mapping[str, str], rate: str | None = None) -> tuple[Path, Path]:
     """The namespaces, their links and one sshd per host; (ssh config, known_hosts).  ``cuts``:
     each host that may crash -> its own namespace, linked to a bridge in ``main`` (where every
-    other host is) by a veth pair whose end there is ``vc`` (down: the host is cut off)."""
+    other host is) by a veth pair whose end there is ``vc`` (down: the host is cut off).
+    ``rate`` (tc units, e.g. ``1gbit``): each such link's rate, both directions (a token bucket
+    on both ends of the veth pair)."""
     ip("netns", "add", main)
     for ns in cuts.values():
         ip("netns", "add", ns)
@@ -57,7 +66,13 @@ def hosts_in_namespaces(root: Path, main: str, cuts: Mapping[str, str]) -> tuple
         ip("-n", main, "link", "set", f"vm{i}", "master", "hub")
         ip("-n", main, "link", "set", f"vm{i}", "up")
         ip("-n", ns, "link", "set", "vc", "up")
+        if rate is not None:
+            for where, dev in ((main, f"vm{i}"), (ns, "vc")):
+                subprocess.run(["tc", "-n", where, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, *TBF],
+                               check=True, capture_output=True, timeout=10)
     ip("-n", main, "link", "set", "hub", "up")
+    if all(name in cuts for name in NODES):
+        ip("-n", main, "addr", "add", f"{LAUNCHER}/24", "dev", "hub")
     for name, addr in NODES.items():
         ns, dev = (cuts[name], "vc") if name in cuts else (main, "hub")
         ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
@@ -91,14 +106,18 @@ def crash(ns: str, what: str) -> tuple[float, float]:
 
 
 def crash_during_job(tmp_path: Path, hosts_file: str, crashing: str, rank: int, args: list[str],
-                     placed: dict[str, str], script: str = HOST_LOSS) -> tuple[str, int, float]:
+                     placed: dict[str, str], script: str = HOST_LOSS, script_args: tuple[str, ...] = (),
+                     isolated: bool = False, rate: str | None = None) -> tuple[str, int, float]:
     """Launch ``script`` (HOST_LOSS) from MAIN; once worker ``rank`` (on ``crashing``) is at step 3,
     crash its host, then touch ``flags/crashed``; (the launcher's output, its exit code, seconds
-    from the crash to its end).
+    from the crash to its end).  ``isolated``: every host in a namespace of its own (else only
+    the one that crashes), ``rate``: their links' rate (:func:`hosts_in_namespaces`).
     Asserts ``placed`` (process -> host) at the crash, and that nothing of the job is left.  The
     output's last line is followed by ``CRASHED <time.time()>``."""
     tag = uuid.uuid4().hex[:6]
     main, cut = f"psnh-{tag}-m", f"psnh-{tag}-c"
+    cuts = {name: f"psnh-{tag}-{name}" for name in NODES} if isolated else {crashing: cut}
+    cut = cuts[crashing]
     home = tmp_path / "home"
     home.mkdir()
     flags = tmp_path / "flags"
@@ -109,11 +128,11 @@ def crash_during_job(tmp_path: Path, hosts_file: str, crashing: str, rank: int, 
     hosts.write_text(hosts_file)
     cli = None
     try:
-        ssh_config, known = hosts_in_namespaces(tmp_path, main, {crashing: cut})
+        ssh_config, known = hosts_in_namespaces(tmp_path, main, cuts, rate)
         env = cli_env(home, MXDIST_SSH_CONFIG=str(ssh_config), MXDIST_KNOWN_HOSTS=str(known),
                       MXDIST_REMOTE_DIR=str(home / "remote"))
         cli = subprocess.Popen(["ip", "netns", "exec", main, sys.executable, "-m", "mxdist", "launch", "-H", str(hosts),
-                                *args, str(train), str(flags), str(rank)],
+                                *args, str(train), str(flags), str(rank), *script_args],
                                env=env, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         wait_for(lambda: (flags / "ready").exists() or cli.poll() is not None, 120, f"worker {rank} to reach step 3")
         assert cli.poll() is None, cli.communicate(timeout=10)[0]
@@ -127,9 +146,9 @@ def crash_during_job(tmp_path: Path, hosts_file: str, crashing: str, rank: int, 
         if cli is not None and cli.poll() is None:
             cli.kill()
             cli.wait(10)
-        for ns in (main, cut):
+        for ns in (main, *cuts.values()):
             kill_namespace(ns)
-        for ns in (main, cut):
+        for ns in (main, *cuts.values()):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"psnh-{tag}" not in listed, listed
@@ -156,6 +175,15 @@ class CrashCase:
     args: list[str] = field(default_factory=list)
     placed: dict[str, str] = field(default_factory=dict)
     workers: int = 3
+    script: str = HOST_LOSS_KEYS
+    script_args: tuple[str, ...] = ()
+    isolated: bool = False     # every host in a namespace of its own
+    rate: str | None = None    # their links' rate
+    final: str = ""            # what each rank prints last (default: host_loss_keys_final)
+
+    def finals(self, out: str) -> bool:
+        """Every rank ended with the uninterrupted run's values."""
+        return out.count(self.final or host_loss_keys_final(self.workers)) == self.workers
 
 
 FOUR = "node1 slots=1\nnode2 slots=1\nnode3 slots=1\nnode4 slots=1   # spare\n"
@@ -173,12 +201,17 @@ CASES = {
         "scheduler": "node1", "scheduler-1": "node2", "server-0": "node1", "server-1": "node2",
         "worker-0": "node1", "worker-1": "node2", "worker-2": "node3"}),
 }
+#: the server case's crash while a 20M x 16 table computed on the servers trains, every host on
+#: a 1 Gbit/s link of its own
+CASES["big"] = replace(CASES["server"], script=HOST_LOSS_BIG, script_args=(str(20_000_000),), isolated=True,
+                       rate="1gbit", final=HOST_LOSS_BIG_FINAL)
 
 
 def run_case(case: CrashCase, tmp: Path) -> tuple[str, int, float]:
     """:func:`crash_during_job` of ``case`` with HOST_LOSS_KEYS."""
     return crash_during_job(tmp, case.hosts_file, case.crashing, case.rank, case.args, case.placed,
-                            script=HOST_LOSS_KEYS)
+                            script=case.script, script_args=case.script_args, isolated=case.isolated,
+                            rate=case.rate)
 
 
 #: one host after another: node1 runs the scheduler and worker 0, node2 the standby and worker 1,

@@ -13,7 +13,9 @@ training script of the host-loss tests.
   first runs (``flags/ready2``, ``flags/ready4``), for two crashes one after the other, ending at
   :data:`HOST_LOSS_FINAL` too;
   :data:`HOST_LOSS_KEYS` the same over six keys (one on every server), printing when each step
-  completed (:func:`host_loss_keys_final`).
+  completed (:func:`host_loss_keys_final`); :data:`HOST_LOSS_BIG` the same on one big embedding
+  table computed on the servers (``argv[3]`` rows of 16), each rank ending with
+  :data:`HOST_LOSS_BIG_FINAL` when every row it checks is exact.
 """
 from __future__ import annotations
 
@@ -98,6 +100,50 @@ HOST_LOSS_KEYS = textwrap.dedent("""
     print("FINAL", [kv.pull(k).tolist()[0] for k in keys], flush=True)
     kv.close()
 """)
+
+
+HOST_LOSS_BIG = textwrap.dedent("""
+    import sys, time, pathlib, numpy as np, psnode
+    from psnode.sparse import row_sparse_array
+    flags = pathlib.Path(sys.argv[1])
+    crashing, rows, dim = int(sys.argv[2]), int(sys.argv[3]), 16
+    init = psnode.init.ps_initializer(psnode.init.Normal(1.0), seed=3)
+    kv = psnode.kv.create('dist_sync', aggregator='sum')
+    kv.set_optimizer(psnode.optimizer.create('sgd', learning_rate=1.0))
+    kv.init('emb', psnode.sparse.zeros((rows, dim)), init)
+
+    def touched(step, rank):                        # 64 rows of the table, the same in every run
+        return np.unique(np.random.default_rng(1000 * step + rank).integers(0, rows, 64))
+
+    start = kv.num_pushes('emb')
+    print("START", start, "RESTARTS", kv.restarts, flush=True)
+    for step in range(start, 6):
+        if step == 3 and kv.restarts == 0:
+            if kv.rank == crashing:
+                (flags / 'ready').touch()
+                time.sleep(600)                   # its host crashes here
+            for _ in range(1200):                 # (the others push step 3 after the crash)
+                if (flags / 'crashed').exists():
+                    break
+                time.sleep(0.1)
+        ids = touched(step, kv.rank)
+        kv.push('emb', row_sparse_array((np.full((len(ids), dim), kv.rank + 1, np.float32), ids), (rows, dim)))
+        kv.row_sparse_pull('emb', row_ids=ids)
+        print("STEP", step, repr(time.time()), flush=True)
+    ids = np.unique(np.concatenate([touched(s, r) for s in range(6) for r in range(kv.num_workers)]))
+    want = init.values('emb', (rows, dim), rows=ids)
+    for s in range(6):                            # sgd, learning rate 1, each round's sum of gradients
+        grad = np.zeros(len(ids), np.float32)
+        for r in range(kv.num_workers):
+            grad[np.searchsorted(ids, touched(s, r))] += r + 1
+        want -= grad[:, None]
+    got = kv.row_sparse_pull('emb', row_ids=ids).data
+    print("FINAL", "EXACT" if np.array_equal(got, want) else "WRONG", flush=True)
+    kv.close()
+""")
+
+#: What each rank of :data:`HOST_LOSS_BIG` prints last when every row it checked is exact.
+HOST_LOSS_BIG_FINAL = "FINAL EXACT"
 
 
 def host_loss_keys_final(workers: int) -> str:
