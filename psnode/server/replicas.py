@@ -61,8 +61,17 @@ Arrays = dict[str, np.ndarray]
 State = tuple[Mapping[str, Any], Arrays]   # a snapshot: its JSON index and its arrays
 
 POLL_S = 0.1   # the longest a wait goes without looking at the scheduler link
+#: the slowest rate a copy is assumed to travel at: a copy is sent again only once its bytes had
+#: time to arrive at it (a whole copy of a big state takes seconds on a slow link)
+FLOOR_BYTES_PER_S = 10e6
 GRACE_S = 1.0  # how long a replacement that has one copy waits for the other holders' (newer?) ones
 EPOCH_BITS = 32   # a primary's copies are numbered from its restart count << EPOCH_BITS
+
+
+def resend_due(sent_at: float, nbytes: int, now: float, resend_after: float) -> bool:
+    """Is a copy of ``nbytes`` sent at ``sent_at`` and not acknowledged due again at ``now``?
+    Only after ``resend_after`` s plus the time its bytes take at FLOOR_BYTES_PER_S."""
+    return now - sent_at > resend_after + nbytes / FLOOR_BYTES_PER_S
 
 
 def holders(rank: int, num_servers: int, replicas: int) -> list[int]:
@@ -228,11 +237,12 @@ class Replicator:
         if whole is not None:
             self._packed[False] = pack_state(*whole)
         self._waiting = set(self.ranks)
-        self._sent: dict[int, tuple[Channel, float]] = {}
+        self._sent: dict[int, tuple[Channel, float, int]] = {}   # holder -> (where, when, bytes)
 
     def poll(self, whole: Callable[[], State] | None, resend_after: float, wait_s: float) -> bool | None:
         """Send what the copy begun by :meth:`start` owes (first puts, resends to a holder silent
-        for ``resend_after`` s or whose address changed, the state whole to a holder without
+        for ``resend_after`` s past the time the copy's bytes take (:func:`resend_due`) or whose
+        address changed, the state whole to a holder without
         the previous copy: ``whole()``), then take acknowledgements, waiting up to ``wait_s``.
         True once every holder acknowledged the copy; None when a holder needs the state whole
         and ``whole`` is None (the caller then polls with it)."""
@@ -240,7 +250,8 @@ class Replicator:
         for r in self._waiting:
             chan = self._chans.get(r)
             sent = self._sent.get(r)
-            if chan is None or (sent is not None and sent[0] is chan and now - sent[1] <= resend_after):
+            if chan is None or (sent is not None and sent[0] is chan and not resend_due(sent[1], sent[2], now,
+                                                                                        resend_after)):
                 continue
             delta = bool(self._base) and self.have.get(r) == self._base
             if not delta and whole is None and False not in self._packed:
@@ -250,8 +261,9 @@ class Replicator:
             arrays = self._packed[delta]
             chan.send(Command.REPLICA_PUT, Replica(self.rank, self.seq, self._base if delta else 0).to_body(),
                       arrays=arrays)
-            self.copied += sum(a.nbytes for a in arrays)
-            self._sent[r] = (chan, now)
+            nbytes = sum(a.nbytes for a in arrays)
+            self.copied += nbytes
+            self._sent[r] = (chan, now, nbytes)
         poller = Poller()
         for r in self._waiting:
             if r in self._chans:
@@ -320,4 +332,4 @@ def fetch(t: Transport, rank: int, book: Sequence[ServerAddress], num_servers: i
     return meta, arrays, best[1]
 
 
-__all__ = ["Keeper", "Replicator", "fetch", "holders", "pack_state", "unpack_state"]
+__all__ = ["Keeper", "Replicator", "fetch", "holders", "pack_state", "resend_due", "unpack_state"]

@@ -13,7 +13,7 @@ from psnode.config import NodeConfig, Role
 from psnode.net.security import Mode, Security
 from psnode.net.transport import Transport, new_security
 from psnode.protocol.control import ServerAddress
-from psnode.server.replicas import Keeper, Replicator, fetch
+from psnode.server.replicas import Keeper, Replicator, fetch, resend_due
 
 JOB = "job-replicas"
 
@@ -213,3 +213,19 @@ def test_a_holder_without_the_last_copy_gets_the_state_whole_in_the_background(h
     _, arrays, _ = holder.fetch()
     np.testing.assert_array_equal(arrays["v0"], want)       # the point's state, not the round's
     assert store.entries[("emb", 0)].value[9].tolist() == [35.0, 36.0, 37.0, 38.0]
+
+
+def test_a_big_copy_is_sent_once_while_its_bytes_can_still_be_on_their_way(holder: Holder) -> None:
+    """A whole copy of 64 MiB polled with no grace (``resend_after`` 0): it goes to the holder
+    once and is acknowledged, not sent again at each poll before its acknowledgement could
+    arrive (on a slow link, every resend of a big copy would queue behind the first)."""
+    primary = holder.primary(0)
+    meta, _ = _state(1.0)
+    state = (meta, {"v0": np.ones(16 << 20, np.float32)})
+    primary.start(state)
+    deadline = time.monotonic() + 30
+    while primary.poll(lambda: state, resend_after=0.0, wait_s=0.0) is not True:
+        assert time.monotonic() < deadline, "the copy was not acknowledged"
+    assert (64 << 20) <= primary.copied < 2 * (64 << 20)
+    assert not resend_due(0.0, 64 << 20, 5.0, 0.5) and resend_due(0.0, 64 << 20, 8.0, 0.5)
+    assert resend_due(0.0, 100, 0.6, 0.5)                   # a small copy: after resend_after
