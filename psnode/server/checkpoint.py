@@ -120,9 +120,15 @@ def _changed_rows(i: int, entry: Entry, arrays: Arrays, item: dict[str, Any]) ->
             item["state"].append(name)
 
 
+SPREAD_FRACTION = 8   # a spec-made part goes whole as its spec and rows while under 1/8 of its rows are touched
+
+
 def _spread(entry: Entry) -> bool:
-    """Is ``entry`` carried whole as its fill spec and the rows touched since (fewer bytes)?"""
-    return entry.ever is not None and entry.bucket is None and 2 * int(np.count_nonzero(entry.ever)) < len(entry.ever)
+    """Is ``entry`` carried whole as its fill spec and the rows touched since?  While fewer than
+    1/SPREAD_FRACTION of its rows are: those rows are copied on the caller's loop, so the copy
+    stays a fraction of the part (past it, the part goes whole, its arrays read in place)."""
+    return (entry.ever is not None and entry.bucket is None
+            and SPREAD_FRACTION * int(np.count_nonzero(entry.ever)) < len(entry.ever))
 
 
 def _origin_rows(i: int, entry: Entry, arrays: Arrays, item: dict[str, Any]) -> None:

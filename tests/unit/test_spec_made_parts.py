@@ -158,13 +158,23 @@ def test_a_dense_round_or_loaded_states_make_the_part_whole_again() -> None:
     _assert_same(back, t)
 
 
-def test_a_table_touched_over_half_its_rows_goes_whole() -> None:
+def test_a_table_touched_past_an_eighth_of_its_rows_goes_whole() -> None:
+    """Past 1/8 of its rows touched, a part goes whole (read in place: its rows would be a copy
+    on the loop), and the image and restore take it so."""
     rng = np.random.default_rng(6)
-    s = _store(rows=100)
-    for q in range(1, 4):
-        _round(s, q, rng, touch=40)
+    s = _store(rows=1000)
+    _round(s, 1, rng, touch=60)                  # (at most 120 rows: under 1/8)
+    assert "origin" in checkpoint.snapshot(s)[0]["index"][0]
+    image = Image(*checkpoint.snapshot(s))
+    s.forget_changes()
+    _round(s, 2, rng, touch=60)
+    assert int(np.count_nonzero(s.entries[("emb", 0)].ever)) * 8 > 1000
     meta, arrays = checkpoint.snapshot(s)
-    assert "origin" not in meta["index"][0] and arrays["v0"].shape == (100, DIM)
+    assert "origin" not in meta["index"][0] and arrays["v0"].shape == (1000, DIM)
     back = Store(WORKERS)
     checkpoint.restore(back, meta, arrays, same_job=True)
+    _assert_same(back, s)
+    image.apply(meta, arrays)                       # (the spread part replaced by the whole one)
+    back = Store(WORKERS)
+    checkpoint.restore(back, *image.whole(), same_job=True)
     _assert_same(back, s)
