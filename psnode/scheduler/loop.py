@@ -93,6 +93,8 @@ from psnode.protocol import Command, Message, failure
 from psnode.protocol.control import (
     Barrier,
     BarrierDone,
+    Beats,
+    BeatsAck,
     Body,
     Bye,
     Counters,
@@ -252,6 +254,7 @@ class Scheduler:
         self.held: list[tuple[bytes, Message]] = []  # what arrived while rebuilding, handled after
         #: seconds between the liveness and wait checks (each visits every node; not every turn)
         self.check_every = max(0.05, min(0.25, cfg.heartbeat_interval / 4))
+        self.relayed = 0                # heartbeats that came through hosts' relays (psnode.net.relay)
         self.standby_at = ""            # the standby that announced itself ("": none), told to the nodes
         self.announce_at = 0.0          # an idle standby announces itself to its primary from then on
         #: a node's heartbeats are answered at most this often: every other one where the timeout
@@ -760,15 +763,26 @@ class Scheduler:
     # ------------------------------------------------------------ main loop
     def _dispatch(self, ident: bytes, msg: Message) -> None:
         """Handle one message; a malformed body is logged and dropped."""
-        node = self.nodes.get(ident)
-        if node is not None:
-            node.last_seen = time.monotonic()
         cmd = msg.cmd
         try:
             body = decode_body(cmd, msg.body)
         except ProtocolError as exc:
             log.warning("dropped %s from %r: %s", cmd.value, ident, exc)
             return
+        if isinstance(body, Beats):   # a host's relay: each entry as a HEARTBEAT from its node
+            self.relayed += len(body.beats)
+            self._send(ident, Command.HEARTBEATS_ACK, BeatsAck(body.n))
+            for node_ident, stats in body.beats:
+                self._handle(node_ident, Message(Command.HEARTBEAT, msg.job, msg.sender), Heartbeat(stats))
+            return
+        self._handle(ident, msg, body)
+
+    def _handle(self, ident: bytes, msg: Message, body: Body) -> None:
+        """Handle one decoded message from ``ident``."""
+        node = self.nodes.get(ident)
+        if node is not None:
+            node.last_seen = time.monotonic()
+        cmd = msg.cmd
         if isinstance(body, Standby):
             self._send(ident, Command.STANDBY_ACK)
             self._on_standby(body.address)
@@ -814,7 +828,7 @@ class Scheduler:
             self.t.refused,  # connections the scheduler itself refused
             self._rows(now),
             e.generation, tuple(self.roster.active_ranks()), e.joined, e.left, e.lost,
-            loop_gap=round(self.gaps.longest(now), 6)))
+            loop_gap=round(self.gaps.longest(now), 6), relayed=self.relayed))
 
     def _leave_msg(self, ident: bytes, node: Node | None, body: ScaleDown) -> None:
         self._send(ident, Command.LEAVE_ACK)

@@ -1,0 +1,118 @@
+"""A host's heartbeat relay, as pure state machines (no sockets, no clock of their own).
+
+The scheduler's cost of liveness grows with the hosts of a job, not its processes: on a host
+with many of the job's processes, one of them relays the others' heartbeats
+(:mod:`psnode.net.relayhost` runs it in a thread with its own sockets).  Each node sends its
+HEARTBEAT to the relay instead of the scheduler; once per heartbeat interval the relay sends
+the scheduler ONE message, HEARTBEATS (:class:`~psnode.protocol.control.Beats`): the latest
+counters of each node heard from since the last batch.  The scheduler handles each entry as a
+HEARTBEAT from that node (its routing identity toward the scheduler: every node keeps its own
+connection to the scheduler for everything else, so the scheduler still answers a node directly
+when it must, e.g. REJOIN) and answers the batch once (HEARTBEATS_ACK); the relay then answers
+HEARTBEAT_ACK to each node of that batch.
+
+:class:`Relay` is the relay's state: it forwards only what it heard since the last batch, so a
+node that stopped (dead, or hung) stops being forwarded, and the scheduler names it silent as if
+it sent directly (a relayed heartbeat is at most one interval late: the heartbeat timeout is
+several).
+
+:class:`RelayUse` is a node's side: heartbeats go through the relay while it answers; once no
+answer came through it for :data:`FALLBACK_INTERVALS` heartbeat intervals since the oldest
+unanswered heartbeat, the node heartbeats directly, for good.  That is well before the
+scheduler's timeout (``heartbeat_liveness`` intervals, 5 by default), so the relay's process
+dying never makes the scheduler take the others for dead; the relay's own process is watched
+like any other (its own heartbeats stop).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from psnode.protocol.control import MAX_BEATS, Beats, Counters
+
+#: intervals without an answer through the relay before a node heartbeats directly
+FALLBACK_INTERVALS = 2.5
+#: batches the relay remembers while their answers are due (older ones are forgotten)
+KEPT_BATCHES = 4
+
+
+def endpoint(job_id: str) -> str:
+    """The relay's address on its host: an abstract unix socket, one per job per host (per
+    network namespace), so the first of the job's processes to bind it is the relay."""
+    return f"ipc://@psnode-{job_id}-relay"
+
+
+@dataclass
+class Relay:
+    """The relay's state: the latest heartbeat of each node since the last batch, and the
+    batches sent and not yet answered (their nodes, to answer them)."""
+
+    interval: float
+    latest: dict[bytes, Counters] = field(default_factory=dict)
+    sent: dict[int, tuple[bytes, ...]] = field(default_factory=dict)   # batch -> its nodes
+    next_batch: float = 0.0
+    count: int = 0          # batches sent so far
+
+    def beat(self, ident: bytes, stats: Counters) -> None:
+        """A node's heartbeat (its routing identity toward the scheduler, its counters)."""
+        self.latest.pop(ident, None)   # (insertion order: the oldest first, for the bound below)
+        self.latest[ident] = stats
+        while len(self.latest) > MAX_BEATS:
+            del self.latest[next(iter(self.latest))]
+
+    def batch(self, now: float) -> Beats | None:
+        """The batch to send now, if one is due and any node was heard from since the last."""
+        if now < self.next_batch:
+            return None
+        self.next_batch = now + self.interval
+        if not self.latest:
+            return None
+        self.count += 1
+        beats = Beats(self.count, tuple(self.latest.items()))
+        self.latest = {}
+        self.sent[beats.n] = tuple(i for i, _ in beats.beats)
+        for old in [n for n in self.sent if n <= beats.n - KEPT_BATCHES]:
+            del self.sent[old]
+        return beats
+
+    def acked(self, n: int) -> tuple[bytes, ...]:
+        """The scheduler answered batch ``n``: the nodes to answer (none for an unknown or
+        repeated ``n``)."""
+        return self.sent.pop(n, ())
+
+    def timeout(self, now: float) -> float:
+        """Seconds until the next batch is due."""
+        return max(0.0, min(self.next_batch - now, self.interval))
+
+
+@dataclass
+class RelayUse:
+    """A node's choice between its host's relay and the scheduler for its heartbeats."""
+
+    interval: float
+    on: bool = True
+    unanswered: float | None = None   # when the oldest heartbeat not yet answered through the relay was sent
+
+    def sent(self, now: float) -> None:
+        """A heartbeat went to the relay."""
+        if self.unanswered is None:
+            self.unanswered = now
+
+    def answered(self) -> None:
+        """The relay answered (the scheduler took this node's heartbeat)."""
+        self.unanswered = None
+
+    def held(self, seconds: float) -> None:
+        """The node's own loop was held ``seconds``: that time does not count against the relay."""
+        if self.unanswered is not None:
+            self.unanswered += seconds
+
+    def fall_back(self, now: float) -> bool:
+        """Stop using the relay if it left a heartbeat unanswered too long; True when it just
+        stopped (the node then heartbeats directly, for good)."""
+        if self.on and self.unanswered is not None and now - self.unanswered > FALLBACK_INTERVALS * self.interval:
+            self.on = False
+            return True
+        return False
+
+
+__all__ = ["FALLBACK_INTERVALS", "KEPT_BATCHES", "Relay", "RelayUse", "endpoint"]
