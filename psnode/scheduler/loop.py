@@ -255,6 +255,7 @@ class Scheduler:
         #: seconds between the liveness and wait checks (each visits every node; not every turn)
         self.check_every = max(0.05, min(0.25, cfg.heartbeat_interval / 4))
         self.relayed = 0                # heartbeats that came through hosts' relays (psnode.net.relay)
+        self.relaying = False           # handling a relayed batch: its nodes are answered by their relay
         self.standby_at = ""            # the standby that announced itself ("": none), told to the nodes
         self.announce_at = 0.0          # an idle standby announces itself to its primary from then on
         #: a node's heartbeats are answered at most this often: every other one where the timeout
@@ -545,7 +546,8 @@ class Scheduler:
         elif isinstance(body, Register):
             rb.fresh.setdefault(ident, body)
         elif rb.knows(ident) and isinstance(body, Heartbeat):
-            self._send(ident, Command.HEARTBEAT_ACK)
+            if not self.relaying:
+                self._send(ident, Command.HEARTBEAT_ACK)
         elif not rb.knows(ident) and msg.cmd in _NODE_COMMANDS:
             self._send(ident, Command.REJOIN)
         else:
@@ -771,9 +773,13 @@ class Scheduler:
             return
         if isinstance(body, Beats):   # a host's relay: each entry as a HEARTBEAT from its node
             self.relayed += len(body.beats)
-            self._send(ident, Command.HEARTBEATS_ACK, BeatsAck(body.n))
-            for node_ident, stats in body.beats:
-                self._handle(node_ident, Message(Command.HEARTBEAT, msg.job, msg.sender), Heartbeat(stats))
+            self._send(ident, Command.HEARTBEATS_ACK, BeatsAck(body.n))   # (the relay answers its nodes)
+            self.relaying = True
+            try:
+                for node_ident, stats in body.beats:
+                    self._handle(node_ident, Message(Command.HEARTBEAT, msg.job, msg.sender), Heartbeat(stats))
+            finally:
+                self.relaying = False
             return
         self._handle(ident, msg, body)
 
@@ -849,7 +855,7 @@ class Scheduler:
             self.slowness.heartbeat(node.rank, now)
         elif node.role == Role.SERVER and node.rank >= 0:
             self.slowness.server(node.rank, body.stats.awaited, now)
-        if now - node.acked >= self.ack_every:
+        if now - node.acked >= self.ack_every and not self.relaying:
             node.acked = now
             self._send(node, Command.HEARTBEAT_ACK)
 
