@@ -1,0 +1,100 @@
+"""Heartbeats relayed per host (psnode.net.relay), with real processes on 127.0.0.1.
+
+``PSNODE_HEARTBEAT_RELAY=on``: every node of the job sends its heartbeats to the host's relay,
+which sends the scheduler one batch per interval.  The relay here is a process of its own
+started first (:func:`psnode.net.relayhost.start`, the code a node runs when it is the first of
+the job on its host), so the test knows which process to kill.  W=3 workers, S=1 server, the
+rounds of :data:`tests.support.scheduler_restart.ROUNDS` (rank r pushes (r+1)*(step+1): the
+average is 2*(step+1), checked every round), heartbeat 0.2 s, timeout 1 s.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from psnode.scheduler.client import status
+from tests.support import wait_for
+from tests.support.cluster import ROOT, Job, Proc, free_port, start_job, wait_for_file, wait_job
+from tests.support.scheduler_restart import ROUNDS
+
+RELAY = {"PSNODE_HEARTBEAT_RELAY": "on", "PSNODE_HEARTBEAT_INTERVAL": "0.2", "PSNODE_HEARTBEAT_LIVENESS": "5"}
+HOLD = ("import sys; from psnode.config import NodeConfig; from psnode.net import relayhost\n"
+        "relay = relayhost.start(NodeConfig.from_env())\n"
+        "print('RELAY', relay is not None, flush=True); sys.stdin.read()\n")
+
+
+def _with_relay(tmp_path: Path, rounds: int) -> tuple[Job, Proc]:
+    """The relay first (its own process, holding the job's relay address on this host), then
+    the job."""
+    job_id, address = f"t{uuid.uuid4().hex[:10]}", f"127.0.0.1:{free_port()}"
+    env = {**os.environ, **RELAY, "PYTHONPATH": str(ROOT), "PSNODE_ROLE": "worker", "PSNODE_SCHEDULER": address,
+           "PSNODE_JOB_ID": job_id, "PSNODE_NUM_WORKERS": "3", "PSNODE_NUM_SERVERS": "1"}
+    popen = subprocess.Popen([sys.executable, "-c", HOLD], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert popen.stdout is not None
+    first = popen.stdout.readline()   # (bounded: the relay answers within 5 s or exits)
+    if first.strip() != "RELAY True":
+        popen.kill()
+        raise AssertionError(f"the relay did not start: {first!r} {popen.communicate(timeout=10)}")
+    job = start_job(ROUNDS, 3, 1, env={**RELAY, "PSNODE_JOB_ID": job_id, "PSNODE_SCHEDULER": address},
+                    args=[str(tmp_path), str(rounds)], tmp=tmp_path)
+    job.job_id, job.scheduler = job_id, address
+    return job, job.add(Proc("relay", 0, popen, [], env))
+
+
+def _relayed(job: Job) -> int:
+    return status(job.scheduler, job.job_id, timeout=2.0).relayed
+
+
+def test_the_scheduler_gets_batches_and_the_job_outlives_its_relay(tmp_path: Path) -> None:
+    """The relay is killed with SIGKILL mid-job: every node heartbeats directly within 2.5
+    intervals, nobody is taken for dead, and every round of the job completes exactly."""
+    job, relay = _with_relay(tmp_path, 120)
+    try:
+        wait_for_file(tmp_path / "round5", 60)
+        wait_for(lambda: _relayed(job) >= 20, 20, "relayed heartbeats at the scheduler")
+        os.kill(relay.popen.pid, signal.SIGKILL)
+        relay.popen.wait(10)
+        before = _relayed(job)
+        time.sleep(2.0)   # (twice the heartbeat timeout: a false death would end the job meanwhile)
+        answer = status(job.scheduler, job.job_id, timeout=2.0)
+        assert answer.relayed == before, "batches after the relay was killed"
+        assert sorted((n.role, n.rank, n.state) for n in answer.nodes) == [
+            ("server", 0, "alive"), ("worker", 0, "alive"), ("worker", 1, "alive"), ("worker", 2, "alive")]
+    finally:
+        relay.popen.kill()
+        wait_job(job, 90)
+    codes = sorted((p.role, p.rank, p.code) for p in job.procs)
+    assert codes == [("relay", 0, -signal.SIGKILL), ("scheduler", 0, 0), ("server", 0, 0), ("worker", 0, 0),
+                     ("worker", 1, 0), ("worker", 2, 0)], job.describe()
+    for w in job.workers:
+        assert "RANK %d ROUNDS 120 BAD []" % w.rank in w.out, job.describe()
+    for p in job.workers + job.by_role("server"):
+        assert "heartbeat relay of this host" in p.err and "does not answer" in p.err, job.describe()
+
+
+def test_a_killed_worker_is_named_within_the_heartbeat_timeout_while_the_relay_serves_the_rest(
+        tmp_path: Path) -> None:
+    job, relay = _with_relay(tmp_path, 400)
+    try:
+        wait_for_file(tmp_path / "round5", 60)
+        wait_for(lambda: _relayed(job) >= 20, 20, "relayed heartbeats at the scheduler")
+        os.kill(job.workers[2].popen.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        sched = job.by_role("scheduler")[0]
+        sched.popen.wait(20)
+        took = time.monotonic() - killed
+    finally:
+        relay.popen.kill()
+        wait_job(job, 60)
+    assert sched.code == 1, job.describe()
+    assert "worker 2 on 127.0.0.1" in sched.err and "stopped responding" in sched.err, job.describe()
+    # the timeout (1 s), a relayed heartbeat's lateness (an interval) and the failed job's last second
+    assert took < 1.0 + 0.2 + 1.0 + 1.0, (took, job.describe())
+    for w in job.workers[:2]:
+        assert w.code == 1 and "worker 2" in w.err, job.describe()
