@@ -14,7 +14,9 @@ HEARTBEAT_ACK to each node of that batch.
 :class:`Relay` is the relay's state: it forwards only what it heard since the last batch, so a
 node that stopped (dead, or hung) stops being forwarded, and the scheduler names it silent as if
 it sent directly (a relayed heartbeat is at most one interval late: the heartbeat timeout is
-several).
+several).  A node's counters equal to those it last sent go as its identity alone (sent whole
+again every :data:`REFRESH_BATCHES` batches, and whenever the node missed a batch): an idle
+node costs the scheduler a dictionary look-up, not a decode.
 
 :class:`RelayUse` is a node's side: heartbeats go through the relay while it answers; once no
 answer came through it for :data:`FALLBACK_INTERVALS` heartbeat intervals since the oldest
@@ -33,6 +35,8 @@ from psnode.protocol.control import MAX_BEATS, Beats, Counters
 FALLBACK_INTERVALS = 2.5
 #: batches the relay remembers while their answers are due (older ones are forgotten)
 KEPT_BATCHES = 4
+#: a node's unchanged counters are left out of a batch, but sent again after this many batches
+REFRESH_BATCHES = 10
 
 
 def endpoint(job_id: str) -> str:
@@ -49,6 +53,7 @@ class Relay:
     interval: float
     latest: dict[bytes, Counters] = field(default_factory=dict)
     sent: dict[int, tuple[bytes, ...]] = field(default_factory=dict)   # batch -> its nodes
+    told: dict[bytes, tuple[Counters, int]] = field(default_factory=dict)   # node -> counters sent, in batch
     next_batch: float = 0.0
     count: int = 0          # batches sent so far
 
@@ -67,7 +72,17 @@ class Relay:
         if not self.latest:
             return None
         self.count += 1
-        beats = Beats(self.count, tuple(self.latest.items()))
+        told, beats_of = self.told, list[tuple[bytes, Counters | None]]()
+        self.told = {}
+        for ident, stats in self.latest.items():
+            last = told.get(ident)
+            if last is not None and last[0] == stats and self.count - last[1] < REFRESH_BATCHES:
+                beats_of.append((ident, None))   # (unchanged: the scheduler has them)
+                self.told[ident] = last
+            else:
+                beats_of.append((ident, stats))
+                self.told[ident] = (stats, self.count)
+        beats = Beats(self.count, tuple(beats_of))
         self.latest = {}
         self.sent[beats.n] = tuple(i for i, _ in beats.beats)
         for old in [n for n in self.sent if n <= beats.n - KEPT_BATCHES]:
@@ -115,4 +130,4 @@ class RelayUse:
         return False
 
 
-__all__ = ["FALLBACK_INTERVALS", "KEPT_BATCHES", "Relay", "RelayUse", "endpoint"]
+__all__ = ["FALLBACK_INTERVALS", "KEPT_BATCHES", "REFRESH_BATCHES", "Relay", "RelayUse", "endpoint"]

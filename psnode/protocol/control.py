@@ -526,16 +526,18 @@ MAX_IDENT = 255    # characters of a node's routing identity
 class Beats:
     """The heartbeats a host's relay collected from its nodes over one interval
     (psnode.net.relay): batch number ``n`` and, per node, its routing identity toward the
-    scheduler and its counters.  The scheduler handles each as a HEARTBEAT from that node and
-    answers the batch once (HEARTBEATS_ACK ``n``).  On the wire:
-    ``{"n": 7, "beats": [["worker-12-ab12cd34", {stats}], ...]}``; a malformed entry makes the
-    whole batch malformed."""
+    scheduler and its counters, or None where they are those the relay last sent for it
+    (unchanged).  The scheduler handles each as a HEARTBEAT from that node and answers the
+    batch once (HEARTBEATS_ACK ``n``).  On the wire:
+    ``{"n": 7, "beats": [["worker-12-ab12cd34", {stats}], ["server-3-9f00aa11"], ...]}``; a
+    malformed entry makes the whole batch malformed."""
 
     n: int
-    beats: tuple[tuple[bytes, Counters], ...] = ()
+    beats: tuple[tuple[bytes, Counters | None], ...] = ()
 
     def to_body(self) -> dict[str, Any]:
-        return {"n": self.n, "beats": [[i.decode("ascii"), s.to_body()] for i, s in self.beats]}
+        return {"n": self.n, "beats": [[i.decode("ascii")] if s is None else [i.decode("ascii"), s.to_body()]
+                                       for i, s in self.beats]}
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Beats:
@@ -543,12 +545,14 @@ class Beats:
         raw = _list(body, "heartbeats", "beats")
         if len(raw) > MAX_BEATS:
             raise ProtocolError(f"heartbeats: {len(raw)} beats, more than {MAX_BEATS}")
-        beats = []
+        beats: list[tuple[bytes, Counters | None]] = []
         for entry in raw:
-            if type(entry) is not list or len(entry) != 2 or type(entry[0]) is not str \
+            if type(entry) is not list or not 1 <= len(entry) <= 2 or type(entry[0]) is not str \
                     or not 0 < len(entry[0]) <= MAX_IDENT or not entry[0].isascii():
-                raise ProtocolError(f"heartbeats: an entry must be [identity, stats], not {str(entry)[:60]}")
-            beats.append((entry[0].encode("ascii"), Counters.from_body(_object(entry[1], "heartbeats: stats"))))
+                raise ProtocolError(f"heartbeats: an entry must be [identity] or [identity, stats], "
+                                    f"not {str(entry)[:60]}")
+            stats = None if len(entry) == 1 else Counters.from_body(_object(entry[1], "heartbeats: stats"))
+            beats.append((entry[0].encode("ascii"), stats))
         return cls(n, tuple(beats))
 
 

@@ -776,8 +776,15 @@ class Scheduler:
             self._send(ident, Command.HEARTBEATS_ACK, BeatsAck(body.n))   # (the relay answers its nodes)
             self.relaying = True
             try:
+                now = time.monotonic()
                 for node_ident, stats in body.beats:
-                    self._handle(node_ident, Message(Command.HEARTBEAT, msg.job, msg.sender), Heartbeat(stats))
+                    node = self.nodes.get(node_ident)
+                    if node is not None and self.active and self.rebuild is None and node.state != NodeState.LOST:
+                        node.last_seen = now   # (what _handle and _heartbeat_msg do, for the usual case)
+                        self._took_beat(node, node.stats if stats is None else stats, now)
+                    else:
+                        self._handle(node_ident, Message(Command.HEARTBEAT, msg.job, msg.sender),
+                                     Heartbeat(stats or Counters()))
             finally:
                 self.relaying = False
             return
@@ -850,14 +857,18 @@ class Scheduler:
 
     def _heartbeat_msg(self, node: Node, body: Heartbeat) -> None:
         now = time.monotonic()
-        node.update_stats(body.stats, now)
-        if node.role == Role.WORKER and node.rank >= 0:
-            self.slowness.heartbeat(node.rank, now)
-        elif node.role == Role.SERVER and node.rank >= 0:
-            self.slowness.server(node.rank, body.stats.awaited, now)
+        self._took_beat(node, body.stats, now)
         if now - node.acked >= self.ack_every and not self.relaying:
             node.acked = now
             self._send(node, Command.HEARTBEAT_ACK)
+
+    def _took_beat(self, node: Node, stats: Counters, now: float) -> None:
+        """A heartbeat of ``node`` (direct or relayed) with its counters."""
+        node.update_stats(stats, now)
+        if node.role == Role.WORKER and node.rank >= 0:
+            self.slowness.heartbeat(node.rank, now)
+        elif node.role == Role.SERVER and node.rank >= 0:
+            self.slowness.server(node.rank, stats.awaited, now)
 
     def _barrier_msg(self, node: Node, body: Barrier) -> None:
         if node.role != Role.WORKER:

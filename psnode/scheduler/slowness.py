@@ -88,7 +88,7 @@ class Slowness:
         self._samples.pop(worker, None)
 
     def _add(self, q: Samples, now: float, totals: Totals) -> None:
-        if q and any(s < q[-1][1].get(x, 0.0) for x, s in totals.items()):
+        if q and totals and any(s < q[-1][1].get(x, 0.0) for x, s in totals.items()):
             q.clear()   # (a restarted server counts from 0 again)
         q.append((now, totals))
         while len(q) >= 3 and q[1][0] <= now - self.window:   # (one sample at or before the window stays)

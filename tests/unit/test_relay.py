@@ -6,7 +6,7 @@ import pytest
 
 from psnode.config import NodeConfig, RelayMode, Role
 from psnode.errors import ConfigError, ProtocolError
-from psnode.net.relay import FALLBACK_INTERVALS, KEPT_BATCHES, Relay, RelayUse, endpoint
+from psnode.net.relay import FALLBACK_INTERVALS, KEPT_BATCHES, REFRESH_BATCHES, Relay, RelayUse, endpoint
 from psnode.protocol import Command
 from psnode.protocol.control import MAX_BEATS, Beats, BeatsAck, Counters, decode_body
 
@@ -24,6 +24,21 @@ def test_one_batch_per_interval_with_each_nodes_latest_counters() -> None:
     r.beat(b"b", Counters(pushes=6))
     assert r.batch(3.0) == Beats(2, ((b"b", Counters(pushes=6)),))
     assert r.timeout(3.25) == 0.75
+
+
+def test_unchanged_counters_go_as_the_identity_alone_and_whole_again_now_and_then() -> None:
+    r = Relay(1.0)
+    sent = []
+    for t in range(REFRESH_BATCHES + 6):
+        if t != 3:                                 # (it misses batch 3: whole again in the next)
+            r.beat(b"idle", Counters(pushes=1))
+        r.beat(b"busy", Counters(pushes=t))
+        got = r.batch(float(t))
+        assert got is not None and got.n == t + 1
+        sent.append(dict(got.beats))
+    assert all(s[b"busy"] == Counters(pushes=t) for t, s in enumerate(sent))
+    assert [t for t, s in enumerate(sent) if s.get(b"idle", 0) is not None] == [0, 3, 4, 4 + REFRESH_BATCHES]
+    assert b"idle" not in sent[3] and sent[4][b"idle"] == Counters(pushes=1)
 
 
 def test_the_scheduler_answer_is_fanned_out_to_the_nodes_of_that_batch_once() -> None:
@@ -85,11 +100,13 @@ def test_off_never_falls_back_and_endpoint_is_per_job() -> None:
 
 
 def test_beats_round_trip_and_malformed_batches_name_the_field() -> None:
-    b = Beats(3, ((b"worker-1-ab", Counters(pushes=2, rounds=1)), (b"server-2-cd", Counters())))
+    b = Beats(3, ((b"worker-1-ab", Counters(pushes=2, rounds=1)), (b"server-2-cd", Counters()), (b"w-3", None)))
     assert decode_body(Command.HEARTBEATS, b.to_body()) == b
+    assert b.to_body()["beats"][2] == ["w-3"]
     assert decode_body(Command.HEARTBEATS_ACK, BeatsAck(3).to_body()) == BeatsAck(3)
     for body, word in [({"beats": []}, "n is missing"), ({"n": 1}, "beats is missing"),
-                       ({"n": 1, "beats": {}}, "beats must be a list"), ({"n": 1, "beats": [["a"]]}, "entry"),
+                       ({"n": 1, "beats": {}}, "beats must be a list"), ({"n": 1, "beats": [[]]}, "entry"),
+                       ({"n": 1, "beats": [["a", {}, {}]]}, "entry"),
                        ({"n": 1, "beats": [[3, {}]]}, "entry"), ({"n": 1, "beats": [["a", []]]}, "stats"),
                        ({"n": -1, "beats": []}, "n must be"),
                        ({"n": 1, "beats": [["a", {}]] * (MAX_BEATS + 1)}, "more than")]:
