@@ -533,7 +533,8 @@ def simulate(cfg: SimConfig) -> dict[str, Any]:
     out = {"workers": cfg.workers, "servers": cfg.servers, "hosts": world.hosts, "relay": cfg.relay,
            "heartbeat_s": cfg.heartbeat,
            "dead_after_s": cfg.dead_after, **world.results, "wall_s": time.monotonic() - t0,
-           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "exit": code}
+           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "relayed": sched.relayed,
+           "exit": code}
     return out
 
 
