@@ -19,7 +19,10 @@ Life of a job as the scheduler sees it:
    once per scheduler turn for all the FINISHes it handled, and before a BARRIER_DONE or the
    job's end (:mod:`psnode.scheduler.roster` keeps the indexes, so no message rescans the job).  When every
    worker has finished, servers get SHUTDOWN, answer BYE, and the scheduler exits 0.
-4. A node silent for ``heartbeat_interval * heartbeat_liveness`` seconds is dead (checked every
+4. Heartbeats come from each node, or batched per host by the host's relay (HEARTBEATS,
+   psnode.net.relay): each entry is handled as its node's own HEARTBEAT (an entry without
+   counters: the node's counters did not change), and the relay is answered once for the batch.
+   A node silent for ``heartbeat_interval * heartbeat_liveness`` seconds is dead (checked every
    quarter heartbeat interval, 0.05 to 0.25 s: each check visits every node, so it runs on a
    clock, never once per message).  Everyone else
    gets PEER_LOST naming it (role, rank, host, pid, seconds silent) and the scheduler exits 1 --
@@ -691,21 +694,24 @@ class Scheduler:
         for each other in a cycle (psnode.scheduler.waitfor)."""
         if not self.started:
             return
-        live = [n for n in self.nodes.values() if n.role == Role.WORKER and n.state == NodeState.ALIVE]
-        waits = {n.rank: n.stats.wait for n in live}
+        alive, worker = NodeState.ALIVE, Role.WORKER
+        waits = {n.rank: n.stats.wait for n in self.nodes.values() if n.state is alive and n.role == worker}
         if not waits:
             return
-        entered = {self.nodes[i].rank: b for i, b in self.barrier.items() if i in self.nodes}
+        entered: dict[int, int] = {}   # (built on first use: a check runs four times a second over every node)
 
         def not_in_barrier(n: int) -> list[int]:
+            if self.barrier and not entered:
+                entered.update((self.nodes[i].rank, b) for i, b in self.barrier.items() if i in self.nodes)
             return [r for r in waits if entered.get(r, 0) < n]
         for line in self.stalls.check(waits, not_in_barrier):
             log.warning("%s", line)
         if self.waiting_replacement:
             self.watch.reset()
             return
+        # (only a job whose every live worker waits can be deadlocked: the watch reads ``gone`` then)
         gone = {n.rank for n in self.nodes.values() if n.role == Role.WORKER and n.state in
-                (NodeState.FINISHED, NodeState.EXITED, NodeState.LOST)}
+                (NodeState.FINISHED, NodeState.EXITED, NodeState.LOST)} if None not in waits.values() else set()
         verdict = self.watch.check(now, waits, not_in_barrier, gone)
         if verdict is not None:
             self._end(False, verdict, Command.PEER_LOST, what=verdict, since=time.time())
@@ -745,8 +751,9 @@ class Scheduler:
                 self._end(False, f"{role} {rank} was not restarted within {self.cfg.register_timeout:g} s",
                           Command.PEER_LOST)
                 return
+        heard = now - limit   # (heard from since: alive, whatever its state)
         for n in list(self.nodes.values()):
-            if n.state not in (NodeState.ALIVE, NodeState.REGISTERED) or now - n.last_seen <= limit:
+            if n.last_seen >= heard or n.state not in (NodeState.ALIVE, NodeState.REGISTERED):
                 continue
             silent = now - n.last_seen
             if self._restartable(n) and self.exit_code is None:

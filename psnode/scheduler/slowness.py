@@ -140,9 +140,7 @@ class Stalls:
             return []
         out = []
         current = set()
-        for r, w in sorted(waits.items()):
-            if w is None:
-                continue
+        for r, w in sorted((r, w) for r, w in waits.items() if w is not None):
             key = (r, w.episode)
             current.add(key)
             if w.waited < self.threshold or key in self._warned:
