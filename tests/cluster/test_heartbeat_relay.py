@@ -17,6 +17,8 @@ import time
 import uuid
 from pathlib import Path
 
+from psnode.net.security import Mode
+from psnode.net.transport import new_security
 from psnode.scheduler.client import status
 from tests.support import wait_for
 from tests.support.cluster import ROOT, Job, Proc, free_port, start_job, wait_for_file, wait_job
@@ -28,11 +30,11 @@ HOLD = ("import sys; from psnode.config import NodeConfig; from psnode.net impor
         "print('RELAY', relay is not None, flush=True); sys.stdin.read()\n")
 
 
-def _with_relay(tmp_path: Path, rounds: int) -> tuple[Job, Proc]:
+def _with_relay(tmp_path: Path, rounds: int, secure: dict[str, str]) -> tuple[Job, Proc]:
     """The relay first (its own process, holding the job's relay address on this host), then
-    the job."""
+    the job (``secure``: its key file, or nothing: insecure)."""
     job_id, address = f"t{uuid.uuid4().hex[:10]}", f"127.0.0.1:{free_port()}"
-    env = {**os.environ, **RELAY, "PYTHONPATH": str(ROOT), "PSNODE_ROLE": "worker", "PSNODE_SCHEDULER": address,
+    env = {**os.environ, **RELAY, **secure, "PYTHONPATH": str(ROOT), "PSNODE_ROLE": "worker", "PSNODE_SCHEDULER": address,
            "PSNODE_JOB_ID": job_id, "PSNODE_NUM_WORKERS": "3", "PSNODE_NUM_SERVERS": "1"}
     popen = subprocess.Popen([sys.executable, "-c", HOLD], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -41,20 +43,23 @@ def _with_relay(tmp_path: Path, rounds: int) -> tuple[Job, Proc]:
     if first.strip() != "RELAY True":
         popen.kill()
         raise AssertionError(f"the relay did not start: {first!r} {popen.communicate(timeout=10)}")
-    job = start_job(ROUNDS, 3, 1, env={**RELAY, "PSNODE_JOB_ID": job_id, "PSNODE_SCHEDULER": address},
+    job = start_job(ROUNDS, 3, 1, env={**RELAY, **secure, "PSNODE_JOB_ID": job_id, "PSNODE_SCHEDULER": address},
                     args=[str(tmp_path), str(rounds)], tmp=tmp_path)
     job.job_id, job.scheduler = job_id, address
     return job, job.add(Proc("relay", 0, popen, [], env))
 
 
 def _relayed(job: Job) -> int:
-    return status(job.scheduler, job.job_id, timeout=2.0).relayed
+    return status(job.scheduler, job.job_id, key_file=job.procs[0].env.get("PSNODE_KEY_FILE"), timeout=2.0).relayed
 
 
 def test_the_scheduler_gets_batches_and_the_job_outlives_its_relay(tmp_path: Path) -> None:
     """The relay is killed with SIGKILL mid-job: every node heartbeats directly within 2.5
-    intervals, nobody is taken for dead, and every round of the job completes exactly."""
-    job, relay = _with_relay(tmp_path, 120)
+    intervals, nobody is taken for dead, and every round of the job completes exactly.  The
+    job is encrypted (CURVE): the relay's sockets use the job's keys like every other."""
+    keyfile = tmp_path / "job.key"
+    new_security(Mode.ENCRYPTED).save(str(keyfile))
+    job, relay = _with_relay(tmp_path, 120, {"PSNODE_KEY_FILE": str(keyfile)})
     try:
         wait_for_file(tmp_path / "round5", 60)
         wait_for(lambda: _relayed(job) >= 20, 20, "relayed heartbeats at the scheduler")
@@ -62,7 +67,7 @@ def test_the_scheduler_gets_batches_and_the_job_outlives_its_relay(tmp_path: Pat
         relay.popen.wait(10)
         before = _relayed(job)
         time.sleep(2.0)   # (twice the heartbeat timeout: a false death would end the job meanwhile)
-        answer = status(job.scheduler, job.job_id, timeout=2.0)
+        answer = status(job.scheduler, job.job_id, key_file=str(keyfile), timeout=2.0)
         assert answer.relayed == before, "batches after the relay was killed"
         assert sorted((n.role, n.rank, n.state) for n in answer.nodes) == [
             ("server", 0, "alive"), ("worker", 0, "alive"), ("worker", 1, "alive"), ("worker", 2, "alive")]
@@ -80,7 +85,7 @@ def test_the_scheduler_gets_batches_and_the_job_outlives_its_relay(tmp_path: Pat
 
 def test_a_killed_worker_is_named_within_the_heartbeat_timeout_while_the_relay_serves_the_rest(
         tmp_path: Path) -> None:
-    job, relay = _with_relay(tmp_path, 400)
+    job, relay = _with_relay(tmp_path, 400, {})
     try:
         wait_for_file(tmp_path / "round5", 60)
         wait_for(lambda: _relayed(job) >= 20, 20, "relayed heartbeats at the scheduler")
