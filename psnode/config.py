@@ -47,8 +47,9 @@ variable                           meaning (default)
                                    through one of them, which sends the scheduler one batch per
                                    interval (psnode.net.relay); ``off``: each its own; ``auto``:
                                    on where ``PSNODE_HOST_PROCESSES`` is 8 or more (``auto``)
-``PSNODE_HOST_PROCESSES``          how many of the job's processes the launcher runs on this
-                                   node's host (``0``: not known)
+``PSNODE_HOST_PROCESSES``          how many of the job's nodes the launcher runs on this node's
+                                   host (``mxdist launch`` says so where they are 8 or more;
+                                   ``0``: not known)
 ``PSNODE_REGISTER_TIMEOUT``        seconds to wait for the whole job to register (``120``)
 ``PSNODE_RETRY_TIMEOUT``           seconds a worker waits for a server's answer before it sends
                                    the request again (``2``); a request still parked on a live
