@@ -31,8 +31,9 @@ With ``cfg.relay`` (``PSNODE_HEARTBEAT_RELAY``), heartbeats go through the host'
 (:mod:`psnode.net.relay`; the first node of the job on the host runs it,
 :mod:`psnode.net.relayhost`), which answers them once the scheduler took their batch; an answer
 through the relay counts as the scheduler's.  Everything else goes to the scheduler directly.
-The relay silent for :data:`~psnode.net.relay.FALLBACK_INTERVALS` intervals, or the node gone
-over to a standby: the node heartbeats directly, for good.
+The relay silent for :data:`~psnode.net.relay.FALLBACK_INTERVALS` intervals: the node
+heartbeats directly, and tries the relay again now and then (becoming the host's relay itself
+when no process holds it); gone over to a standby: directly, for good.
 """
 from __future__ import annotations
 
@@ -96,7 +97,7 @@ class SchedulerLink:
         if held > 0:   # (this node's own loop was held: not the scheduler's silence)
             self.last_ack = min(now, self.last_ack + held)
             self.relay_use.held(held)
-        if self.relay_use.on:
+        if self.relay_chan is not None and self.relay_use.retry:
             self._relay_answers(now)
         if now >= self._next_beat:
             if not self.welcomed:
@@ -117,8 +118,12 @@ class SchedulerLink:
         if self.relay_use.on and self.relay_chan is not None:
             self.relay_chan.send(Command.HEARTBEAT, body)
             self.relay_use.sent(now)
-        else:
-            self.chan.send(Command.HEARTBEAT, body)
+            return
+        self.chan.send(Command.HEARTBEAT, body)
+        if self.relay_chan is not None and self.relay_use.probe(now):   # (try the relay again)
+            if self.relay_host is None:
+                self.relay_host = relayhost.start(self.cfg)   # (the host's relay, if no process is)
+            self.relay_chan.send(Command.HEARTBEAT, body)
 
     def _relay_answers(self, now: float) -> None:
         """Take the relay's answers; fall back to direct heartbeats when it left one unanswered
@@ -126,8 +131,10 @@ class SchedulerLink:
         assert self.relay_chan is not None
         while (got := self.relay_chan.recv()) is not None:
             if got[1].cmd is Command.HEARTBEAT_ACK:
-                self.relay_use.answered()
                 self.last_ack = time.monotonic()
+                if self.relay_use.answered():
+                    log.warning("the heartbeat relay of this host (%s) answers again; heartbeating through it",
+                                self.relay_chan.address)
         if self.relay_use.fall_back(now):
             log.warning("the heartbeat relay of this host (%s) does not answer; heartbeating the scheduler "
                         "at %s directly", self.relay_chan.address, self.chan.address)
@@ -149,7 +156,7 @@ class SchedulerLink:
         self.chan.repoint(host, port)
         self.scheduler_pid = None
         self.last_ack = now
-        self.relay_use.on = False   # (the relay serves the scheduler that went silent)
+        self.relay_use.stop()   # (the relay serves the scheduler that went silent)
         if self.welcomed and self.report is not None:
             self.welcomed, self.rejoining = False, True
         self.chan.send(Command.REGISTER, self._registration())

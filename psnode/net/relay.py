@@ -20,10 +20,14 @@ node costs the scheduler a dictionary look-up, not a decode.
 
 :class:`RelayUse` is a node's side: heartbeats go through the relay while it answers; once no
 answer came through it for :data:`FALLBACK_INTERVALS` heartbeat intervals since the oldest
-unanswered heartbeat, the node heartbeats directly, for good.  That is well before the
-scheduler's timeout (``heartbeat_liveness`` intervals, 5 by default), so the relay's process
-dying never makes the scheduler take the others for dead; the relay's own process is watched
-like any other (its own heartbeats stop).
+unanswered heartbeat, the node heartbeats directly.  That is well before the scheduler's
+timeout (``heartbeat_liveness`` intervals, 5 by default), so the relay's process dying never
+makes the scheduler take the others for dead; the relay's own process is watched like any other
+(its own heartbeats stop).  Every :data:`RETRY_INTERVALS` intervals a fallen-back node sends one
+heartbeat through the relay too (first trying to become the host's relay itself, when no process
+holds its address any more): answered, it uses the relay again.  So a scheduler restarted at its
+address, or a relay's lost process, costs the aggregation for a few intervals, not for the rest
+of the job.  A node that went over to a standby scheduler never uses the relay again.
 """
 from __future__ import annotations
 
@@ -33,6 +37,8 @@ from psnode.protocol.control import MAX_BEATS, Beats, Counters
 
 #: intervals without an answer through the relay before a node heartbeats directly
 FALLBACK_INTERVALS = 2.5
+#: intervals between a fallen-back node's tries of the relay
+RETRY_INTERVALS = 10
 #: batches the relay remembers while their answers are due (older ones are forgotten)
 KEPT_BATCHES = 4
 #: a node's unchanged counters are left out of a batch, but sent again after this many batches
@@ -106,15 +112,22 @@ class RelayUse:
     interval: float
     on: bool = True
     unanswered: float | None = None   # when the oldest heartbeat not yet answered through the relay was sent
+    retry: bool = True                # off: try the relay again now and then (False: never again)
+    probed: float = 0.0               # when the relay was last tried again
 
     def sent(self, now: float) -> None:
         """A heartbeat went to the relay."""
         if self.unanswered is None:
             self.unanswered = now
 
-    def answered(self) -> None:
-        """The relay answered (the scheduler took this node's heartbeat)."""
+    def answered(self) -> bool:
+        """The relay answered (the scheduler took this node's heartbeat); True when that puts a
+        node that had fallen back on the relay again."""
         self.unanswered = None
+        if self.on or not self.retry:
+            return False
+        self.on = True
+        return True
 
     def held(self, seconds: float) -> None:
         """The node's own loop was held ``seconds``: that time does not count against the relay."""
@@ -123,11 +136,23 @@ class RelayUse:
 
     def fall_back(self, now: float) -> bool:
         """Stop using the relay if it left a heartbeat unanswered too long; True when it just
-        stopped (the node then heartbeats directly, for good)."""
+        stopped (the node then heartbeats directly, and tries the relay again every
+        :data:`RETRY_INTERVALS` intervals: :meth:`probe`)."""
         if self.on and self.unanswered is not None and now - self.unanswered > FALLBACK_INTERVALS * self.interval:
-            self.on = False
+            self.on, self.unanswered, self.probed = False, None, now
             return True
         return False
 
+    def probe(self, now: float) -> bool:
+        """Should this heartbeat (sent directly) also go to the relay, to try it again?"""
+        if self.on or not self.retry or now - self.probed < RETRY_INTERVALS * self.interval:
+            return False
+        self.probed = now
+        return True
 
-__all__ = ["FALLBACK_INTERVALS", "KEPT_BATCHES", "REFRESH_BATCHES", "Relay", "RelayUse", "endpoint"]
+    def stop(self) -> None:
+        """Never use the relay again (the node went over to a standby scheduler)."""
+        self.on = self.retry = False
+
+
+__all__ = ["FALLBACK_INTERVALS", "KEPT_BATCHES", "REFRESH_BATCHES", "RETRY_INTERVALS", "Relay", "RelayUse", "endpoint"]

@@ -6,7 +6,15 @@ import pytest
 
 from psnode.config import NodeConfig, RelayMode, Role
 from psnode.errors import ConfigError, ProtocolError
-from psnode.net.relay import FALLBACK_INTERVALS, KEPT_BATCHES, REFRESH_BATCHES, Relay, RelayUse, endpoint
+from psnode.net.relay import (
+    FALLBACK_INTERVALS,
+    KEPT_BATCHES,
+    REFRESH_BATCHES,
+    RETRY_INTERVALS,
+    Relay,
+    RelayUse,
+    endpoint,
+)
 from psnode.protocol import Command
 from psnode.protocol.control import MAX_BEATS, Beats, BeatsAck, Counters, decode_body
 
@@ -79,6 +87,24 @@ def test_a_node_falls_back_after_its_oldest_unanswered_heartbeat_waited_the_boun
     assert not u.fall_back(FALLBACK_INTERVALS)
     assert u.fall_back(FALLBACK_INTERVALS + 0.01) and not u.on
     assert not u.fall_back(10.0)                   # once
+
+
+def test_a_fallen_back_node_tries_the_relay_again_and_resumes_when_answered() -> None:
+    u = RelayUse(1.0)
+    u.sent(0.0)
+    assert u.fall_back(3.0)
+    assert not u.probe(3.0 + RETRY_INTERVALS - 0.1)
+    assert u.probe(3.0 + RETRY_INTERVALS) and not u.probe(3.0 + RETRY_INTERVALS + 1)   # one try per period
+    assert u.probe(3.0 + 2 * RETRY_INTERVALS)
+    assert u.answered() and u.on and u.unanswered is None                              # back on the relay
+    assert not u.answered()                                                            # (already on)
+    assert not u.probe(1000.0)                                                         # on: nothing to try
+
+
+def test_a_node_gone_over_to_a_standby_never_uses_the_relay_again() -> None:
+    u = RelayUse(1.0)
+    u.stop()
+    assert not u.on and not u.probe(1000.0) and not u.answered() and not u.on
 
 
 def test_an_answer_resets_the_wait_and_a_held_loop_does_not_count() -> None:
