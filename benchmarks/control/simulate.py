@@ -195,7 +195,8 @@ class World:
     def relay_answered(self, ident: bytes, body: dict[str, Any] | None) -> None:
         """The scheduler answered a relay's batch (the relay answers its nodes)."""
         if body is not None:
-            self.relays[self.relay_idents[ident]].acked(BeatsAck.from_body(body).n)
+            ack = BeatsAck.from_body(body)
+            self.relays[self.relay_idents[ident]].acked(ack.n, ack.unknown)
 
     def fire(self, now: float) -> None:
         """Every event due by ``now``: what the nodes send then."""

@@ -95,10 +95,14 @@ class Relay:
             del self.sent[old]
         return beats
 
-    def acked(self, n: int) -> tuple[bytes, ...]:
-        """The scheduler answered batch ``n``: the nodes to answer (none for an unknown or
-        repeated ``n``)."""
-        return self.sent.pop(n, ())
+    def acked(self, n: int, unknown: tuple[bytes, ...] = ()) -> tuple[bytes, ...]:
+        """The scheduler answered batch ``n``: the nodes to answer, all of the batch's but those
+        it does not know (``unknown``; none for an unknown or repeated ``n``)."""
+        nodes = self.sent.pop(n, ())
+        if unknown:
+            gone = set(unknown)
+            return tuple(i for i in nodes if i not in gone)
+        return nodes
 
     def timeout(self, now: float) -> float:
         """Seconds until the next batch is due."""

@@ -69,7 +69,8 @@ class RelayHost(threading.Thread):
                     if answer[1].cmd is not Command.HEARTBEATS_ACK:
                         continue
                     try:
-                        acked = relay.acked(BeatsAck.from_body(answer[1].body).n)
+                        ack = BeatsAck.from_body(answer[1].body)
+                        acked = relay.acked(ack.n, ack.unknown)
                     except ProtocolError as exc:
                         log.warning("relay: dropped the scheduler's answer: %s", exc)
                         continue

@@ -558,16 +558,22 @@ class Beats:
 
 @dataclass(frozen=True)
 class BeatsAck:
-    """The scheduler took HEARTBEATS batch ``n``: the relay answers its nodes."""
+    """The scheduler took HEARTBEATS batch ``n``: the relay answers its nodes, but those the
+    scheduler does not know (``unknown``: it would not answer their own HEARTBEAT either)."""
 
     n: int
+    unknown: tuple[bytes, ...] = ()
 
     def to_body(self) -> dict[str, Any]:
-        return {"n": self.n}
+        return {"n": self.n, **({"unknown": [i.decode("ascii") for i in self.unknown]} if self.unknown else {})}
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> BeatsAck:
-        return cls(_int(body, "heartbeats_ack", "n", high=_MAX_COUNT))
+        unknown = body.get("unknown", [])
+        if type(unknown) is not list or len(unknown) > MAX_BEATS or not all(
+                type(i) is str and 0 < len(i) <= MAX_IDENT and i.isascii() for i in unknown):
+            raise ProtocolError(f"heartbeats_ack: unknown must list node identities, not {str(unknown)[:60]}")
+        return cls(_int(body, "heartbeats_ack", "n", high=_MAX_COUNT), tuple(i.encode("ascii") for i in unknown))
 
 
 @dataclass(frozen=True)

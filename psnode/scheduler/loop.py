@@ -780,8 +780,8 @@ class Scheduler:
             return
         if isinstance(body, Beats):   # a host's relay: each entry as a HEARTBEAT from its node
             self.relayed += len(body.beats)
-            self._send(ident, Command.HEARTBEATS_ACK, BeatsAck(body.n))   # (the relay answers its nodes)
             self.relaying = True
+            unknown = []   # (the relay answers the rest: as their own HEARTBEATs would be answered)
             try:
                 now = time.monotonic()
                 for node_ident, stats in body.beats:
@@ -789,11 +789,14 @@ class Scheduler:
                     if node is not None and self.active and self.rebuild is None and node.state != NodeState.LOST:
                         node.last_seen = now   # (what _handle and _heartbeat_msg do, for the usual case)
                         self._took_beat(node, node.stats if stats is None else stats, now)
-                    else:
-                        self._handle(node_ident, Message(Command.HEARTBEAT, msg.job, msg.sender),
-                                     Heartbeat(stats or Counters()))
+                        continue
+                    self._handle(node_ident, Message(Command.HEARTBEAT, msg.job, msg.sender),
+                                 Heartbeat(stats or Counters()))
+                    if node is None and not (self.rebuild is not None and self.rebuild.knows(node_ident)):
+                        unknown.append(node_ident)
             finally:
                 self.relaying = False
+            self._send(ident, Command.HEARTBEATS_ACK, BeatsAck(body.n, tuple(unknown)))
             return
         self._handle(ident, msg, body)
 

@@ -79,6 +79,7 @@ VALID = [
     (Command.HEARTBEATS, Beats(4, ((b"worker-7-ab12", Counters(pushes=3, wait=WAIT)), (b"server-8-cd", Counters())))),
     (Command.HEARTBEATS, Beats(1)),
     (Command.HEARTBEATS_ACK, BeatsAck(4)),
+    (Command.HEARTBEATS_ACK, BeatsAck(5, (b"worker-9-ff",))),
     (Command.BARRIER, Barrier(3)),
     (Command.BARRIER_DONE, BarrierDone(3)),
     (Command.FINISH, Empty()),

@@ -60,6 +60,10 @@ def test_the_scheduler_answer_is_fanned_out_to_the_nodes_of_that_batch_once() ->
     assert r.acked(second.n) == (b"c",)
     assert r.acked(first.n) == (b"a", b"b")
     assert r.acked(first.n) == () and r.acked(99) == ()   # repeated or unknown: nobody
+    r.beat(b"d", Counters())
+    r.beat(b"e", Counters())
+    third = r.batch(2.0)
+    assert third is not None and r.acked(third.n, (b"d", b"x")) == (b"e",)   # not the scheduler's unknown
 
 
 def test_unanswered_batches_are_forgotten_after_a_few() -> None:
