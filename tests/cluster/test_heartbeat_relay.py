@@ -107,3 +107,37 @@ def test_a_killed_worker_is_named_within_the_heartbeat_timeout_while_the_relay_s
     assert took < 1.0 + 0.2 + 1.0 + 1.0, (took, job.describe())
     for w in job.workers[:2]:
         assert w.code == 1 and "worker 2" in w.err, job.describe()
+
+
+LAUNCHED = """
+import os, time, numpy as np, psnode.kv
+from psnode import launcher
+kv = psnode.kv.create('dist_sync')
+kv.init(3, np.zeros(4, np.float32))
+kv.push(3, np.full(4, kv.rank + 1, np.float32))
+out = np.empty(4, np.float32)
+kv.pull(3, out=out)
+assert (out == (kv.num_workers + 1) / 2).all(), out
+relayed, deadline = 0, time.monotonic() + 30
+while kv.rank == 0 and relayed == 0 and time.monotonic() < deadline:
+    time.sleep(0.2)
+    relayed = launcher.status(os.environ["PSNODE_SCHEDULER"], os.environ["PSNODE_JOB_ID"],
+                              key_file=os.environ.get("PSNODE_KEY_FILE"), timeout=5.0).relayed
+kv.barrier()
+print("rank", kv.rank, "host processes", os.environ.get("PSNODE_HOST_PROCESSES"), "relayed", relayed > 0, flush=True)
+kv.close()
+"""
+
+
+def test_mxdist_launch_relays_the_heartbeats_of_a_host_with_nine_nodes(tmp_path: Path) -> None:
+    """``mxdist launch -n 8 -s 1`` on this machine: 9 nodes on one host, so each is told so
+    (PSNODE_HOST_PROCESSES) and, by default (``auto``), heartbeats through the host's relay: the
+    scheduler counts relayed heartbeats while the job runs, and the job ends well."""
+    from tests.support.cli import assert_nothing_left, cli_env, run_cli
+    home = tmp_path / "mxdist-home"
+    (tmp_path / "job.py").write_text(LAUNCHED)
+    res = run_cli(["launch", "-n", "8", "-s", "1", str(tmp_path / "job.py")], cli_env(home), timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    for rank in range(8):
+        assert f"rank {rank} host processes 9 relayed {rank == 0}" in res.stdout, res.stdout + res.stderr
+    assert_nothing_left(home)
