@@ -34,7 +34,8 @@ def _with_relay(tmp_path: Path, rounds: int, secure: dict[str, str]) -> tuple[Jo
     """The relay first (its own process, holding the job's relay address on this host), then
     the job (``secure``: its key file, or nothing: insecure)."""
     job_id, address = f"t{uuid.uuid4().hex[:10]}", f"127.0.0.1:{free_port()}"
-    env = {**os.environ, **RELAY, **secure, "PYTHONPATH": str(ROOT), "PSNODE_ROLE": "worker", "PSNODE_SCHEDULER": address,
+    env = {**os.environ, **RELAY, **secure, "PYTHONPATH": str(ROOT), "PSNODE_ROLE": "worker",
+           "PSNODE_SCHEDULER": address,
            "PSNODE_JOB_ID": job_id, "PSNODE_NUM_WORKERS": "3", "PSNODE_NUM_SERVERS": "1"}
     popen = subprocess.Popen([sys.executable, "-c", HOLD], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)
