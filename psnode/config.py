@@ -43,6 +43,13 @@ variable                           meaning (default)
                                    worker's life; none)
 ``PSNODE_HEARTBEAT_INTERVAL``      seconds between heartbeats (``1.0``)
 ``PSNODE_HEARTBEAT_LIVENESS``      missed intervals before a node is declared dead (``5``)
+``PSNODE_HEARTBEAT_RELAY``         ``on``: the job's processes on one host send their heartbeats
+                                   through one of them, which sends the scheduler one batch per
+                                   interval (psnode.net.relay); ``off``: each its own; ``auto``:
+                                   on where ``PSNODE_HOST_PROCESSES`` is 8 or more (``auto``)
+``PSNODE_HOST_PROCESSES``          how many of the job's nodes the launcher runs on this node's
+                                   host (``mxdist launch`` says so where they are 8 or more;
+                                   ``0``: not known)
 ``PSNODE_REGISTER_TIMEOUT``        seconds to wait for the whole job to register (``120``)
 ``PSNODE_RETRY_TIMEOUT``           seconds a worker waits for a server's answer before it sends
                                    the request again (``2``); a request still parked on a live
@@ -129,6 +136,18 @@ class CpuPolicy(str, Enum):
 
     BATCH = "batch"
     NORMAL = "normal"
+
+
+class RelayMode(str, Enum):
+    """Whether a node's heartbeats go through its host's relay (psnode.net.relay)."""
+
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+
+#: ``auto`` relays heartbeats on a host with at least this many of the job's processes
+RELAY_FROM = 8
 
 
 class Distribution(str, Enum):
@@ -236,6 +255,8 @@ class NodeConfig:
     rank: int | None = None
     heartbeat_interval: float = 1.0
     heartbeat_liveness: int = 5
+    heartbeat_relay: RelayMode = RelayMode.AUTO
+    host_processes: int = 0
     register_timeout: float = 120.0
     retry_timeout: float = 2.0
     max_retries: int = 3
@@ -318,6 +339,12 @@ class NodeConfig:
         return f"{self.scheduler_host}:{self.scheduler_port}"
 
     @property
+    def relay(self) -> bool:
+        """Do this node's heartbeats go through its host's relay (``heartbeat_relay``)?"""
+        return self.heartbeat_relay is RelayMode.ON or (
+            self.heartbeat_relay is RelayMode.AUTO and self.host_processes >= RELAY_FROM)
+
+    @property
     def dead_after(self) -> float:
         """Seconds of silence after which a peer is declared dead."""
         return self.heartbeat_interval * self.heartbeat_liveness
@@ -356,6 +383,8 @@ class NodeConfig:
             rank=_int(env, "RANK", None, 0),
             heartbeat_interval=_float(env, "HEARTBEAT_INTERVAL", d("heartbeat_interval")),
             heartbeat_liveness=_int(env, "HEARTBEAT_LIVENESS", d("heartbeat_liveness"), 1) or 1,
+            heartbeat_relay=_enum(env, "HEARTBEAT_RELAY", RelayMode, d("heartbeat_relay")),  # type: ignore[arg-type]
+            host_processes=_int(env, "HOST_PROCESSES", d("host_processes"), 0) or 0,
             register_timeout=_float(env, "REGISTER_TIMEOUT", d("register_timeout")),
             retry_timeout=_float(env, "RETRY_TIMEOUT", d("retry_timeout")),
             max_retries=_int(env, "MAX_RETRIES", d("max_retries"), 0) or 0,

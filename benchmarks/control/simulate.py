@@ -2,6 +2,7 @@
 
     python benchmarks/control/simulate.py                          # 100, 1000, 10000 workers
     python benchmarks/control/simulate.py --workers 1000 --json /tmp/sim.json
+    python benchmarks/control/simulate.py --workers 10000 --no-relay   # every node heartbeats directly
 
 psnode's scheduler (:class:`psnode.scheduler.loop.Scheduler`, its own ``run`` loop, its socket
 bound on 127.0.0.1) serves a job of W workers and W/10 servers, 8 processes to a simulated host,
@@ -10,7 +11,12 @@ encoded with psnode's codec and handed to the scheduler's receive, which decodes
 a frame from its socket; what the scheduler sends to a node is encoded as it would be and handed
 to the simulated node (:class:`SimChannel`).  The nodes act inside the scheduler's wait
 (:class:`SimPoller`): heartbeats every interval at a random phase, REGISTER again until
-welcomed, BARRIER when the scenario says, BYE on SHUTDOWN.  ``mxdist status``'s question comes
+welcomed, BARRIER when the scenario says, BYE on SHUTDOWN.  Heartbeats go through one relay per
+simulated host (:class:`psnode.net.relay.Relay`, the state machine a host's relay runs): each
+node's heartbeat is handed to its host's relay, which hands the scheduler one HEARTBEATS batch
+per interval (at a random phase) and takes its answer; with ``--no-relay`` each node sends its
+own HEARTBEAT.  A relay's own loss is its host's (the fall back of a node whose relay died is
+tested with real processes: tests/cluster/test_heartbeat_relay.py).  ``mxdist status``'s question comes
 from another process over the scheduler's real socket.  Left out: zmq's own per-message cost
 (a few microseconds), the nodes' processes.
 
@@ -58,9 +64,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from psnode.config import NodeConfig, Role  # noqa: E402
+from psnode.net.relay import Relay  # noqa: E402
 from psnode.net.transport import Poller  # noqa: E402
 from psnode.protocol import Command, Message, decode, encode  # noqa: E402
-from psnode.protocol.control import Barrier, Bye, Counters, Heartbeat, Register, Stop  # noqa: E402
+from psnode.protocol.control import Barrier, BeatsAck, Bye, Counters, Heartbeat, Register, Stop  # noqa: E402
 from psnode.protocol.status import NodeState  # noqa: E402
 from psnode.scheduler.loop import Scheduler  # noqa: E402
 
@@ -84,6 +91,7 @@ class SimConfig:
     barriers: int = 5
     status_queries: int = 3
     faults: bool = True
+    relay: bool = True              # heartbeats through one relay per host (False: each node's own)
     seed: int = 1
     step_timeout: float = 300.0     # the most any step of the scenario may take
 
@@ -147,6 +155,9 @@ class World:
         self.step_name = "start"
         self.done = False
         self._next_check = 0.0
+        self.relays: dict[int, Relay] = {}               # host -> its relay
+        self.relay_idents: dict[bytes, int] = {}         # a relay's identity -> its host
+        self.handed = 0                                  # messages handed to the scheduler
 
     # -- the nodes -----------------------------------------------------------------------
     def add_node(self, role: str, rank: int, host: int, start: float, tag: str = "") -> SimNode:
@@ -159,6 +170,11 @@ class World:
         n.frames["heartbeat"] = _frames(Command.HEARTBEAT, Heartbeat(Counters()).to_body())
         self.nodes[ident] = n
         self.at(start, "start", ident)
+        if self.cfg.relay and host not in self.relays:
+            self.relays[host] = Relay(self.cfg.heartbeat)
+            relay = f"relay-{host}".encode()
+            self.relay_idents[relay] = host
+            self.at(start + self.rng.uniform(0, self.cfg.heartbeat), "relay", relay, host)
         return n
 
     def at(self, when: float, kind: str, ident: bytes, arg: int = 0) -> None:
@@ -167,11 +183,32 @@ class World:
 
     def hand(self, n: SimNode, frames: list[Any], now: float) -> None:
         self.inbox.append((n.ident, frames, now))
+        self.handed += 1
+
+    def beat(self, n: SimNode, now: float) -> None:
+        """``n``'s heartbeat: to its host's relay, or to the scheduler."""
+        if self.cfg.relay:
+            self.relays[n.host].beat(n.ident, Counters())
+        else:
+            self.hand(n, n.frames["heartbeat"], now)
+
+    def relay_answered(self, ident: bytes, body: dict[str, Any] | None) -> None:
+        """The scheduler answered a relay's batch (the relay answers its nodes)."""
+        if body is not None:
+            ack = BeatsAck.from_body(body)
+            self.relays[self.relay_idents[ident]].acked(ack.n, ack.unknown)
 
     def fire(self, now: float) -> None:
         """Every event due by ``now``: what the nodes send then."""
         while self.events and self.events[0][0] <= now:
             when, _, kind, ident, arg = heapq.heappop(self.events)
+            if kind == "relay":
+                batch = self.relays[arg].batch(when)
+                if batch is not None:
+                    self.inbox.append((ident, _frames(Command.HEARTBEATS, batch.to_body()), now))
+                    self.handed += 1
+                self.at(when + self.cfg.heartbeat, "relay", ident, arg)
+                continue
             n = self.nodes[ident]
             if not n.alive:
                 continue
@@ -179,13 +216,13 @@ class World:
                 if self.first_register is None:
                     self.first_register = now
                 self.hand(n, n.frames["register"], now)
-                self.hand(n, n.frames["heartbeat"], now)
+                self.beat(n, now)
                 self.at(when + self.cfg.heartbeat, "beat", ident)
             elif kind == "beat":
                 if now >= n.muted_until:
                     if n.welcomed is None:
                         self.hand(n, n.frames["register"], now)
-                    self.hand(n, n.frames["heartbeat"], now)
+                    self.beat(n, now)
                 self.at(when + self.cfg.heartbeat, "beat", ident)
             elif kind == "barrier" and now >= n.muted_until:
                 self.hand(n, _frames(Command.BARRIER, Barrier(arg).to_body()), now)
@@ -288,6 +325,10 @@ class SimChannel:
             self.real.frames(cmd, body)   # (encoded as the scheduler's channel encodes it for the wire)
             self.world.received(to, cmd, body, time.monotonic())
             return None
+        if to is not None and to in self.world.relay_idents:
+            self.real.frames(cmd, body)
+            self.world.relay_answered(to, body)
+            return None
         return self.real.send(cmd, body, arrays, to=to, **kw)
 
     def send_all(self, cmd: Any, body: dict[str, Any] | None, idents: list[bytes]) -> None:
@@ -357,9 +398,10 @@ def scenario(w: World) -> Generator[Callable[[float], bool], None, None]:
     w.results["scheduler_state_mb"] = deep_size(w.sched, skip=(w.sched.t, w.sched.chan)) / 2**20
     settle = time.monotonic() + cfg.heartbeat
     yield wait_until(w, "settle", lambda now: now >= settle)
-    cpu0, t_idle = w.cpu(), time.monotonic()
+    cpu0, t_idle, handed = w.cpu(), time.monotonic(), w.handed
     yield wait_until(w, "idle", lambda now: now >= t_idle + cfg.idle)
     w.results["cpu_idle_share"] = (w.cpu() - cpu0) / (time.monotonic() - t_idle)
+    w.results["idle_msgs_per_s"] = (w.handed - handed) / (time.monotonic() - t_idle)
     if cfg.status_queries:
         cpu0 = w.cpu()
         asker = threading.Thread(target=ask_status, args=(w, cfg.status_queries), daemon=True)
@@ -489,13 +531,16 @@ def simulate(cfg: SimConfig) -> dict[str, Any]:
     code = sched.run(SimPoller(world))
     if not world.done:
         raise SimulationError(f"the scheduler ended (exit {code}) in step {world.step_name!r}")
-    out = {"workers": cfg.workers, "servers": cfg.servers, "hosts": world.hosts, "heartbeat_s": cfg.heartbeat,
+    out = {"workers": cfg.workers, "servers": cfg.servers, "hosts": world.hosts, "relay": cfg.relay,
+           "heartbeat_s": cfg.heartbeat,
            "dead_after_s": cfg.dead_after, **world.results, "wall_s": time.monotonic() - t0,
-           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "exit": code}
+           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "relayed": sched.relayed,
+           "exit": code}
     return out
 
 
 COLUMNS = (("workers", "workers", "d"), ("servers", "servers", "d"), ("hosts", "hosts", "d"),
+           ("relay", "relay", "s"), ("idle_msgs_per_s", "messages/s idle", ".0f"),
            ("start_s", "first REGISTER to job start s", ".2f"),
            ("slowest_welcome_s", "slowest start to WELCOME s", ".2f"),
            ("cpu_idle_share", "scheduler CPU idle %", ".1%"), ("barrier_ms", "barrier ms", ".1f"),
@@ -511,6 +556,7 @@ def table(results: list[dict[str, Any]]) -> str:
         cells = []
         for key, _, spec in COLUMNS:
             v = r.get(key)
+            v = ("yes" if v else "no") if spec == "s" else v
             cells.append("-" if v is None else (f"{100 * v:.1f}%" if spec == ".1%" else format(v, spec)))
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
@@ -524,6 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle", type=float, default=5.0)
     ap.add_argument("--barriers", type=int, default=5)
     ap.add_argument("--no-faults", action="store_true")
+    ap.add_argument("--no-relay", action="store_true", help="every node heartbeats the scheduler directly")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args(argv)
@@ -532,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for w in (int(x) for x in a.workers.split(",")):
         cfg = SimConfig(w, heartbeat=a.heartbeat, spread=a.spread, idle=a.idle, barriers=a.barriers,
-                        faults=not a.no_faults, seed=a.seed)
+                        faults=not a.no_faults, relay=not a.no_relay, seed=a.seed)
         got = simulate(cfg)
         print(json.dumps(got), flush=True)
         results.append(got)

@@ -58,7 +58,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from psnode.config import LOG_LEVELS, CpuPolicy, Distribution, NodeConfig, Role, default
+from psnode.config import LOG_LEVELS, RELAY_FROM, CpuPolicy, Distribution, NodeConfig, Role, default
 from psnode.errors import ConfigError
 from psnode.launcher import path_in
 
@@ -528,7 +528,7 @@ def make_plan(req: PlanRequest) -> Plan:
     return Plan(
         job_id=req.job_id,
         hosts=(*hosts, *req.server_hosts),
-        procs=tuple(procs),
+        procs=tuple(crowded(procs)),
         scheduler_address=f"{sched.address}:{req.scheduler_port}",
         num_workers=workers,
         num_servers=servers,
@@ -541,6 +541,19 @@ def make_plan(req: PlanRequest) -> Plan:
         nodes=nodes,
         request=req,
     )
+
+
+def crowded(procs: Sequence[ProcSpec]) -> list[ProcSpec]:
+    """``procs``, each psnode node on a host with :data:`~psnode.config.RELAY_FROM` or more of
+    the job's nodes told how many (``PSNODE_HOST_PROCESSES``): there its heartbeats go through
+    the host's relay unless ``PSNODE_HEARTBEAT_RELAY`` says otherwise (psnode.net.relay)."""
+    nodes = {id(p) for p in procs if p.role is not Role.SCHEDULER and "PSNODE_ROLE" in p.env}
+    count: dict[str, int] = {}
+    for p in procs:
+        if id(p) in nodes:
+            count[p.host.label] = count.get(p.host.label, 0) + 1
+    return [replace(p, env={**p.env, "PSNODE_HOST_PROCESSES": str(count[p.host.label])})
+            if id(p) in nodes and count[p.host.label] >= RELAY_FROM else p for p in procs]
 
 
 #: the standby scheduler: ``scheduler-1``, at ``--port`` + 2 (``MASTER_PORT`` is ``--port`` + 1)

@@ -26,6 +26,14 @@ the heartbeat timeout starts again.  Silent there too, the node fails as without
 The scheduler names its standby (one that announced itself to it: a standby the launcher
 started after a failover, for the scheduler that took the job over) in STANDBY and in each
 WELCOME: the node goes over there next, so a job survives one host loss after another.
+
+With ``cfg.relay`` (``PSNODE_HEARTBEAT_RELAY``), heartbeats go through the host's relay
+(:mod:`psnode.net.relay`; the first node of the job on the host runs it,
+:mod:`psnode.net.relayhost`), which answers them once the scheduler took their batch; an answer
+through the relay counts as the scheduler's.  Everything else goes to the scheduler directly.
+The relay silent for :data:`~psnode.net.relay.FALLBACK_INTERVALS` intervals: the node
+heartbeats directly, and tries the relay again now and then (becoming the host's relay itself
+when no process holds it); gone over to a standby: directly, for good.
 """
 from __future__ import annotations
 
@@ -39,6 +47,8 @@ from typing import Any
 
 from psnode.config import NodeConfig, parse_address
 from psnode.errors import ConfigError, PeerLost, ProtocolError
+from psnode.net import relayhost
+from psnode.net.relay import RelayUse, endpoint
 from psnode.net.security import Plane
 from psnode.net.transport import Channel, Transport
 from psnode.protocol import Command
@@ -51,8 +61,12 @@ class SchedulerLink:
     def __init__(self, t: Transport, cfg: NodeConfig, role: str, port: int,
                  stats: Callable[[], Counters], replica: int = 0) -> None:
         self.cfg = cfg
-        self.chan: Channel = t.dealer(cfg.scheduler_host, cfg.scheduler_port,
-                                      f"{role}-{os.getpid()}-{secrets.token_hex(4)}", Plane.CONTROL)
+        ident = f"{role}-{os.getpid()}-{secrets.token_hex(4)}"
+        self.chan: Channel = t.dealer(cfg.scheduler_host, cfg.scheduler_port, ident, Plane.CONTROL)
+        #: this host's relay when this process runs it; the node's channel to the relay (same identity)
+        self.relay_host = relayhost.start(cfg) if cfg.relay else None
+        self.relay_chan: Channel | None = t.local_dealer(endpoint(cfg.job_id), ident) if cfg.relay else None
+        self.relay_use = RelayUse(cfg.heartbeat_interval, on=cfg.relay)
         self._stats = stats
         self._next_beat = 0.0
         self.scheduler_pid: int | None = None
@@ -82,10 +96,13 @@ class SchedulerLink:
         self._ticked = now
         if held > 0:   # (this node's own loop was held: not the scheduler's silence)
             self.last_ack = min(now, self.last_ack + held)
+            self.relay_use.held(held)
+        if self.relay_chan is not None and self.relay_use.retry:
+            self._relay_answers(now)
         if now >= self._next_beat:
             if not self.welcomed:
                 self.chan.send(Command.REGISTER, self._registration())
-            self.chan.send(Command.HEARTBEAT, Heartbeat(self._stats()).to_body())
+            self._beat(now)
             self._next_beat = now + self.cfg.heartbeat_interval
         silent = now - self.last_ack
         if silent > self.cfg.dead_after and self.standby is not None:
@@ -94,6 +111,40 @@ class SchedulerLink:
             pid = f" (pid {self.scheduler_pid})" if self.scheduler_pid else ""
             raise PeerLost(f"the scheduler{pid} at {self.chan.address} stopped responding "
                            f"({silent:.1f} s without a heartbeat reply)")
+
+    def _beat(self, now: float) -> None:
+        """Send a heartbeat: through the host's relay while it answers, else directly."""
+        body = Heartbeat(self._stats()).to_body()
+        if self.relay_use.on and self.relay_chan is not None:
+            self.relay_chan.send(Command.HEARTBEAT, body)
+            self.relay_use.sent(now)
+            return
+        self.chan.send(Command.HEARTBEAT, body)
+        if self.relay_chan is not None and self.relay_use.probe(now):   # (try the relay again)
+            if self.relay_host is None:
+                self.relay_host = relayhost.start(self.cfg)   # (the host's relay, if no process is)
+            self.relay_chan.send(Command.HEARTBEAT, body)
+
+    def _relay_answers(self, now: float) -> None:
+        """Take the relay's answers; fall back to direct heartbeats when it left one unanswered
+        too long (psnode.net.relay)."""
+        assert self.relay_chan is not None
+        while (got := self.relay_chan.recv()) is not None:
+            if got[1].cmd is Command.HEARTBEAT_ACK:
+                self.last_ack = time.monotonic()
+                if self.relay_use.answered():
+                    log.warning("the heartbeat relay of this host (%s) answers again; heartbeating through it",
+                                self.relay_chan.address)
+        if self.relay_use.fall_back(now):
+            log.warning("the heartbeat relay of this host (%s) does not answer; heartbeating the scheduler "
+                        "at %s directly", self.relay_chan.address, self.chan.address)
+            self._next_beat = now   # (at once)
+
+    def close(self) -> None:
+        """Stop this host's relay if this process runs it (the other nodes fall back)."""
+        if self.relay_host is not None:
+            self.relay_host.stop()
+            self.relay_host = None
 
     def _go_to_standby(self, now: float, silent: float) -> None:
         """The scheduler is silent: repoint at the standby and register there again."""
@@ -105,6 +156,7 @@ class SchedulerLink:
         self.chan.repoint(host, port)
         self.scheduler_pid = None
         self.last_ack = now
+        self.relay_use.stop()   # (the relay serves the scheduler that went silent)
         if self.welcomed and self.report is not None:
             self.welcomed, self.rejoining = False, True
         self.chan.send(Command.REGISTER, self._registration())

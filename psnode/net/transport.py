@@ -279,6 +279,43 @@ class Transport:
             return Channel(self, sock, address), p
         raise AssertionError("unreachable")
 
+    def local_router(self, endpoint: str) -> Channel | None:
+        """A ROUTER of the control plane bound to ``endpoint``, an address on this host only
+        (``ipc://@name``: an abstract unix socket, per network namespace); None when another
+        process holds it."""
+        mech = mechanism(self.security.mode, Plane.CONTROL)
+        sock = self._socket(zmq.ROUTER)
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        if mech is not Mechanism.NULL:
+            self._guarded()
+            sock.zap_domain = _DOMAIN[Plane.CONTROL]
+            sock.curve_server = True
+            sock.curve_secretkey = self.security.curve_secret
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            self._socks.remove(sock)
+            sock.close()
+            if exc.errno == errno.EADDRINUSE:
+                return None
+            raise ConfigError(f"cannot bind {endpoint}: {exc}") from None
+        if mech is not Mechanism.NULL:
+            self._guarded().watch(sock, server=True)
+        return Channel(self, sock, endpoint)
+
+    def local_dealer(self, endpoint: str, identity: str) -> Channel:
+        """A DEALER of the control plane connected to ``endpoint`` (a :meth:`local_router`)."""
+        sock = self._socket(zmq.DEALER)
+        sock.identity = identity.encode()
+        sock.setsockopt(zmq.IMMEDIATE, 0)
+        if mechanism(self.security.mode, Plane.CONTROL) is Mechanism.CURVE:
+            sock.curve_serverkey = self.security.curve_public
+            sock.curve_publickey = self.security.curve_public
+            sock.curve_secretkey = self.security.curve_secret
+            self._guarded().watch(sock, server=False)
+        sock.connect(endpoint)
+        return Channel(self, sock, endpoint)
+
     def dealer(self, host: str, port: int, identity: str, plane: Plane = Plane.DATA, connect: bool = True) -> Channel:
         """A DEALER connected to ``host:port`` (a router of ``plane``) with a routing identity
         (``connect`` False: set up for it, not connected: nothing may be sent on it)."""

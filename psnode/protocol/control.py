@@ -12,7 +12,9 @@ REGISTER        :class:`Register`     node -> scheduler (again until welcomed)
 REJOIN          :class:`Empty`        restarted scheduler -> a node it does not know
 WELCOME         :class:`Welcome`      scheduler -> node (again for a repeated REGISTER)
 HEARTBEAT       :class:`Heartbeat`    node -> scheduler, every ``heartbeat_interval``
-HEARTBEAT_ACK   :class:`Empty`        scheduler -> node
+HEARTBEAT_ACK   :class:`Empty`        scheduler -> node (or a host's relay -> node)
+HEARTBEATS      :class:`Beats`        a host's relay -> scheduler, every ``heartbeat_interval``
+HEARTBEATS_ACK  :class:`BeatsAck`     scheduler -> relay
 BARRIER         :class:`Barrier`      worker -> scheduler (again until answered)
 BARRIER_DONE    :class:`BarrierDone`  scheduler -> worker
 FINISH          :class:`Empty`        worker -> scheduler (again until answered)
@@ -516,6 +518,64 @@ class Heartbeat:
         return cls(Counters.from_body(_object(body.get("stats", {}), "heartbeat: stats")))
 
 
+MAX_BEATS = 4096   # heartbeats one HEARTBEATS batch carries
+MAX_IDENT = 255    # characters of a node's routing identity
+
+
+@dataclass(frozen=True)
+class Beats:
+    """The heartbeats a host's relay collected from its nodes over one interval
+    (psnode.net.relay): batch number ``n`` and, per node, its routing identity toward the
+    scheduler and its counters, or None where they are those the relay last sent for it
+    (unchanged).  The scheduler handles each as a HEARTBEAT from that node and answers the
+    batch once (HEARTBEATS_ACK ``n``).  On the wire:
+    ``{"n": 7, "beats": [["worker-12-ab12cd34", {stats}], ["server-3-9f00aa11"], ...]}``; a
+    malformed entry makes the whole batch malformed."""
+
+    n: int
+    beats: tuple[tuple[bytes, Counters | None], ...] = ()
+
+    def to_body(self) -> dict[str, Any]:
+        return {"n": self.n, "beats": [[i.decode("ascii")] if s is None else [i.decode("ascii"), s.to_body()]
+                                       for i, s in self.beats]}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Beats:
+        n = _int(body, "heartbeats", "n", high=_MAX_COUNT)
+        raw = _list(body, "heartbeats", "beats")
+        if len(raw) > MAX_BEATS:
+            raise ProtocolError(f"heartbeats: {len(raw)} beats, more than {MAX_BEATS}")
+        beats: list[tuple[bytes, Counters | None]] = []
+        for entry in raw:
+            if type(entry) is not list or not 1 <= len(entry) <= 2 or type(entry[0]) is not str \
+                    or not 0 < len(entry[0]) <= MAX_IDENT or not entry[0].isascii():
+                raise ProtocolError(f"heartbeats: an entry must be [identity] or [identity, stats], "
+                                    f"not {str(entry)[:60]}")
+            stats = None if len(entry) == 1 else Counters.from_body(_object(entry[1], "heartbeats: stats"))
+            beats.append((entry[0].encode("ascii"), stats))
+        return cls(n, tuple(beats))
+
+
+@dataclass(frozen=True)
+class BeatsAck:
+    """The scheduler took HEARTBEATS batch ``n``: the relay answers its nodes, but those the
+    scheduler does not know (``unknown``: it would not answer their own HEARTBEAT either)."""
+
+    n: int
+    unknown: tuple[bytes, ...] = ()
+
+    def to_body(self) -> dict[str, Any]:
+        return {"n": self.n, **({"unknown": [i.decode("ascii") for i in self.unknown]} if self.unknown else {})}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> BeatsAck:
+        unknown = body.get("unknown", [])
+        if type(unknown) is not list or len(unknown) > MAX_BEATS or not all(
+                type(i) is str and 0 < len(i) <= MAX_IDENT and i.isascii() for i in unknown):
+            raise ProtocolError(f"heartbeats_ack: unknown must list node identities, not {str(unknown)[:60]}")
+        return cls(_int(body, "heartbeats_ack", "n", high=_MAX_COUNT), tuple(i.encode("ascii") for i in unknown))
+
+
 @dataclass(frozen=True)
 class Barrier:
     """Worker enters its barrier number ``n`` (1, 2, ... per worker; None: its next)."""
@@ -725,7 +785,8 @@ class StatusAnswer:
     until the first change), the active workers' ranks ``members`` (sorted), and how many
     workers ``joined`` the running job, ``left`` it gracefully and were ``lost``; the longest
     gap between two turns of the scheduler's own loop over the last window (``loop_gap``,
-    seconds: psnode.loopgap)."""
+    seconds: psnode.loopgap), and the heartbeats that reached it through hosts' relays
+    (``relayed``, since it started: psnode.net.relay)."""
 
     job: str
     uptime: float
@@ -738,12 +799,14 @@ class StatusAnswer:
     left: int = 0
     lost: int = 0
     loop_gap: float = 0.0
+    relayed: int = 0
 
     def to_body(self) -> dict[str, Any]:
         return {"job": self.job, "uptime": self.uptime, "started": self.started, "refused": self.refused,
                 "nodes": [n.to_dict() for n in self.nodes], "generation": self.generation,
                 "members": list(self.members), "joined": self.joined, "left": self.left, "lost": self.lost,
-                **({"loop_gap": self.loop_gap} if self.loop_gap else {})}
+                **({"loop_gap": self.loop_gap} if self.loop_gap else {}),
+                **({"relayed": self.relayed} if self.relayed else {})}
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> StatusAnswer:
@@ -753,13 +816,13 @@ class StatusAnswer:
             raise ProtocolError(f"{what}: uptime must be a number of seconds, not {str(uptime)[:40]!r}")
         rows = [NodeRow.from_dict(_object(r, f"{what}: a node")) for r in _list(body, what, "nodes")]
         counts = [_int(body, what, name, high=_MAX_COUNT, default=0) for name in ("generation", "joined", "left",
-                                                                                  "lost")]
+                                                                                  "lost", "relayed")]
         members = tuple(sorted(_ranks(body, what, "members"))) if "members" in body else ()
         gap = body.get("loop_gap", 0.0)
         gap = float(gap) if type(gap) in (int, float) and math.isfinite(gap) and gap >= 0 else 0.0
         return cls(_str(body, what, "job"), float(uptime), _bool(body, what, "started"),
                    _int(body, what, "refused", high=_MAX_COUNT), tuple(rows), counts[0], members, counts[1],
-                   counts[2], counts[3], loop_gap=gap)
+                   counts[2], counts[3], loop_gap=gap, relayed=counts[4])
 
 
 @dataclass(frozen=True)
@@ -790,13 +853,14 @@ class Replica:
                    _bool(body, "replica", "whole", default=False))
 
 
-Body = (Empty | Register | Welcome | Heartbeat | Barrier | BarrierDone | Membership | Servers | JobEnd | Bye
-        | Stop | StatusAnswer | ScaleDown | Lost | Replica | Standby)
+Body = (Empty | Register | Welcome | Heartbeat | Beats | BeatsAck | Barrier | BarrierDone | Membership | Servers
+        | JobEnd | Bye | Stop | StatusAnswer | ScaleDown | Lost | Replica | Standby)
 
 #: the body of each control command
 BODIES: dict[Command, Any] = {
     Command.REGISTER: Register, Command.WELCOME: Welcome, Command.HEARTBEAT: Heartbeat,
-    Command.HEARTBEAT_ACK: Empty, Command.BARRIER: Barrier, Command.BARRIER_DONE: BarrierDone,
+    Command.HEARTBEAT_ACK: Empty, Command.HEARTBEATS: Beats, Command.HEARTBEATS_ACK: BeatsAck,
+    Command.BARRIER: Barrier, Command.BARRIER_DONE: BarrierDone,
     Command.FINISH: Empty, Command.FINISH_ACK: Empty, Command.MEMBERSHIP: Membership, Command.SERVERS: Servers,
     Command.SHUTDOWN: JobEnd, Command.PEER_LOST: JobEnd, Command.BYE: Bye, Command.STATUS: Empty,
     Command.STATUS_REPLY: StatusAnswer, Command.STOP: Stop, Command.STOP_ACK: Empty,
@@ -830,7 +894,8 @@ def decode(msg: Message) -> Control:
     return Control(msg.cmd, decode_body(msg.cmd, msg.body), msg.sender)
 
 
-__all__ = ["BODIES", "Barrier", "BarrierDone", "Body", "Bye", "Control", "Counters", "Empty", "Heartbeat",
+__all__ = ["BODIES", "Barrier", "BarrierDone", "Beats", "BeatsAck", "Body", "Bye", "Control", "Counters", "Empty",
+           "Heartbeat",
            "JobEnd", "Lost", "Membership", "Register", "Rejoin", "Replica", "ScaleDown", "ServerAddress", "Servers",
            "Standby", "StatusAnswer", "Stop", "WaitKind", "WaitReport", "Welcome", "awaited", "decode",
            "decode_body", "late_counts", "wait_report"]

@@ -41,6 +41,8 @@ class Command(str, Enum):
     WELCOME = "welcome"            # scheduler -> node: its rank and the address book
     HEARTBEAT = "heartbeat"        # node -> scheduler, with counters
     HEARTBEAT_ACK = "heartbeat_ack"
+    HEARTBEATS = "heartbeats"      # a host's relay -> scheduler: the heartbeats of its nodes, batched
+    HEARTBEATS_ACK = "heartbeats_ack"
     BARRIER = "barrier"            # worker -> scheduler
     BARRIER_DONE = "barrier_done"
     FINISH = "finish"              # worker -> scheduler: this worker is done

@@ -19,7 +19,10 @@ Life of a job as the scheduler sees it:
    once per scheduler turn for all the FINISHes it handled, and before a BARRIER_DONE or the
    job's end (:mod:`psnode.scheduler.roster` keeps the indexes, so no message rescans the job).  When every
    worker has finished, servers get SHUTDOWN, answer BYE, and the scheduler exits 0.
-4. A node silent for ``heartbeat_interval * heartbeat_liveness`` seconds is dead (checked every
+4. Heartbeats come from each node, or batched per host by the host's relay (HEARTBEATS,
+   psnode.net.relay): each entry is handled as its node's own HEARTBEAT (an entry without
+   counters: the node's counters did not change), and the relay is answered once for the batch.
+   A node silent for ``heartbeat_interval * heartbeat_liveness`` seconds is dead (checked every
    quarter heartbeat interval, 0.05 to 0.25 s: each check visits every node, so it runs on a
    clock, never once per message).  Everyone else
    gets PEER_LOST naming it (role, rank, host, pid, seconds silent) and the scheduler exits 1 --
@@ -93,6 +96,8 @@ from psnode.protocol import Command, Message, failure
 from psnode.protocol.control import (
     Barrier,
     BarrierDone,
+    Beats,
+    BeatsAck,
     Body,
     Bye,
     Counters,
@@ -252,6 +257,8 @@ class Scheduler:
         self.held: list[tuple[bytes, Message]] = []  # what arrived while rebuilding, handled after
         #: seconds between the liveness and wait checks (each visits every node; not every turn)
         self.check_every = max(0.05, min(0.25, cfg.heartbeat_interval / 4))
+        self.relayed = 0                # heartbeats that came through hosts' relays (psnode.net.relay)
+        self.relaying = False           # handling a relayed batch: its nodes are answered by their relay
         self.standby_at = ""            # the standby that announced itself ("": none), told to the nodes
         self.announce_at = 0.0          # an idle standby announces itself to its primary from then on
         #: a node's heartbeats are answered at most this often: every other one where the timeout
@@ -542,7 +549,8 @@ class Scheduler:
         elif isinstance(body, Register):
             rb.fresh.setdefault(ident, body)
         elif rb.knows(ident) and isinstance(body, Heartbeat):
-            self._send(ident, Command.HEARTBEAT_ACK)
+            if not self.relaying:
+                self._send(ident, Command.HEARTBEAT_ACK)
         elif not rb.knows(ident) and msg.cmd in _NODE_COMMANDS:
             self._send(ident, Command.REJOIN)
         else:
@@ -686,21 +694,24 @@ class Scheduler:
         for each other in a cycle (psnode.scheduler.waitfor)."""
         if not self.started:
             return
-        live = [n for n in self.nodes.values() if n.role == Role.WORKER and n.state == NodeState.ALIVE]
-        waits = {n.rank: n.stats.wait for n in live}
+        alive, worker = NodeState.ALIVE, Role.WORKER
+        waits = {n.rank: n.stats.wait for n in self.nodes.values() if n.state is alive and n.role == worker}
         if not waits:
             return
-        entered = {self.nodes[i].rank: b for i, b in self.barrier.items() if i in self.nodes}
+        entered: dict[int, int] = {}   # (built on first use: a check runs four times a second over every node)
 
         def not_in_barrier(n: int) -> list[int]:
+            if self.barrier and not entered:
+                entered.update((self.nodes[i].rank, b) for i, b in self.barrier.items() if i in self.nodes)
             return [r for r in waits if entered.get(r, 0) < n]
         for line in self.stalls.check(waits, not_in_barrier):
             log.warning("%s", line)
         if self.waiting_replacement:
             self.watch.reset()
             return
+        # (only a job whose every live worker waits can be deadlocked: the watch reads ``gone`` then)
         gone = {n.rank for n in self.nodes.values() if n.role == Role.WORKER and n.state in
-                (NodeState.FINISHED, NodeState.EXITED, NodeState.LOST)}
+                (NodeState.FINISHED, NodeState.EXITED, NodeState.LOST)} if None not in waits.values() else set()
         verdict = self.watch.check(now, waits, not_in_barrier, gone)
         if verdict is not None:
             self._end(False, verdict, Command.PEER_LOST, what=verdict, since=time.time())
@@ -740,8 +751,9 @@ class Scheduler:
                 self._end(False, f"{role} {rank} was not restarted within {self.cfg.register_timeout:g} s",
                           Command.PEER_LOST)
                 return
+        heard = now - limit   # (heard from since: alive, whatever its state)
         for n in list(self.nodes.values()):
-            if n.state not in (NodeState.ALIVE, NodeState.REGISTERED) or now - n.last_seen <= limit:
+            if n.last_seen >= heard or n.state not in (NodeState.ALIVE, NodeState.REGISTERED):
                 continue
             silent = now - n.last_seen
             if self._restartable(n) and self.exit_code is None:
@@ -760,15 +772,40 @@ class Scheduler:
     # ------------------------------------------------------------ main loop
     def _dispatch(self, ident: bytes, msg: Message) -> None:
         """Handle one message; a malformed body is logged and dropped."""
-        node = self.nodes.get(ident)
-        if node is not None:
-            node.last_seen = time.monotonic()
         cmd = msg.cmd
         try:
             body = decode_body(cmd, msg.body)
         except ProtocolError as exc:
             log.warning("dropped %s from %r: %s", cmd.value, ident, exc)
             return
+        if isinstance(body, Beats):   # a host's relay: each entry as a HEARTBEAT from its node
+            self.relayed += len(body.beats)
+            self.relaying = True
+            unknown = []   # (the relay answers the rest: as their own HEARTBEATs would be answered)
+            try:
+                now = time.monotonic()
+                for node_ident, stats in body.beats:
+                    node = self.nodes.get(node_ident)
+                    if node is not None and self.active and self.rebuild is None and node.state != NodeState.LOST:
+                        node.last_seen = now   # (what _handle and _heartbeat_msg do, for the usual case)
+                        self._took_beat(node, node.stats if stats is None else stats, now)
+                        continue
+                    self._handle(node_ident, Message(Command.HEARTBEAT, msg.job, msg.sender),
+                                 Heartbeat(stats or Counters()))
+                    if node is None and not (self.rebuild is not None and self.rebuild.knows(node_ident)):
+                        unknown.append(node_ident)
+            finally:
+                self.relaying = False
+            self._send(ident, Command.HEARTBEATS_ACK, BeatsAck(body.n, tuple(unknown)))
+            return
+        self._handle(ident, msg, body)
+
+    def _handle(self, ident: bytes, msg: Message, body: Body) -> None:
+        """Handle one decoded message from ``ident``."""
+        node = self.nodes.get(ident)
+        if node is not None:
+            node.last_seen = time.monotonic()
+        cmd = msg.cmd
         if isinstance(body, Standby):
             self._send(ident, Command.STANDBY_ACK)
             self._on_standby(body.address)
@@ -814,7 +851,7 @@ class Scheduler:
             self.t.refused,  # connections the scheduler itself refused
             self._rows(now),
             e.generation, tuple(self.roster.active_ranks()), e.joined, e.left, e.lost,
-            loop_gap=round(self.gaps.longest(now), 6)))
+            loop_gap=round(self.gaps.longest(now), 6), relayed=self.relayed))
 
     def _leave_msg(self, ident: bytes, node: Node | None, body: ScaleDown) -> None:
         self._send(ident, Command.LEAVE_ACK)
@@ -830,14 +867,18 @@ class Scheduler:
 
     def _heartbeat_msg(self, node: Node, body: Heartbeat) -> None:
         now = time.monotonic()
-        node.update_stats(body.stats, now)
+        self._took_beat(node, body.stats, now)
+        if now - node.acked >= self.ack_every and not self.relaying:
+            node.acked = now
+            self._send(node, Command.HEARTBEAT_ACK)
+
+    def _took_beat(self, node: Node, stats: Counters, now: float) -> None:
+        """A heartbeat of ``node`` (direct or relayed) with its counters."""
+        node.update_stats(stats, now)
         if node.role == Role.WORKER and node.rank >= 0:
             self.slowness.heartbeat(node.rank, now)
         elif node.role == Role.SERVER and node.rank >= 0:
-            self.slowness.server(node.rank, body.stats.awaited, now)
-        if now - node.acked >= self.ack_every:
-            node.acked = now
-            self._send(node, Command.HEARTBEAT_ACK)
+            self.slowness.server(node.rank, stats.awaited, now)
 
     def _barrier_msg(self, node: Node, body: Barrier) -> None:
         if node.role != Role.WORKER:

@@ -88,7 +88,7 @@ class Slowness:
         self._samples.pop(worker, None)
 
     def _add(self, q: Samples, now: float, totals: Totals) -> None:
-        if q and any(s < q[-1][1].get(x, 0.0) for x, s in totals.items()):
+        if q and totals and any(s < q[-1][1].get(x, 0.0) for x, s in totals.items()):
             q.clear()   # (a restarted server counts from 0 again)
         q.append((now, totals))
         while len(q) >= 3 and q[1][0] <= now - self.window:   # (one sample at or before the window stays)
@@ -140,9 +140,7 @@ class Stalls:
             return []
         out = []
         current = set()
-        for r, w in sorted(waits.items()):
-            if w is None:
-                continue
+        for r, w in sorted((r, w) for r, w in waits.items() if w is not None):
             key = (r, w.episode)
             current.add(key)
             if w.waited < self.threshold or key in self._warned:

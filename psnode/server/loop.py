@@ -349,6 +349,7 @@ class Server:
             self.points.close()
             if self.keeper is not None:
                 self.keeper.close()
+            self.link.close()
             self.t.close(linger_ms=200)
 
 

@@ -112,6 +112,8 @@ class IoLoop:
         except Exception as exc:  # noqa: BLE001 - never let the I/O thread vanish silently
             self.die(PSError(f"psnode I/O thread failed: {exc!r}"))
         finally:
+            if self.link is not None:
+                self.link.close()
             self.t.close(linger_ms=500 if e.fatal is None else 0)
             if e.fatal is None:
                 e.fatal = PSError("this KVStore is closed")

@@ -379,6 +379,8 @@ def bad_bodies() -> list[tuple[Command, dict]]:
     from psnode.protocol.control import (
         Barrier,
         BarrierDone,
+        Beats,
+        BeatsAck,
         Bye,
         Counters,
         Heartbeat,
@@ -399,8 +401,11 @@ def bad_bodies() -> list[tuple[Command, dict]]:
                (Command.MEMBERSHIP, Membership((0,))), (Command.SERVERS, Servers(down=0)),
                (Command.SERVERS, Servers(restored=0, servers=book)), (Command.SHUTDOWN, JobEnd(True, "x")),
                (Command.PEER_LOST, JobEnd(False, "x")), (Command.BYE, Bye(error="x")), (Command.STOP, Stop("x")),
-               (Command.STATUS_REPLY, StatusAnswer("j", 1.0, True, 0))]
-    out = []
+               (Command.STATUS_REPLY, StatusAnswer("j", 1.0, True, 0)),
+               (Command.HEARTBEATS, Beats(1, ((b"n0", Counters(pushes=1)),))), (Command.HEARTBEATS_ACK, BeatsAck(1))]
+    out = [(Command.HEARTBEATS, {"n": 1, "beats": beats}) for beats in (   # a batch with one bad entry
+        [["n0", {"pushes": 1}], "n0"], [["n0", {"pushes": 1}], []], [[5, {}]], [["", {}]], [["n0", []]],
+        [["n0", {"pushes": -1}]], [["n\u00e9", {}]], [["n0", {}, 1]], [["x" * 256, {}]], [["n0", {}]] * 4097)]
     for cmd, body in samples:
         wire = body.to_body()
         for name in wire:
@@ -593,3 +598,34 @@ def test_scheduler_survives_bad_bodies_of_every_command() -> None:
     finally:
         s.t.close()
     assert not bad, "a control body crashed the scheduler:\n" + "\n".join(bad)
+
+
+def test_scheduler_takes_a_relayed_batch_as_each_nodes_heartbeat() -> None:
+    """A host's relay (psnode.net.relay) sends HEARTBEATS: each entry is its node's HEARTBEAT
+    (counters taken, the node seen), an entry of a node the scheduler does not know is dropped
+    as that node's own heartbeat would be, and the relay gets one answer naming the batch."""
+    from psnode.config import NodeConfig, Role
+    from psnode.protocol import Message
+    from psnode.protocol.control import Beats, Counters, Register
+    from psnode.scheduler.loop import Scheduler
+    from tests.support.cluster import free_port
+    cfg = NodeConfig(role=Role.SCHEDULER, scheduler_host="127.0.0.1", scheduler_port=free_port(),
+                     num_workers=2, num_servers=1, job_id="jrel", host="127.0.0.1")
+    s = Scheduler(cfg)
+    sent: list[tuple[object, object, object]] = []
+    real_send = s.chan.send
+    s.chan.send = lambda cmd, body=None, arrays=None, to=None, **kw: sent.append((cmd, body, to))  # type: ignore
+    try:
+        for i in range(2):
+            s._dispatch(f"n{i}".encode(), Message(Command.REGISTER, "jrel", "x",
+                                                  Register("worker", "127.0.0.1", 0, 1 + i, i).to_body()))
+        s.nodes[b"n0"].last_seen = s.nodes[b"n1"].last_seen = 0.0
+        batch = Beats(7, ((b"n0", Counters(pushes=3)), (b"n1", Counters(pushes=4)), (b"who", Counters(pushes=5))))
+        s._dispatch(b"relay-1", Message(Command.HEARTBEATS, "jrel", "x", batch.to_body()))
+        assert (s.nodes[b"n0"].stats.pushes, s.nodes[b"n1"].stats.pushes, b"who" in s.nodes) == (3, 4, False)
+        assert s.nodes[b"n0"].last_seen > 0 and s.nodes[b"n1"].last_seen > 0
+        assert sent == [(Command.HEARTBEATS_ACK, {"n": 7, "unknown": ["who"]}, b"relay-1")], sent
+        assert s.relayed == 3
+    finally:
+        s.chan.send = real_send  # type: ignore[method-assign]
+        s.t.close()

@@ -426,3 +426,15 @@ def test_a_new_standby_after_a_failover_stands_by_for_the_scheduler_that_took_ov
                                                                                       "10.0.0.4:9002")
     with pytest.raises(PlanError, match="has no standby scheduler"):
         next_standby(make_plan(request()), hosts[3], 2, "10.0.0.2:9002")
+
+
+def test_nodes_on_a_host_with_eight_or_more_of_the_job_are_told_how_many():
+    """There their heartbeats go through the host's relay (PSNODE_HEARTBEAT_RELAY=auto)."""
+    hosts = [Host("a", address="10.0.0.1", slots=8), Host("b", address="10.0.0.2", slots=4)]
+    plan = make_plan(request(hosts=hosts, num_workers=12, num_servers=2))
+    got = {(p.name, p.host.name): p.env.get("PSNODE_HOST_PROCESSES") for p in plan.procs}
+    assert {k: v for k, v in got.items() if k[1] == "a"} == {
+        **{(f"worker-{r}", "a"): "9" for r in range(8)}, ("server-0", "a"): "9", ("scheduler", "a"): "0"}
+    assert all(v == "0" for k, v in got.items() if k[1] == "b")
+    relayed = {p.name for p in plan.procs if p.role is not Role.SCHEDULER and NodeConfig.from_env(p.env).relay}
+    assert relayed == {"server-0", *(f"worker-{r}" for r in range(8))}
