@@ -17,7 +17,8 @@ point written.  Every file is written under a temporary name, fsynced and rename
 **Off the loop** (:class:`Chain`).  A durable point's file is written by the chain's writer
 thread; the server's loop waits for it (its heartbeats flowing: the caller's ``pump``) only
 before answers that need it durable, and it holds the rows touched since the last point.  When
-the deltas since the base hold more bytes than the base, a new base is **compacted** by another
+the deltas since the base hold more bytes than the base (and than COMPACT_FLOOR or a quarter of
+the state, the fewer), a new base is **compacted** by another
 thread from the live arrays while the rounds go on: a fuzzy copy (a row may be read while a
 round writes it), written to ``server-<r>.next-<after>.npz``.  It is installed (renamed over the base,
 the deltas it covers removed) by the first durable point written after it was complete: every
@@ -51,6 +52,10 @@ if TYPE_CHECKING:
 Arrays = dict[str, np.ndarray]
 WAIT_S = 0.05   # how long the loop's wait for a write goes without pumping
 MAX_DELTAS = 1000   # a compaction is due past this many deltas (or more bytes in them than the base)
+#: nor before the deltas hold this many bytes or a quarter of the state's size, the fewer: a
+#: small base (a table computed on the servers is its spec and the rows touched) would otherwise
+#: be rewritten every few points
+COMPACT_FLOOR = 64 << 20
 
 
 def delta_path(directory: str, rank: int, n: int) -> str:
@@ -231,7 +236,9 @@ class Chain:
             self._drop_deltas(upto=after)
 
     def _compact_if_due(self, store: Store) -> None:
-        if self._next is None and (sum(self._sizes.values()) > self.base_bytes or len(self._sizes) > MAX_DELTAS):
+        deltas = sum(self._sizes.values())
+        floor = min(COMPACT_FLOOR, store.state_bytes() // 4)
+        if self._next is None and (deltas > max(self.base_bytes, floor) or len(self._sizes) > MAX_DELTAS):
             meta, arrays = snapshot(store)   # (the live arrays: a fuzzy copy, module docstring)
             self.base_bytes = nbytes(arrays)
             self._next = self._compactor.submit(self._compact, {**meta, "chain": self.chain, "after": self.n}, arrays)

@@ -120,6 +120,8 @@ def test_the_optimizer_set_after_points_were_taken_is_carried_as_rows_too() -> N
 
 
 def test_a_chain_of_a_big_spec_made_table_writes_the_rows_touched_and_restores_exactly(tmp_path) -> None:
+    """Its base is the spec and the rows touched; its deltas are not compacted into a new base
+    before they hold a good part of the state (psnode.server.chain.COMPACT_FLOOR)."""
     rng = np.random.default_rng(4)
     s = _store(1_000_000)
     chain = disk.Chain(str(tmp_path), 0, "job")
@@ -128,7 +130,9 @@ def test_a_chain_of_a_big_spec_made_table_writes_the_rows_touched_and_restores_e
         chain.point(s).result(30)
         s.forget_changes()
         s.mark_durable()
+        assert chain._next is None   # (no compaction: the deltas outweigh the small base, not the state)
     chain.close()
+    assert len(disk._deltas(str(tmp_path), 0)) >= 5
     on_disk = sum(os.path.getsize(os.path.join(tmp_path, f)) for f in os.listdir(tmp_path))
     table = 1_000_000 * DIM * 4 * 2   # (values and the AdaGrad state)
     assert on_disk < table // 100, on_disk
