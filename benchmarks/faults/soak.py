@@ -6,9 +6,9 @@ job that must end exact while its workers and servers are killed with SIGKILL.  
 host crashes (tests/support/hostcrash.py: network namespaces, real sshd; root only): KIND is
 ``server`` (a host with a server and a worker), ``scheduler`` (the scheduler's host),
 ``worker`` (a worker-only host), ``big`` (the server case while a 20M x 16 embedding table
-computed on the servers trains, every host on a 1 Gbit/s link of its own) or ``all``.  A run passes when the job ends exit 0 with the
-uninterrupted values on every rank and its first round after the crash completed within
-:data:`FIRST_ROUND_S` s of it.
+computed on the servers trains, every host on a 1 Gbit/s link of its own) or ``all``.  A run
+passes when the job ends exit 0 with the uninterrupted values on every rank and its first round
+after the crash completed within :data:`FIRST_ROUND_S` s of it.
 
     python benchmarks/faults/soak.py                     # 20 storms of 900 rounds, same-host shared memory
     python benchmarks/faults/soak.py --no-shm --runs 5   # the same over TCP

@@ -328,23 +328,11 @@ def summarize(args: argparse.Namespace, records: list[dict[str, Any]]) -> tuple[
 
 # ---------------------------------------------------------------- main
 
-def _interrupted(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    why = preflight()
-    if why:
-        print(f"clusterbench: {why}", file=sys.stderr)
-        return 3
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _interrupted)
-    stale = netns.remove_stale()
-    if stale:
-        print(f"clusterbench: removed namespaces left by a killed run: {' '.join(stale)}", flush=True)
-    if args.cleanup:
-        return 0
+    code = netns.begin("clusterbench", preflight(), args.cleanup)
+    if code is not None:
+        return code
     logdir = Path(tempfile.mkdtemp(prefix="clusterbench-"))
     bed = netns.Testbed(HOSTS, args.rate)
     records: list[dict[str, Any]] = []

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import sys
 import tempfile
@@ -48,10 +47,6 @@ from psnode.config import NodeConfig, Role  # noqa: E402
 WORKER = ROOT / "benchmarks" / "training" / "embedding_worker.py"
 SYSTEMS = [s for s in ORDER if s == PSNODE or s in SAFETY]
 SCHEDULER, SERVERS, WORKERS = 0, (1, 2), (3, 4)
-
-
-def _interrupted(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)
 
 
 def link_bytes(bed: netns.Testbed, host: int) -> int:
@@ -153,17 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the records and the summary here")
     ap.add_argument("--cleanup", action="store_true", help="only remove testbeds a killed run left")
     args = ap.parse_args(argv)
-    why = preflight()
-    if why:
-        print(f"embedding_links: {why}", file=sys.stderr)
-        return 3
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _interrupted)
-    stale = netns.remove_stale()
-    if stale:
-        print(f"embedding_links: removed namespaces left by a killed run: {' '.join(stale)}", flush=True)
-    if args.cleanup:
-        return 0
+    code = netns.begin("embedding_links", preflight(), args.cleanup)
+    if code is not None:
+        return code
     cfg = dict(FULL, rows=int(args.rows), steps=args.steps, warmup=args.warmup)
     logdir = Path(tempfile.mkdtemp(prefix="emb-links-"))
     bed = netns.Testbed(5, args.rate)

@@ -21,7 +21,9 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -270,3 +272,22 @@ class LocalBed:
 
     def down(self) -> list[int]:
         return self.kill_all()
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def begin(driver: str, problem: str | None, cleanup: bool) -> int | None:
+    """A testbed driver's start: its exit code when it ends here (``problem``: why this machine
+    cannot build a testbed, 3; ``cleanup``: only the namespaces a killed run left are removed,
+    0), else None.  TERM and HUP become SystemExit from here on, so the driver's clean-up runs."""
+    if problem:
+        print(f"{driver}: {problem}", file=sys.stderr)
+        return 3
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupted)
+    stale = remove_stale()
+    if stale:
+        print(f"{driver}: removed namespaces left by a killed run: {' '.join(stale)}", flush=True)
+    return 0 if cleanup else None
