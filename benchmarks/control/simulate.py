@@ -14,11 +14,14 @@ to the simulated node (:class:`SimChannel`).  The nodes act inside the scheduler
 welcomed, BARRIER when the scenario says, BYE on SHUTDOWN.  Heartbeats go through one relay per
 simulated host (:class:`psnode.net.relay.Relay`, the state machine a host's relay runs): each
 node's heartbeat is handed to its host's relay, which hands the scheduler one HEARTBEATS batch
-per interval (at a random phase) and takes its answer; with ``--no-relay`` each node sends its
-own HEARTBEAT.  A relay's own loss is its host's (the fall back of a node whose relay died is
+per interval (at a random phase) and takes its answer; a worker's BARRIER goes to its host's
+relay too, which hands the scheduler the host's entries together (BARRIERS) once every worker of
+the host it knows entered, or after its hold; with ``--no-relay`` each node sends its own
+HEARTBEAT and BARRIER.  A relay's own loss is its host's (the fall back of a node whose relay died is
 tested with real processes: tests/cluster/test_heartbeat_relay.py).  ``mxdist status``'s question comes
-from another process over the scheduler's real socket.  Left out: zmq's own per-message cost
-(a few microseconds), the nodes' processes.
+from another process over the scheduler's real socket.  What the scheduler sends to a simulated
+node also goes through its real socket (zmq drops it: no peer holds that identity), so its
+per-message cost counts.  Left out: the nodes' processes, zmq's cost of receiving.
 
 The scenario (seeded, :func:`scenario`): every node starts (registers) within ``--spread``
 seconds; the job starts; an idle window (heartbeats only); ``status`` three times; barriers;
@@ -31,9 +34,11 @@ one to every worker of the job (its replacements included).
 
 Figures: time from the first REGISTER to the last WELCOME (the job's start) and the slowest
 node's time from its start to its WELCOME; the scheduler's CPU share in the idle window (its
-thread's CPU time outside the simulation); barrier latency (last BARRIER handed over to the last
-BARRIER_DONE sent); time to detect a silent node and a lost host (every one of its 8); the
-status answer (the round trip of ``psnode.launcher.status`` from another process, and the
+thread's CPU time outside the simulation); barrier latency (the last worker's BARRIER sent, to
+its relay or the scheduler, to the last BARRIER_DONE sent, less the simulation's CPU time in
+between: the nodes' work, which a real job does on its own hosts; the wall time as well) and the
+messages carrying a barrier's entries to the scheduler; time to detect a silent node and a lost
+host (every one of its 8); the status answer (the round trip of ``psnode.launcher.status`` from another process, and the
 scheduler's CPU per STATUS); memory (the scheduler's state after the start, and this process's
 peak RSS).
 """
@@ -64,7 +69,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from psnode.config import NodeConfig, Role  # noqa: E402
-from psnode.net.relay import Relay  # noqa: E402
+from psnode.net.relay import BARRIER_HOLD, Relay  # noqa: E402
 from psnode.net.transport import Poller  # noqa: E402
 from psnode.protocol import Command, Message, decode, encode  # noqa: E402
 from psnode.protocol.control import Barrier, BeatsAck, Bye, Counters, Heartbeat, Register, Stop  # noqa: E402
@@ -137,10 +142,14 @@ class World:
         self.events: list[tuple[float, int, str, bytes, int]] = []    # (when, seq, kind, ident, arg)
         self.seq = 0
         self.sim_cpu = 0.0           # this thread's CPU time spent simulating (not the scheduler's)
+        self.polling: float | None = None   # this thread's CPU time when the current wait began (None: not in one)
         self.hosts = 0
         self.first_register: float | None = None
         self.last_welcome: float = 0.0
-        self.barrier_entered: dict[int, float] = {}      # barrier -> when its last BARRIER was handed over
+        self.barrier_entered: dict[int, float] = {}      # barrier -> when its last BARRIER was sent
+        self.barrier_entered_cpu: dict[int, float] = {}  # barrier -> the simulation's CPU time then
+        self.barrier_answered_cpu: dict[int, float] = {} # barrier -> the simulation's CPU time at its last answer
+        self.barrier_msgs: dict[int, int] = {}           # barrier -> messages with its entries handed over
         self.barrier_answered: dict[int, float] = {}     # barrier -> when its last BARRIER_DONE was sent
         self.answers: dict[tuple[bytes, int], int] = {}  # (worker, barrier) -> BARRIER_DONEs sent
         self.silenced: dict[bytes, float] = {}           # ident -> when it went silent
@@ -188,9 +197,30 @@ class World:
     def beat(self, n: SimNode, now: float) -> None:
         """``n``'s heartbeat: to its host's relay, or to the scheduler."""
         if self.cfg.relay:
-            self.relays[n.host].beat(n.ident, Counters())
+            self.relays[n.host].beat(n.ident, Counters(), now)
         else:
             self.hand(n, n.frames["heartbeat"], now)
+
+    def enter(self, n: SimNode, b: int, now: float) -> None:
+        """``n`` enters barrier ``b``: through its host's relay, or directly."""
+        self.barrier_entered[b] = now
+        self.barrier_entered_cpu[b] = self.simulated()
+        if not self.cfg.relay:
+            self.hand(n, _frames(Command.BARRIER, Barrier(b).to_body()), now)
+            self.barrier_msgs[b] = self.barrier_msgs.get(b, 0) + 1
+            return
+        self.relays[n.host].enter(n.ident, b, now)
+        self.release(n.host, now)
+        self.at(now + BARRIER_HOLD, "hold", f"relay-{n.host}".encode(), n.host)
+
+    def release(self, host: int, now: float) -> None:
+        """The barrier entries host ``host``'s relay sends now, if any."""
+        entries = self.relays[host].barrier_entries(now)
+        if entries is not None:
+            self.inbox.append((f"relay-{host}".encode(), _frames(Command.BARRIERS, entries.to_body()), now))
+            self.handed += 1
+            for b in {n for _, n in entries.entries}:
+                self.barrier_msgs[b] = self.barrier_msgs.get(b, 0) + 1
 
     def relay_answered(self, ident: bytes, body: dict[str, Any] | None) -> None:
         """The scheduler answered a relay's batch (the relay answers its nodes)."""
@@ -209,6 +239,9 @@ class World:
                     self.handed += 1
                 self.at(when + self.cfg.heartbeat, "relay", ident, arg)
                 continue
+            if kind == "hold":   # (a relay acts on its own host's clock: at the event's time)
+                self.release(arg, when)
+                continue
             n = self.nodes[ident]
             if not n.alive:
                 continue
@@ -225,8 +258,7 @@ class World:
                     self.beat(n, now)
                 self.at(when + self.cfg.heartbeat, "beat", ident)
             elif kind == "barrier" and now >= n.muted_until:
-                self.hand(n, _frames(Command.BARRIER, Barrier(arg).to_body()), now)
-                self.barrier_entered[arg] = now
+                self.enter(n, arg, when)
 
     def received(self, ident: bytes, cmd: Command, body: dict[str, Any] | None, now: float) -> None:
         """What the scheduler sent to simulated node ``ident`` (already encoded as on the wire)."""
@@ -248,6 +280,7 @@ class World:
                 self.violations.append(f"{ident.decode()} got BARRIER_DONE {b} {self.answers[key]} times")
             n.barrier_done = max(n.barrier_done, b)
             self.barrier_answered[b] = now
+            self.barrier_answered_cpu[b] = self.simulated()
         elif cmd in (Command.SHUTDOWN, Command.PEER_LOST):
             if n.role == Role.SERVER:
                 self.hand(n, _frames(Command.BYE, Bye().to_body()), now)
@@ -301,6 +334,10 @@ class World:
         """The scheduler's CPU time so far: this thread's, less the simulation's."""
         return time.thread_time() - self.sim_cpu
 
+    def simulated(self) -> float:
+        """The simulation's CPU time so far (the wait in progress included)."""
+        return self.sim_cpu + (0.0 if self.polling is None else time.thread_time() - self.polling)
+
 
 class SimChannel:
     """The scheduler's channel: simulated nodes' messages first (decoded as frames from the
@@ -322,25 +359,21 @@ class SimChannel:
     def send(self, cmd: Any, body: dict[str, Any] | None = None, arrays: Any = None, to: bytes | None = None,
              **kw: Any) -> Any:
         if to is not None and to in self.world.nodes:
-            self.real.frames(cmd, body)   # (encoded as the scheduler's channel encodes it for the wire)
+            self.real.send(cmd, body, arrays, to=to, **kw)   # (its cost: zmq drops it)
             self.world.received(to, cmd, body, time.monotonic())
             return None
         if to is not None and to in self.world.relay_idents:
-            self.real.frames(cmd, body)
+            self.real.send(cmd, body, arrays, to=to, **kw)
             self.world.relay_answered(to, body)
             return None
         return self.real.send(cmd, body, arrays, to=to, **kw)
 
     def send_all(self, cmd: Any, body: dict[str, Any] | None, idents: list[bytes]) -> None:
-        self.real.frames(cmd, body)       # (encoded once, as the scheduler's channel does)
-        now, real = time.monotonic(), []
+        self.real.send_all(cmd, body, idents)   # (every one on the socket: its cost; zmq drops the simulated)
+        now = time.monotonic()
         for ident in idents:
             if ident in self.world.nodes:
                 self.world.received(ident, cmd, body, now)
-            else:
-                real.append(ident)
-        if real:
-            self.real.send_all(cmd, body, real)
 
     def close(self) -> None:
         self.real.close()
@@ -361,7 +394,7 @@ class SimPoller:
         ``timeout`` has passed, never in between (the simulation's own events, such as a node
         going silent, happen inside the wait)."""
         w = self.world
-        t0 = time.thread_time()
+        t0 = w.polling = time.thread_time()
         end = time.monotonic() + timeout
         try:
             while True:
@@ -375,6 +408,7 @@ class SimPoller:
                     return {1}
         finally:
             w.sim_cpu += time.thread_time() - t0
+            w.polling = None
 
 
 def wait_until(w: World, name: str, pred: Callable[[float], bool]) -> Callable[[float], bool]:
@@ -414,8 +448,11 @@ def scenario(w: World) -> Generator[Callable[[float], bool], None, None]:
     for b in range(1, cfg.barriers + 1):
         latencies.append((yield from barrier(w, b)))
     if latencies:
-        w.results["barrier_ms"] = 1e3 * sorted(latencies)[len(latencies) // 2]
-        w.results["barrier_max_ms"] = 1e3 * max(latencies)
+        w.results["barrier_ms"] = 1e3 * sorted(t for t, _ in latencies)[len(latencies) // 2]
+        w.results["barrier_max_ms"] = 1e3 * max(t for t, _ in latencies)
+        w.results["barrier_wall_ms"] = 1e3 * sorted(t for _, t in latencies)[len(latencies) // 2]
+        msgs = sorted(w.barrier_msgs[b] for b in range(1, cfg.barriers + 1))
+        w.results["barrier_msgs"] = msgs[len(msgs) // 2]
     if not cfg.faults:
         return
     # a silent worker, replaced
@@ -444,15 +481,17 @@ def scenario(w: World) -> Generator[Callable[[float], bool], None, None]:
     w.results["barriers_answered"] = sum(1 for (_, k) in w.answers if k == b)
 
 
-def barrier(w: World, b: int) -> Generator[Callable[[float], bool], None, float]:
+def barrier(w: World, b: int) -> Generator[Callable[[float], bool], None, tuple[float, float]]:
     """Every live worker enters barrier ``b`` within 50 ms; the latency from the last BARRIER
-    handed over to the last BARRIER_DONE sent."""
+    sent to the last BARRIER_DONE sent, less the simulation's own CPU time in between (the
+    simulated nodes' work, done on their own hosts in a real job); the wall time too."""
     now = time.monotonic()
     live = w.workers()
     for n in live:
         w.at(now + w.rng.uniform(0, 0.05), "barrier", n.ident, b)
     yield wait_until(w, f"barrier {b}", lambda t: all(n.barrier_done >= b for n in live))
-    return w.barrier_answered[b] - w.barrier_entered[b]
+    wall = w.barrier_answered[b] - w.barrier_entered[b]
+    return wall - (w.barrier_answered_cpu[b] - w.barrier_entered_cpu[b]), wall
 
 
 def lose(w: World, lost: list[SimNode], what: str) -> Generator[Callable[[float], bool], None, None]:
@@ -544,7 +583,9 @@ COLUMNS = (("workers", "workers", "d"), ("servers", "servers", "d"), ("hosts", "
            ("start_s", "first REGISTER to job start s", ".2f"),
            ("slowest_welcome_s", "slowest start to WELCOME s", ".2f"),
            ("cpu_idle_share", "scheduler CPU idle %", ".1%"), ("barrier_ms", "barrier ms", ".1f"),
-           ("barrier_max_ms", "barrier max ms", ".1f"), ("detect_node_s", "silent node detected s", ".2f"),
+           ("barrier_max_ms", "barrier max ms", ".1f"),
+           ("barrier_wall_ms", "barrier wall ms", ".1f"),
+           ("barrier_msgs", "messages per barrier", "d"), ("detect_node_s", "silent node detected s", ".2f"),
            ("detect_host_s", "lost host detected s", ".2f"), ("status_s", "status answer s", ".2f"),
            ("scheduler_state_mb", "scheduler state MiB", ".1f"), ("peak_rss_mb", "peak RSS MiB", ".0f"))
 

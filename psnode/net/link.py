@@ -30,7 +30,9 @@ WELCOME: the node goes over there next, so a job survives one host loss after an
 With ``cfg.relay`` (``PSNODE_HEARTBEAT_RELAY``), heartbeats go through the host's relay
 (:mod:`psnode.net.relay`; the first node of the job on the host runs it,
 :mod:`psnode.net.relayhost`), which answers them once the scheduler took their batch; an answer
-through the relay counts as the scheduler's.  Everything else goes to the scheduler directly.
+through the relay counts as the scheduler's.  A worker's BARRIER goes the way its heartbeats
+go (:meth:`SchedulerLink.send_barrier`: the relay forwards its host's entries together).
+Everything else goes to the scheduler directly.
 The relay silent for :data:`~psnode.net.relay.FALLBACK_INTERVALS` intervals: the node
 heartbeats directly, and tries the relay again now and then (becoming the host's relay itself
 when no process holds it); gone over to a standby: directly, for good.
@@ -124,6 +126,14 @@ class SchedulerLink:
             if self.relay_host is None:
                 self.relay_host = relayhost.start(self.cfg)   # (the host's relay, if no process is)
             self.relay_chan.send(Command.HEARTBEAT, body)
+
+    def send_barrier(self, body: dict[str, Any]) -> None:
+        """Send a BARRIER (or send it again): through the host's relay while heartbeats go
+        through it, else directly.  Its answer, BARRIER_DONE, comes from the scheduler."""
+        if self.relay_use.on and self.relay_chan is not None:
+            self.relay_chan.send(Command.BARRIER, body)
+        else:
+            self.chan.send(Command.BARRIER, body)
 
     def _relay_answers(self, now: float) -> None:
         """Take the relay's answers; fall back to direct heartbeats when it left one unanswered

@@ -28,12 +28,23 @@ heartbeat through the relay too (first trying to become the host's relay itself,
 holds its address any more): answered, it uses the relay again.  So a scheduler restarted at its
 address, or a relay's lost process, costs the aggregation for a few intervals, not for the rest
 of the job.  A node that went over to a standby scheduler never uses the relay again.
+
+Barriers are counted per host the same way: a worker that heartbeats through the relay sends its
+BARRIER there too, and the relay sends the scheduler one BARRIERS message
+(:class:`~psnode.protocol.control.Entries`) for the entries of its host's workers, as soon as
+every worker of the host it knows (each that entered a barrier through it and was heard from in
+the last :data:`GONE_INTERVALS` intervals) entered the newest barrier, or after
+:data:`BARRIER_HOLD` seconds (the first barrier, before it knows the host's workers). So the
+last worker to arrive is forwarded at once, and a barrier of W workers on H hosts costs the
+scheduler about H messages, not W. The scheduler answers each worker directly (BARRIER_DONE),
+and a worker sends its BARRIER again until answered, so a relay lost with entries in hand delays
+a barrier by the worker's retry, never loses it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from psnode.protocol.control import MAX_BEATS, Beats, Counters
+from psnode.protocol.control import MAX_BEATS, Beats, Counters, Entries
 
 #: intervals without an answer through the relay before a node heartbeats directly
 FALLBACK_INTERVALS = 2.5
@@ -43,6 +54,12 @@ RETRY_INTERVALS = 10
 KEPT_BATCHES = 4
 #: a node's unchanged counters are left out of a batch, but sent again after this many batches
 REFRESH_BATCHES = 10
+#: the longest a worker's barrier entry waits at the relay for the host's other workers (seconds)
+BARRIER_HOLD = 0.05
+#: intervals without a word from a worker before the relay stops waiting for its barrier entries
+GONE_INTERVALS = 2.0
+#: intervals without a word from a worker before the relay forgets it entered barriers
+FORGET_INTERVALS = 10.0
 
 
 def endpoint(job_id: str) -> str:
@@ -62,13 +79,50 @@ class Relay:
     told: dict[bytes, tuple[Counters, int]] = field(default_factory=dict)   # node -> counters sent, in batch
     next_batch: float = 0.0
     count: int = 0          # batches sent so far
+    entries: dict[bytes, int] = field(default_factory=dict)   # worker -> barrier entered, not yet sent
+    held_since: float | None = None     # when the oldest entry not yet sent arrived
+    #: workers that entered barriers through the relay -> (the newest barrier they entered, when last heard)
+    enterers: dict[bytes, tuple[int, float]] = field(default_factory=dict)
+    first_barrier: int | None = None    # the first barrier entered through the relay (it knew no worker then)
 
-    def beat(self, ident: bytes, stats: Counters) -> None:
-        """A node's heartbeat (its routing identity toward the scheduler, its counters)."""
+    def beat(self, ident: bytes, stats: Counters, now: float | None = None) -> None:
+        """A node's heartbeat (its routing identity toward the scheduler, its counters; ``now``:
+        when, for the barrier entries it may be waited for)."""
         self.latest.pop(ident, None)   # (insertion order: the oldest first, for the bound below)
         self.latest[ident] = stats
         while len(self.latest) > MAX_BEATS:
             del self.latest[next(iter(self.latest))]
+        known = self.enterers.get(ident)
+        if known is not None and now is not None:
+            self.enterers[ident] = (known[0], now)
+
+    def enter(self, ident: bytes, n: int, now: float) -> None:
+        """Worker ``ident`` entered its barrier ``n`` (again: the same entry)."""
+        if self.held_since is None:
+            self.held_since = now
+        if self.first_barrier is None:
+            self.first_barrier = n
+        self.entries[ident] = n
+        self.enterers[ident] = (max(n, self.enterers.get(ident, (0, now))[0]), now)
+
+    def barrier_entries(self, now: float) -> Entries | None:
+        """The entries to send now: every entry held, once every worker of the host the relay
+        knows entered the newest barrier held (or it held one :data:`BARRIER_HOLD` seconds, or
+        holds as many as a message carries; the first barrier through it, when it knows no
+        worker yet, waits the hold); None while it waits."""
+        if not self.entries:
+            return None
+        assert self.held_since is not None
+        if now - self.held_since < BARRIER_HOLD and len(self.entries) < MAX_BEATS:
+            newest, live = max(self.entries.values()), now - GONE_INTERVALS * self.interval
+            if newest == self.first_barrier or any(n < newest and heard >= live for n, heard in self.enterers.values()):
+                return None
+        entries = Entries(tuple(self.entries.items()))
+        self.entries, self.held_since = {}, None
+        forget = now - FORGET_INTERVALS * self.interval
+        for ident in [i for i, (_, heard) in self.enterers.items() if heard < forget]:
+            del self.enterers[ident]
+        return entries
 
     def batch(self, now: float) -> Beats | None:
         """The batch to send now, if one is due and any node was heard from since the last."""
@@ -105,8 +159,9 @@ class Relay:
         return nodes
 
     def timeout(self, now: float) -> float:
-        """Seconds until the next batch is due."""
-        return max(0.0, min(self.next_batch - now, self.interval))
+        """Seconds until the next batch is due, or the entries held must go."""
+        due = self.next_batch if self.held_since is None else min(self.next_batch, self.held_since + BARRIER_HOLD)
+        return max(0.0, min(due - now, self.interval))
 
 
 @dataclass
@@ -159,4 +214,5 @@ class RelayUse:
         self.on = self.retry = False
 
 
-__all__ = ["FALLBACK_INTERVALS", "KEPT_BATCHES", "REFRESH_BATCHES", "RETRY_INTERVALS", "Relay", "RelayUse", "endpoint"]
+__all__ = ["BARRIER_HOLD", "FALLBACK_INTERVALS", "FORGET_INTERVALS", "GONE_INTERVALS", "KEPT_BATCHES",
+           "REFRESH_BATCHES", "RETRY_INTERVALS", "Relay", "RelayUse", "endpoint"]

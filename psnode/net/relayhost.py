@@ -4,8 +4,9 @@
 host (:func:`psnode.net.relay.endpoint`) with its own transport and sockets; the first process
 of the job to bind it is the relay, the others' :func:`start` return None.  The thread collects
 the heartbeats of the host's nodes on that address and sends their batches to the scheduler on
-its own connection (:class:`psnode.net.relay.Relay` says what goes where and when).  Both
-sockets use the job's security like every other socket of the control plane.
+its own connection, and their barrier entries together (:class:`psnode.net.relay.Relay` says
+what goes where and when).  Both sockets use the job's security like every other socket of the
+control plane.
 """
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from psnode.errors import ProtocolError
 from psnode.net.relay import Relay, endpoint
 from psnode.net.security import Plane, Security
 from psnode.net.transport import Poller, Transport
-from psnode.protocol import Command
-from psnode.protocol.control import BeatsAck, Heartbeat
+from psnode.protocol import Command, Message
+from psnode.protocol.control import Barrier, BeatsAck, Heartbeat
 
 log = logging.getLogger("psnode.relay")
 
@@ -56,15 +57,9 @@ class RelayHost(threading.Thread):
             poller.add(up)
             while not self.stopping.is_set():
                 poller.poll(min(_TURN, relay.timeout(time.monotonic())))
+                now = time.monotonic()
                 while (got := down.recv(routed=True)) is not None:
-                    ident, msg = got
-                    if ident is None or msg.cmd is not Command.HEARTBEAT:
-                        log.warning("relay: dropped %s from %r: only heartbeats are relayed", msg.cmd.value, ident)
-                        continue
-                    try:
-                        relay.beat(ident, Heartbeat.from_body(msg.body).stats)
-                    except ProtocolError as exc:
-                        log.warning("relay: dropped a heartbeat from %r: %s", ident, exc)
+                    take(relay, *got, now)
                 while (answer := up.recv()) is not None:
                     if answer[1].cmd is not Command.HEARTBEATS_ACK:
                         continue
@@ -76,9 +71,13 @@ class RelayHost(threading.Thread):
                         continue
                     if acked:
                         down.send_all(Command.HEARTBEAT_ACK, None, list(acked))
-                batch = relay.batch(time.monotonic())
+                now = time.monotonic()
+                batch = relay.batch(now)
                 if batch is not None:
                     up.send(Command.HEARTBEATS, batch.to_body())
+                entries = relay.barrier_entries(now)
+                if entries is not None:
+                    up.send(Command.BARRIERS, entries.to_body())
         except Exception as exc:  # noqa: BLE001 - the nodes fall back to direct heartbeats
             log.warning("the heartbeat relay stopped: %r", exc)
         finally:
@@ -89,6 +88,24 @@ class RelayHost(threading.Thread):
         """Stop relaying (the nodes fall back to direct heartbeats); waits for the thread."""
         self.stopping.set()
         self.join(2)
+
+
+def take(relay: Relay, ident: bytes | None, msg: Message, now: float) -> None:
+    """A node's message to the relay: its heartbeat, or its entry into a numbered barrier; any
+    other (or a malformed one) is logged and dropped."""
+    try:
+        if ident is not None and msg.cmd is Command.HEARTBEAT:
+            relay.beat(ident, Heartbeat.from_body(msg.body).stats, now)
+            return
+        if ident is not None and msg.cmd is Command.BARRIER:
+            n = Barrier.from_body(msg.body).n
+            if n is not None:
+                relay.enter(ident, n, now)
+                return
+    except ProtocolError as exc:
+        log.warning("relay: dropped %s from %r: %s", msg.cmd.value, ident, exc)
+        return
+    log.warning("relay: dropped %s from %r: only heartbeats and numbered barriers are relayed", msg.cmd.value, ident)
 
 
 def start(cfg: NodeConfig) -> RelayHost | None:
@@ -103,4 +120,4 @@ def start(cfg: NodeConfig) -> RelayHost | None:
     return host
 
 
-__all__ = ["RelayHost", "start"]
+__all__ = ["RelayHost", "start", "take"]

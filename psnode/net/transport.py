@@ -410,9 +410,17 @@ class Channel:
 
     def send_all(self, cmd: Any, body: dict[str, Any] | None, idents: list[bytes]) -> None:
         """Send one control message (no arrays) to each of ``idents`` on this ROUTER, encoded once."""
-        frames = self.frames(cmd, body)
-        for ident in idents:
-            self.send_frames([ident, *frames])
+        frames = [bytes(f) for f in self.frames(cmd, body)]   # (control frames: small, copied)
+        head, tail, sock = frames[:-1], frames[-1], self.sock
+        for ident in idents:   # (a control message to every worker: the frames' loop unrolled)
+            try:
+                sock.send(ident, _SNDMORE)
+                for frame in head:
+                    sock.send(frame, _SNDMORE)
+                sock.send(tail)
+            except zmq.ZMQError as exc:
+                log.debug("send failed: %s", exc)
+        self.bytes_out += sum(map(len, frames)) * len(idents) + sum(map(len, idents))
 
     def send_frames(self, frames: list[Any]) -> None:
         """Send encoded frames as one message (small ones: copied; a lost peer: liveness tells)."""

@@ -15,7 +15,8 @@ HEARTBEAT       :class:`Heartbeat`    node -> scheduler, every ``heartbeat_inter
 HEARTBEAT_ACK   :class:`Empty`        scheduler -> node (or a host's relay -> node)
 HEARTBEATS      :class:`Beats`        a host's relay -> scheduler, every ``heartbeat_interval``
 HEARTBEATS_ACK  :class:`BeatsAck`     scheduler -> relay
-BARRIER         :class:`Barrier`      worker -> scheduler (again until answered)
+BARRIER         :class:`Barrier`      worker -> scheduler, or its host's relay (again until answered)
+BARRIERS        :class:`Entries`      a host's relay -> scheduler, once the host's workers entered
 BARRIER_DONE    :class:`BarrierDone`  scheduler -> worker
 FINISH          :class:`Empty`        worker -> scheduler (again until answered)
 FINISH_ACK      :class:`Empty`        scheduler -> worker
@@ -591,6 +592,35 @@ class Barrier:
 
 
 @dataclass(frozen=True)
+class Entries:
+    """The barrier entries a host's relay collected from its workers (psnode.net.relay): per
+    worker, its routing identity toward the scheduler and the number of the barrier it entered.
+    The scheduler handles each as a BARRIER from that worker and answers the relay nothing: each
+    worker's BARRIER_DONE goes to it directly, and a worker sends its BARRIER again until
+    answered.  On the wire: ``{"entries": [["worker-12-ab12cd34", 3], ...]}``; a malformed entry
+    makes the whole message malformed."""
+
+    entries: tuple[tuple[bytes, int], ...] = ()
+
+    def to_body(self) -> dict[str, Any]:
+        return {"entries": [[i.decode("ascii"), n] for i, n in self.entries]}
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Entries:
+        raw = _list(body, "barriers", "entries")
+        if len(raw) > MAX_BEATS:
+            raise ProtocolError(f"barriers: {len(raw)} entries, more than {MAX_BEATS}")
+        entries: list[tuple[bytes, int]] = []
+        for entry in raw:
+            if type(entry) is not list or len(entry) != 2 or type(entry[0]) is not str \
+                    or not 0 < len(entry[0]) <= MAX_IDENT or not entry[0].isascii() \
+                    or type(entry[1]) is not int or not 1 <= entry[1] <= _MAX_COUNT:
+                raise ProtocolError(f"barriers: an entry must be [identity, barrier number], not {str(entry)[:60]}")
+            entries.append((entry[0].encode("ascii"), entry[1]))
+        return cls(tuple(entries))
+
+
+@dataclass(frozen=True)
 class BarrierDone:
     """Every active worker entered barrier ``n`` (this worker's barriers up to ``n`` are done);
     ``members``: the active workers when it completed, and their ``generation`` (the same for
@@ -785,8 +815,8 @@ class StatusAnswer:
     until the first change), the active workers' ranks ``members`` (sorted), and how many
     workers ``joined`` the running job, ``left`` it gracefully and were ``lost``; the longest
     gap between two turns of the scheduler's own loop over the last window (``loop_gap``,
-    seconds: psnode.loopgap), and the heartbeats that reached it through hosts' relays
-    (``relayed``, since it started: psnode.net.relay)."""
+    seconds: psnode.loopgap), and the heartbeats and barrier entries that reached it through
+    hosts' relays (``relayed``, ``relayed_barriers``, since it started: psnode.net.relay)."""
 
     job: str
     uptime: float
@@ -800,13 +830,15 @@ class StatusAnswer:
     lost: int = 0
     loop_gap: float = 0.0
     relayed: int = 0
+    relayed_barriers: int = 0
 
     def to_body(self) -> dict[str, Any]:
         return {"job": self.job, "uptime": self.uptime, "started": self.started, "refused": self.refused,
                 "nodes": [n.to_dict() for n in self.nodes], "generation": self.generation,
                 "members": list(self.members), "joined": self.joined, "left": self.left, "lost": self.lost,
                 **({"loop_gap": self.loop_gap} if self.loop_gap else {}),
-                **({"relayed": self.relayed} if self.relayed else {})}
+                **({"relayed": self.relayed} if self.relayed else {}),
+                **({"relayed_barriers": self.relayed_barriers} if self.relayed_barriers else {})}
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> StatusAnswer:
@@ -816,13 +848,15 @@ class StatusAnswer:
             raise ProtocolError(f"{what}: uptime must be a number of seconds, not {str(uptime)[:40]!r}")
         rows = [NodeRow.from_dict(_object(r, f"{what}: a node")) for r in _list(body, what, "nodes")]
         counts = [_int(body, what, name, high=_MAX_COUNT, default=0) for name in ("generation", "joined", "left",
-                                                                                  "lost", "relayed")]
+                                                                                  "lost", "relayed",
+                                                                                  "relayed_barriers")]
         members = tuple(sorted(_ranks(body, what, "members"))) if "members" in body else ()
         gap = body.get("loop_gap", 0.0)
         gap = float(gap) if type(gap) in (int, float) and math.isfinite(gap) and gap >= 0 else 0.0
         return cls(_str(body, what, "job"), float(uptime), _bool(body, what, "started"),
                    _int(body, what, "refused", high=_MAX_COUNT), tuple(rows), counts[0], members, counts[1],
-                   counts[2], counts[3], loop_gap=gap, relayed=counts[4])
+                   counts[2], counts[3], loop_gap=gap, relayed=counts[4],
+                   relayed_barriers=counts[5])
 
 
 @dataclass(frozen=True)
@@ -853,14 +887,14 @@ class Replica:
                    _bool(body, "replica", "whole", default=False))
 
 
-Body = (Empty | Register | Welcome | Heartbeat | Beats | BeatsAck | Barrier | BarrierDone | Membership | Servers
-        | JobEnd | Bye | Stop | StatusAnswer | ScaleDown | Lost | Replica | Standby)
+Body = (Empty | Register | Welcome | Heartbeat | Beats | BeatsAck | Barrier | Entries | BarrierDone | Membership
+        | Servers        | JobEnd | Bye | Stop | StatusAnswer | ScaleDown | Lost | Replica | Standby)
 
 #: the body of each control command
 BODIES: dict[Command, Any] = {
     Command.REGISTER: Register, Command.WELCOME: Welcome, Command.HEARTBEAT: Heartbeat,
     Command.HEARTBEAT_ACK: Empty, Command.HEARTBEATS: Beats, Command.HEARTBEATS_ACK: BeatsAck,
-    Command.BARRIER: Barrier, Command.BARRIER_DONE: BarrierDone,
+    Command.BARRIER: Barrier, Command.BARRIERS: Entries, Command.BARRIER_DONE: BarrierDone,
     Command.FINISH: Empty, Command.FINISH_ACK: Empty, Command.MEMBERSHIP: Membership, Command.SERVERS: Servers,
     Command.SHUTDOWN: JobEnd, Command.PEER_LOST: JobEnd, Command.BYE: Bye, Command.STATUS: Empty,
     Command.STATUS_REPLY: StatusAnswer, Command.STOP: Stop, Command.STOP_ACK: Empty,
@@ -895,7 +929,7 @@ def decode(msg: Message) -> Control:
 
 
 __all__ = ["BODIES", "Barrier", "BarrierDone", "Beats", "BeatsAck", "Body", "Bye", "Control", "Counters", "Empty",
-           "Heartbeat",
+           "Entries", "Heartbeat",
            "JobEnd", "Lost", "Membership", "Register", "Rejoin", "Replica", "ScaleDown", "ServerAddress", "Servers",
            "Standby", "StatusAnswer", "Stop", "WaitKind", "WaitReport", "Welcome", "awaited", "decode",
            "decode_body", "late_counts", "wait_report"]

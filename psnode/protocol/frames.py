@@ -43,7 +43,8 @@ class Command(str, Enum):
     HEARTBEAT_ACK = "heartbeat_ack"
     HEARTBEATS = "heartbeats"      # a host's relay -> scheduler: the heartbeats of its nodes, batched
     HEARTBEATS_ACK = "heartbeats_ack"
-    BARRIER = "barrier"            # worker -> scheduler
+    BARRIER = "barrier"            # worker -> scheduler (or to its host's relay)
+    BARRIERS = "barriers"          # a host's relay -> scheduler: the barrier entries of its workers, together
     BARRIER_DONE = "barrier_done"
     FINISH = "finish"              # worker -> scheduler: this worker is done
     FINISH_ACK = "finish_ack"

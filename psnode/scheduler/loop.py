@@ -22,6 +22,8 @@ Life of a job as the scheduler sees it:
 4. Heartbeats come from each node, or batched per host by the host's relay (HEARTBEATS,
    psnode.net.relay): each entry is handled as its node's own HEARTBEAT (an entry without
    counters: the node's counters did not change), and the relay is answered once for the batch.
+   A relay's BARRIERS (the barrier entries of its host's workers, together) are handled entry by
+   entry as each worker's BARRIER; each worker is answered directly.
    A node silent for ``heartbeat_interval * heartbeat_liveness`` seconds is dead (checked every
    quarter heartbeat interval, 0.05 to 0.25 s: each check visits every node, so it runs on a
    clock, never once per message).  Everyone else
@@ -101,6 +103,7 @@ from psnode.protocol.control import (
     Body,
     Bye,
     Counters,
+    Entries,
     Heartbeat,
     JobEnd,
     Lost,
@@ -259,6 +262,7 @@ class Scheduler:
         self.check_every = max(0.05, min(0.25, cfg.heartbeat_interval / 4))
         self.relayed = 0                # heartbeats that came through hosts' relays (psnode.net.relay)
         self.relaying = False           # handling a relayed batch: its nodes are answered by their relay
+        self.relayed_entries = 0        # barrier entries that came through hosts' relays
         self.standby_at = ""            # the standby that announced itself ("": none), told to the nodes
         self.announce_at = 0.0          # an idle standby announces itself to its primary from then on
         #: a node's heartbeats are answered at most this often: every other one where the timeout
@@ -798,6 +802,21 @@ class Scheduler:
                 self.relaying = False
             self._send(ident, Command.HEARTBEATS_ACK, BeatsAck(body.n, tuple(unknown)))
             return
+        if isinstance(body, Entries):   # a host's relay: each entry as a BARRIER from its worker
+            self.relayed_entries += len(body.entries)
+            now, usual = time.monotonic(), self.active and self.rebuild is None and not self.rebuilds
+            for node_ident, n in body.entries:
+                node = self.nodes.get(node_ident)
+                if usual and node is not None and node.role == Role.WORKER and node.state != NodeState.LOST \
+                        and n > node.barrier_done:   # (what _handle and _barrier_msg do, for the usual case)
+                    node.last_seen = now
+                    if self.barrier.get(node_ident) != n:
+                        self.barrier_since[node_ident] = now
+                    self.barrier[node_ident] = n
+                    continue
+                self._handle(node_ident, Message(Command.BARRIER, msg.job, msg.sender), Barrier(n))
+            self._check_barrier()
+            return
         self._handle(ident, msg, body)
 
     def _handle(self, ident: bytes, msg: Message, body: Body) -> None:
@@ -851,7 +870,8 @@ class Scheduler:
             self.t.refused,  # connections the scheduler itself refused
             self._rows(now),
             e.generation, tuple(self.roster.active_ranks()), e.joined, e.left, e.lost,
-            loop_gap=round(self.gaps.longest(now), 6), relayed=self.relayed))
+            loop_gap=round(self.gaps.longest(now), 6), relayed=self.relayed,
+            relayed_barriers=self.relayed_entries))
 
     def _leave_msg(self, ident: bytes, node: Node | None, body: ScaleDown) -> None:
         self._send(ident, Command.LEAVE_ACK)

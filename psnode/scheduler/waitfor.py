@@ -7,7 +7,8 @@ Every heartbeat of a worker says what its user's thread waits for, when that is 
 workers whose pushes its round lacks.  A worker reports such a wait only once every
 push it sent is known to have arrived (a lost push is resent, never taken for a cycle), and
 reports nothing while it computes.  The workers a barrier waits for are those not in it
-(:class:`Watch` is told them).
+(:class:`Watch` is told them), less those that report waiting in it themselves (their entry is
+still on the way: a worker sends it again until answered).
 
 :meth:`Watch.check` finds a **deadlock** when every live worker has reported the same wait for
 ``settle`` seconds (the heartbeat timeout) and each waits only for workers that wait too or
@@ -25,6 +26,11 @@ from dataclasses import dataclass
 
 from psnode.protocol.control import WaitKind
 from psnode.protocol.control import WaitReport as Wait
+
+
+def _entered(w: Wait | None, n: int | None) -> bool:
+    """Does report ``w`` say its worker entered barrier ``n`` (or a later one)?"""
+    return w is not None and w.what is WaitKind.BARRIER and (w.n or 0) >= (n or 0)
 
 
 def describe(w: Wait) -> str:
@@ -64,7 +70,10 @@ class Watch:
         edges: dict[int, list[int]] = {}
         for r, w in waits.items():
             assert w is not None
-            on = in_barrier(w.n) if w.what is WaitKind.BARRIER else list(w.on)
+            # (a worker that reports waiting in the barrier entered it, though its entry may still
+            # be on the way to the scheduler: sent again until answered)
+            on = [x for x in in_barrier(w.n) if not _entered(waits.get(x), w.n)] if w.what is WaitKind.BARRIER \
+                else list(w.on)
             on = [x for x in on if x != r]
             if not on or any(x not in waits and x not in gone for x in on):
                 return None   # (it waits for someone who may still push)

@@ -322,7 +322,9 @@ class IoLoop:
             if req.cmd is Command.BARRIER:
                 e.barriers += 1
                 req.body = Barrier(e.barriers)
-            link.chan.send(req.cmd, req.body.to_body())
+                link.send_barrier(req.body.to_body())
+            else:
+                link.chan.send(req.cmd, req.body.to_body())
             if req.cmd is Command.BYE:
                 req.future.set(Ok(0))
             else:
@@ -336,7 +338,10 @@ class IoLoop:
         assert self.link is not None
         for req in self.ctrl.values():
             if every or now - req.sent >= self.cfg.retry_timeout:
-                self.link.chan.send(req.cmd, req.body.to_body())
+                if req.cmd is Command.BARRIER:
+                    self.link.send_barrier(req.body.to_body())
+                else:
+                    self.link.chan.send(req.cmd, req.body.to_body())
                 req.sent = now
 
     def rejoin_report(self) -> Rejoin:

@@ -1,7 +1,7 @@
 """The real scheduler serves 1,000 simulated workers and 100 servers on 138 simulated hosts
 through a seeded fault schedule (benchmarks/control/simulate.py: its own run loop and socket,
 the nodes' messages through psnode's codec, ``status`` asked from another process), their
-heartbeats batched by one relay per host (psnode.net.relay).
+heartbeats and barrier entries batched by one relay per host (psnode.net.relay).
 
 The simulation raises at the first broken invariant: a live node called silent, a silenced one
 not called so within twice the heartbeat timeout, a barrier answered twice to a worker.  Here:
@@ -28,4 +28,6 @@ def test_the_real_scheduler_serves_a_thousand_simulated_workers_through_lost_nod
     assert got["barriers_answered"] == 1000
     # liveness through the relays: a batch per host per interval, not a message per process (1,100)
     assert got["relay"] and got["relayed"] > 1100 and got["idle_msgs_per_s"] < 1100 / 2
+    # barriers counted per host: a barrier's 1,000 entries reach the scheduler in about one message per host
+    assert got["barrier_msgs"] < 1000 / 4, got["barrier_msgs"]
     assert 0 < got["detect_node_s"] <= 2 * got["dead_after_s"] and 0 < got["detect_host_s"] <= 2 * got["dead_after_s"]

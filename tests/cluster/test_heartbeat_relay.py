@@ -32,7 +32,14 @@ HOLD = ("import sys; from psnode.config import NodeConfig; from psnode.net impor
 
 def _with_relay(tmp_path: Path, rounds: int, secure: dict[str, str]) -> tuple[Job, Proc]:
     """The relay first (its own process, holding the job's relay address on this host), then
-    the job (``secure``: its key file, or nothing: insecure)."""
+    the job of :data:`ROUNDS` (``secure``: its key file, or nothing: insecure)."""
+    return _with_relay_script(tmp_path, ROUNDS, [str(tmp_path), str(rounds)], secure)
+
+
+def _with_relay_script(tmp_path: Path, script: str, args: list[str],
+                       secure: dict[str, str] | None = None) -> tuple[Job, Proc]:
+    """The relay first, then W=3 workers of ``script`` and one server."""
+    secure = secure or {}
     job_id, address = f"t{uuid.uuid4().hex[:10]}", f"127.0.0.1:{free_port()}"
     env = {**os.environ, **RELAY, **secure, "PYTHONPATH": str(ROOT), "PSNODE_ROLE": "worker",
            "PSNODE_SCHEDULER": address,
@@ -44,8 +51,8 @@ def _with_relay(tmp_path: Path, rounds: int, secure: dict[str, str]) -> tuple[Jo
     if first.strip() != "RELAY True":
         popen.kill()
         raise AssertionError(f"the relay did not start: {first!r} {popen.communicate(timeout=10)}")
-    job = start_job(ROUNDS, 3, 1, env={**RELAY, **secure, "PSNODE_JOB_ID": job_id, "PSNODE_SCHEDULER": address},
-                    args=[str(tmp_path), str(rounds)], tmp=tmp_path)
+    job = start_job(script, 3, 1, env={**RELAY, **secure, "PSNODE_JOB_ID": job_id, "PSNODE_SCHEDULER": address},
+                    args=args, tmp=tmp_path)
     job.job_id, job.scheduler = job_id, address
     return job, job.add(Proc("relay", 0, popen, [], env))
 
@@ -108,6 +115,50 @@ def test_a_killed_worker_is_named_within_the_heartbeat_timeout_while_the_relay_s
     assert took < 1.0 + 0.2 + 1.0 + 1.0, (took, job.describe())
     for w in job.workers[:2]:
         assert w.code == 1 and "worker 2" in w.err, job.describe()
+
+
+BARRIERS = """
+import pathlib, sys, time, psnode
+flags = pathlib.Path(sys.argv[1])
+kv = psnode.kv.create('dist_sync')
+bad = []
+for b in range(1, 9):
+    if kv.rank == 2 and b == 4:
+        while not (flags / 'relay-killed').exists():   # (the relay dies while the others wait in barrier 4)
+            time.sleep(0.05)
+    (flags / f'entered-{b}-{kv.rank}').touch()
+    kv.barrier()
+    came = sorted(int(p.name.rsplit('-', 1)[1]) for p in flags.glob(f'entered-{b}-*'))
+    if came != list(range(kv.num_workers)):
+        bad.append((b, came))
+print('RANK', kv.rank, 'BARRIERS 8 BAD', bad, flush=True)
+kv.close()
+"""
+
+
+def test_barriers_go_through_the_relay_and_one_survives_its_death_mid_barrier(tmp_path: Path) -> None:
+    """Every barrier's entries go through the host's relay (the scheduler counts them), and no
+    worker leaves a barrier before every worker entered it.  The relay is killed with SIGKILL
+    while workers 0 and 1 wait in barrier 4, their entries sent: worker 2 enters after, the
+    others send theirs again directly once the relay is silent, and all 8 barriers complete
+    with every worker's exit code 0."""
+    job, relay = _with_relay_script(tmp_path, BARRIERS, [str(tmp_path)])
+    try:
+        for rank in (0, 1):
+            wait_for_file(tmp_path / f"entered-4-{rank}", 60)
+        wait_for(lambda: status(job.scheduler, job.job_id, timeout=2.0).relayed_barriers >= 3 * 3 + 2, 20,
+                 "the entries of barriers 1 to 3 and of workers 0 and 1 into barrier 4 through the relay")
+        os.kill(relay.popen.pid, signal.SIGKILL)
+        relay.popen.wait(10)
+        (tmp_path / "relay-killed").touch()
+    finally:
+        relay.popen.kill()
+        wait_job(job, 90)
+    codes = sorted((p.role, p.rank, p.code) for p in job.procs)
+    assert codes == [("relay", 0, -signal.SIGKILL), ("scheduler", 0, 0), ("server", 0, 0), ("worker", 0, 0),
+                     ("worker", 1, 0), ("worker", 2, 0)], job.describe()
+    for w in job.workers:
+        assert f"RANK {w.rank} BARRIERS 8 BAD []" in w.out, job.describe()
 
 
 LAUNCHED = """

@@ -1,5 +1,6 @@
 """The host's heartbeat relay as pure state machines (psnode.net.relay): what is batched,
-who is answered, when a node stops using the relay; the HEARTBEATS bodies on the wire."""
+who is answered, when a node stops using the relay, when a host's barrier entries go; the
+HEARTBEATS and BARRIERS bodies on the wire."""
 from __future__ import annotations
 
 import pytest
@@ -7,7 +8,10 @@ import pytest
 from psnode.config import NodeConfig, RelayMode, Role
 from psnode.errors import ConfigError, ProtocolError
 from psnode.net.relay import (
+    BARRIER_HOLD,
     FALLBACK_INTERVALS,
+    FORGET_INTERVALS,
+    GONE_INTERVALS,
     KEPT_BATCHES,
     REFRESH_BATCHES,
     RETRY_INTERVALS,
@@ -16,7 +20,7 @@ from psnode.net.relay import (
     endpoint,
 )
 from psnode.protocol import Command
-from psnode.protocol.control import MAX_BEATS, Beats, BeatsAck, Counters, decode_body
+from psnode.protocol.control import MAX_BEATS, Beats, BeatsAck, Counters, Entries, decode_body
 
 
 def test_one_batch_per_interval_with_each_nodes_latest_counters() -> None:
@@ -157,3 +161,59 @@ def test_the_relay_knob_auto_is_on_from_eight_processes_on_the_host() -> None:
     with pytest.raises(ConfigError, match="PSNODE_HEARTBEAT_RELAY='maybe' is not one of: auto, on, off"):
         NodeConfig.from_env({**base, "PSNODE_HEARTBEAT_RELAY": "maybe"})
     assert NodeConfig(Role.WORKER, "127.0.0.1", 9000, 1, 0, "j").heartbeat_relay is RelayMode.AUTO
+
+
+# ------------------------------------------------------------------ barrier entries, per host
+
+def test_the_first_barrier_is_held_then_a_host_sends_once_its_last_known_worker_entered() -> None:
+    r = Relay(1.0)
+    assert r.batch(10.0) is None                                 # (the next heartbeat batch: at 11)
+    r.enter(b"a", 1, 10.0)
+    r.enter(b"b", 1, 10.01)
+    assert r.barrier_entries(10.02) is None                      # the first barrier: its workers unknown yet
+    assert r.timeout(10.02) == pytest.approx(BARRIER_HOLD - 0.02)
+    assert r.barrier_entries(10.0 + BARRIER_HOLD) == Entries(((b"a", 1), (b"b", 1)))
+    assert r.barrier_entries(10.1) is None                       # nothing held: nothing sent
+    r.enter(b"b", 2, 11.0)
+    assert r.barrier_entries(11.01) is None                      # a is known and not in barrier 2 yet
+    r.enter(b"a", 2, 11.02)
+    assert r.barrier_entries(11.02) == Entries(((b"b", 2), (b"a", 2)))   # the last one: at once
+    r.enter(b"a", 2, 11.5)                                       # sent again (unanswered): forwarded again
+    assert r.barrier_entries(11.5) == Entries(((b"a", 2),))
+
+
+def test_a_worker_gone_silent_is_not_waited_for_and_is_forgotten_later() -> None:
+    r = Relay(1.0)
+    for ident in (b"a", b"b"):
+        r.enter(ident, 1, 0.0)
+    assert r.barrier_entries(BARRIER_HOLD) is not None
+    r.beat(b"a", Counters(), 1.0)
+    r.beat(b"b", Counters(), 1.0)
+    r.enter(b"a", 2, 1.0 + GONE_INTERVALS - 0.01)
+    assert r.barrier_entries(1.0 + GONE_INTERVALS - 0.01) is None    # b heard from lately: waited for
+    assert r.barrier_entries(1.0 + GONE_INTERVALS + 0.001) == Entries(((b"a", 2),))   # b silent: not
+    r.beat(b"a", Counters(), 20.0)
+    r.enter(b"a", 3, 20.0)
+    assert r.barrier_entries(20.0) == Entries(((b"a", 3),))
+    assert set(r.enterers) == {b"a"}                              # b forgotten after FORGET_INTERVALS
+    assert 20.0 - 1.0 > FORGET_INTERVALS
+
+
+def test_entries_are_bounded_and_their_message_round_trips() -> None:
+    r = Relay(1.0)
+    r.enter(b"x", 1, 0.0)
+    r.barrier_entries(1.0)
+    for i in range(MAX_BEATS):
+        r.enter(f"w{i}".encode(), 2, 2.0)
+    got = r.barrier_entries(2.0)   # (x is known and not in barrier 2, but a message is full)
+    assert got is not None and len(got.entries) == MAX_BEATS
+    e = Entries(((b"worker-1-ab", 3), (b"worker-2-cd", 4)))
+    assert decode_body(Command.BARRIERS, e.to_body()) == e
+    assert e.to_body() == {"entries": [["worker-1-ab", 3], ["worker-2-cd", 4]]}
+    for body, word in [({}, "entries is missing"), ({"entries": {}}, "entries must be a list"),
+                       ({"entries": [["a"]]}, "entry"), ({"entries": [["a", 0]]}, "entry"),
+                       ({"entries": [["a", 1.5]]}, "entry"), ({"entries": [[3, 1]]}, "entry"),
+                       ({"entries": [["a", True]]}, "entry"),
+                       ({"entries": [["a", 1]] * (MAX_BEATS + 1)}, "more than")]:
+        with pytest.raises(ProtocolError, match=word):
+            decode_body(Command.BARRIERS, body)

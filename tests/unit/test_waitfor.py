@@ -58,3 +58,14 @@ def test_a_wait_that_only_grows_longer_is_the_same_wait() -> None:
     assert w.check(0.0, {0: BARRIER, 1: PULL_W}, lambda n: [1], set()) is None
     longer = {0: replace(BARRIER, waited=5.0), 1: replace(PULL_W, waited=5.0)}
     assert w.check(5.0, longer, lambda n: [1], set()) is not None
+
+
+def test_workers_all_waiting_in_a_barrier_whose_entries_are_still_on_the_way_is_no_deadlock() -> None:
+    """Each worker reports waiting in barrier 4, but the scheduler holds no entry of theirs yet
+    (lost with a host's relay: each sends it again until answered): that barrier completes, it
+    is no cycle; a worker in barrier 4 waiting for one in barrier 3 only still is."""
+    in4 = WaitReport(WaitKind.BARRIER, n=4)
+    assert _settled(Watch(5.0), {0: in4, 2: in4}, in_barrier=lambda n: [0, 2]) is None
+    in3 = WaitReport(WaitKind.BARRIER, n=3)
+    verdict = _settled(Watch(5.0), {0: in4, 1: PULL_W, 2: in3}, in_barrier=lambda n: [0, 1, 2])
+    assert verdict is not None and verdict.startswith("deadlock: worker 0 waits in barrier 4 for worker 1"), verdict
