@@ -10,8 +10,9 @@ in real time.  The nodes are simulated in the same process: each message a node 
 encoded with psnode's codec and handed to the scheduler's receive, which decodes it as it decodes
 a frame from its socket; what the scheduler sends to a node is encoded as it would be and handed
 to the simulated node (:class:`SimChannel`).  The nodes act inside the scheduler's wait
-(:class:`SimPoller`): heartbeats every interval at a random phase, REGISTER again until
-welcomed, BARRIER when the scenario says, BYE on SHUTDOWN.  Heartbeats go through one relay per
+(:class:`SimPoller`), and every :data:`TURN` seconds while it takes messages in: heartbeats
+every interval at a random phase, REGISTER again until welcomed, BARRIER when the scenario says,
+BYE on SHUTDOWN.  Heartbeats go through one relay per
 simulated host (:class:`psnode.net.relay.Relay`, the state machine a host's relay runs): each
 node's heartbeat is handed to its host's relay, which hands the scheduler one HEARTBEATS batch
 per interval (at a random phase) and takes its answer; a worker's BARRIER goes to its host's
@@ -77,6 +78,7 @@ from psnode.protocol.status import NodeState  # noqa: E402
 from psnode.scheduler.loop import Scheduler  # noqa: E402
 
 PER_HOST = 8          # processes per simulated host
+TURN = 0.002          # seconds between the nodes' turns while the scheduler takes messages in
 SERVER_EVERY = 10     # one server per this many workers
 JOB = "sim-job"
 _MAX = 2**30
@@ -94,6 +96,7 @@ class SimConfig:
     spread: float = 2.0             # seconds over which the nodes start
     idle: float = 5.0               # seconds of the idle window
     barriers: int = 5
+    barrier_spread: float = 0.05    # seconds over which the workers enter a barrier
     status_queries: int = 3
     faults: bool = True
     relay: bool = True              # heartbeats through one relay per host (False: each node's own)
@@ -143,6 +146,7 @@ class World:
         self.seq = 0
         self.sim_cpu = 0.0           # this thread's CPU time spent simulating (not the scheduler's)
         self.polling: float | None = None   # this thread's CPU time when the current wait began (None: not in one)
+        self.next_turn = 0.0         # when the nodes act next while the scheduler works through its queue
         self.hosts = 0
         self.first_register: float | None = None
         self.last_welcome: float = 0.0
@@ -152,6 +156,7 @@ class World:
         self.barrier_msgs: dict[int, int] = {}           # barrier -> messages with its entries handed over
         self.barrier_answered: dict[int, float] = {}     # barrier -> when its last BARRIER_DONE was sent
         self.answers: dict[tuple[bytes, int], int] = {}  # (worker, barrier) -> BARRIER_DONEs sent
+        self.answered: dict[int, int] = {}               # barrier -> workers answered (once each)
         self.silenced: dict[bytes, float] = {}           # ident -> when it went silent
         self.detected: dict[bytes, float] = {}           # ident -> when the scheduler called it silent
         self.status: list[float] = []
@@ -276,6 +281,8 @@ class World:
             b = int(body["n"])
             key = (ident, b)
             self.answers[key] = self.answers.get(key, 0) + 1
+            if self.answers[key] == 1:
+                self.answered[b] = self.answered.get(b, 0) + 1
             if self.answers[key] > 1:
                 self.violations.append(f"{ident.decode()} got BARRIER_DONE {b} {self.answers[key]} times")
             n.barrier_done = max(n.barrier_done, b)
@@ -350,7 +357,17 @@ class SimChannel:
         self.sock = real.sock
 
     def recv(self, routed: bool = False) -> tuple[bytes | None, Message] | None:
-        inbox = self.world.inbox
+        w = self.world
+        now = time.monotonic()
+        if now >= w.next_turn:   # (the nodes act while the scheduler works through its queue too)
+            t0 = w.polling = time.thread_time()
+            try:
+                w.advance(now)
+            finally:
+                w.sim_cpu += time.thread_time() - t0
+                w.polling = None
+            w.next_turn = now + TURN
+        inbox = w.inbox
         if inbox:
             ident, frames, _ = inbox.popleft()
             return ident, decode(list(frames), JOB, _MAX)
@@ -482,14 +499,16 @@ def scenario(w: World) -> Generator[Callable[[float], bool], None, None]:
 
 
 def barrier(w: World, b: int) -> Generator[Callable[[float], bool], None, tuple[float, float]]:
-    """Every live worker enters barrier ``b`` within 50 ms; the latency from the last BARRIER
+    """Every live worker enters barrier ``b`` within ``barrier_spread`` seconds; the latency from the last BARRIER
     sent to the last BARRIER_DONE sent, less the simulation's own CPU time in between (the
     simulated nodes' work, done on their own hosts in a real job); the wall time too."""
     now = time.monotonic()
     live = w.workers()
     for n in live:
-        w.at(now + w.rng.uniform(0, 0.05), "barrier", n.ident, b)
-    yield wait_until(w, f"barrier {b}", lambda t: all(n.barrier_done >= b for n in live))
+        w.at(now + w.rng.uniform(0, w.cfg.barrier_spread), "barrier", n.ident, b)
+    # (counted first: the wait is checked at every turn of the scheduler's loop)
+    yield wait_until(w, f"barrier {b}", lambda t: w.answered.get(b, 0) >= len(live)
+                     and all(n.barrier_done >= b for n in live))
     wall = w.barrier_answered[b] - w.barrier_entered[b]
     return wall - (w.barrier_answered_cpu[b] - w.barrier_entered_cpu[b]), wall
 
@@ -610,6 +629,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spread", type=float, default=2.0, help="seconds over which the nodes start")
     ap.add_argument("--idle", type=float, default=5.0)
     ap.add_argument("--barriers", type=int, default=5)
+    ap.add_argument("--barrier-spread", type=float, default=0.05,
+                    help="seconds over which the workers enter a barrier (default 0.05)")
     ap.add_argument("--no-faults", action="store_true")
     ap.add_argument("--no-relay", action="store_true", help="every node heartbeats the scheduler directly")
     ap.add_argument("--seed", type=int, default=1)
@@ -620,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for w in (int(x) for x in a.workers.split(",")):
         cfg = SimConfig(w, heartbeat=a.heartbeat, spread=a.spread, idle=a.idle, barriers=a.barriers,
-                        faults=not a.no_faults, relay=not a.no_relay, seed=a.seed)
+                        barrier_spread=a.barrier_spread, faults=not a.no_faults, relay=not a.no_relay, seed=a.seed)
         got = simulate(cfg)
         print(json.dumps(got), flush=True)
         results.append(got)

@@ -31,7 +31,8 @@ With ``cfg.relay`` (``PSNODE_HEARTBEAT_RELAY``), heartbeats go through the host'
 (:mod:`psnode.net.relay`; the first node of the job on the host runs it,
 :mod:`psnode.net.relayhost`), which answers them once the scheduler took their batch; an answer
 through the relay counts as the scheduler's.  A worker's BARRIER goes the way its heartbeats
-go (:meth:`SchedulerLink.send_barrier`: the relay forwards its host's entries together).
+go (:meth:`SchedulerLink.send_barrier`: the relay forwards its host's entries together), and
+the relay hears of its FINISH (:meth:`SchedulerLink.send_finish`: not waited for any more).
 Everything else goes to the scheduler directly.
 The relay silent for :data:`~psnode.net.relay.FALLBACK_INTERVALS` intervals: the node
 heartbeats directly, and tries the relay again now and then (becoming the host's relay itself
@@ -134,6 +135,13 @@ class SchedulerLink:
             self.relay_chan.send(Command.BARRIER, body)
         else:
             self.chan.send(Command.BARRIER, body)
+
+    def send_finish(self, body: dict[str, Any]) -> None:
+        """Send FINISH (this worker is done) to the scheduler, and tell the host's relay so: it
+        waits for this worker's barrier entries no more."""
+        self.chan.send(Command.FINISH, body)
+        if self.relay_use.on and self.relay_chan is not None:
+            self.relay_chan.send(Command.FINISH, body)
 
     def _relay_answers(self, now: float) -> None:
         """Take the relay's answers; fall back to direct heartbeats when it left one unanswered

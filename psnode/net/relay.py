@@ -32,11 +32,12 @@ of the job.  A node that went over to a standby scheduler never uses the relay a
 Barriers are counted per host the same way: a worker that heartbeats through the relay sends its
 BARRIER there too, and the relay sends the scheduler one BARRIERS message
 (:class:`~psnode.protocol.control.Entries`) for the entries of its host's workers, as soon as
-every worker of the host it knows (each that entered a barrier through it and was heard from in
-the last :data:`GONE_INTERVALS` intervals) entered the newest barrier, or after
-:data:`BARRIER_HOLD` seconds (the first barrier, before it knows the host's workers). So the
-last worker to arrive is forwarded at once, and a barrier of W workers on H hosts costs the
-scheduler about H messages, not W. The scheduler answers each worker directly (BARRIER_DONE),
+every worker of the host it knows (each that entered a barrier through it, was heard from in
+the last :data:`GONE_INTERVALS` intervals and did not say it leaves) entered the newest barrier;
+at the latest :data:`BARRIER_WAIT` intervals after the oldest entry it holds (the first barrier,
+before it knows the host's workers: after :data:`BARRIER_HOLD` seconds). So the last worker to
+arrive is forwarded at once, and a barrier of W workers on H hosts costs the scheduler about H
+messages, not W. The scheduler answers each worker directly (BARRIER_DONE),
 and a worker sends its BARRIER again until answered, so a relay lost with entries in hand delays
 a barrier by the worker's retry, never loses it.
 """
@@ -54,7 +55,9 @@ RETRY_INTERVALS = 10
 KEPT_BATCHES = 4
 #: a node's unchanged counters are left out of a batch, but sent again after this many batches
 REFRESH_BATCHES = 10
-#: the longest a worker's barrier entry waits at the relay for the host's other workers (seconds)
+#: the longest a barrier entry waits at the relay for the host's other workers, in intervals
+BARRIER_WAIT = 0.5
+#: the same before the relay knows the host's workers (its first barrier), in seconds
 BARRIER_HOLD = 0.05
 #: intervals without a word from a worker before the relay stops waiting for its barrier entries
 GONE_INTERVALS = 2.0
@@ -107,13 +110,11 @@ class Relay:
 
     def barrier_entries(self, now: float) -> Entries | None:
         """The entries to send now: every entry held, once every worker of the host the relay
-        knows entered the newest barrier held (or it held one :data:`BARRIER_HOLD` seconds, or
-        holds as many as a message carries; the first barrier through it, when it knows no
-        worker yet, waits the hold); None while it waits."""
+        knows entered the newest barrier held (or it held one as long as it may, or holds as
+        many as a message carries); None while it waits."""
         if not self.entries:
             return None
-        assert self.held_since is not None
-        if now - self.held_since < BARRIER_HOLD and len(self.entries) < MAX_BEATS:
+        if now < self._due() and len(self.entries) < MAX_BEATS:
             newest, live = max(self.entries.values()), now - GONE_INTERVALS * self.interval
             if newest == self.first_barrier or any(n < newest and heard >= live for n, heard in self.enterers.values()):
                 return None
@@ -160,8 +161,18 @@ class Relay:
 
     def timeout(self, now: float) -> float:
         """Seconds until the next batch is due, or the entries held must go."""
-        due = self.next_batch if self.held_since is None else min(self.next_batch, self.held_since + BARRIER_HOLD)
+        due = self.next_batch if self.held_since is None else min(self.next_batch, self._due())
         return max(0.0, min(due - now, self.interval))
+
+    def leaves(self, ident: bytes) -> None:
+        """Worker ``ident`` enters no more barriers (it finished): it is not waited for."""
+        self.enterers.pop(ident, None)
+
+    def _due(self) -> float:
+        """When the entries held go at the latest."""
+        assert self.held_since is not None
+        first = self.first_barrier is not None and max(self.entries.values(), default=0) <= self.first_barrier
+        return self.held_since + (BARRIER_HOLD if first else BARRIER_WAIT * self.interval)
 
 
 @dataclass
@@ -214,5 +225,5 @@ class RelayUse:
         self.on = self.retry = False
 
 
-__all__ = ["BARRIER_HOLD", "FALLBACK_INTERVALS", "FORGET_INTERVALS", "GONE_INTERVALS", "KEPT_BATCHES",
+__all__ = ["BARRIER_HOLD", "BARRIER_WAIT", "FALLBACK_INTERVALS", "FORGET_INTERVALS", "GONE_INTERVALS", "KEPT_BATCHES",
            "REFRESH_BATCHES", "RETRY_INTERVALS", "Relay", "RelayUse", "endpoint"]

@@ -91,11 +91,14 @@ class RelayHost(threading.Thread):
 
 
 def take(relay: Relay, ident: bytes | None, msg: Message, now: float) -> None:
-    """A node's message to the relay: its heartbeat, or its entry into a numbered barrier; any
-    other (or a malformed one) is logged and dropped."""
+    """A node's message to the relay: its heartbeat, its entry into a numbered barrier, or its
+    FINISH (it enters no more barriers); any other (or a malformed one) is logged and dropped."""
     try:
         if ident is not None and msg.cmd is Command.HEARTBEAT:
             relay.beat(ident, Heartbeat.from_body(msg.body).stats, now)
+            return
+        if ident is not None and msg.cmd is Command.FINISH:
+            relay.leaves(ident)
             return
         if ident is not None and msg.cmd is Command.BARRIER:
             n = Barrier.from_body(msg.body).n
@@ -105,7 +108,8 @@ def take(relay: Relay, ident: bytes | None, msg: Message, now: float) -> None:
     except ProtocolError as exc:
         log.warning("relay: dropped %s from %r: %s", msg.cmd.value, ident, exc)
         return
-    log.warning("relay: dropped %s from %r: only heartbeats and numbered barriers are relayed", msg.cmd.value, ident)
+    log.warning("relay: dropped %s from %r: only heartbeats, numbered barriers and FINISH are taken",
+                msg.cmd.value, ident)
 
 
 def start(cfg: NodeConfig) -> RelayHost | None:

@@ -323,6 +323,8 @@ class IoLoop:
                 e.barriers += 1
                 req.body = Barrier(e.barriers)
                 link.send_barrier(req.body.to_body())
+            elif req.cmd is Command.FINISH:
+                link.send_finish(req.body.to_body())
             else:
                 link.chan.send(req.cmd, req.body.to_body())
             if req.cmd is Command.BYE:

@@ -9,6 +9,7 @@ from psnode.config import NodeConfig, RelayMode, Role
 from psnode.errors import ConfigError, ProtocolError
 from psnode.net.relay import (
     BARRIER_HOLD,
+    BARRIER_WAIT,
     FALLBACK_INTERVALS,
     FORGET_INTERVALS,
     GONE_INTERVALS,
@@ -180,6 +181,23 @@ def test_the_first_barrier_is_held_then_a_host_sends_once_its_last_known_worker_
     assert r.barrier_entries(11.02) == Entries(((b"b", 2), (b"a", 2)))   # the last one: at once
     r.enter(b"a", 2, 11.5)                                       # sent again (unanswered): forwarded again
     assert r.barrier_entries(11.5) == Entries(((b"a", 2),))
+
+
+def test_a_known_worker_is_waited_for_at_most_half_an_interval_and_not_once_it_finished() -> None:
+    r = Relay(1.0)
+    for ident in (b"a", b"b", b"c"):
+        r.enter(ident, 1, 0.0)
+    assert r.barrier_entries(BARRIER_HOLD) is not None
+    assert r.batch(1.0) is None                                  # (the next heartbeat batch: at 2)
+    r.enter(b"a", 2, 1.0)
+    r.enter(b"b", 2, 1.1)
+    assert r.barrier_entries(1.0 + BARRIER_WAIT - 0.01) is None  # c is known and heard from: waited for
+    assert r.timeout(1.2) == pytest.approx(1.0 + BARRIER_WAIT - 1.2)
+    assert r.barrier_entries(1.0 + BARRIER_WAIT) == Entries(((b"a", 2), (b"b", 2)))
+    r.leaves(b"c")                                               # c's FINISH
+    r.enter(b"a", 3, 2.0)
+    r.enter(b"b", 3, 2.01)
+    assert r.barrier_entries(2.01) == Entries(((b"a", 3), (b"b", 3)))
 
 
 def test_a_worker_gone_silent_is_not_waited_for_and_is_forgotten_later() -> None:
