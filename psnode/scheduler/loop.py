@@ -828,7 +828,8 @@ class Scheduler:
                         self.barrier_since[node_ident] = now
                     self.barrier[node_ident] = n
                     continue
-                self._handle(node_ident, Message(Command.BARRIER, msg.job, msg.sender), Barrier(n))
+                entry = Barrier(n)   # (its body too: held while a take-over rebuilds the job, it is decoded again)
+                self._handle(node_ident, Message(Command.BARRIER, msg.job, msg.sender, entry.to_body()), entry)
             self._check_barrier()
             return
         self._handle(ident, msg, body)

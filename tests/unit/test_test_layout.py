@@ -21,6 +21,7 @@ BENCHMARK_TESTS = {
     "faults/test_slow_links.py",
     "unit/test_bench_chart.py",
     "unit/test_bench_report.py",
+    "unit/test_bench_sim_chart.py",
     "unit/test_bench_round_profile.py",
     "unit/test_bench_stragglers.py",
     "unit/test_bench_stream.py",
