@@ -46,6 +46,7 @@ peak RSS).
 from __future__ import annotations
 
 import argparse
+import gc
 import heapq
 import json
 import logging
@@ -70,7 +71,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from psnode.config import NodeConfig, Role  # noqa: E402
-from psnode.net.relay import BARRIER_HOLD, Relay  # noqa: E402
+from psnode.net.relay import BARRIER_HOLD, BARRIER_WAIT, Relay  # noqa: E402
 from psnode.net.transport import Poller  # noqa: E402
 from psnode.protocol import Command, Message, decode, encode  # noqa: E402
 from psnode.protocol.control import Barrier, BeatsAck, Bye, Counters, Heartbeat, Register, Stop  # noqa: E402
@@ -207,16 +208,22 @@ class World:
             self.hand(n, n.frames["heartbeat"], now)
 
     def enter(self, n: SimNode, b: int, now: float) -> None:
-        """``n`` enters barrier ``b``: through its host's relay, or directly."""
-        self.barrier_entered[b] = now
+        """``n`` enters barrier ``b`` at ``now`` (its relay's clock): through its host's relay,
+        or directly.  The latency counts from when the simulation acts it out (with the
+        simulation's CPU time then: what is subtracted is measured from the same moment)."""
+        self.barrier_entered[b] = time.monotonic()
         self.barrier_entered_cpu[b] = self.simulated()
         if not self.cfg.relay:
             self.hand(n, _frames(Command.BARRIER, Barrier(b).to_body()), now)
             self.barrier_msgs[b] = self.barrier_msgs.get(b, 0) + 1
             return
-        self.relays[n.host].enter(n.ident, b, now)
+        relay = self.relays[n.host]
+        first = relay.held_since is None
+        relay.enter(n.ident, b, now)
         self.release(n.host, now)
-        self.at(now + BARRIER_HOLD, "hold", f"relay-{n.host}".encode(), n.host)
+        if first:   # (when the entries held go at the latest: the first barrier's hold, else the wait)
+            for due in (BARRIER_HOLD, BARRIER_WAIT * self.cfg.heartbeat):
+                self.at(now + due, "hold", f"relay-{n.host}".encode(), n.host)
 
     def release(self, host: int, now: float) -> None:
         """The barrier entries host ``host``'s relay sends now, if any."""
@@ -586,7 +593,10 @@ def simulate(cfg: SimConfig) -> dict[str, Any]:
     world = World(cfg, sched)
     sched.chan = SimChannel(sched.chan, world)   # type: ignore[assignment]
     t0 = time.monotonic()
-    code = sched.run(SimPoller(world))
+    try:
+        code = sched.run(SimPoller(world))
+    finally:
+        gc.unfreeze()   # (the scheduler froze what lived at the job's start: this process goes on)
     if not world.done:
         raise SimulationError(f"the scheduler ended (exit {code}) in step {world.step_name!r}")
     out = {"workers": cfg.workers, "servers": cfg.servers, "hosts": world.hosts, "relay": cfg.relay,

@@ -888,7 +888,7 @@ class Replica:
 
 
 Body = (Empty | Register | Welcome | Heartbeat | Beats | BeatsAck | Barrier | Entries | BarrierDone | Membership
-        | Servers        | JobEnd | Bye | Stop | StatusAnswer | ScaleDown | Lost | Replica | Standby)
+        | Servers | JobEnd | Bye | Stop | StatusAnswer | ScaleDown | Lost | Replica | Standby)
 
 #: the body of each control command
 BODIES: dict[Command, Any] = {

@@ -57,6 +57,13 @@ def _with_relay_script(tmp_path: Path, script: str, args: list[str],
     return job, job.add(Proc("relay", 0, popen, [], env))
 
 
+def _ended_well_but_the_relay(job: Job) -> None:
+    """Every process of the job exited 0; the relay was killed (SIGKILL)."""
+    codes = sorted((p.role, p.rank, p.code) for p in job.procs)
+    assert codes == [("relay", 0, -signal.SIGKILL), ("scheduler", 0, 0), ("server", 0, 0), ("worker", 0, 0),
+                     ("worker", 1, 0), ("worker", 2, 0)], job.describe()
+
+
 def _relayed(job: Job) -> int:
     return status(job.scheduler, job.job_id, key_file=job.procs[0].env.get("PSNODE_KEY_FILE"), timeout=2.0).relayed
 
@@ -84,9 +91,7 @@ def test_the_scheduler_gets_batches_and_the_job_outlives_its_relay(tmp_path: Pat
     finally:
         relay.popen.kill()
         wait_job(job, 90)
-    codes = sorted((p.role, p.rank, p.code) for p in job.procs)
-    assert codes == [("relay", 0, -signal.SIGKILL), ("scheduler", 0, 0), ("server", 0, 0), ("worker", 0, 0),
-                     ("worker", 1, 0), ("worker", 2, 0)], job.describe()
+    _ended_well_but_the_relay(job)
     for w in job.workers:
         assert "RANK %d ROUNDS 160 BAD []" % w.rank in w.out, job.describe()
     nodes = job.workers + job.by_role("server")
@@ -154,9 +159,7 @@ def test_barriers_go_through_the_relay_and_one_survives_its_death_mid_barrier(tm
     finally:
         relay.popen.kill()
         wait_job(job, 90)
-    codes = sorted((p.role, p.rank, p.code) for p in job.procs)
-    assert codes == [("relay", 0, -signal.SIGKILL), ("scheduler", 0, 0), ("server", 0, 0), ("worker", 0, 0),
-                     ("worker", 1, 0), ("worker", 2, 0)], job.describe()
+    _ended_well_but_the_relay(job)
     for w in job.workers:
         assert f"RANK {w.rank} BARRIERS 8 BAD []" in w.out, job.describe()
 
