@@ -221,9 +221,6 @@ class NodeTable(dict[bytes, Node]):
 
 #: what only a node of the job sends (answered REJOIN by a restarted scheduler that does not know it)
 _NODE_COMMANDS = frozenset({Command.HEARTBEAT, Command.BARRIER, Command.FINISH, Command.BYE})
-#: states whose node's messages take no short cut: it is told it is out of the job (lost), or to
-#: exit (being replaced)
-_ASIDE = frozenset({NodeState.LOST, NodeState.RESTARTING})
 
 
 def _keep(nodes: dict[bytes, Node]) -> None:
@@ -807,7 +804,7 @@ class Scheduler:
                 now = time.monotonic()
                 for node_ident, stats in body.beats:
                     node = self.nodes.get(node_ident)
-                    if node is not None and self.active and self.rebuild is None and node.state not in _ASIDE:
+                    if node is not None and self.active and self.rebuild is None and node.state != NodeState.LOST:
                         node.last_seen = now   # (what _handle and _heartbeat_msg do, for the usual case)
                         self._took_beat(node, node.stats if stats is None else stats, now)
                         continue
@@ -824,7 +821,7 @@ class Scheduler:
             now, usual = time.monotonic(), self.active and self.rebuild is None and not self.rebuilds
             for node_ident, n in body.entries:
                 node = self.nodes.get(node_ident)
-                if usual and node is not None and node.role == Role.WORKER and node.state not in _ASIDE \
+                if usual and node is not None and node.role == Role.WORKER and node.state != NodeState.LOST \
                         and n > node.barrier_done:   # (what _handle and _barrier_msg do, for the usual case)
                     node.last_seen = now
                     if self.barrier.get(node_ident) != n:
@@ -864,12 +861,6 @@ class Scheduler:
             log.debug("%s from an unregistered peer dropped", cmd.value)
         elif node.state == NodeState.LOST:   # removed from the job: it must not take part again
             self._send(node, Command.SHUTDOWN, JobEnd(False, f"{node.name} was removed from the job (lost)"))
-        elif node.state == NodeState.RESTARTING and cmd in _NODE_COMMANDS:
-            # silent long enough to be replaced, yet alive (stopped, starved): it exits, so that
-            # its launcher restarts it as the job awaits; it must not go on beside its replacement
-            self._send(node, Command.SHUTDOWN, JobEnd(False, (
-                f"{node.name} was silent past the heartbeat timeout and is being replaced: this process "
-                "exits so that it is restarted")))
         elif cmd in self._from_members:
             self._from_members[cmd](node, body)
 
