@@ -68,8 +68,16 @@ def test_rounds_complete_without_the_late_worker_exactly_across_its_kill(tmp_pat
     try:
         wait_for(lambda: all((d / f"finished-{r}").exists() for r in range(3)), 120,
                  "every worker to finish its steps", describe=lambda: "".join(out))
-        view = json.loads(run_cli(["status", latest(home)["id"], "--json"], env).stdout)
-        rows = {n["rank"]: n for n in view["nodes"] if n["role"] == "worker"}
+        # (the server reports its late counts in its heartbeats: the replacement's last pushes
+        # reach ``mxdist status`` within an interval of its last step)
+        rows: dict[int, dict] = {}
+
+        def counted() -> bool:
+            view = json.loads(run_cli(["status", latest(home)["id"], "--json"], env).stdout)
+            rows.update({n["rank"]: n for n in view["nodes"] if n["role"] == "worker"})
+            return rows.get(2, {}).get("late", 0) >= STEPS
+
+        wait_for(counted, 20, f"worker 2's {STEPS} late pushes in mxdist status", describe=lambda: str(rows))
         table = run_cli(["status", latest(home)["id"]], env).stdout
     finally:
         (d / "exit").touch()   # (passed or failed, the job ends itself: nothing is left running)
