@@ -35,10 +35,12 @@ one to every worker of the job (its replacements included).
 
 Figures: time from the first REGISTER to the last WELCOME (the job's start) and the slowest
 node's time from its start to its WELCOME; the scheduler's CPU share in the idle window (its
-thread's CPU time outside the simulation); barrier latency (the last worker's BARRIER sent, to
-its relay or the scheduler, to the last BARRIER_DONE sent, less the simulation's CPU time in
-between: the nodes' work, which a real job does on its own hosts; the wall time as well) and the
-messages carrying a barrier's entries to the scheduler; time to detect a silent node and a lost
+thread's CPU time outside the simulation); barrier latency, from the moment the last worker
+enters (its BARRIER sent, to its relay or the scheduler) to the last BARRIER_DONE sent, on the
+scheduler's clock (:meth:`World.arrived`: the scheduler as a single-core queue, each message
+taken at its arrival or when the scheduler's CPU time so far is spent, whichever is later; the
+simulated nodes share its thread here and run on their own hosts in a job), the wall time as
+well, and the messages carrying a barrier's entries to the scheduler; time to detect a silent node and a lost
 host (every one of its 8); the status answer (the round trip of ``psnode.launcher.status`` from another process, and the
 scheduler's CPU per STATUS); memory (the scheduler's state after the start, and this process's
 peak RSS).
@@ -151,9 +153,11 @@ class World:
         self.hosts = 0
         self.first_register: float | None = None
         self.last_welcome: float = 0.0
-        self.barrier_entered: dict[int, float] = {}      # barrier -> when its last BARRIER was sent
-        self.barrier_entered_cpu: dict[int, float] = {}  # barrier -> the simulation's CPU time then
-        self.barrier_answered_cpu: dict[int, float] = {} # barrier -> the simulation's CPU time at its last answer
+        self.barrier_entered: dict[int, float] = {}      # barrier -> when its last worker entered it
+        self.barrier_answered_at: dict[int, float] = {}  # barrier -> its last answer, on the scheduler's clock
+        self.clock = 0.0             # the scheduler's clock: when its work so far ends (see arrived)
+        self.clock_cpu = 0.0         # the scheduler's CPU time when the clock was last set
+        self.sent_at = 0.0           # the scheduler's clock at the send being handed to the nodes
         self.barrier_msgs: dict[int, int] = {}           # barrier -> messages with its entries handed over
         self.barrier_answered: dict[int, float] = {}     # barrier -> when its last BARRIER_DONE was sent
         self.answers: dict[tuple[bytes, int], int] = {}  # (worker, barrier) -> BARRIER_DONEs sent
@@ -211,8 +215,7 @@ class World:
         """``n`` enters barrier ``b`` at ``now`` (its relay's clock): through its host's relay,
         or directly.  The latency counts from when the simulation acts it out (with the
         simulation's CPU time then: what is subtracted is measured from the same moment)."""
-        self.barrier_entered[b] = time.monotonic()
-        self.barrier_entered_cpu[b] = self.simulated()
+        self.barrier_entered[b] = max(self.barrier_entered.get(b, now), now)
         if not self.cfg.relay:
             self.hand(n, _frames(Command.BARRIER, Barrier(b).to_body()), now)
             self.barrier_msgs[b] = self.barrier_msgs.get(b, 0) + 1
@@ -247,7 +250,7 @@ class World:
             if kind == "relay":
                 batch = self.relays[arg].batch(when)
                 if batch is not None:
-                    self.inbox.append((ident, _frames(Command.HEARTBEATS, batch.to_body()), now))
+                    self.inbox.append((ident, _frames(Command.HEARTBEATS, batch.to_body()), when))
                     self.handed += 1
                 self.at(when + self.cfg.heartbeat, "relay", ident, arg)
                 continue
@@ -294,7 +297,7 @@ class World:
                 self.violations.append(f"{ident.decode()} got BARRIER_DONE {b} {self.answers[key]} times")
             n.barrier_done = max(n.barrier_done, b)
             self.barrier_answered[b] = now
-            self.barrier_answered_cpu[b] = self.simulated()
+            self.barrier_answered_at[b] = self.sent_at
         elif cmd in (Command.SHUTDOWN, Command.PEER_LOST):
             if n.role == Role.SERVER:
                 self.hand(n, _frames(Command.BYE, Bye().to_body()), now)
@@ -344,6 +347,18 @@ class World:
     def workers(self) -> list[SimNode]:
         return [n for n in self.nodes.values() if n.role == Role.WORKER and n.alive]
 
+    def arrived(self, when: float) -> None:
+        """The scheduler takes a message that arrived at ``when``: its clock, as a single-core
+        queue, goes on from its work so far (every CPU second of the scheduler's since the last
+        message) or from the arrival, whichever is later."""
+        cpu = self.cpu()
+        self.clock = max(self.clock + cpu - self.clock_cpu, when)
+        self.clock_cpu = cpu
+
+    def scheduler_clock(self) -> float:
+        """Now on the scheduler's clock (:meth:`arrived`)."""
+        return self.clock + self.cpu() - self.clock_cpu
+
     def cpu(self) -> float:
         """The scheduler's CPU time so far: this thread's, less the simulation's."""
         return time.thread_time() - self.sim_cpu
@@ -376,28 +391,39 @@ class SimChannel:
             w.next_turn = now + TURN
         inbox = w.inbox
         if inbox:
-            ident, frames, _ = inbox.popleft()
+            ident, frames, when = inbox.popleft()
+            w.arrived(when)
             return ident, decode(list(frames), JOB, _MAX)
         return self.real.recv(routed)
 
     def send(self, cmd: Any, body: dict[str, Any] | None = None, arrays: Any = None, to: bytes | None = None,
              **kw: Any) -> Any:
-        if to is not None and to in self.world.nodes:
+        w = self.world
+        if to is not None and to in w.nodes:
             self.real.send(cmd, body, arrays, to=to, **kw)   # (its cost: zmq drops it)
-            self.world.received(to, cmd, body, time.monotonic())
+            w.sent_at = w.scheduler_clock()
+            t0 = time.thread_time()   # (the node's handling: the simulation's CPU time)
+            w.received(to, cmd, body, time.monotonic())
+            w.sim_cpu += time.thread_time() - t0
             return None
-        if to is not None and to in self.world.relay_idents:
+        if to is not None and to in w.relay_idents:
             self.real.send(cmd, body, arrays, to=to, **kw)
-            self.world.relay_answered(to, body)
+            t0 = time.thread_time()
+            w.relay_answered(to, body)
+            w.sim_cpu += time.thread_time() - t0
             return None
         return self.real.send(cmd, body, arrays, to=to, **kw)
 
     def send_all(self, cmd: Any, body: dict[str, Any] | None, idents: list[bytes]) -> None:
         self.real.send_all(cmd, body, idents)   # (every one on the socket: its cost; zmq drops the simulated)
+        w = self.world
+        w.sent_at = w.scheduler_clock()
+        t0 = time.thread_time()   # (the nodes' handling: the simulation's CPU time)
         now = time.monotonic()
         for ident in idents:
-            if ident in self.world.nodes:
-                self.world.received(ident, cmd, body, now)
+            if ident in w.nodes:
+                w.received(ident, cmd, body, now)
+        w.sim_cpu += time.thread_time() - t0
 
     def close(self) -> None:
         self.real.close()
@@ -506,9 +532,9 @@ def scenario(w: World) -> Generator[Callable[[float], bool], None, None]:
 
 
 def barrier(w: World, b: int) -> Generator[Callable[[float], bool], None, tuple[float, float]]:
-    """Every live worker enters barrier ``b`` within ``barrier_spread`` seconds; the latency from the last BARRIER
-    sent to the last BARRIER_DONE sent, less the simulation's own CPU time in between (the
-    simulated nodes' work, done on their own hosts in a real job); the wall time too."""
+    """Every live worker enters barrier ``b`` within ``barrier_spread`` seconds; the latency from the last
+    worker's entry to the last BARRIER_DONE sent, on the scheduler's clock (:meth:`World.arrived`),
+    and on the wall clock."""
     now = time.monotonic()
     live = w.workers()
     for n in live:
@@ -516,8 +542,7 @@ def barrier(w: World, b: int) -> Generator[Callable[[float], bool], None, tuple[
     # (counted first: the wait is checked at every turn of the scheduler's loop)
     yield wait_until(w, f"barrier {b}", lambda t: w.answered.get(b, 0) >= len(live)
                      and all(n.barrier_done >= b for n in live))
-    wall = w.barrier_answered[b] - w.barrier_entered[b]
-    return wall - (w.barrier_answered_cpu[b] - w.barrier_entered_cpu[b]), wall
+    return w.barrier_answered_at[b] - w.barrier_entered[b], w.barrier_answered[b] - w.barrier_entered[b]
 
 
 def lose(w: World, lost: list[SimNode], what: str) -> Generator[Callable[[float], bool], None, None]:

@@ -123,7 +123,7 @@ from psnode.protocol.status import SLOW_SHARE, NodeRow, NodeState, excesses
 from psnode.scheduler import client
 from psnode.scheduler.elastic import ElasticRoster
 from psnode.scheduler.rebuild import Rebuild, done_elsewhere
-from psnode.scheduler.roster import Roster
+from psnode.scheduler.roster import Roster, barrier_groups
 from psnode.scheduler.slowness import Slowness, Stalls
 from psnode.scheduler.waitfor import Watch
 
@@ -649,18 +649,18 @@ class Scheduler:
         if self.roster.barrier_complete(self.barrier) and not self.waiting_replacement:
             self._flush_membership(force=True)  # the servers know who left before anyone goes on
             members = tuple(self.roster.active_ranks()) if self.cfg.elastic else ()
-            self.slowness.barrier({self.nodes[i].rank: t for i, t in self.barrier_since.items() if i in self.nodes},
-                                  time.monotonic())
-            self.barrier_since.clear()
-            to: dict[int, list[bytes]] = {}   # barrier number -> the workers it completes (one, but for a rebuild)
-            for ident, n in self.barrier.items():
-                if ident in self.nodes:
-                    self.nodes[ident].barrier_done = n
-                    to.setdefault(n, []).append(ident)
-            for n, idents in to.items():   # (one message, encoded once, to every worker)
+            nodes, entered = self.nodes, self.barrier
+            for n, idents in barrier_groups(entered, nodes).items():   # (the answers first; one message each)
                 self.chan.send_all(Command.BARRIER_DONE, BarrierDone(n, members, self.elastic.generation).to_body(),
                                    idents)
-            self.barrier.clear()
+            for ident, n in entered.items():
+                node = nodes.get(ident)
+                if node is not None:
+                    node.barrier_done = n
+            self.slowness.barrier({nodes[i].rank: t for i, t in self.barrier_since.items() if i in nodes},
+                                  time.monotonic())
+            self.barrier_since.clear()
+            entered.clear()
 
     def _flush_membership(self, force: bool = False) -> None:
         """Send MEMBERSHIP if asked for (``roster.want_membership``) and due (psnode.scheduler.roster)."""

@@ -27,6 +27,7 @@ Contracts:
 """
 from __future__ import annotations
 
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 
 from psnode.protocol.status import NodeState
@@ -116,4 +117,18 @@ class Roster:
         return self.active.keys() <= entered.keys()
 
 
-__all__ = ["Roster"]
+def barrier_groups(entered: Mapping[bytes, int], nodes: Container[bytes]) -> dict[int, list[bytes]]:
+    """The workers a completed barrier answers, by barrier number: ``entered`` (ident -> the
+    barrier it entered) less those not in ``nodes``.  One number, but for a job rebuilt by a
+    take-over (workers that completed different barriers)."""
+    numbers = set(entered.values())
+    if len(numbers) == 1:
+        return {numbers.pop(): [i for i in entered if i in nodes]}
+    to: dict[int, list[bytes]] = {}
+    for ident, n in entered.items():
+        if ident in nodes:
+            to.setdefault(n, []).append(ident)
+    return to
+
+
+__all__ = ["Roster", "barrier_groups"]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from psnode.protocol.status import NodeState
-from psnode.scheduler.roster import MEMBERSHIP_GAP, Roster
+from psnode.scheduler.roster import MEMBERSHIP_GAP, Roster, barrier_groups
 
 
 def _roster(workers: int) -> Roster:
@@ -61,6 +61,14 @@ def test_barrier_completes_when_every_active_worker_entered() -> None:
     r.set_state(b"w2", 2, NodeState.FINISHED)
     del entered[b"w2"]
     assert r.barrier_complete(entered)
+
+
+def test_a_completed_barrier_answers_its_workers_by_number_and_skips_the_gone() -> None:
+    nodes = {b"w0": 0, b"w1": 1, b"w2": 2}
+    assert barrier_groups({b"w0": 4, b"gone": 4, b"w2": 4}, nodes) == {4: [b"w0", b"w2"]}
+    # (a job rebuilt by a take-over: workers that completed different barriers, each told its own)
+    assert barrier_groups({b"w0": 4, b"w1": 5, b"gone": 5, b"w2": 4}, nodes) == {4: [b"w0", b"w2"], 5: [b"w1"]}
+    assert barrier_groups({b"gone": 3}, nodes) == {3: []}
 
 
 def test_live_servers_follow_their_states() -> None:
