@@ -31,7 +31,8 @@ Life of a job as the scheduler sees it:
    unless restarts are allowed (``max_restarts``; for a server, only when servers checkpoint):
    then the job waits up to ``register_timeout`` for a replacement registering with the same
    rank; meanwhile the node is RESTARTING, and a worker stays a member of the rounds (servers
-   never complete a round without it: its replacement pushes).  Workers are told a server is
+   never complete a round without it: its replacement pushes); a worker so awaited that speaks
+   again (it was stopped or starved, not dead) is taken back.  Workers are told a server is
    down (SERVERS ``down``: their requests to it wait) and, when its replacement registered, the
    new address book (SERVERS ``restored``): they reconnect and resend what the restored server
    may have missed (psnode.worker.journal).  The replacement's WELCOME says ``restore``: it loads its
@@ -221,6 +222,8 @@ class NodeTable(dict[bytes, Node]):
 
 #: what only a node of the job sends (answered REJOIN by a restarted scheduler that does not know it)
 _NODE_COMMANDS = frozenset({Command.HEARTBEAT, Command.BARRIER, Command.FINISH, Command.BYE})
+#: states whose node's messages take no short cut through a relay's batch (:meth:`Scheduler._handle`)
+_ASIDE = frozenset({NodeState.LOST, NodeState.RESTARTING})
 
 
 def _keep(nodes: dict[bytes, Node]) -> None:
@@ -553,6 +556,18 @@ class Scheduler:
             for w in self._live(Role.WORKER):
                 self._send(w, Command.SERVERS, Servers(down=n.rank))
 
+    def _take_back(self, node: Node) -> None:
+        """A worker taken for silent, whose restart is awaited, speaks again: it was stopped or
+        starved, not dead, and goes on as a member (it never left the rounds); no restart is
+        awaited for it any more.  A replacement its launcher starts all the same takes its rank
+        (:meth:`_late_register`).  A server stays awaited: its workers were told it is down."""
+        if node.role != Role.WORKER or self.waiting_replacement.pop((node.role, node.rank), None) is None:
+            return
+        self._set_state(node, NodeState.ALIVE)
+        log.warning("%s was taken for silent and speaks again (stopped or starved, not dead): it goes on, and "
+                    "no restart is awaited for it", node.name)
+        self._check_barrier()
+
     # ------------------------------------------------------------ restart (psnode.scheduler.rebuild)
     def _while_rebuilding(self, ident: bytes, msg: Message, body: Body) -> None:
         """A message before the job is rebuilt: reports are collected, heartbeats of the nodes
@@ -804,7 +819,7 @@ class Scheduler:
                 now = time.monotonic()
                 for node_ident, stats in body.beats:
                     node = self.nodes.get(node_ident)
-                    if node is not None and self.active and self.rebuild is None and node.state != NodeState.LOST:
+                    if node is not None and self.active and self.rebuild is None and node.state not in _ASIDE:
                         node.last_seen = now   # (what _handle and _heartbeat_msg do, for the usual case)
                         self._took_beat(node, node.stats if stats is None else stats, now)
                         continue
@@ -821,7 +836,7 @@ class Scheduler:
             now, usual = time.monotonic(), self.active and self.rebuild is None and not self.rebuilds
             for node_ident, n in body.entries:
                 node = self.nodes.get(node_ident)
-                if usual and node is not None and node.role == Role.WORKER and node.state != NodeState.LOST \
+                if usual and node is not None and node.role == Role.WORKER and node.state not in _ASIDE \
                         and n > node.barrier_done:   # (what _handle and _barrier_msg do, for the usual case)
                     node.last_seen = now
                     if self.barrier.get(node_ident) != n:
@@ -862,6 +877,8 @@ class Scheduler:
         elif node.state == NodeState.LOST:   # removed from the job: it must not take part again
             self._send(node, Command.SHUTDOWN, JobEnd(False, f"{node.name} was removed from the job (lost)"))
         elif cmd in self._from_members:
+            if node.state == NodeState.RESTARTING and cmd in _NODE_COMMANDS:
+                self._take_back(node)
             self._from_members[cmd](node, body)
 
     # ------------------------------------------------ one handler per command

@@ -1,10 +1,15 @@
-"""A worker that dies and is restarted with its rank rejoins and the job ends exactly."""
+"""A worker that dies and is restarted with its rank rejoins and the job ends exactly; one that
+was only stopped past the heartbeat timeout goes on when it resumes."""
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
 
+from psnode.scheduler.client import status
+from tests.support import wait_for
 from tests.support.cluster import restart_worker, start_job, wait_job
 
 SCRIPT = """
@@ -74,3 +79,50 @@ def test_a_worker_that_called_sys_exit_is_told_why_it_cannot_rejoin(tmp_path) ->
     wait_job(job, 60)
     assert again.code == 1
     assert "worker 1 already finished" in again.err and "instead of calling sys.exit(n)" in again.err, again.err
+
+
+STOPPED = """
+import os, pathlib, sys, time, numpy as np, psnode
+flags = pathlib.Path(sys.argv[1])
+kv = psnode.kv.create('dist_sync')
+kv.set_optimizer(psnode.optimizer.create('sgd', learning_rate=0.125))
+kv.init('w', np.zeros(3, np.float32))
+for step in range(6):
+    if kv.rank == 1 and step == 3:
+        (flags / 'at3').touch()                      # the test stops this process here (SIGSTOP)
+        time.sleep(1.0)
+    kv.push('w', np.full(3, (kv.rank + 1) * (step + 1), np.float32))
+    kv.pull('w')
+    kv.barrier()                                     # (no barrier completes while a restart is awaited)
+print("FINAL", kv.pull('w').tolist(), "RESTARTS", kv.restarts, flush=True)
+kv.close()
+"""
+
+
+@pytest.mark.parametrize("relay", ["off", "on"])
+def test_a_worker_stopped_past_the_timeout_goes_on_when_it_resumes(tmp_path, relay: str) -> None:
+    """Worker 1 is stopped (SIGSTOP) until the scheduler takes it for silent and awaits its
+    restart (``--max-restarts``); resumed (SIGCONT), it is taken back, its heartbeats and
+    barrier entries direct or through the host's relay: no restart is awaited (none comes: its
+    process never exited), its barrier completes, every process exits 0 and the final values
+    are exact."""
+    job = start_job(STOPPED, 2, 2, env={"PSNODE_MAX_RESTARTS": "1", "PSNODE_HEARTBEAT_RELAY": relay},
+                    args=[str(tmp_path)])
+    first = next(p for p in job.workers if p.rank == 1)
+    try:
+        wait_for(lambda: (tmp_path / "at3").exists(), 30, "worker 1 at step 3")
+        os.kill(first.popen.pid, signal.SIGSTOP)
+        wait_for(lambda: any(n.role == "worker" and n.rank == 1 and n.state == "restarting"
+                             for n in status(job.scheduler, job.job_id, timeout=2.0).nodes),
+                 10, "the scheduler awaiting worker 1's restart")
+    finally:
+        os.kill(first.popen.pid, signal.SIGCONT)
+    wait_job(job, 15)   # (less than the 20 s the job would wait for a restart)
+    codes = [(p.role, p.rank, p.code) for p in job.procs]
+    assert all(c == 0 for _, _, c in codes), job.describe()
+    scheduler = job.by_role("scheduler")[0]
+    assert "worker 1 on 127.0.0.1" in scheduler.err and "speaks again (stopped or starved, not dead)" in scheduler.err, \
+        job.describe()
+    want = [-0.125 * 1.5 * sum(range(1, 7))] * 3
+    finals = [line for p in job.workers for line in p.out.splitlines() if line.startswith("FINAL")]
+    assert finals == [f"FINAL {want} RESTARTS 0"] * 2, job.describe()
