@@ -11,7 +11,10 @@ thread), and the I/O thread, each turn, drains what nobody waited for and flushe
 (:meth:`~SameHostLinks.tend`).  Every answer read goes to ``on_answer(server, message,
 io_thread)``.  A thread that resolved futures while another reads calls
 :meth:`~SameHostLinks.wake_readers`.  A link that closed is taken down
-(:meth:`~SameHostLinks.take_down`); its server is then served over TCP.
+(:meth:`~SameHostLinks.take_down`); its server is then served over TCP.  Taking one down closes
+it under the reader lock (no thread polls a closed descriptor): the I/O thread wakes the reader,
+which leaves, and no thread takes the reader's place again until the link is down, so the
+I/O thread is never kept waiting by a thread that waits on and on.
 """
 from __future__ import annotations
 
@@ -49,6 +52,7 @@ class SameHostLinks:
         self.local: KeysView[int] = self.links.keys()   # the servers with a link (a live view)
         self.reader = threading.Lock()          # held by the thread reading the links
         self.readers = 0                        # threads in read_until
+        self.downs = 0                          # links being taken down (readers keep out meanwhile)
         self.notify = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)   # wakes a reader
         self._version = 0                       # changes when a link comes or goes
         self._poll_key = -1                     # the version the reader's poll set is of
@@ -75,8 +79,13 @@ class SameHostLinks:
         if link is None:
             return False
         self._changed()
-        with self.reader, link.send_lock:
-            link.close()
+        self.downs += 1
+        try:
+            self.wake_readers(always=True)   # (a reader in its poll leaves: see read_until)
+            with self.reader, link.send_lock:
+                link.close()
+        finally:
+            self.downs -= 1
         return True
 
     def _changed(self) -> None:
@@ -129,7 +138,7 @@ class SameHostLinks:
     def read_until(self, fut: Future, budget: float) -> None:
         """(A waiting thread) Read the same-host links until ``fut`` is resolved or ``budget``
         seconds passed; if another thread reads them, wait for the future meanwhile."""
-        if not self.reader.acquire(blocking=False) and not self.reader.acquire(timeout=0.05):
+        if self.downs or (not self.reader.acquire(blocking=False) and not self.reader.acquire(timeout=0.05)):
             fut._wait(0.05)
             return
         self.readers += 1
@@ -147,6 +156,8 @@ class SameHostLinks:
             poll, links = self._poll, self._poll_links
             deadline = time.monotonic() + budget
             while not fut.done and not self._failed():
+                if self.downs:   # (the I/O thread takes a link down: it waits for this lock)
+                    return
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return

@@ -391,3 +391,49 @@ def test_announced_descriptors_are_closed_once_so_a_reused_number_survives(monke
 def shm_segment(index: int, size: int):
     from psnode.protocol.samehost import Segment
     return Segment(index, size, False)
+
+
+def test_a_link_is_taken_down_while_a_thread_keeps_waiting_on_the_links() -> None:
+    """The I/O thread takes down a link while the user's thread waits for an answer the way
+    ``Engine.wait`` does, ``read_until`` again and again (here 30 s each, so that only a wake-up
+    can end one): the take-down gets the reader's place within a second, and the waiting thread
+    goes on waiting (a reader that leaves each half second and comes back at once kept a worker's
+    I/O thread out for minutes)."""
+    import threading
+    import time
+
+    from psnode.config import NodeConfig, Role
+    from psnode.worker.futures import Future
+    from psnode.worker.samehost import SameHostLinks
+
+    p = Pair()
+    worker, server = p.connect()
+    cfg = NodeConfig(role=Role.WORKER, scheduler_host="127.0.0.1", scheduler_port=1, num_workers=1,
+                     num_servers=1, job_id=p.job)
+    links = SameHostLinks(cfg, lambda s, msg, io: None, lambda: 0, lambda: False)
+    links.add(0, worker)
+    fut, stop, turns = Future(server=0), threading.Event(), [0]
+
+    def wait() -> None:   # (the answer never comes: the request goes by TCP once the link is down)
+        while not stop.is_set():
+            links.read_until(fut, 30.0)
+            turns[0] += 1
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    try:
+        while links.readers == 0:   # (it waits in the links' poll)
+            time.sleep(0.01)
+        down = threading.Thread(target=links.take_down, args=(0,), daemon=True)
+        t0 = time.monotonic()
+        down.start()
+        down.join(5)
+        assert not down.is_alive(), "take_down waited for the reader for 5 s"
+        assert time.monotonic() - t0 < 1.0 and not worker.up and 0 not in links.links
+    finally:
+        stop.set()
+        fut.set(Ok(0))
+        links.wake_readers(always=True)
+        waiter.join(5)
+        server.close()
+    assert not waiter.is_alive()
