@@ -41,7 +41,8 @@ Life of a job as the scheduler sees it:
    objects: counters from the heartbeats, and the rate of rounds (servers) or pushes (workers)
    per second over the last heartbeats); STOP ends the job.
 6. A job whose live workers all wait for each other (heartbeats say what each waits for) ends
-   after the heartbeat timeout, the verdict naming the cycle (:mod:`psnode.scheduler.waitfor`).
+   after the heartbeat timeout, the verdict naming the cycle (:mod:`psnode.scheduler.waitfor`;
+   checked once a heartbeat interval).
    The same reports, and the barriers, say per worker how long the others waited for it
    (STATUS rows' ``waited_for``), and a wait longer than ``stall_warning`` is logged as a
    warning naming whom it waits for (:mod:`psnode.scheduler.slowness`).
@@ -731,7 +732,7 @@ class Scheduler:
         waits = {n.rank: n.stats.wait for n in self.nodes.values() if n.state is alive and n.role == worker}
         if not waits:
             return
-        entered: dict[int, int] = {}   # (built on first use: a check runs four times a second over every node)
+        entered: dict[int, int] = {}   # (built on first use: a check runs once an interval over every node)
 
         def not_in_barrier(n: int) -> list[int]:
             if self.barrier and not entered:
@@ -977,7 +978,7 @@ class Scheduler:
         poller = Poller() if poller is None else poller
         poller.add(self.chan)
         tick = min(self.cfg.heartbeat_interval, 0.5)
-        resend_at = next_check = 0.0
+        resend_at = next_check = next_waits = 0.0
         while True:
             due = self.roster.membership_due()
             self.gaps.idle(time.monotonic())
@@ -1000,7 +1001,8 @@ class Scheduler:
                 if now >= next_check:   # (each check visits every node: a few times a heartbeat interval)
                     next_check = now + self.check_every
                     self._check_liveness(now)
-                    if self.exit_code is None:
+                    if self.exit_code is None and now >= next_waits:   # (waits change with heartbeats)
+                        next_waits = now + self.cfg.heartbeat_interval
                         self._check_waits(now)
             elif not self._live(Role.SERVER) or (self.shutdown_deadline and now > self.shutdown_deadline):
                 break
