@@ -362,6 +362,16 @@ class Buckets:
                 workers = set().union(*(m.entry.durable for m in b.members))
                 b.durable = {w: min(m.entry.durable.get(w, 0) for m in b.members) for w in workers}
 
+    def marks_of(self, by_entry: dict[int, dict[int, int]]) -> dict[int, dict[int, int]]:
+        """Each bucket's watermarks (by id of the bucket) from its members' (``by_entry``: by id
+        of the member's entry): their lowest, as :meth:`mark_durable`."""
+        out = {}
+        for b in self.all.values():
+            if b.members:
+                got = [by_entry.get(id(m.entry), {}) for m in b.members]
+                out[id(b)] = {w: min(g.get(w, 0) for g in got) for w in set().union(*got)}
+        return out
+
     def members(self, bid: int) -> list[Key]:
         b = self.all.get(bid)
         return [] if b is None else [m.key for m in b.members]

@@ -153,6 +153,8 @@ class Points:
                 pin.done = True
             return False
         marks = store.begin_point()
+        by_entry = {id(store.entries[k]): pushed for k, (pushed, _) in marks.items()}
+        self.lags.pending = {**by_entry, **store.fused.marks_of(by_entry)}
         store.forget_changes()
         changes = (meta, frozen)
         written = chain.append(changes, store) if chain is not None else None
@@ -249,6 +251,9 @@ class Lag:
         self.nbytes = nbytes
         self._part: dict[tuple[int, int], int] = {}   # (worker, id of the part's entry) -> bytes behind
         self._worker: dict[int, int] = {}             # worker -> its bytes behind, every dense part
+        #: the watermarks of the point under way, by id of the key part's entry or bucket: the
+        #: lag is counted from them (a push it holds is not what the next point is for)
+        self.pending: dict[int, dict[int, int]] = {}
 
     def over(self, replies: list[Reply], restartable: bool) -> bool:
         """Do ``replies`` show a lag past the bounds?  Never on a server that cannot be
@@ -260,7 +265,10 @@ class Lag:
             holder = r.holder
             if holder is None:
                 continue
-            behind = getattr(r.answer, "seq", 0) - holder.durable.get(r.worker, 0)
+            durable = holder.durable.get(r.worker, 0)
+            if self.pending:
+                durable = max(durable, self.pending.get(id(holder), {}).get(r.worker, 0))
+            behind = getattr(r.answer, "seq", 0) - durable
             if behind >= self.pushes:
                 hit = True
             value = getattr(holder, "value", None)
@@ -278,6 +286,7 @@ class Lag:
     def clear(self) -> None:
         self._part.clear()
         self._worker.clear()
+        self.pending = {}
 
 
 def _freeze(store: Store, arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray] | None, list[Pin]]:

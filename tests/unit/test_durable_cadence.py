@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from psnode.protocol import Init, Ok, Pull, Push, SetOptimizer
-from psnode.server.points import LAG, Points
+from psnode.server.points import LAG, Lag, Points
 from psnode.server.replies import Reply
 from psnode.server.store import Store
 from psnode.worker.journal import ASK_DEPTH
@@ -137,15 +137,34 @@ def test_the_server_makes_points_on_its_own_and_the_next_answer_brings_the_water
     for t in range(1, LAG + 2):
         _exact(job.step(t), t)
     assert job.points.pending is not None and job.depth() == LAG + 1
-    job.land()   # the point begun at LAG completes (answers lagged meanwhile: the next one begins)
-    assert job.points.pending is not None and len(job.disk.appended) == 4
+    job.land()   # the point begun at LAG completes; one push past what it holds: none begins
+    assert job.points.pending is None and len(job.disk.appended) == 3
     t = LAG + 2
     _exact(job.step(t), t)
     assert job.depth() == t - LAG   # (that answer's watermark: the point's pushes are forgotten)
-    job.land()   # the second point held pushes up to LAG + 1; nothing lags LAG since: none begins
-    assert job.points.pending is None
-    _exact(job.step(t + 1), t + 1)
-    assert job.depth() == t + 1 - (LAG + 1)
+    for t in range(LAG + 3, 2 * LAG):
+        _exact(job.step(t), t)
+        assert job.points.pending is None, f"a point begun at push {t}, {t - LAG} past the last"
+    _exact(job.step(2 * LAG), 2 * LAG)   # LAG pushes past the last point: the next begins
+    assert job.points.pending is not None and len(job.disk.appended) == 4
+    job.land()
+    _exact(job.step(2 * LAG + 1), 2 * LAG + 1)
+    assert job.depth() == 1
+
+
+def test_pushes_past_the_point_under_way_begin_the_next_as_it_completes() -> None:
+    job = Job()
+    job.points.lags = Lag(pushes=4)
+    for t in range(1, 8):   # (the point begun at push 4 is under way: 3 pushes past it)
+        _exact(job.step(t), t)
+    assert len(job.disk.appended) == 3 and not job.points.wanted
+    _exact(job.step(8), 8)   # 4 past it: the next is wanted
+    assert job.points.wanted
+    job.land()
+    assert job.points.pending is not None and len(job.disk.appended) == 4   # (begun at once)
+    job.land()
+    _exact(job.step(9), 9)
+    assert job.depth() == 1
 
 
 def test_the_journal_asks_at_its_hard_bound_and_stays_there() -> None:
