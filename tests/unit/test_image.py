@@ -99,3 +99,13 @@ def test_a_new_key_and_a_new_optimizer_travel_whole() -> None:
     s.handle(0, SetOptimizer({"name": "adagrad", "params": {"learning_rate": 1.0}}, id=2))
     meta, _ = checkpoint.snapshot(s, changes_only=True)
     assert {it.get("changes") for it in meta["index"]} == {None}
+
+
+def test_the_rows_changed_are_the_distinct_rows_of_the_rounds_sorted() -> None:
+    from psnode.server.keypart import distinct
+    rng = np.random.default_rng(7)
+    runs = [np.unique(rng.integers(0, 1000, int(rng.integers(0, 300)))) for _ in range(12)]
+    runs.append(rng.integers(0, 1000, 200))   # (an unsorted one, with repeats)
+    got = distinct(np.concatenate(runs))
+    assert np.array_equal(got, np.unique(np.concatenate(runs)))
+    assert len(distinct(np.empty(0, np.int64))) == 0 and distinct(np.array([5])).tolist() == [5]
