@@ -401,6 +401,9 @@ def compare(a, cfg: dict, sizes: list[int], runs: int, h, cap: float, floor: flo
     if a.safety:
         for i, name in enumerate(SAFETY, start=1):
             systems.insert(i, (name, lambda n, name=name: run_psnode(h, n, cfg, a.timeout, cap, floor, name)))
+    if a.only:
+        wanted = {w.strip() for w in a.only.split(",")}
+        systems = [s for s in systems if s[0] in wanted or (s[0] != PSNODE and s[0].removeprefix("psnode ") in wanted)]
     for run in range(runs):
         for rows in sizes:
             k = (run + sizes.index(rows)) % len(systems)
@@ -466,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also psnode with --replicas 2, with checkpoints every 50 rounds, and with both")
     ap.add_argument("--no-ddp", action="store_true",
                     help="leave DDP out (e.g. with --safety: the options' ratios only)")
+    ap.add_argument("--only", help="comma list of the systems to run, by name or option "
+                    "(e.g. psnode,--checkpoint-rounds 50)")
     ap.add_argument("--largest", action="store_true", help="only the largest-table search (see above)")
     ap.add_argument("--cap-gib", type=float, default=12.0, help="a job's memory cap (total PSS), GiB")
     ap.add_argument("--floor-gib", type=float, default=3.0, help="kill a job when the machine has less available")

@@ -30,7 +30,7 @@ import numpy as np
 from psnode.samehost.segments import Arena
 
 Loc = tuple[int, int]    # (segment, offset) in this worker's segments
-MAX_SLOTS = 34   # a restartable job's journal holds up to 32 pushes until durable (psnode.worker.journal), + 2
+MAX_SLOTS = 66   # a restartable job's journal holds up to 64 pushes until durable (psnode.worker.journal), + 2
 SlotKey = tuple[Any, int, int]   # (key, part, array index: 0 data, 1 row ids)
 
 

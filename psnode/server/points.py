@@ -53,7 +53,7 @@ from psnode.server.replies import Reply
 from psnode.server.store import Marks, Store
 
 ASYNC_BYTES = 64 << 20   # a point that would copy more is taken while the loop waits
-LAG = 16                 # pushes an answer's watermark may lag before a point begins on its own
+LAG = 32                 # pushes an answer's watermark may lag before a point begins on its own
 LAG_BYTES = 32 << 20     # or bytes of a worker's pushes to dense parts
 PIN_BYTES = 1 << 20      # a key part's value or state array past this is read in place, pinned
 _PART = re.compile(r"^(v|s)(\d+)(_|$)")   # a snapshot's arrays of key part i's value and state

@@ -52,7 +52,7 @@ from psnode.protocol import PartKey, Push, PushPull
 
 Sent = Push | PushPull
 
-ASK_DEPTH = 32          # pushes a key part's journal holds before the next push asks to be made durable
+ASK_DEPTH = 64          # pushes a key part's journal holds before the next push asks to be made durable
 ASK_BYTES = 64 << 20    # or bytes of its pushes' arrays
 
 
