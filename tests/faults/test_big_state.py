@@ -29,7 +29,7 @@ from tests.support.hosts import SSHD
 ROWS, DIM, STEPS = 20_000_000, 16, 40
 
 JOB = textwrap.dedent("""
-    import pathlib, sys, numpy as np, psnode
+    import pathlib, sys, time, numpy as np, psnode
     from psnode.sparse import row_sparse_array
     rows, dim, steps, flags = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), pathlib.Path(sys.argv[4])
     kv = psnode.kv.create('dist_sync', aggregator='sum')
@@ -50,6 +50,10 @@ JOB = textwrap.dedent("""
         kv.row_sparse_pull('emb', row_ids=ids)
         if kv.rank == 0 and t == steps // 4:
             (flags / 'quarter').touch()
+            for _ in range(1200):   # (the test kills a server now: the rounds wait for its go, up to 120 s)
+                if (flags / 'go').exists():
+                    break
+                time.sleep(0.1)
     want = {}
     for t in range(1, steps + 1):
         for r in range(kv.num_workers):
@@ -107,6 +111,7 @@ def test_replicas_on_a_big_table_survive_a_server_killed_mid_training(tmp_path) 
     wait_for(lambda: (flags / "quarter").exists() or proc.poll() is not None, 240, "a quarter of the steps")
     assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
     os.kill(_server_pid(home, 1), signal.SIGKILL)
+    (flags / "go").touch()
     out = _finish(proc, home)
     assert "server 1 restored 1 key parts from its replica on server 0; serving again" in out, out
 
@@ -118,7 +123,7 @@ def test_checkpoints_on_a_big_table_survive_a_kill_during_the_write(tmp_path) ->
     the workers resend what it lacks, and the job ends exact."""
     home = tmp_path / "home"
     ckpt = tmp_path / "ckpt"
-    proc, _ = _launch(home, tmp_path, ["--checkpoint-dir", str(ckpt)])
+    proc, flags = _launch(home, tmp_path, ["--checkpoint-dir", str(ckpt)])
 
     def writing() -> bool:
         return proc.poll() is not None or any(n.startswith(".server-1.") and n.endswith(".tmp") and
@@ -127,6 +132,7 @@ def test_checkpoints_on_a_big_table_survive_a_kill_during_the_write(tmp_path) ->
     wait_for(writing, 240, "server 1 writing the table's checkpoint", interval=0.01)
     assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
     os.kill(_server_pid(home, 1), signal.SIGKILL)
+    (flags / "go").touch()
     out = _finish(proc, home)
     assert "server 1 restored" in out and "key parts from" in out, out
     assert not [n for n in os.listdir(ckpt) if n.endswith(".tmp")]
@@ -149,6 +155,7 @@ def test_a_table_computed_on_the_servers_is_copied_and_checkpointed_as_the_rows_
     wait_for(quarter, 240, "a quarter of the steps", interval=0.01)
     assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
     os.kill(_server_pid(home, 1), signal.SIGKILL)
+    (flags / "go").touch()
     out = _finish(proc, home)
     assert "server 1 restored 1 key parts from its replica on server 0; serving again" in out, out
     on_disk = sum(_size(ckpt / n) for n in os.listdir(ckpt))
