@@ -865,12 +865,17 @@ class Replica:
     the state of server ``rank``, as of its ``seq``-th copy (0: none held).  PUT and STATE carry
     the state as arrays, the first one its JSON index.  A PUT whose ``base`` is not 0 carries
     only the changes since copy ``base`` (psnode.server.image); an ACK with ``whole`` says the
-    holder cannot apply them (it lacks that copy) and needs the state whole."""
+    holder cannot apply them (it lacks that copy) and needs the state whole.  A whole PUT with
+    ``fuzzy`` was read from the live arrays while the rounds went on: the holder keeps it but
+    neither serves it nor counts it held until the PUT with ``patch`` (same ``seq``: the rows
+    written meanwhile, as they were) makes it exact; its ACK says ``fuzzy`` until then."""
 
     rank: int
     seq: int = 0
     base: int = 0
     whole: bool = False
+    fuzzy: bool = False
+    patch: bool = False
 
     def to_body(self) -> dict[str, Any]:
         body: dict[str, Any] = {"rank": self.rank, "seq": self.seq}
@@ -878,13 +883,19 @@ class Replica:
             body["base"] = self.base
         if self.whole:
             body["whole"] = True
+        if self.fuzzy:
+            body["fuzzy"] = True
+        if self.patch:
+            body["patch"] = True
         return body
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Replica:
         return cls(_int(body, "replica", "rank"), _int(body, "replica", "seq", high=2**62, default=0),
                    _int(body, "replica", "base", high=2**62, default=0),
-                   _bool(body, "replica", "whole", default=False))
+                   _bool(body, "replica", "whole", default=False),
+                   _bool(body, "replica", "fuzzy", default=False),
+                   _bool(body, "replica", "patch", default=False))
 
 
 Body = (Empty | Register | Welcome | Heartbeat | Beats | BeatsAck | Barrier | Entries | BarrierDone | Membership

@@ -96,6 +96,43 @@ class Pin:
     done = False
 
 
+class RowPin(Pin):
+    """A Pin on a row_sparse part's value and per-row state arrays (``arrays``, by name: ``v``
+    and the state's) that a whole copy reads while the rounds go on: the rounds write rows in
+    place, but :meth:`save` first what each row held when the copy began, once per row; the
+    copy, fuzzy as read, is made exact by those rows (:meth:`taken`: psnode.server.points).  So
+    a whole copy costs the rounds the rows they touch meanwhile, not a copy of the part."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], part: int = -1) -> None:
+        self.arrays = arrays
+        self.part = part   # (the part's number in the snapshot the copy holds)
+        self.seen = np.zeros(len(arrays["v"]), dtype=bool)   # (pages made as rows are saved)
+        self._rows: list[np.ndarray] = []
+        self._saved: dict[str, list[np.ndarray]] = {n: [] for n in arrays}
+
+    def save(self, rows: np.ndarray) -> None:
+        """``rows`` are about to be written: keep what those not saved yet hold."""
+        if self.done or not len(rows):
+            return
+        rows = np.asarray(rows, np.int64)
+        new = rows[~self.seen[rows]]
+        if not len(new):
+            return
+        new = np.unique(new)   # (an async push may name a row twice)
+        self.seen[new] = True
+        self._rows.append(new)
+        for name, arr in self.arrays.items():
+            self._saved[name].append(np.take(arr, new, axis=0))
+
+    def taken(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The rows saved (sorted) and, per array, what they held when the copy began."""
+        if not self._rows:
+            return np.empty(0, np.int64), {}
+        rows = np.concatenate(self._rows)
+        order = np.argsort(rows, kind="stable")
+        return rows[order], {n: np.concatenate(a)[order] for n, a in self._saved.items()}
+
+
 def note_change(entry: Entry, rows: np.ndarray | None) -> None:
     """Record that ``rows`` of ``entry`` (None: all of it) changed since the last copy."""
     if rows is None:

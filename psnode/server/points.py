@@ -41,13 +41,15 @@ import re
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from psnode.math import optimizers as opt_mod
 from psnode.server import chain as disk
 from psnode.server import checkpoint
 from psnode.server.image import nbytes
-from psnode.server.keypart import Pin
+from psnode.server.keypart import Entry, Pin, RowPin
 from psnode.server.replicas import POLL_S, Replicator
 from psnode.server.replies import Reply
 from psnode.server.store import Marks, Store
@@ -141,13 +143,16 @@ class Points:
             return False
         meta, arrays = checkpoint.snapshot(store, changes_only=True)
         frozen, pins = _freeze(store, arrays)
-        whole = None
+        whole = patch = None
         if frozen is not None and replicator is not None and not replicator.ready():   # (a holder gets it whole)
             whole_meta, whole_arrays = checkpoint.snapshot(store)
-            frozen_whole, more = _freeze(store, whole_arrays)
-            whole, pins = (None, []) if frozen_whole is None else ((whole_meta, frozen_whole), pins + more)
-            if whole is None:
+            frozen_whole, more = _freeze(store, whole_arrays, rows=True)
+            pins += more
+            if frozen_whole is None:
                 frozen = None
+            else:
+                whole = (whole_meta, frozen_whole)
+                patch = _patcher(whole_meta, frozen_whole, [p for p in more if isinstance(p, RowPin)])
         if frozen is None or (chain is not None and not chain.appendable(nbytes(arrays))):
             for pin in pins:   # (taken while the loop waits instead)
                 pin.done = True
@@ -159,7 +164,7 @@ class Points:
         changes = (meta, frozen)
         written = chain.append(changes, store) if chain is not None else None
         if replicator is not None:
-            replicator.start(changes, whole)
+            replicator.start(changes, whole, patch)
         self.pending = _Point(written, replicator is not None, marks, list(held), pins)
         self.wanted = self.stuck = False
         return True
@@ -289,20 +294,34 @@ class Lag:
         self.pending = {}
 
 
-def _freeze(store: Store, arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray] | None, list[Pin]]:
-    """The arrays of a snapshot of changes as a background point may read them while the store
-    goes on: a key part's own value or optimizer state past PIN_BYTES is read in place and
-    pinned (the rounds copy it before they write it: psnode.server.rounds), everything else is
-    copied; None when the copies would pass ASYNC_BYTES (the point is then taken while the loop
-    waits)."""
+def _freeze(store: Store, arrays: dict[str, np.ndarray], rows: bool = False
+            ) -> tuple[dict[str, np.ndarray] | None, list[Pin]]:
+    """The arrays of a snapshot as a background point may read them while the store goes on: a
+    key part's own value or optimizer state past PIN_BYTES is read in place and pinned (the
+    rounds copy it before they write it: psnode.server.rounds), everything else is copied; None
+    when the copies would pass ASYNC_BYTES (the point is then taken while the loop waits).
+    ``rows`` (a whole copy, made exact by :func:`_patcher`): a row_sparse part's value and
+    per-row state are pinned by row instead (RowPin: the rounds save the rows they write)."""
     entries = list(store.entries.values())   # (the snapshot's index order)
     out: dict[str, np.ndarray] = {}
     pins: list[Pin] = []
+    by_row: dict[int, RowPin] = {}
     copied = 0
     for name, arr in arrays.items():
         m = _PART.match(name)
         entry = entries[int(m.group(2))] if m else None
         state = entry.state.arrays.values() if entry is not None and entry.state is not None else ()
+        if rows and entry is not None and _by_row(entry) and arr.nbytes > PIN_BYTES and any(
+                arr is a for a in _row_arrays(entry).values()):
+            assert m is not None
+            i = int(m.group(2))
+            if i not in by_row:
+                by_row[i] = RowPin(_row_arrays(entry), part=i)
+                entry.value_sends.append(by_row[i])
+                entry.state_pin = by_row[i]
+                pins.append(by_row[i])
+            out[name] = arr
+            continue
         if entry is not None and not entry.fixed and arr.nbytes > PIN_BYTES:
             if arr is entry.value:
                 pin = Pin()
@@ -318,9 +337,72 @@ def _freeze(store: Store, arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.n
                 continue
         copied += arr.nbytes
         if copied > ASYNC_BYTES:
+            for pin in pins:   # (nothing reads them: the rounds write in place again)
+                pin.done = True
             return None, []
         out[name] = np.array(arr)
     return out, pins
+
+
+def _by_row(entry: Entry) -> bool:
+    """May a whole copy read ``entry`` pinned by row?  A plain row_sparse part (its rounds
+    write rows; a bucket member, a fixed value or a table without a row count: never)."""
+    return (entry.sparse and not entry.fixed and entry.bucket is None and entry.table is None
+            and entry.value.ndim >= 1 and (entry.state_pin is None or entry.state_pin.done))
+
+
+def _row_arrays(entry: Entry) -> dict[str, np.ndarray]:
+    """The arrays of ``entry`` whose rows a RowPin saves: the value (``v``) and each optimizer
+    state array shaped like it (by the state's names)."""
+    out = {"v": entry.value}
+    if entry.state is not None:
+        for name, arr in opt_mod.state_to_arrays(entry.state).items():
+            if arr.shape == entry.value.shape:
+                out[name] = arr
+    return out
+
+
+def _patcher(meta: dict[str, Any], arrays: dict[str, np.ndarray], pins: list[RowPin]
+             ) -> Callable[[], tuple[dict[str, Any], dict[str, np.ndarray]]]:
+    """What makes a whole copy read by row (``meta``, ``arrays``: :func:`_freeze` with ``rows``)
+    exact, once it was read: a snapshot of changes holding, for each part pinned by row, the
+    rows the rounds wrote since, as they were (their RowPin's :meth:`~RowPin.taken`); every
+    other part unchanged, the rounds in progress as the copy has them.  Calling it ends the
+    pins (the rounds write in place again)."""
+    def patch() -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        by_part = {pin.part: pin for pin in pins}
+        index, out = [], {}
+        for i, item in enumerate(meta["index"]):
+            item = dict(item)
+            if "dynamic" in item:   # (sent again as the copy has it)
+                out.update({n: a for n, a in arrays.items() if _owner(n) == i})
+                index.append(item)
+                continue
+            item.pop("origin", None)
+            item.pop("state_rows", None)
+            item["changes"] = "rows"
+            pin = by_part.get(i)
+            if pin is not None:
+                rows, saved = pin.taken()
+                pin.done = True
+                if len(rows):
+                    out[f"k{i}"], out[f"v{i}"] = rows, saved["v"]
+                    item["state_rows"] = [n for n in item["state"] if n in saved]
+                    for n in item["state_rows"]:
+                        out[f"s{i}_{n}"] = saved[n]
+            index.append(item)
+        out.update({n: a for n, a in arrays.items() if _owner(n) is None})   # (rounds in progress)
+        return {**meta, "index": index}, out
+    return patch
+
+
+_OWNED = re.compile(r"^(?:v|k|t|x|c|u|l)(\d+)$|^s(\d+)_")   # a part's value and state (psnode.server.image)
+
+
+def _owner(name: str) -> int | None:
+    """The part whose value or state array ``name`` is (None: a round in progress's)."""
+    m = _OWNED.match(name)
+    return None if m is None else int(m.group(1) or m.group(2))
 
 
 def _idle() -> None:

@@ -103,6 +103,7 @@ def unpack_state(arrays: Sequence[np.ndarray]) -> tuple[dict[str, Any], Arrays]:
 class _Held:
     seq: int
     image: Image
+    exact: bool = True   # (False: a whole copy read while the rounds went on, its patch not here yet)
 
 
 class Keeper(threading.Thread):
@@ -140,7 +141,7 @@ class Keeper(threading.Thread):
         elif msg.cmd is Command.REPLICA_GET:
             with self._lock:
                 held = self.held.get(body.rank)
-            if held is None:
+            if held is None or not held.exact:
                 self.chan.send(Command.REPLICA_STATE, Replica(body.rank, 0).to_body(), to=ident)
             else:
                 # (copied: the image takes the next changes in place while the send may still read it)
@@ -157,13 +158,22 @@ class Keeper(threading.Thread):
         changes."""
         with self._lock:
             held = self.held.get(body.rank)
-            if held is not None and body.seq <= held.seq:
-                return Replica(body.rank, held.seq)
+            if body.patch and held is not None and held.seq == body.seq and held.exact:
+                return Replica(body.rank, held.seq)   # (a patch sent again)
+            if body.patch and (held is None or held.seq != body.seq):
+                return Replica(body.rank, held.seq if held else 0, whole=True)   # (its fuzzy copy is not here)
+            if not body.patch and held is not None and body.seq <= held.seq:
+                return Replica(body.rank, held.seq, fuzzy=not held.exact)
             try:
                 meta, state = unpack_state(arrays)
-                if not body.base:
-                    self.held[body.rank] = _Held(body.seq, Image(meta, state))
-                elif held is not None and held.seq == body.base:
+                if body.patch:
+                    assert held is not None
+                    held.image.apply(meta, state)
+                    held.exact = True
+                elif not body.base:
+                    self.held[body.rank] = _Held(body.seq, Image(meta, state), exact=not body.fuzzy)
+                    return Replica(body.rank, body.seq, fuzzy=body.fuzzy)
+                elif held is not None and held.seq == body.base and held.exact:
                     held.image.apply(meta, state)
                     held.seq = body.seq
                 else:
@@ -228,14 +238,20 @@ class Replicator:
         """Every holder has this primary's last copy (the next one can be changes only)."""
         return bool(self.seq) and all(self.have.get(r) == self.seq for r in self.ranks)
 
-    def start(self, changes: State, whole: State | None = None) -> None:
+    def start(self, changes: State, whole: State | None = None,
+              patch: Callable[[], State] | None = None) -> None:
         """Begin the next copy: ``changes`` (since the previous copy; arrays nobody writes until
         it is acknowledged) go to each holder that has that copy, ``whole`` (the state at the
-        same moment, if given) to the others, in :meth:`poll`."""
+        same moment, if given) to the others, in :meth:`poll`.  With ``patch``, ``whole`` is read
+        while the rounds write it (fuzzy): once every holder that gets it has it, ``patch()``
+        (what the rows written meanwhile held) goes to them, and only that makes it their copy."""
         self._base, self.seq = self.seq, self.seq + 1
         self._packed: dict[bool, list[np.ndarray]] = {True: pack_state(*changes)}
         if whole is not None:
             self._packed[False] = pack_state(*whole)
+        self._patch_of = patch if whole is not None else None
+        self._patch: list[np.ndarray] | None = None
+        self._fuzzy: dict[int, bool] = {}   # holder sent the fuzzy copy -> it has it
         self._waiting = set(self.ranks)
         self._sent: dict[int, tuple[Channel, float, int]] = {}   # holder -> (where, when, bytes)
 
@@ -254,13 +270,23 @@ class Replicator:
                                                                                         resend_after)):
                 continue
             delta = bool(self._base) and self.have.get(r) == self._base
-            if not delta and whole is None and False not in self._packed:
-                return None
-            if delta not in self._packed:
-                self._packed[delta] = pack_state(*whole())  # type: ignore[misc]
-            arrays = self._packed[delta]
-            chan.send(Command.REPLICA_PUT, Replica(self.rank, self.seq, self._base if delta else 0).to_body(),
-                      arrays=arrays)
+            if self._fuzzy.get(r) and self._patch is not None and sent is not None and sent[0] is chan:
+                arrays, body = self._patch, Replica(self.rank, self.seq, patch=True)   # (sent again)
+            else:
+                if not delta and self._patch is not None:   # (read after its patch was taken: no more)
+                    self._packed.pop(False, None)
+                if not delta and whole is None and False not in self._packed:
+                    return None
+                if delta not in self._packed:
+                    self._packed[delta] = pack_state(*whole())  # type: ignore[misc]
+                fuzzy = not delta and self._patch_of is not None and self._patch is None
+                if fuzzy:
+                    self._fuzzy[r] = False
+                else:
+                    self._fuzzy.pop(r, None)
+                arrays = self._packed[delta]
+                body = Replica(self.rank, self.seq, self._base if delta else 0, fuzzy=fuzzy)
+            chan.send(Command.REPLICA_PUT, body.to_body(), arrays=arrays)
             nbytes = sum(a.nbytes for a in arrays)
             self.copied += nbytes
             self._sent[r] = (chan, now, nbytes)
@@ -274,13 +300,34 @@ class Replicator:
                 while chan is not None and (got := chan.recv()) is not None:
                     if got[1].cmd is not Command.REPLICA_ACK:
                         continue
-                    if got[1].body.get("seq") == self.seq:
+                    if got[1].body.get("seq") == self.seq and got[1].body.get("fuzzy"):
+                        if r in self._fuzzy and not self._fuzzy[r]:
+                            self._fuzzy[r] = True
+                            self._send_patches()
+                    elif got[1].body.get("seq") == self.seq:
                         self._waiting.discard(r)
                         self.have[r] = self.seq
                     elif got[1].body.get("whole") and r in self._sent:
                         self.have.pop(r, None)   # (it lacks the base: the state whole, at once)
+                        self._fuzzy.pop(r, None)
                         del self._sent[r]
         return not self._waiting
+
+    def _send_patches(self) -> None:
+        """Once every holder sent the fuzzy copy has it (nothing reads the live arrays any more):
+        take the patch (the pins end) and send it to each of them."""
+        if self._patch_of is None or not all(self._fuzzy.values()):
+            return
+        if self._patch is None:
+            self._patch = pack_state(*self._patch_of())
+        now = time.monotonic()
+        for r in self._fuzzy:
+            chan = self._chans.get(r)
+            if chan is not None and r in self._waiting:
+                chan.send(Command.REPLICA_PUT, Replica(self.rank, self.seq, patch=True).to_body(), arrays=self._patch)
+                nbytes = sum(a.nbytes for a in self._patch)
+                self.copied += nbytes
+                self._sent[r] = (chan, now, nbytes)
 
     def close(self) -> None:
         for chan in self._chans.values():

@@ -67,7 +67,7 @@ from psnode.protocol import Ok, Wait
 from psnode.server import staleness as bound
 from psnode.server.awaited import Awaited
 from psnode.server.compressed import Packed
-from psnode.server.keypart import Entry, Key, first_gap, fmt, mark_async, note_change, note_touch, received
+from psnode.server.keypart import Entry, Key, RowPin, first_gap, fmt, mark_async, note_change, note_touch, received
 from psnode.server.replies import OpError, Reply, fits
 
 Alloc = Callable[[tuple[int, ...], np.dtype], np.ndarray]
@@ -377,7 +377,7 @@ class Rounds:
             entry.value, entry.spare = entry.spare, entry.value
             entry.spare_sends, entry.value_sends = entry.value_sends, []
             return
-        value = self._own(entry)
+        value = self._own(entry, rows)
         if optimizer is None:
             if rows is None:
                 np.copyto(value, data)
@@ -386,18 +386,30 @@ class Rounds:
             return
         if entry.state is None:
             entry.state = optimizer.create_state(value)
-        elif entry.state_pin is not None and not entry.state_pin.done:   # (copy on write)
-            entry.state = opt_mod.OptState({k: a.copy() for k, a in entry.state.arrays.items()}, entry.state.t)
-        entry.state_pin = None
+        elif entry.state_pin is not None and not entry.state_pin.done:
+            if rows is not None and isinstance(entry.state_pin, RowPin):   # (rows saved by _own)
+                entry.state_pin.save(rows)
+            else:   # (copy on write)
+                entry.state = opt_mod.OptState({k: a.copy() for k, a in entry.state.arrays.items()}, entry.state.t)
+                entry.state_pin = None
+        else:
+            entry.state_pin = None
         if rows is None:
             optimizer.update(value, data, entry.state)
         elif len(rows):
             optimizer.update_rows(value, np.asarray(rows, np.int64), data, entry.state)
 
-    def _own(self, entry: Entry) -> np.ndarray:
-        """The entry's value, safe to write in place (copied if a send still reads it; a fixed
-        value is never sent without a copy)."""
-        if not entry.fixed and (not entry.value.flags.writeable or not all(t.done for t in entry.value_sends)):
+    def _own(self, entry: Entry, rows: np.ndarray | None = None) -> np.ndarray:
+        """The entry's value, safe to write in place (``rows``: those rows only; copied if a send
+        still reads it, but where only whole copies read it (RowPin) the rows are saved for them
+        and written in place; a fixed value is never sent without a copy)."""
+        reading = [t for t in entry.value_sends if not t.done]
+        if not entry.fixed and (not entry.value.flags.writeable or reading):
+            if rows is not None and entry.value.flags.writeable and all(isinstance(t, RowPin) for t in reading):
+                for pin in reading:
+                    pin.save(rows)
+                entry.value_sends = reading
+                return entry.value
             value = self.alloc(entry.value.shape, entry.value.dtype)
             np.copyto(value, entry.value)
             entry.value = value

@@ -229,3 +229,87 @@ def test_a_big_copy_is_sent_once_while_its_bytes_can_still_be_on_their_way(holde
     assert (64 << 20) <= primary.copied < 2 * (64 << 20)
     assert not resend_due(0.0, 64 << 20, 5.0, 0.5) and resend_due(0.0, 64 << 20, 8.0, 0.5)
     assert resend_due(0.0, 100, 0.6, 0.5)                   # a small copy: after resend_after
+
+
+def test_a_whole_copy_read_while_the_rounds_write_rows_is_patched_to_the_points_state(holder: Holder) -> None:
+    """A primary whose holder has no copy (a replaced holder) sends its Adagrad table whole
+    beside its loop, read in place while rounds write rows of it: no round copies the table or
+    its state (they are written in place, the rows saved first, once each), and the copy the
+    holder ends with, the fuzzy one patched with those rows, is exactly the state at the point,
+    values and per-row state."""
+    from psnode.protocol import Init, Push, SetOptimizer
+    from psnode.server import checkpoint
+    from psnode.server.keypart import RowPin
+    from psnode.server.points import Points
+    from psnode.server.store import Store
+
+    store = Store(1, restartable=True)
+    store.track_changes = True
+    store.handle(0, SetOptimizer({"name": "adagrad", "params": {"learning_rate": 0.5}}, id=1))
+    table = np.arange(300_000 * 4, dtype=np.float32).reshape(300_000, 4)
+    store.handle(0, Init("emb", 0, "float32", table.shape, True, "sum", True, table, id=2))
+    while store.filling.pending:
+        store.fill_some()
+    store.handle(0, Push("emb", 0, 1, np.ones((3, 4), np.float32), rows=np.array([1, 2, 3])))   # (the state)
+    store.mark_durable()
+    store.forget_changes()
+    entry = store.entries[("emb", 0)]
+    value, history = entry.value, entry.state.arrays["history"]
+    want = {n: np.array(a) for n, a in checkpoint.snapshot(store)[1].items()}
+    sent: list = []
+    points = Points(store, sent.extend, every=0, resend_after=5.0)
+    points.replicator = holder.primary(0)
+    points.now(lambda: None)
+    assert points.pending is not None and any(isinstance(p, RowPin) for p in entry.value_sends)
+    for q, rows in enumerate([[0, 9], [9, 299_999], [2, 0, 5]], start=2):   # meanwhile (rows again, too)
+        store.handle(0, Push("emb", 0, q, np.full((len(rows), 4), q, np.float32), rows=np.array(rows)))
+    assert entry.value is value and entry.state.arrays["history"] is history   # (in place)
+    deadline = time.monotonic() + 20
+    while points.pending is not None:
+        points.poll(lambda: None)
+        assert time.monotonic() < deadline, "the whole copy was not acknowledged"
+        time.sleep(0.01)
+    assert not any(isinstance(p, RowPin) and not p.done for p in entry.value_sends)
+    _, arrays, _ = holder.fetch()
+    np.testing.assert_array_equal(arrays["v0"], want["v0"])             # the point's state, not the rounds'
+    np.testing.assert_array_equal(arrays["s0_history"], want["s0_history"])
+    assert not np.array_equal(value[[0, 5, 9, 299_999]], want["v0"][[0, 5, 9, 299_999]])   # (they moved on)
+    # the next copy goes as the rows changed since the point, onto the patched copy: exact again
+    store.handle(0, Push("emb", 0, 5, np.ones((1, 4), np.float32), rows=np.array([7])))
+    points.now(lambda: None)
+    while points.pending is not None:
+        points.poll(lambda: None)
+        assert time.monotonic() < deadline, "the next copy was not acknowledged"
+        time.sleep(0.01)
+    _, arrays, _ = holder.fetch()
+    np.testing.assert_array_equal(arrays["v0"], value)
+    np.testing.assert_array_equal(arrays["s0_history"], entry.state.arrays["history"])
+
+
+def test_a_fuzzy_copy_is_neither_served_nor_built_on_until_its_patch(holder: Holder) -> None:
+    """The keeper's side: a whole copy marked fuzzy is kept but not given to a replacement
+    (there is no copy of the rank yet) and no changes apply to it (``whole``); its patch, same
+    seq, writes the rows back and makes it the copy, acknowledged then, and served."""
+    from psnode.errors import ConfigError
+    from psnode.protocol.control import Replica
+    from psnode.server.replicas import pack_state
+
+    rows = 1000
+    values = np.ones((rows, 2), np.float32)
+    h = np.zeros((rows, 2), np.float32)
+    fuzzy = values.copy()
+    fuzzy[[3, 4]] = 9.0   # (read after a round wrote them)
+    keeper = holder.keeper
+    ack = keeper._put(Replica(1, 7, fuzzy=True), pack_state(*_table(rows, None, fuzzy, h, 0)))
+    assert (ack.seq, ack.fuzzy) == (7, True)
+    with pytest.raises(ConfigError, match="no copy of server 1"):
+        holder.fetch()
+    assert keeper._put(Replica(1, 8, base=7), pack_state(*_table(rows, np.array([1]), values, h, 1))).whole
+    assert keeper._put(Replica(1, 7, fuzzy=True), pack_state(*_table(rows, None, fuzzy, h, 0))).fuzzy   # (again)
+    patch = _table(rows, np.array([3, 4]), values, h, 0)
+    ack = keeper._put(Replica(1, 7, patch=True), pack_state(*patch))
+    assert (ack.seq, ack.fuzzy, ack.whole) == (7, False, False)
+    assert keeper._put(Replica(1, 7, patch=True), pack_state(*patch)).seq == 7   # (sent again: the same ack)
+    meta, arrays, _ = holder.fetch()
+    np.testing.assert_array_equal(arrays["v0"], values)
+    assert keeper._put(Replica(2, 3, patch=True), pack_state(*patch)).whole   # (no fuzzy copy of rank 2)
