@@ -66,14 +66,34 @@ def _recv_one(sock: socket.socket, timeout: float) -> tuple[bytes, list[int]]:
 
 
 # ------------------------------------------------------------------ worker side
-def connect(job: str, rank: int, server: int, host: str, port: int, out: Arena, landing: Arena,
-            max_bytes: int, security: Security, timeout: float = 2.0) -> Link | None:
-    """Connect worker ``rank`` to server ``server``'s same-host link; None if there is none
-    (another host, the server runs without it) or it refused (the reason is raised only when
-    the server answered: ProtocolError)."""
+CONNECT_S = 2.0   # the longest a connect to a server's same-host address may take
+
+
+class Opening:
+    """A worker's handshake under way (:func:`begin`): HELLO sent on ``sock``, the server's
+    answer not read yet; :func:`finish` reads it once ``sock`` is readable.  ``deadline``: when
+    the worker stops waiting (monotonic seconds)."""
+
+    def __init__(self, sock: socket.socket, link: Link, server: int, deadline: float) -> None:
+        self.sock, self.link, self.server, self.deadline = sock, link, server, deadline
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def close(self) -> None:
+        """Give the handshake up (the link's segments are the worker's own: kept)."""
+        self.link.close()
+
+
+def begin(job: str, rank: int, server: int, host: str, port: int, out: Arena, landing: Arena,
+          max_bytes: int, security: Security, timeout: float = 2.0) -> Opening | None:
+    """Start worker ``rank``'s handshake with server ``server``'s same-host link: connect, check
+    who listens, send HELLO; None if there is none (another host, the server runs without it).
+    Never waits for the server's loop (a server still restoring answers later; ``timeout``:
+    how long its answer may take)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     try:
-        sock.settimeout(timeout)
+        sock.settimeout(min(timeout, CONNECT_S))   # (the listener's backlog takes it: no wait)
         sock.connect(server_address(job, host, port))
     except OSError:
         sock.close()
@@ -88,14 +108,25 @@ def connect(job: str, rank: int, server: int, host: str, port: int, out: Arena, 
         segs, fds = link.unannounced()
         token = security.proof(hello_label(job, rank)).hex() if security.secured else None
         socket.send_fds(sock, [Hello(job, rank, os.getpid(), token, segs).encode()], fds)
-        deadline = time.monotonic() + timeout
-        data, fds = _recv_one(sock, max(0.01, deadline - time.monotonic()))
+    except (OSError, ProtocolError):
+        link.close()
+        raise
+    return Opening(sock, link, server, time.monotonic() + timeout)
+
+
+def finish(opening: Opening, timeout: float = 0.0) -> Link:
+    """The link of a handshake :func:`begin` started, once the server answered (waiting up to
+    ``timeout`` s for it); ProtocolError with the server's reason, OSError (timeout: no answer)."""
+    link = opening.link
+    try:
+        data, fds = _recv_one(opening.sock, max(0.001, timeout))
         if data[:1] != ACCEPTED:
             for fd in fds:
                 os.close(fd)
             if data[:1] == REFUSED:
-                raise ProtocolError(f"server {server} refused the same-host link: {Refused.decode(data[1:]).reason}")
-            raise ProtocolError(f"server {server} answered the same-host handshake with {data[:1]!r}")
+                raise ProtocolError(f"server {opening.server} refused the same-host link: "
+                                    f"{Refused.decode(data[1:]).reason}")
+            raise ProtocolError(f"server {opening.server} answered the same-host handshake with {data[:1]!r}")
         try:
             accepted = Accepted.decode(data[1:], len(fds))
         except ProtocolError:
@@ -107,6 +138,18 @@ def connect(job: str, rank: int, server: int, host: str, port: int, out: Arena, 
         link.close()
         raise
     return link
+
+
+def connect(job: str, rank: int, server: int, host: str, port: int, out: Arena, landing: Arena,
+            max_bytes: int, security: Security, timeout: float = 2.0) -> Link | None:
+    """Connect worker ``rank`` to server ``server``'s same-host link, waiting for its answer
+    (:func:`begin`, then :func:`finish`); None if there is none (another host, the server runs
+    without it) or it refused (the reason is raised only when the server answered:
+    ProtocolError)."""
+    opening = begin(job, rank, server, host, port, out, landing, max_bytes, security, timeout)
+    if opening is None:
+        return None
+    return finish(opening, max(0.01, opening.deadline - time.monotonic()))
 
 
 # ------------------------------------------------------------------ server side
@@ -179,4 +222,4 @@ def welcome(sock: socket.socket, job: str, num_workers: int, arena: Arena, max_b
     return rank, link
 
 
-__all__ = ["check_hello", "connect", "listen", "server_address", "welcome"]
+__all__ = ["Opening", "begin", "check_hello", "connect", "finish", "listen", "server_address", "welcome"]

@@ -197,6 +197,11 @@ class SameHostConnection:
             fut._wait(budget)
 
 
+#: how long a replacement's same-host handshake may wait for its answer (it answers once it
+#: restored its state: seconds for a big one; TCP serves it meanwhile)
+OPEN_S = 60.0
+
+
 class Connections:
     """The worker's connection to each server, indexed by server rank (see the module
     docstring); ``links`` reads the same-host links, ``staging`` is their shared memory."""
@@ -210,6 +215,9 @@ class Connections:
         self.vacant: set[int] = set()          # servers without an address yet (vacate)
         self.places: Places = NOWHERE          # the servers near and their memory, as last connected
         self.on_places: Callable[[Places], None] | None = None   # told each new ``places``
+        #: same-host handshakes under way (a replacement's: the server may still be restoring;
+        #: its requests go over TCP meanwhile), by server; the I/O thread polls their sockets
+        self.opening: dict[int, shmhandshake.Opening] = {}
 
     def __getitem__(self, server: int) -> ServerConnection:
         return self._conns[server]
@@ -239,20 +247,35 @@ class Connections:
         return sum(c.bytes_in for c in chans), sum(c.bytes_out for c in chans)
 
     # ------------------------------------------------------------ making and re-pointing
-    def connect(self, server: int, host: str, port: int, chan: Channel, security: Security) -> ServerConnection:
+    def connect(self, server: int, host: str, port: int, chan: Channel, security: Security,
+                wait: bool = True) -> ServerConnection:
         """(I/O thread) Point ``server`` at ``host:port`` over ``chan``: the one place a worker
         decides whether a server is on its host (and then opens its link).  A connection it
         replaces is dropped (its link taken down by the caller); its TCP counters and queue carry
-        over."""
+        over.  ``wait`` False (a replacement, maybe still restoring): the link's handshake is
+        only begun (``opening``; :meth:`opened` ends it) and the server is served over TCP
+        until then: the I/O thread never waits for a server's loop."""
         self.vacant.discard(server)
+        self.cancel(server)
         tcp = TcpConnection(server, chan, self._wake)
         if server < len(self._conns):
             tcp.take_over(self._conns[server].tcp)
         conn: ServerConnection = tcp
-        link = self._open_link(server, host, port, security)
-        if link is not None:
-            self.links.add(server, link)
-            conn = SameHostConnection(tcp, link, self.links)
+        if wait:
+            link = self._open_link(server, host, port, security)
+            if link is not None:
+                self.links.add(server, link)
+                conn = SameHostConnection(tcp, link, self.links)
+        elif self.staging is not None and host == self.cfg.host:
+            try:
+                opening = shmhandshake.begin(self.cfg.job_id, self.links.rank, server, host, port, self.staging.out,
+                                             self.staging.landing, self.cfg.max_message_bytes, security,
+                                             timeout=OPEN_S)
+            except (ProtocolError, OSError) as exc:
+                self.links.log_no_link(server, exc)
+            else:
+                if opening is not None:
+                    self.opening[server] = opening
         if server < len(self._conns):
             self._conns[server] = conn
         else:
@@ -260,6 +283,36 @@ class Connections:
             self._conns.append(conn)
         self._publish()
         return conn
+
+    def opened(self, server: int) -> bool:
+        """(I/O thread) The server answered the handshake begun for it: its link is up from now
+        on (True), or it is served over TCP (the reason logged)."""
+        opening = self.opening.pop(server, None)
+        if opening is None:
+            return False
+        try:
+            link = shmhandshake.finish(opening)
+        except (ProtocolError, OSError) as exc:
+            self.links.log_no_link(server, exc)
+            return False
+        self.links.add(server, link)
+        self._conns[server] = SameHostConnection(self._conns[server].tcp, link, self.links)
+        self._publish()
+        return True
+
+    def expired(self, now: float) -> list[int]:
+        """(I/O thread) Give up the handshakes past their deadline (served over TCP); their servers."""
+        late = [s for s, o in self.opening.items() if now >= o.deadline]
+        for server in late:
+            self.opening.pop(server).close()
+            self.links.log_no_link(server, TimeoutError("no answer to the handshake"))
+        return late
+
+    def cancel(self, server: int) -> None:
+        """(I/O thread) Give up the handshake begun for ``server``, if any."""
+        opening = self.opening.pop(server, None)
+        if opening is not None:
+            opening.close()
 
     def _publish(self) -> None:
         """(I/O thread) A server was connected or its link taken down: the places a call gets
@@ -290,6 +343,7 @@ class Connections:
     def link_down(self, server: int) -> bool:
         """(I/O thread) Take down the same-host link to ``server``: it is served over TCP from
         now on; False when it had none."""
+        self.cancel(server)
         if 0 <= server < len(self._conns):
             self._conns[server] = self._conns[server].tcp
         down = self.links.take_down(server)

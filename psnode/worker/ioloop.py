@@ -123,6 +123,8 @@ class IoLoop:
             self.settle()
             for req in self.ctrl.values():
                 req.future.fail(e.fatal)
+            for server in list(self.conns.opening):
+                self.drop_opening(server)
             self.links.close()
 
     def turn(self, now: float) -> None:
@@ -132,9 +134,13 @@ class IoLoop:
         timeout = link.timeout(now)
         if e.tracker.pending and len(self.conns):   # (a pending request is scanned on time: asked about, resent)
             timeout = min(timeout, max(0.0, self.next_scan - now))
+        if self.conns.opening:   # (a handshake's deadline)
+            timeout = min(timeout, max(0.0, min(o.deadline for o in self.conns.opening.values()) - now))
         self.gaps.idle(time.monotonic())
         ready = self.poller.poll(min(timeout, LINK_TURN) if self.links.local else timeout)
         self.gaps.woke(time.monotonic())
+        if self.conns.opening:
+            self.tend_openings(ready)
         if e.efd in ready:
             self.read_wake()
         if link.chan.sock in ready:
@@ -279,12 +285,34 @@ class IoLoop:
                 self.poller.add(ch)
         e.welcome.set(Ok(0))
 
-    def connect(self, server: int, host: str, port: int) -> None:
-        """Point ``server`` at ``host:port`` (its connection: psnode.worker.connection)."""
+    def connect(self, server: int, host: str, port: int, wait: bool = True) -> None:
+        """Point ``server`` at ``host:port`` (its connection: psnode.worker.connection; ``wait``
+        False: its same-host handshake goes on in the turns, :meth:`tend_openings`)."""
         assert self.t is not None
+        self.drop_opening(server)
         ch = self.t.dealer(host, port, f"w{self.state.rank}")
-        self.conns.connect(server, host, port, ch, self.t.security)
+        self.conns.connect(server, host, port, ch, self.t.security, wait=wait)
         self.poller.add(ch)
+        if server in self.conns.opening:
+            self.poller.add(self.conns.opening[server].fileno())
+
+    def drop_opening(self, server: int) -> None:
+        """Give up the same-host handshake under way with ``server``, if any."""
+        if server in self.conns.opening:
+            self.poller.remove(self.conns.opening[server].fileno())
+            self.conns.cancel(server)
+
+    def tend_openings(self, ready: set) -> None:
+        """The same-host handshakes under way: those answered end (the link is up, or TCP goes
+        on), those past their deadline are given up."""
+        now = time.monotonic()
+        for server, opening in list(self.conns.opening.items()):
+            fd = opening.fileno()
+            if fd in ready or now >= opening.deadline:
+                self.poller.remove(fd)
+                if fd in ready:
+                    self.conns.opened(server)
+        self.conns.expired(now)
 
     def on_servers(self, body: Servers) -> None:
         """A server is down (its requests wait) or was replaced (reconnect, resend)."""
@@ -303,7 +331,7 @@ class IoLoop:
         self.poller.remove(old)
         old.close()
         self.link_down(rank)
-        self.connect(rank, row.host, row.port)
+        self.connect(rank, row.host, row.port, wait=False)   # (it may still be restoring: never wait for it)
         with e.lock:
             batch = e.tracker.restored(rank, time.monotonic())
         if timeline.current is not None:
@@ -359,6 +387,7 @@ class IoLoop:
     # ------------------------------------------------------------ servers
     def link_down(self, server: int) -> None:
         """Take down the same-host link to ``server`` (if any): it is served over TCP."""
+        self.drop_opening(server)
         if self.conns.link_down(server):
             e = self.state
             busy = (e.fatal is None and not e.closing   # (the job ending takes every link down)

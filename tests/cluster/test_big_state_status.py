@@ -161,3 +161,61 @@ def test_big_table_with_replicas_keeps_every_loop_turning_and_status_shows_the_s
     assert max(seen.values()) < LIMIT, seen
     assert_nothing_left(home)
     assert not os.environ.get("PSNODE_HEARTBEAT_INTERVAL")
+
+
+def test_a_replaced_holder_gets_the_big_table_whole_while_every_loop_keeps_turning(tmp_path) -> None:
+    """Server 1 is killed (-9) once the workers trained: its replacement restores from server 0's
+    copy, and server 0 sends its own half (640 MB) whole to the replacement's keeper while the
+    rounds go on (read in place: the rounds write the rows they touch, saved first).  No loop
+    of a process that lives through it is held past ``LIMIT``: not server 0's (a copy on
+    write of its half held it for about a second), not the workers' (their same-host handshake
+    with the replacement, which answers once it restored, goes on beside their loop); the job
+    ends exact.  (The replacement's own loop restores the state before it serves, pumping its
+    heartbeats: it is not measured here.)"""
+    home = tmp_path / "home"
+    script = tmp_path / "big.py"
+    script.write_text(SCRIPT)
+    flags = tmp_path / "flag"
+    env = cli_env(home)
+    proc = start_cli(["launch", "-n", "2", "-s", "2", "--replicas", "2", "--max-restarts", "1",
+                      str(script), str(ROWS), str(DIM), str(STEPS), str(flags)], env)
+    stop = threading.Event()
+    seen: dict[str, float] = {}
+    samples: list[dict] = []
+    watcher = threading.Thread(target=_watch, args=(home, stop, seen, samples), daemon=True)
+    watcher.start()
+    half = ROWS * DIM * 4 // 2
+    try:
+        deadline = time.monotonic() + 300
+        while not all(Path(f"{flags}.trained{r}").exists() for r in range(2)):
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "the workers did not train within 300 s"
+            time.sleep(0.1)
+        seen.clear()
+        killed = next(p["pid"] for p in latest(home)["procs"] if p["name"] == "server-1")
+        os.kill(killed, 9)
+
+        def whole_again() -> bool:   # (server 0 copied its half a second time: to the new keeper)
+            return any(s.get("rank") == 0 and (s.get("copied") or 0) >= 2 * half for s in samples[-8:])
+        while not whole_again():
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, f"server 0 did not copy its state to the new holder: {samples[-4:]}"
+            time.sleep(0.1)
+        time.sleep(2 * default("heartbeat_interval"))   # (the gaps of the rounds after it, reported)
+        Path(f"{flags}.go").touch()
+        out, _ = proc.communicate(timeout=max(10.0, deadline - time.monotonic()))
+    finally:
+        stop.set()
+        watcher.join(10)
+        if proc.poll() is None:
+            run_cli(["stop", latest(home)["id"]], env, timeout=90)
+            proc.communicate(timeout=60)
+    print("longest loop gaps after the kill (s):", json.dumps({k: round(v, 3) for k, v in sorted(seen.items())}),
+          file=sys.stderr)
+    assert proc.returncode == 0, out[-4000:]
+    assert out.count("EXACT") == 2, out[-4000:]
+    assert "server 1 restored 1 key parts from its replica on server 0" in out, out[-4000:]
+    assert "no same-host link" not in out, out[-4000:]   # (the handshakes ended once it restored)
+    assert {"server 0", "worker 0", "worker 1"} <= set(seen), seen
+    assert max(v for k, v in seen.items() if k != "server 1") < LIMIT, seen
+    assert_nothing_left(home)

@@ -437,3 +437,30 @@ def test_a_link_is_taken_down_while_a_thread_keeps_waiting_on_the_links() -> Non
         waiter.join(5)
         server.close()
     assert not waiter.is_alive()
+
+
+def test_a_handshake_begun_never_waits_for_a_busy_server_and_ends_when_it_answers() -> None:
+    """A worker reconnecting to a replacement that is still restoring (its loop answers no
+    handshake yet): ``begin`` sends HELLO and returns at once; the socket is readable only once
+    the server answered, and ``finish`` then gives the link, up and carrying data."""
+    import select
+    import time as _time
+    p = Pair()
+    t0 = _time.monotonic()
+    opening = shmhandshake.begin(p.job, p.rank, 0, "127.0.0.1", 4242, p.out, p.land, 2**30, INSECURE, timeout=60)
+    assert opening is not None and _time.monotonic() - t0 < 0.5 and opening.deadline > t0 + 59
+    assert select.select([opening], [], [], 0.3)[0] == []      # (the server's loop is busy: no answer)
+    conn, _ = _accept(p.listener)
+    conn.setblocking(False)
+    got = None
+    for _ in range(200):
+        got = shmhandshake.welcome(conn, p.job, 2, p.server_arena, 2**30, INSECURE)
+        if got is not None:
+            break
+        _time.sleep(0.01)
+    assert got is not None and got[0] == p.rank
+    assert select.select([opening], [], [], 2)[0] == [opening]
+    worker = shmhandshake.finish(opening)
+    assert worker.up
+    worker.close()
+    got[1].close()
