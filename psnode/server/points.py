@@ -13,10 +13,14 @@ touched, the dense parts pushed) is taken as a copy of those changes and then wr
 while the loop goes on serving (:meth:`Points.poll` notices its end): rounds go on, answers that
 reveal nothing new leave at once with the watermarks already durable, and answers that need the
 point wait for it (those that need a later one wait for the next, which begins as this one
-ends, so one point serves every request that asked meanwhile).  A point that must carry state
-whole (a chain without a base, a holder without the previous copy, changes past ASYNC_BYTES:
-a big key created) is taken while the loop waits, pumping its heartbeats (:meth:`Points.point`);
-so is a holder's request for the whole state during a point in the background.  Either way no
+ends, so one point serves every request that asked meanwhile).  A holder without the previous
+copy gets the state whole in the same background point: a row_sparse part read in place while
+the rounds write it, the rows they write saved first (keypart.RowPin) and sent once the copy
+arrived, as a patch that makes it exact (:func:`_patcher`; psnode.server.replicas: fuzzy, then
+patch); other big arrays pinned (the rounds copy them before they write them).  A point that
+must carry state whole on disk (a chain without a base) or changes past ASYNC_BYTES (a big key
+created) is taken while the loop waits, pumping its heartbeats (:meth:`Points.point`); so is
+a holder's request for the whole state after the patch was taken.  Either way no
 push is reported durable before every copy holds it, and the store is never read by a writer
 while it changes (background points write copies; the chain's compactions are exact by
 construction).
@@ -311,10 +315,9 @@ def _freeze(store: Store, arrays: dict[str, np.ndarray], rows: bool = False
         m = _PART.match(name)
         entry = entries[int(m.group(2))] if m else None
         state = entry.state.arrays.values() if entry is not None and entry.state is not None else ()
-        if rows and entry is not None and _by_row(entry) and arr.nbytes > PIN_BYTES and any(
+        i = int(m.group(2)) if m else -1
+        if rows and entry is not None and arr.nbytes > PIN_BYTES and (i in by_row or _by_row(entry)) and any(
                 arr is a for a in _row_arrays(entry).values()):
-            assert m is not None
-            i = int(m.group(2))
             if i not in by_row:
                 by_row[i] = RowPin(_row_arrays(entry), part=i)
                 entry.value_sends.append(by_row[i])

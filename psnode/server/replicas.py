@@ -10,7 +10,10 @@ the pushes taken per worker), aggregated per round, never per push.
 changes since (``base``: that copy): the rows each row_sparse round touched, the dense parts
 pushed, the index; so a copy costs the rows touched, whatever the table's size.  A new or
 replaced holder, or one that cannot apply the changes (it answers ``whole``), gets the state
-whole.
+whole.  A whole copy may be **fuzzy**: read from the live arrays while the rounds go on
+(psnode.server.points); the holder keeps it aside, serves no replacement from it and applies
+no changes to it, until the **patch** (the rows the rounds wrote meanwhile, as they were;
+same seq) makes it the state of that copy: only that acknowledgement counts.
 
 **Durability.**  A copy counts as the server's checkpoint: the primary reports its pushes
 durable (:meth:`psnode.server.store.Store.mark_durable`) only once every holder acknowledged it
@@ -152,10 +155,11 @@ class Keeper(threading.Thread):
             log.warning("dropped %s from %r: not a replica request", msg.cmd.value, ident)
 
     def _put(self, body: Replica, arrays: Sequence[np.ndarray]) -> Replica:
-        """Take a copy (whole, or changes since copy ``base``); the acknowledgement: the seq it
-        holds (a copy older than that, e.g. from a replaced primary still running, is never
-        acknowledged, so it never makes a push durable), or ``whole`` when it cannot apply the
-        changes."""
+        """Take a copy (whole, changes since copy ``base``, or the patch of a fuzzy whole one);
+        the acknowledgement: the seq it holds (a copy older than that, e.g. from a replaced
+        primary still running, is never acknowledged, so it never makes a push durable; with
+        ``fuzzy`` while that copy waits for its patch), or ``whole`` when it cannot apply the
+        changes or the patch."""
         with self._lock:
             held = self.held.get(body.rank)
             if body.patch and held is not None and held.seq == body.seq and held.exact:
