@@ -19,8 +19,9 @@ the rounds write it, the rows they write saved first (keypart.RowPin) and sent o
 arrived, as a patch that makes it exact (:func:`_patcher`; psnode.server.replicas: fuzzy, then
 patch); other big arrays pinned (the rounds copy them before they write them).  A point that
 must carry state whole on disk (a chain without a base) or changes past ASYNC_BYTES (a big key
-created) is taken while the loop waits, pumping its heartbeats (:meth:`Points.point`); so is
-a holder's request for the whole state after the patch was taken.  Either way no
+created) is taken while the loop waits, pumping its heartbeats (:meth:`Points.point`); a
+holder replaced during a point gets the current state whole the same way as a new one
+(:meth:`Points.poll`), beside the loop where its copies stay under ASYNC_BYTES.  Either way no
 push is reported durable before every copy holds it, and the store is never read by a writer
 while it changes (background points write copies; the chain's compactions are exact by
 construction).
@@ -187,10 +188,12 @@ class Points:
         if point.copying:
             assert self.replicator is not None
             done = self.replicator.poll(None, self.resend_after, POLL_S if wait else 0)
+            if done is None and not wait and self._whole_beside(point):
+                return
             if done is None or wait:
                 # (a holder needing the state whole gets the current one, and the store waits
                 # until it is acknowledged: it holds this point and more, and the next point's
-                # changes build on it)
+                # changes build on it; beside the loop where it can be: _whole_beside)
                 while done is not True:
                     done = self.replicator.poll(lambda: checkpoint.snapshot(self.store), self.resend_after, POLL_S)
                     if not done:
@@ -210,6 +213,20 @@ class Points:
             self.reply(point.later, pump)
         if self.wanted:
             self._soon()
+
+    def _whole_beside(self, point: _Point) -> bool:
+        """A holder needs the state whole during the point under way (it was replaced): the
+        replicator gets the current state, read by row beside the loop and patched (it holds
+        this point and more; the next point's changes build on it); False where it cannot be
+        (copies past ASYNC_BYTES: the loop then waits for it)."""
+        assert self.replicator is not None
+        meta, arrays = checkpoint.snapshot(self.store)
+        frozen, pins = _freeze(self.store, arrays, rows=True)
+        if frozen is None:
+            return False
+        point.pins.extend(pins)
+        self.replicator.rewhole((meta, frozen), _patcher(meta, frozen, [p for p in pins if isinstance(p, RowPin)]))
+        return True
 
     # ---------------------------------------------------------------- while the loop waits
     def point(self, pump: Pump, final: bool = False) -> None:
@@ -237,8 +254,11 @@ class Points:
 
     def now(self, pump: Pump) -> None:
         """Make a point now (a holder was replaced, or this server restored): in the background
-        where it can be, else while the loop waits."""
-        self.poll(pump, wait=True)
+        where it can be, else while the loop waits.  With a point under way, the next begins as
+        it ends (a replaced holder gets the state whole from it: :meth:`poll`)."""
+        if self.pending is not None:
+            self.wanted = True
+            return
         if not self._begin([]):
             self.point(pump)
 

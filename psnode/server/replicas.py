@@ -259,6 +259,13 @@ class Replicator:
         self._waiting = set(self.ranks)
         self._sent: dict[int, tuple[Channel, float, int]] = {}   # holder -> (where, when, bytes)
 
+    def rewhole(self, whole: State, patch: Callable[[], State]) -> None:
+        """A holder needs the state whole during this copy (it was replaced): ``whole``, the
+        current state read while the rounds go on, goes to it fuzzy, and ``patch()`` once it
+        has it (as :meth:`start`'s)."""
+        self._packed[False] = pack_state(*whole)
+        self._patch_of, self._patch = patch, None
+
     def poll(self, whole: Callable[[], State] | None, resend_after: float, wait_s: float) -> bool | None:
         """Send what the copy begun by :meth:`start` owes (first puts, resends to a holder silent
         for ``resend_after`` s past the time the copy's bytes take (:func:`resend_due`) or whose

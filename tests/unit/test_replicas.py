@@ -179,25 +179,36 @@ def test_a_holder_that_lacks_the_base_asks_for_the_state_whole(holder: Holder) -
     np.testing.assert_array_equal(arrays["v0"], values)
 
 
-def test_a_holder_without_the_last_copy_gets_the_state_whole_in_the_background(holder: Holder) -> None:
-    """A primary whose holder has no copy yet (a restore, a replaced holder) makes a point
-    beside its loop (psnode.server.points): the holder gets the state of that moment whole,
-    the big table read in place, while a round changes the table (the round writes a copy);
-    the copy the holder keeps is the state at the point, exactly."""
+def _big_store(optimizer: str, lr: float, first: np.ndarray | None = None):
+    """A restartable server's store holding a 300,000 x 4 row_sparse table given whole (``first``:
+    rows a first push touched), durable as it is."""
     from psnode.protocol import Init, Push, SetOptimizer
-    from psnode.server import checkpoint
-    from psnode.server.points import Points
     from psnode.server.store import Store
 
     store = Store(1, restartable=True)
     store.track_changes = True
-    store.handle(0, SetOptimizer({"name": "sgd", "params": {"learning_rate": 1.0}}, id=1))
+    store.handle(0, SetOptimizer({"name": optimizer, "params": {"learning_rate": lr}}, id=1))
     table = np.arange(300_000 * 4, dtype=np.float32).reshape(300_000, 4)
     store.handle(0, Init("emb", 0, "float32", table.shape, True, "sum", True, table, id=2))
     while store.filling.pending:
         store.fill_some()
+    if first is not None:
+        store.handle(0, Push("emb", 0, 1, np.ones((len(first), 4), np.float32), rows=first))
     store.mark_durable()
     store.forget_changes()
+    return store
+
+
+def test_a_holder_without_the_last_copy_gets_the_state_whole_in_the_background(holder: Holder) -> None:
+    """A primary whose holder has no copy yet (a restore, a replaced holder) makes a point
+    beside its loop (psnode.server.points): the holder gets the state of that moment whole,
+    the big table read in place, while a round changes the table;
+    the copy the holder keeps is the state at the point, exactly."""
+    from psnode.protocol import Push
+    from psnode.server import checkpoint
+    from psnode.server.points import Points
+
+    store = _big_store("sgd", 1.0)
     sent: list = []
     points = Points(store, sent.extend, every=0, resend_after=5.0)
     points.replicator = holder.primary(0)
@@ -237,22 +248,12 @@ def test_a_whole_copy_read_while_the_rounds_write_rows_is_patched_to_the_points_
     its state (they are written in place, the rows saved first, once each), and the copy the
     holder ends with, the fuzzy one patched with those rows, is exactly the state at the point,
     values and per-row state."""
-    from psnode.protocol import Init, Push, SetOptimizer
+    from psnode.protocol import Push
     from psnode.server import checkpoint
     from psnode.server.keypart import RowPin
     from psnode.server.points import Points
-    from psnode.server.store import Store
 
-    store = Store(1, restartable=True)
-    store.track_changes = True
-    store.handle(0, SetOptimizer({"name": "adagrad", "params": {"learning_rate": 0.5}}, id=1))
-    table = np.arange(300_000 * 4, dtype=np.float32).reshape(300_000, 4)
-    store.handle(0, Init("emb", 0, "float32", table.shape, True, "sum", True, table, id=2))
-    while store.filling.pending:
-        store.fill_some()
-    store.handle(0, Push("emb", 0, 1, np.ones((3, 4), np.float32), rows=np.array([1, 2, 3])))   # (the state)
-    store.mark_durable()
-    store.forget_changes()
+    store = _big_store("adagrad", 0.5, first=np.array([1, 2, 3]))   # (the state made by a first push)
     entry = store.entries[("emb", 0)]
     value, history = entry.value, entry.state.arrays["history"]
     want = {n: np.array(a) for n, a in checkpoint.snapshot(store)[1].items()}
@@ -310,6 +311,60 @@ def test_a_fuzzy_copy_is_neither_served_nor_built_on_until_its_patch(holder: Hol
     ack = keeper._put(Replica(1, 7, patch=True), pack_state(*patch))
     assert (ack.seq, ack.fuzzy, ack.whole) == (7, False, False)
     assert keeper._put(Replica(1, 7, patch=True), pack_state(*patch)).seq == 7   # (sent again: the same ack)
-    meta, arrays, _ = holder.fetch()
+    _, arrays, _ = holder.fetch()
     np.testing.assert_array_equal(arrays["v0"], values)
     assert keeper._put(Replica(2, 3, patch=True), pack_state(*patch)).whole   # (no fuzzy copy of rank 2)
+
+
+def test_a_holder_replaced_during_a_point_gets_the_state_whole_beside_the_loop(holder: Holder) -> None:
+    """A point under way (the rows of a round) when the holder is replaced (a new keeper): the
+    new holder gets the current state whole, read by row while rounds go on, and the loop never
+    waits for it (its pump is never called); the next copy, changes only, leaves the new holder
+    with the primary's state exactly."""
+    from psnode.protocol import Push
+    from psnode.server.points import Points
+
+    store = _big_store("adagrad", 0.5, first=np.array([1, 2, 3]))
+    entry = store.entries[("emb", 0)]
+    points = Points(store, [].extend, every=0, resend_after=5.0)
+    points.replicator = holder.primary(0)
+    deadline = time.monotonic() + 30
+
+    def settle() -> None:
+        while points.pending is not None:
+            points.poll(_never)
+            assert time.monotonic() < deadline, "a copy was not acknowledged"
+            time.sleep(0.01)
+    points.now(_never)
+    settle()                                               # (the first holder got it whole)
+    store.handle(0, Push("emb", 0, 2, np.ones((2, 4), np.float32), rows=np.array([4, 5])))
+    points.now(_never)                                     # (changes only: rows 4, 5)
+    assert points.pending is not None
+    replacement = Keeper(holder.cfg, holder.security)   # (bound; it answers once started, below)
+    try:
+        assert points.replicator.repoint([ServerAddress(0, "127.0.0.1", 1, replacement.port),
+                                          ServerAddress(1, "127.0.0.1", 2)]) == [0]
+        points.now(_never)                                 # (under way: the next one is wanted)
+        value = entry.value
+        for q, rows in enumerate([[0, 9], [9, 299_999]], start=3):
+            points.poll(_never)
+            store.handle(0, Push("emb", 0, q, np.full((len(rows), 4), q, np.float32), rows=np.array(rows)))
+        assert points.pending is not None
+        replacement.start()
+        settle()
+        assert entry.value is value                        # (written in place meanwhile)
+        points.now(_never)
+        settle()
+        held = replacement.held[1]
+        assert held.exact
+        _, arrays = held.image.whole()
+        np.testing.assert_array_equal(arrays["v0"], entry.value)
+        np.testing.assert_array_equal(arrays["s0_history"], entry.state.arrays["history"])
+    finally:
+        if replacement.ident is None:
+            replacement.start()
+        replacement.close()
+
+
+def _never() -> None:
+    raise AssertionError("the loop waited for a copy")
