@@ -90,9 +90,11 @@ def table(width: int, *, min_count: int = 1, ttl: int = 0, max_rows: int = 0, ab
     return out
 
 
-def unique_rows(ids: np.ndarray) -> np.ndarray:
-    """np.unique of a 1-d array (sorted, distinct), without its overhead (several times faster)."""
-    ids = np.sort(ids)
+def unique_rows(ids: np.ndarray, runs: bool = False) -> np.ndarray:
+    """np.unique of a 1-d array (sorted, distinct), without its overhead (several times faster).
+    ``runs``: ``ids`` are sorted runs put end to end (a stable sort merges them: a tenth of a
+    general sort's time)."""
+    ids = np.sort(ids, kind="stable" if runs else None)
     return ids[np.r_[True, ids[1:] != ids[:-1]]] if len(ids) else ids
 
 

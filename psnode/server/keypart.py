@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from psnode.math.aggregation import Aggregation
+from psnode.math.sparse import unique_rows
 from psnode.server.replies import Reply
 
 Key = tuple[Any, int]  # (user key, part index)
@@ -169,20 +170,8 @@ def changed_rows(entry: Entry) -> np.ndarray:
     """The distinct rows of ``entry`` changed since the last copy, sorted (``changed`` False)."""
     if not entry.changed_rows:
         return np.empty(0, np.int64)
-    entry.changed_rows[:] = [distinct(np.concatenate(entry.changed_rows))]
+    entry.changed_rows[:] = [unique_rows(np.concatenate(entry.changed_rows), runs=True)]   # (rounds' rows: sorted runs)
     return entry.changed_rows[0]
-
-
-def distinct(rows: np.ndarray) -> np.ndarray:
-    """``np.unique(rows)``, by a stable sort: the rows of each round arrive sorted, and a merge
-    of sorted runs costs a tenth of a general sort."""
-    if len(rows) < 2:
-        return rows
-    rows = np.sort(rows, kind="stable")
-    keep = np.empty(len(rows), dtype=bool)
-    keep[0] = True
-    np.not_equal(rows[1:], rows[:-1], out=keep[1:])
-    return rows[keep]
 
 
 def fmt(key: Any, part: int) -> str:

@@ -102,7 +102,10 @@ def test_a_new_key_and_a_new_optimizer_travel_whole() -> None:
 
 
 def test_the_rows_changed_are_the_distinct_rows_of_the_rounds_sorted() -> None:
-    from psnode.server.keypart import distinct
+    from psnode.math.sparse import unique_rows
+
+    def distinct(rows):
+        return unique_rows(rows, runs=True)
     rng = np.random.default_rng(7)
     runs = [np.unique(rng.integers(0, 1000, int(rng.integers(0, 300)))) for _ in range(12)]
     runs.append(rng.integers(0, 1000, 200))   # (an unsorted one, with repeats)
