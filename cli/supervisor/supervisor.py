@@ -111,6 +111,7 @@ SIGNAL_EXIT = {signal.SIGHUP: (EXIT_HANGUP, "hangup (the terminal closed)"),
                signal.SIGTERM: (EXIT_STOPPED, "SIGTERM")}
 POLL = 0.2
 STATUS_TIMEOUT = 0.5     # asking the scheduler whether psnode started, when the workers are done
+RESTART_TELL_TIMEOUT = 2.0   # seconds the scheduler is given to acknowledge a worker being restarted
 SLOW_POLL = 2.0          # seconds between the supervisor's questions to the scheduler about slow workers
 
 
@@ -409,6 +410,7 @@ class Supervisor:
             if action is Action.RESTART:
                 delay = rules.delay(name)
                 self._announce_restart(rec, status, delay)
+                self._tell_restarting(rec, status)
                 if delay:
                     later.append((time.monotonic() + delay, rec))
                 elif not self._restart(rec):
@@ -485,6 +487,21 @@ class Supervisor:
             return
         ui.warn(f"{rec.name} on {rec.host} {status.describe()}: restarting it with rank {rec.rank}{when} "
                 f"(restart {rec.restarts + 1} of {limit})")
+
+    def _tell_restarting(self, rec: ProcRecord, status: ExitStatus) -> None:
+        """A psnode worker died and is restarted: tell the scheduler at once, beside the loop
+        (it awaits the replacement, and counts the others' waits for it from now as the
+        failover's, instead of when the heartbeats stop; unanswered, the heartbeats tell it)."""
+        if rec.role != Role.WORKER.value or rec.rank is None or not self._psnode_job:
+            return
+        record, rank, restarts, why = self.record, rec.rank, rec.restarts, status.describe()
+
+        def tell() -> None:
+            with contextlib.suppress(Exception):   # (no answer: the heartbeats tell it)
+                door.report_lost(record.scheduler, record.id, rank, key_file=record.key_file,
+                                 timeout=RESTART_TELL_TIMEOUT, reason=why, restarts=restarts)
+
+        threading.Thread(target=tell, name=f"restarting-{rec.name}", daemon=True).start()
 
     def _restart(self, rec: ProcRecord) -> bool:
         """Start ``rec`` again (same host, rank, env + PSNODE_RESTART_COUNT); False if that failed.

@@ -420,8 +420,9 @@ def _rank(v: Any) -> bool:
 class Counters:
     """A node's counters, sent with each heartbeat (``rounds``: completed sync rounds; ``wait``:
     what a worker's user thread waits for, :func:`wait_report`; a server's ``awaited``: per worker, the
-    seconds its key parts waited for that worker alone, and ``late``: per worker, its pushes
-    dropped for coming after their round completed, psnode.server.awaited)."""
+    seconds its key parts waited for that worker alone, of which ``waiting`` is the part still in
+    progress, and ``late``: per worker, its pushes dropped for coming after their round
+    completed, psnode.server.awaited)."""
 
     pushes: int = 0
     pulls: int = 0
@@ -433,6 +434,7 @@ class Counters:
     refused: int = 0
     wait: WaitReport | None = None
     awaited: tuple[tuple[int, float], ...] = ()
+    waiting: tuple[tuple[int, float], ...] = ()
     late: tuple[tuple[int, int], ...] = ()
     # big state and loop health: a server's values and optimizer state (bytes), the bytes it
     # sent to the holders of its replicas and wrote to checkpoints (in all), per holder how many
@@ -455,6 +457,8 @@ class Counters:
             body["wait"] = self.wait.to_body()
         if self.awaited:
             body["awaited"] = [[r, round(s, 4)] for r, s in self.awaited]
+        if self.waiting:
+            body["waiting"] = [[r, round(s, 4)] for r, s in self.waiting]
         if self.late:
             body["late"] = [[r, n] for r, n in self.late]
         for name in _BIG_STATE:
@@ -474,12 +478,13 @@ class Counters:
             counts[name] = v if type(v) is int and 0 <= v < _MAX_COUNT else \
                 _int(stats, "heartbeat stats", name, high=_MAX_COUNT, default=0)
         return cls(**counts, wait=wait_report(stats.get("wait")), awaited=awaited(stats.get("awaited")),
-                   late=late_counts(stats.get("late")), lag=holder_lag(stats.get("lag")),
-                   tables=table_counts(stats.get("tables")))
+                   waiting=awaited(stats.get("waiting")), late=late_counts(stats.get("late")),
+                   lag=holder_lag(stats.get("lag")), tables=table_counts(stats.get("tables")))
 
 
 _BIG_STATE = ("state_bytes", "copied", "checkpointed", "loop_gap_us")
-_COUNTERS = tuple(f.name for f in fields(Counters) if f.name not in ("wait", "awaited", "late", "lag", "tables"))
+_COUNTERS = tuple(f.name for f in fields(Counters)
+                  if f.name not in ("wait", "awaited", "waiting", "late", "lag", "tables"))
 
 
 def table_counts(raw: Any) -> tuple[tuple[str, int, int, int, int], ...]:
@@ -794,17 +799,29 @@ class ScaleDown:
 
 @dataclass(frozen=True)
 class Lost:
-    """Worker ``rank``'s process died and will not be restarted: it leaves the membership at once."""
+    """Worker ``rank``'s process died and will not be restarted: it leaves the membership at
+    once.  With ``restart`` (its ``restarts``-th replacement's process, counted as the scheduler
+    counts them, died and its launcher starts another), the scheduler awaits the replacement at
+    once instead of when the heartbeats stop; a report about an earlier process is ignored."""
 
     rank: int
     reason: str = "its process died"
+    restart: bool = False
+    restarts: int = 0
 
     def to_body(self) -> dict[str, Any]:
-        return {"rank": self.rank, "reason": self.reason}
+        body: dict[str, Any] = {"rank": self.rank, "reason": self.reason}
+        if self.restart:
+            body.update(restart=True, restarts=self.restarts)
+        return body
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Lost:
-        return cls(_int(body, "lost", "rank"), _str(body, "lost", "reason", 500, default=cls.reason))
+        restart = body.get("restart", False)
+        if not isinstance(restart, bool):
+            raise ProtocolError("lost: restart must be true or false")
+        return cls(_int(body, "lost", "rank"), _str(body, "lost", "reason", 500, default=cls.reason), restart,
+                   _int(body, "lost", "restarts", high=_MAX_COUNT, default=0))
 
 
 @dataclass(frozen=True)

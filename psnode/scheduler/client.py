@@ -71,12 +71,16 @@ def request_leave(scheduler: str, job_id: str, ranks: list[int] | tuple[int, ...
 
 
 def report_lost(scheduler: str, job_id: str, rank: int, key_file: str | None = None,
-                timeout: float = 2.0, reason: str = "its process died") -> bool:
+                timeout: float = 2.0, reason: str = "its process died", restarts: int | None = None) -> bool:
     """Worker ``rank``'s process died and will not be restarted: the scheduler removes it from
     the membership at once (the servers' open rounds complete over the rest) instead of waiting
-    for its heartbeats to stop.  True once the scheduler acknowledged."""
+    for its heartbeats to stop.  With ``restarts`` (the process that died was the rank's
+    ``restarts``-th replacement, and its launcher starts another), the scheduler awaits the
+    replacement at once instead.  True once the scheduler acknowledged."""
+    body = Lost(int(rank), reason[:500]) if restarts is None else \
+        Lost(int(rank), reason[:500], restart=True, restarts=int(restarts))
     try:
-        _ask(scheduler, job_id, Command.LOST, Command.LOST_ACK, key_file, timeout, Lost(int(rank), reason[:500]))
+        _ask(scheduler, job_id, Command.LOST, Command.LOST_ACK, key_file, timeout, body)
         return True
     except PeerLost:
         return False

@@ -467,6 +467,8 @@ class Scheduler:
         self.roster.left(old.role, old.ident)
         node.rank, node.restarts = old.rank, old.restarts + 1
         if node.role == Role.WORKER:   # (waits for it before now were the failover's)
+            if old.state != NodeState.RESTARTING:   # (its death not seen before: since it was last heard)
+                self.slowness.lost(node.rank, old.last_seen)
             self.slowness.restarted(node.rank, time.monotonic())
         self.roster.joined(node.role, node.ident)
         self._set_state(node, NodeState.ALIVE)
@@ -549,9 +551,13 @@ class Scheduler:
         if self.roster.all_finished():
             self._end(ok=True, reason="every worker finished")
 
-    def _await_replacement(self, n: Node, why: str) -> None:
+    def _await_replacement(self, n: Node, why: str, died: float | None = None) -> None:
+        """``n`` died (at ``died``; unknown: when it was last heard) and its launcher restarts
+        it: its replacement is awaited."""
         self._set_state(n, NodeState.RESTARTING)   # (a worker stays a member of the rounds)
         self.waiting_replacement[(n.role, n.rank)] = time.monotonic() + self.cfg.register_timeout
+        if n.role == Role.WORKER:   # (the servers' waits for it since it was last heard: the failover's)
+            self.slowness.lost(n.rank, n.last_seen if died is None else died)
         log.warning("%s %s; waiting for its restart", n.name, why)
         if n.role == Role.SERVER:
             for w in self._live(Role.WORKER):
@@ -565,6 +571,7 @@ class Scheduler:
         if node.role != Role.WORKER or self.waiting_replacement.pop((node.role, node.rank), None) is None:
             return
         self._set_state(node, NodeState.ALIVE)
+        self.slowness.returned(node.rank)
         log.warning("%s was taken for silent and speaks again (stopped or starved, not dead): it goes on, and "
                     "no restart is awaited for it", node.name)
         self._check_barrier()
@@ -912,7 +919,13 @@ class Scheduler:
 
     def _lost_msg(self, ident: bytes, node: Node | None, body: Lost) -> None:
         self._send(ident, Command.LOST_ACK)
-        self._on_lost(body.rank, body.reason)
+        if not body.restart:
+            self._on_lost(body.rank, body.reason)
+            return
+        n = next((n for n in self.nodes.values() if n.role == Role.WORKER and n.rank == body.rank
+                  and n.restarts == body.restarts and n.state in (NodeState.ALIVE, NodeState.REGISTERED)), None)
+        if n is not None and self._restartable(n) and self.exit_code is None:
+            self._await_replacement(n, f"died ({body.reason}), its launcher restarts it", died=time.monotonic())
 
     def _stop_msg(self, ident: bytes, node: Node | None, body: Stop) -> None:
         self._send(ident, Command.STOP_ACK)
@@ -931,7 +944,7 @@ class Scheduler:
         if node.role == Role.WORKER and node.rank >= 0:
             self.slowness.heartbeat(node.rank, now)
         elif node.role == Role.SERVER and node.rank >= 0:
-            self.slowness.server(node.rank, stats.awaited, now)
+            self.slowness.server(node.rank, stats.awaited, now, stats.waiting)
 
     def _barrier_msg(self, node: Node, body: Barrier) -> None:
         if node.role != Role.WORKER:

@@ -6,7 +6,10 @@ Two sources, both in seconds:
   alone, every wait however short (``Counters.awaited``, psnode.server.awaited: a sync round
   from the moment it lacked only that worker's push, a dist_ssp pull from the moment it parked
   on the bound, to the push that ended it; a replacement is credited only from its first init,
-  a round completed by a worker's loss to nobody): :meth:`Slowness.server`;
+  a round completed by a worker's loss to nobody): :meth:`Slowness.server`; a server does not
+  know a worker died, so of a wait still in progress (``Counters.waiting``) for a worker the
+  scheduler took for dead (:meth:`Slowness.lost`), only the part before its death counts until
+  its replacement's own wait begins: the rest is the failover's;
 * barriers, which the scheduler sees itself: when a barrier completes, each worker waited for
   each worker that entered after it, from its own entry (or that worker's registration, for a
   replacement: :meth:`Slowness.restarted`) to that worker's: :meth:`Slowness.barrier` (in a
@@ -53,10 +56,22 @@ class Slowness:
     _samples: dict[int, Samples] = field(default_factory=dict)   # observer -> its barrier totals
     _servers: dict[int, Samples] = field(default_factory=dict)   # server -> its ``awaited`` totals
     _born: dict[int, float] = field(default_factory=dict)        # worker -> its last registration
+    _lost: dict[int, float] = field(default_factory=dict)        # worker -> when it was last taken for dead
 
-    def server(self, rank: int, awaited: Iterable[tuple[int, float]], now: float) -> None:
-        """Server ``rank``'s heartbeat at ``now``: its totals (``Counters.awaited``)."""
-        self._add(self._servers.setdefault(rank, deque()), now, dict(awaited))
+    def server(self, rank: int, awaited: Iterable[tuple[int, float]], now: float,
+               waiting: Iterable[tuple[int, float]] = ()) -> None:
+        """Server ``rank``'s heartbeat at ``now``: its totals (``Counters.awaited``), of which
+        ``waiting`` (``Counters.waiting``) are waits still in progress."""
+        totals = dict(awaited)
+        for x, open_s in waiting:
+            death = self._lost.get(x)
+            if death is None or x not in totals:
+                continue
+            start, born = now - open_s, self._born.get(x, death)
+            if born > death and start >= born:
+                continue   # (the replacement's own wait)
+            totals[x] = max(0.0, totals[x] - (open_s - max(0.0, min(now, death) - start)))
+        self._add(self._servers.setdefault(rank, deque()), now, totals)
 
     def heartbeat(self, observer: int, now: float) -> None:
         """Worker ``observer``'s heartbeat at ``now``: its barrier waits so far are sampled."""
@@ -66,6 +81,16 @@ class Slowness:
         """A replacement of ``worker`` registered at ``now``: barrier waits for it count from
         then (the time before is the failover's)."""
         self._born[worker] = now
+
+    def lost(self, worker: int, now: float) -> None:
+        """``worker`` was taken for dead at ``now`` and its replacement is awaited: a server's
+        wait for it from then on is the failover's."""
+        self._lost[worker] = now
+
+    def returned(self, worker: int) -> None:
+        """``worker``, taken for dead, speaks again (it was stopped or starved): every wait for
+        it was its own."""
+        self._lost.pop(worker, None)
 
     def barrier(self, entered: Mapping[int, float], now: float) -> None:
         """A barrier completed at ``now``: ``entered`` says when each worker entered it."""

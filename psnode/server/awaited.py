@@ -15,11 +15,13 @@ Intervals of many key parts overlap; each worker's credits end in time order, so
 the wall time that passed): O(1) per completed round, no message of its own (the server's
 heartbeat carries the totals, psnode.protocol.control.Counters.awaited).
 
-A wait in progress counts too (:meth:`Awaited.totals`, what the heartbeat carries): each open
-wait names the worker it waits for (:meth:`opened`, found once per wait: the one worker the
-round lacks, or the slowest gating a dist_ssp pull), so a worker that stalls is named while the
-others still wait for it; :meth:`closed` ends it (with :meth:`credit`, or without, when a
-worker's loss ended it).
+A wait in progress counts too (:meth:`Awaited.totals`, what the heartbeat carries, with the
+open part apart: :meth:`Awaited.waiting`): each open wait names the worker it waits for
+(:meth:`opened`, found once per wait: the one worker the round lacks, or the slowest gating a
+dist_ssp pull), so a worker that stalls is named while the others still wait for it;
+:meth:`closed` ends it (with :meth:`credit`, or without, when a worker's loss ended it).  A
+server does not know a worker died: the scheduler, which does, counts an open wait for a dead
+worker only up to its death (psnode.scheduler.slowness).
 
 Only time the worker was actually awaited counts: a worker (a replacement after a restart, or
 a worker that joined) is credited only from its first init on this server (:meth:`rejoined`);
@@ -78,15 +80,22 @@ class Awaited:
             if o[0] <= 0:
                 del self._open[worker]
 
-    def totals(self) -> dict[int, float]:
-        """``seconds`` with the waits in progress (each worker's from its first open wait, past
-        what was credited already)."""
+    def waiting(self) -> dict[int, float]:
+        """Per worker with a wait in progress, the seconds of it not credited yet (from its
+        first open wait, past what was credited and its last init here)."""
         now = self.clock()
-        out = dict(self.seconds)
+        out: dict[int, float] = {}
         for x, (_, first) in self._open.items():
             start = max(first, self._until.get(x, 0.0), self._since.get(x, 0.0))
             if now > start:
-                out[x] = out.get(x, 0.0) + (now - start)
+                out[x] = now - start
+        return out
+
+    def totals(self) -> dict[int, float]:
+        """``seconds`` with the waits in progress (:meth:`waiting`)."""
+        out = dict(self.seconds)
+        for x, s in self.waiting().items():
+            out[x] = out.get(x, 0.0) + s
         return out
 
     def rejoined(self, worker: int) -> None:

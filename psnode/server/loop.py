@@ -110,6 +110,7 @@ class Server:
         return Counters(pushes=self.store.pushes, pulls=self.store.pulls, bytes_in=self.chan.bytes_in + local_in,
                         bytes_out=self.chan.bytes_out + local_out, rounds=self.store.rounds, dropped=dropped,
                         refused=self.t.refused, awaited=tuple(sorted(awaited.totals().items())),
+                        waiting=tuple(sorted(awaited.waiting().items())),
                         late=tuple(sorted(awaited.late.items())), state_bytes=self.store.state_bytes(),
                         copied=rep.copied if rep is not None else 0, checkpointed=self.points.written,
                         loop_gap_us=self.gaps.longest_us(time.monotonic()),

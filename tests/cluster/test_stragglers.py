@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import assert_nothing_left, cli_env, kill_cli, latest, run_cli, start_cli, wait_for
+from tests.support.cli import assert_nothing_left, cli_env, kill_cli, latest, records, run_cli, start_cli, wait_for
 
 JOB = textwrap.dedent("""
     import sys, time, pathlib, numpy as np, psnode
@@ -128,7 +128,7 @@ FAILOVER = textwrap.dedent("""
     import os, signal, sys, time, pathlib, numpy as np, psnode
     stop = pathlib.Path(sys.argv[1])
     if os.environ.get('PSNODE_RESTART_COUNT', '0') != '0':
-        time.sleep(2.0)                               # a replacement slow to start: the others wait
+        time.sleep(3.0)                               # a replacement slow to start: the others wait
     kv = psnode.kv.create('dist_sync')
     kv.init('w', np.zeros(4, np.float32))
     kv.init('done', np.zeros(1, np.float32))
@@ -160,9 +160,20 @@ def test_a_wait_for_a_replacement_is_the_failovers_not_the_workers(tmp_path: Pat
     out: list[str] = []
     reader = threading.Thread(target=lambda: out.extend(iter(proc.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
     reader.start()
+    failover: list[tuple[float, dict]] = []   # (when, worker 2's row) while its replacement is awaited
+
+    def resumed() -> bool:
+        done, recs = any("RESUMED" in line for line in out), records(home)
+        if not done and recs and (not failover or time.monotonic() - failover[0][0] < 1.5):
+            answer = run_cli(["status", recs[-1]["id"], "--json"], env)
+            rows = json.loads(answer.stdout)["nodes"] if answer.returncode == 0 else []
+            row = next((n for n in rows if n["role"] == "worker" and n["rank"] == 2), None)
+            if row is not None and row["state"] == "restarting":
+                failover.append((time.monotonic(), row))
+        return done
+
     try:
-        wait_for(lambda: any("RESUMED" in line for line in out), 90, "worker 2's replacement to resume",
-                 describe=lambda: "".join(out))
+        wait_for(resumed, 90, "worker 2's replacement to resume", describe=lambda: "".join(out))
         job_id = latest(home)["id"]
         view: dict = {}
 
@@ -179,6 +190,9 @@ def test_a_wait_for_a_replacement_is_the_failovers_not_the_workers(tmp_path: Pat
     assert proc.returncode == 0, text
     rows = {n["rank"]: n for n in view["nodes"] if n["role"] == "worker"}
     assert rows[2]["restarts"] == 1, rows
+    # while the replacement was awaited (1.5 s and more of it seen), the wait was the failover's
+    assert failover and failover[-1][0] - failover[0][0] >= 1.0, failover
+    assert all(row["waited_for_total"] < 1.0 and not row["slow"] for _, row in failover), failover
     summary = {r: (rows[r]["waited_for"], rows[r]["waited_for_total"], rows[r]["slow"]) for r in rows}
     assert not any(rows[r]["slow"] for r in rows) and rows[2]["waited_for_total"] < 1.0, summary
     closing = [line for line in out if " succeeded" in line]

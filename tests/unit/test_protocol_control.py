@@ -104,6 +104,7 @@ VALID = [
     (Command.LEAVE, ScaleDown((2, 3))),
     (Command.LEAVE_ACK, Empty()),
     (Command.LOST, Lost(1, "killed by signal 9")),
+    (Command.LOST, Lost(1, "killed by signal 9", restart=True, restarts=2)),
     (Command.LOST_ACK, Empty()),
     # an elastic job's fields
     (Command.WELCOME, Welcome(2, BOOK, 99, 2, 2, (0, 1, 2), 0, False, 0, 3, True, (2,))),
@@ -227,6 +228,8 @@ def test_defaults_of_absent_fields() -> None:
     (Command.LEAVE, {"ranks": [0, "1"]}, "ranks"),
     (Command.LOST, {}, "rank"),
     (Command.LOST, {"rank": 1, "reason": 5}, "reason"),
+    (Command.LOST, {"rank": 1, "restart": 1}, "restart"),
+    (Command.LOST, {"rank": 1, "restart": True, "restarts": -1}, "restarts"),
     (Command.MEMBERSHIP, {"active": [0], "generation": -1}, "generation"),
     (Command.MEMBERSHIP, {"active": [0], "leave": [None]}, "leave"),
     (Command.WELCOME, {**Welcome(1, BOOK, 9, 2, 2, (0, 1)).to_body(), "joiner": 1}, "joiner"),

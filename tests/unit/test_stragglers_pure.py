@@ -162,6 +162,49 @@ def test_the_scheduler_shares_a_servers_waits_over_the_window() -> None:
     assert s.totals()[1] == pytest.approx(6.0)
 
 
+def test_a_server_reports_its_open_waits_apart_from_what_it_credited() -> None:
+    clock = Clock()
+    store = store_with(clock)
+    awaited = store.key_rounds.awaited
+    push(store, 0, 1, 1.0)
+    push(store, 1, 1, 1.0)
+    clock.t += 2.5
+    assert awaited.waiting() == {2: pytest.approx(2.5)} and awaited.seconds == {}
+    push(store, 2, 1, 1.0)
+    assert awaited.waiting() == {} and awaited.seconds == {2: pytest.approx(2.5)}
+    push(store, 0, 2, 1.0)
+    push(store, 1, 2, 1.0)
+    clock.t += 1.0                   # counted from the end of what was credited, as totals() does
+    assert awaited.waiting() == {2: pytest.approx(1.0)} and awaited.totals() == {2: pytest.approx(3.5)}
+
+
+def test_a_wait_for_a_dead_worker_past_its_death_is_the_failovers() -> None:
+    s = Slowness(window=10.0)
+    s.server(0, [(2, 0.5)], 10.0, waiting=[(2, 0.5)])     # the server waits for worker 2 since t=9.5
+    s.lost(2, 11.0)                                       # worker 2 died at 11: a replacement is awaited
+    for t in (12.0, 13.0, 14.0):                          # the server waits on, for the replacement
+        s.server(0, [(2, t - 9.5)], t, waiting=[(2, t - 9.5)])
+    assert s.totals() == {2: pytest.approx(1.5)}          # 9.5..11: the rest is the failover's
+    s.restarted(2, 14.5)                                  # the replacement registers; it inits at 15
+    s.server(0, [(2, 6.0)], 15.5, waiting=[(2, 6.0)])     # (its init not seen by this server yet)
+    assert s.totals() == {2: pytest.approx(1.5)}
+    s.server(0, [(2, 0.4)], 16.0, waiting=[(2, 0.4)])     # after its init: a wait from 15.6, its own
+    assert s.totals() == {2: pytest.approx(0.4)}
+    for t in (17.0, 18.0, 19.0, 20.0, 21.0, 22.0):        # it is waited for 0.1 s of every second
+        s.server(0, [(2, 0.4 + 0.1 * (t - 16.0))], t)
+    assert s.shares(22.0) == {2: pytest.approx(0.1)}
+
+
+def test_a_worker_taken_for_dead_that_speaks_again_was_waited_for_all_along() -> None:
+    s = Slowness(window=10.0)
+    s.lost(2, 11.0)                                       # stopped, taken for silent at 11
+    s.server(0, [(2, 4.0)], 13.0, waiting=[(2, 4.0)])
+    assert s.totals() == {2: pytest.approx(2.0)}
+    s.returned(2)                                         # it speaks again: the waits were its own
+    s.server(0, [(2, 5.0)], 14.0, waiting=[(2, 5.0)])
+    assert s.totals() == {2: pytest.approx(5.0)}
+
+
 # ------------------------------------------------------------------ backup workers
 def test_a_round_completes_without_the_last_push_which_is_dropped_once_and_counted() -> None:
     clock = Clock()
