@@ -24,7 +24,8 @@ every push a replacement lacks is one its worker still holds and resends.
 **Failover.**  A server that dies is replaced by a new process with its rank, on any live host
 (the launcher's choice).  Its WELCOME says ``restore``: it asks every holder for the copy it
 keeps (:func:`fetch`) and takes the newest one (any copy a holder acknowledged is at least the
-durable state), then serves; the workers resend what it lacks, the rounds go on, nothing is
+durable state; a keeper sends its copy's own arrays, and changes it takes while they are on
+their way go to a copy of them), then serves; the workers resend what it lacks, the rounds go on, nothing is
 rolled back.  A replacement numbers its copies above every copy of its predecessors (its
 restart count, :data:`EPOCH_BITS`); a keeper keeps the highest-numbered copy of a rank and
 acknowledges only that one, so a primary replaced while still running never makes a push
@@ -44,7 +45,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -52,7 +53,7 @@ import numpy as np
 from psnode.config import NodeConfig
 from psnode.errors import ConfigError
 from psnode.net.security import Security
-from psnode.net.transport import Channel, Poller, Transport
+from psnode.net.transport import Channel, Poller, Sent, Transport
 from psnode.protocol import Command
 from psnode.protocol.control import Replica, ServerAddress
 from psnode.protocol.frames import contiguous
@@ -107,6 +108,16 @@ class _Held:
     seq: int
     image: Image
     exact: bool = True   # (False: a whole copy read while the rounds went on, its patch not here yet)
+    sending: list[Sent] = field(default_factory=list)   # (answers reading the image's arrays, not copied)
+
+    def writable(self) -> Image:
+        """The image, to be changed: while an answer still reads its arrays, a copy of it takes
+        its place (the answer goes out as the image was when it was asked for)."""
+        if not all(sent.done for sent in self.sending):
+            meta, arrays = self.image.whole()
+            self.image = Image(meta, {n: np.array(a) for n, a in arrays.items()})
+        self.sending.clear()
+        return self.image
 
 
 class Keeper(threading.Thread):
@@ -144,13 +155,12 @@ class Keeper(threading.Thread):
         elif msg.cmd is Command.REPLICA_GET:
             with self._lock:
                 held = self.held.get(body.rank)
-            if held is None or not held.exact:
-                self.chan.send(Command.REPLICA_STATE, Replica(body.rank, 0).to_body(), to=ident)
-            else:
-                # (copied: the image takes the next changes in place while the send may still read it)
-                packed = [np.array(a) for a in pack_state(*held.image.whole())]
-                self.chan.send(Command.REPLICA_STATE, Replica(body.rank, held.seq).to_body(),
-                               arrays=packed, to=ident)
+                if held is None or not held.exact:
+                    self.chan.send(Command.REPLICA_STATE, Replica(body.rank, 0).to_body(), to=ident)
+                else:   # (the image's own arrays, not copied: changes meanwhile go to a copy, _Held.writable)
+                    held.sending = [sent for sent in held.sending if not sent.done]
+                    held.sending.append(self.chan.send(Command.REPLICA_STATE, Replica(body.rank, held.seq).to_body(),
+                                                       arrays=pack_state(*held.image.whole()), to=ident, track=True))
         else:
             log.warning("dropped %s from %r: not a replica request", msg.cmd.value, ident)
 
@@ -172,13 +182,13 @@ class Keeper(threading.Thread):
                 meta, state = unpack_state(arrays)
                 if body.patch:
                     assert held is not None
-                    held.image.apply(meta, state)
+                    held.writable().apply(meta, state)
                     held.exact = True
                 elif not body.base:
                     self.held[body.rank] = _Held(body.seq, Image(meta, state), exact=not body.fuzzy)
                     return Replica(body.rank, body.seq, fuzzy=body.fuzzy)
                 elif held is not None and held.seq == body.base and held.exact:
-                    held.image.apply(meta, state)
+                    held.writable().apply(meta, state)
                     held.seq = body.seq
                 else:
                     return Replica(body.rank, held.seq if held else 0, whole=True)

@@ -3,6 +3,7 @@ to it, and a replacement's fetch."""
 from __future__ import annotations
 
 import time
+import tracemalloc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -12,8 +13,11 @@ import pytest
 from psnode.config import NodeConfig, Role
 from psnode.net.security import Mode, Security
 from psnode.net.transport import Transport, new_security
-from psnode.protocol.control import ServerAddress
-from psnode.server.replicas import Keeper, Replicator, fetch, resend_due
+from psnode.protocol import Command
+from psnode.protocol.control import Replica, ServerAddress
+from psnode.server.image import Image
+from psnode.server.replicas import Keeper, Replicator, _Held, fetch, resend_due, unpack_state
+from tests.support import wait_for
 
 JOB = "job-replicas"
 
@@ -368,3 +372,54 @@ def test_a_holder_replaced_during_a_point_gets_the_state_whole_beside_the_loop(h
 
 def _never() -> None:
     raise AssertionError("the loop waited for a copy")
+
+
+def test_a_copy_asked_for_is_sent_as_held(holder: Holder) -> None:
+    """A replacement's REPLICA_GET is answered with the held image's own arrays: the keeper
+    allocates no copy of a 64 MB table for it, and the answer is that state exactly."""
+    rows = 4_000_000
+    values = np.arange(rows * 2, dtype=np.float32).reshape(rows, 2)
+    h = np.ones((rows, 2), np.float32)
+    primary = holder.primary(0)
+    whole = _table(rows, None, values, h, 0)
+    primary.copy(whole, lambda: whole, _within(10, "whole copy"), resend_after=0.5)
+    chan = holder.transport("server:1/fetch").dealer("127.0.0.1", holder.keeper.port, "r1")
+    tracemalloc.start()
+    try:
+        chan.send(Command.REPLICA_GET, Replica(1).to_body())
+        got = wait_for(chan.recv, 10, "the keeper's answer")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, f"the keeper allocated {peak / 2**20:.0f} MiB to answer"
+    assert got[1].cmd is Command.REPLICA_STATE and got[1].body["seq"] == 1
+    _, arrays = unpack_state(got[1].arrays)
+    np.testing.assert_array_equal(arrays["v0"], values)
+    np.testing.assert_array_equal(arrays["s0_h"], h)
+
+
+class _OnItsWay:
+    """An answer zmq still reads (psnode.net.transport.Sent), or one it is done with."""
+
+    def __init__(self, done: bool) -> None:
+        self.done = done
+
+
+@pytest.mark.parametrize("on_its_way", [True, False])
+def test_changes_to_a_copy_still_being_sent_go_to_a_copy_of_it(on_its_way: bool) -> None:
+    """While an answer reads the held image's arrays, the changes the keeper takes go to a
+    copy of the image (the answer goes out as asked for); once it is sent, in place."""
+    rows = 1000
+    values = np.arange(rows * 2, dtype=np.float32).reshape(rows, 2)
+    h = np.zeros((rows, 2), np.float32)
+    held = _Held(1, Image(*_table(rows, None, values.copy(), h.copy(), 0)), sending=[_OnItsWay(not on_its_way)])
+    sent = held.image.whole()[1]["v0"]
+    values[[5, 999]] += 10.0
+    h[[5, 999]] += 1.0
+    held.writable().apply(*_table(rows, np.array([5, 999]), values, h, 1))
+    _, now = held.image.whole()
+    np.testing.assert_array_equal(now["v0"], values)
+    np.testing.assert_array_equal(now["s0_h"], h)
+    assert (now["v0"] is not sent) == on_its_way and not held.sending
+    if on_its_way:
+        np.testing.assert_array_equal(sent, np.arange(rows * 2, dtype=np.float32).reshape(rows, 2))
