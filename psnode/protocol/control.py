@@ -885,7 +885,12 @@ class Replica:
     holder cannot apply them (it lacks that copy) and needs the state whole.  A whole PUT with
     ``fuzzy`` was read from the live arrays while the rounds went on: the holder keeps it but
     neither serves it nor counts it held until the PUT with ``patch`` (same ``seq``: the rows
-    written meanwhile, as they were) makes it exact; its ACK says ``fuzzy`` until then."""
+    written meanwhile, as they were) makes it exact; its ACK says ``fuzzy`` until then.
+
+    A state given whole may travel in ``chunks`` messages (psnode.server.chunks), ``chunk``
+    its index: a PUT or STATE carries one chunk (chunk 0 the layout first), an ACK with
+    ``chunks`` says how many of copy ``seq``'s chunks the holder took (``chunk``), and a GET with
+    ``chunk`` asks for that chunk of copy ``seq`` (a STATE with seq 0: that copy is gone)."""
 
     rank: int
     seq: int = 0
@@ -893,6 +898,8 @@ class Replica:
     whole: bool = False
     fuzzy: bool = False
     patch: bool = False
+    chunk: int = 0
+    chunks: int = 0
 
     def to_body(self) -> dict[str, Any]:
         body: dict[str, Any] = {"rank": self.rank, "seq": self.seq}
@@ -904,6 +911,10 @@ class Replica:
             body["fuzzy"] = True
         if self.patch:
             body["patch"] = True
+        if self.chunk:
+            body["chunk"] = self.chunk
+        if self.chunks:
+            body["chunks"] = self.chunks
         return body
 
     @classmethod
@@ -912,7 +923,9 @@ class Replica:
                    _int(body, "replica", "base", high=2**62, default=0),
                    _bool(body, "replica", "whole", default=False),
                    _bool(body, "replica", "fuzzy", default=False),
-                   _bool(body, "replica", "patch", default=False))
+                   _bool(body, "replica", "patch", default=False),
+                   _int(body, "replica", "chunk", high=2**40, default=0),
+                   _int(body, "replica", "chunks", high=2**40, default=0))
 
 
 Body = (Empty | Register | Welcome | Heartbeat | Beats | BeatsAck | Barrier | Entries | BarrierDone | Membership

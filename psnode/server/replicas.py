@@ -42,10 +42,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,7 @@ from psnode.net.transport import Channel, Poller, Sent, Transport
 from psnode.protocol import Command
 from psnode.protocol.control import Replica, ServerAddress
 from psnode.protocol.frames import contiguous
+from psnode.server.chunks import WINDOW, Assembly, Sender, chunk_bytes
 from psnode.server.image import Image, NotApplicable
 
 log = logging.getLogger("psnode.replicas")
@@ -103,12 +105,21 @@ def unpack_state(arrays: Sequence[np.ndarray]) -> tuple[dict[str, Any], Arrays]:
         raise ConfigError(f"a replica's copy is not a server state: {exc}") from None
 
 
+def _memory_bytes() -> int:
+    """This machine's memory: no copy arriving in chunks may claim more."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 1 << 40
+
+
 @dataclass
 class _Held:
     seq: int
     image: Image
     exact: bool = True   # (False: a whole copy read while the rounds went on, its patch not here yet)
     sending: list[Sent] = field(default_factory=list)   # (answers reading the image's arrays, not copied)
+    packed: Sender | None = None   # (the image packed and cut into chunks, as answers send it)
 
     def writable(self) -> Image:
         """The image, to be changed: while an answer still reads its arrays, a copy of it takes
@@ -117,7 +128,32 @@ class _Held:
             meta, arrays = self.image.whole()
             self.image = Image(meta, {n: np.array(a) for n, a in arrays.items()})
         self.sending.clear()
+        self.packed = None
         return self.image
+
+    def chunks(self, size: int) -> Sender:
+        """The image as answers send it: packed (its own arrays) and cut into chunks of ``size``."""
+        if self.packed is None or self.packed.size != size:
+            self.packed = Sender(pack_state(*self.image.whole()), size)
+        return self.packed
+
+
+@dataclass
+class _Incoming:
+    """A whole copy arriving in chunks (psnode.server.chunks), not yet complete."""
+
+    seq: int
+    fuzzy: bool
+    assembly: Assembly
+
+
+@dataclass
+class _Stream:
+    """A whole copy on its way to one holder in chunks: where, its PUT's body, the chunks."""
+
+    chan: Channel
+    body: Replica
+    sender: Sender
 
 
 class Keeper(threading.Thread):
@@ -129,8 +165,11 @@ class Keeper(threading.Thread):
         self.t = Transport(cfg.job_id, "keeper", cfg.max_message_bytes, security)
         self.chan, self.port = self.t.router(cfg.host, 0)
         self.held: dict[int, _Held] = {}
+        self.incoming: dict[int, _Incoming] = {}
+        self.chunk_bytes = chunk_bytes(cfg.max_message_bytes)   # (answers to a GET: chunks of this)
+        self.max_state_bytes = _memory_bytes()
         self._closing = threading.Event()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     def run(self) -> None:
         poller = Poller()
@@ -151,18 +190,65 @@ class Keeper(threading.Thread):
             log.warning("dropped a replica message from %r: %s", ident, exc)
             return
         if msg.cmd is Command.REPLICA_PUT and msg.arrays:
-            self.chan.send(Command.REPLICA_ACK, self._put(body, msg.arrays).to_body(), to=ident)
+            try:
+                ack = self._chunk(body, msg.arrays) if body.chunks else self._put(body, msg.arrays)
+            except (ValueError, MemoryError) as exc:
+                with self._lock:
+                    self.incoming.pop(body.rank, None)
+                log.warning("dropped chunk %d of server %d's copy %d: %s", body.chunk, body.rank, body.seq, exc)
+                return
+            self.chan.send(Command.REPLICA_ACK, ack.to_body(), to=ident)
         elif msg.cmd is Command.REPLICA_GET:
             with self._lock:
-                held = self.held.get(body.rank)
-                if held is None or not held.exact:
-                    self.chan.send(Command.REPLICA_STATE, Replica(body.rank, 0).to_body(), to=ident)
-                else:   # (the image's own arrays, not copied: changes meanwhile go to a copy, _Held.writable)
-                    held.sending = [sent for sent in held.sending if not sent.done]
-                    held.sending.append(self.chan.send(Command.REPLICA_STATE, Replica(body.rank, held.seq).to_body(),
-                                                       arrays=pack_state(*held.image.whole()), to=ident, track=True))
+                self._answer(ident, body)
         else:
             log.warning("dropped %s from %r: not a replica request", msg.cmd.value, ident)
+
+    def _answer(self, ident: bytes, body: Replica) -> None:
+        """Answer a GET: the copy held of ``body.rank``, in one message, or chunk ``body.chunk``
+        of copy ``body.seq`` (the first answer says how many there are); seq 0 when no such
+        copy is held.  The image's own arrays, not copied (changes meanwhile go to a copy:
+        :meth:`_Held.writable`)."""
+        held = self.held.get(body.rank)
+        if held is None or not held.exact or (body.chunk and body.seq != held.seq):
+            self.chan.send(Command.REPLICA_STATE, Replica(body.rank, 0).to_body(), to=ident)
+            return
+        out = held.chunks(self.chunk_bytes)
+        n = len(out.chunks)
+        if body.chunk >= n:
+            log.warning("dropped a GET from %r: copy %d of server %d has no chunk %d", ident, held.seq,
+                        body.rank, body.chunk)
+            return
+        if n == 1:
+            answer, arrays = Replica(body.rank, held.seq), out.arrays
+        else:
+            answer, arrays = Replica(body.rank, held.seq, chunk=body.chunk, chunks=n), out.message(body.chunk)
+        held.sending = [sent for sent in held.sending if not sent.done]
+        held.sending.append(self.chan.send(Command.REPLICA_STATE, answer.to_body(), arrays=arrays, to=ident,
+                                           track=True))
+
+    def _chunk(self, body: Replica, arrays: Sequence[np.ndarray]) -> Replica:
+        """Take chunk ``body.chunk`` of a whole copy (psnode.server.chunks; in order, chunk 0
+        with the layout); the acknowledgement: how many chunks of it are here, or once all are,
+        :meth:`_put`'s of the whole copy.  A copy older than one held or arriving is never
+        acknowledged (as in :meth:`_put`)."""
+        with self._lock:
+            held = self.held.get(body.rank)
+            if held is not None and body.seq <= held.seq:
+                return Replica(body.rank, held.seq, fuzzy=not held.exact)
+            inc = self.incoming.get(body.rank)
+            if inc is not None and body.seq < inc.seq:
+                return Replica(body.rank, held.seq if held else 0)
+            if body.chunk == 0 and (inc is None or inc.seq != body.seq):
+                inc = _Incoming(body.seq, body.fuzzy, Assembly.of(arrays[0], body.chunks, self.max_state_bytes))
+                self.incoming[body.rank] = inc
+            if inc is None or inc.seq != body.seq:   # (none of this copy here: from its first chunk)
+                return Replica(body.rank, body.seq, chunk=0, chunks=body.chunks)
+            inc.assembly.take(body.chunk, arrays[1:] if body.chunk == 0 else arrays)
+            if not inc.assembly.done:
+                return Replica(body.rank, body.seq, chunk=inc.assembly.taken, chunks=body.chunks)
+            del self.incoming[body.rank]
+            return self._put(Replica(body.rank, body.seq, fuzzy=inc.fuzzy), inc.assembly.arrays)
 
     def _put(self, body: Replica, arrays: Sequence[np.ndarray]) -> Replica:
         """Take a copy (whole, changes since copy ``base``, or the patch of a fuzzy whole one);
@@ -222,6 +308,8 @@ class Replicator:
         self._where: dict[int, tuple[str, int]] = {}
         self.have: dict[int, int] = {}   # holder -> the copy of this primary it acknowledged last
         self.copied = 0                  # bytes sent to holders (every copy, every holder)
+        self.chunk_bytes = chunk_bytes(t.max_bytes)   # (a whole copy bigger than this goes in chunks)
+        self._streams: dict[int, _Stream] = {}
 
     def repoint(self, book: Sequence[ServerAddress]) -> list[int]:
         """Take the address book; returns the holders whose keeper changed (a replacement: its
@@ -268,6 +356,7 @@ class Replicator:
         self._fuzzy: dict[int, bool] = {}   # holder sent the fuzzy copy -> it has it
         self._waiting = set(self.ranks)
         self._sent: dict[int, tuple[Channel, float, int]] = {}   # holder -> (where, when, bytes)
+        self._streams = {}   # holder -> the whole copy on its way to it in chunks
 
     def rewhole(self, whole: State, patch: Callable[[], State]) -> None:
         """A holder needs the state whole during this copy (it was replaced): ``whole``, the
@@ -286,6 +375,11 @@ class Replicator:
         now = time.monotonic()
         for r in self._waiting:
             chan = self._chans.get(r)
+            stream = self._streams.get(r)
+            if stream is not None and stream.chan is chan:
+                self._send_chunks(stream, now, resend_after)
+                continue
+            self._streams.pop(r, None)   # (its holder's address changed: what it needs goes again)
             sent = self._sent.get(r)
             if chan is None or (sent is not None and sent[0] is chan and not resend_due(sent[1], sent[2], now,
                                                                                         resend_after)):
@@ -307,6 +401,11 @@ class Replicator:
                     self._fuzzy.pop(r, None)
                 arrays = self._packed[delta]
                 body = Replica(self.rank, self.seq, self._base if delta else 0, fuzzy=fuzzy)
+                if not delta and sum(a.nbytes for a in arrays) > self.chunk_bytes:
+                    self._streams[r] = stream = _Stream(chan, body, Sender(arrays, self.chunk_bytes))
+                    self._sent[r] = (chan, now, 0)
+                    self._send_chunks(stream, now, resend_after)
+                    continue
             chan.send(Command.REPLICA_PUT, body.to_body(), arrays=arrays)
             nbytes = sum(a.nbytes for a in arrays)
             self.copied += nbytes
@@ -321,18 +420,43 @@ class Replicator:
                 while chan is not None and (got := chan.recv()) is not None:
                     if got[1].cmd is not Command.REPLICA_ACK:
                         continue
-                    if got[1].body.get("seq") == self.seq and got[1].body.get("fuzzy"):
+                    try:
+                        ack = Replica.from_body(got[1].body)
+                    except Exception as exc:  # noqa: BLE001 - a malformed message is dropped, never fatal
+                        log.warning("dropped an acknowledgement from server %d: %s", r, exc)
+                        continue
+                    stream = self._streams.get(r)
+                    if ack.chunks:   # (how far a whole copy in chunks got)
+                        if stream is not None and ack.seq == self.seq:
+                            stream.sender.ack(ack.chunk, time.monotonic())
+                            self._send_chunks(stream, time.monotonic(), resend_after)
+                        continue
+                    if ack.seq == self.seq and ack.fuzzy:
+                        self._streams.pop(r, None)
                         if r in self._fuzzy and not self._fuzzy[r]:
                             self._fuzzy[r] = True
                             self._send_patches()
-                    elif got[1].body.get("seq") == self.seq:
+                    elif ack.seq == self.seq:
+                        self._streams.pop(r, None)
                         self._waiting.discard(r)
                         self.have[r] = self.seq
-                    elif got[1].body.get("whole") and r in self._sent:
+                    elif ack.whole and r in self._sent:
                         self.have.pop(r, None)   # (it lacks the base: the state whole, at once)
                         self._fuzzy.pop(r, None)
+                        self._streams.pop(r, None)
                         del self._sent[r]
         return not self._waiting
+
+    def _send_chunks(self, stream: _Stream, now: float, resend_after: float) -> None:
+        """Send the chunks of a whole copy its window allows (psnode.server.chunks.Sender): again
+        from the last one acknowledged after ``resend_after`` s of silence past the time the
+        window's bytes take at FLOOR_BYTES_PER_S."""
+        sender = stream.sender
+        silence = resend_after + sender.window * sender.size / FLOOR_BYTES_PER_S
+        for i in sender.due(now, silence):
+            stream.chan.send(Command.REPLICA_PUT, replace(stream.body, chunk=i, chunks=len(sender.chunks)).to_body(),
+                             arrays=sender.message(i))
+            self.copied += sender.nbytes(i)
 
     def _send_patches(self) -> None:
         """Once every holder sent the fuzzy copy has it (nothing reads the live arrays any more):
@@ -356,11 +480,27 @@ class Replicator:
         self._chans.clear()
 
 
+@dataclass
+class _Pull:
+    """A copy pulled from one holder in chunks: the holder, its channel, the copy, the chunks
+    asked for so far."""
+
+    rank: int
+    chan: Channel
+    seq: int
+    assembly: Assembly
+    asked: int = 1
+
+
 def fetch(t: Transport, rank: int, book: Sequence[ServerAddress], num_servers: int, replicas: int,
           pump: Callable[[], None], timeout: float) -> tuple[dict[str, Any], Arrays, int]:
     """The newest copy of server ``rank``'s state its holders keep (in ``book``): (index,
     arrays, the holder it came from).  Every holder answers, or is waited for up to ``timeout``
-    s; ConfigError when none holds a copy (every copy of the rank is lost)."""
+    s (GRACE_S once one answered); a copy in chunks (psnode.server.chunks) is then pulled
+    from the holder with the newest one, WINDOW chunks asked ahead, for as long as its chunks
+    keep coming (``timeout``: the longest silence, whatever the state's size; a holder silent
+    longer, or whose copy changed, leaves the next newest).  ConfigError when none holds a
+    copy (every copy of the rank is lost)."""
     where = {e.rank: e for e in book}
     asked: dict[int, Channel] = {}
     for r in holders(rank, num_servers, replicas):
@@ -369,35 +509,86 @@ def fetch(t: Transport, rank: int, book: Sequence[ServerAddress], num_servers: i
             chan = t.dealer(entry.host, entry.replica, f"r{rank}")
             chan.send(Command.REPLICA_GET, Replica(rank).to_body())
             asked[r] = chan
-    best: tuple[int, int, list[np.ndarray]] | None = None
+    firsts: dict[int, tuple[Replica, list[np.ndarray]]] = {}   # holder -> its first answer
     pending = dict(asked)
+    pull: _Pull | None = None
+    got: list[np.ndarray] | None = None
+    came_from = -1
+    stalled = False   # (a holder stopped sending its copy)
     deadline = time.monotonic() + timeout
     try:
-        while pending and time.monotonic() < deadline:
+        while got is None:
+            if pull is None and (not pending or time.monotonic() >= deadline):
+                if not firsts:
+                    break
+                came_from = max(firsts, key=lambda r: firsts[r][0].seq)
+                first, arrays = firsts.pop(came_from)
+                if not first.chunks:
+                    got = arrays
+                    break
+                try:
+                    assembly = Assembly.of(arrays[0], first.chunks, _memory_bytes())
+                    assembly.take(0, arrays[1:])
+                except (ValueError, MemoryError) as exc:
+                    log.warning("server %d's copy of server %d cannot be taken: %s", came_from, rank, exc)
+                    continue
+                pull = _Pull(came_from, asked[came_from], first.seq, assembly)
+                deadline = time.monotonic() + timeout
+            if pull is not None:
+                if pull.assembly.done:
+                    got = pull.assembly.arrays
+                    break
+                if time.monotonic() >= deadline:   # (silent: the next newest copy, if any)
+                    log.warning("server %d stopped sending server %d's copy after %d of %d chunks", pull.rank,
+                                rank, pull.assembly.taken, len(pull.assembly.chunks))
+                    pull, stalled = None, True
+                    continue
+                while pull.asked < min(pull.assembly.taken + WINDOW, len(pull.assembly.chunks)):
+                    pull.chan.send(Command.REPLICA_GET, Replica(rank, pull.seq, chunk=pull.asked).to_body())
+                    pull.asked += 1
             poller = Poller()
-            for chan in pending.values():
+            listening = dict(pending)
+            if pull is not None:
+                listening[pull.rank] = pull.chan
+            for chan in listening.values():
                 poller.add(chan)
             if poller.poll(POLL_S):
-                for r, chan in list(pending.items()):
-                    got = chan.recv()
-                    if got is None or got[1].cmd is not Command.REPLICA_STATE:
-                        continue
-                    del pending[r]
-                    seq = got[1].body.get("seq")
-                    if type(seq) is int and seq > 0 and got[1].arrays and (best is None or seq > best[0]):
-                        best = (seq, r, list(got[1].arrays))   # (views: the restore copies them)
-                        deadline = min(deadline, time.monotonic() + GRACE_S)   # (a silent holder: not long)
+                for r, chan in listening.items():
+                    while (msg := chan.recv()) is not None:
+                        if msg[1].cmd is not Command.REPLICA_STATE:
+                            continue
+                        try:
+                            answer = Replica.from_body(msg[1].body)
+                        except Exception as exc:  # noqa: BLE001 - a malformed message is dropped, never fatal
+                            log.warning("dropped an answer from server %d: %s", r, exc)
+                            continue
+                        if r in pending:
+                            del pending[r]
+                            if answer.seq > 0 and msg[1].arrays and not answer.chunk:
+                                firsts[r] = (answer, list(msg[1].arrays))   # (views: the restore copies them)
+                                deadline = min(deadline, time.monotonic() + GRACE_S)   # (a silent holder: not long)
+                        elif pull is not None and r == pull.rank:
+                            if answer.seq != pull.seq or not answer.chunks:   # (its copy changed)
+                                pull, stalled = None, True
+                                break
+                            try:
+                                if pull.assembly.take(answer.chunk, msg[1].arrays):
+                                    deadline = time.monotonic() + timeout
+                            except ValueError as exc:
+                                log.warning("server %d's chunk of server %d's copy is not one: %s", r, rank, exc)
+                                pull, stalled = None, True
+                                break
             pump()
     finally:
         for chan in asked.values():
             chan.close()
-    if best is None:
+    if got is None:
         tried = ", ".join(str(r) for r in asked) or "none in the address book"
         raise ConfigError(f"no copy of server {rank}'s state is left (its holders: servers {tried}, "
-                          f"{'did not answer' if pending else 'hold none'}): every replica of its key parts "
-                          "was lost at once")
-    meta, arrays = unpack_state(best[2])
-    return meta, arrays, best[1]
+                          f"{'did not answer' if pending else 'stopped sending it' if stalled else 'hold none'}): "
+                          "every replica of its key parts was lost at once")
+    meta, state = unpack_state(got)
+    return meta, state, came_from
 
 
 __all__ = ["Keeper", "Replicator", "fetch", "holders", "pack_state", "resend_due", "unpack_state"]

@@ -15,6 +15,7 @@ from psnode.net.security import Mode, Security
 from psnode.net.transport import Transport, new_security
 from psnode.protocol import Command
 from psnode.protocol.control import Replica, ServerAddress
+from psnode.server.chunks import Assembly
 from psnode.server.image import Image
 from psnode.server.replicas import Keeper, Replicator, _Held, fetch, resend_due, unpack_state
 from tests.support import wait_for
@@ -50,9 +51,13 @@ class Holder:
 
 @pytest.fixture
 def holder() -> Iterator[Holder]:
+    yield from _holder()
+
+
+def _holder(**settings: int) -> Iterator[Holder]:
     security = new_security(Mode.AUTHENTICATED)
     cfg = NodeConfig(role=Role.SERVER, scheduler_host="127.0.0.1", scheduler_port=1, num_workers=1,
-                     num_servers=2, job_id=JOB)
+                     num_servers=2, job_id=JOB, **settings)  # type: ignore[arg-type]
     keeper = Keeper(cfg, security)
     keeper.start()
     h = Holder(security, cfg, [ServerAddress(0, "127.0.0.1", 1, keeper.port), ServerAddress(1, "127.0.0.1", 2)],
@@ -375,8 +380,9 @@ def _never() -> None:
 
 
 def test_a_copy_asked_for_is_sent_as_held(holder: Holder) -> None:
-    """A replacement's REPLICA_GET is answered with the held image's own arrays: the keeper
-    allocates no copy of a 64 MB table for it, and the answer is that state exactly."""
+    """A replacement's REPLICA_GET is answered with the held image's own arrays, in chunks of
+    at most the keeper's chunk size: the keeper allocates no copy of a 64 MB table for it, and
+    the chunks put together are that state exactly."""
     rows = 4_000_000
     values = np.arange(rows * 2, dtype=np.float32).reshape(rows, 2)
     h = np.ones((rows, 2), np.float32)
@@ -387,13 +393,22 @@ def test_a_copy_asked_for_is_sent_as_held(holder: Holder) -> None:
     tracemalloc.start()
     try:
         chan.send(Command.REPLICA_GET, Replica(1).to_body())
-        got = wait_for(chan.recv, 10, "the keeper's answer")
+        answers = [wait_for(chan.recv, 10, "the keeper's answer")[1]]
+        for i in range(1, answers[0].body["chunks"]):
+            chan.send(Command.REPLICA_GET, Replica(1, 1, chunk=i).to_body())
+            answers.append(wait_for(chan.recv, 10, f"chunk {i}")[1])
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert peak < 8 << 20, f"the keeper allocated {peak / 2**20:.0f} MiB to answer"
-    assert got[1].cmd is Command.REPLICA_STATE and got[1].body["seq"] == 1
-    _, arrays = unpack_state(got[1].arrays)
+    size = holder.keeper.chunk_bytes
+    assert len(answers) == -(-(values.nbytes + h.nbytes) // size) == 8   # (the index and t fit in the last)
+    assert all(a.cmd is Command.REPLICA_STATE and a.body["seq"] == 1 for a in answers)
+    assert all(sum(f.nbytes for f in a.arrays[i == 0:]) <= size for i, a in enumerate(answers))
+    assembly = Assembly.of(answers[0].arrays[0], len(answers), 1 << 30)
+    for i, a in enumerate(answers):
+        assert assembly.take(i, a.arrays[1:] if i == 0 else a.arrays)
+    _, arrays = unpack_state(assembly.arrays)
     np.testing.assert_array_equal(arrays["v0"], values)
     np.testing.assert_array_equal(arrays["s0_h"], h)
 
@@ -423,3 +438,73 @@ def test_changes_to_a_copy_still_being_sent_go_to_a_copy_of_it(on_its_way: bool)
     assert (now["v0"] is not sent) == on_its_way and not held.sending
     if on_its_way:
         np.testing.assert_array_equal(sent, np.arange(rows * 2, dtype=np.float32).reshape(rows, 2))
+
+
+@pytest.fixture
+def small_messages() -> Iterator[Holder]:
+    """A keeper, and primaries, whose transports take messages of at most 4 MiB."""
+    yield from _holder(max_message_bytes=4 << 20)
+
+
+def test_a_whole_copy_bigger_than_a_message_may_be_goes_in_chunks(small_messages: Holder) -> None:
+    """A 64 MB table copied whole and fetched back through transports that take 4 MiB messages
+    at most (a state bigger than ``max_message_bytes``): it travels in chunks of half that, and
+    arrives exactly both ways."""
+    rows = 4_000_000
+    values = np.arange(rows * 2, dtype=np.float32).reshape(rows, 2)
+    h = np.full((rows, 2), 0.5, np.float32)
+    primary = small_messages.primary(0)
+    assert primary.chunk_bytes == small_messages.keeper.chunk_bytes == 2 << 20
+    whole = _table(rows, None, values, h, 0)
+    primary.copy(whole, lambda: whole, _within(20, "the whole copy"), resend_after=0.5)
+    assert values.nbytes + h.nbytes < primary.copied < values.nbytes + h.nbytes + (1 << 20)   # (each byte once)
+    assert not small_messages.keeper.incoming
+    meta, arrays, _ = small_messages.fetch()
+    assert meta["index"][0]["round"] == 0
+    np.testing.assert_array_equal(arrays["v0"], values)
+    np.testing.assert_array_equal(arrays["s0_h"], h)
+
+
+def test_chunks_lost_on_the_way_are_sent_again_from_the_last_one_taken(holder: Holder,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two chunks of a whole copy never reach the keeper (a connection cut and made again loses
+    what was on it): the keeper takes none after the gap, the primary hears no progress and,
+    after its silence, sends again from the last chunk taken; the copy arrives exactly, the
+    bytes sent again bounded by the window."""
+    rows = 4_000_000
+    values = np.arange(rows * 2, dtype=np.float32).reshape(rows, 2)
+    h = np.zeros((rows, 2), np.float32)
+    keeper = holder.keeper
+    lost: list[int] = []
+    on = keeper._on
+
+    def losing(ident: bytes, msg: object) -> None:
+        chunk = getattr(msg, "body", {}).get("chunk", 0)
+        if chunk in (2, 3) and chunk not in lost:
+            lost.append(chunk)
+            return
+        on(ident, msg)
+    monkeypatch.setattr(keeper, "_on", losing)
+    primary = holder.primary(0)
+    whole = _table(rows, None, values, h, 0)
+    t0 = time.monotonic()
+    primary.copy(whole, lambda: whole, _within(30, "the whole copy"), resend_after=0.2)
+    assert lost == [2, 3]
+    size = primary.chunk_bytes
+    assert values.nbytes + h.nbytes + 2 * size <= primary.copied <= values.nbytes + h.nbytes + (4 + 1) * size
+    assert time.monotonic() - t0 < 0.2 + 4 * size / 10e6 + 5       # (one silence, not one per chunk)
+    _, arrays, _ = holder.fetch()
+    np.testing.assert_array_equal(arrays["v0"], values)
+    np.testing.assert_array_equal(arrays["s0_h"], h)
+
+
+def test_a_malformed_chunk_never_kills_the_keeper(holder: Holder) -> None:
+    """A chunk whose layout is no layout, or whose frames are not the plan's, is dropped with a
+    warning; the keeper goes on taking copies."""
+    chan = holder.transport("server:1/odd").dealer("127.0.0.1", holder.keeper.port, "odd")
+    chan.send(Command.REPLICA_PUT, Replica(1, 5, chunk=0, chunks=3).to_body(), arrays=[np.zeros(7, np.uint8)])
+    chan.send(Command.REPLICA_PUT, Replica(1, 5, chunk=1, chunks=3).to_body(), arrays=[np.zeros(7, np.uint8)])
+    chan.send(Command.REPLICA_PUT, {"rank": 1, "seq": 5, "chunk": -1, "chunks": 3}, arrays=[np.zeros(7, np.uint8)])
+    primary = holder.primary(0)
+    _copy(primary, 2.0)
+    assert holder.keeper.is_alive() and _round(holder.fetch()[0]) == 2
