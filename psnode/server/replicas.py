@@ -13,7 +13,11 @@ replaced holder, or one that cannot apply the changes (it answers ``whole``), ge
 whole.  A whole copy may be **fuzzy**: read from the live arrays while the rounds go on
 (psnode.server.points); the holder keeps it aside, serves no replacement from it and applies
 no changes to it, until the **patch** (the rows the rounds wrote meanwhile, as they were;
-same seq) makes it the state of that copy: only that acknowledgement counts.
+same seq) makes it the state of that copy: only that acknowledgement counts.  A state given
+whole (a whole copy, or a keeper's answer to a replacement) travels in chunks of at most
+``chunk_bytes`` (psnode.server.chunks: half the transport's message limit, 8 MiB at most):
+the primary keeps WINDOW of them on their way, each acknowledged, and after a silence sends
+again from the last one taken; the keeper keeps the copy it holds until the new one is whole.
 
 **Durability.**  A copy counts as the server's checkpoint: the primary reports its pushes
 durable (:meth:`psnode.server.store.Store.mark_durable`) only once every holder acknowledged it
@@ -23,15 +27,15 @@ every push a replacement lacks is one its worker still holds and resends.
 
 **Failover.**  A server that dies is replaced by a new process with its rank, on any live host
 (the launcher's choice).  Its WELCOME says ``restore``: it asks every holder for the copy it
-keeps (:func:`fetch`) and takes the newest one (any copy a holder acknowledged is at least the
-durable state; a keeper sends its copy's own arrays, and changes it takes while they are on
-their way go to a copy of them), then serves; the workers resend what it lacks, the rounds go on, nothing is
-rolled back.  A replacement numbers its copies above every copy of its predecessors (its
-restart count, :data:`EPOCH_BITS`); a keeper keeps the highest-numbered copy of a rank and
-acknowledges only that one, so a primary replaced while still running never makes a push
-durable again, and a later replacement restores what the last one reported durable.  Every
-copy of a rank lost at once (all its holders gone too) ends the job, naming the server, since
-nothing can restore it.
+keeps (:func:`fetch`: chunk by chunk, for as long as they keep coming) and takes the newest
+one (any copy a holder acknowledged is at least the durable state; a keeper sends its copy's
+own arrays, and changes it takes while they are on their way go to a copy of them), then
+serves; the workers resend what it lacks, the rounds go on, nothing is rolled back.  A
+replacement numbers its copies above every copy of its predecessors (its restart count,
+:data:`EPOCH_BITS`); a keeper keeps the highest-numbered copy of a rank and acknowledges only
+that one, so a primary replaced while still running never makes a push durable again, and a
+later replacement restores what the last one reported durable.  Every copy of a rank lost at
+once (all its holders gone too) ends the job, naming the server, since nothing can restore it.
 
 **Threads.**  A Keeper runs in its own thread with its own ZeroMQ context and socket (bound to
 the server's host, never a wildcard): it answers while its server's loop is busy or itself

@@ -11,7 +11,9 @@ Semantics (per key part held by this server):
 
 * ``init``: the first init carrying an array (rank 0's) creates the key; inits of other workers
   carry only dtype and shape and are answered once the key exists.  Every init reply holds the
-  stored value, so all workers end up with rank 0's array.  Another shape or dtype is an error.
+  stored value, so all workers end up with rank 0's array, except a ``bare`` one's (a worker
+  with no array to copy it into: a row_sparse table is not sent back whole, and no answer
+  waiting for a durable point holds a write to it).  Another shape or dtype is an error.
 * ``init`` with ``fill`` (rank 0's, ``kv.init`` with ``ps_initializer``): the server computes the
   part's values itself, a bounded number of elements per :meth:`Store.fill_some` call
   (psnode.server.fills); the key exists, and its inits are answered, once they are all there.
@@ -249,7 +251,7 @@ class Store:
     # ---------------------------------------------------------------- init
     def _init(self, worker: int, op: Init) -> list[Reply]:
         _rule(op)   # (a rule this server does not know is refused before anything is made)
-        if op.fill is not None or op.bare:
+        if op.fill is not None or (op.bare and op.value is None):
             return self._init_computed(worker, op)
         key = (op.key, op.part)
         entry = self.entries.get(key)
@@ -258,10 +260,10 @@ class Store:
             self._check_meta(key, entry, op.dtype, op.shape)
             self.must_persist |= entry.fresh   # (the part's creation is not durable yet)
             self._check_mode(key, entry, op)
-            seq = self._join_count(entry) if op.join else self._accepted(entry, worker)
-            if seq:   # (a restarted worker: waits for it before now were the failover's)
+            reply = self._init_answer(worker, op, entry)
+            if getattr(reply.answer, "seq", 0):   # (a restarted worker: waits for it before now were the failover's)
                 self.key_rounds.awaited.rejoined(worker)
-            return [Reply(worker, Ok(op.id, [entry.value], seq=seq), entry)]
+            return [reply]
         pending = self.filling.pending.get(key)   # (a big init's array being copied in)
         if op.value is None or pending is not None:
             waiting = self.waiting_inits.setdefault(key, [])
@@ -292,12 +294,13 @@ class Store:
         self.must_persist = True   # (a restored server must hold every key a worker was told of)
         if op.bucket >= 0 and not op.sparse:
             self.fused.join(op.bucket, key, entry, op.offset)
-        out = [Reply(worker, Ok(op.id, [entry.value]), entry)]
+        out = [Reply(worker, Ok(op.id), None) if op.bare else Reply(worker, Ok(op.id, [entry.value]), entry)]
         for w, other in self.waiting_inits.pop(key, []):
             try:
                 self._check_meta(key, entry, other.dtype, other.shape)
                 seq = entry.round if other.join else self._accepted(entry, w)
-                out.append(Reply(w, Ok(other.id, [entry.value], seq=seq), entry))
+                out.append(Reply(w, Ok(other.id, [], seq=seq)) if other.bare else
+                           Reply(w, Ok(other.id, [entry.value], seq=seq), entry))
             except OpError as exc:
                 out.append(Reply(w, Failed(other.id, exc.kind, str(exc))))
         return out

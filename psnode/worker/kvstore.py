@@ -449,6 +449,7 @@ class KVStore:
         self._keys[key] = info
         return self._path.init(key, info, sync=self._sync, aggregation=self._aggregation.name,
                                resumed=self._resumed, value=arr if self.rank == 0 else None, target=target,
+                               bare=target is None,   # (nothing to copy the stored value into: not sent)
                                join=self._engine.joiner, staleness=self._bound, backup=self.backup_workers)
 
     def _init_on_servers(self, key: Any, value: Any, ps: init_mod.OnServers, stype: str | None) -> list[Future]:

@@ -8,11 +8,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support import require
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -159,3 +162,20 @@ def test_the_failover_fetch_benchmark_fetches_the_state_exactly() -> None:
     lines = r.stdout.splitlines()
     assert [line.split(":")[0] for line in lines] == ["fetch 1", "fetch 2"], r.stdout
     assert all(" 0.03 GB in " in line and "NOT EXACT" not in line for line in lines), r.stdout
+
+
+def test_the_failover_fetch_benchmark_runs_over_a_rate_limited_testbed() -> None:
+    """``fetch.py --rate``: the keeper on one namespace host, the primary and the replacement on
+    another; the copy and each fetch reported, exact, and the testbed removed."""
+    require("network namespaces need root" if os.geteuid() != 0 else
+            "iproute2 (ip, tc) is not installed" if shutil.which("ip") is None or shutil.which("tc") is None
+            else None, "run as root with iproute2 (apt-get install iproute2)")
+    r = subprocess.run([sys.executable, "benchmarks/faults/fetch.py", "--rate", "1gbit", "--rows", "2e5",
+                        "--runs", "2"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [line for line in r.stdout.splitlines() if line.startswith(("copy:", "fetch "))]
+    assert [line.split(":")[0] for line in lines] == ["copy", "fetch 1", "fetch 2"], r.stdout
+    assert lines[0].startswith("copy: 25.6 MB to the keeper in ") and "acknowledged" in lines[0], r.stdout
+    assert all(line.startswith(f"fetch {i}: 25.6 MB in ") and line.endswith(", exact")
+               for i, line in enumerate(lines[1:], 1)), r.stdout
+    assert re.search(r"^fetch\.py: testbed psnb-\d+ removed", r.stdout, re.M), r.stdout

@@ -1,4 +1,4 @@
-"""No death by slowness: big requests over saturated 200 Mbit/s links never pass for a dead server.
+"""No death by slowness: big requests and big states over 200 Mbit/s links never pass for a dead server.
 
 Four workers and four servers, server i on worker i's host (mxdist's default placement), hosts
 in network namespaces whose ports are limited to 200 Mbit/s both ways
@@ -9,6 +9,11 @@ times; the first round's sum is checked exactly by the benchmark's workers.  The
 default retry settings: a request resent meanwhile is fine, a server given up (``PeerLost``) or
 about to be (its last resend) is the failure.  Ends by checking that the testbed's namespaces and
 every process in them are gone.
+
+A replacement server's fetch of its state (psnode.server.replicas.fetch) from a keeper on
+another host across a 200 Mbit/s link (benchmarks/faults/fetch.py --rate): a 48 MB state takes
+about 2 s there, twice the fetch's 1 s timeout, while the keeper is alive and its bytes flow;
+the state arrives, exact, and so does the primary's whole copy to the keeper before it.
 """
 from __future__ import annotations
 
@@ -26,6 +31,8 @@ from tests.support import require
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = [sys.executable, str(ROOT / "benchmarks" / "network" / "clusterbench.py")]
+FETCH = [sys.executable, str(ROOT / "benchmarks" / "faults" / "fetch.py")]
+FETCH_ROWS = 375_000   # values and per-row state: 48 MB, about 2 s at 200 Mbit/s
 
 
 @pytest.fixture(autouse=True)
@@ -71,4 +78,36 @@ def test_64mib_keys_from_four_workers_over_200mbit_links_lose_no_server() -> Non
             netns.remove_namespace(ns)
         if logdir is not None:
             shutil.rmtree(logdir, ignore_errors=True)
+    assert not [ns for ns in netns.namespaces() if ns.startswith(tag + "-")]
+
+
+def test_a_state_slower_to_fetch_than_the_timeout_arrives_while_its_bytes_flow() -> None:
+    """fetch(timeout=1) of a 48 MB state over a 200 Mbit/s link (about 2 s): the timeout bounds a
+    holder's silence, not the transfer, so the state arrives exact; the primary's whole copy to
+    the keeper across the same link arrives too; the testbed is removed."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.Popen([*FETCH, "--rate", "200mbit", "--rows", str(FETCH_ROWS), "--runs", "1", "--timeout", "1"],
+                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    tag = f"{netns.PREFIX}-{p.pid}"
+    try:
+        try:
+            out, _ = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate(timeout=30)
+            raise AssertionError(f"fetch.py still running after 120 s:\n{out[-3000:]}") from None
+        assert p.returncode == 0, out[-3000:]
+        assert re.search(r"^copy: 48\.0 MB to the keeper in [\d.]+ s \([\d.]+ MB/s\), acknowledged", out, re.M), out
+        fetched = re.search(r"^fetch 1: 48\.0 MB in ([\d.]+) s \([\d.]+ MB/s\), exact$", out, re.M)
+        assert fetched, out[-3000:]
+        assert float(fetched.group(1)) > 1.0, f"the fetch took no longer than its timeout: it proves nothing\n{out}"
+        assert f"testbed {tag} removed" in out, out[-3000:]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(30)
+        for ns in [n for n in netns.namespaces() if n.startswith(tag + "-")]:
+            netns.remove_namespace(ns)
     assert not [ns for ns in netns.namespaces() if ns.startswith(tag + "-")]

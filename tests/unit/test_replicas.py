@@ -508,3 +508,49 @@ def test_a_malformed_chunk_never_kills_the_keeper(holder: Holder) -> None:
     primary = holder.primary(0)
     _copy(primary, 2.0)
     assert holder.keeper.is_alive() and _round(holder.fetch()[0]) == 2
+
+
+def test_a_holder_that_stops_sending_its_copy_leaves_the_fetch_to_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With 3 replicas, server 1's copy is kept by servers 2 and 0.  Server 2's keeper answers
+    first and is taken, then sends no chunk after the first: after the fetch's timeout of silence
+    the replacement pulls server 0's copy instead, and it is the state exactly."""
+    security = new_security(Mode.AUTHENTICATED)
+    cfg = NodeConfig(role=Role.SERVER, scheduler_host="127.0.0.1", scheduler_port=1, num_workers=1,
+                     num_servers=3, job_id=JOB)
+    keepers = {r: Keeper(cfg, security) for r in (0, 2)}
+    transports: list[Transport] = []
+    for k in keepers.values():
+        k.start()
+    try:
+        book = [ServerAddress(0, "127.0.0.1", 1, keepers[0].port), ServerAddress(1, "127.0.0.1", 2),
+                ServerAddress(2, "127.0.0.1", 3, keepers[2].port)]
+        transports.append(Transport(JOB, "server:1", cfg.max_message_bytes, security))
+        primary = Replicator(transports[-1], 1, 3, 3)
+        primary.repoint(book)
+        rows = 2_000_000
+        values = np.arange(rows * 2, dtype=np.float32).reshape(rows, 2)
+        h = np.full((rows, 2), 3.0, np.float32)
+        whole = _table(rows, None, values, h, 0)
+        primary.copy(whole, lambda: whole, _within(20, "the whole copy"), resend_after=0.5)
+        on = {r: k._on for r, k in keepers.items()}
+
+        def silent_after_first(ident: bytes, msg: object) -> None:
+            if getattr(msg, "body", {}).get("chunk", 0) == 0:
+                on[2](ident, msg)
+
+        def late(ident: bytes, msg: object) -> None:
+            time.sleep(0.3)   # (within the grace: its answer counts, after server 2's)
+            on[0](ident, msg)
+        monkeypatch.setattr(keepers[2], "_on", silent_after_first)
+        monkeypatch.setattr(keepers[0], "_on", late)
+        transports.append(Transport(JOB, "server:1/fetch", cfg.max_message_bytes, security))
+        t0 = time.monotonic()
+        _, arrays, source = fetch(transports[-1], 1, book, 3, 3, lambda: None, timeout=1.0)
+        assert source == 0 and time.monotonic() - t0 >= 1.0
+        np.testing.assert_array_equal(arrays["v0"], values)
+        np.testing.assert_array_equal(arrays["s0_h"], h)
+    finally:
+        for t in transports:
+            t.close()
+        for k in keepers.values():
+            k.close()

@@ -151,3 +151,31 @@ def test_a_big_init_array_is_copied_in_steps_and_answered_once_whole() -> None:
     assert steps > 1
     assert sorted((r.worker, r.answer.id) for r in replies) == [(0, 1), (1, 5)]
     assert np.array_equal(s.entries[("big", 0)].value, value)
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_an_init_from_a_worker_with_nowhere_to_put_the_value_is_answered_without_it(big: bool) -> None:
+    """Workers that keep no copy of a key (a row_sparse table) init it ``bare``, rank 0 with its
+    array: the key is rank 0's array exactly, and no answer carries the table back or holds it
+    from being written in place, the answers of a part not yet durable (held for the server's
+    next durable point) and a resent init's included; a round then writes rows of the table in
+    place (no copy of it)."""
+    from psnode.server.store import COPY_IN_STEPS
+    rows = (COPY_IN_STEPS // (4 * 16) + 1000) if big else 50
+    value = np.arange(rows * 16, dtype=np.float32).reshape(rows, 16)
+    s = Store(2, restartable=True)
+    replies = s.handle(0, Init("emb", 0, "float32", value.shape, sparse=True, value=value, id=1, bare=True))
+    replies += s.handle(1, Init("emb", 0, "float32", value.shape, sparse=True, id=5, bare=True))
+    while s.filling.pending:
+        replies += s.fill_some()
+    replies += s.handle(1, Init("emb", 0, "float32", value.shape, sparse=True, id=5, bare=True, re=True))
+    entry = s.entries[("emb", 0)]
+    assert np.array_equal(entry.value, value)
+    assert sorted((r.worker, r.answer.id) for r in replies) == [(0, 1), (1, 5), (1, 5)]
+    assert all(isinstance(r.answer, Ok) and r.answer.arrays == [] and r.entry is None for r in replies)
+    assert s.must_persist and not entry.value_sends    # (held for the point: nothing reads the table)
+    table = entry.value
+    for w in (0, 1):
+        s.handle(w, Push("emb", 0, 1, np.ones((2, 16), np.float32), rows=np.array([3, 7])))
+    assert entry.value is table                          # (written in place)
+    assert (table[[3, 7]] == 1.0).all() and np.array_equal(table[4], value[4])   # (the mean of the two pushes)
