@@ -471,10 +471,17 @@ NARROW_DROPS = ("tables", "lag", "ckpt/rnd", "copy/rnd", "size", "gap", "in/out"
 RIGHT = ("pid", "push/pull", "rate/s", "resent", "rst", "size", "copy/rnd", "ckpt/rnd", "gap")
 
 
+def _lag(holder: int, copies: int, got: int | None = None, whole: int | None = None) -> str:
+    """One holder's lag: ``holder:copies``, and the share of a whole copy it acknowledged."""
+    share = "" if not whole else f" whole {100 * (got or 0) // whole}%"
+    return f"{holder}:{copies}{share}"
+
+
 def _big_state_columns(nodes: Sequence[NodeRow]) -> list[tuple[str, Callable[[NodeRow], Any]]]:
     """The columns of big state and loop health, where any row has them: a server's state size,
     bytes copied to its replicas and checkpointed per round, each holder's lag in copies
-    (``holder:copies``), and every process's longest loop gap over the last window."""
+    (``holder:copies``, and how much of a whole copy it has while it gets one: ``1:1 whole 37%``),
+    and every process's longest loop gap over the last window."""
     cols: list[tuple[str, Callable[[NodeRow], Any]]] = []
     if any(n.state_bytes for n in nodes):
         cols.append(("size", lambda n: _bytes(n.state_bytes) if n.state_bytes is not None else "-"))
@@ -484,7 +491,7 @@ def _big_state_columns(nodes: Sequence[NodeRow]) -> list[tuple[str, Callable[[No
         cols.append(("ckpt/rnd", lambda n: _bytes(None if n.checkpointed_per_round is None
                                                   else int(n.checkpointed_per_round))))
     if any(n.lag for n in nodes):
-        cols.append(("lag", lambda n: ",".join(f"{h}:{c}" for h, c in n.lag) if n.lag else "-"))
+        cols.append(("lag", lambda n: ",".join(_lag(*t) for t in n.lag) if n.lag else "-"))
     if any(n.tables for n in nodes):   # tables without a row count: key:rows +admitted -evicted
         cols.append(("tables", lambda n: " ".join(f"{t[0]}:{t[1]} +{t[2]} -{t[3]}" for t in n.tables)
                      if n.tables else "-"))

@@ -444,7 +444,7 @@ class Counters:
     copied: int = 0
     checkpointed: int = 0
     loop_gap_us: int = 0
-    lag: tuple[tuple[int, int], ...] = ()
+    lag: tuple[tuple[int, ...], ...] = ()   # (holder, copies behind[, whole copy's bytes acknowledged, its bytes])
     # tables without a row count (psnode.server.dyntable), per key: rows held, ids admitted,
     # rows evicted, gradient rows dropped (ids not admitted yet)
     tables: tuple[tuple[str, int, int, int, int], ...] = ()
@@ -465,7 +465,7 @@ class Counters:
             if getattr(self, name):
                 body[name] = getattr(self, name)
         if self.lag:
-            body["lag"] = [[h, n] for h, n in self.lag]
+            body["lag"] = [list(t) for t in self.lag]
         if self.tables:
             body["tables"] = [list(t) for t in self.tables]
         return body
@@ -500,14 +500,15 @@ def table_counts(raw: Any) -> tuple[tuple[str, int, int, int, int], ...]:
     return tuple(out)
 
 
-def holder_lag(raw: Any) -> tuple[tuple[int, int], ...]:
-    """A heartbeat's ``lag``: ``[[holder rank, copies behind], ...]``, checked; malformed pairs
-    are left out (at most 4096)."""
+def holder_lag(raw: Any) -> tuple[tuple[int, ...], ...]:
+    """A heartbeat's ``lag``: ``[[holder rank, copies behind], ...]``, a holder getting the state
+    whole with ``[.., bytes of it acknowledged, its bytes]``; checked, malformed entries are
+    left out (at most 4096)."""
     if not isinstance(raw, list):
         return ()
-    return tuple((pair[0], pair[1]) for pair in raw[:4096]
-                 if isinstance(pair, list) and len(pair) == 2 and _rank(pair[0]) and type(pair[1]) is int
-                 and 0 <= pair[1] <= _MAX_COUNT)
+    return tuple(tuple(t) for t in raw[:4096]
+                 if isinstance(t, list) and len(t) in (2, 4) and _rank(t[0])
+                 and all(type(n) is int and 0 <= n <= _MAX_COUNT for n in t[1:]) and (len(t) == 2 or t[2] <= t[3]))
 
 
 @dataclass(frozen=True)

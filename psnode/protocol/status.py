@@ -92,7 +92,8 @@ class NodeRow:
     waited_for_total: float | None = None
     # big state (servers): values and optimizer state, bytes; bytes copied to the holders of its
     # replicas and written to checkpoints, in all and per round over the last heartbeats; per
-    # holder, how many copies it is behind ([[holder, copies], ...])
+    # holder, how many copies it is behind ([[holder, copies], ...]; a holder getting the state
+    # whole: [holder, copies, bytes of it acknowledged, its bytes])
     state_bytes: int | None = None
     copied: int | None = None
     checkpointed: int | None = None

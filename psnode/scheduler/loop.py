@@ -203,7 +203,7 @@ class Node:
         return {"state_bytes": s.state_bytes, "copied": s.copied, "checkpointed": s.checkpointed,
                 "copied_per_round": None if per is None else round(per[0]),
                 "checkpointed_per_round": None if per is None else round(per[1]),
-                "lag": [[h, n] for h, n in s.lag], "tables": [list(t) for t in s.tables] or None}
+                "lag": [list(t) for t in s.lag], "tables": [list(t) for t in s.tables] or None}
 
 
 class NodeTable(dict[bytes, Node]):

@@ -152,12 +152,19 @@ class Sender:
     size: int
     window: int = WINDOW
     chunks: list[tuple[Piece, ...]] = field(init=False)
+    total: int = field(init=False)
     acked: int = 0
     sent: int = 0
     progress_at: float = 0.0
 
     def __post_init__(self) -> None:
         self.chunks = plan([a.nbytes for a in self.arrays], self.size)
+        self.total = sum(a.nbytes for a in self.arrays)
+
+    @property
+    def acked_bytes(self) -> int:
+        """Bytes of the state the receiver acknowledged (its chunks taken)."""
+        return min(self.total, self.acked * self.size)
 
     @property
     def done(self) -> bool:

@@ -116,14 +116,16 @@ class Server:
                         loop_gap_us=self.gaps.longest_us(time.monotonic()),
                         lag=self._lag(), tables=self.store.table_counts())
 
-    def _lag(self) -> tuple[tuple[int, int], ...]:
+    def _lag(self) -> tuple[tuple[int, ...], ...]:
         """Per holder of this server's replicas, how many copies it is behind the latest one
-        (one that never acknowledged any: every copy this server made)."""
+        (one that never acknowledged any: every copy this server made), and while it gets the
+        state whole in chunks, the bytes of it acknowledged and the copy's bytes."""
         rep = self.replicator
         if rep is None:
             return ()
         made = rep.seq & ((1 << EPOCH_BITS) - 1)
-        return tuple((h, rep.seq - rep.have[h] if h in rep.have else made) for h in rep.ranks)
+        whole = rep.progress()
+        return tuple((h, rep.seq - rep.have[h] if h in rep.have else made, *whole.get(h, ())) for h in rep.ranks)
 
     def _rejoin_report(self) -> Rejoin:
         """What this server tells a restarted scheduler (psnode.scheduler.rebuild): the membership

@@ -451,6 +451,10 @@ class Replicator:
                         del self._sent[r]
         return not self._waiting
 
+    def progress(self) -> dict[int, tuple[int, int]]:
+        """Per holder getting a whole copy in chunks: (bytes it acknowledged, the copy's bytes)."""
+        return {r: (s.sender.acked_bytes, s.sender.total) for r, s in self._streams.items()}
+
     def _send_chunks(self, stream: _Stream, now: float, resend_after: float) -> None:
         """Send the chunks of a whole copy its window allows (psnode.server.chunks.Sender): again
         from the last one acknowledged after ``resend_after`` s of silence past the time the

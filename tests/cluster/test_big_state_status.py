@@ -164,7 +164,7 @@ def test_big_table_with_replicas_keeps_every_loop_turning_and_status_shows_the_s
     for rank, n in servers.items():
         assert half <= n["state_bytes"] <= half + 2**20, n
         assert n["copied"] >= half, n          # (the new table went to its holder whole, once)
-        assert n["lag"] is not None and [h for h, _ in n["lag"]] == [1 - rank], n
+        assert n["lag"] is not None and [e[0] for e in n["lag"]] == [1 - rank], n
     assert any(s.get("copied_per_round") is not None for s in samples), samples[-4:]
     # the loops: every one reported, none held near the heartbeat timeout
     assert {"scheduler", "server 0", "server 1", "worker 0", "worker 1"} <= set(seen), seen

@@ -401,6 +401,16 @@ def test_a_heartbeats_holder_lag_keeps_only_well_formed_pairs() -> None:
     body = Counters(lag=((1, 2),)).to_body()
     body["lag"] += [[-1, 0], [2, "x"], "no", [3, 4]]
     assert decode_body(Command.HEARTBEAT, {"stats": body}) == Heartbeat(Counters(lag=((1, 2), (3, 4))))
+
+
+def test_a_heartbeats_holder_lag_carries_a_whole_copys_progress() -> None:
+    """A holder getting the state whole: [holder, copies, bytes acknowledged, the copy's bytes];
+    one acknowledging more than the copy, or with three numbers, is left out."""
+    body = Counters(lag=((1, 1, 2 << 20, 640 << 20), (2, 0))).to_body()
+    assert body["lag"] == [[1, 1, 2 << 20, 640 << 20], [2, 0]]
+    body["lag"] += [[3, 1, 9, 8], [4, 1, 5], [5, 1, -1, 8]]
+    got = decode_body(Command.HEARTBEAT, {"stats": body})
+    assert got == Heartbeat(Counters(lag=((1, 1, 2 << 20, 640 << 20), (2, 0))))
     assert "lag" not in Counters().to_body() and "loop_gap_us" not in Counters().to_body()
 
 

@@ -554,3 +554,23 @@ def test_a_holder_that_stops_sending_its_copy_leaves_the_fetch_to_the_next(monke
             t.close()
         for k in keepers.values():
             k.close()
+
+
+def test_a_whole_copy_in_chunks_reports_how_far_each_holder_got(holder: Holder) -> None:
+    """While a holder gets the state whole in chunks, the primary reports (bytes it acknowledged,
+    the copy's bytes), growing chunk by chunk; none once it has it (psnode.server.loop: the
+    heartbeat's ``lag``, ``mxdist status``)."""
+    primary = holder.primary(0)
+    meta, _ = _state(1.0)
+    state = (meta, {"v0": np.ones(16 << 20, np.float32)})
+    primary.start(state, state)
+    seen: list[tuple[int, int]] = []
+    deadline = time.monotonic() + 30
+    while primary.poll(None, resend_after=5.0, wait_s=0.001) is not True:
+        seen += [p for r, p in primary.progress().items() if r == 0]
+        assert time.monotonic() < deadline, "the copy was not acknowledged"
+    total = seen[0][1]
+    assert 64 << 20 <= total < (64 << 20) + 4096 and all(t == total for _, t in seen)
+    got = [g for g, _ in seen]
+    assert got == sorted(got) and got[0] < total and len(set(got)) > 2   # (chunk by chunk)
+    assert primary.progress() == {}

@@ -17,7 +17,8 @@ def _view() -> JobView:
             NodeRow("server", 0, "h", "alive", state_bytes=3 * 2**30, copied=10 * 2**20, checkpointed=2**20,
                     copied_per_round=512 * 1024, checkpointed_per_round=64 * 1024, lag=[[1, 0]], loop_gap=0.031),
             NodeRow("server", 1, "h", "alive", state_bytes=2**30, copied=2**20, checkpointed=0,
-                    copied_per_round=None, checkpointed_per_round=0, lag=[[0, 2]], loop_gap=0.0125),
+                    copied_per_round=None, checkpointed_per_round=0, lag=[[0, 2, 3 * 2**28, 2**30]],
+                    loop_gap=0.0125),
             NodeRow("worker", 0, "h", "alive", loop_gap=0.002)]
     return JobView(id="j", state=JobState.RUNNING, scheduler="h:1", backend="local", security=None,
                    exit_code=None, created=0.0, ended=None, duration=None, root_cause=None, nodes=rows)
@@ -34,7 +35,7 @@ def test_the_table_shows_big_state_and_loop_gaps() -> None:
     assert "3.0GiB" in server0 and "512.0KiB" in server0 and "64.0KiB" in server0 and "1:0" in server0
     assert "31ms" in server0
     server1 = next(line for line in text.splitlines() if "server-1" in line or "server 1" in line)
-    assert "0:2" in server1 and "12ms" in server1
+    assert "0:2 whole 75%" in server1 and "12ms" in server1   # (a holder getting the state whole)
     assert "4ms" in next(line for line in text.splitlines() if "scheduler" in line and "h " in line)
 
 
