@@ -315,7 +315,11 @@ class Store:
             entry = self._entry(key)
             self._check_meta(key, entry, op.dtype, op.shape)
             self.must_persist |= entry.fresh   # (the part's creation is not durable yet)
-            return [self._init_answer(worker, op, entry)]
+            self._check_mode(key, entry, op)
+            reply = self._init_answer(worker, op, entry)
+            if getattr(reply.answer, "seq", 0):   # (a restarted worker: waits for it before now were the failover's)
+                self.key_rounds.awaited.rejoined(worker)
+            return [reply]
         if op.fill is not None and "dynamic" in op.fill:
             return self._init_dynamic(worker, key, op)
         if op.fill is None or key in self.filling.pending:

@@ -151,11 +151,13 @@ def test_joiner_starts_at_the_highest_clock() -> None:
     assert ok[0].answer.seq == 5 and store.entries[("w", 0)].pushed[2] == 4
 
 
-def test_a_worker_of_another_kind_is_refused_by_name() -> None:
+@pytest.mark.parametrize("bare", [False, True])
+def test_a_worker_of_another_kind_is_refused_by_name(bare: bool) -> None:
+    """Also a worker with no array to take the value (``bare``: a row_sparse table's)."""
     store = ssp_store(2)
     for s, sync, words in [(1, False, "dist_ssp staleness=1"), (-1, False, "dist_async"),
                            (-1, True, "dist_sync")]:
-        out = store.handle(1, Init("w", 0, "float64", (24,), sync=sync, id=5, staleness=s))
+        out = store.handle(1, Init("w", 0, "float64", (24,), sync=sync, id=5, staleness=s, bare=bare))
         ans = out[0].answer
         assert isinstance(ans, Failed) and ans.kind == "ConfigError", ans
         assert "created by a dist_ssp staleness=2 store" in ans.message and words in ans.message

@@ -80,14 +80,16 @@ def test_a_sync_round_credits_the_last_pusher_from_when_it_alone_was_missing() -
     assert value_of(store) == 0.0 and value_of(store, "v") == 2.0
 
 
-def test_a_round_completed_by_a_loss_credits_nobody_and_a_replacement_counts_from_its_init() -> None:
+@pytest.mark.parametrize("bare", [False, True])
+def test_a_round_completed_by_a_loss_credits_nobody_and_a_replacement_counts_from_its_init(bare: bool) -> None:
+    """``bare``: the replacement has no array to take the value (a row_sparse table's init)."""
     clock = Clock()
     store = store_with(clock)
     awaited = store.key_rounds.awaited
     push(store, 0, 1, 1.0)
     push(store, 1, 1, 1.0)
     clock.t += 5.0                   # worker 2 dies; the round waits; its replacement starts
-    out = store.handle(2, Init("w", 0, "float64", (2,), value=None, id=9))
+    out = store.handle(2, Init("w", 0, "float64", (2,), value=None, id=9, bare=bare))
     assert isinstance(out[0].answer, Ok) and out[0].answer.seq == 0
     # (a first init, count 0, is no restart: the replacement of a worker that had pushed is)
     push(store, 2, 1, 1.0)
@@ -95,7 +97,7 @@ def test_a_round_completed_by_a_loss_credits_nobody_and_a_replacement_counts_fro
     push(store, 0, 2, 1.0)
     push(store, 1, 2, 1.0)
     clock.t += 4.0                   # worker 2 (count 1) dies and comes back: 4 s are the failover's
-    out = store.handle(2, Init("w", 0, "float64", (2,), value=None, id=10))
+    out = store.handle(2, Init("w", 0, "float64", (2,), value=None, id=10, bare=bare))
     assert out[0].answer.seq == 1
     clock.t += 0.25
     push(store, 2, 2, 1.0)
