@@ -327,7 +327,8 @@ class Store:
             pending = self.filling.pending.get(key)
             if op.re and (any(w == worker and o.id == op.id for w, o in waiting)
                           or (pending is not None and pending.worker == worker and pending.op.id == op.id)):
-                return [Reply(worker, Wait(op.id))]   # (answered when the part exists)
+                # (answered when the part exists: made by rank 0's init, if it is not on its way)
+                return [Reply(worker, Wait(op.id, 0, [0]) if pending is None else Wait(op.id))]
             waiting.append((worker, op))
             return []
         if op.value is not None or op.bucket >= 0:
