@@ -419,6 +419,10 @@ class KVStore:
         if isinstance(value, RowSparseArray) and value.shape and value.shape[0] == dynrows.HEIGHT \
                 and not isinstance(initializer, init_mod.OnServers):   # (rows are made on the servers)
             initializer = init_mod.ps_initializer(initializer if initializer is not None else init_mod.Zero())
+        if isinstance(value, RowSparseArray) and initializer is None and not len(value.indices):
+            # (no rows: zeros, made on the servers: no worker sends the table, and copies,
+            # checkpoints and a replacement's restore carry its spec and the rows touched)
+            initializer = init_mod.ps_initializer(init_mod.Zero())
         if isinstance(initializer, init_mod.OnServers):
             return self._init_on_servers(key, value, initializer, stype)
         sparse = stype == "row_sparse" or isinstance(value, RowSparseArray)
