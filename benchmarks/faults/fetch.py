@@ -309,18 +309,8 @@ def on_testbed(args: argparse.Namespace) -> int:
         print("fetch.py: interrupted", file=sys.stderr)
         code = 130
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN)
-        try:
-            bed.down()
-        except netns.TestbedError as exc:
-            print(f"fetch.py: {exc}", file=sys.stderr)
-        left = [ns for ns in netns.namespaces() if ns.startswith(bed.tag + "-")]
-        if left:
-            print(f"fetch.py: namespaces left: {left}", file=sys.stderr)
+        if not netns.end("fetch.py", bed):
             code = 1
-        else:
-            print(f"fetch.py: testbed {bed.tag} removed (namespaces and processes)", flush=True)
         shutil.rmtree(workdir, ignore_errors=True)
     return code
 

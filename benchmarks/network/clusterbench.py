@@ -42,7 +42,6 @@ import json
 import os
 import resource
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -372,18 +371,8 @@ def main(argv: list[str] | None = None) -> int:
         print("clusterbench: interrupted", file=sys.stderr)
         code = 130
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN)
-        try:
-            bed.down()
-        except netns.TestbedError as exc:
-            print(f"clusterbench: {exc}", file=sys.stderr)
-        left = [ns for ns in netns.namespaces() if ns.startswith(bed.tag + "-")]
-        if left:
-            print(f"clusterbench: namespaces left: {left}", file=sys.stderr)
+        if not netns.end("clusterbench", bed):
             code = 1
-        else:
-            print(f"clusterbench: testbed {bed.tag} removed (namespaces and processes)", flush=True)
         if code == 0 and not args.keep_logs:
             shutil.rmtree(logdir, ignore_errors=True)
     return code

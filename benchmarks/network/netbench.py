@@ -474,18 +474,8 @@ def main(argv: list[str] | None = None) -> int:
         print("netbench: interrupted", file=sys.stderr)
         code = 130
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):   # the clean-up is not interrupted
-            signal.signal(sig, signal.SIG_IGN)
-        try:
-            bed.down()
-        except netns.TestbedError as exc:
-            print(f"netbench: {exc}", file=sys.stderr)
-        left = [] if args.loopback else [ns for ns in netns.namespaces() if ns.startswith(bed.tag + "-")]
-        if left:
-            print(f"netbench: namespaces left: {left}", file=sys.stderr)
+        if not netns.end("netbench", bed, check=not args.loopback):
             code = 1
-        else:
-            print(f"netbench: testbed {bed.tag} removed (namespaces and processes)", flush=True)
         if code == 0 and not args.keep_logs:
             shutil.rmtree(logdir, ignore_errors=True)
     return code

@@ -278,6 +278,24 @@ def _interrupted(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def end(driver: str, bed: Testbed | LocalBed, check: bool = True) -> bool:
+    """A testbed driver's clean-up, not to be interrupted (INT, TERM and HUP ignored from here
+    on): the testbed down, and (``check``) none of its namespaces left; says which, and True
+    when the clean-up is complete."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    try:
+        bed.down()
+    except TestbedError as exc:
+        print(f"{driver}: {exc}", file=sys.stderr)
+    left = [ns for ns in namespaces() if ns.startswith(bed.tag + "-")] if check else []
+    if left:
+        print(f"{driver}: namespaces left: {left}", file=sys.stderr)
+        return False
+    print(f"{driver}: testbed {bed.tag} removed (namespaces and processes)", flush=True)
+    return True
+
+
 def begin(driver: str, problem: str | None, cleanup: bool) -> int | None:
     """A testbed driver's start: its exit code when it ends here (``problem``: why this machine
     cannot build a testbed, 3; ``cleanup``: only the namespaces a killed run left are removed,

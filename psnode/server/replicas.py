@@ -49,7 +49,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -421,14 +421,7 @@ class Replicator:
         if poller.poll(wait_s):
             for r in list(self._waiting):
                 chan = self._chans.get(r)
-                while chan is not None and (got := chan.recv()) is not None:
-                    if got[1].cmd is not Command.REPLICA_ACK:
-                        continue
-                    try:
-                        ack = Replica.from_body(got[1].body)
-                    except Exception as exc:  # noqa: BLE001 - a malformed message is dropped, never fatal
-                        log.warning("dropped an acknowledgement from server %d: %s", r, exc)
-                        continue
+                for ack, _ in _received(chan, Command.REPLICA_ACK, r) if chan is not None else ():
                     stream = self._streams.get(r)
                     if ack.chunks:   # (how far a whole copy in chunks got)
                         if stream is not None and ack.seq == self.seq:
@@ -486,6 +479,20 @@ class Replicator:
         for chan in self._chans.values():
             chan.close()
         self._chans.clear()
+
+
+def _received(chan: Channel, cmd: Command, holder: int) -> Iterator[tuple[Replica, Any]]:
+    """The ``cmd`` messages waiting on ``chan`` (server ``holder``'s), with their bodies
+    checked; any other message, or a malformed one, is dropped (never fatal)."""
+    while (got := chan.recv()) is not None:
+        if got[1].cmd is not cmd:
+            continue
+        try:
+            body = Replica.from_body(got[1].body)
+        except Exception as exc:  # noqa: BLE001 - a malformed message is dropped, never fatal
+            log.warning("dropped a %s from server %d: %s", cmd.value, holder, exc)
+            continue
+        yield body, got[1]
 
 
 @dataclass
@@ -562,25 +569,18 @@ def fetch(t: Transport, rank: int, book: Sequence[ServerAddress], num_servers: i
                 poller.add(chan)
             if poller.poll(POLL_S):
                 for r, chan in listening.items():
-                    while (msg := chan.recv()) is not None:
-                        if msg[1].cmd is not Command.REPLICA_STATE:
-                            continue
-                        try:
-                            answer = Replica.from_body(msg[1].body)
-                        except Exception as exc:  # noqa: BLE001 - a malformed message is dropped, never fatal
-                            log.warning("dropped an answer from server %d: %s", r, exc)
-                            continue
+                    for answer, msg in _received(chan, Command.REPLICA_STATE, r):
                         if r in pending:
                             del pending[r]
-                            if answer.seq > 0 and msg[1].arrays and not answer.chunk:
-                                firsts[r] = (answer, list(msg[1].arrays))   # (views: the restore copies them)
+                            if answer.seq > 0 and msg.arrays and not answer.chunk:
+                                firsts[r] = (answer, list(msg.arrays))   # (views: the restore copies them)
                                 deadline = min(deadline, time.monotonic() + GRACE_S)   # (a silent holder: not long)
                         elif pull is not None and r == pull.rank:
                             if answer.seq != pull.seq or not answer.chunks:   # (its copy changed)
                                 pull, stalled = None, True
                                 break
                             try:
-                                if pull.assembly.take(answer.chunk, msg[1].arrays):
+                                if pull.assembly.take(answer.chunk, msg.arrays):
                                     deadline = time.monotonic() + timeout
                             except ValueError as exc:
                                 log.warning("server %d's chunk of server %d's copy is not one: %s", r, rank, exc)
