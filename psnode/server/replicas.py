@@ -498,13 +498,14 @@ def _received(chan: Channel, cmd: Command, holder: int) -> Iterator[tuple[Replic
 @dataclass
 class _Pull:
     """A copy pulled from one holder in chunks: the holder, its channel, the copy, the chunks
-    asked for so far."""
+    asked for so far, and whether those not come were asked for again (once per silence)."""
 
     rank: int
     chan: Channel
     seq: int
     assembly: Assembly
     asked: int = 1
+    again: bool = False
 
 
 def fetch(t: Transport, rank: int, book: Sequence[ServerAddress], num_servers: int, replicas: int,
@@ -513,8 +514,9 @@ def fetch(t: Transport, rank: int, book: Sequence[ServerAddress], num_servers: i
     arrays, the holder it came from).  Every holder answers, or is waited for up to ``timeout``
     s (GRACE_S once one answered); a copy in chunks (psnode.server.chunks) is then pulled
     from the holder with the newest one, WINDOW chunks asked ahead, for as long as its chunks
-    keep coming (``timeout``: the longest silence, whatever the state's size; a holder silent
-    longer, or whose copy changed, leaves the next newest).  ConfigError when none holds a
+    keep coming (``timeout``: the longest silence, whatever the state's size; half of it
+    without a chunk asks for those not come again; a holder silent longer, or whose copy
+    changed, leaves the next newest).  ConfigError when none holds a
     copy (every copy of the rank is lost)."""
     where = {e.rank: e for e in book}
     asked: dict[int, Channel] = {}
@@ -553,6 +555,8 @@ def fetch(t: Transport, rank: int, book: Sequence[ServerAddress], num_servers: i
                 if pull.assembly.done:
                     got = pull.assembly.arrays
                     break
+                if not pull.again and time.monotonic() >= deadline - timeout / 2:   # (lost on a broken connection?)
+                    pull.asked, pull.again = pull.assembly.taken, True
                 if time.monotonic() >= deadline:   # (silent: the next newest copy, if any)
                     log.warning("server %d stopped sending server %d's copy after %d of %d chunks", pull.rank,
                                 rank, pull.assembly.taken, len(pull.assembly.chunks))
@@ -581,7 +585,7 @@ def fetch(t: Transport, rank: int, book: Sequence[ServerAddress], num_servers: i
                                 break
                             try:
                                 if pull.assembly.take(answer.chunk, msg.arrays):
-                                    deadline = time.monotonic() + timeout
+                                    deadline, pull.again = time.monotonic() + timeout, False
                             except ValueError as exc:
                                 log.warning("server %d's chunk of server %d's copy is not one: %s", r, rank, exc)
                                 pull, stalled = None, True

@@ -17,11 +17,13 @@ the state arrives, exact, and so does the primary's whole copy to the keeper bef
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,71 +45,69 @@ def _testbed_possible() -> None:
             else None, "run as root with iproute2 (apt-get install iproute2)")
 
 
-def test_64mib_keys_from_four_workers_over_200mbit_links_lose_no_server() -> None:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("PSNODE_RETRY_TIMEOUT", None)
-    env.pop("PSNODE_MAX_RETRIES", None)
-    p = subprocess.Popen([*BENCH, "--runs", "1", "--designs", "psnode-colocated", "--cases", "1x64MiB",
-                          "--rounds", "1", "--slice-bytes", "0", "--rate", "200mbit", "--timeout", "120",
-                          "--keep-logs"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True, start_new_session=True)
+@contextlib.contextmanager
+def _driven(argv: list[str], env: dict[str, str], timeout: float) -> Iterator[tuple[subprocess.Popen, str, str]]:
+    """Run a testbed driver to its end (still running after ``timeout`` s: a failure, killed);
+    yields it, its testbed's tag and its output.  Afterwards no process of it and no namespace
+    of its testbed is left."""
+    p = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
     tag = f"{netns.PREFIX}-{p.pid}"
-    logdir: Path | None = None
     try:
         try:
-            out, _ = p.communicate(timeout=170)
+            out, _ = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             p.kill()
             out, _ = p.communicate(timeout=30)
-            raise AssertionError(f"clusterbench still running after 170 s:\n{out[-3000:]}") from None
-        m = re.search(r"logs in (\S+)", out)
-        logdir = Path(m.group(1)) if m else None
-        logs = {f.name: f.read_text(errors="replace") for f in sorted(logdir.glob("*.log"))} if logdir else {}
-        workers = {name: text for name, text in logs.items() if ".worker" in name}
-        assert p.returncode == 0, out[-3000:] + "".join(f"\n--- {n}\n{t[-1500:]}" for n, t in logs.items())
-        assert len(workers) == 4 and re.search(r"1x64MiB\s+psnode-colocated\s+\d+", out), out[-3000:]
-        for name, text in workers.items():
-            assert "PeerLost" not in text and "sending a last time" not in text, f"{name}:\n{text[-3000:]}"
-        assert f"testbed {tag} removed" in out, out[-3000:]
+            raise AssertionError(f"{Path(argv[1]).name} still running after {timeout:g} s:\n{out[-3000:]}") from None
+        yield p, tag, out
     finally:
         if p.poll() is None:
             p.kill()
             p.wait(30)
         for ns in [n for n in netns.namespaces() if n.startswith(tag + "-")]:
             netns.remove_namespace(ns)
+    assert not [ns for ns in netns.namespaces() if ns.startswith(tag + "-")]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def test_64mib_keys_from_four_workers_over_200mbit_links_lose_no_server() -> None:
+    env = _env()
+    env.pop("PSNODE_RETRY_TIMEOUT", None)
+    env.pop("PSNODE_MAX_RETRIES", None)
+    argv = [*BENCH, "--runs", "1", "--designs", "psnode-colocated", "--cases", "1x64MiB", "--rounds", "1",
+            "--slice-bytes", "0", "--rate", "200mbit", "--timeout", "120", "--keep-logs"]
+    logdir: Path | None = None
+    try:
+        with _driven(argv, env, 170) as (p, tag, out):
+            m = re.search(r"logs in (\S+)", out)
+            logdir = Path(m.group(1)) if m else None
+            logs = {f.name: f.read_text(errors="replace") for f in sorted(logdir.glob("*.log"))} if logdir else {}
+            workers = {name: text for name, text in logs.items() if ".worker" in name}
+            assert p.returncode == 0, out[-3000:] + "".join(f"\n--- {n}\n{t[-1500:]}" for n, t in logs.items())
+            assert len(workers) == 4 and re.search(r"1x64MiB\s+psnode-colocated\s+\d+", out), out[-3000:]
+            for name, text in workers.items():
+                assert "PeerLost" not in text and "sending a last time" not in text, f"{name}:\n{text[-3000:]}"
+            assert f"testbed {tag} removed" in out, out[-3000:]
+    finally:
         if logdir is not None:
             shutil.rmtree(logdir, ignore_errors=True)
-    assert not [ns for ns in netns.namespaces() if ns.startswith(tag + "-")]
 
 
 def test_a_state_slower_to_fetch_than_the_timeout_arrives_while_its_bytes_flow() -> None:
     """fetch(timeout=1) of a 48 MB state over a 200 Mbit/s link (about 2 s): the timeout bounds a
     holder's silence, not the transfer, so the state arrives exact; the primary's whole copy to
     the keeper across the same link arrives too; the testbed is removed."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    p = subprocess.Popen([*FETCH, "--rate", "200mbit", "--rows", str(FETCH_ROWS), "--runs", "1", "--timeout", "1"],
-                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)
-    tag = f"{netns.PREFIX}-{p.pid}"
-    try:
-        try:
-            out, _ = p.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, _ = p.communicate(timeout=30)
-            raise AssertionError(f"fetch.py still running after 120 s:\n{out[-3000:]}") from None
+    argv = [*FETCH, "--rate", "200mbit", "--rows", str(FETCH_ROWS), "--runs", "1", "--timeout", "1"]
+    with _driven(argv, _env(), 120) as (p, tag, out):
         assert p.returncode == 0, out[-3000:]
         assert re.search(r"^copy: 48\.0 MB to the keeper in [\d.]+ s \([\d.]+ MB/s\), acknowledged", out, re.M), out
         fetched = re.search(r"^fetch 1: 48\.0 MB in ([\d.]+) s \([\d.]+ MB/s\), exact$", out, re.M)
         assert fetched, out[-3000:]
         assert float(fetched.group(1)) > 1.0, f"the fetch took no longer than its timeout: it proves nothing\n{out}"
         assert f"testbed {tag} removed" in out, out[-3000:]
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait(30)
-        for ns in [n for n in netns.namespaces() if n.startswith(tag + "-")]:
-            netns.remove_namespace(ns)
-    assert not [ns for ns in netns.namespaces() if ns.startswith(tag + "-")]

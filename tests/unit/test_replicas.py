@@ -574,3 +574,28 @@ def test_a_whole_copy_in_chunks_reports_how_far_each_holder_got(holder: Holder) 
     got = [g for g, _ in seen]
     assert got == sorted(got) and got[0] < total and len(set(got)) > 2   # (chunk by chunk)
     assert primary.progress() == {}
+
+
+def test_chunks_asked_for_and_lost_are_asked_for_again(holder: Holder, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The keeper never sees the first ask for chunk 2 of its copy (lost with a broken
+    connection): after half the fetch's timeout without a chunk, the replacement asks for the
+    chunks not come again, and the copy arrives exactly from the same (only) holder."""
+    rows = 2_000_000
+    values = np.arange(rows * 2, dtype=np.float32).reshape(rows, 2)
+    h = np.full((rows, 2), 2.0, np.float32)
+    primary = holder.primary(0)
+    whole = _table(rows, None, values, h, 0)
+    primary.copy(whole, lambda: whole, _within(20, "the whole copy"), resend_after=0.5)
+    lost: list[int] = []
+    on = holder.keeper._on
+
+    def losing(ident: bytes, msg: object) -> None:
+        if getattr(msg, "body", {}).get("chunk", 0) == 2 and not lost:
+            lost.append(2)
+            return
+        on(ident, msg)
+    monkeypatch.setattr(holder.keeper, "_on", losing)
+    _, arrays, source = fetch(holder.transport("server:1/fetch"), 1, holder.book, 2, 2, lambda: None, timeout=2.0)
+    assert lost == [2] and source == 0
+    np.testing.assert_array_equal(arrays["v0"], values)
+    np.testing.assert_array_equal(arrays["s0_h"], h)
