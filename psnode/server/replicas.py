@@ -578,7 +578,8 @@ def fetch(t: Transport, rank: int, book: Sequence[ServerAddress], num_servers: i
                             del pending[r]
                             if answer.seq > 0 and msg.arrays and not answer.chunk:
                                 firsts[r] = (answer, list(msg.arrays))   # (views: the restore copies them)
-                                deadline = min(deadline, time.monotonic() + GRACE_S)   # (a silent holder: not long)
+                                if pull is None:   # (a silent holder: not long)
+                                    deadline = min(deadline, time.monotonic() + GRACE_S)
                         elif pull is not None and r == pull.rank:
                             if answer.seq != pull.seq or not answer.chunks:   # (its copy changed)
                                 pull, stalled = None, True

@@ -599,3 +599,47 @@ def test_chunks_asked_for_and_lost_are_asked_for_again(holder: Holder, monkeypat
     assert lost == [2] and source == 0
     np.testing.assert_array_equal(arrays["v0"], values)
     np.testing.assert_array_equal(arrays["s0_h"], h)
+
+
+def test_a_late_first_answer_does_not_cut_short_the_pull_under_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Server 2's keeper answers at once and its copy is pulled, a chunk every 2 s (a slow
+    link); server 0's first answer comes after the grace, while the pull is under way: the
+    pull keeps its own timeout (its holder is not left for the late one)."""
+    security = new_security(Mode.AUTHENTICATED)
+    cfg = NodeConfig(role=Role.SERVER, scheduler_host="127.0.0.1", scheduler_port=1, num_workers=1,
+                     num_servers=3, job_id=JOB)
+    keepers = {r: Keeper(cfg, security) for r in (0, 2)}
+    transports: list[Transport] = []
+    for k in keepers.values():
+        k.start()
+    try:
+        book = [ServerAddress(0, "127.0.0.1", 1, keepers[0].port), ServerAddress(1, "127.0.0.1", 2),
+                ServerAddress(2, "127.0.0.1", 3, keepers[2].port)]
+        transports.append(Transport(JOB, "server:1", cfg.max_message_bytes, security))
+        primary = Replicator(transports[-1], 1, 3, 3)
+        primary.repoint(book)
+        rows = 1_500_000    # (24 MB: three chunks)
+        values = np.arange(rows * 2, dtype=np.float32).reshape(rows, 2)
+        whole = _table(rows, None, values, np.ones((rows, 2), np.float32), 0)
+        primary.copy(whole, lambda: whole, _within(20, "the whole copy"), resend_after=0.5)
+        on = {r: k._on for r, k in keepers.items()}
+
+        def slow_link(ident: bytes, msg: object) -> None:
+            if getattr(msg, "body", {}).get("chunk", 0):
+                time.sleep(2.0)
+            on[2](ident, msg)
+
+        def late(ident: bytes, msg: object) -> None:
+            time.sleep(1.3)   # (after the grace: the pull from server 2 is under way)
+            on[0](ident, msg)
+        monkeypatch.setattr(keepers[2], "_on", slow_link)
+        monkeypatch.setattr(keepers[0], "_on", late)
+        transports.append(Transport(JOB, "server:1/fetch", cfg.max_message_bytes, security))
+        _, arrays, source = fetch(transports[-1], 1, book, 3, 3, lambda: None, timeout=5.0)
+        assert source == 2
+        np.testing.assert_array_equal(arrays["v0"], values)
+    finally:
+        for t in transports:
+            t.close()
+        for k in keepers.values():
+            k.close()
