@@ -510,50 +510,77 @@ def test_a_malformed_chunk_never_kills_the_keeper(holder: Holder) -> None:
     assert holder.keeper.is_alive() and _round(holder.fetch()[0]) == 2
 
 
-def test_a_holder_that_stops_sending_its_copy_leaves_the_fetch_to_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With 3 replicas, server 1's copy is kept by servers 2 and 0.  Server 2's keeper answers
-    first and is taken, then sends no chunk after the first: after the fetch's timeout of silence
-    the replacement pulls server 0's copy instead, and it is the state exactly."""
+@dataclass
+class Holders:
+    """With 3 servers and 3 replicas: servers 0 and 2's keepers (both hold server 1's copies),
+    the address book naming them, and the transports the test opened (closed at the end)."""
+
+    security: Security
+    cfg: NodeConfig
+    keepers: dict[int, Keeper]
+    book: list[ServerAddress]
+    transports: list[Transport] = field(default_factory=list)
+
+    def transport(self, name: str) -> Transport:
+        t = Transport(JOB, name, self.cfg.max_message_bytes, self.security)
+        self.transports.append(t)
+        return t
+
+    def copy(self, whole: tuple[dict, dict]) -> None:
+        """Server 1 copies ``whole`` to both keepers."""
+        primary = Replicator(self.transport("server:1"), 1, 3, 3)
+        primary.repoint(self.book)
+        primary.copy(whole, lambda: whole, _within(20, "the whole copy"), resend_after=0.5)
+
+    def fetch(self, timeout: float) -> tuple[dict, dict, int]:
+        return fetch(self.transport("server:1/fetch"), 1, self.book, 3, 3, lambda: None, timeout=timeout)
+
+
+@pytest.fixture
+def holders() -> Iterator[Holders]:
     security = new_security(Mode.AUTHENTICATED)
     cfg = NodeConfig(role=Role.SERVER, scheduler_host="127.0.0.1", scheduler_port=1, num_workers=1,
                      num_servers=3, job_id=JOB)
     keepers = {r: Keeper(cfg, security) for r in (0, 2)}
-    transports: list[Transport] = []
     for k in keepers.values():
         k.start()
+    h = Holders(security, cfg, keepers, [ServerAddress(0, "127.0.0.1", 1, keepers[0].port),
+                                         ServerAddress(1, "127.0.0.1", 2),
+                                         ServerAddress(2, "127.0.0.1", 3, keepers[2].port)])
     try:
-        book = [ServerAddress(0, "127.0.0.1", 1, keepers[0].port), ServerAddress(1, "127.0.0.1", 2),
-                ServerAddress(2, "127.0.0.1", 3, keepers[2].port)]
-        transports.append(Transport(JOB, "server:1", cfg.max_message_bytes, security))
-        primary = Replicator(transports[-1], 1, 3, 3)
-        primary.repoint(book)
-        rows = 2_000_000
-        values = np.arange(rows * 2, dtype=np.float32).reshape(rows, 2)
-        h = np.full((rows, 2), 3.0, np.float32)
-        whole = _table(rows, None, values, h, 0)
-        primary.copy(whole, lambda: whole, _within(20, "the whole copy"), resend_after=0.5)
-        on = {r: k._on for r, k in keepers.items()}
-
-        def silent_after_first(ident: bytes, msg: object) -> None:
-            if getattr(msg, "body", {}).get("chunk", 0) == 0:
-                on[2](ident, msg)
-
-        def late(ident: bytes, msg: object) -> None:
-            time.sleep(0.3)   # (within the grace: its answer counts, after server 2's)
-            on[0](ident, msg)
-        monkeypatch.setattr(keepers[2], "_on", silent_after_first)
-        monkeypatch.setattr(keepers[0], "_on", late)
-        transports.append(Transport(JOB, "server:1/fetch", cfg.max_message_bytes, security))
-        t0 = time.monotonic()
-        _, arrays, source = fetch(transports[-1], 1, book, 3, 3, lambda: None, timeout=1.0)
-        assert source == 0 and time.monotonic() - t0 >= 1.0
-        np.testing.assert_array_equal(arrays["v0"], values)
-        np.testing.assert_array_equal(arrays["s0_h"], h)
+        yield h
     finally:
-        for t in transports:
+        for t in h.transports:
             t.close()
         for k in keepers.values():
             k.close()
+
+
+def test_a_holder_that_stops_sending_its_copy_leaves_the_fetch_to_the_next(holders: Holders,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """With 3 replicas, server 1's copy is kept by servers 2 and 0.  Server 2's keeper answers
+    first and is taken, then sends no chunk after the first: after the fetch's timeout of silence
+    the replacement pulls server 0's copy instead, and it is the state exactly."""
+    rows = 2_000_000
+    values = np.arange(rows * 2, dtype=np.float32).reshape(rows, 2)
+    h = np.full((rows, 2), 3.0, np.float32)
+    holders.copy(_table(rows, None, values, h, 0))
+    on = {r: k._on for r, k in holders.keepers.items()}
+
+    def silent_after_first(ident: bytes, msg: object) -> None:
+        if getattr(msg, "body", {}).get("chunk", 0) == 0:
+            on[2](ident, msg)
+
+    def late(ident: bytes, msg: object) -> None:
+        time.sleep(0.3)   # (within the grace: its answer counts, after server 2's)
+        on[0](ident, msg)
+    monkeypatch.setattr(holders.keepers[2], "_on", silent_after_first)
+    monkeypatch.setattr(holders.keepers[0], "_on", late)
+    t0 = time.monotonic()
+    _, arrays, source = holders.fetch(timeout=1.0)
+    assert source == 0 and time.monotonic() - t0 >= 1.0
+    np.testing.assert_array_equal(arrays["v0"], values)
+    np.testing.assert_array_equal(arrays["s0_h"], h)
 
 
 def test_a_whole_copy_in_chunks_reports_how_far_each_holder_got(holder: Holder) -> None:
@@ -601,45 +628,26 @@ def test_chunks_asked_for_and_lost_are_asked_for_again(holder: Holder, monkeypat
     np.testing.assert_array_equal(arrays["s0_h"], h)
 
 
-def test_a_late_first_answer_does_not_cut_short_the_pull_under_way(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_late_first_answer_does_not_cut_short_the_pull_under_way(holders: Holders,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Server 2's keeper answers at once and its copy is pulled, a chunk every 2 s (a slow
     link); server 0's first answer comes after the grace, while the pull is under way: the
     pull keeps its own timeout (its holder is not left for the late one)."""
-    security = new_security(Mode.AUTHENTICATED)
-    cfg = NodeConfig(role=Role.SERVER, scheduler_host="127.0.0.1", scheduler_port=1, num_workers=1,
-                     num_servers=3, job_id=JOB)
-    keepers = {r: Keeper(cfg, security) for r in (0, 2)}
-    transports: list[Transport] = []
-    for k in keepers.values():
-        k.start()
-    try:
-        book = [ServerAddress(0, "127.0.0.1", 1, keepers[0].port), ServerAddress(1, "127.0.0.1", 2),
-                ServerAddress(2, "127.0.0.1", 3, keepers[2].port)]
-        transports.append(Transport(JOB, "server:1", cfg.max_message_bytes, security))
-        primary = Replicator(transports[-1], 1, 3, 3)
-        primary.repoint(book)
-        rows = 1_500_000    # (24 MB: three chunks)
-        values = np.arange(rows * 2, dtype=np.float32).reshape(rows, 2)
-        whole = _table(rows, None, values, np.ones((rows, 2), np.float32), 0)
-        primary.copy(whole, lambda: whole, _within(20, "the whole copy"), resend_after=0.5)
-        on = {r: k._on for r, k in keepers.items()}
+    rows = 1_500_000    # (24 MB: three chunks)
+    values = np.arange(rows * 2, dtype=np.float32).reshape(rows, 2)
+    holders.copy(_table(rows, None, values, np.ones((rows, 2), np.float32), 0))
+    on = {r: k._on for r, k in holders.keepers.items()}
 
-        def slow_link(ident: bytes, msg: object) -> None:
-            if getattr(msg, "body", {}).get("chunk", 0):
-                time.sleep(2.0)
-            on[2](ident, msg)
+    def slow_link(ident: bytes, msg: object) -> None:
+        if getattr(msg, "body", {}).get("chunk", 0):
+            time.sleep(2.0)
+        on[2](ident, msg)
 
-        def late(ident: bytes, msg: object) -> None:
-            time.sleep(1.3)   # (after the grace: the pull from server 2 is under way)
-            on[0](ident, msg)
-        monkeypatch.setattr(keepers[2], "_on", slow_link)
-        monkeypatch.setattr(keepers[0], "_on", late)
-        transports.append(Transport(JOB, "server:1/fetch", cfg.max_message_bytes, security))
-        _, arrays, source = fetch(transports[-1], 1, book, 3, 3, lambda: None, timeout=5.0)
-        assert source == 2
-        np.testing.assert_array_equal(arrays["v0"], values)
-    finally:
-        for t in transports:
-            t.close()
-        for k in keepers.values():
-            k.close()
+    def late(ident: bytes, msg: object) -> None:
+        time.sleep(1.3)   # (after the grace: the pull from server 2 is under way)
+        on[0](ident, msg)
+    monkeypatch.setattr(holders.keepers[2], "_on", slow_link)
+    monkeypatch.setattr(holders.keepers[0], "_on", late)
+    _, arrays, source = holders.fetch(timeout=5.0)
+    assert source == 2
+    np.testing.assert_array_equal(arrays["v0"], values)
