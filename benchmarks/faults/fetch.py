@@ -94,12 +94,12 @@ def fetches(cfg: NodeConfig, security: Security, book: list[ServerAddress], stat
         t0 = time.perf_counter()
         try:
             try:
-                meta, arrays, _ = fetch(t, 1, book, 2, 2, pump, timeout=timeout)
+                got = fetch(t, 1, book, 2, 2, pump, timeout=timeout)
             except ConfigError as exc:
                 return f"fetch {i} gave up after {time.perf_counter() - t0:.2f} s (timeout {timeout:g} s): {exc}"
             took = time.perf_counter() - t0
-            same = exact(arrays, state[1])   # (before the transport closes: the arrays are its frames)
-            del meta, arrays
+            same = exact(got.arrays, state[1])   # (before the transport closes: the arrays are its frames)
+            del got
         finally:
             t.close()
         report(i, took, same)

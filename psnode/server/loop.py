@@ -168,12 +168,14 @@ class Server:
         (either is the state this server had when it was made)."""
         if self.keeper is not None:
             cfg = self.cfg
-            meta, arrays, holder = fetch(self.t, self.rank, self.book, cfg.num_servers, cfg.replicas,
-                                         self._pump, timeout=cfg.dead_after + 10.0)
-            parts = checkpoint.restore(self.store, meta, arrays, same_job=True, pump=self._pump)
+            got = fetch(self.t, self.rank, self.book, cfg.num_servers, cfg.replicas, self._pump,
+                        timeout=cfg.dead_after + 10.0)
+            parts = checkpoint.restore(self.store, got.meta, got.arrays, same_job=True, pump=self._pump)
             log.warning("server %d restored %d key parts from its replica on server %d; serving again",
-                        self.rank, parts, holder)
-            self.recopy = True   # (every holder gets this state: a third one may hold an older one)
+                        self.rank, parts, got.holder)
+            if self.replicator is not None:   # (the holders of that very copy get only what changes)
+                self.replicator.adopt(got.seq, got.holders)
+            self.recopy = True   # (a copy numbered as this process's: whole to a holder with an older one)
             return
         where = self.cfg.checkpoint_dir
         if not where:

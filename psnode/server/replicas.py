@@ -30,7 +30,9 @@ every push a replacement lacks is one its worker still holds and resends.
 keeps (:func:`fetch`: chunk by chunk, for as long as they keep coming) and takes the newest
 one (any copy a holder acknowledged is at least the durable state; a keeper sends its copy's
 own arrays, and changes it takes while they are on their way go to a copy of them), then
-serves; the workers resend what it lacks, the rounds go on, nothing is rolled back.  A
+serves; the workers resend what it lacks, the rounds go on, nothing is rolled back.  The
+holders that answered with that very copy get the replacement's first copy as the changes
+since it (:meth:`Replicator.adopt`), so a big state crosses the network once, not back.  A
 replacement numbers its copies above every copy of its predecessors (its restart count,
 :data:`EPOCH_BITS`); a keeper keeps the highest-numbered copy of a rank and acknowledges only
 that one, so a primary replaced while still running never makes a push durable again, and a
@@ -306,7 +308,7 @@ class Replicator:
         self.ranks = holders(rank, num_servers, replicas)
         # a replacement numbers its copies above every copy of its predecessors (a keeper keeps
         # the highest), so what it reports durable is what a later replacement restores
-        self.seq = restart_count << EPOCH_BITS
+        self.seq = self.epoch = restart_count << EPOCH_BITS
         self.identity = f"s{rank}.{restart_count}"   # (never a predecessor's: its acks come here only)
         self._chans: dict[int, Channel] = {}
         self._where: dict[int, tuple[str, int]] = {}
@@ -331,6 +333,16 @@ class Replicator:
                 changed.append(entry.rank)
         return changed
 
+    def adopt(self, seq: int, ranks: Sequence[int]) -> None:
+        """This primary's state is copy ``seq`` of its rank (restored from it: :func:`fetch`),
+        which the holders ``ranks`` hold: the next copy goes to them as the changes since it,
+        numbered above this primary's epoch all the same (a predecessor still running never
+        makes a push durable again), and whole only to the others."""
+        self.seq = seq
+        for r in ranks:
+            if r in self.ranks:
+                self.have[r] = seq
+
     def copy(self, changes: State, whole: Callable[[], State], pump: Callable[[], None],
              resend_after: float) -> None:
         """Send this state to every holder and return once each acknowledged it (resent to a
@@ -351,7 +363,7 @@ class Replicator:
         same moment, if given) to the others, in :meth:`poll`.  With ``patch``, ``whole`` is read
         while the rounds write it (fuzzy): once every holder that gets it has it, ``patch()``
         (what the rows written meanwhile held) goes to them, and only that makes it their copy."""
-        self._base, self.seq = self.seq, self.seq + 1
+        self._base, self.seq = self.seq, max(self.seq, self.epoch) + 1
         self._packed: dict[bool, list[np.ndarray]] = {True: pack_state(*changes)}
         if whole is not None:
             self._packed[False] = pack_state(*whole)
@@ -495,6 +507,18 @@ def _received(chan: Channel, cmd: Command, holder: int) -> Iterator[tuple[Replic
         yield body, got[1]
 
 
+@dataclass(frozen=True)
+class Fetched:
+    """A copy of a server's state, as :func:`fetch` took it: its index and arrays, the holder it
+    came from, its number, and every holder that answered with that same copy."""
+
+    meta: dict[str, Any]
+    arrays: Arrays
+    holder: int
+    seq: int
+    holders: tuple[int, ...]
+
+
 @dataclass
 class _Pull:
     """A copy pulled from one holder in chunks: the holder, its channel, the copy, the chunks
@@ -509,15 +533,14 @@ class _Pull:
 
 
 def fetch(t: Transport, rank: int, book: Sequence[ServerAddress], num_servers: int, replicas: int,
-          pump: Callable[[], None], timeout: float) -> tuple[dict[str, Any], Arrays, int]:
-    """The newest copy of server ``rank``'s state its holders keep (in ``book``): (index,
-    arrays, the holder it came from).  Every holder answers, or is waited for up to ``timeout``
-    s (GRACE_S once one answered); a copy in chunks (psnode.server.chunks) is then pulled
-    from the holder with the newest one, WINDOW chunks asked ahead, for as long as its chunks
-    keep coming (``timeout``: the longest silence, whatever the state's size; half of it
-    without a chunk asks for those not come again; a holder silent longer, or whose copy
-    changed, leaves the next newest).  ConfigError when none holds a
-    copy (every copy of the rank is lost)."""
+          pump: Callable[[], None], timeout: float) -> Fetched:
+    """The newest copy of server ``rank``'s state its holders keep (in ``book``).  Every
+    holder answers, or is waited for up to ``timeout`` s (GRACE_S once one answered); a copy
+    in chunks (psnode.server.chunks) is then pulled from the holder with the newest one,
+    WINDOW chunks asked ahead, for as long as its chunks keep coming (``timeout``: the longest
+    silence, whatever the state's size; half of it without a chunk asks for those not come
+    again; a holder silent longer, or whose copy changed, leaves the next newest).
+    ConfigError when none holds a copy (every copy of the rank is lost)."""
     where = {e.rank: e for e in book}
     asked: dict[int, Channel] = {}
     for r in holders(rank, num_servers, replicas):
@@ -530,7 +553,8 @@ def fetch(t: Transport, rank: int, book: Sequence[ServerAddress], num_servers: i
     pending = dict(asked)
     pull: _Pull | None = None
     got: list[np.ndarray] | None = None
-    came_from = -1
+    came_from = seq = -1
+    seqs: dict[int, int] = {}   # holder -> the copy it answered with
     stalled = False   # (a holder stopped sending its copy)
     deadline = time.monotonic() + timeout
     try:
@@ -540,6 +564,7 @@ def fetch(t: Transport, rank: int, book: Sequence[ServerAddress], num_servers: i
                     break
                 came_from = max(firsts, key=lambda r: firsts[r][0].seq)
                 first, arrays = firsts.pop(came_from)
+                seq = first.seq
                 if not first.chunks:
                     got = arrays
                     break
@@ -578,6 +603,7 @@ def fetch(t: Transport, rank: int, book: Sequence[ServerAddress], num_servers: i
                             del pending[r]
                             if answer.seq > 0 and msg.arrays and not answer.chunk:
                                 firsts[r] = (answer, list(msg.arrays))   # (views: the restore copies them)
+                                seqs[r] = answer.seq
                                 if pull is None:   # (a silent holder: not long)
                                     deadline = min(deadline, time.monotonic() + GRACE_S)
                         elif pull is not None and r == pull.rank:
@@ -601,7 +627,7 @@ def fetch(t: Transport, rank: int, book: Sequence[ServerAddress], num_servers: i
                           f"{'did not answer' if pending else 'stopped sending it' if stalled else 'hold none'}): "
                           "every replica of its key parts was lost at once")
     meta, state = unpack_state(got)
-    return meta, state, came_from
+    return Fetched(meta, state, came_from, seq, tuple(sorted(r for r, s in seqs.items() if s == seq)))
 
 
-__all__ = ["Keeper", "Replicator", "fetch", "holders", "pack_state", "resend_due", "unpack_state"]
+__all__ = ["Fetched", "Keeper", "Replicator", "fetch", "holders", "pack_state", "resend_due", "unpack_state"]

@@ -3,16 +3,16 @@
 
 A row_sparse table of 20M x 16 float32 (1.28 GB: 640 MB per server; a whole copy of one
 server's part takes seconds here), given whole by rank 0 (or, in one case, as a template with
-no rows: made on the servers, copied as its spec and the rows touched), on two servers, each holding the other's replica; two workers
-push rows whose count changes every step (sgd with learning rate 1, integer gradients: every
-row's value is exactly minus the mean of how often the workers touched it).  While the job
-runs, the test asks the scheduler for its STATUS as fast as it answers and keeps, per process,
-the longest loop gap it ever reported (psnode.loopgap: the gap in progress counts, so a loop
-held during a copy shows while it is held); the bound (``LIMIT``) is a fifth of the heartbeat timeout: generous
-on a loaded machine, far below the point where a process is taken for dead; the test ends the
-job at once (``mxdist stop``) when a loop passes it.  One
-``mxdist status --json`` mid-job shows each server's state size, its bytes copied per round and
-its holder's lag.  The job must end exactly, with nothing left running.
+no rows: made on the servers, copied as its spec and the rows touched), on two servers, each
+holding the other's replica; two workers push rows whose count changes every step (sgd with
+learning rate 1, integer gradients: every row's value is exactly minus the mean of how often
+the workers touched it). While the job runs, the test asks the scheduler for its STATUS as fast
+as it answers and keeps, per process, the longest loop gap it ever reported (psnode.loopgap:
+the gap in progress counts, so a loop held during a copy shows while it is held); the bound
+(``LIMIT``) is a fifth of the heartbeat timeout: generous on a loaded machine, far below the
+point where a process is taken for dead; the test ends the job at once (``mxdist stop``) when a
+loop passes it. One ``mxdist status --json`` mid-job shows each server's state size, its bytes
+copied per round and its holder's lag. The job must end exactly, with nothing left running.
 """
 from __future__ import annotations
 
@@ -195,7 +195,9 @@ def test_a_replaced_holder_gets_the_big_table_whole_while_every_loop_keeps_turni
     write of its half held it for about a second), not the workers' (their same-host handshake
     with the replacement, which answers once it restored, goes on beside their loop); the job
     ends exact.  (The replacement's own loop restores the state before it serves, pumping its
-    heartbeats: it is not measured here.)"""
+    heartbeats: it is not measured here.)  The replacement copies server 0 only what changed
+    since it restored: server 0 holds the very copy it restored from, so its half does not go
+    back whole."""
     now: dict[str, float] = {}
     home, env, flags, proc, stop, seen, samples, watcher = _start(tmp_path, now)
     half = ROWS * DIM * 4 // 2
@@ -217,6 +219,7 @@ def test_a_replaced_holder_gets_the_big_table_whole_while_every_loop_keeps_turni
             assert time.monotonic() < deadline, f"server 0 did not copy its state to the new holder: {samples[-4:]}"
             time.sleep(0.1)
         time.sleep(2 * default("heartbeat_interval"))   # (the gaps of the rounds after it, reported)
+        restarted = [s for s in samples[-8:] if s.get("rank") == 1 and s.get("restarts")]
         Path(f"{flags}.go").touch()
         out, _ = proc.communicate(timeout=max(10.0, deadline - time.monotonic()))
     finally:
@@ -230,6 +233,8 @@ def test_a_replaced_holder_gets_the_big_table_whole_while_every_loop_keeps_turni
     assert proc.returncode == 0, out[-4000:]
     assert out.count("EXACT") == 2, out[-4000:]
     assert "server 1 restored 1 key parts from its replica on server 0" in out, out[-4000:]
+    assert restarted and all(0 < (s.get("copied") or 0) < half // 100 for s in restarted), \
+        [s.get("copied") for s in restarted]
     assert "no same-host link" not in out, out[-4000:]   # (the handshakes ended once it restored)
     assert {"server 0", "worker 0", "worker 1"} <= set(seen), seen
     assert max(v for k, v in seen.items() if k != "server 1") < LIMIT, seen

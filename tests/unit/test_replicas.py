@@ -17,7 +17,7 @@ from psnode.protocol import Command
 from psnode.protocol.control import Replica, ServerAddress
 from psnode.server.chunks import Assembly
 from psnode.server.image import Image
-from psnode.server.replicas import Keeper, Replicator, _Held, fetch, resend_due, unpack_state
+from psnode.server.replicas import Fetched, Keeper, Replicator, _Held, fetch, resend_due, unpack_state
 from tests.support import wait_for
 
 JOB = "job-replicas"
@@ -45,8 +45,13 @@ class Holder:
         primary.repoint(self.book)
         return primary
 
-    def fetch(self) -> tuple[dict, dict, int]:
+    def fetched(self) -> Fetched:
         return fetch(self.transport("server:1/fetch"), 1, self.book, 2, 2, lambda: None, timeout=5.0)
+
+    def fetch(self) -> tuple[dict, dict, int]:
+        """The fetched copy's index, arrays and holder."""
+        got = self.fetched()
+        return got.meta, got.arrays, got.holder
 
 
 @pytest.fixture
@@ -129,6 +134,53 @@ def test_a_replaced_primarys_late_copy_is_never_acknowledged(holder: Holder) -> 
     with pytest.raises(_Abandoned):
         _copy(old, 3.0, within=1.5)
     assert _round(holder.fetch()[0]) == 2
+
+
+def _asked_whole(value: float, asked: list[float]) -> Callable[[], tuple[dict, dict]]:
+    """A primary's ``whole()`` that records being asked (the state whole, ``value``)."""
+    def whole() -> tuple[dict, dict]:
+        asked.append(value)
+        return _state(value)
+    return whole
+
+
+def test_a_replacement_copies_the_holder_it_restored_from_only_its_changes(holder: Holder) -> None:
+    """Server 1's replacement restored copy 2 from server 0's keeper: its first copy goes there
+    as the changes since copy 2 (its state is never asked whole), numbered in the
+    replacement's epoch, so the predecessor, still running, never has a copy acknowledged
+    again."""
+    old = holder.primary(0)
+    _copy(old, 1.0)
+    _copy(old, 2.0)
+    got = holder.fetched()
+    assert (got.seq, got.holder, got.holders, _round(got.meta)) == (2, 0, (0,), 2)
+    new = holder.primary(1)
+    new.adopt(got.seq, got.holders)
+    assert new.ready()
+    asked: list[float] = []
+    new.copy(_state(3.0), _asked_whole(3.0, asked), _within(10, "the changes"), resend_after=0.5)
+    assert asked == [] and new.seq == holder.keeper.held[1].seq == (1 << 32) + 1
+    assert _round(holder.fetch()[0]) == 3
+    with pytest.raises(_Abandoned):
+        _copy(old, 4.0, within=1.5)
+    assert _round(holder.fetch()[0]) == 3
+
+
+def test_a_replacement_sends_its_state_whole_to_a_holder_whose_copy_changed_since_its_fetch(
+        holder: Holder) -> None:
+    """The predecessor, still running, copied again after the replacement fetched: the holder
+    lacks the copy the replacement's changes build on, answers ``whole``, and gets the state
+    whole."""
+    old = holder.primary(0)
+    _copy(old, 1.0)
+    got = holder.fetched()
+    _copy(old, 2.0)
+    new = holder.primary(1)
+    new.adopt(got.seq, got.holders)
+    asked: list[float] = []
+    new.copy(_state(3.0), _asked_whole(5.0, asked), _within(10, "the copy"), resend_after=0.5)
+    assert asked == [5.0] and holder.keeper.held[1].seq == (1 << 32) + 1
+    assert _round(holder.fetch()[0]) == 5
 
 
 def _table(rows: int, changed: np.ndarray | None, values: np.ndarray, h: np.ndarray, t: int) -> tuple[dict, dict]:
@@ -533,7 +585,8 @@ class Holders:
         primary.copy(whole, lambda: whole, _within(20, "the whole copy"), resend_after=0.5)
 
     def fetch(self, timeout: float) -> tuple[dict, dict, int]:
-        return fetch(self.transport("server:1/fetch"), 1, self.book, 3, 3, lambda: None, timeout=timeout)
+        got = fetch(self.transport("server:1/fetch"), 1, self.book, 3, 3, lambda: None, timeout=timeout)
+        return got.meta, got.arrays, got.holder
 
 
 @pytest.fixture
@@ -622,7 +675,8 @@ def test_chunks_asked_for_and_lost_are_asked_for_again(holder: Holder, monkeypat
             return
         on(ident, msg)
     monkeypatch.setattr(holder.keeper, "_on", losing)
-    _, arrays, source = fetch(holder.transport("server:1/fetch"), 1, holder.book, 2, 2, lambda: None, timeout=2.0)
+    got = fetch(holder.transport("server:1/fetch"), 1, holder.book, 2, 2, lambda: None, timeout=2.0)
+    arrays, source = got.arrays, got.holder
     assert lost == [2] and source == 0
     np.testing.assert_array_equal(arrays["v0"], values)
     np.testing.assert_array_equal(arrays["s0_h"], h)
