@@ -6,7 +6,9 @@ job that must end exact while its workers and servers are killed with SIGKILL.  
 host crashes (tests/support/hostcrash.py: network namespaces, real sshd; root only): KIND is
 ``server`` (a host with a server and a worker), ``scheduler`` (the scheduler's host),
 ``worker`` (a worker-only host), ``big`` (the server case while a 20M x 16 embedding table
-computed on the servers trains, every host on a 1 Gbit/s link of its own) or ``all``.  A run
+computed on the servers trains, every host on a 1 Gbit/s link of its own), ``big-given`` (the
+same table given whole by rank 0: a pretrained one, its values copied and fetched whole) or
+``all``.  A run
 passes when the job ends exit 0 with the uninterrupted values on every rank and its first round
 after the crash completed within :data:`FIRST_ROUND_S` s of it.
 
@@ -15,6 +17,7 @@ after the crash completed within :data:`FIRST_ROUND_S` s of it.
     python benchmarks/faults/soak.py --rounds 300 --kills 8 --seed 7 --runs 1 --keep /tmp/storm
     python benchmarks/faults/soak.py --host-crash all --runs 10   # 10 crashes of each kind of host
     python benchmarks/faults/soak.py --host-crash big --runs 10   # the big table on 1 Gbit/s links
+    python benchmarks/faults/soak.py --host-crash big-given --runs 3   # the same table given whole
 """
 from __future__ import annotations
 

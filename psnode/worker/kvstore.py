@@ -12,7 +12,9 @@ Contracts:
 * ``init``: every worker calls it for the same keys in the same order.  The first init decides
   shape, dtype and value: rank 0's array (or the initializer's output on rank 0) is stored, and
   every worker's ``value`` (a writable ndarray) is overwritten with it, so all workers start
-  equal.  Re-init with the same shape and dtype is a no-op; another one raises ShapeMismatch.
+  equal; but a row_sparse key's (``stype='row_sparse'``) is left as it was, as in MXNet: its
+  rows are read with ``row_sparse_pull``, and no init answer carries the table.  Re-init with
+  the same shape and dtype is a no-op; another one raises ShapeMismatch.
   With ``psnode.init.ps_initializer(init)`` each server computes its part of the key instead
   (psnode.math.initializers.FillSpec) and ``value`` is a template: its shape and dtype (and, a
   RowSparseArray, its stype) count, its contents are neither read nor written.
@@ -428,7 +430,8 @@ class KVStore:
         sparse = stype == "row_sparse" or isinstance(value, RowSparseArray)
         if stype not in (None, "default", "row_sparse"):
             raise ConfigError(f"stype {stype!r} for key {key!r}: use 'default' or 'row_sparse'")
-        target = value if isinstance(value, np.ndarray) and value.flags.writeable else None
+        # (a row_sparse key's rows are read with row_sparse_pull: no init answer carries the table)
+        target = value if isinstance(value, np.ndarray) and value.flags.writeable and not sparse else None
         arr = value.todense() if isinstance(value, RowSparseArray) else np.asarray(value)
         if arr.dtype.name not in DTYPES:
             raise ShapeMismatch(f"key {key!r}: dtype {arr.dtype} cannot be stored")

@@ -233,3 +233,25 @@ print("RESTORED", flush=True)
 """, 2, 1)
     ok(job)
     assert all("RESTORED" in w.out for w in job.workers), job.describe()
+
+
+def test_a_row_sparse_init_stores_rank0s_table_and_leaves_every_array_as_it_was() -> None:
+    """A row_sparse key's init stores rank 0's array and its answer carries no table back (its
+    rows are read with row_sparse_pull, as in MXNet): each worker's array stays as it was, so an
+    init (a restarted worker's too) costs no worker the whole table, whatever its size."""
+    job = run_job(PRELUDE + """
+mine = np.full((1000, 4), r + 7, np.float32)
+kv.init('e', mine, stype='row_sparse')
+check(mine, np.full((1000, 4), r + 7, np.float32), "the array, after the init")
+got = kv.row_sparse_pull('e', row_ids=np.array([999, 0]))
+check(got.indices, np.array([0, 999]), "ids")
+check(got.data, np.full((2, 4), 7, np.float32), "rank 0's table, stored")
+kv.push('e', psnode.sparse.row_sparse_array((np.ones((1, 4), np.float32), np.array([5])), shape=(1000, 4)))
+dense = np.zeros((1000, 4), np.float32)
+kv.row_sparse_pull('e', out=dense, row_ids=np.array([5]))
+check(dense[5], np.full(4, W, np.float32), "row 5 after a round (no optimizer: the sum of the pushes)")
+kv.close()
+print("OK")
+""", 2, 2, args=["dist_sync", "sum"])
+    ok(job)
+    assert all("OK" in w.out for w in job.workers)

@@ -205,6 +205,8 @@ CASES = {
 #: a 1 Gbit/s link of its own
 CASES["big"] = replace(CASES["server"], script=HOST_LOSS_BIG, script_args=(str(20_000_000),), isolated=True,
                        rate="1gbit", final=HOST_LOSS_BIG_FINAL)
+#: the same with the table given whole by rank 0 (a pretrained one: every value sent, copied, fetched)
+CASES["big-given"] = replace(CASES["big"], script_args=(str(20_000_000), "given"))
 
 
 def run_case(case: CrashCase, tmp: Path) -> tuple[str, int, float]:

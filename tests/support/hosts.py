@@ -14,7 +14,8 @@ training script of the host-loss tests.
   :data:`HOST_LOSS_FINAL` too;
   :data:`HOST_LOSS_KEYS` the same over six keys (one on every server), printing when each step
   completed (:func:`host_loss_keys_final`); :data:`HOST_LOSS_BIG` the same on one big embedding
-  table computed on the servers (``argv[3]`` rows of 16), each rank ending with
+  table computed on the servers (``argv[3]`` rows of 16; with ``argv[4]`` ``given``, the same
+  values computed by rank 0 and given whole), each rank ending with
   :data:`HOST_LOSS_BIG_FINAL` when every row it checks is exact.
 """
 from __future__ import annotations
@@ -110,7 +111,12 @@ HOST_LOSS_BIG = textwrap.dedent("""
     init = psnode.init.ps_initializer(psnode.init.Normal(1.0), seed=3)
     kv = psnode.kv.create('dist_sync', aggregator='sum')
     kv.set_optimizer(psnode.optimizer.create('sgd', learning_rate=1.0))
-    kv.init('emb', psnode.sparse.zeros((rows, dim)), init)
+    if sys.argv[4:] == ['given']:                   # (a pretrained table: rank 0's values, sent whole)
+        table = init.values('emb', (rows, dim)) if kv.rank == 0 else np.zeros((rows, dim), np.float32)
+        kv.init('emb', table, stype='row_sparse')
+        del table
+    else:                                           # (computed on the servers)
+        kv.init('emb', psnode.sparse.zeros((rows, dim)), init)
 
     def touched(step, rank):                        # 64 rows of the table, the same in every run
         return np.unique(np.random.default_rng(1000 * step + rank).integers(0, rows, 64))
