@@ -34,7 +34,8 @@ kv.close()
 kv.set_optimizer(psnode.optimizer.create('sgd', learning_rate=0.5, momentum=0.5))
 w = np.full(4, 99, np.float32); kv.init('w', w)            # the checkpoint wins over init
 e = np.full((6, 2), 99, np.float32); kv.init('e', e, stype='row_sparse')
-print("W", w.tolist()); print("E", e.tolist())
+assert (e == 99).all()                                       # (a row_sparse init writes no array)
+print("W", w.tolist()); print("E", kv.pull('e').tolist())
 kv.push('w', np.zeros(4, np.float32))                        # momentum state was restored too
 print("NEXT", kv.pull('w').tolist())
 kv.close()
