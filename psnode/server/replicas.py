@@ -508,7 +508,7 @@ def _received(chan: Channel, cmd: Command, holder: int) -> Iterator[tuple[Replic
 
 
 @dataclass(frozen=True)
-class Fetched:
+class FetchedCopy:
     """A copy of a server's state, as :func:`fetch` took it: its index and arrays, the holder it
     came from, its number, and every holder that answered with that same copy."""
 
@@ -533,7 +533,7 @@ class _Pull:
 
 
 def fetch(t: Transport, rank: int, book: Sequence[ServerAddress], num_servers: int, replicas: int,
-          pump: Callable[[], None], timeout: float) -> Fetched:
+          pump: Callable[[], None], timeout: float) -> FetchedCopy:
     """The newest copy of server ``rank``'s state its holders keep (in ``book``).  Every
     holder answers, or is waited for up to ``timeout`` s (GRACE_S once one answered); a copy
     in chunks (psnode.server.chunks) is then pulled from the holder with the newest one,
@@ -627,7 +627,7 @@ def fetch(t: Transport, rank: int, book: Sequence[ServerAddress], num_servers: i
                           f"{'did not answer' if pending else 'stopped sending it' if stalled else 'hold none'}): "
                           "every replica of its key parts was lost at once")
     meta, state = unpack_state(got)
-    return Fetched(meta, state, came_from, seq, tuple(sorted(r for r, s in seqs.items() if s == seq)))
+    return FetchedCopy(meta, state, came_from, seq, tuple(sorted(r for r, s in seqs.items() if s == seq)))
 
 
-__all__ = ["Fetched", "Keeper", "Replicator", "fetch", "holders", "pack_state", "resend_due", "unpack_state"]
+__all__ = ["FetchedCopy", "Keeper", "Replicator", "fetch", "holders", "pack_state", "resend_due", "unpack_state"]

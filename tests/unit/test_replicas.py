@@ -17,7 +17,7 @@ from psnode.protocol import Command
 from psnode.protocol.control import Replica, ServerAddress
 from psnode.server.chunks import Assembly
 from psnode.server.image import Image
-from psnode.server.replicas import Fetched, Keeper, Replicator, _Held, fetch, resend_due, unpack_state
+from psnode.server.replicas import FetchedCopy, Keeper, Replicator, _Held, fetch, resend_due, unpack_state
 from tests.support import wait_for
 
 JOB = "job-replicas"
@@ -45,7 +45,7 @@ class Holder:
         primary.repoint(self.book)
         return primary
 
-    def fetched(self) -> Fetched:
+    def fetched(self) -> FetchedCopy:
         return fetch(self.transport("server:1/fetch"), 1, self.book, 2, 2, lambda: None, timeout=5.0)
 
     def fetch(self) -> tuple[dict, dict, int]:
