@@ -7,10 +7,12 @@ at that moment."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 import psnode
+from psnode.scheduler.client import status as scheduler_status
 from tests.support import wait_for
 from tests.support.cluster import Job, kill_and_restart_server, start_job, wait_for_file, wait_job
 
@@ -59,16 +61,33 @@ def reference() -> dict[str, list[float]]:
     return {k: kv.pull(k).tolist() for k in KEYS}
 
 
+def _server_row(job: Job, rank: int) -> Any:
+    """Server ``rank``'s row of the scheduler's STATUS (None without an answer)."""
+    try:
+        answer = scheduler_status(job.scheduler, job.job_id, timeout=1.0)
+    except Exception:  # noqa: BLE001 - no answer yet: asked again
+        return None
+    return next((n for n in answer.nodes if n.role == "server" and n.rank == rank), None)
+
+
 def kill_servers_mid_round(tmp_path: Path, env: dict[str, str], ranks: list[int]) -> Job:
     """:data:`SCRIPT` on 2 workers and 2 servers with ``env``; once worker 0 pushed round 5 and
     worker 1 has not, kill -9 each server of ``ranks`` in turn and start its replacement (each
-    one serving before the next kill), then let worker 1 go on; the finished job."""
+    one serving before the next kill, and the next one's state copied to every holder it has
+    then: its copies grew since the first kill, and no holder lags), then let worker 1 go on;
+    the finished job."""
     flags = tmp_path / "flags"
     flags.mkdir()
     job = start_job(SCRIPT, 2, 2, env=env, args=[str(flags)], tmp=tmp_path)
     try:
         wait_for_file(flags / "pushed", 60)
-        for rank in ranks:
+        copied = {r: wait_for(lambda r=r: _server_row(job, r), 30, f"server {r}'s status").copied or 0
+                  for r in ranks[1:]}
+        for i, rank in enumerate(ranks):
+            if i:   # (its holders hold its state: a replaced one got it whole)
+                wait_for(lambda r=rank: (row := _server_row(job, r)) is not None and (row.copied or 0) > copied[r]
+                         and bool(row.lag) and all(len(e) == 2 and e[1] == 0 for e in row.lag), 30,
+                         f"server {rank}'s copy at every holder")
             replacement = kill_and_restart_server(job, rank)
             wait_for(lambda r=replacement: "serving again" in r.err, 30, f"server {rank}'s replacement to serve")
         (flags / "go").touch()
