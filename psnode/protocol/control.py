@@ -891,7 +891,10 @@ class Replica:
     A state given whole may travel in ``chunks`` messages (psnode.server.chunks), ``chunk``
     its index: a PUT or STATE carries one chunk (chunk 0 the layout first), an ACK with
     ``chunks`` says how many of copy ``seq``'s chunks the holder took (``chunk``), and a GET with
-    ``chunk`` asks for that chunk of copy ``seq`` (a STATE with seq 0: that copy is gone)."""
+    ``chunk`` asks for that chunk of copy ``seq`` (a STATE with seq 0: that copy is gone).
+
+    An ACK with ``busy`` refuses a whole copy for now (the holder's own server is restoring: its
+    link is busy with that); the holder asks for it (an ACK with ``whole``) once it is free."""
 
     rank: int
     seq: int = 0
@@ -901,6 +904,7 @@ class Replica:
     patch: bool = False
     chunk: int = 0
     chunks: int = 0
+    busy: bool = False
 
     def to_body(self) -> dict[str, Any]:
         body: dict[str, Any] = {"rank": self.rank, "seq": self.seq}
@@ -916,6 +920,8 @@ class Replica:
             body["chunk"] = self.chunk
         if self.chunks:
             body["chunks"] = self.chunks
+        if self.busy:
+            body["busy"] = True
         return body
 
     @classmethod
@@ -926,7 +932,8 @@ class Replica:
                    _bool(body, "replica", "fuzzy", default=False),
                    _bool(body, "replica", "patch", default=False),
                    _int(body, "replica", "chunk", high=2**40, default=0),
-                   _int(body, "replica", "chunks", high=2**40, default=0))
+                   _int(body, "replica", "chunks", high=2**40, default=0),
+                   _bool(body, "replica", "busy", default=False))
 
 
 Body = (Empty | Register | Welcome | Heartbeat | Beats | BeatsAck | Barrier | Entries | BarrierDone | Membership

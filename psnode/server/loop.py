@@ -86,6 +86,8 @@ class Server:
         self.keeper = (Keeper(cfg, self.t.security)
                        if cfg.replicas > 1 and cfg.num_servers > 1 and cfg.servers_restartable else None)
         if self.keeper is not None:
+            if cfg.restart_count:   # (a replacement restores first: its link is for that)
+                self.keeper.hold()
             self.keeper.start()
         # (copies and checkpoints carry what changed since the last durable point)
         self.store.track_changes = self.keeper is not None or bool(cfg.checkpoint_dir)
@@ -255,6 +257,8 @@ class Server:
                     disk.load(self.cfg.checkpoint_dir, self.rank, self.store)
                 if self.store.restartable:   # (a restart before any other checkpoint restores this)
                     self._checkpoint()
+            if self.keeper is not None:   # (restored: whole copies are taken again)
+                self.keeper.free()
             if self.cfg.checkpoint_dir and self.cfg.checkpoint_interval > 0:
                 self.next_checkpoint = time.monotonic() + self.cfg.checkpoint_interval
         elif isinstance(body, Membership):

@@ -24,7 +24,9 @@ holder replaced during a point gets the current state whole the same way as a ne
 (:meth:`Points.poll`), beside the loop where its copies stay under ASYNC_BYTES.  Either way no
 push is reported durable before every copy holds it, and the store is never read by a writer
 while it changes (background points write copies; the chain's compactions are exact by
-construction).
+construction).  A copy that waits only for replaced holders, which hold no copy of this server
+to restore from, makes the state read whole for them durable as it is read
+(:meth:`Points._durable_now`).
 
 **By rounds** (``every``, ``--checkpoint-rounds``): a point that only the count of rounds
 calls for holds no answer either: it begins after the answers of the round that reached the
@@ -172,6 +174,8 @@ class Points:
             replicator.start(changes, whole, patch)
         self.pending = _Point(written, replicator is not None, marks, list(held), pins)
         self.wanted = self.stuck = False
+        if whole is not None and chain is None and replicator is not None and replicator.unowed():
+            self._durable_now(self.pending, marks)
         return True
 
     def poll(self, pump: Pump, wait: bool = False) -> None:
@@ -226,7 +230,21 @@ class Points:
             return False
         point.pins.extend(pins)
         self.replicator.rewhole((meta, frozen), _patcher(meta, frozen, [p for p in pins if isinstance(p, RowPin)]))
+        if self.chain is None and self.replicator.unowed():
+            self._durable_now(point, self.store.begin_point())
         return True
+
+    def _durable_now(self, point: _Point, marks: Marks) -> None:
+        """The point's copy waits only for fresh holders (Replicator.unowed: replaced, they hold
+        no copy of this server that a replacement could restore) and there is no checkpoint
+        chain: the state just read whole for them, ``marks``, is durable at once (the first copy
+        they will hold is that state or a later one; the same holds when none of them gets it, as
+        this server's loss then leaves nothing to restore either way).  The answers waiting for
+        the point, all handled before that read, leave; the copy goes on."""
+        self.store.end_point(marks)
+        self.lags.clear()
+        out, point.held, point.later = point.held + point.later, [], []
+        self.send(self.store.stamp(out))
 
     # ---------------------------------------------------------------- while the loop waits
     def point(self, pump: Pump, final: bool = False) -> None:

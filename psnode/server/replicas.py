@@ -23,14 +23,22 @@ again from the last one taken; the keeper keeps the copy it holds until the new 
 durable (:meth:`psnode.server.store.Store.mark_durable`) only once every holder acknowledged it
 (:meth:`Replicator.copy` blocks until then).  So the exactly-once invariant
 (psnode.worker.journal, psnode.server.store) holds with a holder's memory in place of a disk:
-every push a replacement lacks is one its worker still holds and resends.
+every push a replacement lacks is one its worker still holds and resends.  A holder whose
+keeper was replaced since it last acknowledged a copy (:attr:`Replicator.fresh`: its host
+crashed) holds none of this primary's copies, so it cannot restore an older state: when every
+holder a copy waits for is fresh, the state read whole for them is durable as it is read
+(:meth:`Replicator.unowed`, psnode.server.points), and what the rounds take after that read
+waits for their acknowledgement as before.
 
 **Failover.**  A server that dies is replaced by a new process with its rank, on any live host
 (the launcher's choice).  Its WELCOME says ``restore``: it asks every holder for the copy it
 keeps (:func:`fetch`: chunk by chunk, for as long as they keep coming) and takes the newest
 one (any copy a holder acknowledged is at least the durable state; a keeper sends its copy's
 own arrays, and changes it takes while they are on their way go to a copy of them), then
-serves; the workers resend what it lacks, the rounds go on, nothing is rolled back.  The
+serves; the workers resend what it lacks, the rounds go on, nothing is rolled back.  While
+it restores, its keeper takes no new whole copy (:meth:`Keeper.hold`: the primaries it keeps
+copies for hear ``busy``, and it asks them for their copies once it serves), so the copy it
+fetches has its host's link to itself.  The
 holders that answered with that very copy get the replacement's first copy as the changes
 since it (:meth:`Replicator.adopt`), so a big state crosses the network once, not back.  A
 replacement numbers its copies above every copy of its predecessors (its restart count,
@@ -176,12 +184,27 @@ class Keeper(threading.Thread):
         self.max_state_bytes = _memory_bytes()
         self._closing = threading.Event()
         self._lock = threading.RLock()
+        self._busy = threading.Event()         # (its server restores: no new whole copy is taken)
+        self._refused: dict[bytes, int] = {}   # primary -> its rank, refused a whole copy while busy
+
+    def hold(self) -> None:
+        """Take no new whole copy (its server restores, and its link is busy with that): a
+        primary that sends one hears ``busy`` and waits until :meth:`free` asks it again."""
+        self._busy.set()
+
+    def free(self) -> None:
+        """Take whole copies again: each primary refused meanwhile is asked for its copy."""
+        self._busy.clear()
 
     def run(self) -> None:
         poller = Poller()
         poller.add(self.chan)
         try:
             while not self._closing.is_set():
+                if self._refused and not self._busy.is_set():
+                    for ident, rank in self._refused.items():   # (they wait for this: the copy, whole)
+                        self.chan.send(Command.REPLICA_ACK, Replica(rank, 0, whole=True).to_body(), to=ident)
+                    self._refused.clear()
                 if not poller.poll(POLL_S):
                     continue
                 while (got := self.chan.recv(routed=True)) is not None:
@@ -195,7 +218,12 @@ class Keeper(threading.Thread):
         except Exception as exc:  # noqa: BLE001 - a malformed message is dropped, never fatal
             log.warning("dropped a replica message from %r: %s", ident, exc)
             return
-        if msg.cmd is Command.REPLICA_PUT and msg.arrays:
+        if msg.cmd is Command.REPLICA_PUT and msg.arrays and self._busy.is_set() and not body.base \
+                and not body.patch and body.rank not in self.incoming:   # (a new whole copy: not now)
+            if not body.chunk:
+                self._refused[ident] = body.rank
+                self.chan.send(Command.REPLICA_ACK, Replica(body.rank, 0, busy=True).to_body(), to=ident)
+        elif msg.cmd is Command.REPLICA_PUT and msg.arrays:
             try:
                 ack = self._chunk(body, msg.arrays) if body.chunks else self._put(body, msg.arrays)
             except (ValueError, MemoryError) as exc:
@@ -313,9 +341,13 @@ class Replicator:
         self._chans: dict[int, Channel] = {}
         self._where: dict[int, tuple[str, int]] = {}
         self.have: dict[int, int] = {}   # holder -> the copy of this primary it acknowledged last
+        #: holders whose keeper was replaced since they last acknowledged a copy: they hold none
+        #: of this primary's copies, so none of them can restore an older state (:meth:`unowed`)
+        self.fresh: set[int] = set()
         self.copied = 0                  # bytes sent to holders (every copy, every holder)
         self.chunk_bytes = chunk_bytes(t.max_bytes)   # (a whole copy bigger than this goes in chunks)
         self._streams: dict[int, _Stream] = {}
+        self._waiting: set[int] = set()   # holders yet to acknowledge the copy under way
 
     def repoint(self, book: Sequence[ServerAddress]) -> list[int]:
         """Take the address book; returns the holders whose keeper changed (a replacement: its
@@ -327,6 +359,8 @@ class Replicator:
                 old = self._chans.pop(entry.rank, None)
                 if old is not None:
                     old.close()
+                if entry.rank in self._where:   # (a replaced keeper: it holds nothing of this server)
+                    self.fresh.add(entry.rank)
                 self._where[entry.rank] = where
                 self._chans[entry.rank] = self.t.dealer(entry.host, entry.replica, self.identity)
                 self.have.pop(entry.rank, None)   # (a new keeper: it gets the state whole)
@@ -351,6 +385,12 @@ class Replicator:
         self.start(changes)
         while self.poll(whole, resend_after, POLL_S) is not True:
             pump()
+
+    def unowed(self) -> bool:
+        """Every holder the copy under way still waits for is :attr:`fresh`: none holds a copy
+        of this primary that a replacement could restore, and the first it will hold is read
+        from this state as it is now or later (psnode.server.points: durable at once)."""
+        return all(r in self.fresh for r in self._waiting)
 
     def ready(self) -> bool:
         """Every holder has this primary's last copy (the next one can be changes only)."""
@@ -435,6 +475,12 @@ class Replicator:
                 chan = self._chans.get(r)
                 for ack, _ in _received(chan, Command.REPLICA_ACK, r) if chan is not None else ():
                     stream = self._streams.get(r)
+                    if ack.busy:   # (its server restores: nothing whole goes until it asks, below)
+                        if r in self._sent and chan is not None:
+                            self._streams.pop(r, None)
+                            whole_bytes = sum(a.nbytes for a in self._packed.get(False, ()))
+                            self._sent[r] = (chan, time.monotonic(), whole_bytes)
+                        continue
                     if ack.chunks:   # (how far a whole copy in chunks got)
                         if stream is not None and ack.seq == self.seq:
                             stream.sender.ack(ack.chunk, time.monotonic())
@@ -449,6 +495,7 @@ class Replicator:
                         self._streams.pop(r, None)
                         self._waiting.discard(r)
                         self.have[r] = self.seq
+                        self.fresh.discard(r)
                     elif ack.whole and r in self._sent:
                         self.have.pop(r, None)   # (it lacks the base: the state whole, at once)
                         self._fuzzy.pop(r, None)

@@ -427,6 +427,60 @@ def test_a_holder_replaced_during_a_point_gets_the_state_whole_beside_the_loop(h
         replacement.close()
 
 
+def test_a_replaced_holder_makes_the_state_read_whole_for_it_durable_at_once(holder: Holder) -> None:
+    """The only holder is replaced (its host crashed) while a point waits for it: its new keeper
+    holds none of this server's copies, so no replacement could restore an older state.  The
+    state read whole for it is durable at once: a push answer waiting for the point leaves with
+    its count (what a restarted worker's resumed count waits for), the new keeper not started
+    yet.  A push taken after that read still waits for the copy, and leaves once the new keeper
+    holds the state exactly."""
+    from psnode.protocol import Push
+    from psnode.server.points import Points
+
+    store = _big_store("adagrad", 0.5, first=np.array([1, 2, 3]))
+    entry = store.entries[("emb", 0)]
+    sent: list = []
+    points = Points(store, sent.extend, every=0, resend_after=5.0)
+    points.replicator = holder.primary(0)
+    deadline = time.monotonic() + 30
+
+    def settle() -> None:
+        while points.pending is not None:
+            points.poll(_never)
+            assert time.monotonic() < deadline, "a copy was not acknowledged"
+            time.sleep(0.01)
+
+    def answered(op_id: int) -> list[int]:
+        return [r.answer.seq for r in sent if getattr(r.answer, "id", None) == op_id]
+    points.now(_never)
+    settle()                                               # (the first holder got it whole)
+    points.reply(store.handle(0, Push("emb", 0, 2, np.ones((2, 4), np.float32), rows=np.array([4, 5]), id=7,
+                                      na=False)), _never)
+    assert points.pending is not None and answered(7) == []   # (it waits for the holder)
+    replacement = Keeper(holder.cfg, holder.security)   # (bound; it answers once started, below)
+    try:
+        points.replicator.repoint([ServerAddress(0, "127.0.0.1", 1, replacement.port),
+                                   ServerAddress(1, "127.0.0.1", 2)])
+        points.poll(_never)
+        assert answered(7) == [2] and entry.durable[0] == 2 and not replacement.held
+        points.reply(store.handle(0, Push("emb", 0, 3, np.full((2, 4), 3, np.float32), rows=np.array([0, 9]),
+                                          id=8, na=False)), _never)
+        points.poll(_never)
+        assert answered(8) == [] and entry.durable[0] == 2   # (read after the copy: it waits)
+        replacement.start()
+        settle()
+        assert answered(8) == [3] and entry.durable[0] == 3
+        held = replacement.held[1]
+        assert held.exact
+        _, arrays = held.image.whole()
+        np.testing.assert_array_equal(arrays["v0"], entry.value)
+        np.testing.assert_array_equal(arrays["s0_history"], entry.state.arrays["history"])
+    finally:
+        if replacement.ident is None:
+            replacement.start()
+        replacement.close()
+
+
 def _never() -> None:
     raise AssertionError("the loop waited for a copy")
 
@@ -513,6 +567,37 @@ def test_a_whole_copy_bigger_than_a_message_may_be_goes_in_chunks(small_messages
     assert not small_messages.keeper.incoming
     meta, arrays, _ = small_messages.fetch()
     assert meta["index"][0]["round"] == 0
+    np.testing.assert_array_equal(arrays["v0"], values)
+    np.testing.assert_array_equal(arrays["s0_h"], h)
+
+
+def test_a_keeper_whose_server_restores_takes_no_whole_copy_until_it_is_free(small_messages: Holder) -> None:
+    """While its own server restores (``hold``), a keeper refuses a new whole copy (``busy``):
+    the primary stops after its first window of chunks, however long its silence rule would let
+    it go on.  Once free, the keeper asks for the copy; it arrives exactly, long before the
+    primary's silence would have sent it again."""
+    rows = 4_000_000
+    values = np.arange(rows * 2, dtype=np.float32).reshape(rows, 2)
+    h = np.full((rows, 2), 0.5, np.float32)
+    keeper = small_messages.keeper
+    keeper.hold()
+    primary = small_messages.primary(0)
+    whole = _table(rows, None, values, h, 0)
+    t0 = time.monotonic()
+    freed: list[tuple[float, int]] = []
+
+    def pump() -> None:
+        now = time.monotonic()
+        if not freed and now - t0 > 1.5:
+            freed.append((now, primary.copied))
+            keeper.free()
+        assert now - t0 < 20, "the copy was not acknowledged once the keeper was free"
+    primary.copy(whole, lambda: whole, pump, resend_after=60.0)
+    (freed_at, before), size = freed[0], primary.chunk_bytes
+    assert before <= 4 * size + 4096          # (its first window at most, then nothing)
+    assert time.monotonic() - freed_at < 10   # (asked for: not after the 60 s silence)
+    assert values.nbytes + h.nbytes <= primary.copied - before <= values.nbytes + h.nbytes + 4096
+    _, arrays, _ = small_messages.fetch()
     np.testing.assert_array_equal(arrays["v0"], values)
     np.testing.assert_array_equal(arrays["s0_h"], h)
 
