@@ -15,7 +15,7 @@ import pytest
 
 from tests.support.cli import assert_nothing_left, cli_env, kill_cli, latest, run_cli, start_cli, wait_for
 
-STEPS = 60
+STEPS = 30
 
 # dist_async: nothing waits in a push or a pull; a barrier every 2 steps makes the fast workers
 # wait for worker 2 there.  dist_ssp, staleness 1: worker 2 takes 3x the others' step time, so

@@ -8,8 +8,8 @@ exact values where the job computes any, its root cause where it fails, and noth
 running.  The paths: workers finishing unevenly and closing (``kv.close()``), a worker failing,
 a graceful elastic leave (``mxdist scale`` down) and Ctrl-C to the launcher's process group.
 
-``PSNODE_STRESS_RUNS`` changes the count (default 30 for the uneven finish, a third of it for
-the slower paths).
+``PSNODE_STRESS_RUNS`` changes the count (default 15 for the uneven finish, a third of it for
+the slower paths; more when hunting a race).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import pytest
 
 from tests.support.cli import PY, ROOT, assert_nothing_left, cli_env, latest, run_cli, wait_for
 
-RUNS = int(os.environ.get("PSNODE_STRESS_RUNS", "30"))
+RUNS = int(os.environ.get("PSNODE_STRESS_RUNS", "15"))
 SLOW_RUNS = max(1, RUNS // 3)
 PATHS = [pytest.param([], id="shm"), pytest.param(["--no-shm"], id="tcp")]
 
