@@ -172,12 +172,14 @@ class Sender:
 
     def due(self, now: float, silence: float) -> range:
         """The chunks to send at ``now`` (they count as sent): those the window allows, from the
-        last acknowledged again when nothing was acknowledged for ``silence`` s."""
+        last acknowledged again when nothing was acknowledged for ``silence`` s.  Until the first
+        acknowledgement the window is one chunk: a receiver that refuses the state (busy) costs
+        its link one chunk, not a window."""
         if not self.sent:
             self.progress_at = now
         elif self.sent > self.acked and now - self.progress_at > silence:
             self.sent, self.progress_at = self.acked, now
-        upto = min(self.acked + self.window, len(self.chunks))
+        upto = min(self.acked + (self.window if self.acked else 1), len(self.chunks))
         due = range(self.sent, upto) if upto > self.sent else range(0)
         self.sent = max(self.sent, upto)
         return due

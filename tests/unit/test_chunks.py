@@ -99,16 +99,19 @@ def test_a_layout_it_cannot_hold_is_refused_before_anything_is_allocated(spec: n
 def test_a_sender_keeps_its_window_and_goes_back_after_silence() -> None:
     arrays = [np.zeros(10 * 100, np.uint8)]
     s = Sender(arrays, 100, window=3)
-    assert list(s.due(0.0, 1.0)) == [0, 1, 2]
+    assert list(s.due(0.0, 1.0)) == [0]                     # (one chunk until the first acknowledgement)
+    assert list(s.due(0.05, 1.0)) == []
+    s.ack(1, 0.1)
+    assert list(s.due(0.2, 1.0)) == [1, 2, 3]
     assert list(s.due(0.5, 1.0)) == []                      # (the window is full)
-    s.ack(2, 0.6)
-    assert list(s.due(0.7, 1.0)) == [3, 4]
+    s.ack(3, 0.6)
+    assert list(s.due(0.7, 1.0)) == [4, 5]
     assert list(s.due(1.5, 1.0)) == []                      # (silent 0.9 s: not yet)
-    assert list(s.due(1.7, 1.0)) == [2, 3, 4]               # (silent 1.1 s: from the last acknowledged)
-    s.ack(5, 1.8)
-    assert list(s.due(1.9, 1.0)) == [5, 6, 7]
-    s.ack(0, 2.0)                                           # (a receiver without any of it)
-    assert list(s.due(2.1, 1.0)) == [0, 1, 2]
+    assert list(s.due(1.7, 1.0)) == [3, 4, 5]               # (silent 1.1 s: from the last acknowledged)
+    s.ack(6, 1.8)
+    assert list(s.due(1.9, 1.0)) == [6, 7, 8]
+    s.ack(0, 2.0)                                           # (a receiver without any of it: one chunk first)
+    assert list(s.due(2.1, 1.0)) == [0]
     s.ack(10, 2.2)
     assert s.done and list(s.due(9.0, 1.0)) == []
 

@@ -573,8 +573,7 @@ def test_a_whole_copy_bigger_than_a_message_may_be_goes_in_chunks(small_messages
 
 def test_a_keeper_whose_server_restores_takes_no_whole_copy_until_it_is_free(small_messages: Holder) -> None:
     """While its own server restores (``hold``), a keeper refuses a new whole copy (``busy``):
-    the primary stops after its first window of chunks, however long its silence rule would let
-    it go on.  Once free, the keeper asks for the copy; it arrives exactly, long before the
+    the primary stops after its first chunk, however long its silence rule would let it go on.  Once free, the keeper asks for the copy; it arrives exactly, long before the
     primary's silence would have sent it again."""
     rows = 4_000_000
     values = np.arange(rows * 2, dtype=np.float32).reshape(rows, 2)
@@ -594,7 +593,7 @@ def test_a_keeper_whose_server_restores_takes_no_whole_copy_until_it_is_free(sma
         assert now - t0 < 20, "the copy was not acknowledged once the keeper was free"
     primary.copy(whole, lambda: whole, pump, resend_after=60.0)
     (freed_at, before), size = freed[0], primary.chunk_bytes
-    assert before <= 4 * size + 4096          # (its first window at most, then nothing)
+    assert before <= size + 4096              # (its first chunk, then nothing)
     assert time.monotonic() - freed_at < 10   # (asked for: not after the 60 s silence)
     assert values.nbytes + h.nbytes <= primary.copied - before <= values.nbytes + h.nbytes + 4096
     _, arrays, _ = small_messages.fetch()
