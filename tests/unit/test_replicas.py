@@ -5,7 +5,9 @@ from __future__ import annotations
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pytest
@@ -377,54 +379,97 @@ def test_a_fuzzy_copy_is_neither_served_nor_built_on_until_its_patch(holder: Hol
     assert keeper._put(Replica(2, 3, patch=True), pack_state(*patch)).whole   # (no fuzzy copy of rank 2)
 
 
+@dataclass
+class _Rig:
+    """A restartable store with a big row_sparse table (:func:`_big_store`), its durable points
+    copied to the holder's keeper by server 1's replicator, and the answers they sent."""
+
+    store: Any
+    points: Any
+    sent: list
+    deadline: float
+
+    @classmethod
+    def of(cls, holder: Holder) -> _Rig:
+        from psnode.server.points import Points
+
+        store = _big_store("adagrad", 0.5, first=np.array([1, 2, 3]))
+        sent: list = []
+        points = Points(store, sent.extend, every=0, resend_after=5.0)
+        points.replicator = holder.primary(0)
+        return cls(store, points, sent, time.monotonic() + 30)
+
+    @property
+    def entry(self) -> Any:
+        return self.store.entries[("emb", 0)]
+
+    def settle(self) -> None:
+        """Poll until no point is under way (the loop never waits: its pump fails the test)."""
+        while self.points.pending is not None:
+            self.points.poll(_never)
+            assert time.monotonic() < self.deadline, "a copy was not acknowledged"
+            time.sleep(0.01)
+
+    def push(self, seq: int, rows: list[int], value: float, op_id: int = 0) -> None:
+        """Worker 0's push ``seq`` of ``value`` to ``rows``; with ``op_id``, one that asks for its
+        answer (and its durability)."""
+        from psnode.protocol import Push
+
+        op = Push("emb", 0, seq, np.full((len(rows), 4), value, np.float32), rows=np.array(rows), id=op_id,
+                  na=not op_id)
+        self.points.reply(self.store.handle(0, op), _never)
+
+    def answered(self, op_id: int) -> list[int]:
+        return [r.answer.seq for r in self.sent if getattr(r.answer, "id", None) == op_id]
+
+    def held_by(self, keeper: Keeper) -> None:
+        """``keeper`` holds this store's state exactly."""
+        held = keeper.held[1]
+        assert held.exact
+        _, arrays = held.image.whole()
+        np.testing.assert_array_equal(arrays["v0"], self.entry.value)
+        np.testing.assert_array_equal(arrays["s0_history"], self.entry.state.arrays["history"])
+
+
+@contextmanager
+def _replacement(holder: Holder) -> Iterator[Keeper]:
+    """A new keeper in the holder's place: bound, answering only once the test starts it."""
+    keeper = Keeper(holder.cfg, holder.security)
+    try:
+        yield keeper
+    finally:
+        if keeper.ident is None:
+            keeper.start()
+        keeper.close()
+
+
 def test_a_holder_replaced_during_a_point_gets_the_state_whole_beside_the_loop(holder: Holder) -> None:
     """A point under way (the rows of a round) when the holder is replaced (a new keeper): the
     new holder gets the current state whole, read by row while rounds go on, and the loop never
     waits for it (its pump is never called); the next copy, changes only, leaves the new holder
     with the primary's state exactly."""
-    from psnode.protocol import Push
-    from psnode.server.points import Points
-
-    store = _big_store("adagrad", 0.5, first=np.array([1, 2, 3]))
-    entry = store.entries[("emb", 0)]
-    points = Points(store, [].extend, every=0, resend_after=5.0)
-    points.replicator = holder.primary(0)
-    deadline = time.monotonic() + 30
-
-    def settle() -> None:
-        while points.pending is not None:
-            points.poll(_never)
-            assert time.monotonic() < deadline, "a copy was not acknowledged"
-            time.sleep(0.01)
+    rig = _Rig.of(holder)
+    points = rig.points
     points.now(_never)
-    settle()                                               # (the first holder got it whole)
-    store.handle(0, Push("emb", 0, 2, np.ones((2, 4), np.float32), rows=np.array([4, 5])))
+    rig.settle()                                           # (the first holder got it whole)
+    rig.push(2, [4, 5], 1.0)
     points.now(_never)                                     # (changes only: rows 4, 5)
     assert points.pending is not None
-    replacement = Keeper(holder.cfg, holder.security)   # (bound; it answers once started, below)
-    try:
+    with _replacement(holder) as replacement:
         assert points.replicator.repoint([ServerAddress(0, "127.0.0.1", 1, replacement.port),
                                           ServerAddress(1, "127.0.0.1", 2)]) == [0]
         points.now(_never)                                 # (under way: the next one is wanted)
-        value = entry.value
+        value = rig.entry.value
         for q, rows in enumerate([[0, 9], [9, 299_999]], start=3):
             points.poll(_never)
-            store.handle(0, Push("emb", 0, q, np.full((len(rows), 4), q, np.float32), rows=np.array(rows)))
+            rig.push(q, rows, q)
         assert points.pending is not None
         replacement.start()
-        settle()
-        assert entry.value is value                        # (written in place meanwhile)
+        rig.settle()
+        assert rig.entry.value is value                    # (written in place meanwhile)
         points.now(_never)
-        settle()
-        held = replacement.held[1]
-        assert held.exact
-        _, arrays = held.image.whole()
-        np.testing.assert_array_equal(arrays["v0"], entry.value)
-        np.testing.assert_array_equal(arrays["s0_history"], entry.state.arrays["history"])
-    finally:
-        if replacement.ident is None:
-            replacement.start()
-        replacement.close()
+        rig.settle()
+        rig.held_by(replacement)
 
 
 def test_a_replaced_holder_makes_the_state_read_whole_for_it_durable_at_once(holder: Holder) -> None:
@@ -434,51 +479,24 @@ def test_a_replaced_holder_makes_the_state_read_whole_for_it_durable_at_once(hol
     its count (what a restarted worker's resumed count waits for), the new keeper not started
     yet.  A push taken after that read still waits for the copy, and leaves once the new keeper
     holds the state exactly."""
-    from psnode.protocol import Push
-    from psnode.server.points import Points
-
-    store = _big_store("adagrad", 0.5, first=np.array([1, 2, 3]))
-    entry = store.entries[("emb", 0)]
-    sent: list = []
-    points = Points(store, sent.extend, every=0, resend_after=5.0)
-    points.replicator = holder.primary(0)
-    deadline = time.monotonic() + 30
-
-    def settle() -> None:
-        while points.pending is not None:
-            points.poll(_never)
-            assert time.monotonic() < deadline, "a copy was not acknowledged"
-            time.sleep(0.01)
-
-    def answered(op_id: int) -> list[int]:
-        return [r.answer.seq for r in sent if getattr(r.answer, "id", None) == op_id]
+    rig = _Rig.of(holder)
+    points, entry = rig.points, rig.entry
     points.now(_never)
-    settle()                                               # (the first holder got it whole)
-    points.reply(store.handle(0, Push("emb", 0, 2, np.ones((2, 4), np.float32), rows=np.array([4, 5]), id=7,
-                                      na=False)), _never)
-    assert points.pending is not None and answered(7) == []   # (it waits for the holder)
-    replacement = Keeper(holder.cfg, holder.security)   # (bound; it answers once started, below)
-    try:
+    rig.settle()                                           # (the first holder got it whole)
+    rig.push(2, [4, 5], 1.0, op_id=7)
+    assert points.pending is not None and rig.answered(7) == []   # (it waits for the holder)
+    with _replacement(holder) as replacement:
         points.replicator.repoint([ServerAddress(0, "127.0.0.1", 1, replacement.port),
                                    ServerAddress(1, "127.0.0.1", 2)])
         points.poll(_never)
-        assert answered(7) == [2] and entry.durable[0] == 2 and not replacement.held
-        points.reply(store.handle(0, Push("emb", 0, 3, np.full((2, 4), 3, np.float32), rows=np.array([0, 9]),
-                                          id=8, na=False)), _never)
+        assert rig.answered(7) == [2] and entry.durable[0] == 2 and not replacement.held
+        rig.push(3, [0, 9], 3.0, op_id=8)
         points.poll(_never)
-        assert answered(8) == [] and entry.durable[0] == 2   # (read after the copy: it waits)
+        assert rig.answered(8) == [] and entry.durable[0] == 2   # (read after the copy: it waits)
         replacement.start()
-        settle()
-        assert answered(8) == [3] and entry.durable[0] == 3
-        held = replacement.held[1]
-        assert held.exact
-        _, arrays = held.image.whole()
-        np.testing.assert_array_equal(arrays["v0"], entry.value)
-        np.testing.assert_array_equal(arrays["s0_history"], entry.state.arrays["history"])
-    finally:
-        if replacement.ident is None:
-            replacement.start()
-        replacement.close()
+        rig.settle()
+        assert rig.answered(8) == [3] and entry.durable[0] == 3
+        rig.held_by(replacement)
 
 
 def _never() -> None:
@@ -573,8 +591,9 @@ def test_a_whole_copy_bigger_than_a_message_may_be_goes_in_chunks(small_messages
 
 def test_a_keeper_whose_server_restores_takes_no_whole_copy_until_it_is_free(small_messages: Holder) -> None:
     """While its own server restores (``hold``), a keeper refuses a new whole copy (``busy``):
-    the primary stops after its first chunk, however long its silence rule would let it go on.  Once free, the keeper asks for the copy; it arrives exactly, long before the
-    primary's silence would have sent it again."""
+    the primary stops after its first chunk, however long its silence rule would let it go on.
+    Once free, the keeper asks for the copy; it arrives exactly, long before the primary's
+    silence would have sent it again."""
     rows = 4_000_000
     values = np.arange(rows * 2, dtype=np.float32).reshape(rows, 2)
     h = np.full((rows, 2), 0.5, np.float32)
