@@ -163,8 +163,8 @@ def test_head_returns_when_it_has_read_and_the_job_goes_on_detached(home, tmp_pa
     go.touch()
     rec = wait_final(home, 60)
     assert rec["state"] == "succeeded" and rec["exit_code"] == 0 and rec["supervisor"]["detached"], rec
+    wait_for(lambda: supervisor_gone(rec), 10, "the supervisor to exit")   # (its closing line follows the record)
     assert f"job {job} succeeded" in (home / "jobs" / job / "supervisor.log").read_text()
-    wait_for(lambda: supervisor_gone(rec), 10, "the supervisor to exit")
     assert_nothing_left(home)
 
 
