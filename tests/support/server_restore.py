@@ -6,6 +6,7 @@ the same training on one 'local' store; :func:`kill_servers_mid_round` runs it, 
 at that moment."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,15 @@ def _server_row(job: Job, rank: int) -> Any:
     return next((n for n in answer.nodes if n.role == "server" and n.rank == rank), None)
 
 
+def _copied_everywhere(job: Job, rank: int, copied: int, since: float) -> bool:
+    """Server ``rank``'s status, sent after ``since`` (its heartbeat's age says when), shows its
+    copies grew past ``copied`` and every holder it has acknowledged its latest copy (a stale row
+    could still show a holder that is gone)."""
+    row = _server_row(job, rank)
+    return (row is not None and time.monotonic() - (row.heartbeat_age or 0.0) > since
+            and (row.copied or 0) > copied and bool(row.lag) and all(len(e) == 2 and e[1] == 0 for e in row.lag))
+
+
 def kill_servers_mid_round(tmp_path: Path, env: dict[str, str], ranks: list[int]) -> Job:
     """:data:`SCRIPT` on 2 workers and 2 servers with ``env``; once worker 0 pushed round 5 and
     worker 1 has not, kill -9 each server of ``ranks`` in turn and start its replacement (each
@@ -83,13 +93,15 @@ def kill_servers_mid_round(tmp_path: Path, env: dict[str, str], ranks: list[int]
         wait_for_file(flags / "pushed", 60)
         copied = {r: wait_for(lambda r=r: _server_row(job, r), 30, f"server {r}'s status").copied or 0
                   for r in ranks[1:]}
+        served = 0.0   # (when the last replacement was seen serving)
         for i, rank in enumerate(ranks):
-            if i:   # (its holders hold its state: a replaced one got it whole)
-                wait_for(lambda r=rank: (row := _server_row(job, r)) is not None and (row.copied or 0) > copied[r]
-                         and bool(row.lag) and all(len(e) == 2 and e[1] == 0 for e in row.lag), 30,
+            if i:   # (its holders hold its state: a replaced one got it whole; stats sent since then)
+                wait_for(lambda r=rank, t=served: _copied_everywhere(job, r, copied[r], t), 30,
                          f"server {rank}'s copy at every holder")
             replacement = kill_and_restart_server(job, rank)
-            wait_for(lambda r=replacement: "serving again" in r.err, 30, f"server {rank}'s replacement to serve")
+            wait_for(lambda r=replacement: "serving again" in r.err, 30, f"server {rank}'s replacement to serve",
+                     describe=lambda: job.describe()[-8000:])
+            served = time.monotonic()
         (flags / "go").touch()
     finally:
         wait_job(job, 120)
